@@ -1,0 +1,345 @@
+//! COMPAT 8 (part 2) — `sendmsg`/`recvmsg` with iovecs and control messages
+//! (`IP_PKTINFO`, `IPV6_PKTINFO`, TTL, TOS, timestamps, truncated control data) and
+//! `sendmmsg`/`recvmmsg`.
+
+use libc::c_int;
+
+use super::{Case, Res};
+use crate::net::{Addr, connect, recv_text, sendto, set_int, tcp_pair, udp_bound, wait_for};
+use crate::sys::{Ctx, show, zeroed};
+
+pub const CASES: &[Case] = &[
+    Case::new("msg.sendmsg_recvmsg_iov", sendmsg_recvmsg_iov),
+    Case::new("msg.recvmsg_ip_pktinfo", recvmsg_ip_pktinfo),
+    Case::new("msg.recvmsg_ttl_tos", recvmsg_ttl_tos),
+    Case::new("msg.recvmsg_ipv6_pktinfo", recvmsg_ipv6_pktinfo),
+    Case::new("msg.recvmsg_timestamp", recvmsg_timestamp),
+    Case::new("msg.recvmsg_ctrunc", recvmsg_ctrunc),
+    Case::new("msg.sendmsg_pktinfo_source", sendmsg_pktinfo_source),
+    Case::new("msg.sendmsg_name_unconnected", sendmsg_name_unconnected),
+    Case::new("msg.sendmmsg_recvmmsg_udp", sendmmsg_recvmmsg_udp),
+    Case::new("msg.sendmmsg_tcp", sendmmsg_tcp),
+];
+
+/// One received control message: (level, type, payload).
+type Cmsg = (c_int, c_int, Vec<u8>);
+
+/// A datagram received with `recvmsg` plus its control messages.
+struct Received {
+    len: usize,
+    flags: c_int,
+    from: Addr,
+    data: Vec<u8>,
+    cmsgs: Vec<Cmsg>,
+}
+
+fn recvmsg_with(fd: c_int, buf_len: usize, control_len: usize, flags: c_int) -> Result<Received, String> {
+    let mut data = vec![0u8; buf_len];
+    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
+    let mut control = vec![0u64; control_len.div_ceil(8)];
+    let mut from = Addr::empty();
+    let mut msg: libc::msghdr = zeroed();
+    msg.msg_name = from.ptr_mut().cast();
+    msg.msg_namelen = from.len();
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = control_len;
+    let n = sys!(libc::recvmsg(fd, &mut msg, flags)).ctx("recvmsg")? as usize;
+    *from.len_mut() = msg.msg_namelen;
+    let mut cmsgs = Vec::new();
+    // SAFETY (crate policy): walking the control buffer the kernel just filled, with the
+    // libc CMSG_* macros that bound every step by `msg_controllen`.
+    unsafe {
+        let mut cm = libc::CMSG_FIRSTHDR(&msg);
+        while !cm.is_null() {
+            let payload = (*cm).cmsg_len - libc::CMSG_LEN(0) as usize;
+            let p = libc::CMSG_DATA(cm);
+            let bytes = std::slice::from_raw_parts(p, payload).to_vec();
+            cmsgs.push(((*cm).cmsg_level, (*cm).cmsg_type, bytes));
+            cm = libc::CMSG_NXTHDR(&msg, cm);
+        }
+    }
+    data.truncate(n.min(buf_len));
+    Ok(Received { len: n, flags: msg.msg_flags, from, data, cmsgs })
+}
+
+fn read_pod<T: crate::sys::Plain>(bytes: &[u8]) -> Option<T> {
+    if bytes.len() < size_of::<T>() {
+        return None;
+    }
+    // SAFETY (crate policy): length checked; `Plain` types accept any bytes.
+    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
+}
+
+fn flag_names(flags: c_int) -> String {
+    let mut v = Vec::new();
+    for (bit, name) in [
+        (libc::MSG_TRUNC, "MSG_TRUNC"),
+        (libc::MSG_CTRUNC, "MSG_CTRUNC"),
+        (libc::MSG_EOR, "MSG_EOR"),
+        (libc::MSG_OOB, "MSG_OOB"),
+    ] {
+        if flags & bit != 0 {
+            v.push(name);
+        }
+    }
+    if v.is_empty() { "0".into() } else { v.join("|") }
+}
+
+fn sendmsg_recvmsg_iov() -> Res {
+    let (c, s) = tcp_pair(libc::AF_INET)?;
+    let parts: [&[u8]; 3] = [b"alpha-", b"beta-", b"gamma"];
+    let iov: Vec<libc::iovec> = parts
+        .iter()
+        .map(|p| libc::iovec { iov_base: p.as_ptr().cast_mut().cast(), iov_len: p.len() })
+        .collect();
+    let mut msg: libc::msghdr = zeroed();
+    msg.msg_iov = iov.as_ptr().cast_mut();
+    msg.msg_iovlen = iov.len();
+    let sent = show(sys!(libc::sendmsg(c.raw(), &msg, 0)));
+    wait_for(s.raw(), libc::POLLIN).ctx("poll")?;
+    crate::sys::sleep_ms(5);
+    let (mut a, mut b) = ([0u8; 8], [0u8; 32]);
+    let mut riov = [
+        libc::iovec { iov_base: a.as_mut_ptr().cast(), iov_len: a.len() },
+        libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() },
+    ];
+    let mut rmsg: libc::msghdr = zeroed();
+    rmsg.msg_iov = riov.as_mut_ptr();
+    rmsg.msg_iovlen = 2;
+    let n = sys!(libc::recvmsg(s.raw(), &mut rmsg, 0)).ctx("recvmsg")? as usize;
+    Ok(format!(
+        "sendmsg={sent} recvmsg={n} iov0={:?} iov1={:?} flags={}",
+        String::from_utf8_lossy(&a),
+        String::from_utf8_lossy(&b[..n.saturating_sub(8)]),
+        flag_names(rmsg.msg_flags)
+    ))
+}
+
+fn recvmsg_ip_pktinfo() -> Res {
+    let (r, raddr) = udp_bound(libc::AF_INET)?;
+    let (t, _) = udp_bound(libc::AF_INET)?;
+    let on = show(set_int(r.raw(), libc::IPPROTO_IP, libc::IP_PKTINFO, 1).map(|_| 0));
+    sendto(t.raw(), b"pkt", 0, &raddr).ctx("sendto")?;
+    let m = recvmsg_with(r.raw(), 64, 256, 0)?;
+    let mut info = "missing".to_string();
+    for (level, ty, data) in &m.cmsgs {
+        if *level == libc::IPPROTO_IP && *ty == libc::IP_PKTINFO {
+            if let Some(pi) = read_pod::<libc::in_pktinfo>(data) {
+                let dst = std::net::Ipv4Addr::from(pi.ipi_addr.s_addr.to_ne_bytes());
+                let spec = std::net::Ipv4Addr::from(pi.ipi_spec_dst.s_addr.to_ne_bytes());
+                info = format!("ifindex={} dst={dst} spec_dst={spec}", pi.ipi_ifindex);
+            }
+        }
+    }
+    Ok(format!("IP_PKTINFO={on} len={} from={} pktinfo: {info}", m.len, m.from.describe()))
+}
+
+fn recvmsg_ttl_tos() -> Res {
+    let (r, raddr) = udp_bound(libc::AF_INET)?;
+    let (t, _) = udp_bound(libc::AF_INET)?;
+    set_int(r.raw(), libc::IPPROTO_IP, libc::IP_RECVTTL, 1).ctx("IP_RECVTTL")?;
+    set_int(r.raw(), libc::IPPROTO_IP, libc::IP_RECVTOS, 1).ctx("IP_RECVTOS")?;
+    set_int(t.raw(), libc::IPPROTO_IP, libc::IP_TOS, 0x10).ctx("IP_TOS")?;
+    sendto(t.raw(), b"ttl", 0, &raddr).ctx("sendto")?;
+    let m = recvmsg_with(r.raw(), 64, 256, 0)?;
+    let mut found = Vec::new();
+    for (level, ty, data) in &m.cmsgs {
+        match (*level, *ty) {
+            (libc::IPPROTO_IP, libc::IP_TTL) => {
+                found.push(format!("ttl={}", read_pod::<c_int>(data).unwrap_or(-1)))
+            }
+            (libc::IPPROTO_IP, libc::IP_TOS) => {
+                found.push(format!("tos={:#x}", data.first().copied().unwrap_or(0)))
+            }
+            (l, t) => found.push(format!("cmsg({l},{t})")),
+        }
+    }
+    found.sort();
+    Ok(found.join(" "))
+}
+
+fn recvmsg_ipv6_pktinfo() -> Res {
+    let (r, raddr) = udp_bound(libc::AF_INET6)?;
+    let (t, _) = udp_bound(libc::AF_INET6)?;
+    set_int(r.raw(), libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1).ctx("setsockopt")?;
+    set_int(r.raw(), libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT, 1).ctx("setsockopt")?;
+    sendto(t.raw(), b"pkt6", 0, &raddr).ctx("sendto")?;
+    let m = recvmsg_with(r.raw(), 64, 256, 0)?;
+    let mut found = Vec::new();
+    for (level, ty, data) in &m.cmsgs {
+        match (*level, *ty) {
+            (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
+                if let Some(pi) = read_pod::<libc::in6_pktinfo>(data) {
+                    let a = std::net::Ipv6Addr::from(pi.ipi6_addr.s6_addr);
+                    found.push(format!("pktinfo=[{a} ifindex={}]", pi.ipi6_ifindex));
+                }
+            }
+            (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT) => {
+                found.push(format!("hoplimit={}", read_pod::<c_int>(data).unwrap_or(-1)))
+            }
+            (l, t) => found.push(format!("cmsg({l},{t})")),
+        }
+    }
+    found.sort();
+    Ok(format!("from={} {}", m.from.describe(), found.join(" ")))
+}
+
+fn recvmsg_timestamp() -> Res {
+    let (r, raddr) = udp_bound(libc::AF_INET)?;
+    let (t, _) = udp_bound(libc::AF_INET)?;
+    set_int(r.raw(), libc::SOL_SOCKET, libc::SO_TIMESTAMP, 1).ctx("SO_TIMESTAMP")?;
+    sendto(t.raw(), b"ts", 0, &raddr).ctx("sendto")?;
+    let m = recvmsg_with(r.raw(), 64, 256, 0)?;
+    let ts = m.cmsgs.iter().find(|(l, ty, _)| *l == libc::SOL_SOCKET && *ty == libc::SCM_TIMESTAMP);
+    let plausible = ts
+        .and_then(|(_, _, d)| read_pod::<libc::timeval>(d))
+        .is_some_and(|tv| tv.tv_sec > 1_600_000_000);
+    Ok(format!("SCM_TIMESTAMP present={} plausible={plausible}", ts.is_some()))
+}
+
+fn recvmsg_ctrunc() -> Res {
+    let (r, raddr) = udp_bound(libc::AF_INET)?;
+    let (t, _) = udp_bound(libc::AF_INET)?;
+    set_int(r.raw(), libc::IPPROTO_IP, libc::IP_PKTINFO, 1).ctx("IP_PKTINFO")?;
+    sendto(t.raw(), b"ctrunc", 0, &raddr).ctx("sendto")?;
+    let m = recvmsg_with(r.raw(), 64, 8, 0)?;
+    Ok(format!("len={} flags={} cmsgs={}", m.len, flag_names(m.flags), m.cmsgs.len()))
+}
+
+fn sendmsg_pktinfo_source() -> Res {
+    let (r, raddr) = udp_bound(libc::AF_INET)?;
+    let t = crate::net::udp_socket(libc::AF_INET).ctx("socket")?;
+    let mut pi: libc::in_pktinfo = zeroed();
+    pi.ipi_spec_dst.s_addr = u32::from_ne_bytes([127, 0, 0, 1]);
+    let space = unsafe { libc::CMSG_SPACE(size_of::<libc::in_pktinfo>() as u32) } as usize;
+    let mut control = vec![0u64; space.div_ceil(8)];
+    let mut payload = *b"with-pktinfo";
+    let mut iov = libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: payload.len() };
+    let mut msg: libc::msghdr = zeroed();
+    msg.msg_name = raddr.ptr().cast_mut().cast();
+    msg.msg_namelen = raddr.len();
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space;
+    // SAFETY (crate policy): the control buffer holds exactly one in_pktinfo cmsg.
+    unsafe {
+        let cm = libc::CMSG_FIRSTHDR(&msg);
+        (*cm).cmsg_level = libc::IPPROTO_IP;
+        (*cm).cmsg_type = libc::IP_PKTINFO;
+        (*cm).cmsg_len = libc::CMSG_LEN(size_of::<libc::in_pktinfo>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<libc::in_pktinfo>(), pi);
+    }
+    let sent = show(sys!(libc::sendmsg(t.raw(), &msg, 0)));
+    let m = recvmsg_with(r.raw(), 64, 0, 0)?;
+    Ok(format!(
+        "sendmsg={sent} got={:?} from={}",
+        String::from_utf8_lossy(&m.data),
+        m.from.describe()
+    ))
+}
+
+fn sendmsg_name_unconnected() -> Res {
+    let (r, raddr) = udp_bound(libc::AF_INET6)?;
+    let t = crate::net::udp_socket(libc::AF_INET6).ctx("socket")?;
+    let mut payload = *b"named";
+    let mut iov = libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: payload.len() };
+    let mut msg: libc::msghdr = zeroed();
+    msg.msg_name = raddr.ptr().cast_mut().cast();
+    msg.msg_namelen = raddr.len();
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    let sent = show(sys!(libc::sendmsg(t.raw(), &msg, 0)));
+    let mut nameless: libc::msghdr = zeroed();
+    nameless.msg_iov = &mut iov;
+    nameless.msg_iovlen = 1;
+    let no_name = show(sys!(libc::sendmsg(t.raw(), &nameless, 0)));
+    let m = recvmsg_with(r.raw(), 64, 0, 0)?;
+    Ok(format!(
+        "sendmsg={sent} without_name={no_name} got={:?} from={}",
+        String::from_utf8_lossy(&m.data),
+        m.from.describe()
+    ))
+}
+
+fn sendmmsg_recvmmsg_udp() -> Res {
+    let (r, raddr) = udp_bound(libc::AF_INET)?;
+    let (t, _) = udp_bound(libc::AF_INET)?;
+    connect(t.raw(), &raddr).ctx("connect")?;
+    let payloads: [&[u8]; 3] = [b"a", b"bb", b"ccc"];
+    let mut iovs: Vec<libc::iovec> = payloads
+        .iter()
+        .map(|p| libc::iovec { iov_base: p.as_ptr().cast_mut().cast(), iov_len: p.len() })
+        .collect();
+    let mut msgs: Vec<libc::mmsghdr> = iovs
+        .iter_mut()
+        .map(|iov| {
+            let mut h: libc::mmsghdr = zeroed();
+            h.msg_hdr.msg_iov = iov;
+            h.msg_hdr.msg_iovlen = 1;
+            h
+        })
+        .collect();
+    let sent = show(sys!(libc::sendmmsg(t.raw(), msgs.as_mut_ptr(), 3, 0)));
+    let sent_lens: Vec<u32> = msgs.iter().map(|m| m.msg_len).collect();
+    wait_for(r.raw(), libc::POLLIN).ctx("poll")?;
+    crate::sys::sleep_ms(10);
+    let mut bufs = [[0u8; 16]; 4];
+    let mut names = [Addr::empty(); 4];
+    let mut riovs: Vec<libc::iovec> = bufs
+        .iter_mut()
+        .map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() })
+        .collect();
+    let mut rmsgs: Vec<libc::mmsghdr> = riovs
+        .iter_mut()
+        .zip(names.iter_mut())
+        .map(|(iov, name)| {
+            let mut h: libc::mmsghdr = zeroed();
+            h.msg_hdr.msg_iov = iov;
+            h.msg_hdr.msg_iovlen = 1;
+            h.msg_hdr.msg_name = name.ptr_mut().cast();
+            h.msg_hdr.msg_namelen = name.len();
+            h
+        })
+        .collect();
+    let null = std::ptr::null_mut();
+    let n = sys!(libc::recvmmsg(r.raw(), rmsgs.as_mut_ptr(), 4, libc::MSG_WAITFORONE, null))
+        .ctx("recvmmsg")?;
+    let got: Vec<String> = rmsgs[..n as usize]
+        .iter()
+        .zip(bufs.iter())
+        .map(|(m, b)| String::from_utf8_lossy(&b[..m.msg_len as usize]).into_owned())
+        .collect();
+    let from: Vec<String> = rmsgs[..n as usize]
+        .iter()
+        .map(|m| Addr::from_raw(m.msg_hdr.msg_name.cast(), m.msg_hdr.msg_namelen).ip())
+        .collect();
+    Ok(format!(
+        "sendmmsg={sent} lens={sent_lens:?} recvmmsg={n} got={got:?} from={}",
+        from.join(",")
+    ))
+}
+
+fn sendmmsg_tcp() -> Res {
+    let (c, s) = tcp_pair(libc::AF_INET)?;
+    let payloads: [&[u8]; 2] = [b"first;", b"second"];
+    let mut iovs: Vec<libc::iovec> = payloads
+        .iter()
+        .map(|p| libc::iovec { iov_base: p.as_ptr().cast_mut().cast(), iov_len: p.len() })
+        .collect();
+    let mut msgs: Vec<libc::mmsghdr> = iovs
+        .iter_mut()
+        .map(|iov| {
+            let mut h: libc::mmsghdr = zeroed();
+            h.msg_hdr.msg_iov = iov;
+            h.msg_hdr.msg_iovlen = 1;
+            h
+        })
+        .collect();
+    let sent = show(sys!(libc::sendmmsg(c.raw(), msgs.as_mut_ptr(), 2, 0)));
+    let got = crate::net::recv_exact(s.raw(), 12)?;
+    let _ = recv_text;
+    Ok(format!("sendmmsg={sent} peer_got={:?}", String::from_utf8_lossy(&got)))
+}

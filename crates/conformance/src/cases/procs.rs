@@ -1,0 +1,243 @@
+//! COMPAT 5 — processes: after `fork` both sides hold the socket as with the kernel;
+//! `exec` keeps inherited sockets working and closes CLOEXEC ones; `posix_spawn`;
+//! daemon-style double fork and `daemon()`; pre-forked workers sharing a listener.
+
+use std::ffi::CString;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+
+use libc::c_int;
+
+use super::{Case, Res};
+use crate::net::{
+    accept, connect, listener, recv_exact, recv_text, send, socket, tcp_pair,
+    tcp_socket, wait_for,
+};
+use crate::proc::{collect_helper, fork_with, helper_argv, spawn_helper};
+use crate::sys::{Ctx, Fd, pipe, set_nonblocking, show, sleep_ms, zeroed};
+
+pub const CASES: &[Case] = &[
+    Case::new("proc.fork_child_writes_parent_reads", fork_child_writes_parent_reads),
+    Case::new("proc.fork_both_use", fork_both_use),
+    Case::new("proc.fork_child_close_keeps_parent", fork_child_close_keeps_parent),
+    Case::new("proc.fork_parent_close_keeps_child", fork_parent_close_keeps_child),
+    Case::new("proc.fork_child_exit_no_eof", fork_child_exit_no_eof),
+    Case::new("proc.prefork_workers_accept", prefork_workers_accept),
+    Case::new("proc.exec_inherited_socket", exec_inherited_socket),
+    Case::new("proc.exec_cloexec_closed", exec_cloexec_closed),
+    Case::new("proc.exec_fd_cloexec_via_fcntl", exec_fd_cloexec_via_fcntl),
+    Case::new("proc.exec_inherited_listener", exec_inherited_listener),
+    Case::new("proc.exec_keeps_nonblock", exec_keeps_nonblock),
+    Case::new("proc.posix_spawn_inherits", posix_spawn_inherits),
+    Case::new("proc.posix_spawn_dup2_action", posix_spawn_dup2_action),
+    Case::new("proc.double_fork_daemon", double_fork_daemon),
+    Case::new("proc.daemon_call", daemon_call),
+];
+
+fn fork_child_writes_parent_reads() -> Res {
+    let (c, s) = tcp_pair(libc::AF_INET)?;
+    let child = fork_with(|| {
+        let r = send(c.raw(), b"from-child", 0).map_or(1, |_| 0);
+        let reply = recv_text(c.raw(), 32, 0);
+        if reply == "\"from-parent\"" { r } else { 2 }
+    })?;
+    let got = recv_text(s.raw(), 32, 0);
+    send(s.raw(), b"from-parent", 0).ctx("send")?;
+    Ok(format!("parent_got={got} child={}", child.wait()))
+}
+
+fn fork_both_use() -> Res {
+    let (c, s) = tcp_pair(libc::AF_INET)?;
+    let child = fork_with(|| send(c.raw(), b"child;", 0).map_or(1, |_| 0))?;
+    let status = child.wait();
+    send(c.raw(), b"parent;", 0).ctx("send")?;
+    let got = recv_exact(s.raw(), 13)?;
+    Ok(format!("peer_got={:?} child={status}", String::from_utf8_lossy(&got)))
+}
+
+fn fork_child_close_keeps_parent() -> Res {
+    let (c, s) = tcp_pair(libc::AF_INET)?;
+    let child = fork_with(|| unsafe { libc::close(c.raw()) })?;
+    let status = child.wait();
+    let no_eof = crate::net::poll1(s.raw(), libc::POLLIN, 50).ctx("poll")? == 0;
+    send(c.raw(), b"still-open", 0).ctx("send")?;
+    Ok(format!("child={status} peer_no_eof={no_eof} peer_got={}", recv_text(s.raw(), 32, 0)))
+}
+
+fn fork_parent_close_keeps_child() -> Res {
+    let (c, s) = tcp_pair(libc::AF_INET)?;
+    let (gate_r, gate_w) = pipe(0).ctx("pipe")?;
+    let child = fork_with(|| {
+        let mut b = [0u8; 1];
+        unsafe { libc::read(gate_r.raw(), b.as_mut_ptr().cast(), 1) };
+        send(c.raw(), b"child-after-parent-close", 0).map_or(1, |_| 0)
+    })?;
+    drop(c);
+    let no_eof = crate::net::poll1(s.raw(), libc::POLLIN, 50).ctx("poll")? == 0;
+    sys!(libc::write(gate_w.raw(), b"g".as_ptr().cast(), 1)).ctx("write")?;
+    let got = recv_text(s.raw(), 64, 0);
+    let status = child.wait();
+    let eof = recv_text(s.raw(), 8, 0);
+    Ok(format!("no_eof_while_child_holds={no_eof} got={got} child={status} then={eof}"))
+}
+
+/// redis BGSAVE: the child exits without closing anything; the parent's client goes on.
+fn fork_child_exit_no_eof() -> Res {
+    let (c, s) = tcp_pair(libc::AF_INET)?;
+    let child = fork_with(|| 0)?;
+    let status = child.wait();
+    let quiet = crate::net::poll1(c.raw(), libc::POLLIN, 50).ctx("poll")? == 0;
+    send(s.raw(), b"after-bgsave", 0).ctx("send")?;
+    Ok(format!("child={status} no_eof={quiet} got={}", recv_text(c.raw(), 32, 0)))
+}
+
+/// nginx: the master listens, forks workers, each worker accepts and serves.
+fn prefork_workers_accept() -> Res {
+    let (l, addr) = listener(libc::AF_INET)?;
+    let mut workers = Vec::new();
+    for _ in 0..2 {
+        workers.push(fork_with(|| match accept(l.raw()) {
+            Ok(a) => send(a.raw(), b"served", 0).map_or(1, |_| 0),
+            Err(_) => 2,
+        })?);
+    }
+    drop(l);
+    let mut replies = Vec::new();
+    for _ in 0..2 {
+        let c = tcp_socket(libc::AF_INET).ctx("socket")?;
+        connect(c.raw(), &addr).ctx("connect")?;
+        replies.push(recv_text(c.raw(), 16, 0));
+    }
+    let statuses: Vec<String> = workers.into_iter().map(|w| w.wait()).collect();
+    Ok(format!("replies={} workers={}", replies.join(","), statuses.join(",")))
+}
+
+fn exec_with(mode: &str, fd: c_int) -> Result<String, String> {
+    let (child, out) = spawn_helper(&[mode.to_string(), fd.to_string()])?;
+    Ok(collect_helper(child, out))
+}
+
+fn exec_inherited_socket() -> Res {
+    let (c, s) = tcp_pair(libc::AF_INET)?;
+    send(s.raw(), b"exec-pong", 0).ctx("send")?;
+    let helper = exec_with("use", c.raw())?;
+    Ok(format!("helper={helper} peer_got={}", recv_text(s.raw(), 32, 0)))
+}
+
+fn exec_cloexec_closed() -> Res {
+    let c = socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0).ctx("socket")?;
+    exec_with("closed", c.raw())
+}
+
+fn exec_fd_cloexec_via_fcntl() -> Res {
+    let (c, _s) = tcp_pair(libc::AF_INET)?;
+    sys!(libc::fcntl(c.raw(), libc::F_SETFD, libc::FD_CLOEXEC)).ctx("F_SETFD")?;
+    exec_with("closed", c.raw())
+}
+
+fn exec_inherited_listener() -> Res {
+    let (l, addr) = listener(libc::AF_INET)?;
+    let (child, out) = spawn_helper(&["accept".to_string(), l.raw().to_string()])?;
+    drop(l);
+    let c = tcp_socket(libc::AF_INET).ctx("socket")?;
+    connect(c.raw(), &addr).ctx("connect")?;
+    let got = recv_text(c.raw(), 32, 0);
+    Ok(format!("client_got={got} helper={}", collect_helper(child, out)))
+}
+
+fn exec_keeps_nonblock() -> Res {
+    let (c, _s) = tcp_pair(libc::AF_INET)?;
+    set_nonblocking(c.raw(), true).ctx("fcntl")?;
+    exec_with("flags", c.raw())
+}
+
+/// `posix_spawn` of the helper with stdout on a pipe and, optionally, one more dup2.
+fn spawn(args: &[String], extra_dup: Option<(c_int, c_int)>) -> Result<String, String> {
+    let (r, w) = pipe(libc::O_CLOEXEC).ctx("pipe")?;
+    let argv = helper_argv(args);
+    let mut ptrs: Vec<*mut libc::c_char> = argv.iter().map(|a| a.as_ptr().cast_mut()).collect();
+    ptrs.push(std::ptr::null_mut());
+    let mut fa: libc::posix_spawn_file_actions_t = zeroed();
+    let env: Vec<CString> = std::env::vars_os()
+        .filter_map(|(k, v)| {
+            let mut kv = k.into_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            CString::new(kv).ok()
+        })
+        .collect();
+    let mut envp: Vec<*mut libc::c_char> = env.iter().map(|e| e.as_ptr().cast_mut()).collect();
+    envp.push(std::ptr::null_mut());
+    let mut pid = 0;
+    let rc = unsafe {
+        libc::posix_spawn_file_actions_init(&mut fa);
+        libc::posix_spawn_file_actions_adddup2(&mut fa, w.raw(), 1);
+        if let Some((from, to)) = extra_dup {
+            libc::posix_spawn_file_actions_adddup2(&mut fa, from, to);
+        }
+        let rc = libc::posix_spawn(
+            &mut pid,
+            c"/proc/self/exe".as_ptr(),
+            &fa,
+            std::ptr::null(),
+            ptrs.as_ptr(),
+            envp.as_ptr(),
+        );
+        libc::posix_spawn_file_actions_destroy(&mut fa);
+        rc
+    };
+    if rc != 0 {
+        return Ok(format!("posix_spawn={}", crate::sys::Errno(rc)));
+    }
+    drop(w);
+    Ok(collect_helper(crate::proc::Child::from_pid(pid), r))
+}
+
+fn posix_spawn_inherits() -> Res {
+    let (c, s) = tcp_pair(libc::AF_INET)?;
+    send(s.raw(), b"spawn-pong", 0).ctx("send")?;
+    let helper = spawn(&["use".into(), c.raw().to_string()], None)?;
+    Ok(format!("helper={helper} peer_got={}", recv_text(s.raw(), 32, 0)))
+}
+
+fn posix_spawn_dup2_action() -> Res {
+    let (c, s) = tcp_pair(libc::AF_INET)?;
+    let cloexec = Fd::new(sys!(libc::fcntl(c.raw(), libc::F_DUPFD_CLOEXEC, 0)).ctx("dup")?);
+    drop(c);
+    send(s.raw(), b"fd0-pong", 0).ctx("send")?;
+    let helper = spawn(&["use".into(), "0".into()], Some((cloexec.raw(), 0)))?;
+    Ok(format!("helper={helper} peer_got={}", recv_text(s.raw(), 32, 0)))
+}
+
+fn double_fork_daemon() -> Res {
+    let (c, s) = tcp_pair(libc::AF_INET)?;
+    let middle = fork_with(|| {
+        unsafe { libc::setsid() };
+        match fork_with(|| {
+            sleep_ms(20);
+            send(c.raw(), b"from-grandchild", 0).map_or(1, |_| 0)
+        }) {
+            Ok(_) => 0,
+            Err(_) => 3,
+        }
+    })?;
+    let status = middle.wait();
+    drop(c);
+    let got = recv_text(s.raw(), 32, 0);
+    let eof = recv_text(s.raw(), 8, 0);
+    Ok(format!("middle={status} got={got} then={eof}"))
+}
+
+fn daemon_call() -> Res {
+    let (c, s) = tcp_pair(libc::AF_INET)?;
+    let caller = fork_with(|| {
+        if unsafe { libc::daemon(1, 1) } != 0 {
+            return 4;
+        }
+        send(c.raw(), b"from-daemon", 0).map_or(1, |_| 0)
+    })?;
+    let status = caller.wait();
+    drop(c);
+    wait_for(s.raw(), libc::POLLIN).ctx("poll")?;
+    let got = recv_text(s.raw(), 64, 0);
+    Ok(format!("caller={status} got={got} then={}", recv_text(s.raw(), 8, 0)))
+}

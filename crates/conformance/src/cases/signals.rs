@@ -1,0 +1,209 @@
+//! COMPAT 4 — signals: a handler without `SA_RESTART` interrupts blocking socket calls
+//! with `EINTR`; with `SA_RESTART` they continue; `poll`/`epoll_wait`/`select` return
+//! `EINTR` regardless; a handler may itself make socket calls; SIGURG and SIGIO arrive.
+//!
+//! Timing: the signal comes from a one-shot `ITIMER_REAL` 50 ms after the call starts,
+//! and a peer (a forked process) that must be waited for acts at 150 ms, so there is
+//! 100 ms of slack either way. The process is single-threaded, so SIGALRM always lands
+//! on the thread in the call.
+
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use libc::c_int;
+
+use super::epoll::Ep;
+use super::{Case, Res};
+use crate::net::{
+    accept, connect, fill_send_buffer, listener, recv_text, send, setsockopt, tcp_pair,
+    tcp_socket, udp_bound, wait_for,
+};
+use crate::proc::{alarm_ms, count_signal, fork_with, mask_signal, on_signal, signal_count};
+use crate::sys::{Ctx, show, sleep_ms, zeroed};
+
+pub const CASES: &[Case] = &[
+    Case::new("sig.recv_eintr_no_restart", recv_eintr_no_restart),
+    Case::new("sig.recv_sa_restart_continues", recv_sa_restart_continues),
+    Case::new("sig.accept_eintr_no_restart", accept_eintr_no_restart),
+    Case::new("sig.accept_sa_restart_continues", accept_sa_restart_continues),
+    Case::new("sig.send_blocked_interrupted", send_blocked_interrupted),
+    Case::new("sig.poll_eintr_despite_restart", poll_eintr_despite_restart),
+    Case::new("sig.epoll_wait_eintr_despite_restart", epoll_wait_eintr_despite_restart),
+    Case::new("sig.select_eintr_despite_restart", select_eintr_despite_restart),
+    Case::new("sig.ppoll_mask_lets_signal_in", ppoll_mask_lets_signal_in),
+    Case::new("sig.rcvtimeo_not_restarted", rcvtimeo_not_restarted),
+    Case::new("sig.handler_sends_other_socket", handler_sends_other_socket),
+    Case::new("sig.handler_sends_same_socket", handler_sends_same_socket),
+    Case::new("sig.sigurg_on_oob", sigurg_on_oob),
+    Case::new("sig.sigio_o_async", sigio_o_async),
+];
+
+const RESTART: c_int = libc::SA_RESTART;
+
+fn counted(r: String) -> String {
+    format!("{r} handler_ran={}", signal_count())
+}
+
+fn recv_eintr_no_restart() -> Res {
+    let (_c, s) = tcp_pair(libc::AF_INET)?;
+    on_signal(libc::SIGALRM, count_signal, 0).ctx("sigaction")?;
+    alarm_ms(50).ctx("setitimer")?;
+    Ok(counted(format!("recv={}", recv_text(s.raw(), 16, 0))))
+}
+
+fn recv_sa_restart_continues() -> Res {
+    let (c, s) = tcp_pair(libc::AF_INET)?;
+    on_signal(libc::SIGALRM, count_signal, RESTART).ctx("sigaction")?;
+    let peer = fork_with(|| {
+        sleep_ms(150);
+        send(c.raw(), b"late", 0).map_or(1, |_| 0)
+    })?;
+    alarm_ms(50).ctx("setitimer")?;
+    let r = recv_text(s.raw(), 16, 0);
+    Ok(counted(format!("recv={r} peer={}", peer.wait())))
+}
+
+fn accept_eintr_no_restart() -> Res {
+    let (l, _) = listener(libc::AF_INET)?;
+    on_signal(libc::SIGALRM, count_signal, 0).ctx("sigaction")?;
+    alarm_ms(50).ctx("setitimer")?;
+    Ok(counted(format!("accept={}", show(accept(l.raw()).map(|_| 0)))))
+}
+
+fn accept_sa_restart_continues() -> Res {
+    let (l, addr) = listener(libc::AF_INET)?;
+    on_signal(libc::SIGALRM, count_signal, RESTART).ctx("sigaction")?;
+    let peer = fork_with(|| {
+        sleep_ms(150);
+        let Ok(c) = tcp_socket(libc::AF_INET) else { return 1 };
+        if connect(c.raw(), &addr).is_err() {
+            return 2;
+        }
+        send(c.raw(), b"hi", 0).map_or(3, |_| 0)
+    })?;
+    alarm_ms(50).ctx("setitimer")?;
+    let r = match accept(l.raw()) {
+        Ok(a) => format!("accepted recv={}", recv_text(a.raw(), 8, 0)),
+        Err(e) => e.to_string(),
+    };
+    Ok(counted(format!("accept={r} peer={}", peer.wait())))
+}
+
+fn send_blocked_interrupted() -> Res {
+    let (c, _s) = tcp_pair(libc::AF_INET)?;
+    fill_send_buffer(c.raw())?;
+    sleep_ms(20);
+    fill_send_buffer(c.raw())?;
+    on_signal(libc::SIGALRM, count_signal, 0).ctx("sigaction")?;
+    alarm_ms(50).ctx("setitimer")?;
+    let big = vec![0u8; 1 << 20];
+    // EINTR if nothing was sent before the signal, else the short count.
+    let r = match send(c.raw(), &big, libc::MSG_NOSIGNAL) {
+        Err(e) if e.0 == libc::EINTR => "interrupted".to_string(),
+        Ok(n) if n < big.len() => "interrupted".to_string(),
+        other => show(other),
+    };
+    Ok(counted(format!("send={r}")))
+}
+
+fn poll_eintr_despite_restart() -> Res {
+    let (_c, s) = tcp_pair(libc::AF_INET)?;
+    on_signal(libc::SIGALRM, count_signal, RESTART).ctx("sigaction")?;
+    alarm_ms(50).ctx("setitimer")?;
+    let mut p = libc::pollfd { fd: s.raw(), events: libc::POLLIN, revents: 0 };
+    Ok(counted(format!("poll={}", show(sys!(libc::poll(&mut p, 1, 3000))))))
+}
+
+fn epoll_wait_eintr_despite_restart() -> Res {
+    let (_c, s) = tcp_pair(libc::AF_INET)?;
+    let ep = Ep::new()?;
+    ep.add(s.raw(), libc::EPOLLIN as u32, 1)?;
+    on_signal(libc::SIGALRM, count_signal, RESTART).ctx("sigaction")?;
+    alarm_ms(50).ctx("setitimer")?;
+    Ok(counted(format!("epoll_wait={}", show(ep.wait(4, 3000).map(|v| v.len())))))
+}
+
+fn select_eintr_despite_restart() -> Res {
+    let (_c, s) = tcp_pair(libc::AF_INET)?;
+    on_signal(libc::SIGALRM, count_signal, RESTART).ctx("sigaction")?;
+    alarm_ms(50).ctx("setitimer")?;
+    let mut rd: libc::fd_set = zeroed();
+    unsafe { libc::FD_SET(s.raw(), &mut rd) };
+    let mut tv = libc::timeval { tv_sec: 3, tv_usec: 0 };
+    let null = std::ptr::null_mut();
+    let r = show(sys!(libc::select(s.raw() + 1, &mut rd, null, null, &mut tv)));
+    Ok(counted(format!("select={r}")))
+}
+
+fn ppoll_mask_lets_signal_in() -> Res {
+    let (_c, s) = tcp_pair(libc::AF_INET)?;
+    on_signal(libc::SIGALRM, count_signal, RESTART).ctx("sigaction")?;
+    mask_signal(libc::SIGALRM, true).ctx("sigmask")?;
+    alarm_ms(50).ctx("setitimer")?;
+    sleep_ms(80);
+    let blocked_meanwhile = signal_count();
+    let mut p = libc::pollfd { fd: s.raw(), events: libc::POLLIN, revents: 0 };
+    let ts = libc::timespec { tv_sec: 3, tv_nsec: 0 };
+    let mut empty: libc::sigset_t = zeroed();
+    unsafe { libc::sigemptyset(&mut empty) };
+    let r = show(sys!(libc::ppoll(&mut p, 1, &ts, &empty)));
+    Ok(counted(format!("ran_while_blocked={blocked_meanwhile} ppoll={r}")))
+}
+
+fn rcvtimeo_not_restarted() -> Res {
+    let (_c, s) = tcp_pair(libc::AF_INET)?;
+    let tv = libc::timeval { tv_sec: 3, tv_usec: 0 };
+    setsockopt(s.raw(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv).ctx("setsockopt")?;
+    on_signal(libc::SIGALRM, count_signal, RESTART).ctx("sigaction")?;
+    alarm_ms(50).ctx("setitimer")?;
+    Ok(counted(format!("recv={}", recv_text(s.raw(), 16, 0))))
+}
+
+/// The fd the sending handlers write to.
+static HANDLER_FD: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn send_from_handler(_sig: c_int) {
+    let fd = HANDLER_FD.load(Ordering::SeqCst);
+    let msg = b"from-handler";
+    unsafe { libc::send(fd, msg.as_ptr().cast(), msg.len(), libc::MSG_NOSIGNAL) };
+}
+
+fn handler_sends_other_socket() -> Res {
+    let (c, s) = tcp_pair(libc::AF_INET)?;
+    HANDLER_FD.store(c.raw(), Ordering::SeqCst);
+    on_signal(libc::SIGALRM, send_from_handler, RESTART).ctx("sigaction")?;
+    alarm_ms(50).ctx("setitimer")?;
+    Ok(format!("recv_in_main={}", recv_text(s.raw(), 32, 0)))
+}
+
+fn handler_sends_same_socket() -> Res {
+    let (u, addr) = udp_bound(libc::AF_INET)?;
+    connect(u.raw(), &addr).ctx("connect")?;
+    HANDLER_FD.store(u.raw(), Ordering::SeqCst);
+    on_signal(libc::SIGALRM, send_from_handler, RESTART).ctx("sigaction")?;
+    alarm_ms(50).ctx("setitimer")?;
+    Ok(format!("recv_same_socket={}", recv_text(u.raw(), 32, 0)))
+}
+
+fn sigurg_on_oob() -> Res {
+    let (c, s) = tcp_pair(libc::AF_INET)?;
+    on_signal(libc::SIGURG, count_signal, RESTART).ctx("sigaction")?;
+    let own = show(sys!(libc::fcntl(s.raw(), libc::F_SETOWN, libc::getpid())));
+    send(c.raw(), b"!", libc::MSG_OOB).ctx("send")?;
+    wait_for(s.raw(), libc::POLLPRI).ctx("poll")?;
+    sleep_ms(10);
+    let oob = recv_text(s.raw(), 1, libc::MSG_OOB);
+    Ok(counted(format!("F_SETOWN={own} oob={oob}")))
+}
+
+fn sigio_o_async() -> Res {
+    let (c, s) = tcp_pair(libc::AF_INET)?;
+    on_signal(libc::SIGIO, count_signal, RESTART).ctx("sigaction")?;
+    let own = show(sys!(libc::fcntl(s.raw(), libc::F_SETOWN, libc::getpid())));
+    let fl = sys!(libc::fcntl(s.raw(), libc::F_GETFL)).ctx("F_GETFL")?;
+    let set = show(sys!(libc::fcntl(s.raw(), libc::F_SETFL, fl | libc::O_ASYNC)));
+    let before = signal_count();
+    send(c.raw(), b"x", 0).ctx("send")?;
+    wait_for(s.raw(), libc::POLLIN).ctx("poll")?;
+    sleep_ms(10);
+    Ok(format!("F_SETOWN={own} O_ASYNC={set} sigio_after_send={}", signal_count() > before))
+}

@@ -1,0 +1,76 @@
+//! `ferry-conformance`: the socket conformance suite.
+//!
+//! Every case exercises one behaviour real programs rely on (see `docs/COMPAT.md`) with
+//! direct libc calls and prints one deterministic line `NAME: RESULT`. The suite is run
+//! once natively and once as `ferry run -- ferry-conformance`; the two outputs must be
+//! identical. Results never contain ports, pids, timings or other per-run values.
+//!
+//! Usage: `ferry-conformance [--list] [--filter SUBSTR] [NAME…]`. The exit status is 0
+//! unless a case timed out or crashed.
+
+// Nearly every line of this crate is a plain libc call on fds, buffers and structs the
+// calling case owns and keeps alive across the call; a SAFETY comment on each would say
+// exactly that, thousands of times. Unsafe blocks that rely on anything more (pointer
+// casts, foreign memory) carry a comment of their own.
+#![allow(clippy::undocumented_unsafe_blocks)]
+
+#[macro_use]
+mod sys;
+mod cases;
+mod exec_child;
+mod flags;
+mod net;
+mod proc;
+mod runner;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--child-exec-case") {
+        return exec_child::main(&args[1..]);
+    }
+    let all = cases::all();
+    let mut filter: Option<String> = None;
+    let mut names: Vec<String> = Vec::new();
+    let mut list = false;
+    let mut it = args.into_iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--list" => list = true,
+            "--filter" => match it.next() {
+                Some(f) => filter = Some(f),
+                None => return usage("--filter needs an argument"),
+            },
+            "-h" | "--help" => {
+                println!("usage: ferry-conformance [--list] [--filter SUBSTR] [NAME…]");
+                return ExitCode::SUCCESS;
+            }
+            s if s.starts_with('-') => return usage(&format!("unknown option {s}")),
+            _ => names.push(arg),
+        }
+    }
+    for name in &names {
+        if !all.iter().any(|c| c.name == name) {
+            return usage(&format!("no case named {name}"));
+        }
+    }
+    let selected: Vec<&cases::Case> = all
+        .iter()
+        .filter(|c| names.is_empty() || names.iter().any(|n| n == c.name))
+        .filter(|c| filter.as_ref().is_none_or(|f| c.name.contains(f.as_str())))
+        .collect();
+    if list {
+        for c in &selected {
+            println!("{}", c.name);
+        }
+        return ExitCode::SUCCESS;
+    }
+    if runner::run_all(&selected) { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+fn usage(msg: &str) -> ExitCode {
+    eprintln!("ferry-conformance: {msg}");
+    eprintln!("usage: ferry-conformance [--list] [--filter SUBSTR] [NAME…]");
+    ExitCode::from(2)
+}

@@ -1,0 +1,181 @@
+//! Runs each case in its own forked process with a deadline.
+//!
+//! Theory of operation: the parent stays single-threaded and never touches a socket.
+//! For each case it makes a pipe, forks, and waits on the pipe with `poll` until the
+//! deadline. The child moves the pipe's write end to a high fd (so the low fds the
+//! fd-numbering cases look at are free), puts itself in its own process group, runs the
+//! case, and writes exactly one line `NAME: RESULT\n` in a single `write`. The parent
+//! prints that line; if the deadline passes first it kills the child's process group and
+//! prints `NAME: TIMEOUT`; if the child dies without a line it prints `NAME: CRASH(..)`.
+
+use std::io::Write;
+
+use libc::c_int;
+
+use crate::cases::Case;
+use crate::sys::{Errno, pipe, wait_status};
+
+/// Where the child keeps its end of the result pipe: high, out of the cases' way,
+/// but below the 1024 a default `RLIMIT_NOFILE` allows.
+const RESULT_FD: c_int = 1023;
+
+/// What running one case produced.
+pub enum Outcome {
+    /// The case's own line.
+    Line(String),
+    /// The deadline passed.
+    Timeout,
+    /// The child died (signal, panic, exit) without writing its line.
+    Crash(String),
+}
+
+/// Runs `cases` in order, printing one line each then `N cases`; returns whether every
+/// case produced a line of its own (no timeout, no crash).
+pub fn run_all(cases: &[&Case]) -> bool {
+    let mut clean = true;
+    let stdout = std::io::stdout();
+    for case in cases {
+        let line = match run_one(case) {
+            Outcome::Line(l) => {
+                // A panic is a crash of the case, even though it reported one.
+                clean &= !l.starts_with(&format!("{}: PANIC(", case.name));
+                l
+            }
+            Outcome::Timeout => {
+                clean = false;
+                format!("{}: TIMEOUT", case.name)
+            }
+            Outcome::Crash(why) => {
+                clean = false;
+                format!("{}: CRASH({why})", case.name)
+            }
+        };
+        let mut out = stdout.lock();
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    }
+    println!("{} cases", cases.len());
+    clean
+}
+
+fn run_one(case: &Case) -> Outcome {
+    let (r, w) = match pipe(libc::O_CLOEXEC) {
+        Ok(p) => p,
+        Err(e) => return Outcome::Crash(format!("pipe={e}")),
+    };
+    let pid = match sys!(libc::fork()) {
+        Ok(pid) => pid,
+        Err(e) => return Outcome::Crash(format!("fork={e}")),
+    };
+    if pid == 0 {
+        drop(r);
+        let fd = w.into_raw();
+        unsafe {
+            libc::setpgid(0, 0);
+            libc::dup3(fd, RESULT_FD, libc::O_CLOEXEC);
+            libc::close(fd);
+        }
+        let line = run_in_child(case);
+        let bytes = format!("{line}\n");
+        unsafe {
+            libc::write(RESULT_FD, bytes.as_ptr().cast(), bytes.len());
+            libc::_exit(0)
+        }
+    }
+    unsafe { libc::setpgid(pid, pid) };
+    drop(w);
+    let (line, status) = collect(r.raw(), pid, case.timeout_ms);
+    // Whatever the outcome, nothing the case started may outlive it.
+    unsafe { libc::kill(-pid, libc::SIGKILL) };
+    let status = status.or_else(|| {
+        let mut status = 0;
+        sys!(libc::waitpid(pid, &mut status, 0)).ok().map(|_| status)
+    });
+    match (line, status) {
+        (Some(l), _) => Outcome::Line(l),
+        (None, Some(status)) => Outcome::Crash(wait_status(status)),
+        (None, None) => Outcome::Timeout,
+    }
+}
+
+/// In the child: runs the case, catching panics, and formats its line.
+fn run_in_child(case: &Case) -> String {
+    std::panic::set_hook(Box::new(|_| {}));
+    let result = std::panic::catch_unwind(case.run);
+    let text = match result {
+        Ok(Ok(text)) => text,
+        Ok(Err(setup)) => format!("ERROR({setup})"),
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            format!("PANIC({msg})")
+        }
+    };
+    format!("{}: {}", case.name, text.replace('\n', "\\n"))
+}
+
+/// Reads the case's line from `fd` until `timeout_ms` passes or `pid` dies without one.
+///
+/// Returns the line (if any) and the wait status (if the child was reaped). The pipe
+/// alone cannot tell a crash: a forked grandchild may still hold its write end.
+fn collect(fd: c_int, pid: libc::pid_t, timeout_ms: u32) -> (Option<String>, Option<c_int>) {
+    let start = std::time::Instant::now();
+    let deadline = start + std::time::Duration::from_millis(timeout_ms.into());
+    let mut buf = Vec::new();
+    let mut status = None;
+    loop {
+        if let Some(pos) = buf.iter().position(|&b| b == b'\n') {
+            buf.truncate(pos);
+            return (Some(String::from_utf8_lossy(&buf).into_owned()), status);
+        }
+        if status.is_some() {
+            // Reaped and the pipe is drained: no line is coming.
+            return (None, status);
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return (None, None);
+        }
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        let wait = left.as_millis().min(50) as c_int + 1;
+        let ready = matches!(sys!(libc::poll(&mut p, 1, wait)), Ok(n) if n > 0);
+        if !ready || p.revents & libc::POLLIN == 0 {
+            let mut st = 0;
+            if let Ok(n) = sys!(libc::waitpid(pid, &mut st, libc::WNOHANG))
+                && n == pid
+            {
+                status = Some(st);
+                // One last non-blocking look: the line may have raced the exit.
+                drain_into(fd, &mut buf);
+            }
+            continue;
+        }
+        if !drain_into(fd, &mut buf) {
+            let mut st = 0;
+            if sys!(libc::waitpid(pid, &mut st, 0)).is_ok() {
+                status = Some(st);
+            }
+        }
+    }
+}
+
+/// Appends whatever `fd` has now; false on EOF or error.
+fn drain_into(fd: c_int, buf: &mut Vec<u8>) -> bool {
+    let mut chunk = [0u8; 4096];
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    if !matches!(sys!(libc::poll(&mut p, 1, 0)), Ok(n) if n > 0) {
+        return true;
+    }
+    match sys!(libc::read(fd, chunk.as_mut_ptr().cast(), chunk.len())) {
+        Ok(0) => false,
+        Ok(n) => {
+            buf.extend_from_slice(&chunk[..n as usize]);
+            true
+        }
+        Err(Errno(libc::EINTR)) | Err(Errno(libc::EAGAIN)) => true,
+        Err(_) => false,
+    }
+}

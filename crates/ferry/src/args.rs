@@ -1,0 +1,99 @@
+//! Parsers for option values: time spans and published ports.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use ferry_server::Publish;
+
+/// Parses `0`, `500ns`, `10us`/`10µs`, `2ms`, `1s` (a bare number means microseconds).
+pub fn span(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let idx = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(idx);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a time span (e.g. 10us, 1ms)"))?;
+    let ns = match unit {
+        "ns" => v,
+        "" | "us" | "µs" => v * 1e3,
+        "ms" => v * 1e6,
+        "s" => v * 1e9,
+        _ => {
+            return Err(format!(
+                "unknown unit `{unit}` in `{s}` (use ns, us, ms or s)"
+            ));
+        }
+    };
+    if !(0.0..=60e9).contains(&ns) {
+        return Err(format!("`{s}` is out of range (0 to 60s)"));
+    }
+    Ok(Duration::from_nanos(ns as u64))
+}
+
+/// Parses `-p [IP:]HOST_PORT:PORT[/udp|/tcp]`.
+pub fn publish(s: &str) -> Result<Publish, String> {
+    let (spec, udp) = match s.rsplit_once('/') {
+        Some((spec, "udp")) => (spec, true),
+        Some((spec, "tcp")) => (spec, false),
+        Some((_, proto)) => {
+            return Err(format!("unknown protocol `{proto}` in `{s}` (tcp or udp)"));
+        }
+        None => (s, false),
+    };
+    let port = |p: &str| {
+        p.parse::<u16>()
+            .map_err(|_| format!("`{p}` is not a port in `{s}`"))
+    };
+    let (ip, host_port, sandbox_port) = match spec.rsplitn(3, ':').collect::<Vec<_>>().as_slice() {
+        [sp, hp] => (IpAddr::V4(Ipv4Addr::UNSPECIFIED), port(hp)?, port(sp)?),
+        [sp, hp, ip] => {
+            let ip = ip.trim_start_matches('[').trim_end_matches(']');
+            let ip: IpAddr = ip
+                .parse()
+                .map_err(|_| format!("`{ip}` is not an IP address in `{s}`"))?;
+            (ip, port(hp)?, port(sp)?)
+        }
+        _ => return Err(format!("`{s}` is not [IP:]HOST_PORT:PORT[/udp]")),
+    };
+    Ok(Publish {
+        host: SocketAddr::new(ip, host_port),
+        sandbox_port,
+        udp,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans() {
+        assert_eq!(span("0").unwrap(), Duration::ZERO);
+        assert_eq!(span("10us").unwrap(), Duration::from_micros(10));
+        assert_eq!(span("10µs").unwrap(), Duration::from_micros(10));
+        assert_eq!(span("2ms").unwrap(), Duration::from_millis(2));
+        assert_eq!(span("500ns").unwrap(), Duration::from_nanos(500));
+        assert_eq!(span("7").unwrap(), Duration::from_micros(7));
+        assert!(span("fast").is_err());
+        assert!(span("3h").is_err());
+    }
+
+    #[test]
+    fn publishes() {
+        let p = publish("8080:80").unwrap();
+        assert_eq!(
+            (p.host.to_string().as_str(), p.sandbox_port, p.udp),
+            ("0.0.0.0:8080", 80, false)
+        );
+        let p = publish("127.0.0.1:5353:53/udp").unwrap();
+        assert_eq!(
+            (p.host.to_string().as_str(), p.sandbox_port, p.udp),
+            ("127.0.0.1:5353", 53, true)
+        );
+        assert!(publish("80").is_err());
+        assert!(publish("x:80").is_err());
+        assert!(publish("80:81/sctp").is_err());
+    }
+}

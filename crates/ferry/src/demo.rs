@@ -1,0 +1,168 @@
+//! `ferry demo`: a "remote" host in its own network namespace serves a file over HTTP;
+//! the same client (curl) fetches it natively and through `ferry run`, and the demo
+//! prints both results side by side with ferry's counters.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::Command;
+use std::time::Instant;
+
+use clap::Args;
+use ferry_sandbox::testbed::{Remote, free_subnet, is_root};
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Size of the file the remote serves, in MiB.
+    #[arg(long, default_value_t = 64)]
+    pub size_mb: usize,
+}
+
+/// A deterministic body, so both fetches can be compared byte for byte.
+fn body(len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect()
+}
+
+fn serve(listener: TcpListener, body: std::sync::Arc<Vec<u8>>) {
+    for conn in listener.incoming().flatten() {
+        let body = body.clone();
+        std::thread::spawn(move || {
+            let _ = reply(conn, &body);
+        });
+    }
+}
+
+fn reply(mut conn: TcpStream, body: &[u8]) -> std::io::Result<()> {
+    let mut rd = BufReader::new(conn.try_clone()?);
+    let mut line = String::new();
+    while rd.read_line(&mut line)? > 2 {
+        line.clear();
+    }
+    write!(
+        conn,
+        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )?;
+    conn.write_all(body)
+}
+
+struct Fetch {
+    ok: bool,
+    bytes: u64,
+    secs: f64,
+    same: bool,
+    stderr: String,
+}
+
+fn fetch(cmd: &mut Command, want: &[u8]) -> Fetch {
+    let t = Instant::now();
+    let out = cmd.output();
+    let secs = t.elapsed().as_secs_f64();
+    match out {
+        Ok(o) => Fetch {
+            ok: o.status.success(),
+            bytes: o.stdout.len() as u64,
+            secs,
+            same: o.stdout == want,
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        },
+        Err(e) => Fetch {
+            ok: false,
+            bytes: 0,
+            secs,
+            same: false,
+            stderr: e.to_string(),
+        },
+    }
+}
+
+pub fn main(a: DemoArgs) -> i32 {
+    crate::run::init_logging(0);
+    if !is_root() {
+        eprintln!(
+            "ferry demo: needs root to create the remote namespace (veth); try `sudo ferry demo`, or `ferry run -- CMD` as any user"
+        );
+        return crate::run::EXIT_SETUP;
+    }
+    if Command::new("curl").arg("--version").output().is_err() {
+        eprintln!("ferry demo: needs curl (run scripts/install-deps.sh)");
+        return crate::run::EXIT_SETUP;
+    }
+    let (host_ip, remote_ip) = match free_subnet() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("ferry demo: no free subnet: {e}");
+            return crate::run::EXIT_SETUP;
+        }
+    };
+    let remote = match Remote::create(
+        &format!("ferry-demo-{}", std::process::id()),
+        host_ip,
+        remote_ip,
+        30,
+    ) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("ferry demo: cannot create the remote namespace: {e}");
+            return crate::run::EXIT_SETUP;
+        }
+    };
+    let listener = match remote.run_in(|| TcpListener::bind(SocketAddr::from((remote_ip, 8080)))) {
+        Ok(Ok(l)) => l,
+        Ok(Err(e)) | Err(e) => {
+            eprintln!("ferry demo: cannot listen in the remote namespace: {e}");
+            return crate::run::EXIT_SETUP;
+        }
+    };
+    let data = std::sync::Arc::new(body(a.size_mb << 20));
+    let served = data.clone();
+    std::thread::spawn(move || serve(listener, served));
+    let url = format!("http://{remote_ip}:8080/file");
+    println!(
+        "remote host: namespace {} at {remote_ip}, serving {} MiB over HTTP",
+        remote.name(),
+        a.size_mb
+    );
+
+    let curl = |c: &mut Command| {
+        c.args(["-sS", "--fail", "-o", "-", &url]);
+    };
+    let mut native = Command::new("curl");
+    curl(&mut native);
+    let exe = std::env::current_exe().unwrap_or_else(|_| "ferry".into());
+    let mut ferry = Command::new(exe);
+    ferry.args(["run", "--stats", "--", "curl"]);
+    curl(&mut ferry);
+
+    let n = fetch(&mut native, &data);
+    let f = fetch(&mut ferry, &data);
+    println!(
+        "\n{:<8} {:>10} {:>10} {:>12} {:>10}",
+        "client", "ok", "bytes", "MB/s", "identical"
+    );
+    for (name, r) in [("native", &n), ("ferry", &f)] {
+        println!(
+            "{:<8} {:>10} {:>10} {:>12.1} {:>10}",
+            name,
+            r.ok,
+            r.bytes,
+            r.bytes as f64 / r.secs / 1e6,
+            r.same
+        );
+    }
+    println!(
+        "\nferry's counters for the sandboxed curl:\n{}",
+        f.stderr.trim_end()
+    );
+    if n.ok && f.ok && f.same {
+        println!("\nferry served the sandboxed curl over shared memory: same bytes as native.");
+        0
+    } else {
+        eprintln!(
+            "\nferry demo: the sandboxed fetch failed or differed (native ok: {})",
+            n.ok
+        );
+        1
+    }
+}

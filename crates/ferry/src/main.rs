@@ -1,0 +1,41 @@
+//! The `ferry` command: `run` a program in a network sandbox served over shared memory,
+//! `demo` it against a remote namespace. Owns argument parsing, wiring the sandbox to its
+//! protocol server, exit statuses and user-facing messages; the work itself lives in the
+//! library crates.
+#![deny(unsafe_code)]
+
+mod args;
+mod demo;
+mod run;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Run unmodified programs in a network sandbox whose sockets are served by ferry's
+/// protocol servers outside it, over shared memory.
+#[derive(Debug, Parser)]
+#[command(name = "ferry", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run CMD in a sandbox (own network namespace with only `lo`); its inet sockets are
+    /// served by a protocol server in the caller's namespace.
+    Run(run::RunArgs),
+    /// Show ferry at work: a remote host, the same client natively and through ferry,
+    /// and ferry's counters (needs root for the remote namespace).
+    Demo(demo::DemoArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Run(a) => run::main(a),
+        Command::Demo(a) => demo::main(a),
+    };
+    ExitCode::from(code.clamp(0, 255) as u8)
+}

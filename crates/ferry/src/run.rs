@@ -1,0 +1,263 @@
+//! `ferry run`: sandbox + protocol server + the program, with its exit status passed on.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use clap::Args;
+use ferry_sandbox::{SocketFactory, Spec, UserNs};
+use ferry_server::{Config, Policy, Publish, Rule, Server, Verdict};
+use tracing::{debug, warn};
+
+/// Exit status when ferry itself fails before the program runs.
+pub const EXIT_SETUP: i32 = 125;
+
+#[derive(Debug, Args)]
+#[command(trailing_var_arg = true)]
+pub struct RunArgs {
+    /// Spin span of a waiting call before it sleeps (S0's SBW), e.g. 0, 10us, 1ms.
+    #[arg(long, value_name = "SPAN", default_value = "50us", value_parser = crate::args::span)]
+    pub spin: Duration,
+    /// Spin span of the protocol server's loop before it sleeps.
+    #[arg(long, value_name = "SPAN", default_value = "50us", value_parser = crate::args::span)]
+    pub server_spin: Duration,
+    /// Ring the server's doorbell once per N queued operations (S1 batching; 1 = always).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub batch: u32,
+    /// Allow egress to CIDR[:PORT] (with any --allow, everything else is denied).
+    #[arg(long, value_name = "CIDR[:PORT]")]
+    pub allow: Vec<String>,
+    /// Deny egress to CIDR[:PORT].
+    #[arg(long, value_name = "CIDR[:PORT]")]
+    pub deny: Vec<String>,
+    /// Publish a sandbox port on the host: [IP:]HOST_PORT:PORT[/udp].
+    #[arg(short = 'p', long = "publish", value_name = "[IP:]HOST_PORT:PORT[/udp]", value_parser = crate::args::publish)]
+    pub publish: Vec<Publish>,
+    /// Print per-server, per-channel and per-socket counters when the program exits.
+    #[arg(long)]
+    pub stats: bool,
+    /// User namespace: auto (when not root), always, never.
+    #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = ["auto", "always", "never"])]
+    pub userns: String,
+    /// More log output (-v info, -vv debug).
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// The program and its arguments.
+    #[arg(required = true, value_name = "CMD")]
+    pub cmd: Vec<OsString>,
+}
+
+/// Sets up logging to stderr at the level `-v` asks for (`FERRY_LOG` overrides).
+pub fn init_logging(verbose: u8) {
+    let level = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FERRY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+/// Builds the policy from `--allow`/`--deny` in command-line order.
+fn policy(a: &RunArgs) -> Result<Policy, String> {
+    // clap keeps each option's values in order but not their interleaving; deny rules go
+    // first so that a deny inside an allowed range wins.
+    let mut rules = Vec::new();
+    for d in &a.deny {
+        rules.push(Rule::parse(Verdict::Deny, d).map_err(|e| format!("--deny {d}: {e}"))?);
+    }
+    for al in &a.allow {
+        rules.push(Rule::parse(Verdict::Allow, al).map_err(|e| format!("--allow {al}: {e}"))?);
+    }
+    Ok(Policy::new(rules))
+}
+
+/// Where the shim library is: `FERRY_PRELOAD`, or next to the ferry binary.
+pub fn find_preload() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("FERRY_PRELOAD") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot locate the ferry binary: {e}"))?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    for cand in [
+        dir.join("libferry_preload.so"),
+        dir.join("deps/libferry_preload.so"),
+        dir.join("../lib/ferry/libferry_preload.so"),
+    ] {
+        if cand.is_file() {
+            return Ok(cand);
+        }
+    }
+    Err(format!(
+        "cannot find libferry_preload.so next to {} (build the whole workspace: `cargo build --release`), or set FERRY_PRELOAD",
+        exe.display()
+    ))
+}
+
+/// Warns when CMD is a static binary: the shim cannot reach it, so it only sees `lo`.
+fn warn_if_static(cmd: &OsString) {
+    let path = if cmd.to_string_lossy().contains('/') {
+        Some(PathBuf::from(cmd))
+    } else {
+        std::env::var_os("PATH").and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(cmd))
+                .find(|c| c.is_file())
+        })
+    };
+    let Some(path) = path else { return };
+    if let Ok(bytes) = std::fs::read(&path)
+        && is_static_elf(&bytes)
+    {
+        warn!(
+            "{} is statically linked: ferry's socket shim cannot serve it, so it sees only the sandbox's loopback (nic mode, a later milestone, will serve such programs)",
+            path.display()
+        );
+    }
+}
+
+/// An ELF64 executable without a `PT_INTERP` program header.
+fn is_static_elf(b: &[u8]) -> bool {
+    let rd16 = |o: usize| b.get(o..o + 2).map(|s| u16::from_le_bytes([s[0], s[1]]));
+    let rd32 = |o: usize| {
+        b.get(o..o + 4)
+            .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+    };
+    let rd64 = |o: usize| {
+        b.get(o..o + 8)
+            .map(|s| u64::from_le_bytes(s.try_into().unwrap_or([0; 8])))
+    };
+    if b.get(..5) != Some(b"\x7fELF\x02") {
+        return false;
+    }
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (rd64(32), rd16(54), rd16(56)) else {
+        return false;
+    };
+    !(0..usize::from(phnum)).any(|i| rd32(phoff as usize + i * usize::from(phentsize)) == Some(3))
+}
+
+pub fn main(a: RunArgs) -> i32 {
+    init_logging(a.verbose);
+    match run(a) {
+        Ok(code) => code,
+        Err(msg) => {
+            eprintln!("ferry: {msg}");
+            EXIT_SETUP
+        }
+    }
+}
+
+fn run(a: RunArgs) -> Result<i32, String> {
+    let policy = policy(&a)?;
+    let preload = find_preload()?;
+    warn_if_static(&a.cmd[0]);
+    let dir = std::env::temp_dir().join(format!("ferry-{}-{}", std::process::id(), nanos()));
+    std::fs::create_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let _cleanup = RemoveDir(dir.clone());
+    let sock_path = dir.join("ctl.sock");
+
+    let mut cfg = Config::new(sock_path.clone());
+    cfg.shim_spin = a.spin;
+    cfg.server_spin = a.server_spin;
+    cfg.batch = a.batch;
+    cfg.policy = policy;
+    cfg.publish = a.publish.clone();
+    let factory: Arc<OnceLock<SocketFactory>> = Arc::new(OnceLock::new());
+    let f2 = factory.clone();
+    let make = Box::new(move |d, t, p| match f2.get() {
+        Some(f) => f.socket(d, t, p),
+        None => Err(std::io::Error::from_raw_os_error(libc::EAGAIN)),
+    });
+    let server = Server::new(cfg, make).map_err(|e| e.to_string())?;
+    let stop = server.stop_handle();
+
+    let userns = match a.userns.as_str() {
+        "always" => UserNs::Always,
+        "never" => UserNs::Never,
+        _ => UserNs::Auto,
+    };
+    let spec = Spec {
+        program: a.cmd[0].clone(),
+        args: a.cmd[1..].to_vec(),
+        env: vec![
+            ("LD_PRELOAD".into(), preload.into_os_string()),
+            ("FERRY_SOCKET".into(), sock_path.into_os_string()),
+        ],
+        userns,
+    };
+    let mut sandbox =
+        ferry_sandbox::launch(&spec).map_err(|e| format!("cannot start the sandbox: {e}"))?;
+    let _ = factory.set(sandbox.factory());
+    debug!("sandbox init pid {}", sandbox.pid());
+
+    // Forward Ctrl-C and friends to the program; the signal thread inherits the mask.
+    const FORWARD: [i32; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
+    let _ = ferry_sys::block_signals(&FORWARD);
+    let done = Arc::new(AtomicBool::new(false));
+    let sig_thread = {
+        let done = done.clone();
+        let sig = sandbox.signaller();
+        std::thread::spawn(move || {
+            while !done.load(Ordering::SeqCst) {
+                if let Ok(Some(s)) = ferry_sys::wait_signal(&FORWARD, Duration::from_millis(100)) {
+                    debug!("forwarding signal {s}");
+                    let _ = sig.signal(s);
+                }
+            }
+        })
+    };
+    let server_thread = std::thread::Builder::new()
+        .name("ferry-proto-0".into())
+        .spawn(move || server.run())
+        .map_err(|e| format!("cannot start the protocol server: {e}"))?;
+
+    let code = sandbox
+        .wait()
+        .map_err(|e| format!("waiting for the sandbox: {e}"))?;
+    done.store(true, Ordering::SeqCst);
+    stop.stop();
+    let stats = server_thread
+        .join()
+        .map_err(|_| "the protocol server panicked".to_string())?;
+    let _ = sig_thread.join();
+    if a.stats {
+        eprint!("{stats}");
+    }
+    Ok(code)
+}
+
+fn nanos() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0)
+}
+
+/// Removes the run's private directory (control socket) on every exit path.
+struct RemoveDir(PathBuf);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn static_detection() {
+        let sh = std::fs::read("/bin/sh").unwrap();
+        assert!(!is_static_elf(&sh), "/bin/sh is dynamic");
+        assert!(!is_static_elf(b"#!/bin/sh\n"));
+    }
+}

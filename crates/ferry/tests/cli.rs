@@ -1,0 +1,69 @@
+//! Bad input gets a clear message and the right exit status.
+
+mod common;
+use common::*;
+
+fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn unknown_option_is_a_usage_error() {
+    let o = ferry()
+        .args(["run", "--no-such-flag", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--no-such-flag"), "{}", stderr(&o));
+}
+
+#[test]
+fn missing_command_is_a_usage_error() {
+    let o = ferry().args(["run"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("CMD"), "{}", stderr(&o));
+}
+
+#[test]
+fn bad_values_are_refused_with_their_reason() {
+    for (args, want) in [
+        (
+            vec!["run", "--spin", "fast", "--", "true"],
+            "not a time span",
+        ),
+        (vec!["run", "--batch", "0", "--", "true"], "--batch"),
+        (vec!["run", "-p", "80", "--", "true"], "HOST_PORT:PORT"),
+        (
+            vec!["run", "--deny", "10.0.0.0/40", "--", "true"],
+            "prefix /40",
+        ),
+    ] {
+        let o = ferry().args(&args).output().unwrap();
+        assert_ne!(o.status.code(), Some(0), "{args:?}");
+        assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+    }
+}
+
+#[test]
+fn exit_status_passes_through() {
+    let o = ferry_run(&[], &["sh", "-c", "exit 7"]);
+    assert_eq!(o.status.code(), Some(7), "{}", stderr(&o));
+}
+
+#[test]
+fn missing_program_exits_127() {
+    let o = ferry_run(&[], &["no-such-program-ferry"]);
+    assert_eq!(o.status.code(), Some(127));
+    assert!(
+        stderr(&o).contains("no-such-program-ferry"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn sandbox_sees_only_loopback() {
+    let o = ferry_run(&[], &["sh", "-c", "ls /sys/class/net"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "lo");
+}

@@ -1,0 +1,132 @@
+//! Shared set-up for end-to-end tests: the ferry binary, a remote namespace, real servers.
+#![allow(dead_code)]
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub use ferry_sandbox::testbed::{Remote, free_subnet, is_root};
+
+/// The ferry binary under test.
+pub fn ferry() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ferry"))
+}
+
+/// `ferry run [opts] -- cmd…`, output captured.
+pub fn ferry_run(opts: &[&str], cmd: &[&str]) -> Output {
+    let mut c = ferry();
+    c.arg("run").args(opts).arg("--").args(cmd);
+    c.output().expect("spawn ferry")
+}
+
+/// Whether a program is installed.
+pub fn have(prog: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
+        .unwrap_or(false)
+}
+
+/// Returns false (after saying why) when the test cannot run here.
+pub fn can_run(needs: &[&str]) -> bool {
+    if !is_root() {
+        eprintln!("skipped: needs root (remote namespace with veth)");
+        return false;
+    }
+    for p in needs {
+        if !have(p) {
+            eprintln!("skipped: {p} is not installed (run scripts/install-deps.sh)");
+            return false;
+        }
+    }
+    true
+}
+
+/// A remote host on a fresh /30.
+pub fn remote(tag: &str) -> Remote {
+    let (h, r) = free_subnet().expect("free subnet");
+    Remote::create(&format!("fe2e-{tag}-{}", std::process::id()), h, r, 30)
+        .expect("remote namespace")
+}
+
+/// Waits until `ip:port` accepts TCP connections from the host (or panics after 10 s).
+pub fn wait_port(ip: Ipv4Addr, port: u16) {
+    let t = Instant::now();
+    while std::net::TcpStream::connect_timeout(&(ip, port).into(), Duration::from_millis(200))
+        .is_err()
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{ip}:{port} never came up"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A child process killed (and reaped) on drop.
+pub struct Guard(pub Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A scratch directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!(
+            "ferry-test-{tag}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(2_654_435_761) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+/// Starts nginx serving `root` on `port`, in `remote` (`None`: via `ferry run -p`).
+pub fn nginx_conf(dir: &Path, root: &Path, port: u16) -> PathBuf {
+    let conf = dir.join("nginx.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "daemon off;\nmaster_process on;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log stderr warn;\nevents {{ worker_connections 256; }}\nhttp {{\n access_log off;\n client_body_temp_path {d}/body;\n proxy_temp_path {d}/proxy;\n fastcgi_temp_path {d}/fcgi;\n uwsgi_temp_path {d}/uwsgi;\n scgi_temp_path {d}/scgi;\n server {{ listen {port}; root {r}; }}\n}}\n",
+            d = dir.display(),
+            r = root.display()
+        ),
+    )
+    .unwrap();
+    conf
+}
+
+/// Spawns a command with output discarded.
+pub fn quiet(cmd: &mut Command) -> &mut Command {
+    cmd.stdout(Stdio::null()).stderr(Stdio::null())
+}

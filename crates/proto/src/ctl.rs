@@ -1,0 +1,98 @@
+//! Control messages: what travels on a channel's unix `SOCK_SEQPACKET` socket beside the
+//! rings. One fixed-size message per packet; file descriptors ride along with
+//! `SCM_RIGHTS` (the region and doorbell with [`HelloReply`], a readiness socket with
+//! `Socket` and `Accept`).
+
+use bytemuck::{Pod, Zeroable};
+
+/// Version of the shim ↔ server protocol; both sides must agree.
+pub const PROTO_VERSION: u32 = 1;
+
+/// Kinds of [`Ctl`] messages.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CtlKind {
+    /// Shim → server: create a socket (`a` domain, `b` type, `c` protocol); one fd rides
+    /// along: the server's end of the socket's readiness pair.
+    Socket = 1,
+    /// Shim → server: accept on socket `sock` (`a` = 1 when non-blocking); one fd rides
+    /// along: the server's end of the new socket's readiness pair.
+    Accept = 2,
+    /// Server → shim: the answer (`result` = socket id or negated errno; `addr` = peer).
+    Reply = 3,
+}
+
+/// A control message.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Ctl {
+    /// [`CtlKind`].
+    pub kind: u32,
+    /// Socket id the message is about.
+    pub sock: u32,
+    /// First argument.
+    pub a: i32,
+    /// Second argument.
+    pub b: i32,
+    /// Third argument.
+    pub c: i32,
+    /// Result: `>= 0` a value, `< 0` a negated errno.
+    pub result: i32,
+    /// Valid bytes in `addr`.
+    pub addr_len: u32,
+    /// Padding, zero.
+    pub pad: u32,
+    /// A socket address.
+    pub addr: [u8; 32],
+}
+
+impl Ctl {
+    /// A message of `kind` about `sock`.
+    pub fn new(kind: CtlKind, sock: u32) -> Ctl {
+        Ctl {
+            kind: kind as u32,
+            sock,
+            ..Ctl::default()
+        }
+    }
+
+    /// The message's kind, if known.
+    pub fn kind(&self) -> Option<CtlKind> {
+        match self.kind {
+            1 => Some(CtlKind::Socket),
+            2 => Some(CtlKind::Accept),
+            3 => Some(CtlKind::Reply),
+            _ => None,
+        }
+    }
+}
+
+/// First message of a channel, shim → server.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Hello {
+    /// [`PROTO_VERSION`].
+    pub version: u32,
+    /// The shim's process id (for logs and stats).
+    pub pid: u32,
+    /// The shim's thread id.
+    pub tid: u32,
+    /// Padding, zero.
+    pub pad: u32,
+}
+
+/// Answer to [`Hello`]; the region memfd and the server's doorbell eventfd ride along.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct HelloReply {
+    /// [`PROTO_VERSION`], or 0 when the server refuses the channel.
+    pub version: u32,
+    /// Channel number (for logs and stats).
+    pub channel: u32,
+    /// Spin span for the shim's waits, nanoseconds.
+    pub spin_ns: u64,
+    /// Doorbell batching threshold (1 = ring on every operation).
+    pub batch: u32,
+    /// Maximum delay of a deferred doorbell, microseconds.
+    pub batch_delay_us: u32,
+}

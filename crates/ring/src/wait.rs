@@ -1,0 +1,361 @@
+//! Spin-then-sleep waiting (paper S0, "SBW") and the sleep/wake handshake.
+//!
+//! A waiter spins for a bounded span (pure `spin_loop` first, then `sched_yield` between
+//! checks), and only then announces that it sleeps and blocks on a futex word. A waker
+//! issues the (costly) wake only when the announcement says someone sleeps, so while both
+//! sides are busy no system call is made at all.
+//!
+//! The handshake is Dekker's: each party stores its own word, issues `fence(SeqCst)`, and
+//! loads the other party's word.
+//!
+//! ```text
+//! waiter                                  waker
+//! seq0 = seq.load(Acquire)                publish (tail or head store, Release)
+//! sleeping.store(1)                       fence(SeqCst)          [F2]
+//! fence(SeqCst)                 [F1]      if sleeping.load() != 0 {
+//! if condition() { clear; return }            seq.fetch_add(1, Release)
+//! futex_wait(seq, seq0)                       futex_wake(seq)
+//! sleeping.store(0)                       }
+//! ```
+//!
+//! The two SeqCst fences are totally ordered. If F1 comes first, the waker's flag load
+//! sees 1 and it wakes; if F2 comes first, the waiter's re-check sees the published
+//! index and it does not sleep. A wake that lands between the re-check and the futex
+//! call is not lost either: it bumped `seq` after the waiter read `seq0`, so
+//! `futex_wait` returns at once (`EAGAIN`). Both fences are needed: without either, the
+//! store and the following load of that party may be reordered and both parties miss
+//! each other.
+
+use std::time::{Duration, Instant};
+
+use crate::error::Error;
+use crate::sync::{AtomicU32, Ordering, fence, spin_hint, yield_now};
+
+/// `WaitCell::sleeping`: the owner is awake (spinning or busy).
+pub(crate) const AWAKE: u32 = 0;
+/// `WaitCell::sleeping`: the owner sleeps on the futex word.
+pub(crate) const SLEEP_FUTEX: u32 = 1;
+/// `WaitCell::sleeping`: the owner sleeps elsewhere (epoll on the doorbell eventfd).
+pub(crate) const SLEEP_DOORBELL: u32 = 2;
+
+/// The shared half of one waiter (in the ring's control block).
+#[repr(C)]
+#[derive(Debug, Default)]
+pub(crate) struct WaitCell {
+    /// The futex word: bumped by every wake so a sleeper that raced with it returns.
+    pub(crate) seq: AtomicU32,
+    /// `AWAKE`, `SLEEP_FUTEX` or `SLEEP_DOORBELL`, written by the waiter only. Any other
+    /// value (a misbehaving peer) is treated like `SLEEP_FUTEX`: at worst a spare wake.
+    pub(crate) sleeping: AtomicU32,
+}
+
+/// How long to spin before sleeping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpinPolicy {
+    /// Total time to spin (checking the condition) before announcing sleep.
+    pub span: Duration,
+    /// Within `span`, busy-spin with `spin_loop` this long, then `sched_yield` between
+    /// checks.
+    pub pure_spin: Duration,
+}
+
+impl Default for SpinPolicy {
+    /// Span 50 µs, pure spin 2 µs (placeholders until measured; see the bench).
+    fn default() -> Self {
+        SpinPolicy {
+            span: Duration::from_micros(50),
+            pure_spin: Duration::from_micros(2),
+        }
+    }
+}
+
+impl SpinPolicy {
+    /// Never sleep: spin with `spin_loop` forever (until the timeout).
+    pub const SPIN: SpinPolicy = SpinPolicy {
+        span: Duration::MAX,
+        pure_spin: Duration::MAX,
+    };
+    /// Check once, then sleep (no spinning at all).
+    pub const SLEEP: SpinPolicy = SpinPolicy {
+        span: Duration::ZERO,
+        pure_spin: Duration::ZERO,
+    };
+
+    /// Spin for `span`, the first `pure_spin` of it without yielding.
+    pub const fn new(span: Duration, pure_spin: Duration) -> SpinPolicy {
+        SpinPolicy { span, pure_spin }
+    }
+}
+
+/// How a wait ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitResult {
+    /// The condition holds (records available / space free / `extra()` true).
+    Ready,
+    /// The timeout passed first.
+    TimedOut,
+    /// The futex wait was interrupted by a signal (`EINTR`).
+    Interrupted,
+    /// The condition does not hold and the channel is closed (either side called
+    /// [`crate::Region::close`]): it never will.
+    PeerClosed,
+}
+
+/// Counters of one waiter/waker, process-local (never read from shared memory).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WaitStats {
+    /// Calls of a wait function.
+    pub waits: u64,
+    /// Spin iterations (condition checks after the first).
+    pub spin_iters: u64,
+    /// Waits that ended without sleeping.
+    pub ready_in_spin: u64,
+    /// Times the waiter slept (futex waits, plus `arm_sleep` calls that armed).
+    pub sleeps: u64,
+    /// Wakes issued to the peer (futex wake or doorbell write).
+    pub wakes_sent: u64,
+    /// Wake checks that found the peer awake: no system call.
+    pub wakes_avoided: u64,
+}
+
+/// What a blocking primitive reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Parked {
+    /// Woken, or the word had changed already, or spurious: re-check.
+    Woken,
+    TimedOut,
+    Interrupted,
+}
+
+/// The blocking primitive: the futex normally, a mutex/condvar under loom.
+pub(crate) trait Park {
+    /// Block while `*word == expected`, for at most `timeout`.
+    fn park(
+        &self,
+        word: &AtomicU32,
+        expected: u32,
+        timeout: Option<Duration>,
+    ) -> Result<Parked, Error>;
+    /// Wake every thread blocked on `word`.
+    fn unpark(&self, word: &AtomicU32);
+}
+
+/// The waker's check: after publishing, is the peer asleep? Returns its `sleeping`
+/// value (`AWAKE` = no wake needed).
+pub(crate) fn sleeper(cell: &WaitCell) -> u32 {
+    // [F2] Dekker: orders our publish (the Release store of tail/head just before) with
+    // the load of the waiter's flag; pairs with [F1] in `sleep_once`. Without it the
+    // load could be satisfied before the store is visible and a waiter that re-checked
+    // in between would sleep with nobody to wake it.
+    fence(Ordering::SeqCst);
+    cell.sleeping.load(Ordering::Relaxed)
+}
+
+/// Wake a sleeper found by [`sleeper`] on the futex word.
+pub(crate) fn wake<P: Park>(cell: &WaitCell, park: &P) {
+    bump(cell);
+    park.unpark(&cell.seq);
+}
+
+/// Change the futex word so that a waiter about to block on its old value returns.
+pub(crate) fn bump(cell: &WaitCell) {
+    // Release: a waiter that reads the new value with Acquire also sees our publish.
+    cell.seq.fetch_add(1, Ordering::Release);
+}
+
+/// How one announce/re-check/park round ended.
+#[derive(Debug)]
+pub(crate) enum Slept {
+    /// The re-check found the condition settled: no sleep.
+    Settled(WaitResult),
+    /// Slept; the condition must be checked again.
+    Parked(Parked),
+}
+
+/// The waiter's half: announce, fence, re-check, block. `check` returns `Some` when the
+/// wait is over (ready or closed).
+pub(crate) fn sleep_once<P: Park>(
+    cell: &WaitCell,
+    park: &P,
+    timeout: Option<Duration>,
+    check: &mut impl FnMut() -> Result<Option<WaitResult>, Error>,
+) -> Result<Slept, Error> {
+    // Read the futex word before announcing: a wake after this point changes it.
+    let seq = cell.seq.load(Ordering::Acquire);
+    cell.sleeping.store(SLEEP_FUTEX, Ordering::Relaxed);
+    // [F1] Dekker: the flag store must be visible before we re-read the peer's index;
+    // pairs with [F2] in `sleeper`. Either the waker sees our flag or we see its index.
+    fence(Ordering::SeqCst);
+    let settled = check();
+    if !matches!(settled, Ok(None)) {
+        cell.sleeping.store(AWAKE, Ordering::Relaxed);
+        return settled.map(|r| Slept::Settled(r.unwrap_or(WaitResult::Ready)));
+    }
+    let parked = park.park(&cell.seq, seq, timeout);
+    cell.sleeping.store(AWAKE, Ordering::Relaxed);
+    parked.map(Slept::Parked)
+}
+
+/// The whole wait: spin per `policy`, then sleep rounds until `check` says done, the
+/// timeout passes or a signal interrupts.
+pub(crate) fn wait_until<P: Park>(
+    cell: &WaitCell,
+    park: &P,
+    policy: SpinPolicy,
+    timeout: Option<Duration>,
+    stats: &mut WaitStats,
+    mut check: impl FnMut() -> Result<Option<WaitResult>, Error>,
+) -> Result<WaitResult, Error> {
+    stats.waits += 1;
+    if let Some(r) = check()? {
+        stats.ready_in_spin += 1;
+        return Ok(r);
+    }
+    let start = Instant::now();
+    let deadline = timeout.and_then(|t| start.checked_add(t));
+    if !policy.span.is_zero() {
+        let mut yielding = policy.pure_spin.is_zero();
+        let mut n: u32 = 0;
+        loop {
+            if yielding {
+                yield_now();
+            } else {
+                spin_hint();
+            }
+            stats.spin_iters += 1;
+            if let Some(r) = check()? {
+                stats.ready_in_spin += 1;
+                return Ok(r);
+            }
+            n = n.wrapping_add(1);
+            // Reading the clock costs about as much as a check; in the pure-spin phase
+            // read it every 16th round only.
+            if yielding || n & 15 == 0 {
+                let now = Instant::now();
+                if deadline.is_some_and(|d| now >= d) {
+                    return Ok(WaitResult::TimedOut);
+                }
+                let spun = now - start;
+                if spun >= policy.span {
+                    break;
+                }
+                yielding = spun >= policy.pure_spin;
+            }
+        }
+    }
+    loop {
+        let remaining = match deadline {
+            Some(d) => match d.checked_duration_since(Instant::now()) {
+                Some(r) if !r.is_zero() => Some(r),
+                _ => return Ok(check()?.unwrap_or(WaitResult::TimedOut)),
+            },
+            None => None,
+        };
+        match sleep_once(cell, park, remaining, &mut check)? {
+            Slept::Settled(r) => return Ok(r),
+            Slept::Parked(p) => {
+                stats.sleeps += 1;
+                if let Some(r) = check()? {
+                    return Ok(r);
+                }
+                if p == Parked::Interrupted {
+                    return Ok(WaitResult::Interrupted);
+                }
+                // Woken without the condition (a spare wake), or a timeout that the
+                // deadline check at the top of the loop will confirm.
+            }
+        }
+    }
+}
+
+/// Park on a futex in shared memory (non-private: the word is keyed by the memfd page,
+/// so it works across processes).
+#[cfg(not(loom))]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Futex;
+
+#[cfg(not(loom))]
+impl Park for Futex {
+    fn park(
+        &self,
+        word: &AtomicU32,
+        expected: u32,
+        timeout: Option<Duration>,
+    ) -> Result<Parked, Error> {
+        match crate::sys::futex_wait(word, expected, timeout) {
+            Ok(()) => Ok(Parked::Woken),
+            Err(e) => match e.raw_os_error() {
+                Some(libc::EAGAIN) => Ok(Parked::Woken),
+                Some(libc::ETIMEDOUT) => Ok(Parked::TimedOut),
+                Some(libc::EINTR) => Ok(Parked::Interrupted),
+                _ => Err(Error::Futex(e)),
+            },
+        }
+    }
+
+    fn unpark(&self, word: &AtomicU32) {
+        crate::sys::futex_wake(word);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+
+    #[test]
+    fn ready_at_once_counts_as_ready_in_spin() {
+        let cell = WaitCell::default();
+        let mut st = WaitStats::default();
+        let r = wait_until(&cell, &Futex, SpinPolicy::SLEEP, None, &mut st, || {
+            Ok(Some(WaitResult::Ready))
+        });
+        assert_eq!(r.unwrap(), WaitResult::Ready);
+        assert_eq!((st.waits, st.ready_in_spin, st.sleeps), (1, 1, 0));
+    }
+
+    #[test]
+    fn times_out_after_spinning_then_sleeping() {
+        let cell = WaitCell::default();
+        let mut st = WaitStats::default();
+        let p = SpinPolicy::new(Duration::from_micros(200), Duration::from_micros(20));
+        let t0 = Instant::now();
+        let r = wait_until(
+            &cell,
+            &Futex,
+            p,
+            Some(Duration::from_millis(20)),
+            &mut st,
+            || Ok(None),
+        );
+        assert_eq!(r.unwrap(), WaitResult::TimedOut);
+        assert!(t0.elapsed() >= Duration::from_millis(20));
+        assert!(st.spin_iters > 0 && st.sleeps >= 1, "{st:?}");
+        assert_eq!(cell.sleeping.load(Ordering::Relaxed), AWAKE);
+    }
+
+    #[test]
+    fn sleeper_is_woken_by_flagged_wake() {
+        let cell = Arc::new(WaitCell::default());
+        let flag = Arc::new(AtomicBool::new(false));
+        let (c2, f2) = (cell.clone(), flag.clone());
+        let t = std::thread::spawn(move || {
+            let mut st = WaitStats::default();
+            let r = wait_until(&c2, &Futex, SpinPolicy::SLEEP, None, &mut st, || {
+                Ok(f2.load(Ordering::Acquire).then_some(WaitResult::Ready))
+            });
+            (r.unwrap(), st)
+        });
+        while cell.sleeping.load(Ordering::Relaxed) == AWAKE {
+            std::thread::yield_now();
+        }
+        flag.store(true, Ordering::Release);
+        assert_eq!(sleeper(&cell), SLEEP_FUTEX);
+        wake(&cell, &Futex);
+        let (r, st) = t.join().unwrap();
+        assert_eq!(r, WaitResult::Ready);
+        assert!(st.sleeps >= 1);
+        assert_eq!(sleeper(&cell), AWAKE);
+    }
+}

@@ -1,0 +1,469 @@
+//! The sandbox init: pid 1 of the sandbox's PID namespace.
+//!
+//! Theory of operation. The launcher `clone`s this process straight into new network,
+//! PID (and user) namespaces, from a process that may have other threads. The init
+//! therefore runs on a copy of the launcher's memory in which any lock another thread
+//! held (the allocator's included) stays held forever: everything in this file is
+//! async-signal-safe — raw syscalls on data the launcher prepared before cloning, no
+//! allocation, no panics, no `fork(3)` (its atfork handlers take locks), no `raise` or
+//! `abort` (they use the launcher's cached thread id).
+//!
+//! Sequence: wait for "go" (id maps written) → make itself non-dumpable (so the
+//! command, root in the same user namespace, cannot ptrace it or steal its fds) →
+//! reset inherited signal handlers and block SIGCHLD and the forwarded signals → bring
+//! `lo` up → clone the command (which unblocks signals and `execve`s) → close every fd
+//! but stdio and the channel → signalfd, open its netns → "ready" → serve.
+//!
+//! Serving: one `poll` on the channel and the signalfd. SIGCHLD reaps every child
+//! (orphans of the command are re-parented here); a forwarded signal is sent on to the
+//! command; a channel datagram is a socket factory request. When the command exits the
+//! init exits with its status (exit code, or 128 + signal), which makes the kernel kill
+//! everything else in the PID namespace. When the launcher's end hangs up (the launcher
+//! died), the init exits too, with 137.
+
+use std::ffi::CString;
+use std::os::fd::RawFd;
+
+use libc::{c_char, c_int, pid_t};
+
+use crate::factory::wire;
+use crate::sys::{self, errno};
+
+/// Signals the init passes on to the command. Others sent to the init are ignored
+/// (the kernel drops unhandled signals to a PID namespace's init), except SIGKILL.
+pub(crate) const FORWARDED: [c_int; 7] = [
+    libc::SIGHUP,
+    libc::SIGINT,
+    libc::SIGQUIT,
+    libc::SIGTERM,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGWINCH,
+];
+
+/// The fd number the channel is moved to before all others are closed.
+const CHAN_FD: RawFd = 3;
+
+/// Setup step that failed inside the init, reported to the launcher.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i32)]
+pub(crate) enum Stage {
+    Dumpable = 1,
+    Signals = 2,
+    Loopback = 3,
+    ForkCommand = 4,
+    CloseFds = 5,
+    SignalFd = 6,
+    Netns = 7,
+}
+
+impl Stage {
+    pub(crate) fn from_wire(v: i32) -> Option<Self> {
+        Some(match v {
+            1 => Self::Dumpable,
+            2 => Self::Signals,
+            3 => Self::Loopback,
+            4 => Self::ForkCommand,
+            5 => Self::CloseFds,
+            6 => Self::SignalFd,
+            7 => Self::Netns,
+            _ => return None,
+        })
+    }
+}
+
+/// Everything the command's `execve` needs, built by the launcher before cloning.
+pub(crate) struct Exec {
+    /// Paths to try in order (`PATH` search already expanded).
+    pub(crate) candidates: Vec<CString>,
+    /// Keeps the strings behind `argv` alive.
+    pub(crate) _argv: Vec<CString>,
+    /// Null-terminated.
+    pub(crate) argv: Vec<*const c_char>,
+    /// Keeps the strings behind `envp` alive.
+    pub(crate) _envp: Vec<CString>,
+    /// Null-terminated.
+    pub(crate) envp: Vec<*const c_char>,
+    /// "ferry: CMD: command not found\n".
+    pub(crate) not_found: Vec<u8>,
+    /// "ferry: CMD: cannot execute: " (the reason and a newline follow).
+    pub(crate) cannot_exec: Vec<u8>,
+}
+
+/// Entry point of the init, in the child of the launcher's `clone`. Never returns.
+pub(crate) fn run(exec: &Exec, chan: RawFd, launcher_end: RawFd) -> ! {
+    // SAFETY: the launcher's end is a copy this process never uses.
+    unsafe { libc::close(launcher_end) };
+
+    let mut go = [0u8; 4];
+    loop {
+        // SAFETY: go is a valid buffer of the given length.
+        let n = unsafe { libc::recv(chan, go.as_mut_ptr().cast(), go.len(), 0) };
+        if n == -1 && errno() == libc::EINTR {
+            continue;
+        }
+        if n != wire::GO.len() as isize || go[0] != wire::GO[0] {
+            // The launcher gave up (or died) before the sandbox started.
+            exit(1);
+        }
+        break;
+    }
+
+    // Visible in ps as "ferry-init" rather than as a copy of the launcher. Cosmetic.
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"ferry-init".as_ptr(), 0, 0, 0) };
+    // SAFETY: prctl with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } == -1 {
+        fail(chan, Stage::Dumpable);
+    }
+    if setup_signals().is_err() {
+        fail(chan, Stage::Signals);
+    }
+    if bring_up_loopback().is_err() {
+        fail(chan, Stage::Loopback);
+    }
+    // SAFETY: this process is single-threaded; the child only runs `exec_command`,
+    // which is async-signal-safe and ends in execve or _exit.
+    let cmd = match unsafe { sys::fork_raw(0) } {
+        Ok(0) => exec_command(exec),
+        Ok(pid) => pid,
+        Err(_) => fail(chan, Stage::ForkCommand),
+    };
+    let chan = match keep_only_channel(chan) {
+        Ok(fd) => fd,
+        Err(()) => fail(chan, Stage::CloseFds),
+    };
+    let sigfd = match signalfd() {
+        Ok(fd) => fd,
+        Err(()) => fail(chan, Stage::SignalFd),
+    };
+    // SAFETY: the path is a NUL-terminated literal.
+    let netns = unsafe {
+        libc::open(
+            c"/proc/self/ns/net".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if netns == -1 {
+        fail(chan, Stage::Netns);
+    }
+    let ready = wire::encode([wire::READY as i32, cmd, 0]);
+    if sys::send_with_fd(chan, &ready, Some(netns)).is_err() {
+        exit(1);
+    }
+    // SAFETY: netns is ours and no longer needed; the launcher has its own copy.
+    unsafe { libc::close(netns) };
+    serve(chan, sigfd, cmd)
+}
+
+/// Reports a failed setup stage with the current errno, then exits.
+fn fail(chan: RawFd, stage: Stage) -> ! {
+    let msg = wire::encode([wire::SETUP_FAILED as i32, stage as i32, errno()]);
+    let _ = sys::send_with_fd(chan, &msg, None);
+    exit(1)
+}
+
+fn exit(code: c_int) -> ! {
+    // SAFETY: _exit ends the process without running any user-space cleanup.
+    unsafe { libc::_exit(code) }
+}
+
+/// Resets inherited handlers to the default (they are launcher code that must not run
+/// here), makes sure SIGCHLD is not ignored, and blocks SIGCHLD and the forwarded
+/// signals so that they queue for the signalfd. Ignored signals stay ignored, and are
+/// inherited as such by the command, as `exec` would.
+fn setup_signals() -> Result<(), ()> {
+    for sig in 1..=libc::SIGRTMAX() {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: sigaction is plain data; all-zero is a valid value to be overwritten.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: querying only; old is a valid out-pointer. Signals libc reserves
+        // for itself fail with EINVAL, which is fine to skip.
+        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } == -1 {
+            continue;
+        }
+        let custom = old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN;
+        if custom || sig == libc::SIGCHLD {
+            set_default(sig)?;
+        }
+    }
+    let mut set = empty_sigset();
+    for sig in FORWARDED.into_iter().chain([libc::SIGCHLD]) {
+        // SAFETY: set is an initialised sigset_t.
+        unsafe { libc::sigaddset(&mut set, sig) };
+    }
+    // SAFETY: set is initialised; the old mask is not needed.
+    sys::cvt(unsafe { libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut()) })
+        .map(drop)
+        .map_err(drop)
+}
+
+fn set_default(sig: c_int) -> Result<(), ()> {
+    // SAFETY: sigaction is plain data; all-zero means SIG_DFL, no flags, empty mask.
+    let dfl: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: dfl is a valid, initialised sigaction.
+    sys::cvt(unsafe { libc::sigaction(sig, &dfl, std::ptr::null_mut()) })
+        .map(drop)
+        .map_err(drop)
+}
+
+fn empty_sigset() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset initialises it.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: set is a valid sigset_t.
+    unsafe { libc::sigemptyset(&mut set) };
+    set
+}
+
+/// `ifconfig lo up` via SIOCSIFFLAGS.
+fn bring_up_loopback() -> Result<(), ()> {
+    // SAFETY: plain socket(2) call.
+    let sock = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if sock == -1 {
+        return Err(());
+    }
+    // SAFETY: ifreq is plain data; all-zero is valid (empty name, zero flags).
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in ifr.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as c_char;
+    }
+    // SAFETY: ifr is a valid ifreq naming "lo"; SIOCGIFFLAGS fills ifru_flags.
+    let mut ok = unsafe { libc::ioctl(sock, libc::SIOCGIFFLAGS, &mut ifr) } != -1;
+    if ok {
+        // SAFETY: SIOCGIFFLAGS initialised the flags member of the union.
+        unsafe { ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
+        // SAFETY: ifr is a valid ifreq with the flags to set.
+        ok = unsafe { libc::ioctl(sock, libc::SIOCSIFFLAGS, &ifr) } != -1;
+    }
+    let saved = errno();
+    // SAFETY: sock is ours.
+    unsafe { libc::close(sock) };
+    if ok {
+        Ok(())
+    } else {
+        // Report the ioctl's errno, not close's.
+        // SAFETY: __errno_location returns this thread's errno slot.
+        unsafe { *libc::__errno_location() = saved };
+        Err(())
+    }
+}
+
+/// Moves the channel to [`CHAN_FD`] and closes every fd above it: the init must not
+/// keep the launcher's files (pipe ends, host sockets) alive, nor offer them to anyone.
+fn keep_only_channel(chan: RawFd) -> Result<RawFd, ()> {
+    if chan != CHAN_FD {
+        // SAFETY: dup3 onto a fixed number; whatever was there is closed by it.
+        if unsafe { libc::dup3(chan, CHAN_FD, libc::O_CLOEXEC) } == -1 {
+            return Err(());
+        }
+        // SAFETY: the old number is now a duplicate we do not need.
+        unsafe { libc::close(chan) };
+    }
+    let first = (CHAN_FD + 1) as libc::c_uint;
+    // SAFETY: close_range with integer arguments.
+    let ret = unsafe { libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0) };
+    if ret == -1 {
+        // Kernels before 5.9: close one by one up to the fd limit.
+        // SAFETY: rlimit is plain data; getrlimit fills it.
+        let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+        // SAFETY: lim is a valid out-pointer.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == -1 {
+            return Err(());
+        }
+        let max = lim.rlim_cur.min(1 << 20) as RawFd;
+        for fd in first as RawFd..max {
+            // SAFETY: closing fds we own (this process's copies); EBADF is harmless.
+            unsafe { libc::close(fd) };
+        }
+    }
+    Ok(CHAN_FD)
+}
+
+fn signalfd() -> Result<RawFd, ()> {
+    let mut set = empty_sigset();
+    for sig in FORWARDED.into_iter().chain([libc::SIGCHLD]) {
+        // SAFETY: set is an initialised sigset_t.
+        unsafe { libc::sigaddset(&mut set, sig) };
+    }
+    // SAFETY: set is initialised.
+    let fd = unsafe { libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) };
+    if fd == -1 { Err(()) } else { Ok(fd) }
+}
+
+/// The init's event loop; exits the process when the command exits.
+fn serve(chan: RawFd, sigfd: RawFd, cmd: pid_t) -> ! {
+    // The command may have exited before the signalfd existed; its SIGCHLD is still
+    // pending, but reaping once here costs nothing.
+    reap(cmd);
+    let mut fds = [
+        libc::pollfd {
+            fd: chan,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: sigfd,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    loop {
+        // SAFETY: fds is a valid array of two pollfds.
+        if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) } == -1 {
+            continue; // EINTR
+        }
+        if fds[1].revents != 0 {
+            drain_signals(sigfd, cmd);
+        }
+        if fds[0].revents & libc::POLLIN != 0 {
+            serve_request(chan);
+        } else if fds[0].revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+            launcher_gone();
+        }
+    }
+}
+
+/// Reads every queued signal: SIGCHLD reaps, anything else goes to the command.
+fn drain_signals(sigfd: RawFd, cmd: pid_t) {
+    loop {
+        // SAFETY: signalfd_siginfo is plain data.
+        let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+        let len = size_of::<libc::signalfd_siginfo>();
+        // SAFETY: info is a writable buffer of len bytes.
+        let n = unsafe { libc::read(sigfd, (&raw mut info).cast(), len) };
+        if n != len as isize {
+            return; // EAGAIN: drained
+        }
+        let sig = info.ssi_signo as c_int;
+        if sig == libc::SIGCHLD {
+            reap(cmd);
+        } else {
+            // SAFETY: kill with integer arguments; the command is our unreaped child
+            // (reap exits as soon as it is reaped), so its pid is not reused.
+            unsafe { libc::kill(cmd, sig) };
+        }
+    }
+}
+
+/// Reaps every exited child; exits with the command's status once it is among them.
+fn reap(cmd: pid_t) {
+    loop {
+        let mut status = 0;
+        // SAFETY: status is a valid out-pointer.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid <= 0 {
+            return; // 0: children remain, none exited; -1: no children
+        }
+        if pid == cmd {
+            // Exiting kills everything left in the PID namespace.
+            exit(sys::exit_code(status));
+        }
+    }
+}
+
+/// Answers one socket factory request.
+fn serve_request(chan: RawFd) {
+    let mut buf = [0u8; wire::MSG_LEN + 4];
+    // SAFETY: buf is a valid buffer of the given length. Any fds a peer attached are
+    // discarded by the kernel since no control buffer is given.
+    let n = unsafe { libc::recv(chan, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+    if n == 0 {
+        launcher_gone();
+    }
+    if n < 0 {
+        match errno() {
+            libc::EINTR | libc::EAGAIN => return,
+            _ => launcher_gone(),
+        }
+    }
+    let (errno, sock) = match wire::decode(&buf[..n as usize]) {
+        Some([domain, ty, protocol]) => {
+            // SAFETY: socket(2) with integer arguments.
+            let sock = unsafe { libc::socket(domain, ty | libc::SOCK_CLOEXEC, protocol) };
+            if sock == -1 {
+                (errno(), None)
+            } else {
+                (0, Some(sock))
+            }
+        }
+        None => (libc::EINVAL, None),
+    };
+    let _ = sys::send_with_fd(chan, &errno.to_ne_bytes(), sock);
+    if let Some(sock) = sock {
+        // SAFETY: the launcher received its own copy; ours is no longer needed.
+        unsafe { libc::close(sock) };
+    }
+}
+
+/// The launcher is gone: nobody will wait for the sandbox, so end it.
+fn launcher_gone() -> ! {
+    exit(128 + libc::SIGKILL)
+}
+
+/// In the command's child: restore a clean signal state and `execve`, trying each
+/// candidate path like `execvp` does. Exits 127 if nothing was found, 126 if something
+/// was found but could not be executed.
+fn exec_command(exec: &Exec) -> ! {
+    let empty = empty_sigset();
+    // SAFETY: empty is an initialised sigset_t.
+    unsafe { libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) };
+    // The launcher (a Rust program) ignores SIGPIPE; the command should not inherit
+    // that, as std::process::Command also arranges.
+    let _ = set_default(libc::SIGPIPE);
+
+    let mut denied = false;
+    let mut failure = 0;
+    for path in &exec.candidates {
+        // SAFETY: path, argv and envp are NUL-terminated strings / null-terminated
+        // pointer arrays that `exec` keeps alive.
+        unsafe { libc::execve(path.as_ptr(), exec.argv.as_ptr(), exec.envp.as_ptr()) };
+        match errno() {
+            libc::ENOENT | libc::ENOTDIR | libc::ESTALE => {}
+            libc::EACCES => denied = true,
+            e => {
+                failure = e;
+                break;
+            }
+        }
+    }
+    if failure == 0 && !denied {
+        write_stderr(&exec.not_found);
+        exit(127);
+    }
+    let reason = if failure == 0 { libc::EACCES } else { failure };
+    write_stderr(&exec.cannot_exec);
+    write_stderr(errno_text(reason));
+    write_stderr(b"\n");
+    exit(126)
+}
+
+fn write_stderr(mut msg: &[u8]) {
+    while !msg.is_empty() {
+        // SAFETY: msg is a valid buffer of the given length.
+        let n = unsafe { libc::write(libc::STDERR_FILENO, msg.as_ptr().cast(), msg.len()) };
+        if n <= 0 {
+            return;
+        }
+        msg = &msg[n as usize..];
+    }
+}
+
+/// A static description of the errors `execve` commonly reports (strerror is not
+/// async-signal-safe).
+fn errno_text(e: c_int) -> &'static [u8] {
+    match e {
+        libc::EACCES => b"permission denied",
+        libc::ENOEXEC => b"exec format error",
+        libc::ETXTBSY => b"text file busy",
+        libc::ELOOP => b"too many levels of symbolic links",
+        libc::ENAMETOOLONG => b"file name too long",
+        libc::E2BIG => b"argument list too long",
+        libc::ENOMEM => b"out of memory",
+        libc::EISDIR => b"is a directory",
+        libc::EPERM => b"operation not permitted",
+        libc::ELIBBAD => b"bad ELF interpreter",
+        _ => b"execve failed",
+    }
+}

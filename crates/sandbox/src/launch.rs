@@ -1,0 +1,486 @@
+//! Launching a sandbox and controlling it from the host side.
+//!
+//! `launch` prepares every string the command's `execve` needs, creates the channel,
+//! and `clone`s the init (see `init.rs`) straight into new network, PID and — unless
+//! running as root — user namespaces. The launcher then writes the id maps, says "go",
+//! and waits for "ready" (or the init's report of which setup step failed). The
+//! returned [`Sandbox`] owns the init: dropping it unwaited kills and reaps the whole
+//! sandbox.
+
+use std::ffi::{CString, OsStr, OsString};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::sync::Arc;
+
+use libc::pid_t;
+use tracing::{debug, warn};
+
+use crate::factory::{SocketFactory, wire};
+use crate::init::{self, Exec, Stage};
+use crate::sys;
+
+/// What to run and how to isolate it.
+#[derive(Clone, Debug, Default)]
+pub struct Spec {
+    /// The command: a path, or a name looked up in `PATH` (the sandbox's `PATH`, i.e.
+    /// after `env` is applied). Also passed as `argv[0]`.
+    pub program: OsString,
+    /// Arguments after `argv[0]`.
+    pub args: Vec<OsString>,
+    /// Variables set in the sandbox on top of the inherited environment (replacing
+    /// inherited ones of the same name). Nothing else is added.
+    pub env: Vec<(OsString, OsString)>,
+    /// Whether to create a user namespace.
+    pub userns: UserNs,
+}
+
+/// Whether the sandbox gets its own user namespace (the caller's uid and gid mapped to
+/// root inside).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum UserNs {
+    /// Always, unless the caller's effective uid is 0.
+    #[default]
+    Auto,
+    /// Always (also as root).
+    Always,
+    /// Never; creating the network and PID namespaces then needs root.
+    Never,
+}
+
+/// Failures of [`launch`] and of [`Sandbox`] operations.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The program, an argument or an environment entry contains a NUL byte.
+    #[error("{what} contains a NUL byte")]
+    Nul {
+        /// Which string ("program", "argument", "environment variable").
+        what: &'static str,
+    },
+    /// Creating the launcher ↔ init socket pair failed.
+    #[error("creating the sandbox control socket pair: {0}")]
+    SocketPair(#[source] io::Error),
+    /// `clone(2)` with the namespace flags failed (EPERM/EINVAL/ENOSPC: namespaces not
+    /// permitted here, or user namespaces disabled).
+    #[error("creating the sandbox namespaces (clone): {0}")]
+    Clone(#[source] io::Error),
+    /// `pidfd_open(2)` on the init failed (Linux 5.3 or later is required).
+    #[error("opening a pidfd for the sandbox init: {0}")]
+    PidFd(#[source] io::Error),
+    /// Writing `/proc/PID/setgroups` failed.
+    #[error("writing the sandbox's setgroups policy: {0}")]
+    SetGroups(#[source] io::Error),
+    /// Writing `/proc/PID/uid_map` failed.
+    #[error("writing the sandbox's uid map: {0}")]
+    UidMap(#[source] io::Error),
+    /// Writing `/proc/PID/gid_map` failed.
+    #[error("writing the sandbox's gid map: {0}")]
+    GidMap(#[source] io::Error),
+    /// Sending "go" to or receiving "ready" from the init failed.
+    #[error("talking to the sandbox init during setup: {0}")]
+    Handshake(#[source] io::Error),
+    /// The init exited during setup without saying why.
+    #[error("the sandbox init exited during setup (status {0})")]
+    InitDied(i32),
+    /// The init could not make itself non-dumpable.
+    #[error("sandbox init: prctl(PR_SET_DUMPABLE): {0}")]
+    InitDumpable(#[source] io::Error),
+    /// The init could not reset or block signals.
+    #[error("sandbox init: setting up signal handling: {0}")]
+    InitSignals(#[source] io::Error),
+    /// The init could not bring up `lo`.
+    #[error("sandbox init: bringing up the loopback interface: {0}")]
+    Loopback(#[source] io::Error),
+    /// The init could not create the command's process.
+    #[error("sandbox init: creating the command process: {0}")]
+    ForkCommand(#[source] io::Error),
+    /// The init could not close the launcher's file descriptors.
+    #[error("sandbox init: closing inherited file descriptors: {0}")]
+    InitCloseFds(#[source] io::Error),
+    /// The init could not create its signalfd.
+    #[error("sandbox init: creating the signalfd: {0}")]
+    InitSignalFd(#[source] io::Error),
+    /// The init could not open its network namespace.
+    #[error("sandbox init: opening /proc/self/ns/net: {0}")]
+    InitNetns(#[source] io::Error),
+    /// `waitpid(2)` on the init failed.
+    #[error("waiting for the sandbox: {0}")]
+    Wait(#[source] io::Error),
+    /// Sending a signal to the init failed.
+    #[error("signalling the sandbox: {0}")]
+    Signal(#[source] io::Error),
+}
+
+impl Error {
+    fn from_stage(stage: Stage, errno: i32) -> Self {
+        let e = io::Error::from_raw_os_error(errno);
+        match stage {
+            Stage::Dumpable => Self::InitDumpable(e),
+            Stage::Signals => Self::InitSignals(e),
+            Stage::Loopback => Self::Loopback(e),
+            Stage::ForkCommand => Self::ForkCommand(e),
+            Stage::CloseFds => Self::InitCloseFds(e),
+            Stage::SignalFd => Self::InitSignalFd(e),
+            Stage::Netns => Self::InitNetns(e),
+        }
+    }
+}
+
+/// A running sandbox: its init process and the host-side handles to it.
+///
+/// Dropping it without [`wait`](Self::wait)ing kills the sandbox (SIGKILL to the init,
+/// which takes the whole PID namespace with it) and reaps the init.
+#[derive(Debug)]
+pub struct Sandbox {
+    pid: pid_t,
+    pidfd: Arc<OwnedFd>,
+    netns: OwnedFd,
+    factory: SocketFactory,
+    status: Option<i32>,
+}
+
+/// Sends signals to a sandbox from any thread (e.g. a Ctrl-C handler while another
+/// thread waits). Refers to the init through a pidfd, so it never signals a recycled
+/// pid; fails with ESRCH once the sandbox is reaped.
+#[derive(Clone, Debug)]
+pub struct Signaller {
+    pidfd: Arc<OwnedFd>,
+}
+
+impl Signaller {
+    /// Delivers `sig` to the init, which forwards SIGHUP, SIGINT, SIGQUIT, SIGTERM,
+    /// SIGUSR1, SIGUSR2 and SIGWINCH to the command. SIGKILL ends the whole sandbox at
+    /// once; SIGSTOP and SIGCONT act on the init itself; other signals are ignored.
+    pub fn signal(&self, sig: i32) -> Result<(), Error> {
+        sys::pidfd_send_signal(self.pidfd.as_raw_fd(), sig).map_err(Error::Signal)
+    }
+}
+
+impl Sandbox {
+    /// The init's pid as seen from the host (pid 1 inside the sandbox).
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// A pidfd of the init: becomes readable when the sandbox has exited, so it can sit
+    /// in an event loop; then call [`wait`](Self::wait).
+    pub fn pidfd(&self) -> BorrowedFd<'_> {
+        self.pidfd.as_fd()
+    }
+
+    /// The sandbox's network namespace (`/proc/PID/ns/net`, opened while the sandbox
+    /// runs; it stays valid, and keeps the namespace, for as long as it is open).
+    pub fn netns_fd(&self) -> BorrowedFd<'_> {
+        self.netns.as_fd()
+    }
+
+    /// A handle that creates sockets inside the sandbox's network namespace.
+    pub fn factory(&self) -> SocketFactory {
+        self.factory.clone()
+    }
+
+    /// A handle for signalling the sandbox from other threads.
+    pub fn signaller(&self) -> Signaller {
+        Signaller {
+            pidfd: Arc::clone(&self.pidfd),
+        }
+    }
+
+    /// Delivers `sig` to the init; see [`Signaller::signal`].
+    pub fn signal(&self, sig: i32) -> Result<(), Error> {
+        self.signaller().signal(sig)
+    }
+
+    /// Waits for the sandbox to end and returns the exit code to pass on: the command's
+    /// exit status, or 128 + the signal that killed it. Repeated calls return the same.
+    pub fn wait(&mut self) -> Result<i32, Error> {
+        if let Some(code) = self.status {
+            return Ok(code);
+        }
+        let status = sys::waitpid_blocking(self.pid).map_err(Error::Wait)?;
+        let code = sys::exit_code(status);
+        debug!(pid = self.pid, code, "sandbox exited");
+        self.status = Some(code);
+        Ok(code)
+    }
+
+    /// Like [`wait`](Self::wait) but returns `None` at once if the sandbox still runs.
+    pub fn try_wait(&mut self) -> Result<Option<i32>, Error> {
+        if let Some(code) = self.status {
+            return Ok(Some(code));
+        }
+        let mut status = 0;
+        // SAFETY: status is a valid out-pointer.
+        let pid = sys::cvt(unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) })
+            .map_err(Error::Wait)?;
+        if pid == 0 {
+            return Ok(None);
+        }
+        let code = sys::exit_code(status);
+        self.status = Some(code);
+        Ok(Some(code))
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if self.status.is_none() {
+            if let Err(e) = sys::pidfd_send_signal(self.pidfd.as_raw_fd(), libc::SIGKILL) {
+                warn!(pid = self.pid, error = %e, "killing the sandbox");
+            }
+            if let Err(e) = sys::waitpid_blocking(self.pid) {
+                warn!(pid = self.pid, error = %e, "reaping the sandbox");
+            }
+        }
+    }
+}
+
+/// Kills and reaps a half-launched init unless disarmed.
+struct InitGuard(pid_t);
+
+impl Drop for InitGuard {
+    fn drop(&mut self) {
+        // SAFETY: kill with integer arguments; the pid is our unreaped child.
+        unsafe { libc::kill(self.0, libc::SIGKILL) };
+        let _ = sys::waitpid_blocking(self.0);
+    }
+}
+
+/// Starts `spec.program` in a new sandbox (see the crate docs) and returns once the
+/// sandbox is set up and the command has been started. A command that cannot be found
+/// or executed is not an error here: the sandbox exits with 127 or 126 and says why on
+/// stderr, as a shell would.
+pub fn launch(spec: &Spec) -> Result<Sandbox, Error> {
+    // SAFETY: geteuid cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    let userns = match spec.userns {
+        UserNs::Always => true,
+        UserNs::Never => false,
+        UserNs::Auto => euid != 0,
+    };
+    let exec = prepare(spec)?;
+
+    let mut pair = [0; 2];
+    // SAFETY: pair is a valid out-array of two ints.
+    sys::cvt(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            pair.as_mut_ptr(),
+        )
+    })
+    .map_err(Error::SocketPair)?;
+    // SAFETY: socketpair returned two fresh fds that nothing else owns.
+    let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(pair[0]), OwnedFd::from_raw_fd(pair[1])) };
+
+    let mut flags = libc::CLONE_NEWNET | libc::CLONE_NEWPID;
+    if userns {
+        flags |= libc::CLONE_NEWUSER;
+    }
+    // SAFETY: the child runs only `init::run`, which is async-signal-safe (see
+    // init.rs) and never returns; it uses only `exec`, prepared above.
+    let pid = unsafe { sys::fork_raw(flags) }.map_err(Error::Clone)?;
+    if pid == 0 {
+        init::run(&exec, theirs.as_raw_fd(), ours.as_raw_fd());
+    }
+    let guard = InitGuard(pid);
+    drop(theirs);
+    let pidfd = sys::pidfd_open(pid).map_err(Error::PidFd)?;
+
+    if userns {
+        // SAFETY: getegid cannot fail.
+        let egid = unsafe { libc::getegid() };
+        let proc = format!("/proc/{pid}");
+        std::fs::write(format!("{proc}/setgroups"), "deny").map_err(Error::SetGroups)?;
+        std::fs::write(format!("{proc}/uid_map"), format!("0 {euid} 1\n"))
+            .map_err(Error::UidMap)?;
+        std::fs::write(format!("{proc}/gid_map"), format!("0 {egid} 1\n"))
+            .map_err(Error::GidMap)?;
+    }
+    sys::send_with_fd(ours.as_raw_fd(), &wire::GO, None).map_err(Error::Handshake)?;
+
+    let mut buf = [0u8; wire::MSG_LEN + 4];
+    let (n, netns) = sys::recv_with_fd(ours.as_raw_fd(), &mut buf).map_err(Error::Handshake)?;
+    let msg = wire::decode(&buf[..n]);
+    let netns = match (msg, netns) {
+        (Some([kind, _cmd, _]), Some(netns)) if kind == wire::READY as i32 => netns,
+        (Some([kind, stage, errno]), _) if kind == wire::SETUP_FAILED as i32 => {
+            return Err(match Stage::from_wire(stage) {
+                Some(stage) => Error::from_stage(stage, errno),
+                None => Error::Handshake(bad_message()),
+            });
+        }
+        _ if n == 0 => {
+            std::mem::forget(guard);
+            let status = sys::waitpid_blocking(pid).map_err(Error::Wait)?;
+            return Err(Error::InitDied(sys::exit_code(status)));
+        }
+        _ => return Err(Error::Handshake(bad_message())),
+    };
+    std::mem::forget(guard);
+    debug!(pid, userns, program = ?spec.program, "sandbox launched");
+    Ok(Sandbox {
+        pid,
+        pidfd: Arc::new(pidfd),
+        netns,
+        factory: SocketFactory::new(ours),
+        status: None,
+    })
+}
+
+fn bad_message() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        "malformed message from the sandbox init",
+    )
+}
+
+/// Builds every C string the command's `execve` needs, so that the init allocates
+/// nothing.
+fn prepare(spec: &Spec) -> Result<Exec, Error> {
+    let cstring =
+        |s: &OsStr, what| CString::new(s.as_bytes().to_vec()).map_err(|_| Error::Nul { what });
+
+    let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(k, _)| !spec.env.iter().any(|(sk, _)| sk == k))
+        .collect();
+    env.extend(spec.env.iter().cloned());
+    let path = env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_os_str());
+
+    let program = cstring(&spec.program, "program")?;
+    let mut argv_strings = vec![program];
+    for arg in &spec.args {
+        argv_strings.push(cstring(arg, "argument")?);
+    }
+    let mut envp_strings = Vec::with_capacity(env.len());
+    for (k, v) in &env {
+        let mut entry = k.clone().into_vec();
+        entry.push(b'=');
+        entry.extend_from_slice(v.as_bytes());
+        envp_strings.push(CString::new(entry).map_err(|_| Error::Nul {
+            what: "environment variable",
+        })?);
+    }
+    let candidates = candidates(&spec.program, path)
+        .into_iter()
+        .map(|p| cstring(&p, "program"))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let shown = spec.program.to_string_lossy();
+    let not_found = if spec.program.as_bytes().contains(&b'/') {
+        format!("ferry: {shown}: no such file or directory\n")
+    } else {
+        format!("ferry: {shown}: command not found\n")
+    };
+    let argv = argv_strings
+        .iter()
+        .map(|s| s.as_ptr())
+        .chain([std::ptr::null()])
+        .collect();
+    let envp = envp_strings
+        .iter()
+        .map(|s| s.as_ptr())
+        .chain([std::ptr::null()])
+        .collect();
+    Ok(Exec {
+        candidates,
+        _argv: argv_strings,
+        argv,
+        _envp: envp_strings,
+        envp,
+        not_found: not_found.into_bytes(),
+        cannot_exec: format!("ferry: {shown}: cannot execute: ").into_bytes(),
+    })
+}
+
+/// The paths `execvp` would try for `program`, in order.
+fn candidates(program: &OsStr, path: Option<&OsStr>) -> Vec<OsString> {
+    let bytes = program.as_bytes();
+    if bytes.is_empty() {
+        return Vec::new();
+    }
+    if bytes.contains(&b'/') {
+        return vec![program.to_owned()];
+    }
+    let path = path.map_or(&b"/bin:/usr/bin"[..], OsStr::as_bytes);
+    path.split(|&b| b == b':')
+        .map(|dir| {
+            // An empty PATH entry means the current directory.
+            let mut full = if dir.is_empty() {
+                b".".to_vec()
+            } else {
+                dir.to_vec()
+            };
+            full.push(b'/');
+            full.extend_from_slice(bytes);
+            OsString::from_vec(full)
+        })
+        .collect()
+}
+
+/// Whether unprivileged processes may create user namespaces here (Debian's
+/// `kernel.unprivileged_userns_clone`, `user.max_user_namespaces`, Ubuntu's AppArmor
+/// restriction). Probes the sysctls only; `launch` is the real test.
+pub fn userns_available() -> bool {
+    let read = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim().to_owned());
+    if read("/proc/sys/kernel/unprivileged_userns_clone").is_some_and(|v| v == "0") {
+        return false;
+    }
+    if read("/proc/sys/user/max_user_namespaces").is_some_and(|v| v == "0") {
+        return false;
+    }
+    read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").is_none_or(|v| v != "1")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_search_order() {
+        let got = candidates(OsStr::new("sh"), Some(OsStr::new("/a::/b")));
+        assert_eq!(got, ["/a/sh", "./sh", "/b/sh"].map(OsString::from));
+        assert_eq!(candidates(OsStr::new("./x"), None), [OsString::from("./x")]);
+        assert_eq!(
+            candidates(OsStr::new("ls"), None),
+            ["/bin/ls", "/usr/bin/ls"].map(OsString::from)
+        );
+        assert!(candidates(OsStr::new(""), None).is_empty());
+    }
+
+    #[test]
+    fn nul_bytes_rejected() {
+        let spec = Spec {
+            program: "true".into(),
+            args: vec![OsString::from_vec(b"a\0b".to_vec())],
+            ..Spec::default()
+        };
+        assert!(matches!(
+            prepare(&spec),
+            Err(Error::Nul { what: "argument" })
+        ));
+    }
+
+    #[test]
+    fn env_overrides_inherited() {
+        let spec = Spec {
+            program: "true".into(),
+            env: vec![("PATH".into(), "/nowhere".into())],
+            ..Spec::default()
+        };
+        let exec = prepare(&spec).unwrap();
+        let paths: Vec<_> = exec
+            ._envp
+            .iter()
+            .map(|e| e.to_str().unwrap())
+            .filter(|e| e.starts_with("PATH="))
+            .collect();
+        assert_eq!(paths, ["PATH=/nowhere"]);
+        assert_eq!(exec.candidates, [CString::new("/nowhere/true").unwrap()]);
+    }
+}

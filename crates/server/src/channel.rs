@@ -1,0 +1,92 @@
+//! One channel: a sandbox thread's rings, buffers, control socket and doorbell.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
+use ferry_proto::{Cmp, Req};
+use ferry_ring::{Endpoint, Layout, Region, Side};
+
+use crate::stats::ChannelStats;
+
+#[derive(Debug)]
+pub(crate) struct Channel {
+    pub ctl: OwnedFd,
+    pub doorbell: OwnedFd,
+    pub region: Arc<Region>,
+    pub ep: Endpoint<Cmp, Req>,
+    /// Completions that did not fit in the ring yet.
+    pub backlog: VecDeque<Cmp>,
+    /// The sleep flag is armed (the loop is about to block).
+    pub armed: bool,
+    pub stats: ChannelStats,
+}
+
+impl Channel {
+    /// Creates the region and the doorbell for a new channel.
+    pub(crate) fn new(
+        id: u32,
+        ctl: OwnedFd,
+        layout: Layout,
+        pid: u32,
+        tid: u32,
+    ) -> io::Result<Channel> {
+        let region = Region::create(&format!("ferry-ch{id}"), layout).map_err(io::Error::other)?;
+        let region = Arc::new(region);
+        let ep = Endpoint::new(region.clone(), Side::B).map_err(io::Error::other)?;
+        let doorbell = ferry_sys::eventfd()?;
+        Ok(Channel {
+            ctl,
+            doorbell,
+            region,
+            ep,
+            backlog: VecDeque::new(),
+            armed: false,
+            stats: ChannelStats {
+                id,
+                pid,
+                tid,
+                ..ChannelStats::default()
+            },
+        })
+    }
+
+    /// Queues a completion (into the ring, or the backlog when the ring is full).
+    pub(crate) fn complete(&mut self, c: Cmp) {
+        if !self.backlog.is_empty() || !matches!(self.ep.tx.push(&c), Ok(true)) {
+            self.backlog.push_back(c);
+        }
+        self.stats.completions += 1;
+    }
+
+    /// Moves backlog into the ring, publishes, and wakes the shim if it sleeps.
+    pub(crate) fn flush(&mut self) {
+        while let Some(c) = self.backlog.front() {
+            if !matches!(self.ep.tx.push(c), Ok(true)) {
+                break;
+            }
+            self.backlog.pop_front();
+        }
+        if self.ep.tx.pending() > 0 {
+            self.ep.tx.commit();
+            self.stats.batches += 1;
+            if self.ep.tx.notify() {
+                self.stats.wakes_sent += 1;
+            } else {
+                self.stats.wakes_avoided += 1;
+            }
+        }
+    }
+
+    /// Borrowed doorbell.
+    pub(crate) fn doorbell(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.doorbell.as_fd()
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        self.region.close(Side::B);
+    }
+}

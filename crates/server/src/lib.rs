@@ -1,0 +1,129 @@
+//! ferry's protocol server: it serves the inet sockets of one sandbox on real host
+//! sockets, talking to the sandbox's shim over shared-memory channels.
+//!
+//! This crate owns the server side of socket mode: accepting channels on the control
+//! socket, creating and placing host sockets (host namespace vs. the sandbox's own
+//! namespace), performing every operation non-blocking and parking the ones that must
+//! wait, readiness tokens, the egress policy, published ports, and counters. It trusts
+//! nothing that comes from a channel: a malformed record closes that channel (with a log
+//! line) and the server carries on. It must not block on a host socket, panic on peer
+//! data, or touch the sandbox's processes. Shared-memory mechanics are `ferry-ring`'s;
+//! record layouts are `ferry-proto`'s; the protocol is described in
+//! `docs/specs/socket-protocol.md`.
+//!
+//! # Theory of operation
+//!
+//! One thread runs one event loop ([`Server::run`]). Each turn it drains every channel's
+//! request ring, dispatching each validated record, then asks epoll (with timeout 0 while
+//! there is work or while its spin span has not run out, S0's SBW) for readiness of host
+//! sockets, control sockets, doorbells and readiness pairs, retries parked operations,
+//! and finally publishes each channel's completions with one commit and at most one wake.
+//! When the spin span passes with nothing to do, it arms every channel's sleep flag and
+//! blocks in epoll; the shims ring the doorbell eventfds only while the flag is set.
+//!
+//! The one `unsafe` module, `hostio`, hands channel buffers straight to the host
+//! socket's `sendmsg`/`recvmsg` (S0's DMHU: no copy between the wire and shared memory).
+#![deny(unsafe_code)]
+
+mod channel;
+#[allow(unsafe_code)]
+mod hostio;
+mod ops;
+pub mod policy;
+mod server;
+mod sock;
+mod stats;
+
+pub use policy::{Policy, Rule, Verdict};
+pub use server::{Handle, Server};
+pub use stats::{ChannelStats, ServerStats, SocketStats};
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Makes a socket inside the sandbox's network namespace: `(domain, type, protocol)`.
+pub type SandboxSocketFn = Box<dyn Fn(i32, i32, i32) -> io::Result<OwnedFd> + Send>;
+
+/// A published port: connections to `host` are handed to the sandbox's listener on
+/// `sandbox_port`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Publish {
+    /// Where the host listens.
+    pub host: std::net::SocketAddr,
+    /// The sandbox port whose listener receives the connections.
+    pub sandbox_port: u16,
+    /// UDP instead of TCP.
+    pub udp: bool,
+}
+
+/// How a server behaves.
+#[derive(Debug)]
+pub struct Config {
+    /// Path of the control socket the shims connect to.
+    pub socket_path: PathBuf,
+    /// Spin span of the shims' waits (sent to them at channel set-up).
+    pub shim_spin: Duration,
+    /// Spin span of the server's own loop before it sleeps.
+    pub server_spin: Duration,
+    /// Doorbell batching threshold for the shims (1 = every operation).
+    pub batch: u32,
+    /// Egress policy.
+    pub policy: Policy,
+    /// Published ports.
+    pub publish: Vec<Publish>,
+    /// Channel geometry.
+    pub layout: ferry_ring::Layout,
+}
+
+impl Config {
+    /// Defaults: spin spans from measurement (see docs/DESIGN.md), batch 1, open policy.
+    pub fn new(socket_path: PathBuf) -> Config {
+        Config {
+            socket_path,
+            shim_spin: Duration::from_micros(50),
+            server_spin: Duration::from_micros(50),
+            batch: 1,
+            policy: Policy::default(),
+            publish: Vec::new(),
+            layout: default_layout(),
+        }
+    }
+}
+
+/// The channel geometry ferry uses unless told otherwise: 256 records each way, 32 buffers
+/// of 64 KiB per side.
+pub fn default_layout() -> ferry_ring::Layout {
+    ferry_ring::Layout {
+        ring_slots: 256,
+        record_size: ferry_proto::RECORD_SIZE as u32,
+        bufs_a: 32,
+        bufs_b: 32,
+        buf_size: 64 * 1024,
+    }
+}
+
+/// Why a server could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Creating or binding the control socket failed.
+    #[error("cannot listen on control socket {path}: {source}")]
+    Listen {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
+    /// Setting up epoll or the stop eventfd failed.
+    #[error("cannot set up the event loop: {0}")]
+    EventLoop(io::Error),
+    /// Listening on a published port failed.
+    #[error("cannot publish {addr}: {source}")]
+    Publish {
+        /// The host address.
+        addr: std::net::SocketAddr,
+        /// The cause.
+        source: io::Error,
+    },
+}

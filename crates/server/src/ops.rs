@@ -1,0 +1,759 @@
+//! What each request does to a host socket, and what host readiness does to parked
+//! requests and readiness tokens.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
+
+use ferry_proto::{
+    CMP_DRAIN_TOKEN, Cmp, CmpKind, Ctl, CtlKind, NO_BUF, Op, REQ_NONBLOCK, Request, WireAddr,
+};
+use ferry_ring::BufId;
+use tracing::{debug, warn};
+
+use crate::hostio;
+use crate::policy::Verdict;
+use crate::server::Server;
+use crate::sock::{Parked, Place, TxItem};
+
+/// Most buffers one receive fills.
+const MAX_RECV_BUFS: usize = 4;
+
+fn errno(e: &io::Error) -> i32 {
+    -e.raw_os_error().unwrap_or(libc::EIO)
+}
+
+fn would_block(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::WouldBlock
+}
+
+impl Server {
+    /// Queues a completion on channel `ch` (dropped if the channel is gone).
+    fn complete(&mut self, ch: u32, c: Cmp) {
+        if let Some(chan) = self.channels.get_mut(ch as usize).and_then(Option::as_mut) {
+            chan.complete(c);
+        }
+    }
+
+    fn done(&mut self, ch: u32, sock: u32, tag: u32, result: i32) {
+        if tag != 0 {
+            self.complete(ch, Cmp::new(CmpKind::Done, sock, tag, result));
+        } else if result < 0 {
+            self.complete(ch, Cmp::new(CmpKind::AsyncError, sock, 0, result));
+        }
+    }
+
+    /// A control message (socket creation, accept). Errors here go back to the shim.
+    pub(crate) fn control(&mut self, ch: u32, msg: Ctl, mut fds: Vec<OwnedFd>) {
+        let (Some(kind), Some(pair)) = (msg.kind(), fds.pop()) else {
+            self.bad_channel(
+                ch,
+                "control message without a known kind and one descriptor",
+            );
+            return;
+        };
+        match kind {
+            CtlKind::Socket => {
+                let result = self.create_socket(msg.a, msg.b, msg.c, pair);
+                self.ctl_reply(ch, Server::new_reply(result.unwrap_or_else(|e| e)));
+            }
+            CtlKind::Accept => self.accept(ch, msg.sock, msg.a != 0, pair),
+            CtlKind::Reply => self.bad_channel(ch, "reply sent by the sandbox"),
+        }
+    }
+
+    fn create_socket(
+        &mut self,
+        domain: i32,
+        ty: i32,
+        protocol: i32,
+        pair: OwnedFd,
+    ) -> Result<i32, i32> {
+        if domain != libc::AF_INET && domain != libc::AF_INET6 {
+            return Err(-libc::EAFNOSUPPORT);
+        }
+        if ty != libc::SOCK_STREAM && ty != libc::SOCK_DGRAM {
+            return Err(-libc::EPROTONOSUPPORT);
+        }
+        let fd = ferry_sys::socket(
+            domain,
+            ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            protocol,
+        )
+        .map_err(|e| errno(&e))?;
+        let id = self
+            .add_sock(fd, pair, domain, ty, protocol, Place::Provisional)
+            .map_err(|e| errno(&e))?;
+        Ok(id as i32)
+    }
+
+    fn accept(&mut self, ch: u32, id: u32, nonblock: bool, pair: OwnedFd) {
+        let Some(s) = self.sock(id) else {
+            self.ctl_reply(ch, Server::new_reply(-libc::EBADF));
+            return;
+        };
+        if !s.listening {
+            self.ctl_reply(ch, Server::new_reply(-libc::EINVAL));
+            return;
+        }
+        match self.try_accept(id) {
+            Ok((conn, peer)) => self.finish_accept(ch, id, conn, peer, pair),
+            Err(e) if would_block(&e) && !nonblock => {
+                if let Some(s) = self.sock(id) {
+                    s.parked.push_back(Parked::Accept { ch, pair });
+                }
+            }
+            Err(e) => {
+                let mut r = Server::new_reply(errno(&e));
+                if would_block(&e) {
+                    r.c = self.drain_token(id);
+                }
+                self.ctl_reply(ch, r);
+            }
+        }
+    }
+
+    fn try_accept(&mut self, id: u32) -> io::Result<(OwnedFd, Option<SocketAddr>)> {
+        let s = self
+            .socks
+            .get(&id)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+        match ferry_sys::accept4(s.fd.as_fd(), libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) {
+            Err(e) if would_block(&e) => match self.take_published(id) {
+                Some(conn) => {
+                    let peer = ferry_sys::sock_addr(conn.as_fd(), true).ok().flatten();
+                    Ok((conn, peer))
+                }
+                None => Err(e),
+            },
+            other => other,
+        }
+    }
+
+    fn finish_accept(
+        &mut self,
+        ch: u32,
+        listener: u32,
+        conn: OwnedFd,
+        peer: Option<SocketAddr>,
+        pair: OwnedFd,
+    ) {
+        let (domain, place) = match self.socks.get(&listener) {
+            Some(s) => (s.domain, s.place),
+            None => (libc::AF_INET, Place::Sandbox),
+        };
+        let reply = match self.add_sock(conn, pair, domain, libc::SOCK_STREAM, 0, place) {
+            Ok(new) => {
+                let mut r = Server::new_reply(new as i32);
+                if let Some(p) = peer {
+                    r.addr_len = WireAddr::from(p).encode(&mut r.addr) as u32;
+                }
+                if let Some(s) = self.sock(listener) {
+                    s.stats.calls += 1;
+                }
+                r
+            }
+            Err(e) => Server::new_reply(errno(&e)),
+        };
+        self.ctl_reply(ch, reply);
+    }
+
+    /// One validated ring request. `Err` means the channel broke the protocol.
+    pub(crate) fn handle(&mut self, ch: u32, req: Request) -> Result<(), String> {
+        let r = req.raw;
+        if req.op == Op::BufReturn {
+            let chan = self
+                .channels
+                .get_mut(ch as usize)
+                .and_then(Option::as_mut)
+                .ok_or("no channel")?;
+            return chan.ep.pool.free(BufId(r.buf)).map_err(|e| e.to_string());
+        }
+        if req.op == Op::Send {
+            return self.send(ch, req);
+        }
+        let Some(s) = self.sock(r.sock) else {
+            self.done(ch, r.sock, r.tag, -libc::EBADF);
+            return Ok(());
+        };
+        s.stats.calls += 1;
+        let nonblock = r.flags & REQ_NONBLOCK != 0;
+        let id = r.sock;
+        match req.op {
+            Op::Connect => {
+                let addr = req
+                    .addr()
+                    .map_err(|e| e.to_string())?
+                    .ok_or("connect without address")?;
+                self.connect(ch, id, r.tag, addr, nonblock);
+            }
+            Op::Bind => {
+                let addr = req
+                    .addr()
+                    .map_err(|e| e.to_string())?
+                    .ok_or("bind without address")?;
+                let res = self.bind(id, addr.to_std());
+                self.done(ch, id, r.tag, res);
+            }
+            Op::Listen => {
+                let res = self.listen(id, r.a as i32);
+                self.done(ch, id, r.tag, res);
+            }
+            Op::Recv => self.recv(ch, id, r.tag, r.a, r.b as i32, nonblock),
+            Op::Shutdown => {
+                let how = r.a as i32;
+                let s = self.sock(id).expect("checked above");
+                let res = if (how == libc::SHUT_WR || how == libc::SHUT_RDWR) && !s.txq.is_empty() {
+                    s.shut_wr_pending = true;
+                    if how == libc::SHUT_RDWR {
+                        ferry_sys::shutdown(s.fd.as_fd(), libc::SHUT_RD)
+                            .map_or_else(|e| errno(&e), |()| 0)
+                    } else {
+                        0
+                    }
+                } else {
+                    ferry_sys::shutdown(s.fd.as_fd(), how).map_or_else(|e| errno(&e), |()| 0)
+                };
+                self.done(ch, id, r.tag, res);
+            }
+            Op::SetOpt => {
+                let s = self.sock(id).expect("checked above");
+                let (level, name) = (r.a as i32, r.b as i32);
+                let value = req.value().to_vec();
+                let res = ferry_sys::setsockopt(s.fd.as_fd(), level, name, &value)
+                    .map_or_else(|e| errno(&e), |()| 0);
+                if res == 0 && s.place == Place::Provisional {
+                    s.opts.retain(|(l, n, _)| (*l, *n) != (level, name));
+                    s.opts.push((level, name, value));
+                }
+                self.done(ch, id, r.tag, res);
+            }
+            Op::GetOpt => self.getopt(ch, id, r.tag, r.a as i32, r.b as i32, r.len),
+            Op::SockName | Op::PeerName => {
+                let s = self.sock(id).expect("checked above");
+                let c = match ferry_sys::sock_addr(s.fd.as_fd(), req.op == Op::PeerName) {
+                    Ok(Some(a)) => {
+                        Cmp::new(CmpKind::Done, id, r.tag, 0).with_addr(&WireAddr::from(a))
+                    }
+                    Ok(None) => Cmp::new(CmpKind::Done, id, r.tag, -libc::EINVAL),
+                    Err(e) => Cmp::new(CmpKind::Done, id, r.tag, errno(&e)),
+                };
+                self.complete(ch, c);
+            }
+            Op::Pending => {
+                let s = self.sock(id).expect("checked above");
+                let res = ferry_sys::pending_bytes(s.fd.as_fd()).unwrap_or_else(|e| errno(&e));
+                self.done(ch, id, r.tag, res);
+            }
+            Op::WantToken => {
+                self.sock(id).expect("checked above").want_token = true;
+                self.maybe_token(id);
+            }
+            Op::TokenDrained => {
+                self.sock(id).expect("checked above").token_out = false;
+                self.maybe_token(id);
+            }
+            Op::Cancel => {
+                let tag = r.a;
+                if let Some(p) = self.unpark(id, |p| p.owner() == (ch, tag)) {
+                    debug!("socket {id}: cancelled {p:?}");
+                    self.done(ch, id, tag, -libc::EINTR);
+                }
+            }
+            Op::Send | Op::BufReturn => unreachable!("handled above"),
+        }
+        Ok(())
+    }
+
+    /// Moves a provisional socket to where `dest` says it belongs.
+    fn place_for(&mut self, id: u32, local: bool) -> Result<(), i32> {
+        let s = self.socks.get(&id).ok_or(-libc::EBADF)?;
+        if s.place != Place::Provisional {
+            return Ok(());
+        }
+        let (domain, ty, protocol) = (s.domain, s.ty, s.protocol);
+        if local {
+            let fd = (self.sandbox_socket)(
+                domain,
+                ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                protocol,
+            )
+            .map_err(|e| errno(&e))?;
+            ferry_sys::set_nonblocking(fd.as_fd(), true).map_err(|e| errno(&e))?;
+            self.replace_host_fd(id, fd, Place::Sandbox)
+                .map_err(|e| errno(&e))?;
+        } else if let Some(s) = self.sock(id) {
+            s.place = Place::Host;
+        }
+        Ok(())
+    }
+
+    fn connect(&mut self, ch: u32, id: u32, tag: u32, addr: WireAddr, nonblock: bool) {
+        let local = addr.is_loopback();
+        if !local && self.cfg.policy.check(&addr.to_std()) == Verdict::Deny {
+            warn!("socket {id}: connect to {} denied by policy", addr.to_std());
+            self.stats.denied += 1;
+            self.done(ch, id, tag, -libc::EACCES);
+            return;
+        }
+        if let Err(e) = self.place_for(id, local) {
+            self.done(ch, id, tag, e);
+            return;
+        }
+        let s = self.sock(id).expect("placed above");
+        if s.place == Place::Sandbox && !local && s.ty == libc::SOCK_STREAM {
+            // Bound inside the sandbox, now asked to leave it: the sandbox has no route.
+            self.done(ch, id, tag, -libc::ENETUNREACH);
+            return;
+        }
+        match ferry_sys::connect(s.fd.as_fd(), &addr.to_std()) {
+            Ok(()) => self.done(ch, id, tag, 0),
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
+                s.connecting = true;
+                if nonblock {
+                    self.done(ch, id, tag, -libc::EINPROGRESS);
+                } else {
+                    s.parked.push_back(Parked::Connect { ch, tag });
+                }
+            }
+            Err(e) => self.done(ch, id, tag, errno(&e)),
+        }
+    }
+
+    fn bind(&mut self, id: u32, addr: SocketAddr) -> i32 {
+        let wa = WireAddr::from(addr);
+        let local = wa.is_loopback() || wa.is_unspecified();
+        if let Err(e) = self.place_for(id, local) {
+            return e;
+        }
+        let s = self.sock(id).expect("placed above");
+        ferry_sys::bind(s.fd.as_fd(), &addr).map_or_else(|e| errno(&e), |()| 0)
+    }
+
+    fn listen(&mut self, id: u32, backlog: i32) -> i32 {
+        if let Err(e) = self.place_for(id, true) {
+            return e;
+        }
+        let s = self.sock(id).expect("placed above");
+        match ferry_sys::listen(s.fd.as_fd(), backlog) {
+            Ok(()) => {
+                s.listening = true;
+                if self.has_published(id) {
+                    self.host_event(id, libc::EPOLLIN as u32);
+                }
+                0
+            }
+            Err(e) => errno(&e),
+        }
+    }
+
+    fn getopt(&mut self, ch: u32, id: u32, tag: u32, level: i32, name: i32, len: u32) {
+        let s = self.sock(id).expect("caller checked");
+        if level == libc::SOL_SOCKET && name == libc::SO_ERROR {
+            if s.connecting {
+                s.parked.push_back(Parked::SoError { ch, tag });
+                return;
+            }
+            let err = std::mem::take(&mut s.so_error);
+            let err = if err != 0 {
+                err
+            } else {
+                ferry_sys::getsockopt_int(s.fd.as_fd(), level, name).unwrap_or(0)
+            };
+            let c = Cmp::new(CmpKind::Done, id, tag, 0).with_bytes(&err.to_ne_bytes());
+            self.complete(ch, c);
+            return;
+        }
+        let mut val = vec![0u8; (len as usize).clamp(1, 1024)];
+        match ferry_sys::getsockopt(s.fd.as_fd(), level, name, &mut val) {
+            Ok(n) if n <= 32 => {
+                let c = Cmp::new(CmpKind::Done, id, tag, 0).with_bytes(&val[..n]);
+                self.complete(ch, c);
+            }
+            Ok(n) => {
+                // Too long for the record: lend a buffer (TCP_INFO and the like).
+                let Some(chan) = self.channels.get_mut(ch as usize).and_then(Option::as_mut) else {
+                    return;
+                };
+                let Some(b) = chan.ep.pool.alloc() else {
+                    self.done(ch, id, tag, -libc::ENOBUFS);
+                    return;
+                };
+                let span = chan
+                    .ep
+                    .bufs
+                    .span(b.0, 0, n.min(chan.ep.bufs.buf_size()) as u32);
+                let Ok(span) = span else {
+                    let _ = chan.ep.pool.free(b);
+                    self.done(ch, id, tag, -libc::ENOBUFS);
+                    return;
+                };
+                chan.ep.bufs.write(span, &val[..n]);
+                let mut data = Cmp::new(CmpKind::Data, id, tag, 0);
+                data.buf = b.0;
+                data.len = span.len();
+                chan.complete(data);
+                let mut fin = Cmp::new(CmpKind::Done, id, tag, 0);
+                fin.a = n as u32;
+                chan.complete(fin);
+            }
+            Err(e) => self.done(ch, id, tag, errno(&e)),
+        }
+    }
+
+    fn send(&mut self, ch: u32, req: Request) -> Result<(), String> {
+        let r = req.raw;
+        let chan = self
+            .channels
+            .get_mut(ch as usize)
+            .and_then(Option::as_mut)
+            .ok_or("no channel")?;
+        let span = chan
+            .ep
+            .bufs
+            .span(r.buf, 0, r.len)
+            .map_err(|e| e.to_string())?;
+        let bufs = chan.ep.bufs.clone();
+        let to = req.addr().map_err(|e| e.to_string())?;
+        let give_back = |srv: &mut Server, res: i32| {
+            let mut c = Cmp::new(CmpKind::BufReturn, r.sock, 0, res);
+            c.buf = r.buf;
+            srv.complete(ch, c);
+        };
+        let Some(s) = self.socks.get(&r.sock) else {
+            give_back(self, -libc::EBADF);
+            self.done(ch, r.sock, 0, -libc::EBADF);
+            return Ok(());
+        };
+        if let Some(dest) = to
+            && !s.is_stream()
+        {
+            {
+                let local = dest.is_loopback();
+                if !local && self.cfg.policy.check(&dest.to_std()) == Verdict::Deny {
+                    warn!(
+                        "socket {}: datagram to {} denied by policy",
+                        r.sock,
+                        dest.to_std()
+                    );
+                    self.stats.denied += 1;
+                    give_back(self, 0);
+                    self.done(ch, r.sock, 0, -libc::EACCES);
+                    return Ok(());
+                }
+                if let Err(e) = self.place_for(r.sock, local) {
+                    give_back(self, 0);
+                    self.done(ch, r.sock, 0, e);
+                    return Ok(());
+                }
+            }
+        }
+        let s = self.sock(r.sock).expect("checked above");
+        s.stats.calls += 1;
+        s.txq.push_back(TxItem {
+            ch,
+            bufs,
+            span,
+            sent: 0,
+            to: to.filter(|_| !s.is_stream()).map(WireAddr::to_std),
+            flags: (r.a as i32) & (libc::MSG_MORE | libc::MSG_OOB | libc::MSG_EOR),
+        });
+        if s.txq.len() == 1 {
+            self.flush_tx(r.sock);
+        }
+        Ok(())
+    }
+
+    /// Sends queued data until the host socket is full; returns finished buffers.
+    pub(crate) fn flush_tx(&mut self, id: u32) {
+        loop {
+            let Some(s) = self.socks.get_mut(&id) else {
+                return;
+            };
+            let Some(item) = s.txq.front_mut() else { break };
+            let total = item.span.len() as usize;
+            let res = hostio::send_span(
+                s.fd.as_fd(),
+                &item.bufs,
+                item.span,
+                item.sent,
+                item.to.as_ref(),
+                item.flags,
+            );
+            self.stats.data_syscalls += 1;
+            match res {
+                Ok(n) => {
+                    s.stats.bytes_out += n as u64;
+                    item.sent += n;
+                    if item.sent < total && s.is_stream() {
+                        continue;
+                    }
+                    let item = s.txq.pop_front().expect("front exists");
+                    let mut c = Cmp::new(CmpKind::BufReturn, id, 0, 0);
+                    c.buf = item.span.id().0;
+                    self.complete(item.ch, c);
+                }
+                Err(e) if would_block(&e) => return,
+                Err(e) => {
+                    // The connection is broken: give every buffer back, report once.
+                    let items: Vec<TxItem> = s.txq.drain(..).collect();
+                    let code = errno(&e);
+                    let mut reported = false;
+                    for item in items {
+                        let mut c = Cmp::new(CmpKind::BufReturn, id, 0, 0);
+                        c.buf = item.span.id().0;
+                        self.complete(item.ch, c);
+                        if !reported {
+                            self.complete(item.ch, Cmp::new(CmpKind::AsyncError, id, 0, code));
+                            reported = true;
+                        }
+                    }
+                    break;
+                }
+            }
+        }
+        let Some(s) = self.socks.get_mut(&id) else {
+            return;
+        };
+        if s.txq.is_empty() {
+            if s.shut_wr_pending {
+                s.shut_wr_pending = false;
+                let _ = ferry_sys::shutdown(s.fd.as_fd(), libc::SHUT_WR);
+            }
+            if s.app_closed {
+                self.dirty.push(id);
+            }
+        }
+    }
+
+    fn recv(&mut self, ch: u32, id: u32, tag: u32, len: u32, flags: i32, nonblock: bool) {
+        match self.try_recv(ch, id, tag, len, flags) {
+            Ok(()) => {}
+            Err(e) if would_block(&e) && !nonblock => {
+                if let Some(s) = self.sock(id) {
+                    s.parked.push_back(Parked::Recv {
+                        ch,
+                        tag,
+                        len,
+                        flags,
+                    });
+                }
+            }
+            Err(e) => {
+                let mut c = Cmp::new(CmpKind::Done, id, tag, errno(&e));
+                if would_block(&e) && self.drain_token(id) != 0 {
+                    c.flags |= CMP_DRAIN_TOKEN;
+                }
+                self.complete(ch, c);
+            }
+        }
+    }
+
+    /// One non-blocking receive into the channel's buffers; completes on success.
+    fn try_recv(&mut self, ch: u32, id: u32, tag: u32, len: u32, flags: i32) -> io::Result<()> {
+        let chan = self
+            .channels
+            .get_mut(ch as usize)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EPIPE))?;
+        let s = self
+            .socks
+            .get_mut(&id)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+        let bs = chan.ep.bufs.buf_size();
+        let want = (len as usize).max(1);
+        let nbufs = if s.is_stream() {
+            want.div_ceil(bs).min(MAX_RECV_BUFS)
+        } else {
+            1
+        };
+        let mut lent: Vec<(BufId, ferry_ring::BufSpan)> = Vec::with_capacity(nbufs);
+        let mut left = want;
+        for _ in 0..nbufs {
+            let Some(b) = chan.ep.pool.alloc() else { break };
+            let take = left.min(bs);
+            let span = chan
+                .ep
+                .bufs
+                .span(b.0, 0, take as u32)
+                .expect("own buffer, in range");
+            lent.push((b, span));
+            left -= take;
+        }
+        if lent.is_empty() {
+            // The shim holds every buffer: treat as "not yet" (it returns them soon).
+            return Err(io::Error::from(io::ErrorKind::WouldBlock));
+        }
+        let spans: Vec<ferry_ring::BufSpan> = lent.iter().map(|(_, sp)| *sp).collect();
+        let res = hostio::recv_spans(
+            s.fd.as_fd(),
+            &chan.ep.bufs,
+            &spans,
+            flags & (libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_OOB),
+        );
+        self.stats.data_syscalls += 1;
+        let got = match res {
+            Ok(got) => got,
+            Err(e) => {
+                for (b, _) in lent {
+                    let _ = chan.ep.pool.free(b);
+                }
+                if !would_block(&e) {
+                    s.so_error = 0;
+                }
+                return Err(e);
+            }
+        };
+        let placed = got.len.min(spans.iter().map(|sp| sp.len() as usize).sum());
+        s.stats.bytes_in += placed as u64;
+        let mut left = placed;
+        for (b, span) in lent {
+            let n = left.min(span.len() as usize);
+            if n == 0 {
+                let _ = chan.ep.pool.free(b);
+                continue;
+            }
+            left -= n;
+            let mut c = Cmp::new(CmpKind::Data, id, tag, 0);
+            c.buf = b.0;
+            c.len = n as u32;
+            chan.complete(c);
+        }
+        let mut fin = Cmp::new(CmpKind::Done, id, tag, got.len as i32);
+        fin.a = got.flags as u32;
+        if let Some(from) = got.from.filter(|_| !s.is_stream()) {
+            fin = fin.with_addr(&WireAddr::from(from));
+        }
+        fin.buf = NO_BUF;
+        // A short read on a polled socket: if the host socket is now empty, take the token back.
+        if s.token_out
+            && placed < want
+            && ferry_sys::poll_now(s.fd.as_fd(), libc::POLLIN).unwrap_or(0) == 0
+        {
+            fin.flags |= CMP_DRAIN_TOKEN;
+        }
+        chan.complete(fin);
+        Ok(())
+    }
+
+    /// Whether the shim should drain its token now (1) or not (0).
+    fn drain_token(&mut self, id: u32) -> i32 {
+        match self.sock(id) {
+            Some(s) if s.token_out => 1,
+            _ => 0,
+        }
+    }
+
+    /// Writes a readiness token if the shim wants one and the host socket is readable.
+    fn maybe_token(&mut self, id: u32) {
+        let published = self.has_published(id);
+        let Some(s) = self.socks.get_mut(&id) else {
+            return;
+        };
+        if !s.want_token || s.token_out {
+            return;
+        }
+        let rev = ferry_sys::poll_now(s.fd.as_fd(), libc::POLLIN | libc::POLLRDHUP).unwrap_or(0);
+        let readable = rev & (libc::POLLIN | libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0;
+        if (readable || published) && ferry_sys::write(s.pair.as_fd(), &[1]).is_ok() {
+            s.token_out = true;
+            s.stats.tokens += 1;
+        }
+        if rev & (libc::POLLRDHUP | libc::POLLHUP) != 0 && !s.eof_mirrored && !s.listening {
+            s.eof_mirrored = true;
+            let _ = ferry_sys::shutdown(s.pair.as_fd(), libc::SHUT_WR);
+        }
+    }
+
+    /// Host readiness: finish connects, flush sends, retry parked operations, tokens.
+    pub(crate) fn host_event(&mut self, id: u32, events: u32) {
+        let Some(s) = self.socks.get_mut(&id) else {
+            return;
+        };
+        let out = events & (libc::EPOLLOUT | libc::EPOLLERR | libc::EPOLLHUP) as u32 != 0;
+        if s.connecting && out {
+            s.connecting = false;
+            let err = ferry_sys::getsockopt_int(s.fd.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
+                .unwrap_or(libc::EIO);
+            let parked: Vec<Parked> = s.parked.drain(..).collect();
+            // The error is reported once: to the first waiter, else kept for SO_ERROR.
+            let mut reported = false;
+            let mut keep = Vec::new();
+            for p in parked {
+                match p {
+                    Parked::Connect { ch, tag } => {
+                        reported = true;
+                        self.done(ch, id, tag, -err);
+                    }
+                    Parked::SoError { ch, tag } => {
+                        reported = true;
+                        let c = Cmp::new(CmpKind::Done, id, tag, 0).with_bytes(&err.to_ne_bytes());
+                        self.complete(ch, c);
+                    }
+                    other => keep.push(other),
+                }
+            }
+            if let Some(s) = self.sock(id) {
+                s.so_error = if reported { 0 } else { err };
+                s.parked.extend(keep);
+            }
+        }
+        if out {
+            self.flush_tx(id);
+        }
+        self.retry_parked(id);
+        self.maybe_token(id);
+    }
+
+    fn retry_parked(&mut self, id: u32) {
+        loop {
+            let Some(s) = self.socks.get_mut(&id) else {
+                return;
+            };
+            let Some(p) = s.parked.pop_front() else {
+                return;
+            };
+            match p {
+                Parked::Recv {
+                    ch,
+                    tag,
+                    len,
+                    flags,
+                } => match self.try_recv(ch, id, tag, len, flags) {
+                    Ok(()) => continue,
+                    Err(e) if would_block(&e) => {
+                        self.park_front(
+                            id,
+                            Parked::Recv {
+                                ch,
+                                tag,
+                                len,
+                                flags,
+                            },
+                        );
+                        return;
+                    }
+                    Err(e) => self.done(ch, id, tag, errno(&e)),
+                },
+                Parked::Accept { ch, pair } => match self.try_accept(id) {
+                    Ok((conn, peer)) => self.finish_accept(ch, id, conn, peer, pair),
+                    Err(e) if would_block(&e) => {
+                        self.park_front(id, Parked::Accept { ch, pair });
+                        return;
+                    }
+                    Err(e) => self.ctl_reply(ch, Server::new_reply(errno(&e))),
+                },
+                other => {
+                    self.park_front(id, other);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn park_front(&mut self, id: u32, p: Parked) {
+        if let Some(s) = self.sock(id) {
+            s.parked.push_front(p);
+        }
+    }
+}

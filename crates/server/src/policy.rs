@@ -1,0 +1,210 @@
+//! Egress policy: which destinations a sandbox may reach (`--allow` / `--deny`).
+//!
+//! Rules are `CIDR[:PORT]` (IPv6 in brackets when a port is given: `[2001:db8::/32]:443`).
+//! They are checked in the order given; the first that matches decides. When none
+//! matches, the destination is allowed unless at least one `--allow` rule exists (an
+//! allow-list). Loopback destinations never get here: they mean the sandbox's own
+//! loopback and are served inside it.
+
+use std::net::{IpAddr, SocketAddr};
+use std::str::FromStr;
+
+/// Allow or deny.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The destination may be reached.
+    Allow,
+    /// The destination is refused (EACCES to the program).
+    Deny,
+}
+
+/// One `CIDR[:PORT]` rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rule {
+    /// Allow or deny.
+    pub verdict: Verdict,
+    net: IpAddr,
+    prefix: u8,
+    port: Option<u16>,
+}
+
+/// Why a rule did not parse.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RuleError {
+    /// Not an address.
+    #[error("`{0}` is not an IP address or CIDR")]
+    Addr(String),
+    /// Prefix longer than the address.
+    #[error("prefix /{0} is too long for the address")]
+    Prefix(u8),
+    /// Port is not a number 0..65535.
+    #[error("`{0}` is not a port number")]
+    Port(String),
+}
+
+impl Rule {
+    /// Parses `CIDR[:PORT]` for `verdict`.
+    pub fn parse(verdict: Verdict, s: &str) -> Result<Rule, RuleError> {
+        let (net, port) = split_port(s)?;
+        let (ip, prefix) = match net.split_once('/') {
+            Some((ip, p)) => (ip, Some(p)),
+            None => (net, None),
+        };
+        let ip = IpAddr::from_str(ip).map_err(|_| RuleError::Addr(s.to_string()))?;
+        let max = if ip.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(p) => p
+                .parse::<u8>()
+                .map_err(|_| RuleError::Addr(s.to_string()))?,
+            None => max,
+        };
+        if prefix > max {
+            return Err(RuleError::Prefix(prefix));
+        }
+        Ok(Rule {
+            verdict,
+            net: ip,
+            prefix,
+            port,
+        })
+    }
+
+    /// Whether this rule covers `dest`.
+    pub fn matches(&self, dest: &SocketAddr) -> bool {
+        if self.port.is_some_and(|p| p != dest.port()) {
+            return false;
+        }
+        let ip = match dest.ip() {
+            IpAddr::V6(v6) => v6
+                .to_ipv4_mapped()
+                .map(IpAddr::V4)
+                .unwrap_or(IpAddr::V6(v6)),
+            v4 => v4,
+        };
+        match (self.net, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => prefix_eq(&n.octets(), &a.octets(), self.prefix),
+            (IpAddr::V6(n), IpAddr::V6(a)) => prefix_eq(&n.octets(), &a.octets(), self.prefix),
+            _ => false,
+        }
+    }
+}
+
+fn split_port(s: &str) -> Result<(&str, Option<u16>), RuleError> {
+    let parse = |p: &str| p.parse::<u16>().map_err(|_| RuleError::Port(p.to_string()));
+    if let Some(rest) = s.strip_prefix('[') {
+        let (net, tail) = rest
+            .split_once(']')
+            .ok_or_else(|| RuleError::Addr(s.to_string()))?;
+        return match tail.strip_prefix(':') {
+            Some(p) => Ok((net, Some(parse(p)?))),
+            None if tail.is_empty() => Ok((net, None)),
+            None => Err(RuleError::Addr(s.to_string())),
+        };
+    }
+    match s.rsplit_once(':') {
+        // Exactly one colon: IPv4 with a port. More: a bare IPv6 address.
+        Some((net, p)) if !net.contains(':') => Ok((net, Some(parse(p)?))),
+        _ => Ok((s, None)),
+    }
+}
+
+fn prefix_eq(a: &[u8], b: &[u8], prefix: u8) -> bool {
+    let full = usize::from(prefix / 8);
+    if a[..full] != b[..full] {
+        return false;
+    }
+    let rem = prefix % 8;
+    rem == 0 || (a[full] ^ b[full]) >> (8 - rem) == 0
+}
+
+/// An ordered rule list.
+#[derive(Clone, Debug, Default)]
+pub struct Policy {
+    rules: Vec<Rule>,
+}
+
+impl Policy {
+    /// A policy from rules in command-line order.
+    pub fn new(rules: Vec<Rule>) -> Policy {
+        Policy { rules }
+    }
+
+    /// The verdict for a (non-loopback) destination.
+    pub fn check(&self, dest: &SocketAddr) -> Verdict {
+        if let Some(r) = self.rules.iter().find(|r| r.matches(dest)) {
+            return r.verdict;
+        }
+        if self.rules.iter().any(|r| r.verdict == Verdict::Allow) {
+            Verdict::Deny
+        } else {
+            Verdict::Allow
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sa(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn cidr_and_port_match() {
+        let r = Rule::parse(Verdict::Deny, "10.77.0.0/16:5201").unwrap();
+        assert!(r.matches(&sa("10.77.3.4:5201")));
+        assert!(!r.matches(&sa("10.77.3.4:80")));
+        assert!(!r.matches(&sa("10.78.0.1:5201")));
+        let r = Rule::parse(Verdict::Deny, "10.77.0.2").unwrap();
+        assert!(r.matches(&sa("10.77.0.2:1")));
+        assert!(!r.matches(&sa("10.77.0.3:1")));
+    }
+
+    #[test]
+    fn odd_prefixes_and_v6() {
+        let r = Rule::parse(Verdict::Allow, "192.168.0.0/23").unwrap();
+        assert!(r.matches(&sa("192.168.1.9:1")));
+        assert!(!r.matches(&sa("192.168.2.9:1")));
+        let r = Rule::parse(Verdict::Allow, "[2001:db8::/32]:443").unwrap();
+        assert!(r.matches(&sa("[2001:db8:1::5]:443")));
+        assert!(!r.matches(&sa("[2001:db9::5]:443")));
+        let r = Rule::parse(Verdict::Allow, "fd00::1").unwrap();
+        assert!(r.matches(&sa("[fd00::1]:9")));
+        let r = Rule::parse(Verdict::Deny, "10.0.0.0/8").unwrap();
+        assert!(
+            r.matches(&sa("[::ffff:10.1.2.3]:9")),
+            "v4-mapped destinations match v4 rules"
+        );
+    }
+
+    #[test]
+    fn bad_rules_are_refused() {
+        assert_eq!(
+            Rule::parse(Verdict::Allow, "10.0.0.0/33"),
+            Err(RuleError::Prefix(33))
+        );
+        assert!(matches!(
+            Rule::parse(Verdict::Allow, "nope"),
+            Err(RuleError::Addr(_))
+        ));
+        assert!(matches!(
+            Rule::parse(Verdict::Allow, "1.2.3.4:99999"),
+            Err(RuleError::Port(_))
+        ));
+    }
+
+    #[test]
+    fn first_match_wins_and_allow_lists_close_the_rest() {
+        let p = Policy::new(vec![
+            Rule::parse(Verdict::Deny, "10.77.0.2:22").unwrap(),
+            Rule::parse(Verdict::Allow, "10.77.0.0/24").unwrap(),
+        ]);
+        assert_eq!(p.check(&sa("10.77.0.2:22")), Verdict::Deny);
+        assert_eq!(p.check(&sa("10.77.0.2:80")), Verdict::Allow);
+        assert_eq!(p.check(&sa("8.8.8.8:53")), Verdict::Deny);
+        let open = Policy::new(vec![Rule::parse(Verdict::Deny, "10.0.0.0/8").unwrap()]);
+        assert_eq!(open.check(&sa("8.8.8.8:53")), Verdict::Allow);
+        assert_eq!(open.check(&sa("10.1.1.1:53")), Verdict::Deny);
+    }
+}

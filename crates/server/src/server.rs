@@ -1,0 +1,646 @@
+//! The event loop: control socket, channels, host sockets, readiness pairs.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use ferry_proto::{Ctl, CtlKind, Hello, HelloReply, PROTO_VERSION, Request};
+use ferry_sys::{Epoll, Event};
+use tracing::{debug, info, warn};
+
+use crate::channel::Channel;
+use crate::sock::{Parked, Place, Sock};
+use crate::stats::ServerStats;
+use crate::{Config, Error, SandboxSocketFn};
+
+/// Epoll token kinds (top byte of the token; the low 32 bits carry an index).
+const T_LISTEN: u64 = 1;
+const T_CTL: u64 = 2;
+const T_DOORBELL: u64 = 3;
+const T_HOST: u64 = 4;
+const T_PAIR: u64 = 5;
+const T_PUBLISH: u64 = 6;
+const T_STOP: u64 = 7;
+const T_HELLO: u64 = 8;
+
+pub(crate) fn token(kind: u64, idx: u32) -> u64 {
+    kind << 56 | u64::from(idx)
+}
+
+/// Stops a running server from another thread.
+#[derive(Clone, Debug)]
+pub struct Handle {
+    stop: Arc<AtomicBool>,
+    efd: Arc<OwnedFd>,
+}
+
+impl Handle {
+    /// Asks the loop to finish (queued sends are flushed first).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = ferry_sys::eventfd_signal(self.efd.as_fd());
+    }
+}
+
+/// A protocol server for one sandbox.
+pub struct Server {
+    pub(crate) cfg: Config,
+    pub(crate) sandbox_socket: SandboxSocketFn,
+    pub(crate) epoll: Epoll,
+    listener: OwnedFd,
+    stop: Arc<AtomicBool>,
+    stop_fd: Arc<OwnedFd>,
+    pub(crate) channels: Vec<Option<Channel>>,
+    pub(crate) socks: HashMap<u32, Sock>,
+    next_sock: u32,
+    /// Host listeners of published ports, with the connections they accepted that wait
+    /// for the sandbox's listener.
+    pub(crate) published: Vec<(OwnedFd, u16, std::collections::VecDeque<OwnedFd>)>,
+    pub(crate) stats: ServerStats,
+    /// Sockets whose state changed this turn (closing, tokens).
+    pub(crate) dirty: Vec<u32>,
+    /// Control connections that have not said Hello yet.
+    pending_hello: HashMap<u32, OwnedFd>,
+    next_hello: u32,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("cfg", &self.cfg)
+            .field("sockets", &self.socks.len())
+            .finish()
+    }
+}
+
+impl Server {
+    /// Binds the control socket and the published ports.
+    pub fn new(cfg: Config, sandbox_socket: SandboxSocketFn) -> Result<Server, Error> {
+        let listen_err = |source| Error::Listen {
+            path: cfg.socket_path.clone(),
+            source,
+        };
+        let listener = ferry_sys::socket(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+        .map_err(listen_err)?;
+        ferry_sys::bind_unix(listener.as_fd(), &cfg.socket_path).map_err(listen_err)?;
+        ferry_sys::listen(listener.as_fd(), 128).map_err(listen_err)?;
+        let epoll = Epoll::new(256).map_err(Error::EventLoop)?;
+        epoll
+            .add(listener.as_fd(), libc::EPOLLIN as u32, token(T_LISTEN, 0))
+            .map_err(Error::EventLoop)?;
+        let stop_fd = Arc::new(ferry_sys::eventfd().map_err(Error::EventLoop)?);
+        epoll
+            .add(stop_fd.as_fd(), libc::EPOLLIN as u32, token(T_STOP, 0))
+            .map_err(Error::EventLoop)?;
+        let mut published = Vec::new();
+        for (i, p) in cfg.publish.iter().enumerate() {
+            let perr = |source| Error::Publish {
+                addr: p.host,
+                source,
+            };
+            let domain = if p.host.is_ipv4() {
+                libc::AF_INET
+            } else {
+                libc::AF_INET6
+            };
+            let ty = if p.udp {
+                libc::SOCK_DGRAM
+            } else {
+                libc::SOCK_STREAM
+            };
+            let fd = ferry_sys::socket(domain, ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0)
+                .map_err(perr)?;
+            ferry_sys::setsockopt(
+                fd.as_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_REUSEADDR,
+                &1i32.to_ne_bytes(),
+            )
+            .map_err(perr)?;
+            ferry_sys::bind(fd.as_fd(), &p.host).map_err(perr)?;
+            if !p.udp {
+                ferry_sys::listen(fd.as_fd(), 511).map_err(perr)?;
+            }
+            epoll
+                .add(fd.as_fd(), libc::EPOLLIN as u32, token(T_PUBLISH, i as u32))
+                .map_err(Error::EventLoop)?;
+            published.push((fd, p.sandbox_port, Default::default()));
+        }
+        let stats = ServerStats {
+            id: "proto-0".into(),
+            ..ServerStats::default()
+        };
+        Ok(Server {
+            cfg,
+            sandbox_socket,
+            epoll,
+            listener,
+            stop: Arc::new(AtomicBool::new(false)),
+            stop_fd,
+            channels: Vec::new(),
+            socks: HashMap::new(),
+            next_sock: 1,
+            published,
+            stats,
+            dirty: Vec::new(),
+            pending_hello: HashMap::new(),
+            next_hello: 0,
+        })
+    }
+
+    /// A handle that stops [`Server::run`].
+    pub fn stop_handle(&self) -> Handle {
+        Handle {
+            stop: self.stop.clone(),
+            efd: self.stop_fd.clone(),
+        }
+    }
+
+    /// Serves until stopped; returns the counters.
+    pub fn run(mut self) -> ServerStats {
+        let mut events = Vec::with_capacity(256);
+        let mut last_work = Instant::now();
+        while !self.stop.load(Ordering::SeqCst) {
+            self.stats.turns += 1;
+            let did = self.drain_rings();
+            let spinning = last_work.elapsed() < self.cfg.server_spin;
+            let timeout = if did > 0 || spinning || self.has_backlog() {
+                0
+            } else if self.arm_all() {
+                self.stats.sleeps += 1;
+                -1
+            } else {
+                0
+            };
+            events.clear();
+            if let Err(e) = self.epoll.wait(timeout, &mut events) {
+                warn!("epoll_wait failed: {e}");
+            }
+            self.disarm_all();
+            if did == 0 && events.is_empty() {
+                self.stats.spin_turns += 1;
+            } else {
+                last_work = Instant::now();
+            }
+            for ev in events.drain(..) {
+                self.dispatch(ev);
+            }
+            self.drain_rings();
+            self.settle_dirty();
+            self.flush_all();
+        }
+        self.shutdown();
+        self.collect_stats()
+    }
+
+    fn has_backlog(&self) -> bool {
+        self.channels
+            .iter()
+            .flatten()
+            .any(|c| !c.backlog.is_empty())
+    }
+
+    /// Arms every channel's sleep flag; false when a ring got records meanwhile.
+    fn arm_all(&mut self) -> bool {
+        for ch in self.channels.iter_mut().flatten() {
+            match ch.ep.rx.arm_sleep() {
+                Ok(true) => ch.armed = true,
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    fn disarm_all(&mut self) {
+        for ch in self.channels.iter_mut().flatten() {
+            if ch.armed {
+                ch.ep.rx.disarm();
+                ch.armed = false;
+            }
+        }
+    }
+
+    /// Handles every record waiting in every request ring; returns how many.
+    fn drain_rings(&mut self) -> usize {
+        let mut total = 0;
+        for idx in 0..self.channels.len() {
+            while let Some(ch) = self.channels[idx].as_mut() {
+                let rec = match ch.ep.rx.pop() {
+                    Ok(Some(r)) => r,
+                    Ok(None) => {
+                        ch.ep.rx.release();
+                        break;
+                    }
+                    Err(e) => {
+                        self.bad_channel(idx as u32, &e.to_string());
+                        break;
+                    }
+                };
+                ch.stats.requests += 1;
+                total += 1;
+                match Request::decode(rec) {
+                    Ok(req) => {
+                        if let Err(why) = self.handle(idx as u32, req) {
+                            self.bad_channel(idx as u32, &why);
+                        }
+                    }
+                    Err(e) => self.bad_channel(idx as u32, &e.to_string()),
+                }
+            }
+        }
+        total
+    }
+
+    fn flush_all(&mut self) {
+        for ch in self.channels.iter_mut().flatten() {
+            ch.flush();
+        }
+    }
+
+    fn dispatch(&mut self, ev: Event) {
+        let idx = (ev.token & 0xffff_ffff) as u32;
+        match ev.token >> 56 {
+            T_LISTEN => self.accept_channels(),
+            T_CTL => self.ctl_readable(idx, ev.events),
+            T_DOORBELL => {
+                if let Some(ch) = self.channels.get_mut(idx as usize).and_then(Option::as_mut) {
+                    let _ = ferry_sys::eventfd_drain(ch.doorbell());
+                    ch.stats.doorbells += 1;
+                }
+            }
+            T_HOST => self.host_event(idx, ev.events),
+            T_PAIR if ev.events & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 => {
+                self.app_closed(idx)
+            }
+            T_PUBLISH => self.publish_event(idx as usize),
+            T_HELLO => self.hello(idx),
+            T_STOP => {
+                let _ = ferry_sys::eventfd_drain(self.stop_fd.as_fd());
+            }
+            _ => {}
+        }
+    }
+
+    fn accept_channels(&mut self) {
+        loop {
+            match ferry_sys::accept4(
+                self.listener.as_fd(),
+                libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            ) {
+                Ok((fd, _)) => {
+                    // The channel is set up when its Hello arrives.
+                    let n = self.next_hello;
+                    self.next_hello = self.next_hello.wrapping_add(1);
+                    if let Err(e) =
+                        self.epoll
+                            .add(fd.as_fd(), libc::EPOLLIN as u32, token(T_HELLO, n))
+                    {
+                        warn!("cannot watch new control connection: {e}");
+                        continue;
+                    }
+                    self.pending_hello.insert(n, fd);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    warn!("accept on control socket: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn ctl_readable(&mut self, idx: u32, events: u32) {
+        let Some(ch) = self.channels.get(idx as usize).and_then(Option::as_ref) else {
+            return;
+        };
+        let mut buf = [0u8; size_of::<Ctl>()];
+        match ferry_sys::recv_with_fds(ch.ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
+            Ok((0, _)) => self.close_channel(idx, "closed by the sandbox"),
+            Ok((n, fds)) if n == buf.len() => {
+                let msg: Ctl = bytemuck::pod_read_unaligned(&buf);
+                self.control(idx, msg, fds);
+            }
+            Ok((n, _)) => self.bad_channel(idx, &format!("control message of {n} bytes")),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if events & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
+                    self.close_channel(idx, "hung up");
+                }
+            }
+            Err(e) => self.close_channel(idx, &format!("control socket error: {e}")),
+        }
+    }
+
+    fn hello(&mut self, n: u32) {
+        let Some(fd) = self.pending_hello.remove(&n) else {
+            return;
+        };
+        let _ = self.epoll.delete(fd.as_fd());
+        let idx = self
+            .channels
+            .iter()
+            .position(Option::is_none)
+            .unwrap_or(self.channels.len());
+        if idx == self.channels.len() {
+            self.channels.push(None);
+        }
+        let idx = idx as u32;
+        let mut buf = [0u8; size_of::<Hello>()];
+        let hello: Hello = match ferry_sys::recv_with_fds(fd.as_fd(), &mut buf, libc::MSG_DONTWAIT)
+        {
+            Ok((n, _)) if n == buf.len() => bytemuck::pod_read_unaligned(&buf),
+            other => {
+                warn!("channel {idx}: bad hello ({other:?}); closing");
+                return;
+            }
+        };
+        if hello.version != PROTO_VERSION {
+            warn!(
+                "channel {idx}: protocol version {} (want {PROTO_VERSION}); closing",
+                hello.version
+            );
+            let reply = HelloReply::default();
+            let _ = ferry_sys::send_with_fds(fd.as_fd(), as_bytes(&reply), &[]);
+            return;
+        }
+        let ch = match Channel::new(idx, fd, self.cfg.layout, hello.pid, hello.tid) {
+            Ok(ch) => ch,
+            Err(e) => {
+                warn!("channel {idx}: cannot create region: {e}");
+                return;
+            }
+        };
+        let reply = HelloReply {
+            version: PROTO_VERSION,
+            channel: idx,
+            spin_ns: self.cfg.shim_spin.as_nanos() as u64,
+            batch: self.cfg.batch.max(1),
+            batch_delay_us: 50,
+        };
+        let sent = ferry_sys::send_with_fds(
+            ch.ctl.as_fd(),
+            as_bytes(&reply),
+            &[ch.region.fd(), ch.doorbell()],
+        );
+        if let Err(e) = sent {
+            warn!("channel {idx}: cannot send region: {e}");
+            return;
+        }
+        let watched = self
+            .epoll
+            .add(ch.doorbell(), libc::EPOLLIN as u32, token(T_DOORBELL, idx))
+            .and_then(|()| {
+                self.epoll
+                    .add(ch.ctl.as_fd(), libc::EPOLLIN as u32, token(T_CTL, idx))
+            });
+        if let Err(e) = watched {
+            warn!("channel {idx}: cannot watch channel: {e}");
+            return;
+        }
+        debug!("channel {idx}: pid {} tid {}", hello.pid, hello.tid);
+        self.channels[idx as usize] = Some(ch);
+    }
+
+    /// A channel's peer broke the protocol: close it, keep serving the others.
+    pub(crate) fn bad_channel(&mut self, idx: u32, why: &str) {
+        warn!("channel {idx}: malformed data from the sandbox ({why}); closing the channel");
+        self.stats.bad_channels += 1;
+        self.close_channel(idx, "malformed data");
+    }
+
+    pub(crate) fn close_channel(&mut self, idx: u32, why: &str) {
+        if let Some(ch) = self.channels.get_mut(idx as usize).and_then(Option::take) {
+            debug!("channel {idx}: {why}");
+            let _ = self.epoll.delete(ch.ctl.as_fd());
+            let _ = self.epoll.delete(ch.doorbell());
+            self.stats.channels.push(ch.stats);
+            // Parked operations of this channel have nobody to answer any more.
+            for s in self.socks.values_mut() {
+                s.parked.retain(|p| p.owner().0 != idx);
+            }
+        }
+    }
+
+    /// Allocates a socket id and registers a socket's descriptors.
+    pub(crate) fn add_sock(
+        &mut self,
+        fd: OwnedFd,
+        pair: OwnedFd,
+        domain: i32,
+        ty: i32,
+        protocol: i32,
+        place: Place,
+    ) -> io::Result<u32> {
+        let id = self.next_sock;
+        self.next_sock += 1;
+        self.epoll
+            .add(fd.as_fd(), host_events(), token(T_HOST, id))?;
+        self.epoll
+            .add(pair.as_fd(), libc::EPOLLRDHUP as u32, token(T_PAIR, id))?;
+        let sock = Sock {
+            id,
+            domain,
+            ty,
+            protocol,
+            fd,
+            place,
+            pair,
+            opts: Vec::new(),
+            want_token: false,
+            token_out: false,
+            eof_mirrored: false,
+            parked: Default::default(),
+            txq: Default::default(),
+            connecting: false,
+            so_error: 0,
+            app_closed: false,
+            shut_wr_pending: false,
+            listening: false,
+            stats: crate::SocketStats {
+                id,
+                ..Default::default()
+            },
+        };
+        self.socks.insert(id, sock);
+        Ok(id)
+    }
+
+    /// Replaces a socket's host socket (provisional → host or sandbox namespace).
+    pub(crate) fn replace_host_fd(&mut self, id: u32, fd: OwnedFd, place: Place) -> io::Result<()> {
+        let s = self
+            .socks
+            .get_mut(&id)
+            .expect("caller checked the socket exists");
+        for (level, name, value) in &s.opts {
+            if let Err(e) = ferry_sys::setsockopt(fd.as_fd(), *level, *name, value) {
+                debug!("socket {id}: replaying option {level}/{name}: {e}");
+            }
+        }
+        let _ = self.epoll.delete(s.fd.as_fd());
+        self.epoll
+            .add(fd.as_fd(), host_events(), token(T_HOST, id))?;
+        s.fd = fd;
+        s.place = place;
+        Ok(())
+    }
+
+    fn app_closed(&mut self, id: u32) {
+        if let Some(s) = self.socks.get_mut(&id)
+            && !s.app_closed
+        {
+            s.app_closed = true;
+            let _ = self.epoll.delete(s.pair.as_fd());
+            self.dirty.push(id);
+        }
+    }
+
+    /// Finishes state changes noticed during the turn: closes sockets whose program side
+    /// is gone and whose sends are done.
+    fn settle_dirty(&mut self) {
+        let dirty = std::mem::take(&mut self.dirty);
+        for id in dirty {
+            let Some(s) = self.socks.get(&id) else {
+                continue;
+            };
+            if s.app_closed && s.txq.is_empty() {
+                let s = self.socks.remove(&id).expect("just looked it up");
+                let _ = self.epoll.delete(s.fd.as_fd());
+                self.stats.sockets.push(s.stats);
+                debug!("socket {id}: closed");
+            }
+        }
+    }
+
+    fn shutdown(&mut self) {
+        // Push out what the sandbox queued before it went away, briefly.
+        let deadline = Instant::now() + std::time::Duration::from_millis(500);
+        while Instant::now() < deadline && self.socks.values().any(|s| !s.txq.is_empty()) {
+            self.drain_rings();
+            let ids: Vec<u32> = self.socks.keys().copied().collect();
+            for id in ids {
+                self.flush_tx(id);
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        for idx in 0..self.channels.len() {
+            self.close_channel(idx as u32, "server stopping");
+        }
+        let _ = std::fs::remove_file(&self.cfg.socket_path);
+        info!("server stopped");
+    }
+
+    fn collect_stats(mut self) -> ServerStats {
+        let socks: Vec<_> = self.socks.values().map(|s| s.stats).collect();
+        self.stats.sockets.extend(socks);
+        self.stats.sockets.sort_by_key(|s| s.id);
+        self.stats.channels.sort_by_key(|c| c.id);
+        std::mem::take(&mut self.stats)
+    }
+
+    fn publish_event(&mut self, i: usize) {
+        loop {
+            let (fd, port, _) = &self.published[i];
+            match ferry_sys::accept4(fd.as_fd(), libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) {
+                Ok((conn, peer)) => {
+                    debug!("published port {port}: connection from {peer:?}");
+                    let port = *port;
+                    self.published[i].2.push_back(conn);
+                    if let Some(id) = self.listener_for(port) {
+                        self.host_event(id, libc::EPOLLIN as u32);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    warn!("published port {port}: accept: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The sandbox listener a published port feeds.
+    pub(crate) fn listener_for(&self, port: u16) -> Option<u32> {
+        self.socks
+            .values()
+            .find(|s| {
+                s.listening
+                    && ferry_sys::sock_addr(s.fd.as_fd(), false)
+                        .ok()
+                        .flatten()
+                        .is_some_and(|a| a.port() == port)
+            })
+            .map(|s| s.id)
+    }
+
+    /// A connection accepted on a published port that waits for `listener`.
+    pub(crate) fn take_published(&mut self, listener: u32) -> Option<OwnedFd> {
+        let port = ferry_sys::sock_addr(self.socks.get(&listener)?.fd.as_fd(), false)
+            .ok()
+            .flatten()?
+            .port();
+        self.published
+            .iter_mut()
+            .find(|(_, p, q)| *p == port && !q.is_empty())?
+            .2
+            .pop_front()
+    }
+
+    pub(crate) fn has_published(&self, listener: u32) -> bool {
+        let Some(s) = self.socks.get(&listener) else {
+            return false;
+        };
+        let Some(port) = ferry_sys::sock_addr(s.fd.as_fd(), false)
+            .ok()
+            .flatten()
+            .map(|a| a.port())
+        else {
+            return false;
+        };
+        self.published
+            .iter()
+            .any(|(_, p, q)| *p == port && !q.is_empty())
+    }
+}
+
+fn host_events() -> u32 {
+    (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32
+}
+
+pub(crate) fn as_bytes<T: bytemuck::Pod>(v: &T) -> &[u8] {
+    bytemuck::bytes_of(v)
+}
+
+impl Server {
+    pub(crate) fn sock(&mut self, id: u32) -> Option<&mut Sock> {
+        self.socks.get_mut(&id)
+    }
+
+    /// Answers a control request with a reply message (and no descriptors).
+    pub(crate) fn ctl_reply(&self, ch: u32, reply: Ctl) {
+        if let Some(c) = self.channels.get(ch as usize).and_then(Option::as_ref)
+            && let Err(e) = ferry_sys::send_with_fds(c.ctl.as_fd(), as_bytes(&reply), &[])
+        {
+            debug!("channel {ch}: control reply lost: {e}");
+        }
+    }
+
+    pub(crate) fn new_reply(result: i32) -> Ctl {
+        Ctl {
+            result,
+            ..Ctl::new(CtlKind::Reply, 0)
+        }
+    }
+
+    /// Takes the first parked operation matching `pred`.
+    pub(crate) fn unpark(&mut self, id: u32, pred: impl Fn(&Parked) -> bool) -> Option<Parked> {
+        let s = self.socks.get_mut(&id)?;
+        let i = s.parked.iter().position(pred)?;
+        s.parked.remove(i)
+    }
+}

@@ -1,0 +1,106 @@
+//! One sandbox socket as the server sees it: its host socket, where that lives, its
+//! readiness pair, parked operations and queued sends.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
+
+use ferry_ring::{BufSpan, Buffers};
+
+use crate::stats::SocketStats;
+
+/// Where a socket's host socket lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Place {
+    /// Created at `socket()` in the host namespace; moves at bind/connect/listen.
+    Provisional,
+    /// In the host namespace (egress).
+    Host,
+    /// Inside the sandbox's network namespace (its loopback, its listeners).
+    Sandbox,
+}
+
+/// An operation waiting for its host socket.
+#[derive(Debug)]
+pub(crate) enum Parked {
+    /// A blocking receive.
+    Recv {
+        ch: u32,
+        tag: u32,
+        len: u32,
+        flags: i32,
+    },
+    /// A blocking connect.
+    Connect { ch: u32, tag: u32 },
+    /// `getsockopt(SO_ERROR)` while a connect is in progress.
+    SoError { ch: u32, tag: u32 },
+    /// A blocking accept; `pair` is the server end of the new socket's readiness pair.
+    Accept { ch: u32, pair: OwnedFd },
+}
+
+impl Parked {
+    /// The channel and tag to answer (accept answers on the control socket: tag 0).
+    pub(crate) fn owner(&self) -> (u32, u32) {
+        match *self {
+            Parked::Recv { ch, tag, .. }
+            | Parked::Connect { ch, tag }
+            | Parked::SoError { ch, tag } => (ch, tag),
+            Parked::Accept { ch, .. } => (ch, 0),
+        }
+    }
+}
+
+/// A send waiting for room in the host socket.
+#[derive(Debug)]
+pub(crate) struct TxItem {
+    /// The channel that lent the buffer.
+    pub ch: u32,
+    /// Keeps the lending channel's memory mapped even if the channel dies meanwhile.
+    pub bufs: Buffers,
+    /// The data.
+    pub span: BufSpan,
+    /// Bytes already sent.
+    pub sent: usize,
+    /// Destination of a datagram.
+    pub to: Option<SocketAddr>,
+    /// `MSG_*` flags.
+    pub flags: i32,
+}
+
+/// A sandbox socket.
+#[derive(Debug)]
+pub(crate) struct Sock {
+    pub id: u32,
+    pub domain: i32,
+    pub ty: i32,
+    pub protocol: i32,
+    /// The host socket (non-blocking, close-on-exec).
+    pub fd: OwnedFd,
+    pub place: Place,
+    /// Server end of the readiness pair.
+    pub pair: OwnedFd,
+    /// Options set while provisional, replayed when the socket moves.
+    pub opts: Vec<(i32, i32, Vec<u8>)>,
+    pub want_token: bool,
+    pub token_out: bool,
+    /// The remote's EOF has been mirrored onto the pair.
+    pub eof_mirrored: bool,
+    pub parked: VecDeque<Parked>,
+    pub txq: VecDeque<TxItem>,
+    /// A non-blocking connect is in progress.
+    pub connecting: bool,
+    /// Error left by the last connect, for `SO_ERROR`.
+    pub so_error: i32,
+    /// The program has closed its last reference.
+    pub app_closed: bool,
+    /// A `SHUT_WR` waits for the send queue to empty.
+    pub shut_wr_pending: bool,
+    pub listening: bool,
+    pub stats: SocketStats,
+}
+
+impl Sock {
+    pub(crate) fn is_stream(&self) -> bool {
+        self.ty == libc::SOCK_STREAM
+    }
+}

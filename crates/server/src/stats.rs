@@ -1,0 +1,103 @@
+//! Counters the server keeps and reports (`ferry run --stats`).
+
+use std::fmt;
+
+/// Per-socket counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SocketStats {
+    /// Socket id.
+    pub id: u32,
+    /// Operations performed for it.
+    pub calls: u64,
+    /// Bytes sent to the network.
+    pub bytes_out: u64,
+    /// Bytes received from the network.
+    pub bytes_in: u64,
+    /// Readiness tokens written.
+    pub tokens: u64,
+}
+
+/// Per-channel counters (one channel per sandbox thread).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChannelStats {
+    /// Channel number.
+    pub id: u32,
+    /// Sandbox process id.
+    pub pid: u32,
+    /// Sandbox thread id.
+    pub tid: u32,
+    /// Request records handled.
+    pub requests: u64,
+    /// Completion records published.
+    pub completions: u64,
+    /// Commits that published at least one completion (batches).
+    pub batches: u64,
+    /// Wakes sent to the shim.
+    pub wakes_sent: u64,
+    /// Wakes avoided because the shim was spinning.
+    pub wakes_avoided: u64,
+    /// Doorbells received from the shim.
+    pub doorbells: u64,
+}
+
+/// Whole-server counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Server id (kind + serial), e.g. `proto-0`.
+    pub id: String,
+    /// Event-loop turns.
+    pub turns: u64,
+    /// Turns that found nothing to do while spinning.
+    pub spin_turns: u64,
+    /// Times the loop went to sleep in epoll.
+    pub sleeps: u64,
+    /// Host system calls that moved data (send/recv).
+    pub data_syscalls: u64,
+    /// Channels closed because their peer wrote malformed data.
+    pub bad_channels: u64,
+    /// Destinations refused by the policy.
+    pub denied: u64,
+    /// Channels seen.
+    pub channels: Vec<ChannelStats>,
+    /// Sockets seen.
+    pub sockets: Vec<SocketStats>,
+}
+
+impl fmt::Display for ServerStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "server {}: turns {} (idle spins {}), sleeps {}, data syscalls {}, denied {}, bad channels {}",
+            self.id,
+            self.turns,
+            self.spin_turns,
+            self.sleeps,
+            self.data_syscalls,
+            self.denied,
+            self.bad_channels
+        )?;
+        for c in &self.channels {
+            writeln!(
+                f,
+                "  channel {} (pid {} tid {}): requests {}, completions {} in {} batches, wakes sent {} avoided {}, doorbells {}",
+                c.id,
+                c.pid,
+                c.tid,
+                c.requests,
+                c.completions,
+                c.batches,
+                c.wakes_sent,
+                c.wakes_avoided,
+                c.doorbells
+            )?;
+        }
+        for s in &self.sockets {
+            writeln!(
+                f,
+                "  socket {}: calls {}, bytes out {}, bytes in {}, tokens {}",
+                s.id, s.calls, s.bytes_out, s.bytes_in, s.tokens
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,707 @@
+//! ferry's syscall layer: the system calls ferry makes outside the shared-memory ring,
+//! each wrapped once, turning `-1`/`errno` into `io::Error` and raw descriptors into
+//! `OwnedFd`.
+//!
+//! Every wrapper enters the kernel through `syscall(2)` rather than the libc function of
+//! the same name. That matters: inside a sandboxed program ferry's shim *replaces* the libc
+//! socket functions, so code shared by the shim and the server must never call them by
+//! name, or the shim would recurse into itself. This crate must not keep state, allocate
+//! on hot paths beyond what a call returns, or know about ferry's protocol.
+
+use std::io;
+use std::mem::{MaybeUninit, size_of, zeroed};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+mod epoll;
+pub use epoll::{Epoll, Event};
+
+/// Runs a raw system call; `-1` becomes the thread's `errno` as an `io::Error`.
+/// Arguments are converted to `c_long` (integers and pointers alike) outside any
+/// `unsafe`, so the caller's expressions are never silently inside an unsafe block.
+macro_rules! syscall {
+    ($nr:expr $(, $arg:expr)* $(,)?) => {{
+        let args: &[::libc::c_long] = &[$(($arg) as ::libc::c_long),*];
+        $crate::raw_syscall($nr, args)
+    }};
+}
+pub(crate) use syscall;
+
+/// Enters the kernel with up to six arguments.
+fn raw_syscall(nr: libc::c_long, a: &[libc::c_long]) -> io::Result<i64> {
+    let g = |i: usize| a.get(i).copied().unwrap_or(0);
+    // SAFETY: every wrapper in this crate passes arguments valid for the call it names
+    // (pointers to live, correctly sized objects); the kernel validates the rest.
+    let r = unsafe { libc::syscall(nr, g(0), g(1), g(2), g(3), g(4), g(5)) };
+    if r == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// Wraps a descriptor a successful syscall returned.
+fn owned(r: i64) -> OwnedFd {
+    // SAFETY: `r` is a descriptor the kernel just returned to us; nobody else owns it.
+    unsafe { OwnedFd::from_raw_fd(r as RawFd) }
+}
+
+/// `socket(2)`.
+pub fn socket(domain: i32, ty: i32, protocol: i32) -> io::Result<OwnedFd> {
+    syscall!(libc::SYS_socket, domain, ty, protocol).map(owned)
+}
+
+/// `socketpair(2)`, returned as two owned ends.
+pub fn socketpair(domain: i32, ty: i32) -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    syscall!(libc::SYS_socketpair, domain, ty, 0, fds.as_mut_ptr())?;
+    Ok((owned(fds[0] as i64), owned(fds[1] as i64)))
+}
+
+/// `close(2)` on a raw descriptor ferry does not own through an `OwnedFd`.
+pub fn close_raw(fd: RawFd) -> io::Result<()> {
+    syscall!(libc::SYS_close, fd).map(drop)
+}
+
+/// `fcntl(fd, F_DUPFD_CLOEXEC, min)`: a close-on-exec duplicate numbered `>= min`.
+pub fn dup_above(fd: BorrowedFd<'_>, min: RawFd) -> io::Result<OwnedFd> {
+    syscall!(libc::SYS_fcntl, fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min).map(owned)
+}
+
+/// Sets or clears `O_NONBLOCK`.
+pub fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
+    let fl = syscall!(libc::SYS_fcntl, fd.as_raw_fd(), libc::F_GETFL)? as i32;
+    let fl = if on {
+        fl | libc::O_NONBLOCK
+    } else {
+        fl & !libc::O_NONBLOCK
+    };
+    syscall!(libc::SYS_fcntl, fd.as_raw_fd(), libc::F_SETFL, fl).map(drop)
+}
+
+/// `eventfd(2)`, non-blocking and close-on-exec.
+pub fn eventfd() -> io::Result<OwnedFd> {
+    syscall!(
+        libc::SYS_eventfd2,
+        0,
+        libc::EFD_NONBLOCK | libc::EFD_CLOEXEC
+    )
+    .map(owned)
+}
+
+/// Adds one to an eventfd.
+pub fn eventfd_signal(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let one: u64 = 1;
+    syscall!(libc::SYS_write, fd.as_raw_fd(), &one as *const u64, 8).map(drop)
+}
+
+/// Reads (and so resets) an eventfd's counter; 0 when it was already zero.
+pub fn eventfd_drain(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut v: u64 = 0;
+    match syscall!(libc::SYS_read, fd.as_raw_fd(), &mut v as *mut u64, 8) {
+        Ok(_) => Ok(v),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
+/// `read(2)`.
+pub fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    syscall!(libc::SYS_read, fd.as_raw_fd(), buf.as_mut_ptr(), buf.len()).map(|n| n as usize)
+}
+
+/// `write(2)`.
+pub fn write(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
+    syscall!(libc::SYS_write, fd.as_raw_fd(), buf.as_ptr(), buf.len()).map(|n| n as usize)
+}
+
+/// `shutdown(2)`.
+pub fn shutdown(fd: BorrowedFd<'_>, how: i32) -> io::Result<()> {
+    syscall!(libc::SYS_shutdown, fd.as_raw_fd(), how).map(drop)
+}
+
+/// Polls one descriptor without blocking; returns its `revents`.
+pub fn poll_now(fd: BorrowedFd<'_>, events: i16) -> io::Result<i16> {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events,
+        revents: 0,
+    };
+    let ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    syscall!(
+        libc::SYS_ppoll,
+        &mut p as *mut libc::pollfd,
+        1,
+        &ts as *const libc::timespec,
+        0,
+        8
+    )?;
+    Ok(p.revents)
+}
+
+/// Polls one descriptor, waiting at most `timeout_ms` (-1 = forever); returns `revents`.
+pub fn poll_wait(fd: BorrowedFd<'_>, events: i16, timeout_ms: i32) -> io::Result<i16> {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events,
+        revents: 0,
+    };
+    let ts = libc::timespec {
+        tv_sec: (timeout_ms / 1000) as libc::time_t,
+        tv_nsec: ((timeout_ms % 1000) * 1_000_000) as libc::c_long,
+    };
+    let tsp = if timeout_ms < 0 {
+        std::ptr::null()
+    } else {
+        &ts as *const libc::timespec
+    };
+    syscall!(libc::SYS_ppoll, &mut p as *mut libc::pollfd, 1, tsp, 0, 8)?;
+    Ok(p.revents)
+}
+
+/// Sends one packet with descriptors attached (`SCM_RIGHTS`), never raising SIGPIPE.
+pub fn send_with_fds(sock: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    const MAX: usize = 4;
+    assert!(fds.len() <= MAX, "send_with_fds: at most {MAX} descriptors");
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr() as *mut libc::c_void,
+        iov_len: bytes.len(),
+    };
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    let space = unsafe { libc::CMSG_SPACE((MAX * size_of::<RawFd>()) as u32) } as usize;
+    let mut cbuf = [0u64; 16];
+    debug_assert!(space <= size_of::<[u64; 16]>());
+    // SAFETY: msghdr is plain data; all-zero is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        let data_len = (fds.len() * size_of::<RawFd>()) as u32;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        // SAFETY: pure size computation.
+        msg.msg_controllen = unsafe { libc::CMSG_SPACE(data_len) } as usize;
+        // SAFETY: msg_control points at `cbuf`, large enough for one cmsg of
+        // CMSG_SPACE(data_len) bytes, so CMSG_FIRSTHDR is non-null and in bounds.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(data_len) as usize;
+            let p = libc::CMSG_DATA(c) as *mut RawFd;
+            for (i, fd) in fds.iter().enumerate() {
+                p.add(i).write_unaligned(fd.as_raw_fd());
+            }
+        }
+    }
+    loop {
+        match syscall!(
+            libc::SYS_sendmsg,
+            sock.as_raw_fd(),
+            &msg as *const libc::msghdr,
+            libc::MSG_NOSIGNAL
+        ) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Receives one packet and the descriptors attached to it (close-on-exec).
+/// Returns `Ok((0, []))` at end of stream.
+pub fn recv_with_fds(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+    flags: i32,
+) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut cbuf = [0u64; 16];
+    // SAFETY: msghdr is plain data; all-zero is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = size_of::<[u64; 16]>();
+    let n = loop {
+        match syscall!(
+            libc::SYS_recvmsg,
+            sock.as_raw_fd(),
+            &mut msg as *mut libc::msghdr,
+            flags | libc::MSG_CMSG_CLOEXEC
+        ) {
+            Ok(n) => break n as usize,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    };
+    let mut fds = Vec::new();
+    // SAFETY: the kernel filled msg_control/msg_controllen; the CMSG_* macros walk only
+    // inside that buffer, and SCM_RIGHTS payloads are arrays of descriptors now ours.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c) as *const RawFd;
+                let count = ((*c).cmsg_len - libc::CMSG_LEN(0) as usize) / size_of::<RawFd>();
+                for i in 0..count {
+                    fds.push(owned(data.add(i).read_unaligned() as i64));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(io::Error::other("control message truncated"));
+    }
+    Ok((n, fds))
+}
+
+/// A socket address in the kernel's layout, ready for `bind`/`connect`/`sendto`.
+#[allow(missing_debug_implementations)]
+pub struct RawAddr {
+    storage: libc::sockaddr_storage,
+    len: libc::socklen_t,
+}
+
+impl RawAddr {
+    /// Converts a std address.
+    pub fn new(sa: &SocketAddr) -> RawAddr {
+        // SAFETY: sockaddr_storage is plain data; zero is a valid value.
+        let mut storage: libc::sockaddr_storage = unsafe { zeroed() };
+        let len = match sa {
+            SocketAddr::V4(a) => {
+                let sin = libc::sockaddr_in {
+                    sin_family: libc::AF_INET as libc::sa_family_t,
+                    sin_port: a.port().to_be(),
+                    sin_addr: libc::in_addr {
+                        s_addr: u32::from_ne_bytes(a.ip().octets()),
+                    },
+                    sin_zero: [0; 8],
+                };
+                // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+                unsafe {
+                    (&mut storage as *mut libc::sockaddr_storage)
+                        .cast::<libc::sockaddr_in>()
+                        .write(sin)
+                };
+                size_of::<libc::sockaddr_in>()
+            }
+            SocketAddr::V6(a) => {
+                let sin6 = libc::sockaddr_in6 {
+                    sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                    sin6_port: a.port().to_be(),
+                    sin6_flowinfo: a.flowinfo(),
+                    sin6_addr: libc::in6_addr {
+                        s6_addr: a.ip().octets(),
+                    },
+                    sin6_scope_id: a.scope_id(),
+                };
+                // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
+                unsafe {
+                    (&mut storage as *mut libc::sockaddr_storage)
+                        .cast::<libc::sockaddr_in6>()
+                        .write(sin6)
+                };
+                size_of::<libc::sockaddr_in6>()
+            }
+        };
+        RawAddr {
+            storage,
+            len: len as libc::socklen_t,
+        }
+    }
+
+    /// Pointer for the kernel.
+    pub fn as_ptr(&self) -> *const libc::sockaddr {
+        (&self.storage as *const libc::sockaddr_storage).cast()
+    }
+
+    /// Length for the kernel.
+    pub fn len(&self) -> libc::socklen_t {
+        self.len
+    }
+
+    /// Never empty; present for clippy's `len_without_is_empty`.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// Decodes a kernel socket address; `None` for non-inet families.
+pub fn decode_addr(storage: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
+    match i32::from(storage.ss_family) {
+        libc::AF_INET if len as usize >= size_of::<libc::sockaddr_in>() => {
+            // SAFETY: the family says the storage holds a sockaddr_in; storage is aligned.
+            let sin =
+                unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let ip = Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                ip,
+                u16::from_be(sin.sin_port),
+            )))
+        }
+        libc::AF_INET6 if len as usize >= size_of::<libc::sockaddr_in6>() => {
+            // SAFETY: the family says the storage holds a sockaddr_in6; storage is aligned.
+            let s = unsafe {
+                &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
+            };
+            let ip = Ipv6Addr::from(s.sin6_addr.s6_addr);
+            let port = u16::from_be(s.sin6_port);
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                ip,
+                port,
+                s.sin6_flowinfo,
+                s.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// `bind(2)`.
+pub fn bind(fd: BorrowedFd<'_>, sa: &SocketAddr) -> io::Result<()> {
+    let a = RawAddr::new(sa);
+    syscall!(libc::SYS_bind, fd.as_raw_fd(), a.as_ptr(), a.len()).map(drop)
+}
+
+/// `connect(2)`.
+pub fn connect(fd: BorrowedFd<'_>, sa: &SocketAddr) -> io::Result<()> {
+    let a = RawAddr::new(sa);
+    syscall!(libc::SYS_connect, fd.as_raw_fd(), a.as_ptr(), a.len()).map(drop)
+}
+
+/// `listen(2)`.
+pub fn listen(fd: BorrowedFd<'_>, backlog: i32) -> io::Result<()> {
+    syscall!(libc::SYS_listen, fd.as_raw_fd(), backlog).map(drop)
+}
+
+/// `accept4(2)`, returning the peer's address when it is inet.
+pub fn accept4(fd: BorrowedFd<'_>, flags: i32) -> io::Result<(OwnedFd, Option<SocketAddr>)> {
+    // SAFETY: plain data.
+    let mut st: libc::sockaddr_storage = unsafe { zeroed() };
+    let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    let r = syscall!(
+        libc::SYS_accept4,
+        fd.as_raw_fd(),
+        &mut st as *mut _,
+        &mut len as *mut _,
+        flags
+    )?;
+    Ok((owned(r), decode_addr(&st, len)))
+}
+
+/// `getsockname(2)` / `getpeername(2)`.
+pub fn sock_addr(fd: BorrowedFd<'_>, peer: bool) -> io::Result<Option<SocketAddr>> {
+    // SAFETY: plain data.
+    let mut st: libc::sockaddr_storage = unsafe { zeroed() };
+    let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    let nr = if peer {
+        libc::SYS_getpeername
+    } else {
+        libc::SYS_getsockname
+    };
+    syscall!(nr, fd.as_raw_fd(), &mut st as *mut _, &mut len as *mut _)?;
+    Ok(decode_addr(&st, len))
+}
+
+/// `setsockopt(2)` with raw value bytes.
+pub fn setsockopt(fd: BorrowedFd<'_>, level: i32, name: i32, value: &[u8]) -> io::Result<()> {
+    syscall!(
+        libc::SYS_setsockopt,
+        fd.as_raw_fd(),
+        level,
+        name,
+        value.as_ptr(),
+        value.len() as libc::socklen_t
+    )
+    .map(drop)
+}
+
+/// `getsockopt(2)` into raw bytes; returns the length the kernel reported.
+pub fn getsockopt(fd: BorrowedFd<'_>, level: i32, name: i32, out: &mut [u8]) -> io::Result<usize> {
+    let mut len = out.len() as libc::socklen_t;
+    syscall!(
+        libc::SYS_getsockopt,
+        fd.as_raw_fd(),
+        level,
+        name,
+        out.as_mut_ptr(),
+        &mut len as *mut _
+    )?;
+    Ok(len as usize)
+}
+
+/// An `i32` socket option.
+pub fn getsockopt_int(fd: BorrowedFd<'_>, level: i32, name: i32) -> io::Result<i32> {
+    let mut v = [0u8; 4];
+    getsockopt(fd, level, name, &mut v)?;
+    Ok(i32::from_ne_bytes(v))
+}
+
+/// `ioctl(fd, FIONREAD)`.
+pub fn pending_bytes(fd: BorrowedFd<'_>) -> io::Result<i32> {
+    let mut v: libc::c_int = 0;
+    syscall!(
+        libc::SYS_ioctl,
+        fd.as_raw_fd(),
+        libc::FIONREAD,
+        &mut v as *mut libc::c_int
+    )?;
+    Ok(v)
+}
+
+/// `sendmsg(2)` of one buffer to an optional destination; never raises SIGPIPE.
+///
+/// # Safety
+/// `ptr..ptr+len` must be readable for the duration of the call.
+pub unsafe fn send_raw(
+    fd: BorrowedFd<'_>,
+    ptr: *const u8,
+    len: usize,
+    to: Option<&SocketAddr>,
+    flags: i32,
+) -> io::Result<usize> {
+    let dest = to.map(RawAddr::new);
+    let mut iov = libc::iovec {
+        iov_base: ptr as *mut libc::c_void,
+        iov_len: len,
+    };
+    // SAFETY: plain data; all-zero is an empty header.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(d) = &dest {
+        msg.msg_name = d.as_ptr() as *mut libc::c_void;
+        msg.msg_namelen = d.len();
+    }
+    syscall!(
+        libc::SYS_sendmsg,
+        fd.as_raw_fd(),
+        &msg as *const libc::msghdr,
+        flags | libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT
+    )
+    .map(|n| n as usize)
+}
+
+/// What `recv_raw` got.
+#[derive(Debug, Clone, Copy)]
+pub struct Received {
+    /// Bytes placed in the buffers (or the datagram's full length with `MSG_TRUNC`).
+    pub len: usize,
+    /// The sender, for datagram sockets.
+    pub from: Option<SocketAddr>,
+    /// `msg_flags` (e.g. `MSG_TRUNC`).
+    pub flags: i32,
+}
+
+/// `recvmsg(2)` into several buffers, non-blocking.
+///
+/// # Safety
+/// Every `(ptr, len)` in `bufs` must be writable for the duration of the call.
+pub unsafe fn recv_raw(
+    fd: BorrowedFd<'_>,
+    bufs: &[(*mut u8, usize)],
+    flags: i32,
+) -> io::Result<Received> {
+    let mut iov: [MaybeUninit<libc::iovec>; 8] = [MaybeUninit::uninit(); 8];
+    let n = bufs.len().min(8);
+    for (slot, (p, l)) in iov.iter_mut().zip(bufs) {
+        slot.write(libc::iovec {
+            iov_base: (*p).cast(),
+            iov_len: *l,
+        });
+    }
+    // SAFETY: plain data.
+    let mut st: libc::sockaddr_storage = unsafe { zeroed() };
+    // SAFETY: plain data; all-zero is an empty header.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_iov = iov.as_mut_ptr().cast();
+    msg.msg_iovlen = n;
+    msg.msg_name = (&mut st as *mut libc::sockaddr_storage).cast();
+    msg.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    let r = syscall!(
+        libc::SYS_recvmsg,
+        fd.as_raw_fd(),
+        &mut msg as *mut libc::msghdr,
+        flags | libc::MSG_DONTWAIT
+    )?;
+    let from = if msg.msg_namelen > 0 {
+        decode_addr(&st, msg.msg_namelen)
+    } else {
+        None
+    };
+    Ok(Received {
+        len: r as usize,
+        from,
+        flags: msg.msg_flags,
+    })
+}
+
+/// The calling thread's id.
+pub fn gettid() -> u32 {
+    // SAFETY: gettid has no arguments and cannot fail.
+    (unsafe { libc::syscall(libc::SYS_gettid) }) as u32
+}
+
+/// Borrows a raw descriptor for the duration of a call.
+///
+/// # Safety
+/// `fd` must be open for as long as the returned value is used.
+pub unsafe fn borrow<'a>(fd: RawFd) -> BorrowedFd<'a> {
+    // SAFETY: forwarded to the caller.
+    unsafe { BorrowedFd::borrow_raw(fd) }
+}
+
+fn unix_addr(path: &std::path::Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    let mut sun = libc::sockaddr_un {
+        sun_family: libc::AF_UNIX as libc::sa_family_t,
+        sun_path: [0; 108],
+    };
+    if bytes.len() >= sun.sun_path.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "unix socket path too long",
+        ));
+    }
+    for (d, s) in sun.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + bytes.len() + 1;
+    Ok((sun, len as libc::socklen_t))
+}
+
+/// Abstract unix address (`"\0" + name`).
+fn abstract_addr(name: &[u8]) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    let mut sun = libc::sockaddr_un {
+        sun_family: libc::AF_UNIX as libc::sa_family_t,
+        sun_path: [0; 108],
+    };
+    if name.len() + 1 > sun.sun_path.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "abstract name too long",
+        ));
+    }
+    for (d, s) in sun.sun_path[1..].iter_mut().zip(name) {
+        *d = *s as libc::c_char;
+    }
+    let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + 1 + name.len();
+    Ok((sun, len as libc::socklen_t))
+}
+
+/// Binds a unix socket to a filesystem path.
+pub fn bind_unix(fd: BorrowedFd<'_>, path: &std::path::Path) -> io::Result<()> {
+    let (sun, len) = unix_addr(path)?;
+    syscall!(
+        libc::SYS_bind,
+        fd.as_raw_fd(),
+        &sun as *const libc::sockaddr_un,
+        len
+    )
+    .map(drop)
+}
+
+/// Connects a unix socket to a filesystem path.
+pub fn connect_unix(fd: BorrowedFd<'_>, path: &std::path::Path) -> io::Result<()> {
+    let (sun, len) = unix_addr(path)?;
+    syscall!(
+        libc::SYS_connect,
+        fd.as_raw_fd(),
+        &sun as *const libc::sockaddr_un,
+        len
+    )
+    .map(drop)
+}
+
+/// Binds a unix socket to an abstract name (no filesystem entry; per network namespace).
+pub fn bind_abstract(fd: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+    let (sun, len) = abstract_addr(name)?;
+    syscall!(
+        libc::SYS_bind,
+        fd.as_raw_fd(),
+        &sun as *const libc::sockaddr_un,
+        len
+    )
+    .map(drop)
+}
+
+/// The abstract name a unix socket is bound to (without the leading NUL); `None` when the
+/// socket is not a unix socket or not bound to an abstract name.
+pub fn abstract_name(fd: BorrowedFd<'_>, out: &mut [u8; 107]) -> io::Result<Option<usize>> {
+    // SAFETY: plain data.
+    let mut st: libc::sockaddr_storage = unsafe { zeroed() };
+    let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    syscall!(
+        libc::SYS_getsockname,
+        fd.as_raw_fd(),
+        &mut st as *mut _,
+        &mut len as *mut _
+    )?;
+    if i32::from(st.ss_family) != libc::AF_UNIX {
+        return Ok(None);
+    }
+    let off = std::mem::offset_of!(libc::sockaddr_un, sun_path);
+    let len = len as usize;
+    if len <= off + 1 {
+        return Ok(None);
+    }
+    // SAFETY: the family says the storage holds a sockaddr_un; storage is aligned for it.
+    let sun = unsafe { &*(&st as *const libc::sockaddr_storage).cast::<libc::sockaddr_un>() };
+    if sun.sun_path[0] != 0 {
+        return Ok(None);
+    }
+    let n = (len - off - 1).min(out.len());
+    for (d, s) in out.iter_mut().zip(&sun.sun_path[1..1 + n]) {
+        *d = *s as u8;
+    }
+    Ok(Some(n))
+}
+
+fn sigmask(sigs: &[i32]) -> u64 {
+    sigs.iter().fold(0u64, |m, s| m | 1u64 << (s - 1))
+}
+
+/// Blocks `sigs` in the calling thread (threads it starts later inherit the mask).
+pub fn block_signals(sigs: &[i32]) -> io::Result<()> {
+    let set = sigmask(sigs);
+    syscall!(
+        libc::SYS_rt_sigprocmask,
+        libc::SIG_BLOCK,
+        &set as *const u64,
+        std::ptr::null_mut::<u64>(),
+        8
+    )
+    .map(drop)
+}
+
+/// Waits up to `timeout` for one of `sigs` (which must be blocked); `None` on timeout.
+pub fn wait_signal(sigs: &[i32], timeout: std::time::Duration) -> io::Result<Option<i32>> {
+    let set = sigmask(sigs);
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    match syscall!(
+        libc::SYS_rt_sigtimedwait,
+        &set as *const u64,
+        std::ptr::null_mut::<libc::siginfo_t>(),
+        &ts as *const libc::timespec,
+        8
+    ) {
+        Ok(sig) => Ok(Some(sig as i32)),
+        Err(e)
+            if e.raw_os_error() == Some(libc::EAGAIN) || e.kind() == io::ErrorKind::Interrupted =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}

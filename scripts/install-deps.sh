@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# Installs what ferry's tests and benchmarks use, on Debian/Ubuntu, as root.
+# Idempotent: packages already present are not reinstalled (set FERRY_APT_UPDATE=1 to
+# run apt-get anyway), services are stopped again, the user and device are only
+# created when missing.
+#
+#   scripts/install-deps.sh
+#
+# Does: apt-get update + install (no recommends, no auto-started services); stops and
+# disables redis-server, nginx and iperf3 so they hold no ports; creates the
+# unprivileged user `ferrytest` (for running ferry as an ordinary user); makes
+# /dev/net/tun usable (mode 0666); reports whether unprivileged user namespaces work.
+set -euo pipefail
+
+PACKAGES=(
+    iperf3 sockperf nginx-light redis-server redis-tools slirp4netns passt wrk hyperfine
+    uidmap curl iproute2 procps
+)
+SERVICES=(redis-server nginx iperf3)
+TEST_USER=ferrytest
+
+say() { printf 'install-deps: %s\n' "$*"; }
+die() { printf 'install-deps: error: %s\n' "$*" >&2; exit 1; }
+
+[ "$(id -u)" -eq 0 ] || die "must run as root"
+command -v apt-get >/dev/null || die "apt-get not found (Debian/Ubuntu only)"
+
+# --- packages -----------------------------------------------------------------------
+missing=()
+for p in "${PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
+        missing+=("$p")
+    fi
+done
+
+if [ "${#missing[@]}" -eq 0 ] && [ "${FERRY_APT_UPDATE:-0}" != 1 ]; then
+    say "all packages already installed: ${PACKAGES[*]}"
+else
+    say "missing packages: ${missing[*]:-(none; FERRY_APT_UPDATE=1)}"
+    # Keep maintainer scripts from starting daemons during the install (policy-rc.d
+    # exit 101 = "action forbidden"). Only if the admin has no policy of their own.
+    policy=/usr/sbin/policy-rc.d
+    own_policy=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy"
+        chmod 0755 "$policy"
+        own_policy=1
+        trap '[ "$own_policy" = 1 ] && rm -f "$policy"' EXIT
+        say "installed temporary $policy (no service starts during install)"
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    say "apt-get update"
+    apt-get update
+    say "apt-get install -y --no-install-recommends ${PACKAGES[*]}"
+    apt-get install -y --no-install-recommends "${PACKAGES[@]}"
+    if [ "$own_policy" = 1 ]; then
+        rm -f "$policy"
+        own_policy=0
+        say "removed temporary $policy"
+    fi
+fi
+
+for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$' \
+        || die "package $p is not installed"
+done
+
+# --- services: stopped and disabled, so they hold no ports ---------------------------
+systemd_running=0
+[ -d /run/systemd/system ] && systemd_running=1
+for s in "${SERVICES[@]}"; do
+    [ -e "/etc/init.d/$s" ] || [ -e "/lib/systemd/system/$s.service" ] || continue
+    if [ "$systemd_running" = 1 ]; then
+        systemctl stop "$s" >/dev/null 2>&1 || true
+        systemctl disable "$s" >/dev/null 2>&1 || true
+    else
+        service "$s" stop >/dev/null 2>&1 || true
+        update-rc.d "$s" disable >/dev/null 2>&1 || true
+    fi
+    say "service $s stopped and disabled"
+done
+# A daemon the packages started that the service command did not stop is killed by
+# the pid in its pidfile (never by name: hand-started instances are left alone).
+for pidfile in /run/redis/redis-server.pid /run/nginx.pid /run/iperf3.pid; do
+    [ -r "$pidfile" ] || continue
+    pid=$(cat "$pidfile" 2>/dev/null || true)
+    case "$pid" in '' | *[!0-9]*) continue ;; esac
+    if kill -0 "$pid" 2>/dev/null; then
+        kill "$pid" 2>/dev/null || true
+        sleep 0.5
+        kill -KILL "$pid" 2>/dev/null || true
+        say "killed daemon $pid from $pidfile"
+    fi
+done
+
+# --- unprivileged test user -----------------------------------------------------------
+if id "$TEST_USER" >/dev/null 2>&1; then
+    say "user $TEST_USER exists (uid $(id -u "$TEST_USER"))"
+else
+    useradd --create-home --shell /bin/bash --comment "ferry tests" "$TEST_USER" \
+        || die "useradd $TEST_USER failed"
+    say "created user $TEST_USER (uid $(id -u "$TEST_USER"))"
+fi
+
+# --- /dev/net/tun ---------------------------------------------------------------------
+if [ ! -e /dev/net/tun ]; then
+    mkdir -p /dev/net
+    mknod /dev/net/tun c 10 200 || die "cannot create /dev/net/tun"
+    say "created /dev/net/tun"
+fi
+[ -c /dev/net/tun ] || die "/dev/net/tun exists but is not a character device"
+chmod 0666 /dev/net/tun || die "cannot chmod /dev/net/tun"
+say "/dev/net/tun is mode 0666"
+
+# --- report: unprivileged user namespaces ---------------------------------------------
+clone_knob=/proc/sys/kernel/unprivileged_userns_clone
+if [ -r "$clone_knob" ] && [ "$(cat "$clone_knob")" = 0 ]; then
+    say "warning: $clone_knob is 0; enable with: sysctl -w kernel.unprivileged_userns_clone=1"
+fi
+if command -v setpriv >/dev/null \
+    && setpriv --reuid="$TEST_USER" --regid="$TEST_USER" --clear-groups \
+        unshare --user --map-root-user --net true 2>/dev/null; then
+    say "unprivileged user and network namespaces work for $TEST_USER"
+else
+    say "warning: $TEST_USER cannot create user+network namespaces (rootless tests will skip)"
+fi
+say "done"

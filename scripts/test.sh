@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs every check and test of the workspace: the README's "run all tests" command and
+# what CI runs. Needs the packages from scripts/install-deps.sh for the end-to-end tests
+# (they skip, saying why, where a part is missing or root is needed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (all targets, -D warnings)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo build (release: the ferry binary and the preload shim the tests use)"
+cargo build --workspace --release --locked
+
+step "cargo test"
+cargo test --workspace --release --locked -- --test-threads=2
+
+step "loom model of the ring's index and sleep/wake protocol"
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+    cargo test -p ferry-ring --release --locked --lib loom -- --test-threads=2

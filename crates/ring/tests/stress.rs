@@ -43,7 +43,7 @@ fn threads_records_spinning() {
 
 #[test]
 fn threads_records_sleeping() {
-    records(200_000, 16, SLEEPY);
+    records(500_000, 16, SLEEPY);
 }
 
 #[test]
@@ -53,5 +53,5 @@ fn threads_buffers_spinning() {
 
 #[test]
 fn threads_buffers_sleeping() {
-    buffers(50_000, SLEEPY);
+    buffers(100_000, SLEEPY);
 }

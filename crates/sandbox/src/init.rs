@@ -403,8 +403,8 @@ fn launcher_gone() -> ! {
 }
 
 /// In the command's child: restore a clean signal state and `execve`, trying each
-/// candidate path like `execvp` does. Exits 127 if nothing was found, 126 if something
-/// was found but could not be executed.
+/// candidate path in turn. Exits 127 if nothing was found, 126 if something was found
+/// but could not be executed (as shells do).
 fn exec_command(exec: &Exec) -> ! {
     let empty = empty_sigset();
     // SAFETY: empty is an initialised sigset_t.
@@ -421,7 +421,13 @@ fn exec_command(exec: &Exec) -> ! {
         unsafe { libc::execve(path.as_ptr(), exec.argv.as_ptr(), exec.envp.as_ptr()) };
         match errno() {
             libc::ENOENT | libc::ENOTDIR | libc::ESTALE => {}
-            libc::EACCES => denied = true,
+            // A file that is there but not executable counts; a PATH directory we
+            // may not search does not (as in shells: that is "not found").
+            // SAFETY: path is a NUL-terminated string; access only inspects it.
+            libc::EACCES if unsafe { libc::access(path.as_ptr(), libc::F_OK) } == 0 => {
+                denied = true;
+            }
+            libc::EACCES => {}
             e => {
                 failure = e;
                 break;

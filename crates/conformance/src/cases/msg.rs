@@ -5,7 +5,7 @@
 use libc::c_int;
 
 use super::{Case, Res};
-use crate::net::{Addr, connect, recv_text, sendto, set_int, tcp_pair, udp_bound, wait_for};
+use crate::net::{Addr, connect, sendto, set_int, tcp_pair, udp_bound, wait_for};
 use crate::sys::{Ctx, show, zeroed};
 
 pub const CASES: &[Case] = &[
@@ -340,6 +340,5 @@ fn sendmmsg_tcp() -> Res {
         .collect();
     let sent = show(sys!(libc::sendmmsg(c.raw(), msgs.as_mut_ptr(), 2, 0)));
     let got = crate::net::recv_exact(s.raw(), 12)?;
-    let _ = recv_text;
     Ok(format!("sendmmsg={sent} peer_got={:?}", String::from_utf8_lossy(&got)))
 }

@@ -1,0 +1,315 @@
+//! ferry's native channel API: a program (or a test) talks to a protocol server directly,
+//! without the LD_PRELOAD shim — one channel, explicit sockets, and data that goes from
+//! the caller's bytes into the channel's buffers and from the server's buffers straight
+//! out. It owns the client side of the protocol in `docs/specs/socket-protocol.md` for a
+//! single thread; it must not interpose libc or keep global state.
+
+#![deny(unsafe_code)]
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_proto::{
+    Cmp, CmpKind, Ctl, CtlKind, Hello, HelloReply, Op, PROTO_VERSION, Req, WireAddr,
+};
+use ferry_ring::{BufId, Endpoint, Region, Side, SpinPolicy, WaitResult};
+
+/// A socket served by the server: its id and this side's end of the readiness pair.
+#[derive(Debug)]
+pub struct Socket {
+    /// Server-assigned id.
+    pub id: u32,
+    /// The program's end of the readiness pair (readable when the socket is, once
+    /// tokens are asked for).
+    pub pair: OwnedFd,
+}
+
+/// One channel to a protocol server.
+#[derive(Debug)]
+pub struct Client {
+    ctl: OwnedFd,
+    ep: Endpoint<Req, Cmp>,
+    spin: SpinPolicy,
+    next_tag: u32,
+    /// Errors the server reported for fire-and-forget operations, by socket.
+    pub async_errors: Vec<(u32, i32)>,
+}
+
+fn err(code: i32) -> io::Error {
+    io::Error::from_raw_os_error(-code)
+}
+
+fn proto_err(what: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what.to_string())
+}
+
+impl Client {
+    /// Opens a channel to the server listening at `path`.
+    pub fn connect(path: &Path) -> io::Result<Client> {
+        let ctl = ferry_sys::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0)?;
+        ferry_sys::connect_unix(ctl.as_fd(), path)?;
+        let hello = Hello {
+            version: PROTO_VERSION,
+            pid: std::process::id(),
+            tid: ferry_sys::gettid(),
+            pad: 0,
+        };
+        ferry_sys::send_with_fds(ctl.as_fd(), bytemuck::bytes_of(&hello), &[])?;
+        let mut buf = [0u8; size_of::<HelloReply>()];
+        let (n, mut fds) = ferry_sys::recv_with_fds(ctl.as_fd(), &mut buf, 0)?;
+        let reply: HelloReply = if n == buf.len() {
+            bytemuck::pod_read_unaligned(&buf)
+        } else {
+            return Err(proto_err(format!("hello reply of {n} bytes")));
+        };
+        if reply.version != PROTO_VERSION || fds.len() != 2 {
+            return Err(proto_err("server refused the channel"));
+        }
+        let doorbell = fds.pop().expect("two fds");
+        let region = Arc::new(Region::open(fds.pop().expect("two fds")).map_err(proto_err)?);
+        let mut ep = Endpoint::new(region, Side::A).map_err(proto_err)?;
+        ep.tx.set_doorbell(Some(doorbell));
+        let spin = SpinPolicy {
+            span: Duration::from_nanos(reply.spin_ns),
+            ..SpinPolicy::default()
+        };
+        Ok(Client {
+            ctl,
+            ep,
+            spin,
+            next_tag: 1,
+            async_errors: Vec::new(),
+        })
+    }
+
+    fn ctl_call(&mut self, msg: Ctl, fd: &OwnedFd) -> io::Result<Ctl> {
+        ferry_sys::send_with_fds(self.ctl.as_fd(), bytemuck::bytes_of(&msg), &[fd.as_fd()])?;
+        let mut buf = [0u8; size_of::<Ctl>()];
+        let (n, _) = ferry_sys::recv_with_fds(self.ctl.as_fd(), &mut buf, 0)?;
+        if n != buf.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                "server closed the channel",
+            ));
+        }
+        Ok(bytemuck::pod_read_unaligned(&buf))
+    }
+
+    fn pair(&self) -> io::Result<(OwnedFd, OwnedFd)> {
+        ferry_sys::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC)
+    }
+
+    /// Creates a socket (`SOCK_STREAM` or `SOCK_DGRAM`).
+    pub fn socket(&mut self, domain: i32, ty: i32) -> io::Result<Socket> {
+        let (mine, theirs) = self.pair()?;
+        let msg = Ctl {
+            a: domain,
+            b: ty,
+            ..Ctl::new(CtlKind::Socket, 0)
+        };
+        let r = self.ctl_call(msg, &theirs)?;
+        if r.result < 0 {
+            return Err(err(r.result));
+        }
+        Ok(Socket {
+            id: r.result as u32,
+            pair: mine,
+        })
+    }
+
+    /// Accepts a connection on a listening socket (blocking).
+    pub fn accept(&mut self, s: &Socket) -> io::Result<(Socket, Option<SocketAddr>)> {
+        let (mine, theirs) = self.pair()?;
+        let r = self.ctl_call(Ctl::new(CtlKind::Accept, s.id), &theirs)?;
+        if r.result < 0 {
+            return Err(err(r.result));
+        }
+        let peer = WireAddr::decode(&r.addr[..(r.addr_len as usize).min(32)])
+            .ok()
+            .map(WireAddr::to_std);
+        Ok((
+            Socket {
+                id: r.result as u32,
+                pair: mine,
+            },
+            peer,
+        ))
+    }
+
+    fn push(&mut self, req: Req) -> io::Result<()> {
+        loop {
+            if self.ep.tx.push(&req).map_err(proto_err)? {
+                self.ep.tx.commit();
+                self.ep.tx.notify();
+                return Ok(());
+            }
+            self.ep.tx.commit();
+            self.ep.tx.notify();
+            self.ep
+                .tx
+                .wait_space(self.spin, Some(Duration::from_millis(100)))
+                .map_err(proto_err)?;
+        }
+    }
+
+    /// Sends a tagged request and collects its answer (data records copied into `out`).
+    fn call(&mut self, mut req: Req, mut out: Option<&mut [u8]>) -> io::Result<Cmp> {
+        let tag = self.next_tag;
+        self.next_tag = self.next_tag.wrapping_add(1).max(1);
+        req.tag = tag;
+        self.push(req)?;
+        let mut filled = 0usize;
+        loop {
+            match self.ep.rx.pop().map_err(proto_err)? {
+                Some(c) => match c.kind().map_err(proto_err)? {
+                    CmpKind::BufReturn => self.ep.pool.free(BufId(c.buf)).map_err(proto_err)?,
+                    CmpKind::AsyncError => self.async_errors.push((c.sock, c.result)),
+                    CmpKind::Data if c.tag == tag => {
+                        let span = self.ep.bufs.span(c.buf, 0, c.len).map_err(proto_err)?;
+                        if let Some(o) = out.as_deref_mut() {
+                            let at = filled.min(o.len());
+                            filled += self.ep.bufs.read(span, &mut o[at..]);
+                        }
+                        self.push(Req {
+                            buf: c.buf,
+                            ..Req::new(Op::BufReturn, c.sock)
+                        })?;
+                    }
+                    CmpKind::Done if c.tag == tag => {
+                        self.ep.rx.release();
+                        return Ok(c);
+                    }
+                    _ => return Err(proto_err(format!("unexpected completion {c:?}"))),
+                },
+                None => match self
+                    .ep
+                    .rx
+                    .wait(self.spin, Some(Duration::from_secs(5)))
+                    .map_err(proto_err)?
+                {
+                    WaitResult::Ready | WaitResult::Interrupted => {}
+                    WaitResult::TimedOut | WaitResult::PeerClosed => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "server did not answer",
+                        ));
+                    }
+                },
+            }
+        }
+    }
+
+    fn simple(&mut self, req: Req) -> io::Result<i32> {
+        let c = self.call(req, None)?;
+        if c.result < 0 {
+            Err(err(c.result))
+        } else {
+            Ok(c.result)
+        }
+    }
+
+    /// `connect` (blocking).
+    pub fn connect_to(&mut self, s: &Socket, addr: SocketAddr) -> io::Result<()> {
+        self.simple(Req::new(Op::Connect, s.id).with_addr(&WireAddr::from(addr)))
+            .map(drop)
+    }
+
+    /// `bind`.
+    pub fn bind(&mut self, s: &Socket, addr: SocketAddr) -> io::Result<()> {
+        self.simple(Req::new(Op::Bind, s.id).with_addr(&WireAddr::from(addr)))
+            .map(drop)
+    }
+
+    /// `listen`.
+    pub fn listen(&mut self, s: &Socket, backlog: u32) -> io::Result<()> {
+        self.simple(Req {
+            a: backlog,
+            ..Req::new(Op::Listen, s.id)
+        })
+        .map(drop)
+    }
+
+    /// `getsockname`.
+    pub fn local_addr(&mut self, s: &Socket) -> io::Result<SocketAddr> {
+        let c = self.call(Req::new(Op::SockName, s.id), None)?;
+        if c.result < 0 {
+            return Err(err(c.result));
+        }
+        WireAddr::decode(c.bytes())
+            .map(WireAddr::to_std)
+            .map_err(proto_err)
+    }
+
+    /// Queues `data` for sending, filling channel buffers directly (one copy, from the
+    /// caller's bytes into shared memory); returns once everything is queued.
+    pub fn send(&mut self, s: &Socket, data: &[u8]) -> io::Result<usize> {
+        let bs = self.ep.bufs.buf_size();
+        for chunk in data.chunks(bs) {
+            let b = loop {
+                if let Some(b) = self.ep.pool.alloc() {
+                    break b;
+                }
+                self.reap()?;
+            };
+            let span = self
+                .ep
+                .bufs
+                .span(b.0, 0, chunk.len() as u32)
+                .map_err(proto_err)?;
+            self.ep.bufs.write(span, chunk);
+            self.push(Req {
+                buf: b.0,
+                len: chunk.len() as u32,
+                ..Req::new(Op::Send, s.id)
+            })?;
+        }
+        Ok(data.len())
+    }
+
+    /// Waits for completions that return buffers (or report errors).
+    fn reap(&mut self) -> io::Result<()> {
+        match self.ep.rx.pop().map_err(proto_err)? {
+            Some(c) => match c.kind().map_err(proto_err)? {
+                CmpKind::BufReturn => self.ep.pool.free(BufId(c.buf)).map_err(proto_err),
+                CmpKind::AsyncError => {
+                    self.async_errors.push((c.sock, c.result));
+                    Err(err(c.result))
+                }
+                _ => Err(proto_err(format!("unexpected completion {c:?}"))),
+            },
+            None => {
+                self.ep
+                    .rx
+                    .wait(self.spin, Some(Duration::from_secs(5)))
+                    .map_err(proto_err)?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Receives up to `out.len()` bytes (blocking); 0 at end of stream.
+    pub fn recv(&mut self, s: &Socket, out: &mut [u8]) -> io::Result<usize> {
+        let c = self.call(
+            Req {
+                a: out.len() as u32,
+                ..Req::new(Op::Recv, s.id)
+            },
+            Some(out),
+        )?;
+        if c.result < 0 {
+            Err(err(c.result))
+        } else {
+            Ok(c.result as usize)
+        }
+    }
+
+    /// Writes a raw record into the request ring: for tests of the server's defences.
+    #[doc(hidden)]
+    pub fn push_raw(&mut self, req: Req) -> io::Result<()> {
+        self.push(req)
+    }
+}

@@ -1,0 +1,205 @@
+//! The protocol server driven through the native API, against real kernel sockets:
+//! data integrity, policy, and a malicious channel that must not hurt the others.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ferry_client::Client;
+use ferry_proto::{Op, Req};
+use ferry_server::{Config, Policy, Rule, Server, Verdict};
+
+struct Running {
+    path: PathBuf,
+    handle: ferry_server::Handle,
+    thread: Option<std::thread::JoinHandle<ferry_server::ServerStats>>,
+}
+
+impl Running {
+    fn stop(mut self) -> ferry_server::ServerStats {
+        self.handle.stop();
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            self.handle.stop();
+            let _ = t.join();
+        }
+    }
+}
+
+fn start(tag: &str, policy: Policy) -> Running {
+    let path = std::env::temp_dir().join(format!(
+        "ferry-client-test-{tag}-{}.sock",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&path);
+    let mut cfg = Config::new(path.clone());
+    cfg.policy = policy;
+    // Tests run in the host namespace: "sandbox" sockets are plain local sockets here.
+    let make = Box::new(|d, t, p| ferry_sys::socket(d, t, p));
+    let server = Server::new(cfg, make).unwrap();
+    let handle = server.stop_handle();
+    let thread = Some(std::thread::spawn(move || server.run()));
+    Running {
+        path,
+        handle,
+        thread,
+    }
+}
+
+/// A kernel echo server on 127.0.0.1 (reached through the server's "sandbox" sockets).
+fn echo_server() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut c in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 65536];
+                loop {
+                    match c.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => {
+                            if c.write_all(&buf[..n]).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 7 + i / 251) as u8).collect()
+}
+
+#[test]
+fn echo_round_trip_is_byte_exact() {
+    let srv = start("echo", Policy::default());
+    let echo = echo_server();
+    let mut c = Client::connect(&srv.path).unwrap();
+    let s = c.socket(libc::AF_INET, libc::SOCK_STREAM).unwrap();
+    c.connect_to(&s, echo).unwrap();
+    let data = pattern(3 << 20);
+    let mut got = vec![0u8; data.len()];
+    let mut sent = 0;
+    let mut recvd = 0;
+    while recvd < data.len() {
+        if sent < data.len() {
+            let n = (data.len() - sent).min(200_000);
+            c.send(&s, &data[sent..sent + n]).unwrap();
+            sent += n;
+        }
+        let n = c.recv(&s, &mut got[recvd..]).unwrap();
+        assert!(n > 0, "early EOF at {recvd}");
+        recvd += n;
+    }
+    assert!(got == data, "echoed bytes differ");
+    drop(s);
+    drop(c);
+    std::thread::sleep(Duration::from_millis(100));
+    let stats = srv.stop();
+    let sock = stats
+        .sockets
+        .iter()
+        .find(|x| x.bytes_out > 0)
+        .expect("socket stats");
+    assert_eq!(sock.bytes_out, data.len() as u64);
+    assert_eq!(sock.bytes_in, data.len() as u64);
+}
+
+#[test]
+fn policy_refuses_with_eacces() {
+    let deny = Rule::parse(Verdict::Deny, "192.0.2.0/24").unwrap();
+    let srv = start("deny", Policy::new(vec![deny]));
+    let mut c = Client::connect(&srv.path).unwrap();
+    let s = c.socket(libc::AF_INET, libc::SOCK_STREAM).unwrap();
+    let e = c
+        .connect_to(&s, "192.0.2.7:80".parse().unwrap())
+        .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EACCES));
+    assert_eq!(srv.stop().denied, 1);
+}
+
+#[test]
+fn malformed_records_close_only_their_channel() {
+    let srv = start("evil", Policy::default());
+    let echo = echo_server();
+    let mut good = Client::connect(&srv.path).unwrap();
+    let gs = good.socket(libc::AF_INET, libc::SOCK_STREAM).unwrap();
+    good.connect_to(&gs, echo).unwrap();
+    for (i, bad) in [
+        Req {
+            op: 999,
+            ..Req::default()
+        },
+        Req {
+            addr_len: 200,
+            ..Req::new(Op::Recv, 1)
+        },
+        Req {
+            buf: 1 << 30,
+            len: 10,
+            ..Req::new(Op::Send, 1)
+        },
+        Req {
+            buf: 0,
+            ..Req::new(Op::BufReturn, 1)
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut evil = Client::connect(&srv.path).unwrap();
+        evil.push_raw(bad).unwrap();
+        // The evil channel is closed: its next call fails instead of hanging.
+        let r = evil.socket(libc::AF_INET, libc::SOCK_STREAM);
+        assert!(
+            r.is_err(),
+            "case {i}: channel still open after malformed record"
+        );
+        // The good channel is still served.
+        good.send(&gs, b"ping").unwrap();
+        let mut buf = [0u8; 4];
+        let mut n = 0;
+        while n < 4 {
+            n += good.recv(&gs, &mut buf[n..]).unwrap();
+        }
+        assert_eq!(&buf, b"ping", "case {i}");
+    }
+    assert_eq!(srv.stop().bad_channels, 4);
+}
+
+#[test]
+fn listener_accepts_and_serves_inside() {
+    let srv = start("listen", Policy::default());
+    let mut c = Client::connect(&srv.path).unwrap();
+    let l = c.socket(libc::AF_INET, libc::SOCK_STREAM).unwrap();
+    c.bind(&l, "127.0.0.1:0".parse().unwrap()).unwrap();
+    c.listen(&l, 16).unwrap();
+    let addr = c.local_addr(&l).unwrap();
+    let t = std::thread::spawn(move || {
+        let mut k = std::net::TcpStream::connect(addr).unwrap();
+        k.write_all(b"hello ferry").unwrap();
+        let mut back = [0u8; 5];
+        k.read_exact(&mut back).unwrap();
+        back
+    });
+    let (conn, peer) = c.accept(&l).unwrap();
+    assert!(peer.unwrap().ip().is_loopback());
+    let mut buf = [0u8; 11];
+    let mut n = 0;
+    while n < buf.len() {
+        n += c.recv(&conn, &mut buf[n..]).unwrap();
+    }
+    assert_eq!(&buf, b"hello ferry");
+    c.send(&conn, b"thank").unwrap();
+    assert_eq!(&t.join().unwrap(), b"thank");
+}

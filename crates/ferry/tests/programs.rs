@@ -1,0 +1,258 @@
+//! Real, unmodified programs from Debian packages inside `ferry run`, against a remote
+//! namespace, compared with the same program run natively.
+
+mod common;
+use common::*;
+use std::process::Command;
+
+fn text(o: &std::process::Output) -> String {
+    format!(
+        "stdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn curl_fetches_the_same_bytes_from_nginx_as_natively() {
+    if !can_run(&["curl", "nginx", "ip"]) {
+        return;
+    }
+    let r = remote("curl");
+    let dir = TempDir::new("curl");
+    let root = dir.path().join("www");
+    std::fs::create_dir_all(&root).unwrap();
+    let files = [
+        ("small.bin", 2322usize),
+        ("medium.bin", 300_000),
+        ("large.bin", 20 << 20),
+    ];
+    for (i, (name, len)) in files.iter().enumerate() {
+        std::fs::write(root.join(name), pattern(*len, i as u32 + 1)).unwrap();
+    }
+    let conf = nginx_conf(dir.path(), &root, 8080);
+    let _nginx = Guard(
+        quiet(&mut r.command("nginx"))
+            .args(["-c", conf.to_str().unwrap()])
+            .spawn()
+            .unwrap(),
+    );
+    wait_port(r.remote_ip(), 8080);
+    for (name, len) in files {
+        let url = format!("http://{}:8080/{name}", r.remote_ip());
+        let native = Command::new("curl")
+            .args(["-sS", "--fail", &url])
+            .output()
+            .unwrap();
+        let ferry = ferry_run(&[], &["curl", "-sS", "--fail", &url]);
+        assert!(native.status.success(), "native curl: {}", text(&native));
+        assert!(ferry.status.success(), "ferry curl: {}", text(&ferry));
+        assert_eq!(native.stdout.len(), len);
+        assert!(
+            ferry.stdout == native.stdout,
+            "{name}: ferry got {} bytes, native {}",
+            ferry.stdout.len(),
+            len
+        );
+    }
+}
+
+#[test]
+fn denied_destination_gets_a_clear_error() {
+    if !can_run(&["curl", "nginx", "ip"]) {
+        return;
+    }
+    let r = remote("deny");
+    let dir = TempDir::new("deny");
+    std::fs::write(dir.path().join("index.html"), "hello").unwrap();
+    let conf = nginx_conf(dir.path(), dir.path(), 8081);
+    let _nginx = Guard(
+        quiet(&mut r.command("nginx"))
+            .args(["-c", conf.to_str().unwrap()])
+            .spawn()
+            .unwrap(),
+    );
+    wait_port(r.remote_ip(), 8081);
+    let url = format!("http://{}:8081/index.html", r.remote_ip());
+    let deny = format!("{}/32", r.remote_ip());
+    let o = ferry_run(&["--deny", &deny], &["curl", "-sS", &url]);
+    assert_eq!(
+        o.status.code(),
+        Some(7),
+        "curl's 'could not connect': {}",
+        text(&o)
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("denied by policy"),
+        "ferry logs the refusal: {err}"
+    );
+    let ok = ferry_run(&["--deny", "192.0.2.0/24"], &["curl", "-sS", &url]);
+    assert_eq!(
+        String::from_utf8_lossy(&ok.stdout),
+        "hello",
+        "{}",
+        text(&ok)
+    );
+}
+
+#[test]
+fn iperf3_tcp_both_directions() {
+    if !can_run(&["iperf3", "ip"]) {
+        return;
+    }
+    let r = remote("iperf");
+    let _srv = Guard(
+        quiet(&mut r.command("iperf3"))
+            .args(["-s", "-p", "5201"])
+            .spawn()
+            .unwrap(),
+    );
+    wait_port(r.remote_ip(), 5201);
+    let ip = r.remote_ip().to_string();
+    for reverse in [false, true] {
+        let mut args = vec!["iperf3", "-c", &ip, "-p", "5201", "-t", "2", "-J"];
+        if reverse {
+            args.push("-R");
+        }
+        let o = ferry_run(&[], &args);
+        assert!(o.status.success(), "iperf3 reverse={reverse}: {}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(out.contains("\"sum_received\""), "{out}");
+        let bps = json_number(&out, "\"sum_received\"", "\"bits_per_second\"");
+        assert!(
+            bps > 1e8,
+            "iperf3 reverse={reverse} moved data: {bps} bit/s"
+        );
+    }
+}
+
+#[test]
+fn iperf3_udp() {
+    if !can_run(&["iperf3", "ip"]) {
+        return;
+    }
+    let r = remote("iperfu");
+    let _srv = Guard(
+        quiet(&mut r.command("iperf3"))
+            .args(["-s", "-p", "5202"])
+            .spawn()
+            .unwrap(),
+    );
+    wait_port(r.remote_ip(), 5202);
+    let ip = r.remote_ip().to_string();
+    for reverse in [false, true] {
+        let mut args = vec![
+            "iperf3", "-c", &ip, "-p", "5202", "-u", "-b", "200M", "-t", "2", "-J",
+        ];
+        if reverse {
+            args.push("-R");
+        }
+        let o = ferry_run(&[], &args);
+        assert!(
+            o.status.success(),
+            "iperf3 -u reverse={reverse}: {}",
+            text(&o)
+        );
+        let out = String::from_utf8_lossy(&o.stdout);
+        let packets = json_number(&out, "\"sum\"", "\"packets\"");
+        assert!(packets > 1000.0, "udp packets: {packets}");
+    }
+}
+
+#[test]
+fn sockperf_ping_pong() {
+    if !can_run(&["sockperf", "ip"]) {
+        return;
+    }
+    let r = remote("sockperf");
+    let ip = r.remote_ip().to_string();
+    let _srv = Guard(
+        quiet(&mut r.command("sockperf"))
+            .args(["server", "--tcp", "-i", &ip, "-p", "11111"])
+            .spawn()
+            .unwrap(),
+    );
+    wait_port(r.remote_ip(), 11111);
+    let o = ferry_run(
+        &[],
+        &[
+            "sockperf",
+            "ping-pong",
+            "--tcp",
+            "-i",
+            &ip,
+            "-p",
+            "11111",
+            "-t",
+            "2",
+            "-m",
+            "64",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("percentile 50.000"), "{out}");
+}
+
+#[test]
+fn redis_benchmark_against_remote_redis() {
+    if !can_run(&["redis-server", "redis-benchmark", "ip"]) {
+        return;
+    }
+    let r = remote("redis");
+    let ip = r.remote_ip().to_string();
+    let _srv = Guard(
+        quiet(&mut r.command("redis-server"))
+            .args([
+                "--bind",
+                &ip,
+                "--port",
+                "6390",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "no",
+            ])
+            .spawn()
+            .unwrap(),
+    );
+    wait_port(r.remote_ip(), 6390);
+    for pipeline in ["1", "16"] {
+        let o = ferry_run(
+            &[],
+            &[
+                "redis-benchmark",
+                "-h",
+                &ip,
+                "-p",
+                "6390",
+                "-n",
+                "20000",
+                "-t",
+                "get,set",
+                "-P",
+                pipeline,
+                "-q",
+            ],
+        );
+        assert!(o.status.success(), "{}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(out.contains("SET:") && out.contains("GET:"), "{out}");
+    }
+}
+
+/// Pulls the first `key` number after `section` out of iperf3's JSON.
+fn json_number(s: &str, section: &str, key: &str) -> f64 {
+    let at = s.rfind(section).unwrap_or(0);
+    let rest = &s[at..];
+    let k = rest.find(key).unwrap_or_else(|| panic!("{key} in {rest}"));
+    rest[k + key.len()..]
+        .trim_start_matches([':', ' ', '\t'])
+        .split(|c: char| !(c.is_ascii_digit() || c == '.' || c == 'e' || c == '+' || c == '-'))
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}

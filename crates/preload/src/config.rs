@@ -1,0 +1,46 @@
+//! Process-wide configuration, read from the environment once: `FERRY_SOCKET` (the
+//! server's control socket; unset = the shim is inert and passes everything through) and
+//! `FERRY_LOG` (log internal errors to stderr).
+
+use std::ffi::OsString;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+const UNKNOWN: u8 = 0;
+const INERT: u8 = 1;
+const ACTIVE: u8 = 2;
+
+static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
+static PATH: OnceLock<Option<OsString>> = OnceLock::new();
+static LOG: OnceLock<bool> = OnceLock::new();
+
+/// Reads the environment (idempotent). Called from the library constructor and lazily.
+pub fn init() {
+    let path = PATH.get_or_init(|| std::env::var_os("FERRY_SOCKET").filter(|p| !p.is_empty()));
+    LOG.get_or_init(|| std::env::var_os("FERRY_LOG").is_some_and(|v| !v.is_empty() && v != "0"));
+    STATE.store(if path.is_some() { ACTIVE } else { INERT }, Ordering::Release);
+}
+
+/// Whether the shim relays inet sockets (`FERRY_SOCKET` is set). One load on the fast path.
+#[inline]
+pub fn active() -> bool {
+    match STATE.load(Ordering::Acquire) {
+        ACTIVE => true,
+        INERT => false,
+        _ => {
+            init();
+            STATE.load(Ordering::Acquire) == ACTIVE
+        }
+    }
+}
+
+/// The control socket's path.
+pub fn socket_path() -> Option<&'static OsString> {
+    init();
+    PATH.get().and_then(Option::as_ref)
+}
+
+/// Whether `FERRY_LOG` asks for log lines.
+pub fn log_enabled() -> bool {
+    *LOG.get_or_init(|| std::env::var_os("FERRY_LOG").is_some_and(|v| !v.is_empty() && v != "0"))
+}

@@ -1,0 +1,181 @@
+//! libc's own definitions of the functions the shim replaces, looked up once each with
+//! `dlsym(RTLD_NEXT, name)` and cached in an atomic pointer. A function the C library
+//! lacks (e.g. `epoll_pwait2` on an old glibc) fails with `ENOSYS`.
+
+#![allow(clippy::too_many_arguments)]
+
+use std::ffi::{c_int, c_uint, c_ulong, c_void};
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use libc::{
+    FILE, epoll_event, fd_set, iovec, mmsghdr, msghdr, nfds_t, off_t, pollfd, size_t, sigset_t, sockaddr,
+    socklen_t, ssize_t, timespec, timeval,
+};
+
+use crate::errno::set_errno;
+
+/// One looked-up symbol.
+struct Sym {
+    name: &'static str,
+    ptr: AtomicPtr<c_void>,
+}
+
+impl Sym {
+    const fn new(name: &'static str) -> Sym {
+        Sym { name, ptr: AtomicPtr::new(ptr::null_mut()) }
+    }
+
+    /// The next definition after this object's, or `None` when there is none.
+    fn get(&self) -> Option<*mut c_void> {
+        let p = self.ptr.load(Ordering::Acquire);
+        if !p.is_null() {
+            return Some(p);
+        }
+        debug_assert!(self.name.ends_with('\0'));
+        // SAFETY: `name` is a NUL-terminated symbol name; RTLD_NEXT is a valid handle.
+        let p = unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr().cast()) };
+        if p.is_null() {
+            return None;
+        }
+        self.ptr.store(p, Ordering::Release);
+        Some(p)
+    }
+}
+
+macro_rules! reals {
+    ($( fn $name:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty ; )*) => { $(
+        /// Calls libc's definition of the function of the same name.
+        ///
+        /// # Safety
+        /// The arguments must satisfy that C function's contract.
+        pub unsafe fn $name($($arg: $ty),*) -> $ret {
+            static SYM: Sym = Sym::new(concat!(stringify!($name), "\0"));
+            let Some(p) = SYM.get() else {
+                set_errno(libc::ENOSYS);
+                return -1;
+            };
+            // SAFETY: `p` is the C library's definition of this very function, whose C
+            // prototype the Rust signature repeats.
+            let f = unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($ty),*) -> $ret>(p) };
+            // SAFETY: the caller passes arguments valid for the C function (see # Safety).
+            unsafe { f($($arg),*) }
+        }
+    )* };
+}
+
+reals! {
+    fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int;
+    fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
+    fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
+    fn listen(fd: c_int, backlog: c_int) -> c_int;
+    fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
+    fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int;
+    fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t;
+    fn sendto(fd: c_int, buf: *const c_void, n: size_t, flags: c_int, addr: *const sockaddr, len: socklen_t) -> ssize_t;
+    fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t;
+    fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> c_int;
+    fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t;
+    fn recvfrom(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t;
+    fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t;
+    fn recvmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int, timeout: *mut timespec) -> c_int;
+    fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t;
+    fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t;
+    fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t;
+    fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t;
+    fn close(fd: c_int) -> c_int;
+    fn shutdown(fd: c_int, how: c_int) -> c_int;
+    fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
+    fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int;
+    fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
+    fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
+    fn dup(fd: c_int) -> c_int;
+    fn dup2(old: c_int, new: c_int) -> c_int;
+    fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int;
+    fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int;
+    fn ppoll(fds: *mut pollfd, n: nfds_t, ts: *const timespec, mask: *const sigset_t) -> c_int;
+    fn select(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, tv: *mut timeval) -> c_int;
+    fn pselect(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, ts: *const timespec, mask: *const sigset_t) -> c_int;
+    fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int;
+    fn epoll_wait(ep: c_int, evs: *mut epoll_event, max: c_int, timeout: c_int) -> c_int;
+    fn epoll_pwait(ep: c_int, evs: *mut epoll_event, max: c_int, timeout: c_int, mask: *const sigset_t) -> c_int;
+    fn epoll_pwait2(ep: c_int, evs: *mut epoll_event, max: c_int, ts: *const timespec, mask: *const sigset_t) -> c_int;
+    fn sendfile(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t;
+    fn sendfile64(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t;
+    fn __recv_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int) -> ssize_t;
+    fn __recvfrom_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t;
+    fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t;
+    fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: size_t) -> c_int;
+    fn __ppoll_chk(fds: *mut pollfd, n: nfds_t, ts: *const timespec, mask: *const sigset_t, fdslen: size_t) -> c_int;
+    fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int;
+    fn fclose(f: *mut FILE) -> c_int;
+}
+
+/// libc's `fcntl` (variadic; the third argument is passed as an unsigned long, which is
+/// how both `int` and pointer arguments travel in the C calling convention).
+///
+/// # Safety
+/// The arguments must satisfy `fcntl(2)`'s contract for `cmd`.
+pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    static SYM: Sym = Sym::new("fcntl\0");
+    // SAFETY: forwarded.
+    unsafe { variadic_fcntl(&SYM, fd, cmd, arg) }
+}
+
+/// libc's `fcntl64` (see [`fcntl`]).
+///
+/// # Safety
+/// As for [`fcntl`].
+pub unsafe fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    static SYM: Sym = Sym::new("fcntl64\0");
+    // SAFETY: forwarded.
+    unsafe { variadic_fcntl(&SYM, fd, cmd, arg) }
+}
+
+/// # Safety
+/// `sym` names an `fcntl`-shaped variadic function; the arguments satisfy its contract.
+unsafe fn variadic_fcntl(sym: &Sym, fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    let Some(p) = sym.get() else {
+        set_errno(libc::ENOSYS);
+        return -1;
+    };
+    // SAFETY: `p` is the C library's variadic `fcntl(int, int, ...)`.
+    let f = unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int, c_int, ...) -> c_int>(p) };
+    // SAFETY: the caller's arguments, forwarded.
+    unsafe { f(fd, cmd, arg) }
+}
+
+/// libc's `ioctl` (variadic; see [`fcntl`] for the third argument).
+///
+/// # Safety
+/// The arguments must satisfy `ioctl(2)`'s contract for `request`.
+pub unsafe fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) -> c_int {
+    static SYM: Sym = Sym::new("ioctl\0");
+    let Some(p) = SYM.get() else {
+        set_errno(libc::ENOSYS);
+        return -1;
+    };
+    // SAFETY: `p` is the C library's variadic `ioctl(int, unsigned long, ...)`.
+    let f = unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int, c_ulong, ...) -> c_int>(p) };
+    // SAFETY: the caller's arguments, forwarded.
+    unsafe { f(fd, request, arg) }
+}
+
+/// libc's `closefrom` (glibc 2.34+); without it, `close_range(lowfd, ~0, 0)`.
+///
+/// # Safety
+/// Closing descriptors is safe for memory; the caller owns the consequences.
+pub unsafe fn closefrom(lowfd: c_int) {
+    static SYM: Sym = Sym::new("closefrom\0");
+    match SYM.get() {
+        Some(p) => {
+            // SAFETY: `p` is the C library's `void closefrom(int)`.
+            let f = unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int)>(p) };
+            // SAFETY: forwarded.
+            unsafe { f(lowfd) }
+        }
+        None => {
+            let _ = ferry_sys::syscall!(libc::SYS_close_range, lowfd as c_uint, c_uint::MAX, 0);
+        }
+    }
+}

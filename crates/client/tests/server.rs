@@ -41,7 +41,7 @@ fn start(tag: &str, policy: Policy) -> Running {
     let mut cfg = Config::new(path.clone());
     cfg.policy = policy;
     // Tests run in the host namespace: "sandbox" sockets are plain local sockets here.
-    let make = Box::new(|d, t, p| ferry_sys::socket(d, t, p));
+    let make = Box::new(ferry_sys::socket);
     let server = Server::new(cfg, make).unwrap();
     let handle = server.stop_handle();
     let thread = Some(std::thread::spawn(move || server.run()));
@@ -202,4 +202,42 @@ fn listener_accepts_and_serves_inside() {
     assert_eq!(&buf, b"hello ferry");
     c.send(&conn, b"thank").unwrap();
     assert_eq!(&t.join().unwrap(), b"thank");
+}
+
+#[test]
+fn bulk_send_survives_a_full_host_socket() {
+    let srv = start("bulk", Policy::default());
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let total = 40usize << 20;
+    let reader = std::thread::spawn(move || {
+        let (mut k, _) = l.accept().unwrap();
+        std::thread::sleep(Duration::from_millis(200)); // let the host socket fill up
+        let mut buf = vec![0u8; 1 << 16];
+        let mut n = 0usize;
+        let mut sum = 0u64;
+        loop {
+            match k.read(&mut buf).unwrap() {
+                0 => return (n, sum),
+                m => {
+                    sum = buf[..m]
+                        .iter()
+                        .fold(sum, |s, b| s.wrapping_mul(31).wrapping_add(u64::from(*b)));
+                    n += m;
+                }
+            }
+        }
+    });
+    let mut c = Client::connect(&srv.path).unwrap();
+    let s = c.socket(libc::AF_INET, libc::SOCK_STREAM).unwrap();
+    c.connect_to(&s, addr).unwrap();
+    let data = pattern(total);
+    for chunk in data.chunks(128 << 10) {
+        c.send(&s, chunk).unwrap();
+    }
+    drop(s); // last reference: the server finishes the queue, then closes
+    let want = data
+        .iter()
+        .fold(0u64, |s, b| s.wrapping_mul(31).wrapping_add(u64::from(*b)));
+    assert_eq!(reader.join().unwrap(), (total, want));
 }

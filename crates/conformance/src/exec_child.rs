@@ -10,8 +10,10 @@ use crate::net::{accept, recv_text, send};
 use crate::sys::{cloexec_state, nonblock_state, show};
 
 pub fn main(args: &[String]) -> ExitCode {
-    let (Some(mode), Some(fd)) = (args.first(), args.get(1).and_then(|s| s.parse::<c_int>().ok()))
-    else {
+    let (Some(mode), Some(fd)) = (
+        args.first(),
+        args.get(1).and_then(|s| s.parse::<c_int>().ok()),
+    ) else {
         eprintln!("usage: --child-exec-case MODE FD");
         return ExitCode::from(2);
     };

@@ -94,7 +94,9 @@ pub fn tcp_state_name(s: u8) -> String {
         "LISTEN",
         "CLOSING",
     ];
-    NAMES.get(usize::from(s)).map_or_else(|| format!("state{s}"), |n| n.to_string())
+    NAMES
+        .get(usize::from(s))
+        .map_or_else(|| format!("state{s}"), |n| n.to_string())
 }
 
 #[cfg(test)]
@@ -105,7 +107,10 @@ mod tests {
     fn names_join_and_keep_unknown_bits() {
         assert_eq!(poll_names(0), "0");
         assert_eq!(poll_names(libc::POLLIN | libc::POLLOUT), "POLLIN|POLLOUT");
-        assert_eq!(epoll_names(libc::EPOLLIN as u32 | 1 << 30), "EPOLLIN|0x40000000");
+        assert_eq!(
+            epoll_names(libc::EPOLLIN as u32 | 1 << 30),
+            "EPOLLIN|0x40000000"
+        );
         assert_eq!(tcp_state_name(1), "ESTABLISHED");
     }
 }

@@ -5,8 +5,9 @@
 //! once natively and once as `ferry run -- ferry-conformance`; the two outputs must be
 //! identical. Results never contain ports, pids, timings or other per-run values.
 //!
-//! Usage: `ferry-conformance [--list] [--filter SUBSTR] [NAME…]`. The exit status is 0
-//! unless a case timed out or crashed.
+//! Usage: `ferry-conformance [--list] [--filter SUBSTR] [--timeout-ms MS] [NAME…]`.
+//! The exit status is 0 unless a case timed out or crashed; `--timeout-ms` overrides
+//! every case's deadline (for debugging a slow shim).
 
 // Nearly every line of this crate is a plain libc call on fds, buffers and structs the
 // calling case owns and keeps alive across the call; a SAFETY comment on each would say
@@ -34,6 +35,7 @@ fn main() -> ExitCode {
     let mut filter: Option<String> = None;
     let mut names: Vec<String> = Vec::new();
     let mut list = false;
+    let mut timeout_ms: Option<u32> = None;
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -42,8 +44,12 @@ fn main() -> ExitCode {
                 Some(f) => filter = Some(f),
                 None => return usage("--filter needs an argument"),
             },
+            "--timeout-ms" => match it.next().and_then(|t| t.parse().ok()) {
+                Some(t) => timeout_ms = Some(t),
+                None => return usage("--timeout-ms needs a number"),
+            },
             "-h" | "--help" => {
-                println!("usage: ferry-conformance [--list] [--filter SUBSTR] [NAME…]");
+                println!("{USAGE}");
                 return ExitCode::SUCCESS;
             }
             s if s.starts_with('-') => return usage(&format!("unknown option {s}")),
@@ -55,10 +61,14 @@ fn main() -> ExitCode {
             return usage(&format!("no case named {name}"));
         }
     }
-    let selected: Vec<&cases::Case> = all
-        .iter()
+    let selected: Vec<cases::Case> = all
+        .into_iter()
         .filter(|c| names.is_empty() || names.iter().any(|n| n == c.name))
         .filter(|c| filter.as_ref().is_none_or(|f| c.name.contains(f.as_str())))
+        .map(|c| match timeout_ms {
+            Some(t) => cases::Case { timeout_ms: t, ..c },
+            None => c,
+        })
         .collect();
     if list {
         for c in &selected {
@@ -66,11 +76,17 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    if runner::run_all(&selected) { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    if runner::run_all(&selected) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
+
+const USAGE: &str = "usage: ferry-conformance [--list] [--filter SUBSTR] [--timeout-ms MS] [NAME…]";
 
 fn usage(msg: &str) -> ExitCode {
     eprintln!("ferry-conformance: {msg}");
-    eprintln!("usage: ferry-conformance [--list] [--filter SUBSTR] [NAME…]");
+    eprintln!("{USAGE}");
     ExitCode::from(2)
 }

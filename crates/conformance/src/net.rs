@@ -84,9 +84,7 @@ impl Addr {
         let mut a = Addr::empty();
         let n = (len as usize).min(size_of::<libc::sockaddr_storage>());
         // SAFETY (crate policy): libc handed us `len` readable bytes at `sa`.
-        unsafe {
-            std::ptr::copy_nonoverlapping(sa.cast::<u8>(), (&raw mut a.storage).cast(), n)
-        };
+        unsafe { std::ptr::copy_nonoverlapping(sa.cast::<u8>(), (&raw mut a.storage).cast(), n) };
         a.len = len;
         a
     }
@@ -112,7 +110,7 @@ impl Addr {
     }
 
     /// As a std value, for address families that have one.
-    pub fn to_std(&self) -> Option<SocketAddr> {
+    pub fn socket_addr(&self) -> Option<SocketAddr> {
         match self.family() {
             libc::AF_INET => {
                 // SAFETY (crate policy): the family says the storage holds a sockaddr_in.
@@ -133,24 +131,13 @@ impl Addr {
 
     /// The port (0 for non-IP families).
     pub fn port(&self) -> u16 {
-        self.to_std().map_or(0, |s| s.port())
-    }
-
-    /// Same address with another port.
-    pub fn with_port(&self, port: u16) -> Addr {
-        match self.to_std() {
-            Some(mut s) => {
-                s.set_port(port);
-                Addr::from_std(s)
-            }
-            None => *self,
-        }
+        self.socket_addr().map_or(0, |s| s.port())
     }
 
     /// `AF_INET 127.0.0.1 port>0` — family, address and whether a port is set, never
     /// the port itself (ephemeral ports differ between runs).
     pub fn describe(&self) -> String {
-        match self.to_std() {
+        match self.socket_addr() {
             Some(s) => {
                 let port = if s.port() > 0 { "port>0" } else { "port=0" };
                 format!("{} {} {port}", family_name(self.family()), s.ip())
@@ -161,7 +148,8 @@ impl Addr {
 
     /// Just the IP address as text.
     pub fn ip(&self) -> String {
-        self.to_std().map_or_else(|| "-".to_string(), |s| s.ip().to_string())
+        self.socket_addr()
+            .map_or_else(|| "-".to_string(), |s| s.ip().to_string())
     }
 }
 
@@ -258,14 +246,28 @@ pub fn recv(fd: c_int, buf: &mut [u8], flags: c_int) -> Result<usize, Errno> {
 }
 
 pub fn sendto(fd: c_int, buf: &[u8], flags: c_int, to: &Addr) -> Result<usize, Errno> {
-    let r = sys!(libc::sendto(fd, buf.as_ptr().cast(), buf.len(), flags, to.ptr(), to.len()));
+    let r = sys!(libc::sendto(
+        fd,
+        buf.as_ptr().cast(),
+        buf.len(),
+        flags,
+        to.ptr(),
+        to.len()
+    ));
     r.map(|n| n as usize)
 }
 
 pub fn recvfrom(fd: c_int, buf: &mut [u8], flags: c_int) -> Result<(usize, Addr), Errno> {
     let mut from = Addr::empty();
     let p = buf.as_mut_ptr().cast();
-    let n = sys!(libc::recvfrom(fd, p, buf.len(), flags, from.ptr_mut(), from.len_mut()))?;
+    let n = sys!(libc::recvfrom(
+        fd,
+        p,
+        buf.len(),
+        flags,
+        from.ptr_mut(),
+        from.len_mut()
+    ))?;
     Ok((n as usize, from))
 }
 
@@ -303,21 +305,16 @@ pub fn recv_text(fd: c_int, max: usize, flags: c_int) -> String {
     }
 }
 
-/// Reads until EOF (blocking), returning everything.
-pub fn recv_to_eof(fd: c_int) -> Result<Vec<u8>, String> {
-    let mut out = Vec::new();
-    let mut buf = [0u8; 65536];
-    loop {
-        match recv(fd, &mut buf, 0).ctx("recv")? {
-            0 => return Ok(out),
-            n => out.extend_from_slice(&buf[..n]),
-        }
-    }
-}
-
 pub fn setsockopt<T: Copy>(fd: c_int, level: c_int, name: c_int, v: &T) -> Result<(), Errno> {
     let p = (v as *const T).cast::<c_void>();
-    sys!(libc::setsockopt(fd, level, name, p, size_of::<T>() as socklen_t)).map(drop)
+    sys!(libc::setsockopt(
+        fd,
+        level,
+        name,
+        p,
+        size_of::<T>() as socklen_t
+    ))
+    .map(drop)
 }
 
 pub fn set_int(fd: c_int, level: c_int, name: c_int, v: c_int) -> Result<(), Errno> {
@@ -327,7 +324,13 @@ pub fn set_int(fd: c_int, level: c_int, name: c_int, v: c_int) -> Result<(), Err
 pub fn get_int(fd: c_int, level: c_int, name: c_int) -> Result<c_int, Errno> {
     let mut v: c_int = 0;
     let mut len = size_of::<c_int>() as socklen_t;
-    sys!(libc::getsockopt(fd, level, name, (&raw mut v).cast(), &mut len))?;
+    sys!(libc::getsockopt(
+        fd,
+        level,
+        name,
+        (&raw mut v).cast(),
+        &mut len
+    ))?;
     Ok(v)
 }
 
@@ -349,7 +352,11 @@ pub fn fionread(fd: c_int) -> Result<c_int, Errno> {
 
 /// Polls one fd; returns its `revents`.
 pub fn poll1(fd: c_int, events: i16, timeout_ms: c_int) -> Result<i16, Errno> {
-    let mut p = libc::pollfd { fd, events, revents: 0 };
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
     sys!(libc::poll(&mut p, 1, timeout_ms))?;
     Ok(p.revents)
 }

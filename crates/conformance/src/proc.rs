@@ -66,8 +66,14 @@ pub fn spawn_helper(args: &[String]) -> Result<(Child, Fd), String> {
 
 /// `argv` for the exec helper: `/proc/self/exe --child-exec-case ARGS…`.
 pub fn helper_argv(args: &[String]) -> Vec<CString> {
-    let mut argv = vec![c"/proc/self/exe".to_owned(), c"--child-exec-case".to_owned()];
-    argv.extend(args.iter().map(|a| CString::new(a.as_str()).expect("no NUL in args")));
+    let mut argv = vec![
+        c"/proc/self/exe".to_owned(),
+        c"--child-exec-case".to_owned(),
+    ];
+    argv.extend(
+        args.iter()
+            .map(|a| CString::new(a.as_str()).expect("no NUL in args")),
+    );
     argv
 }
 
@@ -121,7 +127,12 @@ pub fn alarm_ms(ms: u64) -> Result<(), Errno> {
     let mut it: libc::itimerval = zeroed();
     it.it_value.tv_sec = (ms / 1000) as libc::time_t;
     it.it_value.tv_usec = ((ms % 1000) * 1000) as libc::suseconds_t;
-    sys!(libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut())).map(drop)
+    sys!(libc::setitimer(
+        libc::ITIMER_REAL,
+        &it,
+        std::ptr::null_mut()
+    ))
+    .map(drop)
 }
 
 /// Blocks or unblocks `sig` for the calling thread.
@@ -129,7 +140,11 @@ pub fn mask_signal(sig: c_int, block: bool) -> Result<(), Errno> {
     let mut set: libc::sigset_t = zeroed();
     sys!(libc::sigemptyset(&mut set))?;
     sys!(libc::sigaddset(&mut set, sig))?;
-    let how = if block { libc::SIG_BLOCK } else { libc::SIG_UNBLOCK };
+    let how = if block {
+        libc::SIG_BLOCK
+    } else {
+        libc::SIG_UNBLOCK
+    };
     let r = unsafe { libc::pthread_sigmask(how, &set, std::ptr::null_mut()) };
     if r == 0 { Ok(()) } else { Err(Errno(r)) }
 }
@@ -158,12 +173,16 @@ fn sleep_then_check(id: pid_t, dir: &str) -> bool {
             return false;
         };
         // The state follows the parenthesised command name, which may contain spaces.
-        let state = stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next());
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next());
         if state == Some('S') {
             // Settle: the thread may sleep briefly before the call itself (a lock).
             crate::sys::sleep_ms(20);
             let again = std::fs::read_to_string(&path).unwrap_or_default();
-            let state = again.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next());
+            let state = again
+                .rsplit_once(") ")
+                .and_then(|(_, rest)| rest.chars().next());
             if state == Some('S') {
                 return true;
             }

@@ -15,9 +15,16 @@ use libc::c_int;
 use crate::cases::Case;
 use crate::sys::{Errno, pipe, wait_status};
 
-/// Where the child keeps its end of the result pipe: high, out of the cases' way,
-/// but below the 1024 a default `RLIMIT_NOFILE` allows.
-const RESULT_FD: c_int = 1023;
+/// Where the child keeps its end of the result pipe: high, out of the cases' way, but
+/// below the 1024 a default `RLIMIT_NOFILE` allows (and below a lower limit, if set).
+fn result_fd() -> c_int {
+    let mut rl: libc::rlimit = crate::sys::zeroed();
+    let soft = match sys!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl)) {
+        Ok(_) => rl.rlim_cur.min(1024) as c_int,
+        Err(_) => 1024,
+    };
+    soft - 1
+}
 
 /// What running one case produced.
 pub enum Outcome {
@@ -31,7 +38,7 @@ pub enum Outcome {
 
 /// Runs `cases` in order, printing one line each then `N cases`; returns whether every
 /// case produced a line of its own (no timeout, no crash).
-pub fn run_all(cases: &[&Case]) -> bool {
+pub fn run_all(cases: &[Case]) -> bool {
     let mut clean = true;
     let stdout = std::io::stdout();
     for case in cases {
@@ -59,6 +66,7 @@ pub fn run_all(cases: &[&Case]) -> bool {
 }
 
 fn run_one(case: &Case) -> Outcome {
+    let result_fd = result_fd();
     let (r, w) = match pipe(libc::O_CLOEXEC) {
         Ok(p) => p,
         Err(e) => return Outcome::Crash(format!("pipe={e}")),
@@ -72,30 +80,40 @@ fn run_one(case: &Case) -> Outcome {
         let fd = w.into_raw();
         unsafe {
             libc::setpgid(0, 0);
-            libc::dup3(fd, RESULT_FD, libc::O_CLOEXEC);
+            libc::dup3(fd, result_fd, libc::O_CLOEXEC);
             libc::close(fd);
         }
         let line = run_in_child(case);
         let bytes = format!("{line}\n");
         unsafe {
-            libc::write(RESULT_FD, bytes.as_ptr().cast(), bytes.len());
+            libc::write(result_fd, bytes.as_ptr().cast(), bytes.len());
             libc::_exit(0)
         }
     }
     unsafe { libc::setpgid(pid, pid) };
     drop(w);
-    let (line, status) = collect(r.raw(), pid, case.timeout_ms);
+    let collected = collect(r.raw(), pid, case.timeout_ms);
     // Whatever the outcome, nothing the case started may outlive it.
     unsafe { libc::kill(-pid, libc::SIGKILL) };
-    let status = status.or_else(|| {
+    if !matches!(collected, Collected::Died(_)) {
         let mut status = 0;
-        sys!(libc::waitpid(pid, &mut status, 0)).ok().map(|_| status)
-    });
-    match (line, status) {
-        (Some(l), _) => Outcome::Line(l),
-        (None, Some(status)) => Outcome::Crash(wait_status(status)),
-        (None, None) => Outcome::Timeout,
+        let _ = sys!(libc::waitpid(pid, &mut status, 0));
     }
+    match collected {
+        Collected::Line(l) => Outcome::Line(l),
+        Collected::Died(status) => Outcome::Crash(wait_status(status)),
+        Collected::TimedOut => Outcome::Timeout,
+    }
+}
+
+/// What the parent saw of a case child.
+enum Collected {
+    /// Its line (the child may or may not have exited yet).
+    Line(String),
+    /// It exited or was killed, with this wait status, without a line.
+    Died(c_int),
+    /// The deadline passed first.
+    TimedOut,
 }
 
 /// In the child: runs the case, catching panics, and formats its line.
@@ -119,45 +137,45 @@ fn run_in_child(case: &Case) -> String {
 
 /// Reads the case's line from `fd` until `timeout_ms` passes or `pid` dies without one.
 ///
-/// Returns the line (if any) and the wait status (if the child was reaped). The pipe
-/// alone cannot tell a crash: a forked grandchild may still hold its write end.
-fn collect(fd: c_int, pid: libc::pid_t, timeout_ms: u32) -> (Option<String>, Option<c_int>) {
-    let start = std::time::Instant::now();
-    let deadline = start + std::time::Duration::from_millis(timeout_ms.into());
+/// The pipe alone cannot tell a crash: a forked grandchild may still hold its write end,
+/// so the child is also polled with `WNOHANG`.
+fn collect(fd: c_int, pid: libc::pid_t, timeout_ms: u32) -> Collected {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms.into());
     let mut buf = Vec::new();
-    let mut status = None;
+    let mut died = None;
     loop {
         if let Some(pos) = buf.iter().position(|&b| b == b'\n') {
             buf.truncate(pos);
-            return (Some(String::from_utf8_lossy(&buf).into_owned()), status);
+            return Collected::Line(String::from_utf8_lossy(&buf).into_owned());
         }
-        if status.is_some() {
+        if let Some(status) = died {
             // Reaped and the pipe is drained: no line is coming.
-            return (None, status);
+            return Collected::Died(status);
         }
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() {
-            return (None, None);
+            return Collected::TimedOut;
         }
-        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
         let wait = left.as_millis().min(50) as c_int + 1;
         let ready = matches!(sys!(libc::poll(&mut p, 1, wait)), Ok(n) if n > 0);
-        if !ready || p.revents & libc::POLLIN == 0 {
-            let mut st = 0;
-            if let Ok(n) = sys!(libc::waitpid(pid, &mut st, libc::WNOHANG))
-                && n == pid
-            {
-                status = Some(st);
-                // One last non-blocking look: the line may have raced the exit.
-                drain_into(fd, &mut buf);
-            }
-            continue;
-        }
-        if !drain_into(fd, &mut buf) {
-            let mut st = 0;
-            if sys!(libc::waitpid(pid, &mut st, 0)).is_ok() {
-                status = Some(st);
-            }
+        let open = if ready {
+            drain_into(fd, &mut buf)
+        } else {
+            true
+        };
+        let mut st = 0;
+        let flags = if open { libc::WNOHANG } else { 0 };
+        if let Ok(n) = sys!(libc::waitpid(pid, &mut st, flags))
+            && n == pid
+        {
+            died = Some(st);
+            // One last look: the line may have raced the exit.
+            drain_into(fd, &mut buf);
         }
     }
 }
@@ -165,7 +183,11 @@ fn collect(fd: c_int, pid: libc::pid_t, timeout_ms: u32) -> (Option<String>, Opt
 /// Appends whatever `fd` has now; false on EOF or error.
 fn drain_into(fd: c_int, buf: &mut Vec<u8>) -> bool {
     let mut chunk = [0u8; 4096];
-    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
     if !matches!(sys!(libc::poll(&mut p, 1, 0)), Ok(n) if n > 0) {
         return true;
     }
@@ -177,5 +199,56 @@ fn drain_into(fd: c_int, buf: &mut Vec<u8>) -> bool {
         }
         Err(Errno(libc::EINTR)) | Err(Errno(libc::EAGAIN)) => true,
         Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cases::Res;
+
+    fn outcome(run: fn() -> Res, timeout_ms: u32) -> String {
+        let case = Case {
+            name: "t.case",
+            run,
+            timeout_ms,
+        };
+        match run_one(&case) {
+            Outcome::Line(l) => l,
+            Outcome::Timeout => "TIMEOUT".into(),
+            Outcome::Crash(why) => format!("CRASH({why})"),
+        }
+    }
+
+    #[test]
+    fn lines_errors_panics_crashes_and_timeouts() {
+        assert_eq!(outcome(|| Ok("fine".into()), 5000), "t.case: fine");
+        assert_eq!(
+            outcome(|| Err("bind=EINVAL".into()), 5000),
+            "t.case: ERROR(bind=EINVAL)"
+        );
+        assert_eq!(outcome(|| Ok("a\nb".into()), 5000), "t.case: a\\nb");
+        assert_eq!(outcome(|| panic!("boom"), 5000), "t.case: PANIC(boom)");
+        assert_eq!(
+            outcome(|| unsafe { libc::abort() }, 5000),
+            "CRASH(signal SIGABRT)"
+        );
+        assert_eq!(outcome(|| unsafe { libc::_exit(3) }, 5000), "CRASH(exit 3)");
+        let hang: fn() -> Res = || loop {
+            unsafe { libc::pause() };
+        };
+        assert_eq!(outcome(hang, 100), "TIMEOUT");
+    }
+
+    #[test]
+    fn a_grandchild_holding_the_pipe_does_not_hide_a_crash() {
+        let run: fn() -> Res = || {
+            if unsafe { libc::fork() } == 0 {
+                crate::sys::sleep_ms(3000);
+                unsafe { libc::_exit(0) };
+            }
+            unsafe { libc::abort() }
+        };
+        assert_eq!(outcome(run, 2000), "CRASH(signal SIGABRT)");
     }
 }

@@ -34,11 +34,6 @@ impl Errno {
     pub fn last() -> Self {
         Errno(unsafe { *libc::__errno_location() })
     }
-
-    /// Sets the calling thread's `errno` (for calls that only report failure through it).
-    pub fn clear() {
-        unsafe { *libc::__errno_location() = 0 };
-    }
 }
 
 impl fmt::Display for Errno {
@@ -83,14 +78,6 @@ pub fn show<T: fmt::Display>(r: Result<T, Errno>) -> String {
     }
 }
 
-/// Like [`show`], but only says `ok` for success (when the value varies between runs).
-pub fn ok<T>(r: Result<T, Errno>) -> String {
-    match r {
-        Ok(_) => "ok".to_string(),
-        Err(e) => e.to_string(),
-    }
-}
-
 macro_rules! name_table {
     ($fn:ident, $($name:ident),* $(,)?) => {
         /// The symbolic name of a constant, if it is one the suite knows.
@@ -103,20 +90,97 @@ macro_rules! name_table {
 
 name_table!(
     errno_name,
-    EPERM, ENOENT, ESRCH, EINTR, EIO, ENXIO, E2BIG, ENOEXEC, EBADF, ECHILD, EAGAIN, ENOMEM,
-    EACCES, EFAULT, EBUSY, EEXIST, EXDEV, ENODEV, ENOTDIR, EISDIR, EINVAL, ENFILE, EMFILE,
-    ENOTTY, EFBIG, ENOSPC, ESPIPE, EROFS, EMLINK, EPIPE, EDOM, ERANGE, EDEADLK, ENAMETOOLONG,
-    ENOSYS, ENOTEMPTY, ELOOP, ENOMSG, ENOTSOCK, EDESTADDRREQ, EMSGSIZE, EPROTOTYPE,
-    ENOPROTOOPT, EPROTONOSUPPORT, ESOCKTNOSUPPORT, EOPNOTSUPP, EPFNOSUPPORT, EAFNOSUPPORT,
-    EADDRINUSE, EADDRNOTAVAIL, ENETDOWN, ENETUNREACH, ENETRESET, ECONNABORTED, ECONNRESET,
-    ENOBUFS, EISCONN, ENOTCONN, ESHUTDOWN, ETIMEDOUT, ECONNREFUSED, EHOSTDOWN, EHOSTUNREACH,
-    EALREADY, EINPROGRESS, ECANCELED, EOVERFLOW,
+    EPERM,
+    ENOENT,
+    ESRCH,
+    EINTR,
+    EIO,
+    ENXIO,
+    E2BIG,
+    ENOEXEC,
+    EBADF,
+    ECHILD,
+    EAGAIN,
+    ENOMEM,
+    EACCES,
+    EFAULT,
+    EBUSY,
+    EEXIST,
+    EXDEV,
+    ENODEV,
+    ENOTDIR,
+    EISDIR,
+    EINVAL,
+    ENFILE,
+    EMFILE,
+    ENOTTY,
+    EFBIG,
+    ENOSPC,
+    ESPIPE,
+    EROFS,
+    EMLINK,
+    EPIPE,
+    EDOM,
+    ERANGE,
+    EDEADLK,
+    ENAMETOOLONG,
+    ENOSYS,
+    ENOTEMPTY,
+    ELOOP,
+    ENOMSG,
+    ENOTSOCK,
+    EDESTADDRREQ,
+    EMSGSIZE,
+    EPROTOTYPE,
+    ENOPROTOOPT,
+    EPROTONOSUPPORT,
+    ESOCKTNOSUPPORT,
+    EOPNOTSUPP,
+    EPFNOSUPPORT,
+    EAFNOSUPPORT,
+    EADDRINUSE,
+    EADDRNOTAVAIL,
+    ENETDOWN,
+    ENETUNREACH,
+    ENETRESET,
+    ECONNABORTED,
+    ECONNRESET,
+    ENOBUFS,
+    EISCONN,
+    ENOTCONN,
+    ESHUTDOWN,
+    ETIMEDOUT,
+    ECONNREFUSED,
+    EHOSTDOWN,
+    EHOSTUNREACH,
+    EALREADY,
+    EINPROGRESS,
+    ECANCELED,
+    EOVERFLOW,
 );
 
 name_table!(
     signal_name,
-    SIGHUP, SIGINT, SIGQUIT, SIGILL, SIGTRAP, SIGABRT, SIGBUS, SIGFPE, SIGKILL, SIGUSR1,
-    SIGSEGV, SIGUSR2, SIGPIPE, SIGALRM, SIGTERM, SIGCHLD, SIGCONT, SIGSTOP, SIGSYS, SIGURG,
+    SIGHUP,
+    SIGINT,
+    SIGQUIT,
+    SIGILL,
+    SIGTRAP,
+    SIGABRT,
+    SIGBUS,
+    SIGFPE,
+    SIGKILL,
+    SIGUSR1,
+    SIGSEGV,
+    SIGUSR2,
+    SIGPIPE,
+    SIGALRM,
+    SIGTERM,
+    SIGCHLD,
+    SIGCONT,
+    SIGSTOP,
+    SIGSYS,
+    SIGURG,
 );
 
 /// Describes a wait status: `exit 0`, `signal SIGPIPE`.
@@ -149,6 +213,8 @@ macro_rules! plain {
 }
 
 plain!(
+    libc::c_int,
+    libc::itimerspec,
     libc::sockaddr_storage,
     libc::sockaddr_in,
     libc::sockaddr_in6,
@@ -264,7 +330,11 @@ pub fn nonblock_state(fd: c_int) -> String {
 /// Sets or clears `O_NONBLOCK` through `fcntl`.
 pub fn set_nonblocking(fd: c_int, on: bool) -> Result<(), Errno> {
     let flags = sys!(libc::fcntl(fd, libc::F_GETFL))?;
-    let flags = if on { flags | libc::O_NONBLOCK } else { flags & !libc::O_NONBLOCK };
+    let flags = if on {
+        flags | libc::O_NONBLOCK
+    } else {
+        flags & !libc::O_NONBLOCK
+    };
     sys!(libc::fcntl(fd, libc::F_SETFL, flags)).map(drop)
 }
 
@@ -273,9 +343,26 @@ pub fn sleep_ms(ms: u64) {
     std::thread::sleep(std::time::Duration::from_millis(ms));
 }
 
+/// A path for a scratch file of this process: `$TMPDIR/ferry-conformance-PID-NAME`, or
+/// under `/tmp` when that would be too long for a unix socket address (108 bytes).
+pub fn scratch_path(name: &str) -> String {
+    let pid = unsafe { libc::getpid() };
+    let dir = std::env::temp_dir();
+    let path = format!("{}/ferry-conformance-{pid}-{name}", dir.display());
+    if path.len() < 100 {
+        path
+    } else {
+        format!("/tmp/ferry-conformance-{pid}-{name}")
+    }
+}
+
 /// A C string from a NUL-terminated buffer (lossy).
 pub fn c_buf_str(buf: &[libc::c_char]) -> String {
-    let bytes: Vec<u8> = buf.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    let bytes: Vec<u8> = buf
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
 

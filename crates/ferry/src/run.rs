@@ -38,6 +38,9 @@ pub struct RunArgs {
     /// Print per-server, per-channel and per-socket counters when the program exits.
     #[arg(long)]
     pub stats: bool,
+    /// Write the counters as JSON to FILE when the program exits.
+    #[arg(long, value_name = "FILE")]
+    pub stats_json: Option<PathBuf>,
     /// User namespace: auto (when not root), always, never.
     #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = ["auto", "always", "never"])]
     pub userns: String,
@@ -230,6 +233,11 @@ fn run(a: RunArgs) -> Result<i32, String> {
     let _ = sig_thread.join();
     if a.stats {
         eprint!("{stats}");
+    }
+    if let Some(path) = &a.stats_json
+        && let Err(e) = std::fs::write(path, stats.to_json() + "\n")
+    {
+        eprintln!("ferry: cannot write {}: {e}", path.display());
     }
     Ok(code)
 }

@@ -256,3 +256,142 @@ fn json_number(s: &str, section: &str, key: &str) -> f64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0)
 }
+
+#[test]
+fn published_nginx_and_redis_inside_the_sandbox_serve_the_host() {
+    if !can_run(&["curl", "nginx", "redis-server", "redis-cli"]) {
+        return;
+    }
+    let dir = TempDir::new("publish");
+    let root = dir.path().join("www");
+    std::fs::create_dir_all(&root).unwrap();
+    let page = pattern(100_000, 9);
+    std::fs::write(root.join("page.bin"), &page).unwrap();
+    let conf = nginx_conf(dir.path(), &root, 80);
+    let mut nginx = ferry();
+    nginx.args([
+        "run",
+        "-p",
+        "127.0.0.1:18181:80",
+        "--",
+        "nginx",
+        "-c",
+        conf.to_str().unwrap(),
+    ]);
+    let _nginx = Guard(quiet(&mut nginx).spawn().unwrap());
+    let mut redis = ferry();
+    redis.args([
+        "run",
+        "-p",
+        "127.0.0.1:16399:6379",
+        "--",
+        "redis-server",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--port",
+        "6379",
+    ]);
+    let _redis = Guard(quiet(&mut redis).spawn().unwrap());
+    wait_port("127.0.0.1".parse().unwrap(), 18181);
+    wait_port("127.0.0.1".parse().unwrap(), 16399);
+    for _ in 0..3 {
+        let o = Command::new("curl")
+            .args([
+                "-sS",
+                "--fail",
+                "-m",
+                "10",
+                "http://127.0.0.1:18181/page.bin",
+            ])
+            .output()
+            .unwrap();
+        assert!(o.stdout == page, "published nginx: {}", text(&o));
+    }
+    let set = Command::new("redis-cli")
+        .args(["-p", "16399", "set", "k", "ferry"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&set.stdout).trim(),
+        "OK",
+        "{}",
+        text(&set)
+    );
+    let get = Command::new("redis-cli")
+        .args(["-p", "16399", "get", "k"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&get.stdout).trim(),
+        "ferry",
+        "{}",
+        text(&get)
+    );
+}
+
+#[test]
+fn unprivileged_user_runs_curl_through_ferry() {
+    if !can_run(&["curl", "nginx", "runuser"]) {
+        return;
+    }
+    if Command::new("id")
+        .arg("ferrytest")
+        .output()
+        .map(|o| !o.status.success())
+        .unwrap_or(true)
+    {
+        eprintln!("skipped: user ferrytest missing (run scripts/install-deps.sh)");
+        return;
+    }
+    let r = remote("unpriv");
+    let dir = TempDir::new("unpriv");
+    std::fs::write(dir.path().join("x.bin"), pattern(500_000, 3)).unwrap();
+    let conf = nginx_conf(dir.path(), dir.path(), 8082);
+    let _nginx = Guard(
+        quiet(&mut r.command("nginx"))
+            .args(["-c", conf.to_str().unwrap()])
+            .spawn()
+            .unwrap(),
+    );
+    wait_port(r.remote_ip(), 8082);
+    // The user needs to reach the binaries: copy them somewhere world-readable.
+    let bin = TempDir::new("unpriv-bin");
+    let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_ferry"));
+    for f in ["ferry", "libferry_preload.so"] {
+        std::fs::copy(exe.with_file_name(f), bin.path().join(f)).unwrap();
+    }
+    Command::new("chmod")
+        .args([
+            "-R",
+            "a+rX",
+            bin.path().to_str().unwrap(),
+            dir.path().to_str().unwrap(),
+        ])
+        .status()
+        .unwrap();
+    let url = format!("http://{}:8082/x.bin", r.remote_ip());
+    let o = Command::new("runuser")
+        .args([
+            "-u",
+            "ferrytest",
+            "--",
+            bin.path().join("ferry").to_str().unwrap(),
+            "run",
+            "--",
+            "curl",
+            "-sS",
+            "--fail",
+            &url,
+        ])
+        .current_dir("/")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        o.stdout == pattern(500_000, 3),
+        "unprivileged fetch differs ({} bytes)",
+        o.stdout.len()
+    );
+}

@@ -18,7 +18,10 @@ static LOG: OnceLock<bool> = OnceLock::new();
 pub fn init() {
     let path = PATH.get_or_init(|| std::env::var_os("FERRY_SOCKET").filter(|p| !p.is_empty()));
     LOG.get_or_init(|| std::env::var_os("FERRY_LOG").is_some_and(|v| !v.is_empty() && v != "0"));
-    STATE.store(if path.is_some() { ACTIVE } else { INERT }, Ordering::Release);
+    STATE.store(
+        if path.is_some() { ACTIVE } else { INERT },
+        Ordering::Release,
+    );
 }
 
 /// Whether the shim relays inet sockets (`FERRY_SOCKET` is set). One load on the fast path.

@@ -32,7 +32,11 @@ impl Errno {
 
     /// Splits a protocol result (`>= 0` a value, `< 0` a negated errno).
     pub fn check(result: i32) -> Res<u32> {
-        if result < 0 { Err(Errno(result.saturating_neg())) } else { Ok(result as u32) }
+        if result < 0 {
+            Err(Errno(result.saturating_neg()))
+        } else {
+            Ok(result as u32)
+        }
     }
 }
 

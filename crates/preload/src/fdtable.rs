@@ -65,7 +65,11 @@ pub struct Sock {
 impl Sock {
     /// A ferry socket with `flags` (`F_FERRY` is added).
     pub fn new(fd: i32, id: u32, flags: u32) -> Sock {
-        Sock { fd, id, flags: flags | F_FERRY }
+        Sock {
+            fd,
+            id,
+            flags: flags | F_FERRY,
+        }
     }
 
     /// `O_NONBLOCK`.
@@ -108,7 +112,11 @@ fn decode(w: u64, fd: i32) -> Entry {
     } else if w == OTHER {
         Entry::Other
     } else {
-        Entry::Ferry(Sock { fd, id: w as u32, flags: (w >> 32) as u32 })
+        Entry::Ferry(Sock {
+            fd,
+            id: w as u32,
+            flags: (w >> 32) as u32,
+        })
     }
 }
 
@@ -136,7 +144,9 @@ pub static TABLE: FdTable = FdTable::new();
 impl FdTable {
     /// An empty table (no memory until the first store).
     pub const fn new() -> FdTable {
-        FdTable { chunks: [const { AtomicPtr::new(ptr::null_mut()) }; NCHUNKS] }
+        FdTable {
+            chunks: [const { AtomicPtr::new(ptr::null_mut()) }; NCHUNKS],
+        }
     }
 
     fn slot(&self, fd: i32) -> Option<&Slot> {
@@ -219,9 +229,16 @@ impl FdTable {
         let Some(s) = self.slot(fd) else { return false };
         let mut w = s.word.load(Ordering::Acquire);
         loop {
-            let Entry::Ferry(mut sock) = decode(w, fd) else { return false };
+            let Entry::Ferry(mut sock) = decode(w, fd) else {
+                return false;
+            };
             sock.flags = (sock.flags | set) & !clear;
-            match s.word.compare_exchange_weak(w, encode(Entry::Ferry(sock)), Ordering::AcqRel, Ordering::Acquire) {
+            match s.word.compare_exchange_weak(
+                w,
+                encode(Entry::Ferry(sock)),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
                 Ok(_) => return true,
                 Err(now) => w = now,
             }
@@ -231,7 +248,10 @@ impl FdTable {
     /// `fd`'s (receive, send) timeouts in microseconds, 0 = none.
     pub fn timeouts(&self, fd: i32) -> (u64, u64) {
         match self.slot(fd) {
-            Some(s) => (s.rcvtimeo_us.load(Ordering::Relaxed), s.sndtimeo_us.load(Ordering::Relaxed)),
+            Some(s) => (
+                s.rcvtimeo_us.load(Ordering::Relaxed),
+                s.sndtimeo_us.load(Ordering::Relaxed),
+            ),
             None => (0, 0),
         }
     }
@@ -327,7 +347,11 @@ mod tests {
 
     #[test]
     fn id_zero_and_all_flags_stay_distinct_from_markers() {
-        let s = Sock::new(3, u32::MAX, F_NONBLOCK | F_DGRAM | F_INET6 | F_TYPED | F_WANT);
+        let s = Sock::new(
+            3,
+            u32::MAX,
+            F_NONBLOCK | F_DGRAM | F_INET6 | F_TYPED | F_WANT,
+        );
         assert_ne!(encode(Entry::Ferry(s)), OTHER);
         assert_eq!(decode(encode(Entry::Ferry(s)), 3), Entry::Ferry(s));
         let z = Sock::new(3, 0, 0);
@@ -352,7 +376,9 @@ mod tests {
         assert!(t.update(5, F_NONBLOCK, 0));
         assert!(matches!(t.get(5), Entry::Ferry(s) if s.nonblock()));
         assert!(t.update(5, F_WANT, F_NONBLOCK));
-        assert!(matches!(t.get(5), Entry::Ferry(s) if !s.nonblock() && s.wants_tokens() && s.id == 9));
+        assert!(
+            matches!(t.get(5), Entry::Ferry(s) if !s.nonblock() && s.wants_tokens() && s.id == 9)
+        );
         t.set(6, Entry::Other);
         assert!(!t.update(6, F_NONBLOCK, 0));
         assert_eq!(t.get(6), Entry::Other);

@@ -1,1 +1,58 @@
-//! placeholder
+//! ferry's `LD_PRELOAD` shim (`libferry_preload.so`): it owns the sandboxed program's
+//! side of socket mode. It replaces the libc socket API for `AF_INET`/`AF_INET6` TCP and
+//! UDP sockets and relays every call over a per-thread shared-memory channel to the
+//! protocol server, which performs it on a real host socket; it keeps the program's view
+//! of those sockets (real descriptors, `errno`, blocking, signals, `fork`) the kernel's.
+//! It must not touch any other descriptor's behaviour (unix, netlink and every non-socket
+//! descriptor go straight to libc, after one table lookup), must not call the libc socket
+//! functions by name (they are its own: its I/O goes through `ferry-sys` system calls),
+//! must not panic or unwind into C, and must not trust what the server writes into shared
+//! memory beyond what `ferry-ring` validates. With `FERRY_SOCKET` unset it is inert.
+//! The protocol is `docs/specs/socket-protocol.md`.
+//!
+//! # Theory of operation
+//!
+//! - **Identity** ([`fdtable`], [`ident`]): a ferry socket is, in the program's fd table,
+//!   its end of a unix socketpair bound to `"\0ferry:<id>"`; the server holds the other
+//!   end. The shim caches fd → id (and blocking mode, type, timeouts) in a lock-free
+//!   table and identifies unknown fds with one `getsockname`, so sockets survive `fork`,
+//!   `exec`, `dup` and `SCM_RIGHTS` without asking the server.
+//! - **Channels** ([`chan`], [`tls`]): each thread opens its own channel on its first
+//!   call; a signal handler that re-enters the shim uses a spare one. After `fork` the
+//!   child forgets every inherited channel.
+//! - **Calls** ([`ops`], [`data`]): creation and `accept` travel on the control socket
+//!   with the server's end of a new pair; sends are copied into channel buffers and
+//!   queued fire-and-forget; everything else is a tagged request answered by `Done`.
+//! - **Readiness**: not emulated. The server writes a token byte into its end when the
+//!   host socket is readable; `poll`/`select`/`epoll` see it like any other fd. The shim
+//!   only asks for tokens and rings the doorbell before the program blocks.
+//! - **Entry points** ([`exports`], [`fdcalls`]): `errno` is set at one boundary; a
+//!   panic becomes `EIO`, logged once (`FERRY_LOG=1`) with prefix `ferry:`.
+
+pub mod addr;
+pub mod chan;
+pub mod config;
+pub mod data;
+pub mod errno;
+pub mod exports;
+pub mod fdcalls;
+pub mod fdtable;
+pub mod ident;
+pub mod iov;
+pub mod log;
+pub mod ops;
+pub mod pending;
+pub mod real;
+pub mod signals;
+pub mod sys;
+pub mod tls;
+
+/// Library constructor: reads the environment before the program runs, so the first
+/// socket call (possibly in a signal handler) need not.
+extern "C" fn ferry_preload_init() {
+    config::init();
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static INIT: extern "C" fn() = ferry_preload_init;

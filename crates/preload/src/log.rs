@@ -45,7 +45,10 @@ pub fn line(args: fmt::Arguments<'_>) {
     if !crate::config::log_enabled() {
         return;
     }
-    let mut w = StackBuf { buf: [0; 512], len: 0 };
+    let mut w = StackBuf {
+        buf: [0; 512],
+        len: 0,
+    };
     let _ = write!(w, "ferry: [{}] ", std::process::id());
     let _ = w.write_fmt(args);
     let _ = w.write_str("\n");
@@ -76,7 +79,10 @@ mod tests {
 
     #[test]
     fn stack_buffer_truncates() {
-        let mut w = StackBuf { buf: [0; 512], len: 0 };
+        let mut w = StackBuf {
+            buf: [0; 512],
+            len: 0,
+        };
         for _ in 0..100 {
             let _ = w.write_str("0123456789");
         }

@@ -25,7 +25,10 @@ fn pack(id: u32, errno: i32) -> u64 {
 impl Pending {
     /// An empty table.
     pub const fn new() -> Pending {
-        Pending { slots: [const { AtomicU64::new(0) }; SLOTS], count: AtomicU32::new(0) }
+        Pending {
+            slots: [const { AtomicU64::new(0) }; SLOTS],
+            count: AtomicU32::new(0),
+        }
     }
 
     /// Records `errno` (positive) for socket `id`, replacing an earlier one; false when
@@ -37,12 +40,18 @@ impl Pending {
         let new = pack(id, errno);
         for s in &self.slots {
             let w = s.load(Ordering::Acquire);
-            if w != 0 && (w >> 32) as u32 == id && s.compare_exchange(w, new, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            if w != 0
+                && (w >> 32) as u32 == id
+                && s.compare_exchange(w, new, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
                 return true;
             }
         }
         for s in &self.slots {
-            if s.compare_exchange(0, new, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            if s.compare_exchange(0, new, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
                 self.count.fetch_add(1, Ordering::AcqRel);
                 return true;
             }
@@ -61,7 +70,9 @@ impl Pending {
             if w == 0 || (w >> 32) as u32 != id || !accept(w as u32 as i32) {
                 continue;
             }
-            if s.compare_exchange(w, 0, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            if s.compare_exchange(w, 0, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
                 self.count.fetch_sub(1, Ordering::AcqRel);
                 return Some(w as u32 as i32);
             }

@@ -9,8 +9,8 @@ use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 use libc::{
-    FILE, epoll_event, fd_set, iovec, mmsghdr, msghdr, nfds_t, off_t, pollfd, size_t, sigset_t, sockaddr,
-    socklen_t, ssize_t, timespec, timeval,
+    FILE, epoll_event, fd_set, iovec, mmsghdr, msghdr, nfds_t, off_t, pollfd, sigset_t, size_t,
+    sockaddr, socklen_t, ssize_t, timespec, timeval,
 };
 
 use crate::errno::set_errno;
@@ -23,7 +23,10 @@ struct Sym {
 
 impl Sym {
     const fn new(name: &'static str) -> Sym {
-        Sym { name, ptr: AtomicPtr::new(ptr::null_mut()) }
+        Sym {
+            name,
+            ptr: AtomicPtr::new(ptr::null_mut()),
+        }
     }
 
     /// The next definition after this object's, or `None` when there is none.
@@ -140,7 +143,9 @@ unsafe fn variadic_fcntl(sym: &Sym, fd: c_int, cmd: c_int, arg: c_ulong) -> c_in
         return -1;
     };
     // SAFETY: `p` is the C library's variadic `fcntl(int, int, ...)`.
-    let f = unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int, c_int, ...) -> c_int>(p) };
+    let f = unsafe {
+        std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int, c_int, ...) -> c_int>(p)
+    };
     // SAFETY: the caller's arguments, forwarded.
     unsafe { f(fd, cmd, arg) }
 }
@@ -156,7 +161,9 @@ pub unsafe fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) -> c_int {
         return -1;
     };
     // SAFETY: `p` is the C library's variadic `ioctl(int, unsigned long, ...)`.
-    let f = unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int, c_ulong, ...) -> c_int>(p) };
+    let f = unsafe {
+        std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int, c_ulong, ...) -> c_int>(p)
+    };
     // SAFETY: the caller's arguments, forwarded.
     unsafe { f(fd, request, arg) }
 }
@@ -175,7 +182,7 @@ pub unsafe fn closefrom(lowfd: c_int) {
             unsafe { f(lowfd) }
         }
         None => {
-            let _ = ferry_sys::syscall!(libc::SYS_close_range, lowfd as c_uint, c_uint::MAX, 0);
+            let _ = crate::sys::close_range(lowfd as c_uint, c_uint::MAX, 0);
         }
     }
 }

@@ -87,9 +87,13 @@ mod sync;
 mod wait;
 
 #[cfg(not(loom))]
+mod consumer;
+#[cfg(not(loom))]
 mod endpoint;
 #[cfg(not(loom))]
 mod pool;
+#[cfg(not(loom))]
+mod producer;
 #[cfg(not(loom))]
 mod region;
 #[cfg(not(loom))]
@@ -103,9 +107,13 @@ pub use layout::{Layout, MAGIC, Side, VERSION};
 pub use wait::{SpinPolicy, WaitResult, WaitStats};
 
 #[cfg(not(loom))]
-pub use endpoint::{Consumer, Endpoint, Producer};
+pub use consumer::Consumer;
+#[cfg(not(loom))]
+pub use endpoint::Endpoint;
 #[cfg(not(loom))]
 pub use pool::{BufId, BufPool, BufSpan, Buffers};
+#[cfg(not(loom))]
+pub use producer::Producer;
 #[cfg(not(loom))]
 #[doc(hidden)]
 pub use region::RawRegion;

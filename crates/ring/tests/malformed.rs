@@ -4,7 +4,7 @@
 
 #![cfg(not(loom))]
 
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
 use ferry_ring::{BufId, Endpoint, Error, Layout, Region, Side, VERSION};
@@ -12,7 +12,13 @@ use ferry_ring::{BufId, Endpoint, Error, Layout, Region, Side, VERSION};
 type Rec = [u64; 2];
 type Ep = Endpoint<Rec, Rec>;
 
-const LAYOUT: Layout = Layout { ring_slots: 4, record_size: 16, bufs_a: 3, bufs_b: 5, buf_size: 256 };
+const LAYOUT: Layout = Layout {
+    ring_slots: 4,
+    record_size: 16,
+    bufs_a: 3,
+    bufs_b: 5,
+    buf_size: 256,
+};
 
 // Header field offsets (see layout.rs).
 const VERSION_OFF: usize = 8;
@@ -35,13 +41,15 @@ fn memfd(flags: libc::c_uint, len: usize) -> OwnedFd {
     // SAFETY: memfd_create returned a new descriptor nobody else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     // SAFETY: plain syscall on a descriptor we own.
-    assert_eq!(unsafe { libc::ftruncate(std::os::fd::AsRawFd::as_raw_fd(&fd), len as i64) }, 0);
+    let r = unsafe { libc::ftruncate(fd.as_raw_fd(), len as i64) };
+    assert_eq!(r, 0);
     fd
 }
 
 fn seal(fd: &OwnedFd, seals: libc::c_int) {
     // SAFETY: plain syscall on a descriptor we own.
-    assert_eq!(unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(fd), libc::F_ADD_SEALS, seals) }, 0);
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) };
+    assert_eq!(r, 0);
 }
 
 #[test]
@@ -51,10 +59,30 @@ fn corrupt_producer_index_too_far_ahead() {
     let raw = r.raw_for_tests();
     raw.write_u32(raw.tail_off(Side::A), 5); // capacity is 4
     let e = b.rx.available().unwrap_err();
-    assert!(matches!(e, Error::CorruptIndex { which: "producer tail", found: 5, lo: 0, hi: 4 }), "{e}");
-    assert!(matches!(b.rx.pop(), Err(Error::CorruptIndex { found: 5, .. })));
+    assert!(
+        matches!(
+            e,
+            Error::CorruptIndex {
+                which: "producer tail",
+                found: 5,
+                lo: 0,
+                hi: 4
+            }
+        ),
+        "{e}"
+    );
+    assert!(matches!(
+        b.rx.pop(),
+        Err(Error::CorruptIndex { found: 5, .. })
+    ));
     raw.write_u32(raw.tail_off(Side::A), u32::MAX);
-    assert!(matches!(b.rx.pop(), Err(Error::CorruptIndex { found: u32::MAX, .. })));
+    assert!(matches!(
+        b.rx.pop(),
+        Err(Error::CorruptIndex {
+            found: u32::MAX,
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -66,7 +94,18 @@ fn corrupt_producer_index_backwards() {
     assert_eq!(b.rx.available().unwrap(), 3);
     raw.write_u32(raw.tail_off(Side::A), 1);
     let e = b.rx.available().unwrap_err();
-    assert!(matches!(e, Error::CorruptIndex { which: "producer tail", found: 1, lo: 3, hi: 4 }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::CorruptIndex {
+                which: "producer tail",
+                found: 1,
+                lo: 3,
+                hi: 4
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
@@ -78,7 +117,18 @@ fn corrupt_consumer_index_ahead_of_tail() {
     let raw = r.raw_for_tests();
     raw.write_u32(raw.head_off(Side::A), 5); // only 4 were published
     let e = a.tx.push(&[0; 2]).unwrap_err();
-    assert!(matches!(e, Error::CorruptIndex { which: "consumer head", found: 5, lo: 0, hi: 4 }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::CorruptIndex {
+                which: "consumer head",
+                found: 5,
+                lo: 0,
+                hi: 4
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
@@ -92,7 +142,18 @@ fn corrupt_consumer_index_backwards() {
     assert_eq!(a.tx.free().unwrap(), 2);
     raw.write_u32(raw.head_off(Side::A), 1);
     let e = a.tx.free().unwrap_err();
-    assert!(matches!(e, Error::CorruptIndex { which: "consumer head", found: 1, lo: 2, hi: 4 }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::CorruptIndex {
+                which: "consumer head",
+                found: 1,
+                lo: 2,
+                hi: 4
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
@@ -100,7 +161,10 @@ fn bad_magic() {
     let r = region();
     r.raw_for_tests().write_u32(0, 0x1234_5678);
     let e = reopen(&r).unwrap_err();
-    assert!(matches!(e, Error::BadMagic { found } if found as u32 == 0x1234_5678), "{e}");
+    assert!(
+        matches!(e, Error::BadMagic { found } if found as u32 == 0x1234_5678),
+        "{e}"
+    );
 }
 
 #[test]
@@ -108,7 +172,16 @@ fn bad_version() {
     let r = region();
     r.raw_for_tests().write_u32(VERSION_OFF, 99);
     let e = reopen(&r).unwrap_err();
-    assert!(matches!(e, Error::BadVersion { found: 99, expected: VERSION }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::BadVersion {
+                found: 99,
+                expected: VERSION
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
@@ -135,14 +208,20 @@ fn header_offset_mismatch() {
 #[test]
 fn file_size_mismatch() {
     // A well-formed header in a file one page larger than its layout says.
-    let r = region();
     let len = LAYOUT.region_len();
     let fd = memfd(libc::MFD_ALLOW_SEALING, len + 4096);
     let fake = Region::create("donor", LAYOUT).unwrap();
     // Copy the genuine header words into the oversized memfd through a mapping.
     // SAFETY: fresh shared mapping of a descriptor we own; checked below.
     let p = unsafe {
-        libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_WRITE, libc::MAP_SHARED, std::os::fd::AsRawFd::as_raw_fd(&fd), 0)
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
     };
     assert_ne!(p, libc::MAP_FAILED);
     for off in (0..128).step_by(4) {
@@ -172,12 +251,18 @@ fn file_too_small_for_a_header() {
 fn missing_seals() {
     // A memfd made without MFD_ALLOW_SEALING carries only F_SEAL_SEAL.
     let e = Region::open(memfd(0, LAYOUT.region_len())).unwrap_err();
-    assert!(matches!(e, Error::MissingSeals { have } if have == libc::F_SEAL_SEAL as u32), "{e}");
+    assert!(
+        matches!(e, Error::MissingSeals { have } if have == libc::F_SEAL_SEAL as u32),
+        "{e}"
+    );
     // Sealable, but the peer "forgot" GROW: it could still grow it.
     let fd = memfd(libc::MFD_ALLOW_SEALING, LAYOUT.region_len());
     seal(&fd, libc::F_SEAL_SHRINK);
     let e = Region::open(fd).unwrap_err();
-    assert!(matches!(e, Error::MissingSeals { have } if have == libc::F_SEAL_SHRINK as u32), "{e}");
+    assert!(
+        matches!(e, Error::MissingSeals { have } if have == libc::F_SEAL_SHRINK as u32),
+        "{e}"
+    );
 }
 
 #[test]
@@ -193,14 +278,34 @@ fn buffer_id_out_of_range() {
     let e = a.bufs.span(8, 0, 1).unwrap_err();
     assert!(matches!(e, Error::BufferIndex { id: 8, total: 8 }), "{e}");
     let e = a.pool.free(BufId(u32::MAX)).unwrap_err();
-    assert!(matches!(e, Error::BufferIndex { id: u32::MAX, total: 8 }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::BufferIndex {
+                id: u32::MAX,
+                total: 8
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
 fn buffer_range_past_the_end() {
     let a = Ep::new(region(), Side::A).unwrap();
     let e = a.bufs.span(7, 200, 57).unwrap_err();
-    assert!(matches!(e, Error::BufferRange { id: 7, off: 200, len: 57, buf_size: 256 }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::BufferRange {
+                id: 7,
+                off: 200,
+                len: 57,
+                buf_size: 256
+            }
+        ),
+        "{e}"
+    );
     let e = a.bufs.span(0, 8, u32::MAX).unwrap_err(); // off + len overflows u32
     assert!(matches!(e, Error::BufferRange { .. }), "{e}");
     a.bufs.span(7, 200, 56).unwrap();
@@ -214,9 +319,27 @@ fn freeing_a_buffer_not_ours() {
     let theirs = b.pool.alloc().unwrap();
     assert_eq!(theirs, BufId(3));
     let e = a.pool.free(theirs).unwrap_err();
-    assert!(matches!(e, Error::BufferNotOurs { id: 3, owner: Side::B }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::BufferNotOurs {
+                id: 3,
+                owner: Side::B
+            }
+        ),
+        "{e}"
+    );
     let e = b.pool.free(BufId(0)).unwrap_err();
-    assert!(matches!(e, Error::BufferNotOurs { id: 0, owner: Side::A }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::BufferNotOurs {
+                id: 0,
+                owner: Side::A
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
@@ -234,7 +357,17 @@ fn double_free() {
 #[test]
 fn record_size_mismatch() {
     let e = Endpoint::<[u64; 2], [u64; 4]>::new(region(), Side::B).unwrap_err();
-    assert!(matches!(e, Error::RecordSize { expected: 16, tx: 16, rx: 32 }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::RecordSize {
+                expected: 16,
+                tx: 16,
+                rx: 32
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
@@ -244,7 +377,10 @@ fn second_endpoint_for_the_same_side() {
     let e = Ep::new(r.clone(), Side::A).unwrap_err();
     assert!(matches!(e, Error::SideClaimed(Side::A)), "{e}");
     let again = Arc::new(reopen(&r).unwrap());
-    assert!(matches!(Ep::new(again, Side::A), Err(Error::SideClaimed(Side::A))));
+    assert!(matches!(
+        Ep::new(again, Side::A),
+        Err(Error::SideClaimed(Side::A))
+    ));
 }
 
 #[test]
@@ -264,7 +400,10 @@ fn garbage_flags_are_only_hints() {
     let mut a = Ep::new(r.clone(), Side::A).unwrap();
     let raw = r.raw_for_tests();
     raw.write_u32(raw.cons_sleeping_off(Side::A), 0xdead_beef);
-    assert!(a.tx.notify(), "an odd value counts as asleep: one spare wake");
+    assert!(
+        a.tx.notify(),
+        "an odd value counts as asleep: one spare wake"
+    );
     raw.write_u32(raw.cons_sleeping_off(Side::A), 0);
     assert!(!a.tx.notify());
     raw.write_u32(raw.prod_sleeping_off(Side::B), 7);
@@ -293,7 +432,14 @@ fn random_scribbles_never_panic() {
         x ^= x << 17;
         let off = (raw.tail_off(Side::A) + x as usize % (end - raw.tail_off(Side::A))) & !3;
         // Mostly small values, so that some land inside the valid ranges.
-        raw.write_u32(off, if x & 0x100 == 0 { (x >> 32) as u32 & 7 } else { (x >> 32) as u32 });
+        raw.write_u32(
+            off,
+            if x & 0x100 == 0 {
+                (x >> 32) as u32 & 7
+            } else {
+                (x >> 32) as u32
+            },
+        );
         let res = match i % 5 {
             0 => a.tx.push(&[i, i]).map(drop),
             1 => a.tx.free().map(drop),

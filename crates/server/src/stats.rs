@@ -101,3 +101,41 @@ impl fmt::Display for ServerStats {
         Ok(())
     }
 }
+
+impl ServerStats {
+    /// The counters as one JSON object (for `ferry run --stats-json` and the benchmarks).
+    pub fn to_json(&self) -> String {
+        let chans: Vec<String> = self
+            .channels
+            .iter()
+            .map(|c| {
+                format!(
+                    r#"{{"id":{},"pid":{},"tid":{},"requests":{},"completions":{},"batches":{},"wakes_sent":{},"wakes_avoided":{},"doorbells":{}}}"#,
+                    c.id, c.pid, c.tid, c.requests, c.completions, c.batches, c.wakes_sent, c.wakes_avoided, c.doorbells
+                )
+            })
+            .collect();
+        let socks: Vec<String> = self
+            .sockets
+            .iter()
+            .map(|s| {
+                format!(
+                    r#"{{"id":{},"calls":{},"bytes_out":{},"bytes_in":{},"tokens":{}}}"#,
+                    s.id, s.calls, s.bytes_out, s.bytes_in, s.tokens
+                )
+            })
+            .collect();
+        format!(
+            r#"{{"server":"{}","turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"bad_channels":{},"denied":{},"channels":[{}],"sockets":[{}]}}"#,
+            self.id,
+            self.turns,
+            self.spin_turns,
+            self.sleeps,
+            self.data_syscalls,
+            self.bad_channels,
+            self.denied,
+            chans.join(","),
+            socks.join(",")
+        )
+    }
+}

@@ -8,8 +8,8 @@ use libc::c_int;
 
 use super::{Case, Res};
 use crate::net::{
-    closed_port, connect, fill_send_buffer, fionread, recv, recv_text, send, setsockopt,
-    so_error, tcp_pair, tcp_socket, wait_for,
+    closed_port, connect, fill_send_buffer, fionread, recv, recv_text, send, setsockopt, so_error,
+    tcp_pair, tcp_socket, wait_for,
 };
 use crate::proc::{count_signal, fork_with, on_signal, set_disposition, signal_count};
 use crate::sys::{Ctx, Fd, show, sleep_ms, zeroed};
@@ -56,7 +56,11 @@ fn eof_returns_zero() -> Res {
     send(c.raw(), b"bye", 0).ctx("send")?;
     drop(c);
     let a = recv_text(s.raw(), 16, 0);
-    Ok(format!("{a} {} {}", recv_text(s.raw(), 16, 0), recv_text(s.raw(), 16, 0)))
+    Ok(format!(
+        "{a} {} {}",
+        recv_text(s.raw(), 16, 0),
+        recv_text(s.raw(), 16, 0)
+    ))
 }
 
 fn msg_peek() -> Res {
@@ -91,17 +95,29 @@ fn msg_waitall_short_on_eof() -> Res {
     drop(c);
     let mut buf = [0u8; 300];
     let n = show(recv(s.raw(), &mut buf, libc::MSG_WAITALL));
-    Ok(format!("recv(300,WAITALL)={n} then={}", recv_text(s.raw(), 8, 0)))
+    Ok(format!(
+        "recv(300,WAITALL)={n} then={}",
+        recv_text(s.raw(), 8, 0)
+    ))
 }
 
 fn timeval_ms(ms: i64) -> libc::timeval {
-    libc::timeval { tv_sec: (ms / 1000) as libc::time_t, tv_usec: ((ms % 1000) * 1000) as _ }
+    libc::timeval {
+        tv_sec: (ms / 1000) as libc::time_t,
+        tv_usec: ((ms % 1000) * 1000) as _,
+    }
 }
 
 fn get_timeout(fd: c_int, opt: c_int) -> String {
     let mut tv: libc::timeval = zeroed();
     let mut len = size_of::<libc::timeval>() as libc::socklen_t;
-    match sys!(libc::getsockopt(fd, libc::SOL_SOCKET, opt, (&raw mut tv).cast(), &mut len)) {
+    match sys!(libc::getsockopt(
+        fd,
+        libc::SOL_SOCKET,
+        opt,
+        (&raw mut tv).cast(),
+        &mut len
+    )) {
         Ok(_) => format!("{}ms", tv.tv_sec * 1000 + tv.tv_usec / 1000),
         Err(e) => e.to_string(),
     }
@@ -110,19 +126,38 @@ fn get_timeout(fd: c_int, opt: c_int) -> String {
 fn so_rcvtimeo_eagain() -> Res {
     let (_c, s) = tcp_pair(libc::AF_INET)?;
     let default = get_timeout(s.raw(), libc::SO_RCVTIMEO);
-    setsockopt(s.raw(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, &timeval_ms(100)).ctx("set")?;
+    setsockopt(
+        s.raw(),
+        libc::SOL_SOCKET,
+        libc::SO_RCVTIMEO,
+        &timeval_ms(100),
+    )
+    .ctx("set")?;
     let got = get_timeout(s.raw(), libc::SO_RCVTIMEO);
     let start = Instant::now();
     let r = recv_text(s.raw(), 16, 0);
     let waited = start.elapsed() >= Duration::from_millis(90);
-    Ok(format!("default={default} get={got} recv={r} waited_timeout={waited}"))
+    Ok(format!(
+        "default={default} get={got} recv={r} waited_timeout={waited}"
+    ))
 }
 
 fn so_sndtimeo_set_get() -> Res {
     let s = tcp_socket(libc::AF_INET).ctx("socket")?;
     let default = get_timeout(s.raw(), libc::SO_SNDTIMEO);
-    let set = show(setsockopt(s.raw(), libc::SOL_SOCKET, libc::SO_SNDTIMEO, &timeval_ms(2500)).map(|_| 0));
-    Ok(format!("default={default} set={set} get={}", get_timeout(s.raw(), libc::SO_SNDTIMEO)))
+    let set = show(
+        setsockopt(
+            s.raw(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDTIMEO,
+            &timeval_ms(2500),
+        )
+        .map(|_| 0),
+    );
+    Ok(format!(
+        "default={default} set={set} get={}",
+        get_timeout(s.raw(), libc::SO_SNDTIMEO)
+    ))
 }
 
 fn so_sndtimeo_times_out() -> Res {
@@ -130,7 +165,13 @@ fn so_sndtimeo_times_out() -> Res {
     fill_send_buffer(c.raw())?;
     sleep_ms(20);
     fill_send_buffer(c.raw())?;
-    setsockopt(c.raw(), libc::SOL_SOCKET, libc::SO_SNDTIMEO, &timeval_ms(100)).ctx("set")?;
+    setsockopt(
+        c.raw(),
+        libc::SOL_SOCKET,
+        libc::SO_SNDTIMEO,
+        &timeval_ms(100),
+    )
+    .ctx("set")?;
     let big = vec![1u8; 1 << 20];
     let start = Instant::now();
     let r = send(c.raw(), &big, libc::MSG_NOSIGNAL);
@@ -214,18 +255,30 @@ fn sigpipe_ignored() -> Res {
 fn unread_close_econnreset() -> Res {
     let (c, s) = tcp_pair(libc::AF_INET)?;
     send(c.raw(), b"unread", 0).ctx("send")?;
-    sleep_ms(10);
+    // Closing with unread data (not a FIN) is what makes the reset.
+    wait_for(s.raw(), libc::POLLIN).ctx("poll")?;
     drop(s);
     wait_for(c.raw(), libc::POLLHUP).ctx("poll")?;
     let first = recv_text(c.raw(), 16, 0);
-    Ok(format!("recv={first} then={} SO_ERROR={}", recv_text(c.raw(), 16, 0), so_error(c.raw())))
+    Ok(format!(
+        "recv={first} then={} SO_ERROR={}",
+        recv_text(c.raw(), 16, 0),
+        so_error(c.raw())
+    ))
 }
 
 fn linger_zero_rst() -> Res {
     let (c, s) = tcp_pair(libc::AF_INET)?;
-    let lg = libc::linger { l_onoff: 1, l_linger: 0 };
+    let lg = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
     setsockopt(s.raw(), libc::SOL_SOCKET, libc::SO_LINGER, &lg).ctx("setsockopt")?;
     drop(s);
     wait_for(c.raw(), libc::POLLHUP).ctx("poll")?;
-    Ok(format!("peer_recv={} then={}", recv_text(c.raw(), 16, 0), recv_text(c.raw(), 16, 0)))
+    Ok(format!(
+        "peer_recv={} then={}",
+        recv_text(c.raw(), 16, 0),
+        recv_text(c.raw(), 16, 0)
+    ))
 }

@@ -79,20 +79,20 @@ fn many_small_writes() -> Res {
 fn forked_peer_4mb() -> Res {
     const LEN: usize = 4 << 20;
     let (c, s) = tcp_pair(libc::AF_INET)?;
-    let child = fork_with(|| match send_pattern(c.raw(), LEN, 19) {
-        Ok(sum) => i32::from(recv_checksum(c.raw(), 8).is_err()) + (sum % 2) as i32 * 0,
-        Err(_) => 1,
+    let child = fork_with(|| {
+        let sent = send_pattern(c.raw(), LEN, 19).is_ok();
+        // Stay until the parent has read everything and acknowledged.
+        let acked = crate::net::recv_exact(c.raw(), 3).is_ok_and(|v| v == b"ack");
+        if sent && acked { 0 } else { 1 }
     })?;
     drop(c);
     let got = recv_checksum(s.raw(), LEN)?;
-    let expect = {
-        let (a, b) = crate::sys::pipe(0).ctx("pipe")?;
-        drop(a);
-        drop(b);
-        expected_checksum(LEN, 19)
-    };
-    send(s.raw(), &[0u8; 8], 0).ctx("send")?;
-    Ok(format!("bytes={LEN} checksum_match={} child={}", got == expect, child.wait()))
+    send(s.raw(), b"ack", 0).ctx("send")?;
+    Ok(format!(
+        "bytes={LEN} checksum_match={} child={}",
+        got == expected_checksum(LEN, 19),
+        child.wait()
+    ))
 }
 
 /// The checksum [`send_pattern`] produces, computed without sending.
@@ -110,8 +110,13 @@ fn expected_checksum(len: usize, seed: u32) -> u64 {
 
 fn unix_stream_4mb() -> Res {
     let mut sv = [0; 2];
-    sys!(libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, sv.as_mut_ptr()))
-        .ctx("socketpair")?;
+    sys!(libc::socketpair(
+        libc::AF_UNIX,
+        libc::SOCK_STREAM,
+        0,
+        sv.as_mut_ptr()
+    ))
+    .ctx("socketpair")?;
     let (a, b) = (Fd::new(sv[0]), Fd::new(sv[1]));
     one_way(&a, &b, 4 << 20, 23)
 }

@@ -6,8 +6,8 @@ use libc::c_int;
 
 use super::{Case, Res};
 use crate::net::{
-    Addr, accept, bind, connect, listen, listener, recv_text, send, tcp_pair,
-    tcp_socket, udp_socket,
+    Addr, accept, bind, connect, listen, listener, recv_text, send, tcp_pair, tcp_socket,
+    udp_socket,
 };
 use crate::proc::{Child, fork_with, wait_until_process_asleep};
 use crate::sys::{Ctx, fd_count, show, zeroed};
@@ -19,16 +19,30 @@ pub const CASES: &[Case] = &[
     Case::new("clean.port_released_on_close", port_released_on_close),
     Case::new("clean.exited_child_peer_eof", exited_child_peer_eof),
     Case::new("clean.killed_child_peer_eof", killed_child_peer_eof),
-    Case::new("clean.killed_child_port_released", killed_child_port_released),
-    Case::new("clean.close_range_closes_sockets", close_range_closes_sockets),
+    Case::new(
+        "clean.killed_child_port_released",
+        killed_child_port_released,
+    ),
+    Case::new(
+        "clean.close_range_closes_sockets",
+        close_range_closes_sockets,
+    ),
 ];
 
 fn open_close_2000_no_leak() -> Res {
     let before = fd_count()?;
     let mut ok = 0;
     for i in 0..2000 {
-        let family = if i % 2 == 0 { libc::AF_INET } else { libc::AF_INET6 };
-        let s = if i % 3 == 0 { udp_socket(family) } else { tcp_socket(family) };
+        let family = if i % 2 == 0 {
+            libc::AF_INET
+        } else {
+            libc::AF_INET6
+        };
+        let s = if i % 3 == 0 {
+            udp_socket(family)
+        } else {
+            tcp_socket(family)
+        };
         if s.and_then(|s| s.close()).is_ok() {
             ok += 1;
         }
@@ -37,12 +51,17 @@ fn open_close_2000_no_leak() -> Res {
         drop(tcp_pair(libc::AF_INET)?);
     }
     let after = fd_count()?;
-    Ok(format!("closed_ok={ok} pairs=100 fd_delta={}", after as i64 - before as i64))
+    Ok(format!(
+        "closed_ok={ok} pairs=100 fd_delta={}",
+        after as i64 - before as i64
+    ))
 }
 
 /// Lowers the soft `RLIMIT_NOFILE` to `limit`; returns how many fds below it are free.
 fn lower_nofile(limit: u64) -> Result<usize, String> {
-    let free = (0..limit as c_int).filter(|&fd| sys!(libc::fcntl(fd, libc::F_GETFD)).is_err()).count();
+    let free = (0..limit as c_int)
+        .filter(|&fd| sys!(libc::fcntl(fd, libc::F_GETFD)).is_err())
+        .count();
     let mut rl: libc::rlimit = zeroed();
     sys!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl)).ctx("getrlimit")?;
     rl.rlim_cur = limit;
@@ -110,7 +129,9 @@ fn exited_child_peer_eof() -> Res {
     let child = fork_with(|| {
         let mut keep = Vec::new();
         for _ in 0..5 {
-            let Ok(c) = tcp_socket(libc::AF_INET) else { return 1 };
+            let Ok(c) = tcp_socket(libc::AF_INET) else {
+                return 1;
+            };
             if connect(c.raw(), &addr).is_err() {
                 return 2;
             }
@@ -126,13 +147,19 @@ fn exited_child_peer_eof() -> Res {
         results.push(format!("{first}+{}", recv_text(a.raw(), 4, 0)));
     }
     results.dedup();
-    Ok(format!("child={} peers={}", child.wait(), results.join(",")))
+    Ok(format!(
+        "child={} peers={}",
+        child.wait(),
+        results.join(",")
+    ))
 }
 
 fn killed_child_peer_eof() -> Res {
     let (l, addr) = listener(libc::AF_INET)?;
     let child = fork_with(|| {
-        let Ok(c) = tcp_socket(libc::AF_INET) else { return 1 };
+        let Ok(c) = tcp_socket(libc::AF_INET) else {
+            return 1;
+        };
         if connect(c.raw(), &addr).is_err() {
             return 2;
         }
@@ -145,13 +172,18 @@ fn killed_child_peer_eof() -> Res {
     let asleep = wait_until_process_asleep(child.pid());
     unsafe { libc::kill(child.pid(), libc::SIGKILL) };
     let status = child.wait();
-    Ok(format!("got={hi} child_blocked={asleep} child={status} then={}", recv_text(a.raw(), 4, 0)))
+    Ok(format!(
+        "got={hi} child_blocked={asleep} child={status} then={}",
+        recv_text(a.raw(), 4, 0)
+    ))
 }
 
 fn killed_child_port_released() -> Res {
     let (pr, pw) = crate::sys::pipe(0).ctx("pipe")?;
     let child: Child = fork_with(|| {
-        let Ok((l, addr)) = listener(libc::AF_INET) else { return 1 };
+        let Ok((l, addr)) = listener(libc::AF_INET) else {
+            return 1;
+        };
         let port = addr.port().to_ne_bytes();
         unsafe { libc::write(pw.raw(), port.as_ptr().cast(), 2) };
         let _ = accept(l.raw());
@@ -167,12 +199,14 @@ fn killed_child_port_released() -> Res {
     let s = tcp_socket(libc::AF_INET).ctx("socket")?;
     let after = show(bind(s.raw(), &Addr::loopback(libc::AF_INET, port)).map(|_| 0));
     let lst = show(listen(s.raw(), 1).map(|_| 0));
-    Ok(format!("bind_while_alive={while_alive} child={status} bind_after_kill={after} listen={lst}"))
+    Ok(format!(
+        "bind_while_alive={while_alive} child={status} bind_after_kill={after} listen={lst}"
+    ))
 }
 
 fn close_range_closes_sockets() -> Res {
     let mut servers = Vec::new();
-    let base: c_int = 300;
+    let base: c_int = 120;
     for i in 0..10 {
         let (c, s) = tcp_pair(libc::AF_INET)?;
         let d = sys!(libc::fcntl(c.raw(), libc::F_DUPFD, base + i)).ctx("F_DUPFD")?;
@@ -183,7 +217,10 @@ fn close_range_closes_sockets() -> Res {
         servers.push(s);
     }
     let r = show(sys!(libc::close_range(base as u32, (base + 9) as u32, 0)));
-    let eofs = servers.iter().filter(|s| recv_text(s.raw(), 4, 0) == "EOF").count();
+    let eofs = servers
+        .iter()
+        .filter(|s| recv_text(s.raw(), 4, 0) == "EOF")
+        .count();
     let gone = (base..base + 10).all(|fd| sys!(libc::fcntl(fd, libc::F_GETFD)).is_err());
     Ok(format!("close_range={r} peers_eof={eofs} fds_gone={gone}"))
 }

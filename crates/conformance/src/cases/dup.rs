@@ -9,13 +9,12 @@ use libc::c_int;
 use super::{Case, Res};
 use crate::flags::socktype_name;
 use crate::net::{
-    accept, connect, get_int, listener, local_addr, recv, recv_text, send, tcp_pair,
-    tcp_socket,
+    accept, connect, get_int, listener, local_addr, recv, recv_text, send, tcp_pair, tcp_socket,
 };
 use crate::proc::{fork_with, gettid, wait_until_asleep};
 use crate::sys::{
-    Ctx, Errno, Fd, cloexec_state, dev_null, lowest_free_fd, nonblock_state, pipe,
-    set_nonblocking, show, zeroed,
+    Ctx, Errno, Fd, cloexec_state, dev_null, lowest_free_fd, nonblock_state, pipe, set_nonblocking,
+    show, zeroed,
 };
 
 pub const CASES: &[Case] = &[
@@ -30,10 +29,16 @@ pub const CASES: &[Case] = &[
     Case::new("dup.shutdown_via_dup", shutdown_via_dup),
     Case::new("dup.dup2_over_socket_closes_it", dup2_over_socket_closes_it),
     Case::new("dup.scm_rights_to_child", scm_rights_to_child),
-    Case::new("dup.scm_rights_listener_to_child", scm_rights_listener_to_child),
+    Case::new(
+        "dup.scm_rights_listener_to_child",
+        scm_rights_listener_to_child,
+    ),
     Case::new("dup.scm_rights_self", scm_rights_self),
     Case::new("dup.close_while_recv_blocked", close_while_recv_blocked),
-    Case::new("dup.shutdown_wakes_blocked_recv", shutdown_wakes_blocked_recv),
+    Case::new(
+        "dup.shutdown_wakes_blocked_recv",
+        shutdown_wakes_blocked_recv,
+    ),
 ];
 
 fn dup_fd(fd: c_int) -> Result<Fd, String> {
@@ -74,7 +79,11 @@ fn dup2_same_fd() -> Res {
     let s = tcp_socket(libc::AF_INET).ctx("socket")?;
     let same = sys!(libc::dup2(s.raw(), s.raw())).map(|r| r == s.raw());
     let d3 = sys!(libc::dup3(s.raw(), s.raw(), 0)).map(|r| r == s.raw());
-    Ok(format!("dup2(fd,fd)=fd:{} dup3(fd,fd)={}", show(same), show(d3)))
+    Ok(format!(
+        "dup2(fd,fd)=fd:{} dup3(fd,fd)={}",
+        show(same),
+        show(d3)
+    ))
 }
 
 fn dup3_cloexec() -> Res {
@@ -97,7 +106,13 @@ fn f_dupfd_min() -> Res {
     let a = Fd::new(sys!(libc::fcntl(s.raw(), libc::F_DUPFD, 100)).ctx("F_DUPFD")?);
     let b = Fd::new(sys!(libc::fcntl(s.raw(), libc::F_DUPFD, 100)).ctx("F_DUPFD")?);
     let ty = get_int(b.raw(), libc::SOL_SOCKET, libc::SO_TYPE).map(socktype_name);
-    Ok(format!("F_DUPFD(100)={} again={} {} SO_TYPE={}", a.raw(), b.raw(), cloexec_state(a.raw()), show(ty)))
+    Ok(format!(
+        "F_DUPFD(100)={} again={} {} SO_TYPE={}",
+        a.raw(),
+        b.raw(),
+        cloexec_state(a.raw()),
+        show(ty)
+    ))
 }
 
 fn f_dupfd_cloexec() -> Res {
@@ -124,7 +139,10 @@ fn close_original_use_dup() -> Res {
     send(s.raw(), b"back", 0).ctx("send")?;
     let back = recv_text(d.raw(), 16, 0);
     drop(d);
-    Ok(format!("no_eof={no_eof} got={got} back={back} after_last_close={}", recv_text(s.raw(), 8, 0)))
+    Ok(format!(
+        "no_eof={no_eof} got={got} back={back} after_last_close={}",
+        recv_text(s.raw(), 8, 0)
+    ))
 }
 
 fn shared_status_flags() -> Res {
@@ -161,7 +179,10 @@ fn dup2_over_socket_closes_it() -> Res {
 /// Sends `fd` as `SCM_RIGHTS` with one byte of data.
 pub fn send_fd(via: c_int, fd: c_int) -> Result<(), Errno> {
     let mut byte = *b"F";
-    let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
     let space = unsafe { libc::CMSG_SPACE(size_of::<c_int>() as u32) } as usize;
     let mut cbuf = vec![0u64; space.div_ceil(8)];
     let mut msg: libc::msghdr = zeroed();
@@ -183,7 +204,10 @@ pub fn send_fd(via: c_int, fd: c_int) -> Result<(), Errno> {
 /// Receives one fd sent by [`send_fd`].
 pub fn recv_fd(via: c_int, flags: c_int) -> Result<Fd, String> {
     let mut byte = [0u8; 1];
-    let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
     let space = unsafe { libc::CMSG_SPACE(size_of::<c_int>() as u32) } as usize;
     let mut cbuf = vec![0u64; space.div_ceil(8)];
     let mut msg: libc::msghdr = zeroed();
@@ -198,21 +222,30 @@ pub fn recv_fd(via: c_int, flags: c_int) -> Result<Fd, String> {
         if cm.is_null() || (*cm).cmsg_type != libc::SCM_RIGHTS {
             return Err("no SCM_RIGHTS".into());
         }
-        Ok(Fd::new(std::ptr::read_unaligned(libc::CMSG_DATA(cm).cast::<c_int>())))
+        Ok(Fd::new(std::ptr::read_unaligned(
+            libc::CMSG_DATA(cm).cast::<c_int>(),
+        )))
     }
 }
 
 fn unix_pair() -> Result<(Fd, Fd), String> {
     let mut sv = [0; 2];
-    sys!(libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, sv.as_mut_ptr()))
-        .ctx("socketpair")?;
+    sys!(libc::socketpair(
+        libc::AF_UNIX,
+        libc::SOCK_STREAM,
+        0,
+        sv.as_mut_ptr()
+    ))
+    .ctx("socketpair")?;
     Ok((Fd::new(sv[0]), Fd::new(sv[1])))
 }
 
 fn scm_rights_to_child() -> Res {
     let (ua, ub) = unix_pair()?;
     let child = fork_with(|| {
-        let Ok(fd) = recv_fd(ub.raw(), 0) else { return 1 };
+        let Ok(fd) = recv_fd(ub.raw(), 0) else {
+            return 1;
+        };
         let ok = send(fd.raw(), b"via-scm-rights", 0).is_ok();
         let reply = recv_text(fd.raw(), 16, 0);
         if ok && reply == "\"ack\"" { 0 } else { 2 }
@@ -223,13 +256,18 @@ fn scm_rights_to_child() -> Res {
     let got = recv_text(s.raw(), 32, 0);
     send(s.raw(), b"ack", 0).ctx("send")?;
     let status = child.wait();
-    Ok(format!("peer_got={got} child={status} then={}", recv_text(s.raw(), 8, 0)))
+    Ok(format!(
+        "peer_got={got} child={status} then={}",
+        recv_text(s.raw(), 8, 0)
+    ))
 }
 
 fn scm_rights_listener_to_child() -> Res {
     let (ua, ub) = unix_pair()?;
     let child = fork_with(|| {
-        let Ok(l) = recv_fd(ub.raw(), libc::MSG_CMSG_CLOEXEC) else { return 1 };
+        let Ok(l) = recv_fd(ub.raw(), libc::MSG_CMSG_CLOEXEC) else {
+            return 1;
+        };
         match accept(l.raw()) {
             Ok(a) => send(a.raw(), b"accepted-by-child", 0).map_or(2, |_| 0),
             Err(_) => 3,
@@ -240,7 +278,11 @@ fn scm_rights_listener_to_child() -> Res {
     drop(l);
     let c = tcp_socket(libc::AF_INET).ctx("socket")?;
     connect(c.raw(), &addr).ctx("connect")?;
-    Ok(format!("client_got={} child={}", recv_text(c.raw(), 32, 0), child.wait()))
+    Ok(format!(
+        "client_got={} child={}",
+        recv_text(c.raw(), 32, 0),
+        child.wait()
+    ))
 }
 
 fn scm_rights_self() -> Res {
@@ -289,7 +331,10 @@ fn close_while_recv_blocked() -> Res {
     let closed = show(sys!(libc::close(fd)));
     send(c.raw(), b"after-close", 0).ctx("send")?;
     let out = res.recv_timeout(std::time::Duration::from_secs(3));
-    Ok(format!("close={closed} thread: {}", out.unwrap_or_else(|_| "still blocked".into())))
+    Ok(format!(
+        "close={closed} thread: {}",
+        out.unwrap_or_else(|_| "still blocked".into())
+    ))
 }
 
 fn shutdown_wakes_blocked_recv() -> Res {
@@ -297,5 +342,8 @@ fn shutdown_wakes_blocked_recv() -> Res {
     let res = blocked_reader(s.raw())?;
     let r = show(sys!(libc::shutdown(s.raw(), libc::SHUT_RDWR)));
     let out = res.recv_timeout(std::time::Duration::from_secs(3));
-    Ok(format!("shutdown={r} thread: {}", out.unwrap_or_else(|_| "still blocked".into())))
+    Ok(format!(
+        "shutdown={r} thread: {}",
+        out.unwrap_or_else(|_| "still blocked".into())
+    ))
 }

@@ -8,8 +8,8 @@ use libc::{c_int, c_long, c_void, size_t, ssize_t};
 use super::{Case, Res};
 use crate::flags::poll_names;
 use crate::net::{
-    Addr, fionread, listener, local_addr, peer_addr, recv, recv_text, send, tcp_pair,
-    tcp_socket, wait_for,
+    Addr, fionread, listener, local_addr, peer_addr, recv, recv_text, send, tcp_pair, tcp_socket,
+    wait_for,
 };
 use crate::sys::{Ctx, Fd, cloexec_state, nonblock_state, pipe, show};
 
@@ -17,6 +17,10 @@ pub const CASES: &[Case] = &[
     Case::new("io.accept4_flags", accept4_flags),
     Case::new("io.accept_peer_addr", accept_peer_addr),
     Case::new("io.accept_short_addrlen", accept_short_addrlen),
+    Case::new(
+        "io.listen_backlog_multiple_accepts",
+        listen_backlog_multiple_accepts,
+    ),
     Case::new("io.readv_writev", readv_writev),
     Case::new("io.sendfile_file_to_socket", sendfile_file_to_socket),
     Case::new("io.splice_socket_to_pipe", splice_socket_to_pipe),
@@ -40,8 +44,13 @@ pub const CASES: &[Case] = &[
 const SIOCATMARK: libc::Ioctl = 0x8905;
 
 unsafe extern "C" {
-    fn __recv_chk(fd: c_int, buf: *mut c_void, len: size_t, buflen: size_t, flags: c_int)
-    -> ssize_t;
+    fn __recv_chk(
+        fd: c_int,
+        buf: *mut c_void,
+        len: size_t,
+        buflen: size_t,
+        flags: c_int,
+    ) -> ssize_t;
     fn __read_chk(fd: c_int, buf: *mut c_void, len: size_t, buflen: size_t) -> ssize_t;
     fn __recvfrom_chk(
         fd: c_int,
@@ -62,9 +71,9 @@ fn accept4_flags() -> Res {
     let c = tcp_socket(libc::AF_INET).ctx("socket")?;
     crate::net::connect(c.raw(), &addr).ctx("connect")?;
     let flags = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
-    let null = std::ptr::null_mut();
-    let a = Fd::new(sys!(libc::accept4(l.raw(), null, null, flags)).ctx("accept4")?);
-    let bad = show(sys!(libc::accept4(l.raw(), null, null, 0x1234)));
+    let (na, nl) = (std::ptr::null_mut(), std::ptr::null_mut());
+    let a = Fd::new(sys!(libc::accept4(l.raw(), na, nl, flags)).ctx("accept4")?);
+    let bad = show(sys!(libc::accept4(l.raw(), na, nl, 0x1234)));
     Ok(format!(
         "{} {} recv={} bad_flags={bad}",
         nonblock_state(a.raw()),
@@ -105,29 +114,65 @@ fn accept_short_addrlen() -> Res {
     ))
 }
 
+/// Several clients connect before anyone accepts; `accept` hands them out in order.
+fn listen_backlog_multiple_accepts() -> Res {
+    let l = tcp_socket(libc::AF_INET).ctx("socket")?;
+    crate::net::bind(l.raw(), &Addr::loopback(libc::AF_INET, 0)).ctx("bind")?;
+    crate::net::listen(l.raw(), 4).ctx("listen")?;
+    let addr = local_addr(l.raw()).ctx("getsockname")?;
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let c = tcp_socket(libc::AF_INET).ctx("socket")?;
+        crate::net::connect(c.raw(), &addr).ctx("connect")?;
+        clients.push(c);
+    }
+    let mut in_order = true;
+    for c in &clients {
+        let a = crate::net::accept(l.raw()).ctx("accept")?;
+        let want = local_addr(c.raw()).ctx("getsockname")?.port();
+        in_order &= peer_addr(a.raw()).ctx("getpeername")?.port() == want;
+    }
+    let none_left = crate::net::poll1(l.raw(), libc::POLLIN, 0).ctx("poll")? == 0;
+    Ok(format!(
+        "backlog=4 connected=4 accepted_in_connect_order={in_order} queue_empty={none_left}"
+    ))
+}
+
 fn readv_writev() -> Res {
     let (c, s) = tcp_pair(libc::AF_INET)?;
     let parts: [&[u8]; 3] = [b"one,", b"two,", b"three"];
     let iov: Vec<libc::iovec> = parts
         .iter()
-        .map(|p| libc::iovec { iov_base: p.as_ptr().cast_mut().cast(), iov_len: p.len() })
+        .map(|p| libc::iovec {
+            iov_base: p.as_ptr().cast_mut().cast(),
+            iov_len: p.len(),
+        })
         .collect();
     let w = show(sys!(libc::writev(c.raw(), iov.as_ptr(), 3)));
     wait_for(s.raw(), libc::POLLIN).ctx("poll")?;
     crate::sys::sleep_ms(5);
     let (mut a, mut b) = ([0u8; 6], [0u8; 16]);
     let riov = [
-        libc::iovec { iov_base: a.as_mut_ptr().cast(), iov_len: a.len() },
-        libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() },
+        libc::iovec {
+            iov_base: a.as_mut_ptr().cast(),
+            iov_len: a.len(),
+        },
+        libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: b.len(),
+        },
     ];
     let r = sys!(libc::readv(s.raw(), riov.as_ptr(), 2)).ctx("readv")? as usize;
     let second = String::from_utf8_lossy(&b[..r.saturating_sub(6)]).into_owned();
-    Ok(format!("writev={w} readv={r} iov0={:?} iov1={second:?}", String::from_utf8_lossy(&a)))
+    Ok(format!(
+        "writev={w} readv={r} iov0={:?} iov1={second:?}",
+        String::from_utf8_lossy(&a)
+    ))
 }
 
 fn sendfile_file_to_socket() -> Res {
     let (c, s) = tcp_pair(libc::AF_INET)?;
-    let path = format!("/tmp/ferry-conformance-sendfile-{}", unsafe { libc::getpid() });
+    let path = crate::sys::scratch_path("sendfile");
     let content: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
     std::fs::write(&path, &content).map_err(|e| e.to_string())?;
     let cpath = std::ffi::CString::new(path.clone()).map_err(|e| e.to_string())?;
@@ -158,7 +203,10 @@ fn splice_socket_to_pipe() -> Res {
     let n = show(sys!(libc::splice(s.raw(), null, pw.raw(), null, 64, 0)));
     let mut buf = [0u8; 64];
     let r = sys!(libc::read(pr.raw(), buf.as_mut_ptr().cast(), 64)).ctx("read")? as usize;
-    Ok(format!("splice={n} pipe_read={:?}", String::from_utf8_lossy(&buf[..r])))
+    Ok(format!(
+        "splice={n} pipe_read={:?}",
+        String::from_utf8_lossy(&buf[..r])
+    ))
 }
 
 fn splice_pipe_to_socket() -> Res {
@@ -197,7 +245,10 @@ fn shutdown_wr_half_close() -> Res {
     let got = recv_text(s.raw(), 16, 0);
     let eof = recv_text(s.raw(), 16, 0);
     send(s.raw(), b"reply", 0).ctx("send")?;
-    Ok(format!("peer: {got} then {eof}; reverse={}", recv_text(c.raw(), 16, 0)))
+    Ok(format!(
+        "peer: {got} then {eof}; reverse={}",
+        recv_text(c.raw(), 16, 0)
+    ))
 }
 
 fn shutdown_rd() -> Res {
@@ -206,7 +257,10 @@ fn shutdown_rd() -> Res {
     let rd = recv_text(s.raw(), 16, 0);
     let ev = show(crate::net::poll1(s.raw(), libc::POLLIN | libc::POLLRDHUP, 0).map(poll_names));
     send(s.raw(), b"still-sends", 0).ctx("send")?;
-    Ok(format!("shutdown={r} recv={rd} poll={ev} peer_got={}", recv_text(c.raw(), 16, 0)))
+    Ok(format!(
+        "shutdown={r} recv={rd} poll={ev} peer_got={}",
+        recv_text(c.raw(), 16, 0)
+    ))
 }
 
 fn ioctl_fionread_siocatmark() -> Res {
@@ -220,7 +274,9 @@ fn ioctl_fionread_siocatmark() -> Res {
     let rest = show(fionread(s.raw()));
     let mut mark: c_int = -1;
     let atmark = show(sys!(libc::ioctl(s.raw(), SIOCATMARK, &mut mark)).map(|_| mark));
-    Ok(format!("empty={empty} after_send={full} after_recv5={rest} SIOCATMARK={atmark}"))
+    Ok(format!(
+        "empty={empty} after_send={full} after_recv5={rest} SIOCATMARK={atmark}"
+    ))
 }
 
 fn read_write_close() -> Res {
@@ -240,13 +296,14 @@ fn zero_length_calls() -> Res {
     let (c, s) = tcp_pair(libc::AF_INET)?;
     let send0 = show(send(c.raw(), &[], 0));
     let write0 = show(sys!(libc::write(c.raw(), b"".as_ptr().cast(), 0)));
-    let recv0 = show(recv(s.raw(), &mut [], 0));
+    // A zero-length blocking recv waits for data like any other (target is 1 byte).
+    let recv0 = show(recv(s.raw(), &mut [], libc::MSG_DONTWAIT));
     let queued = show(fionread(s.raw()));
     send(c.raw(), b"x", 0).ctx("send")?;
     wait_for(s.raw(), libc::POLLIN).ctx("poll")?;
     let recv0_data = show(recv(s.raw(), &mut [], 0));
     Ok(format!(
-        "send0={send0} write0={write0} recv0_empty={recv0} queued={queued} recv0_with_data={recv0_data} then={}",
+        "send0={send0} write0={write0} recv0_dontwait_empty={recv0} queued={queued} recv0_with_data={recv0_data} then={}",
         recv_text(s.raw(), 8, 0)
     ))
 }
@@ -255,31 +312,66 @@ fn recvfrom_tcp() -> Res {
     let (c, s) = tcp_pair(libc::AF_INET)?;
     send(c.raw(), b"null-addr", 0).ctx("send")?;
     let mut buf = [0u8; 32];
-    let null = std::ptr::null_mut();
-    let n = sys!(libc::recvfrom(s.raw(), buf.as_mut_ptr().cast(), 32, 0, null, null))
-        .ctx("recvfrom")? as usize;
+    let (na, nl) = (std::ptr::null_mut(), std::ptr::null_mut());
+    let n = sys!(libc::recvfrom(
+        s.raw(),
+        buf.as_mut_ptr().cast(),
+        32,
+        0,
+        na,
+        nl
+    ))
+    .ctx("recvfrom")? as usize;
     let first = String::from_utf8_lossy(&buf[..n]).into_owned();
     send(c.raw(), b"with-addr", 0).ctx("send")?;
     let mut from = Addr::empty();
     let p = buf.as_mut_ptr().cast();
-    let m = show(sys!(libc::recvfrom(s.raw(), p, 32, 0, from.ptr_mut(), from.len_mut())));
-    Ok(format!("null_addr={first:?} with_addr={m} addrlen_out={}", from.len()))
+    let m = show(sys!(libc::recvfrom(
+        s.raw(),
+        p,
+        32,
+        0,
+        from.ptr_mut(),
+        from.len_mut()
+    )));
+    Ok(format!(
+        "null_addr={first:?} with_addr={m} addrlen_out={}",
+        from.len()
+    ))
 }
 
 fn sendto_connected_tcp() -> Res {
     let (c, s) = tcp_pair(libc::AF_INET)?;
     let elsewhere = Addr::loopback(libc::AF_INET, 9);
     let r = show(crate::net::sendto(c.raw(), b"sendto", 0, &elsewhere));
-    let null = show(sys!(libc::sendto(c.raw(), b"!".as_ptr().cast(), 1, 0, std::ptr::null(), 0)));
-    Ok(format!("sendto_other_addr={r} sendto_null={null} peer_got={}", recv_text(s.raw(), 16, 0)))
+    let null = show(sys!(libc::sendto(
+        c.raw(),
+        b"!".as_ptr().cast(),
+        1,
+        0,
+        std::ptr::null(),
+        0
+    )));
+    Ok(format!(
+        "sendto_other_addr={r} sendto_null={null} peer_got={}",
+        recv_text(s.raw(), 16, 0)
+    ))
 }
 
 fn msg_trunc_discards_tcp() -> Res {
     let (c, s) = tcp_pair(libc::AF_INET)?;
     send(c.raw(), b"discard-keep", 0).ctx("send")?;
     wait_for(s.raw(), libc::POLLIN).ctx("poll")?;
-    let n = show(sys!(libc::recv(s.raw(), std::ptr::null_mut(), 8, libc::MSG_TRUNC)));
-    Ok(format!("recv(NULL,8,MSG_TRUNC)={n} rest={}", recv_text(s.raw(), 16, 0)))
+    let n = show(sys!(libc::recv(
+        s.raw(),
+        std::ptr::null_mut(),
+        8,
+        libc::MSG_TRUNC
+    )));
+    Ok(format!(
+        "recv(NULL,8,MSG_TRUNC)={n} rest={}",
+        recv_text(s.raw(), 16, 0)
+    ))
 }
 
 fn seek_espipe() -> Res {
@@ -300,15 +392,19 @@ fn fortified_chk() -> Res {
     send(c.raw(), b"chk22", 0).ctx("send")?;
     let b = show(sys!(__read_chk(s.raw(), p, 32, 32)));
     send(c.raw(), b"chk333", 0).ctx("send")?;
-    let null = std::ptr::null_mut();
-    let d = show(sys!(__recvfrom_chk(s.raw(), p, 32, 32, 0, null, null)));
+    let (na, nl) = (std::ptr::null_mut(), std::ptr::null_mut());
+    let d = show(sys!(__recvfrom_chk(s.raw(), p, 32, 32, 0, na, nl)));
     Ok(format!("__recv_chk={a} __read_chk={b} __recvfrom_chk={d}"))
 }
 
 fn fortified_poll_fdelt() -> Res {
     let (c, s) = tcp_pair(libc::AF_INET)?;
     send(c.raw(), b"x", 0).ctx("send")?;
-    let mut p = libc::pollfd { fd: s.raw(), events: libc::POLLIN, revents: 0 };
+    let mut p = libc::pollfd {
+        fd: s.raw(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
     let n = show(sys!(__poll_chk(&mut p, 1, 2000, size_of::<libc::pollfd>())));
     let word = unsafe { __fdelt_chk(c_long::from(s.raw())) };
     let bits = 8 * size_of::<c_long>() as c_long;
@@ -332,7 +428,11 @@ fn stdio_fdopen() -> Res {
     send(s.raw(), b"reply line\nextra", 0).ctx("send")?;
     let mut line = [0 as libc::c_char; 64];
     let r = unsafe { libc::fgets(line.as_mut_ptr(), 64, f) };
-    let read = if r.is_null() { "NULL".to_string() } else { crate::sys::c_buf_str(&line) };
+    let read = if r.is_null() {
+        "NULL".to_string()
+    } else {
+        crate::sys::c_buf_str(&line)
+    };
     let closed = unsafe { libc::fclose(f) };
     Ok(format!(
         "fputs_ok={} fflush={flushed} peer_got={got} fgets={read:?} fclose={closed} peer_then={}",

@@ -6,7 +6,7 @@ use libc::c_int;
 
 use super::{Case, Res};
 use crate::flags::epoll_names;
-use crate::net::{closed_port, connect, listener, send, so_error, tcp_pair, tcp_socket};
+use crate::net::{closed_port, connect, listener, send, so_error, tcp_pair, tcp_socket, wait_for};
 use crate::sys::{Ctx, Errno, Fd, dev_null, pipe, show, zeroed};
 
 pub const CASES: &[Case] = &[
@@ -38,7 +38,9 @@ pub struct Ep(Fd);
 
 impl Ep {
     pub fn new() -> Result<Ep, String> {
-        Ok(Ep(Fd::new(sys!(libc::epoll_create1(libc::EPOLL_CLOEXEC)).ctx("epoll_create1")?)))
+        Ok(Ep(Fd::new(
+            sys!(libc::epoll_create1(libc::EPOLL_CLOEXEC)).ctx("epoll_create1")?,
+        )))
     }
 
     pub fn raw(&self) -> c_int {
@@ -51,14 +53,23 @@ impl Ep {
     }
 
     pub fn add(&self, fd: c_int, events: u32, data: u64) -> Result<(), String> {
-        self.ctl(libc::EPOLL_CTL_ADD, fd, events, data).ctx("epoll_ctl")
+        self.ctl(libc::EPOLL_CTL_ADD, fd, events, data)
+            .ctx("epoll_ctl")
     }
 
     /// `epoll_wait`; returns (events, data) pairs sorted by data.
     pub fn wait(&self, max: usize, timeout_ms: c_int) -> Result<Vec<(u32, u64)>, Errno> {
         let mut evs = vec![libc::epoll_event { events: 0, u64: 0 }; max];
-        let n = sys!(libc::epoll_wait(self.raw(), evs.as_mut_ptr(), max as c_int, timeout_ms))?;
-        let mut out: Vec<(u32, u64)> = evs[..n as usize].iter().map(|e| (e.events, e.u64)).collect();
+        let n = sys!(libc::epoll_wait(
+            self.raw(),
+            evs.as_mut_ptr(),
+            max as c_int,
+            timeout_ms
+        ))?;
+        let mut out: Vec<(u32, u64)> = evs[..n as usize]
+            .iter()
+            .map(|e| (e.events, e.u64))
+            .collect();
         out.sort_by_key(|e| e.1);
         Ok(out)
     }
@@ -67,8 +78,10 @@ impl Ep {
     pub fn show(&self, max: usize, timeout_ms: c_int) -> String {
         match self.wait(max, timeout_ms) {
             Ok(v) => {
-                let items: Vec<String> =
-                    v.iter().map(|(e, d)| format!("{d}:{}", epoll_names(*e))).collect();
+                let items: Vec<String> = v
+                    .iter()
+                    .map(|(e, d)| format!("{d}:{}", epoll_names(*e)))
+                    .collect();
                 format!("n={} [{}]", v.len(), items.join(" "))
             }
             Err(e) => e.to_string(),
@@ -98,7 +111,9 @@ fn edge_triggered() -> Res {
     let after_partial_read = ep.show(8, 0);
     send(c.raw(), b"b", 0).ctx("send")?;
     let new_data = ep.show(8, 2000);
-    Ok(format!("first: {first}; after_partial_read: {after_partial_read}; new_data: {new_data}"))
+    Ok(format!(
+        "first: {first}; after_partial_read: {after_partial_read}; new_data: {new_data}"
+    ))
 }
 
 fn oneshot_rearm() -> Res {
@@ -111,7 +126,9 @@ fn oneshot_rearm() -> Res {
     let disarmed = ep.show(8, 0);
     let rearm = show(ep.ctl(libc::EPOLL_CTL_MOD, s.raw(), flags, 2).map(|_| 0));
     let rearmed = ep.show(8, 2000);
-    Ok(format!("first: {first}; disarmed: {disarmed}; mod={rearm}; rearmed: {rearmed}"))
+    Ok(format!(
+        "first: {first}; disarmed: {disarmed}; mod={rearm}; rearmed: {rearmed}"
+    ))
 }
 
 fn rdhup_on_peer_shutdown() -> Res {
@@ -121,7 +138,10 @@ fn rdhup_on_peer_shutdown() -> Res {
     sys!(libc::shutdown(c.raw(), libc::SHUT_WR)).ctx("shutdown")?;
     let ev = ep.show(8, 2000);
     let back = show(send(s.raw(), b"still", 0));
-    Ok(format!("{ev}; reverse_send={back} peer_got={}", crate::net::recv_text(c.raw(), 16, 0)))
+    Ok(format!(
+        "{ev}; reverse_send={back} peer_got={}",
+        crate::net::recv_text(c.raw(), 16, 0)
+    ))
 }
 
 fn exclusive_accepted() -> Res {
@@ -144,10 +164,10 @@ fn data_u64_preserved() -> Res {
     for &tag in &tags {
         let (c, s) = tcp_pair(libc::AF_INET)?;
         send(c.raw(), b"x", 0).ctx("send")?;
+        wait_for(s.raw(), libc::POLLIN).ctx("poll")?;
         ep.add(s.raw(), IN, tag)?;
         keep.push((c, s));
     }
-    crate::sys::sleep_ms(10);
     let got = ep.wait(8, 2000).ctx("epoll_wait")?;
     let tags: Vec<String> = got.iter().map(|(_, d)| format!("{d:#x}")).collect();
     Ok(format!("n={} data=[{}]", got.len(), tags.join(",")))
@@ -174,14 +194,22 @@ fn mixed_kernel_fds() -> Res {
     ep.add(pr.raw(), IN, 2)?;
     ep.add(efd.raw(), IN, 3)?;
     ep.add(tfd.raw(), IN, 4)?;
-    let mut spec: libc::itimerspec = unsafe { std::mem::zeroed() };
+    let mut spec: libc::itimerspec = zeroed();
     spec.it_value.tv_nsec = 5_000_000;
-    sys!(libc::timerfd_settime(tfd.raw(), 0, &spec, std::ptr::null_mut())).ctx("settime")?;
+    sys!(libc::timerfd_settime(
+        tfd.raw(),
+        0,
+        &spec,
+        std::ptr::null_mut()
+    ))
+    .ctx("settime")?;
     send(c.raw(), b"x", 0).ctx("send")?;
     sys!(libc::write(pw.raw(), b"p".as_ptr().cast(), 1)).ctx("write")?;
     let one: u64 = 1;
     sys!(libc::write(efd.raw(), (&raw const one).cast(), 8)).ctx("write")?;
-    crate::sys::sleep_ms(30);
+    for fd in [s.raw(), pr.raw(), efd.raw(), tfd.raw()] {
+        wait_for(fd, libc::POLLIN).ctx("poll")?;
+    }
     Ok(ep.show(8, 2000))
 }
 
@@ -191,10 +219,10 @@ fn kernel_fd_not_starved() -> Res {
     for i in 0..8 {
         let (c, s) = tcp_pair(libc::AF_INET)?;
         send(c.raw(), b"always-readable", 0).ctx("send")?;
+        wait_for(s.raw(), libc::POLLIN).ctx("poll")?;
         ep.add(s.raw(), IN, 100 + i)?;
         keep.push((c, s));
     }
-    crate::sys::sleep_ms(10);
     let efd = Fd::new(sys!(libc::eventfd(1, 0)).ctx("eventfd")?);
     ep.add(efd.raw(), IN, 1)?;
     let mut seen_at = None;
@@ -208,7 +236,10 @@ fn kernel_fd_not_starved() -> Res {
         }
     }
     let seen = seen_at.is_some_and(|r| r <= 3);
-    Ok(format!("eventfd_within_3_waits={seen} distinct_ready_seen={}", sockets_seen.len()))
+    Ok(format!(
+        "eventfd_within_3_waits={seen} distinct_ready_seen={}",
+        sockets_seen.len()
+    ))
 }
 
 fn listener_ready() -> Res {
@@ -274,9 +305,18 @@ fn pwait_with_mask() -> Res {
     let mut mask: libc::sigset_t = zeroed();
     unsafe { libc::sigfillset(&mut mask) };
     let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
-    let n = show(sys!(libc::epoll_pwait(ep.raw(), ev.as_mut_ptr(), 4, 2000, &mask)));
+    let n = show(sys!(libc::epoll_pwait(
+        ep.raw(),
+        ev.as_mut_ptr(),
+        4,
+        2000,
+        &mask
+    )));
     let data = ev[0].u64;
-    Ok(format!("n={n} data={data} events={}", epoll_names(ev[0].events)))
+    Ok(format!(
+        "n={n} data={data} events={}",
+        epoll_names(ev[0].events)
+    ))
 }
 
 fn hup_both_shut() -> Res {
@@ -301,7 +341,10 @@ fn nested_epoll() -> Res {
     let idle = outer.show(8, 0);
     send(c.raw(), b"x", 0).ctx("send")?;
     let ready = outer.show(8, 2000);
-    Ok(format!("idle: {idle}; ready: {ready}; inner: {}", inner.show(8, 0)))
+    Ok(format!(
+        "idle: {idle}; ready: {ready}; inner: {}",
+        inner.show(8, 0)
+    ))
 }
 
 fn refused_epollerr() -> Res {
@@ -321,5 +364,8 @@ fn mod_changes_events() -> Res {
     ep.add(s.raw(), IN, 1)?;
     let before = ep.show(8, 0);
     let m = show(ep.ctl(libc::EPOLL_CTL_MOD, s.raw(), OUT, 2).map(|_| 0));
-    Ok(format!("in_only: {before}; mod={m}; out: {}", ep.show(8, 2000)))
+    Ok(format!(
+        "in_only: {before}; mod={m}; out: {}",
+        ep.show(8, 2000)
+    ))
 }

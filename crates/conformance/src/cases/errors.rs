@@ -6,8 +6,8 @@ use libc::c_int;
 
 use super::{Case, Res};
 use crate::net::{
-    Addr, accept, bind, connect, get_int, listen, listener, local_addr, peer_addr, send,
-    set_int, socket, tcp_pair, tcp_socket, udp_bound, udp_socket,
+    Addr, accept, bind, connect, get_int, listen, listener, local_addr, peer_addr, send, set_int,
+    socket, tcp_pair, tcp_socket, udp_bound, udp_socket,
 };
 use crate::sys::{Ctx, dev_null, pipe, show};
 
@@ -36,8 +36,25 @@ fn bind_in_use() -> Res {
     let (_u, uaddr) = udp_bound(libc::AF_INET6)?;
     let u2 = udp_socket(libc::AF_INET6).ctx("socket")?;
     let udp = show(bind(u2.raw(), &uaddr).map(|_| 0));
-    let udp_tcp_port = show(bind(udp_socket(libc::AF_INET).ctx("socket")?.raw(), &addr).map(|_| 0));
-    Ok(format!("tcp={tcp} udp6={udp} udp_on_tcp_port={udp_tcp_port}"))
+    Ok(format!(
+        "tcp={tcp} udp6={udp} udp_on_tcp_port={}",
+        udp_on_tcp_port()?
+    ))
+}
+
+/// TCP and UDP ports are separate: a UDP socket may bind a TCP listener's port. (A few
+/// tries, since some other UDP socket on the machine may happen to hold that number.)
+fn udp_on_tcp_port() -> Res {
+    let mut last = String::new();
+    for _ in 0..10 {
+        let (_l, addr) = listener(libc::AF_INET)?;
+        let u = udp_socket(libc::AF_INET).ctx("socket")?;
+        match bind(u.raw(), &addr) {
+            Ok(()) => return Ok("0".into()),
+            Err(e) => last = e.to_string(),
+        }
+    }
+    Ok(last)
 }
 
 /// Every socket call on `fd`, as `name=result` pairs.
@@ -46,13 +63,22 @@ fn all_calls(fd: c_int) -> String {
     let mut buf = [0u8; 4];
     let r = [
         ("send", show(send(fd, b"x", libc::MSG_NOSIGNAL))),
-        ("recv", show(crate::net::recv(fd, &mut buf, libc::MSG_DONTWAIT))),
+        (
+            "recv",
+            show(crate::net::recv(fd, &mut buf, libc::MSG_DONTWAIT)),
+        ),
         ("connect", show(connect(fd, &a).map(|_| 0))),
         ("bind", show(bind(fd, &a).map(|_| 0))),
         ("listen", show(listen(fd, 1).map(|_| 0))),
         ("accept", show(accept(fd).map(|_| 0))),
-        ("getsockopt", show(get_int(fd, libc::SOL_SOCKET, libc::SO_TYPE))),
-        ("setsockopt", show(set_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1).map(|_| 0))),
+        (
+            "getsockopt",
+            show(get_int(fd, libc::SOL_SOCKET, libc::SO_TYPE)),
+        ),
+        (
+            "setsockopt",
+            show(set_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1).map(|_| 0)),
+        ),
         ("getsockname", show(local_addr(fd).map(|_| 0))),
         ("getpeername", show(peer_addr(fd).map(|_| 0))),
         ("shutdown", show(sys!(libc::shutdown(fd, libc::SHUT_RDWR)))),
@@ -76,14 +102,22 @@ fn all_calls(fd: c_int) -> String {
 fn enotsock_pipe_and_file() -> Res {
     let (p, _w) = pipe(0).ctx("pipe")?;
     let f = dev_null().ctx("open")?;
-    Ok(format!("pipe: {}; /dev/null: {}", all_calls(p.raw()), all_calls(f.raw())))
+    Ok(format!(
+        "pipe: {}; /dev/null: {}",
+        all_calls(p.raw()),
+        all_calls(f.raw())
+    ))
 }
 
 fn ebadf_closed_fd() -> Res {
     let s = tcp_socket(libc::AF_INET).ctx("socket")?;
     let fd = s.raw();
     drop(s);
-    Ok(format!("closed: {}; fd=-1: {}", all_calls(fd), all_calls(-1)))
+    Ok(format!(
+        "closed: {}; fd=-1: {}",
+        all_calls(fd),
+        all_calls(-1)
+    ))
 }
 
 fn unconnected_tcp() -> Res {
@@ -129,7 +163,9 @@ fn invalid_addrlen() -> Res {
     let mut dummy = [0u8; 4];
     let p = dummy.as_mut_ptr().cast();
     let bad_len = show(sys!(libc::getsockname(s.raw(), p, &mut short)).map(|_| short));
-    Ok(format!("bind(len=3)={bind3} connect(len=0)={connect0} bind6(len=16)={bind6_short} getsockname(len=0)={bad_len}"))
+    Ok(format!(
+        "bind(len=3)={bind3} connect(len=0)={connect0} bind6(len=16)={bind6_short} getsockname(len=0)={bad_len}"
+    ))
 }
 
 fn wrong_family() -> Res {
@@ -139,7 +175,9 @@ fn wrong_family() -> Res {
     let s6 = tcp_socket(libc::AF_INET6).ctx("socket")?;
     let (_l, addr4) = listener(libc::AF_INET)?;
     let connect4on6 = show(connect(s6.raw(), &addr4).map(|_| 0));
-    Ok(format!("bind_v6_addr_on_v4={bind6on4} connect_v4_addr_on_v6={connect4on6}"))
+    Ok(format!(
+        "bind_v6_addr_on_v4={bind6on4} connect_v4_addr_on_v6={connect4on6}"
+    ))
 }
 
 fn listen_on_udp() -> Res {
@@ -197,7 +235,9 @@ fn bind_nonlocal() -> Res {
     let f = tcp_socket(libc::AF_INET).ctx("socket")?;
     set_int(f.raw(), libc::IPPROTO_IP, libc::IP_FREEBIND, 1).ctx("IP_FREEBIND")?;
     let freebind = show(bind(f.raw(), &doc).map(|_| 0));
-    Ok(format!("bind_192.0.2.1={plain} with_IP_FREEBIND={freebind}"))
+    Ok(format!(
+        "bind_192.0.2.1={plain} with_IP_FREEBIND={freebind}"
+    ))
 }
 
 fn connect_on_listener() -> Res {

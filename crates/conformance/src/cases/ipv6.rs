@@ -19,13 +19,32 @@ pub const CASES: &[Case] = &[
     Case::new("v6.flowinfo_scope", flowinfo_scope),
 ];
 
-/// An AF_INET6 TCP listener on `[::]:0` with `IPV6_V6ONLY` = `v6only`.
+/// A TCP port free in both families right now: what a dual-stack `[::]:0` bind picks.
+///
+/// A `V6ONLY` socket binding port 0 only avoids IPv6 users of a port, so the port it
+/// gets may be held on IPv4 (a TIME_WAIT, another program's listener); cases that then
+/// use the port over IPv4 pick it this way instead.
+fn dual_free_port() -> Result<u16, String> {
+    let probe = tcp_socket(libc::AF_INET6).ctx("socket")?;
+    set_int(probe.raw(), libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 0).ctx("V6ONLY")?;
+    bind(probe.raw(), &Addr::any(libc::AF_INET6, 0)).ctx("bind")?;
+    Ok(local_addr(probe.raw()).ctx("getsockname")?.port())
+}
+
+/// An AF_INET6 TCP listener on `[::]:P` with `IPV6_V6ONLY` = `v6only`, P free in both
+/// families.
 fn dual_listener(v6only: bool) -> Result<(Fd, u16), String> {
+    let port = dual_free_port()?;
     let l = tcp_socket(libc::AF_INET6).ctx("socket")?;
-    set_int(l.raw(), libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, v6only.into()).ctx("V6ONLY")?;
-    bind(l.raw(), &Addr::any(libc::AF_INET6, 0)).ctx("bind")?;
+    set_int(
+        l.raw(),
+        libc::IPPROTO_IPV6,
+        libc::IPV6_V6ONLY,
+        v6only.into(),
+    )
+    .ctx("V6ONLY")?;
+    bind(l.raw(), &Addr::any(libc::AF_INET6, port)).ctx("bind")?;
     listen(l.raw(), 16).ctx("listen")?;
-    let port = local_addr(l.raw()).ctx("getsockname")?.port();
     Ok((l, port))
 }
 
@@ -50,7 +69,11 @@ fn udp_loopback() -> Res {
     sendto(t.raw(), b"dgram6", 0, &raddr).ctx("sendto")?;
     let mut buf = [0u8; 16];
     let (n, from) = recvfrom(r.raw(), &mut buf, 0).ctx("recvfrom")?;
-    Ok(format!("recvfrom={n} from={} addrlen={}", from.describe(), from.len()))
+    Ok(format!(
+        "recvfrom={n} from={} addrlen={}",
+        from.describe(),
+        from.len()
+    ))
 }
 
 fn v4mapped_accept() -> Res {
@@ -60,7 +83,11 @@ fn v4mapped_accept() -> Res {
     let mut peer = Addr::empty();
     let a = Fd::new(sys!(libc::accept(l.raw(), peer.ptr_mut(), peer.len_mut())).ctx("accept")?);
     let local = local_addr(a.raw()).ctx("getsockname")?;
-    Ok(format!("accepted_peer={} accepted_local={}", peer.describe(), local.describe()))
+    Ok(format!(
+        "accepted_peer={} accepted_local={}",
+        peer.describe(),
+        local.describe()
+    ))
 }
 
 fn v4mapped_connect() -> Res {
@@ -96,17 +123,17 @@ fn udp_v4mapped_source() -> Res {
     let mut buf = [0u8; 16];
     let (n, from) = recvfrom(r.raw(), &mut buf, 0).ctx("recvfrom")?;
     let reply = show(sendto(r.raw(), b"back", 0, &from));
-    Ok(format!("recvfrom={n} from={} reply={reply} v4_got={}", from.describe(), recv_text(t.raw(), 8, 0)))
+    Ok(format!(
+        "recvfrom={n} from={} reply={reply} v4_got={}",
+        from.describe(),
+        recv_text(t.raw(), 8, 0)
+    ))
 }
 
 fn dual_stack_bind_conflict() -> Res {
     let mut out = Vec::new();
     for v6only in [false, true] {
-        let s6 = tcp_socket(libc::AF_INET6).ctx("socket")?;
-        set_int(s6.raw(), libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, v6only.into()).ctx("V6ONLY")?;
-        bind(s6.raw(), &Addr::any(libc::AF_INET6, 0)).ctx("bind")?;
-        listen(s6.raw(), 1).ctx("listen")?;
-        let port = local_addr(s6.raw()).ctx("getsockname")?.port();
+        let (_l, port) = dual_listener(v6only)?;
         let s4 = tcp_socket(libc::AF_INET).ctx("socket")?;
         let r = show(bind(s4.raw(), &Addr::any(libc::AF_INET, port)).map(|_| 0));
         out.push(format!("v6only={} v4_bind_same_port={r}", u8::from(v6only)));
@@ -120,7 +147,7 @@ fn flowinfo_scope() -> Res {
     connect(c.raw(), &addr).ctx("connect")?;
     let _a = accept(l.raw()).ctx("accept")?;
     let peer = peer_addr(c.raw()).ctx("getpeername")?;
-    match peer.to_std() {
+    match peer.socket_addr() {
         Some(std::net::SocketAddr::V6(v6)) => Ok(format!(
             "flowinfo={} scope_id={} len={}",
             v6.flowinfo(),

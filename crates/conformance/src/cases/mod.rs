@@ -1,5 +1,22 @@
-//! The cases, one module per group of `docs/COMPAT.md` items. Each module exports
-//! `CASES`; names are `group.what`, unique, and stable (they are compared across runs).
+//! The cases, one module per group. Names are `group.what`, unique and stable: they are
+//! compared across runs. Which item of the compatibility list (COMPAT.md, "what a
+//! transparent socket shim must get right") each group covers:
+//!
+//! | module | groups | COMPAT item |
+//! |---|---|---|
+//! | `fds` | `fd.` | 1 real fd per socket, lowest free number, past 1024 |
+//! | `poll`, `epoll` | `poll.` `ppoll.` `select.` `pselect.` `epoll.` | 2 readiness, mixed with kernel fds |
+//! | `nonblock`, `blocking` | `nb.` `blk.` | 3 blocking and non-blocking, EPIPE/SIGPIPE |
+//! | `signals` | `sig.` | 4 EINTR vs SA_RESTART, handlers making socket calls |
+//! | `procs` | `proc.` | 5 fork, exec, posix_spawn, vfork-style clone, daemon |
+//! | `dup` | `dup.` | 6 dup family, SCM_RIGHTS, close/shutdown racing a blocked recv |
+//! | `options` | `opt.` | 7 setsockopt/getsockopt |
+//! | `entry`, `msg`, `udp`, `ipv6`, `errors` | `io.` `msg.` `udp.` `v6.` `err.` | 8 other entry points, datagrams, IPv6, errnos |
+//! | `names` | `gai.` | 9 name resolution |
+//! | `passthrough` | `unix.` `netlink.` | 10 non-inet families untouched |
+//! | `threads` | `thr.` | 11 threads |
+//! | `cleanup` | `clean.` | 12 cleanup, RLIMIT_NOFILE |
+//! | `bulk` | `bulk.` | large transfers with checksums |
 
 use std::fmt;
 
@@ -12,6 +29,7 @@ mod epoll;
 mod errors;
 mod fds;
 mod ipv6;
+mod msg;
 mod names;
 mod nonblock;
 mod options;
@@ -37,24 +55,33 @@ pub struct Case {
 
 impl Case {
     pub const fn new(name: &'static str, run: fn() -> Res) -> Case {
-        Case { name, run, timeout_ms: 5_000 }
+        Case {
+            name,
+            run,
+            timeout_ms: 5_000,
+        }
     }
 
     /// For the large transfers: a longer deadline.
     pub const fn slow(self) -> Case {
-        Case { timeout_ms: 60_000, ..self }
+        Case {
+            timeout_ms: 60_000,
+            ..self
+        }
     }
 }
 
 impl fmt::Debug for Case {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Case").field("name", &self.name).finish_non_exhaustive()
+        f.debug_struct("Case")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
     }
 }
 
 /// Every case, in the order they run.
 pub fn all() -> Vec<Case> {
-    let groups: [&[Case]; 18] = [
+    let groups: [&[Case]; 19] = [
         fds::CASES,
         poll::CASES,
         epoll::CASES,
@@ -65,6 +92,7 @@ pub fn all() -> Vec<Case> {
         dup::CASES,
         options::CASES,
         entry::CASES,
+        msg::CASES,
         udp::CASES,
         ipv6::CASES,
         names::CASES,
@@ -77,7 +105,11 @@ pub fn all() -> Vec<Case> {
     groups
         .iter()
         .flat_map(|g| g.iter())
-        .map(|c| Case { name: c.name, run: c.run, timeout_ms: c.timeout_ms })
+        .map(|c| Case {
+            name: c.name,
+            run: c.run,
+            timeout_ms: c.timeout_ms,
+        })
         .collect()
 }
 

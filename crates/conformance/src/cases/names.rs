@@ -69,11 +69,19 @@ fn eai_name(rc: c_int) -> String {
         (libc::EAI_MEMORY, "EAI_MEMORY"),
         (libc::EAI_SYSTEM, "EAI_SYSTEM"),
     ];
-    names.iter().find(|(v, _)| *v == rc).map_or_else(|| format!("EAI({rc})"), |(_, n)| n.to_string())
+    names
+        .iter()
+        .find(|(v, _)| *v == rc)
+        .map_or_else(|| format!("EAI({rc})"), |(_, n)| n.to_string())
 }
 
-fn gai(node: Option<&str>, service: Option<&str>, family: c_int, socktype: c_int, flags: c_int)
--> Result<Vec<Ai>, String> {
+fn gai(
+    node: Option<&str>,
+    service: Option<&str>,
+    family: c_int,
+    socktype: c_int,
+    flags: c_int,
+) -> Result<Vec<Ai>, String> {
     let node = node.map(|n| CString::new(n).expect("no NUL"));
     let service = service.map(|s| CString::new(s).expect("no NUL"));
     let mut hints: libc::addrinfo = zeroed();
@@ -131,43 +139,96 @@ fn sorted(r: Result<Vec<Ai>, String>) -> String {
 }
 
 fn localhost_inet() -> Res {
-    Ok(list(gai(Some("localhost"), Some("80"), libc::AF_INET, libc::SOCK_STREAM, 0)))
+    Ok(list(gai(
+        Some("localhost"),
+        Some("80"),
+        libc::AF_INET,
+        libc::SOCK_STREAM,
+        0,
+    )))
 }
 
 fn localhost_unspec() -> Res {
-    let r = gai(Some("localhost"), Some("80"), libc::AF_UNSPEC, libc::SOCK_STREAM, 0)?;
+    let r = gai(
+        Some("localhost"),
+        Some("80"),
+        libc::AF_UNSPEC,
+        libc::SOCK_STREAM,
+        0,
+    )?;
     let has_v4 = r.iter().any(|a| a.addr.ip() == "127.0.0.1");
-    let all_loopback = r.iter().all(|a| a.addr.ip() == "127.0.0.1" || a.addr.ip() == "::1");
-    Ok(format!("has_127.0.0.1={has_v4} all_loopback={all_loopback} nonempty={}", !r.is_empty()))
+    let all_loopback = r
+        .iter()
+        .all(|a| a.addr.ip() == "127.0.0.1" || a.addr.ip() == "::1");
+    Ok(format!(
+        "has_127.0.0.1={has_v4} all_loopback={all_loopback} nonempty={}",
+        !r.is_empty()
+    ))
 }
 
 fn numeric_v4_all_socktypes() -> Res {
     let flags = libc::AI_NUMERICHOST | libc::AI_NUMERICSERV;
-    Ok(list(gai(Some("127.0.0.1"), Some("8080"), libc::AF_UNSPEC, 0, flags)))
+    Ok(list(gai(
+        Some("127.0.0.1"),
+        Some("8080"),
+        libc::AF_UNSPEC,
+        0,
+        flags,
+    )))
 }
 
 fn numeric_v6() -> Res {
-    Ok(list(gai(Some("::1"), Some("443"), libc::AF_UNSPEC, libc::SOCK_DGRAM, libc::AI_NUMERICHOST)))
+    Ok(list(gai(
+        Some("::1"),
+        Some("443"),
+        libc::AF_UNSPEC,
+        libc::SOCK_DGRAM,
+        libc::AI_NUMERICHOST,
+    )))
 }
 
 fn passive_v4() -> Res {
-    Ok(list(gai(None, Some("0"), libc::AF_INET, libc::SOCK_STREAM, libc::AI_PASSIVE)))
+    Ok(list(gai(
+        None,
+        Some("0"),
+        libc::AF_INET,
+        libc::SOCK_STREAM,
+        libc::AI_PASSIVE,
+    )))
 }
 
 fn passive_unspec() -> Res {
-    let passive = sorted(gai(None, Some("7"), libc::AF_UNSPEC, libc::SOCK_STREAM, libc::AI_PASSIVE));
+    let passive = sorted(gai(
+        None,
+        Some("7"),
+        libc::AF_UNSPEC,
+        libc::SOCK_STREAM,
+        libc::AI_PASSIVE,
+    ));
     let active = sorted(gai(None, Some("7"), libc::AF_UNSPEC, libc::SOCK_STREAM, 0));
     Ok(format!("passive: {passive}; without_passive: {active}"))
 }
 
 fn v4mapped_hint() -> Res {
     let flags = libc::AI_V4MAPPED | libc::AI_NUMERICHOST;
-    Ok(list(gai(Some("127.0.0.1"), Some("1"), libc::AF_INET6, libc::SOCK_STREAM, flags)))
+    Ok(list(gai(
+        Some("127.0.0.1"),
+        Some("1"),
+        libc::AF_INET6,
+        libc::SOCK_STREAM,
+        flags,
+    )))
 }
 
 fn errors() -> Res {
     let name_numeric = list(gai(Some("localhost"), None, 0, 0, libc::AI_NUMERICHOST));
-    let svc_numeric = list(gai(Some("127.0.0.1"), Some("http"), 0, 0, libc::AI_NUMERICSERV));
+    let svc_numeric = list(gai(
+        Some("127.0.0.1"),
+        Some("http"),
+        0,
+        0,
+        libc::AI_NUMERICSERV,
+    ));
     let bad_family = list(gai(Some("127.0.0.1"), None, 12345, 0, 0));
     let neither = list(gai(None, None, 0, 0, 0));
     let bad_socktype = list(gai(Some("127.0.0.1"), Some("1"), 0, 12345, 0));
@@ -180,9 +241,17 @@ fn errors() -> Res {
 fn connect_via_result() -> Res {
     let (l, addr) = listener(libc::AF_INET)?;
     let port = addr.port().to_string();
-    let results = gai(Some("localhost"), Some(&port), libc::AF_UNSPEC, libc::SOCK_STREAM, 0)?;
+    let results = gai(
+        Some("localhost"),
+        Some(&port),
+        libc::AF_UNSPEC,
+        libc::SOCK_STREAM,
+        0,
+    )?;
     for ai in &results {
-        let Ok(s) = socket(ai.family, ai.socktype, ai.protocol) else { continue };
+        let Ok(s) = socket(ai.family, ai.socktype, ai.protocol) else {
+            continue;
+        };
         if connect(s.raw(), &ai.addr).is_ok() {
             let _a = accept(l.raw()).ctx("accept")?;
             return Ok(format!("connected family={}", family_name(ai.family)));
@@ -208,7 +277,11 @@ fn nameinfo(a: &Addr, flags: c_int) -> String {
     if rc != 0 {
         return eai_name(rc);
     }
-    format!("{}:{}", crate::sys::c_buf_str(&host), crate::sys::c_buf_str(&serv))
+    format!(
+        "{}:{}",
+        crate::sys::c_buf_str(&host),
+        crate::sys::c_buf_str(&serv)
+    )
 }
 
 fn getnameinfo_numeric() -> Res {
@@ -223,7 +296,10 @@ fn getnameinfo_numeric() -> Res {
 
 fn getnameinfo_localhost() -> Res {
     let flags = libc::NI_NAMEREQD | libc::NI_NUMERICSERV;
-    Ok(format!("127.0.0.1 → {}", nameinfo(&Addr::parse("127.0.0.1", 80), flags)))
+    Ok(format!(
+        "127.0.0.1 → {}",
+        nameinfo(&Addr::parse("127.0.0.1", 80), flags)
+    ))
 }
 
 fn gethostbyname_localhost() -> Res {
@@ -247,7 +323,10 @@ fn gethostbyname_localhost() -> Res {
         Some(b) => format!("{b:?}"),
         None => "none".into(),
     };
-    Ok(format!("h_name={name} type={} len={len} first={first}", family_name(family)))
+    Ok(format!(
+        "h_name={name} type={} len={len} first={first}",
+        family_name(family)
+    ))
 }
 
 fn etc_hosts_localhost() -> Res {
@@ -257,5 +336,7 @@ fn etc_hosts_localhost() -> Res {
         f.next() == Some("127.0.0.1") && f.any(|n| n == "localhost")
     });
     let resolv = std::path::Path::new("/etc/resolv.conf").exists();
-    Ok(format!("127.0.0.1_localhost={maps} resolv.conf_exists={resolv}"))
+    Ok(format!(
+        "127.0.0.1_localhost={maps} resolv.conf_exists={resolv}"
+    ))
 }

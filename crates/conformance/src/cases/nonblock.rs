@@ -19,7 +19,10 @@ pub const CASES: &[Case] = &[
     Case::new("nb.connect_einprogress", connect_einprogress),
     Case::new("nb.connect_refused_so_error", connect_refused_so_error),
     Case::new("nb.partial_write", partial_write),
-    Case::new("nb.full_buffer_eagain_then_pollout", full_buffer_eagain_then_pollout),
+    Case::new(
+        "nb.full_buffer_eagain_then_pollout",
+        full_buffer_eagain_then_pollout,
+    ),
     Case::new("nb.recv_returns_available", recv_returns_available),
     Case::new("nb.eof_not_eagain", eof_not_eagain),
 ];
@@ -33,7 +36,10 @@ fn fcntl_o_nonblock() -> Res {
     wait_for(s.raw(), libc::POLLIN).ctx("poll")?;
     let data = recv_text(s.raw(), 16, 0);
     set_nonblocking(s.raw(), false).ctx("fcntl")?;
-    Ok(format!("flag={on} empty_recv={empty} data={data} cleared={}", nonblock_state(s.raw())))
+    Ok(format!(
+        "flag={on} empty_recv={empty} data={data} cleared={}",
+        nonblock_state(s.raw())
+    ))
 }
 
 fn sock_nonblock_flag() -> Res {
@@ -57,7 +63,10 @@ fn fionbio() -> Res {
     let r = recv_text(s.raw(), 16, 0);
     let mut off: libc::c_int = 0;
     let clear = show(sys!(libc::ioctl(s.raw(), libc::FIONBIO, &mut off)));
-    Ok(format!("ioctl_on={set} flag={flag} recv={r} ioctl_off={clear} flag={}", nonblock_state(s.raw())))
+    Ok(format!(
+        "ioctl_on={set} flag={flag} recv={r} ioctl_off={clear} flag={}",
+        nonblock_state(s.raw())
+    ))
 }
 
 fn msg_dontwait() -> Res {
@@ -66,7 +75,10 @@ fn msg_dontwait() -> Res {
     let flag = nonblock_state(s.raw());
     send(c.raw(), b"now", libc::MSG_DONTWAIT).ctx("send")?;
     wait_for(s.raw(), libc::POLLIN).ctx("poll")?;
-    Ok(format!("empty={empty} flag_still={flag} data={}", recv_text(s.raw(), 16, libc::MSG_DONTWAIT)))
+    Ok(format!(
+        "empty={empty} flag_still={flag} data={}",
+        recv_text(s.raw(), 16, libc::MSG_DONTWAIT)
+    ))
 }
 
 fn accept_eagain() -> Res {
@@ -77,7 +89,10 @@ fn accept_eagain() -> Res {
     connect(c.raw(), &addr).ctx("connect")?;
     wait_for(l.raw(), libc::POLLIN).ctx("poll")?;
     let a = accept(l.raw()).ctx("accept")?;
-    Ok(format!("empty={empty} accepted_flag={}", nonblock_state(a.raw())))
+    Ok(format!(
+        "empty={empty} accepted_flag={}",
+        nonblock_state(a.raw())
+    ))
 }
 
 fn connect_einprogress() -> Res {
@@ -103,7 +118,9 @@ fn connect_refused_so_error() -> Res {
     wait_for(c.raw(), libc::POLLOUT).ctx("poll")?;
     let err = so_error(c.raw());
     let again = so_error(c.raw());
-    Ok(format!("connect={first} SO_ERROR={err} SO_ERROR_again={again}"))
+    Ok(format!(
+        "connect={first} SO_ERROR={err} SO_ERROR_again={again}"
+    ))
 }
 
 fn partial_write() -> Res {
@@ -112,7 +129,10 @@ fn partial_write() -> Res {
     let big = vec![7u8; 32 << 20];
     let n = send(c.raw(), &big, libc::MSG_NOSIGNAL).ctx("send")?;
     let next = show(send(c.raw(), &big, libc::MSG_NOSIGNAL));
-    Ok(format!("first_send_partial={} next={next}", n > 0 && n < big.len()))
+    Ok(format!(
+        "first_send_partial={} next={next}",
+        n > 0 && n < big.len()
+    ))
 }
 
 fn full_buffer_eagain_then_pollout() -> Res {
@@ -154,5 +174,9 @@ fn eof_not_eagain() -> Res {
     let before = recv_text(s.raw(), 16, 0);
     drop(c);
     wait_for(s.raw(), libc::POLLIN).ctx("poll")?;
-    Ok(format!("before={before} after_close={} again={}", recv_text(s.raw(), 16, 0), recv_text(s.raw(), 16, 0)))
+    Ok(format!(
+        "before={before} after_close={} again={}",
+        recv_text(s.raw(), 16, 0),
+        recv_text(s.raw(), 16, 0)
+    ))
 }

@@ -10,14 +10,17 @@ use libc::c_int;
 use super::{Case, Res};
 use crate::flags::{proto_name, socktype_name, tcp_state_name};
 use crate::net::{
-    Addr, bind, connect, family_name, get_int, listen, listener, poll1, send, set_int,
-    setsockopt, socket, tcp_pair, tcp_socket, udp_socket, wait_for,
+    Addr, bind, connect, family_name, get_int, listen, listener, poll1, send, set_int, setsockopt,
+    socket, tcp_pair, tcp_socket, udp_socket, wait_for,
 };
 use crate::sys::{Ctx, Errno, Fd, show, zeroed};
 
 pub const CASES: &[Case] = &[
     Case::new("opt.so_reuseaddr", so_reuseaddr),
-    Case::new("opt.so_reuseaddr_time_wait_rebind", so_reuseaddr_time_wait_rebind),
+    Case::new(
+        "opt.so_reuseaddr_time_wait_rebind",
+        so_reuseaddr_time_wait_rebind,
+    ),
     Case::new("opt.so_reuseport_two_listeners", so_reuseport_two_listeners),
     Case::new("opt.tcp_nodelay", tcp_nodelay),
     Case::new("opt.keepalive", keepalive),
@@ -60,8 +63,14 @@ fn so_reuseaddr() -> Res {
     ))
 }
 
+/// A server that closes first leaves TIME_WAIT on its port; rebinding needs
+/// SO_REUSEADDR on both the old listener (inherited by accepted sockets) and the new one.
 fn so_reuseaddr_time_wait_rebind() -> Res {
-    let (l, addr) = listener(libc::AF_INET)?;
+    let l = tcp_socket(libc::AF_INET).ctx("socket")?;
+    set_int(l.raw(), libc::SOL_SOCKET, libc::SO_REUSEADDR, 1).ctx("setsockopt")?;
+    bind(l.raw(), &Addr::loopback(libc::AF_INET, 0)).ctx("bind")?;
+    listen(l.raw(), 8).ctx("listen")?;
+    let addr = crate::net::local_addr(l.raw()).ctx("getsockname")?;
     let c = tcp_socket(libc::AF_INET).ctx("socket")?;
     connect(c.raw(), &addr).ctx("connect")?;
     let a = crate::net::accept(l.raw()).ctx("accept")?;
@@ -76,7 +85,9 @@ fn so_reuseaddr_time_wait_rebind() -> Res {
     set_int(reuse.raw(), libc::SOL_SOCKET, libc::SO_REUSEADDR, 1).ctx("setsockopt")?;
     let with = show(bind(reuse.raw(), &addr).map(|_| 0));
     let lst = show(listen(reuse.raw(), 1).map(|_| 0));
-    Ok(format!("time_wait: bind={without} with_SO_REUSEADDR={with} listen={lst}"))
+    Ok(format!(
+        "time_wait: bind={without} with_SO_REUSEADDR={with} listen={lst}"
+    ))
 }
 
 fn so_reuseport_two_listeners() -> Res {
@@ -92,7 +103,9 @@ fn so_reuseport_two_listeners() -> Res {
     let second_listen = show(listen(b.raw(), 8).map(|_| 0));
     let c = tcp_socket(libc::AF_INET).ctx("socket")?;
     let third = show(bind(c.raw(), &addr).map(|_| 0));
-    Ok(format!("get={get} second_bind={second} listen={second_listen} without_option={third}"))
+    Ok(format!(
+        "get={get} second_bind={second} listen={second_listen} without_option={third}"
+    ))
 }
 
 fn tcp_nodelay() -> Res {
@@ -168,7 +181,13 @@ fn tcp_state(fd: c_int) -> String {
     let mut info: libc::tcp_info = zeroed();
     let mut len = size_of::<libc::tcp_info>() as libc::socklen_t;
     let p = (&raw mut info).cast();
-    match sys!(libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, p, &mut len)) {
+    match sys!(libc::getsockopt(
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_INFO,
+        p,
+        &mut len
+    )) {
         Ok(_) => tcp_state_name(info.tcpi_state),
         Err(e) => e.to_string(),
     }
@@ -196,7 +215,13 @@ fn congestion(fd: c_int) -> Result<String, Errno> {
     let mut buf = [0 as libc::c_char; 32];
     let mut len = buf.len() as libc::socklen_t;
     let p = buf.as_mut_ptr().cast();
-    sys!(libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_CONGESTION, p, &mut len))?;
+    sys!(libc::getsockopt(
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_CONGESTION,
+        p,
+        &mut len
+    ))?;
     Ok(crate::sys::c_buf_str(&buf))
 }
 
@@ -207,10 +232,19 @@ fn tcp_congestion() -> Res {
         Ok(_) => "empty".to_string(),
         Err(e) => e.to_string(),
     };
-    let set_reno = show(setsockopt(c.raw(), libc::IPPROTO_TCP, libc::TCP_CONGESTION, b"reno").map(|_| 0));
+    let set_reno =
+        show(setsockopt(c.raw(), libc::IPPROTO_TCP, libc::TCP_CONGESTION, b"reno").map(|_| 0));
     let now = show(congestion(c.raw()));
-    let bogus = setsockopt(c.raw(), libc::IPPROTO_TCP, libc::TCP_CONGESTION, b"no-such-cc\0");
-    Ok(format!("get={get} set_reno={set_reno} now={now} set_bogus={}", show(bogus.map(|_| 0))))
+    let bogus = setsockopt(
+        c.raw(),
+        libc::IPPROTO_TCP,
+        libc::TCP_CONGESTION,
+        b"no-such-cc\0",
+    );
+    Ok(format!(
+        "get={get} set_reno={set_reno} now={now} set_bogus={}",
+        show(bogus.map(|_| 0))
+    ))
 }
 
 fn identity(fd: c_int) -> String {
@@ -225,8 +259,12 @@ fn so_type_domain_protocol() -> Res {
     let u4 = udp_socket(libc::AF_INET).ctx("socket")?;
     let t6 = tcp_socket(libc::AF_INET6).ctx("socket")?;
     let u6 = udp_socket(libc::AF_INET6).ctx("socket")?;
-    let nb = socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_NONBLOCK, libc::IPPROTO_TCP)
-        .ctx("socket")?;
+    let nb = socket(
+        libc::AF_INET,
+        libc::SOCK_STREAM | libc::SOCK_NONBLOCK,
+        libc::IPPROTO_TCP,
+    )
+    .ctx("socket")?;
     Ok(format!(
         "tcp={} accepted={} udp={} tcp6={} udp6={} nonblock_tcp={}",
         identity(c.raw()),
@@ -269,7 +307,13 @@ fn so_error_fresh() -> Res {
 fn get_linger(fd: c_int) -> String {
     let mut lg: libc::linger = zeroed();
     let mut len = size_of::<libc::linger>() as libc::socklen_t;
-    match sys!(libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, (&raw mut lg).cast(), &mut len)) {
+    match sys!(libc::getsockopt(
+        fd,
+        libc::SOL_SOCKET,
+        libc::SO_LINGER,
+        (&raw mut lg).cast(),
+        &mut len
+    )) {
         Ok(_) => format!("{{{},{}}}", lg.l_onoff, lg.l_linger),
         Err(e) => e.to_string(),
     }
@@ -278,9 +322,15 @@ fn get_linger(fd: c_int) -> String {
 fn so_linger() -> Res {
     let s = tcp_socket(libc::AF_INET).ctx("socket")?;
     let before = get_linger(s.raw());
-    let lg = libc::linger { l_onoff: 1, l_linger: 5 };
+    let lg = libc::linger {
+        l_onoff: 1,
+        l_linger: 5,
+    };
     let set = show(setsockopt(s.raw(), libc::SOL_SOCKET, libc::SO_LINGER, &lg).map(|_| 0));
-    Ok(format!("default={before} set={set} get={}", get_linger(s.raw())))
+    Ok(format!(
+        "default={before} set={set} get={}",
+        get_linger(s.raw())
+    ))
 }
 
 fn ip_tos_and_tclass() -> Res {
@@ -318,7 +368,9 @@ fn tcp_maxseg() -> Res {
         Ok(v) => format!("<=1000:{}", v <= 1000 && v > 0),
         Err(e) => e.to_string(),
     };
-    Ok(format!("connected={mss} set_before_connect={set} then={capped}"))
+    Ok(format!(
+        "connected={mss} set_before_connect={set} then={capped}"
+    ))
 }
 
 fn unknown_and_short() -> Res {
@@ -330,7 +382,13 @@ fn unknown_and_short() -> Res {
     let mut v: c_int = 0;
     let mut len: libc::socklen_t = 2;
     let p = (&raw mut v).cast();
-    let short_get = sys!(libc::getsockopt(s.raw(), libc::SOL_SOCKET, libc::SO_REUSEADDR, p, &mut len));
+    let short_get = sys!(libc::getsockopt(
+        s.raw(),
+        libc::SOL_SOCKET,
+        libc::SO_REUSEADDR,
+        p,
+        &mut len
+    ));
     let short = match short_get {
         Ok(_) => format!("ok len={len}"),
         Err(e) => e.to_string(),
@@ -357,7 +415,9 @@ fn so_rcvlowat() -> Res {
     let below = show(poll1(s.raw(), libc::POLLIN, 0).map(crate::flags::poll_names));
     send(c.raw(), &[1u8; 5], 0).ctx("send")?;
     let at = show(wait_for(s.raw(), libc::POLLIN).map(crate::flags::poll_names));
-    Ok(format!("SO_RCVLOWAT={set} poll_5_bytes={below} poll_10_bytes={at}"))
+    Ok(format!(
+        "SO_RCVLOWAT={set} poll_5_bytes={below} poll_10_bytes={at}"
+    ))
 }
 
 fn ip_ttl() -> Res {
@@ -372,7 +432,10 @@ fn ip_ttl() -> Res {
 
 fn so_broadcast() -> Res {
     let u = udp_socket(libc::AF_INET).ctx("socket")?;
-    Ok(format!("udp={}", flip(u.raw(), libc::SOL_SOCKET, libc::SO_BROADCAST, 1)))
+    Ok(format!(
+        "udp={}",
+        flip(u.raw(), libc::SOL_SOCKET, libc::SO_BROADCAST, 1)
+    ))
 }
 
 fn tcp_user_timeout_and_cork() -> Res {

@@ -12,7 +12,10 @@ use crate::sys::{Ctx, Fd, show, zeroed};
 
 pub const CASES: &[Case] = &[
     Case::new("unix.stream_socketpair", stream_socketpair),
-    Case::new("unix.dgram_socketpair_boundaries", dgram_socketpair_boundaries),
+    Case::new(
+        "unix.dgram_socketpair_boundaries",
+        dgram_socketpair_boundaries,
+    ),
     Case::new("unix.seqpacket_socketpair", seqpacket_socketpair),
     Case::new("unix.bound_path_stream", bound_path_stream),
     Case::new("unix.abstract_namespace", abstract_namespace),
@@ -79,7 +82,11 @@ fn unix_addr(path: &[u8]) -> (libc::sockaddr_un, libc::socklen_t) {
         *d = s as libc::c_char;
     }
     let len = size_of::<libc::sa_family_t>() + path.len();
-    let len = if path.first() == Some(&0) { len } else { len + 1 };
+    let len = if path.first() == Some(&0) {
+        len
+    } else {
+        len + 1
+    };
     (sun, len as libc::socklen_t)
 }
 
@@ -96,19 +103,22 @@ fn unix_stream(path: &[u8]) -> Result<(Fd, Fd, String), String> {
     let mut got: libc::sockaddr_un = zeroed();
     let mut glen = size_of::<libc::sockaddr_un>() as libc::socklen_t;
     sys!(libc::getsockname(l.raw(), (&raw mut got).cast(), &mut glen)).ctx("getsockname")?;
-    let same = glen == len
-        && got.sun_path.iter().zip(path).all(|(&a, &b)| a as u8 == b);
+    let same = glen == len && got.sun_path.iter().zip(path).all(|(&a, &b)| a as u8 == b);
     Ok((c, a, format!("name_matches={same}")))
 }
 
 fn bound_path_stream() -> Res {
-    let path = format!("/tmp/ferry-conformance-{}.sock", unsafe { libc::getpid() });
+    let path = crate::sys::scratch_path("stream.sock");
     let _ = std::fs::remove_file(&path);
     let r = unix_stream(path.as_bytes());
     let _ = std::fs::remove_file(&path);
     let (c, a, name) = r?;
     send(c.raw(), b"over-path", 0).ctx("send")?;
-    Ok(format!("{name} got={} {}", recv_text(a.raw(), 16, 0), identity(a.raw())))
+    Ok(format!(
+        "{name} got={} {}",
+        recv_text(a.raw(), 16, 0),
+        identity(a.raw())
+    ))
 }
 
 fn abstract_namespace() -> Res {
@@ -123,8 +133,14 @@ fn so_peercred() -> Res {
     let mut cred: libc::ucred = zeroed();
     let mut len = size_of::<libc::ucred>() as libc::socklen_t;
     let p = (&raw mut cred).cast();
-    sys!(libc::getsockopt(a.raw(), libc::SOL_SOCKET, libc::SO_PEERCRED, p, &mut len))
-        .ctx("getsockopt")?;
+    sys!(libc::getsockopt(
+        a.raw(),
+        libc::SOL_SOCKET,
+        libc::SO_PEERCRED,
+        p,
+        &mut len
+    ))
+    .ctx("getsockopt")?;
     Ok(format!(
         "pid_is_self={} uid_is_self={} gid_is_self={}",
         cred.pid == unsafe { libc::getpid() },
@@ -134,8 +150,10 @@ fn so_peercred() -> Res {
 }
 
 fn dgram_path_source() -> Res {
-    let pid = unsafe { libc::getpid() };
-    let (rp, tp) = (format!("/tmp/ferry-conf-r-{pid}"), format!("/tmp/ferry-conf-t-{pid}"));
+    let (rp, tp) = (
+        crate::sys::scratch_path("dgram-r.sock"),
+        crate::sys::scratch_path("dgram-t.sock"),
+    );
     let _ = (std::fs::remove_file(&rp), std::fs::remove_file(&tp));
     let result = (|| -> Res {
         let r = socket(libc::AF_UNIX, libc::SOCK_DGRAM, 0).ctx("socket")?;
@@ -146,15 +164,32 @@ fn dgram_path_source() -> Res {
         sys!(libc::bind(t.raw(), (&raw const ta).cast(), tl)).ctx("bind")?;
         let msg = b"unix-dgram";
         let dst = (&raw const ra).cast();
-        let sent = show(sys!(libc::sendto(t.raw(), msg.as_ptr().cast(), msg.len(), 0, dst, rl)));
+        let sent = show(sys!(libc::sendto(
+            t.raw(),
+            msg.as_ptr().cast(),
+            msg.len(),
+            0,
+            dst,
+            rl
+        )));
         let mut buf = [0u8; 32];
         let mut from: libc::sockaddr_un = zeroed();
         let mut flen = size_of::<libc::sockaddr_un>() as libc::socklen_t;
         let pf = (&raw mut from).cast();
-        let n = sys!(libc::recvfrom(r.raw(), buf.as_mut_ptr().cast(), 32, 0, pf, &mut flen))
-            .ctx("recvfrom")?;
+        let n = sys!(libc::recvfrom(
+            r.raw(),
+            buf.as_mut_ptr().cast(),
+            32,
+            0,
+            pf,
+            &mut flen
+        ))
+        .ctx("recvfrom")?;
         let src = crate::sys::c_buf_str(&from.sun_path);
-        Ok(format!("sendto={sent} recvfrom={n} source_is_sender={}", src == tp))
+        Ok(format!(
+            "sendto={sent} recvfrom={n} source_is_sender={}",
+            src == tp
+        ))
     })();
     let _ = (std::fs::remove_file(&rp), std::fs::remove_file(&tp));
     result
@@ -170,12 +205,19 @@ fn epoll_mixed_with_tcp() -> Res {
     let unix_only = ep.show(8, 2000);
     send(c.raw(), b"t", 0).ctx("send")?;
     crate::net::wait_for(s.raw(), libc::POLLIN).ctx("poll")?;
-    Ok(format!("unix_only: {unix_only}; both: {}", ep.show(8, 2000)))
+    Ok(format!(
+        "unix_only: {unix_only}; both: {}",
+        ep.show(8, 2000)
+    ))
 }
 
 fn route_dump_has_lo() -> Res {
-    let nl = socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_ROUTE)
-        .ctx("socket")?;
+    let nl = socket(
+        libc::AF_NETLINK,
+        libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+        libc::NETLINK_ROUTE,
+    )
+    .ctx("socket")?;
     let mut sa: libc::sockaddr_nl = zeroed();
     sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
     let len = size_of::<libc::sockaddr_nl>() as libc::socklen_t;

@@ -5,9 +5,7 @@ use libc::c_int;
 
 use super::{Case, Res};
 use crate::flags::poll_names;
-use crate::net::{
-    closed_port, connect, listener, poll1, send, tcp_pair, tcp_socket, wait_for,
-};
+use crate::net::{closed_port, connect, listener, poll1, send, tcp_pair, tcp_socket, wait_for};
 use crate::sys::{Ctx, Fd, pipe, show, zeroed};
 
 pub const CASES: &[Case] = &[
@@ -40,7 +38,11 @@ fn pollin_after_send() -> Res {
     let before = poll1(s.raw(), IN, 0);
     send(c.raw(), b"ping", 0).ctx("send")?;
     let after = wait_for(s.raw(), IN);
-    Ok(format!("before={} after={}", show(before.map(poll_names)), show(after.map(poll_names))))
+    Ok(format!(
+        "before={} after={}",
+        show(before.map(poll_names)),
+        show(after.map(poll_names))
+    ))
 }
 
 fn pollout_when_connected() -> Res {
@@ -54,12 +56,24 @@ fn mixed_with_pipe() -> Res {
     let (c, s) = tcp_pair(libc::AF_INET)?;
     let (pr, pw) = pipe(0).ctx("pipe")?;
     let mut set = [
-        libc::pollfd { fd: s.raw(), events: IN, revents: 0 },
-        libc::pollfd { fd: pr.raw(), events: IN, revents: 0 },
+        libc::pollfd {
+            fd: s.raw(),
+            events: IN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: pr.raw(),
+            events: IN,
+            revents: 0,
+        },
     ];
-    let mut round = |set: &mut [libc::pollfd; 2]| {
+    let round = |set: &mut [libc::pollfd; 2]| {
         let n = show(sys!(libc::poll(set.as_mut_ptr(), 2, 2000)));
-        format!("n={n} sock={} pipe={}", poll_names(set[0].revents), poll_names(set[1].revents))
+        format!(
+            "n={n} sock={} pipe={}",
+            poll_names(set[0].revents),
+            poll_names(set[1].revents)
+        )
     };
     sys!(libc::write(pw.raw(), b"p".as_ptr().cast(), 1)).ctx("write")?;
     let first = round(&mut set);
@@ -71,7 +85,11 @@ fn mixed_with_pipe() -> Res {
 
 fn timeout_no_events() -> Res {
     let (_c, s) = tcp_pair(libc::AF_INET)?;
-    let mut p = libc::pollfd { fd: s.raw(), events: IN, revents: 0 };
+    let mut p = libc::pollfd {
+        fd: s.raw(),
+        events: IN,
+        revents: 0,
+    };
     let n = show(sys!(libc::poll(&mut p, 1, 30)));
     Ok(format!("n={n} revents={}", poll_names(p.revents)))
 }
@@ -107,7 +125,11 @@ fn closed_fd_pollnval() -> Res {
     let s = tcp_socket(libc::AF_INET).ctx("socket")?;
     let fd = s.raw();
     drop(s);
-    let mut p = libc::pollfd { fd, events: IN, revents: 0 };
+    let mut p = libc::pollfd {
+        fd,
+        events: IN,
+        revents: 0,
+    };
     let n = show(sys!(libc::poll(&mut p, 1, 0)));
     Ok(format!("n={n} revents={}", poll_names(p.revents)))
 }
@@ -117,8 +139,16 @@ fn negative_fd_ignored() -> Res {
     send(c.raw(), b"x", 0).ctx("send")?;
     wait_for(s.raw(), IN).ctx("poll")?;
     let mut set = [
-        libc::pollfd { fd: -1, events: IN, revents: 0x7 },
-        libc::pollfd { fd: s.raw(), events: IN, revents: 0 },
+        libc::pollfd {
+            fd: -1,
+            events: IN,
+            revents: 0x7,
+        },
+        libc::pollfd {
+            fd: s.raw(),
+            events: IN,
+            revents: 0,
+        },
     ];
     let n = show(sys!(libc::poll(set.as_mut_ptr(), 2, 0)));
     Ok(format!(
@@ -146,9 +176,19 @@ fn many_sockets_subset() -> Res {
         send(c.raw(), b"x", 0).ctx("send")?;
         wait_for(s.raw(), IN).ctx("poll")?;
     }
-    let mut set: Vec<libc::pollfd> =
-        pairs.iter().map(|(_, s)| libc::pollfd { fd: s.raw(), events: IN, revents: 0 }).collect();
-    let n = show(sys!(libc::poll(set.as_mut_ptr(), set.len() as libc::nfds_t, 0)));
+    let mut set: Vec<libc::pollfd> = pairs
+        .iter()
+        .map(|(_, s)| libc::pollfd {
+            fd: s.raw(),
+            events: IN,
+            revents: 0,
+        })
+        .collect();
+    let n = show(sys!(libc::poll(
+        set.as_mut_ptr(),
+        set.len() as libc::nfds_t,
+        0
+    )));
     let ready: Vec<usize> = (0..set.len()).filter(|&i| set[i].revents != 0).collect();
     let evens = ready.iter().all(|i| i % 2 == 0);
     Ok(format!("n={n} ready={} all_even={evens}", ready.len()))
@@ -164,15 +204,28 @@ fn oob_pollpri() -> Res {
 
 fn ppoll_timeout_then_ready() -> Res {
     let (c, s) = tcp_pair(libc::AF_INET)?;
-    let mut p = libc::pollfd { fd: s.raw(), events: IN, revents: 0 };
-    let ts = libc::timespec { tv_sec: 0, tv_nsec: 30_000_000 };
+    let mut p = libc::pollfd {
+        fd: s.raw(),
+        events: IN,
+        revents: 0,
+    };
+    let ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 30_000_000,
+    };
     let mut mask: libc::sigset_t = zeroed();
     unsafe { libc::sigemptyset(&mut mask) };
     let first = show(sys!(libc::ppoll(&mut p, 1, &ts, &mask)));
     send(c.raw(), b"x", 0).ctx("send")?;
-    let long = libc::timespec { tv_sec: 2, tv_nsec: 0 };
+    let long = libc::timespec {
+        tv_sec: 2,
+        tv_nsec: 0,
+    };
     let second = show(sys!(libc::ppoll(&mut p, 1, &long, &mask)));
-    Ok(format!("idle={first} ready={second} revents={}", poll_names(p.revents)))
+    Ok(format!(
+        "idle={first} ready={second} revents={}",
+        poll_names(p.revents)
+    ))
 }
 
 /// Runs `select` on the given read/write/except fds; shows `n` and which fds are set.
@@ -191,7 +244,11 @@ fn select(rd: &[c_int], wr: &[c_int], ex: &[c_int], timeout_ms: i64) -> String {
         tv_usec: ((timeout_ms % 1000) * 1000) as libc::suseconds_t,
     };
     let [r, w, e] = &mut sets;
-    let n = show(sys!(libc::select(max + 1, r, w, e, &mut tv)));
+    let n = match sys!(libc::select(max + 1, r, w, e, &mut tv)) {
+        Ok(n) => n,
+        // The sets are unspecified after an error.
+        Err(err) => return format!("select={err}"),
+    };
     let set_idx = |set: &libc::fd_set, fds: &[c_int]| -> String {
         let idx: Vec<String> = (0..fds.len())
             .filter(|&i| unsafe { libc::FD_ISSET(fds[i], set) })
@@ -199,7 +256,12 @@ fn select(rd: &[c_int], wr: &[c_int], ex: &[c_int], timeout_ms: i64) -> String {
             .collect();
         format!("[{}]", idx.join(","))
     };
-    format!("n={n} r={} w={} e={}", set_idx(r, rd), set_idx(w, wr), set_idx(e, ex))
+    format!(
+        "n={n} r={} w={} e={}",
+        set_idx(r, rd),
+        set_idx(w, wr),
+        set_idx(e, ex)
+    )
 }
 
 fn select_read_write_sets() -> Res {
@@ -248,11 +310,21 @@ fn pselect_ready_with_mask() -> Res {
         libc::FD_ZERO(&mut rd);
         libc::FD_SET(s.raw(), &mut rd);
     }
-    let ts = libc::timespec { tv_sec: 2, tv_nsec: 0 };
+    let ts = libc::timespec {
+        tv_sec: 2,
+        tv_nsec: 0,
+    };
     let mut mask: libc::sigset_t = zeroed();
     unsafe { libc::sigfillset(&mut mask) };
     let null = std::ptr::null_mut();
-    let n = show(sys!(libc::pselect(s.raw() + 1, &mut rd, null, null, &ts, &mask)));
+    let n = show(sys!(libc::pselect(
+        s.raw() + 1,
+        &mut rd,
+        null,
+        null,
+        &ts,
+        &mask
+    )));
     let set = unsafe { libc::FD_ISSET(s.raw(), &rd) };
     Ok(format!("n={n} readable={set}"))
 }

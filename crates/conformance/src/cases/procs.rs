@@ -9,17 +9,25 @@ use libc::c_int;
 
 use super::{Case, Res};
 use crate::net::{
-    accept, connect, listener, recv_exact, recv_text, send, socket, tcp_pair,
-    tcp_socket, wait_for,
+    accept, connect, listener, recv_exact, recv_text, send, socket, tcp_pair, tcp_socket, wait_for,
 };
 use crate::proc::{collect_helper, fork_with, helper_argv, spawn_helper};
-use crate::sys::{Ctx, Fd, pipe, set_nonblocking, show, sleep_ms, zeroed};
+use crate::sys::{Ctx, Fd, pipe, set_nonblocking, sleep_ms, zeroed};
 
 pub const CASES: &[Case] = &[
-    Case::new("proc.fork_child_writes_parent_reads", fork_child_writes_parent_reads),
+    Case::new(
+        "proc.fork_child_writes_parent_reads",
+        fork_child_writes_parent_reads,
+    ),
     Case::new("proc.fork_both_use", fork_both_use),
-    Case::new("proc.fork_child_close_keeps_parent", fork_child_close_keeps_parent),
-    Case::new("proc.fork_parent_close_keeps_child", fork_parent_close_keeps_child),
+    Case::new(
+        "proc.fork_child_close_keeps_parent",
+        fork_child_close_keeps_parent,
+    ),
+    Case::new(
+        "proc.fork_parent_close_keeps_child",
+        fork_parent_close_keeps_child,
+    ),
     Case::new("proc.fork_child_exit_no_eof", fork_child_exit_no_eof),
     Case::new("proc.prefork_workers_accept", prefork_workers_accept),
     Case::new("proc.exec_inherited_socket", exec_inherited_socket),
@@ -29,6 +37,7 @@ pub const CASES: &[Case] = &[
     Case::new("proc.exec_keeps_nonblock", exec_keeps_nonblock),
     Case::new("proc.posix_spawn_inherits", posix_spawn_inherits),
     Case::new("proc.posix_spawn_dup2_action", posix_spawn_dup2_action),
+    Case::new("proc.vfork_style_exec", vfork_style_exec),
     Case::new("proc.double_fork_daemon", double_fork_daemon),
     Case::new("proc.daemon_call", daemon_call),
 ];
@@ -51,7 +60,10 @@ fn fork_both_use() -> Res {
     let status = child.wait();
     send(c.raw(), b"parent;", 0).ctx("send")?;
     let got = recv_exact(s.raw(), 13)?;
-    Ok(format!("peer_got={:?} child={status}", String::from_utf8_lossy(&got)))
+    Ok(format!(
+        "peer_got={:?} child={status}",
+        String::from_utf8_lossy(&got)
+    ))
 }
 
 fn fork_child_close_keeps_parent() -> Res {
@@ -60,7 +72,10 @@ fn fork_child_close_keeps_parent() -> Res {
     let status = child.wait();
     let no_eof = crate::net::poll1(s.raw(), libc::POLLIN, 50).ctx("poll")? == 0;
     send(c.raw(), b"still-open", 0).ctx("send")?;
-    Ok(format!("child={status} peer_no_eof={no_eof} peer_got={}", recv_text(s.raw(), 32, 0)))
+    Ok(format!(
+        "child={status} peer_no_eof={no_eof} peer_got={}",
+        recv_text(s.raw(), 32, 0)
+    ))
 }
 
 fn fork_parent_close_keeps_child() -> Res {
@@ -77,7 +92,9 @@ fn fork_parent_close_keeps_child() -> Res {
     let got = recv_text(s.raw(), 64, 0);
     let status = child.wait();
     let eof = recv_text(s.raw(), 8, 0);
-    Ok(format!("no_eof_while_child_holds={no_eof} got={got} child={status} then={eof}"))
+    Ok(format!(
+        "no_eof_while_child_holds={no_eof} got={got} child={status} then={eof}"
+    ))
 }
 
 /// redis BGSAVE: the child exits without closing anything; the parent's client goes on.
@@ -87,7 +104,10 @@ fn fork_child_exit_no_eof() -> Res {
     let status = child.wait();
     let quiet = crate::net::poll1(c.raw(), libc::POLLIN, 50).ctx("poll")? == 0;
     send(s.raw(), b"after-bgsave", 0).ctx("send")?;
-    Ok(format!("child={status} no_eof={quiet} got={}", recv_text(c.raw(), 32, 0)))
+    Ok(format!(
+        "child={status} no_eof={quiet} got={}",
+        recv_text(c.raw(), 32, 0)
+    ))
 }
 
 /// nginx: the master listens, forks workers, each worker accepts and serves.
@@ -108,7 +128,11 @@ fn prefork_workers_accept() -> Res {
         replies.push(recv_text(c.raw(), 16, 0));
     }
     let statuses: Vec<String> = workers.into_iter().map(|w| w.wait()).collect();
-    Ok(format!("replies={} workers={}", replies.join(","), statuses.join(",")))
+    Ok(format!(
+        "replies={} workers={}",
+        replies.join(","),
+        statuses.join(",")
+    ))
 }
 
 fn exec_with(mode: &str, fd: c_int) -> Result<String, String> {
@@ -120,7 +144,10 @@ fn exec_inherited_socket() -> Res {
     let (c, s) = tcp_pair(libc::AF_INET)?;
     send(s.raw(), b"exec-pong", 0).ctx("send")?;
     let helper = exec_with("use", c.raw())?;
-    Ok(format!("helper={helper} peer_got={}", recv_text(s.raw(), 32, 0)))
+    Ok(format!(
+        "helper={helper} peer_got={}",
+        recv_text(s.raw(), 32, 0)
+    ))
 }
 
 fn exec_cloexec_closed() -> Res {
@@ -141,7 +168,10 @@ fn exec_inherited_listener() -> Res {
     let c = tcp_socket(libc::AF_INET).ctx("socket")?;
     connect(c.raw(), &addr).ctx("connect")?;
     let got = recv_text(c.raw(), 32, 0);
-    Ok(format!("client_got={got} helper={}", collect_helper(child, out)))
+    Ok(format!(
+        "client_got={got} helper={}",
+        collect_helper(child, out)
+    ))
 }
 
 fn exec_keeps_nonblock() -> Res {
@@ -196,7 +226,10 @@ fn posix_spawn_inherits() -> Res {
     let (c, s) = tcp_pair(libc::AF_INET)?;
     send(s.raw(), b"spawn-pong", 0).ctx("send")?;
     let helper = spawn(&["use".into(), c.raw().to_string()], None)?;
-    Ok(format!("helper={helper} peer_got={}", recv_text(s.raw(), 32, 0)))
+    Ok(format!(
+        "helper={helper} peer_got={}",
+        recv_text(s.raw(), 32, 0)
+    ))
 }
 
 fn posix_spawn_dup2_action() -> Res {
@@ -205,7 +238,52 @@ fn posix_spawn_dup2_action() -> Res {
     drop(c);
     send(s.raw(), b"fd0-pong", 0).ctx("send")?;
     let helper = spawn(&["use".into(), "0".into()], Some((cloexec.raw(), 0)))?;
-    Ok(format!("helper={helper} peer_got={}", recv_text(s.raw(), 32, 0)))
+    Ok(format!(
+        "helper={helper} peer_got={}",
+        recv_text(s.raw(), 32, 0)
+    ))
+}
+
+/// The child of [`vfork_style_exec`]: runs on its own stack in the parent's memory.
+extern "C" fn exec_in_shared_memory(argv: *mut libc::c_void) -> c_int {
+    unsafe {
+        libc::execv(
+            c"/proc/self/exe".as_ptr(),
+            argv.cast::<*const libc::c_char>(),
+        )
+    };
+    127
+}
+
+/// vfork semantics — the child borrows the parent's memory and the parent waits until
+/// it execs — via `clone(CLONE_VM | CLONE_VFORK)` on a stack of its own. (Rust cannot
+/// call `vfork()` itself soundly: it returns twice on one stack.)
+fn vfork_style_exec() -> Res {
+    let (c, s) = tcp_pair(libc::AF_INET)?;
+    send(s.raw(), b"vfork-pong", 0).ctx("send")?;
+    let (r, w) = pipe(libc::O_CLOEXEC).ctx("pipe")?;
+    // This process prints nothing itself (results go to the runner's pipe), so its
+    // stdout can simply be the helper's pipe; the child then only has to exec.
+    sys!(libc::dup2(w.raw(), 1)).ctx("dup2")?;
+    drop(w);
+    let argv = helper_argv(&["use".to_string(), c.raw().to_string()]);
+    let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    ptrs.push(std::ptr::null());
+    let mut stack = vec![0u128; 16 * 1024];
+    let top = stack
+        .as_mut_ptr()
+        .wrapping_add(stack.len())
+        .cast::<libc::c_void>();
+    let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD;
+    let arg = ptrs.as_mut_ptr().cast::<libc::c_void>();
+    let pid = sys!(libc::clone(exec_in_shared_memory, top, flags, arg)).ctx("clone")?;
+    unsafe { libc::close(1) };
+    let helper = collect_helper(crate::proc::Child::from_pid(pid), r);
+    drop(stack);
+    Ok(format!(
+        "helper={helper} peer_got={}",
+        recv_text(s.raw(), 32, 0)
+    ))
 }
 
 fn double_fork_daemon() -> Res {
@@ -239,5 +317,8 @@ fn daemon_call() -> Res {
     drop(c);
     wait_for(s.raw(), libc::POLLIN).ctx("poll")?;
     let got = recv_text(s.raw(), 64, 0);
-    Ok(format!("caller={status} got={got} then={}", recv_text(s.raw(), 8, 0)))
+    Ok(format!(
+        "caller={status} got={got} then={}",
+        recv_text(s.raw(), 8, 0)
+    ))
 }

@@ -14,8 +14,8 @@ use libc::c_int;
 use super::epoll::Ep;
 use super::{Case, Res};
 use crate::net::{
-    accept, connect, fill_send_buffer, listener, recv_text, send, setsockopt, tcp_pair,
-    tcp_socket, udp_bound, wait_for,
+    accept, connect, fill_send_buffer, listener, recv_text, send, setsockopt, tcp_pair, tcp_socket,
+    udp_bound, wait_for,
 };
 use crate::proc::{alarm_ms, count_signal, fork_with, mask_signal, on_signal, signal_count};
 use crate::sys::{Ctx, show, sleep_ms, zeroed};
@@ -24,11 +24,20 @@ pub const CASES: &[Case] = &[
     Case::new("sig.recv_eintr_no_restart", recv_eintr_no_restart),
     Case::new("sig.recv_sa_restart_continues", recv_sa_restart_continues),
     Case::new("sig.accept_eintr_no_restart", accept_eintr_no_restart),
-    Case::new("sig.accept_sa_restart_continues", accept_sa_restart_continues),
+    Case::new(
+        "sig.accept_sa_restart_continues",
+        accept_sa_restart_continues,
+    ),
     Case::new("sig.send_blocked_interrupted", send_blocked_interrupted),
     Case::new("sig.poll_eintr_despite_restart", poll_eintr_despite_restart),
-    Case::new("sig.epoll_wait_eintr_despite_restart", epoll_wait_eintr_despite_restart),
-    Case::new("sig.select_eintr_despite_restart", select_eintr_despite_restart),
+    Case::new(
+        "sig.epoll_wait_eintr_despite_restart",
+        epoll_wait_eintr_despite_restart,
+    ),
+    Case::new(
+        "sig.select_eintr_despite_restart",
+        select_eintr_despite_restart,
+    ),
     Case::new("sig.ppoll_mask_lets_signal_in", ppoll_mask_lets_signal_in),
     Case::new("sig.rcvtimeo_not_restarted", rcvtimeo_not_restarted),
     Case::new("sig.handler_sends_other_socket", handler_sends_other_socket),
@@ -66,7 +75,10 @@ fn accept_eintr_no_restart() -> Res {
     let (l, _) = listener(libc::AF_INET)?;
     on_signal(libc::SIGALRM, count_signal, 0).ctx("sigaction")?;
     alarm_ms(50).ctx("setitimer")?;
-    Ok(counted(format!("accept={}", show(accept(l.raw()).map(|_| 0)))))
+    Ok(counted(format!(
+        "accept={}",
+        show(accept(l.raw()).map(|_| 0))
+    )))
 }
 
 fn accept_sa_restart_continues() -> Res {
@@ -74,7 +86,9 @@ fn accept_sa_restart_continues() -> Res {
     on_signal(libc::SIGALRM, count_signal, RESTART).ctx("sigaction")?;
     let peer = fork_with(|| {
         sleep_ms(150);
-        let Ok(c) = tcp_socket(libc::AF_INET) else { return 1 };
+        let Ok(c) = tcp_socket(libc::AF_INET) else {
+            return 1;
+        };
         if connect(c.raw(), &addr).is_err() {
             return 2;
         }
@@ -109,8 +123,15 @@ fn poll_eintr_despite_restart() -> Res {
     let (_c, s) = tcp_pair(libc::AF_INET)?;
     on_signal(libc::SIGALRM, count_signal, RESTART).ctx("sigaction")?;
     alarm_ms(50).ctx("setitimer")?;
-    let mut p = libc::pollfd { fd: s.raw(), events: libc::POLLIN, revents: 0 };
-    Ok(counted(format!("poll={}", show(sys!(libc::poll(&mut p, 1, 3000))))))
+    let mut p = libc::pollfd {
+        fd: s.raw(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    Ok(counted(format!(
+        "poll={}",
+        show(sys!(libc::poll(&mut p, 1, 3000)))
+    )))
 }
 
 fn epoll_wait_eintr_despite_restart() -> Res {
@@ -119,7 +140,10 @@ fn epoll_wait_eintr_despite_restart() -> Res {
     ep.add(s.raw(), libc::EPOLLIN as u32, 1)?;
     on_signal(libc::SIGALRM, count_signal, RESTART).ctx("sigaction")?;
     alarm_ms(50).ctx("setitimer")?;
-    Ok(counted(format!("epoll_wait={}", show(ep.wait(4, 3000).map(|v| v.len())))))
+    Ok(counted(format!(
+        "epoll_wait={}",
+        show(ep.wait(4, 3000).map(|v| v.len()))
+    )))
 }
 
 fn select_eintr_despite_restart() -> Res {
@@ -128,9 +152,18 @@ fn select_eintr_despite_restart() -> Res {
     alarm_ms(50).ctx("setitimer")?;
     let mut rd: libc::fd_set = zeroed();
     unsafe { libc::FD_SET(s.raw(), &mut rd) };
-    let mut tv = libc::timeval { tv_sec: 3, tv_usec: 0 };
+    let mut tv = libc::timeval {
+        tv_sec: 3,
+        tv_usec: 0,
+    };
     let null = std::ptr::null_mut();
-    let r = show(sys!(libc::select(s.raw() + 1, &mut rd, null, null, &mut tv)));
+    let r = show(sys!(libc::select(
+        s.raw() + 1,
+        &mut rd,
+        null,
+        null,
+        &mut tv
+    )));
     Ok(counted(format!("select={r}")))
 }
 
@@ -141,17 +174,29 @@ fn ppoll_mask_lets_signal_in() -> Res {
     alarm_ms(50).ctx("setitimer")?;
     sleep_ms(80);
     let blocked_meanwhile = signal_count();
-    let mut p = libc::pollfd { fd: s.raw(), events: libc::POLLIN, revents: 0 };
-    let ts = libc::timespec { tv_sec: 3, tv_nsec: 0 };
+    let mut p = libc::pollfd {
+        fd: s.raw(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ts = libc::timespec {
+        tv_sec: 3,
+        tv_nsec: 0,
+    };
     let mut empty: libc::sigset_t = zeroed();
     unsafe { libc::sigemptyset(&mut empty) };
     let r = show(sys!(libc::ppoll(&mut p, 1, &ts, &empty)));
-    Ok(counted(format!("ran_while_blocked={blocked_meanwhile} ppoll={r}")))
+    Ok(counted(format!(
+        "ran_while_blocked={blocked_meanwhile} ppoll={r}"
+    )))
 }
 
 fn rcvtimeo_not_restarted() -> Res {
     let (_c, s) = tcp_pair(libc::AF_INET)?;
-    let tv = libc::timeval { tv_sec: 3, tv_usec: 0 };
+    let tv = libc::timeval {
+        tv_sec: 3,
+        tv_usec: 0,
+    };
     setsockopt(s.raw(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv).ctx("setsockopt")?;
     on_signal(libc::SIGALRM, count_signal, RESTART).ctx("sigaction")?;
     alarm_ms(50).ctx("setitimer")?;
@@ -200,10 +245,17 @@ fn sigio_o_async() -> Res {
     on_signal(libc::SIGIO, count_signal, RESTART).ctx("sigaction")?;
     let own = show(sys!(libc::fcntl(s.raw(), libc::F_SETOWN, libc::getpid())));
     let fl = sys!(libc::fcntl(s.raw(), libc::F_GETFL)).ctx("F_GETFL")?;
-    let set = show(sys!(libc::fcntl(s.raw(), libc::F_SETFL, fl | libc::O_ASYNC)));
+    let set = show(sys!(libc::fcntl(
+        s.raw(),
+        libc::F_SETFL,
+        fl | libc::O_ASYNC
+    )));
     let before = signal_count();
     send(c.raw(), b"x", 0).ctx("send")?;
     wait_for(s.raw(), libc::POLLIN).ctx("poll")?;
     sleep_ms(10);
-    Ok(format!("F_SETOWN={own} O_ASYNC={set} sigio_after_send={}", signal_count() > before))
+    Ok(format!(
+        "F_SETOWN={own} O_ASYNC={set} sigio_after_send={}",
+        signal_count() > before
+    ))
 }

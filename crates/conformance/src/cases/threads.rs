@@ -11,21 +11,29 @@ use libc::c_int;
 use super::epoll::Ep;
 use super::{Case, Res};
 use crate::net::{
-    accept, connect, listener, recv, recv_exact, recv_text, send, send_all, tcp_pair,
-    tcp_socket,
+    accept, connect, listener, recv, recv_exact, recv_text, send, send_all, tcp_pair, tcp_socket,
 };
 use crate::proc::{gettid, wait_until_asleep};
 use crate::sys::{Ctx, fd_count, pipe, show};
 
 pub const CASES: &[Case] = &[
     Case::new("thr.concurrent_send_one_socket", concurrent_send_one_socket),
-    Case::new("thr.recv_blocked_while_other_sends", recv_blocked_while_other_sends),
-    Case::new("thr.many_threads_own_connections", many_threads_own_connections),
+    Case::new(
+        "thr.recv_blocked_while_other_sends",
+        recv_blocked_while_other_sends,
+    ),
+    Case::new(
+        "thr.many_threads_own_connections",
+        many_threads_own_connections,
+    ),
     Case::new("thr.concurrent_accept", concurrent_accept),
     Case::new("thr.open_close_in_threads", open_close_in_threads),
     Case::new("thr.full_duplex_two_threads", full_duplex_two_threads),
     Case::new("thr.epoll_wait_in_thread_wakes", epoll_wait_in_thread_wakes),
-    Case::new("thr.poll_in_thread_kernel_fd_wakes", poll_in_thread_kernel_fd_wakes),
+    Case::new(
+        "thr.poll_in_thread_kernel_fd_wakes",
+        poll_in_thread_kernel_fd_wakes,
+    ),
 ];
 
 fn join<T>(h: thread::JoinHandle<T>) -> Result<T, String> {
@@ -85,7 +93,10 @@ fn recv_blocked_while_other_sends() -> Res {
     let asleep = wait_until_asleep(tid);
     let sent = show(send(cfd, b"ping-from-main", 0));
     let got = join(reader)?;
-    Ok(format!("reader_blocked={asleep} send={sent} reader_got={got} echo_ok={}", join(echo)?))
+    Ok(format!(
+        "reader_blocked={asleep} send={sent} reader_got={got} echo_ok={}",
+        join(echo)?
+    ))
 }
 
 fn many_threads_own_connections() -> Res {
@@ -110,7 +121,11 @@ fn many_threads_own_connections() -> Res {
                 }
             }));
         }
-        handlers.into_iter().map(|h| h.join().is_ok()).filter(|&ok| ok).count()
+        handlers
+            .into_iter()
+            .map(|h| h.join().is_ok())
+            .filter(|&ok| ok)
+            .count()
     });
     let ok = Arc::new(AtomicUsize::new(0));
     let clients: Vec<_> = (0..CLIENTS)
@@ -134,7 +149,10 @@ fn many_threads_own_connections() -> Res {
         join(h)?;
     }
     let handlers = join(server)?;
-    Ok(format!("clients_ok={} handlers_done={handlers}", ok.load(Ordering::SeqCst)))
+    Ok(format!(
+        "clients_ok={} handlers_done={handlers}",
+        ok.load(Ordering::SeqCst)
+    ))
 }
 
 fn concurrent_accept() -> Res {
@@ -152,7 +170,11 @@ fn concurrent_accept() -> Res {
             greeted += 1;
         }
     }
-    let accepted = acceptors.into_iter().map(join).filter(|r| r == &Ok(true)).count();
+    let accepted = acceptors
+        .into_iter()
+        .map(join)
+        .filter(|r| r == &Ok(true))
+        .count();
     Ok(format!("accepted={accepted} clients_greeted={greeted}"))
 }
 
@@ -162,7 +184,11 @@ fn open_close_in_threads() -> Res {
         .map(|i| {
             thread::spawn(move || {
                 (0..200).all(|_| {
-                    let family = if i % 2 == 0 { libc::AF_INET } else { libc::AF_INET6 };
+                    let family = if i % 2 == 0 {
+                        libc::AF_INET
+                    } else {
+                        libc::AF_INET6
+                    };
                     tcp_socket(family).is_ok()
                 })
             })
@@ -170,7 +196,10 @@ fn open_close_in_threads() -> Res {
         .collect();
     let all_ok = workers.into_iter().map(join).all(|r| r == Ok(true));
     let after = fd_count()?;
-    Ok(format!("all_opened={all_ok} fd_delta={}", after as i64 - before as i64))
+    Ok(format!(
+        "all_opened={all_ok} fd_delta={}",
+        after as i64 - before as i64
+    ))
 }
 
 /// Sends `len` pseudo-random bytes seeded by `seed`; returns their checksum.
@@ -223,7 +252,11 @@ fn full_duplex_two_threads() -> Res {
     let c_sent = join(c_send)??;
     let s_sent = join(s_send)??;
     let c_got = join(c_recv)??;
-    Ok(format!("c->s_match={} s->c_match={}", c_sent == s_got, s_sent == c_got))
+    Ok(format!(
+        "c->s_match={} s->c_match={}",
+        c_sent == s_got,
+        s_sent == c_got
+    ))
 }
 
 fn epoll_wait_in_thread_wakes() -> Res {
@@ -238,7 +271,10 @@ fn epoll_wait_in_thread_wakes() -> Res {
     let tid = rx.recv().map_err(|e| e.to_string())?;
     let asleep = wait_until_asleep(tid);
     send(c.raw(), b"wake", 0).ctx("send")?;
-    Ok(format!("waiter_blocked={asleep} waiter_saw: {}", join(waiter)?))
+    Ok(format!(
+        "waiter_blocked={asleep} waiter_saw: {}",
+        join(waiter)?
+    ))
 }
 
 fn poll_in_thread_kernel_fd_wakes() -> Res {
@@ -249,8 +285,16 @@ fn poll_in_thread_kernel_fd_wakes() -> Res {
     let waiter = thread::spawn(move || {
         let _ = tx.send(gettid());
         let mut set = [
-            libc::pollfd { fd: sfd, events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: prfd, events: libc::POLLIN, revents: 0 },
+            libc::pollfd {
+                fd: sfd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: prfd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
         ];
         let n = show(sys!(libc::poll(set.as_mut_ptr(), 2, 3000)));
         format!(
@@ -262,5 +306,8 @@ fn poll_in_thread_kernel_fd_wakes() -> Res {
     let tid = rx.recv().map_err(|e| e.to_string())?;
     let asleep = wait_until_asleep(tid);
     sys!(libc::write(pw.raw(), b"w".as_ptr().cast(), 1)).ctx("write")?;
-    Ok(format!("waiter_blocked={asleep} waiter_saw: {}", join(waiter)?))
+    Ok(format!(
+        "waiter_blocked={asleep} waiter_saw: {}",
+        join(waiter)?
+    ))
 }

@@ -5,8 +5,8 @@
 use super::{Case, Res};
 use crate::flags::poll_names;
 use crate::net::{
-    Addr, bind, connect, fionread, local_addr, peer_addr, poll1, recv, recvfrom, recv_text,
-    send, sendto, udp_bound, udp_socket, wait_for,
+    Addr, bind, connect, fionread, local_addr, peer_addr, poll1, recv, recv_text, recvfrom, send,
+    sendto, udp_bound, udp_socket, wait_for,
 };
 use crate::sys::{Ctx, set_nonblocking, show, sleep_ms};
 
@@ -25,7 +25,10 @@ pub const CASES: &[Case] = &[
     Case::new("udp.disconnect_af_unspec", disconnect_af_unspec),
     Case::new("udp.fionread_next_datagram", fionread_next_datagram),
     Case::new("udp.peek_then_recv", peek_then_recv),
-    Case::new("udp.send_unconnected_edestaddrreq", send_unconnected_edestaddrreq),
+    Case::new(
+        "udp.send_unconnected_edestaddrreq",
+        send_unconnected_edestaddrreq,
+    ),
     Case::new("udp.bind_any_receives_loopback", bind_any_receives_loopback),
     Case::new("udp.autobind_on_sendto", autobind_on_sendto),
     Case::new("udp.burst_in_order", burst_in_order),
@@ -67,7 +70,7 @@ fn connected_filters_others() -> Res {
     connect(r.raw(), &t1addr).ctx("connect")?;
     sendto(t2.raw(), b"stranger", 0, &raddr).ctx("sendto")?;
     sendto(t1.raw(), b"peer", 0, &raddr).ctx("sendto")?;
-    sleep_ms(10);
+    wait_for(r.raw(), libc::POLLIN).ctx("poll")?;
     let first = recv_text(r.raw(), 16, libc::MSG_DONTWAIT);
     let second = recv_text(r.raw(), 16, libc::MSG_DONTWAIT);
     Ok(format!("first={first} second={second}"))
@@ -83,7 +86,10 @@ fn msg_trunc() -> Res {
     let mut small = [0u8; 10];
     let plain = show(recv(r.raw(), &mut small, 0));
     let trunc = show(recv(r.raw(), &mut small, libc::MSG_TRUNC));
-    Ok(format!("recv(10)={plain} recv(10,MSG_TRUNC)={trunc} next={}", recv_text(r.raw(), 16, 0)))
+    Ok(format!(
+        "recv(10)={plain} recv(10,MSG_TRUNC)={trunc} next={}",
+        recv_text(r.raw(), 16, 0)
+    ))
 }
 
 fn datagram_64k() -> Res {
@@ -93,7 +99,10 @@ fn datagram_64k() -> Res {
     let sent = show(sendto(t.raw(), &data, 0, &raddr));
     let mut buf = vec![0u8; 70000];
     let n = recv(r.raw(), &mut buf, 0).ctx("recv")?;
-    Ok(format!("sendto={sent} recv={n} intact={}", buf[..n] == data[..]))
+    Ok(format!(
+        "sendto={sent} recv={n} intact={}",
+        buf[..n] == data[..]
+    ))
 }
 
 fn too_big_emsgsize() -> Res {
@@ -132,7 +141,9 @@ fn zero_length_datagram() -> Res {
     let mut buf = [0u8; 8];
     let got = show(recv(r.raw(), &mut buf, libc::MSG_DONTWAIT));
     let after = show(recv(r.raw(), &mut buf, libc::MSG_DONTWAIT));
-    Ok(format!("sendto={sent} poll={ev} FIONREAD={queued} recv={got} then={after}"))
+    Ok(format!(
+        "sendto={sent} poll={ev} FIONREAD={queued} recv={got} then={after}"
+    ))
 }
 
 fn nonblocking_eagain() -> Res {
@@ -149,10 +160,10 @@ fn connected_icmp_refused() -> Res {
     let (t, _) = udp_bound(libc::AF_INET)?;
     connect(t.raw(), &gone).ctx("connect")?;
     let first = show(send(t.raw(), b"anyone?", 0));
-    sleep_ms(20);
+    let ev = show(wait_for(t.raw(), libc::POLLERR).map(crate::flags::poll_names));
     let recv1 = recv_text(t.raw(), 8, libc::MSG_DONTWAIT);
     let recv2 = recv_text(t.raw(), 8, libc::MSG_DONTWAIT);
-    Ok(format!("send={first} recv={recv1} then={recv2}"))
+    Ok(format!("send={first} poll={ev} recv={recv1} then={recv2}"))
 }
 
 fn unconnected_no_icmp_error() -> Res {
@@ -178,7 +189,9 @@ fn disconnect_af_unspec() -> Res {
     let r = show(connect(a.raw(), &unspec).map(|_| 0));
     let after = show(peer_addr(a.raw()).map(|p| p.describe()));
     let send_now = show(send(a.raw(), b"x", 0));
-    Ok(format!("peer={before} connect(AF_UNSPEC)={r} peer_after={after} send={send_now}"))
+    Ok(format!(
+        "peer={before} connect(AF_UNSPEC)={r} peer_after={after} send={send_now}"
+    ))
 }
 
 fn fionread_next_datagram() -> Res {
@@ -186,6 +199,7 @@ fn fionread_next_datagram() -> Res {
     let (t, _) = udp_bound(libc::AF_INET)?;
     sendto(t.raw(), b"five5", 0, &raddr).ctx("sendto")?;
     sendto(t.raw(), b"nine99999", 0, &raddr).ctx("sendto")?;
+    wait_for(r.raw(), libc::POLLIN).ctx("poll")?;
     sleep_ms(10);
     Ok(format!("FIONREAD={}", show(fionread(r.raw()))))
 }
@@ -212,8 +226,18 @@ fn bind_any_receives_loopback() -> Res {
     bind(r.raw(), &Addr::any(libc::AF_INET, 0)).ctx("bind")?;
     let local = local_addr(r.raw()).ctx("getsockname")?;
     let (t, _) = udp_bound(libc::AF_INET)?;
-    sendto(t.raw(), b"to-any", 0, &Addr::loopback(libc::AF_INET, local.port())).ctx("sendto")?;
-    Ok(format!("local={} got={}", local.describe(), recv_text(r.raw(), 16, 0)))
+    sendto(
+        t.raw(),
+        b"to-any",
+        0,
+        &Addr::loopback(libc::AF_INET, local.port()),
+    )
+    .ctx("sendto")?;
+    Ok(format!(
+        "local={} got={}",
+        local.describe(),
+        recv_text(r.raw(), 16, 0)
+    ))
 }
 
 fn autobind_on_sendto() -> Res {
@@ -224,7 +248,10 @@ fn autobind_on_sendto() -> Res {
     let after = show(local_addr(t.raw()).map(|a| a.describe()));
     let mut buf = [0u8; 4];
     let (_, from) = recvfrom(r.raw(), &mut buf, 0).ctx("recvfrom")?;
-    Ok(format!("before={before} after={after} receiver_saw={}", from.describe()))
+    Ok(format!(
+        "before={before} after={after} receiver_saw={}",
+        from.describe()
+    ))
 }
 
 fn burst_in_order() -> Res {
@@ -236,7 +263,7 @@ fn burst_in_order() -> Res {
     let mut buf = [0u8; 128];
     let mut in_order = true;
     let mut count = 0;
-    while poll1(r.raw(), libc::POLLIN, 50).ctx("poll")? != 0 {
+    while count < 32 && poll1(r.raw(), libc::POLLIN, 2000).ctx("poll")? != 0 {
         let n = recv(r.raw(), &mut buf, 0).ctx("recv")?;
         in_order &= n == 100 && buf[0] == count;
         count += 1;

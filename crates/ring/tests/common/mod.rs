@@ -34,7 +34,13 @@ pub const SPINNY: SpinPolicy = SpinPolicy::new(Duration::from_secs(1), Duration:
 pub const SLEEPY: SpinPolicy = SpinPolicy::new(Duration::from_micros(1), Duration::ZERO);
 
 pub fn layout(ring_slots: u32, bufs_a: u32, buf_size: u32) -> Layout {
-    Layout { ring_slots, record_size: 64, bufs_a, bufs_b: 4, buf_size }
+    Layout {
+        ring_slots,
+        record_size: 64,
+        bufs_a,
+        bufs_b: 4,
+        buf_size,
+    }
 }
 
 fn mix(x: u64) -> u64 {
@@ -44,7 +50,13 @@ fn mix(x: u64) -> u64 {
 }
 
 pub fn record(seq: u64) -> Msg {
-    Msg { seq, buf: u32::MAX, len: 0, sum: mix(seq), pad: [seq; 5] }
+    Msg {
+        seq,
+        buf: u32::MAX,
+        len: 0,
+        sum: mix(seq),
+        pad: [seq; 5],
+    }
 }
 
 /// Checksum of a payload (8 bytes at a time, the last chunk zero-padded).
@@ -52,7 +64,9 @@ pub fn checksum(data: &[u8]) -> u64 {
     data.chunks(8).fold(data.len() as u64, |h, c| {
         let mut w = [0u8; 8];
         w[..c.len()].copy_from_slice(c);
-        (h ^ u64::from_le_bytes(w)).wrapping_mul(0x100_0000_01b3).rotate_left(17)
+        (h ^ u64::from_le_bytes(w))
+            .wrapping_mul(0x100_0000_01b3)
+            .rotate_left(17)
     })
 }
 
@@ -83,7 +97,10 @@ pub fn send_records(ep: &mut Ep, n: u64, policy: SpinPolicy) {
         ep.tx.commit();
         ep.tx.notify();
         if batch == 0 {
-            assert_eq!(ep.tx.wait_space(policy, Some(STUCK)).unwrap(), WaitResult::Ready);
+            assert_eq!(
+                ep.tx.wait_space(policy, Some(STUCK)).unwrap(),
+                WaitResult::Ready
+            );
         }
     }
 }
@@ -130,7 +147,13 @@ pub fn send_buffers(ep: &mut Ep, n: u64, policy: SpinPolicy) {
             payload(sent, buf_size, &mut data);
             let span = ep.bufs.span(id.0, 0, data.len() as u32).unwrap();
             assert_eq!(ep.bufs.write(span, &data), data.len());
-            let m = Msg { seq: sent, buf: id.0, len: data.len() as u32, sum: checksum(&data), pad: [0; 5] };
+            let m = Msg {
+                seq: sent,
+                buf: id.0,
+                len: data.len() as u32,
+                sum: checksum(&data),
+                pad: [0; 5],
+            };
             assert!(ep.tx.push(&m).unwrap(), "ring full with a buffer free");
             sent += 1;
             progress = true;
@@ -143,7 +166,11 @@ pub fn send_buffers(ep: &mut Ep, n: u64, policy: SpinPolicy) {
             assert_eq!(ep.rx.wait(policy, Some(STUCK)).unwrap(), WaitResult::Ready);
         }
     }
-    assert_eq!(ep.pool.available(), ep.pool.total(), "every buffer came back");
+    assert_eq!(
+        ep.pool.available(),
+        ep.pool.total(),
+        "every buffer came back"
+    );
 }
 
 /// Side B: receive `n` buffers, verify each payload, return the id.
@@ -158,8 +185,15 @@ pub fn recv_buffers(ep: &mut Ep, n: u64, policy: SpinPolicy, owner_bufs: u32) {
                 let span = ep.bufs.span(m.buf, 0, m.len).unwrap();
                 let got = ep.bufs.read(span, &mut data);
                 assert_eq!(checksum(&data[..got]), m.sum, "payload of {want} intact");
-                let ack = Msg { seq: want, buf: m.buf, ..Msg::default() };
-                assert!(ep.tx.push(&ack).unwrap(), "ack ring has room for every buffer");
+                let ack = Msg {
+                    seq: want,
+                    buf: m.buf,
+                    ..Msg::default()
+                };
+                assert!(
+                    ep.tx.push(&ack).unwrap(),
+                    "ack ring has room for every buffer"
+                );
                 want += 1;
                 if want & 15 == 0 {
                     ep.rx.release();
@@ -223,7 +257,8 @@ impl Drop for ChildGuard {
 pub fn spawn_child(test: &str, fd: BorrowedFd<'_>) -> ChildGuard {
     let raw = fd.as_raw_fd();
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([test, "--exact", "--nocapture", "--test-threads=1"]).env(ROLE_ENV, test);
+    cmd.args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(ROLE_ENV, test);
     // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
     // calls (dup2, fcntl) on descriptors it was given by value.
     unsafe {

@@ -1,0 +1,206 @@
+//! Socket addresses between the program's memory and records: reading a `sockaddr` the
+//! program passed (checked before it goes on the ring, since a record the server refuses
+//! would close the whole channel), writing one back with the kernel's truncation rules,
+//! and the abstract unix name that identifies a ferry socket.
+
+use std::io::Write;
+
+use ferry_proto::WireAddr;
+use libc::{sockaddr, socklen_t};
+
+use crate::errno::{Errno, Res};
+
+const IN_LEN: usize = size_of::<libc::sockaddr_in>();
+const IN6_LEN: usize = size_of::<libc::sockaddr_in6>();
+/// The shortest `sockaddr_in6` the kernel accepts (RFC 2133's, without scope id).
+const IN6_MIN_LEN: usize = 24;
+
+/// The name prefix of a ferry socket's readiness end (after the abstract NUL).
+pub const NAME_PREFIX: &[u8] = b"ferry:";
+
+/// The abstract name (without the leading NUL) for socket `id`.
+pub fn ferry_name(id: u32) -> ([u8; 24], usize) {
+    let mut buf = [0u8; 24];
+    let mut w = &mut buf[..];
+    let _ = write!(w, "ferry:{id}");
+    let left = w.len();
+    let n = buf.len() - left;
+    (buf, n)
+}
+
+/// The socket id in an abstract name, if it is a ferry name.
+pub fn parse_ferry_name(name: &[u8]) -> Option<u32> {
+    let digits = name.strip_prefix(NAME_PREFIX)?;
+    if digits.is_empty() || digits.len() > 10 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+/// The family field of the program's address (`None` when too short to hold one).
+///
+/// # Safety
+/// `addr` must be readable for `len` bytes (or null).
+pub unsafe fn family(addr: *const sockaddr, len: socklen_t) -> Option<i32> {
+    if addr.is_null() || (len as usize) < 2 {
+        return None;
+    }
+    let mut f = [0u8; 2];
+    // SAFETY: at least two readable bytes (caller, checked length).
+    unsafe { std::ptr::copy_nonoverlapping(addr.cast::<u8>(), f.as_mut_ptr(), 2) };
+    Some(i32::from(u16::from_ne_bytes(f)))
+}
+
+/// Reads an inet address the program passed (`connect`, `bind`, `sendto`).
+///
+/// # Safety
+/// `addr` must be readable for `len` bytes (or null).
+pub unsafe fn read_sockaddr(addr: *const sockaddr, len: socklen_t) -> Res<WireAddr> {
+    let len = len as usize;
+    if addr.is_null() {
+        return Err(if len == 0 {
+            Errno::EINVAL
+        } else {
+            Errno::EFAULT
+        });
+    }
+    if len < 2 {
+        return Err(Errno::EINVAL);
+    }
+    let mut buf = [0u8; IN6_LEN];
+    let n = len.min(IN6_LEN);
+    // SAFETY: `n <= len` readable bytes (caller); `buf` holds `n`.
+    unsafe { std::ptr::copy_nonoverlapping(addr.cast::<u8>(), buf.as_mut_ptr(), n) };
+    decode(&buf, len)
+}
+
+/// Decodes address bytes (`buf` zero-padded to `sockaddr_in6` size, `len` as the
+/// program gave it).
+fn decode(buf: &[u8; IN6_LEN], len: usize) -> Res<WireAddr> {
+    let family = i32::from(u16::from_ne_bytes([buf[0], buf[1]]));
+    let need = match family {
+        libc::AF_INET if len >= IN_LEN => IN_LEN,
+        libc::AF_INET6 if len >= IN6_MIN_LEN => IN6_LEN,
+        libc::AF_INET | libc::AF_INET6 => return Err(Errno::EINVAL),
+        _ => return Err(Errno(libc::EAFNOSUPPORT)),
+    };
+    WireAddr::decode(&buf[..need]).map_err(|_| Errno::EINVAL)
+}
+
+/// Writes `bytes` (a kernel-layout address) to the program's `addr`/`len` like the
+/// kernel: at most `*len` bytes are copied and `*len` becomes the full length.
+///
+/// # Safety
+/// `addr` (if non-null) must be writable for `*len` bytes; `len` must be null or valid.
+pub unsafe fn write_sockaddr(bytes: &[u8], addr: *mut sockaddr, len: *mut socklen_t) -> Res<()> {
+    if len.is_null() {
+        return if addr.is_null() {
+            Ok(())
+        } else {
+            Err(Errno::EFAULT)
+        };
+    }
+    // SAFETY: `len` is valid (caller).
+    let room = unsafe { len.read() };
+    if (room as i32) < 0 {
+        return Err(Errno::EINVAL);
+    }
+    if !addr.is_null() {
+        let n = bytes.len().min(room as usize);
+        // SAFETY: `addr` is writable for `room >= n` bytes (caller).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr.cast::<u8>(), n) };
+    }
+    // SAFETY: as above.
+    unsafe { len.write(bytes.len() as socklen_t) };
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddr;
+
+    fn raw(sa: &str) -> ([u8; IN6_LEN], usize) {
+        let sa: SocketAddr = sa.parse().unwrap();
+        let mut buf = [0u8; 32];
+        let n = WireAddr::from(sa).encode(&mut buf);
+        let mut out = [0u8; IN6_LEN];
+        out.copy_from_slice(&buf[..IN6_LEN]);
+        (out, n)
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for id in [0, 1, 42, u32::MAX] {
+            let (b, n) = ferry_name(id);
+            assert_eq!(parse_ferry_name(&b[..n]), Some(id));
+        }
+        assert_eq!(&ferry_name(17).0[..8], b"ferry:17");
+        assert_eq!(parse_ferry_name(b"ferry:"), None);
+        assert_eq!(parse_ferry_name(b"ferry:12x"), None);
+        assert_eq!(parse_ferry_name(b"ferry:99999999999"), None);
+        assert_eq!(parse_ferry_name(b"other:1"), None);
+        assert_eq!(parse_ferry_name(b"ferry:4294967296"), None);
+    }
+
+    #[test]
+    fn program_addresses_are_checked() {
+        let (b, n) = raw("10.1.2.3:80");
+        assert_eq!(
+            decode(&b, n).unwrap().to_std(),
+            "10.1.2.3:80".parse::<SocketAddr>().unwrap()
+        );
+        assert_eq!(decode(&b, 15), Err(Errno::EINVAL));
+        let (b, n) = raw("[2001:db8::1]:443");
+        assert_eq!(n, IN6_LEN);
+        assert!(decode(&b, n).is_ok());
+        // RFC 2133 length: the scope id is taken as zero.
+        let mut short = b;
+        short[24..].fill(0);
+        assert_eq!(
+            decode(&short, 24).unwrap().to_std(),
+            "[2001:db8::1]:443".parse::<SocketAddr>().unwrap()
+        );
+        assert_eq!(decode(&b, 23), Err(Errno::EINVAL));
+        let mut unix = [0u8; IN6_LEN];
+        unix[..2].copy_from_slice(&(libc::AF_UNIX as u16).to_ne_bytes());
+        assert_eq!(decode(&unix, 20), Err(Errno(libc::EAFNOSUPPORT)));
+    }
+
+    #[test]
+    fn reading_program_memory() {
+        let (b, n) = raw("127.0.0.1:9");
+        // SAFETY: `b` is readable for `n` bytes.
+        let a = unsafe { read_sockaddr(b.as_ptr().cast(), n as socklen_t) }.unwrap();
+        assert!(a.is_loopback());
+        // SAFETY: null pointer is handled.
+        let r = unsafe { read_sockaddr(std::ptr::null(), 16) };
+        assert_eq!(r, Err(Errno::EFAULT));
+        // SAFETY: `b` is readable for 1 byte.
+        let r = unsafe { read_sockaddr(b.as_ptr().cast(), 1) };
+        assert_eq!(r, Err(Errno::EINVAL));
+        // SAFETY: as above.
+        assert_eq!(unsafe { family(b.as_ptr().cast(), 2) }, Some(libc::AF_INET));
+        // SAFETY: short length is handled.
+        assert_eq!(unsafe { family(b.as_ptr().cast(), 1) }, None);
+    }
+
+    #[test]
+    fn writing_back_truncates_like_the_kernel() {
+        let (b, n) = raw("[::1]:5");
+        let mut out = [0xffu8; 8];
+        let mut len: socklen_t = 8;
+        // SAFETY: `out` is writable for `len` bytes.
+        unsafe { write_sockaddr(&b[..n], out.as_mut_ptr().cast(), &mut len) }.unwrap();
+        assert_eq!(len as usize, IN6_LEN);
+        assert_eq!(out, b[..8]);
+        let mut len: socklen_t = 0;
+        // SAFETY: a null address only reports the length.
+        unsafe { write_sockaddr(&b[..n], std::ptr::null_mut(), &mut len) }.unwrap();
+        assert_eq!(len as usize, IN6_LEN);
+        let mut len = u32::MAX;
+        // SAFETY: as above.
+        let r = unsafe { write_sockaddr(&b[..n], out.as_mut_ptr().cast(), &mut len) };
+        assert_eq!(r, Err(Errno::EINVAL));
+    }
+}

@@ -1,0 +1,601 @@
+//! One channel to the protocol server: a control socket, a shared-memory region with the
+//! request/completion rings and buffers (this side is `Side::A`), and the server's
+//! doorbell. See `docs/specs/socket-protocol.md` for the protocol and
+//! `docs/specs/ring-api.md` for the rings.
+//!
+//! A channel is used by one thread at a time ([`crate::tls`] hands them out), so it has
+//! exactly one tagged request in flight, and whoever waits on it also handles the
+//! unsolicited completions that arrive meanwhile: returned send buffers
+//! (`BufReturn`) go back to the pool, errors of fire-and-forget sends (`AsyncError`) go
+//! to [`crate::pending`], buffers lent with `Data` records are copied out and given back.
+//!
+//! Waits spin for the span the server asked for, then sleep on the completion ring's
+//! futex in slices of [`SLICE`]; after each slice the control socket is checked for EOF
+//! (the server died) so no call hangs on a dead server. A signal interrupting the sleep
+//! cancels the request (`Op::Cancel`), unless every installed handler has `SA_RESTART`
+//! (and the socket has no timeout), in which case the wait simply goes on, as the
+//! kernel's restart would.
+
+use std::fmt;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, IntoRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_proto::{Cmp, CmpKind, Ctl, CtlKind, Hello, HelloReply, Op, PROTO_VERSION, Req};
+use ferry_ring::{BufId, BufSpan, Buffers, Endpoint, Region, Side, SpinPolicy, WaitResult};
+
+use crate::errno::{Errno, Res};
+use crate::log::{self, Once};
+use crate::pending::PENDING;
+use crate::{config, signals, tls};
+
+/// Longest sleep between liveness checks.
+pub const SLICE: Duration = Duration::from_millis(100);
+/// How long the server may take to answer `Hello`.
+const HELLO_TIMEOUT_MS: i32 = 10_000;
+/// How long a closing channel waits for the server to take its last requests.
+const DRAIN_WAIT: Duration = Duration::from_millis(100);
+
+/// How long a tagged request may wait, and what its expiry means.
+#[derive(Clone, Copy, Debug)]
+pub struct Wait {
+    /// When to give up (`SO_RCVTIMEO`/`SO_SNDTIMEO`); `None` = never.
+    pub deadline: Option<Instant>,
+    /// What a request abandoned at the deadline fails with.
+    pub expired: Errno,
+}
+
+impl Wait {
+    /// No deadline.
+    pub const FOREVER: Wait = Wait {
+        deadline: None,
+        expired: Errno::EAGAIN,
+    };
+
+    /// A deadline `us` microseconds from now (0 = none), failing with `expired`.
+    pub fn after(us: u64, expired: Errno) -> Wait {
+        let deadline = (us > 0).then(|| Instant::now() + Duration::from_micros(us));
+        Wait { deadline, expired }
+    }
+
+    /// The next sleep: at most `SLICE`, at most until the deadline.
+    fn slice(&self) -> Duration {
+        match self.deadline {
+            Some(d) => d.saturating_duration_since(Instant::now()).min(SLICE),
+            None => SLICE,
+        }
+    }
+
+    fn passed(&self) -> bool {
+        self.deadline.is_some_and(|d| Instant::now() >= d)
+    }
+
+    /// A signal interrupted the wait: does the call fail with `EINTR`?
+    fn interrupts(&self) -> bool {
+        self.deadline.is_some() || !signals::restartable()
+    }
+}
+
+/// One channel (see the module docs).
+pub struct Channel {
+    ep: Endpoint<Req, Cmp>,
+    region: Arc<Region>,
+    ctl: OwnedFd,
+    spin: SpinPolicy,
+    batch: u32,
+    batch_delay: Duration,
+    /// Fire-and-forget records committed since the last doorbell.
+    unrung: u32,
+    unrung_since: Option<Instant>,
+    next_tag: u32,
+    /// The fork generation this channel belongs to ([`tls::generation`]).
+    pub fork_gen: u32,
+    /// Failed: every call fails with [`Errno::DOWN`]; dropped at the next acquisition.
+    pub dead: bool,
+    reg: Option<usize>,
+}
+
+impl fmt::Debug for Channel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Channel")
+            .field("ctl", &self.ctl)
+            .field("dead", &self.dead)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Errno {
+    /// The channel is unusable (server gone, or it broke the protocol). Each operation
+    /// maps this to its own errno with [`Errno::down_as`]; anything left becomes
+    /// `ECONNRESET` at the boundary.
+    pub const DOWN: Errno = Errno(-1);
+
+    /// `self`, with [`Errno::DOWN`] replaced by `e`.
+    pub fn down_as(self, e: i32) -> Errno {
+        if self == Errno::DOWN { Errno(e) } else { self }
+    }
+}
+
+impl Channel {
+    /// Connects to `$FERRY_SOCKET`, says `Hello`, maps the region it gets back.
+    pub fn open() -> Res<Channel> {
+        let path = config::socket_path().ok_or(Errno::DOWN)?;
+        Channel::connect(Path::new(path)).map_err(|why| {
+            log::once(
+                Once::Open,
+                format_args!(
+                    "cannot open a channel to {}: {why}",
+                    Path::new(path).display()
+                ),
+            );
+            Errno::DOWN
+        })
+    }
+
+    fn connect(path: &Path) -> Result<Channel, String> {
+        let ctl = ferry_sys::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0)
+            .map_err(|e| format!("socket: {e}"))?;
+        loop {
+            match ferry_sys::connect_unix(ctl.as_fd(), path) {
+                Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(format!("connect: {e}")),
+            }
+        }
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() } as u32;
+        let hello = Hello {
+            version: PROTO_VERSION,
+            pid,
+            tid: ferry_sys::gettid(),
+            pad: 0,
+        };
+        ferry_sys::send_with_fds(ctl.as_fd(), bytemuck::bytes_of(&hello), &[])
+            .map_err(|e| format!("hello: {e}"))?;
+        let mut waited = 0;
+        loop {
+            match ferry_sys::poll_wait(ctl.as_fd(), libc::POLLIN, 100) {
+                Ok(0) if waited < HELLO_TIMEOUT_MS => waited += 100,
+                Ok(0) => return Err("no answer to hello".into()),
+                Ok(_) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(format!("poll: {e}")),
+            }
+        }
+        let mut buf = [0u8; size_of::<HelloReply>()];
+        let (n, mut fds) = ferry_sys::recv_with_fds(ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT)
+            .map_err(|e| format!("hello reply: {e}"))?;
+        if n != buf.len() {
+            return Err(format!("hello reply of {n} bytes"));
+        }
+        let reply: HelloReply = bytemuck::pod_read_unaligned(&buf);
+        if reply.version != PROTO_VERSION {
+            return Err(format!(
+                "server refused the channel (version {})",
+                reply.version
+            ));
+        }
+        if fds.len() != 2 {
+            return Err(format!("hello reply with {} descriptors", fds.len()));
+        }
+        let floor = high_floor();
+        let bell = move_high(fds.pop().ok_or("no doorbell")?, floor);
+        let memfd = move_high(fds.pop().ok_or("no region")?, floor);
+        let ctl = move_high(ctl, floor);
+        let region = Arc::new(Region::open(memfd).map_err(|e| format!("region: {e}"))?);
+        let mut ep = Endpoint::<Req, Cmp>::new(region.clone(), Side::A)
+            .map_err(|e| format!("endpoint: {e}"))?;
+        let bell_raw = bell.as_raw_fd();
+        ep.tx.set_doorbell(Some(bell));
+        let reg = tls::register(ctl.as_raw_fd(), region.fd().as_raw_fd(), bell_raw);
+        tls::install_hooks();
+        let span = Duration::from_nanos(reply.spin_ns);
+        Ok(Channel {
+            ep,
+            region,
+            ctl,
+            spin: SpinPolicy::new(span, span.min(Duration::from_micros(2))),
+            batch: reply.batch.max(1),
+            batch_delay: Duration::from_micros(u64::from(reply.batch_delay_us)),
+            unrung: 0,
+            unrung_since: None,
+            next_tag: 0,
+            fork_gen: tls::generation(),
+            dead: false,
+            reg,
+        })
+    }
+
+    /// Bytes per buffer.
+    pub fn buf_size(&self) -> usize {
+        self.ep.bufs.buf_size()
+    }
+
+    /// Access to buffer memory.
+    pub fn bufs(&self) -> &Buffers {
+        &self.ep.bufs
+    }
+
+    /// `Err(DOWN)` once the channel failed.
+    pub fn usable(&self) -> Res<()> {
+        if self.dead { Err(Errno::DOWN) } else { Ok(()) }
+    }
+
+    /// Marks the channel failed (logged once per process).
+    pub fn fail(&mut self, why: fmt::Arguments<'_>) -> Errno {
+        if !self.dead {
+            log::once(Once::Channel, format_args!("channel failed: {why}"));
+        }
+        self.dead = true;
+        Errno::DOWN
+    }
+
+    fn ring_error(&mut self, e: ferry_ring::Error) -> Errno {
+        self.fail(format_args!("{e}"))
+    }
+
+    fn next_tag(&mut self) -> u32 {
+        self.next_tag = self.next_tag.wrapping_add(1).max(1);
+        self.next_tag
+    }
+
+    /// Queues one record and commits it. A tagged record rings the doorbell at once; a
+    /// fire-and-forget one every `batch` records (or when the oldest unrung one is older
+    /// than the batch delay).
+    pub fn push(&mut self, r: &Req) -> Res<()> {
+        self.usable()?;
+        loop {
+            match self.ep.tx.push(r) {
+                Ok(true) => break,
+                Ok(false) => self.wait_ring_space()?,
+                Err(e) => return Err(self.ring_error(e)),
+            }
+        }
+        self.ep.tx.commit();
+        if r.tag != 0 {
+            self.ring();
+            return Ok(());
+        }
+        self.unrung += 1;
+        if self.unrung >= self.batch {
+            self.ring();
+        } else if self.unrung == 1 {
+            self.unrung_since = Some(Instant::now());
+        } else if self
+            .unrung_since
+            .is_some_and(|t| t.elapsed() >= self.batch_delay)
+        {
+            self.ring();
+        }
+        Ok(())
+    }
+
+    /// Commits and rings the doorbell (a system call only if the server sleeps).
+    pub fn ring(&mut self) {
+        self.ep.tx.commit();
+        self.ep.tx.notify();
+        self.unrung = 0;
+        self.unrung_since = None;
+    }
+
+    /// Rings the doorbell if records wait for it (before anything that may block).
+    pub fn flush(&mut self) {
+        if !self.dead && (self.unrung > 0 || self.ep.tx.pending() > 0) {
+            self.ring();
+        }
+    }
+
+    /// The request ring is full: wait for the server to take records. (The server never
+    /// waits for us to take completions, it queues them, so this cannot deadlock.)
+    fn wait_ring_space(&mut self) -> Res<()> {
+        self.ring();
+        loop {
+            match self.ep.tx.wait_space(self.spin, Some(SLICE)) {
+                Ok(WaitResult::Ready) => return Ok(()),
+                Ok(WaitResult::TimedOut) => self.check_alive()?,
+                Ok(WaitResult::Interrupted) => {}
+                Ok(WaitResult::PeerClosed) => {
+                    return Err(self.fail(format_args!("server closed the channel")));
+                }
+                Err(e) => return Err(self.ring_error(e)),
+            }
+        }
+    }
+
+    /// Handles every completion that is already there (none of them awaited).
+    pub fn reap(&mut self) -> Res<()> {
+        self.usable()?;
+        loop {
+            match self.ep.rx.pop() {
+                Ok(Some(c)) => self.unsolicited(&c)?,
+                Ok(None) => break,
+                Err(e) => return Err(self.ring_error(e)),
+            }
+        }
+        self.ep.rx.release();
+        Ok(())
+    }
+
+    /// A completion nobody waits for.
+    fn unsolicited(&mut self, c: &Cmp) -> Res<()> {
+        match c.kind() {
+            Ok(CmpKind::BufReturn) => match self.ep.pool.free(BufId(c.buf)) {
+                Ok(()) => Ok(()),
+                Err(e) => Err(self.ring_error(e)),
+            },
+            Ok(CmpKind::AsyncError) => {
+                if !PENDING.put(c.sock, c.result.saturating_neg()) {
+                    log::once(
+                        Once::ErrTable,
+                        format_args!("too many pending socket errors; one was dropped"),
+                    );
+                }
+                Ok(())
+            }
+            // A buffer lent for a request given up on: give it back.
+            Ok(CmpKind::Data) => self.give_back(c.buf),
+            // The answer to a request given up on.
+            Ok(CmpKind::Done) => Ok(()),
+            Err(e) => Err(self.fail(format_args!("{e}"))),
+        }
+    }
+
+    /// Returns a server buffer.
+    fn give_back(&mut self, buf: u32) -> Res<()> {
+        let mut r = Req::new(Op::BufReturn, 0);
+        r.buf = buf;
+        self.push(&r)
+    }
+
+    /// Sends a tagged request and waits for its `Done`; `sink` receives each `Data`
+    /// record's span (the buffer goes back to the server afterwards).
+    pub fn call(
+        &mut self,
+        mut req: Req,
+        w: Wait,
+        sink: &mut dyn FnMut(&Buffers, BufSpan),
+    ) -> Res<Cmp> {
+        self.usable()?;
+        let tag = self.next_tag();
+        req.tag = tag;
+        self.push(&req)?;
+        self.wait_done(req.sock, tag, w, sink)
+    }
+
+    fn wait_done(
+        &mut self,
+        sock: u32,
+        tag: u32,
+        w: Wait,
+        sink: &mut dyn FnMut(&Buffers, BufSpan),
+    ) -> Res<Cmp> {
+        // Set once the request is cancelled: what a `-EINTR` answer then means.
+        let mut cancelled: Option<Errno> = None;
+        loop {
+            loop {
+                let c = match self.ep.rx.pop() {
+                    Ok(Some(c)) => c,
+                    Ok(None) => break,
+                    Err(e) => return Err(self.ring_error(e)),
+                };
+                if c.tag != tag {
+                    self.unsolicited(&c)?;
+                    continue;
+                }
+                match c.kind() {
+                    Ok(CmpKind::Data) => {
+                        let span = match self.ep.bufs.span(c.buf, 0, c.len) {
+                            Ok(s) => s,
+                            Err(e) => return Err(self.ring_error(e)),
+                        };
+                        sink(&self.ep.bufs, span);
+                        self.give_back(c.buf)?;
+                    }
+                    Ok(CmpKind::Done) => {
+                        self.ep.rx.release();
+                        return match cancelled {
+                            Some(e) if c.result == -libc::EINTR => Err(e),
+                            _ => Ok(c),
+                        };
+                    }
+                    _ => self.unsolicited(&c)?,
+                }
+            }
+            let slice = if cancelled.is_some() {
+                SLICE
+            } else {
+                w.slice()
+            };
+            match self.ep.rx.wait_with(self.spin, Some(slice), || false) {
+                Ok(WaitResult::Ready) => {}
+                Ok(WaitResult::TimedOut) => {
+                    self.check_alive()?;
+                    if cancelled.is_none() && w.passed() {
+                        self.cancel(sock, tag)?;
+                        cancelled = Some(w.expired);
+                    }
+                }
+                Ok(WaitResult::Interrupted) => {
+                    if cancelled.is_none() && w.interrupts() {
+                        self.cancel(sock, tag)?;
+                        cancelled = Some(Errno::EINTR);
+                    }
+                }
+                Ok(WaitResult::PeerClosed) => {
+                    return Err(self.fail(format_args!("server closed the channel")));
+                }
+                Err(e) => return Err(self.ring_error(e)),
+            }
+        }
+    }
+
+    fn cancel(&mut self, sock: u32, tag: u32) -> Res<()> {
+        let mut r = Req::new(Op::Cancel, sock);
+        r.a = tag;
+        self.push(&r)?;
+        self.ring();
+        Ok(())
+    }
+
+    /// One of this side's buffers. When none is free: `Ok(None)` if `nonblock`, else
+    /// waits for the server to return one (until `w`'s deadline, or a signal).
+    pub fn alloc_buf(&mut self, nonblock: bool, w: Wait) -> Res<Option<BufId>> {
+        if let Some(b) = self.ep.pool.alloc() {
+            return Ok(Some(b));
+        }
+        self.reap()?;
+        if let Some(b) = self.ep.pool.alloc() {
+            return Ok(Some(b));
+        }
+        if nonblock {
+            return Ok(None);
+        }
+        self.ring();
+        loop {
+            match self.ep.rx.wait_with(self.spin, Some(w.slice()), || false) {
+                Ok(WaitResult::Ready) => {
+                    self.reap()?;
+                    if let Some(b) = self.ep.pool.alloc() {
+                        return Ok(Some(b));
+                    }
+                }
+                Ok(WaitResult::TimedOut) => {
+                    self.check_alive()?;
+                    if w.passed() {
+                        return Err(w.expired);
+                    }
+                }
+                Ok(WaitResult::Interrupted) => {
+                    if w.interrupts() {
+                        return Err(Errno::EINTR);
+                    }
+                }
+                Ok(WaitResult::PeerClosed) => {
+                    return Err(self.fail(format_args!("server closed the channel")));
+                }
+                Err(e) => return Err(self.ring_error(e)),
+            }
+        }
+    }
+
+    /// Gives back a buffer of ours that was never sent.
+    pub fn unalloc(&mut self, b: BufId) {
+        let _ = self.ep.pool.free(b);
+    }
+
+    /// `Err(DOWN)` when the server is gone: its end of the control socket hung up or it
+    /// closed the region.
+    fn check_alive(&mut self) -> Res<()> {
+        if self.region.is_closed(Side::B) {
+            return Err(self.fail(format_args!("server closed the channel")));
+        }
+        let rev =
+            ferry_sys::poll_now(self.ctl.as_fd(), libc::POLLIN | libc::POLLRDHUP).unwrap_or(0);
+        if rev & (libc::POLLHUP | libc::POLLERR | libc::POLLRDHUP) != 0 {
+            return Err(self.fail(format_args!("server hung up")));
+        }
+        if rev & libc::POLLIN != 0 {
+            let r =
+                crate::sys::recv_byte(self.ctl.as_raw_fd(), libc::MSG_PEEK | libc::MSG_DONTWAIT);
+            if matches!(r, Ok(0)) {
+                return Err(self.fail(format_args!("server hung up")));
+            }
+        }
+        Ok(())
+    }
+
+    /// A control request carrying `fd` (the server's end of a readiness pair); waits for
+    /// the reply (without a deadline: a blocking `accept` waits here).
+    pub fn ctl_call(&mut self, msg: &Ctl, fd: BorrowedFd<'_>) -> Res<Ctl> {
+        self.usable()?;
+        self.flush();
+        if let Err(e) = ferry_sys::send_with_fds(self.ctl.as_fd(), bytemuck::bytes_of(msg), &[fd]) {
+            return Err(self.fail(format_args!("control send: {e}")));
+        }
+        loop {
+            match ferry_sys::poll_wait(self.ctl.as_fd(), libc::POLLIN, SLICE.as_millis() as i32) {
+                Ok(0) => {
+                    if self.region.is_closed(Side::B) {
+                        return Err(self.fail(format_args!("server closed the channel")));
+                    }
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(self.fail(format_args!("control poll: {e}"))),
+            }
+            let mut buf = [0u8; size_of::<Ctl>()];
+            match ferry_sys::recv_with_fds(self.ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
+                Ok((n, fds)) if n == buf.len() => {
+                    for f in fds {
+                        close_quiet(f);
+                    }
+                    let c: Ctl = bytemuck::pod_read_unaligned(&buf);
+                    if c.kind() != Some(CtlKind::Reply) {
+                        return Err(self.fail(format_args!("control message of kind {}", c.kind)));
+                    }
+                    return Ok(c);
+                }
+                Ok((0, _)) => return Err(self.fail(format_args!("server hung up"))),
+                Ok((n, _)) => return Err(self.fail(format_args!("control reply of {n} bytes"))),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(self.fail(format_args!("control receive: {e}"))),
+            }
+        }
+    }
+}
+
+impl Drop for Channel {
+    /// Rings the doorbell, gives the server a moment to take the last requests (a thread
+    /// that sends and exits must not lose its data), marks this side closed.
+    fn drop(&mut self) {
+        if let Some(i) = self.reg.take() {
+            tls::unregister(i);
+        }
+        if !self.dead {
+            self.ring();
+            let cap = self.ep.tx.capacity();
+            let t0 = Instant::now();
+            while matches!(self.ep.tx.free(), Ok(n) if n < cap) && t0.elapsed() < DRAIN_WAIT {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+        self.region.close(Side::A);
+    }
+}
+
+/// Closes a descriptor of the shim's own without going through the exported `close`.
+pub fn close_quiet(fd: OwnedFd) {
+    let _ = ferry_sys::close_raw(fd.into_raw_fd());
+}
+
+/// Where the shim's own descriptors go: near the top of `RLIMIT_NOFILE` (capped, so a
+/// huge limit does not make the kernel grow the fd table to millions of entries).
+fn high_floor() -> i32 {
+    // SAFETY: plain data.
+    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: writes only `rl`.
+    let cur = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 {
+        rl.rlim_cur
+    } else {
+        1024
+    };
+    let top = cur.min(1 << 16) as i32;
+    top - top / 8
+}
+
+/// A close-on-exec duplicate of `fd` at or above `floor` (the original is closed); `fd`
+/// itself when that fails.
+fn move_high(fd: OwnedFd, floor: i32) -> OwnedFd {
+    if fd.as_raw_fd() >= floor {
+        return fd;
+    }
+    match ferry_sys::dup_above(fd.as_fd(), floor) {
+        Ok(high) => {
+            close_quiet(fd);
+            high
+        }
+        Err(_) => fd,
+    }
+}

@@ -1,0 +1,266 @@
+//! Data transfer: sends are copied into this side's buffers and queued fire-and-forget
+//! (`Op::Send`, tag 0; the buffer comes back with `BufReturn`); receives are tagged
+//! requests answered with `Data` records (server buffers, copied out and returned) and a
+//! final `Done`.
+
+use std::ffi::c_int;
+
+use ferry_proto::{CMP_DRAIN_TOKEN, Op, REQ_NONBLOCK, Req};
+use ferry_ring::BufId;
+use libc::{off_t, sockaddr, socklen_t};
+
+use crate::addr::read_sockaddr;
+use crate::chan::{Channel, Wait};
+use crate::errno::{Errno, Res};
+use crate::fdtable::{Sock, TABLE};
+use crate::iov::{IoCursor, MAX_RW};
+use crate::ops::{drain_token, typed};
+use crate::pending::PENDING;
+use crate::signals;
+use crate::tls::with_channel;
+
+/// What a receive got.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Got {
+    /// The call's return value.
+    pub len: usize,
+    /// The sender (datagram sockets), kernel layout.
+    pub from: [u8; 32],
+    /// Valid bytes in `from`.
+    pub from_len: usize,
+    /// `msg_flags`.
+    pub flags: c_int,
+}
+
+impl Got {
+    /// The sender's address bytes (empty for streams).
+    pub fn from(&self) -> &[u8] {
+        &self.from[..self.from_len]
+    }
+}
+
+/// An error reported on a send: `EPIPE` raises `SIGPIPE` unless `MSG_NOSIGNAL`.
+fn send_error(e: c_int, flags: c_int) -> Errno {
+    if e == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
+        signals::sigpipe();
+    }
+    Errno(e)
+}
+
+/// A buffer for the next record of a send that has moved `sent` bytes so far; `None`
+/// means stop (return `sent`).
+fn next_buf(ch: &mut Channel, nonblock: bool, w: Wait, sent: usize) -> Res<Option<BufId>> {
+    match ch.alloc_buf(nonblock, w) {
+        Ok(Some(b)) => Ok(Some(b)),
+        Ok(None) if sent > 0 => Ok(None),
+        Ok(None) => Err(Errno::EAGAIN),
+        // Interrupted or timed out after a partial send: report the partial count.
+        Err(e) if sent > 0 && e != Errno::DOWN => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// `send`/`sendto`/`sendmsg`/`write`/`writev`.
+///
+/// # Safety
+/// `cur`'s buffers readable; `dest` readable for `dest_len` bytes (or null).
+pub unsafe fn send(
+    s: Sock,
+    cur: &mut IoCursor,
+    dest: *const sockaddr,
+    dest_len: socklen_t,
+    flags: c_int,
+) -> Res<usize> {
+    with_channel(|ch| {
+        ch.reap()?;
+        if let Some(e) = PENDING.take(s.id, |_| true) {
+            return Err(send_error(e, flags));
+        }
+        let s = typed(ch, s)?;
+        let dest = if s.dgram() && !dest.is_null() && dest_len > 0 {
+            // SAFETY: forwarded (caller).
+            Some(unsafe { read_sockaddr(dest, dest_len) }?)
+        } else {
+            None
+        };
+        let total = cur.remaining();
+        let bs = ch.buf_size();
+        if s.dgram() && total > bs {
+            return Err(Errno(libc::EMSGSIZE));
+        }
+        if !s.dgram() && total == 0 {
+            return Ok(0);
+        }
+        let nonblock = s.nonblock() || flags & libc::MSG_DONTWAIT != 0;
+        let w = Wait::after(TABLE.timeouts(s.fd).1, Errno::EAGAIN);
+        let mut sent = 0usize;
+        while let Some(b) = next_buf(ch, nonblock, w, sent)? {
+            let n = (total - sent).min(bs);
+            let span = match ch.bufs().span(b.0, 0, n as u32) {
+                Ok(sp) => sp,
+                Err(e) => {
+                    ch.unalloc(b);
+                    return Err(ch.fail(format_args!("{e}")));
+                }
+            };
+            // SAFETY: the span is a validated range of our own, unlent buffer.
+            let got = unsafe { cur.read_into(ch.bufs().as_mut_ptr(span), n) };
+            let mut req = Req::new(Op::Send, s.id);
+            (req.buf, req.len, req.a) = (b.0, got as u32, flags as u32);
+            if let Some(d) = &dest {
+                req = req.with_addr(d);
+            }
+            ch.push(&req)?;
+            sent += got;
+            if sent >= total || got == 0 {
+                break;
+            }
+        }
+        Ok(sent)
+    })
+    .map_err(|e| e.down_as(libc::EPIPE))
+}
+
+/// `recv`/`recvfrom`/`recvmsg`/`read`/`readv`.
+///
+/// # Safety
+/// `cur`'s buffers writable.
+pub unsafe fn recv(s: Sock, cur: &mut IoCursor, flags: c_int) -> Res<Got> {
+    if flags & libc::MSG_ERRQUEUE != 0 {
+        // No error queue is relayed: it is always empty.
+        return Err(Errno::EAGAIN);
+    }
+    with_channel(|ch| {
+        ch.reap()?;
+        if let Some(e) = PENDING.take(s.id, |e| e != libc::EPIPE) {
+            return Err(Errno(e));
+        }
+        let s = typed(ch, s)?;
+        let cap = cur.remaining();
+        let mut got = Got::default();
+        if !s.dgram() && cap == 0 {
+            return Ok(got);
+        }
+        let nonblock = s.nonblock() || flags & libc::MSG_DONTWAIT != 0;
+        let waitall = flags & libc::MSG_WAITALL != 0
+            && !s.dgram()
+            && !nonblock
+            && flags & libc::MSG_PEEK == 0;
+        let wire = flags & (libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_OOB);
+        let w = Wait::after(TABLE.timeouts(s.fd).0, Errno::EAGAIN);
+        crate::log::line(format_args!(
+            "DEBUG recv fd {} flags {:x} timeouts {:?}",
+            s.fd,
+            s.flags,
+            TABLE.timeouts(s.fd)
+        ));
+        loop {
+            let mut req = Req::new(Op::Recv, s.id);
+            if nonblock {
+                req.flags |= REQ_NONBLOCK;
+            }
+            req.a = (cap - got.len).min(u32::MAX as usize) as u32;
+            req.b = wire as u32;
+            let mut copied = 0usize;
+            let r = ch.call(req, w, &mut |bufs, span| {
+                // SAFETY: a validated span of a buffer lent to us.
+                copied += unsafe { cur.write_from(bufs.as_mut_ptr(span), span.len() as usize) };
+            });
+            let done = match r {
+                Ok(d) => d,
+                Err(e) if got.len > 0 && e != Errno::DOWN => break,
+                Err(e) => return Err(e),
+            };
+            if done.flags & CMP_DRAIN_TOKEN != 0 {
+                drain_token(ch, &s)?;
+            }
+            let n = match Errno::check(done.result) {
+                Ok(n) => n as usize,
+                Err(_) if got.len > 0 => break,
+                Err(e) => return Err(e),
+            };
+            got.flags = done.a as c_int;
+            if s.dgram() {
+                let b = done.bytes();
+                got.from[..b.len()].copy_from_slice(b);
+                got.from_len = b.len();
+                got.len = if flags & libc::MSG_TRUNC != 0 {
+                    n
+                } else {
+                    copied
+                };
+                break;
+            }
+            got.len += copied;
+            if n == 0 || !waitall || got.len >= cap {
+                break;
+            }
+        }
+        Ok(got)
+    })
+    .map_err(|e| e.down_as(libc::ECONNRESET))
+}
+
+/// `sendfile(ferry socket, in_fd, offset, count)`: the file is read straight into the
+/// channel's buffers, which are then queued like any send.
+///
+/// # Safety
+/// `offset` null or valid.
+pub unsafe fn sendfile(s: Sock, in_fd: c_int, offset: *mut off_t, count: usize) -> Res<usize> {
+    with_channel(|ch| {
+        ch.reap()?;
+        if let Some(e) = PENDING.take(s.id, |_| true) {
+            return Err(send_error(e, 0));
+        }
+        let s = typed(ch, s)?;
+        let count = count.min(MAX_RW);
+        let w = Wait::after(TABLE.timeouts(s.fd).1, Errno::EAGAIN);
+        let bs = ch.buf_size();
+        // SAFETY: `offset` null or valid (caller).
+        let mut off = (!offset.is_null()).then(|| unsafe { offset.read() });
+        let mut sent = 0usize;
+        while sent < count {
+            let Some(b) = next_buf(ch, s.nonblock(), w, sent)? else {
+                break;
+            };
+            let n = (count - sent).min(bs);
+            let span = match ch.bufs().span(b.0, 0, n as u32) {
+                Ok(sp) => sp,
+                Err(e) => {
+                    ch.unalloc(b);
+                    return Err(ch.fail(format_args!("{e}")));
+                }
+            };
+            let p = ch.bufs().as_mut_ptr(span);
+            // SAFETY: `p` is our own unlent buffer, writable for `n` bytes.
+            let r = unsafe { crate::sys::read_into(in_fd, p, n, off) };
+            let k = match r {
+                Ok(k) => k,
+                Err(e) => {
+                    ch.unalloc(b);
+                    if sent > 0 {
+                        break;
+                    }
+                    return Err(e.into());
+                }
+            };
+            if k == 0 {
+                ch.unalloc(b);
+                break;
+            }
+            if let Some(o) = off.as_mut() {
+                *o += k as off_t;
+            }
+            let mut req = Req::new(Op::Send, s.id);
+            (req.buf, req.len) = (b.0, k as u32);
+            ch.push(&req)?;
+            sent += k;
+        }
+        if let Some(o) = off {
+            // SAFETY: non-null and valid (caller).
+            unsafe { offset.write(o) };
+        }
+        Ok(sent)
+    })
+    .map_err(|e| e.down_as(libc::EPIPE))
+}

@@ -1,0 +1,523 @@
+//! C entry points that work on any descriptor: `read`/`write` and friends (relayed for
+//! ferry sockets), `close`/`dup*`/`fcntl` (which keep the descriptor cache true), `ioctl`
+//! (`FIONREAD`, `FIONBIO`), and the readiness calls, which are *not* emulated: ferry
+//! sockets are real descriptors that the server makes readable with a token, so
+//! `poll`/`select`/`epoll` only need the shim to ask for tokens (the first time a socket
+//! is watched for input) and to ring a pending doorbell before the program blocks.
+
+use std::ffi::{c_int, c_uint, c_ulong, c_void};
+
+use libc::{
+    FILE, epoll_event, fd_set, iovec, nfds_t, pollfd, sigset_t, size_t, ssize_t, timespec, timeval,
+};
+
+use crate::errno::Errno;
+use crate::exports::{boundary, recv_one};
+use crate::fdtable::{Entry, F_NONBLOCK, Sock, TABLE};
+use crate::ident::{after_fcntl, lookup};
+use crate::iov::IoCursor;
+use crate::{config, data, ops, real};
+
+/// `close_range` flag: mark close-on-exec instead of closing.
+const CLOSE_RANGE_CLOEXEC: c_int = 1 << 2;
+
+/// # Safety
+/// C contract of `read(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    let Some(s) = lookup(fd) else {
+        // SAFETY: forwarded to libc.
+        return unsafe { real::read(fd, buf, n) };
+    };
+    // SAFETY: the caller's buffer.
+    unsafe { recv_one(s, buf, n, 0, std::ptr::null_mut(), std::ptr::null_mut()) }
+}
+
+/// # Safety
+/// C contract of glibc's fortified `read`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __read_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+) -> ssize_t {
+    match lookup(fd) {
+        // SAFETY: the caller's buffer, length checked against its size.
+        Some(s) if n <= buflen => unsafe {
+            recv_one(s, buf, n, 0, std::ptr::null_mut(), std::ptr::null_mut())
+        },
+        // SAFETY: forwarded to libc (which also reports the overflow).
+        _ => unsafe { real::__read_chk(fd, buf, n, buflen) },
+    }
+}
+
+/// # Safety
+/// C contract of `write(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    let Some(s) = lookup(fd) else {
+        // SAFETY: forwarded to libc.
+        return unsafe { real::write(fd, buf, n) };
+    };
+    let iov = iovec {
+        iov_base: buf.cast_mut(),
+        iov_len: n,
+    };
+    // SAFETY: one iovec over the caller's buffer.
+    unsafe { send_vec(s, &iov, 1) }
+}
+
+/// # Safety
+/// `iov` valid for `n` entries of readable buffers.
+unsafe fn send_vec(s: Sock, iov: *const iovec, n: c_int) -> ssize_t {
+    boundary(|| {
+        let n = usize::try_from(n).map_err(|_| Errno::EINVAL)?;
+        // SAFETY: the caller's iovecs.
+        let mut cur = unsafe { IoCursor::new(iov, n) }?;
+        // SAFETY: as above.
+        unsafe { data::send(s, &mut cur, std::ptr::null(), 0, 0) }.map(|n| n as ssize_t)
+    })
+}
+
+/// # Safety
+/// C contract of `writev(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
+    let Some(s) = lookup(fd) else {
+        // SAFETY: forwarded to libc.
+        return unsafe { real::writev(fd, iov, n) };
+    };
+    // SAFETY: the caller's iovecs.
+    unsafe { send_vec(s, iov, n) }
+}
+
+/// # Safety
+/// C contract of `readv(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
+    let Some(s) = lookup(fd) else {
+        // SAFETY: forwarded to libc.
+        return unsafe { real::readv(fd, iov, n) };
+    };
+    boundary(|| {
+        let n = usize::try_from(n).map_err(|_| Errno::EINVAL)?;
+        // SAFETY: the caller's iovecs.
+        let mut cur = unsafe { IoCursor::new(iov, n) }?;
+        // SAFETY: as above.
+        unsafe { data::recv(s, &mut cur, 0) }.map(|g| g.len as ssize_t)
+    })
+}
+
+/// # Safety
+/// C contract of `close(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    // The entry goes before the descriptor: once closed, its number may be reused at once.
+    if config::active() && matches!(TABLE.clear(fd), Entry::Ferry(_)) {
+        ops::flush();
+    }
+    // SAFETY: forwarded to libc.
+    unsafe { real::close(fd) }
+}
+
+/// # Safety
+/// C contract of `close_range(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    if config::active() && flags & CLOSE_RANGE_CLOEXEC == 0 && first <= last {
+        ops::flush();
+        TABLE.clear_range(first, last);
+    }
+    // SAFETY: forwarded to libc.
+    unsafe { real::close_range(first, last, flags) }
+}
+
+/// # Safety
+/// C contract of `closefrom(3)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn closefrom(lowfd: c_int) {
+    if config::active() && lowfd >= 0 {
+        ops::flush();
+        TABLE.clear_range(lowfd as c_uint, c_uint::MAX);
+    }
+    // SAFETY: forwarded to libc.
+    unsafe { real::closefrom(lowfd) }
+}
+
+/// `fclose` closes its descriptor inside libc, out of the shim's sight.
+///
+/// # Safety
+/// C contract of `fclose(3)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fclose(f: *mut FILE) -> c_int {
+    if config::active() && !f.is_null() {
+        // SAFETY: `f` is the caller's open stream.
+        let fd = unsafe { libc::fileno(f) };
+        if fd >= 0 && matches!(TABLE.clear(fd), Entry::Ferry(_)) {
+            ops::flush();
+        }
+    }
+    // SAFETY: forwarded to libc.
+    unsafe { real::fclose(f) }
+}
+
+/// # Safety
+/// C contract of `dup(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    // SAFETY: forwarded to libc.
+    let r = unsafe { real::dup(fd) };
+    if r >= 0 && config::active() {
+        TABLE.copy(fd, r);
+    }
+    r
+}
+
+/// The target of `dup2`/`dup3` is about to be replaced.
+fn replacing(old: c_int, new: c_int) {
+    if old != new && config::active() && matches!(TABLE.get(new), Entry::Ferry(_)) {
+        ops::flush();
+    }
+}
+
+/// # Safety
+/// C contract of `dup2(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    replacing(old, new);
+    // SAFETY: forwarded to libc.
+    let r = unsafe { real::dup2(old, new) };
+    if r >= 0 && old != new && config::active() {
+        TABLE.copy(old, r);
+    }
+    r
+}
+
+/// # Safety
+/// C contract of `dup3(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    replacing(old, new);
+    // SAFETY: forwarded to libc.
+    let r = unsafe { real::dup3(old, new, flags) };
+    if r >= 0 && config::active() {
+        TABLE.copy(old, r);
+    }
+    r
+}
+
+/// `fcntl` (variadic in C: the optional third argument arrives as an unsigned long).
+///
+/// # Safety
+/// C contract of `fcntl(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: forwarded to libc.
+    let r = unsafe { real::fcntl(fd, cmd, arg) };
+    if r >= 0 && config::active() {
+        after_fcntl(fd, cmd, arg, r);
+    }
+    r
+}
+
+/// `fcntl64` (what `fcntl` is called with `_FILE_OFFSET_BITS=64`).
+///
+/// # Safety
+/// C contract of `fcntl(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: forwarded to libc.
+    let r = unsafe { real::fcntl64(fd, cmd, arg) };
+    if r >= 0 && config::active() {
+        after_fcntl(fd, cmd, arg, r);
+    }
+    r
+}
+
+/// `ioctl` (variadic in C). On ferry sockets `FIONREAD` is relayed and `FIONBIO` tracked;
+/// everything else goes to the program's end of the readiness pair, a real socket (so
+/// e.g. `SIOCGIFCONF` lists the sandbox's interfaces).
+///
+/// # Safety
+/// C contract of `ioctl(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) -> c_int {
+    // Compare the low 32 bits: callers with an `int` prototype leave the rest undefined.
+    let req = request as u32;
+    if req == libc::FIONREAD as u32
+        && let Some(s) = lookup(fd)
+    {
+        return boundary(|| {
+            let n = ops::pending(s)?;
+            let p = arg.cast::<c_int>();
+            if p.is_null() {
+                return Err(Errno::EFAULT);
+            }
+            // SAFETY: FIONREAD's argument is an `int *` (caller).
+            unsafe { p.write_unaligned(n) };
+            Ok(0)
+        });
+    }
+    // SAFETY: forwarded to libc.
+    let r = unsafe { real::ioctl(fd, request, arg) };
+    if r == 0 && req == libc::FIONBIO as u32 && !arg.is_null() && lookup(fd).is_some() {
+        // SAFETY: FIONBIO's argument is an `int *` (caller), which libc just read.
+        let on = unsafe { arg.cast::<c_int>().read_unaligned() } != 0;
+        TABLE.update(
+            fd,
+            if on { F_NONBLOCK } else { 0 },
+            if on { 0 } else { F_NONBLOCK },
+        );
+    }
+    r
+}
+
+/// Collects the ferry sockets a readiness call watches for input and have no tokens
+/// yet, asks for tokens in batches, and rings the doorbell.
+struct Watch {
+    list: [Sock; 32],
+    n: usize,
+}
+
+impl Watch {
+    fn new() -> Watch {
+        Watch {
+            list: [Sock::new(-1, 0, 0); 32],
+            n: 0,
+        }
+    }
+
+    fn add(&mut self, fd: c_int) {
+        if let Some(s) = lookup(fd)
+            && !s.wants_tokens()
+        {
+            self.list[self.n] = s;
+            self.n += 1;
+            if self.n == self.list.len() {
+                ops::want_tokens(&self.list);
+                self.n = 0;
+            }
+        }
+    }
+
+    fn finish(self) {
+        if self.n > 0 {
+            ops::want_tokens(&self.list[..self.n]);
+        } else {
+            ops::flush();
+        }
+    }
+}
+
+const POLL_INPUT: i16 = libc::POLLIN | libc::POLLPRI | libc::POLLRDNORM | libc::POLLRDBAND;
+
+/// # Safety
+/// `fds` valid for `n` entries.
+unsafe fn before_poll(fds: *const pollfd, n: nfds_t) {
+    if !config::active() {
+        return;
+    }
+    let mut w = Watch::new();
+    if !fds.is_null() {
+        for i in 0..n as usize {
+            // SAFETY: `i < n` entries (caller).
+            let p = unsafe { fds.add(i).read() };
+            if p.fd >= 0 && p.events & POLL_INPUT != 0 {
+                w.add(p.fd);
+            }
+        }
+    }
+    w.finish();
+}
+
+/// # Safety
+/// The sets are null or valid `fd_set`s.
+unsafe fn before_select(nfds: c_int, sets: [*const fd_set; 2]) {
+    if !config::active() {
+        return;
+    }
+    let mut w = Watch::new();
+    let nfds = nfds.clamp(0, libc::FD_SETSIZE as c_int) as usize;
+    for set in sets.into_iter().filter(|s| !s.is_null()) {
+        // SAFETY: an fd_set is FD_SETSIZE bits of plain data (caller).
+        let words = unsafe { set.cast::<[u64; libc::FD_SETSIZE / 64]>().read_unaligned() };
+        for (i, mut bits) in words.into_iter().enumerate() {
+            while bits != 0 {
+                let fd = i * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if fd < nfds {
+                    w.add(fd as c_int);
+                }
+            }
+        }
+    }
+    w.finish();
+}
+
+/// # Safety
+/// C contract of `poll(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
+    // SAFETY: the caller's array; then forwarded to libc.
+    unsafe {
+        before_poll(fds, n);
+        real::poll(fds, n, timeout)
+    }
+}
+
+/// # Safety
+/// C contract of `ppoll(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ppoll(
+    fds: *mut pollfd,
+    n: nfds_t,
+    ts: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
+    // SAFETY: the caller's array; then forwarded to libc.
+    unsafe {
+        before_poll(fds, n);
+        real::ppoll(fds, n, ts, mask)
+    }
+}
+
+/// # Safety
+/// C contract of glibc's fortified `poll`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __poll_chk(
+    fds: *mut pollfd,
+    n: nfds_t,
+    timeout: c_int,
+    fdslen: size_t,
+) -> c_int {
+    // SAFETY: the caller's array (libc checks its length); then forwarded to libc.
+    unsafe {
+        if (n as usize).saturating_mul(size_of::<pollfd>()) <= fdslen {
+            before_poll(fds, n);
+        }
+        real::__poll_chk(fds, n, timeout, fdslen)
+    }
+}
+
+/// # Safety
+/// C contract of glibc's fortified `ppoll`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __ppoll_chk(
+    fds: *mut pollfd,
+    n: nfds_t,
+    ts: *const timespec,
+    mask: *const sigset_t,
+    fdslen: size_t,
+) -> c_int {
+    // SAFETY: as in `__poll_chk`.
+    unsafe {
+        if (n as usize).saturating_mul(size_of::<pollfd>()) <= fdslen {
+            before_poll(fds, n);
+        }
+        real::__ppoll_chk(fds, n, ts, mask, fdslen)
+    }
+}
+
+/// # Safety
+/// C contract of `select(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn select(
+    n: c_int,
+    r: *mut fd_set,
+    w: *mut fd_set,
+    e: *mut fd_set,
+    tv: *mut timeval,
+) -> c_int {
+    // SAFETY: the caller's sets; then forwarded to libc.
+    unsafe {
+        before_select(n, [r.cast_const(), e.cast_const()]);
+        real::select(n, r, w, e, tv)
+    }
+}
+
+/// # Safety
+/// C contract of `pselect(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pselect(
+    n: c_int,
+    r: *mut fd_set,
+    w: *mut fd_set,
+    e: *mut fd_set,
+    ts: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
+    // SAFETY: the caller's sets; then forwarded to libc.
+    unsafe {
+        before_select(n, [r.cast_const(), e.cast_const()]);
+        real::pselect(n, r, w, e, ts, mask)
+    }
+}
+
+/// # Safety
+/// C contract of `epoll_ctl(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
+    if config::active() && (op == libc::EPOLL_CTL_ADD || op == libc::EPOLL_CTL_MOD) && !ev.is_null()
+    {
+        // SAFETY: the caller's event (read unaligned: the struct is packed on x86-64).
+        let events = unsafe { std::ptr::addr_of!((*ev).events).read_unaligned() };
+        if events & (libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLRDNORM) as u32 != 0 {
+            let mut w = Watch::new();
+            w.add(fd);
+            w.finish();
+        }
+    }
+    // SAFETY: forwarded to libc.
+    unsafe { real::epoll_ctl(ep, op, fd, ev) }
+}
+
+/// # Safety
+/// C contract of `epoll_wait(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn epoll_wait(
+    ep: c_int,
+    evs: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+) -> c_int {
+    if config::active() {
+        ops::flush();
+    }
+    // SAFETY: forwarded to libc.
+    unsafe { real::epoll_wait(ep, evs, max, timeout) }
+}
+
+/// # Safety
+/// C contract of `epoll_pwait(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn epoll_pwait(
+    ep: c_int,
+    evs: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+    mask: *const sigset_t,
+) -> c_int {
+    if config::active() {
+        ops::flush();
+    }
+    // SAFETY: forwarded to libc.
+    unsafe { real::epoll_pwait(ep, evs, max, timeout, mask) }
+}
+
+/// # Safety
+/// C contract of `epoll_pwait2(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn epoll_pwait2(
+    ep: c_int,
+    evs: *mut epoll_event,
+    max: c_int,
+    ts: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
+    if config::active() {
+        ops::flush();
+    }
+    // SAFETY: forwarded to libc.
+    unsafe { real::epoll_pwait2(ep, evs, max, ts, mask) }
+}

@@ -1,0 +1,205 @@
+//! Which descriptors are ferry sockets: the cache lookup on every intercepted call, the
+//! identification of descriptors the cache does not know, and keeping the cache true
+//! when descriptors are duplicated, received or closed behind the shim's back.
+
+use std::ffi::c_int;
+
+use crate::config;
+use crate::errno::{errno, set_errno};
+use crate::fdtable::{Entry, F_NONBLOCK, Sock, TABLE};
+
+/// The ferry socket behind `fd`, or `None` (the call goes to libc). The fast path for
+/// other descriptors is one atomic load plus one table lookup.
+#[inline]
+pub fn lookup(fd: c_int) -> Option<Sock> {
+    if fd < 0 || !config::active() {
+        return None;
+    }
+    match TABLE.get(fd) {
+        Entry::Other => None,
+        Entry::Ferry(s) => Some(s),
+        Entry::Unknown => probe(fd),
+    }
+}
+
+/// Identifies `fd` by its unix name and caches the answer. Leaves `errno` as it was.
+#[cold]
+fn probe(fd: c_int) -> Option<Sock> {
+    let saved = errno();
+    let r = identify(fd);
+    set_errno(saved);
+    r
+}
+
+fn identify(fd: c_int) -> Option<Sock> {
+    let mut name = [0u8; 107];
+    // SAFETY: the number is only named in system calls; if it is not open they fail
+    // with EBADF (I/O safety only, no memory is involved).
+    let b = unsafe { ferry_sys::borrow(fd) };
+    match ferry_sys::abstract_name(b, &mut name) {
+        Ok(Some(n)) => {
+            if let Some(id) = crate::addr::parse_ferry_name(&name[..n]) {
+                let fl = crate::sys::getfl(fd).unwrap_or(0);
+                let flags = if fl & libc::O_NONBLOCK != 0 {
+                    F_NONBLOCK
+                } else {
+                    0
+                };
+                let s = Sock::new(fd, id, flags);
+                TABLE.set(fd, Entry::Ferry(s));
+                return Some(s);
+            }
+            TABLE.set(fd, Entry::Other);
+            None
+        }
+        Ok(None) => {
+            TABLE.set(fd, Entry::Other);
+            None
+        }
+        // Not open: nothing to cache.
+        Err(e) if e.raw_os_error() == Some(libc::EBADF) => None,
+        Err(_) => {
+            TABLE.set(fd, Entry::Other);
+            None
+        }
+    }
+}
+
+/// After a successful `fcntl`: track `O_NONBLOCK` and duplicates.
+pub fn after_fcntl(fd: c_int, cmd: c_int, arg: u64, result: c_int) {
+    match cmd {
+        libc::F_SETFL => {
+            let on = arg as c_int & libc::O_NONBLOCK != 0;
+            TABLE.update(
+                fd,
+                if on { F_NONBLOCK } else { 0 },
+                if on { 0 } else { F_NONBLOCK },
+            );
+        }
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => TABLE.copy(fd, result),
+        _ => {}
+    }
+}
+
+/// Descriptors arrived with `SCM_RIGHTS` in `msg`: their numbers may have been cached as
+/// something else.
+///
+/// # Safety
+/// `msg` must be a message header the kernel just filled (`msg_control` valid for
+/// `msg_controllen` bytes).
+pub unsafe fn forget_received(msg: *const libc::msghdr) {
+    if msg.is_null() {
+        return;
+    }
+    // SAFETY: `msg` is valid (caller).
+    let m = unsafe { &*msg };
+    if m.msg_control.is_null() || m.msg_controllen == 0 {
+        return;
+    }
+    // SAFETY: the CMSG macros walk only within msg_control/msg_controllen (caller);
+    // SCM_RIGHTS payloads are arrays of ints, read unaligned.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(m);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c).cast::<c_int>();
+                let len = ((*c).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize);
+                for i in 0..len / size_of::<c_int>() {
+                    TABLE.clear(data.add(i).read_unaligned());
+                }
+            }
+            c = libc::CMSG_NXTHDR(m, c);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::{AsFd, AsRawFd};
+
+    #[test]
+    fn ferry_names_are_recognised() {
+        let (a, b) =
+            ferry_sys::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC).unwrap();
+        let (name, n) = crate::addr::ferry_name(4_000_000_001);
+        ferry_sys::bind_abstract(a.as_fd(), &name[..n]).unwrap();
+        ferry_sys::set_nonblocking(a.as_fd(), true).unwrap();
+        set_errno(1234);
+        let s = identify(a.as_raw_fd()).unwrap();
+        assert_eq!(
+            (s.id, s.nonblock(), s.typed()),
+            (4_000_000_001, true, false)
+        );
+        assert_eq!(TABLE.get(a.as_raw_fd()), Entry::Ferry(s));
+        assert_eq!(identify(b.as_raw_fd()), None);
+        assert_eq!(TABLE.get(b.as_raw_fd()), Entry::Other);
+        // A closed number is not cached.
+        let closed = b.as_raw_fd();
+        drop(b);
+        TABLE.clear(closed);
+        assert_eq!(probe(closed), None);
+        assert_eq!(TABLE.get(closed), Entry::Unknown);
+        assert_eq!(errno(), 1234);
+        TABLE.clear(a.as_raw_fd());
+    }
+
+    #[test]
+    fn fcntl_tracking() {
+        TABLE.set(50_000, Entry::Ferry(Sock::new(50_000, 3, 0)));
+        after_fcntl(
+            50_000,
+            libc::F_SETFL,
+            libc::O_NONBLOCK as u64 | libc::O_RDWR as u64,
+            0,
+        );
+        assert!(matches!(TABLE.get(50_000), Entry::Ferry(s) if s.nonblock()));
+        after_fcntl(50_000, libc::F_DUPFD_CLOEXEC, 0, 50_001);
+        assert!(matches!(TABLE.get(50_001), Entry::Ferry(s) if s.nonblock() && s.id == 3));
+        after_fcntl(50_000, libc::F_SETFL, 0, 0);
+        assert!(matches!(TABLE.get(50_000), Entry::Ferry(s) if !s.nonblock()));
+        // The duplicate shares the open file description in the kernel, but the cache
+        // tracks each number (a documented limitation).
+        assert!(matches!(TABLE.get(50_001), Entry::Ferry(s) if s.nonblock()));
+        TABLE.clear(50_000);
+        TABLE.clear(50_001);
+    }
+
+    #[test]
+    fn received_descriptors_are_forgotten() {
+        let (a, b) =
+            ferry_sys::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC)
+                .unwrap();
+        let efd = ferry_sys::eventfd().unwrap();
+        ferry_sys::send_with_fds(a.as_fd(), b"x", &[efd.as_fd()]).unwrap();
+        let mut cbuf = [0u64; 8];
+        let mut byte = [0u8; 1];
+        let mut iov = libc::iovec {
+            iov_base: byte.as_mut_ptr().cast(),
+            iov_len: 1,
+        };
+        // SAFETY: plain data.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = size_of_val(&cbuf);
+        // SAFETY: `msg` describes live local buffers.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_recvmsg,
+                b.as_raw_fd(),
+                &mut msg as *mut libc::msghdr,
+                libc::MSG_CMSG_CLOEXEC,
+            )
+        };
+        assert_eq!(r, 1);
+        // SAFETY: the kernel filled the header; the fd number is read from it.
+        let got = unsafe { *libc::CMSG_DATA(libc::CMSG_FIRSTHDR(&msg)).cast::<c_int>() };
+        TABLE.set(got, Entry::Other);
+        // SAFETY: the kernel just filled `msg`.
+        unsafe { forget_received(&msg) };
+        assert_eq!(TABLE.get(got), Entry::Unknown);
+        let _ = ferry_sys::close_raw(got);
+    }
+}

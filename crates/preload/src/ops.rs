@@ -1,0 +1,464 @@
+//! Socket operations other than data transfer, each relayed as the protocol says:
+//! creation and `accept` on the control socket (they carry a readiness pair's server
+//! end), everything else as a tagged request on the ring.
+
+use std::ffi::{c_int, c_void};
+use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
+
+use ferry_proto::{Ctl, CtlKind, Op, REQ_NONBLOCK, Req};
+use libc::{sockaddr, socklen_t};
+
+use crate::addr::{family, ferry_name, read_sockaddr, write_sockaddr};
+use crate::chan::{Channel, Wait, close_quiet};
+use crate::errno::{Errno, Res};
+use crate::fdtable::{Entry, F_DGRAM, F_INET6, F_NONBLOCK, F_TYPED, F_WANT, Sock, TABLE};
+use crate::iov::IoCursor;
+use crate::log::{self, Once};
+use crate::pending::PENDING;
+use crate::tls::{with_channel, with_open_channel};
+
+/// Whether `socket(domain, ty, protocol)` is one ferry relays: inet TCP or UDP.
+pub fn relayed(domain: c_int, ty: c_int, protocol: c_int) -> bool {
+    let base = ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
+    (domain == libc::AF_INET || domain == libc::AF_INET6)
+        && match base {
+            libc::SOCK_STREAM => protocol == 0 || protocol == libc::IPPROTO_TCP,
+            libc::SOCK_DGRAM => protocol == 0 || protocol == libc::IPPROTO_UDP,
+            _ => false,
+        }
+}
+
+/// Flags of a newly created socket's cache entry.
+fn new_flags(domain: c_int, base_ty: c_int) -> u32 {
+    let mut f = F_TYPED;
+    if base_ty == libc::SOCK_DGRAM {
+        f |= F_DGRAM;
+    }
+    if domain == libc::AF_INET6 {
+        f |= F_INET6;
+    }
+    f
+}
+
+/// A readiness pair: (program's end = the lower number, server's end).
+fn pair() -> Res<(OwnedFd, OwnedFd)> {
+    let (a, b) = ferry_sys::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC)?;
+    Ok(if a.as_raw_fd() < b.as_raw_fd() {
+        (a, b)
+    } else {
+        (b, a)
+    })
+}
+
+/// Names the program's end of a new socket, applies `SOCK_NONBLOCK`/`SOCK_CLOEXEC`,
+/// caches it and hands it to the program.
+fn adopt(prog: OwnedFd, id: u32, ty_flags: c_int, flags: u32) -> Res<c_int> {
+    let (name, n) = ferry_name(id);
+    if let Err(e) = ferry_sys::bind_abstract(prog.as_fd(), &name[..n]) {
+        log::once(Once::Internal, format_args!("cannot name socket {id}: {e}"));
+        close_quiet(prog);
+        return Err(Errno::EIO);
+    }
+    let nonblock = ty_flags & libc::SOCK_NONBLOCK != 0;
+    if nonblock {
+        ferry_sys::set_nonblocking(prog.as_fd(), true)?;
+    }
+    if ty_flags & libc::SOCK_CLOEXEC == 0 {
+        crate::sys::set_cloexec(prog.as_raw_fd(), false)?;
+    }
+    let fd = prog.into_raw_fd();
+    let flags = flags | if nonblock { F_NONBLOCK } else { 0 };
+    TABLE.set(fd, Entry::Ferry(Sock::new(fd, id, flags)));
+    Ok(fd)
+}
+
+/// `socket()` for a relayed type.
+pub fn socket(domain: c_int, ty: c_int, protocol: c_int) -> Res<c_int> {
+    let base = ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
+    with_channel(|ch| {
+        let (prog, srv) = pair()?;
+        let mut msg = Ctl::new(CtlKind::Socket, 0);
+        (msg.a, msg.b, msg.c) = (domain, base, protocol);
+        let reply = ch.ctl_call(&msg, srv.as_fd());
+        close_quiet(srv);
+        let id = Errno::check(reply?.result)?;
+        adopt(prog, id, ty, new_flags(domain, base))
+    })
+    .map_err(|e| e.down_as(libc::ENETDOWN))
+}
+
+/// `accept()`/`accept4()`.
+///
+/// # Safety
+/// `addr`/`len` as for `accept(2)`.
+pub unsafe fn accept(
+    s: Sock,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> Res<c_int> {
+    if flags & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    with_channel(|ch| {
+        let s = typed(ch, s)?;
+        let (prog, srv) = pair()?;
+        let mut msg = Ctl::new(CtlKind::Accept, s.id);
+        msg.a = i32::from(s.nonblock());
+        let reply = ch.ctl_call(&msg, srv.as_fd());
+        close_quiet(srv);
+        let reply = reply?;
+        if reply.c == 1 {
+            drain_token(ch, &s)?;
+        }
+        let id = Errno::check(reply.result)?;
+        let fd = adopt(prog, id, flags, F_TYPED | (s.flags & F_INET6))?;
+        let peer = &reply.addr[..(reply.addr_len as usize).min(reply.addr.len())];
+        // SAFETY: `addr`/`len` as the program passed them (caller). A bad pointer costs
+        // the peer's address, not the connection (as in the kernel).
+        let _ = unsafe { write_sockaddr(peer, addr, len) };
+        Ok(fd)
+    })
+    .map_err(|e| e.down_as(libc::ECONNABORTED))
+}
+
+/// Reads the readiness token out of the program's end and tells the server.
+pub fn drain_token(ch: &mut Channel, s: &Sock) -> Res<()> {
+    let _ = crate::sys::recv_byte(s.fd, libc::MSG_DONTWAIT);
+    ch.push(&Req::new(Op::TokenDrained, s.id))
+}
+
+/// Completes the cache entry of a socket identified by its name (the cache may also
+/// have been cleared behind this process's back, e.g. by a `vfork` child's
+/// `close_range`): type, family and timeouts come from the server, once.
+pub fn typed(ch: &mut Channel, s: Sock) -> Res<Sock> {
+    if s.typed() {
+        return Ok(s);
+    }
+    let int = |ch: &mut Channel, name| {
+        let b = getopt(ch, &s, libc::SOL_SOCKET, name, 4)?;
+        Ok::<_, Errno>(c_int::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let ty = int(ch, libc::SO_TYPE)?;
+    let domain = int(ch, libc::SO_DOMAIN)?;
+    for (name, send) in [(libc::SO_RCVTIMEO, false), (libc::SO_SNDTIMEO, true)] {
+        let tv = getopt(ch, &s, libc::SOL_SOCKET, name, size_of::<libc::timeval>());
+        let us = tv.ok().and_then(|b| timeval_us(&b)).unwrap_or(0);
+        TABLE.set_timeout(s.fd, send, us);
+    }
+    let set = new_flags(domain, ty);
+    TABLE.update(s.fd, set, 0);
+    Ok(Sock {
+        flags: s.flags | set,
+        ..s
+    })
+}
+
+/// A short option value (at least `len` bytes; zero-padded to 32).
+fn getopt(ch: &mut Channel, s: &Sock, level: c_int, name: c_int, len: usize) -> Res<[u8; 32]> {
+    let mut req = Req::new(Op::GetOpt, s.id);
+    (req.a, req.b, req.len) = (level as u32, name as u32, len as u32);
+    let done = ch.call(req, Wait::FOREVER, &mut |_, _| {})?;
+    Errno::check(done.result)?;
+    let b = done.bytes();
+    if b.len() < len {
+        return Err(Errno::EIO);
+    }
+    let mut out = [0u8; 32];
+    out[..b.len()].copy_from_slice(b);
+    Ok(out)
+}
+
+/// A tagged request with no data; returns the `Done` result.
+fn simple(req: Req, w: Wait) -> Res<(u32, ferry_proto::Cmp)> {
+    with_channel(|ch| {
+        let done = ch.call(req, w, &mut |_, _| {})?;
+        Ok((Errno::check(done.result)?, done))
+    })
+    .map_err(|e| e.down_as(libc::ECONNRESET))
+}
+
+/// `connect()`.
+///
+/// # Safety
+/// `addr` readable for `len` bytes.
+pub unsafe fn connect(s: Sock, addr: *const sockaddr, len: socklen_t) -> Res<()> {
+    // SAFETY: forwarded (caller).
+    if unsafe { family(addr, len) } == Some(libc::AF_UNSPEC) {
+        log::once(
+            Once::Unsupported,
+            format_args!("connect(AF_UNSPEC) (dissolving an association) is not supported"),
+        );
+        return Err(Errno(libc::EAFNOSUPPORT));
+    }
+    // SAFETY: forwarded (caller).
+    let wa = unsafe { read_sockaddr(addr, len) }?;
+    let mut req = Req::new(Op::Connect, s.id).with_addr(&wa);
+    if s.nonblock() {
+        req.flags |= REQ_NONBLOCK;
+    }
+    let (_, snd) = TABLE.timeouts(s.fd);
+    simple(req, Wait::after(snd, Errno(libc::EINPROGRESS))).map(drop)
+}
+
+/// `bind()`.
+///
+/// # Safety
+/// `addr` readable for `len` bytes.
+pub unsafe fn bind(s: Sock, addr: *const sockaddr, len: socklen_t) -> Res<()> {
+    // SAFETY: forwarded (caller).
+    let wa = if unsafe { family(addr, len) } == Some(libc::AF_UNSPEC) && len as usize >= 16 {
+        // The kernel's compatibility rule: AF_UNSPEC with INADDR_ANY means AF_INET.
+        let mut b = [0u8; 16];
+        // SAFETY: 16 readable bytes (checked length, caller).
+        unsafe { std::ptr::copy_nonoverlapping(addr.cast::<u8>(), b.as_mut_ptr(), 16) };
+        if b[4..8] != [0; 4] {
+            return Err(Errno(libc::EAFNOSUPPORT));
+        }
+        b[..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+        // SAFETY: `b` holds 16 bytes.
+        unsafe { read_sockaddr(b.as_ptr().cast(), 16) }?
+    } else {
+        // SAFETY: forwarded (caller).
+        unsafe { read_sockaddr(addr, len) }?
+    };
+    simple(Req::new(Op::Bind, s.id).with_addr(&wa), Wait::FOREVER).map(drop)
+}
+
+/// `listen()`.
+pub fn listen(s: Sock, backlog: c_int) -> Res<()> {
+    let mut req = Req::new(Op::Listen, s.id);
+    req.a = backlog as u32;
+    simple(req, Wait::FOREVER).map(drop)
+}
+
+/// `shutdown()`.
+pub fn shutdown(s: Sock, how: c_int) -> Res<()> {
+    if !(libc::SHUT_RD..=libc::SHUT_RDWR).contains(&how) {
+        return Err(Errno::EINVAL);
+    }
+    let mut req = Req::new(Op::Shutdown, s.id);
+    req.a = how as u32;
+    simple(req, Wait::FOREVER).map(drop)
+}
+
+/// `getsockname()` / `getpeername()`.
+///
+/// # Safety
+/// `addr`/`len` as for `getsockname(2)`.
+pub unsafe fn name(s: Sock, peer: bool, addr: *mut sockaddr, len: *mut socklen_t) -> Res<()> {
+    if len.is_null() {
+        return Err(Errno::EFAULT);
+    }
+    let op = if peer { Op::PeerName } else { Op::SockName };
+    let (_, done) = simple(Req::new(op, s.id), Wait::FOREVER)?;
+    // SAFETY: forwarded (caller).
+    unsafe { write_sockaddr(done.bytes(), addr, len) }
+}
+
+/// `ioctl(FIONREAD)`.
+pub fn pending(s: Sock) -> Res<c_int> {
+    simple(Req::new(Op::Pending, s.id), Wait::FOREVER).map(|(n, _)| n as c_int)
+}
+
+/// `setsockopt()`: relayed (values of at most 32 bytes); receive and send timeouts are
+/// also kept in the cache, since the shim does the waiting.
+///
+/// # Safety
+/// `val` readable for `len` bytes.
+pub unsafe fn setsockopt(
+    s: Sock,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> Res<()> {
+    let len = len as usize;
+    if len > 32 {
+        log::once(
+            Once::LongOpt,
+            format_args!("setsockopt({level}, {name}) with a {len}-byte value is not supported"),
+        );
+        return Err(Errno::EINVAL);
+    }
+    if val.is_null() && len > 0 {
+        return Err(Errno::EFAULT);
+    }
+    let mut bytes = [0u8; 32];
+    if len > 0 {
+        // SAFETY: `len` readable bytes (caller).
+        unsafe { std::ptr::copy_nonoverlapping(val.cast::<u8>(), bytes.as_mut_ptr(), len) };
+    }
+    let mut req = Req::new(Op::SetOpt, s.id).with_bytes(&bytes[..len]);
+    (req.a, req.b) = (level as u32, name as u32);
+    simple(req, Wait::FOREVER)?;
+    if level == libc::SOL_SOCKET
+        && (name == libc::SO_RCVTIMEO || name == libc::SO_SNDTIMEO)
+        && let Some(us) = timeval_us(&bytes[..len])
+    {
+        TABLE.set_timeout(s.fd, name == libc::SO_SNDTIMEO, us);
+    }
+    Ok(())
+}
+
+/// A `struct timeval` option value in microseconds.
+fn timeval_us(b: &[u8]) -> Option<u64> {
+    if b.len() < size_of::<libc::timeval>() {
+        return None;
+    }
+    let sec = i64::from_ne_bytes(b[0..8].try_into().ok()?);
+    let usec = i64::from_ne_bytes(b[8..16].try_into().ok()?);
+    if sec < 0 {
+        return Some(0);
+    }
+    Some(
+        (sec as u64)
+            .saturating_mul(1_000_000)
+            .saturating_add(usec.max(0) as u64),
+    )
+}
+
+/// `getsockopt()`: relayed; a pending asynchronous error answers `SO_ERROR` first.
+///
+/// # Safety
+/// `val` writable for `*len` bytes; `len` valid.
+pub unsafe fn getsockopt(
+    s: Sock,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> Res<()> {
+    if len.is_null() {
+        return Err(Errno::EFAULT);
+    }
+    // SAFETY: `len` valid (caller).
+    let room = unsafe { len.read() } as c_int;
+    if room < 0 {
+        return Err(Errno::EINVAL);
+    }
+    let room = room as usize;
+    if val.is_null() && room > 0 {
+        return Err(Errno::EFAULT);
+    }
+    let so_error = level == libc::SOL_SOCKET && name == libc::SO_ERROR;
+    let iov = libc::iovec {
+        iov_base: val,
+        iov_len: room,
+    };
+    // SAFETY: one buffer the caller vouches for.
+    let mut cur = unsafe { IoCursor::new(&iov, 1) }?;
+    let mut from_buf = None;
+    let done = with_channel(|ch| {
+        if so_error {
+            ch.reap()?;
+            if let Some(e) = PENDING.take(s.id, |_| true) {
+                let v = e.to_ne_bytes();
+                let n = room.min(4);
+                // SAFETY: `v` holds 4 bytes.
+                from_buf = Some(unsafe { cur.write_from(v.as_ptr(), n) });
+                return Ok(None);
+            }
+        }
+        let mut req = Req::new(Op::GetOpt, s.id);
+        (req.a, req.b, req.len) = (level as u32, name as u32, room as u32);
+        let done = ch.call(req, Wait::FOREVER, &mut |bufs, span| {
+            // SAFETY: a validated span of a buffer lent to us.
+            from_buf = Some(unsafe { cur.write_from(bufs.as_mut_ptr(span), span.len() as usize) });
+        })?;
+        Errno::check(done.result)?;
+        Ok(Some(done))
+    })
+    .map_err(|e| e.down_as(libc::ECONNRESET))?;
+    let n = match (from_buf, done) {
+        (Some(n), _) => n,
+        (None, Some(done)) => {
+            let b = done.bytes();
+            // SAFETY: `b` holds b.len() bytes.
+            unsafe { cur.write_from(b.as_ptr(), b.len()) }
+        }
+        (None, None) => 0,
+    };
+    // SAFETY: `len` valid (caller).
+    unsafe { len.write(n as socklen_t) };
+    Ok(())
+}
+
+/// Asks for readiness tokens on sockets about to be polled (first time each), then rings
+/// the doorbell.
+pub fn want_tokens(socks: &[Sock]) {
+    let r = with_channel(|ch| {
+        for s in socks {
+            ch.push(&Req::new(Op::WantToken, s.id))?;
+            TABLE.update(s.fd, F_WANT, 0);
+        }
+        ch.flush();
+        Ok(())
+    });
+    if let Err(e) = r {
+        log::once(
+            Once::Internal,
+            format_args!("cannot ask for readiness tokens: errno {}", e.0),
+        );
+    }
+}
+
+/// Rings this thread's doorbell if records wait for it (before a call that may block).
+pub fn flush() {
+    with_open_channel(Channel::flush);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relayed_types() {
+        assert!(relayed(libc::AF_INET, libc::SOCK_STREAM, 0));
+        assert!(relayed(
+            libc::AF_INET6,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            libc::IPPROTO_UDP
+        ));
+        assert!(relayed(libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_TCP));
+        assert!(!relayed(
+            libc::AF_INET,
+            libc::SOCK_STREAM,
+            libc::IPPROTO_UDP
+        ));
+        assert!(!relayed(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP));
+        assert!(!relayed(
+            libc::AF_INET,
+            libc::SOCK_DGRAM,
+            libc::IPPROTO_ICMP
+        ));
+        assert!(!relayed(libc::AF_UNIX, libc::SOCK_STREAM, 0));
+        assert!(!relayed(libc::AF_NETLINK, libc::SOCK_DGRAM, 0));
+        assert!(!relayed(libc::AF_INET, libc::SOCK_SEQPACKET, 0));
+    }
+
+    #[test]
+    fn new_socket_flags() {
+        assert_eq!(new_flags(libc::AF_INET, libc::SOCK_STREAM), F_TYPED);
+        assert_eq!(
+            new_flags(libc::AF_INET6, libc::SOCK_DGRAM),
+            F_TYPED | F_DGRAM | F_INET6
+        );
+    }
+
+    #[test]
+    fn timevals() {
+        let tv = |s: i64, us: i64| [s.to_ne_bytes(), us.to_ne_bytes()].concat();
+        assert_eq!(timeval_us(&tv(1, 500_000)), Some(1_500_000));
+        assert_eq!(timeval_us(&tv(0, 0)), Some(0));
+        assert_eq!(timeval_us(&tv(-1, 0)), Some(0));
+        assert_eq!(timeval_us(&tv(i64::MAX, 0)), Some(u64::MAX));
+        assert_eq!(timeval_us(&[0; 8]), None);
+    }
+
+    #[test]
+    fn readiness_pairs_put_the_program_end_lower() {
+        let (p, s) = pair().unwrap();
+        assert!(p.as_raw_fd() < s.as_raw_fd());
+    }
+}

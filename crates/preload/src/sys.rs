@@ -1,0 +1,123 @@
+//! The few system calls the shim needs that `ferry-sys` does not wrap, entered through
+//! `syscall(2)` (never the libc function of the same name, which may be the shim's own).
+
+use std::ffi::{c_int, c_long};
+use std::io;
+
+/// One raw system call; `-1` becomes `errno` as an `io::Error`.
+///
+/// # Safety
+/// The arguments must be valid for system call `nr` (pointers to live objects of the
+/// sizes it uses).
+unsafe fn raw(nr: c_long, a: [c_long; 6]) -> io::Result<i64> {
+    // SAFETY: forwarded (caller).
+    let r = unsafe { libc::syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]) };
+    if r == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// `fcntl(fd, F_GETFL)`.
+pub fn getfl(fd: c_int) -> io::Result<c_int> {
+    // SAFETY: F_GETFL takes no pointer.
+    unsafe {
+        raw(
+            libc::SYS_fcntl,
+            [fd.into(), libc::F_GETFL.into(), 0, 0, 0, 0],
+        )
+    }
+    .map(|v| v as c_int)
+}
+
+/// Sets or clears `FD_CLOEXEC`.
+pub fn set_cloexec(fd: c_int, on: bool) -> io::Result<()> {
+    let v = if on { libc::FD_CLOEXEC } else { 0 };
+    // SAFETY: F_SETFD takes an integer.
+    unsafe {
+        raw(
+            libc::SYS_fcntl,
+            [fd.into(), libc::F_SETFD.into(), v.into(), 0, 0, 0],
+        )
+    }
+    .map(drop)
+}
+
+/// Receives (or with `MSG_PEEK`, looks at) at most one byte; `Ok(0)` at end of stream.
+pub fn recv_byte(fd: c_int, flags: c_int) -> io::Result<usize> {
+    let mut b = [0u8; 1];
+    // SAFETY: `b` is a live one-byte buffer; no address is asked for.
+    let r = unsafe {
+        raw(
+            libc::SYS_recvfrom,
+            [fd.into(), b.as_mut_ptr() as c_long, 1, flags.into(), 0, 0],
+        )
+    };
+    r.map(|n| n as usize)
+}
+
+/// `read(2)`, or `pread64(2)` at `off`, into raw memory.
+///
+/// # Safety
+/// `p` must be writable for `n` bytes.
+pub unsafe fn read_into(fd: c_int, p: *mut u8, n: usize, off: Option<i64>) -> io::Result<usize> {
+    let r = match off {
+        // SAFETY: `p` writable for `n` bytes (caller).
+        Some(o) => unsafe {
+            raw(
+                libc::SYS_pread64,
+                [fd.into(), p as c_long, n as c_long, o as c_long, 0, 0],
+            )
+        },
+        // SAFETY: as above.
+        None => unsafe {
+            raw(
+                libc::SYS_read,
+                [fd.into(), p as c_long, n as c_long, 0, 0, 0],
+            )
+        },
+    };
+    r.map(|k| k as usize)
+}
+
+/// `close_range(2)` (used when libc has no `closefrom`).
+pub fn close_range(first: u32, last: u32, flags: c_int) -> io::Result<()> {
+    // SAFETY: integers only.
+    unsafe {
+        raw(
+            libc::SYS_close_range,
+            [first.into(), last.into(), flags.into(), 0, 0, 0],
+        )
+    }
+    .map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::{AsFd, AsRawFd};
+
+    #[test]
+    fn bytes_flags_and_reads() {
+        let (a, b) =
+            ferry_sys::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC).unwrap();
+        let e = recv_byte(b.as_raw_fd(), libc::MSG_DONTWAIT).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        ferry_sys::write(a.as_fd(), b"xy").unwrap();
+        assert_eq!(
+            recv_byte(b.as_raw_fd(), libc::MSG_PEEK | libc::MSG_DONTWAIT).unwrap(),
+            1
+        );
+        assert_eq!(recv_byte(b.as_raw_fd(), libc::MSG_DONTWAIT).unwrap(), 1);
+        let mut out = [0u8; 4];
+        // SAFETY: `out` holds 4 bytes.
+        let r = unsafe { read_into(b.as_raw_fd(), out.as_mut_ptr(), 4, None) }.unwrap();
+        assert_eq!(r, 1);
+        assert_eq!(out[0], b'y');
+        set_cloexec(a.as_raw_fd(), false).unwrap();
+        assert_eq!(getfl(a.as_raw_fd()).unwrap() & libc::O_NONBLOCK, 0);
+        drop(a);
+        assert_eq!(recv_byte(b.as_raw_fd(), libc::MSG_DONTWAIT).unwrap(), 0);
+    }
+}

@@ -1,0 +1,259 @@
+//! Which channel a call uses, and what happens to channels at `fork` and `exit`.
+//!
+//! **Per thread.** Each thread has a *main* channel, opened lazily on its first ferry
+//! call and closed when the thread exits. A call holds its channel for its whole
+//! duration (a "busy" flag, with compiler fences because a signal handler can run
+//! between any two instructions of the same thread).
+//!
+//! **Re-entrancy.** A ferry call made while this thread is already inside one (from a
+//! signal handler that interrupted the shim) must not touch the busy channel: its rings
+//! are in the middle of an operation. It uses the thread's *spare* channel instead (also
+//! opened lazily), and a third level of nesting, or a call during thread teardown, opens
+//! a temporary channel for just that call. Each channel has its own tags, so the
+//! interrupted call later finds its answer undisturbed. (Opening a channel allocates; a
+//! handler that interrupts `malloc` inside the shim and then opens its first spare
+//! channel could deadlock in malloc. Once open, channels do not allocate.)
+//!
+//! **Fork.** The child inherits the parent's mappings and descriptors, but the rings
+//! belong to the parent's threads: the child must never touch them. A `pthread_atfork`
+//! child handler bumps the fork generation and closes the descriptors of every channel
+//! of the process (control socket, region memfd, doorbell: a registry of raw numbers, so
+//! it needs no lock and no allocation); a channel of an older generation is then leaked
+//! (its mapping stays, never used) instead of dropped. The fd cache is kept: the child
+//! shares the parent's sockets.
+//!
+//! **Exit.** `atexit` rings every registered doorbell, so records another thread
+//! committed without ringing (doorbell batching) are seen by the server.
+
+use std::cell::{Cell, UnsafeCell};
+use std::os::fd::RawFd;
+use std::sync::Once;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, compiler_fence};
+
+use crate::chan::Channel;
+use crate::errno::{Errno, Res};
+
+static GEN: AtomicU32 = AtomicU32::new(0);
+
+/// The current fork generation (bumped in every child).
+pub fn generation() -> u32 {
+    GEN.load(Ordering::Acquire)
+}
+
+/// One channel place of a thread.
+struct Slot {
+    busy: Cell<bool>,
+    chan: UnsafeCell<Option<Box<Channel>>>,
+}
+
+/// Clears the busy flag when a call ends, even by unwinding (the channel is then
+/// considered broken).
+struct Busy<'a>(&'a Slot);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // SAFETY: the slot is busy, i.e. owned by this frame on this thread; nothing
+            // else holds a reference into it while we are unwinding out of the call.
+            if let Some(ch) = unsafe { &mut *self.0.chan.get() } {
+                ch.dead = true;
+            }
+        }
+        compiler_fence(Ordering::SeqCst);
+        self.0.busy.set(false);
+    }
+}
+
+impl Slot {
+    const fn new() -> Slot {
+        Slot {
+            busy: Cell::new(false),
+            chan: UnsafeCell::new(None),
+        }
+    }
+
+    fn enter(&self) -> Busy<'_> {
+        self.busy.set(true);
+        compiler_fence(Ordering::SeqCst);
+        Busy(self)
+    }
+
+    /// Runs `f` on this slot's channel, opening it if needed. The slot must be idle.
+    fn run<R>(&self, f: impl FnOnce(&mut Channel) -> Res<R>) -> Res<R> {
+        let _busy = self.enter();
+        // SAFETY: the busy flag was clear and is now set: no other frame on this thread
+        // (a signal handler uses another slot while it is set), and no other thread (the
+        // slot is thread-local), refers into the slot until `_busy` drops.
+        let chan = unsafe { &mut *self.chan.get() };
+        match chan
+            .as_deref()
+            .map(|ch| (ch.fork_gen == generation(), ch.dead))
+        {
+            Some((false, _)) => std::mem::forget(chan.take()),
+            Some((true, true)) => *chan = None,
+            _ => {}
+        }
+        let ch = match chan {
+            Some(ch) => ch,
+            None => chan.insert(Box::new(Channel::open()?)),
+        };
+        f(ch)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(ch) = self.chan.get_mut().take()
+            && (ch.fork_gen != generation() || self.busy.get())
+        {
+            std::mem::forget(ch);
+        }
+    }
+}
+
+struct Slots {
+    main: Slot,
+    spare: Slot,
+}
+
+thread_local! {
+    static SLOTS: Slots = const { Slots { main: Slot::new(), spare: Slot::new() } };
+}
+
+/// Runs `f` on a channel of this thread (see the module docs for which).
+pub fn with_channel<R>(f: impl FnOnce(&mut Channel) -> Res<R>) -> Res<R> {
+    let mut f = Some(f);
+    let r = SLOTS.try_with(|s| {
+        let slot = if !s.main.busy.get() {
+            &s.main
+        } else if !s.spare.busy.get() {
+            &s.spare
+        } else {
+            return None;
+        };
+        Some(slot.run(f.take()?))
+    });
+    if let Ok(Some(r)) = r {
+        return r;
+    }
+    let f = f.take().ok_or(Errno::EIO)?;
+    let mut ch = Channel::open()?;
+    f(&mut ch)
+}
+
+/// Runs `f` on this thread's main channel only if it is open, idle and usable (to ring
+/// a doorbell before something blocks; never opens a channel).
+pub fn with_open_channel(f: impl FnOnce(&mut Channel)) {
+    let _ = SLOTS.try_with(|s| {
+        if s.main.busy.get() {
+            return;
+        }
+        let _busy = s.main.enter();
+        // SAFETY: as in `Slot::run`: the slot was idle and is now held by this frame.
+        if let Some(ch) = unsafe { &mut *s.main.chan.get() }
+            && ch.fork_gen == generation()
+            && !ch.dead
+        {
+            f(ch);
+        }
+    });
+}
+
+/// Raw descriptors of every open channel: `ctl | memfd << 21 | bell << 42`, each + 1.
+static REGISTRY: [AtomicU64; 256] = [const { AtomicU64::new(0) }; 256];
+const FD_BITS: u32 = 21;
+const FD_MASK: u64 = (1 << FD_BITS) - 1;
+
+fn pack(fds: [RawFd; 3]) -> Option<u64> {
+    let mut w = 0u64;
+    for (i, fd) in fds.into_iter().enumerate() {
+        let v = u64::try_from(fd).ok()? + 1;
+        if v > FD_MASK {
+            return None;
+        }
+        w |= v << (FD_BITS * i as u32);
+    }
+    Some(w)
+}
+
+fn unpack(w: u64) -> [RawFd; 3] {
+    [0, 1, 2].map(|i| ((w >> (FD_BITS * i)) & FD_MASK) as RawFd - 1)
+}
+
+/// Records a channel's descriptors; returns its registry slot (`None` if full).
+pub fn register(ctl: RawFd, memfd: RawFd, bell: RawFd) -> Option<usize> {
+    let w = pack([ctl, memfd, bell])?;
+    REGISTRY.iter().position(|s| {
+        s.compare_exchange(0, w, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    })
+}
+
+/// Forgets a registry slot (before its descriptors are closed).
+pub fn unregister(i: usize) {
+    REGISTRY[i].store(0, Ordering::Release);
+}
+
+/// `pthread_atfork` child handler: see the module docs.
+extern "C" fn atfork_child() {
+    GEN.fetch_add(1, Ordering::AcqRel);
+    for s in &REGISTRY {
+        let w = s.swap(0, Ordering::AcqRel);
+        if w != 0 {
+            for fd in unpack(w) {
+                let _ = ferry_sys::close_raw(fd);
+            }
+        }
+    }
+}
+
+/// `atexit` handler: rings every doorbell.
+extern "C" fn at_exit() {
+    for s in &REGISTRY {
+        let w = s.load(Ordering::Acquire);
+        if w != 0 {
+            // SAFETY: the doorbell stays open while registered (unregistered before close).
+            let _ = ferry_sys::eventfd_signal(unsafe { ferry_sys::borrow(unpack(w)[2]) });
+        }
+    }
+}
+
+/// Registers the fork and exit handlers (once per process, at the first channel).
+pub fn install_hooks() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registering handlers with the C library; they touch only atomics and
+        // descriptors, and stay valid as long as the library is loaded (it is never
+        // unloaded: LD_PRELOAD).
+        unsafe {
+            libc::pthread_atfork(None, None, Some(atfork_child));
+            libc::atexit(at_exit);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_words_round_trip() {
+        let w = pack([3, 1000, (1 << 21) - 2]).unwrap();
+        assert_eq!(unpack(w), [3, 1000, (1 << 21) - 2]);
+        assert_eq!(pack([0, 0, 1 << 21]), None);
+        assert_eq!(pack([-1, 0, 0]), None);
+        assert_ne!(pack([0, 0, 0]), Some(0));
+    }
+
+    #[test]
+    fn registry_slots_are_reused() {
+        let a = register(900, 901, 902).unwrap();
+        let b = register(903, 904, 905).unwrap();
+        assert_ne!(a, b);
+        unregister(a);
+        let c = register(906, 907, 908).unwrap();
+        assert_eq!(a, c);
+        unregister(b);
+        unregister(c);
+    }
+}

@@ -1,0 +1,610 @@
+//! The shim against ferry's protocol server (run in a thread of the test process, in the
+//! host namespace), driven by real programs: Python's socket module and curl.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::{
+    Running, have, http, py, python, run, serial, shimmed, tcp_echo, tcp_silent, udp_echo,
+};
+
+fn need_python() -> bool {
+    if python().is_none() {
+        eprintln!("skipped: no python3");
+        return false;
+    }
+    true
+}
+
+const TCP_ECHO: &str = r#"
+import socket, sys
+port = int(sys.argv[1])
+s = socket.socket()
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+assert s.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE) == socket.SOCK_STREAM
+s.connect(("127.0.0.1", port))
+assert s.getpeername() == ("127.0.0.1", port), s.getpeername()
+assert s.getsockname()[0] == "127.0.0.1"
+data = bytes((i * 7 + i // 251) & 255 for i in range(1 << 20))
+got = bytearray()
+sent = 0
+while sent < len(data):
+    sent += s.send(data[sent:sent + 300000])
+    while len(got) < sent - 200000:
+        got += s.recv(65536)
+while len(got) < len(data):
+    chunk = s.recv(65536)
+    assert chunk, "early EOF"
+    got += chunk
+assert got == data
+s.shutdown(socket.SHUT_WR)
+assert s.recv(10) == b""
+s.close()
+print("tcp ok")
+"#;
+
+#[test]
+fn tcp_echo_round_trip() {
+    if !need_python() {
+        return;
+    }
+    let _g = serial();
+    let srv = Running::start("tcp", 1);
+    let echo = tcp_echo();
+    let out = py(TCP_ECHO, Some(&srv.path), &[echo.port().to_string()]);
+    assert_eq!(out, "tcp ok\n");
+    let stats = srv.stop();
+    assert_eq!(stats.sockets.len(), 1, "{stats:?}");
+    assert!(stats.sockets[0].bytes_out >= 1 << 20, "{stats:?}");
+}
+
+const UDP: &str = r#"
+import socket, sys
+port = int(sys.argv[1])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for i in range(20):
+    msg = b"datagram %d " % i * (i + 1)
+    s.sendto(msg, ("127.0.0.1", port))
+    data, frm = s.recvfrom(65536)
+    assert data == msg and frm == ("127.0.0.1", port), (data, frm)
+# Connected UDP, a datagram larger than the buffer given: truncated, MSG_TRUNC reported.
+s.connect(("127.0.0.1", port))
+s.send(b"x" * 1000)
+data, anc, flags, frm = s.recvmsg(10)
+assert data == b"x" * 10 and flags & socket.MSG_TRUNC, (data, flags)
+s.close()
+print("udp ok")
+"#;
+
+#[test]
+fn udp_datagrams() {
+    if !need_python() {
+        return;
+    }
+    let _g = serial();
+    let srv = Running::start("udp", 1);
+    let echo = udp_echo();
+    assert_eq!(
+        py(UDP, Some(&srv.path), &[echo.port().to_string()]),
+        "udp ok\n"
+    );
+}
+
+const LISTENER: &str = r#"
+import os, select, socket, threading
+# A listener inside the sandbox (its own loopback), reached from the same program.
+l = socket.socket(socket.AF_INET6 if False else socket.AF_INET)
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", 0))
+l.listen(8)
+port = l.getsockname()[1]
+assert port != 0
+def client(i):
+    c = socket.create_connection(("127.0.0.1", port))
+    c.sendall(b"hi %d" % i)
+    assert c.recv(100) == b"HI %d" % i
+    c.close()
+ts = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+for t in ts: t.start()
+for _ in range(4):
+    r, _, _ = select.select([l], [], [], 5)
+    assert r == [l], "listener not readable"
+    c, peer = l.accept()
+    assert peer[0] == "127.0.0.1"
+    msg = c.recv(100)
+    c.sendall(msg.upper())
+    assert c.recv(10) == b""   # the client closed
+    c.close()
+for t in ts: t.join()
+# Non-blocking accept with nothing pending.
+l.setblocking(False)
+try:
+    l.accept()
+    raise SystemExit("accepted nothing?")
+except BlockingIOError:
+    pass
+l.close()
+print("listener ok")
+"#;
+
+#[test]
+fn listener_inside_the_sandbox() {
+    if !need_python() {
+        return;
+    }
+    let _g = serial();
+    let srv = Running::start("listen", 1);
+    assert_eq!(py(LISTENER, Some(&srv.path), &[]), "listener ok\n");
+}
+
+const NONBLOCKING: &str = r#"
+import errno, select, socket, sys
+port = int(sys.argv[1])
+# Python's timeouts: O_NONBLOCK + connect (EINPROGRESS) + poll + SO_ERROR.
+s = socket.create_connection(("127.0.0.1", port), timeout=5)
+s.sendall(b"ping")
+assert s.recv(4) == b"ping"
+# poll and epoll report input when the echo arrives; nothing before.
+s.setblocking(False)
+try:
+    s.recv(10)
+    raise SystemExit("data from nowhere")
+except BlockingIOError:
+    pass
+p = select.poll(); p.register(s, select.POLLIN)
+assert p.poll(50) == []
+s.send(b"pong")
+ev = p.poll(5000)
+assert ev and ev[0][1] & select.POLLIN, ev
+assert s.recv(10) == b"pong"
+ep = select.epoll(); ep.register(s.fileno(), select.EPOLLIN)
+assert ep.poll(0.05) == []
+s.send(b"again")
+assert ep.poll(5)[0][1] & select.EPOLLIN
+assert s.recv(10) == b"again"
+assert ep.poll(0.05) == []
+# A refused connection reports ECONNREFUSED via SO_ERROR after EINPROGRESS.
+r = socket.socket(); r.setblocking(False)
+e = r.connect_ex(("127.0.0.1", 1))
+if e == errno.EINPROGRESS:
+    select.select([], [r], [], 5)
+    e = r.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+assert e == errno.ECONNREFUSED, errno.errorcode.get(e, e)
+print("nonblocking ok")
+"#;
+
+#[test]
+fn nonblocking_and_readiness() {
+    if !need_python() {
+        return;
+    }
+    let _g = serial();
+    let srv = Running::start("nb", 1);
+    let echo = tcp_echo();
+    assert_eq!(
+        py(NONBLOCKING, Some(&srv.path), &[echo.port().to_string()]),
+        "nonblocking ok\n"
+    );
+}
+
+const FLAGS: &str = r#"
+import socket, struct, sys, fcntl, termios, time, errno
+port = int(sys.argv[1])
+s = socket.create_connection(("127.0.0.1", port))
+s.sendall(b"abcdef")
+assert s.recv(3, socket.MSG_PEEK | socket.MSG_WAITALL) == b"abc"
+time.sleep(0.1)
+n = struct.unpack("i", fcntl.ioctl(s.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+assert n == 6, n
+assert s.recv(6, socket.MSG_WAITALL) == b"abcdef"
+# WAITALL collects several sends.
+s.sendall(b"12"); s.sendall(b"34")
+assert s.recv(4, socket.MSG_WAITALL) == b"1234"
+# SO_RCVTIMEO: a blocking recv gives up with EAGAIN.
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 200000))
+t0 = time.monotonic()
+try:
+    s.recv(10)
+    raise SystemExit("data from nowhere")
+except OSError as e:
+    assert e.errno == errno.EAGAIN, e
+assert 0.15 < time.monotonic() - t0 < 3
+# readv / writev
+import os
+os.writev(s.fileno(), [b"ve", b"ct", b"or"])
+a, b = bytearray(2), bytearray(4)
+time.sleep(0.1)
+assert os.readv(s.fileno(), [a, b]) == 6 and bytes(a + b) == b"vector"
+# MSG_DONTWAIT on a blocking socket.
+try:
+    s.recv(1, socket.MSG_DONTWAIT)
+    raise SystemExit("data from nowhere")
+except BlockingIOError:
+    pass
+print("flags ok")
+"#;
+
+#[test]
+fn flags_timeouts_and_vectors() {
+    if !need_python() {
+        return;
+    }
+    let _g = serial();
+    let srv = Running::start("flags", 1);
+    let echo = tcp_echo();
+    assert_eq!(
+        py(FLAGS, Some(&srv.path), &[echo.port().to_string()]),
+        "flags ok\n"
+    );
+}
+
+const PROCESSES: &str = r#"
+import os, socket, subprocess, sys
+port = int(sys.argv[1])
+s = socket.create_connection(("127.0.0.1", port))
+# fork: the child uses the inherited socket through its own channel.
+pid = os.fork()
+if pid == 0:
+    s.sendall(b"from child")
+    assert s.recv(10) == b"from child"
+    os._exit(0)
+_, st = os.waitpid(pid, 0)
+assert st == 0, st
+s.sendall(b"from parent")
+assert s.recv(11) == b"from parent"
+# dup: the duplicate is the same socket.
+d = socket.socket(fileno=os.dup(s.fileno()))
+d.sendall(b"dup")
+assert s.recv(3) == b"dup"
+d.close()
+# exec: a new program finds the inherited socket by its name.
+# Its receive timeout comes along (the new program asks the server for it).
+import struct
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 200000))
+code = """if 1:
+    import errno, os, socket, time
+    s = socket.socket(fileno=int(os.environ['FD']))
+    s.sendall(b'exec'); print(s.recv(4).decode())
+    t0 = time.monotonic()
+    try:
+        s.recv(1)
+    except OSError as e:
+        print(errno.errorcode[e.errno], time.monotonic() - t0 < 3)
+"""
+fd = s.fileno()
+out = subprocess.run([sys.executable, "-c", code], pass_fds=[fd], env=dict(os.environ, FD=str(fd)), capture_output=True, timeout=20)
+assert out.stdout == b"exec\nEAGAIN True\n", out
+s.close()
+print("processes ok")
+"#;
+
+#[test]
+fn fork_dup_and_exec_keep_sockets() {
+    if !need_python() {
+        return;
+    }
+    let _g = serial();
+    let srv = Running::start("proc", 1);
+    let echo = tcp_echo();
+    assert_eq!(
+        py(PROCESSES, Some(&srv.path), &[echo.port().to_string()]),
+        "processes ok\n"
+    );
+}
+
+const SIGNALS: &str = r#"
+import errno, signal, socket, sys, time
+port = int(sys.argv[1])
+s = socket.create_connection(("127.0.0.1", port))
+class Alarm(Exception): pass
+def on_alarm(sig, frm): raise Alarm()
+signal.signal(signal.SIGALRM, on_alarm)
+signal.setitimer(signal.ITIMER_REAL, 0.3)
+t0 = time.monotonic()
+try:
+    s.recv(10)
+    raise SystemExit("data from nowhere")
+except Alarm:
+    pass
+assert time.monotonic() - t0 < 5
+# The socket still works after the cancelled receive.
+s2 = socket.create_connection(("127.0.0.1", int(sys.argv[2])))
+s2.sendall(b"alive")
+assert s2.recv(5) == b"alive"
+# A handler that uses another socket while the main flow is blocked in recv (Python
+# runs it after the interrupted call returns EINTR, then retries the call: PEP 475).
+def on_usr1(sig, frm):
+    s2.sendall(b"nested")
+    assert s2.recv(6) == b"nested"
+    print("handler done", flush=True)
+signal.signal(signal.SIGUSR1, on_usr1)
+signal.signal(signal.SIGALRM, on_alarm)
+import os, threading
+threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGUSR1)).start()
+signal.setitimer(signal.ITIMER_REAL, 1.0)
+try:
+    s.recv(10)
+    raise SystemExit("data from nowhere")
+except Alarm:
+    pass
+print("signals ok")
+"#;
+
+#[test]
+fn signals_interrupt_blocking_calls() {
+    if !need_python() {
+        return;
+    }
+    let _g = serial();
+    let srv = Running::start("sig", 1);
+    let silent = tcp_silent();
+    let echo = tcp_echo();
+    let out = py(
+        SIGNALS,
+        Some(&srv.path),
+        &[silent.port().to_string(), echo.port().to_string()],
+    );
+    assert_eq!(out, "handler done\nsignals ok\n");
+}
+
+const THREADS: &str = r#"
+import socket, sys, threading
+port = int(sys.argv[1])
+errors = []
+def worker(i):
+    try:
+        s = socket.create_connection(("127.0.0.1", port))
+        for j in range(50):
+            msg = b"%d-%d " % (i, j) * 100
+            s.sendall(msg)
+            got = b""
+            while len(got) < len(msg):
+                got += s.recv(65536)
+            assert got == msg
+        s.close()
+    except Exception as e:
+        errors.append(e)
+ts = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+for t in ts: t.start()
+for t in ts: t.join()
+assert not errors, errors
+# One socket, a reader thread blocked in recv while the main thread sends.
+s = socket.create_connection(("127.0.0.1", port))
+got = []
+r = threading.Thread(target=lambda: got.append(s.recv(5)))
+r.start()
+s.sendall(b"cross")
+r.join(10)
+assert got == [b"cross"], got
+print("threads ok")
+"#;
+
+#[test]
+fn many_threads_many_channels() {
+    if !need_python() {
+        return;
+    }
+    let _g = serial();
+    let srv = Running::start("thr", 1);
+    let echo = tcp_echo();
+    assert_eq!(
+        py(THREADS, Some(&srv.path), &[echo.port().to_string()]),
+        "threads ok\n"
+    );
+    let stats = srv.stop();
+    assert!(
+        stats.channels.len() >= 9,
+        "one channel per thread: {}",
+        stats.channels.len()
+    );
+}
+
+#[test]
+fn batched_doorbells_still_deliver() {
+    if !need_python() {
+        return;
+    }
+    let _g = serial();
+    let srv = Running::start("batch", 16);
+    let echo = tcp_echo();
+    assert_eq!(
+        py(TCP_ECHO, Some(&srv.path), &[echo.port().to_string()]),
+        "tcp ok\n"
+    );
+    assert_eq!(
+        py(THREADS, Some(&srv.path), &[echo.port().to_string()]),
+        "threads ok\n"
+    );
+}
+
+const SENDFILE: &str = r#"
+import os, socket, sys, tempfile
+port = int(sys.argv[1])
+data = os.urandom(300000)
+with tempfile.TemporaryFile() as f:
+    f.write(data); f.flush(); f.seek(0)
+    s = socket.create_connection(("127.0.0.1", port))
+    n = os.sendfile(s.fileno(), f.fileno(), 1000, len(data))
+    assert n > 0
+    total = n
+    while total < len(data) - 1000:
+        total += os.sendfile(s.fileno(), f.fileno(), 1000 + total, len(data))
+    got = b""
+    while len(got) < len(data) - 1000:
+        got += s.recv(65536)
+    assert got == data[1000:]
+print("sendfile ok")
+"#;
+
+#[test]
+fn sendfile_from_a_file() {
+    if !need_python() {
+        return;
+    }
+    let _g = serial();
+    let srv = Running::start("sf", 1);
+    let echo = tcp_echo();
+    assert_eq!(
+        py(SENDFILE, Some(&srv.path), &[echo.port().to_string()]),
+        "sendfile ok\n"
+    );
+}
+
+#[test]
+fn curl_fetches_through_the_server() {
+    if !have("curl") {
+        eprintln!("skipped: no curl");
+        return;
+    }
+    let _g = serial();
+    let srv = Running::start("curl", 1);
+    let web = http("hello through ferry\n");
+    let mut c = shimmed("curl", Some(&srv.path));
+    c.args([
+        "-sS",
+        "--max-time",
+        "10",
+        &format!("http://127.0.0.1:{}/x", web.port()),
+    ]);
+    let out = run(c, Duration::from_secs(20));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "hello through ferry\n"
+    );
+    let stats = srv.stop();
+    assert!(
+        !stats.sockets.is_empty(),
+        "curl's socket went through ferry: {stats:?}"
+    );
+}
+
+const SERVER_DIES: &str = r#"
+import errno, socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+print("connected", flush=True)
+t0 = time.monotonic()
+try:
+    s.recv(10)
+    print("no error")
+except OSError as e:
+    print(errno.errorcode[e.errno])
+assert time.monotonic() - t0 < 10
+"#;
+
+#[test]
+fn a_dead_server_fails_calls_instead_of_hanging() {
+    if !need_python() {
+        return;
+    }
+    let _g = serial();
+    let srv = Running::start("death", 1);
+    let silent = tcp_silent();
+    let mut c = shimmed(python().unwrap(), Some(&srv.path));
+    c.arg("-c").arg(SERVER_DIES).arg(silent.port().to_string());
+    let child = c
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    let t0 = Instant::now();
+    srv.stop();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        stdout,
+        "connected\nECONNRESET\n",
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5));
+}
+
+/// Compiles one of `tests/c/*.c` with the system C compiler (`None` if there is none).
+fn compile_c(name: &str) -> Option<std::path::PathBuf> {
+    if !have("cc") {
+        eprintln!("skipped: no C compiler");
+        return None;
+    }
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c")
+        .join(format!("{name}.c"));
+    let out = std::env::temp_dir().join(format!("ferry-preload-{name}-{}", std::process::id()));
+    let st = std::process::Command::new("cc")
+        .args(["-O1", "-Wall", "-pthread", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(st.success(), "cc {}", src.display());
+    Some(out)
+}
+
+/// A kernel TCP server on 127.0.0.1 that closes every connection at once.
+fn tcp_closing() -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for c in l.incoming().flatten() {
+            drop(c);
+        }
+    });
+    addr
+}
+
+#[test]
+fn c_signal_semantics() {
+    let Some(prog) = compile_c("signals") else {
+        return;
+    };
+    let _g = serial();
+    let srv = Running::start("csig", 1);
+    let (silent, echo, closing) = (tcp_silent(), tcp_echo(), tcp_closing());
+    let mut c = shimmed(&prog, Some(&srv.path));
+    c.args([silent.port(), echo.port(), closing.port()].map(|p| p.to_string()));
+    let out = run(c, Duration::from_secs(30));
+    let _ = std::fs::remove_file(&prog);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout,
+        "eintr yes nested yes\nrestart yes handler 1\nbroken yes nosignal-quiet yes\nsigpipe yes\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Development aid: `FERRY_DEBUG_SCRIPT=path cargo test -p ferry-preload --test e2e
+/// debug_script -- --ignored --nocapture` runs a Python script under the shim with a
+/// server and an echo port (argv[1]).
+#[test]
+#[ignore]
+fn debug_script() {
+    let path = std::env::var("FERRY_DEBUG_SCRIPT").expect("FERRY_DEBUG_SCRIPT");
+    let script = std::fs::read_to_string(path).unwrap();
+    let _g = serial();
+    let srv = Running::start("debug", 1);
+    let echo = tcp_echo();
+    let mut c = shimmed(python().unwrap(), Some(&srv.path));
+    c.arg("-c").arg(&script).arg(echo.port().to_string());
+    let out = run(c, Duration::from_secs(60));
+    println!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{:#?}", srv.stop());
+}

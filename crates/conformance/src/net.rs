@@ -231,6 +231,17 @@ pub fn udp_bound(family: c_int) -> Result<(Fd, Addr), String> {
     Ok((fd, addr))
 }
 
+/// Makes and closes a connected TCP pair and a UDP socket, so that whatever a socket
+/// layer sets up once per process (a shim's channel to its server, with a few fds of its
+/// own) exists before a case starts counting fds or lowering `RLIMIT_NOFILE`. Those
+/// cases are about per-socket fds, not one-time set-up.
+pub fn warm_up() -> Result<(), String> {
+    let pair = tcp_pair(libc::AF_INET)?;
+    let udp = udp_socket(libc::AF_INET6).ctx("socket")?;
+    drop((pair, udp));
+    Ok(())
+}
+
 /// A loopback address with a port that had a socket a moment ago and has none now.
 pub fn closed_port(family: c_int) -> Result<Addr, String> {
     let (_l, addr) = listener(family)?;

@@ -154,39 +154,38 @@ pub fn gettid() -> pid_t {
     unsafe { libc::gettid() }
 }
 
-/// Waits (up to 2 s) until thread `tid` of this process is asleep (`S` in its stat),
-/// i.e. it has entered the blocking call the caller is about to disturb.
-pub fn wait_until_asleep(tid: pid_t) -> bool {
-    sleep_then_check(tid, "/proc/self/task")
+/// Gives thread `tid` of this process time to enter the blocking call the caller is
+/// about to disturb: returns once the thread is asleep (`S` in its stat, twice 20 ms
+/// apart), or after 1 s regardless. The second case covers an implementation that
+/// waits by spinning in user space: the thread is in the call all the same, and how it
+/// waits is not what the cases compare.
+pub fn settle_blocked(tid: pid_t) {
+    settle(tid, "/proc/self/task");
 }
 
-/// Like [`wait_until_asleep`] for another process.
-pub fn wait_until_process_asleep(pid: pid_t) -> bool {
-    sleep_then_check(pid, "/proc")
+/// Like [`settle_blocked`] for another process.
+pub fn settle_blocked_process(pid: pid_t) {
+    settle(pid, "/proc");
 }
 
-fn sleep_then_check(id: pid_t, dir: &str) -> bool {
+fn settle(id: pid_t, dir: &str) {
     let path = format!("{dir}/{id}/stat");
-    for _ in 0..400 {
-        crate::sys::sleep_ms(5);
-        let Ok(stat) = std::fs::read_to_string(&path) else {
-            return false;
-        };
-        // The state follows the parenthesised command name, which may contain spaces.
-        let state = stat
-            .rsplit_once(") ")
-            .and_then(|(_, rest)| rest.chars().next());
-        if state == Some('S') {
+    // The state follows the parenthesised command name, which may contain spaces.
+    let asleep = || {
+        std::fs::read_to_string(&path).is_ok_and(|stat| {
+            stat.rsplit_once(") ")
+                .and_then(|(_, rest)| rest.chars().next())
+                == Some('S')
+        })
+    };
+    for _ in 0..50 {
+        crate::sys::sleep_ms(20);
+        if asleep() {
             // Settle: the thread may sleep briefly before the call itself (a lock).
             crate::sys::sleep_ms(20);
-            let again = std::fs::read_to_string(&path).unwrap_or_default();
-            let state = again
-                .rsplit_once(") ")
-                .and_then(|(_, rest)| rest.chars().next());
-            if state == Some('S') {
-                return true;
+            if asleep() {
+                return;
             }
         }
     }
-    false
 }

@@ -5,6 +5,7 @@
 #![deny(unsafe_code)]
 
 mod args;
+mod bench;
 mod demo;
 mod run;
 
@@ -29,6 +30,9 @@ enum Command {
     /// Show ferry at work: a remote host, the same client natively and through ferry,
     /// and ferry's counters (needs root for the remote namespace).
     Demo(demo::DemoArgs),
+    /// Measure ferry against native sockets and its peers (slirp4netns, pasta) on a
+    /// remote namespace: experiments E1–E4 and R1, with CSV, plots and a report (root).
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -36,6 +40,7 @@ fn main() -> ExitCode {
     let code = match cli.command {
         Command::Run(a) => run::main(a),
         Command::Demo(a) => demo::main(a),
+        Command::Bench(a) => bench::main(a),
     };
     ExitCode::from(code.clamp(0, 255) as u8)
 }

@@ -148,12 +148,6 @@ pub unsafe fn recv(s: Sock, cur: &mut IoCursor, flags: c_int) -> Res<Got> {
             && flags & libc::MSG_PEEK == 0;
         let wire = flags & (libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_OOB);
         let w = Wait::after(TABLE.timeouts(s.fd).0, Errno::EAGAIN);
-        crate::log::line(format_args!(
-            "DEBUG recv fd {} flags {:x} timeouts {:?}",
-            s.fd,
-            s.flags,
-            TABLE.timeouts(s.fd)
-        ));
         loop {
             let mut req = Req::new(Op::Recv, s.id);
             if nonblock {

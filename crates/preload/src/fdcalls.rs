@@ -11,12 +11,12 @@ use libc::{
     FILE, epoll_event, fd_set, iovec, nfds_t, pollfd, sigset_t, size_t, ssize_t, timespec, timeval,
 };
 
-use crate::errno::Errno;
+use crate::errno::{Errno, set_errno};
 use crate::exports::{boundary, recv_one};
 use crate::fdtable::{Entry, F_NONBLOCK, Sock, TABLE};
 use crate::ident::{after_fcntl, lookup};
 use crate::iov::IoCursor;
-use crate::{config, data, ops, real};
+use crate::{config, data, ops, real, tls};
 
 /// `close_range` flag: mark close-on-exec instead of closing.
 const CLOSE_RANGE_CLOEXEC: c_int = 1 << 2;
@@ -113,9 +113,16 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_
 /// C contract of `close(2)`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    // The entry goes before the descriptor: once closed, its number may be reused at once.
-    if config::active() && matches!(TABLE.clear(fd), Entry::Ferry(_)) {
-        ops::flush();
+    if config::active() {
+        if tls::is_shim_fd(fd) {
+            // Not the program's descriptor: for the program it is not open.
+            set_errno(libc::EBADF);
+            return -1;
+        }
+        // The entry goes before the descriptor: once closed, the number may be reused.
+        if matches!(TABLE.clear(fd), Entry::Ferry(_)) {
+            ops::flush();
+        }
     }
     // SAFETY: forwarded to libc.
     unsafe { real::close(fd) }
@@ -125,12 +132,22 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 /// C contract of `close_range(2)`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
-    if config::active() && flags & CLOSE_RANGE_CLOEXEC == 0 && first <= last {
+    if !config::active() || first > last {
+        // SAFETY: forwarded to libc.
+        return unsafe { real::close_range(first, last, flags) };
+    }
+    if flags & CLOSE_RANGE_CLOEXEC == 0 {
         ops::flush();
         TABLE.clear_range(first, last);
     }
-    // SAFETY: forwarded to libc.
-    unsafe { real::close_range(first, last, flags) }
+    let mut r = 0;
+    tls::around_shim_fds(first, last, |lo, hi| {
+        // SAFETY: forwarded to libc, minus the shim's own descriptors.
+        if unsafe { real::close_range(lo, hi, flags) } != 0 {
+            r = -1;
+        }
+    });
+    r
 }
 
 /// # Safety
@@ -140,6 +157,12 @@ pub unsafe extern "C" fn closefrom(lowfd: c_int) {
     if config::active() && lowfd >= 0 {
         ops::flush();
         TABLE.clear_range(lowfd as c_uint, c_uint::MAX);
+        if tls::shim_fds().any(|f| f >= lowfd) {
+            tls::around_shim_fds(lowfd as c_uint, c_uint::MAX, |lo, hi| {
+                let _ = crate::sys::close_range(lo, hi, 0);
+            });
+            return;
+        }
     }
     // SAFETY: forwarded to libc.
     unsafe { real::closefrom(lowfd) }

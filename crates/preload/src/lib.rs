@@ -51,6 +51,9 @@ pub mod tls;
 /// socket call (possibly in a signal handler) need not.
 extern "C" fn ferry_preload_init() {
     config::init();
+    if config::active() {
+        tls::install_hooks();
+    }
 }
 
 #[used]

@@ -4,6 +4,7 @@
 
 use std::ffi::{c_int, c_void};
 use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use ferry_proto::{Ctl, CtlKind, Op, REQ_NONBLOCK, Req};
 use libc::{sockaddr, socklen_t};
@@ -386,26 +387,43 @@ pub unsafe fn getsockopt(
 
 /// Asks for readiness tokens on sockets about to be polled (first time each), then rings
 /// the doorbell.
+///
+/// Called on the way to libc's `poll`/`select`/`epoll_*`, outside [`crate::exports::boundary`]:
+/// it catches panics itself and never fails (a socket without tokens is simply never
+/// reported readable, which the log says).
 pub fn want_tokens(socks: &[Sock]) {
-    let r = with_channel(|ch| {
-        for s in socks {
-            ch.push(&Req::new(Op::WantToken, s.id))?;
-            TABLE.update(s.fd, F_WANT, 0);
-        }
-        ch.flush();
-        Ok(())
-    });
-    if let Err(e) = r {
-        log::once(
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        with_channel(|ch| {
+            for s in socks {
+                ch.push(&Req::new(Op::WantToken, s.id))?;
+                TABLE.update(s.fd, F_WANT, 0);
+            }
+            ch.flush();
+            Ok(())
+        })
+    }));
+    match r {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => log::once(
             Once::Internal,
             format_args!("cannot ask for readiness tokens: errno {}", e.0),
-        );
+        ),
+        Err(_) => log::once(
+            Once::Panic,
+            format_args!("internal error (panic) asking for readiness tokens"),
+        ),
     }
 }
 
 /// Rings this thread's doorbell if records wait for it (before a call that may block).
+/// Never fails, never panics (it runs outside the boundary too).
 pub fn flush() {
-    with_open_channel(Channel::flush);
+    if catch_unwind(|| with_open_channel(Channel::flush)).is_err() {
+        log::once(
+            Once::Panic,
+            format_args!("internal error (panic) ringing the doorbell"),
+        );
+    }
 }
 
 #[cfg(test)]

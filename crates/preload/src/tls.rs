@@ -28,7 +28,7 @@
 use std::cell::{Cell, UnsafeCell};
 use std::os::fd::RawFd;
 use std::sync::Once;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, compiler_fence};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering, compiler_fence};
 
 use crate::chan::Channel;
 use crate::errno::{Errno, Res};
@@ -180,13 +180,64 @@ fn unpack(w: u64) -> [RawFd; 3] {
     [0, 1, 2].map(|i| ((w >> (FD_BITS * i)) & FD_MASK) as RawFd - 1)
 }
 
+/// No registered descriptor is below this (a cheap first test in `close`).
+static LOWEST: AtomicI32 = AtomicI32::new(i32::MAX);
+
 /// Records a channel's descriptors; returns its registry slot (`None` if full).
 pub fn register(ctl: RawFd, memfd: RawFd, bell: RawFd) -> Option<usize> {
     let w = pack([ctl, memfd, bell])?;
+    LOWEST.fetch_min(ctl.min(memfd).min(bell), Ordering::AcqRel);
     REGISTRY.iter().position(|s| {
         s.compare_exchange(0, w, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
     })
+}
+
+/// Whether `fd` is one of the shim's own descriptors (the program must not close them:
+/// for the program they do not exist).
+#[inline]
+pub fn is_shim_fd(fd: RawFd) -> bool {
+    fd >= LOWEST.load(Ordering::Acquire) && shim_fds().any(|f| f == fd)
+}
+
+/// The shim's registered descriptors.
+pub fn shim_fds() -> impl Iterator<Item = RawFd> {
+    REGISTRY
+        .iter()
+        .map(|s| s.load(Ordering::Acquire))
+        .filter(|&w| w != 0)
+        .flat_map(unpack)
+}
+
+/// Calls `f(lo, hi)` for each part of `first..=last` that holds none of the shim's own
+/// descriptors (`close_range`/`closefrom` must not close them).
+pub fn around_shim_fds(first: u32, last: u32, mut f: impl FnMut(u32, u32)) {
+    let mut mine: [u32; 3 * 256] = [0; 3 * 256];
+    let mut n = 0;
+    if i64::from(last) >= i64::from(LOWEST.load(Ordering::Acquire)) {
+        for fd in shim_fds() {
+            let fd = fd as u32;
+            if (first..=last).contains(&fd) && n < mine.len() {
+                mine[n] = fd;
+                n += 1;
+            }
+        }
+    }
+    let mine = &mut mine[..n];
+    mine.sort_unstable();
+    let mut lo = first;
+    for &fd in mine.iter() {
+        if fd > lo {
+            f(lo, fd - 1);
+        }
+        if fd == u32::MAX {
+            return;
+        }
+        lo = fd + 1;
+    }
+    if lo <= last {
+        f(lo, last);
+    }
 }
 
 /// Forgets a registry slot (before its descriptors are closed).
@@ -243,6 +294,31 @@ mod tests {
         assert_eq!(pack([0, 0, 1 << 21]), None);
         assert_eq!(pack([-1, 0, 0]), None);
         assert_ne!(pack([0, 0, 0]), Some(0));
+    }
+
+    #[test]
+    fn ranges_skip_shim_descriptors() {
+        let slot = register(60_000, 60_002, 60_010).unwrap();
+        assert!(is_shim_fd(60_002) && !is_shim_fd(60_001));
+        let mut parts = Vec::new();
+        around_shim_fds(3, u32::MAX, |a, b| parts.push((a, b)));
+        // Other tests may register concurrently: check only around ours.
+        assert!(parts.iter().any(|&(a, b)| a <= 59_999 && b == 59_999));
+        assert!(parts.contains(&(60_001, 60_001)));
+        assert!(parts.iter().any(|&(a, _)| a == 60_011));
+        let ours = [60_000, 60_002, 60_010];
+        assert!(
+            parts
+                .iter()
+                .all(|&(a, b)| ours.iter().all(|f| !(a..=b).contains(f)))
+        );
+        let mut parts = Vec::new();
+        around_shim_fds(60_000, 60_000, |a, b| parts.push((a, b)));
+        assert!(parts.is_empty());
+        let mut parts = Vec::new();
+        around_shim_fds(5, 9, |a, b| parts.push((a, b)));
+        assert_eq!(parts, [(5, 9)]);
+        unregister(slot);
     }
 
     #[test]

@@ -135,7 +135,7 @@ fn pingpong_section(quick: bool, out: &mut Report) {
         let n = match (quick, m.policy.span.is_zero()) {
             (true, true) => 2_000,
             (true, false) => 20_000,
-            (false, true) => 20_000,
+            (false, true) => 100_000,
             (false, false) => 200_000,
         };
         pingpong(m, n, out);

@@ -153,32 +153,31 @@ impl<T: Pod> Consumer<T> {
     /// channel is closed (flag cleared again).
     pub fn arm_sleep(&mut self) -> Result<bool, Error> {
         self.release();
-        let ctl = self.region.ring_ctl(self.side.peer());
-        let cell = &ctl.cons_wait.0;
-        cell.sleeping
-            .store(SLEEP_DOORBELL, crate::sync::Ordering::Relaxed);
-        // Dekker [F1] as in `wait::sleep_once`: the flag must be visible before we
-        // re-read the tail; pairs with the producer's fence in `notify`.
-        crate::sync::fence(crate::sync::Ordering::SeqCst);
-        let ready = self
-            .idx
-            .available(ctl)
-            .map(|n| n > 0 || self.region.any_closed());
-        if !matches!(ready, Ok(false)) {
-            cell.sleeping.store(AWAKE, crate::sync::Ordering::Relaxed);
-            return ready.map(|_| false);
+        let Consumer {
+            idx,
+            region,
+            side,
+            stats,
+            ..
+        } = self;
+        let ctl = region.ring_ctl(side.peer());
+        let armed = wait::announce(&ctl.cons_wait.0, SLEEP_DOORBELL, &mut || {
+            if idx.available(ctl)? > 0 {
+                Ok(Some(WaitResult::Ready))
+            } else {
+                Ok(region.any_closed().then_some(WaitResult::PeerClosed))
+            }
+        })?
+        .is_none();
+        if armed {
+            stats.sleeps += 1;
         }
-        self.stats.sleeps += 1;
-        Ok(true)
+        Ok(armed)
     }
 
     /// Clear the sleeping flag after waking (from epoll or otherwise).
     pub fn disarm(&mut self) {
-        let ctl = self.region.ring_ctl(self.side.peer());
-        ctl.cons_wait
-            .0
-            .sleeping
-            .store(AWAKE, crate::sync::Ordering::Relaxed);
+        wait::disarm(&self.region.ring_ctl(self.side.peer()).cons_wait.0);
     }
 
     /// Counters of this consumer's waits and wakes.

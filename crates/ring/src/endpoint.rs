@@ -112,6 +112,16 @@ mod tests {
     }
 
     #[test]
+    fn thread_safety_markers() {
+        fn send<T: Send>() {}
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<Region>();
+        send_sync::<Buffers>();
+        send::<BufPool>();
+        send::<Endpoint<Rec, Rec>>();
+    }
+
+    #[test]
     fn batch_push_commit_pop_release_both_ways() {
         let (_r, mut a, mut b) = pair(8);
         assert_eq!(a.tx.capacity(), 8);

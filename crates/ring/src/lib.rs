@@ -78,6 +78,9 @@
 
 #![cfg_attr(loom, allow(dead_code, unused_imports))]
 
+#[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
+compile_error!("ferry-ring supports 64-bit Linux only (memfd seals, futex, 64-bit offsets)");
+
 pub use bytemuck::{Pod, Zeroable};
 
 mod error;

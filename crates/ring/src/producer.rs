@@ -158,7 +158,7 @@ impl<T: Pod> Producer<T> {
     }
 
     /// With a doorbell, `notify` writes 1 to this eventfd when the consumer armed it
-    /// ([`Consumer::arm_sleep`]) instead of futex-waking; `None` removes it.
+    /// ([`crate::Consumer::arm_sleep`]) instead of futex-waking; `None` removes it.
     pub fn set_doorbell(&mut self, efd: Option<OwnedFd>) {
         self.doorbell = efd.map(Arc::new);
         self.region.set_doorbell(self.side, self.doorbell.clone());

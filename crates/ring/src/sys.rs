@@ -1,7 +1,11 @@
 //! The system calls this crate makes, one small wrapper each: -1 becomes `io::Error`,
 //! and owned resources are RAII (`OwnedFd`, [`Mmap`]).
+//!
+//! Every call enters the kernel through `syscall(2)`, never the libc function of the same
+//! name: inside a sandboxed program this crate runs under ferry's shim, which replaces
+//! libc functions such as `write` and `fcntl`, and calling them by name would recurse into
+//! the shim.
 
-use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
@@ -9,7 +13,7 @@ use std::time::Duration;
 
 use crate::sync::AtomicU32;
 
-fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
     if ret == -1 {
         Err(io::Error::last_os_error())
     } else {
@@ -19,43 +23,44 @@ fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
 
 /// `memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING)`.
 pub(crate) fn memfd_create(name: &str) -> io::Result<OwnedFd> {
-    let name = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let name =
+        std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
     // SAFETY: `name` is a valid NUL-terminated string that outlives the call.
-    let fd = check(unsafe { libc::memfd_create(name.as_ptr(), flags) })?;
+    let fd = check(unsafe { libc::syscall(libc::SYS_memfd_create, name.as_ptr(), flags) })?;
     // SAFETY: memfd_create returned a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
 }
 
 /// `ftruncate(fd, len)`.
 pub(crate) fn ftruncate(fd: BorrowedFd<'_>, len: usize) -> io::Result<()> {
     let len =
         libc::off_t::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // SAFETY: plain syscall on a descriptor we borrow; no memory is passed.
-    check(unsafe { libc::ftruncate(fd.as_raw_fd(), len) })?;
+    // SAFETY: no memory is passed; the descriptor is borrowed, so it is open.
+    check(unsafe { libc::syscall(libc::SYS_ftruncate, fd.as_raw_fd(), len) })?;
     Ok(())
 }
 
 /// `fcntl(fd, F_ADD_SEALS, seals)`.
 pub(crate) fn add_seals(fd: BorrowedFd<'_>, seals: libc::c_int) -> io::Result<()> {
-    // SAFETY: plain syscall on a descriptor we borrow; no memory is passed.
-    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) })?;
+    // SAFETY: no memory is passed; the descriptor is borrowed, so it is open.
+    check(unsafe { libc::syscall(libc::SYS_fcntl, fd.as_raw_fd(), libc::F_ADD_SEALS, seals) })?;
     Ok(())
 }
 
 /// `fcntl(fd, F_GET_SEALS)`.
 pub(crate) fn seals(fd: BorrowedFd<'_>) -> io::Result<u32> {
-    // SAFETY: plain syscall on a descriptor we borrow; no memory is passed.
-    let s = check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) })?;
+    // SAFETY: no memory is passed; the descriptor is borrowed, so it is open.
+    let s = check(unsafe { libc::syscall(libc::SYS_fcntl, fd.as_raw_fd(), libc::F_GET_SEALS) })?;
     Ok(s as u32)
 }
 
 /// `fstat(fd)`: (size, device, inode).
 pub(crate) fn fstat(fd: BorrowedFd<'_>) -> io::Result<(u64, u64, u64)> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-    // SAFETY: `st` is valid for writes of one `stat`, which fstat fills on success.
-    check(unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) })?;
-    // SAFETY: fstat returned 0, so it initialised `st`.
+    // SAFETY: `st` is valid for writes of one `struct stat`, which the kernel fills.
+    check(unsafe { libc::syscall(libc::SYS_fstat, fd.as_raw_fd(), st.as_mut_ptr()) })?;
+    // SAFETY: fstat succeeded, so the kernel initialised `st`.
     let st = unsafe { st.assume_init() };
     Ok((st.st_size as u64, st.st_dev, st.st_ino))
 }
@@ -65,15 +70,11 @@ pub(crate) fn fstat(fd: BorrowedFd<'_>) -> io::Result<(u64, u64, u64)> {
 pub(crate) fn eventfd_ring(fd: BorrowedFd<'_>) -> io::Result<()> {
     let one: u64 = 1;
     // SAFETY: the buffer is 8 readable bytes that outlive the call.
-    let n = unsafe { libc::write(fd.as_raw_fd(), (&raw const one).cast(), 8) };
-    if n == 8 {
-        return Ok(());
-    }
-    let e = io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::EAGAIN) {
-        Ok(())
-    } else {
-        Err(e)
+    let r = unsafe { libc::syscall(libc::SYS_write, fd.as_raw_fd(), &raw const one, 8usize) };
+    match check(r) {
+        Ok(_) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
@@ -104,17 +105,14 @@ pub(crate) fn futex_wait(
             0u32,
         )
     };
-    if r == -1 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    check(r).map(drop)
 }
 
-/// `FUTEX_WAKE` of every waiter on `word` (not private). Errors are impossible for a
-/// valid address and are ignored.
+/// `FUTEX_WAKE` of every waiter on `word` (not private). It cannot fail for a valid
+/// address, so the result is ignored.
 pub(crate) fn futex_wake(word: &AtomicU32) {
-    // SAFETY: `word` is a live, aligned u32; FUTEX_WAKE does not access it.
+    // SAFETY: `word` is a live, aligned u32; FUTEX_WAKE does not dereference anything
+    // else.
     unsafe {
         libc::syscall(
             libc::SYS_futex,
@@ -146,20 +144,19 @@ impl Mmap {
     pub(crate) fn shared(fd: BorrowedFd<'_>, len: usize) -> io::Result<Mmap> {
         // SAFETY: asking for a fresh mapping (no fixed address) cannot alias existing
         // memory; the result is checked before use.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
+        let p = check(unsafe {
+            libc::syscall(
+                libc::SYS_mmap,
+                std::ptr::null_mut::<u8>(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 fd.as_raw_fd(),
-                0,
+                0 as libc::off_t,
             )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr = NonNull::new(p.cast()).ok_or_else(|| io::Error::from(io::ErrorKind::Other))?;
+        })?;
+        let ptr =
+            NonNull::new(p as *mut u8).ok_or_else(|| io::Error::from(io::ErrorKind::Other))?;
         Ok(Mmap { ptr, len })
     }
 
@@ -177,7 +174,7 @@ impl Drop for Mmap {
         // SAFETY: `ptr..ptr+len` is the mapping made in `shared`, unmapped only here;
         // every user holds the owner (`Region`) alive while it uses pointers into it.
         unsafe {
-            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+            libc::syscall(libc::SYS_munmap, self.ptr.as_ptr(), self.len);
         }
     }
 }

@@ -172,6 +172,30 @@ pub(crate) enum Slept {
     Parked(Parked),
 }
 
+/// The waiter's announcement: set the sleeping flag to `how`, fence, re-check. `Ok(None)`
+/// = armed (the flag stays set: block now, and [`disarm`] after waking); `Ok(Some(_))`
+/// or an error = settled at the re-check (the flag is cleared again).
+pub(crate) fn announce(
+    cell: &WaitCell,
+    how: u32,
+    check: &mut impl FnMut() -> Result<Option<WaitResult>, Error>,
+) -> Result<Option<WaitResult>, Error> {
+    cell.sleeping.store(how, Ordering::Relaxed);
+    // [F1] Dekker: the flag store must be visible before we re-read the peer's index;
+    // pairs with [F2] in `sleeper`. Either the waker sees our flag or we see its index.
+    fence(Ordering::SeqCst);
+    let settled = check();
+    if !matches!(settled, Ok(None)) {
+        disarm(cell);
+    }
+    settled
+}
+
+/// Clear the sleeping flag (awake again).
+pub(crate) fn disarm(cell: &WaitCell) {
+    cell.sleeping.store(AWAKE, Ordering::Relaxed);
+}
+
 /// The waiter's half: announce, fence, re-check, block. `check` returns `Some` when the
 /// wait is over (ready or closed).
 pub(crate) fn sleep_once<P: Park>(
@@ -180,19 +204,14 @@ pub(crate) fn sleep_once<P: Park>(
     timeout: Option<Duration>,
     check: &mut impl FnMut() -> Result<Option<WaitResult>, Error>,
 ) -> Result<Slept, Error> {
-    // Read the futex word before announcing: a wake after this point changes it.
+    // Read the futex word before announcing: a wake after this point changes it, so
+    // `park` returns at once instead of missing it.
     let seq = cell.seq.load(Ordering::Acquire);
-    cell.sleeping.store(SLEEP_FUTEX, Ordering::Relaxed);
-    // [F1] Dekker: the flag store must be visible before we re-read the peer's index;
-    // pairs with [F2] in `sleeper`. Either the waker sees our flag or we see its index.
-    fence(Ordering::SeqCst);
-    let settled = check();
-    if !matches!(settled, Ok(None)) {
-        cell.sleeping.store(AWAKE, Ordering::Relaxed);
-        return settled.map(|r| Slept::Settled(r.unwrap_or(WaitResult::Ready)));
+    if let Some(r) = announce(cell, SLEEP_FUTEX, check)? {
+        return Ok(Slept::Settled(r));
     }
     let parked = park.park(&cell.seq, seq, timeout);
-    cell.sleeping.store(AWAKE, Ordering::Relaxed);
+    disarm(cell);
     parked.map(Slept::Parked)
 }
 

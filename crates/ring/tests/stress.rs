@@ -21,8 +21,11 @@ fn records(n: u64, slots: u32, policy: SpinPolicy) {
     let a = t.join().unwrap();
     let (tx, rx) = (a.tx.stats(), b.rx.stats());
     eprintln!("records {n}: producer {tx:?}\n  consumer {rx:?}");
-    // Every sleep of the consumer was ended by a wake (or a spare futex return).
     assert!(tx.wakes_sent + tx.wakes_avoided > 0);
+    if policy == SLEEPY {
+        assert!(tx.sleeps + rx.sleeps > 0, "the futex path was exercised");
+        assert!(tx.wakes_sent + b.tx.stats().wakes_sent + rx.wakes_sent > 0);
+    }
 }
 
 fn buffers(n: u64, policy: SpinPolicy) {

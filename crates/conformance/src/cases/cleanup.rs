@@ -9,7 +9,7 @@ use crate::net::{
     Addr, accept, bind, connect, listen, listener, recv_text, send, tcp_pair, tcp_socket,
     udp_socket,
 };
-use crate::proc::{Child, fork_with, wait_until_process_asleep};
+use crate::proc::{Child, fork_with, settle_blocked_process};
 use crate::sys::{Ctx, fd_count, show, zeroed};
 
 pub const CASES: &[Case] = &[
@@ -30,6 +30,7 @@ pub const CASES: &[Case] = &[
 ];
 
 fn open_close_2000_no_leak() -> Res {
+    crate::net::warm_up()?;
     let before = fd_count()?;
     let mut ok = 0;
     for i in 0..2000 {
@@ -59,6 +60,7 @@ fn open_close_2000_no_leak() -> Res {
 
 /// Lowers the soft `RLIMIT_NOFILE` to `limit`; returns how many fds below it are free.
 fn lower_nofile(limit: u64) -> Result<usize, String> {
+    crate::net::warm_up()?;
     let free = (0..limit as c_int)
         .filter(|&fd| sys!(libc::fcntl(fd, libc::F_GETFD)).is_err())
         .count();
@@ -169,11 +171,11 @@ fn killed_child_peer_eof() -> Res {
     })?;
     let a = accept(l.raw()).ctx("accept")?;
     let hi = recv_text(a.raw(), 4, 0);
-    let asleep = wait_until_process_asleep(child.pid());
+    settle_blocked_process(child.pid());
     unsafe { libc::kill(child.pid(), libc::SIGKILL) };
     let status = child.wait();
     Ok(format!(
-        "got={hi} child_blocked={asleep} child={status} then={}",
+        "got={hi} child={status} then={}",
         recv_text(a.raw(), 4, 0)
     ))
 }

@@ -11,7 +11,7 @@ use crate::flags::socktype_name;
 use crate::net::{
     accept, connect, get_int, listener, local_addr, recv, recv_text, send, tcp_pair, tcp_socket,
 };
-use crate::proc::{fork_with, gettid, wait_until_asleep};
+use crate::proc::{fork_with, gettid, settle_blocked};
 use crate::sys::{
     Ctx, Errno, Fd, cloexec_state, dev_null, lowest_free_fd, nonblock_state, pipe, set_nonblocking,
     show, zeroed,
@@ -318,9 +318,7 @@ fn blocked_reader(fd: c_int) -> Result<mpsc::Receiver<String>, String> {
         let _ = res_tx.send(format!("recv={first} next={second}"));
     });
     let tid = tid_rx.recv().map_err(|e| e.to_string())?;
-    if !wait_until_asleep(tid) {
-        return Err("reader never blocked".into());
-    }
+    settle_blocked(tid);
     Ok(res_rx)
 }
 

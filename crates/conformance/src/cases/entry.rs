@@ -87,9 +87,8 @@ fn accept_peer_addr() -> Res {
     let c = tcp_socket(libc::AF_INET).ctx("socket")?;
     crate::net::connect(c.raw(), &addr).ctx("connect")?;
     let mut peer = Addr::empty();
-    let a = Fd::new(sys!(libc::accept(l.raw(), peer.ptr_mut(), peer.len_mut())).ctx("accept")?);
+    let _a = Fd::new(sys!(libc::accept(l.raw(), peer.ptr_mut(), peer.len_mut())).ctx("accept")?);
     let client_port = local_addr(c.raw()).ctx("getsockname")?.port();
-    let _ = a;
     Ok(format!(
         "peer={} len={} is_client={}",
         peer.describe(),

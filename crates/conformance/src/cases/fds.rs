@@ -29,9 +29,10 @@ fn socket_gets_lowest_free() -> Res {
     let tcp = tcp_socket(libc::AF_INET).ctx("socket")?;
     let udp = udp_socket(libc::AF_INET6).ctx("socket")?;
     Ok(format!(
-        "tcp=lowest:{} udp6=next:{}",
+        "tcp=lowest:{} udp6=next:{} below_FD_SETSIZE={}",
         tcp.raw() == expect,
-        udp.raw() == expect + 1
+        udp.raw() == expect + 1,
+        (udp.raw() as usize) < libc::FD_SETSIZE
     ))
 }
 
@@ -88,6 +89,7 @@ fn socket_in_stdin_slot() -> Res {
 }
 
 fn one_fd_per_socket() -> Res {
+    crate::net::warm_up()?;
     let before = fd_count()?;
     let (c, s) = tcp_pair(libc::AF_INET)?;
     let (l, _) = listener(libc::AF_INET6)?;

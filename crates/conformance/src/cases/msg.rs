@@ -189,6 +189,9 @@ fn recvmsg_ttl_tos() -> Res {
         }
     }
     found.sort();
+    if found.is_empty() {
+        found.push("no cmsgs".into());
+    }
     Ok(found.join(" "))
 }
 
@@ -216,6 +219,9 @@ fn recvmsg_ipv6_pktinfo() -> Res {
         }
     }
     found.sort();
+    if found.is_empty() {
+        found.push("no cmsgs".into());
+    }
     Ok(format!("from={} {}", m.from.describe(), found.join(" ")))
 }
 

@@ -13,7 +13,7 @@ use super::{Case, Res};
 use crate::net::{
     accept, connect, listener, recv, recv_exact, recv_text, send, send_all, tcp_pair, tcp_socket,
 };
-use crate::proc::{gettid, wait_until_asleep};
+use crate::proc::{gettid, settle_blocked};
 use crate::sys::{Ctx, fd_count, pipe, show};
 
 pub const CASES: &[Case] = &[
@@ -90,11 +90,11 @@ fn recv_blocked_while_other_sends() -> Res {
         recv_text(cfd, 64, 0)
     });
     let tid = rx.recv().map_err(|e| e.to_string())?;
-    let asleep = wait_until_asleep(tid);
+    settle_blocked(tid);
     let sent = show(send(cfd, b"ping-from-main", 0));
     let got = join(reader)?;
     Ok(format!(
-        "reader_blocked={asleep} send={sent} reader_got={got} echo_ok={}",
+        "send={sent} reader_got={got} echo_ok={}",
         join(echo)?
     ))
 }
@@ -179,6 +179,7 @@ fn concurrent_accept() -> Res {
 }
 
 fn open_close_in_threads() -> Res {
+    crate::net::warm_up()?;
     let before = fd_count()?;
     let workers: Vec<_> = (0..8)
         .map(|i| {
@@ -269,12 +270,9 @@ fn epoll_wait_in_thread_wakes() -> Res {
         ep.show(4, 3000)
     });
     let tid = rx.recv().map_err(|e| e.to_string())?;
-    let asleep = wait_until_asleep(tid);
+    settle_blocked(tid);
     send(c.raw(), b"wake", 0).ctx("send")?;
-    Ok(format!(
-        "waiter_blocked={asleep} waiter_saw: {}",
-        join(waiter)?
-    ))
+    Ok(format!("waiter_saw: {}", join(waiter)?))
 }
 
 fn poll_in_thread_kernel_fd_wakes() -> Res {
@@ -304,10 +302,7 @@ fn poll_in_thread_kernel_fd_wakes() -> Res {
         )
     });
     let tid = rx.recv().map_err(|e| e.to_string())?;
-    let asleep = wait_until_asleep(tid);
+    settle_blocked(tid);
     sys!(libc::write(pw.raw(), b"w".as_ptr().cast(), 1)).ctx("write")?;
-    Ok(format!(
-        "waiter_blocked={asleep} waiter_saw: {}",
-        join(waiter)?
-    ))
+    Ok(format!("waiter_saw: {}", join(waiter)?))
 }

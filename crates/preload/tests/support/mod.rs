@@ -10,13 +10,22 @@ use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-/// `target/<profile>/libferry_preload.so`, next to the `deps` folder of this test.
+/// The built shim: `target/<profile>/deps/libferry_preload.so` (what `cargo test`
+/// builds, beside this test's executable) or `target/<profile>/libferry_preload.so`
+/// (what `cargo build` leaves), whichever is newer.
 pub fn shim() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    let so = dir.join("libferry_preload.so");
-    assert!(so.exists(), "{} not built", so.display());
-    so
+    let deps = exe.parent().unwrap();
+    let candidates = [
+        deps.join("libferry_preload.so"),
+        deps.parent().unwrap().join("libferry_preload.so"),
+    ];
+    candidates
+        .into_iter()
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max()
+        .map(|(_, p)| p)
+        .expect("libferry_preload.so not built")
 }
 
 /// The real Python interpreter (not a version-manager wrapper script), if any.

@@ -1,0 +1,328 @@
+//! Configurations: where and how the *same* client binary runs. `native` (host
+//! namespace), `ferry` (`ferry run -- client`, with its knobs), `slirp4netns` (its own
+//! user+net namespace, `slirp4netns --configure --mtu=65520`), `pasta`
+//! (`pasta --config-net -- client`, as the unprivileged `ferrytest` user).
+//!
+//! Each configuration turns a client argv into a run; [`Config::check`] is the smoke
+//! check (reach redis on the remote, read the sandbox's MTU) that decides whether the
+//! configuration is used or skipped with a reason and the install command.
+
+use std::ffi::OsString;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::exec::{self, Daemon, ExecError, Interrupt, Outcome};
+use crate::parse::{self, FerryStats};
+use crate::topology::REDIS_PORT;
+
+/// The unprivileged user pasta runs as (created by scripts/install-deps.sh).
+pub const PASTA_USER: &str = "ferrytest";
+
+/// How a configuration runs its client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Plain kernel sockets in the host namespace.
+    Native,
+    /// `ferry run [--spin S] [--batch N] -- client`.
+    Ferry {
+        /// `--spin`, as given on ferry's command line (None: ferry's default).
+        spin: Option<String>,
+        /// `--batch` (None: ferry's default).
+        batch: Option<u32>,
+    },
+    /// User+net namespace with slirp4netns on a tap device.
+    Slirp,
+    /// `pasta --config-net`.
+    Pasta,
+}
+
+/// A named configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Name in tables, CSV and plots (`native`, `ferry`, `ferry-spin0`, …).
+    pub name: String,
+    /// How it runs.
+    pub kind: Kind,
+}
+
+/// What every configuration needs to run a client.
+#[derive(Debug)]
+pub struct Env {
+    /// The ferry binary (`ferry run`).
+    pub ferry: PathBuf,
+    /// Directory for per-run files (ferry's counters).
+    pub runs_dir: PathBuf,
+    /// Ctrl-C flag.
+    pub stop: Interrupt,
+}
+
+/// One finished run: the client's outcome and, under ferry, the server's counters.
+#[derive(Debug)]
+pub struct RunOut {
+    /// Exit, output, time.
+    pub outcome: Outcome,
+    /// `--stats-json` of the ferry server (ferry configurations only).
+    pub stats: Option<FerryStats>,
+}
+
+/// A configuration that passed its smoke check, with the MTU its sandbox sees.
+#[derive(Clone, Debug)]
+pub struct Ready {
+    /// The configuration.
+    pub config: Config,
+    /// The MTU on the client's path, in words (e.g. "tap0 65520 → veth 1500").
+    pub mtu: String,
+}
+
+/// A configuration that is not used, and why.
+#[derive(Clone, Debug)]
+pub struct Skipped {
+    /// Its name.
+    pub name: String,
+    /// What failed.
+    pub reason: String,
+    /// How to fix it.
+    pub fix: String,
+}
+
+impl Config {
+    /// Plain kernel sockets.
+    pub fn native() -> Config {
+        Config {
+            name: "native".into(),
+            kind: Kind::Native,
+        }
+    }
+
+    /// ferry with its default knobs.
+    pub fn ferry() -> Config {
+        Config::ferry_with("ferry", None, None)
+    }
+
+    /// ferry with `--spin` and/or `--batch`.
+    pub fn ferry_with(name: &str, spin: Option<&str>, batch: Option<u32>) -> Config {
+        Config {
+            name: name.into(),
+            kind: Kind::Ferry {
+                spin: spin.map(str::to_owned),
+                batch,
+            },
+        }
+    }
+
+    /// slirp4netns.
+    pub fn slirp() -> Config {
+        Config {
+            name: "slirp4netns".into(),
+            kind: Kind::Slirp,
+        }
+    }
+
+    /// pasta.
+    pub fn pasta() -> Config {
+        Config {
+            name: "pasta".into(),
+            kind: Kind::Pasta,
+        }
+    }
+
+    /// Whether this is a ferry configuration (has counters).
+    pub fn is_ferry(&self) -> bool {
+        matches!(self.kind, Kind::Ferry { .. })
+    }
+
+    /// Runs `client` in this configuration, killed after `timeout`. `pin` runs the
+    /// whole configuration (client, ferry's server, slirp4netns, pasta) on one CPU.
+    pub fn run(
+        &self,
+        client: &[String],
+        timeout: Duration,
+        pin: Option<usize>,
+        env: &Env,
+    ) -> Result<RunOut, ExecError> {
+        let mut argv: Vec<OsString> = Vec::new();
+        if let Some(cpu) = pin {
+            argv.extend(["taskset".into(), "-c".into(), cpu.to_string().into()]);
+        }
+        let stats_file = self.is_ferry().then(|| stats_path(&env.runs_dir));
+        match &self.kind {
+            Kind::Native => {}
+            Kind::Ferry { spin, batch } => {
+                argv.push(env.ferry.clone().into());
+                argv.push("run".into());
+                argv.push("--stats-json".into());
+                argv.push(stats_file.clone().unwrap_or_default().into());
+                if let Some(s) = spin {
+                    argv.extend(["--spin".into(), s.into()]);
+                }
+                if let Some(b) = batch {
+                    argv.extend(["--batch".into(), b.to_string().into()]);
+                }
+                argv.push("--".into());
+            }
+            Kind::Slirp => {
+                argv.extend(
+                    ["unshare", "--user", "--map-root-user", "--net", "--fork"].map(OsString::from),
+                );
+                argv.extend(["sh".into(), "-c".into(), WAIT_TAP.into(), "sh".into()]);
+            }
+            Kind::Pasta => {
+                argv.extend(["runuser", "-u", PASTA_USER, "--"].map(OsString::from));
+                argv.extend(["pasta", "--config-net", "-q", "--"].map(OsString::from));
+            }
+        }
+        argv.extend(client.iter().map(OsString::from));
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..]);
+        let outcome = if self.kind == Kind::Slirp {
+            exec::run_with(&mut cmd, timeout, &env.stop, |pid| {
+                start_slirp(pid, pin, &env.stop)
+            })?
+        } else {
+            exec::run(&mut cmd, timeout, &env.stop)?
+        };
+        let stats = stats_file.and_then(|f| {
+            let s = fs::read_to_string(&f).ok();
+            let _ = fs::remove_file(&f);
+            s.and_then(|s| parse::ferry_stats(&s).ok())
+        });
+        Ok(RunOut { outcome, stats })
+    }
+
+    /// Smoke check: the tools exist, the client reaches redis on the remote
+    /// (`redis-cli ping`), and the sandbox's interface MTU is read. `veth_mtu` is the
+    /// host path's MTU.
+    pub fn check(
+        &self,
+        remote_ip: &str,
+        veth_mtu: u32,
+        env: &Env,
+    ) -> Result<Result<Ready, Skipped>, ExecError> {
+        let skip = |reason: String, fix: &str| {
+            Ok(Err(Skipped {
+                name: self.name.clone(),
+                reason,
+                fix: fix.to_owned(),
+            }))
+        };
+        let tools: &[&str] = match self.kind {
+            Kind::Native => &["redis-cli"],
+            Kind::Ferry { .. } => &["redis-cli"],
+            Kind::Slirp => &["redis-cli", "slirp4netns", "unshare", "ip"],
+            Kind::Pasta => &["redis-cli", "pasta", "runuser", "ip"],
+        };
+        for t in tools {
+            if which(t).is_none() {
+                let fix = match *t {
+                    "slirp4netns" => "scripts/install-deps.sh (or: apt-get install slirp4netns)",
+                    "pasta" => "scripts/install-deps.sh (or: apt-get install passt)",
+                    _ => "scripts/install-deps.sh",
+                };
+                return skip(format!("`{t}` not found in PATH"), fix);
+            }
+        }
+        if self.is_ferry() && !env.ferry.is_file() {
+            return skip(
+                format!("{} not found", env.ferry.display()),
+                "cargo build --release --workspace",
+            );
+        }
+        if self.kind == Kind::Pasta {
+            let user_ok = Command::new("id")
+                .arg(PASTA_USER)
+                .output()
+                .is_ok_and(|o| o.status.success());
+            if !user_ok {
+                return skip(
+                    format!("user {PASTA_USER} (pasta refuses to run as root) does not exist"),
+                    "scripts/install-deps.sh",
+                );
+            }
+        }
+        let probe = format!(
+            "ip -o link show 2>/dev/null | grep -v ' lo:' | head -n 1; redis-cli -h {remote_ip} -p {REDIS_PORT} ping"
+        );
+        let client = ["sh".to_owned(), "-c".to_owned(), probe];
+        let run = self.run(&client, Duration::from_secs(20), None, env)?;
+        let out = &run.outcome;
+        if !out.success() || !out.stdout.contains("PONG") {
+            let fix = match self.kind {
+                Kind::Slirp => "scripts/install-deps.sh; unprivileged user namespaces must work",
+                Kind::Pasta => "scripts/install-deps.sh (makes /dev/net/tun 0666, adds ferrytest)",
+                _ => "see the error; scripts/install-deps.sh",
+            };
+            let why = if out.success() {
+                format!("smoke check got no PONG: {}", out.stdout.trim())
+            } else {
+                format!("smoke check failed: {}", out.failure())
+            };
+            return skip(why, fix);
+        }
+        let inner = parse::link_mtu(&out.stdout);
+        let mtu = match (&self.kind, inner) {
+            (Kind::Native, _) => format!("veth {veth_mtu}"),
+            (Kind::Ferry { .. }, _) => {
+                format!("sandbox has lo only; ferry's host sockets use veth {veth_mtu}")
+            }
+            (_, Some((ifname, m))) => {
+                format!("{ifname} {m} in the sandbox; host sockets over veth {veth_mtu}")
+            }
+            (_, None) => format!("(sandbox MTU unknown); veth {veth_mtu}"),
+        };
+        Ok(Ok(Ready {
+            config: self.clone(),
+            mtu,
+        }))
+    }
+}
+
+/// Run inside slirp4netns's namespace before the client: wait for tap0 to be configured.
+const WAIT_TAP: &str = "i=0; while ! ip -o -4 addr show dev tap0 2>/dev/null | grep -q inet; do \
+    i=$((i+1)); if [ $i -gt 500 ]; then echo 'tap0 did not appear (slirp4netns failed?)' >&2; exit 99; fi; \
+    sleep 0.01; done; exec \"$@\"";
+
+/// Starts slirp4netns for the namespace of `pid` (the `unshare` process) once it exists.
+fn start_slirp(pid: u32, pin: Option<usize>, stop: &Interrupt) -> Option<Daemon> {
+    let me = fs::read_link("/proc/self/ns/net").ok()?;
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        match fs::read_link(format!("/proc/{pid}/ns/net")) {
+            Ok(ns) if ns != me => break,
+            Ok(_) if Instant::now() < end && !stop.is_set() => {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            _ => return None,
+        }
+    }
+    let mut cmd = match pin {
+        Some(cpu) => {
+            let mut c = Command::new("taskset");
+            c.args(["-c", &cpu.to_string(), "slirp4netns"]);
+            c
+        }
+        None => Command::new("slirp4netns"),
+    };
+    cmd.args(["--configure", "--mtu=65520", "--disable-host-loopback"])
+        .arg(pid.to_string())
+        .arg("tap0")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    Daemon::spawn("slirp4netns", &mut cmd).ok()
+}
+
+fn stats_path(dir: &Path) -> PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    dir.join(format!("stats-{}.json", N.fetch_add(1, Ordering::Relaxed)))
+}
+
+/// The full path of `program` in PATH (plus the sbin directories).
+pub fn which(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}

@@ -1,0 +1,414 @@
+//! The experiments of `docs/BENCHMARKS.md` as lists of cases: which configurations, which
+//! parameter values, which client command, which metrics. E1 bandwidth vs buffer size,
+//! E2 ping-pong RTT and wakes per round trip vs spin span, E3 CPU interference, E4
+//! batching, R1 real clients. Every case of an experiment runs the same client binary.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::config::{Config, RunOut};
+use crate::parse;
+use crate::plan::{Case, Extract, Param};
+use crate::topology::{
+    HTTP_FILE, HTTP_PORT, IPERF_E3_PORT, IPERF_PORT, REDIS_PORT, SOCKPERF_PORT,
+};
+
+/// An experiment this harness knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Experiment {
+    /// One-way burst bandwidth vs buffer size.
+    E1,
+    /// Ping-pong RTT and wakes per round trip vs spin span.
+    E2,
+    /// CPU interference: MFlops kept beside a 10 MB/s transfer.
+    E3,
+    /// Batching: throughput, RTT and crossings vs batch threshold.
+    E4,
+    /// Real clients: iperf3, sockperf, redis-benchmark, wrk.
+    R1,
+}
+
+impl Experiment {
+    /// Every experiment available, in order.
+    pub const ALL: [Experiment; 5] = [
+        Experiment::E1,
+        Experiment::E2,
+        Experiment::E3,
+        Experiment::E4,
+        Experiment::R1,
+    ];
+
+    /// Experiments of the plan that are later milestones.
+    pub const NOT_YET: [(&'static str, &'static str); 3] = [
+        ("E5", "pseudo-NIC per-packet overhead (needs nic mode)"),
+        ("E6", "file → socket: read/write vs sendfile vs module"),
+        ("E7", "distribution over several protocol servers"),
+    ];
+
+    /// Parses "E1" … "R1" (any case).
+    pub fn parse(s: &str) -> Result<Experiment, String> {
+        let up = s.to_ascii_uppercase();
+        Experiment::ALL
+            .into_iter()
+            .find(|e| e.id() == up)
+            .ok_or_else(|| match Experiment::NOT_YET.iter().find(|(id, _)| *id == up) {
+                Some((id, what)) => format!("{id} ({what}) is a later milestone: not yet"),
+                None => format!("unknown experiment `{s}` (E1, E2, E3, E4, R1)"),
+            })
+    }
+
+    /// "E1", …
+    pub fn id(self) -> &'static str {
+        match self {
+            Experiment::E1 => "E1",
+            Experiment::E2 => "E2",
+            Experiment::E3 => "E3",
+            Experiment::E4 => "E4",
+            Experiment::R1 => "R1",
+        }
+    }
+
+    /// One-line title.
+    pub fn title(self) -> &'static str {
+        match self {
+            Experiment::E1 => "one-way burst bandwidth vs buffer size",
+            Experiment::E2 => "ping-pong RTT and wakes per round trip vs spin span",
+            Experiment::E3 => "CPU interference: MFlops kept beside a 10 MB/s transfer",
+            Experiment::E4 => "batching: throughput, RTT and crossings vs batch threshold",
+            Experiment::R1 => "real clients, unmodified",
+        }
+    }
+
+    /// The metric a case that never succeeded is reported under.
+    pub fn main_metric(self) -> (&'static str, &'static str) {
+        match self {
+            Experiment::E1 => ("bandwidth", "Gbit/s"),
+            Experiment::E2 => ("rtt_p50", "us"),
+            Experiment::E3 => ("mflops", "MFlops"),
+            Experiment::E4 => ("throughput", "Mbit/s"),
+            Experiment::R1 => ("result", "-"),
+        }
+    }
+}
+
+/// Durations and sizes: full, or `--quick`.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Short runs, fewer points.
+    pub quick: bool,
+    /// The remote's address.
+    pub remote: String,
+    /// The ferry-burner binary.
+    pub burner: PathBuf,
+}
+
+impl Settings {
+    /// Seconds per run: `full`, or 1 with `--quick`.
+    fn secs(&self, full: u32) -> u32 {
+        if self.quick { 1 } else { full }
+    }
+
+    fn timeout(&self, secs: u32) -> Duration {
+        Duration::from_secs(u64::from(secs) + if self.quick { 6 } else { 12 })
+    }
+
+    fn iperf3(&self, port: u16, secs: u32, extra: &[&str]) -> Vec<String> {
+        let mut v = strings(&["iperf3", "-c", &self.remote, "-p", &port.to_string()]);
+        v.extend(strings(&["-t", &secs.to_string(), "-J", "--connect-timeout", "3000"]));
+        v.extend(strings(extra));
+        v
+    }
+
+    fn sockperf(&self, mode: &str, secs: u32, extra: &[&str]) -> Vec<String> {
+        let mut v = strings(&["sockperf", mode, "--tcp", "-i", &self.remote]);
+        v.extend(strings(&["-p", &SOCKPERF_PORT.to_string(), "-t", &secs.to_string()]));
+        v.extend(strings(extra));
+        v
+    }
+}
+
+fn strings(s: &[&str]) -> Vec<String> {
+    s.iter().map(|x| (*x).to_owned()).collect()
+}
+
+/// The configurations of an experiment, by name, among those that passed their check.
+fn pick(ready: &[Config], names: &[&str]) -> Vec<Config> {
+    names
+        .iter()
+        .filter_map(|n| ready.iter().find(|c| c.name == *n).cloned())
+        .collect()
+}
+
+/// ferry at a spin span (named `ferry-spin<label>`), if ferry itself is ready.
+fn ferry_variant(ready: &[Config], name: &str, spin: Option<&str>, batch: Option<u32>) -> Option<Config> {
+    ready
+        .iter()
+        .any(|c| c.name == "ferry")
+        .then(|| Config::ferry_with(name, spin, batch))
+}
+
+fn size_label(bytes: u64) -> String {
+    if bytes >= 1024 && bytes % 1024 == 0 {
+        format!("{}K", bytes / 1024)
+    } else {
+        bytes.to_string()
+    }
+}
+
+fn iperf_extract() -> Extract {
+    Box::new(|r: &RunOut| {
+        let bps = parse::iperf3_bps(&r.outcome.stdout)?;
+        Ok(vec![("bandwidth", "Gbit/s", bps / 1e9)])
+    })
+}
+
+/// Builds the cases of `e`, configurations alternating fastest.
+pub fn cases(e: Experiment, s: &Settings, ready: &[Config]) -> Vec<Case> {
+    match e {
+        Experiment::E1 => e1(s, ready),
+        Experiment::E2 => e2(s, ready),
+        Experiment::E3 => e3(s, ready),
+        Experiment::E4 => e4(s, ready),
+        Experiment::R1 => r1(s, ready),
+    }
+}
+
+fn e1(s: &Settings, ready: &[Config]) -> Vec<Case> {
+    let mut configs = pick(ready, &["native", "ferry", "slirp4netns", "pasta"]);
+    configs.extend(ferry_variant(ready, "ferry-spin0", Some("0"), None));
+    configs.extend(ferry_variant(ready, "ferry-spin1ms", Some("1ms"), None));
+    let sizes: &[u64] = if s.quick {
+        &[64, 4096, 262_144]
+    } else {
+        &[64, 256, 1024, 4096, 16_384, 65_536, 262_144]
+    };
+    let secs = s.secs(3);
+    let mut out = Vec::new();
+    for &size in sizes {
+        for c in &configs {
+            out.push(Case {
+                config: c.clone(),
+                param: Param::new(size_label(size), size as f64),
+                client: s.iperf3(IPERF_PORT, secs, &["-l", &size.to_string()]),
+                timeout: s.timeout(secs),
+                pin: None,
+                servers: vec![IPERF_PORT],
+                extract: iperf_extract(),
+            });
+        }
+    }
+    out
+}
+
+/// sockperf ping-pong (`--full-rtt`): RTT p50/p99, round trips measured, and under
+/// ferry the wake-ups (server wakes + doorbells) and server sleeps per round trip over
+/// the whole run (sockperf's own warm-up included, as in ferry's counters).
+fn pingpong_extract() -> Extract {
+    Box::new(|r: &RunOut| {
+        let p = parse::sockperf_pp(&r.outcome.stdout)?;
+        let mut v = vec![("rtt_p50", "us", p.p50), ("rtt_p99", "us", p.p99)];
+        v.push(("round_trips", "count", p.observations as f64));
+        if let Some(st) = &r.stats {
+            let rts = p.total_received.max(1) as f64;
+            v.push(("wakes_per_rt", "per RT", st.wakes() as f64 / rts));
+            v.push(("sleeps_per_rt", "per RT", st.sleeps as f64 / rts));
+        }
+        Ok(v)
+    })
+}
+
+/// Spin spans of E2, in µs.
+const SPINS_US: [u32; 8] = [0, 1, 2, 5, 10, 20, 50, 100];
+
+fn e2(s: &Settings, ready: &[Config]) -> Vec<Case> {
+    let secs = s.secs(5);
+    let client = s.sockperf("ping-pong", secs, &["-m", "64", "--full-rtt"]);
+    let mut out = Vec::new();
+    let spins: &[u32] = if s.quick { &[0, 5, 50] } else { &SPINS_US };
+    for c in pick(ready, &["native", "slirp4netns", "pasta"]) {
+        out.push(Case {
+            config: c,
+            param: Param::none(),
+            client: client.clone(),
+            timeout: s.timeout(secs),
+            pin: None,
+            servers: vec![SOCKPERF_PORT],
+            extract: pingpong_extract(),
+        });
+    }
+    for &us in spins {
+        let spin = format!("{us}us");
+        let Some(c) = ferry_variant(ready, &format!("ferry-spin{spin}"), Some(&spin), None) else {
+            break;
+        };
+        out.push(Case {
+            config: c,
+            param: Param::new(spin.clone(), f64::from(us)),
+            client: client.clone(),
+            timeout: s.timeout(secs),
+            pin: None,
+            servers: vec![SOCKPERF_PORT],
+            extract: pingpong_extract(),
+        });
+    }
+    out
+}
+
+fn e3(s: &Settings, ready: &[Config]) -> Vec<Case> {
+    let secs = if s.quick { 3 } else { 8 };
+    let burner = s.burner.display().to_string();
+    // The burner and a 10 MB/s transfer side by side, the whole configuration on CPU 0
+    // (the remote's iperf3 server is on CPU 1: the "other machine").
+    let script = format!(
+        "{burner} {secs} & b=$!; r=0; iperf3 -c {ip} -p {IPERF_E3_PORT} -b 80M -t {secs} \
+         --connect-timeout 3000 >&2 || r=$?; wait $b; \
+         if [ $r -ne 0 ]; then echo \"the 10 MB/s transfer failed (iperf3 exit $r)\" >&2; exit 1; fi",
+        ip = s.remote
+    );
+    let beside = vec!["sh".to_owned(), "-c".to_owned(), script];
+    let extract = || -> Extract {
+        Box::new(|r: &RunOut| Ok(vec![("mflops", "MFlops", parse::burner_mflops(&r.outcome.stdout)?)]))
+    };
+    let mut alone = Config::native();
+    alone.name = "burner alone".into();
+    let mut out = vec![Case {
+        config: alone,
+        param: Param::none(),
+        client: vec![burner.clone(), secs.to_string()],
+        timeout: s.timeout(secs),
+        pin: Some(0),
+        servers: vec![],
+        extract: extract(),
+    }];
+    let mut configs = pick(ready, &["native", "ferry"]);
+    configs.extend(ferry_variant(ready, "ferry-spin0", Some("0"), None));
+    configs.extend(ferry_variant(ready, "ferry-spin1ms", Some("1ms"), None));
+    configs.extend(pick(ready, &["slirp4netns", "pasta"]));
+    for c in configs {
+        out.push(Case {
+            config: c,
+            param: Param::none(),
+            client: beside.clone(),
+            timeout: s.timeout(secs),
+            pin: Some(0),
+            servers: vec![IPERF_E3_PORT],
+            extract: extract(),
+        });
+    }
+    out
+}
+
+fn stream_extract() -> Extract {
+    Box::new(|r: &RunOut| {
+        let (rate, mbps) = parse::sockperf_tp(&r.outcome.stdout)?;
+        let mut v = vec![("throughput", "Mbit/s", mbps), ("messages", "msg/s", rate)];
+        if let Some(st) = &r.stats {
+            let ops = st.requests.max(1) as f64;
+            v.push(("wakes_per_op", "per request", st.wakes() as f64 / ops));
+            v.push(("syscalls_per_op", "per request", st.data_syscalls as f64 / ops));
+        }
+        Ok(v)
+    })
+}
+
+fn e4(s: &Settings, ready: &[Config]) -> Vec<Case> {
+    let secs = s.secs(3);
+    let batches: &[u32] = if s.quick { &[1, 8, 64] } else { &[1, 2, 4, 8, 16, 32, 64] };
+    let stream = s.sockperf("throughput", secs, &["-m", "1024"]);
+    let pp = s.sockperf("ping-pong", secs, &["-m", "64", "--full-rtt"]);
+    let mut out = Vec::new();
+    let mut push = |c: Config, param: Param| {
+        for (client, extract) in [(stream.clone(), stream_extract()), (pp.clone(), pingpong_extract())] {
+            out.push(Case {
+                config: c.clone(),
+                param: param.clone(),
+                client,
+                timeout: s.timeout(secs),
+                pin: None,
+                servers: vec![SOCKPERF_PORT],
+                extract,
+            });
+        }
+    };
+    for c in pick(ready, &["native"]) {
+        push(c, Param::none());
+    }
+    for &n in batches {
+        if let Some(c) = ferry_variant(ready, &format!("ferry-batch{n}"), None, Some(n)) {
+            push(c, Param::new(format!("batch {n}"), f64::from(n)));
+        }
+    }
+    out
+}
+
+fn r1(s: &Settings, ready: &[Config]) -> Vec<Case> {
+    let secs = s.secs(3);
+    let configs = pick(ready, &["native", "ferry", "slirp4netns", "pasta"]);
+    let (n1, n16) = if s.quick { ("5000", "50000") } else { ("20000", "200000") };
+    let url = format!("http://{}:{HTTP_PORT}/{HTTP_FILE}", s.remote);
+    let redis = |n: &str, p: &str| {
+        strings(&["redis-benchmark", "-h", &s.remote, "-p", &REDIS_PORT.to_string()])
+            .into_iter()
+            .chain(strings(&["-t", "get,set", "-n", n, "-P", p, "--csv", "-q"]))
+            .collect::<Vec<_>>()
+    };
+    let redis_extract = |p: &'static str| -> Extract {
+        Box::new(move |r: &RunOut| {
+            let (get, set) = match p {
+                "1" => ("GET -P 1", "SET -P 1"),
+                _ => ("GET -P 16", "SET -P 16"),
+            };
+            Ok(vec![
+                (get, "req/s", parse::redis_rps(&r.outcome.stdout, "GET")?),
+                (set, "req/s", parse::redis_rps(&r.outcome.stdout, "SET")?),
+            ])
+        })
+    };
+    let tput = |metric: &'static str| -> Extract {
+        Box::new(move |r: &RunOut| Ok(vec![(metric, "Gbit/s", parse::iperf3_bps(&r.outcome.stdout)? / 1e9)]))
+    };
+    let tests: Vec<(&str, Vec<String>, Vec<u16>, Extract, u32)> = vec![
+        ("iperf3 TCP send", s.iperf3(IPERF_PORT, secs, &[]), vec![IPERF_PORT], tput("TCP send"), secs),
+        ("iperf3 TCP recv", s.iperf3(IPERF_PORT, secs, &["-R"]), vec![IPERF_PORT], tput("TCP recv"), secs),
+        (
+            "iperf3 UDP",
+            s.iperf3(IPERF_PORT, secs, &["-u", "-b", "1G", "-l", "1400"]),
+            vec![IPERF_PORT],
+            tput("UDP 1G offered"),
+            secs,
+        ),
+        (
+            "sockperf ping-pong",
+            s.sockperf("ping-pong", secs, &["-m", "64", "--full-rtt"]),
+            vec![SOCKPERF_PORT],
+            Box::new(|r: &RunOut| Ok(vec![("RTT p50", "us", parse::sockperf_pp(&r.outcome.stdout)?.p50)])),
+            secs,
+        ),
+        ("redis -P 1", redis(n1, "1"), vec![REDIS_PORT], redis_extract("1"), 20),
+        ("redis -P 16", redis(n16, "16"), vec![REDIS_PORT], redis_extract("16"), 20),
+        (
+            "wrk nginx 16K",
+            strings(&["wrk", "-t", "2", "-c", "16", "-d", &format!("{secs}s"), "--timeout", "5s", &url]),
+            vec![HTTP_PORT],
+            Box::new(|r: &RunOut| Ok(vec![("HTTP 16K", "req/s", parse::wrk_rps(&r.outcome.stdout)?)])),
+            secs,
+        ),
+    ];
+    let mut out = Vec::new();
+    for (i, (label, client, servers, extract, secs)) in tests.into_iter().enumerate() {
+        let extract: std::rc::Rc<Extract> = std::rc::Rc::new(extract);
+        for c in &configs {
+            let ex = extract.clone();
+            out.push(Case {
+                config: c.clone(),
+                param: Param::new(label, i as f64),
+                client: client.clone(),
+                timeout: s.timeout(secs),
+                pin: None,
+                servers: servers.clone(),
+                extract: Box::new(move |r: &RunOut| ex(r)),
+            });
+        }
+    }
+    out
+}

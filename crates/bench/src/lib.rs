@@ -1,0 +1,254 @@
+//! `ferry bench`: ferry's benchmark harness. It owns the benchmark topology (a "remote"
+//! namespace over a veth pair with iperf3, sockperf, redis and nginx servers), the
+//! configurations that run the same client binary (native, ferry with its knobs,
+//! slirp4netns, pasta) and their smoke checks, the experiments of the team's
+//! BENCHMARKS.md (E1 bandwidth vs buffer size, E2 RTT and wakes vs spin span, E3 CPU
+//! interference, E4 batching, R1 real clients), the method (warm-up, alternating
+//! repetitions, medians with min/max, per-run timeouts, failures recorded and shown),
+//! and the outputs: terminal table, `results.csv`, one PNG per experiment, `report.md`.
+//!
+//! It measures and reports; it never asserts a time. The `ferry-burner` binary (the
+//! FLOPS process of E3) lives here too. The CLI front end is `ferry bench` in
+//! `crates/ferry`.
+#![deny(unsafe_code)]
+
+pub mod config;
+pub mod exec;
+pub mod experiments;
+pub mod parse;
+pub mod plan;
+pub mod plot;
+pub mod report;
+pub mod topology;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use config::{Config, Env, Ready, Skipped};
+pub use experiments::Experiment;
+use exec::{ExecError, Interrupt};
+use plan::{Bench, Row};
+use report::{Machine, Results};
+use topology::{Testbed, TopologyError};
+
+/// What to run and where to write.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Experiments, in order.
+    pub experiments: Vec<Experiment>,
+    /// Short runs and fewer points.
+    pub quick: bool,
+    /// Output directory (created).
+    pub out: PathBuf,
+    /// Measured repetitions per case.
+    pub runs: usize,
+    /// The ferry binary (`ferry-burner` is looked up next to it).
+    pub ferry: PathBuf,
+    /// The command line, for the report.
+    pub command: String,
+}
+
+/// Why the harness stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The remote namespace needs root.
+    #[error("needs root to create the remote namespace (veth); try `sudo ferry bench`")]
+    NotRoot,
+    /// The topology could not be built.
+    #[error(transparent)]
+    Topology(#[from] TopologyError),
+    /// An output file could not be written.
+    #[error("cannot write {path}: {source}")]
+    Output {
+        /// The file or directory.
+        path: PathBuf,
+        /// What the file system said.
+        source: std::io::Error,
+    },
+    /// A client could not be started at all.
+    #[error(transparent)]
+    Exec(ExecError),
+    /// Ctrl-C or SIGTERM: everything was torn down; results so far are in the output
+    /// directory.
+    #[error("interrupted; the remote namespace and its servers were removed")]
+    Interrupted,
+}
+
+impl From<ExecError> for Error {
+    fn from(e: ExecError) -> Error {
+        match e {
+            ExecError::Interrupted => Error::Interrupted,
+            e => Error::Exec(e),
+        }
+    }
+}
+
+/// What a finished run produced.
+#[derive(Debug)]
+pub struct Summary {
+    /// Terminal tables, one per experiment.
+    pub tables: String,
+    /// The output directory.
+    pub out: PathBuf,
+    /// Configurations skipped.
+    pub skipped: Vec<Skipped>,
+    /// Wall time, seconds.
+    pub seconds: f64,
+    /// Plots that could not be drawn, with why.
+    pub plot_errors: Vec<String>,
+}
+
+fn output_err(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |source| Error::Output {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Runs the experiments and writes every output. Prints progress and the smoke checks
+/// on the terminal; the caller prints [`Summary::tables`].
+pub fn run(o: &Options) -> Result<Summary, Error> {
+    if !ferry_sandbox::testbed::is_root() {
+        return Err(Error::NotRoot);
+    }
+    let start = Instant::now();
+    std::fs::create_dir_all(&o.out).map_err(output_err(&o.out))?;
+    let stop = Interrupt::new();
+    // A second installation (another run in the same process) keeps the first handler.
+    let _ = stop.install();
+    let mut bed = Testbed::up()?;
+    let runs_dir = bed.scratch().join("runs");
+    std::fs::create_dir_all(&runs_dir).map_err(output_err(&runs_dir))?;
+    let env = Env {
+        ferry: o.ferry.clone(),
+        runs_dir,
+        stop: stop.clone(),
+    };
+    let remote = bed.remote_ip().to_string();
+    println!(
+        "remote: namespace {} at {remote} (host side {}), veth MTU {}; servers: iperf3, sockperf, redis-server, nginx",
+        bed.name(),
+        bed.host_ip(),
+        bed.mtu
+    );
+    let (ready, skipped) = check_all(&remote, bed.mtu, &env)?;
+    let burner = o.ferry.with_file_name("ferry-burner");
+    if o.experiments.contains(&Experiment::E3) && !burner.is_file() {
+        println!(
+            "warning: {} not found (cargo build --release --workspace): E3 will fail",
+            burner.display()
+        );
+    }
+    let settings = experiments::Settings {
+        quick: o.quick,
+        remote,
+        burner,
+    };
+    let configs: Vec<Config> = ready.iter().map(|r| r.config.clone()).collect();
+    let plans: Vec<(Experiment, Vec<plan::Case>)> = o
+        .experiments
+        .iter()
+        .map(|&e| (e, experiments::cases(e, &settings, &configs)))
+        .collect();
+    let total: usize = plans.iter().map(|(_, c)| c.len() * (o.runs + 1)).sum();
+    let bar = ProgressBar::new(total as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} runs, eta {eta}  {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    let mut results = Results {
+        experiments: Vec::new(),
+        rows: Vec::new(),
+        ready,
+        skipped,
+        machine: Machine::probe(),
+        runs: o.runs,
+        quick: o.quick,
+        seconds: 0.0,
+        command: o.command.clone(),
+        veth_mtu: bed.mtu,
+    };
+    let mut plot_errors = Vec::new();
+    for (e, cases) in &plans {
+        let mut bench = Bench {
+            env: &env,
+            bed: &mut bed,
+            bar: &bar,
+            runs: o.runs,
+        };
+        let mut rows = plan::measure(&mut bench, e.id(), cases, e.main_metric())?;
+        if *e == Experiment::E3 {
+            rows.extend(kept(&rows));
+        }
+        results.rows.extend(rows);
+        results.experiments.push(*e);
+        bar.println(report::table(*e, &results.rows));
+        // Written after every experiment, so an interrupted run leaves what it measured.
+        if let Err(why) = plot::draw(&o.out, *e, &results.rows) {
+            plot_errors.push(format!("{}: {why}", e.id()));
+        }
+        results.seconds = start.elapsed().as_secs_f64();
+        report::write(&o.out, &results).map_err(output_err(&o.out))?;
+    }
+    bar.finish_and_clear();
+    drop(bed);
+    results.seconds = start.elapsed().as_secs_f64();
+    report::write(&o.out, &results).map_err(output_err(&o.out))?;
+    let tables = results
+        .experiments
+        .iter()
+        .map(|e| report::table(*e, &results.rows))
+        .collect();
+    Ok(Summary {
+        tables,
+        out: o.out.clone(),
+        skipped: results.skipped,
+        seconds: results.seconds,
+        plot_errors,
+    })
+}
+
+/// Smoke-checks native, ferry, slirp4netns and pasta; prints each verdict.
+fn check_all(remote: &str, mtu: u32, env: &Env) -> Result<(Vec<Ready>, Vec<Skipped>), Error> {
+    let mut ready = Vec::new();
+    let mut skipped = Vec::new();
+    for c in [Config::native(), Config::ferry(), Config::slirp(), Config::pasta()] {
+        match c.check(remote, mtu, env)? {
+            Ok(r) => {
+                println!("configuration {:<12} ready ({})", r.config.name, r.mtu);
+                ready.push(r);
+            }
+            Err(s) => {
+                println!(
+                    "configuration {:<12} SKIPPED: {} (fix: {})",
+                    s.name, s.reason, s.fix
+                );
+                skipped.push(s);
+            }
+        }
+    }
+    Ok((ready, skipped))
+}
+
+/// E3's derived rows: MFlops kept, in % of the burner alone's median.
+fn kept(rows: &[Row]) -> Vec<Row> {
+    let Some(alone) = rows
+        .iter()
+        .find(|r| r.config == "burner alone" && r.metric == "mflops")
+        .and_then(Row::median)
+    else {
+        return Vec::new();
+    };
+    rows.iter()
+        .filter(|r| r.metric == "mflops")
+        .map(|r| Row {
+            metric: "kept".into(),
+            unit: "%".into(),
+            samples: r.samples.iter().map(|v| v / alone * 100.0).collect(),
+            ..r.clone()
+        })
+        .collect()
+}

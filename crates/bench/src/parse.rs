@@ -1,0 +1,263 @@
+//! Parsers for what the clients print: iperf3 `-J`, sockperf ping-pong and throughput,
+//! redis-benchmark `--csv`, wrk, ferry-burner, `ip -o link`, and ferry's `--stats-json`.
+//! Pure functions of text; each failure says what was missing.
+
+use serde_json::Value;
+
+/// Bits per second received (TCP) or sent (UDP) by an iperf3 run, from `iperf3 -J`.
+pub fn iperf3_bps(json: &str) -> Result<f64, String> {
+    let v: Value = serde_json::from_str(json.trim())
+        .map_err(|e| format!("iperf3 output is not JSON ({e})"))?;
+    if let Some(err) = v.get("error").and_then(Value::as_str) {
+        return Err(format!("iperf3: {err}"));
+    }
+    let end = v.get("end").ok_or("iperf3 JSON has no `end`")?;
+    let bps = end
+        .pointer("/sum_received/bits_per_second")
+        .or_else(|| end.pointer("/sum/bits_per_second"))
+        .and_then(Value::as_f64)
+        .ok_or("iperf3 JSON has no bits_per_second")?;
+    if bps <= 0.0 {
+        return Err("iperf3 moved no data".into());
+    }
+    Ok(bps)
+}
+
+/// What sockperf ping-pong reports (µs; round trips when run with `--full-rtt`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PingPong {
+    /// Median latency.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Observations in the valid (measured) part of the run.
+    pub observations: u64,
+    /// Messages received over the whole run, warm-up included (what ferry's counters see).
+    pub total_received: u64,
+}
+
+/// Parses `sockperf ping-pong` output.
+pub fn sockperf_pp(out: &str) -> Result<PingPong, String> {
+    let pct = |p: &str| {
+        out.lines()
+            .find_map(|l| l.split_once(&format!("percentile {p} =")).map(|x| x.1))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .ok_or_else(|| format!("sockperf printed no {p} percentile"))
+    };
+    let observations = out
+        .lines()
+        .find_map(|l| {
+            let (_, rest) = l.split_once("Total ")?;
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .ok_or("sockperf printed no observation count")?;
+    let total_received = out
+        .lines()
+        .find(|l| l.contains("[Total Run]"))
+        .and_then(|l| field(l, "ReceivedMessages="))
+        .unwrap_or(observations);
+    Ok(PingPong {
+        p50: pct("50.000")?,
+        p99: pct("99.000")?,
+        observations,
+        total_received,
+    })
+}
+
+/// Parses `sockperf throughput` output: (messages per second, Mbit/s).
+pub fn sockperf_tp(out: &str) -> Result<(f64, f64), String> {
+    let rate = out
+        .lines()
+        .find_map(|l| l.split_once("Message Rate is ").map(|x| x.1))
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .ok_or("sockperf printed no message rate")?;
+    let mbps = out
+        .lines()
+        .find_map(|l| l.split_once("MBps (").map(|x| x.1))
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .ok_or("sockperf printed no bandwidth")?;
+    Ok((rate, mbps))
+}
+
+fn field(line: &str, key: &str) -> Option<u64> {
+    let (_, rest) = line.split_once(key)?;
+    rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+/// Requests per second of `test` (e.g. "GET") in `redis-benchmark --csv` output.
+pub fn redis_rps(out: &str, test: &str) -> Result<f64, String> {
+    out.lines()
+        .find_map(|l| {
+            let mut cols = l.split(',').map(|c| c.trim().trim_matches('"'));
+            (cols.next()? == test).then(|| cols.next()?.parse().ok())?
+        })
+        .ok_or_else(|| format!("redis-benchmark printed no {test} result"))
+}
+
+/// Requests per second from wrk's summary.
+pub fn wrk_rps(out: &str) -> Result<f64, String> {
+    out.lines()
+        .find_map(|l| l.trim().strip_prefix("Requests/sec:"))
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|v: &f64| *v > 0.0)
+        .ok_or_else(|| "wrk printed no Requests/sec".into())
+}
+
+/// MFlops from `ferry-burner` (`MFlops 1234.5`).
+pub fn burner_mflops(out: &str) -> Result<f64, String> {
+    out.lines()
+        .find_map(|l| l.trim().strip_prefix("MFlops "))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| "ferry-burner printed no MFlops line".into())
+}
+
+/// The first non-loopback interface in `ip -o link show` output: (name, MTU).
+pub fn link_mtu(out: &str) -> Option<(String, u32)> {
+    out.lines().find_map(|l| {
+        let mut it = l.split_whitespace();
+        let _index = it.next()?;
+        let name = it.next()?.trim_end_matches(':');
+        let name = name.split('@').next()?.to_owned();
+        if name == "lo" {
+            return None;
+        }
+        let words: Vec<&str> = l.split_whitespace().collect();
+        let at = words.iter().position(|w| *w == "mtu")?;
+        Some((name, words.get(at + 1)?.parse().ok()?))
+    })
+}
+
+/// ferry's server counters, summed over channels.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FerryStats {
+    /// Server loop turns.
+    pub turns: u64,
+    /// Times the server slept.
+    pub sleeps: u64,
+    /// System calls on host sockets.
+    pub data_syscalls: u64,
+    /// Requests over all channels.
+    pub requests: u64,
+    /// Completions over all channels.
+    pub completions: u64,
+    /// Batches the server consumed.
+    pub batches: u64,
+    /// Wake-ups the server sent to sleeping sandbox threads.
+    pub wakes_sent: u64,
+    /// Wake-ups the server did not need to send (the thread was spinning).
+    pub wakes_avoided: u64,
+    /// Doorbells the sandbox rang to wake the server.
+    pub doorbells: u64,
+}
+
+impl FerryStats {
+    /// Crossings that cost a wake-up: the server waking the program plus the program
+    /// ringing the server's doorbell.
+    pub fn wakes(&self) -> u64 {
+        self.wakes_sent + self.doorbells
+    }
+}
+
+/// Parses `ferry run --stats-json` output.
+pub fn ferry_stats(json: &str) -> Result<FerryStats, String> {
+    let v: Value = serde_json::from_str(json.trim())
+        .map_err(|e| format!("ferry stats are not JSON ({e})"))?;
+    let top = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let mut s = FerryStats {
+        turns: top("turns"),
+        sleeps: top("sleeps"),
+        data_syscalls: top("data_syscalls"),
+        ..FerryStats::default()
+    };
+    for ch in v
+        .get("channels")
+        .and_then(Value::as_array)
+        .ok_or("ferry stats have no channels")?
+    {
+        let c = |k: &str| ch.get(k).and_then(Value::as_u64).unwrap_or(0);
+        s.requests += c("requests");
+        s.completions += c("completions");
+        s.batches += c("batches");
+        s.wakes_sent += c("wakes_sent");
+        s.wakes_avoided += c("wakes_avoided");
+        s.doorbells += c("doorbells");
+    }
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SOCKPERF: &str = "sockperf: [Total Run] RunTime=2.001 sec; Warm up time=400 msec; SentMessages=51727; ReceivedMessages=51726
+sockperf: [Valid Duration] RunTime=1.550 sec; SentMessages=47437; ReceivedMessages=47437
+sockperf: \x1b[2;35m====> avg-rtt=16.312 (std-dev=98.482)\x1b[0m
+sockperf: \x1b[2;35mTotal 47437 observations\x1b[0m; each percentile contains 474.37 observations
+sockperf: ---> percentile 99.000 =   37.184
+sockperf: ---> percentile 90.000 =   12.653
+sockperf: ---> percentile 50.000 =   10.609
+";
+
+    #[test]
+    fn sockperf_ping_pong() {
+        let p = sockperf_pp(SOCKPERF).unwrap();
+        assert_eq!(p.p50, 10.609);
+        assert_eq!(p.p99, 37.184);
+        assert_eq!(p.observations, 47437);
+        assert_eq!(p.total_received, 51726);
+        assert!(sockperf_pp("sockperf: error").is_err());
+    }
+
+    #[test]
+    fn sockperf_throughput() {
+        let out = "sockperf: Summary: Message Rate is 46235 [msg/sec]\n\
+                   sockperf: Summary: BandWidth is 45.151 MBps (361.211 Mbps)\n";
+        assert_eq!(sockperf_tp(out).unwrap(), (46235.0, 361.211));
+    }
+
+    #[test]
+    fn iperf3() {
+        let tcp = r#"{"end":{"sum_sent":{"bits_per_second":2.0},"sum_received":{"bits_per_second":1.5e9}}}"#;
+        assert_eq!(iperf3_bps(tcp).unwrap(), 1.5e9);
+        let udp = r#"{"end":{"sum":{"bits_per_second":8.0e7,"lost_percent":0}}}"#;
+        assert_eq!(iperf3_bps(udp).unwrap(), 8.0e7);
+        let bad = r#"{"end":{},"error":"unable to connect to server"}"#;
+        assert!(iperf3_bps(bad).unwrap_err().contains("unable to connect"));
+        assert!(iperf3_bps("iperf3: error").is_err());
+    }
+
+    #[test]
+    fn redis_and_wrk_and_burner() {
+        let csv = "\"test\",\"rps\",\"avg_latency_ms\"\n\"SET\",\"344827.59\",\"1.9\"\n\"GET\",\"416666.66\",\"1.4\"\n";
+        assert_eq!(redis_rps(csv, "GET").unwrap(), 416666.66);
+        assert_eq!(redis_rps(csv, "SET").unwrap(), 344827.59);
+        assert!(redis_rps(csv, "LPUSH").is_err());
+        let wrk = "  2 threads and 16 connections\nRequests/sec:  12345.67\nTransfer/sec:      1.23MB\n";
+        assert_eq!(wrk_rps(wrk).unwrap(), 12345.67);
+        assert_eq!(burner_mflops("seconds 2\nMFlops 1234.5\n").unwrap(), 1234.5);
+    }
+
+    #[test]
+    fn mtu_of_first_real_link() {
+        let out = "1: lo: <LOOPBACK,UP> mtu 65536 qdisc noqueue\n\
+                   2: tap0: <BROADCAST,UP,LOWER_UP> mtu 65520 qdisc pfifo_fast\n";
+        assert_eq!(link_mtu(out), Some(("tap0".into(), 65520)));
+        assert_eq!(
+            link_mtu("5: eth0@if6: <UP> mtu 1500 qdisc x"),
+            Some(("eth0".into(), 1500))
+        );
+        assert_eq!(link_mtu("1: lo: <LOOPBACK> mtu 65536"), None);
+    }
+
+    #[test]
+    fn ferry_counters_sum_channels() {
+        let j = r#"{"server":"proto-0","turns":10,"sleeps":2,"data_syscalls":7,"channels":[
+            {"id":0,"requests":5,"completions":5,"batches":3,"wakes_sent":1,"wakes_avoided":2,"doorbells":4},
+            {"id":1,"requests":1,"completions":1,"batches":1,"wakes_sent":0,"wakes_avoided":0,"doorbells":1}],
+            "sockets":[]}"#;
+        let s = ferry_stats(j).unwrap();
+        assert_eq!(s.requests, 6);
+        assert_eq!(s.wakes(), 6);
+        assert_eq!(s.data_syscalls, 7);
+    }
+}

@@ -1,0 +1,536 @@
+//! One PNG per experiment, shaped like the paper's figure: E1 bandwidth vs buffer size
+//! (log x, one line per configuration), E2 RTT and wakes per round trip vs spin span,
+//! E3 bars of MFlops, E4 throughput / RTT / crossings vs batch, R1 grouped bars
+//! normalized to native. Pure-Rust bitmap backend; text in DejaVu Sans.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::OnceLock;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use crate::experiments::Experiment;
+use crate::plan::Row;
+
+/// The font every label is drawn in (Debian's fonts-dejavu-core).
+pub const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+
+const COLORS: [RGBColor; 10] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(255, 127, 14),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+];
+
+type Area<'a> = DrawingArea<BitMapBackend<'a>, Shift>;
+
+fn err<E: std::fmt::Display>(e: E) -> String {
+    e.to_string()
+}
+
+/// Registers DejaVu Sans as "sans-serif" (once per process).
+fn font() -> Result<(), String> {
+    static DONE: OnceLock<Result<(), String>> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let bytes = std::fs::read(FONT).map_err(|e| {
+            format!("cannot read {FONT} ({e}): install fonts-dejavu-core (scripts/install-deps.sh)")
+        })?;
+        let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+        plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+            .map_err(|_| format!("{FONT} is not a usable font"))
+    })
+    .clone()
+}
+
+/// One point: x, median, min, max.
+#[derive(Clone, Copy, Debug)]
+struct Pt {
+    x: f64,
+    med: f64,
+    min: f64,
+    max: f64,
+}
+
+/// Series of `metric` in experiment `e`, per configuration in first-seen order; a
+/// configuration with no successful run has an empty series.
+fn series(rows: &[Row], e: Experiment, metric: &str) -> Vec<(String, Vec<Pt>)> {
+    let mut out: Vec<(String, Vec<Pt>)> = Vec::new();
+    for r in rows.iter().filter(|r| r.experiment == e.id()) {
+        let idx = match out.iter().position(|(n, _)| *n == r.config) {
+            Some(i) => i,
+            None => {
+                out.push((r.config.clone(), Vec::new()));
+                out.len() - 1
+            }
+        };
+        if r.metric != metric {
+            continue;
+        }
+        if let (Some(med), Some(min), Some(max)) = (r.median(), r.min(), r.max()) {
+            out[idx].1.push(Pt {
+                x: r.param.x,
+                med,
+                min,
+                max,
+            });
+        }
+    }
+    for (_, pts) in &mut out {
+        pts.sort_by(|a, b| a.x.total_cmp(&b.x));
+    }
+    out
+}
+
+fn max_of(s: &[(String, Vec<Pt>)]) -> f64 {
+    s.iter()
+        .flat_map(|(_, p)| p.iter().map(|p| p.max))
+        .fold(0.0, f64::max)
+}
+
+fn label(name: &str, pts: &[Pt]) -> String {
+    if pts.is_empty() {
+        format!("{name} (failed)")
+    } else {
+        name.to_owned()
+    }
+}
+
+/// Writes `<dir>/<e>.png` for experiment `e`.
+pub fn draw(dir: &Path, e: Experiment, rows: &[Row]) -> Result<(), String> {
+    font()?;
+    let path = dir.join(format!("{}.png", e.id().to_lowercase()));
+    let size = match e {
+        Experiment::E1 | Experiment::E3 => (1000, 650),
+        Experiment::E2 => (1400, 600),
+        Experiment::E4 => (1600, 560),
+        Experiment::R1 => (1400, 650),
+    };
+    let root = BitMapBackend::new(&path, size).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    match e {
+        Experiment::E1 => e1(&root, rows)?,
+        Experiment::E2 => e2(&root, rows)?,
+        Experiment::E3 => e3(&root, rows)?,
+        Experiment::E4 => e4(&root, rows)?,
+        Experiment::R1 => r1(&root, rows)?,
+    }
+    root.present().map_err(err)
+}
+
+fn size_label(x: f64) -> String {
+    if x >= 1024.0 {
+        format!("{}K", (x / 1024.0).round())
+    } else {
+        format!("{}", x.round())
+    }
+}
+
+fn e1(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
+    let s = series(rows, Experiment::E1, "bandwidth");
+    let ymax = (max_of(&s) * 1.1).max(0.1);
+    let mut chart = ChartBuilder::on(root)
+        .caption("E1 — one-way burst bandwidth vs buffer size (iperf3)", ("sans-serif", 24))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(65)
+        .build_cartesian_2d((48f64..350_000f64).log_scale(), 0f64..ymax)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("buffer size (bytes, log scale)")
+        .y_desc("Gbit/s")
+        .x_label_formatter(&|x| size_label(*x))
+        .draw()
+        .map_err(err)?;
+    for (i, (name, pts)) in s.iter().enumerate() {
+        let c = COLORS[i % COLORS.len()];
+        lines(&mut chart, pts, c, &label(name, pts))?;
+    }
+    legend(&mut chart, SeriesLabelPosition::UpperLeft)
+}
+
+type Chart<'a, 'b, X, Y> = ChartContext<'a, BitMapBackend<'b>, Cartesian2d<X, Y>>;
+
+/// A line with dots and min–max whiskers.
+fn lines<X, Y>(chart: &mut Chart<'_, '_, X, Y>, pts: &[Pt], c: RGBColor, name: &str) -> Result<(), String>
+where
+    X: plotters::coord::ranged1d::Ranged<ValueType = f64>,
+    Y: plotters::coord::ranged1d::Ranged<ValueType = f64>,
+{
+    chart
+        .draw_series(LineSeries::new(pts.iter().map(|p| (p.x, p.med)), c.stroke_width(2)))
+        .map_err(err)?
+        .label(name)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+    chart
+        .draw_series(pts.iter().map(|p| Circle::new((p.x, p.med), 4, c.filled())))
+        .map_err(err)?;
+    chart
+        .draw_series(pts.iter().map(|p| PathElement::new(vec![(p.x, p.min), (p.x, p.max)], c.stroke_width(1))))
+        .map_err(err)?;
+    Ok(())
+}
+
+fn legend<X, Y>(chart: &mut Chart<'_, '_, X, Y>, pos: SeriesLabelPosition) -> Result<(), String>
+where
+    X: plotters::coord::ranged1d::Ranged,
+    Y: plotters::coord::ranged1d::Ranged,
+{
+    chart
+        .configure_series_labels()
+        .position(pos)
+        .label_font(("sans-serif", 15))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)
+}
+
+/// Maps sorted distinct parameter values to 0, 1, 2 … (for axes like spin spans that
+/// include 0), with their labels.
+fn positions(rows: &[Row], e: Experiment) -> (BTreeMap<u64, usize>, Vec<String>) {
+    let mut xs: Vec<(f64, String)> = rows
+        .iter()
+        .filter(|r| r.experiment == e.id() && !r.param.x.is_nan())
+        .map(|r| (r.param.x, r.param.label.clone()))
+        .collect();
+    xs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    xs.dedup_by(|a, b| a.0 == b.0);
+    let map = xs.iter().enumerate().map(|(i, (x, _))| (x.to_bits(), i)).collect();
+    (map, xs.into_iter().map(|(_, l)| l).collect())
+}
+
+fn reindex(pts: &[Pt], map: &BTreeMap<u64, usize>) -> Vec<Pt> {
+    pts.iter()
+        .filter_map(|p| map.get(&p.x.to_bits()).map(|&i| Pt { x: i as f64, ..*p }))
+        .collect()
+}
+
+/// Reference configurations (no parameter) as horizontal lines across the x range.
+fn reference<X, Y>(
+    chart: &mut Chart<'_, '_, X, Y>,
+    s: &[(String, Vec<Pt>)],
+    x0: f64,
+    x1: f64,
+    suffix: &str,
+) -> Result<(), String>
+where
+    X: plotters::coord::ranged1d::Ranged<ValueType = f64>,
+    Y: plotters::coord::ranged1d::Ranged<ValueType = f64>,
+{
+    for (i, (name, pts)) in s.iter().enumerate() {
+        let Some(p) = pts.first().filter(|p| p.x.is_nan()) else { continue };
+        let c = COLORS[(i + 3) % COLORS.len()];
+        let y = p.med;
+        chart
+            .draw_series(LineSeries::new([(x0, y), (x1, y)], c.stroke_width(1)))
+            .map_err(err)?
+            .label(format!("{name}{suffix}"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(1)));
+    }
+    Ok(())
+}
+
+fn e2(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
+    let (map, labels) = positions(rows, Experiment::E2);
+    let n = labels.len().max(1) as f64;
+    let (left, right) = root.split_horizontally(720);
+    let p50 = series(rows, Experiment::E2, "rtt_p50");
+    let p99 = series(rows, Experiment::E2, "rtt_p99");
+    let all: Vec<f64> = p50
+        .iter()
+        .chain(&p99)
+        .flat_map(|(_, p)| p.iter().flat_map(|p| [p.min, p.max]))
+        .collect();
+    let lo = all.iter().copied().fold(f64::INFINITY, f64::min).clamp(0.1, 1e6) * 0.8;
+    let hi = (all.iter().copied().fold(0.0, f64::max) * 1.3).max(lo * 10.0);
+    let fmt = |x: &f64| labels.get(x.round() as usize).cloned().unwrap_or_default();
+    let mut chart = ChartBuilder::on(&left)
+        .caption("E2 — ping-pong RTT vs ferry's spin span", ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(65)
+        .build_cartesian_2d(-0.3f64..(n - 0.7), (lo..hi).log_scale())
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_labels(labels.len() + 1)
+        .x_label_formatter(&fmt)
+        .x_desc("spin span (sockperf 64 B, TCP, --full-rtt)")
+        .y_desc("round trip, µs (log)")
+        .draw()
+        .map_err(err)?;
+    // Every ferry-spin* configuration is one point of one line.
+    for (metric, s, c) in [("p50", &p50, COLORS[0]), ("p99", &p99, COLORS[1])] {
+        let mut pts: Vec<Pt> = s
+            .iter()
+            .filter(|(n, _)| n.starts_with("ferry"))
+            .flat_map(|(_, p)| reindex(p, &map))
+            .collect();
+        pts.sort_by(|a, b| a.x.total_cmp(&b.x));
+        lines(&mut chart, &pts, c, &label(&format!("ferry RTT {metric}"), &pts))?;
+    }
+    reference(&mut chart, &p50, -0.3, n - 0.7, " p50")?;
+    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
+
+    let wakes = series(rows, Experiment::E2, "wakes_per_rt");
+    let sleeps = series(rows, Experiment::E2, "sleeps_per_rt");
+    let mut chart = ChartBuilder::on(&right)
+        .caption("wake-ups per round trip", ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(65)
+        .build_cartesian_2d(-0.3f64..(n - 0.7), (1e-4f64..20f64).log_scale())
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_labels(labels.len() + 1)
+        .x_label_formatter(&fmt)
+        .x_desc("spin span")
+        .y_desc("per round trip (log; 0 drawn at 1e-4)")
+        .draw()
+        .map_err(err)?;
+    for (what, s, c) in [
+        ("wakes + doorbells", &wakes, COLORS[2]),
+        ("server sleeps", &sleeps, COLORS[4]),
+    ] {
+        let pts: Vec<Pt> = s
+            .iter()
+            .flat_map(|(_, p)| reindex(p, &map))
+            .map(|p| Pt {
+                med: p.med.max(1e-4),
+                min: p.min.max(1e-4),
+                max: p.max.max(1e-4),
+                ..p
+            })
+            .collect();
+        lines(&mut chart, &pts, c, &label(what, &pts))?;
+    }
+    legend(&mut chart, SeriesLabelPosition::UpperRight)
+}
+
+/// Vertical bars at integer x with min–max whiskers and a text above each.
+fn bars<Y>(
+    chart: &mut Chart<'_, '_, plotters::coord::types::RangedCoordf64, Y>,
+    bars: &[(f64, f64, Option<Pt>, RGBColor, String)],
+) -> Result<(), String>
+where
+    Y: plotters::coord::ranged1d::Ranged<ValueType = f64>,
+{
+    for (x, w, pt, c, text) in bars {
+        let (x, w, c) = (*x, *w, *c);
+        match pt {
+            Some(p) => {
+                chart
+                    .draw_series([Rectangle::new([(x - w / 2.0, 0.0), (x + w / 2.0, p.med)], c.filled())])
+                    .map_err(err)?;
+                chart
+                    .draw_series([PathElement::new(vec![(x, p.min), (x, p.max)], BLACK.stroke_width(1))])
+                    .map_err(err)?;
+                chart
+                    .draw_series([Text::new(text.clone(), (x - w / 2.0, p.max), ("sans-serif", 13))])
+                    .map_err(err)?;
+            }
+            None => {
+                chart
+                    .draw_series([Text::new("failed".to_owned(), (x - w / 2.0, 0.0), ("sans-serif", 13).into_font().color(&RED))])
+                    .map_err(err)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn e3(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
+    let s = series(rows, Experiment::E3, "mflops");
+    let kept = series(rows, Experiment::E3, "kept");
+    let ymax = (max_of(&s) * 1.2).max(1.0);
+    let names: Vec<String> = s.iter().map(|(n, _)| n.clone()).collect();
+    let n = names.len().max(1) as f64;
+    let mut chart = ChartBuilder::on(root)
+        .caption("E3 — MFlops of a burner beside a 10 MB/s transfer (one CPU)", ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(65)
+        .build_cartesian_2d(-0.5f64..(n - 0.5), 0f64..ymax)
+        .map_err(err)?;
+    let fmt = |x: &f64| {
+        let i = x.round();
+        if (x - i).abs() < 0.01 { names.get(i as usize).cloned().unwrap_or_default() } else { String::new() }
+    };
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(names.len() + 1)
+        .x_label_formatter(&fmt)
+        .y_desc("MFlops (median; whiskers min–max)")
+        .draw()
+        .map_err(err)?;
+    let items: Vec<_> = s
+        .iter()
+        .enumerate()
+        .map(|(i, (name, pts))| {
+            let k = kept
+                .iter()
+                .find(|(n, _)| n == name)
+                .and_then(|(_, p)| p.first())
+                .map(|p| format!("{:.0}%", p.med))
+                .unwrap_or_default();
+            let text = pts.first().map(|p| format!("{:.0} {k}", p.med)).unwrap_or_default();
+            (i as f64, 0.6, pts.first().copied(), COLORS[i % COLORS.len()], text)
+        })
+        .collect();
+    bars(&mut chart, &items)
+}
+
+fn e4(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
+    let panels = root.split_evenly((1, 3));
+    let specs: [(&str, &[(&str, &str)], &str, bool); 3] = [
+        ("throughput, 1 KiB messages", &[("throughput", "sockperf stream")], "Mbit/s", false),
+        ("RTT p50 (64 B ping-pong)", &[("rtt_p50", "ping-pong p50")], "µs", false),
+        (
+            "crossings per operation",
+            &[
+                ("wakes_per_op", "wakes+doorbells / request (stream)"),
+                ("syscalls_per_op", "server syscalls / request (stream)"),
+                ("wakes_per_rt", "wakes+doorbells / round trip"),
+            ],
+            "per operation (log)",
+            true,
+        ),
+    ];
+    for (area, (title, metrics, unit, log)) in panels.iter().zip(specs) {
+        let all: Vec<(String, Vec<(String, Vec<Pt>)>)> = metrics
+            .iter()
+            .map(|(m, l)| ((*l).to_owned(), series(rows, Experiment::E4, m)))
+            .collect();
+        let ymax = all.iter().map(|(_, s)| max_of(s)).fold(0.0, f64::max) * 1.2;
+        let mut builder = ChartBuilder::on(area);
+        builder
+            .caption(format!("E4 — {title}"), ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(45)
+            .y_label_area_size(65);
+        let xr = (0.8f64..80f64).log_scale();
+        let fmt = |x: &f64| format!("{}", x.round());
+        if log {
+            let mut chart = builder
+                .build_cartesian_2d(xr, (1e-3f64..ymax.max(2.0)).log_scale())
+                .map_err(err)?;
+            chart
+                .configure_mesh()
+                .x_label_formatter(&fmt)
+                .x_desc("--batch (log)")
+                .y_desc(unit)
+                .draw()
+                .map_err(err)?;
+            for (i, (l, s)) in all.iter().enumerate() {
+                let pts: Vec<Pt> = s
+                    .iter()
+                    .flat_map(|(_, p)| p.iter().filter(|p| !p.x.is_nan()).copied())
+                    .map(|p| Pt { med: p.med.max(1e-3), min: p.min.max(1e-3), max: p.max.max(1e-3), ..p })
+                    .collect();
+                lines(&mut chart, &pts, COLORS[i + 2], &label(l, &pts))?;
+            }
+            legend(&mut chart, SeriesLabelPosition::UpperRight)?;
+        } else {
+            let mut chart = builder.build_cartesian_2d(xr, 0f64..ymax.max(1.0)).map_err(err)?;
+            chart
+                .configure_mesh()
+                .x_label_formatter(&fmt)
+                .x_desc("--batch (log)")
+                .y_desc(unit)
+                .draw()
+                .map_err(err)?;
+            for (l, s) in &all {
+                let pts: Vec<Pt> = s
+                    .iter()
+                    .flat_map(|(_, p)| p.iter().filter(|p| !p.x.is_nan()).copied())
+                    .collect();
+                lines(&mut chart, &pts, COLORS[0], &label(&format!("ferry {l}"), &pts))?;
+                reference(&mut chart, s, 0.8, 80.0, "")?;
+            }
+            legend(&mut chart, SeriesLabelPosition::LowerRight)?;
+        }
+    }
+    Ok(())
+}
+
+fn r1(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
+    let r: Vec<&Row> = rows.iter().filter(|r| r.experiment == "R1").collect();
+    let mut groups: Vec<(String, String, String)> = Vec::new();
+    let mut configs: Vec<String> = Vec::new();
+    for row in &r {
+        let g = (row.param.label.clone(), row.metric.clone(), row.unit.clone());
+        if row.config == "native" && !groups.contains(&g) {
+            groups.push(g);
+        }
+        if !configs.contains(&row.config) {
+            configs.push(row.config.clone());
+        }
+    }
+    let value = |config: &str, g: &(String, String, String)| {
+        r.iter()
+            .find(|x| x.config == config && x.param.label == g.0 && x.metric == g.1)
+            .and_then(|x| Some((x.median()?, x.min()?, x.max()?)))
+    };
+    let mut items = Vec::new();
+    let mut ymax: f64 = 1.2;
+    let k = configs.len().max(1) as f64;
+    let w = 0.8 / k;
+    for (gi, g) in groups.iter().enumerate() {
+        let Some((base, _, _)) = value("native", g) else { continue };
+        let lower_better = g.2 == "us";
+        for (ci, c) in configs.iter().enumerate() {
+            let x = gi as f64 - 0.4 + w * (ci as f64 + 0.5);
+            let pt = value(c, g).map(|(m, lo, hi)| {
+                let f = |v: f64| if lower_better { base / v } else { v / base };
+                let (a, b) = (f(lo), f(hi));
+                Pt { x, med: f(m), min: a.min(b), max: a.max(b) }
+            });
+            if let Some(p) = pt {
+                ymax = ymax.max(p.max * 1.15);
+            }
+            let text = pt.map(|p| format!("{:.2}", p.med)).unwrap_or_default();
+            items.push((x, w * 0.9, pt, COLORS[ci % COLORS.len()], text));
+        }
+    }
+    let n = groups.len().max(1) as f64;
+    let mut chart = ChartBuilder::on(root)
+        .caption("R1 — real clients, relative to native (higher is better)", ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(65)
+        .build_cartesian_2d(-0.5f64..(n - 0.5), 0f64..ymax)
+        .map_err(err)?;
+    let names: Vec<String> = groups.iter().map(|g| g.1.clone()).collect();
+    let fmt = |x: &f64| {
+        let i = x.round();
+        if (x - i).abs() < 0.01 { names.get(i as usize).cloned().unwrap_or_default() } else { String::new() }
+    };
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(groups.len() + 1)
+        .x_label_formatter(&fmt)
+        .y_desc("× native (throughput: x/native; latency: native/x)")
+        .draw()
+        .map_err(err)?;
+    bars(&mut chart, &items)?;
+    for (ci, c) in configs.iter().enumerate() {
+        let col = COLORS[ci % COLORS.len()];
+        chart
+            .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())
+            .map_err(err)?
+            .label(c.as_str())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], col.filled()));
+    }
+    legend(&mut chart, SeriesLabelPosition::UpperRight)
+}

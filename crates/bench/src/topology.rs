@@ -1,0 +1,250 @@
+//! The two-machine topology of the papers on one host: a "remote" network namespace
+//! joined to the host by a veth pair, running the servers every configuration's client
+//! talks to (iperf3, sockperf, redis-server, nginx over a generated file set).
+//!
+//! Everything is owned by [`Testbed`]: dropping it (normal end, error, Ctrl-C) stops the
+//! servers, deletes the namespace and the veth, and removes the scratch directory.
+
+use std::fs;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ferry_sandbox::testbed::{Remote, free_subnet};
+
+use crate::exec::Daemon;
+
+/// iperf3 server for everything but E3.
+pub const IPERF_PORT: u16 = 5201;
+/// iperf3 server for E3, pinned to the other CPU (the "remote machine's" own core).
+pub const IPERF_E3_PORT: u16 = 5202;
+/// sockperf server (TCP).
+pub const SOCKPERF_PORT: u16 = 11111;
+/// redis-server.
+pub const REDIS_PORT: u16 = 6379;
+/// nginx.
+pub const HTTP_PORT: u16 = 80;
+/// The file wrk fetches from nginx.
+pub const HTTP_FILE: &str = "file-16k.bin";
+
+/// Why the testbed could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum TopologyError {
+    /// No unused /30 for the veth pair.
+    #[error("no free subnet for the remote namespace: {0}")]
+    Subnet(std::io::Error),
+    /// `ip netns add` / veth creation failed.
+    #[error("cannot create the remote namespace: {0}")]
+    Namespace(std::io::Error),
+    /// A scratch file could not be written.
+    #[error("cannot write {path}: {source}")]
+    Scratch {
+        /// The file or directory.
+        path: PathBuf,
+        /// What the file system said.
+        source: std::io::Error,
+    },
+    /// A server did not start or did not listen in time.
+    #[error("{name} did not start in the remote namespace: {why} (is it installed? run scripts/install-deps.sh)")]
+    Server {
+        /// Which server.
+        name: String,
+        /// What went wrong.
+        why: String,
+    },
+}
+
+/// The remote namespace and its servers. Field order is drop order: servers first.
+#[derive(Debug)]
+pub struct Testbed {
+    servers: Vec<(u16, Daemon)>,
+    remote: Remote,
+    scratch: Scratch,
+    /// MTU of the veth pair (host side).
+    pub mtu: u32,
+}
+
+/// A scratch directory under the system temp dir (so nginx's unprivileged workers can
+/// read the file set), removed on drop.
+#[derive(Debug)]
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn scratch_err(path: &Path) -> impl FnOnce(std::io::Error) -> TopologyError + '_ {
+    move |source| TopologyError::Scratch {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+impl Testbed {
+    /// Creates the namespace and starts every server. `pin_e3` pins the E3 iperf3
+    /// server to CPU 1 (when there is one).
+    pub fn up() -> Result<Testbed, TopologyError> {
+        let (host_ip, remote_ip) = free_subnet().map_err(TopologyError::Subnet)?;
+        let name = format!("ferry-bench-{}", std::process::id());
+        let remote =
+            Remote::create(&name, host_ip, remote_ip, 30).map_err(TopologyError::Namespace)?;
+        let dir = std::env::temp_dir().join(format!("ferry-bench-{}", std::process::id()));
+        fs::create_dir_all(dir.join("www")).map_err(scratch_err(&dir))?;
+        let scratch = Scratch(dir);
+        let mtu = fs::read_to_string(format!("/sys/class/net/{}/mtu", remote.paths()[0].host_if))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        let mut bed = Testbed {
+            servers: Vec::new(),
+            remote,
+            scratch,
+            mtu,
+        };
+        bed.write_site()?;
+        for port in [IPERF_PORT, IPERF_E3_PORT, SOCKPERF_PORT, REDIS_PORT, HTTP_PORT] {
+            bed.start(port)?;
+        }
+        Ok(bed)
+    }
+
+    /// The remote's address (the destination of every client).
+    pub fn remote_ip(&self) -> Ipv4Addr {
+        self.remote.remote_ip()
+    }
+
+    /// The host side's address.
+    pub fn host_ip(&self) -> Ipv4Addr {
+        self.remote.host_ip()
+    }
+
+    /// The namespace's name.
+    pub fn name(&self) -> &str {
+        self.remote.name()
+    }
+
+    /// The scratch directory (logs, nginx prefix, file set).
+    pub fn scratch(&self) -> &Path {
+        &self.scratch.0
+    }
+
+    /// Stops and starts the server on `port` again (after a failed run: an iperf3
+    /// server whose client was killed can stay busy for minutes).
+    pub fn restart(&mut self, port: u16) -> Result<(), TopologyError> {
+        self.servers.retain(|(p, _)| *p != port);
+        self.start(port)
+    }
+
+    /// Restarts every server that has died.
+    pub fn revive(&mut self) -> Result<(), TopologyError> {
+        let dead: Vec<u16> = self
+            .servers
+            .iter_mut()
+            .filter_map(|(p, d)| (!d.alive()).then_some(*p))
+            .collect();
+        for port in dead {
+            self.restart(port)?;
+        }
+        Ok(())
+    }
+
+    fn write_site(&self) -> Result<(), TopologyError> {
+        let dir = self.scratch();
+        let www = dir.join("www");
+        for (file, len) in [
+            ("index.html", 1024),
+            (HTTP_FILE, 16 << 10),
+            ("file-1m.bin", 1 << 20),
+        ] {
+            let body: Vec<u8> = (0..len).map(|i: usize| b'a' + (i % 26) as u8).collect();
+            let path = www.join(file);
+            fs::write(&path, body).map_err(scratch_err(&path))?;
+        }
+        let conf = format!(
+            "worker_processes 1;\ndaemon off;\npid {d}/nginx.pid;\nerror_log {d}/nginx-error.log;\n\
+             events {{ worker_connections 1024; }}\n\
+             http {{\n  access_log off;\n  sendfile on;\n  keepalive_requests 1000000;\n\
+             \x20 client_body_temp_path {d}/body;\n  default_type application/octet-stream;\n\
+             \x20 server {{ listen {ip}:{HTTP_PORT}; root {d}/www; }}\n}}\n",
+            d = dir.display(),
+            ip = self.remote_ip(),
+        );
+        let path = dir.join("nginx.conf");
+        fs::write(&path, conf).map_err(scratch_err(&path))
+    }
+
+    fn start(&mut self, port: u16) -> Result<(), TopologyError> {
+        let ip = self.remote_ip().to_string();
+        let dir = self.scratch().to_owned();
+        let (name, mut cmd) = match port {
+            IPERF_PORT => {
+                let mut c = self.remote.command("iperf3");
+                c.args(["-s", "-p", &port.to_string()]);
+                ("iperf3", c)
+            }
+            IPERF_E3_PORT => {
+                let mut c = self.remote.command("taskset");
+                let cpu = if cpus() > 1 { "1" } else { "0" };
+                c.args(["-c", cpu, "iperf3", "-s", "-p", &port.to_string()]);
+                ("iperf3 (E3)", c)
+            }
+            SOCKPERF_PORT => {
+                let mut c = self.remote.command("sockperf");
+                c.args(["server", "--tcp", "-i", &ip, "-p", &port.to_string()]);
+                ("sockperf", c)
+            }
+            REDIS_PORT => {
+                let mut c = self.remote.command("redis-server");
+                c.args(["--port", &port.to_string(), "--bind", &ip, "--save", ""]);
+                c.args(["--appendonly", "no", "--protected-mode", "no"]);
+                c.arg("--dir").arg(&dir);
+                ("redis-server", c)
+            }
+            _ => {
+                let mut c = self.remote.command("nginx");
+                c.arg("-p").arg(&dir).arg("-c").arg(dir.join("nginx.conf"));
+                c.arg("-e").arg(dir.join("nginx-error.log"));
+                ("nginx", c)
+            }
+        };
+        let log = dir.join(format!("{}.log", name.replace([' ', '(', ')'], "")));
+        let file = fs::File::create(&log).map_err(scratch_err(&log))?;
+        let err = file.try_clone().map_err(scratch_err(&log))?;
+        cmd.stdout(Stdio::from(file)).stderr(Stdio::from(err));
+        let mut daemon = Daemon::spawn(name, &mut cmd).map_err(|e| TopologyError::Server {
+            name: name.to_owned(),
+            why: e.to_string(),
+        })?;
+        let end = Instant::now() + Duration::from_secs(10);
+        while !self.listening(port) {
+            if !daemon.alive() || Instant::now() > end {
+                let why = fs::read_to_string(&log).unwrap_or_default();
+                return Err(TopologyError::Server {
+                    name: name.to_owned(),
+                    why: format!("not listening on port {port}; log: {}", why.trim()),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.servers.push((port, daemon));
+        Ok(())
+    }
+
+    /// Whether a TCP socket listens on `port` inside the namespace.
+    fn listening(&self, port: u16) -> bool {
+        Command::new("ss")
+            .args(["-N", self.name(), "-Hltn", &format!("sport = :{port}")])
+            .stderr(Stdio::null())
+            .output()
+            .map(|o| !o.stdout.is_empty())
+            .unwrap_or(false)
+    }
+}
+
+/// Online CPUs.
+pub fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}

@@ -1,0 +1,74 @@
+//! `ferry bench`: the benchmark harness (crate `ferry-bench`) behind a command line.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use ferry_bench::{Error, Experiment, Options};
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Experiments to run: E1 (bandwidth vs buffer size), E2 (RTT and wakes vs spin),
+    /// E3 (CPU interference), E4 (batching), R1 (real clients). Default: all.
+    #[arg(value_name = "EXPERIMENT", value_parser = Experiment::parse)]
+    pub experiments: Vec<Experiment>,
+    /// Short runs and few points (a few minutes); 2 runs unless --runs is given.
+    #[arg(long)]
+    pub quick: bool,
+    /// Output directory: results.csv, one PNG per experiment, report.md.
+    #[arg(long, value_name = "DIR", default_value = "bench-out")]
+    pub out: PathBuf,
+    /// Measured runs per case, after one warm-up (default 5; 2 with --quick).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=100))]
+    pub runs: Option<u16>,
+}
+
+pub fn main(a: BenchArgs) -> i32 {
+    crate::run::init_logging(0);
+    let mut experiments = if a.experiments.is_empty() {
+        Experiment::ALL.to_vec()
+    } else {
+        a.experiments
+    };
+    experiments.dedup();
+    let ferry = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("ferry"));
+    let options = Options {
+        experiments,
+        quick: a.quick,
+        out: a.out,
+        runs: a.runs.map_or(if a.quick { 2 } else { 5 }, usize::from),
+        ferry,
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+    };
+    match ferry_bench::run(&options) {
+        Ok(s) => {
+            println!("{}", s.tables);
+            for e in &s.plot_errors {
+                eprintln!("ferry bench: plot not drawn: {e}");
+            }
+            for k in &s.skipped {
+                println!("skipped {}: {} (fix: {})", k.name, k.reason, k.fix);
+            }
+            println!(
+                "\nferry bench: done in {:.0} s; results in {} (report.md, results.csv, *.png)",
+                s.seconds,
+                s.out.display()
+            );
+            0
+        }
+        Err(Error::Interrupted) => {
+            eprintln!(
+                "ferry bench: interrupted; everything was torn down; finished experiments are in {}",
+                options.out.display()
+            );
+            130
+        }
+        Err(e @ Error::NotRoot) => {
+            eprintln!("ferry bench: {e}");
+            crate::run::EXIT_SETUP
+        }
+        Err(e) => {
+            eprintln!("ferry bench: {e}");
+            1
+        }
+    }
+}

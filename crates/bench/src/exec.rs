@@ -7,8 +7,8 @@
 
 use std::io::Read;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -85,9 +85,27 @@ impl Outcome {
 fn last_line(s: &str) -> Option<String> {
     s.lines()
         .rev()
-        .map(str::trim)
+        .map(|l| strip_ansi(l).trim().to_owned())
         .find(|l| !l.is_empty() && !l.starts_with('}') && !l.starts_with(']'))
         .map(|l| l.chars().take(160).collect())
+}
+
+/// Removes terminal colour sequences (`ESC [ … letter`).
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Why a run could not be made at all.
@@ -325,6 +343,14 @@ mod tests {
         assert!(slow.timed_out);
         assert!(!slow.success());
         assert!(slow.failure().starts_with("timed out"));
+    }
+
+    #[test]
+    fn colours_are_stripped() {
+        assert_eq!(
+            strip_ansi("\x1b[2mtime\x1b[0m \x1b[33m WARN\x1b[0m x"),
+            "time  WARN x"
+        );
     }
 
     #[test]

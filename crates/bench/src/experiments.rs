@@ -9,9 +9,7 @@ use std::time::Duration;
 use crate::config::{Config, RunOut};
 use crate::parse;
 use crate::plan::{Case, Extract, Param};
-use crate::topology::{
-    HTTP_FILE, HTTP_PORT, IPERF_E3_PORT, IPERF_PORT, REDIS_PORT, SOCKPERF_PORT,
-};
+use crate::topology::{HTTP_FILE, HTTP_PORT, IPERF_E3_PORT, IPERF_PORT, REDIS_PORT, SOCKPERF_PORT};
 
 /// An experiment this harness knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -51,10 +49,12 @@ impl Experiment {
         Experiment::ALL
             .into_iter()
             .find(|e| e.id() == up)
-            .ok_or_else(|| match Experiment::NOT_YET.iter().find(|(id, _)| *id == up) {
-                Some((id, what)) => format!("{id} ({what}) is a later milestone: not yet"),
-                None => format!("unknown experiment `{s}` (E1, E2, E3, E4, R1)"),
-            })
+            .ok_or_else(
+                || match Experiment::NOT_YET.iter().find(|(id, _)| *id == up) {
+                    Some((id, what)) => format!("{id} ({what}) is a later milestone: not yet"),
+                    None => format!("unknown experiment `{s}` (E1, E2, E3, E4, R1)"),
+                },
+            )
     }
 
     /// "E1", …
@@ -109,19 +109,30 @@ impl Settings {
     }
 
     fn timeout(&self, secs: u32) -> Duration {
-        Duration::from_secs(u64::from(secs) + if self.quick { 6 } else { 12 })
+        Duration::from_secs(u64::from(secs) + if self.quick { 4 } else { 12 })
     }
 
     fn iperf3(&self, port: u16, secs: u32, extra: &[&str]) -> Vec<String> {
         let mut v = strings(&["iperf3", "-c", &self.remote, "-p", &port.to_string()]);
-        v.extend(strings(&["-t", &secs.to_string(), "-J", "--connect-timeout", "3000"]));
+        v.extend(strings(&[
+            "-t",
+            &secs.to_string(),
+            "-J",
+            "--connect-timeout",
+            "3000",
+        ]));
         v.extend(strings(extra));
         v
     }
 
     fn sockperf(&self, mode: &str, secs: u32, extra: &[&str]) -> Vec<String> {
         let mut v = strings(&["sockperf", mode, "--tcp", "-i", &self.remote]);
-        v.extend(strings(&["-p", &SOCKPERF_PORT.to_string(), "-t", &secs.to_string()]));
+        v.extend(strings(&[
+            "-p",
+            &SOCKPERF_PORT.to_string(),
+            "-t",
+            &secs.to_string(),
+        ]));
         v.extend(strings(extra));
         v
     }
@@ -140,7 +151,12 @@ fn pick(ready: &[Config], names: &[&str]) -> Vec<Config> {
 }
 
 /// ferry at a spin span (named `ferry-spin<label>`), if ferry itself is ready.
-fn ferry_variant(ready: &[Config], name: &str, spin: Option<&str>, batch: Option<u32>) -> Option<Config> {
+fn ferry_variant(
+    ready: &[Config],
+    name: &str,
+    spin: Option<&str>,
+    batch: Option<u32>,
+) -> Option<Config> {
     ready
         .iter()
         .any(|c| c.name == "ferry")
@@ -148,7 +164,7 @@ fn ferry_variant(ready: &[Config], name: &str, spin: Option<&str>, batch: Option
 }
 
 fn size_label(bytes: u64) -> String {
-    if bytes >= 1024 && bytes % 1024 == 0 {
+    if bytes >= 1024 && bytes.is_multiple_of(1024) {
         format!("{}K", bytes / 1024)
     } else {
         bytes.to_string()
@@ -255,7 +271,7 @@ fn e2(s: &Settings, ready: &[Config]) -> Vec<Case> {
 }
 
 fn e3(s: &Settings, ready: &[Config]) -> Vec<Case> {
-    let secs = if s.quick { 3 } else { 8 };
+    let secs = if s.quick { 2 } else { 8 };
     let burner = s.burner.display().to_string();
     // The burner and a 10 MB/s transfer side by side, the whole configuration on CPU 0
     // (the remote's iperf3 server is on CPU 1: the "other machine").
@@ -267,7 +283,13 @@ fn e3(s: &Settings, ready: &[Config]) -> Vec<Case> {
     );
     let beside = vec!["sh".to_owned(), "-c".to_owned(), script];
     let extract = || -> Extract {
-        Box::new(|r: &RunOut| Ok(vec![("mflops", "MFlops", parse::burner_mflops(&r.outcome.stdout)?)]))
+        Box::new(|r: &RunOut| {
+            Ok(vec![(
+                "mflops",
+                "MFlops",
+                parse::burner_mflops(&r.outcome.stdout)?,
+            )])
+        })
     };
     let mut alone = Config::native();
     alone.name = "burner alone".into();
@@ -305,7 +327,11 @@ fn stream_extract() -> Extract {
         if let Some(st) = &r.stats {
             let ops = st.requests.max(1) as f64;
             v.push(("wakes_per_op", "per request", st.wakes() as f64 / ops));
-            v.push(("syscalls_per_op", "per request", st.data_syscalls as f64 / ops));
+            v.push((
+                "syscalls_per_op",
+                "per request",
+                st.data_syscalls as f64 / ops,
+            ));
         }
         Ok(v)
     })
@@ -313,12 +339,19 @@ fn stream_extract() -> Extract {
 
 fn e4(s: &Settings, ready: &[Config]) -> Vec<Case> {
     let secs = s.secs(3);
-    let batches: &[u32] = if s.quick { &[1, 8, 64] } else { &[1, 2, 4, 8, 16, 32, 64] };
+    let batches: &[u32] = if s.quick {
+        &[1, 8, 64]
+    } else {
+        &[1, 2, 4, 8, 16, 32, 64]
+    };
     let stream = s.sockperf("throughput", secs, &["-m", "1024"]);
     let pp = s.sockperf("ping-pong", secs, &["-m", "64", "--full-rtt"]);
     let mut out = Vec::new();
     let mut push = |c: Config, param: Param| {
-        for (client, extract) in [(stream.clone(), stream_extract()), (pp.clone(), pingpong_extract())] {
+        for (client, extract) in [
+            (stream.clone(), stream_extract()),
+            (pp.clone(), pingpong_extract()),
+        ] {
             out.push(Case {
                 config: c.clone(),
                 param: param.clone(),
@@ -341,16 +374,29 @@ fn e4(s: &Settings, ready: &[Config]) -> Vec<Case> {
     out
 }
 
+/// One R1 test: label, client, servers to restart on failure, metrics, seconds it runs.
+type R1Test = (&'static str, Vec<String>, Vec<u16>, Extract, u32);
+
 fn r1(s: &Settings, ready: &[Config]) -> Vec<Case> {
     let secs = s.secs(3);
     let configs = pick(ready, &["native", "ferry", "slirp4netns", "pasta"]);
-    let (n1, n16) = if s.quick { ("5000", "50000") } else { ("20000", "200000") };
+    let (n1, n16) = if s.quick {
+        ("5000", "50000")
+    } else {
+        ("20000", "200000")
+    };
     let url = format!("http://{}:{HTTP_PORT}/{HTTP_FILE}", s.remote);
     let redis = |n: &str, p: &str| {
-        strings(&["redis-benchmark", "-h", &s.remote, "-p", &REDIS_PORT.to_string()])
-            .into_iter()
-            .chain(strings(&["-t", "get,set", "-n", n, "-P", p, "--csv", "-q"]))
-            .collect::<Vec<_>>()
+        strings(&[
+            "redis-benchmark",
+            "-h",
+            &s.remote,
+            "-p",
+            &REDIS_PORT.to_string(),
+        ])
+        .into_iter()
+        .chain(strings(&["-t", "get,set", "-n", n, "-P", p, "--csv", "-q"]))
+        .collect::<Vec<_>>()
     };
     let redis_extract = |p: &'static str| -> Extract {
         Box::new(move |r: &RunOut| {
@@ -365,11 +411,29 @@ fn r1(s: &Settings, ready: &[Config]) -> Vec<Case> {
         })
     };
     let tput = |metric: &'static str| -> Extract {
-        Box::new(move |r: &RunOut| Ok(vec![(metric, "Gbit/s", parse::iperf3_bps(&r.outcome.stdout)? / 1e9)]))
+        Box::new(move |r: &RunOut| {
+            Ok(vec![(
+                metric,
+                "Gbit/s",
+                parse::iperf3_bps(&r.outcome.stdout)? / 1e9,
+            )])
+        })
     };
-    let tests: Vec<(&str, Vec<String>, Vec<u16>, Extract, u32)> = vec![
-        ("iperf3 TCP send", s.iperf3(IPERF_PORT, secs, &[]), vec![IPERF_PORT], tput("TCP send"), secs),
-        ("iperf3 TCP recv", s.iperf3(IPERF_PORT, secs, &["-R"]), vec![IPERF_PORT], tput("TCP recv"), secs),
+    let tests: Vec<R1Test> = vec![
+        (
+            "iperf3 TCP send",
+            s.iperf3(IPERF_PORT, secs, &[]),
+            vec![IPERF_PORT],
+            tput("TCP send"),
+            secs,
+        ),
+        (
+            "iperf3 TCP recv",
+            s.iperf3(IPERF_PORT, secs, &["-R"]),
+            vec![IPERF_PORT],
+            tput("TCP recv"),
+            secs,
+        ),
         (
             "iperf3 UDP",
             s.iperf3(IPERF_PORT, secs, &["-u", "-b", "1G", "-l", "1400"]),
@@ -381,21 +445,57 @@ fn r1(s: &Settings, ready: &[Config]) -> Vec<Case> {
             "sockperf ping-pong",
             s.sockperf("ping-pong", secs, &["-m", "64", "--full-rtt"]),
             vec![SOCKPERF_PORT],
-            Box::new(|r: &RunOut| Ok(vec![("RTT p50", "us", parse::sockperf_pp(&r.outcome.stdout)?.p50)])),
+            Box::new(|r: &RunOut| {
+                Ok(vec![(
+                    "RTT p50",
+                    "us",
+                    parse::sockperf_pp(&r.outcome.stdout)?.p50,
+                )])
+            }),
             secs,
         ),
-        ("redis -P 1", redis(n1, "1"), vec![REDIS_PORT], redis_extract("1"), 20),
-        ("redis -P 16", redis(n16, "16"), vec![REDIS_PORT], redis_extract("16"), 20),
+        (
+            "redis -P 1",
+            redis(n1, "1"),
+            vec![REDIS_PORT],
+            redis_extract("1"),
+            20,
+        ),
+        (
+            "redis -P 16",
+            redis(n16, "16"),
+            vec![REDIS_PORT],
+            redis_extract("16"),
+            20,
+        ),
         (
             "wrk nginx 16K",
-            strings(&["wrk", "-t", "2", "-c", "16", "-d", &format!("{secs}s"), "--timeout", "5s", &url]),
+            strings(&[
+                "wrk",
+                "-t",
+                "2",
+                "-c",
+                "16",
+                "-d",
+                &format!("{secs}s"),
+                "--timeout",
+                "5s",
+                &url,
+            ]),
             vec![HTTP_PORT],
-            Box::new(|r: &RunOut| Ok(vec![("HTTP 16K", "req/s", parse::wrk_rps(&r.outcome.stdout)?)])),
+            Box::new(|r: &RunOut| {
+                Ok(vec![(
+                    "HTTP 16K",
+                    "req/s",
+                    parse::wrk_rps(&r.outcome.stdout)?,
+                )])
+            }),
             secs,
         ),
     ];
     let mut out = Vec::new();
     for (i, (label, client, servers, extract, secs)) in tests.into_iter().enumerate() {
+        let secs: u32 = secs;
         let extract: std::rc::Rc<Extract> = std::rc::Rc::new(extract);
         for c in &configs {
             let ex = extract.clone();

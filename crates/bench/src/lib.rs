@@ -27,8 +27,8 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use config::{Config, Env, Ready, Skipped};
-pub use experiments::Experiment;
 use exec::{ExecError, Interrupt};
+pub use experiments::Experiment;
 use plan::{Bench, Row};
 use report::{Machine, Results};
 use topology::{Testbed, TopologyError};
@@ -155,9 +155,11 @@ pub fn run(o: &Options) -> Result<Summary, Error> {
     let total: usize = plans.iter().map(|(_, c)| c.len() * (o.runs + 1)).sum();
     let bar = ProgressBar::new(total as u64);
     bar.set_style(
-        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} runs, eta {eta}  {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:30}] {pos}/{len} runs, eta {eta}  {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
     );
     let mut results = Results {
         experiments: Vec::new(),
@@ -185,7 +187,7 @@ pub fn run(o: &Options) -> Result<Summary, Error> {
         }
         results.rows.extend(rows);
         results.experiments.push(*e);
-        bar.println(report::table(*e, &results.rows));
+        say(&bar, &report::table(*e, &results.rows));
         // Written after every experiment, so an interrupted run leaves what it measured.
         if let Err(why) = plot::draw(&o.out, *e, &results.rows) {
             plot_errors.push(format!("{}: {why}", e.id()));
@@ -211,11 +213,25 @@ pub fn run(o: &Options) -> Result<Summary, Error> {
     })
 }
 
+/// Prints above the progress bar, or plainly when the bar is hidden (not a terminal).
+pub fn say(bar: &ProgressBar, msg: &str) {
+    if bar.is_hidden() {
+        println!("{msg}");
+    } else {
+        bar.println(msg);
+    }
+}
+
 /// Smoke-checks native, ferry, slirp4netns and pasta; prints each verdict.
 fn check_all(remote: &str, mtu: u32, env: &Env) -> Result<(Vec<Ready>, Vec<Skipped>), Error> {
     let mut ready = Vec::new();
     let mut skipped = Vec::new();
-    for c in [Config::native(), Config::ferry(), Config::slirp(), Config::pasta()] {
+    for c in [
+        Config::native(),
+        Config::ferry(),
+        Config::slirp(),
+        Config::pasta(),
+    ] {
         match c.check(remote, mtu, env)? {
             Ok(r) => {
                 println!("configuration {:<12} ready ({})", r.config.name, r.mtu);

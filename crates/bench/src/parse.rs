@@ -81,7 +81,10 @@ pub fn sockperf_tp(out: &str) -> Result<(f64, f64), String> {
 
 fn field(line: &str, key: &str) -> Option<u64> {
     let (_, rest) = line.split_once(key)?;
-    rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    rest.split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Requests per second of `test` (e.g. "GET") in `redis-benchmark --csv` output.
@@ -160,8 +163,8 @@ impl FerryStats {
 
 /// Parses `ferry run --stats-json` output.
 pub fn ferry_stats(json: &str) -> Result<FerryStats, String> {
-    let v: Value = serde_json::from_str(json.trim())
-        .map_err(|e| format!("ferry stats are not JSON ({e})"))?;
+    let v: Value =
+        serde_json::from_str(json.trim()).map_err(|e| format!("ferry stats are not JSON ({e})"))?;
     let top = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
     let mut s = FerryStats {
         turns: top("turns"),
@@ -232,7 +235,8 @@ sockperf: ---> percentile 50.000 =   10.609
         assert_eq!(redis_rps(csv, "GET").unwrap(), 416666.66);
         assert_eq!(redis_rps(csv, "SET").unwrap(), 344827.59);
         assert!(redis_rps(csv, "LPUSH").is_err());
-        let wrk = "  2 threads and 16 connections\nRequests/sec:  12345.67\nTransfer/sec:      1.23MB\n";
+        let wrk =
+            "  2 threads and 16 connections\nRequests/sec:  12345.67\nTransfer/sec:      1.23MB\n";
         assert_eq!(wrk_rps(wrk).unwrap(), 12345.67);
         assert_eq!(burner_mflops("seconds 2\nMFlops 1234.5\n").unwrap(), 1234.5);
     }

@@ -5,8 +5,8 @@
 //! taken at the end; nothing here judges a time.
 //!
 //! A case whose warm-up fails is not repeated (its rows say why); after two timed-out
-//! warm-ups a configuration is not tried again in the same experiment, so a hanging
-//! configuration costs minutes, not hours.
+//! warm-ups of the same client program under a configuration, that pair is not tried
+//! again in the same experiment, so a hanging configuration costs minutes, not hours.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -41,8 +41,14 @@ impl Param {
     }
 }
 
-/// Reads metrics (name, unit, value) from a successful run; an error marks it failed.
-pub type Extract = Box<dyn Fn(&RunOut) -> Result<Vec<(&'static str, &'static str, f64)>, String>>;
+/// Metrics of one run: (name, unit, value).
+pub type Metrics = Vec<(&'static str, &'static str, f64)>;
+
+/// Reads metrics from a successful run; an error marks it failed.
+pub type Extract = Box<dyn Fn(&RunOut) -> Result<Metrics, String>>;
+
+/// One run's metrics, or why it failed and whether it timed out.
+type RunResult = Result<Metrics, (String, bool)>;
 
 /// One point of an experiment.
 pub struct Case {
@@ -60,6 +66,15 @@ pub struct Case {
     pub servers: Vec<u16>,
     /// Metrics of a run.
     pub extract: Extract,
+}
+
+impl Case {
+    /// The client program's name (for `sh -c SCRIPT`, the script's last program that
+    /// talks to the network is not known: the whole case counts as "sh").
+    pub fn program(&self) -> String {
+        let first = self.client.first().map(String::as_str).unwrap_or("");
+        first.rsplit('/').next().unwrap_or(first).to_owned()
+    }
 }
 
 impl std::fmt::Debug for Case {
@@ -161,14 +176,19 @@ pub fn measure(
     metric_hint: (&str, &str),
 ) -> Result<Vec<Row>, ExecError> {
     let mut tallies: Vec<Tally> = cases.iter().map(|_| Tally::default()).collect();
-    let mut timeouts: BTreeMap<String, usize> = BTreeMap::new();
+    // Timed-out warm-ups per (configuration, client program).
+    let mut timeouts: BTreeMap<(String, String), usize> = BTreeMap::new();
     for (case, tally) in cases.iter().zip(&mut tallies) {
-        let label = format!("{experiment} {} {} (warm-up)", case.config.name, case.param.label);
-        b.bar.set_message(label);
-        if timeouts.get(&case.config.name).copied().unwrap_or(0) >= 2 {
+        let label = format!(
+            "{experiment} {} {} (warm-up)",
+            case.config.name, case.param.label
+        );
+        status(b.bar, label);
+        let key = (case.config.name.clone(), case.program());
+        if timeouts.get(&key).copied().unwrap_or(0) >= 2 {
             tally.fail(format!(
-                "not attempted: earlier runs of {} timed out in {experiment}",
-                case.config.name
+                "not attempted: two earlier {} runs under {} timed out in {experiment}",
+                key.1, key.0
             ));
             tally.dead = true;
             b.bar.inc(1 + b.runs as u64);
@@ -182,7 +202,7 @@ pub fn measure(
         b.bar.inc(1);
         if let Err((why, timed_out)) = warm {
             if timed_out {
-                *timeouts.entry(case.config.name.clone()).or_default() += 1;
+                *timeouts.entry(key).or_default() += 1;
             }
             tally.fail(format!("warm-up {why}"));
             tally.dead = true;
@@ -194,20 +214,28 @@ pub fn measure(
             if tally.dead {
                 continue;
             }
-            b.bar.set_message(format!(
-                "{experiment} {} {} (run {}/{})",
-                case.config.name,
-                case.param.label,
-                rep + 1,
-                b.runs
-            ));
+            status(
+                b.bar,
+                format!(
+                    "{experiment} {} {} (run {}/{})",
+                    case.config.name,
+                    case.param.label,
+                    rep + 1,
+                    b.runs
+                ),
+            );
             match run_once(b, case)? {
                 Ok(values) => {
                     for (name, unit, v) in values {
                         if !tally.metrics.contains_key(name) {
                             tally.order.push(name);
                         }
-                        tally.metrics.entry(name).or_insert((unit, Vec::new())).1.push(v);
+                        tally
+                            .metrics
+                            .entry(name)
+                            .or_insert((unit, Vec::new()))
+                            .1
+                            .push(v);
                     }
                 }
                 Err((why, _)) => tally.fail(why),
@@ -238,12 +266,24 @@ pub fn measure(
     Ok(rows)
 }
 
+/// Shows what runs now: on the bar, or as a log line when the bar is hidden.
+fn status(bar: &ProgressBar, msg: String) {
+    if bar.is_hidden() {
+        println!(
+            "[{}/{}] {msg}",
+            bar.position() + 1,
+            bar.length().unwrap_or(0)
+        );
+    } else {
+        bar.set_message(msg);
+    }
+}
+
 /// One run of a case: metrics, or (why it failed, whether it timed out).
-fn run_once(
-    b: &mut Bench<'_>,
-    case: &Case,
-) -> Result<Result<Vec<(&'static str, &'static str, f64)>, (String, bool)>, ExecError> {
-    let out = case.config.run(&case.client, case.timeout, case.pin, b.env)?;
+fn run_once(b: &mut Bench<'_>, case: &Case) -> Result<RunResult, ExecError> {
+    let out = case
+        .config
+        .run(&case.client, case.timeout, case.pin, b.env)?;
     let result = if out.outcome.success() {
         (case.extract)(&out).map_err(|e| (e, false))
     } else {
@@ -252,13 +292,16 @@ fn run_once(
     if result.is_err() {
         for port in &case.servers {
             if let Err(e) = b.bed.restart(*port) {
-                b.bar.println(format!("warning: restarting the server on port {port}: {e}"));
+                crate::say(
+                    b.bar,
+                    &format!("warning: restarting the server on port {port}: {e}"),
+                );
             }
         }
     }
     // A server that died on its own (not after a failure of ours) is revived too.
     if let Err(e) = b.bed.revive() {
-        b.bar.println(format!("warning: reviving servers: {e}"));
+        crate::say(b.bar, &format!("warning: reviving servers: {e}"));
     }
     Ok(result)
 }

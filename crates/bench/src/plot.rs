@@ -49,6 +49,9 @@ fn font() -> Result<(), String> {
     .clone()
 }
 
+/// Per configuration, its points.
+type Series = Vec<(String, Vec<Pt>)>;
+
 /// One point: x, median, min, max.
 #[derive(Clone, Copy, Debug)]
 struct Pt {
@@ -60,8 +63,8 @@ struct Pt {
 
 /// Series of `metric` in experiment `e`, per configuration in first-seen order; a
 /// configuration with no successful run has an empty series.
-fn series(rows: &[Row], e: Experiment, metric: &str) -> Vec<(String, Vec<Pt>)> {
-    let mut out: Vec<(String, Vec<Pt>)> = Vec::new();
+fn series(rows: &[Row], e: Experiment, metric: &str) -> Series {
+    let mut out: Series = Vec::new();
     for r in rows.iter().filter(|r| r.experiment == e.id()) {
         let idx = match out.iter().position(|(n, _)| *n == r.config) {
             Some(i) => i,
@@ -88,7 +91,7 @@ fn series(rows: &[Row], e: Experiment, metric: &str) -> Vec<(String, Vec<Pt>)> {
     out
 }
 
-fn max_of(s: &[(String, Vec<Pt>)]) -> f64 {
+fn max_of(s: &Series) -> f64 {
     s.iter()
         .flat_map(|(_, p)| p.iter().map(|p| p.max))
         .fold(0.0, f64::max)
@@ -136,7 +139,10 @@ fn e1(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
     let s = series(rows, Experiment::E1, "bandwidth");
     let ymax = (max_of(&s) * 1.1).max(0.1);
     let mut chart = ChartBuilder::on(root)
-        .caption("E1 — one-way burst bandwidth vs buffer size (iperf3)", ("sans-serif", 24))
+        .caption(
+            "E1 — one-way burst bandwidth vs buffer size (iperf3)",
+            ("sans-serif", 24),
+        )
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(65)
@@ -144,6 +150,7 @@ fn e1(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
         .map_err(err)?;
     chart
         .configure_mesh()
+        .light_line_style(RGBColor(238, 238, 238))
         .x_desc("buffer size (bytes, log scale)")
         .y_desc("Gbit/s")
         .x_label_formatter(&|x| size_label(*x))
@@ -159,13 +166,21 @@ fn e1(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
 type Chart<'a, 'b, X, Y> = ChartContext<'a, BitMapBackend<'b>, Cartesian2d<X, Y>>;
 
 /// A line with dots and min–max whiskers.
-fn lines<X, Y>(chart: &mut Chart<'_, '_, X, Y>, pts: &[Pt], c: RGBColor, name: &str) -> Result<(), String>
+fn lines<X, Y>(
+    chart: &mut Chart<'_, '_, X, Y>,
+    pts: &[Pt],
+    c: RGBColor,
+    name: &str,
+) -> Result<(), String>
 where
     X: plotters::coord::ranged1d::Ranged<ValueType = f64>,
     Y: plotters::coord::ranged1d::Ranged<ValueType = f64>,
 {
     chart
-        .draw_series(LineSeries::new(pts.iter().map(|p| (p.x, p.med)), c.stroke_width(2)))
+        .draw_series(LineSeries::new(
+            pts.iter().map(|p| (p.x, p.med)),
+            c.stroke_width(2),
+        ))
         .map_err(err)?
         .label(name)
         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
@@ -173,12 +188,18 @@ where
         .draw_series(pts.iter().map(|p| Circle::new((p.x, p.med), 4, c.filled())))
         .map_err(err)?;
     chart
-        .draw_series(pts.iter().map(|p| PathElement::new(vec![(p.x, p.min), (p.x, p.max)], c.stroke_width(1))))
+        .draw_series(
+            pts.iter()
+                .map(|p| PathElement::new(vec![(p.x, p.min), (p.x, p.max)], c.stroke_width(1))),
+        )
         .map_err(err)?;
     Ok(())
 }
 
-fn legend<X, Y>(chart: &mut Chart<'_, '_, X, Y>, pos: SeriesLabelPosition) -> Result<(), String>
+fn legend<'a, 'b: 'a, X, Y>(
+    chart: &mut Chart<'a, 'b, X, Y>,
+    pos: SeriesLabelPosition,
+) -> Result<(), String>
 where
     X: plotters::coord::ranged1d::Ranged,
     Y: plotters::coord::ranged1d::Ranged,
@@ -203,7 +224,11 @@ fn positions(rows: &[Row], e: Experiment) -> (BTreeMap<u64, usize>, Vec<String>)
         .collect();
     xs.sort_by(|a, b| a.0.total_cmp(&b.0));
     xs.dedup_by(|a, b| a.0 == b.0);
-    let map = xs.iter().enumerate().map(|(i, (x, _))| (x.to_bits(), i)).collect();
+    let map = xs
+        .iter()
+        .enumerate()
+        .map(|(i, (x, _))| (x.to_bits(), i))
+        .collect();
     (map, xs.into_iter().map(|(_, l)| l).collect())
 }
 
@@ -216,7 +241,7 @@ fn reindex(pts: &[Pt], map: &BTreeMap<u64, usize>) -> Vec<Pt> {
 /// Reference configurations (no parameter) as horizontal lines across the x range.
 fn reference<X, Y>(
     chart: &mut Chart<'_, '_, X, Y>,
-    s: &[(String, Vec<Pt>)],
+    s: &Series,
     x0: f64,
     x1: f64,
     suffix: &str,
@@ -226,14 +251,16 @@ where
     Y: plotters::coord::ranged1d::Ranged<ValueType = f64>,
 {
     for (i, (name, pts)) in s.iter().enumerate() {
-        let Some(p) = pts.first().filter(|p| p.x.is_nan()) else { continue };
+        let Some(p) = pts.first().filter(|p| p.x.is_nan()) else {
+            continue;
+        };
         let c = COLORS[(i + 3) % COLORS.len()];
         let y = p.med;
         chart
-            .draw_series(LineSeries::new([(x0, y), (x1, y)], c.stroke_width(1)))
+            .draw_series(LineSeries::new([(x0, y), (x1, y)], c.stroke_width(2)))
             .map_err(err)?
             .label(format!("{name}{suffix}"))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(1)));
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
     }
     Ok(())
 }
@@ -249,11 +276,19 @@ fn e2(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
         .chain(&p99)
         .flat_map(|(_, p)| p.iter().flat_map(|p| [p.min, p.max]))
         .collect();
-    let lo = all.iter().copied().fold(f64::INFINITY, f64::min).clamp(0.1, 1e6) * 0.8;
+    let lo = all
+        .iter()
+        .copied()
+        .fold(f64::INFINITY, f64::min)
+        .clamp(0.1, 1e6)
+        * 0.8;
     let hi = (all.iter().copied().fold(0.0, f64::max) * 1.3).max(lo * 10.0);
     let fmt = |x: &f64| labels.get(x.round() as usize).cloned().unwrap_or_default();
     let mut chart = ChartBuilder::on(&left)
-        .caption("E2 — ping-pong RTT vs ferry's spin span", ("sans-serif", 22))
+        .caption(
+            "E2 — ping-pong RTT vs ferry's spin span",
+            ("sans-serif", 22),
+        )
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(65)
@@ -261,10 +296,13 @@ fn e2(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
         .map_err(err)?;
     chart
         .configure_mesh()
+        .light_line_style(RGBColor(238, 238, 238))
         .x_labels(labels.len() + 1)
         .x_label_formatter(&fmt)
         .x_desc("spin span (sockperf 64 B, TCP, --full-rtt)")
         .y_desc("round trip, µs (log)")
+        .y_labels(15)
+        .y_label_formatter(&|y| format!("{y:.0}"))
         .draw()
         .map_err(err)?;
     // Every ferry-spin* configuration is one point of one line.
@@ -275,7 +313,12 @@ fn e2(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
             .flat_map(|(_, p)| reindex(p, &map))
             .collect();
         pts.sort_by(|a, b| a.x.total_cmp(&b.x));
-        lines(&mut chart, &pts, c, &label(&format!("ferry RTT {metric}"), &pts))?;
+        lines(
+            &mut chart,
+            &pts,
+            c,
+            &label(&format!("ferry RTT {metric}"), &pts),
+        )?;
     }
     reference(&mut chart, &p50, -0.3, n - 0.7, " p50")?;
     legend(&mut chart, SeriesLabelPosition::UpperRight)?;
@@ -291,6 +334,7 @@ fn e2(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
         .map_err(err)?;
     chart
         .configure_mesh()
+        .light_line_style(RGBColor(238, 238, 238))
         .x_labels(labels.len() + 1)
         .x_label_formatter(&fmt)
         .x_desc("spin span")
@@ -329,18 +373,32 @@ where
         match pt {
             Some(p) => {
                 chart
-                    .draw_series([Rectangle::new([(x - w / 2.0, 0.0), (x + w / 2.0, p.med)], c.filled())])
+                    .draw_series([Rectangle::new(
+                        [(x - w / 2.0, 0.0), (x + w / 2.0, p.med)],
+                        c.filled(),
+                    )])
                     .map_err(err)?;
                 chart
-                    .draw_series([PathElement::new(vec![(x, p.min), (x, p.max)], BLACK.stroke_width(1))])
+                    .draw_series([PathElement::new(
+                        vec![(x, p.min), (x, p.max)],
+                        BLACK.stroke_width(1),
+                    )])
                     .map_err(err)?;
                 chart
-                    .draw_series([Text::new(text.clone(), (x - w / 2.0, p.max), ("sans-serif", 13))])
+                    .draw_series([Text::new(
+                        text.clone(),
+                        (x - w / 2.0, p.max),
+                        ("sans-serif", 13),
+                    )])
                     .map_err(err)?;
             }
             None => {
                 chart
-                    .draw_series([Text::new("failed".to_owned(), (x - w / 2.0, 0.0), ("sans-serif", 13).into_font().color(&RED))])
+                    .draw_series([Text::new(
+                        "failed".to_owned(),
+                        (x - w / 2.0, 0.0),
+                        ("sans-serif", 13).into_font().color(&RED),
+                    )])
                     .map_err(err)?;
             }
         }
@@ -355,7 +413,10 @@ fn e3(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
     let names: Vec<String> = s.iter().map(|(n, _)| n.clone()).collect();
     let n = names.len().max(1) as f64;
     let mut chart = ChartBuilder::on(root)
-        .caption("E3 — MFlops of a burner beside a 10 MB/s transfer (one CPU)", ("sans-serif", 22))
+        .caption(
+            "E3 — MFlops of a burner beside a 10 MB/s transfer (one CPU)",
+            ("sans-serif", 22),
+        )
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(65)
@@ -363,10 +424,15 @@ fn e3(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
         .map_err(err)?;
     let fmt = |x: &f64| {
         let i = x.round();
-        if (x - i).abs() < 0.01 { names.get(i as usize).cloned().unwrap_or_default() } else { String::new() }
+        if (x - i).abs() < 0.01 {
+            names.get(i as usize).cloned().unwrap_or_default()
+        } else {
+            String::new()
+        }
     };
     chart
         .configure_mesh()
+        .light_line_style(RGBColor(238, 238, 238))
         .disable_x_mesh()
         .x_labels(names.len() + 1)
         .x_label_formatter(&fmt)
@@ -383,18 +449,45 @@ fn e3(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
                 .and_then(|(_, p)| p.first())
                 .map(|p| format!("{:.0}%", p.med))
                 .unwrap_or_default();
-            let text = pts.first().map(|p| format!("{:.0} {k}", p.med)).unwrap_or_default();
-            (i as f64, 0.6, pts.first().copied(), COLORS[i % COLORS.len()], text)
+            let text = pts
+                .first()
+                .map(|p| format!("{:.0} {k}", p.med))
+                .unwrap_or_default();
+            (
+                i as f64,
+                0.6,
+                pts.first().copied(),
+                COLORS[i % COLORS.len()],
+                text,
+            )
         })
         .collect();
     bars(&mut chart, &items)
 }
 
+/// An E4 panel: title, (metric, legend) pairs, y unit, log scale.
+type Panel = (
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    &'static str,
+    bool,
+);
+
 fn e4(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
     let panels = root.split_evenly((1, 3));
-    let specs: [(&str, &[(&str, &str)], &str, bool); 3] = [
-        ("throughput, 1 KiB messages", &[("throughput", "sockperf stream")], "Mbit/s", false),
-        ("RTT p50 (64 B ping-pong)", &[("rtt_p50", "ping-pong p50")], "µs", false),
+    let specs: [Panel; 3] = [
+        (
+            "throughput, 1 KiB messages",
+            &[("throughput", "sockperf stream")],
+            "Mbit/s",
+            false,
+        ),
+        (
+            "RTT p50 (64 B ping-pong)",
+            &[("rtt_p50", "ping-pong p50")],
+            "µs",
+            false,
+        ),
         (
             "crossings per operation",
             &[
@@ -407,7 +500,7 @@ fn e4(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
         ),
     ];
     for (area, (title, metrics, unit, log)) in panels.iter().zip(specs) {
-        let all: Vec<(String, Vec<(String, Vec<Pt>)>)> = metrics
+        let all: Vec<(String, Series)> = metrics
             .iter()
             .map(|(m, l)| ((*l).to_owned(), series(rows, Experiment::E4, m)))
             .collect();
@@ -426,6 +519,8 @@ fn e4(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
                 .map_err(err)?;
             chart
                 .configure_mesh()
+                .light_line_style(RGBColor(238, 238, 238))
+                .light_line_style(RGBColor(238, 238, 238))
                 .x_label_formatter(&fmt)
                 .x_desc("--batch (log)")
                 .y_desc(unit)
@@ -435,15 +530,24 @@ fn e4(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
                 let pts: Vec<Pt> = s
                     .iter()
                     .flat_map(|(_, p)| p.iter().filter(|p| !p.x.is_nan()).copied())
-                    .map(|p| Pt { med: p.med.max(1e-3), min: p.min.max(1e-3), max: p.max.max(1e-3), ..p })
+                    .map(|p| Pt {
+                        med: p.med.max(1e-3),
+                        min: p.min.max(1e-3),
+                        max: p.max.max(1e-3),
+                        ..p
+                    })
                     .collect();
                 lines(&mut chart, &pts, COLORS[i + 2], &label(l, &pts))?;
             }
             legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         } else {
-            let mut chart = builder.build_cartesian_2d(xr, 0f64..ymax.max(1.0)).map_err(err)?;
+            let mut chart = builder
+                .build_cartesian_2d(xr, 0f64..ymax.max(1.0))
+                .map_err(err)?;
             chart
                 .configure_mesh()
+                .light_line_style(RGBColor(238, 238, 238))
+                .light_line_style(RGBColor(238, 238, 238))
                 .x_label_formatter(&fmt)
                 .x_desc("--batch (log)")
                 .y_desc(unit)
@@ -454,7 +558,12 @@ fn e4(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
                     .iter()
                     .flat_map(|(_, p)| p.iter().filter(|p| !p.x.is_nan()).copied())
                     .collect();
-                lines(&mut chart, &pts, COLORS[0], &label(&format!("ferry {l}"), &pts))?;
+                lines(
+                    &mut chart,
+                    &pts,
+                    COLORS[0],
+                    &label(&format!("ferry {l}"), &pts),
+                )?;
                 reference(&mut chart, s, 0.8, 80.0, "")?;
             }
             legend(&mut chart, SeriesLabelPosition::LowerRight)?;
@@ -468,7 +577,11 @@ fn r1(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
     let mut groups: Vec<(String, String, String)> = Vec::new();
     let mut configs: Vec<String> = Vec::new();
     for row in &r {
-        let g = (row.param.label.clone(), row.metric.clone(), row.unit.clone());
+        let g = (
+            row.param.label.clone(),
+            row.metric.clone(),
+            row.unit.clone(),
+        );
         if row.config == "native" && !groups.contains(&g) {
             groups.push(g);
         }
@@ -486,14 +599,21 @@ fn r1(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
     let k = configs.len().max(1) as f64;
     let w = 0.8 / k;
     for (gi, g) in groups.iter().enumerate() {
-        let Some((base, _, _)) = value("native", g) else { continue };
+        let Some((base, _, _)) = value("native", g) else {
+            continue;
+        };
         let lower_better = g.2 == "us";
         for (ci, c) in configs.iter().enumerate() {
             let x = gi as f64 - 0.4 + w * (ci as f64 + 0.5);
             let pt = value(c, g).map(|(m, lo, hi)| {
                 let f = |v: f64| if lower_better { base / v } else { v / base };
                 let (a, b) = (f(lo), f(hi));
-                Pt { x, med: f(m), min: a.min(b), max: a.max(b) }
+                Pt {
+                    x,
+                    med: f(m),
+                    min: a.min(b),
+                    max: a.max(b),
+                }
             });
             if let Some(p) = pt {
                 ymax = ymax.max(p.max * 1.15);
@@ -504,7 +624,10 @@ fn r1(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
     }
     let n = groups.len().max(1) as f64;
     let mut chart = ChartBuilder::on(root)
-        .caption("R1 — real clients, relative to native (higher is better)", ("sans-serif", 22))
+        .caption(
+            "R1 — real clients, relative to native (higher is better)",
+            ("sans-serif", 22),
+        )
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(65)
@@ -513,10 +636,15 @@ fn r1(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
     let names: Vec<String> = groups.iter().map(|g| g.1.clone()).collect();
     let fmt = |x: &f64| {
         let i = x.round();
-        if (x - i).abs() < 0.01 { names.get(i as usize).cloned().unwrap_or_default() } else { String::new() }
+        if (x - i).abs() < 0.01 {
+            names.get(i as usize).cloned().unwrap_or_default()
+        } else {
+            String::new()
+        }
     };
     chart
         .configure_mesh()
+        .light_line_style(RGBColor(238, 238, 238))
         .disable_x_mesh()
         .x_labels(groups.len() + 1)
         .x_label_formatter(&fmt)

@@ -62,7 +62,10 @@ impl Machine {
         let cpu = std::fs::read_to_string("/proc/cpuinfo")
             .unwrap_or_default()
             .lines()
-            .find_map(|l| l.strip_prefix("model name").map(|r| r.trim_start_matches([' ', '\t', ':']).to_owned()))
+            .find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|r| r.trim_start_matches([' ', '\t', ':']).to_owned())
+            })
             .unwrap_or_else(|| "unknown".into());
         Machine {
             date,
@@ -77,7 +80,7 @@ impl Machine {
 fn num(v: Option<f64>) -> String {
     match v {
         None => "failed".into(),
-        Some(v) if v == 0.0 => "0".into(),
+        Some(0.0) => "0".into(),
         Some(v) if v.abs() >= 1000.0 => format!("{v:.0}"),
         Some(v) if v.abs() >= 100.0 => format!("{v:.1}"),
         Some(v) if v.abs() >= 1.0 => format!("{v:.2}"),
@@ -207,9 +210,9 @@ fn method(r: &Results) -> String {
          within each repetition the cases alternate (A B C … A B C …), so slow drifts of this \
          shared 2-vCPU machine hit every configuration alike. Tables give the median with \
          min/max over the successful runs; `runs` is successful/planned. A run is killed after \
-         its duration plus a margin; a case whose warm-up fails is not repeated, and a \
-         configuration whose warm-ups time out twice is not tried again in that experiment \
-         (its rows say so). ferry's counters come from `ferry run --stats-json` of the same \
+         its duration plus a margin; a case whose warm-up fails is not repeated, and a client \
+         program whose warm-ups time out twice under a configuration is not tried again \
+         under it in that experiment (the Failures section says so). ferry's counters come from `ferry run --stats-json` of the same \
          run; wakes = server wake-ups sent + doorbells rung, summed over channels, divided by \
          the messages sockperf received over the whole run (its warm-up included, as the \
          counters are). E3 runs each whole configuration (client, burner, ferry's server, \
@@ -226,8 +229,9 @@ fn method(r: &Results) -> String {
 }
 
 fn find<'a>(rows: &'a [Row], e: &str, config: &str, param: &str, metric: &str) -> Option<&'a Row> {
-    rows.iter()
-        .find(|r| r.experiment == e && r.config == config && r.param.label == param && r.metric == metric)
+    rows.iter().find(|r| {
+        r.experiment == e && r.config == config && r.param.label == param && r.metric == metric
+    })
 }
 
 /// Headline ratios: ferry against native, slirp4netns and pasta, for throughput and RTT.
@@ -241,11 +245,28 @@ fn headlines(rows: &[Row]) -> String {
         .collect();
     for size in ["64", "4K", "64K", "256K"] {
         if e1_sizes.iter().any(|s| s == size) {
-            picks.push((format!("E1 bandwidth, {size} buffers (Gbit/s)"), "E1", "bandwidth".into(), size.into(), "ferry", size.into()));
+            picks.push((
+                format!("E1 bandwidth, {size} buffers (Gbit/s)"),
+                "E1",
+                "bandwidth".into(),
+                size.into(),
+                "ferry",
+                size.into(),
+            ));
         }
     }
-    picks.push(("E2 RTT p50, ferry at default spin 50us (µs)".into(), "E2", "rtt_p50".into(), "50us".into(), "ferry-spin50us", "-".into()));
-    for r in rows.iter().filter(|r| r.experiment == "R1" && r.config == "native") {
+    picks.push((
+        "E2 RTT p50, ferry at default spin 50us (µs)".into(),
+        "E2",
+        "rtt_p50".into(),
+        "50us".into(),
+        "ferry-spin50us",
+        "-".into(),
+    ));
+    for r in rows
+        .iter()
+        .filter(|r| r.experiment == "R1" && r.config == "native")
+    {
         picks.push((
             format!("R1 {} ({})", r.metric, r.unit),
             "R1",
@@ -296,7 +317,12 @@ pub fn markdown(r: &Results) -> String {
     for ready in &r.ready {
         let _ = writeln!(out, "  - {}: {}", ready.config.name, ready.mtu);
     }
-    let _ = write!(out, "\n## Method\n\n{}\n\n## Headline ratios\n\n{}\n", method(r), headlines(&r.rows));
+    let _ = write!(
+        out,
+        "\n## Method\n\n{}\n\n## Headline ratios\n\n{}\n",
+        method(r),
+        headlines(&r.rows)
+    );
     for &e in &r.experiments {
         let _ = write!(
             out,
@@ -320,7 +346,11 @@ pub fn markdown(r: &Results) -> String {
     let mut any = false;
     let mut seen = std::collections::BTreeSet::new();
     for row in r.rows.iter().filter(|x| x.samples.len() < x.planned) {
-        let key = (row.experiment.clone(), row.config.clone(), row.param.label.clone());
+        let key = (
+            row.experiment.clone(),
+            row.config.clone(),
+            row.param.label.clone(),
+        );
         if !seen.insert(key) {
             continue;
         }
@@ -374,7 +404,10 @@ mod tests {
     fn csv_has_header_and_empty_fields_for_failures() {
         let c = csv(&[row("native", vec![2.0, 4.0]), row("ferry, odd", vec![])]);
         let lines: Vec<&str> = c.lines().collect();
-        assert_eq!(lines[0], "experiment,config,param,metric,unit,median,min,max,runs");
+        assert_eq!(
+            lines[0],
+            "experiment,config,param,metric,unit,median,min,max,runs"
+        );
         assert_eq!(lines[1], "E1,native,64K,bandwidth,Gbit/s,3,2,4,2");
         assert_eq!(lines[2], "E1,\"ferry, odd\",64K,bandwidth,Gbit/s,,,,0");
     }
@@ -383,8 +416,14 @@ mod tests {
     fn headline_ratio() {
         let rows = [row("native", vec![4.0]), row("ferry", vec![2.0])];
         let h = headlines(&rows);
-        assert!(h.contains("| E1 bandwidth, 64K buffers (Gbit/s) | 2.00 | 4.00 |"), "{h}");
+        assert!(
+            h.contains("| E1 bandwidth, 64K buffers (Gbit/s) | 2.00 | 4.00 |"),
+            "{h}"
+        );
         assert!(h.contains("0.50×"), "{h}");
-        assert!(table(Experiment::E1, &rows).contains("failed") || table(Experiment::E1, &rows).contains("2.00"));
+        assert!(
+            table(Experiment::E1, &rows).contains("failed")
+                || table(Experiment::E1, &rows).contains("2.00")
+        );
     }
 }

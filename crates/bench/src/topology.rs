@@ -46,7 +46,9 @@ pub enum TopologyError {
         source: std::io::Error,
     },
     /// A server did not start or did not listen in time.
-    #[error("{name} did not start in the remote namespace: {why} (is it installed? run scripts/install-deps.sh)")]
+    #[error(
+        "{name} did not start in the remote namespace: {why} (is it installed? run scripts/install-deps.sh)"
+    )]
     Server {
         /// Which server.
         name: String,
@@ -105,7 +107,13 @@ impl Testbed {
             mtu,
         };
         bed.write_site()?;
-        for port in [IPERF_PORT, IPERF_E3_PORT, SOCKPERF_PORT, REDIS_PORT, HTTP_PORT] {
+        for port in [
+            IPERF_PORT,
+            IPERF_E3_PORT,
+            SOCKPERF_PORT,
+            REDIS_PORT,
+            HTTP_PORT,
+        ] {
             bed.start(port)?;
         }
         Ok(bed)

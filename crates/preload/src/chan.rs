@@ -11,10 +11,11 @@
 //!
 //! Waits spin for the span the server asked for, then sleep on the completion ring's
 //! futex in slices of [`SLICE`]; after each slice the control socket is checked for EOF
-//! (the server died) so no call hangs on a dead server. A signal interrupting the sleep
-//! cancels the request (`Op::Cancel`), unless every installed handler has `SA_RESTART`
-//! (and the socket has no timeout), in which case the wait simply goes on, as the
-//! kernel's restart would.
+//! (the server died) so no call hangs on a dead server. A signal handler that runs
+//! during the wait (see [`crate::signals`] for how the shim knows) cancels the request
+//! (`Op::Cancel`) and the call fails with `EINTR` if the server confirms, unless the
+//! handler has `SA_RESTART` and the socket no timeout: then the wait simply goes on, as
+//! the kernel's restart would. A receive or send timeout cancels it the same way.
 
 use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, IntoRawFd, OwnedFd};
@@ -28,7 +29,8 @@ use ferry_ring::{BufId, BufSpan, Buffers, Endpoint, Region, Side, SpinPolicy, Wa
 use crate::errno::{Errno, Res};
 use crate::log::{self, Once};
 use crate::pending::PENDING;
-use crate::{config, signals, tls};
+use crate::signals::{self, Counts};
+use crate::{config, tls};
 
 /// Longest sleep between liveness checks.
 pub const SLICE: Duration = Duration::from_millis(100);
@@ -60,20 +62,25 @@ impl Wait {
     }
 
     /// The next sleep: at most `SLICE`, at most until the deadline.
-    fn slice(&self) -> Duration {
+    pub fn slice(&self) -> Duration {
         match self.deadline {
             Some(d) => d.saturating_duration_since(Instant::now()).min(SLICE),
             None => SLICE,
         }
     }
 
-    fn passed(&self) -> bool {
+    pub fn passed(&self) -> bool {
         self.deadline.is_some_and(|d| Instant::now() >= d)
     }
 
-    /// A signal interrupted the wait: does the call fail with `EINTR`?
-    fn interrupts(&self) -> bool {
-        self.deadline.is_some() || !signals::restartable()
+    /// Whether handlers that ran since `start` make the call fail with `EINTR` (see
+    /// [`signals`]); `futex_eintr`: the sleep itself was interrupted, possibly by a
+    /// handler the shim did not wrap.
+    pub fn interrupted(&self, start: Counts, futex_eintr: bool) -> bool {
+        let timeout = self.deadline.is_some();
+        let now = signals::counts();
+        start.interrupts_since(now, timeout)
+            || (futex_eintr && now.any == start.any && (timeout || !signals::restartable()))
     }
 }
 
@@ -279,6 +286,20 @@ impl Channel {
         self.unrung_since = None;
     }
 
+    /// Rings the doorbell and waits (briefly) until the server has taken every request:
+    /// before the channel, or the process, goes away.
+    pub fn drain(&mut self) {
+        if self.dead {
+            return;
+        }
+        self.ring();
+        let cap = self.ep.tx.capacity();
+        let t0 = Instant::now();
+        while matches!(self.ep.tx.free(), Ok(n) if n < cap) && t0.elapsed() < DRAIN_WAIT {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
     /// Rings the doorbell if records wait for it (before anything that may block).
     pub fn flush(&mut self) {
         if !self.dead && (self.unrung > 0 || self.ep.tx.pending() > 0) {
@@ -372,6 +393,8 @@ impl Channel {
     ) -> Res<Cmp> {
         // Set once the request is cancelled: what a `-EINTR` answer then means.
         let mut cancelled: Option<Errno> = None;
+        let start = signals::counts();
+        let mut seen = start;
         loop {
             loop {
                 let c = match self.ep.rx.pop() {
@@ -407,19 +430,24 @@ impl Channel {
             } else {
                 w.slice()
             };
-            match self.ep.rx.wait_with(self.spin, Some(slice), || false) {
-                Ok(WaitResult::Ready) => {}
+            // A handler running while we spin or just before we sleep ends the wait.
+            let r = self
+                .ep
+                .rx
+                .wait_with(self.spin, Some(slice), || signals::counts() != seen);
+            if cancelled.is_none() && w.interrupted(start, matches!(r, Ok(WaitResult::Interrupted)))
+            {
+                self.cancel(sock, tag)?;
+                cancelled = Some(Errno::EINTR);
+            }
+            seen = signals::counts();
+            match r {
+                Ok(WaitResult::Ready | WaitResult::Interrupted) => {}
                 Ok(WaitResult::TimedOut) => {
                     self.check_alive()?;
                     if cancelled.is_none() && w.passed() {
                         self.cancel(sock, tag)?;
                         cancelled = Some(w.expired);
-                    }
-                }
-                Ok(WaitResult::Interrupted) => {
-                    if cancelled.is_none() && w.interrupts() {
-                        self.cancel(sock, tag)?;
-                        cancelled = Some(Errno::EINTR);
                     }
                 }
                 Ok(WaitResult::PeerClosed) => {
@@ -452,8 +480,18 @@ impl Channel {
             return Ok(None);
         }
         self.ring();
+        let start = signals::counts();
+        let mut seen = start;
         loop {
-            match self.ep.rx.wait_with(self.spin, Some(w.slice()), || false) {
+            let r = self
+                .ep
+                .rx
+                .wait_with(self.spin, Some(w.slice()), || signals::counts() != seen);
+            if w.interrupted(start, matches!(r, Ok(WaitResult::Interrupted))) {
+                return Err(Errno::EINTR);
+            }
+            seen = signals::counts();
+            match r {
                 Ok(WaitResult::Ready) => {
                     self.reap()?;
                     if let Some(b) = self.ep.pool.alloc() {
@@ -466,11 +504,7 @@ impl Channel {
                         return Err(w.expired);
                     }
                 }
-                Ok(WaitResult::Interrupted) => {
-                    if w.interrupts() {
-                        return Err(Errno::EINTR);
-                    }
-                }
+                Ok(WaitResult::Interrupted) => {}
                 Ok(WaitResult::PeerClosed) => {
                     return Err(self.fail(format_args!("server closed the channel")));
                 }
@@ -486,7 +520,7 @@ impl Channel {
 
     /// `Err(DOWN)` when the server is gone: its end of the control socket hung up or it
     /// closed the region.
-    fn check_alive(&mut self) -> Res<()> {
+    pub fn check_alive(&mut self) -> Res<()> {
         if self.region.is_closed(Side::B) {
             return Err(self.fail(format_args!("server closed the channel")));
         }
@@ -553,14 +587,7 @@ impl Drop for Channel {
         if let Some(i) = self.reg.take() {
             tls::unregister(i);
         }
-        if !self.dead {
-            self.ring();
-            let cap = self.ep.tx.capacity();
-            let t0 = Instant::now();
-            while matches!(self.ep.tx.free(), Ok(n) if n < cap) && t0.elapsed() < DRAIN_WAIT {
-                std::thread::sleep(Duration::from_micros(50));
-            }
-        }
+        self.drain();
         self.region.close(Side::A);
     }
 }

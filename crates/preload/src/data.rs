@@ -47,6 +47,12 @@ fn send_error(e: c_int, flags: c_int) -> Errno {
     Errno(e)
 }
 
+/// The largest UDP payload: 65535 less the IPv4 and UDP headers, or less the UDP header
+/// for IPv6.
+fn max_datagram(s: &Sock) -> usize {
+    if s.inet6() { 65_527 } else { 65_507 }
+}
+
 /// A buffer for the next record of a send that has moved `sent` bytes so far; `None`
 /// means stop (return `sent`).
 fn next_buf(ch: &mut Channel, nonblock: bool, w: Wait, sent: usize) -> Res<Option<BufId>> {
@@ -77,15 +83,21 @@ pub unsafe fn send(
             return Err(send_error(e, flags));
         }
         let s = typed(ch, s)?;
+        if s.shut_wr() || (!s.dgram() && !s.has_peer()) {
+            return Err(send_error(libc::EPIPE, flags));
+        }
         let dest = if s.dgram() && !dest.is_null() && dest_len > 0 {
             // SAFETY: forwarded (caller).
             Some(unsafe { read_sockaddr(dest, dest_len) }?)
         } else {
             None
         };
+        if s.dgram() && dest.is_none() && !s.has_peer() {
+            return Err(Errno(libc::EDESTADDRREQ));
+        }
         let total = cur.remaining();
         let bs = ch.buf_size();
-        if s.dgram() && total > bs {
+        if s.dgram() && total > bs.min(max_datagram(&s)) {
             return Err(Errno(libc::EMSGSIZE));
         }
         if !s.dgram() && total == 0 {
@@ -138,25 +150,38 @@ pub unsafe fn recv(s: Sock, cur: &mut IoCursor, flags: c_int) -> Res<Got> {
         let s = typed(ch, s)?;
         let cap = cur.remaining();
         let mut got = Got::default();
-        if !s.dgram() && cap == 0 {
-            return Ok(got);
-        }
+        // A stream receive of 0 bytes waits for data (or EOF) like any other, and
+        // returns 0: ask for one byte without taking it. `MSG_TRUNC` on a stream
+        // discards what it receives.
+        let probe_only = !s.dgram() && cap == 0;
+        let discard = !s.dgram() && flags & libc::MSG_TRUNC != 0;
         let nonblock = s.nonblock() || flags & libc::MSG_DONTWAIT != 0;
         let waitall = flags & libc::MSG_WAITALL != 0
             && !s.dgram()
             && !nonblock
             && flags & libc::MSG_PEEK == 0;
-        let wire = flags & (libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_OOB);
+        let wire = if probe_only {
+            libc::MSG_PEEK | (flags & libc::MSG_OOB)
+        } else {
+            flags & (libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_OOB)
+        };
         let w = Wait::after(TABLE.timeouts(s.fd).0, Errno::EAGAIN);
         loop {
             let mut req = Req::new(Op::Recv, s.id);
             if nonblock {
                 req.flags |= REQ_NONBLOCK;
             }
-            req.a = (cap - got.len).min(u32::MAX as usize) as u32;
+            req.a = if probe_only {
+                1
+            } else {
+                (cap - got.len).min(u32::MAX as usize) as u32
+            };
             req.b = wire as u32;
             let mut copied = 0usize;
             let r = ch.call(req, w, &mut |bufs, span| {
+                if probe_only || discard {
+                    return;
+                }
                 // SAFETY: a validated span of a buffer lent to us.
                 copied += unsafe { cur.write_from(bufs.as_mut_ptr(span), span.len() as usize) };
             });
@@ -185,6 +210,13 @@ pub unsafe fn recv(s: Sock, cur: &mut IoCursor, flags: c_int) -> Res<Got> {
                 };
                 break;
             }
+            if probe_only {
+                break;
+            }
+            if discard {
+                got.len += n;
+                break;
+            }
             got.len += copied;
             if n == 0 || !waitall || got.len >= cap {
                 break;
@@ -207,6 +239,9 @@ pub unsafe fn sendfile(s: Sock, in_fd: c_int, offset: *mut off_t, count: usize) 
             return Err(send_error(e, 0));
         }
         let s = typed(ch, s)?;
+        if s.shut_wr() || (!s.dgram() && !s.has_peer()) {
+            return Err(send_error(libc::EPIPE, 0));
+        }
         let count = count.min(MAX_RW);
         let w = Wait::after(TABLE.timeouts(s.fd).1, Errno::EAGAIN);
         let bs = ch.buf_size();

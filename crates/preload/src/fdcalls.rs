@@ -13,8 +13,8 @@ use libc::{
 
 use crate::errno::{Errno, set_errno};
 use crate::exports::{boundary, recv_one};
-use crate::fdtable::{Entry, F_NONBLOCK, Sock, TABLE};
-use crate::ident::{after_fcntl, lookup};
+use crate::fdtable::{Entry, Sock, TABLE};
+use crate::ident::{after_fcntl, lookup, set_nonblock};
 use crate::iov::IoCursor;
 use crate::{config, data, ops, real, tls};
 
@@ -287,11 +287,7 @@ pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) ->
     if r == 0 && req == libc::FIONBIO as u32 && !arg.is_null() && lookup(fd).is_some() {
         // SAFETY: FIONBIO's argument is an `int *` (caller), which libc just read.
         let on = unsafe { arg.cast::<c_int>().read_unaligned() } != 0;
-        TABLE.update(
-            fd,
-            if on { F_NONBLOCK } else { 0 },
-            if on { 0 } else { F_NONBLOCK },
-        );
+        set_nonblock(fd, on);
     }
     r
 }

@@ -16,7 +16,7 @@
 //! were asked for, and its `SO_RCVTIMEO`/`SO_SNDTIMEO`.
 
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 /// Fds below this are cached.
 pub const MAX_FD: usize = 1 << 20;
@@ -36,6 +36,10 @@ pub const F_INET6: u32 = 1 << 3;
 pub const F_TYPED: u32 = 1 << 4;
 /// `Op::WantToken` has been sent for this socket.
 pub const F_WANT: u32 = 1 << 5;
+/// The socket has a peer (connected, connecting or accepted): sends need no address.
+pub const F_PEER: u32 = 1 << 6;
+/// The program shut the socket down for writing: sends fail with `EPIPE`.
+pub const F_SHUT_WR: u32 = 1 << 7;
 
 /// The word of a descriptor known not to be a ferry socket.
 const OTHER: u64 = u64::MAX;
@@ -96,6 +100,16 @@ impl Sock {
     pub fn wants_tokens(&self) -> bool {
         self.flags & F_WANT != 0
     }
+
+    /// Connected (or connecting, or accepted).
+    pub fn has_peer(&self) -> bool {
+        self.flags & F_PEER != 0
+    }
+
+    /// Shut down for writing.
+    pub fn shut_wr(&self) -> bool {
+        self.flags & F_SHUT_WR != 0
+    }
 }
 
 fn encode(e: Entry) -> u64 {
@@ -136,6 +150,8 @@ type Chunk = [Slot; CHUNK_LEN];
 #[derive(Debug)]
 pub struct FdTable {
     chunks: [AtomicPtr<Chunk>; NCHUNKS],
+    /// One past the highest fd ever stored (bounds the scans of [`FdTable::update_id`]).
+    high: AtomicUsize,
 }
 
 /// The process's table.
@@ -146,6 +162,7 @@ impl FdTable {
     pub const fn new() -> FdTable {
         FdTable {
             chunks: [const { AtomicPtr::new(ptr::null_mut()) }; NCHUNKS],
+            high: AtomicUsize::new(0),
         }
     }
 
@@ -193,6 +210,27 @@ impl FdTable {
             s.rcvtimeo_us.store(0, Ordering::Relaxed);
             s.sndtimeo_us.store(0, Ordering::Relaxed);
             s.word.store(encode(e), Ordering::Release);
+            self.high.fetch_max(fd as usize + 1, Ordering::AcqRel);
+        }
+    }
+
+    /// Sets and clears flags on every fd of this process that names socket `id` (state
+    /// the kernel keeps per open file or per socket, changed through one of them).
+    pub fn update_id(&self, id: u32, set: u32, clear: u32) {
+        let high = self.high.load(Ordering::Acquire).min(MAX_FD);
+        let mut fd = 0;
+        while fd < high {
+            if self.chunks[fd >> CHUNK_BITS]
+                .load(Ordering::Acquire)
+                .is_null()
+            {
+                fd = ((fd >> CHUNK_BITS) + 1) << CHUNK_BITS;
+                continue;
+            }
+            if matches!(self.get(fd as i32), Entry::Ferry(s) if s.id == id) {
+                self.update(fd as i32, set, clear);
+            }
+            fd += 1;
         }
     }
 
@@ -399,6 +437,20 @@ mod tests {
         t.copy(4, 9000);
         assert_eq!(t.get(9000), Entry::Unknown);
         assert_eq!(t.timeouts(9000), (0, 0));
+    }
+
+    #[test]
+    fn updates_by_id_reach_every_duplicate() {
+        let t = FdTable::new();
+        t.set(3, Entry::Ferry(Sock::new(3, 7, 0)));
+        t.set(9000, Entry::Ferry(Sock::new(9000, 7, F_WANT)));
+        t.set(9001, Entry::Ferry(Sock::new(9001, 8, 0)));
+        t.set(4, Entry::Other);
+        t.update_id(7, F_NONBLOCK | F_SHUT_WR, F_WANT);
+        assert!(matches!(t.get(3), Entry::Ferry(s) if s.nonblock() && s.flags & F_SHUT_WR != 0));
+        assert!(matches!(t.get(9000), Entry::Ferry(s) if s.nonblock() && !s.wants_tokens()));
+        assert!(matches!(t.get(9001), Entry::Ferry(s) if !s.nonblock()));
+        assert_eq!(t.get(4), Entry::Other);
     }
 
     #[test]

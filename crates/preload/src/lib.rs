@@ -26,8 +26,31 @@
 //! - **Readiness**: not emulated. The server writes a token byte into its end when the
 //!   host socket is readable; `poll`/`select`/`epoll` see it like any other fd. The shim
 //!   only asks for tokens and rings the doorbell before the program blocks.
+//! - **Signals** ([`signals`]): the shim wraps the program's signal handlers to know when
+//!   one ran during a wait, so `EINTR` versus `SA_RESTART` is the kernel's.
 //! - **Entry points** ([`exports`], [`fdcalls`]): `errno` is set at one boundary; a
 //!   panic becomes `EIO`, logged once (`FERRY_LOG=1`) with prefix `ferry:`.
+//!
+//! # Limitations
+//!
+//! - Calls libc makes internally do not reach the shim: glibc's resolver (DNS sockets
+//!   are native, inside the sandbox), stdio on a socket (`fdopen`), static binaries and
+//!   raw system calls.
+//! - No control messages: `sendmsg` ignores them (logged once), `recvmsg` returns none.
+//!   Option values longer than 32 bytes are refused (`EINVAL`); `connect(AF_UNSPEC)`
+//!   fails with `EAFNOSUPPORT`; `MSG_ERRQUEUE` finds nothing (`EAGAIN`).
+//! - A blocking `accept` cannot be interrupted by a signal and ignores `SO_RCVTIMEO`
+//!   (control requests cannot be cancelled).
+//! - `POLLOUT` is always reported: a non-blocking sender whose buffers are all in flight
+//!   gets `EAGAIN` and, polling, spins until they return; after a non-blocking `connect`,
+//!   `getsockopt(SO_ERROR)` waits in the server until the connection is decided.
+//! - `O_NONBLOCK` and the timeouts are cached per descriptor: a change made through a
+//!   duplicate (or by another process sharing it) is not seen through this one.
+//! - Sends on one socket from different threads use different channels, whose order the
+//!   server does not relate.
+//! - With doorbell batching (`batch > 1`), records not yet announced wait for the next
+//!   call that rings; a program that then blocks outside the socket API leaves them
+//!   unannounced while the server sleeps.
 
 pub mod addr;
 pub mod chan;

@@ -10,12 +10,15 @@ use ferry_proto::{Ctl, CtlKind, Op, REQ_NONBLOCK, Req};
 use libc::{sockaddr, socklen_t};
 
 use crate::addr::{family, ferry_name, read_sockaddr, write_sockaddr};
-use crate::chan::{Channel, Wait, close_quiet};
+use crate::chan::{Channel, SLICE, Wait, close_quiet};
 use crate::errno::{Errno, Res};
-use crate::fdtable::{Entry, F_DGRAM, F_INET6, F_NONBLOCK, F_TYPED, F_WANT, Sock, TABLE};
+use crate::fdtable::{
+    Entry, F_DGRAM, F_INET6, F_NONBLOCK, F_PEER, F_SHUT_WR, F_TYPED, F_WANT, Sock, TABLE,
+};
 use crate::iov::IoCursor;
 use crate::log::{self, Once};
 use crate::pending::PENDING;
+use crate::signals::{self, Counts};
 use crate::tls::{with_channel, with_open_channel};
 
 /// Whether `socket(domain, ty, protocol)` is one ferry relays: inet TCP or UDP.
@@ -103,24 +106,68 @@ pub unsafe fn accept(
     }
     with_channel(|ch| {
         let s = typed(ch, s)?;
-        let (prog, srv) = pair()?;
-        let mut msg = Ctl::new(CtlKind::Accept, s.id);
-        msg.a = i32::from(s.nonblock());
-        let reply = ch.ctl_call(&msg, srv.as_fd());
-        close_quiet(srv);
-        let reply = reply?;
-        if reply.c == 1 {
-            drain_token(ch, &s)?;
+        if s.dgram() {
+            return Err(Errno(libc::EOPNOTSUPP));
         }
-        let id = Errno::check(reply.result)?;
-        let fd = adopt(prog, id, flags, F_TYPED | (s.flags & F_INET6))?;
-        let peer = &reply.addr[..(reply.addr_len as usize).min(reply.addr.len())];
-        // SAFETY: `addr`/`len` as the program passed them (caller). A bad pointer costs
-        // the peer's address, not the connection (as in the kernel).
-        let _ = unsafe { write_sockaddr(peer, addr, len) };
-        Ok(fd)
+        let w = Wait::after(TABLE.timeouts(s.fd).0, Errno::EAGAIN);
+        let start = signals::counts();
+        loop {
+            // Always a non-blocking accept: a blocking one waits here, on the listener's
+            // readiness token, where signals and SO_RCVTIMEO can end the wait.
+            let (prog, srv) = pair()?;
+            let mut msg = Ctl::new(CtlKind::Accept, s.id);
+            msg.a = 1;
+            let reply = ch.ctl_call(&msg, srv.as_fd());
+            close_quiet(srv);
+            let reply = reply?;
+            if reply.c == 1 {
+                drain_token(ch, &s)?;
+            }
+            let id = match Errno::check(reply.result) {
+                Ok(id) => id,
+                Err(Errno::EAGAIN) if !s.nonblock() => {
+                    close_quiet(prog);
+                    wait_acceptable(ch, &s, w, start)?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let fd = adopt(prog, id, flags, F_TYPED | F_PEER | (s.flags & F_INET6))?;
+            let peer = &reply.addr[..(reply.addr_len as usize).min(reply.addr.len())];
+            // SAFETY: `addr`/`len` as the program passed them (caller). A bad pointer
+            // costs the peer's address, not the connection (as in the kernel).
+            let _ = unsafe { write_sockaddr(peer, addr, len) };
+            return Ok(fd);
+        }
     })
     .map_err(|e| e.down_as(libc::ECONNABORTED))
+}
+
+/// Waits (at most one slice) for a listener to become readable: asks for its readiness
+/// token, then sleeps in `ppoll` on the program's end. Fails with `EINTR` or the
+/// timeout's error as a blocking `accept` would.
+fn wait_acceptable(ch: &mut Channel, s: &Sock, w: Wait, start: Counts) -> Res<()> {
+    if !matches!(TABLE.get(s.fd), Entry::Ferry(e) if e.wants_tokens()) {
+        ch.push(&Req::new(Op::WantToken, s.id))?;
+        TABLE.update(s.fd, F_WANT, 0);
+    }
+    ch.flush();
+    let ms = w.slice().as_millis().clamp(1, SLICE.as_millis()) as i32;
+    // SAFETY: the program's end of the listener, open for the duration of the call.
+    let r = ferry_sys::poll_wait(unsafe { ferry_sys::borrow(s.fd) }, libc::POLLIN, ms);
+    let eintr = matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::Interrupted);
+    if let Err(e) = r
+        && !eintr
+    {
+        return Err(Errno::from_io(&e));
+    }
+    if w.interrupted(start, eintr) {
+        return Err(Errno::EINTR);
+    }
+    if w.passed() {
+        return Err(w.expired);
+    }
+    ch.check_alive()
 }
 
 /// Reads the readiness token out of the program's end and tells the server.
@@ -131,7 +178,8 @@ pub fn drain_token(ch: &mut Channel, s: &Sock) -> Res<()> {
 
 /// Completes the cache entry of a socket identified by its name (the cache may also
 /// have been cleared behind this process's back, e.g. by a `vfork` child's
-/// `close_range`): type, family and timeouts come from the server, once.
+/// `close_range`): type, family, timeouts and whether it has a peer come from the
+/// server, once.
 pub fn typed(ch: &mut Channel, s: Sock) -> Res<Sock> {
     if s.typed() {
         return Ok(s);
@@ -147,7 +195,11 @@ pub fn typed(ch: &mut Channel, s: Sock) -> Res<Sock> {
         let us = tv.ok().and_then(|b| timeval_us(&b)).unwrap_or(0);
         TABLE.set_timeout(s.fd, send, us);
     }
-    let set = new_flags(domain, ty);
+    let mut set = new_flags(domain, ty);
+    let peer = ch.call(Req::new(Op::PeerName, s.id), Wait::FOREVER, &mut |_, _| {})?;
+    if peer.result >= 0 {
+        set |= F_PEER;
+    }
     TABLE.update(s.fd, set, 0);
     Ok(Sock {
         flags: s.flags | set,
@@ -199,7 +251,11 @@ pub unsafe fn connect(s: Sock, addr: *const sockaddr, len: socklen_t) -> Res<()>
         req.flags |= REQ_NONBLOCK;
     }
     let (_, snd) = TABLE.timeouts(s.fd);
-    simple(req, Wait::after(snd, Errno(libc::EINPROGRESS))).map(drop)
+    let r = simple(req, Wait::after(snd, Errno(libc::EINPROGRESS))).map(drop);
+    if r.is_ok() || (r == Err(Errno(libc::EINPROGRESS)) && !s.dgram()) {
+        TABLE.update_id(s.id, F_PEER, 0);
+    }
+    r
 }
 
 /// `bind()`.
@@ -240,7 +296,11 @@ pub fn shutdown(s: Sock, how: c_int) -> Res<()> {
     }
     let mut req = Req::new(Op::Shutdown, s.id);
     req.a = how as u32;
-    simple(req, Wait::FOREVER).map(drop)
+    simple(req, Wait::FOREVER)?;
+    if how != libc::SHUT_RD {
+        TABLE.update_id(s.id, F_SHUT_WR, 0);
+    }
+    Ok(())
 }
 
 /// `getsockname()` / `getpeername()`.

@@ -112,6 +112,79 @@ reals! {
     fn __ppoll_chk(fds: *mut pollfd, n: nfds_t, ts: *const timespec, mask: *const sigset_t, fdslen: size_t) -> c_int;
     fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int;
     fn fclose(f: *mut FILE) -> c_int;
+    fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int;
+    fn siginterrupt(sig: c_int, flag: c_int) -> c_int;
+}
+
+/// libc's `_exit` (or `_Exit`, named by `which`); without it, `exit_group(2)`.
+///
+/// # Safety
+/// Ends the process.
+pub unsafe fn exit_now(which: Exit, status: c_int) -> ! {
+    static EXIT: Sym = Sym::new("_exit\0");
+    static EXIT2: Sym = Sym::new("_Exit\0");
+    let sym = match which {
+        Exit::Underscore => &EXIT,
+        Exit::Capital => &EXIT2,
+    };
+    if let Some(p) = sym.get() {
+        // SAFETY: `p` is the C library's `void _exit(int)` (or `_Exit`), which does not
+        // return.
+        let f = unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int) -> !>(p) };
+        // SAFETY: forwarded.
+        unsafe { f(status) }
+    }
+    loop {
+        // SAFETY: exit_group takes an integer and does not return.
+        unsafe { libc::syscall(libc::SYS_exit_group, status) };
+    }
+}
+
+/// Which of libc's immediate exits.
+#[derive(Clone, Copy, Debug)]
+pub enum Exit {
+    /// `_exit`.
+    Underscore,
+    /// `_Exit`.
+    Capital,
+}
+
+/// libc's `signal`.
+///
+/// # Safety
+/// C contract of `signal(3)`.
+pub unsafe fn signal(sig: c_int, h: libc::sighandler_t) -> libc::sighandler_t {
+    static SYM: Sym = Sym::new("signal\0");
+    // SAFETY: forwarded.
+    unsafe { handler_fn(&SYM, sig, h) }
+}
+
+/// libc's `sysv_signal`.
+///
+/// # Safety
+/// C contract of `sysv_signal(3)`.
+pub unsafe fn sysv_signal(sig: c_int, h: libc::sighandler_t) -> libc::sighandler_t {
+    static SYM: Sym = Sym::new("sysv_signal\0");
+    // SAFETY: forwarded.
+    unsafe { handler_fn(&SYM, sig, h) }
+}
+
+/// # Safety
+/// `sym` names a `sighandler_t f(int, sighandler_t)` function; arguments as it wants.
+unsafe fn handler_fn(sym: &Sym, sig: c_int, h: libc::sighandler_t) -> libc::sighandler_t {
+    let Some(p) = sym.get() else {
+        set_errno(libc::ENOSYS);
+        return libc::SIG_ERR;
+    };
+    // SAFETY: `p` is the C library's function of that prototype.
+    let f = unsafe {
+        std::mem::transmute::<
+            *mut c_void,
+            unsafe extern "C" fn(c_int, libc::sighandler_t) -> libc::sighandler_t,
+        >(p)
+    };
+    // SAFETY: the caller's arguments, forwarded.
+    unsafe { f(sig, h) }
 }
 
 /// libc's `fcntl` (variadic; the third argument is passed as an unsigned long, which is

@@ -1,14 +1,240 @@
-//! Signal semantics the kernel gives sockets and the shim must copy: whether a wait
-//! interrupted by a signal handler restarts (`SA_RESTART`) or fails with `EINTR`, and
-//! `SIGPIPE` for a send on a broken connection.
+//! Signal semantics the kernel gives sockets and the shim must copy: whether a blocking
+//! call interrupted by a signal handler fails with `EINTR` or goes on (`SA_RESTART`),
+//! and `SIGPIPE` for a send on a broken connection.
+//!
+//! **Knowing that a handler ran.** A blocking ferry call waits in user space (spinning,
+//! then futex sleeps of at most 100 ms, with liveness checks in between); a signal that
+//! arrives outside the futex system call runs its handler without interrupting anything
+//! the shim can see, and the call would go on waiting (an `alarm()` meant to cut a
+//! `recv` short would be lost). So while the shim is active it wraps the program's
+//! handlers: `sigaction` (and `signal`, `sysv_signal`, `siginterrupt`, which glibc
+//! implements with its internal `__sigaction`) installs a trampoline that counts, per
+//! thread, the handlers that ran and those that ran without `SA_RESTART`, then calls
+//! the program's handler. The program sees its own handler and flags when it asks. A
+//! wait compares the counts with those at its start (also right before each sleep,
+//! through the ring's `wait_with` check), so an interruption is noticed at once, or in
+//! the worst race within one sleep slice. Handlers installed behind libc's back (raw
+//! `rt_sigaction`) are still noticed when they interrupt the futex itself; the shim then
+//! asks the installed handlers whether all have `SA_RESTART` ([`restartable`]).
 
-/// Whether a blocking call interrupted by a handler should restart: true when every
-/// installed handler has `SA_RESTART`.
+use std::cell::Cell;
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+
+use libc::{sighandler_t, siginfo_t};
+
+use crate::{config, real};
+
+/// Signal numbers the kernel knows (1..=64).
+const NSIG: usize = 65;
+
+/// The program's handler for each signal (as it installed it), when wrapped.
+static PROGRAM: [AtomicUsize; NSIG] = [const { AtomicUsize::new(libc::SIG_DFL) }; NSIG];
+/// The program's `sa_flags` for each signal.
+static FLAGS: [AtomicI32; NSIG] = [const { AtomicI32::new(0) }; NSIG];
+
+/// Handlers that ran on one thread: all of them, and those without `SA_RESTART`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Every wrapped handler.
+    pub any: u32,
+    /// Wrapped handlers without `SA_RESTART`.
+    pub intr: u32,
+}
+
+thread_local! {
+    // Const-initialised and without a destructor: plain thread-local memory, safe to
+    // touch from a signal handler.
+    static COUNTS: Cell<Counts> = const { Cell::new(Counts { any: 0, intr: 0 }) };
+}
+
+/// This thread's counts.
+pub fn counts() -> Counts {
+    COUNTS.with(Cell::get)
+}
+
+impl Counts {
+    /// Whether handlers that ran since `self` (an earlier snapshot) make a blocking call
+    /// fail with `EINTR`: one without `SA_RESTART`, or any when the socket has a timeout.
+    pub fn interrupts_since(self, now: Counts, has_timeout: bool) -> bool {
+        now.intr != self.intr || (has_timeout && now.any != self.any)
+    }
+}
+
+/// Counts the handler, then runs the program's.
+extern "C" fn trampoline(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
+    let Some(i) = usize::try_from(sig).ok().filter(|&i| i < NSIG) else {
+        return;
+    };
+    let flags = FLAGS[i].load(Ordering::Acquire);
+    let h = PROGRAM[i].load(Ordering::Acquire);
+    COUNTS.with(|c| {
+        let mut v = c.get();
+        v.any = v.any.wrapping_add(1);
+        if flags & libc::SA_RESTART == 0 {
+            v.intr = v.intr.wrapping_add(1);
+        }
+        c.set(v);
+    });
+    if flags & libc::SA_RESETHAND as c_int != 0 {
+        PROGRAM[i].store(libc::SIG_DFL, Ordering::Release);
+    }
+    if h == libc::SIG_DFL || h == libc::SIG_IGN {
+        return;
+    }
+    if flags & libc::SA_SIGINFO != 0 {
+        // SAFETY: the program installed `h` as an `sa_sigaction` (SA_SIGINFO).
+        let f = unsafe {
+            std::mem::transmute::<usize, extern "C" fn(c_int, *mut siginfo_t, *mut c_void)>(h)
+        };
+        f(sig, info, ctx);
+    } else {
+        // SAFETY: the program installed `h` as an `sa_handler`.
+        let f = unsafe { std::mem::transmute::<usize, extern "C" fn(c_int)>(h) };
+        f(sig);
+    }
+}
+
+fn index(sig: c_int) -> Option<usize> {
+    usize::try_from(sig).ok().filter(|&i| i > 0 && i < NSIG)
+}
+
+/// `sigaction(2)`, wrapping real handlers in the trampoline while the shim is active.
 ///
-/// The ring's futex wait returns `EINTR` whenever a handler ran (it has a timeout, so the
-/// kernel never restarts it), and the shim cannot tell which signal it was; it asks the
-/// installed handlers instead (only on an interruption, which is rare). A socket with a
-/// receive/send timeout never restarts, as in the kernel; the caller checks that.
+/// # Safety
+/// C contract of `sigaction(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sigaction(
+    sig: c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> c_int {
+    let Some(i) = index(sig).filter(|_| config::active()) else {
+        // SAFETY: forwarded to libc.
+        return unsafe { real::sigaction(sig, act, old) };
+    };
+    let (prev_h, prev_f) = (
+        PROGRAM[i].load(Ordering::Acquire),
+        FLAGS[i].load(Ordering::Acquire),
+    );
+    let mut wrapped;
+    let mut actp = act;
+    // SAFETY: `act` is null or the caller's valid action.
+    if let Some(a) = unsafe { act.as_ref() } {
+        FLAGS[i].store(a.sa_flags, Ordering::Release);
+        PROGRAM[i].store(a.sa_sigaction, Ordering::Release);
+        if a.sa_sigaction != libc::SIG_DFL && a.sa_sigaction != libc::SIG_IGN {
+            wrapped = *a;
+            wrapped.sa_sigaction =
+                trampoline as extern "C" fn(c_int, *mut siginfo_t, *mut c_void) as usize;
+            wrapped.sa_flags |= libc::SA_SIGINFO;
+            actp = &wrapped;
+        }
+    }
+    // SAFETY: forwarded to libc (with our trampoline in place of the handler).
+    let r = unsafe { real::sigaction(sig, actp, old) };
+    if r != 0 {
+        PROGRAM[i].store(prev_h, Ordering::Release);
+        FLAGS[i].store(prev_f, Ordering::Release);
+        return r;
+    }
+    // SAFETY: `old` is null or the caller's writable action, just filled by libc.
+    if let Some(o) = unsafe { old.as_mut() } {
+        let tramp = trampoline as extern "C" fn(c_int, *mut siginfo_t, *mut c_void) as usize;
+        if o.sa_sigaction == tramp {
+            o.sa_sigaction = prev_h;
+            o.sa_flags = prev_f;
+        }
+    }
+    r
+}
+
+/// Installs `h` with `flags` through [`sigaction`]; returns the previous handler.
+///
+/// # Safety
+/// `h` a valid handler, `SIG_DFL` or `SIG_IGN`.
+unsafe fn install(sig: c_int, h: sighandler_t, flags: c_int, block_self: bool) -> sighandler_t {
+    // SAFETY: plain data.
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = h;
+    act.sa_flags = flags;
+    if block_self {
+        // SAFETY: `act.sa_mask` is a valid sigset.
+        unsafe { libc::sigaddset(&mut act.sa_mask, sig) };
+    }
+    // SAFETY: plain data.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: valid action and output.
+    if unsafe { sigaction(sig, &act, &mut old) } != 0 {
+        return libc::SIG_ERR;
+    }
+    old.sa_sigaction
+}
+
+/// `signal(3)` with glibc's BSD semantics (`SA_RESTART`, the signal blocked in its
+/// handler); glibc's own would bypass the exported `sigaction`.
+///
+/// # Safety
+/// C contract of `signal(3)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn signal(sig: c_int, h: sighandler_t) -> sighandler_t {
+    if !config::active() {
+        // SAFETY: forwarded to libc.
+        return unsafe { real::signal(sig, h) };
+    }
+    // SAFETY: forwarded.
+    unsafe { install(sig, h, libc::SA_RESTART, true) }
+}
+
+/// `sysv_signal(3)`: one-shot, not restarting, not blocking itself.
+///
+/// # Safety
+/// C contract of `sysv_signal(3)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sysv_signal(sig: c_int, h: sighandler_t) -> sighandler_t {
+    if !config::active() {
+        // SAFETY: forwarded to libc.
+        return unsafe { real::sysv_signal(sig, h) };
+    }
+    // SAFETY: forwarded.
+    unsafe {
+        install(
+            sig,
+            h,
+            (libc::SA_RESETHAND | libc::SA_NODEFER) as c_int,
+            false,
+        )
+    }
+}
+
+/// `siginterrupt(3)`: sets or clears `SA_RESTART` of the installed handler.
+///
+/// # Safety
+/// C contract of `siginterrupt(3)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn siginterrupt(sig: c_int, flag: c_int) -> c_int {
+    if !config::active() {
+        // SAFETY: forwarded to libc.
+        return unsafe { real::siginterrupt(sig, flag) };
+    }
+    // SAFETY: plain data.
+    let mut cur: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: a query into a local.
+    if unsafe { sigaction(sig, std::ptr::null(), &mut cur) } != 0 {
+        return -1;
+    }
+    if flag != 0 {
+        cur.sa_flags &= !libc::SA_RESTART;
+    } else {
+        cur.sa_flags |= libc::SA_RESTART;
+    }
+    // SAFETY: re-installs what was there with one flag changed.
+    unsafe { sigaction(sig, &cur, std::ptr::null_mut()) }
+}
+
+/// Whether a blocking call interrupted by a handler the shim did not see installed
+/// should restart: true when every installed handler has `SA_RESTART` (asked only on
+/// such an interruption, which is rare).
 pub fn restartable() -> bool {
     let max = libc::SIGRTMAX();
     for sig in 1..=max {
@@ -18,7 +244,7 @@ pub fn restartable() -> bool {
         // SAFETY: sigaction is plain data; all-zero is a valid value to be overwritten.
         let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
         // SAFETY: querying (null new action) writes only `old`.
-        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0 {
+        if unsafe { sigaction(sig, std::ptr::null(), &mut old) } != 0 {
             continue;
         }
         let h = old.sa_sigaction;
@@ -50,10 +276,19 @@ mod tests {
         let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
         // SAFETY: installs a handler that does nothing (restored below); SIGUSR2 is not
         // used by the test harness.
-        unsafe { libc::sigaction(libc::SIGUSR2, &sa, &mut old) };
+        unsafe { real::sigaction(libc::SIGUSR2, &sa, &mut old) };
         let noticed = !restartable();
         // SAFETY: restores the previous disposition.
-        unsafe { libc::sigaction(libc::SIGUSR2, &old, std::ptr::null_mut()) };
+        unsafe { real::sigaction(libc::SIGUSR2, &old, std::ptr::null_mut()) };
         assert!(noticed);
+    }
+
+    #[test]
+    fn counts_tell_interruptions() {
+        let a = Counts { any: 1, intr: 1 };
+        assert!(!a.interrupts_since(a, true));
+        assert!(a.interrupts_since(Counts { any: 2, intr: 2 }, false));
+        assert!(!a.interrupts_since(Counts { any: 2, intr: 1 }, false));
+        assert!(a.interrupts_since(Counts { any: 2, intr: 1 }, true));
     }
 }

@@ -22,16 +22,21 @@
 //! (its mapping stays, never used) instead of dropped. The fd cache is kept: the child
 //! shares the parent's sockets.
 //!
-//! **Exit.** `atexit` rings every registered doorbell, so records another thread
-//! committed without ringing (doorbell batching) are seen by the server.
+//! **Exit.** A thread's channel, when it is dropped (thread exit, `exit`'s thread-local
+//! destructors), rings the doorbell and waits briefly until the server has taken every
+//! request; `_exit`/`_Exit` (interposed) do the same for the calling thread. Then
+//! `atexit` (or `_exit`) rings every other registered doorbell, so records another
+//! thread committed without ringing (doorbell batching) are seen by the server.
 
 use std::cell::{Cell, UnsafeCell};
+use std::ffi::c_int;
 use std::os::fd::RawFd;
 use std::sync::Once;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering, compiler_fence};
 
 use crate::chan::Channel;
 use crate::errno::{Errno, Res};
+use crate::{config, real};
 
 static GEN: AtomicU32 = AtomicU32::new(0);
 
@@ -255,6 +260,37 @@ extern "C" fn atfork_child() {
                 let _ = ferry_sys::close_raw(fd);
             }
         }
+    }
+}
+
+/// `_exit(2)` skips `atexit` handlers and thread-local destructors: let the server take
+/// this thread's queued requests first (a child that sends and `_exit`s must not lose
+/// its data), and ring every other channel's doorbell.
+///
+/// # Safety
+/// C contract of `_exit(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+    before_abrupt_exit();
+    // SAFETY: ends the process.
+    unsafe { real::exit_now(real::Exit::Underscore, status) }
+}
+
+/// `_Exit(3)`: as [`_exit`].
+///
+/// # Safety
+/// C contract of `_Exit(3)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
+    before_abrupt_exit();
+    // SAFETY: ends the process.
+    unsafe { real::exit_now(real::Exit::Capital, status) }
+}
+
+fn before_abrupt_exit() {
+    if config::active() {
+        let _ = std::panic::catch_unwind(|| with_open_channel(Channel::drain));
+        at_exit();
     }
 }
 

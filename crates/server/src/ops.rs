@@ -625,9 +625,10 @@ impl Server {
             fin = fin.with_addr(&WireAddr::from(from));
         }
         fin.buf = NO_BUF;
-        // A short read on a polled socket: if the host socket is now empty, take the token back.
+        // A polled socket: if the host socket is now empty, take the token back (a token
+        // left behind would make the next poll report data that is not there).
         if s.token_out
-            && placed < want
+            && flags & libc::MSG_PEEK == 0
             && ferry_sys::poll_now(s.fd.as_fd(), libc::POLLIN).unwrap_or(0) == 0
         {
             fin.flags |= CMP_DRAIN_TOKEN;

@@ -53,6 +53,7 @@ static void *poke(void *arg) {
 
 int main(int argc, char **argv) {
     if (argc < 4) return 2;
+    setvbuf(stdout, NULL, _IONBF, 0);
     int silent = dial(atoi(argv[1]));
     s_echo = dial(atoi(argv[2]));
     char buf[16];
@@ -61,6 +62,15 @@ int main(int argc, char **argv) {
      *    use another socket meanwhile (re-entrant call: the shim's spare channel). */
     struct sigaction sa = {.sa_handler = on_alarm};
     sigaction(SIGALRM, &sa, NULL);
+
+    /* 0. The program sees its own handlers and flags (the shim's wrapper is hidden). */
+    struct sigaction q;
+    sigaction(SIGALRM, NULL, &q);
+    int own = q.sa_handler == on_alarm && !(q.sa_flags & SA_SIGINFO);
+    void (*prev)(int) = signal(SIGUSR2, on_usr1);
+    void (*prev2)(int) = signal(SIGUSR2, SIG_DFL);
+    printf("own %s\n", own && prev == SIG_DFL && prev2 == on_usr1 ? "yes" : "no");
+
     struct itimerval it = {.it_value = {.tv_usec = 200000}};
     setitimer(ITIMER_REAL, &it, NULL);
     ssize_t r = recv(silent, buf, sizeof buf, 0);

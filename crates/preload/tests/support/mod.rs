@@ -77,6 +77,21 @@ pub fn run(mut c: Command, limit: Duration) -> Output {
             break;
         }
         if t0.elapsed() > limit {
+            // Where it hangs, when gdb is there to tell.
+            if have("gdb") {
+                let bt = Command::new("gdb")
+                    .args([
+                        "-p",
+                        &child.id().to_string(),
+                        "-batch",
+                        "-ex",
+                        "thread apply all bt",
+                    ])
+                    .output();
+                if let Ok(bt) = bt {
+                    eprintln!("{}", String::from_utf8_lossy(&bt.stdout));
+                }
+            }
             let _ = child.kill();
             let out = child.wait_with_output().unwrap();
             panic!(

@@ -164,6 +164,9 @@ fn run(a: RunArgs) -> Result<i32, String> {
     warn_if_static(&a.cmd[0]);
     let dir = std::env::temp_dir().join(format!("ferry-{}-{}", std::process::id(), nanos()));
     std::fs::create_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    // Traversable by the sandbox's users (a server that drops privileges still needs the
+    // control socket); not listable.
+    ferry_sys::chmod(&dir, 0o711).map_err(|e| format!("cannot set up {}: {e}", dir.display()))?;
     let _cleanup = RemoveDir(dir.clone());
     let sock_path = dir.join("ctl.sock");
 
@@ -179,7 +182,7 @@ fn run(a: RunArgs) -> Result<i32, String> {
         Some(f) => f.socket(d, t, p),
         None => Err(std::io::Error::from_raw_os_error(libc::EAGAIN)),
     });
-    let server = Server::new(cfg, make).map_err(|e| e.to_string())?;
+    let mut server = Server::new(cfg, make).map_err(|e| e.to_string())?;
     let stop = server.stop_handle();
 
     let userns = match a.userns.as_str() {
@@ -199,6 +202,10 @@ fn run(a: RunArgs) -> Result<i32, String> {
     let mut sandbox =
         ferry_sandbox::launch(&spec).map_err(|e| format!("cannot start the sandbox: {e}"))?;
     let _ = factory.set(sandbox.factory());
+    match ferry_server::pidns_of(sandbox.pid()) {
+        Some(ino) => server.restrict_to_pidns(ino),
+        None => return Err("cannot read the sandbox's PID namespace".into()),
+    }
     debug!("sandbox init pid {}", sandbox.pid());
 
     // Forward Ctrl-C and friends to the program; the signal thread inherits the mask.

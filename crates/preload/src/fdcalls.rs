@@ -329,7 +329,9 @@ impl Watch {
     }
 }
 
-const POLL_INPUT: i16 = libc::POLLIN | libc::POLLPRI | libc::POLLRDNORM | libc::POLLRDBAND;
+/// Interests that only a readiness token (or the mirrored EOF) can satisfy.
+const POLL_INPUT: i16 =
+    libc::POLLIN | libc::POLLPRI | libc::POLLRDNORM | libc::POLLRDBAND | libc::POLLRDHUP;
 
 /// # Safety
 /// `fds` valid for `n` entries.
@@ -481,7 +483,8 @@ pub unsafe extern "C" fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epo
     {
         // SAFETY: the caller's event (read unaligned: the struct is packed on x86-64).
         let events = unsafe { std::ptr::addr_of!((*ev).events).read_unaligned() };
-        if events & (libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLRDNORM) as u32 != 0 {
+        let input = libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLRDNORM | libc::EPOLLRDHUP;
+        if events & input as u32 != 0 {
             let mut w = Watch::new();
             w.add(fd);
             w.finish();

@@ -300,6 +300,11 @@ pub fn shutdown(s: Sock, how: c_int) -> Res<()> {
     if how != libc::SHUT_RD {
         TABLE.update_id(s.id, F_SHUT_WR, 0);
     }
+    if how != libc::SHUT_WR {
+        // The program's end then polls readable (EOF) for good, as the kernel's would.
+        // SAFETY: the program's end, open for the duration of the call.
+        let _ = ferry_sys::shutdown(unsafe { ferry_sys::borrow(s.fd) }, libc::SHUT_RD);
+    }
     Ok(())
 }
 
@@ -458,7 +463,17 @@ pub fn want_tokens(socks: &[Sock]) {
                 ch.push(&Req::new(Op::WantToken, s.id))?;
                 TABLE.update(s.fd, F_WANT, 0);
             }
-            ch.flush();
+            // A barrier: once a tagged request sent after them is answered, the server
+            // has handled the requests for tokens (it takes records in order) and
+            // written the tokens of sockets already readable, so even a poll with no
+            // timeout that follows sees them.
+            if let Some(last) = socks.last() {
+                ch.call(
+                    Req::new(Op::Pending, last.id),
+                    Wait::FOREVER,
+                    &mut |_, _| {},
+                )?;
+            }
             Ok(())
         })
     }));

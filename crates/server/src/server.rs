@@ -65,6 +65,8 @@ pub struct Server {
     /// Control connections that have not said Hello yet.
     pending_hello: HashMap<u32, OwnedFd>,
     next_hello: u32,
+    /// Only peers in this PID namespace may open channels.
+    pidns: Option<u64>,
 }
 
 impl std::fmt::Debug for Server {
@@ -91,6 +93,9 @@ impl Server {
         .map_err(listen_err)?;
         ferry_sys::bind_unix(listener.as_fd(), &cfg.socket_path).map_err(listen_err)?;
         ferry_sys::listen(listener.as_fd(), 128).map_err(listen_err)?;
+        // Every user inside the sandbox may connect (servers drop privileges); who is
+        // inside is checked per connection (`restrict_to_pidns`).
+        ferry_sys::chmod(&cfg.socket_path, 0o666).map_err(listen_err)?;
         let epoll = Epoll::new(256).map_err(Error::EventLoop)?;
         epoll
             .add(listener.as_fd(), libc::EPOLLIN as u32, token(T_LISTEN, 0))
@@ -152,7 +157,36 @@ impl Server {
             dirty: Vec::new(),
             pending_hello: HashMap::new(),
             next_hello: 0,
+            pidns: None,
         })
+    }
+
+    /// Accepts channels only from processes in the PID namespace whose
+    /// `/proc/PID/ns/pid` inode is `ino` (the sandbox's). The control socket must be
+    /// reachable by every user inside the sandbox (programs drop privileges), so this is
+    /// what keeps other host processes out.
+    pub fn restrict_to_pidns(&mut self, ino: u64) {
+        self.pidns = Some(ino);
+    }
+
+    fn peer_allowed(&self, fd: &OwnedFd) -> bool {
+        let Some(want) = self.pidns else { return true };
+        let pid = match ferry_sys::peer_pid(fd.as_fd()) {
+            Ok(pid) => pid,
+            Err(e) => {
+                warn!("control connection without credentials ({e}); refused");
+                return false;
+            }
+        };
+        match pidns_of(pid) {
+            Some(ino) if ino == want => true,
+            other => {
+                warn!(
+                    "control connection from pid {pid} outside the sandbox (pid namespace {other:?}); refused"
+                );
+                false
+            }
+        }
     }
 
     /// A handle that stops [`Server::run`].
@@ -295,6 +329,9 @@ impl Server {
                 libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
             ) {
                 Ok((fd, _)) => {
+                    if !self.peer_allowed(&fd) {
+                        continue;
+                    }
                     // The channel is set up when its Hello arrives.
                     let n = self.next_hello;
                     self.next_hello = self.next_hello.wrapping_add(1);
@@ -610,6 +647,14 @@ impl Server {
 
 fn host_events() -> u32 {
     (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32
+}
+
+/// The inode of a process's PID namespace.
+pub fn pidns_of(pid: i32) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}/ns/pid"))
+        .ok()
+        .map(|m| m.ino())
 }
 
 pub(crate) fn as_bytes<T: bytemuck::Pod>(v: &T) -> &[u8] {

@@ -705,3 +705,29 @@ pub fn wait_signal(sigs: &[i32], timeout: std::time::Duration) -> io::Result<Opt
         Err(e) => Err(e),
     }
 }
+
+/// The pid of the process at the other end of a unix socket (`SO_PEERCRED`), as seen
+/// from the caller's PID namespace.
+pub fn peer_pid(fd: BorrowedFd<'_>) -> io::Result<i32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
+    syscall!(
+        libc::SYS_getsockopt,
+        fd.as_raw_fd(),
+        libc::SOL_SOCKET,
+        libc::SO_PEERCRED,
+        &mut cred as *mut libc::ucred,
+        &mut len as *mut libc::socklen_t
+    )?;
+    Ok(cred.pid)
+}
+
+/// Sets a path's permission bits.
+pub fn chmod(path: &std::path::Path, mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}

@@ -227,12 +227,98 @@ pub unsafe fn recv(s: Sock, cur: &mut IoCursor, flags: c_int) -> Res<Got> {
     .map_err(|e| e.down_as(libc::ECONNRESET))
 }
 
+/// `splice(fd_in, off_in, ferry socket, NULL, len, flags)`: one read from `fd_in` (a
+/// pipe, or a file at `off_in`) straight into a channel buffer, queued like a send.
+///
+/// # Safety
+/// `off_in` null or valid.
+pub unsafe fn splice_in(
+    s: Sock,
+    fd_in: c_int,
+    off_in: *mut off_t,
+    len: usize,
+    flags: u32,
+) -> Res<usize> {
+    let nonblock = flags & libc::SPLICE_F_NONBLOCK != 0;
+    if nonblock {
+        // SAFETY: `fd_in` is only named in a system call.
+        let b = unsafe { ferry_sys::borrow(fd_in) };
+        if ferry_sys::poll_now(b, libc::POLLIN).map_err(Errno::from)? == 0 {
+            return Err(Errno::EAGAIN);
+        }
+    }
+    // SAFETY: forwarded (caller).
+    unsafe { feed(s, fd_in, off_in, len, true, nonblock) }
+}
+
+/// `splice(ferry socket, NULL, fd_out, off_out, len, flags)`: one receive, written to
+/// `fd_out` (a pipe).
+///
+/// # Safety
+/// `off_out` null or valid.
+pub unsafe fn splice_out(
+    s: Sock,
+    fd_out: c_int,
+    off_out: *mut off_t,
+    len: usize,
+    flags: u32,
+) -> Res<usize> {
+    let mut buf = vec![0u8; len.min(1 << 16)];
+    let iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: one local buffer.
+    let mut cur = unsafe { IoCursor::new(&iov, 1) }?;
+    let rflags = if flags & libc::SPLICE_F_NONBLOCK != 0 {
+        libc::MSG_DONTWAIT
+    } else {
+        0
+    };
+    // SAFETY: the cursor covers `buf`.
+    let got = unsafe { recv(s, &mut cur, rflags) }?;
+    // SAFETY: null or the caller's offset.
+    let off = unsafe { off_out.as_mut() };
+    let mut done = 0;
+    while done < got.len {
+        let rest = &buf[done..got.len];
+        let at = off.as_deref().map(|o| *o + done as off_t);
+        // SAFETY: `rest` is readable for its length.
+        match unsafe { crate::sys::write_from(fd_out, rest.as_ptr(), rest.len(), at) } {
+            Ok(n) => done += n,
+            Err(e) if done == 0 => return Err(e.into()),
+            Err(_) => break,
+        }
+    }
+    if let Some(o) = off {
+        *o += done as off_t;
+    }
+    Ok(done)
+}
+
 /// `sendfile(ferry socket, in_fd, offset, count)`: the file is read straight into the
 /// channel's buffers, which are then queued like any send.
 ///
 /// # Safety
 /// `offset` null or valid.
 pub unsafe fn sendfile(s: Sock, in_fd: c_int, offset: *mut off_t, count: usize) -> Res<usize> {
+    // SAFETY: forwarded (caller).
+    unsafe { feed(s, in_fd, offset, count, false, s.nonblock()) }
+}
+
+/// Reads `in_fd` (at `offset` if non-null) straight into channel buffers and queues
+/// them as sends; `once`: stop after the first read (`splice` moves what is there).
+///
+/// # Safety
+/// `offset` null or valid.
+unsafe fn feed(
+    s: Sock,
+    in_fd: c_int,
+    offset: *mut off_t,
+    count: usize,
+    once: bool,
+    nonblock: bool,
+) -> Res<usize> {
     with_channel(|ch| {
         ch.reap()?;
         if let Some(e) = PENDING.take(s.id, |_| true) {
@@ -249,7 +335,7 @@ pub unsafe fn sendfile(s: Sock, in_fd: c_int, offset: *mut off_t, count: usize) 
         let mut off = (!offset.is_null()).then(|| unsafe { offset.read() });
         let mut sent = 0usize;
         while sent < count {
-            let Some(b) = next_buf(ch, s.nonblock(), w, sent)? else {
+            let Some(b) = next_buf(ch, nonblock, w, sent)? else {
                 break;
             };
             let n = (count - sent).min(bs);
@@ -284,6 +370,9 @@ pub unsafe fn sendfile(s: Sock, in_fd: c_int, offset: *mut off_t, count: usize) 
             (req.buf, req.len) = (b.0, k as u32);
             ch.push(&req)?;
             sent += k;
+            if once {
+                break;
+            }
         }
         if let Some(o) = off {
             // SAFETY: non-null and valid (caller).

@@ -515,6 +515,43 @@ pub unsafe extern "C" fn sendfile64(out: c_int, inp: c_int, off: *mut off_t, n: 
     boundary(|| unsafe { data::sendfile(s, inp, off, n) }.map(|n| n as ssize_t))
 }
 
+/// `splice` with a ferry socket at one end (the other must be a pipe or, on the input
+/// side, a file).
+///
+/// # Safety
+/// C contract of `splice(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn splice(
+    fd_in: c_int,
+    off_in: *mut libc::loff_t,
+    fd_out: c_int,
+    off_out: *mut libc::loff_t,
+    len: size_t,
+    flags: c_uint,
+) -> ssize_t {
+    match (lookup(fd_in), lookup(fd_out)) {
+        (None, None) => {
+            // SAFETY: forwarded to libc.
+            unsafe { real::splice(fd_in, off_in, fd_out, off_out, len, flags) }
+        }
+        (Some(_), Some(_)) => boundary(|| Err(Errno::EINVAL)),
+        (None, Some(s)) => boundary(|| {
+            if !off_out.is_null() {
+                return Err(Errno(libc::ESPIPE));
+            }
+            // SAFETY: the caller's input offset.
+            unsafe { data::splice_in(s, fd_in, off_in, len, flags) }.map(|n| n as ssize_t)
+        }),
+        (Some(s), None) => boundary(|| {
+            if !off_in.is_null() {
+                return Err(Errno(libc::ESPIPE));
+            }
+            // SAFETY: the caller's output offset.
+            unsafe { data::splice_out(s, fd_out, off_out, len, flags) }.map(|n| n as ssize_t)
+        }),
+    }
+}
+
 /// # Safety
 /// C contract of glibc's fortified `recv`.
 #[unsafe(no_mangle)]

@@ -81,6 +81,30 @@ pub unsafe fn read_into(fd: c_int, p: *mut u8, n: usize, off: Option<i64>) -> io
     r.map(|k| k as usize)
 }
 
+/// `write(2)`, or `pwrite64(2)` at `off`, from raw memory.
+///
+/// # Safety
+/// `p` must be readable for `n` bytes.
+pub unsafe fn write_from(fd: c_int, p: *const u8, n: usize, off: Option<i64>) -> io::Result<usize> {
+    let r = match off {
+        // SAFETY: `p` readable for `n` bytes (caller).
+        Some(o) => unsafe {
+            raw(
+                libc::SYS_pwrite64,
+                [fd.into(), p as c_long, n as c_long, o as c_long, 0, 0],
+            )
+        },
+        // SAFETY: as above.
+        None => unsafe {
+            raw(
+                libc::SYS_write,
+                [fd.into(), p as c_long, n as c_long, 0, 0, 0],
+            )
+        },
+    };
+    r.map(|k| k as usize)
+}
+
 /// `close_range(2)` (used when libc has no `closefrom`).
 pub fn close_range(first: u32, last: u32, flags: c_int) -> io::Result<()> {
     // SAFETY: integers only.

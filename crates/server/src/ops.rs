@@ -327,7 +327,36 @@ impl Server {
             return e;
         }
         let s = self.sock(id).expect("placed above");
-        ferry_sys::bind(s.fd.as_fd(), &addr).map_or_else(|e| errno(&e), |()| 0)
+        match ferry_sys::bind(s.fd.as_fd(), &addr) {
+            Ok(()) => 0,
+            Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) && self.reap_closed() > 0 => {
+                // A socket the sandbox already closed may still hold the port: the hang-up
+                // of its readiness pair was not processed yet. Now it is; try again.
+                let s = self.sock(id).expect("placed above");
+                ferry_sys::bind(s.fd.as_fd(), &addr).map_or_else(|e| errno(&e), |()| 0)
+            }
+            Err(e) => errno(&e),
+        }
+    }
+
+    /// Closes, right now, every socket whose program side is gone (its readiness pair has
+    /// hung up) and whose sends are done; returns how many.
+    fn reap_closed(&mut self) -> usize {
+        let gone: Vec<u32> = self
+            .socks
+            .values()
+            .filter(|s| {
+                s.app_closed
+                    || ferry_sys::poll_now(s.pair.as_fd(), 0).unwrap_or(0) & libc::POLLHUP != 0
+            })
+            .map(|s| s.id)
+            .collect();
+        for &id in &gone {
+            self.app_closed(id);
+        }
+        let before = self.socks.len();
+        self.settle_dirty();
+        before - self.socks.len()
     }
 
     fn listen(&mut self, id: u32, backlog: i32) -> i32 {

@@ -527,7 +527,7 @@ impl Server {
         Ok(())
     }
 
-    fn app_closed(&mut self, id: u32) {
+    pub(crate) fn app_closed(&mut self, id: u32) {
         if let Some(s) = self.socks.get_mut(&id)
             && !s.app_closed
         {
@@ -539,7 +539,7 @@ impl Server {
 
     /// Finishes state changes noticed during the turn: closes sockets whose program side
     /// is gone and whose sends are done.
-    fn settle_dirty(&mut self) {
+    pub(crate) fn settle_dirty(&mut self) {
         let dirty = std::mem::take(&mut self.dirty);
         for id in dirty {
             let Some(s) = self.socks.get(&id) else {

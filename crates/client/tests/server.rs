@@ -266,3 +266,33 @@ fn processes_outside_the_sandbox_are_refused() {
     handle.stop();
     t.join().unwrap();
 }
+
+#[test]
+fn a_stopped_server_fails_blocked_calls_instead_of_hanging() {
+    let srv = start("dies", Policy::default());
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let _keep = std::thread::spawn(move || {
+        let conn = l.accept();
+        std::thread::sleep(Duration::from_secs(5));
+        drop(conn);
+    });
+    let mut c = Client::connect(&srv.path).unwrap();
+    let s = c.socket(libc::AF_INET, libc::SOCK_STREAM).unwrap();
+    c.connect_to(&s, addr).unwrap();
+    let t = std::time::Instant::now();
+    let stopper = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        srv.stop()
+    });
+    // Nothing will ever arrive: only the server's end can end this wait.
+    let mut buf = [0u8; 16];
+    let r = c.recv(&s, &mut buf);
+    assert!(r.is_err(), "recv returned {r:?} after the server stopped");
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t.elapsed()
+    );
+    stopper.join().unwrap();
+}

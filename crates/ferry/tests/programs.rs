@@ -395,3 +395,50 @@ fn unprivileged_user_runs_curl_through_ferry() {
         o.stdout.len()
     );
 }
+
+#[test]
+fn a_program_killed_mid_transfer_leaves_nothing_open() {
+    if !can_run(&["curl", "nginx", "ip"]) {
+        return;
+    }
+    let r = remote("kill");
+    let dir = TempDir::new("kill");
+    std::fs::write(dir.path().join("big.bin"), pattern(64 << 20, 5)).unwrap();
+    let conf = nginx_conf(dir.path(), dir.path(), 8083);
+    let _nginx = Guard(
+        quiet(&mut r.command("nginx"))
+            .args(["-c", conf.to_str().unwrap()])
+            .spawn()
+            .unwrap(),
+    );
+    wait_port(r.remote_ip(), 8083);
+    let stats = dir.path().join("stats.json");
+    let url = format!("http://{}:8083/big.bin", r.remote_ip());
+    // curl is throttled so the transfer is surely under way when it is killed.
+    let script = format!(
+        "curl -s --limit-rate 4M -o /dev/null {url} & sleep 0.5; kill -9 $!; wait; sleep 0.2; curl -s -o /dev/null {url}"
+    );
+    let o = ferry_run(
+        &["--stats-json", stats.to_str().unwrap()],
+        &["sh", "-c", &script],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let json = std::fs::read_to_string(&stats).unwrap();
+    assert!(
+        json.contains("\"open_at_stop\":0,"),
+        "sockets left open: {json}"
+    );
+    assert!(json.contains("\"bad_channels\":0,"), "{json}");
+    // Both fetches had their own socket, and the second one got the whole file.
+    let ins: Vec<u64> = json
+        .split("\"bytes_in\":")
+        .skip(1)
+        .filter_map(|t| t.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+        .collect();
+    assert!(ins.len() >= 2, "{json}");
+    assert!(ins.iter().any(|&n| n > 64 << 20), "{json}");
+    assert!(
+        ins.iter().any(|&n| n > 0 && n < 64 << 20),
+        "the killed fetch was under way: {json}"
+    );
+}

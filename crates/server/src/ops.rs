@@ -341,7 +341,7 @@ impl Server {
 
     /// Closes, right now, every socket whose program side is gone (its readiness pair has
     /// hung up) and whose sends are done; returns how many.
-    fn reap_closed(&mut self) -> usize {
+    pub(crate) fn reap_closed(&mut self) -> usize {
         let gone: Vec<u32> = self
             .socks
             .values()

@@ -555,6 +555,11 @@ impl Server {
     }
 
     fn shutdown(&mut self) {
+        // Whatever the sandbox closed (or died holding) is released now; what is left open
+        // after this is counted, so a leak shows in the stats.
+        self.drain_rings();
+        self.reap_closed();
+        self.stats.open_at_stop = self.socks.len() as u64;
         // Push out what the sandbox queued before it went away, briefly.
         let deadline = Instant::now() + std::time::Duration::from_millis(500);
         while Instant::now() < deadline && self.socks.values().any(|s| !s.txq.is_empty()) {

@@ -57,6 +57,9 @@ pub struct ServerStats {
     pub bad_channels: u64,
     /// Destinations refused by the policy.
     pub denied: u64,
+    /// Sockets still open when the server stopped although their program side was gone
+    /// (should be 0: anything else is a leak).
+    pub open_at_stop: u64,
     /// Channels seen.
     pub channels: Vec<ChannelStats>,
     /// Sockets seen.
@@ -67,14 +70,15 @@ impl fmt::Display for ServerStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "server {}: turns {} (idle spins {}), sleeps {}, data syscalls {}, denied {}, bad channels {}",
+            "server {}: turns {} (idle spins {}), sleeps {}, data syscalls {}, denied {}, bad channels {}, left open {}",
             self.id,
             self.turns,
             self.spin_turns,
             self.sleeps,
             self.data_syscalls,
             self.denied,
-            self.bad_channels
+            self.bad_channels,
+            self.open_at_stop
         )?;
         for c in &self.channels {
             writeln!(
@@ -126,7 +130,7 @@ impl ServerStats {
             })
             .collect();
         format!(
-            r#"{{"server":"{}","turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"bad_channels":{},"denied":{},"channels":[{}],"sockets":[{}]}}"#,
+            r#"{{"server":"{}","turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"bad_channels":{},"denied":{},"open_at_stop":{},"channels":[{}],"sockets":[{}]}}"#,
             self.id,
             self.turns,
             self.spin_turns,
@@ -134,6 +138,7 @@ impl ServerStats {
             self.data_syscalls,
             self.bad_channels,
             self.denied,
+            self.open_at_stop,
             chans.join(","),
             socks.join(",")
         )

@@ -121,8 +121,10 @@ pub fn run(o: &Options) -> Result<Summary, Error> {
     let mut bed = Testbed::up()?;
     let runs_dir = bed.scratch().join("runs");
     std::fs::create_dir_all(&runs_dir).map_err(output_err(&runs_dir))?;
+    // Other people may rebuild target/release while this runs: measure one fixed copy.
+    let (ferry, build) = snapshot(&o.ferry, &bed.scratch().join("bin"))?;
     let env = Env {
-        ferry: o.ferry.clone(),
+        ferry,
         runs_dir,
         stop: stop.clone(),
     };
@@ -134,7 +136,7 @@ pub fn run(o: &Options) -> Result<Summary, Error> {
         bed.mtu
     );
     let (ready, skipped) = check_all(&remote, bed.mtu, &env)?;
-    let burner = o.ferry.with_file_name("ferry-burner");
+    let burner = env.ferry.with_file_name("ferry-burner");
     if o.experiments.contains(&Experiment::E3) && !burner.is_file() {
         println!(
             "warning: {} not found (cargo build --release --workspace): E3 will fail",
@@ -172,6 +174,7 @@ pub fn run(o: &Options) -> Result<Summary, Error> {
         seconds: 0.0,
         command: o.command.clone(),
         veth_mtu: bed.mtu,
+        build,
     };
     let mut plot_errors = Vec::new();
     for (e, cases) in &plans {
@@ -211,6 +214,69 @@ pub fn run(o: &Options) -> Result<Summary, Error> {
         seconds: results.seconds,
         plot_errors,
     })
+}
+
+/// Copies ferry, its shim and ferry-burner (from next to `ferry`) into `dir`, where
+/// `ferry run` finds the shim next to itself; returns the copy of ferry and a line
+/// naming what was copied (modification times, git state).
+fn snapshot(ferry: &Path, dir: &Path) -> Result<(PathBuf, String), Error> {
+    std::fs::create_dir_all(dir).map_err(output_err(dir))?;
+    let src = ferry.parent().unwrap_or(Path::new("."));
+    let mut parts = Vec::new();
+    for name in ["ferry", "libferry_preload.so", "ferry-burner"] {
+        let from = if name == "ferry" {
+            ferry.to_owned()
+        } else {
+            src.join(name)
+        };
+        let Ok(meta) = std::fs::metadata(&from) else {
+            parts.push(format!("{name}: missing"));
+            continue;
+        };
+        let to = dir.join(name);
+        std::fs::copy(&from, &to).map_err(output_err(&to))?;
+        let built = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| utc(d.as_secs()))
+            .unwrap_or_default();
+        parts.push(format!("{name} built {built}"));
+    }
+    let git = std::process::Command::new("git")
+        .args([
+            "-C",
+            &src.to_string_lossy(),
+            "describe",
+            "--always",
+            "--dirty",
+        ])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|| "unknown".into());
+    let line = format!(
+        "{} (copied at start); source tree: git {git}",
+        parts.join(", ")
+    );
+    Ok((dir.join("ferry"), line))
+}
+
+/// `YYYY-MM-DD HH:MM UTC` of a Unix time (civil-from-days, proleptic Gregorian).
+fn utc(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let (h, m) = ((secs % 86_400) / 3600, (secs % 3600) / 60);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let mo = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(mo <= 2);
+    format!("{y:04}-{mo:02}-{d:02} {h:02}:{m:02} UTC")
 }
 
 /// Prints above the progress bar, or plainly when the bar is hidden (not a terminal).
@@ -267,4 +333,13 @@ fn kept(rows: &[Row]) -> Vec<Row> {
             ..r.clone()
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc_dates() {
+        assert_eq!(super::utc(0), "1970-01-01 00:00 UTC");
+        assert_eq!(super::utc(1_795_000_000), "2026-11-18 11:06 UTC");
+    }
 }

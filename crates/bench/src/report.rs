@@ -32,6 +32,8 @@ pub struct Results {
     pub command: String,
     /// The veth MTU.
     pub veth_mtu: u32,
+    /// What was measured: the binaries' build times and the source tree's git state.
+    pub build: String,
 }
 
 /// The machine the numbers come from.
@@ -311,8 +313,8 @@ pub fn markdown(r: &Results) -> String {
     let m = &r.machine;
     let mut out = format!(
         "# ferry bench — results\n\nDate: {}  \nCommand: `{}`  \nWall time: {:.0} s\n\n## Machine\n\n\
-         - kernel: {}\n- CPU: {} ({} online CPUs)\n- MTU per configuration:\n",
-        m.date, r.command, r.seconds, m.kernel, m.cpu, m.cores
+         - kernel: {}\n- CPU: {} ({} online CPUs)\n- ferry measured: {}\n- MTU per configuration:\n",
+        m.date, r.command, r.seconds, m.kernel, m.cpu, m.cores, r.build
     );
     for ready in &r.ready {
         let _ = writeln!(out, "  - {}: {}", ready.config.name, ready.mtu);

@@ -220,6 +220,9 @@ impl Server {
             self.disarm_all();
             if did == 0 && events.is_empty() {
                 self.stats.spin_turns += 1;
+                // S0's SBW polls with schedule(): on a machine with few cores the thread
+                // we wait for (the program, the peer, softirq) may need this very CPU.
+                std::thread::yield_now();
             } else {
                 last_work = Instant::now();
             }

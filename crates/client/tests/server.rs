@@ -257,14 +257,19 @@ fn processes_outside_the_sandbox_are_refused() {
     ));
     let _ = std::fs::remove_file(&path);
     let mut server = Server::new(Config::new(path.clone()), Box::new(ferry_sys::socket)).unwrap();
-    // Our own PID namespace is not the "sandbox's": pretend the sandbox is elsewhere.
-    let mine = ferry_server::pidns_of(std::process::id() as i32).unwrap();
-    server.restrict_to_pidns(mine + 1);
+    // Pretend the sandbox is a process we do not descend from: our parent's sibling… any
+    // unrelated live process will do; pid 1 is an ancestor of everyone, so use a child.
+    let mut other = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+    server.restrict_to_descendants_of(other.id() as i32);
     let handle = server.stop_handle();
     let t = std::thread::spawn(move || server.run());
     assert!(Client::connect(&path).is_err(), "an outsider got a channel");
     handle.stop();
     t.join().unwrap();
+    let _ = other.kill();
+    let _ = other.wait();
+    assert!(ferry_server::descends_from(std::process::id() as i32, 1));
+    assert!(!ferry_server::descends_from(1, std::process::id() as i32));
 }
 
 #[test]

@@ -202,10 +202,7 @@ fn run(a: RunArgs) -> Result<i32, String> {
     let mut sandbox =
         ferry_sandbox::launch(&spec).map_err(|e| format!("cannot start the sandbox: {e}"))?;
     let _ = factory.set(sandbox.factory());
-    match ferry_server::pidns_of(sandbox.pid()) {
-        Some(ino) => server.restrict_to_pidns(ino),
-        None => return Err("cannot read the sandbox's PID namespace".into()),
-    }
+    server.restrict_to_descendants_of(sandbox.pid());
     debug!("sandbox init pid {}", sandbox.pid());
 
     // Forward Ctrl-C and friends to the program; the signal thread inherits the mask.

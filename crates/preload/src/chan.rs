@@ -69,6 +69,7 @@ impl Wait {
         }
     }
 
+    /// Whether the deadline has passed.
     pub fn passed(&self) -> bool {
         self.deadline.is_some_and(|d| Instant::now() >= d)
     }

@@ -727,6 +727,58 @@ fn back_pressure_blocks_then_would_block() {
     assert_eq!(sink.join().unwrap(), n);
 }
 
+const DETAILS: &str = r#"
+import errno, os, select, socket, sys, time
+port = int(sys.argv[1])
+s = socket.create_connection(("127.0.0.1", port))
+s.sendall(b"x")
+time.sleep(0.2)
+# The first poll of a socket, without a timeout, already sees data that is there.
+p = select.poll(); p.register(s, select.POLLIN)
+assert p.poll(0), "no readiness on the first poll"
+assert s.recv(1) == b"x"
+# A zero-length receive waits for data and returns 0 without taking it.
+s.sendall(b"y")
+assert s.recv(0) == b""
+assert s.recv(1) == b"y"
+# splice: pipe -> socket, socket -> pipe.
+r, w = os.pipe(); os.write(w, b"spliced")
+assert os.splice(r, s.fileno(), 7) == 7
+r2, w2 = os.pipe()
+time.sleep(0.1)
+assert os.splice(s.fileno(), w2, 64) == 7 and os.read(r2, 64) == b"spliced"
+# After shutdown(SHUT_WR), sends fail at once.
+s.shutdown(socket.SHUT_WR)
+try:
+    s.send(b"z", socket.MSG_NOSIGNAL)
+    raise SystemExit("sent after SHUT_WR")
+except BrokenPipeError:
+    pass
+# Datagram sockets: no destination, too large.
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for data, addr, want in ((b"q", None, errno.EDESTADDRREQ), (b"q" * 65508, ("127.0.0.1", 9), errno.EMSGSIZE)):
+    try:
+        u.send(data) if addr is None else u.sendto(data, addr)
+        raise SystemExit("sent %d bytes" % len(data))
+    except OSError as e:
+        assert e.errno == want, e
+print("details ok")
+"#;
+
+#[test]
+fn first_poll_zero_reads_splice_and_send_errors() {
+    if !need_python() {
+        return;
+    }
+    let _g = serial();
+    let srv = Running::start("details", 1);
+    let echo = tcp_echo();
+    assert_eq!(
+        py(DETAILS, Some(&srv.path), &[echo.port().to_string()]),
+        "details ok\n"
+    );
+}
+
 const IPV6: &str = r#"
 import socket
 l = socket.socket(socket.AF_INET6)

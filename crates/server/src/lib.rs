@@ -35,7 +35,7 @@ mod sock;
 mod stats;
 
 pub use policy::{Policy, Rule, Verdict};
-pub use server::{Handle, Server, pidns_of};
+pub use server::{Handle, Server, descends_from};
 pub use stats::{ChannelStats, ServerStats, SocketStats};
 
 use std::io;

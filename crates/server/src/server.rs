@@ -65,8 +65,8 @@ pub struct Server {
     /// Control connections that have not said Hello yet.
     pending_hello: HashMap<u32, OwnedFd>,
     next_hello: u32,
-    /// Only peers in this PID namespace may open channels.
-    pidns: Option<u64>,
+    /// Only this process and its descendants may open channels.
+    init_pid: Option<i32>,
 }
 
 impl std::fmt::Debug for Server {
@@ -157,20 +157,20 @@ impl Server {
             dirty: Vec::new(),
             pending_hello: HashMap::new(),
             next_hello: 0,
-            pidns: None,
+            init_pid: None,
         })
     }
 
-    /// Accepts channels only from processes in the PID namespace whose
-    /// `/proc/PID/ns/pid` inode is `ino` (the sandbox's). The control socket must be
-    /// reachable by every user inside the sandbox (programs drop privileges), so this is
-    /// what keeps other host processes out.
-    pub fn restrict_to_pidns(&mut self, ino: u64) {
-        self.pidns = Some(ino);
+    /// Accepts channels only from `init` and its descendants (the sandbox's processes:
+    /// `init` is the sandbox's pid 1, so orphans inside are re-parented to it). The
+    /// control socket must be reachable by every user inside the sandbox (programs drop
+    /// privileges), so this is what keeps other host processes out.
+    pub fn restrict_to_descendants_of(&mut self, init: i32) {
+        self.init_pid = Some(init);
     }
 
     fn peer_allowed(&self, fd: &OwnedFd) -> bool {
-        let Some(want) = self.pidns else { return true };
+        let Some(init) = self.init_pid else { return true };
         let pid = match ferry_sys::peer_pid(fd.as_fd()) {
             Ok(pid) => pid,
             Err(e) => {
@@ -178,14 +178,11 @@ impl Server {
                 return false;
             }
         };
-        match pidns_of(pid) {
-            Some(ino) if ino == want => true,
-            other => {
-                warn!(
-                    "control connection from pid {pid} outside the sandbox (pid namespace {other:?}); refused"
-                );
-                false
-            }
+        if descends_from(pid, init) {
+            true
+        } else {
+            warn!("control connection from pid {pid}, which is not in the sandbox; refused");
+            false
         }
     }
 
@@ -657,12 +654,24 @@ fn host_events() -> u32 {
     (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32
 }
 
-/// The inode of a process's PID namespace.
-pub fn pidns_of(pid: i32) -> Option<u64> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(format!("/proc/{pid}/ns/pid"))
-        .ok()
-        .map(|m| m.ino())
+/// Whether `pid` is `ancestor` or one of its descendants (walking `/proc/PID/stat`).
+pub fn descends_from(mut pid: i32, ancestor: i32) -> bool {
+    for _ in 0..4096 {
+        if pid == ancestor {
+            return true;
+        }
+        if pid <= 1 {
+            return false;
+        }
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+        // "pid (comm) state ppid …": comm may contain anything, so parse after the last ')'.
+        let Some(ppid) = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok())
+        else {
+            return false;
+        };
+        pid = ppid;
+    }
+    false
 }
 
 pub(crate) fn as_bytes<T: bytemuck::Pod>(v: &T) -> &[u8] {

@@ -259,7 +259,10 @@ fn processes_outside_the_sandbox_are_refused() {
     let mut server = Server::new(Config::new(path.clone()), Box::new(ferry_sys::socket)).unwrap();
     // Pretend the sandbox is a process we do not descend from: our parent's sibling… any
     // unrelated live process will do; pid 1 is an ancestor of everyone, so use a child.
-    let mut other = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+    let mut other = std::process::Command::new("sleep")
+        .arg("5")
+        .spawn()
+        .unwrap();
     server.restrict_to_descendants_of(other.id() as i32);
     let handle = server.stop_handle();
     let t = std::thread::spawn(move || server.run());

@@ -37,6 +37,8 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The server writes to sockets the sandbox may have closed: it must get EPIPE.
+    let _ = ferry_sys::ignore_sigpipe();
     let code = match cli.command {
         Command::Run(a) => run::main(a),
         Command::Demo(a) => demo::main(a),

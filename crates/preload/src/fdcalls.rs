@@ -11,7 +11,7 @@ use libc::{
     FILE, epoll_event, fd_set, iovec, nfds_t, pollfd, sigset_t, size_t, ssize_t, timespec, timeval,
 };
 
-use crate::errno::{Errno, set_errno};
+use crate::errno::{Errno, errno, set_errno};
 use crate::exports::{boundary, recv_one};
 use crate::fdtable::{Entry, Sock, TABLE};
 use crate::ident::{after_fcntl, lookup, set_nonblock};
@@ -120,8 +120,16 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
             return -1;
         }
         // The entry goes before the descriptor: once closed, the number may be reused.
-        if matches!(TABLE.clear(fd), Entry::Ferry(_)) {
+        if let Entry::Ferry(s) = TABLE.clear(fd) {
             ops::flush();
+            // SAFETY: forwarded to libc.
+            let r = unsafe { real::close(fd) };
+            if r == 0 {
+                let e = errno();
+                ops::release(s.id);
+                set_errno(e);
+            }
+            return r;
         }
     }
     // SAFETY: forwarded to libc.

@@ -172,7 +172,13 @@ fn wait_acceptable(ch: &mut Channel, s: &Sock, w: Wait, start: Counts) -> Res<()
 
 /// Reads the readiness token out of the program's end and tells the server.
 pub fn drain_token(ch: &mut Channel, s: &Sock) -> Res<()> {
-    let _ = crate::sys::recv_byte(s.fd, libc::MSG_DONTWAIT);
+    // The server may have written more than one byte (one per new-data edge, for
+    // edge-triggered epoll): take them all.
+    while let Ok(n) = crate::sys::recv_bytes(s.fd, libc::MSG_DONTWAIT) {
+        if n < 64 {
+            break;
+        }
+    }
     ch.push(&Req::new(Op::TokenDrained, s.id))
 }
 
@@ -418,7 +424,8 @@ pub unsafe fn getsockopt(
     let done = with_channel(|ch| {
         if so_error {
             ch.reap()?;
-            if let Some(e) = PENDING.take(s.id, |_| true) {
+            // EPIPE is a send-side condition: SO_ERROR never reports it.
+            if let Some(e) = PENDING.take(s.id, |e| e != libc::EPIPE) {
                 let v = e.to_ne_bytes();
                 let n = room.min(4);
                 // SAFETY: `v` holds 4 bytes.
@@ -492,6 +499,23 @@ pub fn want_tokens(socks: &[Sock]) {
 
 /// Rings this thread's doorbell if records wait for it (before a call that may block).
 /// Never fails, never panics (it runs outside the boundary too).
+/// After the program closed an fd of socket `id`: lets the server close the host socket
+/// now if that was the last reference, so that `close` frees a port as the kernel's does.
+/// Uses this thread's channel only if it has one (never opens one just for this).
+pub fn release(id: u32) {
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        with_open_channel(|ch| {
+            let _ = ch.call(Req::new(Op::Release, id), Wait::FOREVER, &mut |_, _| {});
+        })
+    }));
+    if r.is_err() {
+        log::once(
+            Once::Panic,
+            format_args!("internal error (panic) releasing a socket"),
+        );
+    }
+}
+
 pub fn flush() {
     if catch_unwind(|| with_open_channel(Channel::flush)).is_err() {
         log::once(

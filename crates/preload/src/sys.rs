@@ -57,6 +57,19 @@ pub fn recv_byte(fd: c_int, flags: c_int) -> io::Result<usize> {
     r.map(|n| n as usize)
 }
 
+/// Reads and discards up to 64 bytes (readiness tokens); returns how many.
+pub fn recv_bytes(fd: c_int, flags: c_int) -> io::Result<usize> {
+    let mut b = [0u8; 64];
+    // SAFETY: `b` is a live 64-byte buffer; no address is asked for.
+    let r = unsafe {
+        raw(
+            libc::SYS_recvfrom,
+            [fd.into(), b.as_mut_ptr() as c_long, 64, flags.into(), 0, 0],
+        )
+    };
+    r.map(|n| n as usize)
+}
+
 /// `read(2)`, or `pread64(2)` at `off`, into raw memory.
 ///
 /// # Safety

@@ -131,6 +131,9 @@ pub enum Op {
     WantToken = 14,
     /// Abandon the parked request with tag `a` (signal or timeout in the shim).
     Cancel = 15,
+    /// The program closed an fd of this socket: if that was the last reference, close
+    /// the host socket before answering (so a port is free again when `close` returns).
+    Release = 16,
 }
 
 /// Kinds of completion records.
@@ -186,6 +189,7 @@ impl Op {
             13 => TokenDrained,
             14 => WantToken,
             15 => Cancel,
+            16 => Release,
             other => return Err(DecodeError::UnknownOp(other)),
         })
     }

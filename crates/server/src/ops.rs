@@ -144,6 +144,10 @@ impl Server {
         };
         let reply = match self.add_sock(conn, pair, domain, libc::SOCK_STREAM, 0, place) {
             Ok(new) => {
+                if let Some(s) = self.sock(new) {
+                    s.connected = true;
+                    s.last_ch = ch;
+                }
                 let mut r = Server::new_reply(new as i32);
                 if let Some(p) = peer {
                     r.addr_len = WireAddr::from(p).encode(&mut r.addr) as u32;
@@ -172,11 +176,23 @@ impl Server {
         if req.op == Op::Send {
             return self.send(ch, req);
         }
+        if req.op == Op::Release {
+            // Closed already, or closing now: either way `close` may return.
+            if let Some(s) = self.socks.get(&r.sock)
+                && ferry_sys::poll_now(s.pair.as_fd(), 0).unwrap_or(0) & libc::POLLHUP != 0
+            {
+                self.app_closed(r.sock);
+                self.settle_dirty();
+            }
+            self.done(ch, r.sock, r.tag, 0);
+            return Ok(());
+        }
         let Some(s) = self.sock(r.sock) else {
             self.done(ch, r.sock, r.tag, -libc::EBADF);
             return Ok(());
         };
         s.stats.calls += 1;
+        s.last_ch = ch;
         let nonblock = r.flags & REQ_NONBLOCK != 0;
         let id = r.sock;
         match req.op {
@@ -250,7 +266,9 @@ impl Server {
                 self.maybe_token(id);
             }
             Op::TokenDrained => {
-                self.sock(id).expect("checked above").token_out = false;
+                let s = self.sock(id).expect("checked above");
+                s.token_out = false;
+                s.extra_tokens = 0;
                 self.maybe_token(id);
             }
             Op::Cancel => {
@@ -260,7 +278,7 @@ impl Server {
                     self.done(ch, id, tag, -libc::EINTR);
                 }
             }
-            Op::Send | Op::BufReturn => unreachable!("handled above"),
+            Op::Send | Op::BufReturn | Op::Release => unreachable!("handled above"),
         }
         Ok(())
     }
@@ -307,9 +325,13 @@ impl Server {
             return;
         }
         match ferry_sys::connect(s.fd.as_fd(), &addr.to_std()) {
-            Ok(()) => self.done(ch, id, tag, 0),
+            Ok(()) => {
+                s.connected = s.is_stream();
+                self.done(ch, id, tag, 0);
+            }
             Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
                 s.connecting = true;
+                s.connect_to = Some(addr.to_std());
                 if nonblock {
                     self.done(ch, id, tag, -libc::EINPROGRESS);
                 } else {
@@ -685,7 +707,7 @@ impl Server {
         }
         let rev = ferry_sys::poll_now(s.fd.as_fd(), libc::POLLIN | libc::POLLRDHUP).unwrap_or(0);
         let readable = rev & (libc::POLLIN | libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0;
-        if (readable || published) && ferry_sys::write(s.pair.as_fd(), &[1]).is_ok() {
+        if (readable || published) && ferry_sys::send_nosignal(s.pair.as_fd(), &[1]).is_ok() {
             s.token_out = true;
             s.stats.tokens += 1;
         }
@@ -706,6 +728,8 @@ impl Server {
             let err = ferry_sys::getsockopt_int(s.fd.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
                 .unwrap_or(libc::EIO);
             let parked: Vec<Parked> = s.parked.drain(..).collect();
+            let finish = s.connect_to.take();
+            let host = s.fd.try_clone();
             // The error is reported once: to the first waiter, else kept for SO_ERROR.
             let mut reported = false;
             let mut keep = Vec::new();
@@ -713,6 +737,16 @@ impl Server {
                 match p {
                     Parked::Connect { ch, tag } => {
                         reported = true;
+                        if err == 0
+                            && let Some(to) = finish
+                        {
+                            // The program's connect blocked until done: finish the
+                            // kernel's side too, so that a second connect says EISCONN
+                            // (after EINPROGRESS the kernel wants one more connect call).
+                            if let Ok(fd) = &host {
+                                let _ = ferry_sys::connect(fd.as_fd(), &to);
+                            }
+                        }
                         self.done(ch, id, tag, -err);
                     }
                     Parked::SoError { ch, tag } => {
@@ -725,6 +759,7 @@ impl Server {
             }
             if let Some(s) = self.sock(id) {
                 s.so_error = if reported { 0 } else { err };
+                s.connected = err == 0;
                 s.parked.extend(keep);
             }
         }
@@ -732,7 +767,48 @@ impl Server {
             self.flush_tx(id);
         }
         self.retry_parked(id);
+        self.report_hangup(id, events);
+        self.edge_token(id, events);
         self.maybe_token(id);
+        if self.socks.get(&id).is_some_and(|s| s.app_closed) {
+            self.dirty.push(id);
+        }
+    }
+
+    /// A reset or hang-up of a connected stream: the program's next send fails with
+    /// EPIPE (as with the kernel), even when it has nothing queued right now.
+    fn report_hangup(&mut self, id: u32, events: u32) {
+        let Some(s) = self.socks.get_mut(&id) else {
+            return;
+        };
+        if events & (libc::EPOLLHUP | libc::EPOLLERR) as u32 == 0 || !s.connected || s.hup_reported
+        {
+            return;
+        }
+        s.hup_reported = true;
+        let ch = s.last_ch;
+        self.complete(ch, Cmp::new(CmpKind::AsyncError, id, 0, -libc::EPIPE));
+    }
+
+    /// Edge-triggered epoll wants an edge for every arrival of new data, even while the
+    /// socket is already readable: add a token byte per new-data edge (a few at most
+    /// between two drains).
+    fn edge_token(&mut self, id: u32, events: u32) {
+        let Some(s) = self.socks.get_mut(&id) else {
+            return;
+        };
+        if events & libc::EPOLLIN as u32 == 0
+            || !s.want_token
+            || !s.token_out
+            || s.listening
+            || s.extra_tokens >= 8
+        {
+            return;
+        }
+        if ferry_sys::send_nosignal(s.pair.as_fd(), &[1]).is_ok() {
+            s.extra_tokens += 1;
+            s.stats.tokens += 1;
+        }
     }
 
     fn retry_parked(&mut self, id: u32) {

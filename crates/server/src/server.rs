@@ -170,7 +170,9 @@ impl Server {
     }
 
     fn peer_allowed(&self, fd: &OwnedFd) -> bool {
-        let Some(init) = self.init_pid else { return true };
+        let Some(init) = self.init_pid else {
+            return true;
+        };
         let pid = match ferry_sys::peer_pid(fd.as_fd()) {
             Ok(pid) => pid,
             Err(e) => {
@@ -359,7 +361,11 @@ impl Server {
         };
         let mut buf = [0u8; size_of::<Ctl>()];
         match ferry_sys::recv_with_fds(ch.ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
-            Ok((0, _)) => self.close_channel(idx, "closed by the sandbox"),
+            Ok((0, _)) => {
+                // Take what the thread queued before it went away.
+                self.drain_rings();
+                self.close_channel(idx, "closed by the sandbox");
+            }
             Ok((n, fds)) if n == buf.len() => {
                 let msg: Ctl = bytemuck::pod_read_unaligned(&buf);
                 self.control(idx, msg, fds);
@@ -367,6 +373,7 @@ impl Server {
             Ok((n, _)) => self.bad_channel(idx, &format!("control message of {n} bytes")),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 if events & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
+                    self.drain_rings();
                     self.close_channel(idx, "hung up");
                 }
             }
@@ -459,7 +466,11 @@ impl Server {
             self.stats.channels.push(ch.stats);
             // Parked operations of this channel have nobody to answer any more.
             for s in self.socks.values_mut() {
+                let before = s.parked.len();
                 s.parked.retain(|p| p.owner().0 != idx);
+                if s.app_closed && s.parked.len() != before {
+                    self.dirty.push(s.id);
+                }
             }
         }
     }
@@ -495,10 +506,15 @@ impl Server {
             parked: Default::default(),
             txq: Default::default(),
             connecting: false,
+            connect_to: None,
             so_error: 0,
             app_closed: false,
             shut_wr_pending: false,
             listening: false,
+            connected: false,
+            hup_reported: false,
+            extra_tokens: 0,
+            last_ch: 0,
             stats: crate::SocketStats {
                 id,
                 ..Default::default()
@@ -545,7 +561,9 @@ impl Server {
             let Some(s) = self.socks.get(&id) else {
                 continue;
             };
-            if s.app_closed && s.txq.is_empty() {
+            // A thread still blocked on the socket keeps it, as with the kernel (a close
+            // in another thread does not end a blocked recv).
+            if s.app_closed && s.txq.is_empty() && s.parked.is_empty() {
                 let s = self.socks.remove(&id).expect("just looked it up");
                 let _ = self.epoll.delete(s.fd.as_fd());
                 self.stats.sockets.push(s.stats);
@@ -663,9 +681,13 @@ pub fn descends_from(mut pid: i32, ancestor: i32) -> bool {
         if pid <= 1 {
             return false;
         }
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return false;
+        };
         // "pid (comm) state ppid …": comm may contain anything, so parse after the last ')'.
-        let Some(ppid) = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok())
+        let Some(ppid) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok())
         else {
             return false;
         };

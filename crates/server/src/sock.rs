@@ -89,6 +89,8 @@ pub(crate) struct Sock {
     pub txq: VecDeque<TxItem>,
     /// A non-blocking connect is in progress.
     pub connecting: bool,
+    /// Where a connect in progress goes.
+    pub connect_to: Option<SocketAddr>,
     /// Error left by the last connect, for `SO_ERROR`.
     pub so_error: i32,
     /// The program has closed its last reference.
@@ -96,6 +98,14 @@ pub(crate) struct Sock {
     /// A `SHUT_WR` waits for the send queue to empty.
     pub shut_wr_pending: bool,
     pub listening: bool,
+    /// The stream is (or was) connected: hang-ups and resets mean something.
+    pub connected: bool,
+    /// A hang-up or reset has been reported to the program.
+    pub hup_reported: bool,
+    /// Extra tokens written since the last drain (one per new-data edge, capped).
+    pub extra_tokens: u8,
+    /// The channel that last used this socket (where unsolicited errors go).
+    pub last_ch: u32,
     pub stats: SocketStats,
 }
 

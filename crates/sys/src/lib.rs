@@ -731,3 +731,32 @@ pub fn chmod(path: &std::path::Path, mode: u32) -> io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
 }
+
+/// Sends bytes on a socket without blocking and without ever raising SIGPIPE.
+pub fn send_nosignal(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
+    syscall!(
+        libc::SYS_sendto,
+        fd.as_raw_fd(),
+        buf.as_ptr(),
+        buf.len(),
+        libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+        0,
+        0
+    )
+    .map(|n| n as usize)
+}
+
+/// Ignores SIGPIPE in the whole process (a server must see EPIPE, not die).
+pub fn ignore_sigpipe() -> io::Result<()> {
+    // The kernel's struct sigaction: handler, flags, restorer, mask. SIG_IGN needs no
+    // restorer.
+    let act: [u64; 4] = [libc::SIG_IGN as u64, 0, 0, 0];
+    syscall!(
+        libc::SYS_rt_sigaction,
+        libc::SIGPIPE,
+        act.as_ptr(),
+        std::ptr::null_mut::<u64>(),
+        8
+    )
+    .map(drop)
+}

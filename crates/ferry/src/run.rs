@@ -26,6 +26,9 @@ pub struct RunArgs {
     /// Ring the server's doorbell once per N queued operations (S1 batching; 1 = always).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub batch: u32,
+    /// With --batch > 1: the longest a queued operation waits before the server looks.
+    #[arg(long, value_name = "SPAN", default_value = "50us", value_parser = crate::args::span)]
+    pub batch_delay: Duration,
     /// Allow egress to CIDR[:PORT] (with any --allow, everything else is denied).
     #[arg(long, value_name = "CIDR[:PORT]")]
     pub allow: Vec<String>,
@@ -174,6 +177,7 @@ fn run(a: RunArgs) -> Result<i32, String> {
     cfg.shim_spin = a.spin;
     cfg.server_spin = a.server_spin;
     cfg.batch = a.batch;
+    cfg.batch_delay = a.batch_delay;
     cfg.policy = policy;
     cfg.publish = a.publish.clone();
     let factory: Arc<OnceLock<SocketFactory>> = Arc::new(OnceLock::new());

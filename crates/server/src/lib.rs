@@ -69,6 +69,9 @@ pub struct Config {
     pub server_spin: Duration,
     /// Doorbell batching threshold for the shims (1 = every operation).
     pub batch: u32,
+    /// With batching, the longest a queued operation may wait unannounced: the server
+    /// never sleeps longer than this, and looks at the rings when it wakes.
+    pub batch_delay: Duration,
     /// Egress policy.
     pub policy: Policy,
     /// Published ports.
@@ -85,6 +88,7 @@ impl Config {
             shim_spin: Duration::from_micros(50),
             server_spin: Duration::from_micros(50),
             batch: 1,
+            batch_delay: Duration::from_micros(50),
             policy: Policy::default(),
             publish: Vec::new(),
             layout: default_layout(),

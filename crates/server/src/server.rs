@@ -213,7 +213,14 @@ impl Server {
                 0
             };
             events.clear();
-            if let Err(e) = self.epoll.wait(timeout, &mut events) {
+            let waited = if timeout < 0 && self.cfg.batch > 1 {
+                // S1's flush on a maximum delay: a shim may hold back its doorbell, so
+                // never sleep longer than the delay it was promised.
+                self.epoll.wait_for(self.cfg.batch_delay, &mut events)
+            } else {
+                self.epoll.wait(timeout, &mut events)
+            };
+            if let Err(e) = waited {
                 warn!("epoll_wait failed: {e}");
             }
             self.disarm_all();
@@ -425,7 +432,7 @@ impl Server {
             channel: idx,
             spin_ns: self.cfg.shim_spin.as_nanos() as u64,
             batch: self.cfg.batch.max(1),
-            batch_delay_us: 50,
+            batch_delay_us: self.cfg.batch_delay.as_micros().min(u128::from(u32::MAX)) as u32,
         };
         let sent = ferry_sys::send_with_fds(
             ch.ctl.as_fd(),

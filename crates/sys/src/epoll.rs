@@ -58,6 +58,38 @@ impl Epoll {
         self.ctl(libc::EPOLL_CTL_DEL, fd, 0, 0)
     }
 
+    /// Waits at most `timeout` (`epoll_pwait2`: nanosecond resolution) and appends events
+    /// to `out`. A signal interrupting the wait yields no events, not an error.
+    pub fn wait_for(
+        &mut self,
+        timeout: std::time::Duration,
+        out: &mut Vec<Event>,
+    ) -> io::Result<()> {
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        let r = crate::syscall!(
+            libc::SYS_epoll_pwait2,
+            self.fd.as_raw_fd(),
+            self.buf.as_mut_ptr(),
+            self.buf.len() as i32,
+            &ts as *const libc::timespec,
+            std::ptr::null::<libc::sigset_t>(),
+            8
+        );
+        let n = match r {
+            Ok(n) => n as usize,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
+            Err(e) => return Err(e),
+        };
+        out.extend(self.buf[..n].iter().map(|e| Event {
+            token: e.u64,
+            events: e.events,
+        }));
+        Ok(())
+    }
+
     /// Waits up to `timeout_ms` (-1 = forever, 0 = poll) and appends events to `out`.
     /// A signal interrupting the wait yields no events, not an error.
     pub fn wait(&mut self, timeout_ms: i32, out: &mut Vec<Event>) -> io::Result<()> {

@@ -6,6 +6,13 @@
 
 #![deny(unsafe_code)]
 
+#[allow(unsafe_code)]
+pub mod capi;
+#[allow(unsafe_code)]
+mod zc;
+
+pub use zc::{Lent, ZcBuf};
+
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
@@ -16,7 +23,7 @@ use std::time::Duration;
 use ferry_proto::{
     Cmp, CmpKind, Ctl, CtlKind, Hello, HelloReply, Op, PROTO_VERSION, Req, WireAddr,
 };
-use ferry_ring::{BufId, Endpoint, Region, Side, SpinPolicy, WaitResult};
+use ferry_ring::{BufId, Buffers, Endpoint, Region, Side, SpinPolicy, WaitResult};
 
 /// A socket served by the server: its id and this side's end of the readiness pair.
 #[derive(Debug)]
@@ -156,28 +163,28 @@ impl Client {
         }
     }
 
-    /// Sends a tagged request and collects its answer (data records copied into `out`).
-    fn call(&mut self, mut req: Req, mut out: Option<&mut [u8]>) -> io::Result<Cmp> {
+    /// Sends a tagged request and collects its answer. Each `Data` record is offered to
+    /// `sink` (which returns whether it keeps the buffer; a buffer not kept goes back to
+    /// the server at once).
+    fn call_with(
+        &mut self,
+        mut req: Req,
+        sink: &mut dyn FnMut(&Buffers, Cmp) -> bool,
+    ) -> io::Result<Cmp> {
         let tag = self.next_tag;
         self.next_tag = self.next_tag.wrapping_add(1).max(1);
         req.tag = tag;
         self.push(req)?;
-        let mut filled = 0usize;
         loop {
             match self.ep.rx.pop().map_err(proto_err)? {
                 Some(c) => match c.kind().map_err(proto_err)? {
                     CmpKind::BufReturn => self.ep.pool.free(BufId(c.buf)).map_err(proto_err)?,
                     CmpKind::AsyncError => self.async_errors.push((c.sock, c.result)),
                     CmpKind::Data if c.tag == tag => {
-                        let span = self.ep.bufs.span(c.buf, 0, c.len).map_err(proto_err)?;
-                        if let Some(o) = out.as_deref_mut() {
-                            let at = filled.min(o.len());
-                            filled += self.ep.bufs.read(span, &mut o[at..]);
+                        self.ep.bufs.span(c.buf, 0, c.len).map_err(proto_err)?;
+                        if !sink(&self.ep.bufs, c) {
+                            self.give_back_id(c.sock, c.buf)?;
                         }
-                        self.push(Req {
-                            buf: c.buf,
-                            ..Req::new(Op::BufReturn, c.sock)
-                        })?;
                     }
                     CmpKind::Done if c.tag == tag => {
                         self.ep.rx.release();
@@ -201,6 +208,25 @@ impl Client {
                 },
             }
         }
+    }
+
+    /// A tagged request whose data (if any) is copied into `out`.
+    fn call(&mut self, req: Req, mut out: Option<&mut [u8]>) -> io::Result<Cmp> {
+        let mut filled = 0usize;
+        self.call_with(req, &mut |bufs, c| {
+            if let (Some(o), Ok(span)) = (out.as_deref_mut(), bufs.span(c.buf, 0, c.len)) {
+                let at = filled.min(o.len());
+                filled += bufs.read(span, &mut o[at..]);
+            }
+            false
+        })
+    }
+
+    fn give_back_id(&mut self, sock: u32, buf: u32) -> io::Result<()> {
+        self.push(Req {
+            buf,
+            ..Req::new(Op::BufReturn, sock)
+        })
     }
 
     fn simple(&mut self, req: Req) -> io::Result<i32> {

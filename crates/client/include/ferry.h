@@ -1,0 +1,48 @@
+/* ferry's native API: talk to a ferry protocol server over shared memory without the
+ * LD_PRELOAD shim, filling and reading the channel's buffers directly (no copy beyond
+ * the kernel's own). Link with -lferry_client (libferry_client.so).
+ *
+ * One handle is one channel: use it from one thread at a time. Functions return a
+ * negated errno on failure. Inside `ferry run`, ferry_open(NULL) finds the server
+ * through $FERRY_SOCKET.
+ */
+#ifndef FERRY_H
+#define FERRY_H
+
+#include <stddef.h>
+#include <sys/types.h>
+#include <sys/socket.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct FerryHandle ferry_t;
+
+/* Opens a channel; NULL (errno set) on failure. path NULL: $FERRY_SOCKET. */
+ferry_t *ferry_open(const char *path);
+/* Closes the channel and every socket it holds. */
+void ferry_close(ferry_t *h);
+
+/* Creates a socket (AF_INET/AF_INET6, SOCK_STREAM/SOCK_DGRAM); returns its id >= 0. */
+int ferry_socket(ferry_t *h, int domain, int type);
+/* Connects (blocking). */
+int ferry_connect(ferry_t *h, int sock, const struct sockaddr *addr, socklen_t len);
+/* Closes a socket. */
+int ferry_sock_close(ferry_t *h, int sock);
+
+/* Zero-copy send: get a free channel buffer (*cap bytes), fill it, commit len bytes of
+ * it. The server sends straight from the buffer. Returns NULL when none can be had. */
+void *ferry_send_buf(ferry_t *h, size_t *cap);
+int ferry_send_commit(ferry_t *h, int sock, void *buf, size_t len);
+
+/* Zero-copy receive: *data points into the server's receive buffer (up to max bytes,
+ * at most one buffer) until ferry_recv_done. Returns the length, 0 at end of stream. */
+ssize_t ferry_recv_zc(ferry_t *h, int sock, size_t max, const void **data);
+int ferry_recv_done(ferry_t *h, const void *data);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FERRY_H */

@@ -1,0 +1,251 @@
+//! The C interface of the native API (`include/ferry.h`): a handle per channel, sockets
+//! by id, and zero-copy buffers by pointer. Every function returns a negated errno on
+//! failure and never unwinds into C.
+
+use std::collections::HashMap;
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::net::SocketAddr;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::PathBuf;
+
+use crate::{Client, Lent, Socket, ZcBuf};
+
+/// One channel and what the C side holds of it.
+#[derive(Debug)]
+pub struct FerryHandle {
+    client: Client,
+    sockets: HashMap<c_int, Socket>,
+    /// Buffers handed out by `ferry_send_buf`, by address.
+    filling: HashMap<usize, ZcBuf>,
+    /// Buffers handed out by `ferry_recv_zc`, by address.
+    lent: HashMap<usize, Lent>,
+}
+
+fn neg(e: std::io::Error) -> c_int {
+    -e.raw_os_error().unwrap_or(libc::EIO)
+}
+
+fn guard(f: impl FnOnce() -> c_int) -> c_int {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or(-libc::EIO)
+}
+
+/// Opens a channel to the server at `path`, or at `$FERRY_SOCKET` when `path` is NULL.
+/// Returns NULL on failure (errno set).
+///
+/// # Safety
+/// `path` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_open(path: *const c_char) -> *mut FerryHandle {
+    let path: Option<PathBuf> = if path.is_null() {
+        std::env::var_os("FERRY_SOCKET").map(PathBuf::from)
+    } else {
+        // SAFETY: the caller passes a NUL-terminated string.
+        let s = unsafe { CStr::from_ptr(path) };
+        Some(PathBuf::from(std::ffi::OsStr::from_bytes(s.to_bytes())))
+    };
+    let r = catch_unwind(|| {
+        let path = path.ok_or_else(|| std::io::Error::from_raw_os_error(libc::ENOENT))?;
+        Client::connect(&path)
+    });
+    match r {
+        Ok(Ok(client)) => Box::into_raw(Box::new(FerryHandle {
+            client,
+            sockets: HashMap::new(),
+            filling: HashMap::new(),
+            lent: HashMap::new(),
+        })),
+        Ok(Err(e)) => {
+            // SAFETY: errno is thread-local and always writable.
+            unsafe { *libc::__errno_location() = e.raw_os_error().unwrap_or(libc::EIO) };
+            std::ptr::null_mut()
+        }
+        Err(_) => std::ptr::null_mut(),
+    }
+}
+
+use std::os::unix::ffi::OsStrExt;
+
+/// Closes a channel (and every socket it holds).
+///
+/// # Safety
+/// `h` came from `ferry_open` and is not used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_close(h: *mut FerryHandle) {
+    if !h.is_null() {
+        // SAFETY: the caller gives back ownership of a handle from `ferry_open`.
+        drop(unsafe { Box::from_raw(h) });
+    }
+}
+
+fn with(h: *mut FerryHandle, f: impl FnOnce(&mut FerryHandle) -> c_int) -> c_int {
+    if h.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: a non-null handle comes from `ferry_open` (the header's contract) and is
+    // used by one thread at a time.
+    guard(|| f(unsafe { &mut *h }))
+}
+
+/// Creates a socket; returns its id (>= 0).
+///
+/// # Safety
+/// `h` from `ferry_open`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_socket(h: *mut FerryHandle, domain: c_int, ty: c_int) -> c_int {
+    with(h, |h| match h.client.socket(domain, ty) {
+        Ok(s) => {
+            let id = s.id as c_int;
+            h.sockets.insert(id, s);
+            id
+        }
+        Err(e) => neg(e),
+    })
+}
+
+/// Connects a socket (blocking).
+///
+/// # Safety
+/// `h` from `ferry_open`; `addr` points at `len` readable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_connect(
+    h: *mut FerryHandle,
+    sock: c_int,
+    addr: *const libc::sockaddr,
+    len: libc::socklen_t,
+) -> c_int {
+    if addr.is_null() {
+        return -libc::EFAULT;
+    }
+    // SAFETY: the caller vouches for `len` readable bytes at `addr`.
+    let bytes = unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), len as usize) };
+    let Ok(wa) = ferry_proto::WireAddr::decode(bytes) else {
+        return -libc::EINVAL;
+    };
+    let to: SocketAddr = wa.to_std();
+    with(h, |h| {
+        let Some(s) = h.sockets.get(&sock) else {
+            return -libc::EBADF;
+        };
+        match h.client.connect_to(s, to) {
+            Ok(()) => 0,
+            Err(e) => neg(e),
+        }
+    })
+}
+
+/// Closes a socket.
+///
+/// # Safety
+/// `h` from `ferry_open`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_sock_close(h: *mut FerryHandle, sock: c_int) -> c_int {
+    with(h, |h| {
+        if h.sockets.remove(&sock).is_some() {
+            0
+        } else {
+            -libc::EBADF
+        }
+    })
+}
+
+/// A free channel buffer to fill: returns its address and stores its size in `*cap`.
+/// Returns NULL on failure.
+///
+/// # Safety
+/// `h` from `ferry_open`; `cap` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_send_buf(h: *mut FerryHandle, cap: *mut usize) -> *mut c_void {
+    let mut out = std::ptr::null_mut();
+    with(h, |h| match h.client.buffer() {
+        Ok(mut b) => {
+            let bytes = h.client.bytes_mut(&mut b);
+            out = bytes.as_mut_ptr().cast::<c_void>();
+            if !cap.is_null() {
+                // SAFETY: the caller passes a writable `cap`.
+                unsafe { cap.write(bytes.len()) };
+            }
+            h.filling.insert(out as usize, b);
+            0
+        }
+        Err(e) => neg(e),
+    });
+    out
+}
+
+/// Sends the first `len` bytes of a buffer from `ferry_send_buf`; the buffer belongs to
+/// ferry again afterwards.
+///
+/// # Safety
+/// `h` from `ferry_open`; `buf` from `ferry_send_buf` on the same handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_send_commit(
+    h: *mut FerryHandle,
+    sock: c_int,
+    buf: *mut c_void,
+    len: usize,
+) -> c_int {
+    with(h, |h| {
+        let Some(b) = h.filling.remove(&(buf as usize)) else {
+            return -libc::EINVAL;
+        };
+        let Some(s) = h.sockets.get(&sock) else {
+            return -libc::EBADF;
+        };
+        match h.client.send_buffer(s, b, len) {
+            Ok(()) => len as c_int,
+            Err(e) => neg(e),
+        }
+    })
+}
+
+/// Receives up to `max` bytes without copying: `*data` points into the server's buffer
+/// until `ferry_recv_done`. Returns the length, 0 at end of stream.
+///
+/// # Safety
+/// `h` from `ferry_open`; `data` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_recv_zc(
+    h: *mut FerryHandle,
+    sock: c_int,
+    max: usize,
+    data: *mut *const c_void,
+) -> isize {
+    let mut n: isize = 0;
+    let r = with(h, |h| {
+        let Some(s) = h.sockets.get(&sock) else {
+            return -libc::EBADF;
+        };
+        match h.client.recv_lend(s, max) {
+            Ok(Some(l)) => {
+                let bytes = h.client.lent_bytes(&l);
+                n = bytes.len() as isize;
+                if !data.is_null() {
+                    // SAFETY: the caller passes a writable `data`.
+                    unsafe { data.write(bytes.as_ptr().cast()) };
+                }
+                h.lent.insert(bytes.as_ptr() as usize, l);
+                0
+            }
+            Ok(None) => 0,
+            Err(e) => neg(e),
+        }
+    });
+    if r < 0 { r as isize } else { n }
+}
+
+/// Gives back the buffer of a `ferry_recv_zc`.
+///
+/// # Safety
+/// `h` from `ferry_open`; `data` from `ferry_recv_zc` on the same handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_recv_done(h: *mut FerryHandle, data: *const c_void) -> c_int {
+    with(h, |h| {
+        let Some(l) = h.lent.remove(&(data as usize)) else {
+            return -libc::EINVAL;
+        };
+        match h.client.give_back(l) {
+            Ok(()) => 0,
+            Err(e) => neg(e),
+        }
+    })
+}

@@ -35,6 +35,10 @@ pub struct RunArgs {
     /// Deny egress to CIDR[:PORT].
     #[arg(long, value_name = "CIDR[:PORT]")]
     pub deny: Vec<String>,
+    /// DNS for the sandbox's resolver: `auto` (forward to the host's nameservers), `off`,
+    /// or upstream servers `IP[:PORT],…` to forward to instead.
+    #[arg(long, value_name = "auto|off|IP[:PORT],…", default_value = "auto")]
+    pub dns: String,
     /// Publish a sandbox port on the host: [IP:]HOST_PORT:PORT[/udp].
     #[arg(short = 'p', long = "publish", value_name = "[IP:]HOST_PORT:PORT[/udp]", value_parser = crate::args::publish)]
     pub publish: Vec<Publish>,
@@ -163,6 +167,8 @@ pub fn main(a: RunArgs) -> i32 {
 
 fn run(a: RunArgs) -> Result<i32, String> {
     let policy = policy(&a)?;
+    let policy_for_dns = policy.clone();
+    dns_upstreams(&a.dns, &[])?; // refuse a malformed --dns before anything starts
     let preload = find_preload()?;
     warn_if_static(&a.cmd[0]);
     let dir = std::env::temp_dir().join(format!("ferry-{}-{}", std::process::id(), nanos()));
@@ -207,6 +213,9 @@ fn run(a: RunArgs) -> Result<i32, String> {
         ferry_sandbox::launch(&spec).map_err(|e| format!("cannot start the sandbox: {e}"))?;
     let _ = factory.set(sandbox.factory());
     server.restrict_to_descendants_of(sandbox.pid());
+    if let Err(e) = start_dns(&mut server, &a.dns, &policy_for_dns) {
+        warn!("DNS forwarding is off: {e}");
+    }
     debug!("sandbox init pid {}", sandbox.pid());
 
     // Forward Ctrl-C and friends to the program; the signal thread inherits the mask.
@@ -248,6 +257,57 @@ fn run(a: RunArgs) -> Result<i32, String> {
         eprintln!("ferry: cannot write {}: {e}", path.display());
     }
     Ok(code)
+}
+
+/// Parses `--dns`: `None` for off, else the upstream servers (`auto`: `nameservers`).
+fn dns_upstreams(
+    mode: &str,
+    nameservers: &[std::net::IpAddr],
+) -> Result<Option<Vec<std::net::SocketAddr>>, String> {
+    match mode {
+        "off" => Ok(None),
+        "auto" => Ok(Some(
+            nameservers
+                .iter()
+                .map(|ip| std::net::SocketAddr::new(*ip, 53))
+                .collect(),
+        )),
+        list => list
+            .split(',')
+            .map(|item| {
+                item.parse::<std::net::SocketAddr>()
+                    .or_else(|_| {
+                        item.parse::<std::net::IpAddr>()
+                            .map(|ip| std::net::SocketAddr::new(ip, 53))
+                    })
+                    .map_err(|_| format!("--dns: `{item}` is not IP[:PORT] (or use auto / off)"))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some),
+    }
+}
+
+/// Starts the server's DNS forwarder on the nameserver addresses the sandbox's resolver
+/// uses (the host's `/etc/resolv.conf`, which the sandbox shares).
+fn start_dns(server: &mut Server, mode: &str, policy: &Policy) -> Result<(), String> {
+    let conf = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    let listen = ferry_server::dns::nameservers(&conf);
+    let Some(upstream) = dns_upstreams(mode, &listen)? else {
+        return Ok(());
+    };
+    if listen.is_empty() || upstream.is_empty() {
+        return Err("no nameserver in /etc/resolv.conf".into());
+    }
+    let allowed: Vec<_> = upstream
+        .into_iter()
+        .filter(|u| u.ip().is_loopback() || policy.check(u) == Verdict::Allow)
+        .collect();
+    if allowed.is_empty() {
+        return Err("the egress policy denies every upstream nameserver".into());
+    }
+    server
+        .enable_dns(&listen, allowed)
+        .map_err(|e| format!("cannot set up the forwarder: {e}"))
 }
 
 fn nanos() -> u32 {

@@ -442,3 +442,91 @@ fn a_program_killed_mid_transfer_leaves_nothing_open() {
         "the killed fetch was under way: {json}"
     );
 }
+
+/// Answers every A query with `ip` (a stand-in for a real nameserver).
+fn dns_responder(sock: std::net::UdpSocket, ip: std::net::Ipv4Addr) {
+    let mut buf = [0u8; 1500];
+    while let Ok((n, from)) = sock.recv_from(&mut buf) {
+        if n < 12 {
+            continue;
+        }
+        // End of the question: the name's labels, then type and class.
+        let mut at = 12;
+        while at < n && buf[at] != 0 {
+            at += 1 + buf[at] as usize;
+        }
+        let qend = at + 5;
+        if qend > n {
+            continue;
+        }
+        let qtype = u16::from_be_bytes([buf[at + 1], buf[at + 2]]);
+        let mut r = buf[..qend].to_vec();
+        r[2] = 0x81; // response, recursion desired
+        r[3] = 0x80; // recursion available, no error
+        r[6..8].copy_from_slice(&u16::from(qtype == 1).to_be_bytes()); // answers
+        r[8..12].fill(0);
+        if qtype == 1 {
+            r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4]);
+            r.extend_from_slice(&ip.octets());
+        }
+        let _ = sock.send_to(&r, from);
+    }
+}
+
+#[test]
+fn names_resolve_through_the_dns_forwarder() {
+    if !can_run(&["getent", "curl", "nginx", "ip"]) {
+        return;
+    }
+    let conf = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    if !conf
+        .lines()
+        .any(|l| l.trim_start().starts_with("nameserver"))
+    {
+        eprintln!("skipped: no nameserver in /etc/resolv.conf for the sandbox's resolver to use");
+        return;
+    }
+    let r = remote("dns");
+    let ip = r.remote_ip();
+    let sock = r
+        .run_in(|| std::net::UdpSocket::bind((ip, 53)))
+        .unwrap()
+        .unwrap();
+    std::thread::spawn(move || dns_responder(sock, ip));
+    let dir = TempDir::new("dns");
+    std::fs::write(dir.path().join("hello.txt"), "resolved").unwrap();
+    let nconf = nginx_conf(dir.path(), dir.path(), 8084);
+    let _nginx = Guard(
+        quiet(&mut r.command("nginx"))
+            .args(["-c", nconf.to_str().unwrap()])
+            .spawn()
+            .unwrap(),
+    );
+    wait_port(ip, 8084);
+    let upstream = format!("{ip}:53");
+    let stats = dir.path().join("stats.json");
+    let o = ferry_run(
+        &["--dns", &upstream, "--stats-json", stats.to_str().unwrap()],
+        &["getent", "ahostsv4", "web.ferry.test"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).starts_with(&format!("{ip} ")),
+        "{}",
+        text(&o)
+    );
+    let json = std::fs::read_to_string(&stats).unwrap();
+    assert!(!json.contains("\"dns_answers\":0,"), "{json}");
+    // A real client by name, end to end.
+    let url = "http://web.ferry.test:8084/hello.txt";
+    let o = ferry_run(&["--dns", &upstream], &["curl", "-sS", "--fail", url]);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "resolved",
+        "{}",
+        text(&o)
+    );
+    // With DNS off the name does not resolve.
+    let o = ferry_run(&["--dns", "off"], &["getent", "ahostsv4", "web.ferry.test"]);
+    assert!(!o.status.success(), "{}", text(&o));
+}

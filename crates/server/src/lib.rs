@@ -26,6 +26,7 @@
 #![deny(unsafe_code)]
 
 mod channel;
+pub mod dns;
 #[allow(unsafe_code)]
 mod hostio;
 mod ops;

@@ -25,6 +25,8 @@ const T_PAIR: u64 = 5;
 const T_PUBLISH: u64 = 6;
 const T_STOP: u64 = 7;
 const T_HELLO: u64 = 8;
+const T_DNS_IN: u64 = 9;
+const T_DNS_UP: u64 = 10;
 
 pub(crate) fn token(kind: u64, idx: u32) -> u64 {
     kind << 56 | u64::from(idx)
@@ -67,6 +69,8 @@ pub struct Server {
     next_hello: u32,
     /// Only this process and its descendants may open channels.
     init_pid: Option<i32>,
+    /// The sandbox's DNS forwarder, when enabled.
+    dns: Option<crate::dns::Dns>,
 }
 
 impl std::fmt::Debug for Server {
@@ -158,6 +162,7 @@ impl Server {
             pending_hello: HashMap::new(),
             next_hello: 0,
             init_pid: None,
+            dns: None,
         })
     }
 
@@ -186,6 +191,54 @@ impl Server {
             warn!("control connection from pid {pid}, which is not in the sandbox; refused");
             false
         }
+    }
+
+    /// Starts the DNS forwarder (see [`crate::dns`]): `listen` are the nameserver
+    /// addresses the sandbox's resolver uses (added to its `lo` where needed), `upstream`
+    /// where queries go from the host namespace. Needs the sandbox to exist (its socket
+    /// factory makes the inside sockets).
+    pub fn enable_dns(
+        &mut self,
+        listen: &[std::net::IpAddr],
+        upstream: Vec<std::net::SocketAddr>,
+    ) -> io::Result<()> {
+        let nl = (self.sandbox_socket)(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_ROUTE,
+        )?;
+        let mut inside = Vec::new();
+        for ip in listen {
+            if !ip.is_loopback() {
+                let prefix = if ip.is_ipv4() { 32 } else { 128 };
+                ferry_sys::add_address(nl.as_fd(), 1, *ip, prefix)?;
+            }
+            let domain = if ip.is_ipv4() {
+                libc::AF_INET
+            } else {
+                libc::AF_INET6
+            };
+            let fd = (self.sandbox_socket)(
+                domain,
+                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+            )?;
+            ferry_sys::set_nonblocking(fd.as_fd(), true)?;
+            ferry_sys::bind(fd.as_fd(), &std::net::SocketAddr::new(*ip, 53))?;
+            inside.push(fd);
+        }
+        let dns = crate::dns::Dns::new(inside, upstream)?;
+        for (i, fd) in dns.inside.iter().enumerate() {
+            self.epoll
+                .add(fd.as_fd(), libc::EPOLLIN as u32, token(T_DNS_IN, i as u32))?;
+        }
+        self.epoll.add(
+            dns.outside.as_fd(),
+            libc::EPOLLIN as u32,
+            token(T_DNS_UP, 0),
+        )?;
+        self.dns = Some(dns);
+        Ok(())
     }
 
     /// A handle that stops [`Server::run`].
@@ -324,6 +377,16 @@ impl Server {
             }
             T_PUBLISH => self.publish_event(idx as usize),
             T_HELLO => self.hello(idx),
+            T_DNS_IN => {
+                if let Some(d) = self.dns.as_mut() {
+                    d.from_sandbox(idx as usize);
+                }
+            }
+            T_DNS_UP => {
+                if let Some(d) = self.dns.as_mut() {
+                    d.from_upstream();
+                }
+            }
             T_STOP => {
                 let _ = ferry_sys::eventfd_drain(self.stop_fd.as_fd());
             }
@@ -603,6 +666,10 @@ impl Server {
     }
 
     fn collect_stats(mut self) -> ServerStats {
+        if let Some(d) = &self.dns {
+            self.stats.dns_queries = d.queries;
+            self.stats.dns_answers = d.answers;
+        }
         let socks: Vec<_> = self.socks.values().map(|s| s.stats).collect();
         self.stats.sockets.extend(socks);
         self.stats.sockets.sort_by_key(|s| s.id);

@@ -57,6 +57,10 @@ pub struct ServerStats {
     pub bad_channels: u64,
     /// Destinations refused by the policy.
     pub denied: u64,
+    /// DNS queries relayed for the sandbox, and answers delivered.
+    pub dns_queries: u64,
+    /// DNS answers delivered.
+    pub dns_answers: u64,
     /// Sockets still open when the server stopped although their program side was gone
     /// (should be 0: anything else is a leak).
     pub open_at_stop: u64,
@@ -130,7 +134,7 @@ impl ServerStats {
             })
             .collect();
         format!(
-            r#"{{"server":"{}","turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"bad_channels":{},"denied":{},"open_at_stop":{},"channels":[{}],"sockets":[{}]}}"#,
+            r#"{{"server":"{}","turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"bad_channels":{},"denied":{},"open_at_stop":{},"dns_queries":{},"dns_answers":{},"channels":[{}],"sockets":[{}]}}"#,
             self.id,
             self.turns,
             self.spin_turns,
@@ -139,6 +143,8 @@ impl ServerStats {
             self.bad_channels,
             self.denied,
             self.open_at_stop,
+            self.dns_queries,
+            self.dns_answers,
             chans.join(","),
             socks.join(",")
         )

@@ -760,3 +760,62 @@ pub fn ignore_sigpipe() -> io::Result<()> {
     )
     .map(drop)
 }
+
+/// Adds `ip/prefix` to interface `ifindex` through a `NETLINK_ROUTE` socket (which may
+/// belong to another network namespace). An address that is already there is fine.
+pub fn add_address(
+    nl: BorrowedFd<'_>,
+    ifindex: u32,
+    ip: std::net::IpAddr,
+    prefix: u8,
+) -> io::Result<()> {
+    let (family, bytes): (u8, Vec<u8>) = match ip {
+        std::net::IpAddr::V4(a) => (libc::AF_INET as u8, a.octets().to_vec()),
+        std::net::IpAddr::V6(a) => (libc::AF_INET6 as u8, a.octets().to_vec()),
+    };
+    let rta_len = 4 + bytes.len();
+    let rta_space = (rta_len + 3) & !3;
+    let total = 16 + 8 + 2 * rta_space;
+    let mut m = vec![0u8; total];
+    m[0..4].copy_from_slice(&(total as u32).to_ne_bytes());
+    m[4..6].copy_from_slice(&libc::RTM_NEWADDR.to_ne_bytes());
+    let flags =
+        (libc::NLM_F_REQUEST | libc::NLM_F_ACK | libc::NLM_F_CREATE | libc::NLM_F_EXCL) as u16;
+    m[6..8].copy_from_slice(&flags.to_ne_bytes());
+    m[8..12].copy_from_slice(&1u32.to_ne_bytes()); // sequence number
+    // struct ifaddrmsg: family, prefixlen, flags, scope, index
+    m[16] = family;
+    m[17] = prefix;
+    m[19] = libc::RT_SCOPE_HOST;
+    m[20..24].copy_from_slice(&ifindex.to_ne_bytes());
+    for (i, kind) in [libc::IFA_LOCAL, libc::IFA_ADDRESS].into_iter().enumerate() {
+        let at = 24 + i * rta_space;
+        m[at..at + 2].copy_from_slice(&(rta_len as u16).to_ne_bytes());
+        m[at + 2..at + 4].copy_from_slice(&kind.to_ne_bytes());
+        m[at + 4..at + 4 + bytes.len()].copy_from_slice(&bytes);
+    }
+    write(nl, &m)?;
+    let mut ack = [0u8; 256];
+    let n = read(nl, &mut ack)?;
+    // NLMSG_ERROR: header, then a signed errno (0 = success).
+    if n >= 20 && u16::from_ne_bytes([ack[4], ack[5]]) == libc::NLMSG_ERROR as u16 {
+        let e = i32::from_ne_bytes([ack[16], ack[17], ack[18], ack[19]]);
+        if e != 0 && -e != libc::EEXIST {
+            return Err(io::Error::from_raw_os_error(-e));
+        }
+    }
+    Ok(())
+}
+
+/// `recvfrom(2)` of one datagram (non-blocking): its length and sender.
+pub fn recv_from(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Option<SocketAddr>)> {
+    // SAFETY: `buf` is a live, writable buffer of its length.
+    let got = unsafe { recv_raw(fd, &[(buf.as_mut_ptr(), buf.len())], 0) }?;
+    Ok((got.len.min(buf.len()), got.from))
+}
+
+/// `sendto(2)` of one datagram (non-blocking, no SIGPIPE).
+pub fn send_to(fd: BorrowedFd<'_>, buf: &[u8], to: &SocketAddr) -> io::Result<usize> {
+    // SAFETY: `buf` is live and readable for its length.
+    unsafe { send_raw(fd, buf.as_ptr(), buf.len(), Some(to), 0) }
+}

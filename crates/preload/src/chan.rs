@@ -102,7 +102,16 @@ pub struct Channel {
     /// Failed: every call fails with [`Errno::DOWN`]; dropped at the next acquisition.
     pub dead: bool,
     reg: Option<usize>,
+    /// The buffer small sends are packed into, and how much of it is used.
+    arena: Option<(BufId, u32)>,
+    /// Outstanding references per buffer of ours: records in flight, plus one while a
+    /// buffer is the arena. A buffer goes back to the pool when its count drops to 0.
+    refs: Vec<u16>,
 }
+
+/// Sends smaller than this share buffers (several records in one buffer), so that a
+/// stream of small writes is not limited by the number of buffers.
+pub const SMALL_SEND: usize = 4096;
 
 impl fmt::Debug for Channel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -199,6 +208,7 @@ impl Channel {
         let reg = tls::register(ctl.as_raw_fd(), region.fd().as_raw_fd(), bell_raw);
         tls::install_hooks();
         let span = Duration::from_nanos(reply.spin_ns);
+        let nbufs = region.layout().total_bufs() as usize;
         Ok(Channel {
             ep,
             region,
@@ -212,6 +222,8 @@ impl Channel {
             fork_gen: tls::generation(),
             dead: false,
             reg,
+            arena: None,
+            refs: vec![0; nbufs],
         })
     }
 
@@ -342,10 +354,7 @@ impl Channel {
     /// A completion nobody waits for.
     fn unsolicited(&mut self, c: &Cmp) -> Res<()> {
         match c.kind() {
-            Ok(CmpKind::BufReturn) => match self.ep.pool.free(BufId(c.buf)) {
-                Ok(()) => Ok(()),
-                Err(e) => Err(self.ring_error(e)),
-            },
+            Ok(CmpKind::BufReturn) => self.drop_ref(BufId(c.buf)),
             Ok(CmpKind::AsyncError) => {
                 if !PENDING.put(c.sock, c.result.saturating_neg()) {
                     log::once(
@@ -470,6 +479,14 @@ impl Channel {
     /// One of this side's buffers. When none is free: `Ok(None)` if `nonblock`, else
     /// waits for the server to return one (until `w`'s deadline, or a signal).
     pub fn alloc_buf(&mut self, nonblock: bool, w: Wait) -> Res<Option<BufId>> {
+        let b = self.alloc_buf_inner(nonblock, w)?;
+        if let Some(b) = b {
+            self.refs[b.0 as usize] = 1;
+        }
+        Ok(b)
+    }
+
+    fn alloc_buf_inner(&mut self, nonblock: bool, w: Wait) -> Res<Option<BufId>> {
         if let Some(b) = self.ep.pool.alloc() {
             return Ok(Some(b));
         }
@@ -514,9 +531,58 @@ impl Channel {
         }
     }
 
-    /// Gives back a buffer of ours that was never sent.
+    /// Gives back a slot of ours that was never sent.
     pub fn unalloc(&mut self, b: BufId) {
-        let _ = self.ep.pool.free(b);
+        let _ = self.drop_ref(b);
+    }
+
+    /// Room for `want` bytes to send: `(buffer, offset, capacity)`. Small sends are
+    /// packed into a shared buffer (the arena); larger ones get a buffer of their own.
+    /// When no buffer is free: `Ok(None)` if `nonblock`, else waits as `alloc_buf` does.
+    pub fn alloc_slot(
+        &mut self,
+        want: usize,
+        nonblock: bool,
+        w: Wait,
+    ) -> Res<Option<(BufId, u32, usize)>> {
+        if want >= SMALL_SEND {
+            return Ok(self
+                .alloc_buf(nonblock, w)?
+                .map(|b| (b, 0, self.buf_size())));
+        }
+        let need = (want.max(1) + 7) & !7;
+        if let Some((b, used)) = self.arena {
+            if used as usize + need <= self.buf_size() {
+                self.arena = Some((b, used + need as u32));
+                self.refs[b.0 as usize] += 1;
+                return Ok(Some((b, used, want)));
+            }
+            self.arena = None;
+            self.drop_ref(b)?;
+        }
+        let Some(b) = self.alloc_buf(nonblock, w)? else {
+            return Ok(None);
+        };
+        // One reference for the record, one for being the arena.
+        self.refs[b.0 as usize] += 1;
+        self.arena = Some((b, need as u32));
+        Ok(Some((b, 0, want)))
+    }
+
+    /// Drops one reference to a buffer of ours; the last one frees it.
+    fn drop_ref(&mut self, b: BufId) -> Res<()> {
+        match self.refs.get_mut(b.0 as usize) {
+            Some(r) if *r > 0 => {
+                *r -= 1;
+                if *r == 0 {
+                    if let Err(e) = self.ep.pool.free(b) {
+                        return Err(self.ring_error(e));
+                    }
+                }
+                Ok(())
+            }
+            _ => Err(self.fail(format_args!("buffer {} returned but not in flight", b.0))),
+        }
     }
 
     /// `Err(DOWN)` when the server is gone: its end of the control socket hung up or it

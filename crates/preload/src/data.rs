@@ -56,7 +56,18 @@ fn max_datagram(s: &Sock) -> usize {
 /// A buffer for the next record of a send that has moved `sent` bytes so far; `None`
 /// means stop (return `sent`).
 fn next_buf(ch: &mut Channel, nonblock: bool, w: Wait, sent: usize) -> Res<Option<BufId>> {
-    match ch.alloc_buf(nonblock, w) {
+    Ok(next_slot(ch, usize::MAX, nonblock, w, sent)?.map(|(b, _, _)| b))
+}
+
+/// Room for the next piece of a send (see [`Channel::alloc_slot`]).
+fn next_slot(
+    ch: &mut Channel,
+    want: usize,
+    nonblock: bool,
+    w: Wait,
+    sent: usize,
+) -> Res<Option<(BufId, u32, usize)>> {
+    match ch.alloc_slot(want, nonblock, w) {
         Ok(Some(b)) => Ok(Some(b)),
         Ok(None) if sent > 0 => Ok(None),
         Ok(None) => Err(Errno::EAGAIN),
@@ -106,9 +117,9 @@ pub unsafe fn send(
         let nonblock = s.nonblock() || flags & libc::MSG_DONTWAIT != 0;
         let w = Wait::after(TABLE.timeouts(s.fd).1, Errno::EAGAIN);
         let mut sent = 0usize;
-        while let Some(b) = next_buf(ch, nonblock, w, sent)? {
-            let n = (total - sent).min(bs);
-            let span = match ch.bufs().span(b.0, 0, n as u32) {
+        while let Some((b, off, cap)) = next_slot(ch, total - sent, nonblock, w, sent)? {
+            let n = (total - sent).min(cap).min(bs);
+            let span = match ch.bufs().span(b.0, off, n as u32) {
                 Ok(sp) => sp,
                 Err(e) => {
                     ch.unalloc(b);
@@ -118,7 +129,7 @@ pub unsafe fn send(
             // SAFETY: the span is a validated range of our own, unlent buffer.
             let got = unsafe { cur.read_into(ch.bufs().as_mut_ptr(span), n) };
             let mut req = Req::new(Op::Send, s.id);
-            (req.buf, req.len, req.a) = (b.0, got as u32, flags as u32);
+            (req.buf, req.len, req.a, req.b) = (b.0, got as u32, flags as u32, off);
             if let Some(d) = &dest {
                 req = req.with_addr(d);
             }

@@ -2,28 +2,43 @@
 //! passes shared-memory pointers to the kernel.
 
 use std::io;
-use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
 
 use ferry_ring::{BufSpan, Buffers};
 use ferry_sys::Received;
 
-/// Sends `span[sent..]` on `fd` (non-blocking); returns the bytes the kernel took.
-pub(crate) fn send_span(
+use crate::sock::TxItem;
+
+/// Most buffers one vectored send takes.
+pub(crate) const MAX_IOV: usize = 64;
+
+/// Sends the unsent parts of several queued items in one `sendmsg` (the destination and
+/// flags of the first apply); returns the bytes the kernel took.
+pub(crate) fn send_items<'a>(
     fd: BorrowedFd<'_>,
-    bufs: &Buffers,
-    span: BufSpan,
-    sent: usize,
-    to: Option<&SocketAddr>,
-    flags: i32,
+    items: impl Iterator<Item = &'a TxItem>,
 ) -> io::Result<usize> {
-    let len = (span.len() as usize).saturating_sub(sent);
-    let ptr = bufs
-        .as_mut_ptr(span)
-        .wrapping_add(sent.min(span.len() as usize));
-    // SAFETY: `Buffers::span` validated `span` against the region, which `bufs` keeps
-    // mapped; `ptr..ptr+len` lies inside it (sent <= span.len()). The kernel only reads.
-    unsafe { ferry_sys::send_raw(fd, ptr, len, to, flags) }
+    let mut iov: [(*const u8, usize); MAX_IOV] = [(std::ptr::null(), 0); MAX_IOV];
+    let mut n = 0;
+    let mut first: Option<&TxItem> = None;
+    for item in items.take(MAX_IOV) {
+        let len = item.span.len() as usize;
+        let sent = item.sent.min(len);
+        iov[n] = (
+            item.bufs
+                .as_mut_ptr(item.span)
+                .wrapping_add(sent)
+                .cast_const(),
+            len - sent,
+        );
+        n += 1;
+        first.get_or_insert(item);
+    }
+    let Some(first) = first else { return Ok(0) };
+    // SAFETY: each (pointer, length) lies inside a span `Buffers::span` validated, in a
+    // region its item's `Buffers` keeps mapped while the items are borrowed; the kernel
+    // only reads.
+    unsafe { ferry_sys::send_iov(fd, &iov[..n], first.to.as_ref(), first.flags) }
 }
 
 /// Receives into the given spans, in order (non-blocking).

@@ -193,6 +193,11 @@ impl Server {
         };
         s.stats.calls += 1;
         s.last_ch = ch;
+        if !s.txq.is_empty() {
+            // Operations on a socket happen in order: sends queued earlier in this pass
+            // go out before, say, a getsockname that must see the port they bound.
+            self.flush_tx(r.sock);
+        }
         let nonblock = r.flags & REQ_NONBLOCK != 0;
         let id = r.sock;
         match req.op {
@@ -462,7 +467,7 @@ impl Server {
         let span = chan
             .ep
             .bufs
-            .span(r.buf, 0, r.len)
+            .span(r.buf, r.b, r.len)
             .map_err(|e| e.to_string())?;
         let bufs = chan.ep.bufs.clone();
         let to = req.addr().map_err(|e| e.to_string())?;
@@ -510,7 +515,8 @@ impl Server {
             flags: (r.a as i32) & (libc::MSG_MORE | libc::MSG_OOB | libc::MSG_EOR),
         });
         if s.txq.len() == 1 {
-            self.flush_tx(r.sock);
+            // Sent once the rings are drained: every send of this turn in one call.
+            self.tx_pending.push(r.sock);
         }
         Ok(())
     }
@@ -521,28 +527,45 @@ impl Server {
             let Some(s) = self.socks.get_mut(&id) else {
                 return;
             };
-            let Some(item) = s.txq.front_mut() else { break };
-            let total = item.span.len() as usize;
-            let res = hostio::send_span(
-                s.fd.as_fd(),
-                &item.bufs,
-                item.span,
-                item.sent,
-                item.to.as_ref(),
-                item.flags,
-            );
+            if s.txq.is_empty() {
+                break;
+            }
+            // S1 on the server side: consecutive stream sends go out in one vectored
+            // call (a datagram is always one call of its own).
+            let batch = if s.is_stream() {
+                s.txq.len().min(hostio::MAX_IOV)
+            } else {
+                1
+            };
+            let res = hostio::send_items(s.fd.as_fd(), s.txq.range(..batch));
             self.stats.data_syscalls += 1;
             match res {
-                Ok(n) => {
+                Ok(mut n) => {
                     s.stats.bytes_out += n as u64;
-                    item.sent += n;
-                    if item.sent < total && s.is_stream() {
-                        continue;
+                    let stream = s.is_stream();
+                    let mut done = Vec::new();
+                    while let Some(item) = s.txq.front_mut() {
+                        let left = item.span.len() as usize - item.sent;
+                        if n < left && stream {
+                            item.sent += n;
+                            break;
+                        }
+                        n = n.saturating_sub(left);
+                        done.push(s.txq.pop_front().expect("front exists"));
+                        if !stream
+                            || n == 0
+                                && s.txq
+                                    .front()
+                                    .is_some_and(|i| i.span.len() as usize > i.sent)
+                        {
+                            break;
+                        }
                     }
-                    let item = s.txq.pop_front().expect("front exists");
-                    let mut c = Cmp::new(CmpKind::BufReturn, id, 0, 0);
-                    c.buf = item.span.id().0;
-                    self.complete(item.ch, c);
+                    for item in done {
+                        let mut c = Cmp::new(CmpKind::BufReturn, id, 0, 0);
+                        c.buf = item.span.id().0;
+                        self.complete(item.ch, c);
+                    }
                 }
                 Err(e) if would_block(&e) => return,
                 Err(e) => {

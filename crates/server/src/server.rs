@@ -64,6 +64,8 @@ pub struct Server {
     pub(crate) stats: ServerStats,
     /// Sockets whose state changed this turn (closing, tokens).
     pub(crate) dirty: Vec<u32>,
+    /// Sockets with sends queued during this pass of the rings.
+    pub(crate) tx_pending: Vec<u32>,
     /// Control connections that have not said Hello yet.
     pending_hello: HashMap<u32, OwnedFd>,
     next_hello: u32,
@@ -159,6 +161,7 @@ impl Server {
             published,
             stats,
             dirty: Vec::new(),
+            tx_pending: Vec::new(),
             pending_hello: HashMap::new(),
             next_hello: 0,
             init_pid: None,
@@ -350,6 +353,11 @@ impl Server {
                     Err(e) => self.bad_channel(idx as u32, &e.to_string()),
                 }
             }
+        }
+        // S1 on the host side: what the sandbox queued during this pass goes out now,
+        // one vectored call per socket rather than one per record.
+        for id in std::mem::take(&mut self.tx_pending) {
+            self.flush_tx(id);
         }
         total
     }

@@ -489,6 +489,41 @@ pub unsafe fn send_raw(
     .map(|n| n as usize)
 }
 
+/// `sendmsg(2)` of several buffers to an optional destination; never raises SIGPIPE.
+///
+/// # Safety
+/// Every `(ptr, len)` in `iov` must be readable for the duration of the call.
+pub unsafe fn send_iov(
+    fd: BorrowedFd<'_>,
+    iov: &[(*const u8, usize)],
+    to: Option<&SocketAddr>,
+    flags: i32,
+) -> io::Result<usize> {
+    let dest = to.map(RawAddr::new);
+    let vecs: Vec<libc::iovec> = iov
+        .iter()
+        .map(|(p, l)| libc::iovec {
+            iov_base: *p as *mut libc::c_void,
+            iov_len: *l,
+        })
+        .collect();
+    // SAFETY: plain data; all-zero is an empty header.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_iov = vecs.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = vecs.len();
+    if let Some(d) = &dest {
+        msg.msg_name = d.as_ptr() as *mut libc::c_void;
+        msg.msg_namelen = d.len();
+    }
+    syscall!(
+        libc::SYS_sendmsg,
+        fd.as_raw_fd(),
+        &msg as *const libc::msghdr,
+        flags | libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT
+    )
+    .map(|n| n as usize)
+}
+
 /// What `recv_raw` got.
 #[derive(Debug, Clone, Copy)]
 pub struct Received {

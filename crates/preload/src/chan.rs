@@ -574,10 +574,10 @@ impl Channel {
         match self.refs.get_mut(b.0 as usize) {
             Some(r) if *r > 0 => {
                 *r -= 1;
-                if *r == 0 {
-                    if let Err(e) = self.ep.pool.free(b) {
-                        return Err(self.ring_error(e));
-                    }
+                if *r == 0
+                    && let Err(e) = self.ep.pool.free(b)
+                {
+                    return Err(self.ring_error(e));
                 }
                 Ok(())
             }

@@ -700,10 +700,13 @@ impl Server {
         }
         fin.buf = NO_BUF;
         // A polled socket: if the host socket is now empty, take the token back (a token
-        // left behind would make the next poll report data that is not there).
+        // left behind would make the next poll report data that is not there). A short
+        // stream read means empty without asking the kernel; if data arrived meanwhile,
+        // `TokenDrained`'s re-check writes a fresh token.
+        let short = s.is_stream() && placed < want;
         if s.token_out
             && flags & libc::MSG_PEEK == 0
-            && ferry_sys::poll_now(s.fd.as_fd(), libc::POLLIN).unwrap_or(0) == 0
+            && (short || ferry_sys::poll_now(s.fd.as_fd(), libc::POLLIN).unwrap_or(0) == 0)
         {
             fin.flags |= CMP_DRAIN_TOKEN;
         }

@@ -1,0 +1,99 @@
+//! `Outbox`: actions written to a non-blocking socket a piece at a time, in order, as
+//! a server's event loop would.
+
+mod common;
+
+use std::io::Read;
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
+use common::{random_bytes, tmpdir};
+use ferry_modules::{Action, Outbox, perform};
+
+#[test]
+fn outbox_resumes_on_a_nonblocking_socket() {
+    let dir = tmpdir("outbox");
+    let path = dir.join("big");
+    let data = random_bytes(3 << 20, 77);
+    std::fs::write(&path, &data).expect("write");
+    let file: Arc<OwnedFd> = Arc::new(std::fs::File::open(&path).expect("open").into());
+
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let mut client = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+    let (server, _) = l.accept().expect("accept");
+    server.set_nonblocking(true).expect("nonblocking");
+    // Small buffers, so that the socket fills and the outbox has to resume.
+    rustix::net::sockopt::set_socket_send_buffer_size(&server, 64 * 1024).expect("sndbuf");
+    rustix::net::sockopt::set_socket_recv_buffer_size(&client, 64 * 1024).expect("rcvbuf");
+
+    let mut want = b"head:".to_vec();
+    want.extend_from_slice(&data[100..]);
+    want.extend_from_slice(b":mid:");
+    want.extend_from_slice(&data[..1000]);
+    want.extend_from_slice(b":tail");
+
+    let mut out = Outbox::new();
+    out.push([
+        Action::Emit(b"head:".to_vec()),
+        Action::EmitFile {
+            file: Arc::clone(&file),
+            offset: 100,
+            len: data.len() as u64 - 100,
+        },
+        Action::Emit(b":mid:".to_vec()),
+        Action::EmitFile {
+            file,
+            offset: 0,
+            len: 1000,
+        },
+        Action::Emit(Vec::new()),
+        Action::Emit(b":tail".to_vec()),
+    ]);
+    assert_eq!(out.pending_bytes(), want.len() as u64);
+
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 100_000];
+    let mut stalls = 0;
+    while !out.is_empty() {
+        let before = out.pending_bytes();
+        let n = out.advance(server.as_fd()).expect("advance");
+        assert_eq!(before - out.pending_bytes(), n);
+        if !out.is_empty() {
+            // The socket is full: the event loop would wait for POLLOUT; read some.
+            stalls += 1;
+            let k = client.read(&mut buf).expect("read");
+            got.extend_from_slice(&buf[..k]);
+        }
+    }
+    drop(server);
+    client.read_to_end(&mut got).expect("read rest");
+    assert!(
+        stalls > 0,
+        "a 3 MiB write should fill the socket at least once"
+    );
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "bytes out of order or wrong");
+}
+
+#[test]
+fn perform_reports_a_file_shorter_than_its_range() {
+    let dir = tmpdir("outbox-short");
+    let path = dir.join("short");
+    std::fs::write(&path, b"abc").expect("write");
+    let file: Arc<OwnedFd> = Arc::new(std::fs::File::open(&path).expect("open").into());
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let _client = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+    let (server, _) = l.accept().expect("accept");
+    // The file shrank after the module checked it: the server gets an error, not a hang.
+    let e = perform(
+        [Action::EmitFile {
+            file,
+            offset: 0,
+            len: 10,
+        }],
+        &server,
+    )
+    .unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+}

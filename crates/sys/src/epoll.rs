@@ -43,6 +43,20 @@ impl Epoll {
         .map(drop)
     }
 
+    /// Turns a wait's result into events; a signal interrupting the wait is no error.
+    fn collect(&self, r: io::Result<i64>, out: &mut Vec<Event>) -> io::Result<()> {
+        let n = match r {
+            Ok(n) => n as usize,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
+            Err(e) => return Err(e),
+        };
+        out.extend(self.buf[..n].iter().map(|e| Event {
+            token: e.u64,
+            events: e.events,
+        }));
+        Ok(())
+    }
+
     /// Registers `fd`.
     pub fn add(&self, fd: BorrowedFd<'_>, events: u32, token: u64) -> io::Result<()> {
         self.ctl(libc::EPOLL_CTL_ADD, fd, events, token)
@@ -78,16 +92,7 @@ impl Epoll {
             std::ptr::null::<libc::sigset_t>(),
             8
         );
-        let n = match r {
-            Ok(n) => n as usize,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
-            Err(e) => return Err(e),
-        };
-        out.extend(self.buf[..n].iter().map(|e| Event {
-            token: e.u64,
-            events: e.events,
-        }));
-        Ok(())
+        self.collect(r, out)
     }
 
     /// Waits up to `timeout_ms` (-1 = forever, 0 = poll) and appends events to `out`.
@@ -102,16 +107,7 @@ impl Epoll {
             std::ptr::null::<libc::sigset_t>(),
             8
         );
-        let n = match r {
-            Ok(n) => n as usize,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
-            Err(e) => return Err(e),
-        };
-        out.extend(self.buf[..n].iter().map(|e| Event {
-            token: e.u64,
-            events: e.events,
-        }));
-        Ok(())
+        self.collect(r, out)
     }
 }
 

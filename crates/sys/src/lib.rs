@@ -467,26 +467,8 @@ pub unsafe fn send_raw(
     to: Option<&SocketAddr>,
     flags: i32,
 ) -> io::Result<usize> {
-    let dest = to.map(RawAddr::new);
-    let mut iov = libc::iovec {
-        iov_base: ptr as *mut libc::c_void,
-        iov_len: len,
-    };
-    // SAFETY: plain data; all-zero is an empty header.
-    let mut msg: libc::msghdr = unsafe { zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if let Some(d) = &dest {
-        msg.msg_name = d.as_ptr() as *mut libc::c_void;
-        msg.msg_namelen = d.len();
-    }
-    syscall!(
-        libc::SYS_sendmsg,
-        fd.as_raw_fd(),
-        &msg as *const libc::msghdr,
-        flags | libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT
-    )
-    .map(|n| n as usize)
+    // SAFETY: forwarded to the caller.
+    unsafe { send_iov(fd, &[(ptr, len)], to, flags) }
 }
 
 /// `sendmsg(2)` of several buffers to an optional destination; never raises SIGPIPE.

@@ -11,6 +11,10 @@ use crate::sock::TxItem;
 
 /// Most buffers one vectored send takes.
 pub(crate) const MAX_IOV: usize = 64;
+/// Most bytes one vectored send takes: past this, one call keeps every buffer of a bulk
+/// sender in flight at once and stalls its pipeline (measured: 256 KiB writes ran at
+/// 0.44x native with no byte cap).
+const MAX_BATCH_BYTES: usize = 128 * 1024;
 
 /// Sends the unsent parts of several queued items in one `sendmsg` (the destination and
 /// flags of the first apply); returns the bytes the kernel took.
@@ -21,6 +25,7 @@ pub(crate) fn send_items<'a>(
     let mut iov: [(*const u8, usize); MAX_IOV] = [(std::ptr::null(), 0); MAX_IOV];
     let mut n = 0;
     let mut first: Option<&TxItem> = None;
+    let mut bytes = 0;
     for item in items.take(MAX_IOV) {
         let len = item.span.len() as usize;
         let sent = item.sent.min(len);
@@ -32,7 +37,11 @@ pub(crate) fn send_items<'a>(
             len - sent,
         );
         n += 1;
+        bytes += len - sent;
         first.get_or_insert(item);
+        if bytes >= MAX_BATCH_BYTES {
+            break;
+        }
     }
     let Some(first) = first else { return Ok(0) };
     // SAFETY: each (pointer, length) lies inside a span `Buffers::span` validated, in a

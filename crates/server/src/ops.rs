@@ -176,6 +176,13 @@ impl Server {
         if req.op == Op::Send {
             return self.send(ch, req);
         }
+        if !self.tx_pending.is_empty() {
+            // Program order across sockets: what this pass queued goes out before an
+            // operation that may observe it (a recv on the loopback peer, a connect…).
+            for id in std::mem::take(&mut self.tx_pending) {
+                self.flush_tx(id);
+            }
+        }
         if req.op == Op::Release {
             // Closed already, or closing now: either way `close` may return.
             if let Some(s) = self.socks.get(&r.sock)

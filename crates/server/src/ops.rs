@@ -176,13 +176,9 @@ impl Server {
         if req.op == Op::Send {
             return self.send(ch, req);
         }
-        if !self.tx_pending.is_empty() {
-            // Program order across sockets: what this pass queued goes out before an
-            // operation that may observe it (a recv on the loopback peer, a connect…).
-            for id in std::mem::take(&mut self.tx_pending) {
-                self.flush_tx(id);
-            }
-        }
+        // Program order across sockets: what this pass queued goes out before an
+        // operation that may observe it (a recv on the loopback peer, a connect…).
+        self.flush_pending();
         if req.op == Op::Release {
             // Closed already, or closing now: either way `close` may return.
             if let Some(s) = self.socks.get(&r.sock)
@@ -526,6 +522,14 @@ impl Server {
             self.tx_pending.push(r.sock);
         }
         Ok(())
+    }
+
+    /// Sends what the sockets queued during this pass of the rings (S1 on the host
+    /// side: one vectored call per socket rather than one per record).
+    pub(crate) fn flush_pending(&mut self) {
+        for id in std::mem::take(&mut self.tx_pending) {
+            self.flush_tx(id);
+        }
     }
 
     /// Sends queued data until the host socket is full; returns finished buffers.

@@ -354,11 +354,7 @@ impl Server {
                 }
             }
         }
-        // S1 on the host side: what the sandbox queued during this pass goes out now,
-        // one vectored call per socket rather than one per record.
-        for id in std::mem::take(&mut self.tx_pending) {
-            self.flush_tx(id);
-        }
+        self.flush_pending();
         total
     }
 
@@ -734,6 +730,10 @@ impl Server {
     }
 
     pub(crate) fn has_published(&self, listener: u32) -> bool {
+        // Asked on every token check: no getsockname when nothing is published.
+        if self.published.is_empty() {
+            return false;
+        }
         let Some(s) = self.socks.get(&listener) else {
             return false;
         };

@@ -39,13 +39,7 @@ impl<T: Pod> Consumer<T> {
         // The slot stride is record_size; copies are size_of::<T>() long. Endpoint::new
         // reports a mismatch in full; this keeps the invariant local to the copies.
         let layout = region.layout();
-        if size_of::<T>() != layout.record_size as usize {
-            return Err(Error::RecordSize {
-                expected: layout.record_size,
-                tx: size_of::<T>(),
-                rx: size_of::<T>(),
-            });
-        }
+        crate::layout::check_record_size::<T>(&layout)?;
         Ok(Consumer {
             idx: ConsIdx::attach(region.ring_ctl(side.peer()), layout.ring_slots)?,
             slots: region.slots(side.peer()),

@@ -261,6 +261,18 @@ fn round_up(x: usize, align: usize) -> Option<usize> {
     Some(x.checked_add(align - 1)? & !(align - 1))
 }
 
+/// Both ends copy `size_of::<T>()` bytes per slot of stride `record_size`: they must agree.
+pub(crate) fn check_record_size<T>(layout: &Layout) -> Result<(), Error> {
+    if size_of::<T>() != layout.record_size as usize {
+        return Err(Error::RecordSize {
+            expected: layout.record_size,
+            tx: size_of::<T>(),
+            rx: size_of::<T>(),
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -63,7 +63,7 @@ impl Client {
             version: PROTO_VERSION,
             pid: std::process::id(),
             tid: ferry_sys::gettid(),
-            pad: 0,
+            server: 0,
         };
         ferry_sys::send_with_fds(ctl.as_fd(), bytemuck::bytes_of(&hello), &[])?;
         let mut buf = [0u8; size_of::<HelloReply>()];

@@ -64,9 +64,75 @@ pub fn publish(s: &str) -> Result<Publish, String> {
     })
 }
 
+/// Parses a CPU list: `0,2`, `0-3`, `0-1,4` (each CPU once, in the order given).
+pub fn cpus(s: &str) -> Result<Vec<usize>, String> {
+    let cpu = |c: &str| {
+        c.trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n < 1024)
+            .ok_or_else(|| format!("`{c}` is not a CPU number in `{s}`"))
+    };
+    let mut out = Vec::new();
+    for item in s.split(',') {
+        let range = match item.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (cpu(a)?, cpu(b)?);
+                if a > b {
+                    return Err(format!("`{item}` is an empty range in `{s}`"));
+                }
+                a..=b
+            }
+            None => {
+                let c = cpu(item)?;
+                c..=c
+            }
+        };
+        for c in range {
+            if out.contains(&c) {
+                return Err(format!("CPU {c} is listed twice in `{s}`"));
+            }
+            out.push(c);
+        }
+    }
+    Ok(out)
+}
+
+/// Writes a CPU list back compactly (`0-3,6`).
+pub fn format_cpus(cpus: &[usize]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j {
+            cpus[i].to_string()
+        } else {
+            format!("{}-{}", cpus[i], cpus[j])
+        });
+        i = j + 1;
+    }
+    parts.join(",")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(cpus("0").unwrap(), [0]);
+        assert_eq!(cpus("1,0").unwrap(), [1, 0]);
+        assert_eq!(cpus("0-2,5").unwrap(), [0, 1, 2, 5]);
+        assert!(cpus("").is_err());
+        assert!(cpus("a").is_err());
+        assert!(cpus("3-1").is_err());
+        assert!(cpus("0,0").is_err());
+        assert_eq!(format_cpus(&[0, 1, 2, 5]), "0-2,5");
+        assert_eq!(format_cpus(&[1]), "1");
+    }
 
     #[test]
     fn spans() {

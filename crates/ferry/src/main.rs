@@ -6,6 +6,7 @@
 
 mod args;
 mod bench;
+mod ctl;
 mod demo;
 mod run;
 
@@ -33,6 +34,8 @@ enum Command {
     /// Measure ferry against native sockets and its peers (slirp4netns, pasta) on a
     /// remote namespace: experiments E1–E4 and R1, with CSV, plots and a report (root).
     Bench(bench::BenchArgs),
+    /// Talk to a running `ferry run`: live per-server counters, move a server to a CPU.
+    Ctl(ctl::CtlArgs),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
         Command::Run(a) => run::main(a),
         Command::Demo(a) => demo::main(a),
         Command::Bench(a) => bench::main(a),
+        Command::Ctl(a) => ctl::main(a),
     };
     ExitCode::from(code.clamp(0, 255) as u8)
 }

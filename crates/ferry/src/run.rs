@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::Args;
 use ferry_sandbox::{SocketFactory, Spec, UserNs};
-use ferry_server::{Config, Policy, Publish, Rule, Server, Verdict};
+use ferry_server::{Accepted, Assign, Config, Policy, Publish, Rule, Server, Servers, Verdict};
 use tracing::{debug, warn};
 
 /// Exit status when ferry itself fails before the program runs.
@@ -42,6 +42,21 @@ pub struct RunArgs {
     /// Publish a sandbox port on the host: [IP:]HOST_PORT:PORT[/udp].
     #[arg(short = 'p', long = "publish", value_name = "[IP:]HOST_PORT:PORT[/udp]", value_parser = crate::args::publish)]
     pub publish: Vec<Publish>,
+    /// Protocol servers (threads) serving the sandbox, each with its own channels and
+    /// sockets (S4); new sockets are spread over them by --assign.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=ferry_proto::MAX_SERVERS as i64))]
+    pub servers: u16,
+    /// Pin server K to the K-th CPU of LIST (round robin), e.g. 0,1 or 0-3. Default: not
+    /// pinned with one server; with several, the CPUs this process may use.
+    #[arg(long, value_name = "LIST", value_parser = crate::args::cpus)]
+    pub cpus: Option<Vec<usize>>,
+    /// How a new socket picks its server: least (fewest outstanding requests), rr, hash.
+    #[arg(long, value_name = "least|rr|hash", default_value = "least")]
+    pub assign: Assign,
+    /// Where accepted connections go: assign (like new sockets) or listener (the
+    /// listener's server).
+    #[arg(long, value_name = "assign|listener", default_value = "assign")]
+    pub accepted: Accepted,
     /// Print per-server, per-channel and per-socket counters when the program exits.
     #[arg(long)]
     pub stats: bool,
@@ -186,14 +201,35 @@ fn run(a: RunArgs) -> Result<i32, String> {
     cfg.batch_delay = a.batch_delay;
     cfg.policy = policy;
     cfg.publish = a.publish.clone();
+    cfg.servers = usize::from(a.servers);
+    cfg.assign = a.assign;
+    cfg.accepted = a.accepted;
+    cfg.cpus = match &a.cpus {
+        Some(list) => {
+            let allowed = ferry_sys::allowed_cpus().unwrap_or_default();
+            if let Some(bad) = list
+                .iter()
+                .find(|c| !allowed.is_empty() && !allowed.contains(c))
+            {
+                return Err(format!(
+                    "--cpus: CPU {bad} is not available (this process may use {})",
+                    crate::args::format_cpus(&allowed)
+                ));
+            }
+            list.clone()
+        }
+        None if a.servers > 1 => ferry_sys::allowed_cpus().unwrap_or_default(),
+        None => Vec::new(),
+    };
     let factory: Arc<OnceLock<SocketFactory>> = Arc::new(OnceLock::new());
     let f2 = factory.clone();
     let make = Box::new(move |d, t, p| match f2.get() {
         Some(f) => f.socket(d, t, p),
         None => Err(std::io::Error::from_raw_os_error(libc::EAGAIN)),
     });
-    let mut server = Server::new(cfg, make).map_err(|e| e.to_string())?;
-    let stop = server.stop_handle();
+    let mut servers = Servers::new(cfg, make).map_err(|e| e.to_string())?;
+    let stop = servers.stop_handle();
+    let control = servers.control();
 
     let userns = match a.userns.as_str() {
         "always" => UserNs::Always,
@@ -212,8 +248,8 @@ fn run(a: RunArgs) -> Result<i32, String> {
     let mut sandbox =
         ferry_sandbox::launch(&spec).map_err(|e| format!("cannot start the sandbox: {e}"))?;
     let _ = factory.set(sandbox.factory());
-    server.restrict_to_descendants_of(sandbox.pid());
-    if let Err(e) = start_dns(&mut server, &a.dns, &policy_for_dns) {
+    servers.first().restrict_to_descendants_of(sandbox.pid());
+    if let Err(e) = start_dns(servers.first(), &a.dns, &policy_for_dns) {
         warn!("DNS forwarding is off: {e}");
     }
     debug!("sandbox init pid {}", sandbox.pid());
@@ -234,10 +270,14 @@ fn run(a: RunArgs) -> Result<i32, String> {
             }
         })
     };
+    let admin = dir.join(crate::ctl::ADMIN_SOCKET);
+    if let Err(e) = crate::ctl::serve(&admin, control) {
+        warn!("`ferry ctl` is off for this run: {e}");
+    }
     let server_thread = std::thread::Builder::new()
-        .name("ferry-proto-0".into())
-        .spawn(move || server.run())
-        .map_err(|e| format!("cannot start the protocol server: {e}"))?;
+        .name("ferry-servers".into())
+        .spawn(move || servers.run())
+        .map_err(|e| format!("cannot start the protocol servers: {e}"))?;
 
     let code = sandbox
         .wait()
@@ -246,13 +286,16 @@ fn run(a: RunArgs) -> Result<i32, String> {
     stop.stop();
     let stats = server_thread
         .join()
-        .map_err(|_| "the protocol server panicked".to_string())?;
+        .map_err(|_| "the protocol servers panicked".to_string())?
+        .map_err(|e| e.to_string())?;
     let _ = sig_thread.join();
     if a.stats {
-        eprint!("{stats}");
+        for s in &stats {
+            eprint!("{s}");
+        }
     }
     if let Some(path) = &a.stats_json
-        && let Err(e) = std::fs::write(path, stats.to_json() + "\n")
+        && let Err(e) = std::fs::write(path, ferry_server::group_json(&stats) + "\n")
     {
         eprintln!("ferry: cannot write {}: {e}", path.display());
     }

@@ -23,7 +23,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_proto::{Cmp, CmpKind, Ctl, CtlKind, Hello, HelloReply, Op, PROTO_VERSION, Req};
+use ferry_proto::{
+    Cmp, CmpKind, Ctl, CtlKind, HELLO_ROUTES, Hello, HelloReply, Op, PROTO_VERSION, Req,
+};
 use ferry_ring::{BufId, BufSpan, Buffers, Endpoint, Region, Side, SpinPolicy, WaitResult};
 
 use crate::errno::{Errno, Res};
@@ -135,10 +137,11 @@ impl Errno {
 }
 
 impl Channel {
-    /// Connects to `$FERRY_SOCKET`, says `Hello`, maps the region it gets back.
-    pub fn open() -> Res<Channel> {
+    /// Connects to `$FERRY_SOCKET`, says `Hello` for protocol server `server`, maps the
+    /// region it gets back.
+    pub fn open(server: usize) -> Res<Channel> {
         let path = config::socket_path().ok_or(Errno::DOWN)?;
-        Channel::connect(Path::new(path)).map_err(|why| {
+        Channel::connect(Path::new(path), server).map_err(|why| {
             log::once(
                 Once::Open,
                 format_args!(
@@ -150,7 +153,7 @@ impl Channel {
         })
     }
 
-    fn connect(path: &Path) -> Result<Channel, String> {
+    fn connect(path: &Path, server: usize) -> Result<Channel, String> {
         let ctl = ferry_sys::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0)
             .map_err(|e| format!("socket: {e}"))?;
         loop {
@@ -166,7 +169,7 @@ impl Channel {
             version: PROTO_VERSION,
             pid,
             tid: ferry_sys::gettid(),
-            pad: 0,
+            server: server as u32 | HELLO_ROUTES,
         };
         ferry_sys::send_with_fds(ctl.as_fd(), bytemuck::bytes_of(&hello), &[])
             .map_err(|e| format!("hello: {e}"))?;

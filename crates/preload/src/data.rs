@@ -5,7 +5,7 @@
 
 use std::ffi::c_int;
 
-use ferry_proto::{CMP_DRAIN_TOKEN, Op, REQ_NONBLOCK, Req};
+use ferry_proto::{CMP_DRAIN_TOKEN, Op, REQ_NONBLOCK, Req, server_of};
 use ferry_ring::BufId;
 use libc::{off_t, sockaddr, socklen_t};
 
@@ -17,7 +17,7 @@ use crate::iov::{IoCursor, MAX_RW};
 use crate::ops::{drain_token, typed};
 use crate::pending::PENDING;
 use crate::signals;
-use crate::tls::with_channel;
+use crate::tls::with_channel_to;
 
 /// What a receive got.
 #[derive(Clone, Copy, Debug, Default)]
@@ -88,7 +88,7 @@ pub unsafe fn send(
     dest_len: socklen_t,
     flags: c_int,
 ) -> Res<usize> {
-    with_channel(|ch| {
+    with_channel_to(server_of(s.id), |ch| {
         ch.reap()?;
         if let Some(e) = PENDING.take(s.id, |_| true) {
             return Err(send_error(e, flags));
@@ -153,7 +153,7 @@ pub unsafe fn recv(s: Sock, cur: &mut IoCursor, flags: c_int) -> Res<Got> {
         // No error queue is relayed: it is always empty.
         return Err(Errno::EAGAIN);
     }
-    with_channel(|ch| {
+    with_channel_to(server_of(s.id), |ch| {
         ch.reap()?;
         if let Some(e) = PENDING.take(s.id, |e| e != libc::EPIPE) {
             return Err(Errno(e));
@@ -330,7 +330,7 @@ unsafe fn feed(
     once: bool,
     nonblock: bool,
 ) -> Res<usize> {
-    with_channel(|ch| {
+    with_channel_to(server_of(s.id), |ch| {
         ch.reap()?;
         if let Some(e) = PENDING.take(s.id, |_| true) {
             return Err(send_error(e, 0));

@@ -6,7 +6,7 @@ use std::ffi::{c_int, c_void};
 use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use ferry_proto::{Ctl, CtlKind, Op, REQ_NONBLOCK, Req};
+use ferry_proto::{Ctl, CtlKind, MAX_SERVERS, Op, REQ_NONBLOCK, Req, server_of};
 use libc::{sockaddr, socklen_t};
 
 use crate::addr::{family, ferry_name, read_sockaddr, write_sockaddr};
@@ -19,7 +19,7 @@ use crate::iov::IoCursor;
 use crate::log::{self, Once};
 use crate::pending::PENDING;
 use crate::signals::{self, Counts};
-use crate::tls::{with_channel, with_open_channel};
+use crate::tls::{with_channel, with_channel_to, with_open_channels};
 
 /// Whether `socket(domain, ty, protocol)` is one ferry relays: inet TCP or UDP.
 pub fn relayed(domain: c_int, ty: c_int, protocol: c_int) -> bool {
@@ -104,7 +104,7 @@ pub unsafe fn accept(
     if flags & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) != 0 {
         return Err(Errno::EINVAL);
     }
-    with_channel(|ch| {
+    with_channel_to(server_of(s.id), |ch| {
         let s = typed(ch, s)?;
         if s.dgram() {
             return Err(Errno(libc::EOPNOTSUPP));
@@ -230,7 +230,7 @@ fn getopt(ch: &mut Channel, s: &Sock, level: c_int, name: c_int, len: usize) -> 
 
 /// A tagged request with no data; returns the `Done` result.
 fn simple(req: Req, w: Wait) -> Res<(u32, ferry_proto::Cmp)> {
-    with_channel(|ch| {
+    with_channel_to(server_of(req.sock), |ch| {
         let done = ch.call(req, w, &mut |_, _| {})?;
         Ok((Errno::check(done.result)?, done))
     })
@@ -421,7 +421,7 @@ pub unsafe fn getsockopt(
     // SAFETY: one buffer the caller vouches for.
     let mut cur = unsafe { IoCursor::new(&iov, 1) }?;
     let mut from_buf = None;
-    let done = with_channel(|ch| {
+    let done = with_channel_to(server_of(s.id), |ch| {
         if so_error {
             ch.reap()?;
             // EPIPE is a send-side condition: SO_ERROR never reports it.
@@ -465,24 +465,31 @@ pub unsafe fn getsockopt(
 /// reported readable, which the log says).
 pub fn want_tokens(socks: &[Sock]) {
     let r = catch_unwind(AssertUnwindSafe(|| {
-        with_channel(|ch| {
-            for s in socks {
-                ch.push(&Req::new(Op::WantToken, s.id))?;
-                TABLE.update(s.fd, F_WANT, 0);
-            }
-            // A barrier: once a tagged request sent after them is answered, the server
-            // has handled the requests for tokens (it takes records in order) and
-            // written the tokens of sockets already readable, so even a poll with no
-            // timeout that follows sees them.
-            if let Some(last) = socks.last() {
-                ch.call(
-                    Req::new(Op::Pending, last.id),
-                    Wait::FOREVER,
-                    &mut |_, _| {},
-                )?;
-            }
-            Ok(())
-        })
+        // Each socket's server writes its tokens: ask each server for its own sockets.
+        let mut servers = [false; MAX_SERVERS];
+        for s in socks {
+            servers[server_of(s.id)] = true;
+        }
+        for (server, _) in servers.iter().enumerate().filter(|(_, on)| **on) {
+            with_channel_to(server, |ch| {
+                let mine = socks.iter().filter(|s| server_of(s.id) == server);
+                let mut last = None;
+                for s in mine {
+                    ch.push(&Req::new(Op::WantToken, s.id))?;
+                    TABLE.update(s.fd, F_WANT, 0);
+                    last = Some(s.id);
+                }
+                // A barrier: once a tagged request sent after them is answered, the
+                // server has handled the requests for tokens (it takes records in order)
+                // and written the tokens of sockets already readable, so even a poll with
+                // no timeout that follows sees them.
+                if let Some(last) = last {
+                    ch.call(Req::new(Op::Pending, last), Wait::FOREVER, &mut |_, _| {})?;
+                }
+                Ok(())
+            })?;
+        }
+        Ok::<(), Errno>(())
     }));
     match r {
         Ok(Ok(())) => {}
@@ -497,14 +504,13 @@ pub fn want_tokens(socks: &[Sock]) {
     }
 }
 
-/// Rings this thread's doorbell if records wait for it (before a call that may block).
-/// Never fails, never panics (it runs outside the boundary too).
 /// After the program closed an fd of socket `id`: lets the server close the host socket
 /// now if that was the last reference, so that `close` frees a port as the kernel's does.
-/// Uses this thread's channel only if it has one (never opens one just for this).
+/// Uses this thread's channel to the socket's server only if it has one (never opens one
+/// just for this).
 pub fn release(id: u32) {
     let r = catch_unwind(AssertUnwindSafe(|| {
-        with_open_channel(|ch| {
+        with_open_channels(Some(server_of(id)), |ch| {
             let _ = ch.call(Req::new(Op::Release, id), Wait::FOREVER, &mut |_, _| {});
         })
     }));
@@ -516,8 +522,10 @@ pub fn release(id: u32) {
     }
 }
 
+/// Rings this thread's doorbells if records wait for them (before a call that may
+/// block). Never fails, never panics (it runs outside the boundary too).
 pub fn flush() {
-    if catch_unwind(|| with_open_channel(Channel::flush)).is_err() {
+    if catch_unwind(|| with_open_channels(None, Channel::flush)).is_err() {
         log::once(
             Once::Panic,
             format_args!("internal error (panic) ringing the doorbell"),

@@ -1,7 +1,9 @@
 //! Which channel a call uses, and what happens to channels at `fork` and `exit`.
 //!
-//! **Per thread.** Each thread has a *main* channel, opened lazily on its first ferry
-//! call and closed when the thread exits. A call holds its channel for its whole
+//! **Per thread.** Each thread has a *main* channel per protocol server, opened lazily
+//! on its first ferry call that needs that server and closed when the thread exits. A
+//! socket's calls go to the server serving it (its id says which, S4); new sockets are
+//! created through the first server, which assigns them. A call holds its channel for its whole
 //! duration (a "busy" flag, with compiler fences because a signal handler can run
 //! between any two instructions of the same thread).
 //!
@@ -34,6 +36,8 @@ use std::os::fd::RawFd;
 use std::sync::Once;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering, compiler_fence};
 
+use ferry_proto::MAX_SERVERS;
+
 use crate::chan::Channel;
 use crate::errno::{Errno, Res};
 use crate::{config, real};
@@ -45,10 +49,10 @@ pub fn generation() -> u32 {
     GEN.load(Ordering::Acquire)
 }
 
-/// One channel place of a thread.
+/// One channel place of a thread: a channel per protocol server, opened on first use.
 struct Slot {
     busy: Cell<bool>,
-    chan: UnsafeCell<Option<Box<Channel>>>,
+    chan: UnsafeCell<[Option<Box<Channel>>; MAX_SERVERS]>,
 }
 
 /// Clears the busy flag when a call ends, even by unwinding (the channel is then
@@ -60,7 +64,7 @@ impl Drop for Busy<'_> {
         if std::thread::panicking() {
             // SAFETY: the slot is busy, i.e. owned by this frame on this thread; nothing
             // else holds a reference into it while we are unwinding out of the call.
-            if let Some(ch) = unsafe { &mut *self.0.chan.get() } {
+            for ch in unsafe { &mut *self.0.chan.get() }.iter_mut().flatten() {
                 ch.dead = true;
             }
         }
@@ -73,7 +77,7 @@ impl Slot {
     const fn new() -> Slot {
         Slot {
             busy: Cell::new(false),
-            chan: UnsafeCell::new(None),
+            chan: UnsafeCell::new([const { None }; MAX_SERVERS]),
         }
     }
 
@@ -83,13 +87,15 @@ impl Slot {
         Busy(self)
     }
 
-    /// Runs `f` on this slot's channel, opening it if needed. The slot must be idle.
-    fn run<R>(&self, f: impl FnOnce(&mut Channel) -> Res<R>) -> Res<R> {
+    /// Runs `f` on this slot's channel to `server`, opening it if needed. The slot must
+    /// be idle.
+    fn run<R>(&self, server: usize, f: impl FnOnce(&mut Channel) -> Res<R>) -> Res<R> {
         let _busy = self.enter();
         // SAFETY: the busy flag was clear and is now set: no other frame on this thread
         // (a signal handler uses another slot while it is set), and no other thread (the
         // slot is thread-local), refers into the slot until `_busy` drops.
-        let chan = unsafe { &mut *self.chan.get() };
+        let chans = unsafe { &mut *self.chan.get() };
+        let chan = chans.get_mut(server).ok_or(Errno(libc::EBADF))?;
         match chan
             .as_deref()
             .map(|ch| (ch.fork_gen == generation(), ch.dead))
@@ -100,7 +106,7 @@ impl Slot {
         }
         let ch = match chan {
             Some(ch) => ch,
-            None => chan.insert(Box::new(Channel::open()?)),
+            None => chan.insert(Box::new(Channel::open(server)?)),
         };
         f(ch)
     }
@@ -108,10 +114,13 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        if let Some(ch) = self.chan.get_mut().take()
-            && (ch.fork_gen != generation() || self.busy.get())
-        {
-            std::mem::forget(ch);
+        let busy = self.busy.get();
+        for chan in self.chan.get_mut() {
+            if let Some(ch) = chan.take()
+                && (ch.fork_gen != generation() || busy)
+            {
+                std::mem::forget(ch);
+            }
         }
     }
 }
@@ -125,8 +134,15 @@ thread_local! {
     static SLOTS: Slots = const { Slots { main: Slot::new(), spare: Slot::new() } };
 }
 
-/// Runs `f` on a channel of this thread (see the module docs for which).
+/// Runs `f` on a channel of this thread to the first server (new sockets are created
+/// through it; see the module docs for which channel).
 pub fn with_channel<R>(f: impl FnOnce(&mut Channel) -> Res<R>) -> Res<R> {
+    with_channel_to(0, f)
+}
+
+/// Runs `f` on a channel of this thread to server `server` (the one serving a socket:
+/// [`ferry_proto::server_of`] of its id).
+pub fn with_channel_to<R>(server: usize, f: impl FnOnce(&mut Channel) -> Res<R>) -> Res<R> {
     let mut f = Some(f);
     let r = SLOTS.try_with(|s| {
         let slot = if !s.main.busy.get() {
@@ -136,36 +152,43 @@ pub fn with_channel<R>(f: impl FnOnce(&mut Channel) -> Res<R>) -> Res<R> {
         } else {
             return None;
         };
-        Some(slot.run(f.take()?))
+        Some(slot.run(server, f.take()?))
     });
     if let Ok(Some(r)) = r {
         return r;
     }
     let f = f.take().ok_or(Errno::EIO)?;
-    let mut ch = Channel::open()?;
+    let mut ch = Channel::open(server)?;
     f(&mut ch)
 }
 
-/// Runs `f` on this thread's main channel only if it is open, idle and usable (to ring
-/// a doorbell before something blocks; never opens a channel).
-pub fn with_open_channel(f: impl FnOnce(&mut Channel)) {
+/// Runs `f` on each of this thread's main channels (to the servers in `servers`, or to
+/// every server) that is open, idle and usable: to ring a doorbell before something
+/// blocks, or to release a socket. Never opens a channel.
+pub fn with_open_channels(servers: Option<usize>, mut f: impl FnMut(&mut Channel)) {
     let _ = SLOTS.try_with(|s| {
         if s.main.busy.get() {
             return;
         }
         let _busy = s.main.enter();
         // SAFETY: as in `Slot::run`: the slot was idle and is now held by this frame.
-        if let Some(ch) = unsafe { &mut *s.main.chan.get() }
-            && ch.fork_gen == generation()
-            && !ch.dead
-        {
-            f(ch);
+        let chans = unsafe { &mut *s.main.chan.get() };
+        for (i, chan) in chans.iter_mut().enumerate() {
+            if servers.is_some_and(|k| k != i) {
+                continue;
+            }
+            if let Some(ch) = chan
+                && ch.fork_gen == generation()
+                && !ch.dead
+            {
+                f(ch);
+            }
         }
     });
 }
 
 /// Raw descriptors of every open channel: `ctl | memfd << 21 | bell << 42`, each + 1.
-static REGISTRY: [AtomicU64; 256] = [const { AtomicU64::new(0) }; 256];
+static REGISTRY: [AtomicU64; 512] = [const { AtomicU64::new(0) }; 512];
 const FD_BITS: u32 = 21;
 const FD_MASK: u64 = (1 << FD_BITS) - 1;
 
@@ -289,7 +312,7 @@ pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
 
 fn before_abrupt_exit() {
     if config::active() {
-        let _ = std::panic::catch_unwind(|| with_open_channel(Channel::drain));
+        let _ = std::panic::catch_unwind(|| with_open_channels(None, Channel::drain));
         at_exit();
     }
 }

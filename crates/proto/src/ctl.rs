@@ -6,7 +6,24 @@
 use bytemuck::{Pod, Zeroable};
 
 /// Version of the shim ↔ server protocol; both sides must agree.
-pub const PROTO_VERSION: u32 = 1;
+pub const PROTO_VERSION: u32 = 2;
+
+/// Low bits of a socket id that name the protocol server serving the socket (S4: a
+/// socket is assigned to one server at creation and every later call goes there).
+pub const SERVER_BITS: u32 = 4;
+
+/// Most protocol servers one sandbox can have.
+pub const MAX_SERVERS: usize = 1 << SERVER_BITS;
+
+/// The server (index) that serves socket `sock`.
+pub fn server_of(sock: u32) -> usize {
+    (sock & (MAX_SERVERS as u32 - 1)) as usize
+}
+
+/// [`Hello::server`] flag: this endpoint routes each socket's calls to the socket's own
+/// server (by [`server_of`]), so new sockets may be assigned to any server. Without it
+/// (e.g. a native client that only has this channel) they stay on the channel's server.
+pub const HELLO_ROUTES: u32 = 1 << 31;
 
 /// Kinds of [`Ctl`] messages.
 #[repr(u32)]
@@ -77,8 +94,9 @@ pub struct Hello {
     pub pid: u32,
     /// The shim's thread id.
     pub tid: u32,
-    /// Padding, zero.
-    pub pad: u32,
+    /// Which server this channel is for (low 16 bits, an index below the number of
+    /// servers) and flags ([`HELLO_ROUTES`]).
+    pub server: u32,
 }
 
 /// Answer to [`Hello`]; the region memfd and the server's doorbell eventfd ride along.

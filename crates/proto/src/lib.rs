@@ -27,7 +27,10 @@ mod addr;
 mod ctl;
 
 pub use addr::{AddrError, WireAddr};
-pub use ctl::{Ctl, CtlKind, Hello, HelloReply, PROTO_VERSION};
+pub use ctl::{
+    Ctl, CtlKind, HELLO_ROUTES, Hello, HelloReply, MAX_SERVERS, PROTO_VERSION, SERVER_BITS,
+    server_of,
+};
 
 use bytemuck::{Pod, Zeroable};
 

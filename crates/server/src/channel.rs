@@ -20,6 +20,9 @@ pub(crate) struct Channel {
     pub backlog: VecDeque<Cmp>,
     /// The sleep flag is armed (the loop is about to block).
     pub armed: bool,
+    /// The shim routes each socket's calls to the socket's server, so sockets created
+    /// through this channel may be assigned to any server.
+    pub routes: bool,
     pub stats: ChannelStats,
 }
 
@@ -43,6 +46,7 @@ impl Channel {
             ep,
             backlog: VecDeque::new(),
             armed: false,
+            routes: false,
             stats: ChannelStats {
                 id,
                 pid,

@@ -27,6 +27,7 @@
 
 mod channel;
 pub mod dns;
+mod group;
 #[allow(unsafe_code)]
 mod hostio;
 mod ops;
@@ -35,9 +36,10 @@ mod server;
 mod sock;
 mod stats;
 
+pub use group::{Accepted, Assign, Control, Handle, LiveStats, Servers, parse_server, server_name};
 pub use policy::{Policy, Rule, Verdict};
-pub use server::{Handle, Server, descends_from};
-pub use stats::{ChannelStats, ServerStats, SocketStats};
+pub use server::{Server, descends_from};
+pub use stats::{ChannelStats, ServerStats, SocketStats, group_json, merge as merge_stats};
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -60,7 +62,7 @@ pub struct Publish {
 }
 
 /// How a server behaves.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Config {
     /// Path of the control socket the shims connect to.
     pub socket_path: PathBuf,
@@ -79,6 +81,15 @@ pub struct Config {
     pub publish: Vec<Publish>,
     /// Channel geometry.
     pub layout: ferry_ring::Layout,
+    /// How many protocol servers (threads) serve the sandbox (S4), at most
+    /// [`ferry_proto::MAX_SERVERS`].
+    pub servers: usize,
+    /// CPUs to pin the servers to (server K on `cpus[K % len]`); empty: not pinned.
+    pub cpus: Vec<usize>,
+    /// How new sockets are assigned to servers.
+    pub assign: Assign,
+    /// Where accepted connections go.
+    pub accepted: Accepted,
 }
 
 impl Config {
@@ -93,6 +104,10 @@ impl Config {
             policy: Policy::default(),
             publish: Vec::new(),
             layout: default_layout(),
+            servers: 1,
+            cpus: Vec::new(),
+            assign: Assign::Least,
+            accepted: Accepted::Assign,
         }
     }
 }

@@ -23,6 +23,18 @@ fn errno(e: &io::Error) -> i32 {
     -e.raw_os_error().unwrap_or(libc::EIO)
 }
 
+/// A hash key for a peer address (the hash assignment of accepted connections).
+fn addr_key(a: &SocketAddr) -> u64 {
+    let ip = match a.ip() {
+        std::net::IpAddr::V4(v4) => u64::from(u32::from(v4)),
+        std::net::IpAddr::V6(v6) => {
+            let x = u128::from(v6);
+            (x as u64) ^ (x >> 64) as u64
+        }
+    };
+    ip << 16 | u64::from(a.port())
+}
+
 fn would_block(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::WouldBlock
 }
@@ -54,7 +66,7 @@ impl Server {
         };
         match kind {
             CtlKind::Socket => {
-                let result = self.create_socket(msg.a, msg.b, msg.c, pair);
+                let result = self.create_socket(ch, msg.a, msg.b, msg.c, pair);
                 self.ctl_reply(ch, Server::new_reply(result.unwrap_or_else(|e| e)));
             }
             CtlKind::Accept => self.accept(ch, msg.sock, msg.a != 0, pair),
@@ -62,8 +74,23 @@ impl Server {
         }
     }
 
+    /// The server a socket made through channel `ch` goes to (`key` for the hash mode).
+    fn assign(&self, ch: u32, key: u64) -> usize {
+        let routes = self
+            .channels
+            .get(ch as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|c| c.routes);
+        if routes {
+            self.shared.pick(key)
+        } else {
+            self.index
+        }
+    }
+
     fn create_socket(
         &mut self,
+        ch: u32,
         domain: i32,
         ty: i32,
         protocol: i32,
@@ -81,9 +108,15 @@ impl Server {
             protocol,
         )
         .map_err(|e| errno(&e))?;
-        let id = self
-            .add_sock(fd, pair, domain, ty, protocol, Place::Provisional)
-            .map_err(|e| errno(&e))?;
+        let key = self
+            .channels
+            .get(ch as usize)
+            .and_then(Option::as_ref)
+            .map_or(0, |c| u64::from(c.stats.pid) << 32 | u64::from(c.stats.tid));
+        let server = self.assign(ch, key);
+        let sock = self.new_sock(server, fd, pair, domain, ty, protocol, Place::Provisional);
+        let id = self.place_sock(sock).map_err(|e| errno(&e))?;
+        self.stats.sockets_created += 1;
         Ok(id as i32)
     }
 
@@ -142,12 +175,17 @@ impl Server {
             Some(s) => (s.domain, s.place),
             None => (libc::AF_INET, Place::Sandbox),
         };
-        let reply = match self.add_sock(conn, pair, domain, libc::SOCK_STREAM, 0, place) {
+        let server = match self.shared.accepted {
+            crate::Accepted::Listener => self.index,
+            crate::Accepted::Assign => self.assign(ch, peer.map_or(0, |p| addr_key(&p))),
+        };
+        let mut sock = self.new_sock(server, conn, pair, domain, libc::SOCK_STREAM, 0, place);
+        sock.connected = true;
+        if server == self.index {
+            sock.last_ch = ch;
+        }
+        let reply = match self.place_sock(sock) {
             Ok(new) => {
-                if let Some(s) = self.sock(new) {
-                    s.connected = true;
-                    s.last_ch = ch;
-                }
                 let mut r = Server::new_reply(new as i32);
                 if let Some(p) = peer {
                     r.addr_len = WireAddr::from(p).encode(&mut r.addr) as u32;
@@ -172,6 +210,10 @@ impl Server {
                 .and_then(Option::as_mut)
                 .ok_or("no channel")?;
             return chan.ep.pool.free(BufId(r.buf)).map_err(|e| e.to_string());
+        }
+        if !self.socks.contains_key(&r.sock) && ferry_proto::server_of(r.sock) == self.index {
+            // Handed over by another server, maybe not taken yet.
+            self.drain_inbox();
         }
         if req.op == Op::Send {
             return self.send(ch, req);
@@ -299,12 +341,14 @@ impl Server {
         }
         let (domain, ty, protocol) = (s.domain, s.ty, s.protocol);
         if local {
-            let fd = (self.sandbox_socket)(
-                domain,
-                ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                protocol,
-            )
-            .map_err(|e| errno(&e))?;
+            let fd = self
+                .shared
+                .sandbox_socket(
+                    domain,
+                    ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                    protocol,
+                )
+                .map_err(|e| errno(&e))?;
             ferry_sys::set_nonblocking(fd.as_fd(), true).map_err(|e| errno(&e))?;
             self.replace_host_fd(id, fd, Place::Sandbox)
                 .map_err(|e| errno(&e))?;
@@ -553,6 +597,7 @@ impl Server {
             match res {
                 Ok(mut n) => {
                     s.stats.bytes_out += n as u64;
+                    self.stats.bytes_out += n as u64;
                     let stream = s.is_stream();
                     let mut done = Vec::new();
                     while let Some(item) = s.txq.front_mut() {
@@ -691,6 +736,7 @@ impl Server {
         };
         let placed = got.len.min(spans.iter().map(|sp| sp.len() as usize).sum());
         s.stats.bytes_in += placed as u64;
+        self.stats.bytes_in += placed as u64;
         let mut left = placed;
         for (b, span) in lent {
             let n = left.min(span.len() as usize);

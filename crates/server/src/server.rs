@@ -4,14 +4,15 @@ use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use ferry_proto::{Ctl, CtlKind, Hello, HelloReply, PROTO_VERSION, Request};
+use ferry_proto::{Ctl, CtlKind, HELLO_ROUTES, Hello, HelloReply, PROTO_VERSION, Request};
 use ferry_sys::{Epoll, Event};
 use tracing::{debug, info, warn};
 
 use crate::channel::Channel;
+use crate::group::{Handle, Msg, Shared, lock, server_name};
 use crate::sock::{Parked, Place, Sock};
 use crate::stats::ServerStats;
 use crate::{Config, Error, SandboxSocketFn};
@@ -23,7 +24,7 @@ const T_DOORBELL: u64 = 3;
 const T_HOST: u64 = 4;
 const T_PAIR: u64 = 5;
 const T_PUBLISH: u64 = 6;
-const T_STOP: u64 = 7;
+const T_INBOX: u64 = 7;
 const T_HELLO: u64 = 8;
 const T_DNS_IN: u64 = 9;
 const T_DNS_UP: u64 = 10;
@@ -32,35 +33,21 @@ pub(crate) fn token(kind: u64, idx: u32) -> u64 {
     kind << 56 | u64::from(idx)
 }
 
-/// Stops a running server from another thread.
-#[derive(Clone, Debug)]
-pub struct Handle {
-    stop: Arc<AtomicBool>,
-    efd: Arc<OwnedFd>,
-}
-
-impl Handle {
-    /// Asks the loop to finish (queued sends are flushed first).
-    pub fn stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = ferry_sys::eventfd_signal(self.efd.as_fd());
-    }
-}
-
-/// A protocol server for one sandbox.
+/// A protocol server: one thread's event loop (one of a [`crate::Servers`] group, or a
+/// group of its own from [`Server::new`]).
 pub struct Server {
     pub(crate) cfg: Config,
-    pub(crate) sandbox_socket: SandboxSocketFn,
+    /// This server's index in its group.
+    pub(crate) index: usize,
+    pub(crate) shared: Arc<Shared>,
     pub(crate) epoll: Epoll,
-    listener: OwnedFd,
-    stop: Arc<AtomicBool>,
-    stop_fd: Arc<OwnedFd>,
+    /// The control socket (the first server only).
+    listener: Option<OwnedFd>,
     pub(crate) channels: Vec<Option<Channel>>,
     pub(crate) socks: HashMap<u32, Sock>,
-    next_sock: u32,
-    /// Host listeners of published ports, with the connections they accepted that wait
-    /// for the sandbox's listener.
-    pub(crate) published: Vec<(OwnedFd, u16, std::collections::VecDeque<OwnedFd>)>,
+    /// Host listeners of published ports (the first server only) and the sandbox port
+    /// each feeds; the accepted connections wait in [`Shared::published`].
+    published: Vec<(OwnedFd, u16)>,
     pub(crate) stats: ServerStats,
     /// Sockets whose state changed this turn (closing, tokens).
     pub(crate) dirty: Vec<u32>,
@@ -85,8 +72,55 @@ impl std::fmt::Debug for Server {
 }
 
 impl Server {
-    /// Binds the control socket and the published ports.
-    pub fn new(cfg: Config, sandbox_socket: SandboxSocketFn) -> Result<Server, Error> {
+    /// A single server: binds the control socket and the published ports. (For several
+    /// servers with `cfg.servers`, use [`crate::Servers`].)
+    pub fn new(mut cfg: Config, sandbox_socket: SandboxSocketFn) -> Result<Server, Error> {
+        cfg.servers = 1;
+        let shared = Arc::new(Shared::new(&cfg, sandbox_socket)?);
+        Server::member(cfg, shared, 0)
+    }
+
+    /// Server `index` of a group; the first one binds the control socket and the
+    /// published ports.
+    pub(crate) fn member(cfg: Config, shared: Arc<Shared>, index: usize) -> Result<Server, Error> {
+        let epoll = Epoll::new(256).map_err(Error::EventLoop)?;
+        epoll
+            .add(
+                shared.inbox[index].efd.as_fd(),
+                libc::EPOLLIN as u32,
+                token(T_INBOX, 0),
+            )
+            .map_err(Error::EventLoop)?;
+        let (listener, published) = if index == 0 {
+            let listener = Server::control_socket(&cfg, &epoll)?;
+            (Some(listener), Server::publish_ports(&cfg, &epoll)?)
+        } else {
+            (None, Vec::new())
+        };
+        let stats = ServerStats {
+            id: server_name(index),
+            ..ServerStats::default()
+        };
+        Ok(Server {
+            cfg,
+            index,
+            shared,
+            epoll,
+            listener,
+            channels: Vec::new(),
+            socks: HashMap::new(),
+            published,
+            stats,
+            dirty: Vec::new(),
+            tx_pending: Vec::new(),
+            pending_hello: HashMap::new(),
+            next_hello: 0,
+            init_pid: None,
+            dns: None,
+        })
+    }
+
+    fn control_socket(cfg: &Config, epoll: &Epoll) -> Result<OwnedFd, Error> {
         let listen_err = |source| Error::Listen {
             path: cfg.socket_path.clone(),
             source,
@@ -102,14 +136,13 @@ impl Server {
         // Every user inside the sandbox may connect (servers drop privileges); who is
         // inside is checked per connection (`restrict_to_pidns`).
         ferry_sys::chmod(&cfg.socket_path, 0o666).map_err(listen_err)?;
-        let epoll = Epoll::new(256).map_err(Error::EventLoop)?;
         epoll
             .add(listener.as_fd(), libc::EPOLLIN as u32, token(T_LISTEN, 0))
             .map_err(Error::EventLoop)?;
-        let stop_fd = Arc::new(ferry_sys::eventfd().map_err(Error::EventLoop)?);
-        epoll
-            .add(stop_fd.as_fd(), libc::EPOLLIN as u32, token(T_STOP, 0))
-            .map_err(Error::EventLoop)?;
+        Ok(listener)
+    }
+
+    fn publish_ports(cfg: &Config, epoll: &Epoll) -> Result<Vec<(OwnedFd, u16)>, Error> {
         let mut published = Vec::new();
         for (i, p) in cfg.publish.iter().enumerate() {
             let perr = |source| Error::Publish {
@@ -142,31 +175,9 @@ impl Server {
             epoll
                 .add(fd.as_fd(), libc::EPOLLIN as u32, token(T_PUBLISH, i as u32))
                 .map_err(Error::EventLoop)?;
-            published.push((fd, p.sandbox_port, Default::default()));
+            published.push((fd, p.sandbox_port));
         }
-        let stats = ServerStats {
-            id: "proto-0".into(),
-            ..ServerStats::default()
-        };
-        Ok(Server {
-            cfg,
-            sandbox_socket,
-            epoll,
-            listener,
-            stop: Arc::new(AtomicBool::new(false)),
-            stop_fd,
-            channels: Vec::new(),
-            socks: HashMap::new(),
-            next_sock: 1,
-            published,
-            stats,
-            dirty: Vec::new(),
-            tx_pending: Vec::new(),
-            pending_hello: HashMap::new(),
-            next_hello: 0,
-            init_pid: None,
-            dns: None,
-        })
+        Ok(published)
     }
 
     /// Accepts channels only from `init` and its descendants (the sandbox's processes:
@@ -205,7 +216,7 @@ impl Server {
         listen: &[std::net::IpAddr],
         upstream: Vec<std::net::SocketAddr>,
     ) -> io::Result<()> {
-        let nl = (self.sandbox_socket)(
+        let nl = self.shared.sandbox_socket(
             libc::AF_NETLINK,
             libc::SOCK_RAW | libc::SOCK_CLOEXEC,
             libc::NETLINK_ROUTE,
@@ -221,7 +232,7 @@ impl Server {
             } else {
                 libc::AF_INET6
             };
-            let fd = (self.sandbox_socket)(
+            let fd = self.shared.sandbox_socket(
                 domain,
                 libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
                 0,
@@ -244,11 +255,10 @@ impl Server {
         Ok(())
     }
 
-    /// A handle that stops [`Server::run`].
+    /// A handle that stops [`Server::run`] (and every server of its group).
     pub fn stop_handle(&self) -> Handle {
         Handle {
-            stop: self.stop.clone(),
-            efd: self.stop_fd.clone(),
+            shared: self.shared.clone(),
         }
     }
 
@@ -256,14 +266,21 @@ impl Server {
     pub fn run(mut self) -> ServerStats {
         let mut events = Vec::with_capacity(256);
         let mut last_work = Instant::now();
-        while !self.stop.load(Ordering::SeqCst) {
+        self.shared.live[self.index]
+            .tid
+            .store(ferry_sys::gettid() as i32, Ordering::Release);
+        while !self.shared.stop.load(Ordering::SeqCst) {
             self.stats.turns += 1;
             let did = self.drain_rings();
             let spinning = last_work.elapsed() < self.cfg.server_spin;
+            if self.stats.turns % 64 == 0 {
+                self.publish_live();
+            }
             let timeout = if did > 0 || spinning || self.has_backlog() {
                 0
             } else if self.arm_all() {
                 self.stats.sleeps += 1;
+                self.publish_live();
                 -1
             } else {
                 0
@@ -344,6 +361,7 @@ impl Server {
                 };
                 ch.stats.requests += 1;
                 total += 1;
+                self.stats.requests += 1;
                 match Request::decode(rec) {
                     Ok(req) => {
                         if let Err(why) = self.handle(idx as u32, req) {
@@ -391,19 +409,20 @@ impl Server {
                     d.from_upstream();
                 }
             }
-            T_STOP => {
-                let _ = ferry_sys::eventfd_drain(self.stop_fd.as_fd());
+            T_INBOX => {
+                let _ = ferry_sys::eventfd_drain(self.shared.inbox[self.index].efd.as_fd());
+                self.drain_inbox();
             }
             _ => {}
         }
     }
 
     fn accept_channels(&mut self) {
+        let Some(listener) = self.listener.as_ref() else {
+            return;
+        };
         loop {
-            match ferry_sys::accept4(
-                self.listener.as_fd(),
-                libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-            ) {
+            match ferry_sys::accept4(listener.as_fd(), libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK) {
                 Ok((fd, _)) => {
                     if !self.peer_allowed(&fd) {
                         continue;
@@ -460,6 +479,34 @@ impl Server {
             return;
         };
         let _ = self.epoll.delete(fd.as_fd());
+        let mut buf = [0u8; size_of::<Hello>()];
+        let hello: Hello = match ferry_sys::recv_with_fds(fd.as_fd(), &mut buf, libc::MSG_DONTWAIT)
+        {
+            Ok((n, _)) if n == buf.len() => bytemuck::pod_read_unaligned(&buf),
+            other => {
+                warn!("bad hello ({other:?}); closing the connection");
+                return;
+            }
+        };
+        let target = (hello.server & 0xffff) as usize;
+        if hello.version != PROTO_VERSION || target >= self.shared.n {
+            warn!(
+                "hello for protocol version {} (want {PROTO_VERSION}), server {target} (of {}); refused",
+                hello.version, self.shared.n
+            );
+            let reply = HelloReply::default();
+            let _ = ferry_sys::send_with_fds(fd.as_fd(), as_bytes(&reply), &[]);
+            return;
+        }
+        if target == self.index {
+            self.open_channel(fd, hello);
+        } else {
+            self.shared.inbox[target].send(Msg::Hello(fd, hello));
+        }
+    }
+
+    /// Sets up a channel for a control connection that said `hello` for this server.
+    fn open_channel(&mut self, fd: OwnedFd, hello: Hello) {
         let idx = self
             .channels
             .iter()
@@ -469,24 +516,6 @@ impl Server {
             self.channels.push(None);
         }
         let idx = idx as u32;
-        let mut buf = [0u8; size_of::<Hello>()];
-        let hello: Hello = match ferry_sys::recv_with_fds(fd.as_fd(), &mut buf, libc::MSG_DONTWAIT)
-        {
-            Ok((n, _)) if n == buf.len() => bytemuck::pod_read_unaligned(&buf),
-            other => {
-                warn!("channel {idx}: bad hello ({other:?}); closing");
-                return;
-            }
-        };
-        if hello.version != PROTO_VERSION {
-            warn!(
-                "channel {idx}: protocol version {} (want {PROTO_VERSION}); closing",
-                hello.version
-            );
-            let reply = HelloReply::default();
-            let _ = ferry_sys::send_with_fds(fd.as_fd(), as_bytes(&reply), &[]);
-            return;
-        }
         let ch = match Channel::new(idx, fd, self.cfg.layout, hello.pid, hello.tid) {
             Ok(ch) => ch,
             Err(e) => {
@@ -521,8 +550,56 @@ impl Server {
             warn!("channel {idx}: cannot watch channel: {e}");
             return;
         }
-        debug!("channel {idx}: pid {} tid {}", hello.pid, hello.tid);
+        debug!(
+            "{} channel {idx}: pid {} tid {}",
+            self.stats.id, hello.pid, hello.tid
+        );
+        let mut ch = ch;
+        ch.routes = hello.server & HELLO_ROUTES != 0;
         self.channels[idx as usize] = Some(ch);
+    }
+
+    /// Takes what other servers handed this one.
+    pub(crate) fn drain_inbox(&mut self) {
+        for m in self.shared.inbox[self.index].take() {
+            match m {
+                Msg::Hello(fd, hello) => self.open_channel(fd, hello),
+                Msg::Sock(s) => {
+                    let id = s.id;
+                    self.stats.sockets_adopted += 1;
+                    if let Err(e) = self.install(*s) {
+                        warn!("socket {id}: cannot take it over: {e}");
+                    }
+                }
+                Msg::Published(port) => {
+                    if let Some(id) = self.listener_for(port) {
+                        self.host_event(id, libc::EPOLLIN as u32);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Copies this server's counters where the assigner and `ferry ctl` read them.
+    fn publish_live(&self) {
+        let live = &self.shared.live[self.index];
+        let outstanding: usize = self
+            .socks
+            .values()
+            .map(|s| s.parked.len() + s.txq.len())
+            .sum();
+        let set = |a: &std::sync::atomic::AtomicU64, v: u64| a.store(v, Ordering::Relaxed);
+        set(&live.outstanding, outstanding as u64);
+        set(&live.sockets, self.socks.len() as u64);
+        set(
+            &live.channels,
+            self.channels.iter().flatten().count() as u64,
+        );
+        set(&live.requests, self.stats.requests);
+        set(&live.bytes_out, self.stats.bytes_out);
+        set(&live.bytes_in, self.stats.bytes_in);
+        set(&live.sleeps, self.stats.sleeps);
+        live.cpu.store(ferry_sys::current_cpu(), Ordering::Relaxed);
     }
 
     /// A channel's peer broke the protocol: close it, keep serving the others.
@@ -549,23 +626,19 @@ impl Server {
         }
     }
 
-    /// Allocates a socket id and registers a socket's descriptors.
-    pub(crate) fn add_sock(
-        &mut self,
+    /// A new socket served by server `server` (not registered anywhere yet).
+    pub(crate) fn new_sock(
+        &self,
+        server: usize,
         fd: OwnedFd,
         pair: OwnedFd,
         domain: i32,
         ty: i32,
         protocol: i32,
         place: Place,
-    ) -> io::Result<u32> {
-        let id = self.next_sock;
-        self.next_sock += 1;
-        self.epoll
-            .add(fd.as_fd(), host_events(), token(T_HOST, id))?;
-        self.epoll
-            .add(pair.as_fd(), libc::EPOLLRDHUP as u32, token(T_PAIR, id))?;
-        let sock = Sock {
+    ) -> Sock {
+        let id = self.shared.new_id(server);
+        Sock {
             id,
             domain,
             ty,
@@ -593,8 +666,38 @@ impl Server {
                 id,
                 ..Default::default()
             },
-        };
+        }
+    }
+
+    /// Registers a socket of this server: its host socket and readiness pair join the
+    /// event loop.
+    pub(crate) fn install(&mut self, sock: Sock) -> io::Result<()> {
+        let id = sock.id;
+        self.epoll
+            .add(sock.fd.as_fd(), host_events(), token(T_HOST, id))?;
+        if let Err(e) = self.epoll.add(
+            sock.pair.as_fd(),
+            libc::EPOLLRDHUP as u32,
+            token(T_PAIR, id),
+        ) {
+            let _ = self.epoll.delete(sock.fd.as_fd());
+            return Err(e);
+        }
         self.socks.insert(id, sock);
+        Ok(())
+    }
+
+    /// Serves `sock` here, or hands it to its server; returns its id. The hand-over
+    /// happens before the caller tells the shim the id (see [`crate::group`]).
+    pub(crate) fn place_sock(&mut self, sock: Sock) -> io::Result<u32> {
+        let id = sock.id;
+        let server = ferry_proto::server_of(id);
+        if server == self.index {
+            self.install(sock)?;
+        } else {
+            self.stats.sockets_handed += 1;
+            self.shared.inbox[server].send(Msg::Sock(Box::new(sock)));
+        }
         Ok(id)
     }
 
@@ -665,8 +768,16 @@ impl Server {
         for idx in 0..self.channels.len() {
             self.close_channel(idx as u32, "server stopping");
         }
-        let _ = std::fs::remove_file(&self.cfg.socket_path);
-        info!("server stopped");
+        // Sockets handed over but never taken (the stop came first) are closed here.
+        for m in self.shared.inbox[self.index].take() {
+            if let Msg::Sock(s) = m {
+                self.stats.sockets.push(s.stats);
+            }
+        }
+        if self.listener.is_some() {
+            let _ = std::fs::remove_file(&self.cfg.socket_path);
+        }
+        info!("{} stopped", self.stats.id);
     }
 
     fn collect_stats(mut self) -> ServerStats {
@@ -683,12 +794,23 @@ impl Server {
 
     fn publish_event(&mut self, i: usize) {
         loop {
-            let (fd, port, _) = &self.published[i];
+            let (fd, port) = &self.published[i];
             match ferry_sys::accept4(fd.as_fd(), libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) {
                 Ok((conn, peer)) => {
                     debug!("published port {port}: connection from {peer:?}");
                     let port = *port;
-                    self.published[i].2.push_back(conn);
+                    if let Some(q) = lock(&self.shared.published)
+                        .iter_mut()
+                        .find(|(p, _)| *p == port)
+                    {
+                        q.1.push_back(conn);
+                    }
+                    // The sandbox's listener may be served by any server.
+                    for (k, inbox) in self.shared.inbox.iter().enumerate() {
+                        if k != self.index {
+                            inbox.send(Msg::Published(port));
+                        }
+                    }
                     if let Some(id) = self.listener_for(port) {
                         self.host_event(id, libc::EPOLLIN as u32);
                     }
@@ -722,16 +844,16 @@ impl Server {
             .ok()
             .flatten()?
             .port();
-        self.published
+        lock(&self.shared.published)
             .iter_mut()
-            .find(|(_, p, q)| *p == port && !q.is_empty())?
-            .2
+            .find(|(p, q)| *p == port && !q.is_empty())?
+            .1
             .pop_front()
     }
 
     pub(crate) fn has_published(&self, listener: u32) -> bool {
         // Asked on every token check: no getsockname when nothing is published.
-        if self.published.is_empty() {
+        if !self.shared.any_published {
             return false;
         }
         let Some(s) = self.socks.get(&listener) else {
@@ -744,9 +866,9 @@ impl Server {
         else {
             return false;
         };
-        self.published
+        lock(&self.shared.published)
             .iter()
-            .any(|(_, p, q)| *p == port && !q.is_empty())
+            .any(|(p, q)| *p == port && !q.is_empty())
     }
 }
 

@@ -47,6 +47,18 @@ pub struct ServerStats {
     pub id: String,
     /// Event-loop turns.
     pub turns: u64,
+    /// Request records handled.
+    pub requests: u64,
+    /// Bytes sent to the network.
+    pub bytes_out: u64,
+    /// Bytes received from the network.
+    pub bytes_in: u64,
+    /// Sockets created through this server's channels (wherever they were assigned).
+    pub sockets_created: u64,
+    /// Sockets this server created or accepted and handed to another server.
+    pub sockets_handed: u64,
+    /// Sockets another server handed to this one.
+    pub sockets_adopted: u64,
     /// Turns that found nothing to do while spinning.
     pub spin_turns: u64,
     /// Times the loop went to sleep in epoll.
@@ -74,8 +86,14 @@ impl fmt::Display for ServerStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "server {}: turns {} (idle spins {}), sleeps {}, data syscalls {}, denied {}, bad channels {}, left open {}",
+            "server {}: requests {}, bytes out {} in {}, sockets created {} handed over {} taken over {}, turns {} (idle spins {}), sleeps {}, data syscalls {}, denied {}, bad channels {}, left open {}",
             self.id,
+            self.requests,
+            self.bytes_out,
+            self.bytes_in,
+            self.sockets_created,
+            self.sockets_handed,
+            self.sockets_adopted,
             self.turns,
             self.spin_turns,
             self.sleeps,
@@ -134,8 +152,14 @@ impl ServerStats {
             })
             .collect();
         format!(
-            r#"{{"server":"{}","turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"bad_channels":{},"denied":{},"open_at_stop":{},"dns_queries":{},"dns_answers":{},"channels":[{}],"sockets":[{}]}}"#,
+            r#"{{"server":"{}","requests":{},"bytes_out":{},"bytes_in":{},"sockets_created":{},"sockets_handed":{},"sockets_adopted":{},"turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"bad_channels":{},"denied":{},"open_at_stop":{},"dns_queries":{},"dns_answers":{},"channels":[{}],"sockets":[{}]}}"#,
             self.id,
+            self.requests,
+            self.bytes_out,
+            self.bytes_in,
+            self.sockets_created,
+            self.sockets_handed,
+            self.sockets_adopted,
             self.turns,
             self.spin_turns,
             self.sleeps,
@@ -148,5 +172,78 @@ impl ServerStats {
             chans.join(","),
             socks.join(",")
         )
+    }
+}
+
+/// The counters of a group of servers: one object with the totals (same keys as
+/// [`ServerStats::to_json`], every channel and socket) plus `"servers"`, each server's own.
+pub fn group_json(servers: &[ServerStats]) -> String {
+    let total = merge(servers).to_json();
+    let each: Vec<String> = servers.iter().map(ServerStats::to_json).collect();
+    format!(
+        "{},\"servers\":[{}]}}",
+        total.strip_suffix('}').unwrap_or(&total),
+        each.join(",")
+    )
+}
+
+/// Sums the counters of several servers (id `all`).
+pub fn merge(servers: &[ServerStats]) -> ServerStats {
+    let mut t = ServerStats {
+        id: "all".into(),
+        ..ServerStats::default()
+    };
+    for s in servers {
+        t.turns += s.turns;
+        t.requests += s.requests;
+        t.bytes_out += s.bytes_out;
+        t.bytes_in += s.bytes_in;
+        t.sockets_created += s.sockets_created;
+        t.sockets_handed += s.sockets_handed;
+        t.sockets_adopted += s.sockets_adopted;
+        t.spin_turns += s.spin_turns;
+        t.sleeps += s.sleeps;
+        t.data_syscalls += s.data_syscalls;
+        t.bad_channels += s.bad_channels;
+        t.denied += s.denied;
+        t.dns_queries += s.dns_queries;
+        t.dns_answers += s.dns_answers;
+        t.open_at_stop += s.open_at_stop;
+        t.channels.extend_from_slice(&s.channels);
+        t.sockets.extend_from_slice(&s.sockets);
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_json_has_totals_and_each_server() {
+        let a = ServerStats {
+            id: "proto-0".into(),
+            requests: 3,
+            sockets: vec![SocketStats {
+                id: 16,
+                ..SocketStats::default()
+            }],
+            ..ServerStats::default()
+        };
+        let b = ServerStats {
+            id: "proto-1".into(),
+            requests: 4,
+            open_at_stop: 1,
+            ..ServerStats::default()
+        };
+        let j = group_json(&[a, b]);
+        assert!(j.starts_with(r#"{"server":"all","requests":7,"#), "{j}");
+        assert!(j.contains(r#""open_at_stop":1,"#), "{j}");
+        assert!(
+            j.contains(r#""servers":[{"server":"proto-0","requests":3,"#),
+            "{j}"
+        );
+        assert!(j.contains(r#"{"server":"proto-1","requests":4,"#), "{j}");
+        assert!(j.ends_with("]}"), "{j}");
     }
 }

@@ -566,6 +566,57 @@ pub fn gettid() -> u32 {
     (unsafe { libc::syscall(libc::SYS_gettid) }) as u32
 }
 
+/// Pins thread `tid` (0: the calling thread) to CPU `cpu` (`sched_setaffinity`).
+pub fn pin_thread(tid: i32, cpu: usize) -> io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("CPU {cpu} is out of range"),
+        ));
+    }
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` is below CPU_SETSIZE (checked above), so the bit is inside `set`.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    syscall!(
+        libc::SYS_sched_setaffinity,
+        tid,
+        size_of::<libc::cpu_set_t>(),
+        &set as *const libc::cpu_set_t
+    )
+    .map(drop)
+}
+
+/// The CPUs the calling thread may run on.
+pub fn allowed_cpus() -> io::Result<Vec<usize>> {
+    // SAFETY: as above.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    syscall!(
+        libc::SYS_sched_getaffinity,
+        0,
+        size_of::<libc::cpu_set_t>(),
+        &mut set as *mut libc::cpu_set_t
+    )?;
+    Ok((0..libc::CPU_SETSIZE as usize)
+        // SAFETY: every `c` is below CPU_SETSIZE, inside `set`.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect())
+}
+
+/// The CPU the calling thread runs on now.
+pub fn current_cpu() -> i32 {
+    let mut cpu: u32 = 0;
+    match syscall!(
+        libc::SYS_getcpu,
+        &mut cpu as *mut u32,
+        std::ptr::null_mut::<u32>(),
+        0
+    ) {
+        Ok(_) => cpu as i32,
+        Err(_) => -1,
+    }
+}
+
 /// Borrows a raw descriptor for the duration of a call.
 ///
 /// # Safety

@@ -1,0 +1,242 @@
+//! `ferry ctl`: talks to a running `ferry run` over its admin socket — live per-server
+//! counters, and moving a protocol server to another CPU (S4's process transfer).
+//!
+//! The admin socket lives in the run's private directory (`ferry-PID-*` in the temporary
+//! directory), mode 0600: only the user who started the run may use it. One request line
+//! per connection, one answer: `stats`, `stats-json`, `move SERVER CPU`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Subcommand};
+use ferry_server::{Control, LiveStats, parse_server, server_name};
+
+/// File name of the admin socket in a run's directory.
+pub const ADMIN_SOCKET: &str = "admin.sock";
+
+#[derive(Debug, Args)]
+pub struct CtlArgs {
+    /// The run to talk to: the process id of its `ferry run`, or its admin socket path
+    /// (default: the only run of this user).
+    #[arg(long, value_name = "PID|PATH")]
+    pub run: Option<String>,
+    #[command(subcommand)]
+    pub what: CtlCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CtlCommand {
+    /// List the running sandboxes (their `ferry run` process ids).
+    List,
+    /// Per-server live counters: CPU, sockets, channels, requests, bytes.
+    Stats {
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Pin a protocol server (`proto-K` or `K`) to a CPU; it keeps every socket and
+    /// request it holds.
+    Move {
+        /// The server.
+        server: String,
+        /// The CPU.
+        cpu: usize,
+    },
+}
+
+/// Serves the admin socket of this run on a background thread.
+pub fn serve(path: &Path, control: Control) -> std::io::Result<()> {
+    let listener = UnixListener::bind(path)?;
+    ferry_sys::chmod(path, 0o600)?;
+    std::thread::Builder::new()
+        .name("ferry-admin".into())
+        .spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let _ = answer(conn, &control);
+            }
+        })?;
+    Ok(())
+}
+
+fn answer(conn: UnixStream, control: &Control) -> std::io::Result<()> {
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(2)))?;
+    let mut line = String::new();
+    // One line, at most 256 bytes.
+    BufReader::new(&conn).take(256).read_line(&mut line)?;
+    let reply = handle(line.trim(), control);
+    (&conn).write_all(reply.as_bytes())
+}
+
+/// The answer to one request line.
+fn handle(line: &str, control: &Control) -> String {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    match words.as_slice() {
+        ["stats"] => table(&control.snapshot()),
+        ["stats-json"] => json(&control.snapshot()) + "\n",
+        ["move", server, cpu] => {
+            let Some(k) = parse_server(server) else {
+                return format!("error: `{server}` is not a server id (proto-K)\n");
+            };
+            let Ok(cpu) = cpu.parse::<usize>() else {
+                return format!("error: `{cpu}` is not a CPU number\n");
+            };
+            let allowed = ferry_sys::allowed_cpus().unwrap_or_default();
+            if !allowed.is_empty() && !allowed.contains(&cpu) {
+                return format!(
+                    "error: CPU {cpu} is not available (use {})\n",
+                    crate::args::format_cpus(&allowed)
+                );
+            }
+            match control.move_server(k, cpu) {
+                Ok(()) => format!("ok: {} pinned to CPU {cpu}\n", server_name(k)),
+                Err(e) => format!("error: {e}\n"),
+            }
+        }
+        _ => format!("error: unknown request `{line}` (stats, stats-json, move SERVER CPU)\n"),
+    }
+}
+
+fn table(live: &[LiveStats]) -> String {
+    let mut out = String::from(
+        "server   cpu pinned sockets channels   requests outstanding    bytes_out     bytes_in   sleeps\n",
+    );
+    for l in live {
+        let pinned = if l.pinned < 0 {
+            "-".to_string()
+        } else {
+            l.pinned.to_string()
+        };
+        out += &format!(
+            "{:<8} {:>3} {:>6} {:>7} {:>8} {:>10} {:>11} {:>12} {:>12} {:>8}\n",
+            l.id,
+            l.cpu,
+            pinned,
+            l.sockets,
+            l.channels,
+            l.requests,
+            l.outstanding,
+            l.bytes_out,
+            l.bytes_in,
+            l.sleeps
+        );
+    }
+    out
+}
+
+fn json(live: &[LiveStats]) -> String {
+    let items: Vec<String> = live
+        .iter()
+        .map(|l| {
+            format!(
+                r#"{{"server":"{}","cpu":{},"pinned":{},"sockets":{},"channels":{},"requests":{},"outstanding":{},"bytes_out":{},"bytes_in":{},"sleeps":{}}}"#,
+                l.id,
+                l.cpu,
+                l.pinned,
+                l.sockets,
+                l.channels,
+                l.requests,
+                l.outstanding,
+                l.bytes_out,
+                l.bytes_in,
+                l.sleeps
+            )
+        })
+        .collect();
+    format!("[{}]", items.join(","))
+}
+
+/// Admin sockets of this user's runs whose `ferry run` is alive, with its pid.
+fn runs() -> Vec<(u32, PathBuf)> {
+    let Ok(dir) = std::fs::read_dir(std::env::temp_dir()) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(u32, PathBuf)> = dir
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let pid: u32 = name
+                .strip_prefix("ferry-")?
+                .split('-')
+                .next()?
+                .parse()
+                .ok()?;
+            let sock = e.path().join(ADMIN_SOCKET);
+            (sock.exists() && Path::new(&format!("/proc/{pid}")).exists()).then_some((pid, sock))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn pick_run(run: Option<&str>) -> Result<PathBuf, String> {
+    let all = runs();
+    match run {
+        Some(r) if r.contains('/') => Ok(PathBuf::from(r)),
+        Some(r) => {
+            let pid: u32 = r
+                .parse()
+                .map_err(|_| format!("--run: `{r}` is not a process id or a path"))?;
+            all.into_iter()
+                .find(|(p, _)| *p == pid)
+                .map(|(_, s)| s)
+                .ok_or_else(|| {
+                    format!("no running `ferry run` with pid {pid} (see `ferry ctl list`)")
+                })
+        }
+        None => match all.as_slice() {
+            [] => Err("no running `ferry run` found".into()),
+            [(_, s)] => Ok(s.clone()),
+            many => Err(format!(
+                "{} runs are going ({}): choose one with --run PID",
+                many.len(),
+                many.iter()
+                    .map(|(p, _)| p.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        },
+    }
+}
+
+/// Sends one request line to an admin socket and returns the answer.
+pub fn request(sock: &Path, line: &str) -> Result<String, String> {
+    let mut conn =
+        UnixStream::connect(sock).map_err(|e| format!("cannot reach {}: {e}", sock.display()))?;
+    conn.write_all(format!("{line}\n").as_bytes())
+        .map_err(|e| format!("cannot send the request: {e}"))?;
+    let mut out = String::new();
+    conn.read_to_string(&mut out)
+        .map_err(|e| format!("cannot read the answer: {e}"))?;
+    Ok(out)
+}
+
+pub fn main(a: CtlArgs) -> i32 {
+    if let CtlCommand::List = a.what {
+        for (pid, sock) in runs() {
+            println!("{pid}\t{}", sock.display());
+        }
+        return 0;
+    }
+    let line = match &a.what {
+        CtlCommand::List => unreachable!("handled above"),
+        CtlCommand::Stats { json: false } => "stats".to_string(),
+        CtlCommand::Stats { json: true } => "stats-json".to_string(),
+        CtlCommand::Move { server, cpu } => format!("move {server} {cpu}"),
+    };
+    let answer = pick_run(a.run.as_deref()).and_then(|sock| request(&sock, &line));
+    match answer {
+        Ok(text) if text.starts_with("error: ") => {
+            eprint!("ferry: {}", &text["error: ".len()..]);
+            1
+        }
+        Ok(text) => {
+            print!("{text}");
+            0
+        }
+        Err(e) => {
+            eprintln!("ferry: {e}");
+            1
+        }
+    }
+}

@@ -31,6 +31,8 @@ pub enum Kind {
         spin: Option<String>,
         /// `--batch` (None: ferry's default).
         batch: Option<u32>,
+        /// More `ferry run` options (e.g. `--servers 2 --cpus 0,1`).
+        extra: Vec<String>,
     },
     /// User+net namespace with slirp4netns on a tap device.
     Slirp,
@@ -108,6 +110,19 @@ impl Config {
             kind: Kind::Ferry {
                 spin: spin.map(str::to_owned),
                 batch,
+                extra: Vec::new(),
+            },
+        }
+    }
+
+    /// ferry with more `ferry run` options.
+    pub fn ferry_args(name: &str, extra: &[&str]) -> Config {
+        Config {
+            name: name.into(),
+            kind: Kind::Ferry {
+                spin: None,
+                batch: None,
+                extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             },
         }
     }
@@ -149,7 +164,7 @@ impl Config {
         let stats_file = self.is_ferry().then(|| stats_path(&env.runs_dir));
         match &self.kind {
             Kind::Native => {}
-            Kind::Ferry { spin, batch } => {
+            Kind::Ferry { spin, batch, extra } => {
                 argv.push(env.ferry.clone().into());
                 argv.push("run".into());
                 argv.push("--stats-json".into());
@@ -160,6 +175,7 @@ impl Config {
                 if let Some(b) = batch {
                     argv.extend(["--batch".into(), b.to_string().into()]);
                 }
+                argv.extend(extra.iter().map(OsString::from));
                 argv.push("--".into());
             }
             Kind::Slirp => {

@@ -1,7 +1,8 @@
 //! The experiments of `docs/BENCHMARKS.md` as lists of cases: which configurations, which
 //! parameter values, which client command, which metrics. E1 bandwidth vs buffer size,
 //! E2 ping-pong RTT and wakes per round trip vs spin span, E3 CPU interference, E4
-//! batching, R1 real clients. Every case of an experiment runs the same client binary.
+//! batching, E7 distribution over several protocol servers and paths, R1 real clients.
+//! Every case of an experiment runs the same client binary.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -9,7 +10,10 @@ use std::time::Duration;
 use crate::config::{Config, RunOut};
 use crate::parse;
 use crate::plan::{Case, Extract, Param};
-use crate::topology::{HTTP_FILE, HTTP_PORT, IPERF_E3_PORT, IPERF_PORT, REDIS_PORT, SOCKPERF_PORT};
+use crate::topology::{
+    HTTP_FILE, HTTP_PORT, IPERF_E3_PORT, IPERF_PORT, REDIS_PORT, SOCKPERF_E7A_PORT,
+    SOCKPERF_E7B_PORT, SOCKPERF_PORT,
+};
 
 /// An experiment this harness knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -22,25 +26,27 @@ pub enum Experiment {
     E3,
     /// Batching: throughput, RTT and crossings vs batch threshold.
     E4,
+    /// Distribution over several protocol servers and paths (S4).
+    E7,
     /// Real clients: iperf3, sockperf, redis-benchmark, wrk.
     R1,
 }
 
 impl Experiment {
     /// Every experiment available, in order.
-    pub const ALL: [Experiment; 5] = [
+    pub const ALL: [Experiment; 6] = [
         Experiment::E1,
         Experiment::E2,
         Experiment::E3,
         Experiment::E4,
+        Experiment::E7,
         Experiment::R1,
     ];
 
     /// Experiments of the plan that are later milestones.
-    pub const NOT_YET: [(&'static str, &'static str); 3] = [
+    pub const NOT_YET: [(&'static str, &'static str); 2] = [
         ("E5", "pseudo-NIC per-packet overhead (needs nic mode)"),
         ("E6", "file → socket: read/write vs sendfile vs module"),
-        ("E7", "distribution over several protocol servers"),
     ];
 
     /// Parses "E1" … "R1" (any case).
@@ -52,7 +58,7 @@ impl Experiment {
             .ok_or_else(
                 || match Experiment::NOT_YET.iter().find(|(id, _)| *id == up) {
                     Some((id, what)) => format!("{id} ({what}) is a later milestone: not yet"),
-                    None => format!("unknown experiment `{s}` (E1, E2, E3, E4, R1)"),
+                    None => format!("unknown experiment `{s}` (E1, E2, E3, E4, E7, R1)"),
                 },
             )
     }
@@ -64,6 +70,7 @@ impl Experiment {
             Experiment::E2 => "E2",
             Experiment::E3 => "E3",
             Experiment::E4 => "E4",
+            Experiment::E7 => "E7",
             Experiment::R1 => "R1",
         }
     }
@@ -75,6 +82,9 @@ impl Experiment {
             Experiment::E2 => "ping-pong RTT and wakes per round trip vs spin span",
             Experiment::E3 => "CPU interference: MFlops kept beside a 10 MB/s transfer",
             Experiment::E4 => "batching: throughput, RTT and crossings vs batch threshold",
+            Experiment::E7 => {
+                "distribution: several protocol servers and paths, one core vs spread"
+            }
             Experiment::R1 => "real clients, unmodified",
         }
     }
@@ -86,6 +96,7 @@ impl Experiment {
             Experiment::E2 => ("rtt_p50", "us"),
             Experiment::E3 => ("mflops", "MFlops"),
             Experiment::E4 => ("throughput", "Mbit/s"),
+            Experiment::E7 => ("time_per_op", "us"),
             Experiment::R1 => ("result", "-"),
         }
     }
@@ -98,6 +109,8 @@ pub struct Settings {
     pub quick: bool,
     /// The remote's address.
     pub remote: String,
+    /// The remote's address on the second path.
+    pub remote2: String,
     /// The ferry-burner binary.
     pub burner: PathBuf,
 }
@@ -185,6 +198,7 @@ pub fn cases(e: Experiment, s: &Settings, ready: &[Config]) -> Vec<Case> {
         Experiment::E2 => e2(s, ready),
         Experiment::E3 => e3(s, ready),
         Experiment::E4 => e4(s, ready),
+        Experiment::E7 => e7(s, ready),
         Experiment::R1 => r1(s, ready),
     }
 }
@@ -369,6 +383,141 @@ fn e4(s: &Settings, ready: &[Config]) -> Vec<Case> {
     for &n in batches {
         if let Some(c) = ferry_variant(ready, &format!("ferry-batch{n}"), None, Some(n)) {
             push(c, Param::new(format!("batch {n}"), f64::from(n)));
+        }
+    }
+    out
+}
+
+/// E7's two workloads: two processes each sending 1024-byte messages (sockperf
+/// throughput: time per message = 1 / the two rates summed) or each doing send+recv
+/// (sockperf ping-pong: time per operation = the mean of the two median round trips);
+/// plus, under ferry, wake-ups per request (the hand-offs between cores that needed a
+/// wake).
+fn two_process_extract(pingpong: bool) -> Extract {
+    Box::new(move |r: &RunOut| {
+        let out = &r.outcome.stdout;
+        let per_op = if pingpong {
+            let p50s = parse::sockperf_pp_all(out);
+            if p50s.len() != 2 {
+                return Err(format!("{} of 2 sockperf ping-pong results", p50s.len()));
+            }
+            p50s.iter().sum::<f64>() / 2.0
+        } else {
+            let rates = parse::sockperf_tp_all(out);
+            if rates.len() != 2 {
+                return Err(format!("{} of 2 sockperf throughput results", rates.len()));
+            }
+            1e6 / rates.iter().sum::<f64>().max(1.0)
+        };
+        let mut v = vec![("time_per_op", "us", per_op)];
+        if let Some(st) = &r.stats {
+            let ops = st.requests.max(1) as f64;
+            v.push(("wakes_per_op", "per request", st.wakes() as f64 / ops));
+        }
+        Ok(v)
+    })
+}
+
+/// E7's arrangements: (name, ferry options, two paths?). `None` options: native.
+const E7_CONFIGS: [(&str, Option<&[&str]>, bool); 4] = [
+    ("native", None, true),
+    (
+        "conventional (1 server, 1 path)",
+        Some(&["--servers", "1"]),
+        false,
+    ),
+    (
+        "bonding (1 server, 2 paths)",
+        Some(&["--servers", "1"]),
+        true,
+    ),
+    (
+        "proposed (2 servers, 2 paths)",
+        Some(&["--servers", "2", "--assign", "rr"]),
+        true,
+    ),
+];
+
+fn e7(s: &Settings, ready: &[Config]) -> Vec<Case> {
+    let secs = s.secs(3);
+    let ferry_ok = ready.iter().any(|c| c.name == "ferry");
+    let native_ok = ready.iter().any(|c| c.name == "native");
+    let mut out = Vec::new();
+    // Two processes at once; each has its own remote server, over path 1 or path 2.
+    let two = |mode: &str, two_paths: bool| {
+        let dest_b = if two_paths { &s.remote2 } else { &s.remote };
+        let one = |ip: &str, port: u16| {
+            let extra = if mode == "ping-pong" {
+                " --full-rtt"
+            } else {
+                ""
+            };
+            format!("sockperf {mode} --tcp -i {ip} -p {port} -t {secs} -m 1024{extra}")
+        };
+        let script = format!(
+            "{} & a=$!; r=0; {} || r=$?; wait $a || r=$?; exit $r",
+            one(&s.remote, SOCKPERF_E7A_PORT),
+            one(dest_b, SOCKPERF_E7B_PORT)
+        );
+        vec!["sh".to_owned(), "-c".to_owned(), script]
+    };
+    let placements: [(&str, Option<usize>, &str); 2] =
+        [("one core", Some(0), "0"), ("spread", None, "0,1")];
+    let mut x = 0.0;
+    for (mode, label) in [("throughput", "send"), ("ping-pong", "send+recv")] {
+        for (place, pin, cpus) in placements {
+            let param = Param::new(format!("{label}, {place}"), x);
+            x += 1.0;
+            for (name, opts, two_paths) in E7_CONFIGS {
+                let config = match opts {
+                    None if native_ok => Config::native(),
+                    Some(o) if ferry_ok => {
+                        let mut args = o.to_vec();
+                        args.extend(["--cpus", cpus]);
+                        Config::ferry_args(name, &args)
+                    }
+                    _ => continue,
+                };
+                out.push(Case {
+                    config,
+                    param: param.clone(),
+                    client: two(mode, two_paths),
+                    timeout: s.timeout(secs),
+                    pin,
+                    servers: vec![SOCKPERF_E7A_PORT, SOCKPERF_E7B_PORT],
+                    extract: two_process_extract(mode == "ping-pong"),
+                });
+            }
+        }
+    }
+    // Throughput of K parallel connections vs the number of servers.
+    let ks: &[u32] = if s.quick { &[1, 4] } else { &[1, 2, 4, 8] };
+    for &k in ks {
+        let param = Param::new(format!("{k} conns"), 100.0 + f64::from(k));
+        let mut configs = Vec::new();
+        if native_ok {
+            configs.push(Config::native());
+        }
+        if ferry_ok {
+            configs.push(Config::ferry_args("1 server", &["--servers", "1"]));
+            configs.push(Config::ferry_args(
+                "2 servers",
+                &["--servers", "2", "--assign", "rr"],
+            ));
+        }
+        for config in configs {
+            out.push(Case {
+                config,
+                param: param.clone(),
+                client: s.iperf3(IPERF_PORT, secs, &["-P", &k.to_string()]),
+                timeout: s.timeout(secs),
+                pin: None,
+                servers: vec![IPERF_PORT],
+                extract: Box::new(|r: &RunOut| {
+                    let bps = parse::iperf3_bps(&r.outcome.stdout)?;
+                    Ok(vec![("k_bandwidth", "Gbit/s", bps / 1e9)])
+                }),
+            });
         }
     }
     out

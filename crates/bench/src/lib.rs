@@ -1,9 +1,10 @@
 //! `ferry bench`: ferry's benchmark harness. It owns the benchmark topology (a "remote"
-//! namespace over a veth pair with iperf3, sockperf, redis and nginx servers), the
+//! namespace over two veth pairs with iperf3, sockperf, redis and nginx servers), the
 //! configurations that run the same client binary (native, ferry with its knobs,
 //! slirp4netns, pasta) and their smoke checks, the experiments of the team's
 //! BENCHMARKS.md (E1 bandwidth vs buffer size, E2 RTT and wakes vs spin span, E3 CPU
-//! interference, E4 batching, R1 real clients), the method (warm-up, alternating
+//! interference, E4 batching, E7 several protocol servers and paths, R1 real clients), the
+//! method (warm-up, alternating
 //! repetitions, medians with min/max, per-run timeouts, failures recorded and shown),
 //! and the outputs: terminal table, `results.csv`, one PNG per experiment, `report.md`.
 //!
@@ -146,6 +147,7 @@ pub fn run(o: &Options) -> Result<Summary, Error> {
     let settings = experiments::Settings {
         quick: o.quick,
         remote,
+        remote2: bed.remote_ip2().to_string(),
         burner,
     };
     let configs: Vec<Config> = ready.iter().map(|r| r.config.clone()).collect();

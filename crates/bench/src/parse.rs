@@ -79,6 +79,22 @@ pub fn sockperf_tp(out: &str) -> Result<(f64, f64), String> {
     Ok((rate, mbps))
 }
 
+/// Every message rate in the output of several `sockperf throughput` runs.
+pub fn sockperf_tp_all(out: &str) -> Vec<f64> {
+    out.lines()
+        .filter_map(|l| l.split_once("Message Rate is ").map(|x| x.1))
+        .filter_map(|r| r.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+/// Every median round trip in the output of several `sockperf ping-pong` runs.
+pub fn sockperf_pp_all(out: &str) -> Vec<f64> {
+    out.lines()
+        .filter_map(|l| l.split_once("percentile 50.000 =").map(|x| x.1))
+        .filter_map(|v| v.trim().parse().ok())
+        .collect()
+}
+
 fn field(line: &str, key: &str) -> Option<u64> {
     let (_, rest) = line.split_once(key)?;
     rest.split(|c: char| !c.is_ascii_digit())

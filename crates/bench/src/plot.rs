@@ -113,6 +113,7 @@ pub fn draw(dir: &Path, e: Experiment, rows: &[Row]) -> Result<(), String> {
         Experiment::E1 | Experiment::E3 => (1000, 650),
         Experiment::E2 => (1400, 600),
         Experiment::E4 => (1600, 560),
+        Experiment::E7 => (1600, 620),
         Experiment::R1 => (1400, 650),
     };
     let root = BitMapBackend::new(&path, size).into_drawing_area();
@@ -122,6 +123,7 @@ pub fn draw(dir: &Path, e: Experiment, rows: &[Row]) -> Result<(), String> {
         Experiment::E2 => e2(&root, rows)?,
         Experiment::E3 => e3(&root, rows)?,
         Experiment::E4 => e4(&root, rows)?,
+        Experiment::E7 => e7(&root, rows)?,
         Experiment::R1 => r1(&root, rows)?,
     }
     root.present().map_err(err)
@@ -570,6 +572,154 @@ fn e4(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// E7: time per operation (grouped bars per placement, lower is better) for the send
+/// and the send+recv workloads, and K-connection throughput by number of servers.
+fn e7(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
+    let panels = root.split_evenly((1, 3));
+    e7_bars(
+        &panels[0],
+        rows,
+        "send,",
+        "E7 — send, 2 × 1 KiB streams",
+        "µs per message",
+    )?;
+    e7_bars(
+        &panels[1],
+        rows,
+        "send+recv,",
+        "E7 — send+recv, 2 × 1 KiB ping-pong",
+        "µs per round trip",
+    )?;
+    let right = &panels[2];
+    let s: Series = series(rows, Experiment::E7, "k_bandwidth")
+        .into_iter()
+        .filter(|(_, pts)| !pts.is_empty())
+        .map(|(name, pts)| {
+            let pts = pts
+                .into_iter()
+                .map(|p| Pt {
+                    x: p.x - 100.0,
+                    ..p
+                })
+                .collect();
+            (name, pts)
+        })
+        .collect();
+    let ymax = (max_of(&s) * 1.2).max(0.1);
+    let xmax = s
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|p| p.x))
+        .fold(1.0, f64::max);
+    let mut chart = ChartBuilder::on(right)
+        .caption(
+            "E7 — K parallel connections (iperf3 -P K)",
+            ("sans-serif", 18),
+        )
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(65)
+        .build_cartesian_2d(0.5f64..(xmax + 0.5), 0f64..ymax)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .light_line_style(RGBColor(238, 238, 238))
+        .x_desc("connections")
+        .y_desc("Gbit/s")
+        .x_label_formatter(&|x| format!("{}", x.round()))
+        .draw()
+        .map_err(err)?;
+    for (i, (name, pts)) in s.iter().enumerate() {
+        lines(&mut chart, pts, COLORS[i % COLORS.len()], name)?;
+    }
+    legend(&mut chart, SeriesLabelPosition::LowerRight)
+}
+
+/// Grouped bars of E7's `time_per_op` for the parameters starting with `prefix`.
+fn e7_bars(
+    area: &Area<'_>,
+    rows: &[Row],
+    prefix: &str,
+    title: &str,
+    ydesc: &str,
+) -> Result<(), String> {
+    let r: Vec<&Row> = rows
+        .iter()
+        .filter(|r| {
+            r.experiment == "E7" && r.metric == "time_per_op" && r.param.label.starts_with(prefix)
+        })
+        .collect();
+    let mut groups: Vec<String> = Vec::new();
+    let mut configs: Vec<String> = Vec::new();
+    for row in &r {
+        if !groups.contains(&row.param.label) {
+            groups.push(row.param.label.clone());
+        }
+        if !configs.contains(&row.config) {
+            configs.push(row.config.clone());
+        }
+    }
+    let k = configs.len().max(1) as f64;
+    let w = 0.8 / k;
+    let mut items = Vec::new();
+    let mut ymax: f64 = 0.1;
+    for (gi, g) in groups.iter().enumerate() {
+        for (ci, c) in configs.iter().enumerate() {
+            let x = gi as f64 - 0.4 + w * (ci as f64 + 0.5);
+            let pt = r
+                .iter()
+                .find(|row| row.config == *c && row.param.label == *g)
+                .and_then(|row| {
+                    Some(Pt {
+                        x,
+                        med: row.median()?,
+                        min: row.min()?,
+                        max: row.max()?,
+                    })
+                });
+            if let Some(p) = pt {
+                ymax = ymax.max(p.max * 1.3);
+            }
+            let text = pt.map(|p| format!("{:.1}", p.med)).unwrap_or_default();
+            items.push((x, w * 0.9, pt, COLORS[ci % COLORS.len()], text));
+        }
+    }
+    let n = groups.len().max(1) as f64;
+    let mut chart = ChartBuilder::on(area)
+        .caption(format!("{title} (lower is better)"), ("sans-serif", 18))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(65)
+        .build_cartesian_2d(-0.5f64..(n - 0.5), 0f64..ymax)
+        .map_err(err)?;
+    let fmt = |x: &f64| {
+        let i = x.round();
+        if (x - i).abs() < 0.01 {
+            groups.get(i as usize).cloned().unwrap_or_default()
+        } else {
+            String::new()
+        }
+    };
+    chart
+        .configure_mesh()
+        .light_line_style(RGBColor(238, 238, 238))
+        .disable_x_mesh()
+        .x_labels(groups.len() + 1)
+        .x_label_formatter(&fmt)
+        .y_desc(ydesc)
+        .draw()
+        .map_err(err)?;
+    bars(&mut chart, &items)?;
+    for (ci, c) in configs.iter().enumerate() {
+        let col = COLORS[ci % COLORS.len()];
+        chart
+            .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())
+            .map_err(err)?
+            .label(c.as_str())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], col.filled()));
+    }
+    legend(&mut chart, SeriesLabelPosition::UpperLeft)
 }
 
 fn r1(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {

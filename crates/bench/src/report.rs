@@ -200,6 +200,15 @@ fn paper(e: Experiment) -> &'static str {
              batched operations**; receive 127 → 303 Mbit/s (2.4×) at 6; RTT did **not** grow \
              with the batch size (the idle flush sends the queue as soon as the guest waits)."
         }
+        Experiment::E7 => {
+            "S4 (protocol and NIC servers on a multiprocessor): two processes sending 1024-byte \
+             messages; the proposed arrangement (two protocol servers, two NIC paths) took \
+             **15–27% less time** per send+recv than the conventional one (one server, one \
+             path), and spreading the servers over cores took **0.55×** the time of running \
+             everything on one core. Here a \"path\" is a veth pair to the remote (the second \
+             process talks to the remote's address on its own pair), and wake-ups per request \
+             count the hand-offs between cores that needed a wake."
+        }
         Experiment::R1 => "No paper figure: real, unmodified clients, native vs ferry vs peers.",
     }
 }

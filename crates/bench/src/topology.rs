@@ -21,6 +21,10 @@ pub const IPERF_PORT: u16 = 5201;
 pub const IPERF_E3_PORT: u16 = 5202;
 /// sockperf server (TCP).
 pub const SOCKPERF_PORT: u16 = 11111;
+/// E7's first sockperf server (every address of the remote).
+pub const SOCKPERF_E7A_PORT: u16 = 11112;
+/// E7's second sockperf server (every address: reached over either path).
+pub const SOCKPERF_E7B_PORT: u16 = 11113;
 /// redis-server.
 pub const REDIS_PORT: u16 = 6379;
 /// nginx.
@@ -100,6 +104,10 @@ impl Testbed {
             .ok()
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(0);
+        let mut remote = remote;
+        // A second path (E7: two NIC paths), on a subnet of its own.
+        let (h2, r2) = free_subnet().map_err(TopologyError::Subnet)?;
+        remote.add_path(h2, r2).map_err(TopologyError::Namespace)?;
         let mut bed = Testbed {
             servers: Vec::new(),
             remote,
@@ -111,6 +119,8 @@ impl Testbed {
             IPERF_PORT,
             IPERF_E3_PORT,
             SOCKPERF_PORT,
+            SOCKPERF_E7A_PORT,
+            SOCKPERF_E7B_PORT,
             REDIS_PORT,
             HTTP_PORT,
         ] {
@@ -122,6 +132,11 @@ impl Testbed {
     /// The remote's address (the destination of every client).
     pub fn remote_ip(&self) -> Ipv4Addr {
         self.remote.remote_ip()
+    }
+
+    /// The remote's address on the second path.
+    pub fn remote_ip2(&self) -> Ipv4Addr {
+        self.remote.paths()[1].remote_ip
     }
 
     /// The host side's address.
@@ -203,6 +218,18 @@ impl Testbed {
                 let mut c = self.remote.command("sockperf");
                 c.args(["server", "--tcp", "-i", &ip, "-p", &port.to_string()]);
                 ("sockperf", c)
+            }
+            SOCKPERF_E7A_PORT | SOCKPERF_E7B_PORT => {
+                let mut c = self.remote.command("sockperf");
+                c.args(["server", "--tcp", "-i", "0.0.0.0", "-p", &port.to_string()]);
+                (
+                    if port == SOCKPERF_E7A_PORT {
+                        "sockperf (E7 a)"
+                    } else {
+                        "sockperf (E7 b)"
+                    },
+                    c,
+                )
             }
             REDIS_PORT => {
                 let mut c = self.remote.command("redis-server");

@@ -64,6 +64,15 @@ pub fn publish(s: &str) -> Result<Publish, String> {
     })
 }
 
+/// A list of CPUs (`--cpus`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CpuList(pub Vec<usize>);
+
+/// `--cpus`: a CPU list.
+pub fn cpu_list(s: &str) -> Result<CpuList, String> {
+    cpus(s).map(CpuList)
+}
+
 /// Parses a CPU list: `0,2`, `0-3`, `0-1,4` (each CPU once, in the order given).
 pub fn cpus(s: &str) -> Result<Vec<usize>, String> {
     let cpu = |c: &str| {

@@ -32,7 +32,7 @@ enum Command {
     /// and ferry's counters (needs root for the remote namespace).
     Demo(demo::DemoArgs),
     /// Measure ferry against native sockets and its peers (slirp4netns, pasta) on a
-    /// remote namespace: experiments E1–E4 and R1, with CSV, plots and a report (root).
+    /// remote namespace: experiments E1–E4, E7 and R1, with CSV, plots and a report (root).
     Bench(bench::BenchArgs),
     /// Talk to a running `ferry run`: live per-server counters, move a server to a CPU.
     Ctl(ctl::CtlArgs),

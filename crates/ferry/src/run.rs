@@ -48,8 +48,8 @@ pub struct RunArgs {
     pub servers: u16,
     /// Pin server K to the K-th CPU of LIST (round robin), e.g. 0,1 or 0-3. Default: not
     /// pinned with one server; with several, the CPUs this process may use.
-    #[arg(long, value_name = "LIST", value_parser = crate::args::cpus)]
-    pub cpus: Option<Vec<usize>>,
+    #[arg(long, value_name = "LIST", value_parser = crate::args::cpu_list)]
+    pub cpus: Option<crate::args::CpuList>,
     /// How a new socket picks its server: least (fewest outstanding requests), rr, hash.
     #[arg(long, value_name = "least|rr|hash", default_value = "least")]
     pub assign: Assign,
@@ -205,7 +205,7 @@ fn run(a: RunArgs) -> Result<i32, String> {
     cfg.assign = a.assign;
     cfg.accepted = a.accepted;
     cfg.cpus = match &a.cpus {
-        Some(list) => {
+        Some(crate::args::CpuList(list)) => {
             let allowed = ferry_sys::allowed_cpus().unwrap_or_default();
             if let Some(bad) = list
                 .iter()

@@ -114,7 +114,7 @@ impl Server {
             .and_then(Option::as_ref)
             .map_or(0, |c| u64::from(c.stats.pid) << 32 | u64::from(c.stats.tid));
         let server = self.assign(ch, key);
-        let sock = self.new_sock(server, fd, pair, domain, ty, protocol, Place::Provisional);
+        let sock = self.new_sock(server, fd, pair, (domain, ty, protocol), Place::Provisional);
         let id = self.place_sock(sock).map_err(|e| errno(&e))?;
         self.stats.sockets_created += 1;
         Ok(id as i32)
@@ -179,7 +179,7 @@ impl Server {
             crate::Accepted::Listener => self.index,
             crate::Accepted::Assign => self.assign(ch, peer.map_or(0, |p| addr_key(&p))),
         };
-        let mut sock = self.new_sock(server, conn, pair, domain, libc::SOCK_STREAM, 0, place);
+        let mut sock = self.new_sock(server, conn, pair, (domain, libc::SOCK_STREAM, 0), place);
         sock.connected = true;
         if server == self.index {
             sock.last_ch = ch;

@@ -273,7 +273,7 @@ impl Server {
             self.stats.turns += 1;
             let did = self.drain_rings();
             let spinning = last_work.elapsed() < self.cfg.server_spin;
-            if self.stats.turns % 64 == 0 {
+            if self.stats.turns.is_multiple_of(64) {
                 self.publish_live();
             }
             let timeout = if did > 0 || spinning || self.has_backlog() {
@@ -626,17 +626,17 @@ impl Server {
         }
     }
 
-    /// A new socket served by server `server` (not registered anywhere yet).
+    /// A new socket served by server `server` (not registered anywhere yet); `kind` is
+    /// (domain, type, protocol).
     pub(crate) fn new_sock(
         &self,
         server: usize,
         fd: OwnedFd,
         pair: OwnedFd,
-        domain: i32,
-        ty: i32,
-        protocol: i32,
+        kind: (i32, i32, i32),
         place: Place,
     ) -> Sock {
+        let (domain, ty, protocol) = kind;
         let id = self.shared.new_id(server);
         Sock {
             id,

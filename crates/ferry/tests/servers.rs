@@ -1,0 +1,333 @@
+//! Several protocol servers (S4): sockets really land on different servers, every byte
+//! arrives, and a server moved to another CPU mid-transfer loses nothing.
+
+mod common;
+use common::*;
+use serde_json::Value;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn text(o: &std::process::Output) -> String {
+    format!(
+        "stdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn stats(path: &std::path::Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn servers(v: &Value) -> &Vec<Value> {
+    v["servers"].as_array().expect("servers in the stats")
+}
+
+fn num(v: &Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"))
+}
+
+/// nginx in a remote namespace serving `files` (name, length, seed) on `port`.
+fn nginx(r: &Remote, dir: &TempDir, port: u16, files: &[(&str, usize, u32)]) -> Guard {
+    for (name, len, seed) in files {
+        std::fs::write(dir.path().join(name), pattern(*len, *seed)).unwrap();
+    }
+    let conf = nginx_conf(dir.path(), dir.path(), port);
+    let g = Guard(
+        quiet(&mut r.command("nginx"))
+            .args(["-c", conf.to_str().unwrap()])
+            .spawn()
+            .unwrap(),
+    );
+    wait_port(r.remote_ip(), port);
+    g
+}
+
+#[test]
+fn round_robin_puts_sockets_on_every_server_and_the_bytes_match() {
+    if !can_run(&["curl", "nginx", "ip"]) {
+        return;
+    }
+    let r = remote("srv-rr");
+    let dir = TempDir::new("srv-rr");
+    let _nginx = nginx(&r, &dir, 8090, &[("a.bin", 1 << 20, 7)]);
+    let url = format!("http://{}:8090/a.bin", r.remote_ip());
+    // Six separate fetches: six sockets, assigned in turn.
+    let script = format!("for i in 1 2 3 4 5 6; do curl -sS --fail {url}; done");
+    let js = dir.path().join("stats.json");
+    let o = ferry_run(
+        &[
+            "--servers",
+            "2",
+            "--assign",
+            "rr",
+            "--stats-json",
+            js.to_str().unwrap(),
+        ],
+        &["sh", "-c", &script],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let want = pattern(1 << 20, 7).repeat(6);
+    assert!(o.stdout == want, "got {} bytes", o.stdout.len());
+    let v = stats(&js);
+    let each = servers(&v);
+    assert_eq!(each.len(), 2, "{v}");
+    assert_eq!(num(&v, "open_at_stop"), 0, "{v}");
+    for s in each {
+        // Every server carried whole fetches: at least two of the six.
+        assert!(num(s, "bytes_in") >= 2 << 20, "{s}");
+        assert!(s["sockets"].as_array().unwrap().len() >= 2, "{s}");
+    }
+    // Sockets are created through the first server; those for the second are handed over.
+    assert_eq!(num(&each[0], "sockets_created"), 6, "{v}");
+    assert_eq!(
+        num(&each[0], "sockets_handed"),
+        num(&each[1], "sockets_adopted")
+    );
+    assert!(num(&each[1], "sockets_adopted") >= 2, "{v}");
+    // A socket's id names its server (low bits), and each server reports only its own.
+    for (k, s) in each.iter().enumerate() {
+        for sock in s["sockets"].as_array().unwrap() {
+            assert_eq!(num(sock, "id") % 16, k as u64, "{sock} on server {k}");
+        }
+    }
+}
+
+#[test]
+fn parallel_connections_are_spread_by_least_outstanding() {
+    if !can_run(&["iperf3", "ip"]) {
+        return;
+    }
+    let r = remote("srv-least");
+    let _srv = Guard(
+        quiet(&mut r.command("iperf3"))
+            .args(["-s", "-p", "5210"])
+            .spawn()
+            .unwrap(),
+    );
+    wait_port(r.remote_ip(), 5210);
+    let dir = TempDir::new("srv-least");
+    let js = dir.path().join("stats.json");
+    let ip = r.remote_ip().to_string();
+    let o = ferry_run(
+        &["--servers", "2", "--stats-json", js.to_str().unwrap()],
+        &[
+            "iperf3", "-c", &ip, "-p", "5210", "-t", "1", "-P", "4", "-J",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let v = stats(&js);
+    for s in servers(&v) {
+        assert!(
+            num(s, "bytes_out") > 1 << 20,
+            "both servers carry data connections: {s}"
+        );
+    }
+}
+
+/// The admin socket of the `ferry run` with process id `pid`.
+fn ctl(pid: u32, args: &[&str]) -> std::process::Output {
+    ferry()
+        .arg("ctl")
+        .args(["--run", &pid.to_string()])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn moving_a_server_mid_transfer_loses_nothing() {
+    if !can_run(&["curl", "nginx", "ip"]) {
+        return;
+    }
+    let r = remote("srv-move");
+    let dir = TempDir::new("srv-move");
+    let len = 96 << 20;
+    let _nginx = nginx(&r, &dir, 8091, &[("big.bin", len, 11)]);
+    let url = format!("http://{}:8091/big.bin", r.remote_ip());
+    let out = dir.path().join("got.bin");
+    // Throttled so that the moves happen while bytes flow.
+    let child = ferry()
+        .args(["run", "--servers", "2", "--cpus", "0", "--"])
+        .args(["curl", "-sS", "--fail", "--limit-rate", "48M", "-o"])
+        .arg(&out)
+        .arg(&url)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut child = Guard(child);
+    let start = Instant::now();
+    let mut moves = 0;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    loop {
+        if let Ok(Some(_)) = child.0.try_wait() {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "transfer hangs");
+        let o = ctl(
+            pid,
+            &[
+                "move",
+                &format!("proto-{}", moves % 2),
+                &format!("{}", (moves / 2) % cpus),
+            ],
+        );
+        if o.status.success() {
+            assert!(
+                String::from_utf8_lossy(&o.stdout).starts_with("ok: "),
+                "{}",
+                text(&o)
+            );
+            moves += 1;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = child.0.wait().unwrap();
+    assert!(status.success(), "curl through ferry failed");
+    assert!(
+        moves >= 10,
+        "only {moves} moves happened during the transfer"
+    );
+    let got = std::fs::read(&out).unwrap();
+    assert_eq!(got.len(), len);
+    assert!(
+        got == pattern(len, 11),
+        "the bytes differ after {moves} moves"
+    );
+}
+
+#[test]
+fn ctl_shows_every_server_live_and_rejects_bad_requests() {
+    if !can_run(&["ip"]) {
+        return;
+    }
+    let child = ferry()
+        .args(["run", "--servers", "3", "--", "sleep", "5"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let _child = Guard(child);
+    // The admin socket appears once the servers run.
+    let t = Instant::now();
+    let table = loop {
+        let o = ctl(pid, &["stats"]);
+        if o.status.success() {
+            break String::from_utf8(o.stdout).unwrap();
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "{}", text(&o));
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    for k in 0..3 {
+        assert!(table.contains(&format!("proto-{k} ")), "{table}");
+    }
+    let o = ctl(pid, &["stats", "--json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 3, "{v}");
+    let o = ctl(pid, &["move", "proto-7", "0"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("no server 7"),
+        "{}",
+        text(&o)
+    );
+    let o = ctl(pid, &["move", "proto-1", "4096"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("not available"),
+        "{}",
+        text(&o)
+    );
+    let o = ctl(pid, &["move", "1", "0"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = ctl(pid, &["stats", "--json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v[1]["pinned"].as_i64(), Some(0), "{v}");
+}
+
+#[test]
+fn bad_server_options_are_refused() {
+    for (args, code, msg) in [
+        (&["--servers", "0"][..], 2, "--servers"),
+        (&["--servers", "17"][..], 2, "--servers"),
+        (&["--cpus", "x"][..], 2, "not a CPU number"),
+        (&["--cpus", "4000"][..], 2, "not a CPU number"),
+        (&["--assign", "random"][..], 2, "least, rr or hash"),
+        (&["--accepted", "x"][..], 2, "assign or listener"),
+    ] {
+        let o = ferry_run(args, &["true"]);
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(msg),
+            "{args:?}: {}",
+            text(&o)
+        );
+    }
+    if is_root() {
+        let o = ferry_run(&["--cpus", "1000"], &["true"]);
+        assert_eq!(o.status.code(), Some(125), "{}", text(&o));
+        assert!(String::from_utf8_lossy(&o.stderr).contains("CPU 1000 is not available"));
+    }
+    let o = ferry()
+        .args(["ctl", "--run", "1", "stats"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no running `ferry run` with pid 1"));
+    let _ = Command::new("true").status();
+}
+
+#[test]
+fn published_listener_connections_are_served_by_both_servers() {
+    if !can_run(&["curl", "nginx"]) {
+        return;
+    }
+    let dir = TempDir::new("srv-pub");
+    let root = dir.path().join("www");
+    std::fs::create_dir_all(&root).unwrap();
+    let page = pattern(200_000, 13);
+    std::fs::write(root.join("page.bin"), &page).unwrap();
+    let conf = nginx_conf(dir.path(), &root, 80);
+    let js = dir.path().join("stats.json");
+    let mut nginx = ferry();
+    nginx.args([
+        "run",
+        "--servers",
+        "2",
+        "--assign",
+        "rr",
+        "-p",
+        "127.0.0.1:18281:80",
+    ]);
+    nginx.args(["--stats-json", js.to_str().unwrap(), "--"]);
+    nginx.args(["nginx", "-c", conf.to_str().unwrap()]);
+    let mut nginx = Guard(quiet(&mut nginx).spawn().unwrap());
+    wait_port("127.0.0.1".parse().unwrap(), 18281);
+    for _ in 0..8 {
+        let o = Command::new("curl")
+            .args([
+                "-sS",
+                "--fail",
+                "-m",
+                "10",
+                "http://127.0.0.1:18281/page.bin",
+            ])
+            .output()
+            .unwrap();
+        assert!(o.stdout == page, "published nginx: {}", text(&o));
+    }
+    // SIGTERM reaches nginx through ferry; ferry then writes its counters.
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(nginx.0.id() as i32, libc::SIGTERM) };
+    let _ = nginx.0.wait();
+    let v = stats(&js);
+    for s in servers(&v) {
+        assert!(
+            num(s, "bytes_out") >= 2 * page.len() as u64,
+            "accepted connections are spread over both servers: {s}"
+        );
+    }
+}

@@ -2,7 +2,7 @@
 //! sockets, talking to the sandbox's shim over shared-memory channels.
 //!
 //! This crate owns the server side of socket mode: accepting channels on the control
-//! socket, creating and placing host sockets (host namespace vs. the sandbox's own
+//! socket, spreading sockets over several servers, creating and placing host sockets (host namespace vs. the sandbox's own
 //! namespace), performing every operation non-blocking and parking the ones that must
 //! wait, readiness tokens, the egress policy, published ports, and counters. It trusts
 //! nothing that comes from a channel: a malformed record closes that channel (with a log
@@ -13,7 +13,9 @@
 //!
 //! # Theory of operation
 //!
-//! One thread runs one event loop ([`Server::run`]). Each turn it drains every channel's
+//! A sandbox has one or more servers ([`Servers`], S4; the assignment of sockets to
+//! servers, hand-over and live control are in `group.rs`). Each is one thread running
+//! one event loop ([`Server::run`]). Each turn it drains every channel's
 //! request ring, dispatching each validated record, then asks epoll (with timeout 0 while
 //! there is work or while its spin span has not run out, S0's SBW) for readiness of host
 //! sockets, control sockets, doorbells and readiness pairs, retries parked operations,

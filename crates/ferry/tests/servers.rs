@@ -280,18 +280,17 @@ fn bad_server_options_are_refused() {
     let _ = Command::new("true").status();
 }
 
-#[test]
-fn published_listener_connections_are_served_by_both_servers() {
-    if !can_run(&["curl", "nginx"]) {
-        return;
-    }
-    let dir = TempDir::new("srv-pub");
+/// nginx inside the sandbox, published, two servers; eight fetches from the host. Returns
+/// each server's counters.
+fn published_nginx_fetches(tag: &str, host_port: u16, accepted: &str) -> Vec<Value> {
+    let dir = TempDir::new(tag);
     let root = dir.path().join("www");
     std::fs::create_dir_all(&root).unwrap();
     let page = pattern(200_000, 13);
     std::fs::write(root.join("page.bin"), &page).unwrap();
     let conf = nginx_conf(dir.path(), &root, 80);
     let js = dir.path().join("stats.json");
+    let publish = format!("127.0.0.1:{host_port}:80");
     let mut nginx = ferry();
     nginx.args([
         "run",
@@ -299,22 +298,17 @@ fn published_listener_connections_are_served_by_both_servers() {
         "2",
         "--assign",
         "rr",
-        "-p",
-        "127.0.0.1:18281:80",
+        "--accepted",
+        accepted,
     ]);
-    nginx.args(["--stats-json", js.to_str().unwrap(), "--"]);
+    nginx.args(["-p", &publish, "--stats-json", js.to_str().unwrap(), "--"]);
     nginx.args(["nginx", "-c", conf.to_str().unwrap()]);
     let mut nginx = Guard(quiet(&mut nginx).spawn().unwrap());
-    wait_port("127.0.0.1".parse().unwrap(), 18281);
+    wait_port("127.0.0.1".parse().unwrap(), host_port);
+    let url = format!("http://127.0.0.1:{host_port}/page.bin");
     for _ in 0..8 {
         let o = Command::new("curl")
-            .args([
-                "-sS",
-                "--fail",
-                "-m",
-                "10",
-                "http://127.0.0.1:18281/page.bin",
-            ])
+            .args(["-sS", "--fail", "-m", "10", &url])
             .output()
             .unwrap();
         assert!(o.stdout == page, "published nginx: {}", text(&o));
@@ -323,11 +317,24 @@ fn published_listener_connections_are_served_by_both_servers() {
     // SAFETY: kill has no memory-safety preconditions.
     unsafe { libc::kill(nginx.0.id() as i32, libc::SIGTERM) };
     let _ = nginx.0.wait();
-    let v = stats(&js);
-    for s in servers(&v) {
-        assert!(
-            num(s, "bytes_out") >= 2 * page.len() as u64,
-            "accepted connections are spread over both servers: {s}"
-        );
+    servers(&stats(&js)).clone()
+}
+
+#[test]
+fn accepted_connections_are_assigned_or_kept_on_the_listeners_server() {
+    if !can_run(&["curl", "nginx"]) {
+        return;
     }
+    let page = 200_000u64;
+    // Assigned: the eight connections are spread, so both servers send pages.
+    for s in published_nginx_fetches("srv-acc-a", 18281, "assign") {
+        assert!(num(&s, "bytes_out") >= 2 * page, "{s}");
+    }
+    // Kept on the listener's server: one server sends every page.
+    let each = published_nginx_fetches("srv-acc-l", 18282, "listener");
+    let out: Vec<u64> = each.iter().map(|s| num(s, "bytes_out")).collect();
+    assert!(
+        out.iter().any(|&b| b >= 8 * page) && out.iter().any(|&b| b < page),
+        "{out:?}"
+    );
 }

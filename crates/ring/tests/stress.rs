@@ -21,10 +21,26 @@ fn records(n: u64, slots: u32, policy: SpinPolicy) {
     let a = t.join().unwrap();
     let (tx, rx) = (a.tx.stats(), b.rx.stats());
     eprintln!("records {n}: producer {tx:?}\n  consumer {rx:?}");
-    assert!(tx.wakes_sent + tx.wakes_avoided > 0);
+    // Every assertion prints all four sides' counters: a failure under load is then
+    // diagnosable from the CI log alone.
+    let all = format!(
+        "A.tx {tx:?}\nA.rx {:?}\nB.tx {:?}\nB.rx {rx:?}",
+        a.rx.stats(),
+        b.tx.stats()
+    );
+    assert!(
+        tx.wakes_sent + tx.wakes_avoided > 0,
+        "no notification counted\n{all}"
+    );
     if policy == SLEEPY {
-        assert!(tx.sleeps + rx.sleeps > 0, "the futex path was exercised");
-        assert!(tx.wakes_sent + b.tx.stats().wakes_sent + rx.wakes_sent > 0);
+        assert!(
+            tx.sleeps + rx.sleeps > 0,
+            "the futex path was not exercised\n{all}"
+        );
+        assert!(
+            tx.wakes_sent + b.tx.stats().wakes_sent + rx.wakes_sent > 0,
+            "sleeps without a wake\n{all}"
+        );
     }
 }
 

@@ -273,7 +273,7 @@ impl Server {
             self.stats.turns += 1;
             let did = self.drain_rings();
             let spinning = last_work.elapsed() < self.cfg.server_spin;
-            if self.stats.turns % 64 == 0 {
+            if self.stats.turns.is_multiple_of(64) {
                 self.publish_live();
             }
             let timeout = if did > 0 || spinning || self.has_backlog() {
@@ -627,6 +627,7 @@ impl Server {
     }
 
     /// A new socket served by server `server` (not registered anywhere yet).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new_sock(
         &self,
         server: usize,

@@ -127,6 +127,36 @@ fn iperf3_tcp_both_directions() {
     }
 }
 
+/// Server and client both inside one sandbox, over its loopback: the server's listener
+/// stays in its `select` set while the data connection runs, and it calls a blocking
+/// `accept` whenever the listener looks readable (it used to hang there, with 0 bytes
+/// received, while the client spun).
+#[test]
+fn iperf3_server_and_client_inside_one_sandbox() {
+    if !have("iperf3") {
+        eprintln!("skipped: iperf3 is not installed (run scripts/install-deps.sh)");
+        return;
+    }
+    if !is_root() && !ferry_sandbox::userns_available() {
+        eprintln!("skipped: no user namespaces");
+        return;
+    }
+    let script = "timeout 25 iperf3 -s -1 -p 5203 >/dev/null & sleep 1; \
+                  timeout 20 iperf3 -c 127.0.0.1 -p 5203 -t 2 -J; rc=$?; wait; exit $rc";
+    let o = ferry_run(&[], &["sh", "-c", script]);
+    assert!(
+        o.status.success(),
+        "iperf3 over the sandbox's loopback: {}",
+        text(&o)
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    let bps = json_number(&out, "\"sum_received\"", "\"bits_per_second\"");
+    assert!(
+        bps > 1e8,
+        "iperf3 over the sandbox's loopback moved {bps} bit/s"
+    );
+}
+
 #[test]
 fn iperf3_udp() {
     if !can_run(&["iperf3", "ip"]) {

@@ -193,6 +193,7 @@ impl Server {
                 if let Some(s) = self.sock(listener) {
                     s.stats.calls += 1;
                 }
+                r.c = self.drain_if_empty(listener);
                 r
             }
             Err(e) => Server::new_reply(errno(&e)),
@@ -769,6 +770,25 @@ impl Server {
         }
         chan.complete(fin);
         Ok(())
+    }
+
+    /// After a successful accept: whether the shim should take the listener's token
+    /// back (1) because no connection is left to accept. A token left behind would make
+    /// the next poll report a connection that is not there, and a blocking `accept`
+    /// after it would hang. If a connection arrives meanwhile, `TokenDrained`'s re-check
+    /// writes a fresh token.
+    fn drain_if_empty(&mut self, listener: u32) -> i32 {
+        let published = self.has_published(listener);
+        match self.socks.get(&listener) {
+            Some(s)
+                if s.token_out
+                    && !published
+                    && ferry_sys::poll_now(s.fd.as_fd(), libc::POLLIN).unwrap_or(0) == 0 =>
+            {
+                1
+            }
+            _ => 0,
+        }
     }
 
     /// Whether the shim should drain its token now (1) or not (0).

@@ -5,8 +5,10 @@ use libc::c_int;
 
 use super::{Case, Res};
 use crate::flags::poll_names;
-use crate::net::{closed_port, connect, listener, poll1, send, tcp_pair, tcp_socket, wait_for};
-use crate::sys::{Ctx, Fd, pipe, show, zeroed};
+use crate::net::{
+    accept, closed_port, connect, listener, poll1, recv, send, tcp_pair, tcp_socket, wait_for,
+};
+use crate::sys::{Ctx, Fd, pipe, set_nonblocking, show, zeroed};
 
 pub const CASES: &[Case] = &[
     Case::new("poll.pollin_after_send", pollin_after_send),
@@ -16,6 +18,7 @@ pub const CASES: &[Case] = &[
     Case::new("poll.peer_close_rdhup", peer_close_rdhup),
     Case::new("poll.both_shut_pollhup", both_shut_pollhup),
     Case::new("poll.listener_pending", listener_pending),
+    Case::new("poll.listener_after_accept", poll_listener_after_accept),
     Case::new("poll.closed_fd_pollnval", closed_fd_pollnval),
     Case::new("poll.negative_fd_ignored", negative_fd_ignored),
     Case::new("poll.refused_pollerr", refused_pollerr),
@@ -25,6 +28,11 @@ pub const CASES: &[Case] = &[
     Case::new("select.read_write_sets", select_read_write_sets),
     Case::new("select.mixed_with_eventfd", select_mixed_with_eventfd),
     Case::new("select.timeout", select_timeout),
+    Case::new("select.listener_after_accept", select_listener_after_accept),
+    Case::new(
+        "select.listener_and_stream_loop",
+        select_listener_and_stream_loop,
+    ),
     Case::new("select.oob_exceptfds", select_oob_exceptfds),
     Case::new("select.closed_fd_ebadf", select_closed_fd_ebadf),
     Case::new("pselect.ready_with_mask", pselect_ready_with_mask),
@@ -119,6 +127,25 @@ fn listener_pending() -> Res {
     connect(c.raw(), &addr).ctx("connect")?;
     let after = wait_for(l.raw(), IN).map(poll_names);
     Ok(format!("idle={} pending={}", show(before), show(after)))
+}
+
+/// A listener whose only pending connection was accepted is no longer readable (a
+/// program that calls a blocking `accept` whenever its listener polls readable would
+/// hang otherwise).
+fn poll_listener_after_accept() -> Res {
+    let (l, addr) = listener(libc::AF_INET)?;
+    let idle = poll1(l.raw(), IN, 0).map(poll_names);
+    let c = tcp_socket(libc::AF_INET).ctx("socket")?;
+    connect(c.raw(), &addr).ctx("connect")?;
+    let pending = wait_for(l.raw(), IN).map(poll_names);
+    let _s = accept(l.raw()).ctx("accept")?;
+    let after = poll1(l.raw(), IN, 0).map(poll_names);
+    Ok(format!(
+        "idle={} pending={} accepted={}",
+        show(idle),
+        show(pending),
+        show(after)
+    ))
 }
 
 fn closed_fd_pollnval() -> Res {
@@ -286,6 +313,89 @@ fn select_mixed_with_eventfd() -> Res {
 fn select_timeout() -> Res {
     let (_c, s) = tcp_pair(libc::AF_INET)?;
     Ok(select(&[s.raw()], &[], &[s.raw()], 30))
+}
+
+/// As `poll.listener_after_accept`, with `select` and the accepted socket in the set.
+fn select_listener_after_accept() -> Res {
+    let (l, addr) = listener(libc::AF_INET)?;
+    let idle = select(&[l.raw()], &[], &[], 0);
+    let c = tcp_socket(libc::AF_INET).ctx("socket")?;
+    connect(c.raw(), &addr).ctx("connect")?;
+    let pending = select(&[l.raw()], &[], &[], 2000);
+    let s = accept(l.raw()).ctx("accept")?;
+    let after = select(&[l.raw(), s.raw()], &[], &[], 0);
+    Ok(format!(
+        "idle: {idle}; pending: {pending}; accepted: {after}"
+    ))
+}
+
+/// iperf3's pattern, both ends in one process: one `select` loop reads the listener and
+/// the accepted socket and writes 128 KiB blocks on the non-blocking client. The
+/// listener must not look readable once its connection is taken (iperf3's blocking
+/// `accept` then hangs and nothing is ever read), and the accepted socket must not look
+/// readable while it is empty.
+fn select_listener_and_stream_loop() -> Res {
+    const BLOCK: usize = 128 << 10;
+    const TOTAL: usize = 4 << 20;
+    let (l, addr) = listener(libc::AF_INET)?;
+    select(&[l.raw()], &[], &[], 0);
+    let c = tcp_socket(libc::AF_INET).ctx("socket")?;
+    connect(c.raw(), &addr).ctx("connect")?;
+    select(&[l.raw()], &[], &[], 2000);
+    let s = accept(l.raw()).ctx("accept")?;
+    for fd in [l.raw(), c.raw(), s.raw()] {
+        set_nonblocking(fd, true).ctx("fcntl")?;
+    }
+    let block = vec![0x5au8; BLOCK];
+    let mut buf = vec![0u8; BLOCK];
+    let (mut sent, mut got, mut ghost_conns, mut empty_reads) = (0, 0, 0, 0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(4);
+    while got < TOTAL && std::time::Instant::now() < deadline {
+        let mut rd: libc::fd_set = zeroed();
+        let mut wr: libc::fd_set = zeroed();
+        unsafe {
+            libc::FD_ZERO(&mut rd);
+            libc::FD_ZERO(&mut wr);
+            libc::FD_SET(l.raw(), &mut rd);
+            libc::FD_SET(s.raw(), &mut rd);
+            if sent < TOTAL {
+                libc::FD_SET(c.raw(), &mut wr);
+            }
+        }
+        let mut tv = libc::timeval {
+            tv_sec: 1,
+            tv_usec: 0,
+        };
+        let null = std::ptr::null_mut();
+        let max = l.raw().max(c.raw()).max(s.raw());
+        sys!(libc::select(max + 1, &mut rd, &mut wr, null, &mut tv)).ctx("select")?;
+        if unsafe { libc::FD_ISSET(l.raw(), &rd) } {
+            match accept(l.raw()) {
+                Err(e) if e.0 == libc::EAGAIN => ghost_conns += 1,
+                other => return Err(format!("unexpected accept: {}", show(other.map(|_| 0)))),
+            }
+        }
+        if unsafe { libc::FD_ISSET(c.raw(), &wr) } {
+            let n = BLOCK.min(TOTAL - sent);
+            match send(c.raw(), &block[..n], libc::MSG_NOSIGNAL) {
+                Ok(n) => sent += n,
+                Err(e) if e.0 == libc::EAGAIN => {}
+                Err(e) => return Err(format!("send={e}")),
+            }
+        }
+        if unsafe { libc::FD_ISSET(s.raw(), &rd) } {
+            match recv(s.raw(), &mut buf, 0) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.0 == libc::EAGAIN => empty_reads += 1,
+                Err(e) => return Err(format!("recv={e}")),
+            }
+        }
+    }
+    Ok(format!(
+        "received={got} readable_listener_without_connection={ghost_conns} \
+         readable_socket_without_data={empty_reads}"
+    ))
 }
 
 fn select_oob_exceptfds() -> Res {

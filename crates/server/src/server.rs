@@ -593,6 +593,7 @@ impl Server {
                 id,
                 ..Default::default()
             },
+            egress: None,
         };
         self.socks.insert(id, sock);
         Ok(id)

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::egress::EgressStats;
+
 /// Per-socket counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SocketStats {
@@ -68,6 +70,9 @@ pub struct ServerStats {
     pub channels: Vec<ChannelStats>,
     /// Sockets seen.
     pub sockets: Vec<SocketStats>,
+    /// Egress bonding: per source address (filled in by the caller, which owns the bond
+    /// every server of the sandbox shares).
+    pub egress: Vec<EgressStats>,
 }
 
 impl fmt::Display for ServerStats {
@@ -106,6 +111,13 @@ impl fmt::Display for ServerStats {
                 s.id, s.calls, s.bytes_out, s.bytes_in, s.tokens
             )?;
         }
+        for e in &self.egress {
+            writeln!(
+                f,
+                "  egress {}: connections {} (open {}), bytes out {}, bytes in {}",
+                e.addr, e.connections, e.live, e.bytes_out, e.bytes_in
+            )?;
+        }
         Ok(())
     }
 }
@@ -133,8 +145,18 @@ impl ServerStats {
                 )
             })
             .collect();
+        let egress: Vec<String> = self
+            .egress
+            .iter()
+            .map(|e| {
+                format!(
+                    r#"{{"addr":"{}","connections":{},"live":{},"bytes_out":{},"bytes_in":{}}}"#,
+                    e.addr, e.connections, e.live, e.bytes_out, e.bytes_in
+                )
+            })
+            .collect();
         format!(
-            r#"{{"server":"{}","turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"bad_channels":{},"denied":{},"open_at_stop":{},"dns_queries":{},"dns_answers":{},"channels":[{}],"sockets":[{}]}}"#,
+            r#"{{"server":"{}","turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"bad_channels":{},"denied":{},"open_at_stop":{},"dns_queries":{},"dns_answers":{},"channels":[{}],"sockets":[{}],"egress":[{}]}}"#,
             self.id,
             self.turns,
             self.spin_turns,
@@ -146,7 +168,8 @@ impl ServerStats {
             self.dns_queries,
             self.dns_answers,
             chans.join(","),
-            socks.join(",")
+            socks.join(","),
+            egress.join(",")
         )
     }
 }

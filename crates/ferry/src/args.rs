@@ -1,4 +1,4 @@
-//! Parsers for option values: time spans and published ports.
+//! Parsers for option values: time spans, published ports, egress addresses.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
@@ -62,6 +62,22 @@ pub fn publish(s: &str) -> Result<Publish, String> {
         sandbox_port,
         udp,
     })
+}
+
+/// Whether `ip` is an address of this host (in the caller's network namespace): the
+/// kernel lets a socket bind to exactly those.
+pub fn is_local_address(ip: IpAddr) -> bool {
+    if ip.is_unspecified() || ip.is_multicast() {
+        return false;
+    }
+    let domain = if ip.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    ferry_sys::socket(domain, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0)
+        .and_then(|fd| ferry_sys::bind(std::os::fd::AsFd::as_fd(&fd), &SocketAddr::new(ip, 0)))
+        .is_ok()
 }
 
 #[cfg(test)]

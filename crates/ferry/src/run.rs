@@ -1,6 +1,7 @@
 //! `ferry run`: sandbox + protocol server + the program, with its exit status passed on.
 
 use std::ffi::OsString;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -8,11 +9,14 @@ use std::time::Duration;
 
 use clap::Args;
 use ferry_sandbox::{SocketFactory, Spec, UserNs};
-use ferry_server::{Config, Policy, Publish, Rule, Server, Verdict};
+use ferry_server::{Bond, Config, Mode, Policy, Publish, Rule, Server, Verdict};
 use tracing::{debug, warn};
 
 /// Exit status when ferry itself fails before the program runs.
 pub const EXIT_SETUP: i32 = 125;
+
+/// Exit status for a bad option value found after parsing (as clap's usage errors).
+pub const EXIT_USAGE: i32 = 2;
 
 #[derive(Debug, Args)]
 #[command(trailing_var_arg = true)]
@@ -39,6 +43,14 @@ pub struct RunArgs {
     /// or upstream servers `IP[:PORT],…` to forward to instead.
     #[arg(long, value_name = "auto|off|IP[:PORT],…", default_value = "auto")]
     pub dns: String,
+    /// Egress bonding: new outgoing connections leave from these host source addresses
+    /// (IPv4 or IPv6), spread by --bond. A connection keeps its address.
+    #[arg(long, value_name = "ADDR[,ADDR…]", value_delimiter = ',')]
+    pub egress: Vec<String>,
+    /// How --egress spreads connections: rr (in turn), xor (by destination address and
+    /// port), least (fewest open connections).
+    #[arg(long, value_name = "rr|xor|least", requires = "egress", value_parser = ["rr", "xor", "least"])]
+    pub bond: Option<String>,
     /// Publish a sandbox port on the host: [IP:]HOST_PORT:PORT[/udp].
     #[arg(short = 'p', long = "publish", value_name = "[IP:]HOST_PORT:PORT[/udp]", value_parser = crate::args::publish)]
     pub publish: Vec<Publish>,
@@ -156,7 +168,14 @@ fn is_static_elf(b: &[u8]) -> bool {
 
 pub fn main(a: RunArgs) -> i32 {
     init_logging(a.verbose);
-    match run(a) {
+    let bond = match bond(&a) {
+        Ok(b) => b,
+        Err(msg) => {
+            eprintln!("ferry: {msg}");
+            return EXIT_USAGE;
+        }
+    };
+    match run(a, bond) {
         Ok(code) => code,
         Err(msg) => {
             eprintln!("ferry: {msg}");
@@ -165,7 +184,29 @@ pub fn main(a: RunArgs) -> i32 {
     }
 }
 
-fn run(a: RunArgs) -> Result<i32, String> {
+/// Builds the bond from `--egress`/`--bond`; every address must be on this host.
+fn bond(a: &RunArgs) -> Result<Option<Arc<Bond>>, String> {
+    if a.egress.is_empty() {
+        return Ok(None);
+    }
+    let mode: Mode = a.bond.as_deref().unwrap_or("rr").parse()?;
+    let mut addrs = Vec::new();
+    for item in &a.egress {
+        let item = item.trim();
+        let ip: IpAddr = item
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse()
+            .map_err(|_| format!("--egress {item}: not an IP address"))?;
+        if !crate::args::is_local_address(ip) {
+            return Err(format!("--egress {item}: no such address on this host"));
+        }
+        addrs.push(ip);
+    }
+    Ok(Some(Arc::new(Bond::new(mode, addrs))))
+}
+
+fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
     let policy = policy(&a)?;
     let policy_for_dns = policy.clone();
     dns_upstreams(&a.dns, &[])?; // refuse a malformed --dns before anything starts
@@ -186,6 +227,7 @@ fn run(a: RunArgs) -> Result<i32, String> {
     cfg.batch_delay = a.batch_delay;
     cfg.policy = policy;
     cfg.publish = a.publish.clone();
+    cfg.egress = bond.clone();
     let factory: Arc<OnceLock<SocketFactory>> = Arc::new(OnceLock::new());
     let f2 = factory.clone();
     let make = Box::new(move |d, t, p| match f2.get() {
@@ -248,6 +290,11 @@ fn run(a: RunArgs) -> Result<i32, String> {
         .join()
         .map_err(|_| "the protocol server panicked".to_string())?;
     let _ = sig_thread.join();
+    let mut stats = stats;
+    if let Some(b) = &bond {
+        // Every server is gone, so every connection has ended and added its bytes.
+        stats.egress = b.stats();
+    }
     if a.stats {
         eprint!("{stats}");
     }

@@ -1,0 +1,318 @@
+//! Egress bonding end to end: a remote reached over two veth paths, nginx on a service
+//! address of the remote's `lo`, curl through `ferry run --egress H0,H1 --bond MODE`, and
+//! the remote's own interface counters to tell which path carried what.
+//!
+//! Routing: the host reaches the service address only by policy routing, one table per
+//! path: `ip rule add from H_i table T_i` and `ip route add SERVICE via R_i table T_i`.
+//! So a connection from H_i goes out over path i, and the remote's answers to H_i come
+//! back over it too (H_i's subnet is path i's connected route there). A connection that
+//! is not bound to one of the two addresses has no route at all.
+//!
+//! This is done in the test process's own namespace rather than in a dedicated "host"
+//! namespace because the testbed's veths and ferry's protocol server both live in the
+//! caller's namespace; the rules touch only packets from this test's own addresses (fresh
+//! /30s no interface had), the tables are numbered per process and per test, and
+//! [`PolicyRoutes`] deletes rules and tables on drop, also when an assertion fails.
+//! (Deleting the veths would remove the routes anyway; the rules are what could stay.)
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::common::*;
+use crate::text;
+use ferry_server::{Bond, Mode};
+
+/// Size of the file each fetch downloads.
+const FILE_LEN: usize = 2 << 20;
+
+/// `ip rule`s and routing tables, removed on drop.
+struct PolicyRoutes {
+    rules: Vec<(Ipv4Addr, u32)>,
+}
+
+impl PolicyRoutes {
+    /// Routes `service` via `path.remote_ip` for packets from `path.host_ip`, per path.
+    fn add(paths: &[ferry_sandbox::testbed::Path], service: Ipv4Addr) -> PolicyRoutes {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let mut routes = PolicyRoutes { rules: Vec::new() };
+        for p in paths {
+            // 0x4000_0000 + pid·64 + n: no other table, no other test of this process.
+            let table = 0x4000_0000
+                + (std::process::id() % 0x0100_0000) * 64
+                + NEXT.fetch_add(1, Ordering::Relaxed) % 64;
+            let (from, t) = (p.host_ip.to_string(), table.to_string());
+            // Recorded first, so that a failure below still cleans up.
+            routes.rules.push((p.host_ip, table));
+            ip(&[
+                "route",
+                "add",
+                &format!("{service}/32"),
+                "via",
+                &p.remote_ip.to_string(),
+                "table",
+                &t,
+            ]);
+            ip(&["rule", "add", "from", &from, "table", &t]);
+        }
+        routes
+    }
+}
+
+impl Drop for PolicyRoutes {
+    fn drop(&mut self) {
+        for (from, table) in &self.rules {
+            let t = table.to_string();
+            let _ = Command::new("ip")
+                .args(["rule", "del", "from", &from.to_string(), "table", &t])
+                .output();
+            let _ = Command::new("ip")
+                .args(["route", "flush", "table", &t])
+                .output();
+        }
+    }
+}
+
+fn ip(args: &[&str]) {
+    let o = Command::new("ip").args(args).output().expect("run ip");
+    assert!(o.status.success(), "ip {}: {}", args.join(" "), text(&o));
+}
+
+/// A remote with two paths, nginx on `service:port` serving `big.bin`.
+struct TwoPaths {
+    remote: Remote,
+    service: Ipv4Addr,
+    port: u16,
+    dir: TempDir,
+    _routes: PolicyRoutes,
+    _nginx: Guard,
+}
+
+impl TwoPaths {
+    fn new(tag: &str, port: u16) -> TwoPaths {
+        let mut r = remote(tag);
+        let (h1, r1) = free_subnet().expect("free subnet");
+        r.add_path(h1, r1).expect("second path");
+        // An address of a third fresh /30 as the service, on the remote's lo.
+        let (_, service) = free_subnet().expect("free subnet");
+        ip(&[
+            "-n",
+            r.name(),
+            "addr",
+            "add",
+            &format!("{service}/32"),
+            "dev",
+            "lo",
+        ]);
+        let routes = PolicyRoutes::add(r.paths(), service);
+        let dir = TempDir::new(tag);
+        std::fs::write(dir.path().join("big.bin"), pattern(FILE_LEN, 7)).unwrap();
+        let conf = nginx_conf(dir.path(), dir.path(), port);
+        let nginx = Guard(
+            quiet(&mut r.command("nginx"))
+                .args(["-c", conf.to_str().unwrap()])
+                .spawn()
+                .unwrap(),
+        );
+        let paths = TwoPaths {
+            remote: r,
+            service,
+            port,
+            dir,
+            _routes: routes,
+            _nginx: nginx,
+        };
+        // Reachable from each source address (each over its own path).
+        for h in paths.sources() {
+            wait_port_from(h, service, port);
+        }
+        paths
+    }
+
+    fn sources(&self) -> [Ipv4Addr; 2] {
+        [
+            self.remote.paths()[0].host_ip,
+            self.remote.paths()[1].host_ip,
+        ]
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}:{}/big.bin", self.service, self.port)
+    }
+
+    /// Bytes (received, sent) so far by each path's remote end.
+    fn counters(&self) -> [(u64, u64); 2] {
+        let read = |p: &ferry_sandbox::testbed::Path, what: &str| -> u64 {
+            let f = format!("/sys/class/net/{}/statistics/{what}", p.remote_if);
+            let o = self.remote.command("cat").arg(&f).output().unwrap();
+            assert!(o.status.success(), "{f}: {}", text(&o));
+            String::from_utf8_lossy(&o.stdout).trim().parse().unwrap()
+        };
+        let ps = self.remote.paths();
+        [0, 1].map(|i| (read(&ps[i], "rx_bytes"), read(&ps[i], "tx_bytes")))
+    }
+
+    /// Runs `script` under `ferry run --egress H0,H1 --bond mode`; returns what each path
+    /// carried meanwhile, (received, sent) by the remote, and the stats JSON.
+    fn run(&self, mode: &str, script: &str) -> ([(u64, u64); 2], String) {
+        let [h0, h1] = self.sources();
+        let egress = format!("{h0},{h1}");
+        let stats = self.dir.path().join(format!("stats-{mode}.json"));
+        let before = self.counters();
+        let o = ferry_run(
+            &[
+                "--egress",
+                &egress,
+                "--bond",
+                mode,
+                "--stats-json",
+                stats.to_str().unwrap(),
+            ],
+            &["bash", "-c", script],
+        );
+        assert!(o.status.success(), "--bond {mode}: {}", text(&o));
+        let after = self.counters();
+        let json = std::fs::read_to_string(&stats).unwrap();
+        eprintln!("--bond {mode}: before {before:?} after {after:?}\n{json}");
+        let delta = [0, 1].map(|i| (after[i].0 - before[i].0, after[i].1 - before[i].1));
+        (delta, json)
+    }
+
+    /// `n` sequential fetches, each checked for the whole file.
+    fn fetches(&self, n: usize) -> String {
+        format!(
+            "for i in $(seq {n}); do test \"$(curl -sS --fail {} | wc -c)\" = {FILE_LEN} || exit 1; done",
+            self.url()
+        )
+    }
+}
+
+/// Waits until `to:port` accepts a TCP connection from source address `from`.
+fn wait_port_from(from: Ipv4Addr, to: Ipv4Addr, port: u16) {
+    let mut last = String::new();
+    for _ in 0..100 {
+        let o = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "--interface", &from.to_string()])
+            .arg(format!("http://{to}:{port}/"))
+            .output()
+            .unwrap();
+        if o.status.success() {
+            return;
+        }
+        last = text(&o);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("{to}:{port} not reachable from {from}: {last}");
+}
+
+/// Each path's share of the bytes the remote sent, and of those it received.
+fn shares(d: &[(u64, u64); 2]) -> [(f64, f64); 2] {
+    let rx = (d[0].0 + d[1].0).max(1) as f64;
+    let tx = (d[0].1 + d[1].1).max(1) as f64;
+    [0, 1].map(|i| (d[i].0 as f64 / rx, d[i].1 as f64 / tx))
+}
+
+/// The `connections` of each address in the stats JSON's `egress` list.
+fn connections(json: &str) -> Vec<u64> {
+    let egress = json.split("\"egress\":").nth(1).expect("egress in stats");
+    egress
+        .split("\"connections\":")
+        .skip(1)
+        .filter_map(|t| t.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+        .collect()
+}
+
+#[test]
+fn rr_spreads_connections_over_both_paths() {
+    if !can_run(&["curl", "nginx", "ip", "bash"]) {
+        return;
+    }
+    let t = TwoPaths::new("bondrr", 8091);
+    let (d, json) = t.run("rr", &t.fetches(8));
+    let s = shares(&d);
+    eprintln!("rr: per path (rx, tx) bytes {d:?}, shares {s:?}");
+    for (i, (rx, tx)) in s.iter().enumerate() {
+        assert!(
+            *tx >= 0.25 && *rx >= 0.25,
+            "path {i} carried too little: shares {s:?}, bytes {d:?}"
+        );
+    }
+    // Both directions of every connection stayed on one path: the downloads (the
+    // remote's tx) add up to 8 files, 4 per path.
+    for (i, (_, tx)) in d.iter().enumerate() {
+        assert!(*tx >= 4 * FILE_LEN as u64, "path {i} sent {tx}");
+    }
+    assert_eq!(connections(&json), [4, 4], "{json}");
+}
+
+#[test]
+fn xor_keeps_one_destination_on_one_path() {
+    if !can_run(&["curl", "nginx", "ip", "bash"]) {
+        return;
+    }
+    let t = TwoPaths::new("bondxor", 8092);
+    let (d, json) = t.run("xor", &t.fetches(6));
+    let s = shares(&d);
+    eprintln!("xor: per path (rx, tx) bytes {d:?}, shares {s:?}");
+    // The path is the one the bond's hash names for this destination.
+    let [h0, h1] = t.sources();
+    let bond = Bond::new(Mode::Xor, vec![IpAddr::V4(h0), IpAddr::V4(h1)]);
+    let dst = SocketAddr::new(IpAddr::V4(t.service), t.port);
+    let want = usize::from(bond.pick(dst) == Some(IpAddr::V4(h1)));
+    assert!(
+        s[want].1 >= 0.95 && s[want].0 >= 0.9,
+        "path {want} should carry all: shares {s:?}, bytes {d:?}"
+    );
+    let mut conns = vec![0, 0];
+    conns[want] = 6;
+    assert_eq!(connections(&json), conns, "{json}");
+}
+
+#[test]
+fn least_avoids_the_path_with_an_open_connection() {
+    if !can_run(&["curl", "nginx", "ip", "bash"]) {
+        return;
+    }
+    let t = TwoPaths::new("bondleast", 8093);
+    // An idle connection held open on the first address (all equal: the first wins),
+    // then fetches one at a time: each finds the second address emptier.
+    let script = format!(
+        "exec 3<>/dev/tcp/{}/{} || exit 1; {}; exec 3<&-",
+        t.service,
+        t.port,
+        t.fetches(4)
+    );
+    let (d, json) = t.run("least", &script);
+    let s = shares(&d);
+    eprintln!("least: per path (rx, tx) bytes {d:?}, shares {s:?}");
+    assert!(
+        s[1].1 >= 0.95 && s[1].0 >= 0.9,
+        "path 1 should carry the fetches: shares {s:?}, bytes {d:?}"
+    );
+    assert_eq!(connections(&json), [1, 4], "{json}");
+    // The same script with rr alternates: the fetches use both paths.
+    let (d, json) = t.run("rr", &script);
+    assert_eq!(connections(&json), [3, 2], "{json}");
+    assert!(d[0].1 >= 2 * FILE_LEN as u64, "rr: {d:?}");
+}
+
+#[test]
+fn an_egress_address_not_on_the_host_is_refused() {
+    let o = ferry_run(&["--egress", "198.51.100.77"], &["true"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .contains("--egress 198.51.100.77: no such address on this host"),
+        "{}",
+        text(&o)
+    );
+    let o = ferry_run(&["--bond", "xor"], &["true"]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "--bond without --egress: {}",
+        text(&o)
+    );
+    let o = ferry_run(&["--egress", "127.0.0.1", "--bond", "random"], &["true"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}

@@ -64,20 +64,43 @@ pub fn publish(s: &str) -> Result<Publish, String> {
     })
 }
 
-/// Whether `ip` is an address of this host (in the caller's network namespace): the
-/// kernel lets a socket bind to exactly those.
-pub fn is_local_address(ip: IpAddr) -> bool {
-    if ip.is_unspecified() || ip.is_multicast() {
-        return false;
+/// Resolves `--egress` items against the host's addresses `(interface, address)`: an
+/// address must be one of them; an interface name stands for its addresses (IPv6
+/// link-local ones excepted: they need a scope a source address cannot carry).
+pub fn egress_sources(items: &[String], host: &[(String, IpAddr)]) -> Result<Vec<IpAddr>, String> {
+    let mut out = Vec::new();
+    for item in items {
+        let item = item.trim();
+        let bare = item.trim_start_matches('[').trim_end_matches(']');
+        if let Ok(ip) = bare.parse::<IpAddr>() {
+            if !host.iter().any(|(_, a)| *a == ip) {
+                return Err(format!("--egress {item}: no such address on this host"));
+            }
+            out.push(ip);
+            continue;
+        }
+        if !host.iter().any(|(name, _)| name == item) {
+            return Err(format!(
+                "--egress {item}: no such address or interface on this host"
+            ));
+        }
+        let before = out.len();
+        out.extend(
+            host.iter()
+                .filter(|(name, ip)| name == item && !is_link_local_v6(ip))
+                .map(|(_, ip)| *ip),
+        );
+        if out.len() == before {
+            return Err(format!(
+                "--egress {item}: the interface has no usable address"
+            ));
+        }
     }
-    let domain = if ip.is_ipv4() {
-        libc::AF_INET
-    } else {
-        libc::AF_INET6
-    };
-    ferry_sys::socket(domain, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0)
-        .and_then(|fd| ferry_sys::bind(std::os::fd::AsFd::as_fd(&fd), &SocketAddr::new(ip, 0)))
-        .is_ok()
+    Ok(out)
+}
+
+fn is_link_local_v6(ip: &IpAddr) -> bool {
+    matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)
 }
 
 #[cfg(test)]
@@ -111,5 +134,41 @@ mod tests {
         assert!(publish("80").is_err());
         assert!(publish("x:80").is_err());
         assert!(publish("80:81/sctp").is_err());
+    }
+
+    #[test]
+    fn egress_addresses_and_interfaces() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let host = [
+            ("lo".to_string(), ip("127.0.0.1")),
+            ("eth0".to_string(), ip("192.0.2.2")),
+            ("eth0".to_string(), ip("fe80::1")),
+            ("eth0".to_string(), ip("fd00::2")),
+            ("wg0".to_string(), ip("fe80::9")),
+        ];
+        let items = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            egress_sources(&items(&["127.0.0.1", "eth0", "[fd00::2]"]), &host).unwrap(),
+            [
+                ip("127.0.0.1"),
+                ip("192.0.2.2"),
+                ip("fd00::2"),
+                ip("fd00::2")
+            ]
+        );
+        assert_eq!(
+            egress_sources(&items(&["10.9.9.9"]), &host).unwrap_err(),
+            "--egress 10.9.9.9: no such address on this host"
+        );
+        assert!(
+            egress_sources(&items(&["eth9"]), &host)
+                .unwrap_err()
+                .contains("no such")
+        );
+        assert!(
+            egress_sources(&items(&["wg0"]), &host)
+                .unwrap_err()
+                .contains("no usable")
+        );
     }
 }

@@ -44,8 +44,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "auto|off|IP[:PORT],…", default_value = "auto")]
     pub dns: String,
     /// Egress bonding: new outgoing connections leave from these host source addresses
-    /// (IPv4 or IPv6), spread by --bond. A connection keeps its address.
-    #[arg(long, value_name = "ADDR[,ADDR…]", value_delimiter = ',')]
+    /// (IPv4 or IPv6; an interface name means its addresses), spread by --bond. A
+    /// connection keeps its address.
+    #[arg(long, value_name = "ADDR|IF[,…]", value_delimiter = ',')]
     pub egress: Vec<String>,
     /// How --egress spreads connections: rr (in turn), xor (by destination address and
     /// port), least (fewest open connections).
@@ -190,20 +191,29 @@ fn bond(a: &RunArgs) -> Result<Option<Arc<Bond>>, String> {
         return Ok(None);
     }
     let mode: Mode = a.bond.as_deref().unwrap_or("rr").parse()?;
-    let mut addrs = Vec::new();
-    for item in &a.egress {
-        let item = item.trim();
-        let ip: IpAddr = item
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse()
-            .map_err(|_| format!("--egress {item}: not an IP address"))?;
-        if !crate::args::is_local_address(ip) {
-            return Err(format!("--egress {item}: no such address on this host"));
-        }
-        addrs.push(ip);
-    }
+    let addrs = crate::args::egress_sources(&a.egress, &host_addresses()?)?;
     Ok(Some(Arc::new(Bond::new(mode, addrs))))
+}
+
+/// The addresses of the caller's network namespace with their interfaces' names.
+fn host_addresses() -> Result<Vec<(String, IpAddr)>, String> {
+    let addrs = ferry_sys::interface_addresses()
+        .map_err(|e| format!("--egress: cannot list this host's addresses: {e}"))?;
+    let mut names = std::collections::HashMap::new();
+    if let Ok(dir) = std::fs::read_dir("/sys/class/net") {
+        for entry in dir.flatten() {
+            let index = std::fs::read_to_string(entry.path().join("ifindex"))
+                .ok()
+                .and_then(|s| s.trim().parse::<u32>().ok());
+            if let Some(index) = index {
+                names.insert(index, entry.file_name().to_string_lossy().into_owned());
+            }
+        }
+    }
+    Ok(addrs
+        .into_iter()
+        .map(|(index, ip)| (names.get(&index).cloned().unwrap_or_default(), ip))
+        .collect())
 }
 
 fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {

@@ -78,14 +78,26 @@ fn ip(args: &[&str]) {
     assert!(o.status.success(), "ip {}: {}", args.join(" "), text(&o));
 }
 
-/// A remote with two paths, nginx on `service:port` serving `big.bin`.
+/// nginx, stopped with SIGTERM on drop so that its master takes its workers along
+/// (SIGKILL would leave them running in the deleted namespace).
+struct Nginx(std::process::Child);
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").arg(self.0.id().to_string()).status();
+        let _ = self.0.wait();
+    }
+}
+
+/// A remote with two paths, nginx on `service:port` serving `big.bin`. (Fields drop in
+/// order: nginx first, the namespace last.)
 struct TwoPaths {
+    _nginx: Nginx,
+    _routes: PolicyRoutes,
     remote: Remote,
     service: Ipv4Addr,
     port: u16,
     dir: TempDir,
-    _routes: PolicyRoutes,
-    _nginx: Guard,
 }
 
 impl TwoPaths {
@@ -108,19 +120,19 @@ impl TwoPaths {
         let dir = TempDir::new(tag);
         std::fs::write(dir.path().join("big.bin"), pattern(FILE_LEN, 7)).unwrap();
         let conf = nginx_conf(dir.path(), dir.path(), port);
-        let nginx = Guard(
+        let nginx = Nginx(
             quiet(&mut r.command("nginx"))
                 .args(["-c", conf.to_str().unwrap()])
                 .spawn()
                 .unwrap(),
         );
         let paths = TwoPaths {
+            _nginx: nginx,
+            _routes: routes,
             remote: r,
             service,
             port,
             dir,
-            _routes: routes,
-            _nginx: nginx,
         };
         // Reachable from each source address (each over its own path).
         for h in paths.sources() {
@@ -152,17 +164,27 @@ impl TwoPaths {
         [0, 1].map(|i| (read(&ps[i], "rx_bytes"), read(&ps[i], "tx_bytes")))
     }
 
-    /// Runs `script` under `ferry run --egress H0,H1 --bond mode`; returns what each path
-    /// carried meanwhile, (received, sent) by the remote, and the stats JSON.
-    fn run(&self, mode: &str, script: &str) -> ([(u64, u64); 2], String) {
+    /// `--egress` naming the two host addresses.
+    fn addrs(&self) -> String {
         let [h0, h1] = self.sources();
-        let egress = format!("{h0},{h1}");
+        format!("{h0},{h1}")
+    }
+
+    /// `--egress` naming the two host interfaces.
+    fn interfaces(&self) -> String {
+        let p = self.remote.paths();
+        format!("{},{}", p[0].host_if, p[1].host_if)
+    }
+
+    /// Runs `script` under `ferry run --egress EGRESS --bond mode`; returns what each path
+    /// carried meanwhile, (received, sent) by the remote, and the stats JSON.
+    fn run(&self, egress: &str, mode: &str, script: &str) -> ([(u64, u64); 2], String) {
         let stats = self.dir.path().join(format!("stats-{mode}.json"));
         let before = self.counters();
         let o = ferry_run(
             &[
                 "--egress",
-                &egress,
+                egress,
                 "--bond",
                 mode,
                 "--stats-json",
@@ -228,7 +250,7 @@ fn rr_spreads_connections_over_both_paths() {
         return;
     }
     let t = TwoPaths::new("bondrr", 8091);
-    let (d, json) = t.run("rr", &t.fetches(8));
+    let (d, json) = t.run(&t.addrs(), "rr", &t.fetches(8));
     let s = shares(&d);
     eprintln!("rr: per path (rx, tx) bytes {d:?}, shares {s:?}");
     for (i, (rx, tx)) in s.iter().enumerate() {
@@ -251,7 +273,8 @@ fn xor_keeps_one_destination_on_one_path() {
         return;
     }
     let t = TwoPaths::new("bondxor", 8092);
-    let (d, json) = t.run("xor", &t.fetches(6));
+    // Interface names this time: each stands for its (one IPv4) address.
+    let (d, json) = t.run(&t.interfaces(), "xor", &t.fetches(6));
     let s = shares(&d);
     eprintln!("xor: per path (rx, tx) bytes {d:?}, shares {s:?}");
     // The path is the one the bond's hash names for this destination.
@@ -282,7 +305,7 @@ fn least_avoids_the_path_with_an_open_connection() {
         t.port,
         t.fetches(4)
     );
-    let (d, json) = t.run("least", &script);
+    let (d, json) = t.run(&t.addrs(), "least", &script);
     let s = shares(&d);
     eprintln!("least: per path (rx, tx) bytes {d:?}, shares {s:?}");
     assert!(
@@ -291,9 +314,92 @@ fn least_avoids_the_path_with_an_open_connection() {
     );
     assert_eq!(connections(&json), [1, 4], "{json}");
     // The same script with rr alternates: the fetches use both paths.
-    let (d, json) = t.run("rr", &script);
+    let (d, json) = t.run(&t.addrs(), "rr", &script);
     assert_eq!(connections(&json), [3, 2], "{json}");
     assert!(d[0].1 >= 2 * FILE_LEN as u64, "rr: {d:?}");
+}
+
+#[test]
+fn an_egress_address_gone_from_the_host_fails_that_connect() {
+    if !can_run(&["curl", "nginx", "ip", "bash"]) {
+        return;
+    }
+    let t = TwoPaths::new("bondgone", 8094);
+    let [h0, _] = t.sources();
+    let fifo = t.dir.path().join("go");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let ready = t.dir.path().join("ready");
+    // The program (ferry has checked its --egress by then) says it runs, waits until the
+    // first address is gone, then connects twice (rr: the first connection is given
+    // that address, the second the other one).
+    let script = format!(
+        ": > '{}'; read go < '{}'; curl -sS -o /dev/null {url}; echo first=$?; curl -sS -o /dev/null {url}; echo second=$?",
+        ready.display(),
+        fifo.display(),
+        url = t.url()
+    );
+    let mut c = ferry();
+    c.args([
+        "run",
+        "--egress",
+        &t.addrs(),
+        "--bond",
+        "rr",
+        "--",
+        "bash",
+        "-c",
+        &script,
+    ]);
+    // Killed if the test fails before the program ends.
+    let mut child = Guard(
+        c.stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let t0 = std::time::Instant::now();
+    while !ready.exists() {
+        assert!(t0.elapsed().as_secs() < 10, "the program never started");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let prefix = format!("{h0}/30");
+    ip(&["addr", "del", &prefix, "dev", &t.remote.paths()[0].host_if]);
+    // Opened read-write, a FIFO never blocks: no hang if ferry is already gone.
+    let mut go = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fifo)
+        .unwrap();
+    std::io::Write::write_all(&mut go, b"go\n").unwrap();
+    let status = child.0.wait().unwrap();
+    let mut o = std::process::Output {
+        status,
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+    };
+    // A few lines each: they fit in the pipes, so reading after the wait is fine.
+    std::io::Read::read_to_end(&mut child.0.stdout.take().unwrap(), &mut o.stdout).unwrap();
+    std::io::Read::read_to_end(&mut child.0.stderr.take().unwrap(), &mut o.stderr).unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{}: {}", o.status, text(&o));
+    assert!(
+        out.contains("first=7"),
+        "curl could not connect: {}",
+        text(&o)
+    );
+    assert!(
+        out.contains("second=0"),
+        "the other address works: {}",
+        text(&o)
+    );
+    assert!(
+        err.contains(&format!("cannot use egress source {h0}"))
+            && err.contains("Cannot assign requested address"),
+        "a log line says why: {}",
+        text(&o)
+    );
 }
 
 #[test]

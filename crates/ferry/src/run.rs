@@ -49,7 +49,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "ADDR|IF[,…]", value_delimiter = ',')]
     pub egress: Vec<String>,
     /// How --egress spreads connections: rr (in turn), xor (by destination address and
-    /// port), least (fewest open connections).
+    /// port), least (fewest open connections). Default: rr.
     #[arg(long, value_name = "rr|xor|least", requires = "egress", value_parser = ["rr", "xor", "least"])]
     pub bond: Option<String>,
     /// Publish a sandbox port on the host: [IP:]HOST_PORT:PORT[/udp].

@@ -320,6 +320,50 @@ fn least_avoids_the_path_with_an_open_connection() {
 }
 
 #[test]
+fn rr_bonds_connected_udp_too() {
+    if !can_run(&["iperf3", "nginx", "ip", "ss", "bash"]) {
+        return;
+    }
+    let t = TwoPaths::new("bondudp", 8095);
+    // Bound to the service address: a wildcard UDP socket would answer from the
+    // path's own address (the source a route lookup picks), which a connected client
+    // socket ignores.
+    let service = t.service.to_string();
+    let _iperf = Guard(
+        quiet(&mut t.remote.command("iperf3"))
+            .args(["-s", "-p", "5211", "-B", &service])
+            .spawn()
+            .unwrap(),
+    );
+    // Listening? (Asked inside the remote: a probe connection would disturb iperf3.)
+    let t0 = std::time::Instant::now();
+    loop {
+        let o = t
+            .remote
+            .command("ss")
+            .args(["-Hltn", "sport = :5211"])
+            .output()
+            .unwrap();
+        if !o.stdout.is_empty() {
+            break;
+        }
+        assert!(t0.elapsed().as_secs() < 10, "iperf3 never listened");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // iperf3's control connection (TCP) comes first and takes the first address; its
+    // data stream, a connected UDP socket, takes the second.
+    let script = format!("iperf3 -u -c {} -p 5211 -b 40M -t 1 -l 1400", t.service);
+    let (d, json) = t.run(&t.addrs(), "rr", &script);
+    let s = shares(&d);
+    eprintln!("udp: per path (rx, tx) bytes {d:?}, shares {s:?}");
+    assert!(
+        d[1].0 >= 2 << 20 && s[1].0 >= 0.9,
+        "the datagrams went over path 1: shares {s:?}, bytes {d:?}"
+    );
+    assert_eq!(connections(&json), [1, 1], "{json}");
+}
+
+#[test]
 fn an_egress_address_gone_from_the_host_fails_that_connect() {
     if !can_run(&["curl", "nginx", "ip", "bash"]) {
         return;

@@ -60,7 +60,7 @@ impl FromStr for Mode {
 pub struct EgressStats {
     /// The source address.
     pub addr: IpAddr,
-    /// Connections placed on it.
+    /// Connections given this address (also those whose bind or connect then failed).
     pub connections: u64,
     /// Of those, still open.
     pub live: u64,

@@ -236,9 +236,14 @@ fn shares(d: &[(u64, u64); 2]) -> [(f64, f64); 2] {
 
 /// The `connections` of each address in the stats JSON's `egress` list.
 fn connections(json: &str) -> Vec<u64> {
+    egress_counter(json, "connections")
+}
+
+/// One counter of each address in the stats JSON's `egress` list.
+fn egress_counter(json: &str, key: &str) -> Vec<u64> {
     let egress = json.split("\"egress\":").nth(1).expect("egress in stats");
     egress
-        .split("\"connections\":")
+        .split(&format!("\"{key}\":"))
         .skip(1)
         .filter_map(|t| t.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
         .collect()
@@ -265,6 +270,13 @@ fn rr_spreads_connections_over_both_paths() {
         assert!(*tx >= 4 * FILE_LEN as u64, "path {i} sent {tx}");
     }
     assert_eq!(connections(&json), [4, 4], "{json}");
+    // ferry's own per-address byte counts agree: 4 files received over each.
+    for (i, n) in egress_counter(&json, "bytes_in").iter().enumerate() {
+        assert!(
+            *n >= 4 * FILE_LEN as u64,
+            "address {i} received {n}: {json}"
+        );
+    }
 }
 
 #[test]

@@ -912,3 +912,23 @@ pub fn send_to(fd: BorrowedFd<'_>, buf: &[u8], to: &SocketAddr) -> io::Result<us
     // SAFETY: `buf` is live and readable for its length.
     unsafe { send_raw(fd, buf.as_ptr(), buf.len(), Some(to), 0) }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn address_dump_lists_loopback() {
+        let all = interface_addresses().unwrap();
+        let lo = all
+            .iter()
+            .find(|(_, ip)| *ip == std::net::IpAddr::from([127, 0, 0, 1]))
+            .expect("127.0.0.1 is listed");
+        assert!(lo.0 > 0, "with its interface index: {all:?}");
+        // Each address once per interface (IFA_LOCAL preferred, not both attributes).
+        let mut seen = all.clone();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), all.len(), "{all:?}");
+    }
+}

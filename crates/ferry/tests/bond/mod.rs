@@ -332,6 +332,27 @@ fn least_avoids_the_path_with_an_open_connection() {
 }
 
 #[test]
+fn a_socket_the_program_bound_keeps_its_address() {
+    if !can_run(&["curl", "nginx", "ip", "bash"]) {
+        return;
+    }
+    let t = TwoPaths::new("bondown", 8096);
+    let [_, h1] = t.sources();
+    // rr would alternate; curl binds every socket to the second address itself.
+    let script = format!(
+        "for i in 1 2 3 4; do test \"$(curl -sS --fail --interface {h1} {} | wc -c)\" = {FILE_LEN} || exit 1; done",
+        t.url()
+    );
+    let (d, json) = t.run(&t.addrs(), "rr", &script);
+    let s = shares(&d);
+    assert!(
+        s[1].1 >= 0.95,
+        "path 1 should carry all: shares {s:?}, bytes {d:?}"
+    );
+    assert_eq!(connections(&json), [0, 0], "the bond was not asked: {json}");
+}
+
+#[test]
 fn rr_bonds_connected_udp_too() {
     if !can_run(&["iperf3", "nginx", "ip", "ss", "bash"]) {
         return;

@@ -296,11 +296,10 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
         .map_err(|e| format!("waiting for the sandbox: {e}"))?;
     done.store(true, Ordering::SeqCst);
     stop.stop();
-    let stats = server_thread
+    let mut stats = server_thread
         .join()
         .map_err(|_| "the protocol server panicked".to_string())?;
     let _ = sig_thread.join();
-    let mut stats = stats;
     if let Some(b) = &bond {
         // Every server is gone, so every connection has ended and added its bytes.
         stats.egress = b.stats();

@@ -4,12 +4,12 @@
 //! This crate owns the server side of socket mode: accepting channels on the control
 //! socket, creating and placing host sockets (host namespace vs. the sandbox's own
 //! namespace), performing every operation non-blocking and parking the ones that must
-//! wait, readiness tokens, the egress policy, egress bonding (spreading new connections
-//! over several host source addresses, [`egress`]), published ports, and counters. It trusts
-//! nothing that comes from a channel: a malformed record closes that channel (with a log
-//! line) and the server carries on. It must not block on a host socket, panic on peer
-//! data, or touch the sandbox's processes. Shared-memory mechanics are `ferry-ring`'s;
-//! record layouts are `ferry-proto`'s; the protocol is described in
+//! wait, readiness tokens, the egress policy, egress bonding ([`egress`]: new outgoing
+//! connections spread over several host source addresses), published ports, and
+//! counters. It trusts nothing that comes from a channel: a malformed record closes that
+//! channel (with a log line) and the server carries on. It must not block on a host
+//! socket, panic on peer data, or touch the sandbox's processes. Shared-memory mechanics
+//! are `ferry-ring`'s; record layouts are `ferry-proto`'s; the protocol is described in
 //! `docs/specs/socket-protocol.md`.
 //!
 //! # Theory of operation

@@ -1,4 +1,4 @@
-//! Parsers for option values: time spans and published ports.
+//! Parsers for option values: time spans, published ports, CPU lists, egress addresses.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
@@ -126,6 +126,45 @@ pub fn format_cpus(cpus: &[usize]) -> String {
     parts.join(",")
 }
 
+/// Resolves `--egress` items against the host's addresses `(interface, address)`: an
+/// address must be one of them; an interface name stands for its addresses (IPv6
+/// link-local ones excepted: they need a scope a source address cannot carry).
+pub fn egress_sources(items: &[String], host: &[(String, IpAddr)]) -> Result<Vec<IpAddr>, String> {
+    let mut out = Vec::new();
+    for item in items {
+        let item = item.trim();
+        let bare = item.trim_start_matches('[').trim_end_matches(']');
+        if let Ok(ip) = bare.parse::<IpAddr>() {
+            if !host.iter().any(|(_, a)| *a == ip) {
+                return Err(format!("--egress {item}: no such address on this host"));
+            }
+            out.push(ip);
+            continue;
+        }
+        if !host.iter().any(|(name, _)| name == item) {
+            return Err(format!(
+                "--egress {item}: no such address or interface on this host"
+            ));
+        }
+        let before = out.len();
+        out.extend(
+            host.iter()
+                .filter(|(name, ip)| name == item && !is_link_local_v6(ip))
+                .map(|(_, ip)| *ip),
+        );
+        if out.len() == before {
+            return Err(format!(
+                "--egress {item}: the interface has no usable address"
+            ));
+        }
+    }
+    Ok(out)
+}
+
+fn is_link_local_v6(ip: &IpAddr) -> bool {
+    matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,5 +209,41 @@ mod tests {
         assert!(publish("80").is_err());
         assert!(publish("x:80").is_err());
         assert!(publish("80:81/sctp").is_err());
+    }
+
+    #[test]
+    fn egress_addresses_and_interfaces() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let host = [
+            ("lo".to_string(), ip("127.0.0.1")),
+            ("eth0".to_string(), ip("192.0.2.2")),
+            ("eth0".to_string(), ip("fe80::1")),
+            ("eth0".to_string(), ip("fd00::2")),
+            ("wg0".to_string(), ip("fe80::9")),
+        ];
+        let items = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            egress_sources(&items(&["127.0.0.1", "eth0", "[fd00::2]"]), &host).unwrap(),
+            [
+                ip("127.0.0.1"),
+                ip("192.0.2.2"),
+                ip("fd00::2"),
+                ip("fd00::2")
+            ]
+        );
+        assert_eq!(
+            egress_sources(&items(&["10.9.9.9"]), &host).unwrap_err(),
+            "--egress 10.9.9.9: no such address on this host"
+        );
+        assert!(
+            egress_sources(&items(&["eth9"]), &host)
+                .unwrap_err()
+                .contains("no such")
+        );
+        assert!(
+            egress_sources(&items(&["wg0"]), &host)
+                .unwrap_err()
+                .contains("no usable")
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! `ferry run`: sandbox + protocol server + the program, with its exit status passed on.
 
 use std::ffi::OsString;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -8,11 +9,16 @@ use std::time::Duration;
 
 use clap::Args;
 use ferry_sandbox::{SocketFactory, Spec, UserNs};
-use ferry_server::{Accepted, Assign, Config, Policy, Publish, Rule, Server, Servers, Verdict};
+use ferry_server::{
+    Accepted, Assign, Bond, Config, Mode, Policy, Publish, Rule, Server, Servers, Verdict,
+};
 use tracing::{debug, warn};
 
 /// Exit status when ferry itself fails before the program runs.
 pub const EXIT_SETUP: i32 = 125;
+
+/// Exit status for a bad option value found after parsing (as clap's usage errors).
+pub const EXIT_USAGE: i32 = 2;
 
 #[derive(Debug, Args)]
 #[command(trailing_var_arg = true)]
@@ -39,6 +45,15 @@ pub struct RunArgs {
     /// or upstream servers `IP[:PORT],…` to forward to instead.
     #[arg(long, value_name = "auto|off|IP[:PORT],…", default_value = "auto")]
     pub dns: String,
+    /// Egress bonding: new outgoing connections leave from these host source addresses
+    /// (IPv4 or IPv6; an interface name means its addresses), spread by --bond. A
+    /// connection keeps its address.
+    #[arg(long, value_name = "ADDR|IF[,…]", value_delimiter = ',')]
+    pub egress: Vec<String>,
+    /// How --egress spreads connections: rr (in turn), xor (by destination address and
+    /// port), least (fewest open connections). Default: rr.
+    #[arg(long, value_name = "rr|xor|least", requires = "egress", value_parser = ["rr", "xor", "least"])]
+    pub bond: Option<String>,
     /// Publish a sandbox port on the host: [IP:]HOST_PORT:PORT[/udp].
     #[arg(short = 'p', long = "publish", value_name = "[IP:]HOST_PORT:PORT[/udp]", value_parser = crate::args::publish)]
     pub publish: Vec<Publish>,
@@ -171,7 +186,14 @@ fn is_static_elf(b: &[u8]) -> bool {
 
 pub fn main(a: RunArgs) -> i32 {
     init_logging(a.verbose);
-    match run(a) {
+    let bond = match bond(&a) {
+        Ok(b) => b,
+        Err(msg) => {
+            eprintln!("ferry: {msg}");
+            return EXIT_USAGE;
+        }
+    };
+    match run(a, bond) {
         Ok(code) => code,
         Err(msg) => {
             eprintln!("ferry: {msg}");
@@ -180,7 +202,38 @@ pub fn main(a: RunArgs) -> i32 {
     }
 }
 
-fn run(a: RunArgs) -> Result<i32, String> {
+/// Builds the bond from `--egress`/`--bond`; every address must be on this host.
+fn bond(a: &RunArgs) -> Result<Option<Arc<Bond>>, String> {
+    if a.egress.is_empty() {
+        return Ok(None);
+    }
+    let mode: Mode = a.bond.as_deref().unwrap_or("rr").parse()?;
+    let addrs = crate::args::egress_sources(&a.egress, &host_addresses()?)?;
+    Ok(Some(Arc::new(Bond::new(mode, addrs))))
+}
+
+/// The addresses of the caller's network namespace with their interfaces' names.
+fn host_addresses() -> Result<Vec<(String, IpAddr)>, String> {
+    let addrs = ferry_sys::interface_addresses()
+        .map_err(|e| format!("--egress: cannot list this host's addresses: {e}"))?;
+    let mut names = std::collections::HashMap::new();
+    if let Ok(dir) = std::fs::read_dir("/sys/class/net") {
+        for entry in dir.flatten() {
+            let index = std::fs::read_to_string(entry.path().join("ifindex"))
+                .ok()
+                .and_then(|s| s.trim().parse::<u32>().ok());
+            if let Some(index) = index {
+                names.insert(index, entry.file_name().to_string_lossy().into_owned());
+            }
+        }
+    }
+    Ok(addrs
+        .into_iter()
+        .map(|(index, ip)| (names.get(&index).cloned().unwrap_or_default(), ip))
+        .collect())
+}
+
+fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
     let policy = policy(&a)?;
     let policy_for_dns = policy.clone();
     dns_upstreams(&a.dns, &[])?; // refuse a malformed --dns before anything starts
@@ -201,6 +254,7 @@ fn run(a: RunArgs) -> Result<i32, String> {
     cfg.batch_delay = a.batch_delay;
     cfg.policy = policy;
     cfg.publish = a.publish.clone();
+    cfg.egress = bond.clone();
     cfg.servers = usize::from(a.servers);
     cfg.assign = a.assign;
     cfg.accepted = a.accepted;
@@ -284,11 +338,16 @@ fn run(a: RunArgs) -> Result<i32, String> {
         .map_err(|e| format!("waiting for the sandbox: {e}"))?;
     done.store(true, Ordering::SeqCst);
     stop.stop();
-    let stats = server_thread
+    let mut stats = server_thread
         .join()
         .map_err(|_| "the protocol servers panicked".to_string())?
         .map_err(|e| e.to_string())?;
     let _ = sig_thread.join();
+    if let (Some(b), Some(first)) = (&bond, stats.first_mut()) {
+        // Every server is gone, so every connection has ended and added its bytes. The
+        // bond is shared by all servers; its counters are reported with the first.
+        first.egress = b.stats();
+    }
     if a.stats {
         for s in &stats {
             eprint!("{s}");

@@ -1,6 +1,7 @@
 //! Real, unmodified programs from Debian packages inside `ferry run`, against a remote
 //! namespace, compared with the same program run natively.
 
+mod bond;
 mod common;
 use common::*;
 use std::process::Command;

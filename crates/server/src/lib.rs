@@ -4,7 +4,9 @@
 //! This crate owns the server side of socket mode: accepting channels on the control
 //! socket, spreading sockets over several servers, creating and placing host sockets (host namespace vs. the sandbox's own
 //! namespace), performing every operation non-blocking and parking the ones that must
-//! wait, readiness tokens, the egress policy, published ports, and counters. It trusts
+//! wait, readiness tokens, the egress policy, egress bonding ([`egress`]: new outgoing
+//! connections spread over several host source addresses), published ports, and
+//! counters. It trusts
 //! nothing that comes from a channel: a malformed record closes that channel (with a log
 //! line) and the server carries on. It must not block on a host socket, panic on peer
 //! data, or touch the sandbox's processes. Shared-memory mechanics are `ferry-ring`'s;
@@ -29,6 +31,7 @@
 
 mod channel;
 pub mod dns;
+pub mod egress;
 mod group;
 #[allow(unsafe_code)]
 mod hostio;
@@ -38,6 +41,7 @@ mod server;
 mod sock;
 mod stats;
 
+pub use egress::{Bond, EgressStats, Mode};
 pub use group::{Accepted, Assign, Control, Handle, LiveStats, Servers, parse_server, server_name};
 pub use policy::{Policy, Rule, Verdict};
 pub use server::{Server, descends_from};
@@ -46,6 +50,7 @@ pub use stats::{ChannelStats, ServerStats, SocketStats, group_json, merge as mer
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Makes a socket inside the sandbox's network namespace: `(domain, type, protocol)`.
@@ -81,6 +86,9 @@ pub struct Config {
     pub policy: Policy,
     /// Published ports.
     pub publish: Vec<Publish>,
+    /// Egress bonding: source addresses for new outgoing connections (shared by every
+    /// server of the sandbox).
+    pub egress: Option<Arc<Bond>>,
     /// Channel geometry.
     pub layout: ferry_ring::Layout,
     /// How many protocol servers (threads) serve the sandbox (S4), at most
@@ -105,6 +113,7 @@ impl Config {
             batch_delay: Duration::from_micros(50),
             policy: Policy::default(),
             publish: Vec::new(),
+            egress: None,
             layout: default_layout(),
             servers: 1,
             cpus: Vec::new(),

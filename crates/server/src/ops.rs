@@ -377,6 +377,11 @@ impl Server {
             self.done(ch, id, tag, -libc::ENETUNREACH);
             return;
         }
+        if let Err(e) = self.bond_source(id, addr.to_std()) {
+            self.done(ch, id, tag, e);
+            return;
+        }
+        let s = self.sock(id).expect("placed above");
         match ferry_sys::connect(s.fd.as_fd(), &addr.to_std()) {
             Ok(()) => {
                 s.connected = s.is_stream();

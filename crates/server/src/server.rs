@@ -666,6 +666,7 @@ impl Server {
                 id,
                 ..Default::default()
             },
+            egress: None,
         }
     }
 

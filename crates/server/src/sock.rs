@@ -7,6 +7,7 @@ use std::os::fd::OwnedFd;
 
 use ferry_ring::{BufSpan, Buffers};
 
+use crate::egress::Lease;
 use crate::stats::SocketStats;
 
 /// Where a socket's host socket lives.
@@ -107,6 +108,17 @@ pub(crate) struct Sock {
     /// The channel that last used this socket (where unsolicited errors go).
     pub last_ch: u32,
     pub stats: SocketStats,
+    /// The bond's source address this socket was bound to (egress bonding).
+    pub egress: Option<Lease>,
+}
+
+impl Drop for Sock {
+    fn drop(&mut self) {
+        // The connection ends: its bytes go to its source address's counters.
+        if let Some(lease) = &mut self.egress {
+            lease.set_bytes(self.stats.bytes_out, self.stats.bytes_in);
+        }
+    }
 }
 
 impl Sock {

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::egress::EgressStats;
+
 /// Per-socket counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SocketStats {
@@ -80,6 +82,9 @@ pub struct ServerStats {
     pub channels: Vec<ChannelStats>,
     /// Sockets seen.
     pub sockets: Vec<SocketStats>,
+    /// Egress bonding: per source address (filled in by the caller, which owns the bond
+    /// every server of the sandbox shares).
+    pub egress: Vec<EgressStats>,
 }
 
 impl fmt::Display for ServerStats {
@@ -124,6 +129,13 @@ impl fmt::Display for ServerStats {
                 s.id, s.calls, s.bytes_out, s.bytes_in, s.tokens
             )?;
         }
+        for e in &self.egress {
+            writeln!(
+                f,
+                "  egress {}: connections {} (open {}), bytes out {}, bytes in {}",
+                e.addr, e.connections, e.live, e.bytes_out, e.bytes_in
+            )?;
+        }
         Ok(())
     }
 }
@@ -151,8 +163,18 @@ impl ServerStats {
                 )
             })
             .collect();
+        let egress: Vec<String> = self
+            .egress
+            .iter()
+            .map(|e| {
+                format!(
+                    r#"{{"addr":"{}","connections":{},"live":{},"bytes_out":{},"bytes_in":{}}}"#,
+                    e.addr, e.connections, e.live, e.bytes_out, e.bytes_in
+                )
+            })
+            .collect();
         format!(
-            r#"{{"server":"{}","requests":{},"bytes_out":{},"bytes_in":{},"sockets_created":{},"sockets_handed":{},"sockets_adopted":{},"turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"bad_channels":{},"denied":{},"open_at_stop":{},"dns_queries":{},"dns_answers":{},"channels":[{}],"sockets":[{}]}}"#,
+            r#"{{"server":"{}","requests":{},"bytes_out":{},"bytes_in":{},"sockets_created":{},"sockets_handed":{},"sockets_adopted":{},"turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"bad_channels":{},"denied":{},"open_at_stop":{},"dns_queries":{},"dns_answers":{},"channels":[{}],"sockets":[{}],"egress":[{}]}}"#,
             self.id,
             self.requests,
             self.bytes_out,
@@ -170,7 +192,8 @@ impl ServerStats {
             self.dns_queries,
             self.dns_answers,
             chans.join(","),
-            socks.join(",")
+            socks.join(","),
+            egress.join(",")
         )
     }
 }
@@ -211,6 +234,7 @@ pub fn merge(servers: &[ServerStats]) -> ServerStats {
         t.open_at_stop += s.open_at_stop;
         t.channels.extend_from_slice(&s.channels);
         t.sockets.extend_from_slice(&s.sockets);
+        t.egress.extend_from_slice(&s.egress);
     }
     t
 }

@@ -875,6 +875,82 @@ pub fn add_address(
     Ok(())
 }
 
+/// Every address of the caller's network namespace, as (interface index, address), from
+/// a `RTM_GETADDR` dump over a fresh `NETLINK_ROUTE` socket.
+pub fn interface_addresses() -> io::Result<Vec<(u32, std::net::IpAddr)>> {
+    let nl = socket(
+        libc::AF_NETLINK,
+        libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+        libc::NETLINK_ROUTE,
+    )?;
+    let nl = std::os::fd::AsFd::as_fd(&nl);
+    // nlmsghdr (16 bytes) + ifaddrmsg (8 bytes, family AF_UNSPEC: both families).
+    let mut m = [0u8; 24];
+    m[0..4].copy_from_slice(&24u32.to_ne_bytes());
+    m[4..6].copy_from_slice(&libc::RTM_GETADDR.to_ne_bytes());
+    let flags = (libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16;
+    m[6..8].copy_from_slice(&flags.to_ne_bytes());
+    m[8..12].copy_from_slice(&1u32.to_ne_bytes());
+    write(nl, &m)?;
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 32 * 1024];
+    loop {
+        let n = read(nl, &mut buf)?;
+        let mut at = 0;
+        while at + 16 <= n {
+            let u32_at =
+                |o: usize| u32::from_ne_bytes([buf[o], buf[o + 1], buf[o + 2], buf[o + 3]]);
+            let u16_at = |o: usize| u16::from_ne_bytes([buf[o], buf[o + 1]]);
+            let len = u32_at(at) as usize;
+            let kind = u16_at(at + 4);
+            if len < 16 || at + len > n {
+                return Err(io::Error::other("malformed netlink answer"));
+            }
+            if kind == libc::NLMSG_DONE as u16 {
+                return Ok(out);
+            }
+            if kind == libc::NLMSG_ERROR as u16 && len >= 20 {
+                let e = u32_at(at + 16) as i32;
+                return Err(io::Error::from_raw_os_error(-e));
+            }
+            if kind == libc::RTM_NEWADDR && len >= 24 {
+                let family = i32::from(buf[at + 16]);
+                let index = u32_at(at + 20);
+                // Attributes: IFA_LOCAL is the local end (IFA_ADDRESS is the peer on a
+                // point-to-point link); IPv6 sends only IFA_ADDRESS.
+                let (mut local, mut address) = (None, None);
+                let mut a = at + 24;
+                while a + 4 <= at + len {
+                    let alen = usize::from(u16_at(a));
+                    if alen < 4 || a + alen > at + len {
+                        break;
+                    }
+                    let data = &buf[a + 4..a + alen];
+                    let ip = match (family, data.len()) {
+                        (libc::AF_INET, 4) => Some(std::net::IpAddr::from(
+                            <[u8; 4]>::try_from(data).unwrap_or_default(),
+                        )),
+                        (libc::AF_INET6, 16) => Some(std::net::IpAddr::from(
+                            <[u8; 16]>::try_from(data).unwrap_or_default(),
+                        )),
+                        _ => None,
+                    };
+                    match u16_at(a + 2) {
+                        libc::IFA_LOCAL => local = ip,
+                        libc::IFA_ADDRESS => address = ip,
+                        _ => {}
+                    }
+                    a += (alen + 3) & !3;
+                }
+                if let Some(ip) = local.or(address) {
+                    out.push((index, ip));
+                }
+            }
+            at += (len + 3) & !3;
+        }
+    }
+}
+
 /// `recvfrom(2)` of one datagram (non-blocking): its length and sender.
 pub fn recv_from(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Option<SocketAddr>)> {
     // SAFETY: `buf` is a live, writable buffer of its length.
@@ -886,4 +962,24 @@ pub fn recv_from(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Optio
 pub fn send_to(fd: BorrowedFd<'_>, buf: &[u8], to: &SocketAddr) -> io::Result<usize> {
     // SAFETY: `buf` is live and readable for its length.
     unsafe { send_raw(fd, buf.as_ptr(), buf.len(), Some(to), 0) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn address_dump_lists_loopback() {
+        let all = interface_addresses().unwrap();
+        let lo = all
+            .iter()
+            .find(|(_, ip)| *ip == std::net::IpAddr::from([127, 0, 0, 1]))
+            .expect("127.0.0.1 is listed");
+        assert!(lo.0 > 0, "with its interface index: {all:?}");
+        // Each address once per interface (IFA_LOCAL preferred, not both attributes).
+        let mut seen = all.clone();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), all.len(), "{all:?}");
+    }
 }

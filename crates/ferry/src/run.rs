@@ -298,6 +298,8 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
             ("FERRY_SOCKET".into(), sock_path.into_os_string()),
         ],
         userns,
+        // The command waits until the DNS forwarder is up (a resolver may query at once).
+        hold: true,
     };
     let mut sandbox =
         ferry_sandbox::launch(&spec).map_err(|e| format!("cannot start the sandbox: {e}"))?;
@@ -306,6 +308,9 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
     if let Err(e) = start_dns(servers.first(), &a.dns, &policy_for_dns) {
         warn!("DNS forwarding is off: {e}");
     }
+    sandbox
+        .start()
+        .map_err(|e| format!("cannot start the program: {e}"))?;
     debug!("sandbox init pid {}", sandbox.pid());
 
     // Forward Ctrl-C and friends to the program; the signal thread inherits the mask.
@@ -338,23 +343,29 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
         .map_err(|e| format!("waiting for the sandbox: {e}"))?;
     done.store(true, Ordering::SeqCst);
     stop.stop();
-    let mut stats = server_thread
+    let stats = server_thread
         .join()
         .map_err(|_| "the protocol servers panicked".to_string())?
         .map_err(|e| e.to_string())?;
     let _ = sig_thread.join();
-    if let (Some(b), Some(first)) = (&bond, stats.first_mut()) {
-        // Every server is gone, so every connection has ended and added its bytes. The
-        // bond is shared by all servers; its counters are reported with the first.
-        first.egress = b.stats();
-    }
+    // Every server is gone, so every connection has ended and added its bytes to the
+    // bond, which all servers share: its counters are reported once.
+    let egress = bond.map(|b| b.stats()).unwrap_or_default();
     if a.stats {
         for s in &stats {
             eprint!("{s}");
         }
+        let bonded = ferry_server::ServerStats {
+            id: "egress".into(),
+            egress: egress.clone(),
+            ..Default::default()
+        };
+        if !egress.is_empty() {
+            eprint!("{bonded}");
+        }
     }
     if let Some(path) = &a.stats_json
-        && let Err(e) = std::fs::write(path, ferry_server::group_json(&stats) + "\n")
+        && let Err(e) = std::fs::write(path, ferry_server::group_json(&stats, &egress) + "\n")
     {
         eprintln!("ferry: cannot write {}: {e}", path.display());
     }

@@ -28,6 +28,7 @@ fn main() {
         args,
         env: Vec::new(),
         userns: UserNs::Auto,
+        hold: false,
     };
     if factory_check {
         if let Err(e) = check_factory() {
@@ -61,6 +62,7 @@ fn check_factory() -> std::io::Result<()> {
         args: vec!["30".into()],
         env: Vec::new(),
         userns: UserNs::Auto,
+        hold: false,
     };
     let sandbox = launch(&spec).map_err(std::io::Error::other)?;
     let sandbox = &sandbox;

@@ -88,6 +88,8 @@ pub(crate) struct Exec {
     pub(crate) not_found: Vec<u8>,
     /// "ferry: CMD: cannot execute: " (the reason and a newline follow).
     pub(crate) cannot_exec: Vec<u8>,
+    /// (read, write) ends of the gate a held command waits on before `execve`.
+    pub(crate) gate: Option<(RawFd, RawFd)>,
 }
 
 /// Entry point of the init, in the child of the launcher's `clone`. Never returns.
@@ -412,6 +414,24 @@ fn exec_command(exec: &Exec) -> ! {
     // The launcher (a Rust program) ignores SIGPIPE; the command should not inherit
     // that, as std::process::Command also arranges.
     let _ = set_default(libc::SIGPIPE);
+    if let Some((read_end, write_end)) = exec.gate {
+        // Held: wait for the launcher's byte. EOF means it gave up: do not run.
+        // SAFETY: closing our copy of the write end (so EOF can be seen) and reading
+        // into a valid one-byte buffer; both are async-signal-safe.
+        unsafe { libc::close(write_end) };
+        let mut b = [0u8; 1];
+        loop {
+            // SAFETY: as above.
+            let n = unsafe { libc::read(read_end, b.as_mut_ptr().cast(), 1) };
+            if n == 1 {
+                break;
+            }
+            if n == -1 && errno() == libc::EINTR {
+                continue;
+            }
+            exit(1);
+        }
+    }
 
     let mut denied = false;
     let mut failure = 0;

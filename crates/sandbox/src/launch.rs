@@ -33,6 +33,10 @@ pub struct Spec {
     pub env: Vec<(OsString, OsString)>,
     /// Whether to create a user namespace.
     pub userns: UserNs,
+    /// Hold the command before its `execve` until [`Sandbox::start`] (so the caller can
+    /// finish what the command relies on, e.g. DNS inside the sandbox). Dropping the
+    /// sandbox unstarted ends it.
+    pub hold: bool,
 }
 
 /// Whether the sandbox gets its own user namespace (the caller's uid and gid mapped to
@@ -137,6 +141,8 @@ pub struct Sandbox {
     netns: OwnedFd,
     factory: SocketFactory,
     status: Option<i32>,
+    /// Write end of the gate a held command waits on ([`Spec::hold`]).
+    gate: Option<OwnedFd>,
 }
 
 /// Sends signals to a sandbox from any thread (e.g. a Ctrl-C handler while another
@@ -157,6 +163,19 @@ impl Signaller {
 }
 
 impl Sandbox {
+    /// Lets a held command ([`Spec::hold`]) go on to its `execve`; does nothing
+    /// otherwise, or the second time.
+    pub fn start(&mut self) -> Result<(), Error> {
+        if let Some(gate) = self.gate.take() {
+            // SAFETY: writes one byte from a valid buffer to our own pipe end.
+            let n = unsafe { libc::write(gate.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+            if n != 1 {
+                return Err(Error::Handshake(io::Error::last_os_error()));
+            }
+        }
+        Ok(())
+    }
+
     /// The init's pid as seen from the host (pid 1 inside the sandbox).
     pub fn pid(&self) -> i32 {
         self.pid
@@ -258,7 +277,19 @@ pub fn launch(spec: &Spec) -> Result<Sandbox, Error> {
         UserNs::Never => false,
         UserNs::Auto => euid != 0,
     };
-    let exec = prepare(spec)?;
+    let mut exec = prepare(spec)?;
+    let gate = if spec.hold {
+        let mut p = [0; 2];
+        // SAFETY: p is a valid out-array of two ints.
+        sys::cvt(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) })
+            .map_err(Error::SocketPair)?;
+        // SAFETY: pipe2 returned two fresh fds that nothing else owns.
+        let ends = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
+        exec.gate = Some((ends.0.as_raw_fd(), ends.1.as_raw_fd()));
+        Some(ends)
+    } else {
+        None
+    };
 
     let mut pair = [0; 2];
     // SAFETY: pair is a valid out-array of two ints.
@@ -286,6 +317,8 @@ pub fn launch(spec: &Spec) -> Result<Sandbox, Error> {
     }
     let guard = InitGuard(pid);
     drop(theirs);
+    // The launcher keeps only the write end of the gate.
+    let gate = gate.map(|(_read, write)| write);
     let pidfd = sys::pidfd_open(pid).map_err(Error::PidFd)?;
 
     if userns {
@@ -326,6 +359,7 @@ pub fn launch(spec: &Spec) -> Result<Sandbox, Error> {
         netns,
         factory: SocketFactory::new(ours),
         status: None,
+        gate,
     })
 }
 
@@ -395,6 +429,7 @@ fn prepare(spec: &Spec) -> Result<Exec, Error> {
         envp,
         not_found: not_found.into_bytes(),
         cannot_exec: format!("ferry: {shown}: cannot execute: ").into_bytes(),
+        gate: None,
     })
 }
 

@@ -576,3 +576,30 @@ fn run_sh_helper_captures_output() {
     assert_eq!(code, 3);
     assert_eq!(out, "out\nerr\n");
 }
+
+#[test]
+fn a_held_command_runs_only_after_start() {
+    if !can_launch("a_held_command_runs_only_after_start") {
+        return;
+    }
+    let marker = temp_path("held");
+    let mut s = spec("sh", &["-c", &format!("echo ran > {}", marker.display())]);
+    s.hold = true;
+    let mut sandbox = launch(&s).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(!marker.exists(), "the command ran before start");
+    sandbox.start().unwrap();
+    assert_eq!(sandbox.wait().unwrap(), 0);
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "ran\n");
+    let _ = std::fs::remove_file(&marker);
+    // Never started: the command never runs, and dropping the sandbox ends it.
+    let marker = temp_path("never");
+    let mut s = spec("sh", &["-c", &format!("echo ran > {}", marker.display())]);
+    s.hold = true;
+    let sandbox = launch(&s).unwrap();
+    let pid = sandbox.pid();
+    drop(sandbox);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(!marker.exists(), "an unstarted command ran");
+    assert!(!alive(pid));
+}

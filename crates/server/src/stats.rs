@@ -199,9 +199,12 @@ impl ServerStats {
 }
 
 /// The counters of a group of servers: one object with the totals (same keys as
-/// [`ServerStats::to_json`], every channel and socket) plus `"servers"`, each server's own.
-pub fn group_json(servers: &[ServerStats]) -> String {
-    let total = merge(servers).to_json();
+/// [`ServerStats::to_json`], every channel and socket, and `egress`, the counters of the
+/// bond all servers share) plus `"servers"`, each server's own.
+pub fn group_json(servers: &[ServerStats], egress: &[EgressStats]) -> String {
+    let mut total = merge(servers);
+    total.egress = egress.to_vec();
+    let total = total.to_json();
     let each: Vec<String> = servers.iter().map(ServerStats::to_json).collect();
     format!(
         "{},\"servers\":[{}]}}",
@@ -260,7 +263,7 @@ mod tests {
             open_at_stop: 1,
             ..ServerStats::default()
         };
-        let j = group_json(&[a, b]);
+        let j = group_json(&[a, b], &[]);
         assert!(j.starts_with(r#"{"server":"all","requests":7,"#), "{j}");
         assert!(j.contains(r#""open_at_stop":1,"#), "{j}");
         assert!(

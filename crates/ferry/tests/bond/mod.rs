@@ -241,11 +241,12 @@ fn connections(json: &str) -> Vec<u64> {
 
 /// One counter of each address in the stats JSON's `egress` list.
 fn egress_counter(json: &str, key: &str) -> Vec<u64> {
-    let egress = json.split("\"egress\":").nth(1).expect("egress in stats");
-    egress
-        .split(&format!("\"{key}\":"))
-        .skip(1)
-        .filter_map(|t| t.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+    let v: serde_json::Value = serde_json::from_str(json).expect("stats are JSON");
+    v["egress"]
+        .as_array()
+        .expect("egress in stats")
+        .iter()
+        .map(|e| e[key].as_u64().expect("a counter"))
         .collect()
 }
 

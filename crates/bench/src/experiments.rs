@@ -111,6 +111,10 @@ pub struct Settings {
     pub remote: String,
     /// The remote's address on the second path.
     pub remote2: String,
+    /// The remote's network namespace (E7 runs a client there against a published port).
+    pub remote_ns: String,
+    /// The host side's address (what the remote reaches published ports at).
+    pub host_ip: String,
     /// The ferry-burner binary.
     pub burner: PathBuf,
 }
@@ -418,6 +422,9 @@ fn two_process_extract(pingpong: bool) -> Extract {
     })
 }
 
+/// The host port E7 publishes a sandbox server on.
+const E7_PUBLISHED: u16 = 15301;
+
 /// E7's arrangements: (name, ferry options, two paths?). `None` options: native.
 const E7_CONFIGS: [(&str, Option<&[&str]>, bool); 4] = [
     ("native", None, true),
@@ -489,6 +496,48 @@ fn e7(s: &Settings, ready: &[Config]) -> Vec<Case> {
                 });
             }
         }
+    }
+    // Where accepted connections go: iperf3 -s inside the sandbox, published, receiving 4
+    // connections from the remote; accepted sockets assigned over 2 servers, kept on the
+    // listener's server, or 1 server.
+    let conns = if s.quick { 2 } else { 4 };
+    let script = format!(
+        "iperf3 -s -1 -p 5301 -J & s=$!; sleep 0.5; \
+         env -u LD_PRELOAD ip netns exec {ns} iperf3 -c {host} -p {E7_PUBLISHED} -P {conns} -t {secs} \
+         --connect-timeout 3000 >/dev/null; r=$?; wait $s || r=$?; exit $r",
+        ns = s.remote_ns,
+        host = s.host_ip,
+    );
+    let publish = format!("{E7_PUBLISHED}:5301");
+    let param = Param::new(format!("published, {conns} conns"), 200.0);
+    for (name, opts) in [
+        (
+            "accepted: assign",
+            &["--servers", "2", "--assign", "rr", "--accepted", "assign"][..],
+        ),
+        (
+            "accepted: listener",
+            &["--servers", "2", "--assign", "rr", "--accepted", "listener"][..],
+        ),
+        ("accepted: 1 server", &["--servers", "1"][..]),
+    ] {
+        if !ferry_ok {
+            break;
+        }
+        let mut args = opts.to_vec();
+        args.extend(["-p", &publish]);
+        out.push(Case {
+            config: Config::ferry_args(name, &args),
+            param: param.clone(),
+            client: vec!["sh".to_owned(), "-c".to_owned(), script.clone()],
+            timeout: s.timeout(secs + 1),
+            pin: None,
+            servers: vec![],
+            extract: Box::new(|r: &RunOut| {
+                let bps = parse::iperf3_bps(&r.outcome.stdout)?;
+                Ok(vec![("accepted_bandwidth", "Gbit/s", bps / 1e9)])
+            }),
+        });
     }
     // Throughput of K parallel connections vs the number of servers.
     let ks: &[u32] = if s.quick { &[1, 4] } else { &[1, 2, 4, 8] };

@@ -148,6 +148,8 @@ pub fn run(o: &Options) -> Result<Summary, Error> {
         quick: o.quick,
         remote,
         remote2: bed.remote_ip2().to_string(),
+        remote_ns: bed.name().to_owned(),
+        host_ip: bed.host_ip().to_string(),
         burner,
     };
     let configs: Vec<Config> = ready.iter().map(|r| r.config.clone()).collect();

@@ -62,7 +62,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=ferry_proto::MAX_SERVERS as i64))]
     pub servers: u16,
     /// Pin server K to the K-th CPU of LIST (round robin), e.g. 0,1 or 0-3. Default: not
-    /// pinned with one server; with several, the CPUs this process may use.
+    /// pinned (the scheduler places them).
     #[arg(long, value_name = "LIST", value_parser = crate::args::cpu_list)]
     pub cpus: Option<crate::args::CpuList>,
     /// How a new socket picks its server: least (fewest outstanding requests), rr, hash.
@@ -272,7 +272,8 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
             }
             list.clone()
         }
-        None if a.servers > 1 => ferry_sys::allowed_cpus().unwrap_or_default(),
+        // Unpinned by default: on a small machine the scheduler places the servers beside
+        // the program and its peers better than a fixed CPU each (measured in E7).
         None => Vec::new(),
     };
     let factory: Arc<OnceLock<SocketFactory>> = Arc::new(OnceLock::new());

@@ -266,14 +266,16 @@ fn headlines(rows: &[Row]) -> String {
             ));
         }
     }
-    picks.push((
-        "E2 RTT p50, ferry at default spin 50us (µs)".into(),
-        "E2",
-        "rtt_p50".into(),
-        "50us".into(),
-        "ferry-spin50us",
-        "-".into(),
-    ));
+    if rows.iter().any(|r| r.experiment == "E2") {
+        picks.push((
+            "E2 RTT p50, ferry at default spin 50us (µs)".into(),
+            "E2",
+            "rtt_p50".into(),
+            "50us".into(),
+            "ferry-spin50us",
+            "-".into(),
+        ));
+    }
     for r in rows
         .iter()
         .filter(|r| r.experiment == "R1" && r.config == "native")
@@ -286,6 +288,11 @@ fn headlines(rows: &[Row]) -> String {
             "ferry",
             r.param.label.clone(),
         ));
+    }
+    if picks.is_empty() {
+        return "No experiment of this run has a ferry-vs-peers headline (E1, E2, R1); see \
+                the sections below.\n"
+            .into();
     }
     let mut out = String::from(
         "| measure | ferry | native | slirp4netns | pasta | ferry/native | ferry/slirp4netns | ferry/pasta |\n|---|--:|--:|--:|--:|--:|--:|--:|\n",

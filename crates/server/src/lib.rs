@@ -29,12 +29,15 @@ mod channel;
 pub mod dns;
 #[allow(unsafe_code)]
 mod hostio;
+mod modules;
 mod ops;
 pub mod policy;
 mod server;
 mod sock;
 mod stats;
 
+pub use ferry_modules::{Interrupt as ModuleInterrupt, Limits as ModuleLimits};
+pub use modules::{HIGH_WATER, ModuleConfig, ModuleError, ModuleRule, ModuleTarget};
 pub use policy::{Policy, Rule, Verdict};
 pub use server::{Handle, Server, descends_from};
 pub use stats::{ChannelStats, ServerStats, SocketStats};
@@ -79,6 +82,8 @@ pub struct Config {
     pub publish: Vec<Publish>,
     /// Channel geometry.
     pub layout: ferry_ring::Layout,
+    /// Data-path modules: limits, and the modules the server binds on its own.
+    pub modules: ModuleConfig,
 }
 
 impl Config {
@@ -93,6 +98,7 @@ impl Config {
             policy: Policy::default(),
             publish: Vec::new(),
             layout: default_layout(),
+            modules: ModuleConfig::default(),
         }
     }
 }
@@ -123,6 +129,9 @@ pub enum Error {
     /// Setting up epoll or the stop eventfd failed.
     #[error("cannot set up the event loop: {0}")]
     EventLoop(io::Error),
+    /// A configured module could not be loaded.
+    #[error(transparent)]
+    Module(#[from] ModuleError),
     /// Listening on a published port failed.
     #[error("cannot publish {addr}: {source}")]
     Publish {

@@ -59,6 +59,7 @@ impl Server {
             }
             CtlKind::Accept => self.accept(ch, msg.sock, msg.a != 0, pair),
             CtlKind::Reply => self.bad_channel(ch, "reply sent by the sandbox"),
+            CtlKind::BindModule => unreachable!("routed to bind_module_ctl by ctl_readable"),
         }
     }
 
@@ -155,6 +156,7 @@ impl Server {
                 if let Some(s) = self.sock(listener) {
                     s.stats.calls += 1;
                 }
+                self.module_on_accept(new);
                 r
             }
             Err(e) => Server::new_reply(errno(&e)),
@@ -226,8 +228,12 @@ impl Server {
             Op::Recv => self.recv(ch, id, r.tag, r.a, r.b as i32, nonblock),
             Op::Shutdown => {
                 let how = r.a as i32;
+                // A module's output goes before the FIN; its input ends here.
+                let module = self.modules.is_bound(id);
                 let s = self.sock(id).expect("checked above");
-                let res = if (how == libc::SHUT_WR || how == libc::SHUT_RDWR) && !s.txq.is_empty() {
+                let res = if (how == libc::SHUT_WR || how == libc::SHUT_RDWR)
+                    && (!s.txq.is_empty() || module)
+                {
                     s.shut_wr_pending = true;
                     if how == libc::SHUT_RDWR {
                         ferry_sys::shutdown(s.fd.as_fd(), libc::SHUT_RD)
@@ -239,6 +245,9 @@ impl Server {
                     ferry_sys::shutdown(s.fd.as_fd(), how).map_or_else(|e| errno(&e), |()| 0)
                 };
                 self.done(ch, id, r.tag, res);
+                if module {
+                    self.flush_tx(id);
+                }
             }
             Op::SetOpt => {
                 let s = self.sock(id).expect("checked above");
@@ -348,6 +357,7 @@ impl Server {
             }
             Err(e) => self.done(ch, id, tag, errno(&e)),
         }
+        self.module_on_connect(id, addr.to_std());
     }
 
     fn bind(&mut self, id: u32, addr: SocketAddr) -> i32 {
@@ -534,6 +544,9 @@ impl Server {
 
     /// Sends queued data until the host socket is full; returns finished buffers.
     pub(crate) fn flush_tx(&mut self, id: u32) {
+        if self.modules.is_bound(id) && self.module_flush(id) {
+            return;
+        }
         loop {
             let Some(s) = self.socks.get_mut(&id) else {
                 return;

@@ -61,6 +61,16 @@ pub struct ServerStats {
     pub dns_queries: u64,
     /// DNS answers delivered.
     pub dns_answers: u64,
+    /// Distinct data-path modules compiled.
+    pub modules_loaded: u64,
+    /// Module instances started on sockets.
+    pub modules_started: u64,
+    /// Module instances stopped by a failure (their sockets were reset).
+    pub modules_failed: u64,
+    /// Module bindings refused (bad binding or module, no capacity…).
+    pub module_refused: u64,
+    /// Bytes modules wrote to their sockets.
+    pub module_bytes_out: u64,
     /// Sockets still open when the server stopped although their program side was gone
     /// (should be 0: anything else is a leak).
     pub open_at_stop: u64,
@@ -74,7 +84,7 @@ impl fmt::Display for ServerStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "server {}: turns {} (idle spins {}), sleeps {}, data syscalls {}, denied {}, bad channels {}, left open {}",
+            "server {}: turns {} (idle spins {}), sleeps {}, data syscalls {}, denied {}, bad channels {}, left open {}, modules loaded {} started {} failed {} refused {} bytes out {}",
             self.id,
             self.turns,
             self.spin_turns,
@@ -82,7 +92,12 @@ impl fmt::Display for ServerStats {
             self.data_syscalls,
             self.denied,
             self.bad_channels,
-            self.open_at_stop
+            self.open_at_stop,
+            self.modules_loaded,
+            self.modules_started,
+            self.modules_failed,
+            self.module_refused,
+            self.module_bytes_out
         )?;
         for c in &self.channels {
             writeln!(
@@ -134,7 +149,7 @@ impl ServerStats {
             })
             .collect();
         format!(
-            r#"{{"server":"{}","turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"bad_channels":{},"denied":{},"open_at_stop":{},"dns_queries":{},"dns_answers":{},"channels":[{}],"sockets":[{}]}}"#,
+            r#"{{"server":"{}","turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"bad_channels":{},"denied":{},"open_at_stop":{},"dns_queries":{},"dns_answers":{},"modules_loaded":{},"modules_started":{},"modules_failed":{},"module_refused":{},"module_bytes_out":{},"channels":[{}],"sockets":[{}]}}"#,
             self.id,
             self.turns,
             self.spin_turns,
@@ -145,6 +160,11 @@ impl ServerStats {
             self.open_at_stop,
             self.dns_queries,
             self.dns_answers,
+            self.modules_loaded,
+            self.modules_started,
+            self.modules_failed,
+            self.module_refused,
+            self.module_bytes_out,
             chans.join(","),
             socks.join(",")
         )

@@ -21,7 +21,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_proto::{
-    Cmp, CmpKind, Ctl, CtlKind, Hello, HelloReply, Op, PROTO_VERSION, Req, WireAddr,
+    Binding, CTL_BLOB_FD, Cmp, CmpKind, Ctl, CtlKind, Hello, HelloReply, MAX_INLINE_BINDING,
+    ModuleRef, Op, PROTO_VERSION, Req, WireAddr, module_hash,
 };
 use ferry_ring::{BufId, Buffers, Endpoint, Region, Side, SpinPolicy, WaitResult};
 
@@ -44,6 +45,8 @@ pub struct Client {
     next_tag: u32,
     /// Errors the server reported for fire-and-forget operations, by socket.
     pub async_errors: Vec<(u32, i32)>,
+    /// Hashes of modules this channel's server has loaded (bound by hash next time).
+    loaded: std::collections::HashSet<[u8; 32]>,
 }
 
 fn err(code: i32) -> io::Error {
@@ -90,11 +93,21 @@ impl Client {
             spin,
             next_tag: 1,
             async_errors: Vec::new(),
+            loaded: Default::default(),
         })
     }
 
     fn ctl_call(&mut self, msg: Ctl, fd: &OwnedFd) -> io::Result<Ctl> {
-        ferry_sys::send_with_fds(self.ctl.as_fd(), bytemuck::bytes_of(&msg), &[fd.as_fd()])?;
+        self.ctl_packet(bytemuck::bytes_of(&msg), &[fd.as_fd()])
+    }
+
+    /// Sends one control packet and waits for the reply.
+    fn ctl_packet(
+        &mut self,
+        packet: &[u8],
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> io::Result<Ctl> {
+        ferry_sys::send_with_fds(self.ctl.as_fd(), packet, fds)?;
         let mut buf = [0u8; size_of::<Ctl>()];
         let (n, _) = ferry_sys::recv_with_fds(self.ctl.as_fd(), &mut buf, 0)?;
         if n != buf.len() {
@@ -331,6 +344,94 @@ impl Client {
         } else {
             Ok(c.result as usize)
         }
+    }
+
+    /// Binds a data-path module to a connected stream socket: the server runs it next to
+    /// the socket (`docs/MODULES.md`). `module` is binary wasm or `.wat` text; `props` are
+    /// the properties it reads; `files` are the files it may send ranges of (regular
+    /// files open for reading; index = position). From now on what is sent on `s` goes
+    /// through the module, and what it emits goes to the peer; `shutdown(SHUT_WR)` or
+    /// dropping the socket ends its input. Modules this channel bound before travel as
+    /// their hash. Errors: `EINVAL` (bad module, properties or files), `EBUSY` (a module
+    /// is bound already), `ENOBUFS` (the server runs as many modules as it may), `EIO`
+    /// (the module failed at start: the connection was reset).
+    pub fn bind_module(
+        &mut self,
+        s: &Socket,
+        module: &[u8],
+        props: &[(&str, &str)],
+        files: &[std::os::fd::BorrowedFd<'_>],
+    ) -> io::Result<()> {
+        let hash = module_hash(module);
+        if self.loaded.contains(&hash) {
+            match self.bind_binding(s, ModuleRef::Hash(hash), props, files) {
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                    self.loaded.remove(&hash);
+                }
+                r => return r,
+            }
+        }
+        self.bind_binding(s, ModuleRef::Bytes(module), props, files)?;
+        self.loaded.insert(hash);
+        Ok(())
+    }
+
+    fn bind_binding(
+        &mut self,
+        s: &Socket,
+        module: ModuleRef<'_>,
+        props: &[(&str, &str)],
+        files: &[std::os::fd::BorrowedFd<'_>],
+    ) -> io::Result<()> {
+        if files.len() > ferry_proto::MAX_FILES {
+            return Err(err(-libc::EINVAL));
+        }
+        let blob = Binding {
+            module,
+            props: props.to_vec(),
+        }
+        .encode();
+        let mut msg = Ctl::new(CtlKind::BindModule, s.id);
+        msg.a = i32::try_from(blob.len()).map_err(|_| err(-libc::E2BIG))?;
+        msg.b = files.len() as i32;
+        let r = if blob.len() <= MAX_INLINE_BINDING {
+            let mut packet = bytemuck::bytes_of(&msg).to_vec();
+            packet.extend_from_slice(&blob);
+            self.ctl_packet(&packet, files)?
+        } else {
+            msg.c = CTL_BLOB_FD;
+            let memfd =
+                rustix::fs::memfd_create("ferry-module-binding", rustix::fs::MemfdFlags::CLOEXEC)?;
+            let mut f = std::fs::File::from(memfd);
+            std::io::Write::write_all(&mut f, &blob)?;
+            let mut fds = vec![f.as_fd()];
+            fds.extend_from_slice(files);
+            self.ctl_packet(bytemuck::bytes_of(&msg), &fds)?
+        };
+        if r.result < 0 {
+            return Err(err(r.result));
+        }
+        Ok(())
+    }
+
+    /// `shutdown(how)`.
+    pub fn shutdown(&mut self, s: &Socket, how: i32) -> io::Result<()> {
+        self.simple(Req {
+            a: how as u32,
+            ..Req::new(Op::Shutdown, s.id)
+        })
+        .map(drop)
+    }
+
+    /// Sends a raw control packet and returns the reply: for tests of the server's
+    /// defences.
+    #[doc(hidden)]
+    pub fn ctl_raw(
+        &mut self,
+        packet: &[u8],
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> io::Result<Ctl> {
+        self.ctl_packet(packet, fds)
     }
 
     /// Writes a raw record into the request ring: for tests of the server's defences.

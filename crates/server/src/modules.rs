@@ -58,6 +58,15 @@ pub enum ModuleTarget {
     Dest(SocketAddr),
 }
 
+impl std::fmt::Display for ModuleTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ModuleTarget::Port(p) => write!(f, "published port {p}"),
+            ModuleTarget::Dest(a) => write!(f, "destination {a}"),
+        }
+    }
+}
+
 /// A module the server binds on its own (`ferry run --module`).
 #[derive(Clone)]
 pub struct ModuleRule {
@@ -145,7 +154,7 @@ pub enum ModuleError {
     #[error("module host: {0}")]
     Host(ferry_modules::Error),
     /// A configured module does not load.
-    #[error("module for {target:?}: {source}")]
+    #[error("module for {target}: {source}")]
     Load {
         /// Its rule's target.
         target: ModuleTarget,

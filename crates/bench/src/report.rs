@@ -200,6 +200,15 @@ fn paper(e: Experiment) -> &'static str {
              batched operations**; receive 127 → 303 Mbit/s (2.4×) at 6; RTT did **not** grow \
              with the batch size (the idle flush sends the queue as soon as the guest waits)."
         }
+        Experiment::E6 => {
+            "S3 (modules run next to the data): a 2,322-byte HTTP response served faster by \
+             a module than by the application's own read/write path, and header + file \
+             through a module at the application's sendfile throughput. Goals here: module \
+             start p50 ≤ 10 µs (`module_start`: instance + init in the server, mean; \
+             `bind_p50`: the program's whole bind call, a control round trip), module \
+             throughput ≥ 0.95× ferry sendfile (`x_sendfile`), and at 2,322 B module latency \
+             below ferry read/write (`x_rw_latency` < 1)."
+        }
         Experiment::R1 => "No paper figure: real, unmodified clients, native vs ferry vs peers.",
     }
 }

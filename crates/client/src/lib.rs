@@ -109,6 +109,8 @@ impl Client {
     ) -> io::Result<Ctl> {
         ferry_sys::send_with_fds(self.ctl.as_fd(), packet, fds)?;
         let mut buf = [0u8; size_of::<Ctl>()];
+        // Blocking: polling here (as the rings do) measured slower on a loaded 2-vCPU
+        // machine (bind round trip p50 82 µs polling vs 52 µs blocking).
         let (n, _) = ferry_sys::recv_with_fds(self.ctl.as_fd(), &mut buf, 0)?;
         if n != buf.len() {
             return Err(io::Error::new(

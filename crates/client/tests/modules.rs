@@ -477,3 +477,47 @@ fn hostile_bindings_get_an_errno_and_the_server_carries_on() {
         let _ = std::fs::remove_file(p);
     }
 }
+
+/// Not a test: prints the p50 of `bind_module` round trips (http_file, 2,322 bytes) to
+/// a kernel client, for tuning. `cargo test --release -p ferry-client --test modules --
+/// --ignored --nocapture bind_round_trip`.
+#[test]
+#[ignore]
+fn bind_round_trip() {
+    use std::io::Read;
+    let srv = start("rt");
+    let mut c = Client::connect(&srv.path).unwrap();
+    let (l, port) = listener(&mut c);
+    let file = tmp("rt-file");
+    std::fs::write(&file, pattern(2322)).unwrap();
+    let t = std::thread::spawn(move || {
+        let mut k = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let mut buf = vec![0u8; 1 << 16];
+        let mut total = 0;
+        while let Ok(n) = k.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            total += n;
+        }
+        total
+    });
+    let (s, _) = c.accept(&l).unwrap();
+    let mut lat = Vec::new();
+    for _ in 0..5000 {
+        let f = std::fs::File::open(&file).unwrap();
+        let t = Instant::now();
+        c.bind_module(&s, HTTP_FILE, &[("content-length", "2322")], &[f.as_fd()])
+            .unwrap();
+        lat.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    drop(s);
+    let got = t.join().unwrap();
+    lat.sort_by(f64::total_cmp);
+    eprintln!(
+        "bind p50 {:.1} us, p90 {:.1} us; {got} bytes",
+        lat[lat.len() / 2],
+        lat[lat.len() * 9 / 10]
+    );
+    let _ = std::fs::remove_file(file);
+}

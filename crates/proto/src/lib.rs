@@ -28,12 +28,12 @@ mod ctl;
 mod module;
 
 pub use addr::{AddrError, WireAddr};
+pub use ctl::{Ctl, CtlKind, Hello, HelloReply, PROTO_VERSION};
 pub use module::{
     BINDING_MAGIC, Binding, BindingError, CTL_BLOB_FD, MAX_BINDING_BYTES, MAX_FILES,
     MAX_INLINE_BINDING, MAX_KEY_BYTES, MAX_MODULE_BYTES, MAX_PROPS, MAX_VALUE_BYTES, ModuleRef,
     module_hash,
 };
-pub use ctl::{Ctl, CtlKind, Hello, HelloReply, PROTO_VERSION};
 
 use bytemuck::{Pod, Zeroable};
 

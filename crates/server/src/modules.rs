@@ -297,7 +297,11 @@ impl Server {
                 code
             }
         };
+        // Answer first: the program goes on while the output is written.
         self.ctl_reply(ch, Server::new_reply(result));
+        if result == 0 {
+            self.flush_tx(msg.sock);
+        }
     }
 
     fn bind_from_ctl(
@@ -371,7 +375,10 @@ impl Server {
             return Err(neg(libc::EBUSY));
         }
         let host = Arc::clone(self.modules.host().map_err(|e| bind_errno(&e))?);
-        match host.start(module, props, files) {
+        let t = std::time::Instant::now();
+        let started = host.start(module, props, files);
+        self.stats.module_start_ns += t.elapsed().as_nanos() as u64;
+        match started {
             Ok((inst, actions)) => {
                 let mut outbox = Outbox::new();
                 outbox.push(actions);
@@ -380,7 +387,6 @@ impl Server {
                 if !self.modules.hot.contains(&module) {
                     self.modules.hot.push(module);
                 }
-                self.flush_tx(id);
                 Ok(())
             }
             Err(e @ ferry_modules::Error::NoCapacity(_)) => {
@@ -588,11 +594,12 @@ impl Server {
             return;
         };
         let (module, props) = (*module, props.clone());
-        if let Err(e) = self.attach(id, module, &props, Vec::new()) {
-            warn!(
-                "socket {id}: configured module for {target:?} not bound (errno {})",
+        match self.attach(id, module, &props, Vec::new()) {
+            Ok(()) => self.flush_tx(id),
+            Err(e) => warn!(
+                "socket {id}: configured module for {target} not bound (errno {})",
                 -e
-            );
+            ),
         }
     }
 

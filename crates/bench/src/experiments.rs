@@ -630,7 +630,10 @@ pub fn e6_ratios(rows: &[crate::plan::Row]) -> Vec<crate::plan::Row> {
             .and_then(crate::plan::Row::median)
     };
     let mut out = Vec::new();
-    for r in rows.iter().filter(|r| r.experiment == "E6") {
+    for r in rows
+        .iter()
+        .filter(|r| r.experiment == "E6" && r.config.starts_with("ferry"))
+    {
         let (base, metric, unit) = match r.metric.as_str() {
             "throughput" => ("ferry sendfile", "x_sendfile", "× ferry sendfile"),
             "latency_p50" => ("ferry read/write", "x_rw_latency", "× ferry read/write"),

@@ -26,7 +26,7 @@ struct Cli {
 enum Command {
     /// Run CMD in a sandbox (own network namespace with only `lo`); its inet sockets are
     /// served by a protocol server in the caller's namespace.
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// Show ferry at work: a remote host, the same client natively and through ferry,
     /// and ferry's counters (needs root for the remote namespace).
     Demo(demo::DemoArgs),
@@ -40,7 +40,7 @@ fn main() -> ExitCode {
     // The server writes to sockets the sandbox may have closed: it must get EPIPE.
     let _ = ferry_sys::ignore_sigpipe();
     let code = match cli.command {
-        Command::Run(a) => run::main(a),
+        Command::Run(a) => run::main(*a),
         Command::Demo(a) => demo::main(a),
         Command::Bench(a) => bench::main(a),
     };

@@ -116,10 +116,13 @@ impl Default for ModuleConfig {
     }
 }
 
+/// A configured module, loaded: where, which, its properties.
+type Rule = (ModuleTarget, ModuleId, Vec<(String, String)>);
+
 /// A bound socket's module.
 enum Bound {
     /// Running or finished, with output waiting.
-    Live { inst: Instance, outbox: Outbox },
+    Live { inst: Box<Instance>, outbox: Outbox },
     /// Failed: the connection was reset; sends fail with `EIO` until the program closes.
     Failed,
 }
@@ -129,7 +132,7 @@ pub(crate) struct Modules {
     cfg: ModuleConfig,
     host: Option<Arc<ModuleHost>>,
     by_hash: HashMap<[u8; 32], ModuleId>,
-    rules: Vec<(ModuleTarget, ModuleId, Vec<(String, String)>)>,
+    rules: Vec<Rule>,
     bound: HashMap<u32, Bound>,
     /// Modules started at least once (kept prewarmed).
     hot: Vec<ModuleId>,
@@ -382,6 +385,7 @@ impl Server {
             Ok((inst, actions)) => {
                 let mut outbox = Outbox::new();
                 outbox.push(actions);
+                let inst = Box::new(inst);
                 self.modules.bound.insert(id, Bound::Live { inst, outbox });
                 self.stats.modules_started += 1;
                 if !self.modules.hot.contains(&module) {

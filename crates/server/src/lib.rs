@@ -4,7 +4,10 @@
 //! This crate owns the server side of socket mode: accepting channels on the control
 //! socket, creating and placing host sockets (host namespace vs. the sandbox's own
 //! namespace), performing every operation non-blocking and parking the ones that must
-//! wait, readiness tokens, the egress policy, published ports, and counters. It trusts
+//! wait, readiness tokens, the egress policy, published ports, data-path modules bound
+//! to sockets (`modules`: the server half of `ferry-modules` — binding, feeding a
+//! module the program's sends, writing its output, failing only its socket), and
+//! counters. It trusts
 //! nothing that comes from a channel: a malformed record closes that channel (with a log
 //! line) and the server carries on. It must not block on a host socket, panic on peer
 //! data, or touch the sandbox's processes. Shared-memory mechanics are `ferry-ring`'s;

@@ -366,16 +366,34 @@ impl Client {
     ) -> io::Result<()> {
         let hash = module_hash(module);
         if self.loaded.contains(&hash) {
-            match self.bind_binding(s, ModuleRef::Hash(hash), props, files) {
+            match self.bind_binding(s, ModuleRef::Hash(hash), props, files, true) {
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                     self.loaded.remove(&hash);
                 }
                 r => return r,
             }
         }
-        self.bind_binding(s, ModuleRef::Bytes(module), props, files)?;
+        self.bind_binding(s, ModuleRef::Bytes(module), props, files, true)?;
         self.loaded.insert(hash);
         Ok(())
+    }
+
+    /// Like [`Client::bind_module`], but does not wait for the server's answer when the
+    /// module was bound on this channel before (it goes by hash, in order with the
+    /// socket's sends, like a send): an error comes back later as an asynchronous error
+    /// of the socket ([`Client::async_errors`]). The first binding of a module waits.
+    pub fn bind_module_nowait(
+        &mut self,
+        s: &Socket,
+        module: &[u8],
+        props: &[(&str, &str)],
+        files: &[std::os::fd::BorrowedFd<'_>],
+    ) -> io::Result<()> {
+        let hash = module_hash(module);
+        if self.loaded.contains(&hash) {
+            return self.bind_binding(s, ModuleRef::Hash(hash), props, files, false);
+        }
+        self.bind_module(s, module, props, files)
     }
 
     fn bind_binding(
@@ -384,6 +402,7 @@ impl Client {
         module: ModuleRef<'_>,
         props: &[(&str, &str)],
         files: &[std::os::fd::BorrowedFd<'_>],
+        wait: bool,
     ) -> io::Result<()> {
         if files.len() > ferry_proto::MAX_FILES {
             return Err(err(-libc::EINVAL));
@@ -393,6 +412,9 @@ impl Client {
             props: props.to_vec(),
         }
         .encode();
+        if blob.len() <= self.ep.bufs.buf_size() {
+            return self.bind_on_ring(s, &blob, files, wait);
+        }
         let mut msg = Ctl::new(CtlKind::BindModule, s.id);
         msg.a = i32::try_from(blob.len()).map_err(|_| err(-libc::E2BIG))?;
         msg.b = files.len() as i32;
@@ -414,6 +436,45 @@ impl Client {
             return Err(err(r.result));
         }
         Ok(())
+    }
+
+    /// A binding that fits a channel buffer goes on the ring (ordered with the sends; the
+    /// answer comes like any other, without a wake-up of its own); its files go just
+    /// before on the control socket.
+    fn bind_on_ring(
+        &mut self,
+        s: &Socket,
+        blob: &[u8],
+        files: &[std::os::fd::BorrowedFd<'_>],
+        wait: bool,
+    ) -> io::Result<()> {
+        if !files.is_empty() {
+            let msg = Ctl::new(CtlKind::Files, s.id);
+            ferry_sys::send_with_fds(self.ctl.as_fd(), bytemuck::bytes_of(&msg), files)?;
+        }
+        let b = loop {
+            if let Some(b) = self.ep.pool.alloc() {
+                break b;
+            }
+            self.reap()?;
+        };
+        let span = self
+            .ep
+            .bufs
+            .span(b.0, 0, blob.len() as u32)
+            .map_err(proto_err)?;
+        self.ep.bufs.write(span, blob);
+        let req = Req {
+            buf: b.0,
+            len: blob.len() as u32,
+            a: files.len() as u32,
+            ..Req::new(Op::BindModule, s.id)
+        };
+        if wait {
+            self.simple(req).map(drop)
+        } else {
+            self.push(req)
+        }
     }
 
     /// `shutdown(how)`.

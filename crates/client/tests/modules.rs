@@ -507,8 +507,12 @@ fn bind_round_trip() {
     for _ in 0..5000 {
         let f = std::fs::File::open(&file).unwrap();
         let t = Instant::now();
-        c.bind_module(&s, HTTP_FILE, &[("content-length", "2322")], &[f.as_fd()])
-            .unwrap();
+        if std::env::var_os("FERRY_NOWAIT").is_some() {
+            c.bind_module_nowait(&s, HTTP_FILE, &[("content-length", "2322")], &[f.as_fd()])
+        } else {
+            c.bind_module(&s, HTTP_FILE, &[("content-length", "2322")], &[f.as_fd()])
+        }
+        .unwrap();
         lat.push(t.elapsed().as_secs_f64() * 1e6);
     }
     drop(s);
@@ -519,5 +523,104 @@ fn bind_round_trip() {
         lat[lat.len() / 2],
         lat[lat.len() * 9 / 10]
     );
+    let _ = std::fs::remove_file(file);
+}
+
+#[test]
+fn bindings_in_a_row_queue_their_output_in_order() {
+    use std::io::Read;
+    let srv = start("row");
+    let body = pattern((1 << 20) + 3);
+    let file = tmp("row-file");
+    std::fs::write(&file, &body).unwrap();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let peer = std::thread::spawn(move || {
+        let (mut k, _) = l.accept().unwrap();
+        // Let the server's socket fill up before reading: the second binding arrives
+        // while the first one's output is still queued.
+        std::thread::sleep(Duration::from_millis(200));
+        let mut all = Vec::new();
+        k.read_to_end(&mut all).unwrap();
+        all
+    });
+    let mut c = Client::connect(&srv.path).unwrap();
+    let s = c.socket(libc::AF_INET, libc::SOCK_STREAM).unwrap();
+    c.connect_to(&s, addr).unwrap();
+    let len = body.len().to_string();
+    let props = [("content-length", len.as_str())];
+    for i in 0..3 {
+        let f = std::fs::File::open(&file).unwrap();
+        if i == 0 {
+            c.bind_module(&s, HTTP_FILE, &props, &[f.as_fd()]).unwrap();
+        } else {
+            c.bind_module_nowait(&s, HTTP_FILE, &props, &[f.as_fd()])
+                .unwrap();
+        }
+    }
+    c.send(&s, b"tail").unwrap();
+    drop(s);
+    let all = peer.join().unwrap();
+    let head = format!(
+        "HTTP/1.1 200 OK\r\nContent-Length: {len}\r\nContent-Type: application/octet-stream\r\n\r\n"
+    );
+    let mut want = Vec::new();
+    for _ in 0..3 {
+        want.extend_from_slice(head.as_bytes());
+        want.extend_from_slice(&body);
+    }
+    want.extend_from_slice(b"tail");
+    assert_eq!(all.len(), want.len());
+    assert!(all == want, "responses out of order or damaged");
+    assert!(c.async_errors.is_empty(), "{:?}", c.async_errors);
+    drop(c);
+    std::thread::sleep(Duration::from_millis(50));
+    let st = srv.stop();
+    assert_eq!((st.modules_started, st.modules_failed), (3, 0));
+    assert_eq!(st.open_at_stop, 0);
+    let _ = std::fs::remove_file(file);
+}
+
+#[test]
+fn a_bad_binding_record_closes_only_its_channel() {
+    let srv = start("ring");
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let mut good = Client::connect(&srv.path).unwrap();
+    let gs = good.socket(libc::AF_INET, libc::SOCK_STREAM).unwrap();
+    good.connect_to(&gs, addr).unwrap();
+    let (_k1, _) = l.accept().unwrap();
+    for bad in [
+        // A buffer that is not the channel's.
+        ferry_proto::Req {
+            buf: 100_000,
+            len: 16,
+            ..ferry_proto::Req::new(ferry_proto::Op::BindModule, gs.id)
+        },
+        // Files announced that never came.
+        ferry_proto::Req {
+            buf: 0,
+            len: 16,
+            a: 2,
+            ..ferry_proto::Req::new(ferry_proto::Op::BindModule, gs.id)
+        },
+    ] {
+        let mut evil = Client::connect(&srv.path).unwrap();
+        let es = evil.socket(libc::AF_INET, libc::SOCK_STREAM).unwrap();
+        evil.push_raw(bad).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            evil.local_addr(&es).is_err(),
+            "channel still open after {bad:?}"
+        );
+    }
+    // The good channel binds and serves.
+    let file = tmp("ring-file");
+    std::fs::write(&file, b"still here").unwrap();
+    let f = std::fs::File::open(&file).unwrap();
+    good.bind_module(&gs, HTTP_FILE, &[("content-length", "10")], &[f.as_fd()])
+        .unwrap();
+    let st = srv.stop();
+    assert_eq!(st.bad_channels, 2);
     let _ = std::fs::remove_file(file);
 }

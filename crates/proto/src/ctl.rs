@@ -27,6 +27,9 @@ pub enum CtlKind {
     /// packet). The files ride along with `SCM_RIGHTS` (after the binding's memfd, if
     /// any). Answered with `Reply` (`result` 0 or a negated errno).
     BindModule = 4,
+    /// Program → server: the files of the next [`crate::Op::BindModule`] record of this
+    /// channel (descriptors only; no reply).
+    Files = 5,
 }
 
 /// A control message.
@@ -70,6 +73,7 @@ impl Ctl {
             2 => Some(CtlKind::Accept),
             3 => Some(CtlKind::Reply),
             4 => Some(CtlKind::BindModule),
+            5 => Some(CtlKind::Files),
             _ => None,
         }
     }

@@ -28,7 +28,7 @@
 //! failure is logged and counted. The event loop is stalled at most one callback's
 //! deadline.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
@@ -36,8 +36,8 @@ use std::time::Duration;
 
 use ferry_modules::{Instance, Limits, ModuleHost, ModuleId, Outbox};
 use ferry_proto::{
-    Binding, CTL_BLOB_FD, Cmp, CmpKind, Ctl, MAX_BINDING_BYTES, MAX_FILES, MAX_INLINE_BINDING,
-    ModuleRef, module_hash,
+    Binding, CTL_BLOB_FD, Cmp, CmpKind, Ctl, CtlKind, MAX_BINDING_BYTES, MAX_FILES,
+    MAX_INLINE_BINDING, ModuleRef, module_hash,
 };
 use tracing::{debug, warn};
 
@@ -138,6 +138,8 @@ pub(crate) struct Modules {
     hot: Vec<ModuleId>,
     /// Set when an accept took a connection from a published port (its sandbox port).
     pub(crate) last_published: Option<u16>,
+    /// Files of ring bindings whose control packet was read first, by channel.
+    pub(crate) files: HashMap<u32, VecDeque<Vec<OwnedFd>>>,
     ctl_buf: Vec<u8>,
 }
 
@@ -177,6 +179,7 @@ impl Modules {
             bound: HashMap::new(),
             hot: Vec::new(),
             last_published: None,
+            files: HashMap::new(),
             ctl_buf: Vec::new(),
         };
         for rule in std::mem::take(&mut m.cfg.rules) {
@@ -332,13 +335,24 @@ impl Server {
             }
             inline.to_vec()
         };
-        if fds.len() > MAX_FILES || usize::try_from(msg.b).ok() != Some(fds.len()) {
+        self.bind_blob(id, &blob, usize::try_from(msg.b).ok(), fds)
+    }
+
+    /// A binding and its files, whichever way they came.
+    fn bind_blob(
+        &mut self,
+        id: u32,
+        blob: &[u8],
+        declared_files: Option<usize>,
+        fds: Vec<OwnedFd>,
+    ) -> Result<(), i32> {
+        if fds.len() > MAX_FILES || declared_files != Some(fds.len()) {
             return Err(neg(libc::EINVAL));
         }
         for f in &fds {
             check_file(f)?;
         }
-        let binding = Binding::decode(&blob).map_err(|e| {
+        let binding = Binding::decode(blob).map_err(|e| {
             debug!("socket {id}: module binding refused: {e}");
             neg(libc::EINVAL)
         })?;
@@ -355,6 +369,104 @@ impl Server {
             ModuleRef::Hash(h) => *self.modules.by_hash.get(&h).ok_or(neg(libc::ENOENT))?,
         };
         self.attach(id, module, &binding.props, fds)
+    }
+
+    /// An `Op::BindModule` record: the binding is in the lent buffer, the files came
+    /// just before on the control socket. `Err` means the channel broke the protocol.
+    pub(crate) fn bind_module_req(
+        &mut self,
+        ch: u32,
+        req: ferry_proto::Request,
+    ) -> Result<(), String> {
+        let r = req.raw;
+        let chan = self
+            .channels
+            .get_mut(ch as usize)
+            .and_then(Option::as_mut)
+            .ok_or("no channel")?;
+        let span = chan
+            .ep
+            .bufs
+            .span(r.buf, 0, r.len)
+            .map_err(|e| e.to_string())?;
+        let mut blob = vec![0u8; span.len() as usize];
+        chan.ep.bufs.read(span, &mut blob);
+        self.give_back(ch, r.sock, r.buf);
+        let nfiles = r.a as usize;
+        let fds = if nfiles == 0 {
+            Vec::new()
+        } else {
+            self.take_files(ch)?
+        };
+        let id = r.sock;
+        let result = match self.socks.get_mut(&id) {
+            None => Err(neg(libc::EBADF)),
+            Some(s) => {
+                s.last_ch = ch;
+                s.stats.calls += 1;
+                self.bind_blob(id, &blob, Some(nfiles), fds)
+            }
+        };
+        let code = result.err().unwrap_or(0);
+        if code != 0 {
+            self.stats.module_refused += 1;
+        }
+        if r.tag != 0 {
+            self.complete_on(ch, Cmp::new(CmpKind::Done, id, r.tag, code));
+            // The program waits for this answer, not for the output: publish it now.
+            if let Some(c) = self.channels.get_mut(ch as usize).and_then(Option::as_mut) {
+                c.flush();
+            }
+        } else if code != 0 {
+            self.complete_on(ch, Cmp::new(CmpKind::AsyncError, id, 0, code));
+        }
+        if code == 0 {
+            self.flush_tx(id);
+        }
+        Ok(())
+    }
+
+    /// The files of channel `ch`'s next ring binding: stashed by `ctl_readable`, or the
+    /// next control packet (sent before the record, so already queued).
+    fn take_files(&mut self, ch: u32) -> Result<Vec<OwnedFd>, String> {
+        if let Some(f) = self
+            .modules
+            .files
+            .get_mut(&ch)
+            .and_then(VecDeque::pop_front)
+        {
+            return Ok(f);
+        }
+        let chan = self
+            .channels
+            .get(ch as usize)
+            .and_then(Option::as_ref)
+            .ok_or("no channel")?;
+        let mut buf = [0u8; size_of::<Ctl>()];
+        match ferry_sys::recv_with_fds(chan.ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
+            Ok((n, fds)) if n == buf.len() => {
+                let msg: Ctl = bytemuck::pod_read_unaligned(&buf);
+                if msg.kind() == Some(CtlKind::Files) {
+                    Ok(fds)
+                } else {
+                    Err(format!(
+                        "module files expected, got control message {}",
+                        msg.kind
+                    ))
+                }
+            }
+            other => Err(format!("module files missing ({other:?})")),
+        }
+    }
+
+    /// A `Files` control packet read before its ring record: keep it for the record.
+    pub(crate) fn stash_files(&mut self, ch: u32, fds: Vec<OwnedFd>) {
+        let q = self.modules.files.entry(ch).or_default();
+        if q.len() >= 4 {
+            self.bad_channel(ch, "module files without their bindings");
+            return;
+        }
+        q.push_back(fds);
     }
 
     /// Starts module `module` on socket `id`. A failing `init` fails the socket.
@@ -374,16 +486,20 @@ impl Server {
         if !s.connected && !s.connecting {
             return Err(neg(libc::ENOTCONN));
         }
-        if self.modules.is_bound(id) {
-            return Err(neg(libc::EBUSY));
-        }
+        // A module that has finished but whose output is still going out is followed
+        // by the new one (its output queues behind); a running one is not replaced.
+        let pending = match self.modules.bound.get_mut(&id) {
+            None => Outbox::new(),
+            Some(Bound::Live { inst, outbox }) if inst.is_finished() => std::mem::take(outbox),
+            Some(_) => return Err(neg(libc::EBUSY)),
+        };
         let host = Arc::clone(self.modules.host().map_err(|e| bind_errno(&e))?);
         let t = std::time::Instant::now();
         let started = host.start(module, props, files);
         self.stats.module_start_ns += t.elapsed().as_nanos() as u64;
         match started {
             Ok((inst, actions)) => {
-                let mut outbox = Outbox::new();
+                let mut outbox = pending;
                 outbox.push(actions);
                 let inst = Box::new(inst);
                 self.modules.bound.insert(id, Bound::Live { inst, outbox });
@@ -395,6 +511,9 @@ impl Server {
             }
             Err(e @ ferry_modules::Error::NoCapacity(_)) => {
                 warn!("socket {id}: module not started: {e}");
+                if let Some(Bound::Live { outbox, .. }) = self.modules.bound.get_mut(&id) {
+                    *outbox = pending;
+                }
                 Err(bind_errno(&e))
             }
             Err(e) => {

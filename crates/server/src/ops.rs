@@ -59,7 +59,9 @@ impl Server {
             }
             CtlKind::Accept => self.accept(ch, msg.sock, msg.a != 0, pair),
             CtlKind::Reply => self.bad_channel(ch, "reply sent by the sandbox"),
-            CtlKind::BindModule => unreachable!("routed to bind_module_ctl by ctl_readable"),
+            CtlKind::BindModule | CtlKind::Files => {
+                unreachable!("routed to the modules by ctl_readable")
+            }
         }
     }
 
@@ -178,6 +180,11 @@ impl Server {
         if req.op == Op::Send {
             return self.send(ch, req);
         }
+        if req.op == Op::BindModule {
+            // Ordered with the sends before it; they go out before the module's output.
+            self.flush_pending();
+            return self.bind_module_req(ch, req);
+        }
         // Program order across sockets: what this pass queued goes out before an
         // operation that may observe it (a recv on the loopback peer, a connect…).
         self.flush_pending();
@@ -295,7 +302,9 @@ impl Server {
                     self.done(ch, id, tag, -libc::EINTR);
                 }
             }
-            Op::Send | Op::BufReturn | Op::Release => unreachable!("handled above"),
+            Op::Send | Op::BufReturn | Op::Release | Op::BindModule => {
+                unreachable!("handled above")
+            }
         }
         Ok(())
     }

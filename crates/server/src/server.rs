@@ -454,6 +454,8 @@ impl Server {
                 let msg: Ctl = bytemuck::pod_read_unaligned(&buf[..head]);
                 if msg.kind() == Some(CtlKind::BindModule) {
                     self.bind_module_ctl(idx, msg, &buf[head..n], fds);
+                } else if msg.kind() == Some(CtlKind::Files) && n == head {
+                    self.stash_files(idx, fds);
                 } else if n == head {
                     self.control(idx, msg, fds);
                 } else {
@@ -555,6 +557,7 @@ impl Server {
             let _ = self.epoll.delete(ch.ctl.as_fd());
             let _ = self.epoll.delete(ch.doorbell());
             self.stats.channels.push(ch.stats);
+            self.modules.files.remove(&idx);
             // Parked operations of this channel have nobody to answer any more.
             for s in self.socks.values_mut() {
                 let before = s.parked.len();

@@ -9,7 +9,9 @@
 //! `ferry-e6 serve --way rw|sendfile|module --file F --connect IP:PORT --responses N` is
 //! the program in the sandbox: it connects out, and answers each request with the same
 //! header and the file — with a 64 KiB read/send loop, with `sendfile`, or by binding
-//! http_file (ferry's native API: the server sends header and file itself). It prints
+//! http_file (ferry's native API, `bind_module_nowait`: the binding goes on the ring in
+//! order, without waiting for the answer; the server sends header and file itself). It
+//! prints
 //! the requester's line, and for the module way the p50 of its `bind_module` calls. The
 //! sockets are libc's (so the shim serves them), the module way's are the native API's.
 
@@ -219,9 +221,12 @@ fn serve(args: &[String]) -> Result<(), String> {
                 }
                 let f = std::fs::File::open(file).map_err(|e| format!("{file}: {e}"))?;
                 let t = Instant::now();
-                cl.bind_module(&s, HTTP_FILE, &props, &[std::os::fd::AsFd::as_fd(&f)])
+                cl.bind_module_nowait(&s, HTTP_FILE, &props, &[std::os::fd::AsFd::as_fd(&f)])
                     .map_err(|e| format!("bind_module: {e}"))?;
                 binds.push(t.elapsed().as_secs_f64() * 1e6);
+                if let Some((_, e)) = cl.async_errors.first() {
+                    return Err(format!("binding failed: errno {}", -e));
+                }
             }
         }
         other => return Err(format!("unknown way {other}")),

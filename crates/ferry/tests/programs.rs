@@ -692,3 +692,57 @@ fn module_option_errors_are_clear() {
         );
     }
 }
+
+#[test]
+fn module_on_a_destination_gzips_what_the_program_sends() {
+    if !can_run(&["python3", "gzip", "ip"]) {
+        return;
+    }
+    let r = remote("module-dest");
+    let l = r
+        .run_in(|| std::net::TcpListener::bind((r.remote_ip(), 9400)).unwrap())
+        .unwrap();
+    let sink = std::thread::spawn(move || {
+        use std::io::Read;
+        let (mut c, _) = l.accept().unwrap();
+        let mut all = Vec::new();
+        c.read_to_end(&mut all).unwrap();
+        all
+    });
+    let mut body = String::new();
+    for i in 0..20_000 {
+        body.push_str(&format!("{i} bytes leave the sandbox compressed\n"));
+    }
+    let dir = TempDir::new("module-dest");
+    let file = dir.path().join("text");
+    std::fs::write(&file, &body).unwrap();
+    let spec = format!("{}:9400={}", r.remote_ip(), example_module("gzip.wat"));
+    let script = "import socket, sys\n\
+                  d = open(sys.argv[1], 'rb').read()\n\
+                  s = socket.create_connection((sys.argv[2], 9400))\n\
+                  s.sendall(d)\n\
+                  s.shutdown(socket.SHUT_WR)\n\
+                  s.recv(1)\n";
+    let o = ferry_run(
+        &["--module", &spec],
+        &[
+            "python3",
+            "-c",
+            script,
+            file.to_str().unwrap(),
+            &r.remote_ip().to_string(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let wire = sink.join().unwrap();
+    assert!(
+        wire.len() < body.len() / 3,
+        "{} bytes on the wire",
+        wire.len()
+    );
+    let gz = dir.path().join("wire.gz");
+    std::fs::write(&gz, &wire).unwrap();
+    let plain = Command::new("gzip").arg("-dc").arg(&gz).output().unwrap();
+    assert!(plain.status.success(), "gzip -d: {}", text(&plain));
+    assert!(plain.stdout == body.as_bytes(), "decompressed bytes differ");
+}

@@ -557,9 +557,16 @@ impl Server {
                         self.stats.data_syscalls += 1;
                     }
                 }
-                Err(e) => {
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                     self.module_failed(id, &format!("writing its output: {e}"));
                     return true;
+                }
+                Err(e) => {
+                    // The connection broke (the peer reset it): not the module's fault.
+                    // Drop the module; the plain path reports the error to the program.
+                    debug!("socket {id}: module output not written: {e}");
+                    self.modules.bound.remove(&id);
+                    return false;
                 }
             }
             if !outbox.is_empty() && outbox.pending_bytes() >= HIGH_WATER {

@@ -47,6 +47,8 @@ pub struct Client {
     pub async_errors: Vec<(u32, i32)>,
     /// Hashes of modules this channel's server has loaded (bound by hash next time).
     loaded: std::collections::HashSet<[u8; 32]>,
+    /// The last module bound and its hash (comparing bytes is cheaper than hashing).
+    last_module: Option<(Vec<u8>, [u8; 32])>,
 }
 
 fn err(code: i32) -> io::Error {
@@ -94,6 +96,7 @@ impl Client {
             next_tag: 1,
             async_errors: Vec::new(),
             loaded: Default::default(),
+            last_module: None,
         })
     }
 
@@ -364,7 +367,7 @@ impl Client {
         props: &[(&str, &str)],
         files: &[std::os::fd::BorrowedFd<'_>],
     ) -> io::Result<()> {
-        let hash = module_hash(module);
+        let hash = self.hash_of(module);
         if self.loaded.contains(&hash) {
             match self.bind_binding(s, ModuleRef::Hash(hash), props, files, true) {
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
@@ -389,7 +392,7 @@ impl Client {
         props: &[(&str, &str)],
         files: &[std::os::fd::BorrowedFd<'_>],
     ) -> io::Result<()> {
-        let hash = module_hash(module);
+        let hash = self.hash_of(module);
         if self.loaded.contains(&hash) {
             return self.bind_binding(s, ModuleRef::Hash(hash), props, files, false);
         }
@@ -495,6 +498,18 @@ impl Client {
         fds: &[std::os::fd::BorrowedFd<'_>],
     ) -> io::Result<Ctl> {
         self.ctl_packet(packet, fds)
+    }
+
+    /// SHA-256 of `module`, remembered for the last module.
+    fn hash_of(&mut self, module: &[u8]) -> [u8; 32] {
+        if let Some((bytes, h)) = &self.last_module
+            && bytes.as_slice() == module
+        {
+            return *h;
+        }
+        let h = module_hash(module);
+        self.last_module = Some((module.to_vec(), h));
+        h
     }
 
     /// Writes a raw record into the request ring: for tests of the server's defences.

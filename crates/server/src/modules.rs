@@ -46,6 +46,8 @@ use crate::sock::Parked;
 
 /// Stop feeding a module while its outbox holds more than this (bytes).
 pub const HIGH_WATER: u64 = 256 * 1024;
+/// Finished instances kept for dropping at idle time, at most.
+const MAX_SPENT: usize = 32;
 /// Largest control packet read (a `Ctl` plus an inline binding).
 pub(crate) const CTL_PACKET_MAX: usize = size_of::<Ctl>() + MAX_INLINE_BINDING;
 
@@ -97,7 +99,7 @@ pub struct ModuleConfig {
     /// Modules bound by the server itself.
     pub rules: Vec<ModuleRule>,
     /// Instances of each module in use kept ready ahead of time (made when the loop is
-    /// about to sleep), so that a start only runs `init`.
+    /// idle), so that a start only runs `init`.
     pub spares: usize,
 }
 
@@ -138,6 +140,8 @@ pub(crate) struct Modules {
     hot: Vec<ModuleId>,
     /// Set when an accept took a connection from a published port (its sandbox port).
     pub(crate) last_published: Option<u16>,
+    /// Finished instances, dropped when the loop is idle.
+    spent: Vec<Box<Instance>>,
     /// Files of ring bindings whose control packet was read first, by channel.
     pub(crate) files: HashMap<u32, VecDeque<Vec<OwnedFd>>>,
     ctl_buf: Vec<u8>,
@@ -180,6 +184,7 @@ impl Modules {
             hot: Vec::new(),
             last_published: None,
             files: HashMap::new(),
+            spent: Vec::new(),
             ctl_buf: Vec::new(),
         };
         for rule in std::mem::take(&mut m.cfg.rules) {
@@ -605,8 +610,14 @@ impl Server {
             if running || !outbox.is_empty() {
                 return true;
             }
-            // Finished and written: the socket is a plain socket again.
-            self.modules.bound.remove(&id);
+            // Finished and written: the socket is a plain socket again. The instance is
+            // dropped when the loop is idle (returning its slot costs microseconds).
+            if let Some(Bound::Live { inst, .. }) = self.modules.bound.remove(&id) {
+                if self.modules.spent.len() >= MAX_SPENT {
+                    self.modules.spent.remove(0);
+                }
+                self.modules.spent.push(inst);
+            }
             debug!("socket {id}: module finished");
             if s.txq.is_empty() {
                 if s.shut_wr_pending {
@@ -733,8 +744,10 @@ impl Server {
         }
     }
 
-    /// When the loop is about to sleep: keep spares of the modules in use.
+    /// A turn of the loop without requests: drop one finished instance, keep spares of
+    /// the modules in use (a little work per idle turn, none on the request path).
     pub(crate) fn module_idle(&mut self) {
+        self.modules.spent.pop();
         let Some(host) = self.modules.host.clone() else {
             return;
         };

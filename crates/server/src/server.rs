@@ -265,7 +265,7 @@ impl Server {
             self.stats.turns += 1;
             let did = self.drain_rings();
             let spinning = last_work.elapsed() < self.cfg.server_spin;
-            if did == 0 && !spinning {
+            if did == 0 {
                 self.module_idle();
             }
             let timeout = if did > 0 || spinning || self.has_backlog() {

@@ -551,7 +551,8 @@ fn e6_label(size: u64) -> String {
 /// 64 KiB read/send loop, `sendfile`, or a module (http_file through the native API).
 /// Natively only the first two exist. Metrics: latency per response (request sent → last
 /// byte in, at the requester), throughput, and for the module the program's bind call
-/// and the server's start + init.
+/// and, per response in the server (means): making the instance (`module_start`), its
+/// `init` (`module_init`), writing header and file (`module_write`: send, sendfile).
 fn e6(s: &Settings, ready: &[Config]) -> Vec<Case> {
     let sizes: &[u64] = if s.quick { &E6_QUICK } else { &E6_SIZES };
     let mut ways: Vec<(Config, &str)> = Vec::new();
@@ -605,8 +606,10 @@ fn e6(s: &Settings, ready: &[Config]) -> Vec<Case> {
                         v.push(("bind_p50", "us", b));
                     }
                     if let Some(st) = r.stats.as_ref().filter(|st| st.modules_started > 0) {
-                        let start = st.module_start_ns as f64 / st.modules_started as f64 / 1e3;
-                        v.push(("module_start", "us", start));
+                        let per = |ns: u64| ns as f64 / st.modules_started as f64 / 1e3;
+                        v.push(("module_start", "us", per(st.module_start_ns)));
+                        v.push(("module_init", "us", per(st.module_init_ns)));
+                        v.push(("module_write", "us", per(st.module_write_ns)));
                     }
                     Ok(v)
                 }),

@@ -153,8 +153,12 @@ pub struct FerryStats {
     pub doorbells: u64,
     /// Module instances started.
     pub modules_started: u64,
-    /// Time spent starting them (instance + init), nanoseconds.
+    /// Time spent making their instances, nanoseconds.
     pub module_start_ns: u64,
+    /// Time spent in their `init`, nanoseconds.
+    pub module_init_ns: u64,
+    /// Time spent writing their output, nanoseconds.
+    pub module_write_ns: u64,
 }
 
 impl FerryStats {
@@ -176,6 +180,8 @@ pub fn ferry_stats(json: &str) -> Result<FerryStats, String> {
         data_syscalls: top("data_syscalls"),
         modules_started: top("modules_started"),
         module_start_ns: top("module_start_ns"),
+        module_init_ns: top("module_init_ns"),
+        module_write_ns: top("module_write_ns"),
         ..FerryStats::default()
     };
     for ch in v

@@ -499,11 +499,11 @@ impl Server {
             Some(_) => return Err(neg(libc::EBUSY)),
         };
         let host = Arc::clone(self.modules.host().map_err(|e| bind_errno(&e))?);
-        let t = std::time::Instant::now();
-        let started = host.start(module, props, files);
-        self.stats.module_start_ns += t.elapsed().as_nanos() as u64;
-        match started {
+        match host.start(module, props, files) {
             Ok((inst, actions)) => {
+                let (make, init) = inst.start_timing();
+                self.stats.module_start_ns += make.as_nanos() as u64;
+                self.stats.module_init_ns += init.as_nanos() as u64;
                 let mut outbox = pending;
                 outbox.push(actions);
                 let inst = Box::new(inst);
@@ -554,7 +554,10 @@ impl Server {
             if s.connecting {
                 return true;
             }
-            match outbox.advance(s.fd.as_fd()) {
+            let t = std::time::Instant::now();
+            let written = outbox.advance(s.fd.as_fd());
+            self.stats.module_write_ns += t.elapsed().as_nanos() as u64;
+            match written {
                 Ok(n) => {
                     s.stats.bytes_out += n;
                     self.stats.module_bytes_out += n;

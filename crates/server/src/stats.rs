@@ -71,8 +71,14 @@ pub struct ServerStats {
     pub module_refused: u64,
     /// Bytes modules wrote to their sockets.
     pub module_bytes_out: u64,
-    /// Time spent starting modules (instance + `init`), nanoseconds, summed.
+    /// Time spent making module instances (fresh or spare, with their inputs),
+    /// nanoseconds, summed.
     pub module_start_ns: u64,
+    /// Time spent in modules' `init`, nanoseconds, summed.
+    pub module_init_ns: u64,
+    /// Time spent writing modules' output to their sockets (send, sendfile),
+    /// nanoseconds, summed.
+    pub module_write_ns: u64,
     /// Sockets still open when the server stopped although their program side was gone
     /// (should be 0: anything else is a leak).
     pub open_at_stop: u64,
@@ -151,7 +157,7 @@ impl ServerStats {
             })
             .collect();
         format!(
-            r#"{{"server":"{}","turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"bad_channels":{},"denied":{},"open_at_stop":{},"dns_queries":{},"dns_answers":{},"modules_loaded":{},"modules_started":{},"modules_failed":{},"module_refused":{},"module_bytes_out":{},"module_start_ns":{},"channels":[{}],"sockets":[{}]}}"#,
+            r#"{{"server":"{}","turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"bad_channels":{},"denied":{},"open_at_stop":{},"dns_queries":{},"dns_answers":{},"modules_loaded":{},"modules_started":{},"modules_failed":{},"module_refused":{},"module_bytes_out":{},"module_start_ns":{},"module_init_ns":{},"module_write_ns":{},"channels":[{}],"sockets":[{}]}}"#,
             self.id,
             self.turns,
             self.spin_turns,
@@ -168,6 +174,8 @@ impl ServerStats {
             self.module_refused,
             self.module_bytes_out,
             self.module_start_ns,
+            self.module_init_ns,
+            self.module_write_ns,
             chans.join(","),
             socks.join(",")
         )

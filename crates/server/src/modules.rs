@@ -141,7 +141,7 @@ pub(crate) struct Modules {
     /// Set when an accept took a connection from a published port (its sandbox port).
     pub(crate) last_published: Option<u16>,
     /// Finished instances, dropped when the loop is idle.
-    spent: Vec<Box<Instance>>,
+    spent: Vec<Instance>,
     /// Files of ring bindings whose control packet was read first, by channel.
     pub(crate) files: HashMap<u32, VecDeque<Vec<OwnedFd>>>,
     ctl_buf: Vec<u8>,
@@ -619,7 +619,7 @@ impl Server {
                 if self.modules.spent.len() >= MAX_SPENT {
                     self.modules.spent.remove(0);
                 }
-                self.modules.spent.push(inst);
+                self.modules.spent.push(*inst);
             }
             debug!("socket {id}: module finished");
             if s.txq.is_empty() {

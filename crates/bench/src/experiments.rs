@@ -1,7 +1,8 @@
 //! The experiments of `docs/BENCHMARKS.md` as lists of cases: which configurations, which
 //! parameter values, which client command, which metrics. E1 bandwidth vs buffer size,
 //! E2 ping-pong RTT and wakes per round trip vs spin span, E3 CPU interference, E4
-//! batching, E7 distribution over several protocol servers and paths, R1 real clients.
+//! batching, E6 file → socket (read/write vs sendfile vs a module), E7 distribution over
+//! several protocol servers and paths, R1 real clients.
 //! Every case of an experiment runs the same client binary.
 
 use std::path::PathBuf;
@@ -11,7 +12,7 @@ use crate::config::{Config, RunOut};
 use crate::parse;
 use crate::plan::{Case, Extract, Param};
 use crate::topology::{
-    HTTP_FILE, HTTP_PORT, IPERF_E3_PORT, IPERF_PORT, REDIS_PORT, SOCKPERF_E7A_PORT,
+    E6_PORT, HTTP_FILE, HTTP_PORT, IPERF_E3_PORT, IPERF_PORT, REDIS_PORT, SOCKPERF_E7A_PORT,
     SOCKPERF_E7B_PORT, SOCKPERF_PORT,
 };
 
@@ -26,6 +27,8 @@ pub enum Experiment {
     E3,
     /// Batching: throughput, RTT and crossings vs batch threshold.
     E4,
+    /// File → socket from a program in the sandbox: read/write vs sendfile vs module.
+    E6,
     /// Distribution over several protocol servers and paths (S4).
     E7,
     /// Real clients: iperf3, sockperf, redis-benchmark, wrk.
@@ -34,20 +37,19 @@ pub enum Experiment {
 
 impl Experiment {
     /// Every experiment available, in order.
-    pub const ALL: [Experiment; 6] = [
+    pub const ALL: [Experiment; 7] = [
         Experiment::E1,
         Experiment::E2,
         Experiment::E3,
         Experiment::E4,
+        Experiment::E6,
         Experiment::E7,
         Experiment::R1,
     ];
 
     /// Experiments of the plan that are later milestones.
-    pub const NOT_YET: [(&'static str, &'static str); 2] = [
-        ("E5", "pseudo-NIC per-packet overhead (needs nic mode)"),
-        ("E6", "file → socket: read/write vs sendfile vs module"),
-    ];
+    pub const NOT_YET: [(&'static str, &'static str); 1] =
+        [("E5", "pseudo-NIC per-packet overhead (needs nic mode)")];
 
     /// Parses "E1" … "R1" (any case).
     pub fn parse(s: &str) -> Result<Experiment, String> {
@@ -58,7 +60,7 @@ impl Experiment {
             .ok_or_else(
                 || match Experiment::NOT_YET.iter().find(|(id, _)| *id == up) {
                     Some((id, what)) => format!("{id} ({what}) is a later milestone: not yet"),
-                    None => format!("unknown experiment `{s}` (E1, E2, E3, E4, E7, R1)"),
+                    None => format!("unknown experiment `{s}` (E1, E2, E3, E4, E6, E7, R1)"),
                 },
             )
     }
@@ -70,6 +72,7 @@ impl Experiment {
             Experiment::E2 => "E2",
             Experiment::E3 => "E3",
             Experiment::E4 => "E4",
+            Experiment::E6 => "E6",
             Experiment::E7 => "E7",
             Experiment::R1 => "R1",
         }
@@ -82,6 +85,9 @@ impl Experiment {
             Experiment::E2 => "ping-pong RTT and wakes per round trip vs spin span",
             Experiment::E3 => "CPU interference: MFlops kept beside a 10 MB/s transfer",
             Experiment::E4 => "batching: throughput, RTT and crossings vs batch threshold",
+            Experiment::E6 => {
+                "file → socket from a program in the sandbox: read/write vs sendfile vs module"
+            }
             Experiment::E7 => {
                 "distribution: several protocol servers and paths, one core vs spread"
             }
@@ -96,6 +102,7 @@ impl Experiment {
             Experiment::E2 => ("rtt_p50", "us"),
             Experiment::E3 => ("mflops", "MFlops"),
             Experiment::E4 => ("throughput", "Mbit/s"),
+            Experiment::E6 => ("latency_p50", "us"),
             Experiment::E7 => ("time_per_op", "us"),
             Experiment::R1 => ("result", "-"),
         }
@@ -117,6 +124,10 @@ pub struct Settings {
     pub host_ip: String,
     /// The ferry-burner binary.
     pub burner: PathBuf,
+    /// The ferry-e6 binary.
+    pub e6_bin: PathBuf,
+    /// Where E6's files are (see [`E6_SIZES`]).
+    pub e6_dir: PathBuf,
 }
 
 impl Settings {
@@ -202,6 +213,7 @@ pub fn cases(e: Experiment, s: &Settings, ready: &[Config]) -> Vec<Case> {
         Experiment::E2 => e2(s, ready),
         Experiment::E3 => e3(s, ready),
         Experiment::E4 => e4(s, ready),
+        Experiment::E6 => e6(s, ready),
         Experiment::E7 => e7(s, ready),
         Experiment::R1 => r1(s, ready),
     }
@@ -707,6 +719,133 @@ fn r1(s: &Settings, ready: &[Config]) -> Vec<Case> {
                 extract: Box::new(move |r: &RunOut| ex(r)),
             });
         }
+    }
+    out
+}
+
+/// E6's file sizes (bytes): S3's 2,322-byte response and 1–6 MB.
+pub const E6_SIZES: [u64; 5] = [2322, 1 << 20, 2 << 20, 4 << 20, 6 << 20];
+/// E6's sizes with `--quick`.
+const E6_QUICK: [u64; 3] = [2322, 1 << 20, 6 << 20];
+
+/// The name of E6's file of `size` bytes in [`Settings::e6_dir`].
+pub fn e6_file(size: u64) -> String {
+    format!("e6-{size}.bin")
+}
+
+/// The label of an E6 size: "2322 B", "1 MB", …
+fn e6_label(size: u64) -> String {
+    if size >= 1 << 20 {
+        format!("{} MB", size >> 20)
+    } else {
+        format!("{size} B")
+    }
+}
+
+/// A program in the sandbox serves a file to E6's requester (remote) three ways: its own
+/// 64 KiB read/send loop, `sendfile`, or a module (http_file through the native API).
+/// Natively only the first two exist. Metrics: latency per response (request sent → last
+/// byte in, at the requester), throughput, and for the module the program's bind call
+/// and, per response in the server (means): making the instance (`module_start`), its
+/// `init` (`module_init`), writing header and file (`module_write`: send, sendfile).
+fn e6(s: &Settings, ready: &[Config]) -> Vec<Case> {
+    let sizes: &[u64] = if s.quick { &E6_QUICK } else { &E6_SIZES };
+    let mut ways: Vec<(Config, &str)> = Vec::new();
+    for c in pick(ready, &["native", "ferry"]) {
+        let mut ws = vec![("read/write", "rw"), ("sendfile", "sendfile")];
+        if c.is_ferry() {
+            ws.push(("module", "module"));
+        }
+        for (label, way) in ws {
+            let mut cfg = c.clone();
+            cfg.name = format!("{} {label}", c.name);
+            ways.push((cfg, way));
+        }
+    }
+    let mut out = Vec::new();
+    for &size in sizes {
+        let responses = match (size < 1 << 20, s.quick) {
+            (true, true) => 2000,
+            (true, false) => 20_000,
+            (false, true) => 30,
+            (false, false) => 200,
+        };
+        for (c, way) in &ways {
+            let file = s.e6_dir.join(e6_file(size));
+            out.push(Case {
+                config: c.clone(),
+                param: Param::new(e6_label(size), size as f64),
+                client: vec![
+                    s.e6_bin.display().to_string(),
+                    "serve".into(),
+                    "--way".into(),
+                    (*way).into(),
+                    "--file".into(),
+                    file.display().to_string(),
+                    "--connect".into(),
+                    format!("{}:{E6_PORT}", s.remote),
+                    "--responses".into(),
+                    responses.to_string(),
+                ],
+                timeout: Duration::from_secs(if s.quick { 20 } else { 60 }),
+                pin: None,
+                servers: vec![E6_PORT],
+                extract: Box::new(|r: &RunOut| {
+                    let (p50, p99, mbps, bind) = parse::e6(&r.outcome.stdout)?;
+                    let mut v = vec![
+                        ("latency_p50", "us", p50),
+                        ("latency_p99", "us", p99),
+                        ("throughput", "MB/s", mbps),
+                    ];
+                    if let Some(b) = bind {
+                        v.push(("bind_p50", "us", b));
+                    }
+                    if let Some(st) = r.stats.as_ref().filter(|st| st.modules_started > 0) {
+                        let per = |ns: u64| ns as f64 / st.modules_started as f64 / 1e3;
+                        v.push(("module_start", "us", per(st.module_start_ns)));
+                        v.push(("module_init", "us", per(st.module_init_ns)));
+                        v.push(("module_write", "us", per(st.module_write_ns)));
+                    }
+                    Ok(v)
+                }),
+            });
+        }
+    }
+    out
+}
+
+/// E6's derived rows: each ferry way's throughput over ferry sendfile's (median) at the
+/// same size, and its latency over ferry read/write's.
+pub fn e6_ratios(rows: &[crate::plan::Row]) -> Vec<crate::plan::Row> {
+    let median = |config: &str, param: &str, metric: &str| {
+        rows.iter()
+            .find(|r| {
+                r.experiment == "E6"
+                    && r.config == config
+                    && r.param.label == param
+                    && r.metric == metric
+            })
+            .and_then(crate::plan::Row::median)
+    };
+    let mut out = Vec::new();
+    for r in rows
+        .iter()
+        .filter(|r| r.experiment == "E6" && r.config.starts_with("ferry"))
+    {
+        let (base, metric, unit) = match r.metric.as_str() {
+            "throughput" => ("ferry sendfile", "x_sendfile", "× ferry sendfile"),
+            "latency_p50" => ("ferry read/write", "x_rw_latency", "× ferry read/write"),
+            _ => continue,
+        };
+        let Some(b) = median(base, &r.param.label, &r.metric).filter(|b| *b > 0.0) else {
+            continue;
+        };
+        out.push(crate::plan::Row {
+            metric: metric.into(),
+            unit: unit.into(),
+            samples: r.samples.iter().map(|v| v / b).collect(),
+            ..r.clone()
+        });
     }
     out
 }

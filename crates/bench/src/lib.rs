@@ -3,8 +3,8 @@
 //! configurations that run the same client binary (native, ferry with its knobs,
 //! slirp4netns, pasta) and their smoke checks, the experiments of the team's
 //! BENCHMARKS.md (E1 bandwidth vs buffer size, E2 RTT and wakes vs spin span, E3 CPU
-//! interference, E4 batching, E7 several protocol servers and paths, R1 real clients), the
-//! method (warm-up, alternating
+//! interference, E4 batching, E6 file → socket with data-path modules, E7 several protocol
+//! servers and paths, R1 real clients), the method (warm-up, alternating
 //! repetitions, medians with min/max, per-run timeouts, failures recorded and shown),
 //! and the outputs: terminal table, `results.csv`, one PNG per experiment, `report.md`.
 //!
@@ -138,6 +138,12 @@ pub fn run(o: &Options) -> Result<Summary, Error> {
     );
     let (ready, skipped) = check_all(&remote, bed.mtu, &env)?;
     let burner = env.ferry.with_file_name("ferry-burner");
+    let e6_bin = env.ferry.with_file_name("ferry-e6");
+    let e6_dir = bed.scratch().join("e6");
+    if o.experiments.contains(&Experiment::E6) {
+        write_e6_files(&e6_dir)?;
+        bed.start_e6(&e6_bin)?;
+    }
     if o.experiments.contains(&Experiment::E3) && !burner.is_file() {
         println!(
             "warning: {} not found (cargo build --release --workspace): E3 will fail",
@@ -151,6 +157,8 @@ pub fn run(o: &Options) -> Result<Summary, Error> {
         remote_ns: bed.name().to_owned(),
         host_ip: bed.host_ip().to_string(),
         burner,
+        e6_bin,
+        e6_dir,
     };
     let configs: Vec<Config> = ready.iter().map(|r| r.config.clone()).collect();
     let plans: Vec<(Experiment, Vec<plan::Case>)> = o
@@ -192,6 +200,9 @@ pub fn run(o: &Options) -> Result<Summary, Error> {
         if *e == Experiment::E3 {
             rows.extend(kept(&rows));
         }
+        if *e == Experiment::E6 {
+            rows.extend(experiments::e6_ratios(&rows));
+        }
         results.rows.extend(rows);
         results.experiments.push(*e);
         say(&bar, &report::table(*e, &results.rows));
@@ -227,7 +238,7 @@ fn snapshot(ferry: &Path, dir: &Path) -> Result<(PathBuf, String), Error> {
     std::fs::create_dir_all(dir).map_err(output_err(dir))?;
     let src = ferry.parent().unwrap_or(Path::new("."));
     let mut parts = Vec::new();
-    for name in ["ferry", "libferry_preload.so", "ferry-burner"] {
+    for name in ["ferry", "libferry_preload.so", "ferry-burner", "ferry-e6"] {
         let from = if name == "ferry" {
             ferry.to_owned()
         } else {
@@ -265,6 +276,18 @@ fn snapshot(ferry: &Path, dir: &Path) -> Result<(PathBuf, String), Error> {
         parts.join(", ")
     );
     Ok((dir.join("ferry"), line))
+}
+
+/// Writes E6's files (readable by the sandbox's users): every size of
+/// [`experiments::E6_SIZES`], bytes `a..z` repeating (what `ferry-e6 requester` checks).
+fn write_e6_files(dir: &Path) -> Result<(), Error> {
+    std::fs::create_dir_all(dir).map_err(output_err(dir))?;
+    for size in experiments::E6_SIZES {
+        let body: Vec<u8> = (0..size).map(|i| b'a' + (i % 26) as u8).collect();
+        let path = dir.join(experiments::e6_file(size));
+        std::fs::write(&path, body).map_err(output_err(&path))?;
+    }
+    Ok(())
 }
 
 /// `YYYY-MM-DD HH:MM UTC` of a Unix time (civil-from-days, proleptic Gregorian).

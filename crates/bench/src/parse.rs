@@ -167,6 +167,14 @@ pub struct FerryStats {
     pub wakes_avoided: u64,
     /// Doorbells the sandbox rang to wake the server.
     pub doorbells: u64,
+    /// Module instances started.
+    pub modules_started: u64,
+    /// Time spent making their instances, nanoseconds.
+    pub module_start_ns: u64,
+    /// Time spent in their `init`, nanoseconds.
+    pub module_init_ns: u64,
+    /// Time spent writing their output, nanoseconds.
+    pub module_write_ns: u64,
 }
 
 impl FerryStats {
@@ -186,6 +194,10 @@ pub fn ferry_stats(json: &str) -> Result<FerryStats, String> {
         turns: top("turns"),
         sleeps: top("sleeps"),
         data_syscalls: top("data_syscalls"),
+        modules_started: top("modules_started"),
+        module_start_ns: top("module_start_ns"),
+        module_init_ns: top("module_init_ns"),
+        module_write_ns: top("module_write_ns"),
         ..FerryStats::default()
     };
     for ch in v
@@ -202,6 +214,30 @@ pub fn ferry_stats(json: &str) -> Result<FerryStats, String> {
         s.doorbells += c("doorbells");
     }
     Ok(s)
+}
+
+/// E6's serving program's output: the requester's `STATS p50 p99 MB/s mean` line and,
+/// for the module way, `BIND p50`.
+pub fn e6(out: &str) -> Result<(f64, f64, f64, Option<f64>), String> {
+    let nums = |tag: &str| -> Option<Vec<f64>> {
+        let l = out.lines().find(|l| l.starts_with(tag))?;
+        Some(
+            l.split_whitespace()
+                .skip(1)
+                .filter_map(|x| x.parse().ok())
+                .collect(),
+        )
+    };
+    let s = nums("STATS").ok_or("no STATS line from ferry-e6")?;
+    let [p50, p99, mbps, _mean] = s[..] else {
+        return Err(format!("bad STATS line in {out:?}"));
+    };
+    Ok((
+        p50,
+        p99,
+        mbps,
+        nums("BIND").and_then(|b| b.first().copied()),
+    ))
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! One PNG per experiment, shaped like the paper's figure: E1 bandwidth vs buffer size
 //! (log x, one line per configuration), E2 RTT and wakes per round trip vs spin span,
 //! E3 bars of MFlops, E4 throughput / RTT / crossings vs batch, R1 grouped bars
-//! normalized to native. Pure-Rust bitmap backend; text in DejaVu Sans.
+//! normalized to native, E6 latency per response and throughput vs file size. Pure-Rust
+//! bitmap backend; text in DejaVu Sans.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -113,6 +114,7 @@ pub fn draw(dir: &Path, e: Experiment, rows: &[Row]) -> Result<(), String> {
         Experiment::E1 | Experiment::E3 => (1000, 650),
         Experiment::E2 => (1400, 600),
         Experiment::E4 => (1600, 560),
+        Experiment::E6 => (1500, 620),
         Experiment::E7 => (1600, 620),
         Experiment::R1 => (1400, 650),
     };
@@ -123,6 +125,7 @@ pub fn draw(dir: &Path, e: Experiment, rows: &[Row]) -> Result<(), String> {
         Experiment::E2 => e2(&root, rows)?,
         Experiment::E3 => e3(&root, rows)?,
         Experiment::E4 => e4(&root, rows)?,
+        Experiment::E6 => e6(&root, rows)?,
         Experiment::E7 => e7(&root, rows)?,
         Experiment::R1 => r1(&root, rows)?,
     }
@@ -263,6 +266,88 @@ where
             .map_err(err)?
             .label(format!("{name}{suffix}"))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+    }
+    Ok(())
+}
+
+/// E6: latency per response (log y) and throughput, per way, against the file size.
+fn e6(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
+    let (map, labels) = positions(rows, Experiment::E6);
+    let n = labels.len().max(1) as f64;
+    let panels = root.split_evenly((1, 2));
+    for (k, (metric, title, unit)) in [
+        (
+            "latency_p50",
+            "E6 — latency per response, p50",
+            "µs (log scale)",
+        ),
+        ("throughput", "E6 — throughput (header + file)", "MB/s"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let s: Series = series(rows, Experiment::E6, metric)
+            .into_iter()
+            .map(|(name, pts)| (name, reindex(&pts, &map)))
+            .collect();
+        let ymax = (max_of(&s) * 1.3).max(1.0);
+        let ymin = s
+            .iter()
+            .flat_map(|(_, p)| p.iter().map(|p| p.min))
+            .fold(f64::INFINITY, f64::min)
+            .clamp(0.1, ymax / 2.0)
+            * 0.7;
+        let area = &panels[k];
+        let mut builder = ChartBuilder::on(area);
+        builder
+            .caption(title, ("sans-serif", 22))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(70);
+        let lbl = labels.clone();
+        let fmt = move |x: &f64| {
+            let i = x.round();
+            if (x - i).abs() < 1e-6 && i >= 0.0 {
+                lbl.get(i as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        };
+        if k == 0 {
+            let mut chart = builder
+                .build_cartesian_2d(-0.3f64..(n - 0.7), (ymin..ymax).log_scale())
+                .map_err(err)?;
+            chart
+                .configure_mesh()
+                .light_line_style(RGBColor(238, 238, 238))
+                .x_desc("file size")
+                .y_desc(unit)
+                .x_labels(labels.len().max(2))
+                .x_label_formatter(&fmt)
+                .draw()
+                .map_err(err)?;
+            for (i, (name, pts)) in s.iter().enumerate() {
+                lines(&mut chart, pts, COLORS[i % COLORS.len()], &label(name, pts))?;
+            }
+            legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+        } else {
+            let mut chart = builder
+                .build_cartesian_2d(-0.3f64..(n - 0.7), 0f64..ymax)
+                .map_err(err)?;
+            chart
+                .configure_mesh()
+                .light_line_style(RGBColor(238, 238, 238))
+                .x_desc("file size")
+                .y_desc(unit)
+                .x_labels(labels.len().max(2))
+                .x_label_formatter(&fmt)
+                .draw()
+                .map_err(err)?;
+            for (i, (name, pts)) in s.iter().enumerate() {
+                lines(&mut chart, pts, COLORS[i % COLORS.len()], &label(name, pts))?;
+            }
+            legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+        }
     }
     Ok(())
 }

@@ -200,6 +200,17 @@ fn paper(e: Experiment) -> &'static str {
              batched operations**; receive 127 → 303 Mbit/s (2.4×) at 6; RTT did **not** grow \
              with the batch size (the idle flush sends the queue as soon as the guest waits)."
         }
+        Experiment::E6 => {
+            "S3 (modules run next to the data): a 2,322-byte HTTP response served faster by \
+             a module than by the application's own read/write path, and header + file \
+             through a module at the application's sendfile throughput. Goals here: module \
+             start p50 ≤ 10 µs (server means per response: `module_start` makes the \
+             instance, `module_init` runs init, `module_write` is the data: header + \
+             sendfile; `bind_p50`: the program's bind call, queued on the ring without \
+             waiting), module \
+             throughput ≥ 0.95× ferry sendfile (`x_sendfile`), and at 2,322 B module latency \
+             below ferry read/write (`x_rw_latency` < 1)."
+        }
         Experiment::E7 => {
             "S4 (protocol and NIC servers on a multiprocessor): two processes sending 1024-byte \
              messages; the proposed arrangement (two protocol servers, two NIC paths) took \

@@ -31,6 +31,8 @@ pub const REDIS_PORT: u16 = 6379;
 pub const HTTP_PORT: u16 = 80;
 /// The file wrk fetches from nginx.
 pub const HTTP_FILE: &str = "file-16k.bin";
+/// E6's requester (`ferry-e6 requester`), started only for E6.
+pub const E6_PORT: u16 = 5300;
 
 /// Why the testbed could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +71,8 @@ pub struct Testbed {
     scratch: Scratch,
     /// MTU of the veth pair (host side).
     pub mtu: u32,
+    /// `ferry-e6`, once E6's requester was started.
+    e6_bin: Option<PathBuf>,
 }
 
 /// A scratch directory under the system temp dir (so nginx's unprivileged workers can
@@ -113,6 +117,7 @@ impl Testbed {
             remote,
             scratch,
             mtu,
+            e6_bin: None,
         };
         bed.write_site()?;
         for port in [
@@ -172,6 +177,12 @@ impl Testbed {
             self.restart(port)?;
         }
         Ok(())
+    }
+
+    /// Starts E6's requester (`bin requester`) in the remote namespace.
+    pub fn start_e6(&mut self, bin: &Path) -> Result<(), TopologyError> {
+        self.e6_bin = Some(bin.to_owned());
+        self.start(E6_PORT)
     }
 
     fn write_site(&self) -> Result<(), TopologyError> {
@@ -237,6 +248,12 @@ impl Testbed {
                 c.args(["--appendonly", "no", "--protected-mode", "no"]);
                 c.arg("--dir").arg(&dir);
                 ("redis-server", c)
+            }
+            E6_PORT => {
+                let bin = self.e6_bin.clone().unwrap_or_else(|| "ferry-e6".into());
+                let mut c = self.remote.command(&bin.to_string_lossy());
+                c.args(["requester", "--listen", &format!("{ip}:{port}")]);
+                ("ferry-e6 requester", c)
             }
             _ => {
                 let mut c = self.remote.command("nginx");

@@ -30,6 +30,18 @@ int ferry_socket(ferry_t *h, int domain, int type);
 int ferry_connect(ferry_t *h, int sock, const struct sockaddr *addr, socklen_t len);
 /* Closes a socket. */
 int ferry_sock_close(ferry_t *h, int sock);
+/* shutdown(2) of a socket; SHUT_WR ends a bound module's input. */
+int ferry_shutdown(ferry_t *h, int sock, int how);
+
+/* Binds a data-path module (WebAssembly, binary or .wat text) to a connected stream
+ * socket: the protocol server runs it next to the socket. props: nprops strings
+ * "key=value"; fds: nfds regular files the module may send (file 0, 1, ...; the
+ * caller keeps its descriptors). Afterwards what is sent on the socket is the
+ * module's input and what it emits goes to the peer. Returns 0, -EINVAL (bad module,
+ * property or file), -EBUSY (already bound), -ENOBUFS (server at its module limit),
+ * -EIO (the module failed at start; the connection was reset). */
+int ferry_bind_module(ferry_t *h, int sock, const void *module, size_t module_len,
+                      const char *const *props, size_t nprops, const int *fds, size_t nfds);
 
 /* Zero-copy send: get a free channel buffer (*cap bytes), fill it, commit len bytes of
  * it. The server sends straight from the buffer. Returns NULL when none can be had. */

@@ -148,6 +148,90 @@ pub unsafe extern "C" fn ferry_sock_close(h: *mut FerryHandle, sock: c_int) -> c
     })
 }
 
+/// Binds a data-path module to a connected stream socket (see `Client::bind_module`).
+/// `module`/`module_len`: binary wasm or `.wat` text. `props`: `nprops` strings
+/// `"key=value"` (the first `=` splits). `fds`: `nfds` files the module may send (the
+/// caller keeps its own descriptors). Returns 0 or a negated errno.
+///
+/// # Safety
+/// `h` from `ferry_open`; `module` points at `module_len` readable bytes; `props` at
+/// `nprops` NUL-terminated strings; `fds` at `nfds` ints (either may be NULL when its
+/// count is 0).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_bind_module(
+    h: *mut FerryHandle,
+    sock: c_int,
+    module: *const c_void,
+    module_len: usize,
+    props: *const *const c_char,
+    nprops: usize,
+    fds: *const c_int,
+    nfds: usize,
+) -> c_int {
+    if module.is_null() || (props.is_null() && nprops > 0) || (fds.is_null() && nfds > 0) {
+        return -libc::EFAULT;
+    }
+    // SAFETY: the caller vouches for `module_len` readable bytes at `module`.
+    let module = unsafe { std::slice::from_raw_parts(module.cast::<u8>(), module_len) };
+    let mut pairs: Vec<(&str, &str)> = Vec::with_capacity(nprops);
+    for i in 0..nprops {
+        // SAFETY: the caller vouches for `nprops` string pointers at `props`.
+        let p = unsafe { *props.add(i) };
+        if p.is_null() {
+            return -libc::EFAULT;
+        }
+        // SAFETY: each is a NUL-terminated string (the caller's contract).
+        let Ok(kv) = unsafe { CStr::from_ptr(p) }.to_str() else {
+            return -libc::EINVAL;
+        };
+        let Some(pair) = kv.split_once('=') else {
+            return -libc::EINVAL;
+        };
+        pairs.push(pair);
+    }
+    let raw: &[c_int] = if nfds == 0 {
+        &[]
+    } else {
+        // SAFETY: the caller vouches for `nfds` ints at `fds`.
+        unsafe { std::slice::from_raw_parts(fds, nfds) }
+    };
+    if raw.iter().any(|&fd| fd < 0) {
+        return -libc::EBADF;
+    }
+    // SAFETY: the descriptors are open and stay open for the call (the caller's
+    // contract); they are only borrowed to be sent.
+    let files: Vec<std::os::fd::BorrowedFd<'_>> = raw
+        .iter()
+        .map(|&fd| unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
+        .collect();
+    with(h, |h| {
+        let Some(s) = h.sockets.get(&sock) else {
+            return -libc::EBADF;
+        };
+        match h.client.bind_module(s, module, &pairs, &files) {
+            Ok(()) => 0,
+            Err(e) => neg(e),
+        }
+    })
+}
+
+/// `shutdown(how)` of a socket (`SHUT_WR` ends a bound module's input).
+///
+/// # Safety
+/// `h` from `ferry_open`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_shutdown(h: *mut FerryHandle, sock: c_int, how: c_int) -> c_int {
+    with(h, |h| {
+        let Some(s) = h.sockets.get(&sock) else {
+            return -libc::EBADF;
+        };
+        match h.client.shutdown(s, how) {
+            Ok(()) => 0,
+            Err(e) => neg(e),
+        }
+    })
+}
+
 /// A free channel buffer to fill: returns its address and stores its size in `*cap`.
 /// Returns NULL on failure.
 ///

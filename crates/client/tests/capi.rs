@@ -85,3 +85,99 @@ fn c_program_echoes_through_zero_copy_buffers() {
         format!("ok {total}")
     );
 }
+
+#[test]
+fn c_program_binds_http_file_and_a_failing_module() {
+    if Command::new("gcc").arg("--version").output().is_err() {
+        eprintln!("skipped: gcc not installed");
+        return;
+    }
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tag = std::process::id();
+    let out = std::env::temp_dir().join(format!("ferry-bind-module-{tag}"));
+    let lib = library_dir();
+    let cc = Command::new("gcc")
+        .args(["-O2", "-Wall", "-Werror", "-o"])
+        .arg(&out)
+        .arg(manifest.join("tests/c/bind_module.c"))
+        .arg("-I")
+        .arg(manifest.join("include"))
+        .arg("-L")
+        .arg(&lib)
+        .arg("-lferry_client")
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "gcc: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let body: Vec<u8> = (0..300_001u32).map(|i| (i % 251) as u8).collect();
+    let file = std::env::temp_dir().join(format!("ferry-bind-module-body-{tag}"));
+    std::fs::write(&file, &body).unwrap();
+    let looping = std::env::temp_dir().join(format!("ferry-bind-module-loop-{tag}.wat"));
+    std::fs::write(
+        &looping,
+        r#"(module (memory (export "memory") 1)
+          (func (export "init") (result i32) (loop $l (br $l)) (i32.const 0))
+          (func (export "on_data") (param i32) (result i32) (i32.const 0)))"#,
+    )
+    .unwrap();
+
+    let path = std::env::temp_dir().join(format!("ferry-capi-bind-{tag}.sock"));
+    let _ = std::fs::remove_file(&path);
+    let server = Server::new(Config::new(path.clone()), Box::new(ferry_sys::socket)).unwrap();
+    let handle = server.stop_handle();
+    let t = std::thread::spawn(move || server.run());
+
+    // The peer: a kernel socket that reads everything each connection sends.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let peer = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            let (mut c, _) = l.accept().unwrap();
+            let mut all = Vec::new();
+            let _ = c.read_to_end(&mut all);
+            got.push(all);
+        }
+        got
+    });
+    let run = Command::new(&out)
+        .args(["127.0.0.1", &port.to_string()])
+        .arg(manifest.join("../modules/examples/http_file.wat"))
+        .arg(&file)
+        .arg(&looping)
+        .env("FERRY_SOCKET", &path)
+        .env("LD_LIBRARY_PATH", &lib)
+        .output()
+        .unwrap();
+    let got = peer.join().unwrap();
+    handle.stop();
+    let stats = t.join().unwrap();
+    for p in [&out, &file, &looping] {
+        let _ = std::fs::remove_file(p);
+    }
+    assert!(
+        run.status.success(),
+        "bind_module: {}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(
+        got[0].is_empty(),
+        "the failed module's peer got {} bytes",
+        got[0].len()
+    );
+    let head = format!(
+        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Type: text/x-c-test\r\n\r\n",
+        body.len()
+    );
+    assert!(
+        got[1].starts_with(head.as_bytes()),
+        "{:?}",
+        String::from_utf8_lossy(&got[1][..80.min(got[1].len())])
+    );
+    assert!(got[1][head.len()..] == body[..], "body differs");
+    assert_eq!((stats.modules_started, stats.modules_failed), (1, 1));
+}

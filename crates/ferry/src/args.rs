@@ -1,4 +1,5 @@
-//! Parsers for option values: time spans, published ports, CPU lists, egress addresses.
+//! Parsers for option values: time spans, published ports, CPU lists, egress addresses,
+//! module bindings.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
@@ -165,6 +166,54 @@ fn is_link_local_v6(ip: &IpAddr) -> bool {
     matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)
 }
 
+/// `--module TARGET=PATH[,key=value…]`: where (a published sandbox port, or a
+/// destination `IP:PORT`), which module file, and its properties.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModuleSpec {
+    /// A sandbox port (`PORT`) or a destination (`IP:PORT`).
+    pub target: ferry_server::ModuleTarget,
+    /// The module file (`.wasm` or `.wat`).
+    pub path: std::path::PathBuf,
+    /// Its properties, in order.
+    pub props: Vec<(String, String)>,
+}
+
+/// Parses `PORT=PATH[,key=value…]` or `IP:PORT=PATH[,key=value…]` (`[v6]:PORT` too).
+pub fn module(s: &str) -> Result<ModuleSpec, String> {
+    use ferry_server::ModuleTarget;
+    let (target, rest) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}` is not PORT=FILE[,key=value…] or IP:PORT=FILE[,…]"))?;
+    let target = if let Ok(port) = target.parse::<u16>() {
+        ModuleTarget::Port(port)
+    } else {
+        let sa: SocketAddr = target
+            .parse()
+            .map_err(|_| format!("`{target}` is neither a port nor IP:PORT in `{s}`"))?;
+        ModuleTarget::Dest(sa)
+    };
+    let mut parts = rest.split(',');
+    let path = parts.next().unwrap_or_default();
+    if path.is_empty() {
+        return Err(format!("no module file in `{s}`"));
+    }
+    let mut props = Vec::new();
+    for kv in parts {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("property `{kv}` in `{s}` is not key=value"))?;
+        if k.is_empty() {
+            return Err(format!("property `{kv}` in `{s}` has an empty key"));
+        }
+        props.push((k.to_string(), v.to_string()));
+    }
+    Ok(ModuleSpec {
+        target,
+        path: path.into(),
+        props,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,5 +294,35 @@ mod tests {
                 .unwrap_err()
                 .contains("no usable")
         );
+    }
+
+    #[test]
+    fn modules() {
+        use ferry_server::ModuleTarget;
+        let m = module("80=gzip.wat,http=1,content-type=text/html").unwrap();
+        assert_eq!(m.target, ModuleTarget::Port(80));
+        assert_eq!(m.path.to_str(), Some("gzip.wat"));
+        assert_eq!(
+            m.props,
+            vec![
+                ("http".into(), "1".into()),
+                ("content-type".into(), "text/html".into())
+            ]
+        );
+        let m = module("10.0.0.2:8080=t.wasm,a=b=c").unwrap();
+        assert_eq!(
+            m.target,
+            ModuleTarget::Dest("10.0.0.2:8080".parse().unwrap())
+        );
+        assert_eq!(m.props, vec![("a".into(), "b=c".into())]);
+        assert!(matches!(
+            module("[::1]:80=t.wat").unwrap().target,
+            ModuleTarget::Dest(_)
+        ));
+        assert!(module("80").is_err());
+        assert!(module("80=").is_err());
+        assert!(module("x=t.wat").is_err());
+        assert!(module("80=t.wat,novalue").is_err());
+        assert!(module("80=t.wat,=v").is_err());
     }
 }

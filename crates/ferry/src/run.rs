@@ -72,6 +72,16 @@ pub struct RunArgs {
     /// listener's server).
     #[arg(long, value_name = "assign|listener", default_value = "assign")]
     pub accepted: Accepted,
+    /// Bind a data-path module (WebAssembly, `.wasm` or `.wat`) to connections accepted
+    /// through a published port (PORT = the sandbox port of a `-p`) or made to a
+    /// destination (IP:PORT); what the program sends on them is the module's input, what
+    /// it emits goes out. E.g. `-p 8080:80 --module 80=gzip.wat,http=1`. Repeatable.
+    #[arg(long = "module", value_name = "PORT|IP:PORT=FILE[,key=value…]", value_parser = crate::args::module)]
+    pub modules: Vec<crate::args::ModuleSpec>,
+    /// Longest a module callback may run before the module is stopped (and its
+    /// connection reset).
+    #[arg(long, value_name = "SPAN", default_value = "5ms", value_parser = crate::args::span)]
+    pub module_deadline: Duration,
     /// Print per-server, per-channel and per-socket counters when the program exits.
     #[arg(long)]
     pub stats: bool,
@@ -184,6 +194,28 @@ fn is_static_elf(b: &[u8]) -> bool {
     !(0..usize::from(phnum)).any(|i| rd32(phoff as usize + i * usize::from(phentsize)) == Some(3))
 }
 
+/// Reads the `--module` files and checks their targets.
+fn module_rules(a: &RunArgs) -> Result<Vec<ferry_server::ModuleRule>, String> {
+    let mut rules = Vec::new();
+    for m in &a.modules {
+        if let ferry_server::ModuleTarget::Port(p) = m.target
+            && !a.publish.iter().any(|x| x.sandbox_port == p && !x.udp)
+        {
+            return Err(format!(
+                "--module {p}=…: no TCP port {p} is published (-p HOST_PORT:{p})"
+            ));
+        }
+        let module = std::fs::read(&m.path)
+            .map_err(|e| format!("--module: cannot read {}: {e}", m.path.display()))?;
+        rules.push(ferry_server::ModuleRule {
+            target: m.target,
+            module,
+            props: m.props.clone(),
+        });
+    }
+    Ok(rules)
+}
+
 pub fn main(a: RunArgs) -> i32 {
     init_logging(a.verbose);
     let bond = match bond(&a) {
@@ -276,13 +308,21 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
         // the program and its peers better than a fixed CPU each (measured in E7).
         None => Vec::new(),
     };
+    cfg.modules.rules = module_rules(&a)?;
+    if a.module_deadline.is_zero() {
+        return Err("--module-deadline must be more than 0".into());
+    }
+    cfg.modules.limits.deadline = a.module_deadline;
     let factory: Arc<OnceLock<SocketFactory>> = Arc::new(OnceLock::new());
     let f2 = factory.clone();
     let make = Box::new(move |d, t, p| match f2.get() {
         Some(f) => f.socket(d, t, p),
         None => Err(std::io::Error::from_raw_os_error(libc::EAGAIN)),
     });
-    let mut servers = Servers::new(cfg, make).map_err(|e| e.to_string())?;
+    let mut servers = Servers::new(cfg, make).map_err(|e| match e {
+        ferry_server::Error::Module(m) => format!("--module: {m}"),
+        e => e.to_string(),
+    })?;
     let stop = servers.stop_handle();
     let control = servers.control();
 

@@ -561,3 +561,219 @@ fn names_resolve_through_the_dns_forwarder() {
     let o = ferry_run(&["--dns", "off"], &["getent", "ahostsv4", "web.ferry.test"]);
     assert!(!o.status.success(), "{}", text(&o));
 }
+
+/// A small server for the sandbox: answers each of `count` HTTP requests on port 80
+/// with the raw bytes of `file` (no header: a module adds one) in uneven pieces, then
+/// closes the connection.
+const RAW_SERVER: &str = r#"
+import socket, sys
+data = open(sys.argv[1], 'rb').read()
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(('0.0.0.0', 80))
+l.listen(8)
+for _ in range(int(sys.argv[2])):
+    c, _ = l.accept()
+    req = b''
+    while b'\r\n\r\n' not in req:
+        got = c.recv(4096)
+        if not got:
+            break
+        req += got
+    for i in range(0, len(data), 50001):
+        c.sendall(data[i:i + 50001])
+    c.close()
+"#;
+
+fn example_module(name: &str) -> String {
+    format!("{}/../modules/examples/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn module_on_a_published_port_gzips_and_templates_a_programs_responses() {
+    if !can_run(&["curl", "python3"]) {
+        return;
+    }
+    let dir = TempDir::new("module");
+    let mut page = Vec::new();
+    for i in 0..30_000 {
+        page.extend_from_slice(format!("{i}: ferry carries the module's bytes\n").as_bytes());
+    }
+    let file = dir.path().join("page.txt");
+    std::fs::write(&file, &page).unwrap();
+    let stats = dir.path().join("stats.json");
+    let gz = format!(
+        "80={},http=1,content-type=text/plain",
+        example_module("gzip.wat")
+    );
+    let mut srv = ferry();
+    srv.args([
+        "run",
+        "-p",
+        "127.0.0.1:18281:80",
+        "--module",
+        &gz,
+        "--stats-json",
+    ])
+    .arg(&stats)
+    .args(["--", "python3", "-c", RAW_SERVER])
+    .arg(&file)
+    .arg("3");
+    let mut srv = Guard(quiet(&mut srv).spawn().unwrap());
+    // The published port listens at once; the sandbox's listener may come later.
+    for i in 0..3 {
+        let o = Command::new("curl")
+            .args(["-sS", "--fail", "--compressed", "-D", "-", "-o"])
+            .arg(dir.path().join("got"))
+            .args(["-m", "10", "--retry", "5", "--retry-connrefused"])
+            .arg("http://127.0.0.1:18281/")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "curl {i}: {}", text(&o));
+        let head = String::from_utf8_lossy(&o.stdout);
+        assert!(head.contains("Content-Encoding: gzip"), "{head}");
+        let got = std::fs::read(dir.path().join("got")).unwrap();
+        assert!(
+            got == page,
+            "curl {i}: decompressed body differs ({} bytes)",
+            got.len()
+        );
+    }
+    let status = srv.0.wait().unwrap();
+    assert!(status.success());
+    let json = std::fs::read_to_string(&stats).unwrap();
+    assert!(json.contains("\"modules_started\":3"), "{json}");
+    assert!(json.contains("\"modules_failed\":0"), "{json}");
+    let wire: f64 = json
+        .split("\"module_bytes_out\":")
+        .nth(1)
+        .and_then(|r| r.split([',', '}']).next()?.parse().ok())
+        .unwrap_or(0.0);
+    assert!(
+        wire > 0.0 && wire < page.len() as f64 / 3.0,
+        "{wire} bytes on the wire"
+    );
+
+    // template: {{name}} replaced on the way out, chunked.
+    let tpl = dir.path().join("page.tpl");
+    std::fs::write(
+        &tpl,
+        "Hello {{who}}, from {{where}} and {{nobody}}.\n".repeat(1000),
+    )
+    .unwrap();
+    let spec = format!(
+        "80={},http=1,who=curl,where=the sandbox",
+        example_module("template.wat")
+    );
+    let mut srv = ferry();
+    srv.args(["run", "-p", "127.0.0.1:18282:80", "--module", &spec, "--"])
+        .args(["python3", "-c", RAW_SERVER])
+        .arg(&tpl)
+        .arg("1");
+    let _srv = Guard(quiet(&mut srv).spawn().unwrap());
+    let o = Command::new("curl")
+        .args([
+            "-sS",
+            "--fail",
+            "-m",
+            "10",
+            "--retry",
+            "5",
+            "--retry-connrefused",
+        ])
+        .arg("http://127.0.0.1:18282/")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let want = "Hello curl, from the sandbox and {{nobody}}.\n".repeat(1000);
+    assert!(o.stdout == want.as_bytes(), "{}", text(&o));
+}
+
+#[test]
+fn module_option_errors_are_clear() {
+    let dir = TempDir::new("module-err");
+    let bad = dir.path().join("bad.wat");
+    std::fs::write(&bad, "(module (import \"env\" \"x\" (func)))").unwrap();
+    let missing = dir.path().join("missing.wasm");
+    for (spec, publish, want) in [
+        (
+            format!("80={}", missing.display()),
+            "18283:80",
+            "cannot read",
+        ),
+        (format!("80={}", bad.display()), "18283:80", "bad module"),
+        (
+            format!("81={}", example_module("gzip.wat")),
+            "18283:80",
+            "no TCP port 81 is published",
+        ),
+        ("80".to_string(), "18283:80", "PORT=FILE"),
+    ] {
+        let o = ferry_run(&["-p", publish, "--module", &spec], &["true"]);
+        assert_eq!(
+            o.status.code(),
+            Some(if spec == "80" { 2 } else { 125 }),
+            "{spec}: {}",
+            text(&o)
+        );
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(want),
+            "{spec}: {}",
+            text(&o)
+        );
+    }
+}
+
+#[test]
+fn module_on_a_destination_gzips_what_the_program_sends() {
+    if !can_run(&["python3", "gzip", "ip"]) {
+        return;
+    }
+    let r = remote("module-dest");
+    let l = r
+        .run_in(|| std::net::TcpListener::bind((r.remote_ip(), 9400)).unwrap())
+        .unwrap();
+    let sink = std::thread::spawn(move || {
+        use std::io::Read;
+        let (mut c, _) = l.accept().unwrap();
+        let mut all = Vec::new();
+        c.read_to_end(&mut all).unwrap();
+        all
+    });
+    let mut body = String::new();
+    for i in 0..20_000 {
+        body.push_str(&format!("{i} bytes leave the sandbox compressed\n"));
+    }
+    let dir = TempDir::new("module-dest");
+    let file = dir.path().join("text");
+    std::fs::write(&file, &body).unwrap();
+    let spec = format!("{}:9400={}", r.remote_ip(), example_module("gzip.wat"));
+    let script = "import socket, sys\n\
+                  d = open(sys.argv[1], 'rb').read()\n\
+                  s = socket.create_connection((sys.argv[2], 9400))\n\
+                  s.sendall(d)\n\
+                  s.shutdown(socket.SHUT_WR)\n\
+                  s.recv(1)\n";
+    let o = ferry_run(
+        &["--module", &spec],
+        &[
+            "python3",
+            "-c",
+            script,
+            file.to_str().unwrap(),
+            &r.remote_ip().to_string(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let wire = sink.join().unwrap();
+    assert!(
+        wire.len() < body.len() / 3,
+        "{} bytes on the wire",
+        wire.len()
+    );
+    let gz = dir.path().join("wire.gz");
+    std::fs::write(&gz, &wire).unwrap();
+    let plain = Command::new("gzip").arg("-dc").arg(&gz).output().unwrap();
+    assert!(plain.status.success(), "gzip -d: {}", text(&plain));
+    assert!(plain.stdout == body.as_bytes(), "decompressed bytes differ");
+}

@@ -255,12 +255,15 @@ impl ModuleHost {
         props: &[(K, V)],
         files: Vec<OwnedFd>,
     ) -> Result<(Instance, Vec<Action>), Error> {
+        let t0 = std::time::Instant::now();
         let mut inst = match self.take_spare(id) {
             Some(i) => i,
             None => self.build(id)?,
         };
         inst.set_inputs(props, files)?;
+        let t1 = std::time::Instant::now();
         let actions = inst.init()?;
+        inst.timing = (t1 - t0, t1.elapsed());
         Ok((inst, actions))
     }
 

@@ -430,6 +430,9 @@ pub struct Instance {
     on_data: TypedFunc<i32, i32>,
     on_close: Option<TypedFunc<(), i32>>,
     phase: Phase,
+    /// How long [`crate::ModuleHost::start`] took: instance (new or spare, with its
+    /// inputs), then `init`.
+    pub(crate) timing: (std::time::Duration, std::time::Duration),
 }
 
 impl std::fmt::Debug for Instance {
@@ -496,6 +499,7 @@ impl Instance {
             on_data,
             on_close,
             phase: Phase::New,
+            timing: Default::default(),
         })
     }
 
@@ -566,6 +570,12 @@ impl Instance {
         };
         self.phase = Phase::Finished;
         Ok(out)
+    }
+
+    /// How long [`crate::ModuleHost::start`] took to make this instance (a fresh one or a
+    /// spare, with its inputs) and to run its `init`; zero when not started that way.
+    pub fn start_timing(&self) -> (std::time::Duration, std::time::Duration) {
+        self.timing
     }
 
     /// Whether the module said it is finished (a callback returned 1) or was closed.

@@ -1,7 +1,8 @@
 //! Control messages: what travels on a channel's unix `SOCK_SEQPACKET` socket beside the
-//! rings. One fixed-size message per packet; file descriptors ride along with
-//! `SCM_RIGHTS` (the region and doorbell with [`HelloReply`], a readiness socket with
-//! `Socket` and `Accept`).
+//! rings. One fixed-size message per packet (a `BindModule` is followed in its packet by
+//! its binding); file descriptors ride along with `SCM_RIGHTS` (the region and doorbell
+//! with [`HelloReply`], a readiness socket with `Socket` and `Accept`, a module's files
+//! with `BindModule`).
 
 use bytemuck::{Pod, Zeroable};
 
@@ -37,6 +38,15 @@ pub enum CtlKind {
     Accept = 2,
     /// Server → shim: the answer (`result` = socket id or negated errno; `addr` = peer).
     Reply = 3,
+    /// Program → server: bind a data-path module to socket `sock` (`a` = length of the
+    /// [`crate::Binding`], `b` = number of files, `c` = [`crate::CTL_BLOB_FD`] when the
+    /// binding is in the first descriptor instead of following this header in the same
+    /// packet). The files ride along with `SCM_RIGHTS` (after the binding's memfd, if
+    /// any). Answered with `Reply` (`result` 0 or a negated errno).
+    BindModule = 4,
+    /// Program → server: the files of the next [`crate::Op::BindModule`] record of this
+    /// channel (descriptors only; no reply).
+    Files = 5,
 }
 
 /// A control message.
@@ -79,6 +89,8 @@ impl Ctl {
             1 => Some(CtlKind::Socket),
             2 => Some(CtlKind::Accept),
             3 => Some(CtlKind::Reply),
+            4 => Some(CtlKind::BindModule),
+            5 => Some(CtlKind::Files),
             _ => None,
         }
     }

@@ -25,11 +25,17 @@
 
 mod addr;
 mod ctl;
+mod module;
 
 pub use addr::{AddrError, WireAddr};
 pub use ctl::{
     Ctl, CtlKind, HELLO_ROUTES, Hello, HelloReply, MAX_SERVERS, PROTO_VERSION, SERVER_BITS,
     server_of,
+};
+pub use module::{
+    BINDING_MAGIC, Binding, BindingError, CTL_BLOB_FD, MAX_BINDING_BYTES, MAX_FILES,
+    MAX_INLINE_BINDING, MAX_KEY_BYTES, MAX_MODULE_BYTES, MAX_PROPS, MAX_VALUE_BYTES, ModuleRef,
+    module_hash,
 };
 
 use bytemuck::{Pod, Zeroable};
@@ -137,6 +143,12 @@ pub enum Op {
     /// The program closed an fd of this socket: if that was the last reference, close
     /// the host socket before answering (so a port is free again when `close` returns).
     Release = 16,
+    /// Bind a data-path module to the socket: `buf`/`len` lend a buffer holding the
+    /// [`Binding`]; `a` = number of files, which travel just before on the control socket
+    /// as one [`CtlKind::Files`] packet. Tagged: `Done{0 or -errno}`; tag 0: errors come
+    /// back as `AsyncError`. Ordered with the socket's sends (later sends are the
+    /// module's input).
+    BindModule = 17,
 }
 
 /// Kinds of completion records.
@@ -193,6 +205,7 @@ impl Op {
             14 => WantToken,
             15 => Cancel,
             16 => Release,
+            17 => BindModule,
             other => return Err(DecodeError::UnknownOp(other)),
         })
     }
@@ -231,7 +244,7 @@ impl Request {
             Op::Connect | Op::Bind => {
                 WireAddr::decode(&raw.addr[..raw.addr_len as usize])?;
             }
-            Op::Send | Op::BufReturn if raw.buf == NO_BUF => {
+            Op::Send | Op::BufReturn | Op::BindModule if raw.buf == NO_BUF => {
                 return Err(DecodeError::MissingBuf(op));
             }
             _ => {}

@@ -2,16 +2,17 @@
 //! sockets, talking to the sandbox's shim over shared-memory channels.
 //!
 //! This crate owns the server side of socket mode: accepting channels on the control
-//! socket, spreading sockets over several servers, creating and placing host sockets (host namespace vs. the sandbox's own
-//! namespace), performing every operation non-blocking and parking the ones that must
-//! wait, readiness tokens, the egress policy, egress bonding ([`egress`]: new outgoing
-//! connections spread over several host source addresses), published ports, and
-//! counters. It trusts
-//! nothing that comes from a channel: a malformed record closes that channel (with a log
-//! line) and the server carries on. It must not block on a host socket, panic on peer
-//! data, or touch the sandbox's processes. Shared-memory mechanics are `ferry-ring`'s;
-//! record layouts are `ferry-proto`'s; the protocol is described in
-//! `docs/specs/socket-protocol.md`.
+//! socket, spreading sockets over several servers, creating and placing host sockets
+//! (host namespace vs. the sandbox's own namespace), performing every operation
+//! non-blocking and parking the ones that must wait, readiness tokens, the egress
+//! policy, egress bonding ([`egress`]: new outgoing connections spread over several host
+//! source addresses), published ports, data-path modules bound to sockets (`modules`: the
+//! server half of `ferry-modules` — binding, feeding a module the program's sends,
+//! writing its output, failing only its socket), and counters. It trusts nothing that
+//! comes from a channel: a malformed record closes that channel (with a log line) and the
+//! server carries on. It must not block on a host socket, panic on peer data, or touch
+//! the sandbox's processes. Shared-memory mechanics are `ferry-ring`'s; record layouts
+//! are `ferry-proto`'s; the protocol is described in `docs/specs/socket-protocol.md`.
 //!
 //! # Theory of operation
 //!
@@ -35,6 +36,7 @@ pub mod egress;
 mod group;
 #[allow(unsafe_code)]
 mod hostio;
+mod modules;
 mod ops;
 pub mod policy;
 mod server;
@@ -42,7 +44,9 @@ mod sock;
 mod stats;
 
 pub use egress::{Bond, EgressStats, Mode};
+pub use ferry_modules::{Interrupt as ModuleInterrupt, Limits as ModuleLimits};
 pub use group::{Accepted, Assign, Control, Handle, LiveStats, Servers, parse_server, server_name};
+pub use modules::{HIGH_WATER, ModuleConfig, ModuleError, ModuleRule, ModuleTarget};
 pub use policy::{Policy, Rule, Verdict};
 pub use server::{Server, descends_from};
 pub use stats::{ChannelStats, ServerStats, SocketStats, group_json, merge as merge_stats};
@@ -100,6 +104,8 @@ pub struct Config {
     pub assign: Assign,
     /// Where accepted connections go.
     pub accepted: Accepted,
+    /// Data-path modules: limits, and the modules the server binds on its own.
+    pub modules: ModuleConfig,
 }
 
 impl Config {
@@ -119,6 +125,7 @@ impl Config {
             cpus: Vec::new(),
             assign: Assign::Least,
             accepted: Accepted::Assign,
+            modules: ModuleConfig::default(),
         }
     }
 }
@@ -149,6 +156,9 @@ pub enum Error {
     /// Setting up epoll or the stop eventfd failed.
     #[error("cannot set up the event loop: {0}")]
     EventLoop(io::Error),
+    /// A configured module could not be loaded.
+    #[error(transparent)]
+    Module(#[from] ModuleError),
     /// Listening on a published port failed.
     #[error("cannot publish {addr}: {source}")]
     Publish {

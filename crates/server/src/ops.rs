@@ -71,6 +71,9 @@ impl Server {
             }
             CtlKind::Accept => self.accept(ch, msg.sock, msg.a != 0, pair),
             CtlKind::Reply => self.bad_channel(ch, "reply sent by the sandbox"),
+            CtlKind::BindModule | CtlKind::Files => {
+                unreachable!("routed to the modules by ctl_readable")
+            }
         }
     }
 
@@ -175,8 +178,12 @@ impl Server {
             Some(s) => (s.domain, s.place),
             None => (libc::AF_INET, Place::Sandbox),
         };
+        // A connection from a published port with a module rule stays here: the rule is
+        // applied by this server, right after the accept.
+        let module_port = self.modules.has_published_rule();
         let server = match self.shared.accepted {
             crate::Accepted::Listener => self.index,
+            _ if module_port => self.index,
             crate::Accepted::Assign => self.assign(ch, peer.map_or(0, |p| addr_key(&p))),
         };
         let mut sock = self.new_sock(server, conn, pair, (domain, libc::SOCK_STREAM, 0), place);
@@ -194,6 +201,7 @@ impl Server {
                     s.stats.calls += 1;
                 }
                 r.c = self.drain_if_empty(listener);
+                self.module_on_accept(new);
                 r
             }
             Err(e) => Server::new_reply(errno(&e)),
@@ -218,6 +226,11 @@ impl Server {
         }
         if req.op == Op::Send {
             return self.send(ch, req);
+        }
+        if req.op == Op::BindModule {
+            // Ordered with the sends before it; they go out before the module's output.
+            self.flush_pending();
+            return self.bind_module_req(ch, req);
         }
         // Program order across sockets: what this pass queued goes out before an
         // operation that may observe it (a recv on the loopback peer, a connect…).
@@ -269,8 +282,12 @@ impl Server {
             Op::Recv => self.recv(ch, id, r.tag, r.a, r.b as i32, nonblock),
             Op::Shutdown => {
                 let how = r.a as i32;
+                // A module's output goes before the FIN; its input ends here.
+                let module = self.modules.is_bound(id);
                 let s = self.sock(id).expect("checked above");
-                let res = if (how == libc::SHUT_WR || how == libc::SHUT_RDWR) && !s.txq.is_empty() {
+                let res = if (how == libc::SHUT_WR || how == libc::SHUT_RDWR)
+                    && (!s.txq.is_empty() || module)
+                {
                     s.shut_wr_pending = true;
                     if how == libc::SHUT_RDWR {
                         ferry_sys::shutdown(s.fd.as_fd(), libc::SHUT_RD)
@@ -282,6 +299,9 @@ impl Server {
                     ferry_sys::shutdown(s.fd.as_fd(), how).map_or_else(|e| errno(&e), |()| 0)
                 };
                 self.done(ch, id, r.tag, res);
+                if module {
+                    self.flush_tx(id);
+                }
             }
             Op::SetOpt => {
                 let s = self.sock(id).expect("checked above");
@@ -329,7 +349,9 @@ impl Server {
                     self.done(ch, id, tag, -libc::EINTR);
                 }
             }
-            Op::Send | Op::BufReturn | Op::Release => unreachable!("handled above"),
+            Op::Send | Op::BufReturn | Op::Release | Op::BindModule => {
+                unreachable!("handled above")
+            }
         }
         Ok(())
     }
@@ -398,6 +420,7 @@ impl Server {
             }
             Err(e) => self.done(ch, id, tag, errno(&e)),
         }
+        self.module_on_connect(id, addr.to_std());
     }
 
     fn bind(&mut self, id: u32, addr: SocketAddr) -> i32 {
@@ -584,6 +607,9 @@ impl Server {
 
     /// Sends queued data until the host socket is full; returns finished buffers.
     pub(crate) fn flush_tx(&mut self, id: u32) {
+        if self.modules.is_bound(id) && self.module_flush(id) {
+            return;
+        }
         loop {
             let Some(s) = self.socks.get_mut(&id) else {
                 return;

@@ -60,6 +60,8 @@ pub struct Server {
     init_pid: Option<i32>,
     /// The sandbox's DNS forwarder, when enabled.
     dns: Option<crate::dns::Dns>,
+    /// Data-path modules bound to sockets (`modules.rs`).
+    pub(crate) modules: crate::modules::Modules,
 }
 
 impl std::fmt::Debug for Server {
@@ -97,8 +99,10 @@ impl Server {
         } else {
             (None, Vec::new())
         };
+        let modules = crate::modules::Modules::new(cfg.modules.clone())?;
         let stats = ServerStats {
             id: server_name(index),
+            modules_loaded: cfg.modules.rules.len() as u64,
             ..ServerStats::default()
         };
         Ok(Server {
@@ -117,6 +121,7 @@ impl Server {
             next_hello: 0,
             init_pid: None,
             dns: None,
+            modules,
         })
     }
 
@@ -273,6 +278,9 @@ impl Server {
             self.stats.turns += 1;
             let did = self.drain_rings();
             let spinning = last_work.elapsed() < self.cfg.server_spin;
+            if did == 0 {
+                self.module_idle();
+            }
             if self.stats.turns.is_multiple_of(64) {
                 self.publish_live();
             }
@@ -344,7 +352,7 @@ impl Server {
     }
 
     /// Handles every record waiting in every request ring; returns how many.
-    fn drain_rings(&mut self) -> usize {
+    pub(crate) fn drain_rings(&mut self) -> usize {
         let mut total = 0;
         for idx in 0..self.channels.len() {
             while let Some(ch) = self.channels[idx].as_mut() {
@@ -452,16 +460,26 @@ impl Server {
         let Some(ch) = self.channels.get(idx as usize).and_then(Option::as_ref) else {
             return;
         };
-        let mut buf = [0u8; size_of::<Ctl>()];
+        // A `BindModule` carries its binding after the header in the same packet.
+        let mut buf = self.modules.take_ctl_buf();
+        let head = size_of::<Ctl>();
         match ferry_sys::recv_with_fds(ch.ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
             Ok((0, _)) => {
                 // Take what the thread queued before it went away.
                 self.drain_rings();
                 self.close_channel(idx, "closed by the sandbox");
             }
-            Ok((n, fds)) if n == buf.len() => {
-                let msg: Ctl = bytemuck::pod_read_unaligned(&buf);
-                self.control(idx, msg, fds);
+            Ok((n, fds)) if n >= head => {
+                let msg: Ctl = bytemuck::pod_read_unaligned(&buf[..head]);
+                if msg.kind() == Some(CtlKind::BindModule) {
+                    self.bind_module_ctl(idx, msg, &buf[head..n], fds);
+                } else if msg.kind() == Some(CtlKind::Files) && n == head {
+                    self.stash_files(idx, fds);
+                } else if n == head {
+                    self.control(idx, msg, fds);
+                } else {
+                    self.bad_channel(idx, &format!("control message of {n} bytes"));
+                }
             }
             Ok((n, _)) => self.bad_channel(idx, &format!("control message of {n} bytes")),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -472,6 +490,7 @@ impl Server {
             }
             Err(e) => self.close_channel(idx, &format!("control socket error: {e}")),
         }
+        self.modules.put_ctl_buf(buf);
     }
 
     fn hello(&mut self, n: u32) {
@@ -615,6 +634,7 @@ impl Server {
             let _ = self.epoll.delete(ch.ctl.as_fd());
             let _ = self.epoll.delete(ch.doorbell());
             self.stats.channels.push(ch.stats);
+            self.modules.files.remove(&idx);
             // Parked operations of this channel have nobody to answer any more.
             for s in self.socks.values_mut() {
                 let before = s.parked.len();
@@ -740,8 +760,10 @@ impl Server {
                 continue;
             };
             // A thread still blocked on the socket keeps it, as with the kernel (a close
-            // in another thread does not end a blocked recv).
-            if s.app_closed && s.txq.is_empty() && s.parked.is_empty() {
+            // in another thread does not end a blocked recv). A module writes its output
+            // first.
+            let idle = s.app_closed && s.txq.is_empty() && s.parked.is_empty();
+            if idle && self.module_settled(id) {
                 let s = self.socks.remove(&id).expect("just looked it up");
                 let _ = self.epoll.delete(s.fd.as_fd());
                 self.stats.sockets.push(s.stats);
@@ -758,7 +780,9 @@ impl Server {
         self.stats.open_at_stop = self.socks.len() as u64;
         // Push out what the sandbox queued before it went away, briefly.
         let deadline = Instant::now() + std::time::Duration::from_millis(500);
-        while Instant::now() < deadline && self.socks.values().any(|s| !s.txq.is_empty()) {
+        while Instant::now() < deadline
+            && (self.socks.values().any(|s| !s.txq.is_empty()) || self.modules.busy())
+        {
             self.drain_rings();
             let ids: Vec<u32> = self.socks.keys().copied().collect();
             for id in ids {
@@ -845,11 +869,14 @@ impl Server {
             .ok()
             .flatten()?
             .port();
-        lock(&self.shared.published)
+        let conn = lock(&self.shared.published)
             .iter_mut()
             .find(|(p, q)| *p == port && !q.is_empty())?
             .1
-            .pop_front()
+            .pop_front();
+        // The accept that takes it binds the port's configured module (if any).
+        self.modules.last_published = conn.as_ref().map(|_| port);
+        conn
     }
 
     pub(crate) fn has_published(&self, listener: u32) -> bool {

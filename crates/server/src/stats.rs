@@ -75,6 +75,24 @@ pub struct ServerStats {
     pub dns_queries: u64,
     /// DNS answers delivered.
     pub dns_answers: u64,
+    /// Distinct data-path modules compiled.
+    pub modules_loaded: u64,
+    /// Module instances started on sockets.
+    pub modules_started: u64,
+    /// Module instances stopped by a failure (their sockets were reset).
+    pub modules_failed: u64,
+    /// Module bindings refused (bad binding or module, no capacity…).
+    pub module_refused: u64,
+    /// Bytes modules wrote to their sockets.
+    pub module_bytes_out: u64,
+    /// Time spent making module instances (fresh or spare, with their inputs),
+    /// nanoseconds, summed.
+    pub module_start_ns: u64,
+    /// Time spent in modules' `init`, nanoseconds, summed.
+    pub module_init_ns: u64,
+    /// Time spent writing modules' output to their sockets (send, sendfile),
+    /// nanoseconds, summed.
+    pub module_write_ns: u64,
     /// Sockets still open when the server stopped although their program side was gone
     /// (should be 0: anything else is a leak).
     pub open_at_stop: u64,
@@ -91,7 +109,7 @@ impl fmt::Display for ServerStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "server {}: requests {}, bytes out {} in {}, sockets created {} handed over {} taken over {}, turns {} (idle spins {}), sleeps {}, data syscalls {}, denied {}, bad channels {}, left open {}",
+            "server {}: requests {}, bytes out {} in {}, sockets created {} handed over {} taken over {}, turns {} (idle spins {}), sleeps {}, data syscalls {}, denied {}, bad channels {}, left open {}, modules loaded {} started {} failed {} refused {} bytes out {}",
             self.id,
             self.requests,
             self.bytes_out,
@@ -105,7 +123,12 @@ impl fmt::Display for ServerStats {
             self.data_syscalls,
             self.denied,
             self.bad_channels,
-            self.open_at_stop
+            self.open_at_stop,
+            self.modules_loaded,
+            self.modules_started,
+            self.modules_failed,
+            self.module_refused,
+            self.module_bytes_out
         )?;
         for c in &self.channels {
             writeln!(
@@ -174,7 +197,7 @@ impl ServerStats {
             })
             .collect();
         format!(
-            r#"{{"server":"{}","requests":{},"bytes_out":{},"bytes_in":{},"sockets_created":{},"sockets_handed":{},"sockets_adopted":{},"turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"bad_channels":{},"denied":{},"open_at_stop":{},"dns_queries":{},"dns_answers":{},"channels":[{}],"sockets":[{}],"egress":[{}]}}"#,
+            r#"{{"server":"{}","requests":{},"bytes_out":{},"bytes_in":{},"sockets_created":{},"sockets_handed":{},"sockets_adopted":{},"turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"bad_channels":{},"denied":{},"open_at_stop":{},"dns_queries":{},"dns_answers":{},"modules_loaded":{},"modules_started":{},"modules_failed":{},"module_refused":{},"module_bytes_out":{},"module_start_ns":{},"module_init_ns":{},"module_write_ns":{},"channels":[{}],"sockets":[{}],"egress":[{}]}}"#,
             self.id,
             self.requests,
             self.bytes_out,
@@ -191,6 +214,14 @@ impl ServerStats {
             self.open_at_stop,
             self.dns_queries,
             self.dns_answers,
+            self.modules_loaded,
+            self.modules_started,
+            self.modules_failed,
+            self.module_refused,
+            self.module_bytes_out,
+            self.module_start_ns,
+            self.module_init_ns,
+            self.module_write_ns,
             chans.join(","),
             socks.join(","),
             egress.join(",")
@@ -235,6 +266,14 @@ pub fn merge(servers: &[ServerStats]) -> ServerStats {
         t.dns_queries += s.dns_queries;
         t.dns_answers += s.dns_answers;
         t.open_at_stop += s.open_at_stop;
+        t.modules_loaded += s.modules_loaded;
+        t.modules_started += s.modules_started;
+        t.modules_failed += s.modules_failed;
+        t.module_refused += s.module_refused;
+        t.module_bytes_out += s.module_bytes_out;
+        t.module_start_ns += s.module_start_ns;
+        t.module_init_ns += s.module_init_ns;
+        t.module_write_ns += s.module_write_ns;
         t.channels.extend_from_slice(&s.channels);
         t.sockets.extend_from_slice(&s.sockets);
         t.egress.extend_from_slice(&s.egress);

@@ -164,7 +164,8 @@ pub fn poll_wait(fd: BorrowedFd<'_>, events: i16, timeout_ms: i32) -> io::Result
 
 /// Sends one packet with descriptors attached (`SCM_RIGHTS`), never raising SIGPIPE.
 pub fn send_with_fds(sock: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
-    const MAX: usize = 4;
+    // 24 fit the 128-byte control buffer (and the receiver's, `recv_with_fds`).
+    const MAX: usize = 24;
     assert!(fds.len() <= MAX, "send_with_fds: at most {MAX} descriptors");
     let mut iov = libc::iovec {
         iov_base: bytes.as_ptr() as *mut libc::c_void,

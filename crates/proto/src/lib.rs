@@ -137,6 +137,13 @@ pub enum Op {
     /// The program closed an fd of this socket: if that was the last reference, close
     /// the host socket before answering (so a port is free again when `close` returns).
     Release = 16,
+    /// A non-blocking send on this socket found none of this channel's buffers free,
+    /// and the shim has filled its end of the readiness pair so that the program's fd
+    /// polls unwritable. `a` = how many `BufReturn` completions the shim had taken from
+    /// this channel when it found no room. The server empties the pair (making the fd
+    /// writable) once a buffer comes back to this channel: at once if it has returned
+    /// more than `a` already.
+    WantRoom = 17,
 }
 
 /// Kinds of completion records.
@@ -193,6 +200,7 @@ impl Op {
             14 => WantToken,
             15 => Cancel,
             16 => Release,
+            17 => WantRoom,
             other => return Err(DecodeError::UnknownOp(other)),
         })
     }

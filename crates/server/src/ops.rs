@@ -49,6 +49,8 @@ impl Server {
         };
         chan.complete(c);
         if c.kind == CmpKind::BufReturn as u16 && !chan.room_wait.is_empty() {
+            // Published before the fd turns writable: the woken program must find it.
+            chan.flush();
             for id in std::mem::take(&mut chan.room_wait) {
                 self.drain_filler(id);
             }
@@ -64,6 +66,7 @@ impl Server {
             return;
         };
         if chan.returns != seen {
+            chan.flush();
             self.drain_filler(id);
         } else if !chan.room_wait.contains(&id) {
             // At most one entry per socket of this server: bounded.
@@ -73,19 +76,17 @@ impl Server {
 
     /// Reads and discards what the program's side wrote into socket `id`'s readiness
     /// pair (filler, or anything else a sandbox writes there), so that the program's end
-    /// is writable again. Bounded work: a sandbox that enlarged its end's send buffer
-    /// keeps its own fd unwritable, nothing more.
+    /// is writable again. One read, larger than the filler the shim writes: a loop of
+    /// reads could also take the filler of the program's *next* `EAGAIN` (written as
+    /// soon as the first read makes the fd writable) and leave the fd writable with no
+    /// room behind it. Bounded work: a sandbox that enlarged its end's send buffer keeps
+    /// its own fd unwritable, nothing more.
     pub(crate) fn drain_filler(&mut self, id: u32) {
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
-        let mut buf = [0u8; 4096];
-        for _ in 0..16 {
-            match ferry_sys::recv_with_fds(s.pair.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
-                Ok((n, _)) if n == buf.len() => {}
-                _ => break,
-            }
-        }
+        let mut buf = [0u8; 16 << 10];
+        let _ = ferry_sys::recv_with_fds(s.pair.as_fd(), &mut buf, libc::MSG_DONTWAIT);
         s.stats.room_waits += 1;
     }
 

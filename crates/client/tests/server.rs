@@ -184,6 +184,107 @@ fn malformed_records_close_only_their_channel() {
     assert_eq!(srv.stop().bad_channels, 4);
 }
 
+/// Fills the program's end of a readiness pair (smallest send buffer) until a send
+/// would block, as the shim does when it runs out of room.
+fn fill_pair(pair: std::os::fd::BorrowedFd<'_>) {
+    ferry_sys::setsockopt(pair, libc::SOL_SOCKET, libc::SO_SNDBUF, &1i32.to_ne_bytes()).unwrap();
+    while ferry_sys::send_nosignal(pair, &[0u8; 4096]).is_ok() {}
+}
+
+fn writable(pair: std::os::fd::BorrowedFd<'_>, timeout_ms: i32) -> bool {
+    ferry_sys::poll_wait(pair, libc::POLLOUT, timeout_ms).unwrap() & libc::POLLOUT != 0
+}
+
+/// `WantRoom`: the server empties the pair when a buffer comes back to the channel, not
+/// before; at once when one came back after the count the shim sent.
+#[test]
+fn want_room_makes_the_pair_writable_when_a_buffer_comes_back() {
+    use std::os::fd::AsFd;
+    let srv = start("room", Policy::default());
+    let echo = echo_server();
+    let mut c = Client::connect(&srv.path).unwrap();
+    let s = c.socket(libc::AF_INET, libc::SOCK_STREAM).unwrap();
+    c.connect_to(&s, echo).unwrap();
+    fill_pair(s.pair.as_fd());
+    assert!(!writable(s.pair.as_fd(), 0), "filled pair still writable");
+    // No buffer has come back on this channel yet (count 0): wait for one.
+    c.push_raw(Req {
+        a: 0,
+        ..Req::new(Op::WantRoom, s.id)
+    })
+    .unwrap();
+    assert!(
+        !writable(s.pair.as_fd(), 200),
+        "pair emptied with no buffer returned"
+    );
+    c.send(&s, b"ping").unwrap();
+    assert!(
+        writable(s.pair.as_fd(), 2000),
+        "pair not emptied after a buffer came back"
+    );
+    let mut buf = [0u8; 4];
+    let mut n = 0;
+    while n < 4 {
+        n += c.recv(&s, &mut buf[n..]).unwrap();
+    }
+    assert_eq!(&buf, b"ping");
+    // One buffer has come back by now (count 1): a `WantRoom` that says 0 was sent
+    // before it, so the server empties the pair at once.
+    fill_pair(s.pair.as_fd());
+    assert!(!writable(s.pair.as_fd(), 0));
+    c.push_raw(Req {
+        a: 0,
+        ..Req::new(Op::WantRoom, s.id)
+    })
+    .unwrap();
+    assert!(
+        writable(s.pair.as_fd(), 2000),
+        "pair not emptied though a buffer came back before the WantRoom"
+    );
+}
+
+/// What a sandbox writes into its end of a readiness pair, and `WantRoom` for sockets it
+/// does not have, cost the server nothing: the channel and the socket keep working.
+#[test]
+fn garbage_in_the_pair_is_harmless() {
+    use std::os::fd::AsFd;
+    let srv = start("garbage", Policy::default());
+    let echo = echo_server();
+    let mut c = Client::connect(&srv.path).unwrap();
+    let s = c.socket(libc::AF_INET, libc::SOCK_STREAM).unwrap();
+    c.connect_to(&s, echo).unwrap();
+    let pair = s.pair.as_fd();
+    ferry_sys::setsockopt(
+        pair,
+        libc::SOL_SOCKET,
+        libc::SO_SNDBUF,
+        &(4i32 << 20).to_ne_bytes(),
+    )
+    .unwrap();
+    let mut written = 0;
+    while let Ok(n) = ferry_sys::send_nosignal(pair, &[0xa5u8; 65536]) {
+        written += n;
+    }
+    assert!(written > 1 << 20, "wrote only {written} bytes");
+    for id in [s.id, s.id ^ 0x7fff_0000, 0] {
+        c.push_raw(Req {
+            a: 77,
+            ..Req::new(Op::WantRoom, id)
+        })
+        .unwrap();
+    }
+    for round in 0..3 {
+        c.send(&s, b"ping").unwrap();
+        let mut buf = [0u8; 4];
+        let mut n = 0;
+        while n < 4 {
+            n += c.recv(&s, &mut buf[n..]).unwrap();
+        }
+        assert_eq!(&buf, b"ping", "round {round}");
+    }
+    assert_eq!(srv.stop().bad_channels, 0);
+}
+
 #[test]
 fn listener_accepts_and_serves_inside() {
     let srv = start("listen", Policy::default());

@@ -390,6 +390,21 @@ pub fn fill_send_buffer(fd: c_int) -> Result<usize, String> {
     }
 }
 
+/// Fills `fd`'s send buffer until a send fails with `EAGAIN` and the socket then stays
+/// unwritable for 200 ms (what is in flight may still make room just after the first
+/// `EAGAIN`); returns the byte total.
+pub fn fill_until_unwritable(fd: c_int) -> Result<usize, String> {
+    let mut total = fill_send_buffer(fd)?;
+    for _ in 0..50 {
+        match poll1(fd, libc::POLLOUT, 200) {
+            Ok(0) => return Ok(total),
+            Ok(_) => total += fill_send_buffer(fd)?,
+            Err(e) => return Err(format!("poll={e}")),
+        }
+    }
+    Err("still writable after 50 fills".into())
+}
+
 /// Receives with `MSG_DONTWAIT` until `EAGAIN`; returns the byte total.
 pub fn drain(fd: c_int) -> Result<usize, String> {
     let mut buf = vec![0u8; 65536];

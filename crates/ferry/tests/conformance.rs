@@ -36,14 +36,6 @@ const KNOWN_DIFFERENCES: &[(&str, &str)] = &[
         "POLLERR cannot be raised on the readiness pair",
     ),
     (
-        "poll.listener_pending",
-        "the readiness pair is always writable (POLLOUT)",
-    ),
-    (
-        "nb.full_buffer_eagain_then_pollout",
-        "the readiness pair is always writable (POLLOUT)",
-    ),
-    (
         "blk.so_sndtimeo_times_out",
         "ferry's channel buffers add to the socket's send buffer",
     ),

@@ -17,6 +17,7 @@
 //! handler has `SA_RESTART` and the socket no timeout: then the wait simply goes on, as
 //! the kernel's restart would. A receive or send timeout cancels it the same way.
 
+use std::ffi::c_int;
 use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, IntoRawFd, OwnedFd};
 use std::path::Path;
@@ -109,6 +110,8 @@ pub struct Channel {
     /// Outstanding references per buffer of ours: records in flight, plus one while a
     /// buffer is the arena. A buffer goes back to the pool when its count drops to 0.
     refs: Vec<u16>,
+    /// `BufReturn` completions taken so far (wrapping), for `Op::WantRoom`.
+    returns_seen: u32,
 }
 
 /// Sends smaller than this share buffers (several records in one buffer), so that a
@@ -227,6 +230,7 @@ impl Channel {
             reg,
             arena: None,
             refs: vec![0; nbufs],
+            returns_seen: 0,
         })
     }
 
@@ -357,7 +361,10 @@ impl Channel {
     /// A completion nobody waits for.
     fn unsolicited(&mut self, c: &Cmp) -> Res<()> {
         match c.kind() {
-            Ok(CmpKind::BufReturn) => self.drop_ref(BufId(c.buf)),
+            Ok(CmpKind::BufReturn) => {
+                self.returns_seen = self.returns_seen.wrapping_add(1);
+                self.drop_ref(BufId(c.buf))
+            }
             Ok(CmpKind::AsyncError) => {
                 if !PENDING.put(c.sock, c.result.saturating_neg()) {
                     log::once(
@@ -534,6 +541,22 @@ impl Channel {
         }
     }
 
+    /// A non-blocking send on socket `id` (the program's fd `fd`) found no free buffer
+    /// (`alloc_slot` said `None` after taking every returned buffer): make the fd poll
+    /// unwritable, and ask the server to make it writable again when a buffer comes
+    /// back to this channel (see `Op::WantRoom`).
+    pub fn want_room(&mut self, fd: c_int, id: u32) -> Res<()> {
+        // The count is taken before the pair is filled: a buffer returned from now on
+        // differs from it, and the server then empties the pair at once.
+        let seen = self.returns_seen;
+        fill_pair(fd);
+        let mut req = Req::new(Op::WantRoom, id);
+        req.a = seen;
+        self.push(&req)?;
+        self.ring();
+        Ok(())
+    }
+
     /// Gives back a slot of ours that was never sent.
     pub fn unalloc(&mut self, b: BufId) {
         let _ = self.drop_ref(b);
@@ -694,5 +717,27 @@ fn move_high(fd: OwnedFd, floor: i32) -> OwnedFd {
             high
         }
         Err(_) => fd,
+    }
+}
+
+/// Makes the program's end `fd` of a readiness pair poll unwritable until the server
+/// reads from its end. The kernel reports a unix stream socket writable while what it
+/// has sent and its peer has not read yet takes at most a quarter of its send buffer
+/// (`unix_writable`), and a send fails with `EAGAIN` only once that reaches the whole
+/// buffer; so the send buffer is made as small as the kernel allows (the program never
+/// sees it: its `SO_SNDBUF` is the host socket's) and filled up. Used for a send that
+/// found no room and, for good, for a listener (never writable in the kernel).
+pub fn fill_pair(fd: c_int) {
+    // SAFETY: the program's end of a ferry socket, open for the duration of the call.
+    let b = unsafe { ferry_sys::borrow(fd) };
+    let _ = ferry_sys::setsockopt(b, libc::SOL_SOCKET, libc::SO_SNDBUF, &1i32.to_ne_bytes());
+    let filler = [0u8; 4096];
+    // Two sends fill the smallest buffer; the bound is for an end whose buffer was
+    // enlarged behind ferry's back.
+    for _ in 0..8 {
+        match ferry_sys::send_nosignal(b, &filler) {
+            Ok(n) if n == filler.len() => {}
+            _ => break,
+        }
     }
 }

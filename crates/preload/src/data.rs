@@ -53,15 +53,25 @@ fn max_datagram(s: &Sock) -> usize {
     if s.inet6() { 65_527 } else { 65_507 }
 }
 
-/// A buffer for the next record of a send that has moved `sent` bytes so far; `None`
-/// means stop (return `sent`).
-fn next_buf(ch: &mut Channel, nonblock: bool, w: Wait, sent: usize) -> Res<Option<BufId>> {
-    Ok(next_slot(ch, usize::MAX, nonblock, w, sent)?.map(|(b, _, _)| b))
+/// A buffer for the next record of a send on `s` that has moved `sent` bytes so far;
+/// `None` means stop (return `sent`).
+fn next_buf(
+    ch: &mut Channel,
+    s: &Sock,
+    nonblock: bool,
+    w: Wait,
+    sent: usize,
+) -> Res<Option<BufId>> {
+    Ok(next_slot(ch, s, usize::MAX, nonblock, w, sent)?.map(|(b, _, _)| b))
 }
 
-/// Room for the next piece of a send (see [`Channel::alloc_slot`]).
+/// Room for the next piece of a send on `s` (see [`Channel::alloc_slot`]). A
+/// non-blocking send that finds none makes `s`'s fd unwritable until room comes back
+/// (as the kernel's socket is, with a full send buffer), whether it returns `EAGAIN`
+/// or a partial count.
 fn next_slot(
     ch: &mut Channel,
+    s: &Sock,
     want: usize,
     nonblock: bool,
     w: Wait,
@@ -69,8 +79,14 @@ fn next_slot(
 ) -> Res<Option<(BufId, u32, usize)>> {
     match ch.alloc_slot(want, nonblock, w) {
         Ok(Some(b)) => Ok(Some(b)),
-        Ok(None) if sent > 0 => Ok(None),
-        Ok(None) => Err(Errno::EAGAIN),
+        Ok(None) => {
+            ch.want_room(s.fd, s.id)?;
+            if sent > 0 {
+                Ok(None)
+            } else {
+                Err(Errno::EAGAIN)
+            }
+        }
         // Interrupted or timed out after a partial send: report the partial count.
         Err(e) if sent > 0 && e != Errno::DOWN => Ok(None),
         Err(e) => Err(e),
@@ -117,7 +133,7 @@ pub unsafe fn send(
         let nonblock = s.nonblock() || flags & libc::MSG_DONTWAIT != 0;
         let w = Wait::after(TABLE.timeouts(s.fd).1, Errno::EAGAIN);
         let mut sent = 0usize;
-        while let Some((b, off, cap)) = next_slot(ch, total - sent, nonblock, w, sent)? {
+        while let Some((b, off, cap)) = next_slot(ch, &s, total - sent, nonblock, w, sent)? {
             let n = (total - sent).min(cap).min(bs);
             let span = match ch.bufs().span(b.0, off, n as u32) {
                 Ok(sp) => sp,
@@ -346,7 +362,7 @@ unsafe fn feed(
         let mut off = (!offset.is_null()).then(|| unsafe { offset.read() });
         let mut sent = 0usize;
         while sent < count {
-            let Some(b) = next_buf(ch, nonblock, w, sent)? else {
+            let Some(b) = next_buf(ch, &s, nonblock, w, sent)? else {
                 break;
             };
             let n = (count - sent).min(bs);

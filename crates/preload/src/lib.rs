@@ -41,8 +41,11 @@
 //!   fails with `EAFNOSUPPORT`; `MSG_ERRQUEUE` finds nothing (`EAGAIN`).
 //! - A blocking `accept` cannot be interrupted by a signal and ignores `SO_RCVTIMEO`
 //!   (control requests cannot be cancelled).
-//! - `POLLOUT` is always reported: a non-blocking sender whose buffers are all in flight
-//!   gets `EAGAIN` and, polling, spins until they return; after a non-blocking `connect`,
+//! - `POLLOUT` is withheld only after a non-blocking send found no free buffer (until one
+//!   comes back to that thread's channel) and on listeners; otherwise it is reported,
+//!   during a non-blocking `connect` too. Writability follows the channel of the thread
+//!   that last ran out of room: another thread's channel may have room while the fd polls
+//!   unwritable (its send still succeeds). After a non-blocking `connect`,
 //!   `getsockopt(SO_ERROR)` waits in the server until the connection is decided.
 //! - `O_NONBLOCK` and the timeouts are cached per descriptor: a change made through a
 //!   duplicate (or by another process sharing it) is not seen through this one.

@@ -292,7 +292,11 @@ pub unsafe fn bind(s: Sock, addr: *const sockaddr, len: socklen_t) -> Res<()> {
 pub fn listen(s: Sock, backlog: c_int) -> Res<()> {
     let mut req = Req::new(Op::Listen, s.id);
     req.a = backlog as u32;
-    simple(req, Wait::FOREVER).map(drop)
+    simple(req, Wait::FOREVER)?;
+    // A listener never polls writable in the kernel; its pair stays full (a second
+    // `listen` finds it full already).
+    crate::chan::fill_pair(s.fd);
+    Ok(())
 }
 
 /// `shutdown()`.

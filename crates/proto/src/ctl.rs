@@ -6,8 +6,8 @@
 
 use bytemuck::{Pod, Zeroable};
 
-/// Version of the shim ↔ server protocol; both sides must agree.
-pub const PROTO_VERSION: u32 = 2;
+/// Version of the shim ↔ server protocol; both sides must agree (3: `Op::WantRoom`).
+pub const PROTO_VERSION: u32 = 3;
 
 /// Low bits of a socket id that name the protocol server serving the socket (S4: a
 /// socket is assigned to one server at creation and every later call goes there).

@@ -149,6 +149,13 @@ pub enum Op {
     /// back as `AsyncError`. Ordered with the socket's sends (later sends are the
     /// module's input).
     BindModule = 17,
+    /// A non-blocking send on this socket found none of this channel's buffers free,
+    /// and the shim has filled its end of the readiness pair so that the program's fd
+    /// polls unwritable. `a` = how many `BufReturn` completions the shim had taken from
+    /// this channel when it found no room. The server empties the pair (making the fd
+    /// writable) once a buffer comes back to this channel: at once if it has returned
+    /// more than `a` already.
+    WantRoom = 18,
 }
 
 /// Kinds of completion records.
@@ -206,6 +213,7 @@ impl Op {
             15 => Cancel,
             16 => Release,
             17 => BindModule,
+            18 => WantRoom,
             other => return Err(DecodeError::UnknownOp(other)),
         })
     }

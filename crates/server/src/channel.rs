@@ -5,7 +5,7 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
-use ferry_proto::{Cmp, Req};
+use ferry_proto::{Cmp, CmpKind, Req};
 use ferry_ring::{Endpoint, Layout, Region, Side};
 
 use crate::stats::ChannelStats;
@@ -23,6 +23,12 @@ pub(crate) struct Channel {
     /// The shim routes each socket's calls to the socket's server, so sockets created
     /// through this channel may be assigned to any server.
     pub routes: bool,
+    /// `BufReturn` completions queued so far (wrapping): compared with the count a
+    /// `WantRoom` carries, it tells whether a buffer came back after the shim looked.
+    pub returns: u32,
+    /// Sockets whose readiness pair the shim filled because this channel had no free
+    /// buffer (`WantRoom`): emptied at the next `BufReturn` to this channel.
+    pub room_wait: Vec<u32>,
     pub stats: ChannelStats,
 }
 
@@ -47,6 +53,8 @@ impl Channel {
             backlog: VecDeque::new(),
             armed: false,
             routes: false,
+            returns: 0,
+            room_wait: Vec::new(),
             stats: ChannelStats {
                 id,
                 pid,
@@ -58,6 +66,9 @@ impl Channel {
 
     /// Queues a completion (into the ring, or the backlog when the ring is full).
     pub(crate) fn complete(&mut self, c: Cmp) {
+        if c.kind == CmpKind::BufReturn as u16 {
+            self.returns = self.returns.wrapping_add(1);
+        }
         if !self.backlog.is_empty() || !matches!(self.ep.tx.push(&c), Ok(true)) {
             self.backlog.push_back(c);
         }

@@ -40,11 +40,54 @@ fn would_block(e: &io::Error) -> bool {
 }
 
 impl Server {
-    /// Queues a completion on channel `ch` (dropped if the channel is gone).
+    /// Queues a completion on channel `ch` (dropped if the channel is gone). A buffer
+    /// coming back is room for the channel's next send: sockets waiting for it become
+    /// writable again.
     fn complete(&mut self, ch: u32, c: Cmp) {
-        if let Some(chan) = self.channels.get_mut(ch as usize).and_then(Option::as_mut) {
-            chan.complete(c);
+        let Some(chan) = self.channels.get_mut(ch as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        chan.complete(c);
+        if c.kind == CmpKind::BufReturn as u16 && !chan.room_wait.is_empty() {
+            // Published before the fd turns writable: the woken program must find it.
+            chan.flush();
+            for id in std::mem::take(&mut chan.room_wait) {
+                self.drain_filler(id);
+            }
         }
+    }
+
+    /// `WantRoom`: the shim filled socket `id`'s readiness pair after finding no free
+    /// buffer in channel `ch`, having seen `seen` of its `BufReturn`s by then. Empties
+    /// the pair at once if a buffer has come back since (the shim will find it), else
+    /// at the channel's next `BufReturn`. So no wake-up is lost whichever comes first.
+    fn want_room(&mut self, ch: u32, id: u32, seen: u32) {
+        let Some(chan) = self.channels.get_mut(ch as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if chan.returns != seen {
+            chan.flush();
+            self.drain_filler(id);
+        } else if !chan.room_wait.contains(&id) {
+            // At most one entry per socket of this server: bounded.
+            chan.room_wait.push(id);
+        }
+    }
+
+    /// Reads and discards what the program's side wrote into socket `id`'s readiness
+    /// pair (filler, or anything else a sandbox writes there), so that the program's end
+    /// is writable again. One read, larger than the filler the shim writes: a loop of
+    /// reads could also take the filler of the program's *next* `EAGAIN` (written as
+    /// soon as the first read makes the fd writable) and leave the fd writable with no
+    /// room behind it. Bounded work: a sandbox that enlarged its end's send buffer keeps
+    /// its own fd unwritable, nothing more.
+    pub(crate) fn drain_filler(&mut self, id: u32) {
+        let Some(s) = self.socks.get_mut(&id) else {
+            return;
+        };
+        let mut buf = [0u8; 16 << 10];
+        let _ = ferry_sys::recv_with_fds(s.pair.as_fd(), &mut buf, libc::MSG_DONTWAIT);
+        s.stats.room_waits += 1;
     }
 
     fn done(&mut self, ch: u32, sock: u32, tag: u32, result: i32) {
@@ -342,6 +385,7 @@ impl Server {
                 s.extra_tokens = 0;
                 self.maybe_token(id);
             }
+            Op::WantRoom => self.want_room(ch, id, r.a),
             Op::Cancel => {
                 let tag = r.a;
                 if let Some(p) = self.unpark(id, |p| p.owner() == (ch, tag)) {

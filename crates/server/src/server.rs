@@ -629,12 +629,17 @@ impl Server {
     }
 
     pub(crate) fn close_channel(&mut self, idx: u32, why: &str) {
-        if let Some(ch) = self.channels.get_mut(idx as usize).and_then(Option::take) {
+        if let Some(mut ch) = self.channels.get_mut(idx as usize).and_then(Option::take) {
             debug!("channel {idx}: {why}");
             let _ = self.epoll.delete(ch.ctl.as_fd());
             let _ = self.epoll.delete(ch.doorbell());
             self.stats.channels.push(ch.stats);
             self.modules.files.remove(&idx);
+            // Nobody is left to send through this channel: its waiters' fds become
+            // writable again (another thread may still have room).
+            for id in std::mem::take(&mut ch.room_wait) {
+                self.drain_filler(id);
+            }
             // Parked operations of this channel have nobody to answer any more.
             for s in self.socks.values_mut() {
                 let before = s.parked.len();

@@ -17,6 +17,8 @@ pub struct SocketStats {
     pub bytes_in: u64,
     /// Readiness tokens written.
     pub tokens: u64,
+    /// Times the program's end was made writable again after a send found no room.
+    pub room_waits: u64,
 }
 
 /// Per-channel counters (one channel per sandbox thread).
@@ -148,8 +150,8 @@ impl fmt::Display for ServerStats {
         for s in &self.sockets {
             writeln!(
                 f,
-                "  socket {}: calls {}, bytes out {}, bytes in {}, tokens {}",
-                s.id, s.calls, s.bytes_out, s.bytes_in, s.tokens
+                "  socket {}: calls {}, bytes out {}, bytes in {}, tokens {}, room waits {}",
+                s.id, s.calls, s.bytes_out, s.bytes_in, s.tokens, s.room_waits
             )?;
         }
         for e in &self.egress {
@@ -181,8 +183,8 @@ impl ServerStats {
             .iter()
             .map(|s| {
                 format!(
-                    r#"{{"id":{},"calls":{},"bytes_out":{},"bytes_in":{},"tokens":{}}}"#,
-                    s.id, s.calls, s.bytes_out, s.bytes_in, s.tokens
+                    r#"{{"id":{},"calls":{},"bytes_out":{},"bytes_in":{},"tokens":{},"room_waits":{}}}"#,
+                    s.id, s.calls, s.bytes_out, s.bytes_in, s.tokens, s.room_waits
                 )
             })
             .collect();

@@ -6,8 +6,11 @@ use libc::c_int;
 
 use super::{Case, Res};
 use crate::flags::epoll_names;
-use crate::net::{closed_port, connect, listener, send, so_error, tcp_pair, tcp_socket, wait_for};
-use crate::sys::{Ctx, Errno, Fd, dev_null, pipe, show, zeroed};
+use crate::net::{
+    closed_port, connect, drain, fill_until_unwritable, listener, send, so_error, tcp_pair,
+    tcp_socket, wait_for,
+};
+use crate::sys::{Ctx, Errno, Fd, dev_null, pipe, set_nonblocking, show, zeroed};
 
 pub const CASES: &[Case] = &[
     Case::new("epoll.level_triggered", level_triggered),
@@ -28,6 +31,10 @@ pub const CASES: &[Case] = &[
     Case::new("epoll.nested_epoll", nested_epoll),
     Case::new("epoll.refused_epollerr", refused_epollerr),
     Case::new("epoll.mod_changes_events", mod_changes_events),
+    Case::new(
+        "epoll.et_writer_eagain_then_epollout",
+        et_writer_eagain_then_epollout,
+    ),
 ];
 
 const IN: u32 = libc::EPOLLIN as u32;
@@ -367,5 +374,34 @@ fn mod_changes_events() -> Res {
     Ok(format!(
         "in_only: {before}; mod={m}; out: {}",
         ep.show(8, 2000)
+    ))
+}
+
+/// An edge-triggered writer: one `EPOLLOUT` at first; `EAGAIN` once the send buffer is
+/// full, and no event while it stays full; one new `EPOLLOUT` edge after the peer has
+/// read everything (a writer that waits for that edge would hang without it).
+fn et_writer_eagain_then_epollout() -> Res {
+    let (c, s) = tcp_pair(libc::AF_INET)?;
+    set_nonblocking(c.raw(), true).ctx("fcntl")?;
+    let ep = Ep::new()?;
+    ep.add(c.raw(), IN | OUT | libc::EPOLLET as u32, 1)?;
+    let first = ep.show(8, 2000);
+    let total = fill_until_unwritable(c.raw())?;
+    let full = ep.show(8, 0);
+    set_nonblocking(s.raw(), true).ctx("fcntl")?;
+    let mut drained = 0;
+    while drained < total {
+        wait_for(s.raw(), libc::POLLIN).ctx("poll")?;
+        let n = drain(s.raw())?;
+        if n == 0 {
+            break;
+        }
+        drained += n;
+    }
+    let edge = ep.show(8, 2000);
+    let more = show(send(c.raw(), b"more", 0));
+    Ok(format!(
+        "first: {first}; full: {full}; drained_all={}; edge: {edge}; send={more}",
+        drained == total
     ))
 }

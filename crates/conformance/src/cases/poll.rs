@@ -34,6 +34,7 @@ pub const CASES: &[Case] = &[
         select_listener_and_stream_loop,
     ),
     Case::new("select.oob_exceptfds", select_oob_exceptfds),
+    Case::new("select.writer_loop_no_spin", select_writer_loop_no_spin),
     Case::new("select.closed_fd_ebadf", select_closed_fd_ebadf),
     Case::new("pselect.ready_with_mask", pselect_ready_with_mask),
 ];
@@ -289,6 +290,76 @@ fn select(rd: &[c_int], wr: &[c_int], ex: &[c_int], timeout_ms: i64) -> String {
         set_idx(w, wr),
         set_idx(e, ex)
     )
+}
+
+/// A `select`-driven writer against a slow reader: it blocks on a full buffer, and every
+/// time `select` says writable its next send moves bytes (told "writable" and then
+/// refused, such a writer would spin).
+fn select_writer_loop_no_spin() -> Res {
+    const TOTAL: usize = 16 << 20;
+    let (c, s) = tcp_pair(libc::AF_INET)?;
+    set_nonblocking(c.raw(), true).ctx("fcntl")?;
+    let fd = s.raw();
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 65536];
+        let mut got = 0usize;
+        let mut since_pause = 0usize;
+        while got < TOTAL {
+            match recv(fd, &mut buf, 0) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    got += n;
+                    since_pause += n;
+                }
+            }
+            if since_pause >= 256 << 10 {
+                since_pause = 0;
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        }
+        got
+    });
+    let chunk = vec![0x6bu8; 65536];
+    let (mut sent, mut refused, mut blocked) = (0usize, 0, 0);
+    let mut err = None;
+    'outer: while sent < TOTAL {
+        let r = select(&[], &[c.raw()], &[], 5000);
+        if !r.starts_with("n=1 ") {
+            err = Some(format!("select: {r}"));
+            break;
+        }
+        let mut moved = false;
+        while sent < TOTAL {
+            let n = chunk.len().min(TOTAL - sent);
+            match send(c.raw(), &chunk[..n], libc::MSG_NOSIGNAL) {
+                Ok(k) => {
+                    sent += k;
+                    moved = true;
+                }
+                Err(e) if e.0 == libc::EAGAIN => {
+                    blocked += 1;
+                    if !moved {
+                        refused += 1;
+                    }
+                    break;
+                }
+                Err(e) => {
+                    err = Some(format!("send={e}"));
+                    break 'outer;
+                }
+            }
+        }
+    }
+    drop(c);
+    let got = reader.join().map_err(|_| "reader panicked".to_string())?;
+    drop(s);
+    Ok(format!(
+        "sent_all={} received_all={} blocked={} writable_then_eagain={refused} error={}",
+        sent == TOTAL,
+        got == TOTAL,
+        blocked > 0,
+        err.unwrap_or_else(|| "none".into())
+    ))
 }
 
 fn select_read_write_sets() -> Res {

@@ -14,7 +14,7 @@ set -euo pipefail
 
 PACKAGES=(
     iperf3 sockperf nginx-light redis-server redis-tools slirp4netns passt wrk hyperfine
-    uidmap curl iproute2 procps fonts-dejavu-core
+    uidmap curl iproute2 procps fonts-dejavu-core python3 gzip
 )
 SERVICES=(redis-server nginx iperf3)
 TEST_USER=ferrytest

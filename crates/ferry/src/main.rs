@@ -26,7 +26,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run CMD in a sandbox (own network namespace with only `lo`); its inet sockets are
-    /// served by a protocol server in the caller's namespace.
+    /// served by ferry's protocol servers in the caller's namespace.
     Run(Box<run::RunArgs>),
     /// Show ferry at work: a remote host, the same client natively and through ferry,
     /// and ferry's counters (needs root for the remote namespace).

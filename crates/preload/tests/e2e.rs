@@ -682,12 +682,16 @@ fn queued_data_survives_close_and_abrupt_exit() {
 }
 
 const SLOW_READER: &str = r#"
-import socket, sys, time
+import select, socket, sys, time
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
 t0 = time.monotonic()
 s.sendall(b"z" * (8 << 20))          # more than the channel's buffers: blocks for a while
 assert time.monotonic() - t0 > 0.2
 s.setblocking(False)
+# The blocking send's last buffers may all be in flight still: wait until one is back
+# (the fd polls writable only when ferry has room), then send until there is none.
+_, w, _ = select.select([], [s], [], 5)
+assert w, "never writable again"
 n = 0
 try:
     while True:

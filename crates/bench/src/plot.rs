@@ -9,6 +9,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use plotters::coord::Shift;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use crate::experiments::Experiment;
@@ -449,7 +450,7 @@ fn e2(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
 
 /// Vertical bars at integer x with min–max whiskers and a text above each.
 fn bars<Y>(
-    chart: &mut Chart<'_, '_, plotters::coord::types::RangedCoordf64, Y>,
+    chart: &mut Chart<'_, '_, RangedCoordf64, Y>,
     bars: &[(f64, f64, Option<Pt>, RGBColor, String)],
 ) -> Result<(), String>
 where
@@ -493,17 +494,19 @@ where
     Ok(())
 }
 
-fn e3(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
-    let s = series(rows, Experiment::E3, "mflops");
-    let kept = series(rows, Experiment::E3, "kept");
-    let ymax = (max_of(&s) * 1.2).max(1.0);
-    let names: Vec<String> = s.iter().map(|(n, _)| n.clone()).collect();
+/// A chart with one category per integer x (labelled with `names`) from 0 to `ymax`,
+/// its mesh drawn: the frame of every grouped-bar plot.
+fn category_chart<'a, 'b>(
+    area: &'a Area<'b>,
+    caption: &str,
+    caption_size: u32,
+    names: &[String],
+    ymax: f64,
+    ydesc: &str,
+) -> Result<Chart<'a, 'b, RangedCoordf64, RangedCoordf64>, String> {
     let n = names.len().max(1) as f64;
-    let mut chart = ChartBuilder::on(root)
-        .caption(
-            "E3 — MFlops of a burner beside a 10 MB/s transfer (one CPU)",
-            ("sans-serif", 22),
-        )
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", caption_size))
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(65)
@@ -523,9 +526,48 @@ fn e3(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
         .disable_x_mesh()
         .x_labels(names.len() + 1)
         .x_label_formatter(&fmt)
-        .y_desc("MFlops (median; whiskers min–max)")
+        .y_desc(ydesc)
         .draw()
         .map_err(err)?;
+    Ok(chart)
+}
+
+/// Where bar `ci` of `k` in group `gi` stands, and its width.
+fn bar_slot(gi: usize, ci: usize, k: usize) -> (f64, f64) {
+    let w = 0.8 / k.max(1) as f64;
+    (gi as f64 - 0.4 + w * (ci as f64 + 0.5), w * 0.9)
+}
+
+/// A legend entry (a coloured square) per configuration, in bar order.
+fn config_legend<'a, 'b: 'a>(
+    chart: &mut Chart<'a, 'b, RangedCoordf64, RangedCoordf64>,
+    configs: &[String],
+    pos: SeriesLabelPosition,
+) -> Result<(), String> {
+    for (ci, c) in configs.iter().enumerate() {
+        let col = COLORS[ci % COLORS.len()];
+        chart
+            .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())
+            .map_err(err)?
+            .label(c.as_str())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], col.filled()));
+    }
+    legend(chart, pos)
+}
+
+fn e3(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
+    let s = series(rows, Experiment::E3, "mflops");
+    let kept = series(rows, Experiment::E3, "kept");
+    let ymax = (max_of(&s) * 1.2).max(1.0);
+    let names: Vec<String> = s.iter().map(|(n, _)| n.clone()).collect();
+    let mut chart = category_chart(
+        root,
+        "E3 — MFlops of a burner beside a 10 MB/s transfer (one CPU)",
+        22,
+        &names,
+        ymax,
+        "MFlops (median; whiskers min–max)",
+    )?;
     let items: Vec<_> = s
         .iter()
         .enumerate()
@@ -745,13 +787,11 @@ fn e7_bars(
             configs.push(row.config.clone());
         }
     }
-    let k = configs.len().max(1) as f64;
-    let w = 0.8 / k;
     let mut items = Vec::new();
     let mut ymax: f64 = 0.1;
     for (gi, g) in groups.iter().enumerate() {
         for (ci, c) in configs.iter().enumerate() {
-            let x = gi as f64 - 0.4 + w * (ci as f64 + 0.5);
+            let (x, w) = bar_slot(gi, ci, configs.len());
             let pt = r
                 .iter()
                 .find(|row| row.config == *c && row.param.label == *g)
@@ -767,44 +807,13 @@ fn e7_bars(
                 ymax = ymax.max(p.max * 1.3);
             }
             let text = pt.map(|p| format!("{:.1}", p.med)).unwrap_or_default();
-            items.push((x, w * 0.9, pt, COLORS[ci % COLORS.len()], text));
+            items.push((x, w, pt, COLORS[ci % COLORS.len()], text));
         }
     }
-    let n = groups.len().max(1) as f64;
-    let mut chart = ChartBuilder::on(area)
-        .caption(format!("{title} (lower is better)"), ("sans-serif", 18))
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(65)
-        .build_cartesian_2d(-0.5f64..(n - 0.5), 0f64..ymax)
-        .map_err(err)?;
-    let fmt = |x: &f64| {
-        let i = x.round();
-        if (x - i).abs() < 0.01 {
-            groups.get(i as usize).cloned().unwrap_or_default()
-        } else {
-            String::new()
-        }
-    };
-    chart
-        .configure_mesh()
-        .light_line_style(RGBColor(238, 238, 238))
-        .disable_x_mesh()
-        .x_labels(groups.len() + 1)
-        .x_label_formatter(&fmt)
-        .y_desc(ydesc)
-        .draw()
-        .map_err(err)?;
+    let caption = format!("{title} (lower is better)");
+    let mut chart = category_chart(area, &caption, 18, &groups, ymax, ydesc)?;
     bars(&mut chart, &items)?;
-    for (ci, c) in configs.iter().enumerate() {
-        let col = COLORS[ci % COLORS.len()];
-        chart
-            .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())
-            .map_err(err)?
-            .label(c.as_str())
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], col.filled()));
-    }
-    legend(&mut chart, SeriesLabelPosition::UpperLeft)
+    config_legend(&mut chart, &configs, SeriesLabelPosition::UpperLeft)
 }
 
 fn r1(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
@@ -831,15 +840,13 @@ fn r1(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
     };
     let mut items = Vec::new();
     let mut ymax: f64 = 1.2;
-    let k = configs.len().max(1) as f64;
-    let w = 0.8 / k;
     for (gi, g) in groups.iter().enumerate() {
         let Some((base, _, _)) = value("native", g) else {
             continue;
         };
         let lower_better = g.2 == "us";
         for (ci, c) in configs.iter().enumerate() {
-            let x = gi as f64 - 0.4 + w * (ci as f64 + 0.5);
+            let (x, w) = bar_slot(gi, ci, configs.len());
             let pt = value(c, g).map(|(m, lo, hi)| {
                 let f = |v: f64| if lower_better { base / v } else { v / base };
                 let (a, b) = (f(lo), f(hi));
@@ -854,46 +861,104 @@ fn r1(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
                 ymax = ymax.max(p.max * 1.15);
             }
             let text = pt.map(|p| format!("{:.2}", p.med)).unwrap_or_default();
-            items.push((x, w * 0.9, pt, COLORS[ci % COLORS.len()], text));
+            items.push((x, w, pt, COLORS[ci % COLORS.len()], text));
         }
     }
-    let n = groups.len().max(1) as f64;
-    let mut chart = ChartBuilder::on(root)
-        .caption(
-            "R1 — real clients, relative to native (higher is better)",
-            ("sans-serif", 22),
-        )
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(65)
-        .build_cartesian_2d(-0.5f64..(n - 0.5), 0f64..ymax)
-        .map_err(err)?;
     let names: Vec<String> = groups.iter().map(|g| g.1.clone()).collect();
-    let fmt = |x: &f64| {
-        let i = x.round();
-        if (x - i).abs() < 0.01 {
-            names.get(i as usize).cloned().unwrap_or_default()
-        } else {
-            String::new()
-        }
-    };
-    chart
-        .configure_mesh()
-        .light_line_style(RGBColor(238, 238, 238))
-        .disable_x_mesh()
-        .x_labels(groups.len() + 1)
-        .x_label_formatter(&fmt)
-        .y_desc("× native (throughput: x/native; latency: native/x)")
-        .draw()
-        .map_err(err)?;
+    let mut chart = category_chart(
+        root,
+        "R1 — real clients, relative to native (higher is better)",
+        22,
+        &names,
+        ymax,
+        "× native (throughput: x/native; latency: native/x)",
+    )?;
     bars(&mut chart, &items)?;
-    for (ci, c) in configs.iter().enumerate() {
-        let col = COLORS[ci % COLORS.len()];
-        chart
-            .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())
-            .map_err(err)?
-            .label(c.as_str())
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], col.filled()));
+    config_legend(&mut chart, &configs, SeriesLabelPosition::UpperRight)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::Param;
+
+    fn row(e: &str, config: &str, param: Param, metric: &str, unit: &str) -> Row {
+        Row {
+            experiment: e.into(),
+            config: config.into(),
+            param,
+            metric: metric.into(),
+            unit: unit.into(),
+            samples: vec![1.0, 2.0, 3.0],
+            planned: 3,
+            failures: Vec::new(),
+        }
     }
-    legend(&mut chart, SeriesLabelPosition::UpperRight)
+
+    /// The grouped-bar plots (E3, E7, R1) draw from rows, with a failed configuration too.
+    #[test]
+    fn grouped_bar_plots_are_drawn() {
+        if font().is_err() {
+            eprintln!("skipped: {FONT} missing (scripts/install-deps.sh)");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("ferry-plot-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let none = Param::none;
+        let mut failed = row(
+            "R1",
+            "pasta",
+            Param::new("redis -P 1", 0.0),
+            "GET -P 1",
+            "req/s",
+        );
+        failed.samples.clear();
+        let rows = vec![
+            row("E3", "native", none(), "mflops", "MFlops"),
+            row("E3", "ferry", none(), "kept", "%"),
+            row(
+                "E7",
+                "native",
+                Param::new("send, one core", 0.0),
+                "time_per_op",
+                "us",
+            ),
+            row(
+                "E7",
+                "proposed",
+                Param::new("send+recv, spread", 3.0),
+                "time_per_op",
+                "us",
+            ),
+            row(
+                "E7",
+                "1 server",
+                Param::new("1 conns", 101.0),
+                "k_bandwidth",
+                "Gbit/s",
+            ),
+            row(
+                "R1",
+                "native",
+                Param::new("redis -P 1", 0.0),
+                "GET -P 1",
+                "req/s",
+            ),
+            row(
+                "R1",
+                "ferry",
+                Param::new("redis -P 1", 0.0),
+                "GET -P 1",
+                "req/s",
+            ),
+            failed,
+        ];
+        for e in [Experiment::E3, Experiment::E7, Experiment::R1] {
+            draw(&dir, e, &rows).unwrap();
+            let png = dir.join(format!("{}.png", e.id().to_lowercase()));
+            let len = std::fs::metadata(&png).unwrap().len();
+            assert!(len > 10_000, "{} is {len} bytes", png.display());
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -688,16 +688,19 @@ t0 = time.monotonic()
 s.sendall(b"z" * (8 << 20))          # more than the channel's buffers: blocks for a while
 assert time.monotonic() - t0 > 0.2
 s.setblocking(False)
-# The blocking send's last buffers may all be in flight still: wait until one is back
-# (the fd polls writable only when ferry has room), then send until there is none.
-_, w, _ = select.select([], [s], [], 5)
-assert w, "never writable again"
+# The blocking send's last buffers may all be in flight still, so the first
+# non-blocking send can find no room: it makes the fd poll unwritable until a buffer
+# is back, so wait for that with select and go on, until sends are refused again.
 n = 0
-try:
-    while True:
+deadline = time.monotonic() + 5
+while True:
+    try:
         n += s.send(b"y" * 65536)
-except BlockingIOError:
-    pass
+    except BlockingIOError:
+        if n > 0:
+            break
+        assert time.monotonic() < deadline, "never writable again"
+        select.select([], [s], [], 5)
 assert n > 0
 s.setblocking(True)
 s.close()

@@ -391,11 +391,7 @@ impl Server {
         req: ferry_proto::Request,
     ) -> Result<(), String> {
         let r = req.raw;
-        let chan = self
-            .channels
-            .get_mut(ch as usize)
-            .and_then(Option::as_mut)
-            .ok_or("no channel")?;
+        let chan = self.chan_mut(ch).ok_or("no channel")?;
         let span = chan
             .ep
             .bufs
@@ -426,7 +422,7 @@ impl Server {
         if r.tag != 0 {
             self.complete_on(ch, Cmp::new(CmpKind::Done, id, r.tag, code));
             // The program waits for this answer, not for the output: publish it now.
-            if let Some(c) = self.channels.get_mut(ch as usize).and_then(Option::as_mut) {
+            if let Some(c) = self.chan_mut(ch) {
                 c.flush();
             }
         } else if code != 0 {
@@ -449,11 +445,7 @@ impl Server {
         {
             return Ok(f);
         }
-        let chan = self
-            .channels
-            .get(ch as usize)
-            .and_then(Option::as_ref)
-            .ok_or("no channel")?;
+        let chan = self.chan(ch).ok_or("no channel")?;
         let mut buf = [0u8; size_of::<Ctl>()];
         match ferry_sys::recv_with_fds(chan.ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
             Ok((n, fds)) if n == buf.len() => {
@@ -711,7 +703,7 @@ impl Server {
     }
 
     fn complete_on(&mut self, ch: u32, c: Cmp) {
-        if let Some(chan) = self.channels.get_mut(ch as usize).and_then(Option::as_mut) {
+        if let Some(chan) = self.chan_mut(ch) {
             chan.complete(c);
         }
     }

@@ -44,7 +44,7 @@ impl Server {
     /// coming back is room for the channel's next send: sockets waiting for it become
     /// writable again.
     fn complete(&mut self, ch: u32, c: Cmp) {
-        let Some(chan) = self.channels.get_mut(ch as usize).and_then(Option::as_mut) else {
+        let Some(chan) = self.chan_mut(ch) else {
             return;
         };
         chan.complete(c);
@@ -62,7 +62,7 @@ impl Server {
     /// the pair at once if a buffer has come back since (the shim will find it), else
     /// at the channel's next `BufReturn`. So no wake-up is lost whichever comes first.
     fn want_room(&mut self, ch: u32, id: u32, seen: u32) {
-        let Some(chan) = self.channels.get_mut(ch as usize).and_then(Option::as_mut) else {
+        let Some(chan) = self.chan_mut(ch) else {
             return;
         };
         if chan.returns != seen {
@@ -122,11 +122,7 @@ impl Server {
 
     /// The server a socket made through channel `ch` goes to (`key` for the hash mode).
     fn assign(&self, ch: u32, key: u64) -> usize {
-        let routes = self
-            .channels
-            .get(ch as usize)
-            .and_then(Option::as_ref)
-            .is_some_and(|c| c.routes);
+        let routes = self.chan(ch).is_some_and(|c| c.routes);
         if routes {
             self.shared.pick(key)
         } else {
@@ -155,9 +151,7 @@ impl Server {
         )
         .map_err(|e| errno(&e))?;
         let key = self
-            .channels
-            .get(ch as usize)
-            .and_then(Option::as_ref)
+            .chan(ch)
             .map_or(0, |c| u64::from(c.stats.pid) << 32 | u64::from(c.stats.tid));
         let server = self.assign(ch, key);
         let sock = self.new_sock(server, fd, pair, (domain, ty, protocol), Place::Provisional);
@@ -256,11 +250,7 @@ impl Server {
     pub(crate) fn handle(&mut self, ch: u32, req: Request) -> Result<(), String> {
         let r = req.raw;
         if req.op == Op::BufReturn {
-            let chan = self
-                .channels
-                .get_mut(ch as usize)
-                .and_then(Option::as_mut)
-                .ok_or("no channel")?;
+            let chan = self.chan_mut(ch).ok_or("no channel")?;
             return chan.ep.pool.free(BufId(r.buf)).map_err(|e| e.to_string());
         }
         if !self.socks.contains_key(&r.sock) && ferry_proto::server_of(r.sock) == self.index {
@@ -548,7 +538,7 @@ impl Server {
             }
             Ok(n) => {
                 // Too long for the record: lend a buffer (TCP_INFO and the like).
-                let Some(chan) = self.channels.get_mut(ch as usize).and_then(Option::as_mut) else {
+                let Some(chan) = self.chan_mut(ch) else {
                     return;
                 };
                 let Some(b) = chan.ep.pool.alloc() else {
@@ -579,11 +569,7 @@ impl Server {
 
     fn send(&mut self, ch: u32, req: Request) -> Result<(), String> {
         let r = req.raw;
-        let chan = self
-            .channels
-            .get_mut(ch as usize)
-            .and_then(Option::as_mut)
-            .ok_or("no channel")?;
+        let chan = self.chan_mut(ch).ok_or("no channel")?;
         let span = chan
             .ep
             .bufs

@@ -396,7 +396,7 @@ impl Server {
             T_LISTEN => self.accept_channels(),
             T_CTL => self.ctl_readable(idx, ev.events),
             T_DOORBELL => {
-                if let Some(ch) = self.channels.get_mut(idx as usize).and_then(Option::as_mut) {
+                if let Some(ch) = self.chan_mut(idx) {
                     let _ = ferry_sys::eventfd_drain(ch.doorbell());
                     ch.stats.doorbells += 1;
                 }
@@ -938,13 +938,23 @@ pub(crate) fn as_bytes<T: bytemuck::Pod>(v: &T) -> &[u8] {
 }
 
 impl Server {
+    /// Channel `ch`, if it is open.
+    pub(crate) fn chan(&self, ch: u32) -> Option<&Channel> {
+        self.channels.get(ch as usize).and_then(Option::as_ref)
+    }
+
+    /// Channel `ch`, if it is open.
+    pub(crate) fn chan_mut(&mut self, ch: u32) -> Option<&mut Channel> {
+        self.channels.get_mut(ch as usize).and_then(Option::as_mut)
+    }
+
     pub(crate) fn sock(&mut self, id: u32) -> Option<&mut Sock> {
         self.socks.get_mut(&id)
     }
 
     /// Answers a control request with a reply message (and no descriptors).
     pub(crate) fn ctl_reply(&self, ch: u32, reply: Ctl) {
-        if let Some(c) = self.channels.get(ch as usize).and_then(Option::as_ref)
+        if let Some(c) = self.chan(ch)
             && let Err(e) = ferry_sys::send_with_fds(c.ctl.as_fd(), as_bytes(&reply), &[])
         {
             debug!("channel {ch}: control reply lost: {e}");

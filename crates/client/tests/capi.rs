@@ -6,7 +6,7 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ferry_server::{Config, Server};
+mod common;
 
 fn library_dir() -> PathBuf {
     // tests run from target/<profile>/deps; the cdylib is next to them, or one up.
@@ -20,23 +20,23 @@ fn library_dir() -> PathBuf {
     panic!("libferry_client.so not built next to {}", deps.display());
 }
 
-#[test]
-fn c_program_echoes_through_zero_copy_buffers() {
+/// Builds the C test program `tests/c/NAME.c` against `ferry.h` and the cdylib; `None`
+/// (after saying so) when gcc is not installed.
+fn compile_c(name: &str) -> Option<PathBuf> {
     if Command::new("gcc").arg("--version").output().is_err() {
         eprintln!("skipped: gcc not installed");
-        return;
+        return None;
     }
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = std::env::temp_dir().join(format!("ferry-zc-echo-{}", std::process::id()));
-    let lib = library_dir();
+    let out = std::env::temp_dir().join(format!("ferry-{name}-{}", std::process::id()));
     let cc = Command::new("gcc")
         .args(["-O2", "-Wall", "-Werror", "-o"])
         .arg(&out)
-        .arg(manifest.join("tests/c/zc_echo.c"))
+        .arg(manifest.join(format!("tests/c/{name}.c")))
         .arg("-I")
         .arg(manifest.join("include"))
         .arg("-L")
-        .arg(&lib)
+        .arg(library_dir())
         .arg("-lferry_client")
         .output()
         .unwrap();
@@ -45,12 +45,16 @@ fn c_program_echoes_through_zero_copy_buffers() {
         "gcc: {}",
         String::from_utf8_lossy(&cc.stderr)
     );
+    Some(out)
+}
 
-    let path = std::env::temp_dir().join(format!("ferry-capi-test-{}.sock", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let server = Server::new(Config::new(path.clone()), Box::new(ferry_sys::socket)).unwrap();
-    let handle = server.stop_handle();
-    let t = std::thread::spawn(move || server.run());
+#[test]
+fn c_program_echoes_through_zero_copy_buffers() {
+    let Some(out) = compile_c("zc_echo") else {
+        return;
+    };
+    let lib = library_dir();
+    let srv = common::start("capi", |_| {});
 
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
@@ -67,13 +71,12 @@ fn c_program_echoes_through_zero_copy_buffers() {
     let total = 5 << 20;
     let run = Command::new(&out)
         .args(["127.0.0.1", &port.to_string(), &total.to_string()])
-        .env("FERRY_SOCKET", &path)
+        .env("FERRY_SOCKET", &srv.path)
         .env("LD_LIBRARY_PATH", &lib)
         .output()
         .unwrap();
     let _ = std::fs::remove_file(&out);
-    handle.stop();
-    t.join().unwrap();
+    srv.stop();
     assert!(
         run.status.success(),
         "zc_echo: {}{}",
@@ -88,30 +91,12 @@ fn c_program_echoes_through_zero_copy_buffers() {
 
 #[test]
 fn c_program_binds_http_file_and_a_failing_module() {
-    if Command::new("gcc").arg("--version").output().is_err() {
-        eprintln!("skipped: gcc not installed");
+    let Some(out) = compile_c("bind_module") else {
         return;
-    }
+    };
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let tag = std::process::id();
-    let out = std::env::temp_dir().join(format!("ferry-bind-module-{tag}"));
     let lib = library_dir();
-    let cc = Command::new("gcc")
-        .args(["-O2", "-Wall", "-Werror", "-o"])
-        .arg(&out)
-        .arg(manifest.join("tests/c/bind_module.c"))
-        .arg("-I")
-        .arg(manifest.join("include"))
-        .arg("-L")
-        .arg(&lib)
-        .arg("-lferry_client")
-        .output()
-        .unwrap();
-    assert!(
-        cc.status.success(),
-        "gcc: {}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
     let body: Vec<u8> = (0..300_001u32).map(|i| (i % 251) as u8).collect();
     let file = std::env::temp_dir().join(format!("ferry-bind-module-body-{tag}"));
     std::fs::write(&file, &body).unwrap();
@@ -124,11 +109,7 @@ fn c_program_binds_http_file_and_a_failing_module() {
     )
     .unwrap();
 
-    let path = std::env::temp_dir().join(format!("ferry-capi-bind-{tag}.sock"));
-    let _ = std::fs::remove_file(&path);
-    let server = Server::new(Config::new(path.clone()), Box::new(ferry_sys::socket)).unwrap();
-    let handle = server.stop_handle();
-    let t = std::thread::spawn(move || server.run());
+    let srv = common::start("capi-bind", |_| {});
 
     // The peer: a kernel socket that reads everything each connection sends.
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -148,13 +129,12 @@ fn c_program_binds_http_file_and_a_failing_module() {
         .arg(manifest.join("../modules/examples/http_file.wat"))
         .arg(&file)
         .arg(&looping)
-        .env("FERRY_SOCKET", &path)
+        .env("FERRY_SOCKET", &srv.path)
         .env("LD_LIBRARY_PATH", &lib)
         .output()
         .unwrap();
     let got = peer.join().unwrap();
-    handle.stop();
-    let stats = t.join().unwrap();
+    let stats = srv.stop();
     for p in [&out, &file, &looping] {
         let _ = std::fs::remove_file(p);
     }

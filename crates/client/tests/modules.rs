@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use ferry_client::{Client, Socket};
 use ferry_proto::{Binding, Ctl, CtlKind, ModuleRef};
-use ferry_server::{Config, Server, ServerStats};
+mod common;
+use common::Running;
 
 const HTTP_FILE: &[u8] = include_bytes!("../../modules/examples/http_file.wat");
 const GZIP: &[u8] = include_bytes!("../../modules/examples/gzip.wat");
@@ -35,43 +36,8 @@ const TRAP: &str = r#"(module (memory (export "memory") 1)
   (func (export "init") (result i32) unreachable)
   (func (export "on_data") (param i32) (result i32) (i32.const 0)))"#;
 
-struct Running {
-    path: PathBuf,
-    handle: ferry_server::Handle,
-    thread: Option<std::thread::JoinHandle<ServerStats>>,
-}
-
-impl Running {
-    fn stop(mut self) -> ServerStats {
-        self.handle.stop();
-        self.thread.take().unwrap().join().unwrap()
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(t) = self.thread.take() {
-            self.handle.stop();
-            let _ = t.join();
-        }
-    }
-}
-
 fn start(tag: &str) -> Running {
-    let path = std::env::temp_dir().join(format!(
-        "ferry-modules-test-{tag}-{}.sock",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_file(&path);
-    let cfg = Config::new(path.clone());
-    let server = Server::new(cfg, Box::new(ferry_sys::socket)).unwrap();
-    let handle = server.stop_handle();
-    let thread = Some(std::thread::spawn(move || server.run()));
-    Running {
-        path,
-        handle,
-        thread,
-    }
+    common::start(&format!("modules-{tag}"), |_| {})
 }
 
 fn have_curl() -> bool {

@@ -3,53 +3,16 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
-use std::path::PathBuf;
 use std::time::Duration;
 
 use ferry_client::Client;
 use ferry_proto::{Op, Req};
+mod common;
+use common::Running;
 use ferry_server::{Config, Policy, Rule, Server, Verdict};
 
-struct Running {
-    path: PathBuf,
-    handle: ferry_server::Handle,
-    thread: Option<std::thread::JoinHandle<ferry_server::ServerStats>>,
-}
-
-impl Running {
-    fn stop(mut self) -> ferry_server::ServerStats {
-        self.handle.stop();
-        self.thread.take().unwrap().join().unwrap()
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(t) = self.thread.take() {
-            self.handle.stop();
-            let _ = t.join();
-        }
-    }
-}
-
 fn start(tag: &str, policy: Policy) -> Running {
-    let path = std::env::temp_dir().join(format!(
-        "ferry-client-test-{tag}-{}.sock",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_file(&path);
-    let mut cfg = Config::new(path.clone());
-    cfg.policy = policy;
-    // Tests run in the host namespace: "sandbox" sockets are plain local sockets here.
-    let make = Box::new(ferry_sys::socket);
-    let server = Server::new(cfg, make).unwrap();
-    let handle = server.stop_handle();
-    let thread = Some(std::thread::spawn(move || server.run()));
-    Running {
-        path,
-        handle,
-        thread,
-    }
+    common::start(tag, |cfg| cfg.policy = policy)
 }
 
 /// A kernel echo server on 127.0.0.1 (reached through the server's "sandbox" sockets).

@@ -288,23 +288,30 @@ impl Client {
             .map_err(proto_err)
     }
 
+    /// One of our buffers (waiting for one to come back if none is free) holding
+    /// `bytes`, at most a buffer's size.
+    fn filled_buffer(&mut self, bytes: &[u8]) -> io::Result<BufId> {
+        let b = loop {
+            if let Some(b) = self.ep.pool.alloc() {
+                break b;
+            }
+            self.reap()?;
+        };
+        let span = self
+            .ep
+            .bufs
+            .span(b.0, 0, bytes.len() as u32)
+            .map_err(proto_err)?;
+        self.ep.bufs.write(span, bytes);
+        Ok(b)
+    }
+
     /// Queues `data` for sending, filling channel buffers directly (one copy, from the
     /// caller's bytes into shared memory); returns once everything is queued.
     pub fn send(&mut self, s: &Socket, data: &[u8]) -> io::Result<usize> {
         let bs = self.ep.bufs.buf_size();
         for chunk in data.chunks(bs) {
-            let b = loop {
-                if let Some(b) = self.ep.pool.alloc() {
-                    break b;
-                }
-                self.reap()?;
-            };
-            let span = self
-                .ep
-                .bufs
-                .span(b.0, 0, chunk.len() as u32)
-                .map_err(proto_err)?;
-            self.ep.bufs.write(span, chunk);
+            let b = self.filled_buffer(chunk)?;
             self.push(Req {
                 buf: b.0,
                 len: chunk.len() as u32,
@@ -455,18 +462,7 @@ impl Client {
             let msg = Ctl::new(CtlKind::Files, s.id);
             ferry_sys::send_with_fds(self.ctl.as_fd(), bytemuck::bytes_of(&msg), files)?;
         }
-        let b = loop {
-            if let Some(b) = self.ep.pool.alloc() {
-                break b;
-            }
-            self.reap()?;
-        };
-        let span = self
-            .ep
-            .bufs
-            .span(b.0, 0, blob.len() as u32)
-            .map_err(proto_err)?;
-        self.ep.bufs.write(span, blob);
+        let b = self.filled_buffer(blob)?;
         let req = Req {
             buf: b.0,
             len: blob.len() as u32,

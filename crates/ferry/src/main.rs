@@ -1,6 +1,6 @@
 //! The `ferry` command: `run` a program in a network sandbox served over shared memory,
-//! `demo` it against a remote namespace. Owns argument parsing, wiring the sandbox to its
-//! protocol server, exit statuses and user-facing messages; the work itself lives in the
+//! `demo` it against a remote namespace, `bench` it, `ctl` a running sandbox. Owns
+//! argument parsing, wiring the sandbox to its protocol servers, exit statuses and user-facing messages; the work itself lives in the
 //! library crates.
 #![deny(unsafe_code)]
 

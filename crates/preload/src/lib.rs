@@ -1,7 +1,7 @@
 //! ferry's `LD_PRELOAD` shim (`libferry_preload.so`): it owns the sandboxed program's
 //! side of socket mode. It replaces the libc socket API for `AF_INET`/`AF_INET6` TCP and
 //! UDP sockets and relays every call over a per-thread shared-memory channel to the
-//! protocol server, which performs it on a real host socket; it keeps the program's view
+//! protocol server serving that socket, which performs it on a real host socket; it keeps the program's view
 //! of those sockets (real descriptors, `errno`, blocking, signals, `fork`) the kernel's.
 //! It must not touch any other descriptor's behaviour (unix, netlink and every non-socket
 //! descriptor go straight to libc, after one table lookup), must not call the libc socket
@@ -17,8 +17,8 @@
 //!   end. The shim caches fd → id (and blocking mode, type, timeouts) in a lock-free
 //!   table and identifies unknown fds with one `getsockname`, so sockets survive `fork`,
 //!   `exec`, `dup` and `SCM_RIGHTS` without asking the server.
-//! - **Channels** ([`chan`], [`tls`]): each thread opens its own channel on its first
-//!   call; a signal handler that re-enters the shim uses a spare one. After `fork` the
+//! - **Channels** ([`chan`], [`tls`]): each thread opens its own channel to a server on
+//!   its first call for that server (a socket id names its server); a signal handler that re-enters the shim uses a spare one. After `fork` the
 //!   child forgets every inherited channel.
 //! - **Calls** ([`ops`], [`data`]): creation and `accept` travel on the control socket
 //!   with the server's end of a new pair; sends are copied into channel buffers and

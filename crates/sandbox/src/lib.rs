@@ -7,7 +7,8 @@
 //! benchmarks. It must not do networking policy or relay any traffic (that is the
 //! protocol server's), must not parse command lines (the CLI's), and must not run
 //! anything between `clone` and `execve` that is not async-signal-safe: the caller may
-//! have threads.
+//! have threads. A command can be held before its `execve` until the caller is ready
+//! (`Spec::hold`, `Sandbox::start`).
 //!
 //! ```no_run
 //! let spec = ferry_sandbox::Spec {

@@ -14,7 +14,7 @@ use ferry_ring::{Region, Side, SpinPolicy, WaitResult};
 fn records(test: &str, n: u64, slots: u32, policy: SpinPolicy) {
     if let Some(region) = child_region(test) {
         let mut b = Ep::new(region, Side::B).unwrap();
-        recv_records(&mut b, n, policy);
+        recv_records(&mut b, n, policy, 0);
         eprintln!("child {test}: consumer {:?}", b.rx.stats());
         return;
     }

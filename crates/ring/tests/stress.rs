@@ -17,7 +17,9 @@ fn records(n: u64, slots: u32, policy: SpinPolicy) {
         send_records(&mut a, n, policy);
         a
     });
-    recv_records(&mut b, n, policy);
+    // A sleepy policy must take the futex path: stall the consumer now and then.
+    let stall_every = if policy == SLEEPY { 50_000 } else { 0 };
+    recv_records(&mut b, n, policy, stall_every);
     let a = t.join().unwrap();
     let (tx, rx) = (a.tx.stats(), b.rx.stats());
     eprintln!("records {n}: producer {tx:?}\n  consumer {rx:?}");

@@ -105,8 +105,11 @@ pub fn send_records(ep: &mut Ep, n: u64, policy: SpinPolicy) {
     }
 }
 
-/// Receive `n` records, checking each is the next in sequence and intact.
-pub fn recv_records(ep: &mut Ep, n: u64, policy: SpinPolicy) {
+/// Receive `n` records, checking each is the next in sequence and intact. With
+/// `stall_every` > 0 the consumer stops for 200 µs after every that many records, so a
+/// producer with a short spin span surely fills the ring and sleeps (two threads in
+/// lockstep may otherwise never wait longer than a spin).
+pub fn recv_records(ep: &mut Ep, n: u64, policy: SpinPolicy, stall_every: u64) {
     let mut want = 0;
     while want < n {
         match ep.rx.pop().unwrap() {
@@ -115,6 +118,10 @@ pub fn recv_records(ep: &mut Ep, n: u64, policy: SpinPolicy) {
                 want += 1;
                 if want & 63 == 0 {
                     ep.rx.release();
+                }
+                if stall_every > 0 && want % stall_every == 0 {
+                    ep.rx.release();
+                    std::thread::sleep(std::time::Duration::from_micros(200));
                 }
             }
             None => {

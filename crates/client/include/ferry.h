@@ -32,6 +32,8 @@ int ferry_connect(ferry_t *h, int sock, const struct sockaddr *addr, socklen_t l
 int ferry_sock_close(ferry_t *h, int sock);
 /* shutdown(2) of a socket; SHUT_WR ends a bound module's input. */
 int ferry_shutdown(ferry_t *h, int sock, int how);
+/* setsockopt(2) of a socket (val at most 32 bytes), e.g. TCP_NODELAY. */
+int ferry_setsockopt(ferry_t *h, int sock, int level, int name, const void *val, socklen_t len);
 
 /* Binds a data-path module (WebAssembly, binary or .wat text) to a connected stream
  * socket: the protocol server runs it next to the socket. props: nprops strings

@@ -232,6 +232,39 @@ pub unsafe extern "C" fn ferry_shutdown(h: *mut FerryHandle, sock: c_int, how: c
     })
 }
 
+/// `setsockopt(2)` of a socket (the value at most 32 bytes).
+///
+/// # Safety
+/// `h` from `ferry_open`; `val` readable for `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_setsockopt(
+    h: *mut FerryHandle,
+    sock: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: libc::socklen_t,
+) -> c_int {
+    if val.is_null() && len > 0 {
+        return -libc::EFAULT;
+    }
+    let value = if len == 0 {
+        &[][..]
+    } else {
+        // SAFETY: `len` readable bytes at `val` (caller).
+        unsafe { std::slice::from_raw_parts(val.cast::<u8>(), len as usize) }
+    };
+    with(h, |h| {
+        let Some(s) = h.sockets.get(&sock) else {
+            return -libc::EBADF;
+        };
+        match h.client.set_option(s, level, name, value) {
+            Ok(()) => 0,
+            Err(e) => neg(e),
+        }
+    })
+}
+
 /// A free channel buffer to fill: returns its address and stores its size in `*cap`.
 /// Returns NULL on failure.
 ///

@@ -476,6 +476,33 @@ impl Client {
         }
     }
 
+    /// `setsockopt(level, name, value)` on the server's host socket (at most 32 bytes
+    /// of value), e.g. `TCP_NODELAY` as a native-endian `i32`.
+    pub fn set_option(
+        &mut self,
+        s: &Socket,
+        level: i32,
+        name: i32,
+        value: &[u8],
+    ) -> io::Result<()> {
+        if value.len() > Req::default().addr.len() {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let mut req = Req::new(Op::SetOpt, s.id).with_bytes(value);
+        (req.a, req.b) = (level as u32, name as u32);
+        self.simple(req).map(drop)
+    }
+
+    /// `TCP_NODELAY`: segments leave without waiting for earlier ones to be acknowledged.
+    pub fn set_nodelay(&mut self, s: &Socket, on: bool) -> io::Result<()> {
+        self.set_option(
+            s,
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            &i32::from(on).to_ne_bytes(),
+        )
+    }
+
     /// `shutdown(how)`.
     pub fn shutdown(&mut self, s: &Socket, how: i32) -> io::Result<()> {
         self.simple(Req {

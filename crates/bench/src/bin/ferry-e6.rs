@@ -205,6 +205,7 @@ fn serve(args: &[String]) -> Result<(), String> {
                 .map_err(|e| e.to_string())?;
             cl.connect_to(&s, to)
                 .map_err(|e| format!("connect {to}: {e}"))?;
+            cl.set_nodelay(&s, true).map_err(|e| e.to_string())?;
             cl.send(&s, hello.as_bytes()).map_err(|e| e.to_string())?;
             let len = size.to_string();
             let props = [

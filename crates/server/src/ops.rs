@@ -777,6 +777,7 @@ impl Server {
             return Err(io::Error::from(io::ErrorKind::WouldBlock));
         }
         let spans: Vec<ferry_ring::BufSpan> = lent.iter().map(|(_, sp)| *sp).collect();
+        s.recv_mark = self.waits;
         let res = hostio::recv_spans(
             s.fd.as_fd(),
             &chan.ep.bufs,
@@ -792,6 +793,8 @@ impl Server {
                 }
                 if !would_block(&e) {
                     s.so_error = 0;
+                } else if flags & (libc::MSG_PEEK | libc::MSG_OOB) == 0 {
+                    s.rx_maybe = false;
                 }
                 return Err(e);
             }
@@ -823,6 +826,9 @@ impl Server {
         // stream read means empty without asking the kernel; if data arrived meanwhile,
         // `TokenDrained`'s re-check writes a fresh token.
         let short = s.is_stream() && placed < want;
+        if short && flags & (libc::MSG_PEEK | libc::MSG_OOB) == 0 {
+            s.rx_maybe = false;
+        }
         if s.token_out
             && flags & libc::MSG_PEEK == 0
             && (short || ferry_sys::poll_now(s.fd.as_fd(), libc::POLLIN).unwrap_or(0) == 0)
@@ -862,6 +868,12 @@ impl Server {
 
     /// Writes a readiness token if the shim wants one and the host socket is readable.
     fn maybe_token(&mut self, id: u32) {
+        self.maybe_token_known(id, false);
+    }
+
+    /// [`Server::maybe_token`]; `readable` = the host socket just reported input and
+    /// nothing has received since, so a stream needs no `ppoll` to know.
+    fn maybe_token_known(&mut self, id: u32, readable: bool) {
         let published = self.has_published(id);
         let Some(s) = self.socks.get_mut(&id) else {
             return;
@@ -869,8 +881,19 @@ impl Server {
         if !s.want_token || s.token_out {
             return;
         }
-        let rev = ferry_sys::poll_now(s.fd.as_fd(), libc::POLLIN | libc::POLLRDHUP).unwrap_or(0);
+        let tracked = s.is_stream() && !s.listening && !published;
+        if tracked && !s.rx_maybe {
+            return;
+        }
+        let rev = if tracked && readable {
+            libc::POLLIN
+        } else {
+            ferry_sys::poll_now(s.fd.as_fd(), libc::POLLIN | libc::POLLRDHUP).unwrap_or(0)
+        };
         let readable = rev & (libc::POLLIN | libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0;
+        if tracked && !readable {
+            s.rx_maybe = false;
+        }
         if (readable || published) && ferry_sys::send_nosignal(s.pair.as_fd(), &[1]).is_ok() {
             s.token_out = true;
             s.stats.tokens += 1;
@@ -886,6 +909,19 @@ impl Server {
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
+        let input =
+            libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLRDHUP | libc::EPOLLERR | libc::EPOLLHUP;
+        if events & input as u32 != 0 {
+            s.rx_maybe = true;
+        }
+        // Plain new input that no receive can have taken: none since the wait before the
+        // one that reported it (an edge reported now may be that old), and no parked one
+        // will run before the token check.
+        let fresh_input = events
+            & (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLERR | libc::EPOLLHUP) as u32
+            == libc::EPOLLIN as u32
+            && s.recv_mark + 1 < self.waits
+            && !s.parked.iter().any(|p| matches!(p, Parked::Recv { .. }));
         let out = events & (libc::EPOLLOUT | libc::EPOLLERR | libc::EPOLLHUP) as u32 != 0;
         if s.connecting && out {
             s.connecting = false;
@@ -933,7 +969,7 @@ impl Server {
         self.retry_parked(id);
         self.report_hangup(id, events);
         self.edge_token(id, events);
-        self.maybe_token(id);
+        self.maybe_token_known(id, fresh_input);
         if self.socks.get(&id).is_some_and(|s| s.app_closed) {
             self.dirty.push(id);
         }

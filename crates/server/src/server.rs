@@ -51,6 +51,9 @@ pub struct Server {
     pub(crate) stats: ServerStats,
     /// Sockets whose state changed this turn (closing, tokens).
     pub(crate) dirty: Vec<u32>,
+    /// `epoll_wait` calls returned so far: orders host events against receives (see
+    /// `Sock::recv_mark`).
+    pub(crate) waits: u64,
     /// Sockets with sends queued during this pass of the rings.
     pub(crate) tx_pending: Vec<u32>,
     /// Control connections that have not said Hello yet.
@@ -116,6 +119,7 @@ impl Server {
             published,
             stats,
             dirty: Vec::new(),
+            waits: 0,
             tx_pending: Vec::new(),
             pending_hello: HashMap::new(),
             next_hello: 0,
@@ -301,6 +305,7 @@ impl Server {
             } else {
                 self.epoll.wait(timeout, &mut events)
             };
+            self.waits += 1;
             if let Err(e) = waited {
                 warn!("epoll_wait failed: {e}");
             }
@@ -675,6 +680,8 @@ impl Server {
             want_token: false,
             token_out: false,
             eof_mirrored: false,
+            rx_maybe: true,
+            recv_mark: 0,
             parked: Default::default(),
             txq: Default::default(),
             connecting: false,
@@ -743,6 +750,7 @@ impl Server {
             .add(fd.as_fd(), host_events(), token(T_HOST, id))?;
         s.fd = fd;
         s.place = place;
+        s.rx_maybe = true;
         Ok(())
     }
 

@@ -86,6 +86,14 @@ pub(crate) struct Sock {
     pub token_out: bool,
     /// The remote's EOF has been mirrored onto the pair.
     pub eof_mirrored: bool,
+    /// The host socket may have input (a stream that is not listening): cleared when a
+    /// receive finds its queue empty, set by every input edge of the (edge-triggered)
+    /// host socket. While clear, a token check needs no `ppoll`: any arrival after the
+    /// queue emptied brings a new edge.
+    pub rx_maybe: bool,
+    /// `Server::waits` at the last receive: an input event reported by a later wait
+    /// than the next one cannot be older than that receive.
+    pub recv_mark: u64,
     pub parked: VecDeque<Parked>,
     pub txq: VecDeque<TxItem>,
     /// A non-blocking connect is in progress.

@@ -604,18 +604,12 @@ pub fn allowed_cpus() -> io::Result<Vec<usize>> {
         .collect())
 }
 
-/// The CPU the calling thread runs on now.
+/// The CPU the calling thread runs on now (-1 if unknown). libc's `sched_getcpu` reads
+/// it from the thread's rseq area or the vDSO: no system call (a server asks before
+/// every sleep).
 pub fn current_cpu() -> i32 {
-    let mut cpu: u32 = 0;
-    match syscall!(
-        libc::SYS_getcpu,
-        &mut cpu as *mut u32,
-        std::ptr::null_mut::<u32>(),
-        0
-    ) {
-        Ok(_) => cpu as i32,
-        Err(_) => -1,
-    }
+    // SAFETY: no arguments; returns the CPU or -1.
+    unsafe { libc::sched_getcpu() }
 }
 
 /// Borrows a raw descriptor for the duration of a call.

@@ -368,3 +368,73 @@ fn a_stopped_server_fails_blocked_calls_instead_of_hanging() {
     );
     stopper.join().unwrap();
 }
+
+/// The TTL of the next datagram on `rx` (IP_RECVTTL must be on).
+fn recv_ttl(rx: &std::net::UdpSocket) -> i32 {
+    use std::os::fd::AsRawFd;
+    let mut data = [0u8; 64];
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: data.len(),
+    };
+    let mut cbuf = [0u64; 16];
+    // SAFETY: a zeroed msghdr is valid; the pointers set below outlive the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf);
+    // SAFETY: `msg` points at live buffers.
+    let n = unsafe { libc::recvmsg(rx.as_raw_fd(), &mut msg, 0) };
+    assert!(n > 0, "recvmsg: {}", std::io::Error::last_os_error());
+    // SAFETY: walking the control buffer the kernel filled, with libc's macros.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::IPPROTO_IP && (*c).cmsg_type == libc::IP_TTL {
+                return libc::CMSG_DATA(c).cast::<i32>().read_unaligned();
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    panic!("no IP_TTL control message");
+}
+
+#[test]
+fn set_option_reaches_the_host_socket() {
+    use std::os::fd::AsRawFd;
+    let srv = start("setopt", Policy::default());
+    let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let on: i32 = 1;
+    // SAFETY: a valid socket and a 4-byte option value.
+    let r = unsafe {
+        libc::setsockopt(
+            rx.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_RECVTTL,
+            (&on as *const i32).cast(),
+            4,
+        )
+    };
+    assert_eq!(r, 0);
+    rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut c = Client::connect(&srv.path).unwrap();
+    let s = c.socket(libc::AF_INET, libc::SOCK_DGRAM).unwrap();
+    c.connect_to(&s, rx.local_addr().unwrap()).unwrap();
+    c.send(&s, b"default").unwrap();
+    assert_eq!(recv_ttl(&rx), 64, "loopback keeps the default TTL");
+    c.set_option(&s, libc::IPPROTO_IP, libc::IP_TTL, &7i32.to_ne_bytes())
+        .unwrap();
+    c.send(&s, b"ttl 7").unwrap();
+    assert_eq!(recv_ttl(&rx), 7, "the option reached the host socket");
+
+    // The kernel's refusals come back as they are; a value too big never leaves.
+    let bad = c.set_option(&s, libc::IPPROTO_IP, libc::IP_TTL, &0i32.to_ne_bytes());
+    assert_eq!(bad.unwrap_err().raw_os_error(), Some(libc::EINVAL));
+    let unknown = c.set_option(&s, libc::SOL_SOCKET, 0x7fff, &1i32.to_ne_bytes());
+    assert_eq!(unknown.unwrap_err().raw_os_error(), Some(libc::ENOPROTOOPT));
+    let big = c.set_option(&s, libc::SOL_SOCKET, libc::SO_RCVBUF, &[0u8; 33]);
+    assert_eq!(big.unwrap_err().raw_os_error(), Some(libc::EINVAL));
+    let t = c.socket(libc::AF_INET, libc::SOCK_STREAM).unwrap();
+    c.set_nodelay(&t, true).unwrap();
+}

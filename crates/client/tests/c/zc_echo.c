@@ -1,6 +1,8 @@
 /* Sends a pattern through ferry's native API with zero-copy buffers to an echo server
  * and checks what comes back. Usage: zc_echo IP PORT BYTES */
 #include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/tcp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +21,12 @@ int main(int argc, char **argv) {
     inet_pton(AF_INET, argv[1], &sa.sin_addr);
     int r = ferry_connect(h, s, (struct sockaddr *)&sa, sizeof sa);
     if (s < 0 || r < 0) { fprintf(stderr, "socket/connect: %d %d\n", s, r); return 1; }
+    int one = 1;
+    if (ferry_setsockopt(h, s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0 ||
+        ferry_setsockopt(h, s + 1000, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != -EBADF) {
+        fprintf(stderr, "setsockopt\n");
+        return 1;
+    }
     size_t sent = 0, got = 0;
     while (got < total) {
         if (sent < total) {

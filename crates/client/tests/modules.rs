@@ -139,7 +139,9 @@ fn http_file_serves_header_and_file_to_curl() {
     let srv = start("http");
     let mut c = Client::connect(&srv.path).unwrap();
     let (l, port) = listener(&mut c);
-    for (i, len) in [0usize, 2322, 1 << 20, (3 << 20) + 17]
+    // Up to 4 MiB the server copies the file's bytes (pread + send), above it uses
+    // sendfile (`ModuleConfig::copy_max`): both ways are checked.
+    for (i, len) in [0usize, 2322, 1 << 20, (3 << 20) + 17, (4 << 20) + 5]
         .into_iter()
         .enumerate()
     {
@@ -150,15 +152,17 @@ fn http_file_serves_header_and_file_to_curl() {
     std::thread::sleep(Duration::from_millis(50));
     let st = srv.stop();
     assert_eq!(st.modules_loaded, 1, "compiled once, then bound by hash");
-    assert_eq!(st.modules_started, 4);
+    assert_eq!(st.modules_started, 5);
     assert_eq!(st.modules_failed, 0);
-    let body: u64 = [0u64, 2322, 1 << 20, (3 << 20) + 17].iter().sum();
+    let body: u64 = [0u64, 2322, 1 << 20, (3 << 20) + 17, (4 << 20) + 5]
+        .iter()
+        .sum();
     assert!(
         st.module_bytes_out > body,
         "{} bytes out",
         st.module_bytes_out
     );
-    assert!(st.to_json().contains("\"modules_started\":4"));
+    assert!(st.to_json().contains("\"modules_started\":5"));
     assert_eq!(st.open_at_stop, 0);
 }
 

@@ -743,7 +743,9 @@ fn e6_label(size: u64) -> String {
 }
 
 /// A program in the sandbox serves a file to E6's requester (remote) three ways: its own
-/// 64 KiB read/send loop, `sendfile`, or a module (http_file through the native API).
+/// 64 KiB pread/send loop, `sendfile`, or a module (http_file through the native API, the
+/// file registered with the server once and bound by handle). Each way opens the file
+/// once and sends it from offset 0 per response (see `ferry-e6`).
 /// Natively only the first two exist. Metrics: latency per response (request sent → last
 /// byte in, at the requester), throughput, and for the module the program's bind call
 /// and, per response in the server (means): making the instance (`module_start`), its

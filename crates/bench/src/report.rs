@@ -207,9 +207,11 @@ fn paper(e: Experiment) -> &'static str {
              start p50 ≤ 10 µs (server means per response: `module_start` makes the \
              instance, `module_init` runs init, `module_write` is the data: header + \
              sendfile; `bind_p50`: the program's bind call, queued on the ring without \
-             waiting), module \
+             waiting, naming the file it registered once), module \
              throughput ≥ 0.95× ferry sendfile (`x_sendfile`), and at 2,322 B module latency \
-             below ferry read/write (`x_rw_latency` < 1)."
+             below ferry read/write (`x_rw_latency` < 1). Every way opens its file once \
+             (read/write: `pread` at offset 0, sendfile: with an offset, module: \
+             `register_file`), so none pays an open/close per response."
         }
         Experiment::E7 => {
             "S4 (protocol and NIC servers on a multiprocessor): two processes sending 1024-byte \

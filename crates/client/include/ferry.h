@@ -45,6 +45,25 @@ int ferry_setsockopt(ferry_t *h, int sock, int level, int name, const void *val,
 int ferry_bind_module(ferry_t *h, int sock, const void *module, size_t module_len,
                       const char *const *props, size_t nprops, const int *fds, size_t nfds);
 
+/* Registers a file (regular, open for reading) with the channel's server, once: returns
+ * a handle >= 0 that bindings name instead of passing the descriptor again (the server
+ * keeps its own reference; the caller may close fd). -EINVAL (not a regular file),
+ * -EBADF (not readable), -ENFILE (the channel has 1024 registered). The registration
+ * ends with ferry_unregister_file or ferry_close. */
+int ferry_register_file(ferry_t *h, int fd);
+/* Forgets a registered file; bindings made before still send it. 0 or -EBADF. */
+int ferry_unregister_file(ferry_t *h, int handle);
+
+/* Do not wait for the answer of a binding once its module is loaded (an error comes
+ * back on a later call on the socket). */
+#define FERRY_BIND_NOWAIT 1
+/* ferry_bind_module whose module may also send registered files: its files are fds[0..
+ * nfds), then handles[0..nhandles) (from ferry_register_file; an unknown handle:
+ * -EBADF). flags: 0 or FERRY_BIND_NOWAIT. */
+int ferry_bind_module_ex(ferry_t *h, int sock, const void *module, size_t module_len,
+                         const char *const *props, size_t nprops, const int *fds,
+                         size_t nfds, const int *handles, size_t nhandles, int flags);
+
 /* Zero-copy send: get a free channel buffer (*cap bytes), fill it, commit len bytes of
  * it. The server sends straight from the buffer. Returns NULL when none can be had. */
 void *ferry_send_buf(ferry_t *h, size_t *cap);

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 
-use crate::{Client, Lent, Socket, ZcBuf};
+use crate::{Client, FileRef, Lent, Socket, ZcBuf};
 
 /// One channel and what the C side holds of it.
 #[derive(Debug)]
@@ -168,8 +168,58 @@ pub unsafe extern "C" fn ferry_bind_module(
     fds: *const c_int,
     nfds: usize,
 ) -> c_int {
-    if module.is_null() || (props.is_null() && nprops > 0) || (fds.is_null() && nfds > 0) {
+    // SAFETY: the same contract, with no handles.
+    unsafe {
+        ferry_bind_module_ex(
+            h,
+            sock,
+            module,
+            module_len,
+            props,
+            nprops,
+            fds,
+            nfds,
+            std::ptr::null(),
+            0,
+            0,
+        )
+    }
+}
+
+/// `ferry_bind_module_ex` flag: do not wait for the answer once the module is loaded
+/// (an error comes back on a later call on the socket).
+pub const FERRY_BIND_NOWAIT: c_int = 1;
+
+/// `ferry_bind_module` whose module may also send registered files: its files are the
+/// `nfds` descriptors of `fds`, then the `nhandles` handles of `handles` (from
+/// `ferry_register_file`). `flags`: 0 or `FERRY_BIND_NOWAIT`. Returns 0 or a negated
+/// errno (`-EBADF` for a handle that is not registered).
+///
+/// # Safety
+/// As `ferry_bind_module`; `handles` points at `nhandles` ints (NULL when 0).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_bind_module_ex(
+    h: *mut FerryHandle,
+    sock: c_int,
+    module: *const c_void,
+    module_len: usize,
+    props: *const *const c_char,
+    nprops: usize,
+    fds: *const c_int,
+    nfds: usize,
+    handles: *const c_int,
+    nhandles: usize,
+    flags: c_int,
+) -> c_int {
+    if module.is_null()
+        || (props.is_null() && nprops > 0)
+        || (fds.is_null() && nfds > 0)
+        || (handles.is_null() && nhandles > 0)
+    {
         return -libc::EFAULT;
+    }
+    if flags & !FERRY_BIND_NOWAIT != 0 {
+        return -libc::EINVAL;
     }
     // SAFETY: the caller vouches for `module_len` readable bytes at `module`.
     let module = unsafe { std::slice::from_raw_parts(module.cast::<u8>(), module_len) };
@@ -198,6 +248,19 @@ pub unsafe extern "C" fn ferry_bind_module(
     if raw.iter().any(|&fd| fd < 0) {
         return -libc::EBADF;
     }
+    let handles: &[c_int] = if nhandles == 0 {
+        &[]
+    } else {
+        // SAFETY: the caller vouches for `nhandles` ints at `handles`.
+        unsafe { std::slice::from_raw_parts(handles, nhandles) }
+    };
+    let Ok(refs) = handles
+        .iter()
+        .map(|&r| u32::try_from(r).map(FileRef))
+        .collect::<Result<Vec<_>, _>>()
+    else {
+        return -libc::EBADF;
+    };
     // SAFETY: the descriptors are open and stay open for the call (the caller's
     // contract); they are only borrowed to be sent.
     let files: Vec<std::os::fd::BorrowedFd<'_>> = raw
@@ -208,10 +271,50 @@ pub unsafe extern "C" fn ferry_bind_module(
         let Some(s) = h.sockets.get(&sock) else {
             return -libc::EBADF;
         };
-        match h.client.bind_module(s, module, &pairs, &files) {
+        let r = if flags & FERRY_BIND_NOWAIT != 0 {
+            h.client
+                .bind_module_refs_nowait(s, module, &pairs, &files, &refs)
+        } else {
+            h.client.bind_module_refs(s, module, &pairs, &files, &refs)
+        };
+        match r {
             Ok(()) => 0,
             Err(e) => neg(e),
         }
+    })
+}
+
+/// Registers a file (a regular file open for reading) with the channel's server;
+/// returns its handle (>= 0) for `ferry_bind_module_ex`, or a negated errno. The server
+/// keeps its own reference: the caller may close `fd`.
+///
+/// # Safety
+/// `h` from `ferry_open`; `fd` is open for the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_register_file(h: *mut FerryHandle, fd: c_int) -> c_int {
+    if fd < 0 {
+        return -libc::EBADF;
+    }
+    // SAFETY: the caller keeps `fd` open for the call; it is only borrowed to be sent.
+    let f = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    with(h, |h| match h.client.register_file(f) {
+        Ok(r) => r.0 as c_int,
+        Err(e) => neg(e),
+    })
+}
+
+/// Forgets a registered file (bindings made before keep it). Returns 0 or `-EBADF`.
+///
+/// # Safety
+/// `h` from `ferry_open`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ferry_unregister_file(h: *mut FerryHandle, handle: c_int) -> c_int {
+    let Ok(handle) = u32::try_from(handle) else {
+        return -libc::EBADF;
+    };
+    with(h, |h| match h.client.unregister_file(FileRef(handle)) {
+        Ok(()) => 0,
+        Err(e) => neg(e),
     })
 }
 

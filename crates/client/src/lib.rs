@@ -36,6 +36,11 @@ pub struct Socket {
     pub pair: OwnedFd,
 }
 
+/// A file registered with the channel's server ([`Client::register_file`]): bindings
+/// name it by this handle instead of passing its descriptor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FileRef(pub u32);
+
 /// One channel to a protocol server.
 #[derive(Debug)]
 pub struct Client {
@@ -374,18 +379,7 @@ impl Client {
         props: &[(&str, &str)],
         files: &[std::os::fd::BorrowedFd<'_>],
     ) -> io::Result<()> {
-        let hash = self.hash_of(module);
-        if self.loaded.contains(&hash) {
-            match self.bind_binding(s, ModuleRef::Hash(hash), props, files, true) {
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                    self.loaded.remove(&hash);
-                }
-                r => return r,
-            }
-        }
-        self.bind_binding(s, ModuleRef::Bytes(module), props, files, true)?;
-        self.loaded.insert(hash);
-        Ok(())
+        self.bind_module_refs(s, module, props, files, &[])
     }
 
     /// Like [`Client::bind_module`], but does not wait for the server's answer when the
@@ -399,11 +393,83 @@ impl Client {
         props: &[(&str, &str)],
         files: &[std::os::fd::BorrowedFd<'_>],
     ) -> io::Result<()> {
+        self.bind_module_refs_nowait(s, module, props, files, &[])
+    }
+
+    /// [`Client::bind_module`] whose module may also send registered files
+    /// ([`Client::register_file`]): its files are `files` (indices `0..files.len()`),
+    /// then `registered` in order. A handle that is not registered fails the binding
+    /// with `EBADF`.
+    pub fn bind_module_refs(
+        &mut self,
+        s: &Socket,
+        module: &[u8],
+        props: &[(&str, &str)],
+        files: &[std::os::fd::BorrowedFd<'_>],
+        registered: &[FileRef],
+    ) -> io::Result<()> {
         let hash = self.hash_of(module);
         if self.loaded.contains(&hash) {
-            return self.bind_binding(s, ModuleRef::Hash(hash), props, files, false);
+            match self.bind_binding(s, ModuleRef::Hash(hash), props, files, registered, true) {
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                    self.loaded.remove(&hash);
+                }
+                r => return r,
+            }
         }
-        self.bind_module(s, module, props, files)
+        self.bind_binding(s, ModuleRef::Bytes(module), props, files, registered, true)?;
+        self.loaded.insert(hash);
+        Ok(())
+    }
+
+    /// [`Client::bind_module_nowait`] with registered files (see
+    /// [`Client::bind_module_refs`]). With only registered files, a binding of a module
+    /// bound before is one ring record: no descriptor travels.
+    pub fn bind_module_refs_nowait(
+        &mut self,
+        s: &Socket,
+        module: &[u8],
+        props: &[(&str, &str)],
+        files: &[std::os::fd::BorrowedFd<'_>],
+        registered: &[FileRef],
+    ) -> io::Result<()> {
+        let hash = self.hash_of(module);
+        if self.loaded.contains(&hash) {
+            return self.bind_binding(s, ModuleRef::Hash(hash), props, files, registered, false);
+        }
+        self.bind_module_refs(s, module, props, files, registered)
+    }
+
+    /// Registers a file with this channel's server (like io_uring's registered files):
+    /// the descriptor travels and is checked once (a regular file open for reading), and
+    /// later bindings name it by the returned handle ([`Client::bind_module_refs`]), so
+    /// that a binding needs no descriptor passing. The server keeps its own reference
+    /// (the caller may close `fd`) until [`Client::unregister_file`] or the channel
+    /// closes. Errors: `EINVAL` (not a regular file), `EBADF` (not open for reading),
+    /// `ENFILE` (the channel has `MAX_REGISTERED_FILES` registered).
+    pub fn register_file(&mut self, fd: std::os::fd::BorrowedFd<'_>) -> io::Result<FileRef> {
+        let r = self.ctl_packet(
+            bytemuck::bytes_of(&Ctl::new(CtlKind::RegisterFile, 0)),
+            &[fd],
+        )?;
+        if r.result < 0 {
+            return Err(err(r.result));
+        }
+        Ok(FileRef(r.result as u32))
+    }
+
+    /// Forgets a registered file. Bindings sent before (even without waiting) still see
+    /// it, and a module already running keeps sending it; a later binding naming it fails
+    /// with `EBADF`, and the handle may be given to the next registered file. Errors:
+    /// `EBADF` (not registered).
+    pub fn unregister_file(&mut self, f: FileRef) -> io::Result<()> {
+        let mut msg = Ctl::new(CtlKind::UnregisterFile, 0);
+        msg.a = i32::try_from(f.0).map_err(|_| err(-libc::EBADF))?;
+        let r = self.ctl_packet(bytemuck::bytes_of(&msg), &[])?;
+        if r.result < 0 {
+            return Err(err(r.result));
+        }
+        Ok(())
     }
 
     fn bind_binding(
@@ -412,14 +478,17 @@ impl Client {
         module: ModuleRef<'_>,
         props: &[(&str, &str)],
         files: &[std::os::fd::BorrowedFd<'_>],
+        registered: &[FileRef],
         wait: bool,
     ) -> io::Result<()> {
-        if files.len() > ferry_proto::MAX_FILES {
+        if files.len() > ferry_proto::MAX_FILES || registered.len() > ferry_proto::MAX_FILE_HANDLES
+        {
             return Err(err(-libc::EINVAL));
         }
         let blob = Binding {
             module,
             props: props.to_vec(),
+            handles: registered.iter().map(|f| f.0).collect(),
         }
         .encode();
         if blob.len() <= self.ep.bufs.buf_size() {

@@ -91,6 +91,7 @@ fn c_program_echoes_through_zero_copy_buffers() {
 
 #[test]
 fn c_program_binds_http_file_and_a_failing_module() {
+    // Also: a file registered once and bound by handle (`ferry_bind_module_ex`).
     let Some(out) = compile_c("bind_module") else {
         return;
     };
@@ -116,7 +117,7 @@ fn c_program_binds_http_file_and_a_failing_module() {
     let port = l.local_addr().unwrap().port();
     let peer = std::thread::spawn(move || {
         let mut got = Vec::new();
-        for _ in 0..2 {
+        for _ in 0..3 {
             let (mut c, _) = l.accept().unwrap();
             let mut all = Vec::new();
             let _ = c.read_to_end(&mut all);
@@ -159,5 +160,8 @@ fn c_program_binds_http_file_and_a_failing_module() {
         String::from_utf8_lossy(&got[1][..80.min(got[1].len())])
     );
     assert!(got[1][head.len()..] == body[..], "body differs");
-    assert_eq!((stats.modules_started, stats.modules_failed), (1, 1));
+    let mut by_handle = head.into_bytes();
+    by_handle.extend_from_slice(&body);
+    assert!(got[2] == by_handle, "response by registered handle differs");
+    assert_eq!((stats.modules_started, stats.modules_failed), (2, 1));
 }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ferry_client::{Client, Socket};
+use ferry_client::{Client, FileRef, Socket};
 use ferry_proto::{Binding, Ctl, CtlKind, ModuleRef};
 mod common;
 use common::Running;
@@ -139,7 +139,9 @@ fn http_file_serves_header_and_file_to_curl() {
     let srv = start("http");
     let mut c = Client::connect(&srv.path).unwrap();
     let (l, port) = listener(&mut c);
-    for (i, len) in [0usize, 2322, 1 << 20, (3 << 20) + 17]
+    // Up to 4 MiB the server copies the file's bytes (pread + send), above it uses
+    // sendfile (`ModuleConfig::copy_max`): both ways are checked.
+    for (i, len) in [0usize, 2322, 1 << 20, (3 << 20) + 17, (4 << 20) + 5]
         .into_iter()
         .enumerate()
     {
@@ -150,15 +152,17 @@ fn http_file_serves_header_and_file_to_curl() {
     std::thread::sleep(Duration::from_millis(50));
     let st = srv.stop();
     assert_eq!(st.modules_loaded, 1, "compiled once, then bound by hash");
-    assert_eq!(st.modules_started, 4);
+    assert_eq!(st.modules_started, 5);
     assert_eq!(st.modules_failed, 0);
-    let body: u64 = [0u64, 2322, 1 << 20, (3 << 20) + 17].iter().sum();
+    let body: u64 = [0u64, 2322, 1 << 20, (3 << 20) + 17, (4 << 20) + 5]
+        .iter()
+        .sum();
     assert!(
         st.module_bytes_out > body,
         "{} bytes out",
         st.module_bytes_out
     );
-    assert!(st.to_json().contains("\"modules_started\":4"));
+    assert!(st.to_json().contains("\"modules_started\":5"));
     assert_eq!(st.open_at_stop, 0);
 }
 
@@ -307,6 +311,7 @@ fn hostile_bindings_get_an_errno_and_the_server_carries_on() {
     let good = Binding {
         module: ModuleRef::Bytes(HTTP_FILE),
         props: vec![("content-length", "0")],
+        handles: vec![],
     }
     .encode();
     let msg = |a: usize, b: i32, c: i32, sock: u32| Ctl {
@@ -319,6 +324,7 @@ fn hostile_bindings_get_an_errno_and_the_server_carries_on() {
     let unknown_hash = Binding {
         module: ModuleRef::Hash([7; 32]),
         props: vec![],
+        handles: vec![],
     }
     .encode();
     let wasi = br#"(module (import "wasi_snapshot_preview1" "fd_write" (func (param i32 i32 i32 i32) (result i32)))
@@ -327,6 +333,7 @@ fn hostile_bindings_get_an_errno_and_the_server_carries_on() {
     let wasi = Binding {
         module: ModuleRef::Bytes(wasi),
         props: vec![],
+        handles: vec![],
     }
     .encode();
     let mut garbage = good.clone();
@@ -409,6 +416,56 @@ fn hostile_bindings_get_an_errno_and_the_server_carries_on() {
         let r = c.ctl_raw(&p, &fds).unwrap();
         assert_eq!(r.result, -want, "{what}");
     }
+    // Registering files: exactly one descriptor, a regular file open for reading.
+    let reg = |a: i32| {
+        bytemuck::bytes_of(&Ctl {
+            a,
+            ..Ctl::new(CtlKind::RegisterFile, 0)
+        })
+        .to_vec()
+    };
+    let unreg = |a: i32| {
+        bytemuck::bytes_of(&Ctl {
+            a,
+            ..Ctl::new(CtlKind::UnregisterFile, 0)
+        })
+        .to_vec()
+    };
+    let path_only = rustix::fs::open(
+        "/proc/self/exe",
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .unwrap();
+    let exe = std::fs::File::open("/proc/self/exe").unwrap();
+    let reg_cases: Vec<(&str, Vec<u8>, Vec<std::os::fd::BorrowedFd<'_>>, i32)> = vec![
+        ("register nothing", reg(0), vec![], libc::EINVAL),
+        (
+            "register two",
+            reg(0),
+            vec![exe.as_fd(), exe.as_fd()],
+            libc::EINVAL,
+        ),
+        ("register a socket", reg(0), vec![pr.as_fd()], libc::EINVAL),
+        (
+            "register O_PATH",
+            reg(0),
+            vec![path_only.as_fd()],
+            libc::EBADF,
+        ),
+        ("unregister unknown", unreg(5), vec![], libc::EBADF),
+        ("unregister negative", unreg(-1), vec![], libc::EBADF),
+        (
+            "unregister with a file",
+            unreg(0),
+            vec![exe.as_fd()],
+            libc::EINVAL,
+        ),
+    ];
+    for (what, p, fds, want) in reg_cases {
+        let r = c.ctl_raw(&p, &fds).unwrap();
+        assert_eq!(r.result, -want, "{what}");
+    }
     // The same channel binds a good module on the same socket afterwards; a second
     // binding while it runs is refused.
     c.bind_module(&s, GZIP, &[("http", "1")], &[]).unwrap();
@@ -439,6 +496,7 @@ fn hostile_bindings_get_an_errno_and_the_server_carries_on() {
     let st = srv.stop();
     assert_eq!(st.bad_channels, 0);
     assert!(st.module_refused >= 12);
+    assert_eq!(st.open_at_stop, 0);
     for p in [head, body] {
         let _ = std::fs::remove_file(p);
     }
@@ -589,4 +647,174 @@ fn a_bad_binding_record_closes_only_its_channel() {
     let st = srv.stop();
     assert_eq!(st.bad_channels, 2);
     let _ = std::fs::remove_file(file);
+}
+
+/// Descriptors of this process (the test's server runs in it) open on `path`.
+fn open_on(path: &Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l == path))
+        .count()
+}
+
+/// Waits (up to 5 s) until `open_on(path)` is `n`.
+fn wait_open_on(path: &Path, n: usize) {
+    let t = Instant::now();
+    while open_on(path) != n {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{} descriptors on {}, want {n}",
+            open_on(path),
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A kernel peer that reads everything each of `n` connections sends.
+fn reading_peer(n: usize) -> (std::net::SocketAddr, std::thread::JoinHandle<Vec<Vec<u8>>>) {
+    use std::io::Read;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = std::thread::spawn(move || {
+        (0..n)
+            .map(|_| {
+                let (mut k, _) = l.accept().unwrap();
+                let mut all = Vec::new();
+                k.read_to_end(&mut all).unwrap();
+                all
+            })
+            .collect()
+    });
+    (addr, t)
+}
+
+#[test]
+fn registered_files_are_bound_by_handle() {
+    let srv = start("registered");
+    let body = pattern(2322);
+    let file = tmp("reg-file");
+    std::fs::write(&file, &body).unwrap();
+    let other = tmp("reg-other");
+    std::fs::write(&other, pattern(1 << 20)).unwrap();
+    let (addr, peer) = reading_peer(2);
+    let mut c = Client::connect(&srv.path).unwrap();
+
+    // Registered once; our own descriptor is closed at once (the server keeps its own).
+    let reg = {
+        let f = std::fs::File::open(&file).unwrap();
+        c.register_file(f.as_fd()).unwrap()
+    };
+    assert_eq!(open_on(&file), 1, "the server holds one descriptor");
+    let big = c
+        .register_file(std::fs::File::open(&other).unwrap().as_fd())
+        .unwrap();
+    assert_ne!(reg, big);
+
+    // Not files a module may send.
+    let (pr, _pw) = ferry_sys::socketpair(libc::AF_UNIX, libc::SOCK_STREAM).unwrap();
+    let e = c.register_file(pr.as_fd()).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "a socket");
+    let wr = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    let e = c.register_file(wr.as_fd()).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EBADF), "write-only");
+    drop(wr);
+
+    let s = c.socket(libc::AF_INET, libc::SOCK_STREAM).unwrap();
+    c.connect_to(&s, addr).unwrap();
+    let len = body.len().to_string();
+    let props = [("content-length", len.as_str())];
+    // Three responses by handle on one connection, the later ones without waiting.
+    c.bind_module_refs(&s, HTTP_FILE, &props, &[], &[reg])
+        .unwrap();
+    // Unknown handles: the binding fails with EBADF, waiting or not.
+    let e = c
+        .bind_module_refs(&s, HTTP_FILE, &props, &[], &[FileRef(77)])
+        .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EBADF));
+    c.bind_module_refs_nowait(&s, HTTP_FILE, &props, &[], &[reg, FileRef(u32::MAX)])
+        .unwrap();
+    c.local_addr(&s).unwrap(); // a round trip: the binding was handled
+    assert_eq!(c.async_errors, [(s.id, -libc::EBADF)]);
+    c.async_errors.clear();
+    for _ in 0..2 {
+        c.bind_module_refs_nowait(&s, HTTP_FILE, &props, &[], &[reg])
+            .unwrap();
+    }
+    // Passed files come first: file 0 is the passed one, file 1 the registered one
+    // (http_file sends file 0, so this one sends `other`'s first 2,322 bytes).
+    let passed = std::fs::File::open(&other).unwrap();
+    c.bind_module_refs_nowait(&s, HTTP_FILE, &props, &[passed.as_fd()], &[reg])
+        .unwrap();
+    drop(passed);
+    // Unregistered: a binding queued before still has it, a later one fails.
+    c.bind_module_refs_nowait(&s, HTTP_FILE, &props, &[], &[reg])
+        .unwrap();
+    c.unregister_file(reg).unwrap();
+    let e = c.unregister_file(reg).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EBADF));
+    let e = c
+        .bind_module_refs(&s, HTTP_FILE, &props, &[], &[reg])
+        .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EBADF));
+    c.send(&s, b"tail").unwrap();
+    drop(s);
+
+    let head = format!(
+        "HTTP/1.1 200 OK\r\nContent-Length: {len}\r\nContent-Type: application/octet-stream\r\n\r\n"
+    );
+    let mut want = Vec::new();
+    for i in 0..5 {
+        want.extend_from_slice(head.as_bytes());
+        if i == 3 {
+            want.extend_from_slice(&pattern(1 << 20)[..body.len()]);
+        } else {
+            want.extend_from_slice(&body);
+        }
+    }
+    want.extend_from_slice(b"tail");
+    // The unregistered file is closed once no instance needs it any more.
+    wait_open_on(&file, 0);
+
+    // A second connection: the big file by handle, with a 1 MiB body.
+    let s = c.socket(libc::AF_INET, libc::SOCK_STREAM).unwrap();
+    c.connect_to(&s, addr).unwrap();
+    let big_len = (1u32 << 20).to_string();
+    c.bind_module_refs(&s, HTTP_FILE, &[("content-length", &big_len)], &[], &[big])
+        .unwrap();
+    drop(s);
+    let got = peer.join().unwrap();
+    assert_eq!(got[0].len(), want.len());
+    assert!(got[0] == want, "responses by handle differ");
+    assert!(got[1].ends_with(&pattern(1 << 20)), "1 MiB body by handle");
+    assert!(c.async_errors.is_empty(), "{:?}", c.async_errors);
+
+    // The table is bounded; closing the channel closes every registered file.
+    let limit = ferry_proto::MAX_REGISTERED_FILES;
+    let f = std::fs::File::open(&file).unwrap();
+    let mut handles = std::collections::HashSet::new();
+    while handles.len() < limit - 1 {
+        let h = c.register_file(f.as_fd()).unwrap();
+        assert!((h.0 as usize) < limit);
+        assert!(handles.insert(h), "handle {h:?} given twice");
+    }
+    let e = c.register_file(f.as_fd()).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENFILE));
+    // A freed handle is given again.
+    let h = *handles.iter().next().unwrap();
+    c.unregister_file(h).unwrap();
+    assert_eq!(c.register_file(f.as_fd()).unwrap(), h);
+    drop(f);
+    assert_eq!(open_on(&file), limit - 1);
+    drop(c);
+    wait_open_on(&file, 0);
+    wait_open_on(&other, 0);
+    let st = srv.stop();
+    assert_eq!(st.modules_failed, 0);
+    assert_eq!(st.modules_started, 6);
+    assert_eq!(st.bad_channels, 0);
+    for p in [file, other] {
+        let _ = std::fs::remove_file(p);
+    }
 }

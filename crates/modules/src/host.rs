@@ -255,12 +255,24 @@ impl ModuleHost {
         props: &[(K, V)],
         files: Vec<OwnedFd>,
     ) -> Result<(Instance, Vec<Action>), Error> {
+        self.start_shared(id, props, files.into_iter().map(Arc::new).collect())
+    }
+
+    /// [`ModuleHost::start`] with files shared with their owner (e.g. a server's table
+    /// of registered files): the instance keeps a reference to each, nothing is
+    /// duplicated, and a file stays open while an instance or an action refers to it.
+    pub fn start_shared<K: AsRef<str>, V: AsRef<str>>(
+        &self,
+        id: ModuleId,
+        props: &[(K, V)],
+        files: Vec<Arc<OwnedFd>>,
+    ) -> Result<(Instance, Vec<Action>), Error> {
         let t0 = std::time::Instant::now();
         let mut inst = match self.take_spare(id) {
             Some(i) => i,
             None => self.build(id)?,
         };
-        inst.set_inputs(props, files)?;
+        inst.set_shared_inputs(props, files)?;
         let t1 = std::time::Instant::now();
         let actions = inst.init()?;
         inst.timing = (t1 - t0, t1.elapsed());

@@ -510,6 +510,16 @@ impl Instance {
         props: &[(K, V)],
         files: Vec<OwnedFd>,
     ) -> Result<(), Error> {
+        self.set_shared_inputs(props, files.into_iter().map(Arc::new).collect())
+    }
+
+    /// [`Instance::set_inputs`] with files shared with their owner (a server's table of
+    /// registered files): the instance holds a reference, no descriptor is duplicated.
+    pub fn set_shared_inputs<K: AsRef<str>, V: AsRef<str>>(
+        &mut self,
+        props: &[(K, V)],
+        files: Vec<Arc<OwnedFd>>,
+    ) -> Result<(), Error> {
         if self.phase != Phase::New {
             return Err(self.not_usable());
         }
@@ -520,8 +530,7 @@ impl Instance {
                 .iter()
                 .map(|(k, v)| (k.as_ref().into(), v.as_ref().into())),
         );
-        st.files.clear();
-        st.files.extend(files.into_iter().map(Arc::new));
+        st.files = files;
         Ok(())
     }
 

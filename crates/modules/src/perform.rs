@@ -44,6 +44,10 @@ impl Action {
     }
 }
 
+/// Bytes of a file range read (`pread`) and written per step when the range is copied
+/// rather than sent with `sendfile` (see [`Outbox::set_copy_max`]).
+pub const COPY_CHUNK: usize = 256 * 1024;
+
 /// Actions waiting to go out on one socket, and how far the first one has got. Feed it
 /// what [`crate::Instance`] returns; call [`Outbox::advance`] when the socket is
 /// writable.
@@ -54,6 +58,13 @@ pub struct Outbox {
     done: u64,
     /// The fd turned out not to be a socket: use write(2), not send(2) with MSG_MORE.
     not_socket: bool,
+    /// File ranges of at most this many bytes are copied, not sent with `sendfile`.
+    copy_max: u64,
+    /// A copied range's bytes read but not written yet: `stage[at..end]`, which starts
+    /// at the front action's `offset + done`. Freed when the range is done.
+    stage: Vec<u8>,
+    at: usize,
+    end: usize,
 }
 
 fn retry_intr<T>(mut f: impl FnMut() -> Result<T, Errno>) -> Result<T, Errno> {
@@ -66,9 +77,19 @@ fn retry_intr<T>(mut f: impl FnMut() -> Result<T, Errno>) -> Result<T, Errno> {
 }
 
 impl Outbox {
-    /// An empty outbox.
+    /// An empty outbox. File ranges go out with `sendfile`.
     pub fn new() -> Outbox {
         Outbox::default()
+    }
+
+    /// File ranges (`EmitFile`) of at most `bytes` go out by copy — `pread` into a
+    /// buffer of the outbox ([`COPY_CHUNK`] at a time, freed when the range is done),
+    /// then `send` — instead of `sendfile`; 0 (the default): always `sendfile`. Copying
+    /// costs the writer a copy per byte, `sendfile` costs page references per 4 KiB
+    /// page for the sender and the receiver (on a veth pair, the same CPU often does
+    /// both): which is cheaper depends on the size and the path (see docs/MODULES.md).
+    pub fn set_copy_max(&mut self, bytes: u64) {
+        self.copy_max = bytes;
     }
 
     /// Queues actions after those already queued.
@@ -89,8 +110,10 @@ impl Outbox {
 
     /// Writes as much as the socket takes now: `Emit` with `send(MSG_MORE)` when more
     /// follows (so a header and a small file leave in one segment), `EmitFile` with
-    /// `sendfile`. Returns the bytes written; stops early (without an error) when the
-    /// socket would block — check [`Outbox::is_empty`].
+    /// `sendfile` (or copied, see [`Outbox::set_copy_max`]). Returns the bytes written;
+    /// stops early (without an error) when the socket would block — check
+    /// [`Outbox::is_empty`]. A file shorter than its range is an
+    /// [`io::ErrorKind::UnexpectedEof`] error.
     pub fn advance(&mut self, sock: BorrowedFd<'_>) -> io::Result<u64> {
         let mut total = 0u64;
         while let Some(front) = self.queue.front() {
@@ -117,6 +140,49 @@ impl Outbox {
                         }
                     }
                 }
+                Action::EmitFile { file, offset, len } if *len <= self.copy_max => {
+                    if self.at == self.end {
+                        // Stage the next piece of the range.
+                        let n = usize::try_from(len - self.done)
+                            .unwrap_or(usize::MAX)
+                            .min(COPY_CHUNK);
+                        if self.stage.len() < n {
+                            self.stage.resize(n, 0);
+                        }
+                        let pos = offset + self.done;
+                        match retry_intr(|| rustix::io::pread(file, &mut self.stage[..n], pos)) {
+                            Ok(0) => {
+                                return Err(io::Error::new(
+                                    io::ErrorKind::UnexpectedEof,
+                                    "file is shorter than the range a module emitted",
+                                ));
+                            }
+                            Ok(k) => (self.at, self.end) = (0, k),
+                            Err(e) => return Err(e.into()),
+                        }
+                    }
+                    let rest = &self.stage[self.at..self.end];
+                    let more_here = self.done + (rest.len() as u64) < *len;
+                    if self.not_socket {
+                        retry_intr(|| rustix::io::write(sock, rest))
+                    } else {
+                        let flags = if more || more_here {
+                            SendFlags::MORE
+                        } else {
+                            SendFlags::empty()
+                        };
+                        match retry_intr(|| {
+                            rustix::net::send(sock, rest, flags | SendFlags::NOSIGNAL)
+                        }) {
+                            Err(Errno::NOTSOCK) => {
+                                self.not_socket = true;
+                                continue;
+                            }
+                            r => r,
+                        }
+                    }
+                    .inspect(|&k| self.at += k)
+                }
                 Action::EmitFile { file, offset, len } => {
                     let mut off = offset + self.done;
                     let count = usize::try_from(len - self.done).unwrap_or(usize::MAX);
@@ -138,6 +204,11 @@ impl Outbox {
                     if self.done == front_len(&self.queue) {
                         self.queue.pop_front();
                         self.done = 0;
+                        if !self.stage.is_empty() {
+                            // A copied range is done: its buffer goes.
+                            self.stage = Vec::new();
+                            (self.at, self.end) = (0, 0);
+                        }
                     }
                 }
                 Err(Errno::AGAIN) => break,

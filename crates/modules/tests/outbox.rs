@@ -13,7 +13,14 @@ use ferry_modules::{Action, Outbox, perform};
 
 #[test]
 fn outbox_resumes_on_a_nonblocking_socket() {
-    let dir = tmpdir("outbox");
+    // sendfile only; both ranges copied; the small range copied, the big one sendfile'd.
+    for copy_max in [0, u64::MAX, 2000] {
+        resumes_on_a_nonblocking_socket(copy_max);
+    }
+}
+
+fn resumes_on_a_nonblocking_socket(copy_max: u64) {
+    let dir = tmpdir(&format!("outbox-{copy_max}"));
     let path = dir.join("big");
     let data = random_bytes(3 << 20, 77);
     std::fs::write(&path, &data).expect("write");
@@ -34,6 +41,7 @@ fn outbox_resumes_on_a_nonblocking_socket() {
     want.extend_from_slice(b":tail");
 
     let mut out = Outbox::new();
+    out.set_copy_max(copy_max);
     out.push([
         Action::Emit(b"head:".to_vec()),
         Action::EmitFile {
@@ -72,8 +80,11 @@ fn outbox_resumes_on_a_nonblocking_socket() {
         stalls > 0,
         "a 3 MiB write should fill the socket at least once"
     );
-    assert_eq!(got.len(), want.len());
-    assert!(got == want, "bytes out of order or wrong");
+    assert_eq!(got.len(), want.len(), "copy_max {copy_max}");
+    assert!(
+        got == want,
+        "bytes out of order or wrong (copy_max {copy_max})"
+    );
 }
 
 #[test]
@@ -96,4 +107,47 @@ fn perform_reports_a_file_shorter_than_its_range() {
     )
     .unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+    // The same when the range is copied: the bytes that exist go out, then the error.
+    let mut out = Outbox::new();
+    out.set_copy_max(u64::MAX);
+    out.push([Action::EmitFile {
+        file: Arc::new(std::fs::File::open(&path).expect("open").into()),
+        offset: 0,
+        len: 10,
+    }]);
+    let e = out.advance(server.as_fd()).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+    assert_eq!(out.pending_bytes(), 7, "the 3 bytes of the file went out");
+}
+
+#[test]
+fn copied_ranges_go_to_a_pipe_too() {
+    // Not a socket: the copied bytes go out with write(2), as Emit's do.
+    let dir = tmpdir("outbox-pipe");
+    let path = dir.join("f");
+    let data = random_bytes(300_000, 5);
+    std::fs::write(&path, &data).expect("write");
+    let (mut r, w) = std::io::pipe().expect("pipe");
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        r.read_to_end(&mut all).expect("read");
+        all
+    });
+    let mut out = Outbox::new();
+    out.set_copy_max(u64::MAX);
+    out.push([
+        Action::Emit(b"h".to_vec()),
+        Action::EmitFile {
+            file: Arc::new(std::fs::File::open(&path).expect("open").into()),
+            offset: 1,
+            len: data.len() as u64 - 1,
+        },
+    ]);
+    while !out.is_empty() {
+        out.advance(w.as_fd()).expect("advance");
+    }
+    drop(w);
+    let got = reader.join().expect("reader");
+    assert_eq!(got.len(), data.len());
+    assert!(got[0] == b'h' && got[1..] == data[1..]);
 }

@@ -2,12 +2,13 @@
 //! rings. One fixed-size message per packet (a `BindModule` is followed in its packet by
 //! its binding); file descriptors ride along with `SCM_RIGHTS` (the region and doorbell
 //! with [`HelloReply`], a readiness socket with `Socket` and `Accept`, a module's files
-//! with `BindModule`).
+//! with `BindModule` and `Files`, a file to register with `RegisterFile`).
 
 use bytemuck::{Pod, Zeroable};
 
-/// Version of the shim ↔ server protocol; both sides must agree (3: `Op::WantRoom`).
-pub const PROTO_VERSION: u32 = 3;
+/// Version of the shim ↔ server protocol; both sides must agree (3: `Op::WantRoom`;
+/// 4: registered files, and the binding layout `FMB2` that names them).
+pub const PROTO_VERSION: u32 = 4;
 
 /// Low bits of a socket id that name the protocol server serving the socket (S4: a
 /// socket is assigned to one server at creation and every later call goes there).
@@ -47,6 +48,17 @@ pub enum CtlKind {
     /// Program → server: the files of the next [`crate::Op::BindModule`] record of this
     /// channel (descriptors only; no reply).
     Files = 5,
+    /// Program → server: register the one file that rides along (a regular file open
+    /// for reading) with this channel, so that bindings can name it by handle instead of
+    /// passing its descriptor each time. Answered with `Reply` (`result` = the handle,
+    /// `0..MAX_REGISTERED_FILES`, or a negated errno: `EINVAL` not a regular file,
+    /// `EBADF` not readable, `ENFILE` the channel's table is full). The registration
+    /// lasts until [`CtlKind::UnregisterFile`] or the channel closes.
+    RegisterFile = 6,
+    /// Program → server: forget registered file `a` (no descriptor). Bindings queued on
+    /// the ring before this message still see it; an instance already started keeps its
+    /// file open. Answered with `Reply` (`result` 0, or `-EBADF` for an unknown handle).
+    UnregisterFile = 7,
 }
 
 /// A control message.
@@ -91,6 +103,8 @@ impl Ctl {
             3 => Some(CtlKind::Reply),
             4 => Some(CtlKind::BindModule),
             5 => Some(CtlKind::Files),
+            6 => Some(CtlKind::RegisterFile),
+            7 => Some(CtlKind::UnregisterFile),
             _ => None,
         }
     }

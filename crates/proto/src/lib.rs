@@ -33,9 +33,9 @@ pub use ctl::{
     server_of,
 };
 pub use module::{
-    BINDING_MAGIC, Binding, BindingError, CTL_BLOB_FD, MAX_BINDING_BYTES, MAX_FILES,
-    MAX_INLINE_BINDING, MAX_KEY_BYTES, MAX_MODULE_BYTES, MAX_PROPS, MAX_VALUE_BYTES, ModuleRef,
-    module_hash,
+    BINDING_MAGIC, Binding, BindingError, CTL_BLOB_FD, MAX_BINDING_BYTES, MAX_FILE_HANDLES,
+    MAX_FILES, MAX_INLINE_BINDING, MAX_KEY_BYTES, MAX_MODULE_BYTES, MAX_PROPS,
+    MAX_REGISTERED_FILES, MAX_VALUE_BYTES, ModuleRef, module_hash,
 };
 
 use bytemuck::{Pod, Zeroable};

@@ -1,27 +1,37 @@
 //! Binding a data-path module to a socket ([`CtlKind::BindModule`]): the *binding*, a
-//! byte string that travels after the [`Ctl`] header in the same control packet (or, when
-//! large, in a memfd that rides along first), says which module (its bytes, or the
-//! SHA-256 of a module the server already loaded) and with which properties. The files
-//! the module may send ride along with `SCM_RIGHTS`.
+//! byte string that travels on the ring in a channel buffer (`Op::BindModule`), or after
+//! the [`Ctl`] header in the same control packet (or, when large, in a memfd that rides
+//! along first), says which module (its bytes, or the SHA-256 of a module the server
+//! already loaded), with which properties, and which of the channel's *registered files*
+//! ([`CtlKind::RegisterFile`]) it may send. The files passed with the binding itself
+//! ride along with `SCM_RIGHTS`.
 //!
 //! Layout (all integers little-endian `u32`):
 //!
 //! ```text
-//! magic "FMB1" | kind (0 bytes, 1 hash) | module_len | prop_count
+//! magic "FMB2" | kind (0 bytes, 1 hash) | module_len | prop_count | handle_count
 //! module bytes (kind 0) or 32-byte SHA-256 (kind 1)
 //! prop_count × ( key_len | value_len | key | value )
+//! handle_count × handle
 //! ```
 //!
+//! The module's files, by index (its `emit_file`): first the descriptors passed with the
+//! binding, in the order sent (`0..nfds`), then the registered files named by the
+//! handles, in the order listed (`nfds..nfds + handle_count`). A handle may be listed
+//! more than once.
+//!
 //! [`Binding::decode`] checks every length against the bytes present and the limits
-//! below; the server acts only on a decoded binding.
+//! below; the server acts only on a decoded binding. Whether a handle is registered is
+//! the server's to check (an unknown one fails the binding with `EBADF`).
 //!
 //! [`CtlKind::BindModule`]: crate::CtlKind::BindModule
+//! [`CtlKind::RegisterFile`]: crate::CtlKind::RegisterFile
 //! [`Ctl`]: crate::Ctl
 
 use sha2::{Digest, Sha256};
 
 /// First four bytes of a binding.
-pub const BINDING_MAGIC: [u8; 4] = *b"FMB1";
+pub const BINDING_MAGIC: [u8; 4] = *b"FMB2";
 /// Largest module accepted (bytes of wasm or wat).
 pub const MAX_MODULE_BYTES: usize = 16 << 20;
 /// Most properties one binding carries.
@@ -30,8 +40,12 @@ pub const MAX_PROPS: usize = 256;
 pub const MAX_KEY_BYTES: usize = 256;
 /// Longest property value.
 pub const MAX_VALUE_BYTES: usize = 64 * 1024;
-/// Most files one binding hands to the module.
+/// Most files one binding passes with `SCM_RIGHTS`.
 pub const MAX_FILES: usize = 16;
+/// Most registered-file handles one binding names.
+pub const MAX_FILE_HANDLES: usize = 16;
+/// Most files one channel may have registered at once (handles are below this).
+pub const MAX_REGISTERED_FILES: usize = 1024;
 /// Largest binding sent inline in the control packet; larger ones travel in a memfd
 /// ([`CTL_BLOB_FD`]).
 pub const MAX_INLINE_BINDING: usize = 60 * 1024;
@@ -57,6 +71,9 @@ pub struct Binding<'a> {
     pub module: ModuleRef<'a>,
     /// Its properties, in order (UTF-8 keys and values).
     pub props: Vec<(&'a str, &'a str)>,
+    /// Registered files of the channel the module may send too (after the files passed
+    /// with the binding), by handle.
+    pub handles: Vec<u32>,
 }
 
 /// Why a binding was refused.
@@ -84,8 +101,11 @@ pub enum BindingError {
     /// A key or value that is not UTF-8.
     #[error("property {0}: not UTF-8")]
     Utf8(usize),
-    /// Bytes after the last property.
-    #[error("{0} bytes after the last property")]
+    /// More than [`MAX_FILE_HANDLES`] registered-file handles.
+    #[error("{0} file handles (at most {MAX_FILE_HANDLES})")]
+    TooManyHandles(usize),
+    /// Bytes after the last handle.
+    #[error("{0} bytes after the binding")]
     Trailing(usize),
 }
 
@@ -111,9 +131,13 @@ impl<'a> Reader<'a> {
         Ok(s)
     }
 
-    fn u32(&mut self) -> Result<usize, BindingError> {
+    fn le32(&mut self) -> Result<u32, BindingError> {
         let s = self.take(4)?;
-        Ok(u32::from_le_bytes([s[0], s[1], s[2], s[3]]) as usize)
+        Ok(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+    }
+
+    fn u32(&mut self) -> Result<usize, BindingError> {
+        Ok(self.le32()? as usize)
     }
 }
 
@@ -127,8 +151,12 @@ impl<'a> Binding<'a> {
         let kind = r.u32()?;
         let module_len = r.u32()?;
         let count = r.u32()?;
+        let handle_count = r.u32()?;
         if count > MAX_PROPS {
             return Err(BindingError::TooManyProps(count));
+        }
+        if handle_count > MAX_FILE_HANDLES {
+            return Err(BindingError::TooManyHandles(handle_count));
         }
         let module = match kind {
             0 => {
@@ -155,10 +183,18 @@ impl<'a> Binding<'a> {
             let v = std::str::from_utf8(r.take(vl)?).map_err(|_| BindingError::Utf8(i))?;
             props.push((k, v));
         }
+        let mut handles = Vec::with_capacity(handle_count);
+        for _ in 0..handle_count {
+            handles.push(r.le32()?);
+        }
         if r.at != b.len() {
             return Err(BindingError::Trailing(b.len() - r.at));
         }
-        Ok(Binding { module, props })
+        Ok(Binding {
+            module,
+            props,
+            handles,
+        })
     }
 
     /// Encodes the binding (the sender's side; lengths are the caller's to keep within
@@ -169,9 +205,14 @@ impl<'a> Binding<'a> {
             ModuleRef::Hash(h) => (1, h),
         };
         let props: usize = self.props.iter().map(|(k, v)| 8 + k.len() + v.len()).sum();
-        let mut out = Vec::with_capacity(16 + m.len() + props);
+        let mut out = Vec::with_capacity(20 + m.len() + props + 4 * self.handles.len());
         out.extend_from_slice(&BINDING_MAGIC);
-        for v in [kind, m.len() as u32, self.props.len() as u32] {
+        for v in [
+            kind,
+            m.len() as u32,
+            self.props.len() as u32,
+            self.handles.len() as u32,
+        ] {
             out.extend_from_slice(&v.to_le_bytes());
         }
         out.extend_from_slice(m);
@@ -181,6 +222,9 @@ impl<'a> Binding<'a> {
             out.extend_from_slice(k.as_bytes());
             out.extend_from_slice(v.as_bytes());
         }
+        for h in &self.handles {
+            out.extend_from_slice(&h.to_le_bytes());
+        }
         out
     }
 }
@@ -189,10 +233,14 @@ impl<'a> Binding<'a> {
 mod tests {
     use super::*;
 
+    /// Header bytes before the module.
+    const HEAD: usize = 20;
+
     fn sample() -> Vec<u8> {
         Binding {
             module: ModuleRef::Bytes(b"(module)"),
             props: vec![("content-length", "42"), ("content-type", "text/plain")],
+            handles: vec![3, 0, u32::MAX],
         }
         .encode()
     }
@@ -203,13 +251,68 @@ mod tests {
         let b = Binding::decode(&enc).unwrap();
         assert_eq!(b.module, ModuleRef::Bytes(b"(module)"));
         assert_eq!(b.props[1], ("content-type", "text/plain"));
+        assert_eq!(b.handles, [3, 0, u32::MAX]);
+        assert_eq!(b.encode(), enc);
         let h = module_hash(b"(module)");
         let enc = Binding {
             module: ModuleRef::Hash(h),
             props: vec![],
+            handles: vec![],
         }
         .encode();
-        assert_eq!(Binding::decode(&enc).unwrap().module, ModuleRef::Hash(h));
+        let b = Binding::decode(&enc).unwrap();
+        assert_eq!(b.module, ModuleRef::Hash(h));
+        assert!(b.handles.is_empty());
+        let most = Binding {
+            module: ModuleRef::Hash(h),
+            props: vec![],
+            handles: (0..MAX_FILE_HANDLES as u32).collect(),
+        };
+        assert_eq!(Binding::decode(&most.encode()).unwrap(), most);
+    }
+
+    #[test]
+    fn hostile_handle_lists_are_refused() {
+        let enc = sample();
+        let count_at = 16;
+        // More handles than allowed, however many bytes follow.
+        for n in [MAX_FILE_HANDLES as u32 + 1, 1 << 20, u32::MAX] {
+            let mut e = enc.clone();
+            e[count_at..count_at + 4].copy_from_slice(&n.to_le_bytes());
+            assert_eq!(
+                Binding::decode(&e),
+                Err(BindingError::TooManyHandles(n as usize))
+            );
+        }
+        let too_many = Binding {
+            module: ModuleRef::Bytes(b"(module)"),
+            props: vec![],
+            handles: vec![1; MAX_FILE_HANDLES + 1],
+        }
+        .encode();
+        assert!(matches!(
+            Binding::decode(&too_many),
+            Err(BindingError::TooManyHandles(_))
+        ));
+        // A count above the handles present: truncated; below: trailing bytes.
+        let mut e = enc.clone();
+        e[count_at..count_at + 4].copy_from_slice(&4u32.to_le_bytes());
+        assert!(matches!(
+            Binding::decode(&e),
+            Err(BindingError::Truncated(_))
+        ));
+        let mut e = enc.clone();
+        e[count_at..count_at + 4].copy_from_slice(&2u32.to_le_bytes());
+        assert_eq!(Binding::decode(&e), Err(BindingError::Trailing(4)));
+        // A handle cut in the middle.
+        assert!(matches!(
+            Binding::decode(&enc[..enc.len() - 2]),
+            Err(BindingError::Truncated(_))
+        ));
+        // The old layout (FMB1, no handle count) is not this protocol's.
+        let mut e = enc.clone();
+        e[3] = b'1';
+        assert_eq!(Binding::decode(&e), Err(BindingError::Magic));
     }
 
     #[test]
@@ -244,11 +347,11 @@ mod tests {
         enc[4..8].copy_from_slice(&1u32.to_le_bytes()); // hash kind with 8-byte "hash"
         assert_eq!(Binding::decode(&enc), Err(BindingError::Kind(1)));
         let mut enc = sample();
-        let key_len_at = 16 + 8;
+        let key_len_at = HEAD + 8;
         enc[key_len_at..key_len_at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
         assert_eq!(Binding::decode(&enc), Err(BindingError::PropSize(0)));
         let mut enc = sample();
-        enc[16 + 8 + 8] = 0xff; // first key byte
+        enc[HEAD + 8 + 8] = 0xff; // first key byte
         assert_eq!(Binding::decode(&enc), Err(BindingError::Utf8(0)));
     }
 

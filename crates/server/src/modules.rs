@@ -11,6 +11,13 @@
 //! accepted on a published port or a connect to a destination. Modules are compiled once
 //! and cached by SHA-256.
 //!
+//! A program that sends the same files again and again registers them once
+//! ([`CtlKind::RegisterFile`], like io_uring's registered files): the descriptor travels
+//! and is checked once, the channel's [`FileTable`] keeps it (at most
+//! [`MAX_REGISTERED_FILES`], dropped with the channel), and bindings name it by handle —
+//! no descriptor passing, no check, no close per binding. An instance shares the table's
+//! file (`Arc`), so unregistering a file that a running instance still sends is safe.
+//!
 //! A bound socket keeps its instance and an [`Outbox`]. The program's sends on it are not
 //! sent: `flush_tx` hands them here, and each one is copied out of its channel buffer
 //! (which goes back to the program at once), fed to the instance, and what the instance
@@ -37,13 +44,15 @@ use std::time::Duration;
 use ferry_modules::{Instance, Limits, ModuleHost, ModuleId, Outbox};
 use ferry_proto::{
     Binding, CTL_BLOB_FD, Cmp, CmpKind, Ctl, CtlKind, MAX_BINDING_BYTES, MAX_FILES,
-    MAX_INLINE_BINDING, ModuleRef, module_hash,
+    MAX_INLINE_BINDING, MAX_REGISTERED_FILES, ModuleRef, module_hash,
 };
 use tracing::{debug, warn};
 
 use crate::server::Server;
 use crate::sock::Parked;
 
+/// Default of [`ModuleConfig::copy_max`].
+pub const DEFAULT_COPY_MAX: u64 = 4 << 20;
 /// Stop feeding a module while its outbox holds more than this (bytes).
 pub const HIGH_WATER: u64 = 256 * 1024;
 /// Finished instances kept for dropping at idle time, at most.
@@ -101,6 +110,11 @@ pub struct ModuleConfig {
     /// Instances of each module in use kept ready ahead of time (made when the loop is
     /// idle), so that a start only runs `init`.
     pub spares: usize,
+    /// File ranges a module emits of at most this many bytes are copied (`pread` into
+    /// a buffer, then `send`) instead of sent with `sendfile` (0: always `sendfile`).
+    /// Measured with `ferry bench E6` over veth: copying was faster up to 4 MB,
+    /// `sendfile` at 6 MB (docs/MODULES.md).
+    pub copy_max: u64,
 }
 
 impl Default for ModuleConfig {
@@ -114,6 +128,7 @@ impl Default for ModuleConfig {
             },
             rules: Vec::new(),
             spares: 2,
+            copy_max: DEFAULT_COPY_MAX,
         }
     }
 }
@@ -127,6 +142,50 @@ enum Bound {
     Live { inst: Box<Instance>, outbox: Outbox },
     /// Failed: the connection was reset; sends fail with `EIO` until the program closes.
     Failed,
+}
+
+/// One channel's registered files, by handle (the lowest free handle is reused).
+#[derive(Debug, Default)]
+pub(crate) struct FileTable {
+    slots: Vec<Option<Arc<OwnedFd>>>,
+}
+
+impl FileTable {
+    /// Registers `f`; its handle, or `-ENFILE` when [`MAX_REGISTERED_FILES`] are.
+    fn insert(&mut self, f: OwnedFd) -> Result<u32, i32> {
+        let f = Some(Arc::new(f));
+        if let Some(i) = self.slots.iter().position(Option::is_none) {
+            self.slots[i] = f;
+            return Ok(i as u32);
+        }
+        if self.slots.len() >= MAX_REGISTERED_FILES {
+            return Err(neg(libc::ENFILE));
+        }
+        self.slots.push(f);
+        Ok(self.slots.len() as u32 - 1)
+    }
+
+    /// Forgets handle `h`; false when it is not registered.
+    fn remove(&mut self, h: u32) -> bool {
+        let gone = self
+            .slots
+            .get_mut(h as usize)
+            .and_then(Option::take)
+            .is_some();
+        while self.slots.last().is_some_and(Option::is_none) {
+            self.slots.pop();
+        }
+        gone
+    }
+
+    fn get(&self, h: u32) -> Option<&Arc<OwnedFd>> {
+        self.slots.get(h as usize)?.as_ref()
+    }
+
+    /// Whether no file is registered (trailing free slots are dropped as they free up).
+    fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
 }
 
 /// The server's module state.
@@ -144,6 +203,8 @@ pub(crate) struct Modules {
     spent: Vec<Instance>,
     /// Files of ring bindings whose control packet was read first, by channel.
     pub(crate) files: HashMap<u32, VecDeque<Vec<OwnedFd>>>,
+    /// Registered files, by channel (dropped with the channel).
+    pub(crate) registered: HashMap<u32, FileTable>,
     ctl_buf: Vec<u8>,
 }
 
@@ -191,6 +252,7 @@ impl Modules {
             hot: Vec::new(),
             last_published: None,
             files: HashMap::new(),
+            registered: HashMap::new(),
             spent: Vec::new(),
             ctl_buf: Vec::new(),
         };
@@ -347,12 +409,14 @@ impl Server {
             }
             inline.to_vec()
         };
-        self.bind_blob(id, &blob, usize::try_from(msg.b).ok(), fds)
+        self.bind_blob(ch, id, &blob, usize::try_from(msg.b).ok(), fds)
     }
 
-    /// A binding and its files, whichever way they came.
+    /// A binding of channel `ch` and its files, whichever way they came. The module's
+    /// files are the passed ones, then the registered ones the binding names.
     fn bind_blob(
         &mut self,
+        ch: u32,
         id: u32,
         blob: &[u8],
         declared_files: Option<usize>,
@@ -368,6 +432,18 @@ impl Server {
             debug!("socket {id}: module binding refused: {e}");
             neg(libc::EINVAL)
         })?;
+        let mut files: Vec<Arc<OwnedFd>> = Vec::with_capacity(fds.len() + binding.handles.len());
+        files.extend(fds.into_iter().map(Arc::new));
+        if !binding.handles.is_empty() {
+            let table = self.modules.registered.get(&ch);
+            for &h in &binding.handles {
+                let f = table.and_then(|t| t.get(h)).ok_or_else(|| {
+                    debug!("socket {id}: binding names unregistered file {h}");
+                    neg(libc::EBADF)
+                })?;
+                files.push(Arc::clone(f));
+            }
+        }
         let module = match binding.module {
             ModuleRef::Bytes(b) => {
                 let before = self.modules.by_hash.len();
@@ -380,7 +456,50 @@ impl Server {
             }
             ModuleRef::Hash(h) => *self.modules.by_hash.get(&h).ok_or(neg(libc::ENOENT))?,
         };
-        self.attach(id, module, &binding.props, fds)
+        self.attach(id, module, &binding.props, files)
+    }
+
+    /// A `RegisterFile` control message: checks the file once and enters it in channel
+    /// `ch`'s table. Answers with the handle or a negated errno.
+    pub(crate) fn register_file_ctl(&mut self, ch: u32, mut fds: Vec<OwnedFd>) {
+        let result = match (fds.pop(), fds.is_empty()) {
+            (Some(f), true) => check_file(&f).and_then(|()| {
+                self.modules
+                    .registered
+                    .entry(ch)
+                    .or_default()
+                    .insert(f)
+                    .map(|h| h as i32)
+            }),
+            _ => Err(neg(libc::EINVAL)),
+        };
+        self.ctl_reply(ch, Server::new_reply(result.unwrap_or_else(|e| e)));
+    }
+
+    /// An `UnregisterFile` control message (`a` = handle). Bindings this channel queued on
+    /// its ring before it still see the file; instances already started keep it open.
+    pub(crate) fn unregister_file_ctl(&mut self, ch: u32, msg: Ctl, fds: Vec<OwnedFd>) {
+        self.drain_rings();
+        if !fds.is_empty() {
+            self.ctl_reply(ch, Server::new_reply(neg(libc::EINVAL)));
+            return;
+        }
+        let known = u32::try_from(msg.a).is_ok_and(|h| {
+            self.modules
+                .registered
+                .get_mut(&ch)
+                .is_some_and(|t| t.remove(h))
+        });
+        if self
+            .modules
+            .registered
+            .get(&ch)
+            .is_some_and(FileTable::is_empty)
+        {
+            self.modules.registered.remove(&ch);
+        }
+        let result = if known { 0 } else { neg(libc::EBADF) };
+        self.ctl_reply(ch, Server::new_reply(result));
     }
 
     /// An `Op::BindModule` record: the binding is in the lent buffer, the files came
@@ -412,7 +531,7 @@ impl Server {
             Some(s) => {
                 s.last_ch = ch;
                 s.stats.calls += 1;
-                self.bind_blob(id, &blob, Some(nfiles), fds)
+                self.bind_blob(ch, id, &blob, Some(nfiles), fds)
             }
         };
         let code = result.err().unwrap_or(0);
@@ -479,7 +598,7 @@ impl Server {
         id: u32,
         module: ModuleId,
         props: &[(K, V)],
-        files: Vec<OwnedFd>,
+        files: Vec<Arc<OwnedFd>>,
     ) -> Result<(), i32> {
         let Some(s) = self.socks.get(&id) else {
             return Err(neg(libc::EBADF));
@@ -498,12 +617,13 @@ impl Server {
             Some(_) => return Err(neg(libc::EBUSY)),
         };
         let host = Arc::clone(self.modules.host().map_err(|e| bind_errno(&e))?);
-        match host.start(module, props, files) {
+        match host.start_shared(module, props, files) {
             Ok((inst, actions)) => {
                 let (make, init) = inst.start_timing();
                 self.stats.module_start_ns += make.as_nanos() as u64;
                 self.stats.module_init_ns += init.as_nanos() as u64;
                 let mut outbox = pending;
+                outbox.set_copy_max(self.modules.cfg.copy_max);
                 outbox.push(actions);
                 let inst = Box::new(inst);
                 self.modules.bound.insert(id, Bound::Live { inst, outbox });

@@ -114,7 +114,10 @@ impl Server {
             }
             CtlKind::Accept => self.accept(ch, msg.sock, msg.a != 0, pair),
             CtlKind::Reply => self.bad_channel(ch, "reply sent by the sandbox"),
-            CtlKind::BindModule | CtlKind::Files => {
+            CtlKind::BindModule
+            | CtlKind::Files
+            | CtlKind::RegisterFile
+            | CtlKind::UnregisterFile => {
                 unreachable!("routed to the modules by ctl_readable")
             }
         }

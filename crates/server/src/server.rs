@@ -480,6 +480,10 @@ impl Server {
                     self.bind_module_ctl(idx, msg, &buf[head..n], fds);
                 } else if msg.kind() == Some(CtlKind::Files) && n == head {
                     self.stash_files(idx, fds);
+                } else if msg.kind() == Some(CtlKind::RegisterFile) && n == head {
+                    self.register_file_ctl(idx, fds);
+                } else if msg.kind() == Some(CtlKind::UnregisterFile) && n == head {
+                    self.unregister_file_ctl(idx, msg, fds);
                 } else if n == head {
                     self.control(idx, msg, fds);
                 } else {
@@ -640,6 +644,7 @@ impl Server {
             let _ = self.epoll.delete(ch.doorbell());
             self.stats.channels.push(ch.stats);
             self.modules.files.remove(&idx);
+            self.modules.registered.remove(&idx);
             // Nobody is left to send through this channel: its waiters' fds become
             // writable again (another thread may still have room).
             for id in std::mem::take(&mut ch.room_wait) {

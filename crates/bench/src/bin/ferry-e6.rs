@@ -8,16 +8,21 @@
 //!
 //! `ferry-e6 serve --way rw|sendfile|module --file F --connect IP:PORT --responses N` is
 //! the program in the sandbox: it connects out, and answers each request with the same
-//! header and the file — with a 64 KiB read/send loop, with `sendfile`, or by binding
-//! http_file (ferry's native API, `bind_module_nowait`: the binding goes on the ring in
-//! order, without waiting for the answer; the server sends header and file itself). It
-//! prints
-//! the requester's line, and for the module way the p50 of its `bind_module` calls. The
-//! sockets are libc's (so the shim serves them), the module way's are the native API's.
+//! header and the file — with a 64 KiB `pread`/send loop, with `sendfile`, or by binding
+//! http_file (ferry's native API, `bind_module_refs_nowait`: the binding goes on the ring
+//! in order, without waiting for the answer; the server sends header and file itself).
+//! Every way opens the file once, before the first request, as a server that serves the
+//! same file again and again would: read/write and sendfile read it at offset 0 each
+//! time (`pread`, `sendfile` with an offset), the module way registers it with the
+//! server once (`register_file`) and names it by handle in each binding, so no
+//! descriptor travels per response. It prints the requester's line, and for the module
+//! way the p50 of its bind calls. The sockets are libc's (so the shim serves them), the
+//! module way's are the native API's.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
 const HTTP_FILE: &[u8] = include_bytes!("../../../modules/examples/http_file.wat");
@@ -182,12 +187,13 @@ fn serve(args: &[String]) -> Result<(), String> {
             let mut rd = c.try_clone().map_err(|e| e.to_string())?;
             let mut read = |b: &mut [u8]| rd.read(b).map_err(|e| e.to_string());
             let mut buf = vec![0u8; 64 * 1024];
+            let f = std::fs::File::open(file).map_err(|e| format!("{file}: {e}"))?;
             loop {
                 let line = request(&mut read)?;
                 if line.starts_with("STATS") {
                     break line;
                 }
-                respond_libc(&c, file, size, way == "sendfile", &mut buf)?;
+                respond_libc(&c, &f, size, way == "sendfile", &mut buf)?;
             }
         }
         "module" => {
@@ -212,6 +218,11 @@ fn serve(args: &[String]) -> Result<(), String> {
                 ("content-length", len.as_str()),
                 ("content-type", CONTENT_TYPE),
             ];
+            let reg = {
+                let f = std::fs::File::open(file).map_err(|e| format!("{file}: {e}"))?;
+                cl.register_file(std::os::fd::AsFd::as_fd(&f))
+                    .map_err(|e| format!("register {file}: {e}"))?
+            };
             loop {
                 let line = {
                     let mut read = |b: &mut [u8]| cl.recv(&s, b).map_err(|e| e.to_string());
@@ -220,9 +231,8 @@ fn serve(args: &[String]) -> Result<(), String> {
                 if line.starts_with("STATS") {
                     break line;
                 }
-                let f = std::fs::File::open(file).map_err(|e| format!("{file}: {e}"))?;
                 let t = Instant::now();
-                cl.bind_module_nowait(&s, HTTP_FILE, &props, &[std::os::fd::AsFd::as_fd(&f)])
+                cl.bind_module_refs_nowait(&s, HTTP_FILE, &props, &[], &[reg])
                     .map_err(|e| format!("bind_module: {e}"))?;
                 binds.push(t.elapsed().as_secs_f64() * 1e6);
                 if let Some((_, e)) = cl.async_errors.first() {
@@ -241,15 +251,14 @@ fn serve(args: &[String]) -> Result<(), String> {
 }
 
 /// One response with libc's calls (the shim's, under ferry): header with `MSG_MORE`,
-/// then the file by read/send or by `sendfile`.
+/// then the file (open already) from offset 0 by pread/send or by `sendfile`.
 fn respond_libc(
     c: &TcpStream,
-    file: &str,
+    f: &std::fs::File,
     size: u64,
     sendfile: bool,
     buf: &mut [u8],
 ) -> Result<(), String> {
-    let f = std::fs::File::open(file).map_err(|e| format!("{file}: {e}"))?;
     let fd = c.as_raw_fd();
     send_all(fd, header(size).as_bytes(), libc::MSG_MORE)?;
     if sendfile {
@@ -264,12 +273,13 @@ fn respond_libc(
             }
         }
     } else {
-        let mut f = f;
+        let mut at = 0u64;
         loop {
-            let n = f.read(buf).map_err(|e| e.to_string())?;
+            let n = f.read_at(buf, at).map_err(|e| e.to_string())?;
             if n == 0 {
                 break;
             }
+            at += n as u64;
             send_all(fd, &buf[..n], 0)?;
         }
     }

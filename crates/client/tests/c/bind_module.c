@@ -1,6 +1,8 @@
 /* Binds a data-path module through ferry's C API: connects to IP PORT, binds the module
  * in MODULE_FILE (http_file) with the body FILE, and closes its socket. A module that
  * must fail (LOOP_FILE) is bound on a second connection first: it must answer -EIO.
+ * Then, on a third connection, FILE registered once and bound by handle
+ * (ferry_bind_module_ex), with the errors of unknown and unregistered handles.
  * Usage: bind_module IP PORT MODULE_FILE FILE LOOP_FILE */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -63,8 +65,30 @@ int main(int argc, char **argv) {
     }
     r = ferry_bind_module(h, s, module, mlen, props, 2, &fd, 1);
     if (r != 0) { fprintf(stderr, "bind: %d\n", r); return 1; }
-    close(fd);
     ferry_sock_close(h, s);
+
+    /* Registered once, bound by handle. */
+    int reg = ferry_register_file(h, fd);
+    close(fd);
+    if (reg < 0) { fprintf(stderr, "register: %d\n", reg); return 1; }
+    if (ferry_register_file(h, -1) != -EBADF) { fprintf(stderr, "register -1\n"); return 1; }
+    int t = dial(h, argv[1], argv[2]);
+    if (t < 0) { fprintf(stderr, "dial 3\n"); return 1; }
+    int unknown = reg + 100;
+    r = ferry_bind_module_ex(h, t, module, mlen, props, 2, NULL, 0, &unknown, 1, 0);
+    if (r != -EBADF) { fprintf(stderr, "unknown handle: %d, want -EBADF\n", r); return 1; }
+    r = ferry_bind_module_ex(h, t, module, mlen, props, 2, NULL, 0, &reg, 1, 42);
+    if (r != -EINVAL) { fprintf(stderr, "bad flags: %d, want -EINVAL\n", r); return 1; }
+    r = ferry_bind_module_ex(h, t, module, mlen, props, 2, NULL, 0, &reg, 1, FERRY_BIND_NOWAIT);
+    if (r != 0) { fprintf(stderr, "bind by handle: %d\n", r); return 1; }
+    if ((r = ferry_unregister_file(h, reg)) != 0) { fprintf(stderr, "unregister: %d\n", r); return 1; }
+    if ((r = ferry_unregister_file(h, reg)) != -EBADF) {
+        fprintf(stderr, "unregister twice: %d, want -EBADF\n", r);
+        return 1;
+    }
+    r = ferry_bind_module_ex(h, t, module, mlen, props, 2, NULL, 0, &reg, 1, 0);
+    if (r != -EBADF) { fprintf(stderr, "unregistered handle: %d, want -EBADF\n", r); return 1; }
+    ferry_sock_close(h, t);
     ferry_close(h);
     printf("ok\n");
     return 0;

@@ -72,6 +72,11 @@ pub struct RunArgs {
     /// listener's server).
     #[arg(long, value_name = "assign|listener", default_value = "assign")]
     pub accepted: Accepted,
+    /// How received TCP bytes reach the program: pair (the server moves them into the
+    /// program's fd, read with the kernel's own calls: no round trip per read) or ring
+    /// (each read asks the server, which receives into the channel's buffers).
+    #[arg(long, value_name = "pair|ring", default_value = "pair")]
+    pub rx: Rx,
     /// Bind a data-path module (WebAssembly, `.wasm` or `.wat`) to connections accepted
     /// through a published port (PORT = the sandbox port of a `-p`) or made to a
     /// destination (IP:PORT); what the program sends on them is the module's input, what
@@ -290,6 +295,7 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
     cfg.servers = usize::from(a.servers);
     cfg.assign = a.assign;
     cfg.accepted = a.accepted;
+    cfg.rx_pair = a.rx == Rx::Pair;
     cfg.cpus = match &a.cpus {
         Some(crate::args::CpuList(list)) => {
             let allowed = ferry_sys::allowed_cpus().unwrap_or_default();
@@ -490,4 +496,13 @@ mod tests {
         assert!(!is_static_elf(&sh), "/bin/sh is dynamic");
         assert!(!is_static_elf(b"#!/bin/sh\n"));
     }
+}
+
+/// `--rx`: the path of received TCP bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Rx {
+    /// Through the program's fd (the readiness pair).
+    Pair,
+    /// Through the channel's ring, one request per read.
+    Ring,
 }

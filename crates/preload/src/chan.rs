@@ -214,6 +214,7 @@ impl Channel {
         let reg = tls::register(ctl.as_raw_fd(), region.fd().as_raw_fd(), bell_raw);
         tls::install_hooks();
         let span = Duration::from_nanos(reply.spin_ns);
+        crate::config::set_rx_pair(reply.flags & ferry_proto::HELLO_RX_PAIR != 0);
         let nbufs = region.layout().total_bufs() as usize;
         Ok(Channel {
             ep,

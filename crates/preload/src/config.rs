@@ -47,3 +47,16 @@ pub fn socket_path() -> Option<&'static OsString> {
 pub fn log_enabled() -> bool {
     *LOG.get_or_init(|| std::env::var_os("FERRY_LOG").is_some_and(|v| !v.is_empty() && v != "0"))
 }
+
+static RX_PAIR: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the servers move connected TCP sockets' received bytes into their fds
+/// ([`ferry_proto::HELLO_RX_PAIR`], said in every channel's hello reply).
+pub fn rx_pair() -> bool {
+    RX_PAIR.load(Ordering::Relaxed)
+}
+
+/// A hello reply said so (see [`rx_pair`]).
+pub fn set_rx_pair(on: bool) {
+    RX_PAIR.store(on, Ordering::Relaxed);
+}

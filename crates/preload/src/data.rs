@@ -177,6 +177,10 @@ pub unsafe fn recv(s: Sock, cur: &mut IoCursor, flags: c_int) -> Res<Got> {
         let s = typed(ch, s)?;
         let cap = cur.remaining();
         let mut got = Got::default();
+        if crate::config::rx_pair() && !s.dgram() && s.has_peer() && flags & libc::MSG_OOB == 0 {
+            ch.flush();
+            return pair_recv(ch, &s, cur, flags);
+        }
         // A stream receive of 0 bytes waits for data (or EOF) like any other, and
         // returns 0: ask for one byte without taking it. `MSG_TRUNC` on a stream
         // discards what it receives.
@@ -252,6 +256,75 @@ pub unsafe fn recv(s: Sock, cur: &mut IoCursor, flags: c_int) -> Res<Got> {
         Ok(got)
     })
     .map_err(|e| e.down_as(libc::ECONNRESET))
+}
+
+/// A receive on a connected stream whose bytes the server moves into the program's fd
+/// (`rx_pair`): the kernel's own receive on the fd, so blocking, `MSG_WAITALL`,
+/// `MSG_PEEK`, `SO_RCVTIMEO` (applied to the fd too), signals and a `close` by another
+/// thread behave as the kernel's. At the end of the stream the server says how it ended
+/// (EOF, or the reset, once).
+fn pair_recv(ch: &mut Channel, s: &Sock, cur: &mut IoCursor, flags: c_int) -> Res<Got> {
+    let cap = cur.remaining();
+    let nonblock = s.nonblock() || flags & libc::MSG_DONTWAIT != 0;
+    let mut got = Got::default();
+    if cap == 0 {
+        pair_probe(ch, s, nonblock)?;
+        return Ok(got);
+    }
+    let kflags = flags & (libc::MSG_PEEK | libc::MSG_WAITALL)
+        | if nonblock { libc::MSG_DONTWAIT } else { 0 };
+    let n = if flags & libc::MSG_TRUNC != 0 {
+        // A stream's MSG_TRUNC discards what it receives.
+        let mut scratch = vec![0u8; cap.min(1 << 20)];
+        let iov = libc::iovec {
+            iov_base: scratch.as_mut_ptr().cast(),
+            iov_len: scratch.len(),
+        };
+        // SAFETY: `scratch` is writable for its length.
+        unsafe { crate::sys::recv_iov(s.fd, &iov, 1, kflags) }?
+    } else {
+        let (iov, n) = cur.untouched().ok_or(Errno::EINVAL)?;
+        // SAFETY: the caller's buffers, writable (the cursor's contract).
+        unsafe { crate::sys::recv_iov(s.fd, iov, n, kflags) }?
+    };
+    if n == 0 {
+        let done = ch.call(Req::new(Op::Recv, s.id), Wait::FOREVER, &mut |_, _| {})?;
+        got.len = Errno::check(done.result)? as usize;
+        return Ok(got);
+    }
+    got.len = n;
+    Ok(got)
+}
+
+/// A zero-byte receive on an `rx_pair` stream: waits (unless non-blocking) for data or
+/// the end, as TCP's does; never takes anything.
+fn pair_probe(ch: &mut Channel, s: &Sock, nonblock: bool) -> Res<()> {
+    let w = Wait::after(TABLE.timeouts(s.fd).0, Errno::EAGAIN);
+    let start = signals::counts();
+    loop {
+        // SAFETY: the program's fd, open for the call.
+        let fd = unsafe { ferry_sys::borrow(s.fd) };
+        let ms = if nonblock {
+            0
+        } else {
+            w.slice().as_millis().clamp(1, i32::MAX as u128) as i32
+        };
+        let r = ferry_sys::poll_wait(fd, libc::POLLIN, ms);
+        let eintr = matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::Interrupted);
+        match r {
+            Ok(ev) if ev != 0 => return Ok(()),
+            Ok(_) if nonblock => return Err(Errno::EAGAIN),
+            Err(e) if !eintr => return Err(Errno::from_io(&e)),
+            _ => {}
+        }
+        if w.interrupted(start, eintr) {
+            return Err(Errno::EINTR);
+        }
+        if w.passed() {
+            return Err(w.expired);
+        }
+        ch.check_alive()?;
+    }
 }
 
 /// `splice(fd_in, off_in, ferry socket, NULL, len, flags)`: one read from `fd_in` (a

@@ -54,6 +54,11 @@ impl IoCursor {
         })
     }
 
+    /// The untouched `iovec` array (prototype: for a direct `recvmsg`).
+    pub fn untouched(&self) -> Option<(*const iovec, usize)> {
+        (self.idx == 0 && self.off == 0).then_some((self.iov, self.n))
+    }
+
     /// Bytes left.
     pub fn remaining(&self) -> usize {
         self.left

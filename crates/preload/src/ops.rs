@@ -332,8 +332,19 @@ pub unsafe fn name(s: Sock, peer: bool, addr: *mut sockaddr, len: *mut socklen_t
     unsafe { write_sockaddr(done.bytes(), addr, len) }
 }
 
-/// `ioctl(FIONREAD)`.
+/// `ioctl(FIONREAD)`: asked of the server, or, for a connected stream whose bytes come
+/// through its fd (`rx_pair`), of the fd.
 pub fn pending(s: Sock) -> Res<c_int> {
+    if crate::config::rx_pair() && s.typed() && !s.dgram() && s.has_peer() {
+        let mut n: c_int = 0;
+        // SAFETY: FIONREAD on the program's own fd writes one int.
+        let r = unsafe { crate::real::ioctl(s.fd, libc::FIONREAD as _, (&raw mut n).cast()) };
+        return if r < 0 {
+            Err(Errno::from_io(&std::io::Error::last_os_error()))
+        } else {
+            Ok(n)
+        };
+    }
     simple(Req::new(Op::Pending, s.id), Wait::FOREVER).map(|(n, _)| n as c_int)
 }
 
@@ -373,6 +384,15 @@ pub unsafe fn setsockopt(
         && let Some(us) = timeval_us(&bytes[..len])
     {
         TABLE.set_timeout(s.fd, name == libc::SO_SNDTIMEO, us);
+    }
+    if level == libc::SOL_SOCKET && (name == libc::SO_RCVTIMEO || name == libc::SO_RCVLOWAT) {
+        // With `rx_pair` a stream's receives are the kernel's own on this fd: give it
+        // the same timeout and low-water mark (harmless otherwise: nothing else blocks
+        // reading it).
+        // SAFETY: `len` readable bytes at `bytes`.
+        let _ = unsafe {
+            crate::real::setsockopt(s.fd, level, name, bytes.as_ptr().cast(), len as socklen_t)
+        };
     }
     Ok(())
 }

@@ -70,6 +70,38 @@ pub fn recv_bytes(fd: c_int, flags: c_int) -> io::Result<usize> {
     r.map(|n| n as usize)
 }
 
+/// `recvmsg(2)` into `n` iovecs, no address or control data; returns the bytes.
+///
+/// # Safety
+/// The iovecs' buffers must be writable.
+pub unsafe fn recv_iov(
+    fd: c_int,
+    iov: *const libc::iovec,
+    n: usize,
+    flags: c_int,
+) -> crate::errno::Res<usize> {
+    // SAFETY: a zeroed msghdr is valid (no name, no control).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.cast_mut();
+    msg.msg_iovlen = n;
+    // SAFETY: `msg` names the caller's buffers.
+    let r = unsafe {
+        raw(
+            libc::SYS_recvmsg,
+            [
+                fd.into(),
+                &mut msg as *mut libc::msghdr as c_long,
+                flags.into(),
+                0,
+                0,
+                0,
+            ],
+        )
+    };
+    r.map(|k| k as usize)
+        .map_err(|e| crate::errno::Errno::from_io(&e))
+}
+
 /// `read(2)`, or `pread64(2)` at `off`, into raw memory.
 ///
 /// # Safety

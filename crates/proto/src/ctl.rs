@@ -8,7 +8,7 @@ use bytemuck::{Pod, Zeroable};
 
 /// Version of the shim ↔ server protocol; both sides must agree (3: `Op::WantRoom`;
 /// 4: registered files, and the binding layout `FMB2` that names them).
-pub const PROTO_VERSION: u32 = 4;
+pub const PROTO_VERSION: u32 = 5;
 
 /// Low bits of a socket id that name the protocol server serving the socket (S4: a
 /// socket is assigned to one server at creation and every later call goes there).
@@ -139,4 +139,14 @@ pub struct HelloReply {
     pub batch: u32,
     /// Maximum delay of a deferred doorbell, microseconds.
     pub batch_delay_us: u32,
+    /// `HELLO_RX_*` flags.
+    pub flags: u32,
+    /// Zero.
+    pub reserved: u32,
 }
+
+/// [`HelloReply::flags`]: the server moves a connected TCP socket's received bytes into
+/// the program's fd (the readiness pair) itself; the shim reads them from there with
+/// the kernel's calls and asks the server only at the end of the stream and for
+/// out-of-band data.
+pub const HELLO_RX_PAIR: u32 = 1;

@@ -106,6 +106,9 @@ pub struct Config {
     pub accepted: Accepted,
     /// Data-path modules: limits, and the modules the server binds on its own.
     pub modules: ModuleConfig,
+    /// Received TCP data reaches the program through its fd (the readiness pair)
+    /// instead of the ring ([`ferry_proto::HELLO_RX_PAIR`]).
+    pub rx_pair: bool,
 }
 
 impl Config {
@@ -126,6 +129,7 @@ impl Config {
             assign: Assign::Least,
             accepted: Accepted::Assign,
             modules: ModuleConfig::default(),
+            rx_pair: false,
         }
     }
 }

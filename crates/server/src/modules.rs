@@ -780,8 +780,7 @@ impl Server {
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
-        let linger = [1i32.to_ne_bytes(), 0i32.to_ne_bytes()].concat();
-        let _ = ferry_sys::setsockopt(s.fd.as_fd(), libc::SOL_SOCKET, libc::SO_LINGER, &linger);
+        let _ = ferry_sys::linger_reset(s.fd.as_fd());
         // Disconnecting a TCP socket sends a reset and keeps the descriptor (the program
         // still holds its socket; it is closed when the program closes it).
         let _ = rustix::net::connect_unspec(&s.fd);

@@ -722,6 +722,13 @@ impl Server {
     }
 
     fn recv(&mut self, ch: u32, id: u32, tag: u32, len: u32, flags: i32, nonblock: bool) {
+        if flags & libc::MSG_OOB == 0
+            && let Some(res) = self.pair_stream_end(id)
+        {
+            // The stream's bytes went through the pair: the shim asks only what ended it.
+            self.done(ch, id, tag, res);
+            return;
+        }
         match self.try_recv(ch, id, tag, len, flags) {
             Ok(()) => {}
             Err(e) if would_block(&e) && !nonblock => {
@@ -877,6 +884,15 @@ impl Server {
     /// [`Server::maybe_token`]; `readable` = the host socket just reported input and
     /// nothing has received since, so a stream needs no `ppoll` to know.
     fn maybe_token_known(&mut self, id: u32, readable: bool) {
+        if self.cfg.rx_pair
+            && self
+                .socks
+                .get(&id)
+                .is_some_and(|s| s.is_stream() && !s.listening && s.connected)
+        {
+            self.pump(id);
+            return;
+        }
         let published = self.has_published(id);
         let Some(s) = self.socks.get_mut(&id) else {
             return;
@@ -904,6 +920,79 @@ impl Server {
         if rev & (libc::POLLRDHUP | libc::POLLHUP) != 0 && !s.eof_mirrored && !s.listening {
             s.eof_mirrored = true;
             let _ = ferry_sys::shutdown(s.pair.as_fd(), libc::SHUT_WR);
+        }
+    }
+
+    /// With `rx_pair`, the answer to a receive on a connected stream whose bytes go
+    /// through the pair: how the stream ended (0, or the error that ended it, reported
+    /// once) or `EAGAIN` while it has not. `None`: not such a socket.
+    fn pair_stream_end(&mut self, id: u32) -> Option<i32> {
+        if !self.cfg.rx_pair {
+            return None;
+        }
+        let s = self.socks.get_mut(&id)?;
+        if !s.is_stream() || s.listening || !s.connected {
+            return None;
+        }
+        if !s.eof_mirrored {
+            return Some(-libc::EAGAIN);
+        }
+        Some(-std::mem::take(&mut s.so_error))
+    }
+
+    /// With `rx_pair`: moves what the host socket has received into the readiness pair
+    /// (the program's fd) until either would block; what the pair does not take waits
+    /// for its `EPOLLOUT` (and the host socket waits meanwhile: TCP's window is the
+    /// flow control). The end of the stream (EOF or an error, kept for the shim's
+    /// question) shuts the pair's write side.
+    pub(crate) fn pump(&mut self, id: u32) {
+        let Some(s) = self.socks.get_mut(&id) else {
+            return;
+        };
+        if !s.is_stream() || s.listening || !s.connected || s.eof_mirrored {
+            return;
+        }
+        if self.rx_scratch.is_empty() {
+            self.rx_scratch = vec![0u8; 64 * 1024];
+        }
+        let buf = &mut self.rx_scratch;
+        loop {
+            if !s.rx_pending.is_empty() {
+                match ferry_sys::send_nosignal(s.pair.as_fd(), &s.rx_pending) {
+                    Ok(n) => {
+                        s.rx_pending.drain(..n);
+                        if !s.rx_pending.is_empty() {
+                            return;
+                        }
+                    }
+                    Err(_) => return,
+                }
+            }
+            match ferry_sys::recv(s.fd.as_fd(), buf, libc::MSG_DONTWAIT) {
+                Ok(0) => {
+                    s.eof_mirrored = true;
+                    let _ = ferry_sys::shutdown(s.pair.as_fd(), libc::SHUT_WR);
+                    return;
+                }
+                Ok(n) => {
+                    s.stats.bytes_in += n as u64;
+                    self.stats.bytes_in += n as u64;
+                    self.stats.data_syscalls += 1;
+                    // Straight into the pair; only what it does not take is kept.
+                    let sent = ferry_sys::send_nosignal(s.pair.as_fd(), &buf[..n]).unwrap_or(0);
+                    s.rx_pending.extend_from_slice(&buf[sent..n]);
+                    if !s.rx_pending.is_empty() {
+                        return;
+                    }
+                }
+                Err(e) if would_block(&e) => return,
+                Err(e) => {
+                    s.so_error = e.raw_os_error().unwrap_or(libc::EIO);
+                    s.eof_mirrored = true;
+                    let _ = ferry_sys::shutdown(s.pair.as_fd(), libc::SHUT_WR);
+                    return;
+                }
+            }
         }
     }
 

@@ -54,6 +54,8 @@ pub struct Server {
     /// `epoll_wait` calls returned so far: orders host events against receives (see
     /// `Sock::recv_mark`).
     pub(crate) waits: u64,
+    /// `rx_pair`: where host bytes land on their way into a pair.
+    pub(crate) rx_scratch: Vec<u8>,
     /// Sockets with sends queued during this pass of the rings.
     pub(crate) tx_pending: Vec<u32>,
     /// Control connections that have not said Hello yet.
@@ -120,6 +122,7 @@ impl Server {
             stats,
             dirty: Vec::new(),
             waits: 0,
+            rx_scratch: Vec::new(),
             tx_pending: Vec::new(),
             pending_hello: HashMap::new(),
             next_hello: 0,
@@ -410,6 +413,7 @@ impl Server {
             T_PAIR if ev.events & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 => {
                 self.app_closed(idx)
             }
+            T_PAIR if ev.events & libc::EPOLLOUT as u32 != 0 && self.cfg.rx_pair => self.pump(idx),
             T_PUBLISH => self.publish_event(idx as usize),
             T_HELLO => self.hello(idx),
             T_DNS_IN => {
@@ -557,6 +561,12 @@ impl Server {
             spin_ns: self.cfg.shim_spin.as_nanos() as u64,
             batch: self.cfg.batch.max(1),
             batch_delay_us: self.cfg.batch_delay.as_micros().min(u128::from(u32::MAX)) as u32,
+            flags: if self.cfg.rx_pair {
+                ferry_proto::HELLO_RX_PAIR
+            } else {
+                0
+            },
+            reserved: 0,
         };
         let sent = ferry_sys::send_with_fds(
             ch.ctl.as_fd(),
@@ -686,6 +696,7 @@ impl Server {
             token_out: false,
             eof_mirrored: false,
             rx_maybe: true,
+            rx_pending: Vec::new(),
             recv_mark: 0,
             parked: Default::default(),
             txq: Default::default(),
@@ -715,7 +726,11 @@ impl Server {
             .add(sock.fd.as_fd(), host_events(), token(T_HOST, id))?;
         if let Err(e) = self.epoll.add(
             sock.pair.as_fd(),
-            libc::EPOLLRDHUP as u32,
+            if self.cfg.rx_pair {
+                (libc::EPOLLRDHUP | libc::EPOLLOUT | libc::EPOLLET) as u32
+            } else {
+                libc::EPOLLRDHUP as u32
+            },
             token(T_PAIR, id),
         ) {
             let _ = self.epoll.delete(sock.fd.as_fd());
@@ -764,6 +779,17 @@ impl Server {
             && !s.app_closed
         {
             s.app_closed = true;
+            if self.cfg.rx_pair && s.is_stream() && s.connected {
+                // Closed with bytes unread (the kernel marks our end ECONNRESET when
+                // the program's end goes with data queued): the peer gets a reset, as
+                // from a kernel socket closed with unread data.
+                let unread = !s.rx_pending.is_empty()
+                    || ferry_sys::getsockopt_int(s.pair.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
+                        .is_ok_and(|e| e == libc::ECONNRESET);
+                if unread {
+                    let _ = ferry_sys::linger_reset(s.fd.as_fd());
+                }
+            }
             let _ = self.epoll.delete(s.pair.as_fd());
             self.dirty.push(id);
         }

@@ -809,6 +809,26 @@ pub fn send_nosignal(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
     .map(|n| n as usize)
 }
 
+/// `SO_LINGER` {on, 0 s}: closing (or disconnecting) the TCP socket sends a reset.
+pub fn linger_reset(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let linger = [1i32.to_ne_bytes(), 0i32.to_ne_bytes()].concat();
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, &linger)
+}
+
+/// `recv(2)` into `buf` with `flags`.
+pub fn recv(fd: BorrowedFd<'_>, buf: &mut [u8], flags: i32) -> io::Result<usize> {
+    syscall!(
+        libc::SYS_recvfrom,
+        fd.as_raw_fd(),
+        buf.as_mut_ptr(),
+        buf.len(),
+        flags,
+        0,
+        0
+    )
+    .map(|n| n as usize)
+}
+
 /// Ignores SIGPIPE in the whole process (a server must see EPIPE, not die).
 pub fn ignore_sigpipe() -> io::Result<()> {
     // The kernel's struct sigaction: handler, flags, restorer, mask. SIG_IGN needs no

@@ -54,7 +54,7 @@ impl IoCursor {
         })
     }
 
-    /// The untouched `iovec` array (prototype: for a direct `recvmsg`).
+    /// The `iovec` array while nothing has been moved yet (for a direct `recvmsg`).
     pub fn untouched(&self) -> Option<(*const iovec, usize)> {
         (self.idx == 0 && self.off == 0).then_some((self.iov, self.n))
     }

@@ -91,7 +91,7 @@ pub(crate) struct Sock {
     /// host socket. While clear, a token check needs no `ppoll`: any arrival after the
     /// queue emptied brings a new edge.
     pub rx_maybe: bool,
-    /// Prototype: received bytes the pair has not taken yet.
+    /// `rx_pair`: received bytes the pair has not taken yet (at most one read).
     pub rx_pending: Vec<u8>,
     /// `Server::waits` at the last receive: an input event reported by a later wait
     /// than the next one cannot be older than that receive.

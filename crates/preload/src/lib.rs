@@ -23,9 +23,14 @@
 //! - **Calls** ([`ops`], [`data`]): creation and `accept` travel on the control socket
 //!   with the server's end of a new pair; sends are copied into channel buffers and
 //!   queued fire-and-forget; everything else is a tagged request answered by `Done`.
+//!   With `rx_pair` (the server says so in its hello reply, `ferry run --rx pair`, the
+//!   default) a connected TCP socket's received bytes arrive in the program's fd itself
+//!   and its receives are the kernel's own calls on it ([`data`]); the server is asked
+//!   only how the stream ended and for out-of-band data.
 //! - **Readiness**: not emulated. The server writes a token byte into its end when the
-//!   host socket is readable; `poll`/`select`/`epoll` see it like any other fd. The shim
-//!   only asks for tokens and rings the doorbell before the program blocks.
+//!   host socket is readable (or, with `rx_pair`, the received bytes themselves);
+//!   `poll`/`select`/`epoll` see it like any other fd. The shim only asks for tokens
+//!   and rings the doorbell before the program blocks.
 //! - **Signals** ([`signals`]): the shim wraps the program's signal handlers to know when
 //!   one ran during a wait, so `EINTR` versus `SA_RESTART` is the kernel's.
 //! - **Entry points** ([`exports`], [`fdcalls`]): `errno` is set at one boundary; a

@@ -589,7 +589,11 @@ type R1Test = (&'static str, Vec<String>, Vec<u16>, Extract, u32);
 
 fn r1(s: &Settings, ready: &[Config]) -> Vec<Case> {
     let secs = s.secs(3);
-    let configs = pick(ready, &["native", "ferry", "slirp4netns", "pasta"]);
+    let mut configs = pick(ready, &["native", "ferry", "slirp4netns", "pasta"]);
+    // The ring receive path (`--rx ring`) beside the default pair path, in the same run.
+    if let Some(at) = configs.iter().position(|c| c.name == "ferry") {
+        configs.insert(at + 1, Config::ferry_args("ferry-ring", &["--rx", "ring"]));
+    }
     let (n1, n16) = if s.quick {
         ("5000", "50000")
     } else {

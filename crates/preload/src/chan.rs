@@ -321,6 +321,11 @@ impl Channel {
         }
     }
 
+    /// The spin-before-sleep policy the server gave this channel.
+    pub fn spin_policy(&self) -> SpinPolicy {
+        self.spin
+    }
+
     /// Rings the doorbell if records wait for it (before anything that may block).
     pub fn flush(&mut self) {
         if !self.dead && (self.unrung > 0 || self.ep.tx.pending() > 0) {

@@ -284,8 +284,17 @@ fn pair_recv(ch: &mut Channel, s: &Sock, cur: &mut IoCursor, flags: c_int) -> Re
         unsafe { crate::sys::recv_iov(s.fd, &iov, 1, kflags) }?
     } else {
         let (iov, n) = cur.untouched().ok_or(Errno::EINVAL)?;
-        // SAFETY: the caller's buffers, writable (the cursor's contract).
-        unsafe { crate::sys::recv_iov(s.fd, iov, n, kflags) }?
+        let spun = if nonblock || flags & libc::MSG_WAITALL != 0 {
+            None
+        } else {
+            // SAFETY: as below.
+            unsafe { pair_spin(ch, s.fd, iov, n, kflags) }?
+        };
+        match spun {
+            Some(k) => k,
+            // SAFETY: the caller's buffers, writable (the cursor's contract).
+            None => unsafe { crate::sys::recv_iov(s.fd, iov, n, kflags) }?,
+        }
     };
     if n == 0 {
         let done = ch.call(Req::new(Op::Recv, s.id), Wait::FOREVER, &mut |_, _| {})?;
@@ -294,6 +303,41 @@ fn pair_recv(ch: &mut Channel, s: &Sock, cur: &mut IoCursor, flags: c_int) -> Re
     }
     got.len = n;
     Ok(got)
+}
+
+/// S0's spin-before-sleep for a blocking receive on an `rx_pair` stream: the server's
+/// write usually lands within the spin span, and a reader already asleep in the kernel
+/// would pay a wake-up. Polls with non-blocking receives (a pure spin first, then
+/// `sched_yield` between tries); `None` when the span passed without data.
+///
+/// # Safety
+/// `iov` names `n` writable buffers.
+unsafe fn pair_spin(
+    ch: &Channel,
+    fd: c_int,
+    iov: *const libc::iovec,
+    n: usize,
+    kflags: c_int,
+) -> Res<Option<usize>> {
+    let p = ch.spin_policy();
+    let t0 = std::time::Instant::now();
+    loop {
+        // SAFETY: the caller's buffers.
+        match unsafe { crate::sys::recv_iov(fd, iov, n, kflags | libc::MSG_DONTWAIT) } {
+            Ok(k) => return Ok(Some(k)),
+            Err(Errno::EAGAIN) => {}
+            Err(e) => return Err(e),
+        }
+        let spent = t0.elapsed();
+        if spent >= p.span {
+            return Ok(None);
+        }
+        if spent >= p.pure_spin {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
 }
 
 /// A zero-byte receive on an `rx_pair` stream: waits (unless non-blocking) for data or

@@ -438,3 +438,24 @@ fn set_option_reaches_the_host_socket() {
     let t = c.socket(libc::AF_INET, libc::SOCK_STREAM).unwrap();
     c.set_nodelay(&t, true).unwrap();
 }
+
+#[test]
+fn native_client_keeps_the_ring_receive_path_when_the_server_offers_the_pair() {
+    // The native API receives through the ring; a server offering the pair path to
+    // shims must not move this channel's bytes into pairs nobody reads.
+    let srv = common::start("rxpair", |cfg| cfg.rx_pair = true);
+    let echo = echo_server();
+    let mut c = Client::connect(&srv.path).unwrap();
+    let s = c.socket(libc::AF_INET, libc::SOCK_STREAM).unwrap();
+    c.connect_to(&s, echo).unwrap();
+    let data = pattern(300_000);
+    c.send(&s, &data).unwrap();
+    let mut got = vec![0u8; data.len()];
+    let mut n = 0;
+    while n < data.len() {
+        let k = c.recv(&s, &mut got[n..]).unwrap();
+        assert!(k > 0, "early EOF at {n}");
+        n += k;
+    }
+    assert!(got == data, "echoed bytes differ");
+}

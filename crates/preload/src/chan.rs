@@ -172,7 +172,7 @@ impl Channel {
             version: PROTO_VERSION,
             pid,
             tid: ferry_sys::gettid(),
-            server: server as u32 | HELLO_ROUTES,
+            server: server as u32 | HELLO_ROUTES | ferry_proto::HELLO_READS_PAIR,
         };
         ferry_sys::send_with_fds(ctl.as_fd(), bytemuck::bytes_of(&hello), &[])
             .map_err(|e| format!("hello: {e}"))?;

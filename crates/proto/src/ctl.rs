@@ -27,6 +27,11 @@ pub fn server_of(sock: u32) -> usize {
 /// (e.g. a native client that only has this channel) they stay on the channel's server.
 pub const HELLO_ROUTES: u32 = 1 << 31;
 
+/// [`Hello::server`] flag: this endpoint reads a connected TCP socket's bytes from the
+/// socket's fd when the server offers it ([`HELLO_RX_PAIR`]); the native client, which
+/// receives through the ring, does not set it.
+pub const HELLO_READS_PAIR: u32 = 1 << 30;
+
 /// Kinds of [`Ctl`] messages.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -29,8 +29,8 @@ mod module;
 
 pub use addr::{AddrError, WireAddr};
 pub use ctl::{
-    Ctl, CtlKind, HELLO_ROUTES, HELLO_RX_PAIR, Hello, HelloReply, MAX_SERVERS, PROTO_VERSION,
-    SERVER_BITS, server_of,
+    Ctl, CtlKind, HELLO_READS_PAIR, HELLO_ROUTES, HELLO_RX_PAIR, Hello, HelloReply, MAX_SERVERS,
+    PROTO_VERSION, SERVER_BITS, server_of,
 };
 pub use module::{
     BINDING_MAGIC, Binding, BindingError, CTL_BLOB_FD, MAX_BINDING_BYTES, MAX_FILE_HANDLES,

@@ -23,6 +23,9 @@ pub(crate) struct Channel {
     /// The shim routes each socket's calls to the socket's server, so sockets created
     /// through this channel may be assigned to any server.
     pub routes: bool,
+    /// Sockets created or accepted through this channel take the pair receive path
+    /// (`Config::rx_pair`, and the shim reads the pair).
+    pub rx_pair: bool,
     /// `BufReturn` completions queued so far (wrapping): compared with the count a
     /// `WantRoom` carries, it tells whether a buffer came back after the shim looked.
     pub returns: u32,
@@ -53,6 +56,7 @@ impl Channel {
             backlog: VecDeque::new(),
             armed: false,
             routes: false,
+            rx_pair: false,
             returns: 0,
             room_wait: Vec::new(),
             stats: ChannelStats {

@@ -157,7 +157,8 @@ impl Server {
             .chan(ch)
             .map_or(0, |c| u64::from(c.stats.pid) << 32 | u64::from(c.stats.tid));
         let server = self.assign(ch, key);
-        let sock = self.new_sock(server, fd, pair, (domain, ty, protocol), Place::Provisional);
+        let mut sock = self.new_sock(server, fd, pair, (domain, ty, protocol), Place::Provisional);
+        sock.rx_pair = self.chan(ch).is_some_and(|c| c.rx_pair);
         let id = self.place_sock(sock).map_err(|e| errno(&e))?;
         self.stats.sockets_created += 1;
         Ok(id as i32)
@@ -228,6 +229,7 @@ impl Server {
         };
         let mut sock = self.new_sock(server, conn, pair, (domain, libc::SOCK_STREAM, 0), place);
         sock.connected = true;
+        sock.rx_pair = self.chan(ch).is_some_and(|c| c.rx_pair);
         if server == self.index {
             sock.last_ch = ch;
         }
@@ -884,11 +886,10 @@ impl Server {
     /// [`Server::maybe_token`]; `readable` = the host socket just reported input and
     /// nothing has received since, so a stream needs no `ppoll` to know.
     fn maybe_token_known(&mut self, id: u32, readable: bool) {
-        if self.cfg.rx_pair
-            && self
-                .socks
-                .get(&id)
-                .is_some_and(|s| s.is_stream() && !s.listening && s.connected)
+        if self
+            .socks
+            .get(&id)
+            .is_some_and(|s| s.rx_pair && s.is_stream() && !s.listening && s.connected)
         {
             self.pump(id);
             return;
@@ -927,11 +928,8 @@ impl Server {
     /// through the pair: how the stream ended (0, or the error that ended it, reported
     /// once) or `EAGAIN` while it has not. `None`: not such a socket.
     fn pair_stream_end(&mut self, id: u32) -> Option<i32> {
-        if !self.cfg.rx_pair {
-            return None;
-        }
         let s = self.socks.get_mut(&id)?;
-        if !s.is_stream() || s.listening || !s.connected {
+        if !s.rx_pair || !s.is_stream() || s.listening || !s.connected {
             return None;
         }
         if !s.eof_mirrored {
@@ -949,7 +947,7 @@ impl Server {
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
-        if !s.is_stream() || s.listening || !s.connected || s.eof_mirrored {
+        if !s.rx_pair || !s.is_stream() || s.listening || !s.connected || s.eof_mirrored {
             return;
         }
         if self.rx_scratch.is_empty() {

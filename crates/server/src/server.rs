@@ -413,7 +413,17 @@ impl Server {
             T_PAIR if ev.events & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 => {
                 self.app_closed(idx)
             }
-            T_PAIR if ev.events & libc::EPOLLOUT as u32 != 0 && self.cfg.rx_pair => self.pump(idx),
+            // Room in a pair: only a socket with bytes waiting for it needs a pump (the
+            // others hear of new bytes from their host socket).
+            T_PAIR
+                if ev.events & libc::EPOLLOUT as u32 != 0
+                    && self
+                        .socks
+                        .get(&idx)
+                        .is_some_and(|s| !s.rx_pending.is_empty()) =>
+            {
+                self.pump(idx)
+            }
             T_PUBLISH => self.publish_event(idx as usize),
             T_HELLO => self.hello(idx),
             T_DNS_IN => {
@@ -561,7 +571,7 @@ impl Server {
             spin_ns: self.cfg.shim_spin.as_nanos() as u64,
             batch: self.cfg.batch.max(1),
             batch_delay_us: self.cfg.batch_delay.as_micros().min(u128::from(u32::MAX)) as u32,
-            flags: if self.cfg.rx_pair {
+            flags: if self.cfg.rx_pair && hello.server & ferry_proto::HELLO_READS_PAIR != 0 {
                 ferry_proto::HELLO_RX_PAIR
             } else {
                 0
@@ -594,6 +604,7 @@ impl Server {
         );
         let mut ch = ch;
         ch.routes = hello.server & HELLO_ROUTES != 0;
+        ch.rx_pair = self.cfg.rx_pair && hello.server & ferry_proto::HELLO_READS_PAIR != 0;
         self.channels[idx as usize] = Some(ch);
     }
 
@@ -696,6 +707,7 @@ impl Server {
             token_out: false,
             eof_mirrored: false,
             rx_maybe: true,
+            rx_pair: false,
             rx_pending: Vec::new(),
             recv_mark: 0,
             parked: Default::default(),
@@ -779,7 +791,7 @@ impl Server {
             && !s.app_closed
         {
             s.app_closed = true;
-            if self.cfg.rx_pair && s.is_stream() && s.connected {
+            if s.rx_pair && s.is_stream() && s.connected {
                 // Closed with bytes unread (the kernel marks our end ECONNRESET when
                 // the program's end goes with data queued): the peer gets a reset, as
                 // from a kernel socket closed with unread data.

@@ -91,6 +91,9 @@ pub(crate) struct Sock {
     /// host socket. While clear, a token check needs no `ppoll`: any arrival after the
     /// queue emptied brings a new edge.
     pub rx_maybe: bool,
+    /// Received bytes go into the pair (the channel that made or accepted the socket
+    /// reads it there): see `Server::pump`.
+    pub rx_pair: bool,
     /// `rx_pair`: received bytes the pair has not taken yet (at most one read).
     pub rx_pending: Vec<u8>,
     /// `Server::waits` at the last receive: an input event reported by a later wait

@@ -156,7 +156,9 @@ pub fn main(a: DemoArgs) -> i32 {
         f.stderr.trim_end()
     );
     if n.ok && f.ok && f.same {
-        println!("\nferry served the sandboxed curl over shared memory: same bytes as native.");
+        println!(
+            "\nferry served the sandboxed curl from outside its sandbox (requests over shared memory, received bytes through its socket fd): same bytes as native."
+        );
         0
     } else {
         eprintln!(

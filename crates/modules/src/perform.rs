@@ -119,27 +119,7 @@ impl Outbox {
         while let Some(front) = self.queue.front() {
             let more = self.queue.len() > 1;
             let r = match front {
-                Action::Emit(b) => {
-                    let rest = &b[self.done as usize..];
-                    if self.not_socket {
-                        retry_intr(|| rustix::io::write(sock, rest))
-                    } else {
-                        let flags = if more {
-                            SendFlags::MORE
-                        } else {
-                            SendFlags::empty()
-                        };
-                        match retry_intr(|| {
-                            rustix::net::send(sock, rest, flags | SendFlags::NOSIGNAL)
-                        }) {
-                            Err(Errno::NOTSOCK) => {
-                                self.not_socket = true;
-                                continue;
-                            }
-                            r => r,
-                        }
-                    }
-                }
+                Action::Emit(b) => put(sock, &b[self.done as usize..], more, &mut self.not_socket),
                 Action::EmitFile { file, offset, len } if *len <= self.copy_max => {
                     if self.at == self.end {
                         // Stage the next piece of the range.
@@ -151,48 +131,21 @@ impl Outbox {
                         }
                         let pos = offset + self.done;
                         match retry_intr(|| rustix::io::pread(file, &mut self.stage[..n], pos)) {
-                            Ok(0) => {
-                                return Err(io::Error::new(
-                                    io::ErrorKind::UnexpectedEof,
-                                    "file is shorter than the range a module emitted",
-                                ));
-                            }
+                            Ok(0) => return Err(short_file()),
                             Ok(k) => (self.at, self.end) = (0, k),
                             Err(e) => return Err(e.into()),
                         }
                     }
                     let rest = &self.stage[self.at..self.end];
                     let more_here = self.done + (rest.len() as u64) < *len;
-                    if self.not_socket {
-                        retry_intr(|| rustix::io::write(sock, rest))
-                    } else {
-                        let flags = if more || more_here {
-                            SendFlags::MORE
-                        } else {
-                            SendFlags::empty()
-                        };
-                        match retry_intr(|| {
-                            rustix::net::send(sock, rest, flags | SendFlags::NOSIGNAL)
-                        }) {
-                            Err(Errno::NOTSOCK) => {
-                                self.not_socket = true;
-                                continue;
-                            }
-                            r => r,
-                        }
-                    }
-                    .inspect(|&k| self.at += k)
+                    put(sock, rest, more || more_here, &mut self.not_socket)
+                        .inspect(|&k| self.at += k)
                 }
                 Action::EmitFile { file, offset, len } => {
                     let mut off = offset + self.done;
                     let count = usize::try_from(len - self.done).unwrap_or(usize::MAX);
                     match retry_intr(|| rustix::fs::sendfile(sock, file, Some(&mut off), count)) {
-                        Ok(0) => {
-                            return Err(io::Error::new(
-                                io::ErrorKind::UnexpectedEof,
-                                "file is shorter than the range a module emitted",
-                            ));
-                        }
+                        Ok(0) => return Err(short_file()),
                         r => r,
                     }
                 }
@@ -217,6 +170,37 @@ impl Outbox {
         }
         Ok(total)
     }
+}
+
+/// Bytes of the output to `sock`: `send` (with `MSG_MORE` when `more` follows, so a
+/// header and a small body leave in one segment), or `write` once `sock` turned out not
+/// to be a socket (`not_socket` remembers it).
+fn put(
+    sock: BorrowedFd<'_>,
+    bytes: &[u8],
+    more: bool,
+    not_socket: &mut bool,
+) -> Result<usize, Errno> {
+    if !*not_socket {
+        let flags = if more {
+            SendFlags::MORE
+        } else {
+            SendFlags::empty()
+        };
+        match retry_intr(|| rustix::net::send(sock, bytes, flags | SendFlags::NOSIGNAL)) {
+            Err(Errno::NOTSOCK) => *not_socket = true,
+            r => return r,
+        }
+    }
+    retry_intr(|| rustix::io::write(sock, bytes))
+}
+
+/// A file range that reads past the file's end.
+fn short_file() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "file is shorter than the range a module emitted",
+    )
 }
 
 fn front_len(q: &VecDeque<Action>) -> u64 {

@@ -348,26 +348,13 @@ fn pair_probe(ch: &mut Channel, s: &Sock, nonblock: bool) -> Res<()> {
     loop {
         // SAFETY: the program's fd, open for the call.
         let fd = unsafe { ferry_sys::borrow(s.fd) };
-        let ms = if nonblock {
-            0
-        } else {
-            w.slice().as_millis().clamp(1, i32::MAX as u128) as i32
-        };
-        let r = ferry_sys::poll_wait(fd, libc::POLLIN, ms);
-        let eintr = matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::Interrupted);
-        match r {
-            Ok(ev) if ev != 0 => return Ok(()),
-            Ok(_) if nonblock => return Err(Errno::EAGAIN),
-            Err(e) if !eintr => return Err(Errno::from_io(&e)),
-            _ => {}
+        if ferry_sys::poll_now(fd, libc::POLLIN).map_err(|e| Errno::from_io(&e))? != 0 {
+            return Ok(());
         }
-        if w.interrupted(start, eintr) {
-            return Err(Errno::EINTR);
+        if nonblock {
+            return Err(Errno::EAGAIN);
         }
-        if w.passed() {
-            return Err(w.expired);
-        }
-        ch.check_alive()?;
+        crate::ops::wait_readable(ch, s.fd, w, start)?;
     }
 }
 

@@ -152,9 +152,16 @@ fn wait_acceptable(ch: &mut Channel, s: &Sock, w: Wait, start: Counts) -> Res<()
         TABLE.update(s.fd, F_WANT, 0);
     }
     ch.flush();
+    wait_readable(ch, s.fd, w, start)
+}
+
+/// Sleeps (at most one slice of `w`) in `ppoll` until the program's end `fd` is
+/// readable. Fails with `EINTR` or the timeout's error as the kernel's blocking call
+/// would, or when the channel is gone.
+pub fn wait_readable(ch: &mut Channel, fd: c_int, w: Wait, start: Counts) -> Res<()> {
     let ms = w.slice().as_millis().clamp(1, SLICE.as_millis()) as i32;
-    // SAFETY: the program's end of the listener, open for the duration of the call.
-    let r = ferry_sys::poll_wait(unsafe { ferry_sys::borrow(s.fd) }, libc::POLLIN, ms);
+    // SAFETY: the program's end of a socket, open for the duration of the call.
+    let r = ferry_sys::poll_wait(unsafe { ferry_sys::borrow(fd) }, libc::POLLIN, ms);
     let eintr = matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::Interrupted);
     if let Err(e) = r
         && !eintr
@@ -385,10 +392,12 @@ pub unsafe fn setsockopt(
     {
         TABLE.set_timeout(s.fd, name == libc::SO_SNDTIMEO, us);
     }
-    if level == libc::SOL_SOCKET && (name == libc::SO_RCVTIMEO || name == libc::SO_RCVLOWAT) {
+    if crate::config::rx_pair()
+        && level == libc::SOL_SOCKET
+        && (name == libc::SO_RCVTIMEO || name == libc::SO_RCVLOWAT)
+    {
         // With `rx_pair` a stream's receives are the kernel's own on this fd: give it
-        // the same timeout and low-water mark (harmless otherwise: nothing else blocks
-        // reading it).
+        // the same timeout and low-water mark.
         // SAFETY: `len` readable bytes at `bytes`.
         let _ = unsafe {
             crate::real::setsockopt(s.fd, level, name, bytes.as_ptr().cast(), len as socklen_t)

@@ -4,7 +4,8 @@
 //! This crate owns the server side of socket mode: accepting channels on the control
 //! socket, spreading sockets over several servers, creating and placing host sockets
 //! (host namespace vs. the sandbox's own namespace), performing every operation
-//! non-blocking and parking the ones that must wait, readiness tokens, the egress
+//! non-blocking and parking the ones that must wait, readiness tokens (and, on the pair
+//! receive path, moving a TCP socket's received bytes into its readiness pair), the egress
 //! policy, egress bonding ([`egress`]: new outgoing connections spread over several host
 //! source addresses), published ports, data-path modules bound to sockets (`modules`: the
 //! server half of `ferry-modules` — binding, feeding a module the program's sends,

@@ -158,7 +158,7 @@ impl Server {
             .map_or(0, |c| u64::from(c.stats.pid) << 32 | u64::from(c.stats.tid));
         let server = self.assign(ch, key);
         let mut sock = self.new_sock(server, fd, pair, (domain, ty, protocol), Place::Provisional);
-        sock.rx_pair = self.chan(ch).is_some_and(|c| c.rx_pair);
+        sock.rx_pair = ty == libc::SOCK_STREAM && self.chan(ch).is_some_and(|c| c.rx_pair);
         let id = self.place_sock(sock).map_err(|e| errno(&e))?;
         self.stats.sockets_created += 1;
         Ok(id as i32)
@@ -889,7 +889,7 @@ impl Server {
         if self
             .socks
             .get(&id)
-            .is_some_and(|s| s.rx_pair && s.is_stream() && !s.listening && s.connected)
+            .is_some_and(|s| s.rx_pair && !s.listening && s.connected)
         {
             self.pump(id);
             return;
@@ -929,7 +929,7 @@ impl Server {
     /// once) or `EAGAIN` while it has not. `None`: not such a socket.
     fn pair_stream_end(&mut self, id: u32) -> Option<i32> {
         let s = self.socks.get_mut(&id)?;
-        if !s.rx_pair || !s.is_stream() || s.listening || !s.connected {
+        if !s.rx_pair || s.listening || !s.connected {
             return None;
         }
         if !s.eof_mirrored {
@@ -947,7 +947,7 @@ impl Server {
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
-        if !s.rx_pair || !s.is_stream() || s.listening || !s.connected || s.eof_mirrored {
+        if !s.rx_pair || s.listening || !s.connected || s.eof_mirrored {
             return;
         }
         if self.rx_scratch.is_empty() {

@@ -558,6 +558,9 @@ impl Server {
             self.channels.push(None);
         }
         let idx = idx as u32;
+        // Sockets of this channel take the pair receive path if the server offers it
+        // and the peer reads pairs (the shim does; the native client does not).
+        let rx_pair = self.cfg.rx_pair && hello.server & ferry_proto::HELLO_READS_PAIR != 0;
         let ch = match Channel::new(idx, fd, self.cfg.layout, hello.pid, hello.tid) {
             Ok(ch) => ch,
             Err(e) => {
@@ -571,7 +574,7 @@ impl Server {
             spin_ns: self.cfg.shim_spin.as_nanos() as u64,
             batch: self.cfg.batch.max(1),
             batch_delay_us: self.cfg.batch_delay.as_micros().min(u128::from(u32::MAX)) as u32,
-            flags: if self.cfg.rx_pair && hello.server & ferry_proto::HELLO_READS_PAIR != 0 {
+            flags: if rx_pair {
                 ferry_proto::HELLO_RX_PAIR
             } else {
                 0
@@ -604,7 +607,7 @@ impl Server {
         );
         let mut ch = ch;
         ch.routes = hello.server & HELLO_ROUTES != 0;
-        ch.rx_pair = self.cfg.rx_pair && hello.server & ferry_proto::HELLO_READS_PAIR != 0;
+        ch.rx_pair = rx_pair;
         self.channels[idx as usize] = Some(ch);
     }
 
@@ -738,7 +741,8 @@ impl Server {
             .add(sock.fd.as_fd(), host_events(), token(T_HOST, id))?;
         if let Err(e) = self.epoll.add(
             sock.pair.as_fd(),
-            if self.cfg.rx_pair {
+            if sock.rx_pair {
+                // Room in the pair resumes a pump that stopped on a full pair.
                 (libc::EPOLLRDHUP | libc::EPOLLOUT | libc::EPOLLET) as u32
             } else {
                 libc::EPOLLRDHUP as u32
@@ -791,7 +795,7 @@ impl Server {
             && !s.app_closed
         {
             s.app_closed = true;
-            if s.rx_pair && s.is_stream() && s.connected {
+            if s.rx_pair && s.connected {
                 // Closed with bytes unread (the kernel marks our end ECONNRESET when
                 // the program's end goes with data queued): the peer gets a reset, as
                 // from a kernel socket closed with unread data.

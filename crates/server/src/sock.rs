@@ -91,8 +91,8 @@ pub(crate) struct Sock {
     /// host socket. While clear, a token check needs no `ppoll`: any arrival after the
     /// queue emptied brings a new edge.
     pub rx_maybe: bool,
-    /// Received bytes go into the pair (the channel that made or accepted the socket
-    /// reads it there): see `Server::pump`.
+    /// A stream whose received bytes go into the pair (the channel that made or accepted
+    /// it reads them there): see `Server::pump`.
     pub rx_pair: bool,
     /// `rx_pair`: received bytes the pair has not taken yet (at most one read).
     pub rx_pending: Vec<u8>,

@@ -107,6 +107,12 @@ fn every_case_matches_native_with_the_ring_receive_path() {
 /// Runs the suite natively and through `ferry run OPTS`; fails on any difference not
 /// listed in [`KNOWN_DIFFERENCES`] or `more_known`.
 fn compare(opts: &[&str], more_known: &[(&str, &str)]) {
+    // One suite at a time: its timing-sensitive cases (a send after a partial one, a
+    // blocked call and a signal) should not share the 2 CPUs with another suite.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let bin = suite();
     if !bin.is_file() {
         eprintln!(

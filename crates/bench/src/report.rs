@@ -206,12 +206,15 @@ fn paper(e: Experiment) -> &'static str {
              through a module at the application's sendfile throughput. Goals here: module \
              start p50 ≤ 10 µs (server means per response: `module_start` makes the \
              instance, `module_init` runs init, `module_write` is the data: header + \
-             sendfile; `bind_p50`: the program's bind call, queued on the ring without \
+             file; `bind_p50`: the program's bind call, queued on the ring without \
              waiting, naming the file it registered once), module \
              throughput ≥ 0.95× ferry sendfile (`x_sendfile`), and at 2,322 B module latency \
-             below ferry read/write (`x_rw_latency` < 1). Every way opens its file once \
-             (read/write: `pread` at offset 0, sendfile: with an offset, module: \
-             `register_file`), so none pays an open/close per response."
+             below ferry read/write (`x_rw_latency` < 1). `module` binds per response, as \
+             S3's server did; `module kept` binds once per kept-alive connection (http_file's \
+             `lines` mode: the program sends the module each request line, S3's proposed \
+             \"pass arguments directly\"), so no instance is made per response. Every way \
+             opens its file once (read/write: `pread` at offset 0, sendfile: with an \
+             offset, modules: `register_file`), so none pays an open/close per response."
         }
         Experiment::E7 => {
             "S4 (protocol and NIC servers on a multiprocessor): two processes sending 1024-byte \

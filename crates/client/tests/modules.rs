@@ -167,6 +167,88 @@ fn http_file_serves_header_and_file_to_curl() {
 }
 
 #[test]
+fn http_file_bound_once_answers_curls_kept_alive_requests() {
+    // http_file's `lines` mode: bound once on the connection, the module answers every
+    // line the program sends. curl fetches three URLs over one kept-alive connection;
+    // the program reads each request and forwards one line.
+    if !have_curl() {
+        eprintln!("skipped: curl not installed");
+        return;
+    }
+    let srv = start("lines");
+    let mut c = Client::connect(&srv.path).unwrap();
+    let (l, port) = listener(&mut c);
+    let data = pattern(2322);
+    let file = tmp("lines-file");
+    std::fs::write(&file, &data).unwrap();
+    let bodies: Vec<PathBuf> = (0..3).map(|i| tmp(&format!("lines-body{i}"))).collect();
+    let head = tmp("lines-head");
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sS", "--max-time", "20", "-D"]).arg(&head);
+    for b in &bodies {
+        cmd.arg("-o")
+            .arg(b)
+            .arg(format!("http://127.0.0.1:{port}/"));
+    }
+    let child = cmd.stderr(Stdio::piped()).spawn().unwrap();
+    let (s, _) = c.accept(&l).unwrap();
+    let f = std::fs::File::open(&file).unwrap();
+    let reg = c.register_file(f.as_fd()).unwrap();
+    drop(f);
+    let len = data.len().to_string();
+    c.bind_module_refs(
+        &s,
+        HTTP_FILE,
+        &[("content-length", &len), ("mode", "lines")],
+        &[],
+        &[reg],
+    )
+    .unwrap();
+    let mut req = Vec::new();
+    let mut buf = [0u8; 4096];
+    let mut answered = 0;
+    loop {
+        let n = c.recv(&s, &mut buf).unwrap();
+        if n == 0 {
+            break; // curl is done and closed
+        }
+        req.extend_from_slice(&buf[..n]);
+        while let Some(end) = req.windows(4).position(|w| w == b"\r\n\r\n") {
+            assert!(req.starts_with(b"GET / HTTP/1.1\r\n"));
+            req.drain(..end + 4);
+            c.send(&s, b"GET /\n").unwrap();
+            answered += 1;
+        }
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "curl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(answered, 3, "three requests on one connection");
+    let h = std::fs::read_to_string(&head).unwrap();
+    assert_eq!(h.matches("HTTP/1.1 200 OK\r\n").count(), 3, "{h}");
+    for b in &bodies {
+        assert!(
+            std::fs::read(b).unwrap() == data,
+            "body differs from the file"
+        );
+    }
+    drop(s);
+    drop(l);
+    drop(c);
+    std::thread::sleep(Duration::from_millis(50));
+    let st = srv.stop();
+    assert_eq!(st.modules_started, 1, "one instance for the connection");
+    assert_eq!(st.modules_failed, 0);
+    assert_eq!(st.open_at_stop, 0);
+    for p in bodies.into_iter().chain([file, head]) {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+#[test]
 fn gzip_compresses_the_programs_sends_for_curl() {
     if !have_curl() {
         eprintln!("skipped: curl not installed");

@@ -2,13 +2,13 @@
 //! (non-blocking, resumable: for an event loop) and [`perform`] (blocking: tests, bench).
 
 use std::collections::VecDeque;
-use std::io;
+use std::io::{self, IoSlice};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use rustix::event::{PollFd, PollFlags, poll};
 use rustix::io::Errno;
-use rustix::net::SendFlags;
+use rustix::net::{SendAncillaryBuffer, SendFlags};
 
 /// One piece of output a module asked for, to be written to the instance's socket in
 /// order. Modules never do I/O themselves.
@@ -108,40 +108,18 @@ impl Outbox {
         self.queue.iter().map(Action::len).sum::<u64>() - self.done
     }
 
-    /// Writes as much as the socket takes now: `Emit` with `send(MSG_MORE)` when more
-    /// follows (so a header and a small file leave in one segment), `EmitFile` with
-    /// `sendfile` (or copied, see [`Outbox::set_copy_max`]). Returns the bytes written;
-    /// stops early (without an error) when the socket would block — check
-    /// [`Outbox::is_empty`]. A file shorter than its range is an
-    /// [`io::ErrorKind::UnexpectedEof`] error.
+    /// Writes as much as the socket takes now. Emitted buffers, and after them at most
+    /// one copied file range (see [`Outbox::set_copy_max`]), leave in one gathered
+    /// `sendmsg` — with `MSG_MORE` when more output follows, so a header and a small
+    /// file leave in one segment and one call; a range above `copy_max` goes with
+    /// `sendfile` on its own. Returns the bytes written; stops early (without an error)
+    /// when the socket would block — check [`Outbox::is_empty`]. A file shorter than
+    /// its range is an [`io::ErrorKind::UnexpectedEof`] error.
     pub fn advance(&mut self, sock: BorrowedFd<'_>) -> io::Result<u64> {
         let mut total = 0u64;
         while let Some(front) = self.queue.front() {
-            let more = self.queue.len() > 1;
             let r = match front {
-                Action::Emit(b) => put(sock, &b[self.done as usize..], more, &mut self.not_socket),
-                Action::EmitFile { file, offset, len } if *len <= self.copy_max => {
-                    if self.at == self.end {
-                        // Stage the next piece of the range.
-                        let n = usize::try_from(len - self.done)
-                            .unwrap_or(usize::MAX)
-                            .min(COPY_CHUNK);
-                        if self.stage.len() < n {
-                            self.stage.resize(n, 0);
-                        }
-                        let pos = offset + self.done;
-                        match retry_intr(|| rustix::io::pread(file, &mut self.stage[..n], pos)) {
-                            Ok(0) => return Err(short_file()),
-                            Ok(k) => (self.at, self.end) = (0, k),
-                            Err(e) => return Err(e.into()),
-                        }
-                    }
-                    let rest = &self.stage[self.at..self.end];
-                    let more_here = self.done + (rest.len() as u64) < *len;
-                    put(sock, rest, more || more_here, &mut self.not_socket)
-                        .inspect(|&k| self.at += k)
-                }
-                Action::EmitFile { file, offset, len } => {
+                Action::EmitFile { file, offset, len } if *len > self.copy_max => {
                     let mut off = offset + self.done;
                     let count = usize::try_from(len - self.done).unwrap_or(usize::MAX);
                     match retry_intr(|| rustix::fs::sendfile(sock, file, Some(&mut off), count)) {
@@ -149,20 +127,12 @@ impl Outbox {
                         r => r,
                     }
                 }
+                _ => self.send_gathered(sock)?,
             };
             match r {
                 Ok(n) => {
                     total += n as u64;
-                    self.done += n as u64;
-                    if self.done == front_len(&self.queue) {
-                        self.queue.pop_front();
-                        self.done = 0;
-                        if !self.stage.is_empty() {
-                            // A copied range is done: its buffer goes.
-                            self.stage = Vec::new();
-                            (self.at, self.end) = (0, 0);
-                        }
-                    }
+                    self.consume(n as u64);
                 }
                 Err(Errno::AGAIN) => break,
                 Err(e) => return Err(e.into()),
@@ -170,14 +140,103 @@ impl Outbox {
         }
         Ok(total)
     }
+
+    /// One gathered send from the front: emitted buffers up to the first file range,
+    /// and that range's staged bytes when it is copied (staging the next piece first
+    /// if none is). The outer `Result` is a failed `pread`; the inner one the send's.
+    fn send_gathered(&mut self, sock: BorrowedFd<'_>) -> io::Result<Result<usize, Errno>> {
+        let mut window = 0;
+        let mut staged = None;
+        for (i, a) in self.queue.iter().enumerate() {
+            match a {
+                Action::Emit(_) => window = i + 1,
+                Action::EmitFile { file, offset, len } if *len <= self.copy_max => {
+                    // The stage belongs to the queue's first copied range (this one):
+                    // `stage[at..end]` starts at its offset + its progress.
+                    let done = if i == 0 { self.done } else { 0 };
+                    if self.at == self.end {
+                        let n = usize::try_from(len - done)
+                            .unwrap_or(usize::MAX)
+                            .min(COPY_CHUNK);
+                        if self.stage.len() < n {
+                            self.stage.resize(n, 0);
+                        }
+                        let pos = offset + done;
+                        match retry_intr(|| rustix::io::pread(file, &mut self.stage[..n], pos)) {
+                            Ok(0) => return Err(short_file()),
+                            Ok(k) => (self.at, self.end) = (0, k),
+                            Err(e) => return Err(e.into()),
+                        }
+                    }
+                    staged = Some(done + ((self.end - self.at) as u64) < *len);
+                    window = i + 1;
+                    break;
+                }
+                Action::EmitFile { .. } => break,
+            }
+        }
+        let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(window.min(MAX_GATHER));
+        for (i, a) in self.queue.iter().take(window).enumerate() {
+            let skip = if i == 0 { self.done as usize } else { 0 };
+            match a {
+                Action::Emit(b) if iov.len() < MAX_GATHER - 1 || staged.is_none() => {
+                    iov.push(IoSlice::new(&b[skip..]))
+                }
+                Action::Emit(_) => break,
+                Action::EmitFile { .. } => iov.push(IoSlice::new(&self.stage[self.at..self.end])),
+            }
+            if iov.len() == MAX_GATHER {
+                break;
+            }
+        }
+        // More follows: actions beyond what this call carries, or the rest of a range.
+        let carried = iov.len();
+        let more = self.queue.len() > carried || staged == Some(true);
+        Ok(put(sock, &iov, more, &mut self.not_socket))
+    }
+
+    /// Accounts `n` bytes written from the front of the queue.
+    fn consume(&mut self, mut n: u64) {
+        while let Some(front) = self.queue.front() {
+            let copied = matches!(front, Action::EmitFile { len, .. } if *len <= self.copy_max);
+            let left = front.len() - self.done;
+            if n < left {
+                self.done += n;
+                if copied {
+                    self.at += n as usize;
+                }
+                return;
+            }
+            n -= left;
+            self.queue.pop_front();
+            self.done = 0;
+            if copied {
+                // A copied range is done: a large buffer goes, a small one is kept for
+                // the next response.
+                if self.stage.capacity() > KEEP_STAGE {
+                    self.stage = Vec::new();
+                }
+                (self.at, self.end) = (0, 0);
+            }
+            if n == 0 {
+                return;
+            }
+        }
+    }
 }
 
-/// Bytes of the output to `sock`: `send` (with `MSG_MORE` when `more` follows, so a
-/// header and a small body leave in one segment), or `write` once `sock` turned out not
-/// to be a socket (`not_socket` remembers it).
+/// Most pieces one gathered send carries.
+const MAX_GATHER: usize = 64;
+
+/// A copy buffer at most this large stays with the outbox between ranges.
+const KEEP_STAGE: usize = 64 * 1024;
+
+/// Bytes of the output to `sock`: `sendmsg` (with `MSG_MORE` when `more` follows, so a
+/// header and a small body leave in one segment), or `writev` once `sock` turned out
+/// not to be a socket (`not_socket` remembers it).
 fn put(
     sock: BorrowedFd<'_>,
-    bytes: &[u8],
+    iov: &[IoSlice<'_>],
     more: bool,
     not_socket: &mut bool,
 ) -> Result<usize, Errno> {
@@ -187,12 +246,15 @@ fn put(
         } else {
             SendFlags::empty()
         };
-        match retry_intr(|| rustix::net::send(sock, bytes, flags | SendFlags::NOSIGNAL)) {
+        let mut control = SendAncillaryBuffer::default();
+        match retry_intr(|| {
+            rustix::net::sendmsg(sock, iov, &mut control, flags | SendFlags::NOSIGNAL)
+        }) {
             Err(Errno::NOTSOCK) => *not_socket = true,
             r => return r,
         }
     }
-    retry_intr(|| rustix::io::write(sock, bytes))
+    retry_intr(|| rustix::io::writev(sock, iov))
 }
 
 /// A file range that reads past the file's end.
@@ -201,10 +263,6 @@ fn short_file() -> io::Error {
         io::ErrorKind::UnexpectedEof,
         "file is shorter than the range a module emitted",
     )
-}
-
-fn front_len(q: &VecDeque<Action>) -> u64 {
-    q.front().map_or(0, Action::len)
 }
 
 /// Writes `actions` to `sock` in order, waiting for the socket when it is non-blocking

@@ -87,6 +87,68 @@ fn http_file_refuses_a_range_beyond_the_file() {
 }
 
 /// Runs the gzip module over `input` fed in pieces of `piece` bytes; returns the stream.
+/// http_file's `lines` mode: init sends nothing, each newline fed (however the lines
+/// are split across buffers) gets header + file, and a bad mode fails init.
+#[test]
+fn http_file_lines_mode_answers_each_line() {
+    let dir = tmpdir("http-file-lines");
+    let path = dir.join("f");
+    std::fs::write(&path, b"0123456789").expect("write");
+    let h = host();
+    let id = h.load(&example("http_file")).expect("load");
+    let open = || std::fs::File::open(&path).expect("open").into();
+    let props = [("content-length", "10"), ("mode", "lines")];
+    let (mut inst, actions) = h.start(id, &props, vec![open()]).expect("start");
+    assert!(actions.is_empty(), "nothing before the first line");
+    assert!(!inst.is_finished());
+    let responses = |actions: &[Action]| {
+        assert_eq!(actions.len() % 2, 0);
+        for pair in actions.chunks(2) {
+            let Action::Emit(head) = &pair[0] else {
+                panic!("header first: {pair:?}")
+            };
+            assert!(head.starts_with(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n"));
+            assert!(matches!(
+                pair[1],
+                Action::EmitFile {
+                    offset: 0,
+                    len: 10,
+                    ..
+                }
+            ));
+        }
+        actions.len() / 2
+    };
+    assert_eq!(
+        responses(&inst.feed(b"GET\nGET".to_vec()).expect("feed")),
+        1
+    );
+    assert_eq!(responses(&inst.feed(b"\n".to_vec()).expect("feed")), 1);
+    assert_eq!(responses(&inst.feed(Vec::new()).expect("feed")), 0);
+    // More lines than one scan of the module's memory (1 KiB) holds.
+    let many = "x\n".repeat(700).into_bytes();
+    assert_eq!(responses(&inst.feed(many).expect("feed")), 700);
+    assert!(inst.close().expect("close").is_empty());
+    // "once" is the default spelled out; anything else is refused.
+    let (inst, actions) = h
+        .start(
+            id,
+            &[("content-length", "10"), ("mode", "once")],
+            vec![open()],
+        )
+        .expect("start once");
+    assert!(inst.is_finished() && responses(&actions) == 1);
+    for bad in ["line", "linesx", "ONCE", ""] {
+        let e = h
+            .start(id, &[("content-length", "10"), ("mode", bad)], vec![open()])
+            .unwrap_err();
+        assert!(
+            matches!(e, ferry_modules::Error::ModuleFailed(-1)),
+            "{bad}: {e}"
+        );
+    }
+}
+
 fn gzip_stream(h: &ModuleHost, input: &[u8], piece: usize, props: &[(&str, &str)]) -> Vec<u8> {
     let id = h.load(&example("gzip")).expect("load gzip");
     let (mut inst, mut actions) = h.start(id, props, Vec::new()).expect("start");

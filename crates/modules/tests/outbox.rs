@@ -151,3 +151,66 @@ fn copied_ranges_go_to_a_pipe_too() {
     assert_eq!(got.len(), data.len());
     assert!(got[0] == b'h' && got[1..] == data[1..]);
 }
+
+#[test]
+fn many_small_pieces_gather_in_order() {
+    // Emitted buffers and small copied ranges alternate (more pieces than one gathered
+    // send carries, and ranges longer than one stage), on a socket that fills: every
+    // byte arrives once and in order, however the sends split.
+    let dir = tmpdir("outbox-gather");
+    let path = dir.join("f");
+    let data = random_bytes(400_000, 9);
+    std::fs::write(&path, &data).expect("write");
+    let file: Arc<OwnedFd> = Arc::new(std::fs::File::open(&path).expect("open").into());
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let mut client = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+    let (server, _) = l.accept().expect("accept");
+    server.set_nonblocking(true).expect("nonblocking");
+    rustix::net::sockopt::set_socket_send_buffer_size(&server, 16 * 1024).expect("sndbuf");
+    rustix::net::sockopt::set_socket_recv_buffer_size(&client, 16 * 1024).expect("rcvbuf");
+
+    let mut want = Vec::new();
+    let mut actions = Vec::new();
+    for i in 0..300u64 {
+        let tag = format!("<{i}>").into_bytes();
+        want.extend_from_slice(&tag);
+        actions.push(Action::Emit(tag));
+        if i % 3 == 0 {
+            // Every third one a few plain buffers in a row, to fill a gathered send.
+            for _ in 0..i % 7 {
+                want.push(b'.');
+                actions.push(Action::Emit(b".".to_vec()));
+            }
+        }
+        let (offset, len) = if i % 50 == 7 {
+            (i, 300_000) // longer than one stage
+        } else {
+            (i * 131 % 390_000, 1 + i * 17 % 900)
+        };
+        want.extend_from_slice(&data[offset as usize..(offset + len) as usize]);
+        actions.push(Action::EmitFile {
+            file: Arc::clone(&file),
+            offset,
+            len,
+        });
+    }
+    let mut out = Outbox::new();
+    out.set_copy_max(u64::MAX);
+    out.push(actions);
+    assert_eq!(out.pending_bytes(), want.len() as u64);
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 3000];
+    while !out.is_empty() {
+        let before = out.pending_bytes();
+        let n = out.advance(server.as_fd()).expect("advance");
+        assert_eq!(before - out.pending_bytes(), n);
+        if !out.is_empty() {
+            let k = client.read(&mut buf).expect("read");
+            got.extend_from_slice(&buf[..k]);
+        }
+    }
+    drop(server);
+    client.read_to_end(&mut got).expect("read rest");
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "bytes out of order or wrong");
+}

@@ -6,11 +6,14 @@
 //! of body, checked against the expected pattern), and answers
 //! `STATS <p50 µs> <p99 µs> <MB/s> <mean µs>\n` before closing.
 //!
-//! `ferry-e6 serve --way rw|sendfile|module --file F --connect IP:PORT --responses N` is
-//! the program in the sandbox: it connects out, and answers each request with the same
-//! header and the file — with a 64 KiB `pread`/send loop, with `sendfile`, or by binding
-//! http_file (ferry's native API, `bind_module_refs_nowait`: the binding goes on the ring
-//! in order, without waiting for the answer; the server sends header and file itself).
+//! `ferry-e6 serve --way rw|sendfile|module|module-keep --file F --connect IP:PORT
+//! --responses N` is the program in the sandbox: it connects out, and answers each
+//! request with the same header and the file — with a 64 KiB `pread`/send loop, with
+//! `sendfile`, by binding http_file per response (`module`: ferry's native API,
+//! `bind_module_refs_nowait`: the binding goes on the ring in order, without waiting for
+//! the answer; the server sends header and file itself, as in S3), or by binding
+//! http_file once for the connection in its `lines` mode and sending it each request
+//! line (`module-keep`: the kept-alive connection; no instance is made per response).
 //! Every way opens the file once, before the first request, as a server that serves the
 //! same file again and again would: read/write and sendfile read it at offset 0 each
 //! time (`pread`, `sendfile` with an offset), the module way registers it with the
@@ -196,7 +199,8 @@ fn serve(args: &[String]) -> Result<(), String> {
                 respond_libc(&c, &f, size, way == "sendfile", &mut buf)?;
             }
         }
-        "module" => {
+        "module" | "module-keep" => {
+            let keep = way == "module-keep";
             let path = std::env::var_os("FERRY_SOCKET")
                 .ok_or("the module way needs ferry (FERRY_SOCKET is not set)")?;
             let mut cl = ferry_client::Client::connect(std::path::Path::new(&path))
@@ -214,15 +218,22 @@ fn serve(args: &[String]) -> Result<(), String> {
             cl.set_nodelay(&s, true).map_err(|e| e.to_string())?;
             cl.send(&s, hello.as_bytes()).map_err(|e| e.to_string())?;
             let len = size.to_string();
-            let props = [
+            let mut props = vec![
                 ("content-length", len.as_str()),
                 ("content-type", CONTENT_TYPE),
             ];
+            if keep {
+                props.push(("mode", "lines"));
+            }
             let reg = {
                 let f = std::fs::File::open(file).map_err(|e| format!("{file}: {e}"))?;
                 cl.register_file(std::os::fd::AsFd::as_fd(&f))
                     .map_err(|e| format!("register {file}: {e}"))?
             };
+            if keep {
+                cl.bind_module_refs(&s, HTTP_FILE, &props, &[], &[reg])
+                    .map_err(|e| format!("bind_module: {e}"))?;
+            }
             loop {
                 let line = {
                     let mut read = |b: &mut [u8]| cl.recv(&s, b).map_err(|e| e.to_string());
@@ -230,6 +241,11 @@ fn serve(args: &[String]) -> Result<(), String> {
                 };
                 if line.starts_with("STATS") {
                     break line;
+                }
+                if keep {
+                    // The request line goes to the module, which answers it.
+                    cl.send(&s, line.as_bytes()).map_err(|e| e.to_string())?;
+                    continue;
                 }
                 let t = Instant::now();
                 cl.bind_module_refs_nowait(&s, HTTP_FILE, &props, &[], &[reg])

@@ -6,11 +6,11 @@ use std::ffi::{c_int, c_void};
 use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use ferry_proto::{Ctl, CtlKind, MAX_SERVERS, Op, REQ_NONBLOCK, Req, server_of};
+use ferry_proto::{Ctl, CtlKind, MAX_SERVERS, Op, REQ_FILLED, REQ_NONBLOCK, Req, server_of};
 use libc::{sockaddr, socklen_t};
 
 use crate::addr::{family, ferry_name, read_sockaddr, write_sockaddr};
-use crate::chan::{Channel, SLICE, Wait, close_quiet};
+use crate::chan::{Channel, SLICE, Wait, close_quiet, fill_pair};
 use crate::errno::{Errno, Res};
 use crate::fdtable::{
     Entry, F_DGRAM, F_INET6, F_NONBLOCK, F_PEER, F_SHUT_WR, F_TYPED, F_WANT, Sock, TABLE,
@@ -262,6 +262,14 @@ pub unsafe fn connect(s: Sock, addr: *const sockaddr, len: socklen_t) -> Res<()>
     let mut req = Req::new(Op::Connect, s.id).with_addr(&wa);
     if s.nonblock() {
         req.flags |= REQ_NONBLOCK;
+        if !s.dgram() && !s.has_peer() {
+            // A connection in progress polls unwritable, as the kernel's socket does
+            // (programs poll for POLLOUT, then connect again or read SO_ERROR). Filled
+            // before the request so that the server's read of the filler — when the
+            // connect is answered, or when it completes — always comes after it.
+            fill_pair(s.fd);
+            req.flags |= REQ_FILLED;
+        }
     }
     let (_, snd) = TABLE.timeouts(s.fd);
     let r = simple(req, Wait::after(snd, Errno(libc::EINPROGRESS))).map(drop);

@@ -102,6 +102,11 @@ const _: () = assert!(size_of::<Cmp>() == RECORD_SIZE);
 pub const NO_BUF: u32 = u32::MAX;
 /// Request flag: the socket is non-blocking (answer `EAGAIN` instead of parking).
 pub const REQ_NONBLOCK: u16 = 1;
+/// Request flag (`Connect` of a stream): the shim has filled the program's end of the
+/// readiness pair so that it polls unwritable while the connection is in progress; the
+/// server reads the filler out when the connect is answered with anything but
+/// `EINPROGRESS`, else when the connection completes or fails.
+pub const REQ_FILLED: u16 = 2;
 /// Completion flag: the host socket was found empty; drain the readiness token.
 pub const CMP_DRAIN_TOKEN: u16 = 1;
 

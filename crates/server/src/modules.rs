@@ -803,11 +803,6 @@ impl Server {
                     reported = true;
                     self.complete_on(ch, Cmp::new(CmpKind::Done, id, tag, -libc::EIO));
                 }
-                Parked::SoError { ch, tag } => {
-                    let c =
-                        Cmp::new(CmpKind::Done, id, tag, 0).with_bytes(&libc::EIO.to_ne_bytes());
-                    self.complete_on(ch, c);
-                }
                 Parked::Accept { ch, .. } => {
                     self.ctl_reply(ch, Server::new_reply(-libc::EIO));
                 }

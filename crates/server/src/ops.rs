@@ -6,7 +6,8 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 
 use ferry_proto::{
-    CMP_DRAIN_TOKEN, Cmp, CmpKind, Ctl, CtlKind, NO_BUF, Op, REQ_NONBLOCK, Request, WireAddr,
+    CMP_DRAIN_TOKEN, Cmp, CmpKind, Ctl, CtlKind, NO_BUF, Op, REQ_FILLED, REQ_NONBLOCK, Request,
+    WireAddr,
 };
 use ferry_ring::BufId;
 use tracing::{debug, warn};
@@ -304,6 +305,14 @@ impl Server {
                     .map_err(|e| e.to_string())?
                     .ok_or("connect without address")?;
                 self.connect(ch, id, r.tag, addr, nonblock);
+                if r.flags & REQ_FILLED != 0 {
+                    // Unwritable while connecting, as the kernel's socket: the filler
+                    // goes when the connect ends (now, or at its completion).
+                    match self.socks.get_mut(&id) {
+                        Some(s) if s.connecting && nonblock => s.connect_filled = true,
+                        _ => self.drain_filler(id),
+                    }
+                }
             }
             Op::Bind => {
                 let addr = req
@@ -521,12 +530,11 @@ impl Server {
     fn getopt(&mut self, ch: u32, id: u32, tag: u32, level: i32, name: i32, len: u32) {
         let s = self.sock(id).expect("caller checked");
         if level == libc::SOL_SOCKET && name == libc::SO_ERROR {
-            if s.connecting {
-                s.parked.push_back(Parked::SoError { ch, tag });
-                return;
-            }
+            // While a connect is in progress the answer is 0, as the kernel's: the
+            // host socket's error is taken by the server when the connect ends (and
+            // kept here for this call), and only then does the fd poll writable.
             let err = std::mem::take(&mut s.so_error);
-            let err = if err != 0 {
+            let err = if err != 0 || s.connecting {
                 err
             } else {
                 ferry_sys::getsockopt_int(s.fd.as_fd(), level, name).unwrap_or(0)
@@ -1015,6 +1023,7 @@ impl Server {
         let out = events & (libc::EPOLLOUT | libc::EPOLLERR | libc::EPOLLHUP) as u32 != 0;
         if s.connecting && out {
             s.connecting = false;
+            let filled = std::mem::take(&mut s.connect_filled);
             let err = ferry_sys::getsockopt_int(s.fd.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
                 .unwrap_or(libc::EIO);
             let parked: Vec<Parked> = s.parked.drain(..).collect();
@@ -1039,11 +1048,6 @@ impl Server {
                         }
                         self.done(ch, id, tag, -err);
                     }
-                    Parked::SoError { ch, tag } => {
-                        reported = true;
-                        let c = Cmp::new(CmpKind::Done, id, tag, 0).with_bytes(&err.to_ne_bytes());
-                        self.complete(ch, c);
-                    }
                     other => keep.push(other),
                 }
             }
@@ -1051,6 +1055,10 @@ impl Server {
                 s.so_error = if reported { 0 } else { err };
                 s.connected = err == 0;
                 s.parked.extend(keep);
+            }
+            if filled {
+                // The connect has ended: the program's end polls writable again.
+                self.drain_filler(id);
             }
         }
         if out {

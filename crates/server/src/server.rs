@@ -717,6 +717,7 @@ impl Server {
             txq: Default::default(),
             connecting: false,
             connect_to: None,
+            connect_filled: false,
             so_error: 0,
             app_closed: false,
             shut_wr_pending: false,

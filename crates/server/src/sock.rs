@@ -33,8 +33,6 @@ pub(crate) enum Parked {
     },
     /// A blocking connect.
     Connect { ch: u32, tag: u32 },
-    /// `getsockopt(SO_ERROR)` while a connect is in progress.
-    SoError { ch: u32, tag: u32 },
     /// A blocking accept; `pair` is the server end of the new socket's readiness pair.
     Accept { ch: u32, pair: OwnedFd },
 }
@@ -43,9 +41,7 @@ impl Parked {
     /// The channel and tag to answer (accept answers on the control socket: tag 0).
     pub(crate) fn owner(&self) -> (u32, u32) {
         match *self {
-            Parked::Recv { ch, tag, .. }
-            | Parked::Connect { ch, tag }
-            | Parked::SoError { ch, tag } => (ch, tag),
+            Parked::Recv { ch, tag, .. } | Parked::Connect { ch, tag } => (ch, tag),
             Parked::Accept { ch, .. } => (ch, 0),
         }
     }
@@ -105,6 +101,9 @@ pub(crate) struct Sock {
     pub connecting: bool,
     /// Where a connect in progress goes.
     pub connect_to: Option<SocketAddr>,
+    /// The program's end of the pair is filled (unwritable) until the connect in
+    /// progress ends (`REQ_FILLED`).
+    pub connect_filled: bool,
     /// Error left by the last connect, for `SO_ERROR`.
     pub so_error: i32,
     /// The program has closed its last reference.

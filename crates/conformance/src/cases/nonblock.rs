@@ -5,8 +5,9 @@
 use super::{Case, Res};
 use crate::flags::poll_names;
 use crate::net::{
-    accept, closed_port, connect, drain, fill_send_buffer, listener, peer_addr, poll1, recv,
-    recv_text, send, so_error, socket, tcp_pair, wait_for,
+    Addr, accept, bind, closed_port, connect, drain, fill_send_buffer, listen, listener,
+    local_addr, peer_addr, poll1, recv, recv_text, send, so_error, socket, tcp_pair, tcp_socket,
+    wait_for,
 };
 use crate::sys::{Ctx, nonblock_state, set_nonblocking, show};
 
@@ -18,6 +19,10 @@ pub const CASES: &[Case] = &[
     Case::new("nb.accept_eagain", accept_eagain),
     Case::new("nb.connect_einprogress", connect_einprogress),
     Case::new("nb.connect_refused_so_error", connect_refused_so_error),
+    Case::new(
+        "nb.connect_in_progress_not_writable",
+        connect_in_progress_not_writable,
+    ),
     Case::new("nb.partial_write", partial_write),
     Case::new(
         "nb.full_buffer_eagain_then_pollout",
@@ -120,6 +125,33 @@ fn connect_refused_so_error() -> Res {
     let again = so_error(c.raw());
     Ok(format!(
         "connect={first} SO_ERROR={err} SO_ERROR_again={again}"
+    ))
+}
+
+/// A connection that cannot complete yet (the listener's accept queue is full, so its
+/// SYN is dropped until it is retried) does not poll writable; `SO_ERROR` is 0 and a
+/// second `connect` says `EALREADY` meanwhile. Once the queue has room, the retried SYN
+/// (after ~1 s) completes it.
+fn connect_in_progress_not_writable() -> Res {
+    let l = tcp_socket(libc::AF_INET).ctx("socket")?;
+    bind(l.raw(), &Addr::loopback(libc::AF_INET, 0)).ctx("bind")?;
+    listen(l.raw(), 0).ctx("listen")?;
+    let addr = local_addr(l.raw()).ctx("getsockname")?;
+    // Backlog 0 queues one connection: this one fills the queue.
+    let first = tcp_socket(libc::AF_INET).ctx("socket")?;
+    connect(first.raw(), &addr).ctx("connect")?;
+    let c = socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_NONBLOCK, 0).ctx("socket")?;
+    let started = show(connect(c.raw(), &addr).map(|_| 0));
+    let during = show(poll1(c.raw(), libc::POLLOUT, 300).map(poll_names));
+    let err = so_error(c.raw());
+    let again = show(connect(c.raw(), &addr).map(|_| 0));
+    let _taken = accept(l.raw()).ctx("accept")?;
+    let after = show(poll1(c.raw(), libc::POLLOUT, 4000).map(poll_names));
+    let err_after = so_error(c.raw());
+    let last = show(connect(c.raw(), &addr).map(|_| 0));
+    Ok(format!(
+        "connect={started} poll_during={during} SO_ERROR={err} connect2={again} \
+         poll_after_accept={after} SO_ERROR_after={err_after} connect3={last}"
     ))
 }
 

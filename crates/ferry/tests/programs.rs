@@ -59,6 +59,48 @@ fn curl_fetches_the_same_bytes_from_nginx_as_natively() {
 }
 
 #[test]
+fn parallel_downloads_fast_and_slow_readers_get_every_byte() {
+    // Bulk receives go host socket → the server's one pipe → the program's fd (splice);
+    // several streams share that pipe, and a slow reader's fd fills up, so what it does
+    // not take waits in the server. Every file must arrive whole and in order.
+    if !can_run(&["curl", "nginx", "ip", "sh"]) {
+        return;
+    }
+    let r = remote("parallel");
+    let dir = TempDir::new("parallel");
+    let root = dir.path().join("www");
+    std::fs::create_dir_all(&root).unwrap();
+    let data = pattern(12 << 20, 9);
+    std::fs::write(root.join("big.bin"), &data).unwrap();
+    let conf = nginx_conf(dir.path(), &root, 8080);
+    let _nginx = Guard(
+        quiet(&mut r.command("nginx"))
+            .args(["-c", conf.to_str().unwrap()])
+            .spawn()
+            .unwrap(),
+    );
+    wait_port(r.remote_ip(), 8080);
+    let url = format!("http://{}:8080/big.bin", r.remote_ip());
+    let out = |i: usize| dir.path().join(format!("got{i}"));
+    let script = format!(
+        "curl -sS --fail -m 60 -o '{a}' {url} & curl -sS --fail -m 60 -o '{b}' {url} & \
+         curl -sS --fail -m 60 --limit-rate 8M -o '{c}' {url} & \
+         curl -sS --fail -m 60 --limit-rate 16M -o '{d}' {url} & wait",
+        a = out(0).display(),
+        b = out(1).display(),
+        c = out(2).display(),
+        d = out(3).display(),
+    );
+    let ferry = ferry_run(&[], &["sh", "-c", &script]);
+    assert!(ferry.status.success(), "{}", text(&ferry));
+    for i in 0..4 {
+        let got = std::fs::read(out(i)).unwrap();
+        assert_eq!(got.len(), data.len(), "download {i}");
+        assert!(got == data, "download {i}: bytes differ");
+    }
+}
+
+#[test]
 fn denied_destination_gets_a_clear_error() {
     if !can_run(&["curl", "nginx", "ip"]) {
         return;

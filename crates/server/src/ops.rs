@@ -40,6 +40,17 @@ fn would_block(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::WouldBlock
 }
 
+/// `rx_pair`: the server's buffer for host bytes on their way into a pair.
+const RX_SCRATCH: usize = 64 * 1024;
+/// `rx_pair`: bytes per splice of a bulk stream (host socket → pipe → pair). Not more
+/// than a pair usually takes at once: what it does not take is copied out of the pipe.
+const RX_SPLICE: usize = 64 * 1024;
+/// `rx_pair`: a splice that moves less than this ends a stream's bulk mode.
+const SPLICE_MIN: usize = 16 * 1024;
+/// `rx_pair`: the server's pipe (pages, not bytes, are what a splice fills: room for
+/// many small segments).
+const RX_PIPE: usize = 1 << 20;
+
 impl Server {
     /// Queues a completion on channel `ch` (dropped if the channel is gone). A buffer
     /// coming back is room for the channel's next send: sockets waiting for it become
@@ -950,7 +961,10 @@ impl Server {
     /// (the program's fd) until either would block; what the pair does not take waits
     /// for its `EPOLLOUT` (and the host socket waits meanwhile: TCP's window is the
     /// flow control). The end of the stream (EOF or an error, kept for the shim's
-    /// question) shuts the pair's write side.
+    /// question) shuts the pair's write side. A stream whose last read filled the 64 KiB
+    /// scratch buffer is moved with `splice` through the server's pipe instead (pages
+    /// change hands, the bytes are not copied in the server) until a splice moves less
+    /// than [`SPLICE_MIN`].
     pub(crate) fn pump(&mut self, id: u32) {
         let Some(s) = self.socks.get_mut(&id) else {
             return;
@@ -959,9 +973,12 @@ impl Server {
             return;
         }
         if self.rx_scratch.is_empty() {
-            self.rx_scratch = vec![0u8; 64 * 1024];
+            self.rx_scratch = vec![0u8; RX_SCRATCH];
+            // Without a pipe (out of descriptors), bulk streams are copied too.
+            self.rx_pipe = ferry_sys::pipe_sized(RX_PIPE).ok();
         }
         let buf = &mut self.rx_scratch;
+        let mut pipe_broken = false;
         loop {
             if !s.rx_pending.is_empty() {
                 match ferry_sys::send_nosignal(s.pair.as_fd(), &s.rx_pending) {
@@ -974,7 +991,50 @@ impl Server {
                     Err(_) => return,
                 }
             }
-            match ferry_sys::recv(s.fd.as_fd(), buf, libc::MSG_DONTWAIT) {
+            let got = match &self.rx_pipe {
+                Some((pr, pw)) if s.rx_bulk => {
+                    let r = ferry_sys::splice(s.fd.as_fd(), pw.as_fd(), RX_SPLICE);
+                    if let Ok(n @ 1..) = r {
+                        // Into the pair; what it does not take leaves the pipe for
+                        // `rx_pending`, so the pipe is empty for the next socket.
+                        let moved = ferry_sys::splice(pr.as_fd(), s.pair.as_fd(), n).unwrap_or(0);
+                        let mut rest = n - moved.min(n);
+                        while rest > 0 {
+                            match ferry_sys::read(pr.as_fd(), &mut buf[..rest.min(RX_SCRATCH)]) {
+                                Ok(k @ 1..) => {
+                                    s.rx_pending.extend_from_slice(&buf[..k]);
+                                    rest -= k;
+                                }
+                                _ => break,
+                            }
+                        }
+                        s.rx_bulk = n >= SPLICE_MIN;
+                        if rest > 0 {
+                            // Not expected (the pipe holds those bytes): this stream has
+                            // lost them, and the pipe, not empty, must not serve another.
+                            pipe_broken = true;
+                        }
+                    }
+                    if pipe_broken {
+                        Err(io::Error::from_raw_os_error(libc::EIO))
+                    } else {
+                        r
+                    }
+                }
+                _ => ferry_sys::recv(s.fd.as_fd(), buf, libc::MSG_DONTWAIT).inspect(|&n| {
+                    if n > 0 {
+                        // Straight into the pair; only what it does not take is kept.
+                        let sent = ferry_sys::send_nosignal(s.pair.as_fd(), &buf[..n]).unwrap_or(0);
+                        s.rx_pending.extend_from_slice(&buf[sent..n]);
+                        // A splice into a socket blocks unless the socket's own file
+                        // is non-blocking: the server's end of the pair becomes so.
+                        s.rx_bulk = n == RX_SCRATCH
+                            && self.rx_pipe.is_some()
+                            && ferry_sys::set_nonblocking(s.pair.as_fd(), true).is_ok();
+                    }
+                }),
+            };
+            match got {
                 Ok(0) => {
                     s.eof_mirrored = true;
                     let _ = ferry_sys::shutdown(s.pair.as_fd(), libc::SHUT_WR);
@@ -984,9 +1044,6 @@ impl Server {
                     s.stats.bytes_in += n as u64;
                     self.stats.bytes_in += n as u64;
                     self.stats.data_syscalls += 1;
-                    // Straight into the pair; only what it does not take is kept.
-                    let sent = ferry_sys::send_nosignal(s.pair.as_fd(), &buf[..n]).unwrap_or(0);
-                    s.rx_pending.extend_from_slice(&buf[sent..n]);
                     if !s.rx_pending.is_empty() {
                         return;
                     }
@@ -996,6 +1053,11 @@ impl Server {
                     s.so_error = e.raw_os_error().unwrap_or(libc::EIO);
                     s.eof_mirrored = true;
                     let _ = ferry_sys::shutdown(s.pair.as_fd(), libc::SHUT_WR);
+                    if pipe_broken {
+                        warn!("socket {id}: the receive pipe lost bytes; the stream ends with EIO");
+                        let _ = ferry_sys::linger_reset(s.fd.as_fd());
+                        self.rx_pipe = None;
+                    }
                     return;
                 }
             }

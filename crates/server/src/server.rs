@@ -56,6 +56,9 @@ pub struct Server {
     pub(crate) waits: u64,
     /// `rx_pair`: where host bytes land on their way into a pair.
     pub(crate) rx_scratch: Vec<u8>,
+    /// `rx_pair`: the pipe (read end, write end) bulk streams are spliced through;
+    /// empty between calls of `pump`.
+    pub(crate) rx_pipe: Option<(OwnedFd, OwnedFd)>,
     /// Sockets with sends queued during this pass of the rings.
     pub(crate) tx_pending: Vec<u32>,
     /// Control connections that have not said Hello yet.
@@ -123,6 +126,7 @@ impl Server {
             dirty: Vec::new(),
             waits: 0,
             rx_scratch: Vec::new(),
+            rx_pipe: None,
             tx_pending: Vec::new(),
             pending_hello: HashMap::new(),
             next_hello: 0,
@@ -712,6 +716,7 @@ impl Server {
             rx_maybe: true,
             rx_pair: false,
             rx_pending: Vec::new(),
+            rx_bulk: false,
             recv_mark: 0,
             parked: Default::default(),
             txq: Default::default(),

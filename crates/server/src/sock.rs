@@ -92,6 +92,8 @@ pub(crate) struct Sock {
     pub rx_pair: bool,
     /// `rx_pair`: received bytes the pair has not taken yet (at most one read).
     pub rx_pending: Vec<u8>,
+    /// `rx_pair`: the stream is in bulk mode (spliced, see `Server::pump`).
+    pub rx_bulk: bool,
     /// `Server::waits` at the last receive: an input event reported by a later wait
     /// than the next one cannot be older than that receive.
     pub recv_mark: u64,

@@ -829,6 +829,39 @@ pub fn recv(fd: BorrowedFd<'_>, buf: &mut [u8], flags: i32) -> io::Result<usize>
     .map(|n| n as usize)
 }
 
+/// A non-blocking pipe (read end, write end) of `size` bytes (`F_SETPIPE_SZ`; the kernel
+/// rounds it up to pages and caps it at `/proc/sys/fs/pipe-max-size` for ordinary users,
+/// which is not an error: the pipe keeps its default size then).
+pub fn pipe_sized(size: usize) -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    syscall!(
+        libc::SYS_pipe2,
+        fds.as_mut_ptr(),
+        libc::O_NONBLOCK | libc::O_CLOEXEC
+    )?;
+    // SAFETY: pipe2 returned two new descriptors that nothing else owns.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let _ = syscall!(libc::SYS_fcntl, w.as_raw_fd(), libc::F_SETPIPE_SZ, size);
+    Ok((r, w))
+}
+
+/// `splice(2)` of up to `len` bytes from `from` to `to` (one of them a pipe), without
+/// blocking on the pipe (`SPLICE_F_NONBLOCK`; a socket blocks or not by its own flag)
+/// and moving pages where the kernel can (`SPLICE_F_MOVE`). A socket written to this way
+/// gets `MSG_DONTWAIT`, but not `MSG_NOSIGNAL`: the process must ignore SIGPIPE.
+pub fn splice(from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
+    syscall!(
+        libc::SYS_splice,
+        from.as_raw_fd(),
+        std::ptr::null_mut::<libc::loff_t>(),
+        to.as_raw_fd(),
+        std::ptr::null_mut::<libc::loff_t>(),
+        len,
+        libc::SPLICE_F_NONBLOCK | libc::SPLICE_F_MOVE
+    )
+    .map(|n| n as usize)
+}
+
 /// Ignores SIGPIPE in the whole process (a server must see EPIPE, not die).
 pub fn ignore_sigpipe() -> io::Result<()> {
     // The kernel's struct sigaction: handler, flags, restorer, mask. SIG_IGN needs no

@@ -29,6 +29,8 @@
 //!
 //! The one `unsafe` module, `hostio`, hands channel buffers straight to the host
 //! socket's `sendmsg`/`recvmsg` (S0's DMHU: no copy between the wire and shared memory).
+//! Bulk streams on the pair path are spliced host socket → pipe → pair; the first such
+//! splice makes the process ignore SIGPIPE (a splice cannot say `MSG_NOSIGNAL`).
 #![deny(unsafe_code)]
 
 mod channel;

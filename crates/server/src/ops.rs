@@ -974,8 +974,14 @@ impl Server {
         }
         if self.rx_scratch.is_empty() {
             self.rx_scratch = vec![0u8; RX_SCRATCH];
-            // Without a pipe (out of descriptors), bulk streams are copied too.
+            // Without a pipe (out of descriptors), bulk streams are copied too. A splice
+            // into a pair whose program end has gone raises SIGPIPE (splice takes no
+            // MSG_NOSIGNAL): the process ignores it from now on (the `ferry` binary
+            // does from the start).
             self.rx_pipe = ferry_sys::pipe_sized(RX_PIPE).ok();
+            if self.rx_pipe.is_some() && ferry_sys::ignore_sigpipe().is_err() {
+                self.rx_pipe = None;
+            }
         }
         let buf = &mut self.rx_scratch;
         let mut pipe_broken = false;

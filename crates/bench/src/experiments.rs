@@ -287,13 +287,10 @@ fn e2(s: &Settings, ready: &[Config]) -> Vec<Case> {
         if !ready.iter().any(|c| c.name == "ferry") {
             break;
         }
-        // The ring receive path: its waits (spins, sleeps, wakes) are ferry's own and
-        // counted. On the pair path (the default, measured in R1) a reader that has
-        // spun out sleeps in the kernel, where ferry does not see the wake-up.
-        let c = Config::ferry_args(
-            &format!("ferry-spin{spin}"),
-            &["--spin", &spin, "--rx", "ring"],
-        );
+        // The default (pair) receive path: a reader that spun out sleeps in the kernel,
+        // and the shim counts those sleeps for the server's stats (`pair_sleeps`, part
+        // of `wakes`), beside the server's wakes and the doorbells.
+        let c = Config::ferry_args(&format!("ferry-spin{spin}"), &["--spin", &spin]);
         out.push(Case {
             config: c,
             param: Param::new(spin.clone(), f64::from(us)),

@@ -167,6 +167,9 @@ pub struct FerryStats {
     pub wakes_avoided: u64,
     /// Doorbells the sandbox rang to wake the server.
     pub doorbells: u64,
+    /// Sleeps of the program's readers in the kernel on the pair receive path (each
+    /// ended by a kernel wake-up).
+    pub pair_sleeps: u64,
     /// Module instances started.
     pub modules_started: u64,
     /// Time spent making their instances, nanoseconds.
@@ -178,10 +181,10 @@ pub struct FerryStats {
 }
 
 impl FerryStats {
-    /// Crossings that cost a wake-up: the server waking the program plus the program
-    /// ringing the server's doorbell.
+    /// Crossings that cost a wake-up: the server waking the program, the program
+    /// ringing the server's doorbell, and (pair receive path) a reader the kernel woke.
     pub fn wakes(&self) -> u64 {
-        self.wakes_sent + self.doorbells
+        self.wakes_sent + self.doorbells + self.pair_sleeps
     }
 }
 
@@ -212,6 +215,7 @@ pub fn ferry_stats(json: &str) -> Result<FerryStats, String> {
         s.wakes_sent += c("wakes_sent");
         s.wakes_avoided += c("wakes_avoided");
         s.doorbells += c("doorbells");
+        s.pair_sleeps += c("pair_sleeps");
     }
     Ok(s)
 }

@@ -240,7 +240,9 @@ fn method(r: &Results) -> String {
          its duration plus a margin; a case whose warm-up fails is not repeated, and a client \
          program whose warm-ups time out twice under a configuration is not tried again \
          under it in that experiment (the Failures section says so). ferry's counters come from `ferry run --stats-json` of the same \
-         run; wakes = server wake-ups sent + doorbells rung, summed over channels, divided by \
+         run; wakes = server wake-ups sent + doorbells rung + the program's sleeps in the \
+         kernel on the pair receive path (each ends in a kernel wake-up), summed over \
+         channels, divided by \
          the messages sockperf received over the whole run (its warm-up included, as the \
          counters are). E3 runs each whole configuration (client, burner, ferry's server, \
          slirp4netns, pasta) on CPU 0 with the remote's iperf3 server on CPU 1. Nothing is \

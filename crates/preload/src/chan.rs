@@ -326,6 +326,12 @@ impl Channel {
         self.spin
     }
 
+    /// Counts a sleep in the kernel outside the channel (a blocking receive on a
+    /// readiness pair) where the server, which reports wake-ups, can read it.
+    pub fn count_kernel_sleep(&self) {
+        self.region.count_outside_sleep(Side::A);
+    }
+
     /// Rings the doorbell if records wait for it (before anything that may block).
     pub fn flush(&mut self) {
         if !self.dead && (self.unrung > 0 || self.ep.tx.pending() > 0) {

@@ -292,8 +292,15 @@ fn pair_recv(ch: &mut Channel, s: &Sock, cur: &mut IoCursor, flags: c_int) -> Re
         };
         match spun {
             Some(k) => k,
-            // SAFETY: the caller's buffers, writable (the cursor's contract).
-            None => unsafe { crate::sys::recv_iov(s.fd, iov, n, kflags) }?,
+            None => {
+                if !nonblock {
+                    // Asleep in the kernel until the server writes: counted for the
+                    // server's wake statistics (it cannot see this wake-up).
+                    ch.count_kernel_sleep();
+                }
+                // SAFETY: the caller's buffers, writable (the cursor's contract).
+                unsafe { crate::sys::recv_iov(s.fd, iov, n, kflags) }?
+            }
         }
     };
     if n == 0 {

@@ -813,3 +813,43 @@ fn ipv6_loopback() {
     let srv = Running::start("v6", 1);
     assert_eq!(py(IPV6, Some(&srv.path), &[]), "ipv6 ok\n");
 }
+
+const SLOW_REPLY: &str = r#"
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+for i in range(3):
+    s.sendall(b"ping")
+    assert s.recv(16) == b"pong"
+print("slow ok")
+"#;
+
+#[test]
+fn a_reader_asleep_in_the_kernel_is_counted() {
+    // On the pair receive path a blocking reader that spun out sleeps in the kernel,
+    // where the server does not see it; the shim counts it for the server's stats.
+    if !need_python() {
+        return;
+    }
+    let _g = serial();
+    let srv = Running::start_with("pair-sleeps", |cfg| cfg.rx_pair = true);
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let peer = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut c, _) = l.accept().unwrap();
+        let mut b = [0u8; 4];
+        for _ in 0..3 {
+            c.read_exact(&mut b).unwrap();
+            // Much longer than the spin span: the reader goes to sleep.
+            std::thread::sleep(Duration::from_millis(100));
+            c.write_all(b"pong").unwrap();
+        }
+    });
+    let out = py(SLOW_REPLY, Some(&srv.path), &[port.to_string()]);
+    assert_eq!(out, "slow ok\n");
+    peer.join().unwrap();
+    let stats = srv.stop();
+    let sleeps: u64 = stats.channels.iter().map(|c| c.pair_sleeps).sum();
+    assert!((3..=6).contains(&sleeps), "pair sleeps {sleeps}: {stats:?}");
+    assert!(stats.to_json().contains("\"pair_sleeps\":"));
+}

@@ -211,6 +211,18 @@ mod tests {
     }
 
     #[test]
+    fn outside_sleeps_are_counted_per_side_and_leave_the_closed_flags_alone() {
+        let (region, _a, _b) = pair(4);
+        region.count_outside_sleep(Side::A);
+        region.count_outside_sleep(Side::A);
+        assert_eq!(region.outside_sleep_count(Side::A), 2);
+        assert_eq!(region.outside_sleep_count(Side::B), 0);
+        assert!(!region.is_closed(Side::A) && !region.is_closed(Side::B));
+        region.close(Side::A);
+        assert_eq!(region.outside_sleep_count(Side::A), 2);
+    }
+
+    #[test]
     fn wait_reports_timeout_close_and_extra() {
         let (region, _a, mut b) = pair(4);
         let p = SpinPolicy::new(Duration::from_micros(50), Duration::from_micros(5));

@@ -8,8 +8,9 @@
 //!
 //! ```text
 //! 0        header (magic, version, parameters, derived offsets)      HEADER_LEN
-//! 128      closed flag of side A (u32, own 128-byte line)
-//! 256      closed flag of side B (u32, own 128-byte line)
+//! 128      closed flag of side A (u32, own 128-byte line; at +8 a u64 count of its
+//!          sleeps outside the channel, for statistics)
+//! 256      closed flag of side B (u32, own 128-byte line; the same)
 //! 512      ring A->B: control block (RING_CTL_LEN) + ring_slots * record_size
 //! ...      ring B->A: same shape, 128-byte aligned
 //! ...      buffers: bufs_a + bufs_b buffers of buf_stride bytes, 64- or 4096-aligned

@@ -17,6 +17,7 @@ use crate::ring::RingCtl;
 use crate::sync::{AtomicU32, Ordering};
 use crate::sys::{self, Mmap};
 use crate::wait;
+use std::sync::atomic::AtomicU64;
 
 /// A mapped region. `Send + Sync`. Unmaps and closes on drop.
 #[derive(Debug)]
@@ -133,6 +134,26 @@ impl Region {
     /// Whether either side is closed.
     pub(crate) fn any_closed(&self) -> bool {
         self.is_closed(Side::A) || self.is_closed(Side::B)
+    }
+
+    /// Counts one sleep of `side` outside the channel (a shim asleep in the kernel on
+    /// a socket of its own, which the peer's wake counters cannot see), in `side`'s own
+    /// line next to its closed flag; for the peer's statistics only (a number it must
+    /// not trust).
+    pub fn count_outside_sleep(&self, side: Side) {
+        self.outside_sleeps(side).fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `side`'s count of sleeps outside the channel ([`Region::count_outside_sleep`]).
+    pub fn outside_sleep_count(&self, side: Side) -> u64 {
+        self.outside_sleeps(side).load(Ordering::Relaxed)
+    }
+
+    fn outside_sleeps(&self, side: Side) -> &AtomicU64 {
+        let off = CLOSED_OFF + side.index() * LINE + 8;
+        // SAFETY: `off + 8 <= HEADER_LEN <= len`, 8-aligned (the mapping is page aligned,
+        // LINE and CLOSED_OFF are multiples of 8); atomics only, as for the closed flag.
+        unsafe { &*self.map.ptr().as_ptr().add(off).cast::<AtomicU64>() }
     }
 
     fn closed_flag(&self, side: Side) -> &AtomicU32 {

@@ -670,6 +670,7 @@ impl Server {
             debug!("channel {idx}: {why}");
             let _ = self.epoll.delete(ch.ctl.as_fd());
             let _ = self.epoll.delete(ch.doorbell());
+            ch.stats.pair_sleeps = ch.region.outside_sleep_count(ferry_ring::Side::A);
             self.stats.channels.push(ch.stats);
             self.modules.files.remove(&idx);
             self.modules.registered.remove(&idx);

@@ -42,6 +42,9 @@ pub struct ChannelStats {
     pub wakes_avoided: u64,
     /// Doorbells received from the shim.
     pub doorbells: u64,
+    /// Sleeps of the shim's threads in the kernel on a readiness pair (the pair
+    /// receive path: a reader that spun out), as the shim counted them in the region.
+    pub pair_sleeps: u64,
 }
 
 /// Whole-server counters.
@@ -135,7 +138,7 @@ impl fmt::Display for ServerStats {
         for c in &self.channels {
             writeln!(
                 f,
-                "  channel {} (pid {} tid {}): requests {}, completions {} in {} batches, wakes sent {} avoided {}, doorbells {}",
+                "  channel {} (pid {} tid {}): requests {}, completions {} in {} batches, wakes sent {} avoided {}, doorbells {}, pair sleeps {}",
                 c.id,
                 c.pid,
                 c.tid,
@@ -144,7 +147,8 @@ impl fmt::Display for ServerStats {
                 c.batches,
                 c.wakes_sent,
                 c.wakes_avoided,
-                c.doorbells
+                c.doorbells,
+                c.pair_sleeps
             )?;
         }
         for s in &self.sockets {
@@ -173,8 +177,8 @@ impl ServerStats {
             .iter()
             .map(|c| {
                 format!(
-                    r#"{{"id":{},"pid":{},"tid":{},"requests":{},"completions":{},"batches":{},"wakes_sent":{},"wakes_avoided":{},"doorbells":{}}}"#,
-                    c.id, c.pid, c.tid, c.requests, c.completions, c.batches, c.wakes_sent, c.wakes_avoided, c.doorbells
+                    r#"{{"id":{},"pid":{},"tid":{},"requests":{},"completions":{},"batches":{},"wakes_sent":{},"wakes_avoided":{},"doorbells":{},"pair_sleeps":{}}}"#,
+                    c.id, c.pid, c.tid, c.requests, c.completions, c.batches, c.wakes_sent, c.wakes_avoided, c.doorbells, c.pair_sleeps
                 )
             })
             .collect();

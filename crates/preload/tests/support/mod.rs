@@ -139,11 +139,16 @@ pub struct Running {
 impl Running {
     /// Starts a server with `batch` (doorbell batching threshold).
     pub fn start(tag: &str, batch: u32) -> Running {
+        Running::start_with(tag, |cfg| cfg.batch = batch)
+    }
+
+    /// Starts a server whose configuration `set` adjusts.
+    pub fn start_with(tag: &str, set: impl FnOnce(&mut ferry_server::Config)) -> Running {
         let path =
             std::env::temp_dir().join(format!("ferry-preload-{tag}-{}.sock", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let mut cfg = ferry_server::Config::new(path.clone());
-        cfg.batch = batch;
+        set(&mut cfg);
         let server = ferry_server::Server::new(cfg, Box::new(ferry_sys::socket)).unwrap();
         let handle = server.stop_handle();
         let thread = Some(std::thread::spawn(move || server.run()));

@@ -9,6 +9,7 @@
 use std::collections::HashSet;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::error::Error;
@@ -17,7 +18,6 @@ use crate::ring::RingCtl;
 use crate::sync::{AtomicU32, Ordering};
 use crate::sys::{self, Mmap};
 use crate::wait;
-use std::sync::atomic::AtomicU64;
 
 /// A mapped region. `Send + Sync`. Unmaps and closes on drop.
 #[derive(Debug)]

@@ -247,7 +247,8 @@ fn e1(s: &Settings, ready: &[Config]) -> Vec<Case> {
 }
 
 /// sockperf ping-pong (`--full-rtt`): RTT p50/p99, round trips measured, and under
-/// ferry the wake-ups (server wakes + doorbells) and server sleeps per round trip over
+/// ferry the wake-ups (server wakes, doorbells, the reader's kernel sleeps on the pair
+/// path) and server sleeps per round trip over
 /// the whole run (sockperf's own warm-up included, as in ferry's counters).
 fn pingpong_extract() -> Extract {
     Box::new(|r: &RunOut| {

@@ -430,7 +430,7 @@ fn e2(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
         .draw()
         .map_err(err)?;
     for (what, s, c) in [
-        ("wakes + doorbells", &wakes, COLORS[2]),
+        ("wake-ups (server, doorbell, kernel)", &wakes, COLORS[2]),
         ("server sleeps", &sleeps, COLORS[4]),
     ] {
         let pts: Vec<Pt> = s

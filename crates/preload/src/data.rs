@@ -177,7 +177,7 @@ pub unsafe fn recv(s: Sock, cur: &mut IoCursor, flags: c_int) -> Res<Got> {
         let s = typed(ch, s)?;
         let cap = cur.remaining();
         let mut got = Got::default();
-        if crate::config::rx_pair() && !s.dgram() && s.has_peer() && flags & libc::MSG_OOB == 0 {
+        if s.reads_pair() && flags & libc::MSG_OOB == 0 {
             ch.flush();
             return pair_recv(ch, &s, cur, flags);
         }

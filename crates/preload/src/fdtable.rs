@@ -106,6 +106,12 @@ impl Sock {
         self.flags & F_PEER != 0
     }
 
+    /// A stream with a peer whose received bytes the server moves into this fd
+    /// (`rx_pair`, said by the servers' hello replies): its receives are the fd's own.
+    pub fn reads_pair(&self) -> bool {
+        crate::config::rx_pair() && self.typed() && !self.dgram() && self.has_peer()
+    }
+
     /// Shut down for writing.
     pub fn shut_wr(&self) -> bool {
         self.flags & F_SHUT_WR != 0

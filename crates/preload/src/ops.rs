@@ -350,7 +350,7 @@ pub unsafe fn name(s: Sock, peer: bool, addr: *mut sockaddr, len: *mut socklen_t
 /// `ioctl(FIONREAD)`: asked of the server, or, for a connected stream whose bytes come
 /// through its fd (`rx_pair`), of the fd.
 pub fn pending(s: Sock) -> Res<c_int> {
-    if crate::config::rx_pair() && s.typed() && !s.dgram() && s.has_peer() {
+    if s.reads_pair() {
         let mut n: c_int = 0;
         // SAFETY: FIONREAD on the program's own fd writes one int.
         let r = unsafe { crate::real::ioctl(s.fd, libc::FIONREAD as _, (&raw mut n).cast()) };

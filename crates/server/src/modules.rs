@@ -789,10 +789,7 @@ impl Server {
         let parked: Vec<Parked> = s.parked.drain(..).collect();
         let items: Vec<_> = s.txq.drain(..).collect();
         let ch = s.last_ch;
-        if !s.eof_mirrored {
-            s.eof_mirrored = true;
-            let _ = ferry_sys::shutdown(s.pair.as_fd(), libc::SHUT_WR);
-        }
+        s.mirror_eof();
         for item in items {
             self.give_back(item.ch, id, item.span.id().0);
         }

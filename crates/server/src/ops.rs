@@ -15,7 +15,7 @@ use tracing::{debug, warn};
 use crate::hostio;
 use crate::policy::Verdict;
 use crate::server::Server;
-use crate::sock::{Parked, Place, TxItem};
+use crate::sock::{Parked, Place, Sock, TxItem};
 
 /// Most buffers one receive fills.
 const MAX_RECV_BUFS: usize = 4;
@@ -50,6 +50,35 @@ const SPLICE_MIN: usize = 16 * 1024;
 /// `rx_pair`: the server's pipe (pages, not bytes, are what a splice fills: room for
 /// many small segments).
 const RX_PIPE: usize = 1 << 20;
+
+/// One splice of bulk stream `s`: host socket → `pipe` (read end, write end) → pair.
+/// What the pair does not take is read out of the pipe (through `buf`) into
+/// `s.rx_pending`, so the pipe is empty for the next socket; `true` when that failed
+/// (not expected: the pipe holds those bytes) — the stream has lost them (`EIO`) and
+/// the pipe must not serve another.
+fn splice_bulk(
+    s: &mut Sock,
+    (pr, pw): &(OwnedFd, OwnedFd),
+    buf: &mut [u8],
+) -> (io::Result<usize>, bool) {
+    let r = ferry_sys::splice(s.fd.as_fd(), pw.as_fd(), RX_SPLICE);
+    let Ok(n @ 1..) = r else {
+        return (r, false);
+    };
+    let moved = ferry_sys::splice(pr.as_fd(), s.pair.as_fd(), n).unwrap_or(0);
+    let mut rest = n - moved.min(n);
+    while rest > 0 {
+        match ferry_sys::read(pr.as_fd(), &mut buf[..rest.min(RX_SCRATCH)]) {
+            Ok(k @ 1..) => {
+                s.rx_pending.extend_from_slice(&buf[..k]);
+                rest -= k;
+            }
+            _ => return (Err(io::Error::from_raw_os_error(libc::EIO)), true),
+        }
+    }
+    s.rx_bulk = n >= SPLICE_MIN;
+    (r, false)
+}
 
 impl Server {
     /// Queues a completion on channel `ch` (dropped if the channel is gone). A buffer
@@ -905,11 +934,7 @@ impl Server {
     /// [`Server::maybe_token`]; `readable` = the host socket just reported input and
     /// nothing has received since, so a stream needs no `ppoll` to know.
     fn maybe_token_known(&mut self, id: u32, readable: bool) {
-        if self
-            .socks
-            .get(&id)
-            .is_some_and(|s| s.rx_pair && !s.listening && s.connected)
-        {
+        if self.socks.get(&id).is_some_and(Sock::reads_pair) {
             self.pump(id);
             return;
         }
@@ -937,9 +962,8 @@ impl Server {
             s.token_out = true;
             s.stats.tokens += 1;
         }
-        if rev & (libc::POLLRDHUP | libc::POLLHUP) != 0 && !s.eof_mirrored && !s.listening {
-            s.eof_mirrored = true;
-            let _ = ferry_sys::shutdown(s.pair.as_fd(), libc::SHUT_WR);
+        if rev & (libc::POLLRDHUP | libc::POLLHUP) != 0 && !s.listening {
+            s.mirror_eof();
         }
     }
 
@@ -947,10 +971,7 @@ impl Server {
     /// through the pair: how the stream ended (0, or the error that ended it, reported
     /// once) or `EAGAIN` while it has not. `None`: not such a socket.
     fn pair_stream_end(&mut self, id: u32) -> Option<i32> {
-        let s = self.socks.get_mut(&id)?;
-        if !s.rx_pair || s.listening || !s.connected {
-            return None;
-        }
+        let s = self.socks.get_mut(&id).filter(|s| s.reads_pair())?;
         if !s.eof_mirrored {
             return Some(-libc::EAGAIN);
         }
@@ -969,7 +990,7 @@ impl Server {
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
-        if !s.rx_pair || s.listening || !s.connected || s.eof_mirrored {
+        if !s.reads_pair() || s.eof_mirrored {
             return;
         }
         if self.rx_scratch.is_empty() {
@@ -998,34 +1019,10 @@ impl Server {
                 }
             }
             let got = match &self.rx_pipe {
-                Some((pr, pw)) if s.rx_bulk => {
-                    let r = ferry_sys::splice(s.fd.as_fd(), pw.as_fd(), RX_SPLICE);
-                    if let Ok(n @ 1..) = r {
-                        // Into the pair; what it does not take leaves the pipe for
-                        // `rx_pending`, so the pipe is empty for the next socket.
-                        let moved = ferry_sys::splice(pr.as_fd(), s.pair.as_fd(), n).unwrap_or(0);
-                        let mut rest = n - moved.min(n);
-                        while rest > 0 {
-                            match ferry_sys::read(pr.as_fd(), &mut buf[..rest.min(RX_SCRATCH)]) {
-                                Ok(k @ 1..) => {
-                                    s.rx_pending.extend_from_slice(&buf[..k]);
-                                    rest -= k;
-                                }
-                                _ => break,
-                            }
-                        }
-                        s.rx_bulk = n >= SPLICE_MIN;
-                        if rest > 0 {
-                            // Not expected (the pipe holds those bytes): this stream has
-                            // lost them, and the pipe, not empty, must not serve another.
-                            pipe_broken = true;
-                        }
-                    }
-                    if pipe_broken {
-                        Err(io::Error::from_raw_os_error(libc::EIO))
-                    } else {
-                        r
-                    }
+                Some(pipe) if s.rx_bulk => {
+                    let (r, broken) = splice_bulk(s, pipe, buf);
+                    pipe_broken = broken;
+                    r
                 }
                 _ => ferry_sys::recv(s.fd.as_fd(), buf, libc::MSG_DONTWAIT).inspect(|&n| {
                     if n > 0 {
@@ -1042,8 +1039,7 @@ impl Server {
             };
             match got {
                 Ok(0) => {
-                    s.eof_mirrored = true;
-                    let _ = ferry_sys::shutdown(s.pair.as_fd(), libc::SHUT_WR);
+                    s.mirror_eof();
                     return;
                 }
                 Ok(n) => {
@@ -1057,8 +1053,7 @@ impl Server {
                 Err(e) if would_block(&e) => return,
                 Err(e) => {
                     s.so_error = e.raw_os_error().unwrap_or(libc::EIO);
-                    s.eof_mirrored = true;
-                    let _ = ferry_sys::shutdown(s.pair.as_fd(), libc::SHUT_WR);
+                    s.mirror_eof();
                     if pipe_broken {
                         warn!("socket {id}: the receive pipe lost bytes; the stream ends with EIO");
                         let _ = ferry_sys::linger_reset(s.fd.as_fd());

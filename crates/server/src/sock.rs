@@ -139,4 +139,18 @@ impl Sock {
     pub(crate) fn is_stream(&self) -> bool {
         self.ty == libc::SOCK_STREAM
     }
+
+    /// A connected stream whose received bytes go through the pair (`rx_pair`).
+    pub(crate) fn reads_pair(&self) -> bool {
+        self.rx_pair && !self.listening && self.connected
+    }
+
+    /// The end of the stream reaches the program's end of the pair (POLLIN|POLLRDHUP,
+    /// then 0 from a read): the pair's write side is shut, once.
+    pub(crate) fn mirror_eof(&mut self) {
+        if !self.eof_mirrored {
+            self.eof_mirrored = true;
+            let _ = ferry_sys::shutdown(std::os::fd::AsFd::as_fd(&self.pair), libc::SHUT_WR);
+        }
+    }
 }

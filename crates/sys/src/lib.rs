@@ -846,9 +846,10 @@ pub fn pipe_sized(size: usize) -> io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// `splice(2)` of up to `len` bytes from `from` to `to` (one of them a pipe), without
-/// blocking on the pipe (`SPLICE_F_NONBLOCK`; a socket blocks or not by its own flag)
-/// and moving pages where the kernel can (`SPLICE_F_MOVE`). A socket written to this way
-/// gets `MSG_DONTWAIT`, but not `MSG_NOSIGNAL`: the process must ignore SIGPIPE.
+/// blocking on the pipe (`SPLICE_F_NONBLOCK`) and moving pages where the kernel can
+/// (`SPLICE_F_MOVE`). A socket end blocks or not by its own file's `O_NONBLOCK` only (the
+/// flag does not reach it), and a socket written to this way gets no `MSG_NOSIGNAL`: the
+/// process must ignore SIGPIPE.
 pub fn splice(from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
     syscall!(
         libc::SYS_splice,

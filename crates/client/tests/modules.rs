@@ -53,16 +53,19 @@ fn listener(c: &mut Client) -> (Socket, u16) {
     (l, port)
 }
 
-/// curl fetching `http://127.0.0.1:port/`, headers into `head`, body into `body`.
-fn curl(port: u16, extra: &[&str], head: &Path, body: &Path) -> Child {
-    Command::new("curl")
-        .args(["-sS", "--max-time", "20", "-o"])
-        .arg(body)
-        .arg("-D")
+/// curl fetching `http://127.0.0.1:port/` once per path in `bodies` (over one kept-alive
+/// connection), headers into `head`, each body into its path.
+fn curl(port: u16, extra: &[&str], head: &Path, bodies: &[&Path]) -> Child {
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sS", "--max-time", "20", "-D"])
         .arg(head)
-        .args(extra)
-        .arg(format!("http://127.0.0.1:{port}/"))
-        .stdout(Stdio::null())
+        .args(extra);
+    for body in bodies {
+        cmd.arg("-o")
+            .arg(body)
+            .arg(format!("http://127.0.0.1:{port}/"));
+    }
+    cmd.stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
@@ -99,7 +102,7 @@ fn serve_file(c: &mut Client, l: &Socket, port: u16, data: &[u8], tag: &str) {
     let file = tmp(&format!("{tag}-file"));
     std::fs::write(&file, data).unwrap();
     let (head, body) = (tmp(&format!("{tag}-head")), tmp(&format!("{tag}-body")));
-    let child = curl(port, &[], &head, &body);
+    let child = curl(port, &[], &head, &[&body]);
     let s = accept_request(c, l);
     let f = std::fs::File::open(&file).unwrap();
     let len = data.len().to_string();
@@ -183,14 +186,12 @@ fn http_file_bound_once_answers_curls_kept_alive_requests() {
     std::fs::write(&file, &data).unwrap();
     let bodies: Vec<PathBuf> = (0..3).map(|i| tmp(&format!("lines-body{i}"))).collect();
     let head = tmp("lines-head");
-    let mut cmd = Command::new("curl");
-    cmd.args(["-sS", "--max-time", "20", "-D"]).arg(&head);
-    for b in &bodies {
-        cmd.arg("-o")
-            .arg(b)
-            .arg(format!("http://127.0.0.1:{port}/"));
-    }
-    let child = cmd.stderr(Stdio::piped()).spawn().unwrap();
+    let child = curl(
+        port,
+        &[],
+        &head,
+        &bodies.iter().map(PathBuf::as_path).collect::<Vec<_>>(),
+    );
     let (s, _) = c.accept(&l).unwrap();
     let f = std::fs::File::open(&file).unwrap();
     let reg = c.register_file(f.as_fd()).unwrap();
@@ -267,7 +268,7 @@ fn gzip_compresses_the_programs_sends_for_curl() {
         .unwrap();
     }
     let (head, body) = (tmp("gz-head"), tmp("gz-body"));
-    let child = curl(port, &["--compressed"], &head, &body);
+    let child = curl(port, &["--compressed"], &head, &[&body]);
     let s = accept_request(&mut c, &l);
     c.bind_module(
         &s,
@@ -323,7 +324,7 @@ fn failing_modules_fail_only_their_socket() {
     // the loop was stalled about one deadline (5 ms by default), not forever.
     for (i, bad) in [LOOP_INIT, HOG, TRAP].into_iter().enumerate() {
         let (head, body) = (tmp(&format!("f{i}-head")), tmp(&format!("f{i}-body")));
-        let child = curl(port, &[], &head, &body);
+        let child = curl(port, &[], &head, &[&body]);
         let s = accept_request(&mut c, &l);
         let t = Instant::now();
         let e = c.bind_module(&s, bad.as_bytes(), &[], &[]).unwrap_err();
@@ -343,7 +344,7 @@ fn failing_modules_fail_only_their_socket() {
 
     // Failing on data: the program's sends on that socket fail with EIO.
     let (head, body) = (tmp("fd-head"), tmp("fd-body"));
-    let child = curl(port, &[], &head, &body);
+    let child = curl(port, &[], &head, &[&body]);
     let s = accept_request(&mut c, &l);
     c.bind_module(&s, LOOP_DATA.as_bytes(), &[], &[]).unwrap();
     c.send(&s, b"fed to a loop").unwrap();
@@ -387,7 +388,7 @@ fn hostile_bindings_get_an_errno_and_the_server_carries_on() {
     let mut c = Client::connect(&srv.path).unwrap();
     let (l, port) = listener(&mut c);
     let (head, body) = (tmp("ho-head"), tmp("ho-body"));
-    let child = curl(port, &[], &head, &body);
+    let child = curl(port, &[], &head, &[&body]);
     let s = accept_request(&mut c, &l);
 
     let good = Binding {

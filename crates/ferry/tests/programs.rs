@@ -31,14 +31,7 @@ fn curl_fetches_the_same_bytes_from_nginx_as_natively() {
     for (i, (name, len)) in files.iter().enumerate() {
         std::fs::write(root.join(name), pattern(*len, i as u32 + 1)).unwrap();
     }
-    let conf = nginx_conf(dir.path(), &root, 8080);
-    let _nginx = Guard(
-        quiet(&mut r.command("nginx"))
-            .args(["-c", conf.to_str().unwrap()])
-            .spawn()
-            .unwrap(),
-    );
-    wait_port(r.remote_ip(), 8080);
+    let _nginx = remote_nginx(&r, dir.path(), &root, 8080);
     for (name, len) in files {
         let url = format!("http://{}:8080/{name}", r.remote_ip());
         let native = Command::new("curl")
@@ -72,14 +65,7 @@ fn parallel_downloads_fast_and_slow_readers_get_every_byte() {
     std::fs::create_dir_all(&root).unwrap();
     let data = pattern(12 << 20, 9);
     std::fs::write(root.join("big.bin"), &data).unwrap();
-    let conf = nginx_conf(dir.path(), &root, 8080);
-    let _nginx = Guard(
-        quiet(&mut r.command("nginx"))
-            .args(["-c", conf.to_str().unwrap()])
-            .spawn()
-            .unwrap(),
-    );
-    wait_port(r.remote_ip(), 8080);
+    let _nginx = remote_nginx(&r, dir.path(), &root, 8080);
     let url = format!("http://{}:8080/big.bin", r.remote_ip());
     let out = |i: usize| dir.path().join(format!("got{i}"));
     let script = format!(
@@ -108,14 +94,7 @@ fn denied_destination_gets_a_clear_error() {
     let r = remote("deny");
     let dir = TempDir::new("deny");
     std::fs::write(dir.path().join("index.html"), "hello").unwrap();
-    let conf = nginx_conf(dir.path(), dir.path(), 8081);
-    let _nginx = Guard(
-        quiet(&mut r.command("nginx"))
-            .args(["-c", conf.to_str().unwrap()])
-            .spawn()
-            .unwrap(),
-    );
-    wait_port(r.remote_ip(), 8081);
+    let _nginx = remote_nginx(&r, dir.path(), dir.path(), 8081);
     let url = format!("http://{}:8081/index.html", r.remote_ip());
     let deny = format!("{}/32", r.remote_ip());
     let o = ferry_run(&["--deny", &deny], &["curl", "-sS", &url]);
@@ -461,14 +440,7 @@ fn unprivileged_user_runs_curl_through_ferry() {
     let r = remote("unpriv");
     let dir = TempDir::new("unpriv");
     std::fs::write(dir.path().join("x.bin"), pattern(500_000, 3)).unwrap();
-    let conf = nginx_conf(dir.path(), dir.path(), 8082);
-    let _nginx = Guard(
-        quiet(&mut r.command("nginx"))
-            .args(["-c", conf.to_str().unwrap()])
-            .spawn()
-            .unwrap(),
-    );
-    wait_port(r.remote_ip(), 8082);
+    let _nginx = remote_nginx(&r, dir.path(), dir.path(), 8082);
     // The user needs to reach the binaries: copy them somewhere world-readable.
     let bin = TempDir::new("unpriv-bin");
     let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_ferry"));
@@ -517,14 +489,7 @@ fn a_program_killed_mid_transfer_leaves_nothing_open() {
     let r = remote("kill");
     let dir = TempDir::new("kill");
     std::fs::write(dir.path().join("big.bin"), pattern(64 << 20, 5)).unwrap();
-    let conf = nginx_conf(dir.path(), dir.path(), 8083);
-    let _nginx = Guard(
-        quiet(&mut r.command("nginx"))
-            .args(["-c", conf.to_str().unwrap()])
-            .spawn()
-            .unwrap(),
-    );
-    wait_port(r.remote_ip(), 8083);
+    let _nginx = remote_nginx(&r, dir.path(), dir.path(), 8083);
     let stats = dir.path().join("stats.json");
     let url = format!("http://{}:8083/big.bin", r.remote_ip());
     // curl is throttled so the transfer is surely under way when it is killed.
@@ -608,14 +573,7 @@ fn names_resolve_through_the_dns_forwarder() {
     std::thread::spawn(move || dns_responder(sock, ip));
     let dir = TempDir::new("dns");
     std::fs::write(dir.path().join("hello.txt"), "resolved").unwrap();
-    let nconf = nginx_conf(dir.path(), dir.path(), 8084);
-    let _nginx = Guard(
-        quiet(&mut r.command("nginx"))
-            .args(["-c", nconf.to_str().unwrap()])
-            .spawn()
-            .unwrap(),
-    );
-    wait_port(ip, 8084);
+    let _nginx = remote_nginx(&r, dir.path(), dir.path(), 8084);
     let upstream = format!("{ip}:53");
     let stats = dir.path().join("stats.json");
     let o = ferry_run(

@@ -32,15 +32,7 @@ fn nginx(r: &Remote, dir: &TempDir, port: u16, files: &[(&str, usize, u32)]) -> 
     for (name, len, seed) in files {
         std::fs::write(dir.path().join(name), pattern(*len, *seed)).unwrap();
     }
-    let conf = nginx_conf(dir.path(), dir.path(), port);
-    let g = Guard(
-        quiet(&mut r.command("nginx"))
-            .args(["-c", conf.to_str().unwrap()])
-            .spawn()
-            .unwrap(),
-    );
-    wait_port(r.remote_ip(), port);
-    g
+    remote_nginx(r, dir.path(), dir.path(), port)
 }
 
 #[test]

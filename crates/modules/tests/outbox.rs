@@ -19,20 +19,61 @@ fn outbox_resumes_on_a_nonblocking_socket() {
     }
 }
 
-fn resumes_on_a_nonblocking_socket(copy_max: u64) {
-    let dir = tmpdir(&format!("outbox-{copy_max}"));
-    let path = dir.join("big");
-    let data = random_bytes(3 << 20, 77);
+/// A file of `len` random bytes (from `seed`) in a fresh directory `tag`: its bytes and
+/// the file, open for reading.
+fn random_file(tag: &str, len: usize, seed: u64) -> (Vec<u8>, Arc<OwnedFd>) {
+    let path = tmpdir(tag).join("f");
+    let data = random_bytes(len, seed);
     std::fs::write(&path, &data).expect("write");
-    let file: Arc<OwnedFd> = Arc::new(std::fs::File::open(&path).expect("open").into());
+    let file = Arc::new(std::fs::File::open(&path).expect("open").into());
+    (data, file)
+}
 
+/// A connected TCP pair on 127.0.0.1: (client, server), the server non-blocking, its
+/// send buffer and the client's receive buffer `bufs` bytes, so that the socket fills
+/// and an outbox has to resume.
+fn small_nonblocking_pair(bufs: usize) -> (TcpStream, TcpStream) {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let mut client = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+    let client = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
     let (server, _) = l.accept().expect("accept");
     server.set_nonblocking(true).expect("nonblocking");
-    // Small buffers, so that the socket fills and the outbox has to resume.
-    rustix::net::sockopt::set_socket_send_buffer_size(&server, 64 * 1024).expect("sndbuf");
-    rustix::net::sockopt::set_socket_recv_buffer_size(&client, 64 * 1024).expect("rcvbuf");
+    rustix::net::sockopt::set_socket_send_buffer_size(&server, bufs).expect("sndbuf");
+    rustix::net::sockopt::set_socket_recv_buffer_size(&client, bufs).expect("rcvbuf");
+    (client, server)
+}
+
+/// Advances `out` on `server` until it is empty, as an event loop would (each call's
+/// count must match what left the queue), reading `chunk` bytes from `client` whenever
+/// the socket is full; then everything the client received, and how often it was full.
+fn drain(
+    mut out: Outbox,
+    mut client: TcpStream,
+    server: TcpStream,
+    chunk: usize,
+) -> (Vec<u8>, usize) {
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; chunk];
+    let mut stalls = 0;
+    while !out.is_empty() {
+        let before = out.pending_bytes();
+        let n = out.advance(server.as_fd()).expect("advance");
+        assert_eq!(before - out.pending_bytes(), n);
+        if !out.is_empty() {
+            // The socket is full: the event loop would wait for POLLOUT; read some.
+            stalls += 1;
+            let k = client.read(&mut buf).expect("read");
+            got.extend_from_slice(&buf[..k]);
+        }
+    }
+    drop(server);
+    client.read_to_end(&mut got).expect("read rest");
+    (got, stalls)
+}
+
+fn resumes_on_a_nonblocking_socket(copy_max: u64) {
+    let (data, file) = random_file(&format!("outbox-{copy_max}"), 3 << 20, 77);
+
+    let (client, server) = small_nonblocking_pair(64 * 1024);
 
     let mut want = b"head:".to_vec();
     want.extend_from_slice(&data[100..]);
@@ -60,22 +101,7 @@ fn resumes_on_a_nonblocking_socket(copy_max: u64) {
     ]);
     assert_eq!(out.pending_bytes(), want.len() as u64);
 
-    let mut got = Vec::new();
-    let mut buf = vec![0u8; 100_000];
-    let mut stalls = 0;
-    while !out.is_empty() {
-        let before = out.pending_bytes();
-        let n = out.advance(server.as_fd()).expect("advance");
-        assert_eq!(before - out.pending_bytes(), n);
-        if !out.is_empty() {
-            // The socket is full: the event loop would wait for POLLOUT; read some.
-            stalls += 1;
-            let k = client.read(&mut buf).expect("read");
-            got.extend_from_slice(&buf[..k]);
-        }
-    }
-    drop(server);
-    client.read_to_end(&mut got).expect("read rest");
+    let (got, stalls) = drain(out, client, server, 100_000);
     assert!(
         stalls > 0,
         "a 3 MiB write should fill the socket at least once"
@@ -123,10 +149,7 @@ fn perform_reports_a_file_shorter_than_its_range() {
 #[test]
 fn copied_ranges_go_to_a_pipe_too() {
     // Not a socket: the copied bytes go out with write(2), as Emit's do.
-    let dir = tmpdir("outbox-pipe");
-    let path = dir.join("f");
-    let data = random_bytes(300_000, 5);
-    std::fs::write(&path, &data).expect("write");
+    let (data, file) = random_file("outbox-pipe", 300_000, 5);
     let (mut r, w) = std::io::pipe().expect("pipe");
     let reader = std::thread::spawn(move || {
         let mut all = Vec::new();
@@ -138,7 +161,7 @@ fn copied_ranges_go_to_a_pipe_too() {
     out.push([
         Action::Emit(b"h".to_vec()),
         Action::EmitFile {
-            file: Arc::new(std::fs::File::open(&path).expect("open").into()),
+            file,
             offset: 1,
             len: data.len() as u64 - 1,
         },
@@ -157,17 +180,8 @@ fn many_small_pieces_gather_in_order() {
     // Emitted buffers and small copied ranges alternate (more pieces than one gathered
     // send carries, and ranges longer than one stage), on a socket that fills: every
     // byte arrives once and in order, however the sends split.
-    let dir = tmpdir("outbox-gather");
-    let path = dir.join("f");
-    let data = random_bytes(400_000, 9);
-    std::fs::write(&path, &data).expect("write");
-    let file: Arc<OwnedFd> = Arc::new(std::fs::File::open(&path).expect("open").into());
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let mut client = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
-    let (server, _) = l.accept().expect("accept");
-    server.set_nonblocking(true).expect("nonblocking");
-    rustix::net::sockopt::set_socket_send_buffer_size(&server, 16 * 1024).expect("sndbuf");
-    rustix::net::sockopt::set_socket_recv_buffer_size(&client, 16 * 1024).expect("rcvbuf");
+    let (data, file) = random_file("outbox-gather", 400_000, 9);
+    let (client, server) = small_nonblocking_pair(16 * 1024);
 
     let mut want = Vec::new();
     let mut actions = Vec::new();
@@ -198,19 +212,7 @@ fn many_small_pieces_gather_in_order() {
     out.set_copy_max(u64::MAX);
     out.push(actions);
     assert_eq!(out.pending_bytes(), want.len() as u64);
-    let mut got = Vec::new();
-    let mut buf = vec![0u8; 3000];
-    while !out.is_empty() {
-        let before = out.pending_bytes();
-        let n = out.advance(server.as_fd()).expect("advance");
-        assert_eq!(before - out.pending_bytes(), n);
-        if !out.is_empty() {
-            let k = client.read(&mut buf).expect("read");
-            got.extend_from_slice(&buf[..k]);
-        }
-    }
-    drop(server);
-    client.read_to_end(&mut got).expect("read rest");
+    let (got, _) = drain(out, client, server, 3000);
     assert_eq!(got.len(), want.len());
     assert!(got == want, "bytes out of order or wrong");
 }

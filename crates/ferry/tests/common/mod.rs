@@ -111,7 +111,8 @@ pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
         .collect()
 }
 
-/// Starts nginx serving `root` on `port`, in `remote` (`None`: via `ferry run -p`).
+/// Writes an nginx configuration into `dir`: one worker serving `root` on `port`, its
+/// pid and temporary files in `dir`, errors to stderr.
 pub fn nginx_conf(dir: &Path, root: &Path, port: u16) -> PathBuf {
     let conf = dir.join("nginx.conf");
     std::fs::write(
@@ -124,6 +125,20 @@ pub fn nginx_conf(dir: &Path, root: &Path, port: u16) -> PathBuf {
     )
     .unwrap();
     conf
+}
+
+/// nginx in `remote`, serving `root` on `port` (configuration and scratch in `dir`);
+/// returns once the port accepts connections from the host.
+pub fn remote_nginx(remote: &Remote, dir: &Path, root: &Path, port: u16) -> Guard {
+    let conf = nginx_conf(dir, root, port);
+    let nginx = Guard(
+        quiet(&mut remote.command("nginx"))
+            .args(["-c", conf.to_str().unwrap()])
+            .spawn()
+            .unwrap(),
+    );
+    wait_port(remote.remote_ip(), port);
+    nginx
 }
 
 /// Spawns a command with output discarded.

@@ -57,7 +57,9 @@
 //! correctness relies only on its local state and on checks of what it reads. A peer
 //! that breaks the protocol can make the channel fail (an [`Error`], or records with
 //! garbage content), never this side's memory safety. The closed flags and the sleeping
-//! flags are hints: lying about them costs the liar, or at worst a spare system call.
+//! flags are hints: lying about them costs the liar, or at worst a spare system call;
+//! each side's count of its sleeps outside the channel
+//! ([`Region::count_outside_sleep`]) is a statistic only.
 //!
 //! ```
 //! use std::sync::Arc;

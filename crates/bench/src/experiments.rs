@@ -265,13 +265,13 @@ fn pingpong_extract() -> Extract {
 }
 
 /// Spin spans of E2, in µs.
-const SPINS_US: [u32; 8] = [0, 1, 2, 5, 10, 20, 50, 100];
+const SPINS_US: [u32; 10] = [0, 1, 2, 5, 10, 20, 50, 100, 200, 500];
 
 fn e2(s: &Settings, ready: &[Config]) -> Vec<Case> {
     let secs = s.secs(5);
     let client = s.sockperf("ping-pong", secs, &["-m", "64", "--full-rtt"]);
     let mut out = Vec::new();
-    let spins: &[u32] = if s.quick { &[0, 5, 50] } else { &SPINS_US };
+    let spins: &[u32] = if s.quick { &[0, 50, 200] } else { &SPINS_US };
     for c in pick(ready, &["native", "slirp4netns", "pasta"]) {
         out.push(Case {
             config: c,

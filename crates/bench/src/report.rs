@@ -286,11 +286,11 @@ fn headlines(rows: &[Row]) -> String {
     }
     if rows.iter().any(|r| r.experiment == "E2") {
         picks.push((
-            "E2 RTT p50, ferry at default spin 50us (µs)".into(),
+            "E2 RTT p50, ferry at default spin 200us (µs)".into(),
             "E2",
             "rtt_p50".into(),
-            "50us".into(),
-            "ferry-spin50us",
+            "200us".into(),
+            "ferry-spin200us",
             "-".into(),
         ));
     }

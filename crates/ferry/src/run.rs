@@ -24,10 +24,10 @@ pub const EXIT_USAGE: i32 = 2;
 #[command(trailing_var_arg = true)]
 pub struct RunArgs {
     /// Spin span of a waiting call before it sleeps (S0's SBW), e.g. 0, 10us, 1ms.
-    #[arg(long, value_name = "SPAN", default_value = "50us", value_parser = crate::args::span)]
+    #[arg(long, value_name = "SPAN", default_value = "200us", value_parser = crate::args::span)]
     pub spin: Duration,
     /// Spin span of the protocol server's loop before it sleeps.
-    #[arg(long, value_name = "SPAN", default_value = "50us", value_parser = crate::args::span)]
+    #[arg(long, value_name = "SPAN", default_value = "200us", value_parser = crate::args::span)]
     pub server_spin: Duration,
     /// Ring the server's doorbell once per N queued operations (S1 batching; 1 = always).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]

@@ -853,3 +853,50 @@ fn a_reader_asleep_in_the_kernel_is_counted() {
     assert!((3..=6).contains(&sleeps), "pair sleeps {sleeps}: {stats:?}");
     assert!(stats.to_json().contains("\"pair_sleeps\":"));
 }
+
+const PING_PONG: &str = r#"
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+for i in range(300):
+    s.sendall(b"ping")
+    assert s.recv(16) == b"pong"
+s.close()
+print("ping-pong ok")
+"#;
+
+#[test]
+fn the_pair_path_reads_each_message_once() {
+    // The host socket is edge-triggered: a read that did not fill the buffer emptied it,
+    // so the server must not ask again (and find it empty) before the next edge; nor
+    // read when an edge only says there is room to send.
+    if !need_python() {
+        return;
+    }
+    let _g = serial();
+    let srv = Running::start_with("one-read", |cfg| cfg.rx_pair = true);
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let peer = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut c, _) = l.accept().unwrap();
+        let mut b = [0u8; 4];
+        for _ in 0..300 {
+            c.read_exact(&mut b).unwrap();
+            c.write_all(b"pong").unwrap();
+        }
+        // The end of the stream still arrives after the last short read.
+        assert_eq!(c.read(&mut b).unwrap(), 0);
+    });
+    let out = py(PING_PONG, Some(&srv.path), &[port.to_string()]);
+    assert_eq!(out, "ping-pong ok\n");
+    peer.join().unwrap();
+    let stats = srv.stop();
+    assert!(stats.bytes_in >= 1200, "{stats:?}");
+    // Two reads per message (the second finding nothing) would be about 300.
+    assert!(
+        stats.empty_reads <= 30,
+        "empty reads {}: {stats:?}",
+        stats.empty_reads
+    );
+    assert!(stats.to_json().contains("\"empty_reads\":"));
+}

@@ -60,10 +60,12 @@ pub struct SpinPolicy {
 }
 
 impl Default for SpinPolicy {
-    /// Span 50 µs, pure spin 2 µs (placeholders until measured; see the bench).
+    /// Span 200 µs, pure spin 2 µs: the span covers the round trips of a ping-pong
+    /// through a veth pair on a 2-vCPU VM up to about their 99th percentile (ferry's E2
+    /// benchmark; docs/DESIGN.md).
     fn default() -> Self {
         SpinPolicy {
-            span: Duration::from_micros(50),
+            span: Duration::from_micros(200),
             pure_spin: Duration::from_micros(2),
         }
     }

@@ -853,8 +853,11 @@ impl Server {
                 }
                 if !would_block(&e) {
                     s.so_error = 0;
-                } else if flags & (libc::MSG_PEEK | libc::MSG_OOB) == 0 {
-                    s.rx_maybe = false;
+                } else {
+                    self.stats.empty_reads += 1;
+                    if flags & (libc::MSG_PEEK | libc::MSG_OOB) == 0 {
+                        s.rx_maybe = false;
+                    }
                 }
                 return Err(e);
             }
@@ -1018,6 +1021,11 @@ impl Server {
                     Err(_) => return,
                 }
             }
+            if !s.rx_maybe {
+                // No input edge since the queue was found empty (e.g. an edge that only
+                // said the socket is writable again): nothing to read.
+                return;
+            }
             let got = match &self.rx_pipe {
                 Some(pipe) if s.rx_bulk => {
                     let (r, broken) = splice_bulk(s, pipe, buf);
@@ -1046,11 +1054,23 @@ impl Server {
                     s.stats.bytes_in += n as u64;
                     self.stats.bytes_in += n as u64;
                     self.stats.data_syscalls += 1;
-                    if !s.rx_pending.is_empty() {
+                    // A read that did not fill the buffer emptied the queue: bytes that
+                    // come later bring a new edge (the host socket is edge-triggered),
+                    // so the read that would say EAGAIN is skipped, unless the end has
+                    // been reported (it brings no further edge).
+                    let drained = !s.rx_bulk && n < RX_SCRATCH && !s.rx_ending;
+                    if drained {
+                        s.rx_maybe = false;
+                    }
+                    if !s.rx_pending.is_empty() || drained {
                         return;
                     }
                 }
-                Err(e) if would_block(&e) => return,
+                Err(e) if would_block(&e) => {
+                    s.rx_maybe = false;
+                    self.stats.empty_reads += 1;
+                    return;
+                }
                 Err(e) => {
                     s.so_error = e.raw_os_error().unwrap_or(libc::EIO);
                     s.mirror_eof();
@@ -1130,6 +1150,13 @@ impl Server {
         self.retry_parked(id);
         self.report_hangup(id, events);
         self.edge_token(id, events);
+        if let Some(s) = self.socks.get_mut(&id)
+            && s.connected
+            && events & (libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0
+        {
+            // (A stream not yet connected reports EPOLLHUP: that is not an ending.)
+            s.rx_ending = true;
+        }
         self.maybe_token_known(id, fresh_input);
         if self.socks.get(&id).is_some_and(|s| s.app_closed) {
             self.dirty.push(id);

@@ -715,6 +715,7 @@ impl Server {
             token_out: false,
             eof_mirrored: false,
             rx_maybe: true,
+            rx_ending: false,
             rx_pair: false,
             rx_pending: Vec::new(),
             rx_bulk: false,

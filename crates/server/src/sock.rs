@@ -94,6 +94,9 @@ pub(crate) struct Sock {
     pub rx_pending: Vec<u8>,
     /// `rx_pair`: the stream is in bulk mode (spliced, see `Server::pump`).
     pub rx_bulk: bool,
+    /// The host socket has reported a hang-up, reset or error: no arrival edge will
+    /// follow it, so a pump reads on until the read says 0, `EAGAIN` or the error.
+    pub rx_ending: bool,
     /// `Server::waits` at the last receive: an input event reported by a later wait
     /// than the next one cannot be older than that receive.
     pub recv_mark: u64,

@@ -72,6 +72,8 @@ pub struct ServerStats {
     pub sleeps: u64,
     /// Host system calls that moved data (send/recv).
     pub data_syscalls: u64,
+    /// Host receives that found nothing (`EAGAIN`): wasted system calls.
+    pub empty_reads: u64,
     /// Channels closed because their peer wrote malformed data.
     pub bad_channels: u64,
     /// Destinations refused by the policy.
@@ -114,7 +116,7 @@ impl fmt::Display for ServerStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "server {}: requests {}, bytes out {} in {}, sockets created {} handed over {} taken over {}, turns {} (idle spins {}), sleeps {}, data syscalls {}, denied {}, bad channels {}, left open {}, modules loaded {} started {} failed {} refused {} bytes out {}",
+            "server {}: requests {}, bytes out {} in {}, sockets created {} handed over {} taken over {}, turns {} (idle spins {}), sleeps {}, data syscalls {} (empty reads {}), denied {}, bad channels {}, left open {}, modules loaded {} started {} failed {} refused {} bytes out {}",
             self.id,
             self.requests,
             self.bytes_out,
@@ -126,6 +128,7 @@ impl fmt::Display for ServerStats {
             self.spin_turns,
             self.sleeps,
             self.data_syscalls,
+            self.empty_reads,
             self.denied,
             self.bad_channels,
             self.open_at_stop,
@@ -203,7 +206,7 @@ impl ServerStats {
             })
             .collect();
         format!(
-            r#"{{"server":"{}","requests":{},"bytes_out":{},"bytes_in":{},"sockets_created":{},"sockets_handed":{},"sockets_adopted":{},"turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"bad_channels":{},"denied":{},"open_at_stop":{},"dns_queries":{},"dns_answers":{},"modules_loaded":{},"modules_started":{},"modules_failed":{},"module_refused":{},"module_bytes_out":{},"module_start_ns":{},"module_init_ns":{},"module_write_ns":{},"channels":[{}],"sockets":[{}],"egress":[{}]}}"#,
+            r#"{{"server":"{}","requests":{},"bytes_out":{},"bytes_in":{},"sockets_created":{},"sockets_handed":{},"sockets_adopted":{},"turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"empty_reads":{},"bad_channels":{},"denied":{},"open_at_stop":{},"dns_queries":{},"dns_answers":{},"modules_loaded":{},"modules_started":{},"modules_failed":{},"module_refused":{},"module_bytes_out":{},"module_start_ns":{},"module_init_ns":{},"module_write_ns":{},"channels":[{}],"sockets":[{}],"egress":[{}]}}"#,
             self.id,
             self.requests,
             self.bytes_out,
@@ -215,6 +218,7 @@ impl ServerStats {
             self.spin_turns,
             self.sleeps,
             self.data_syscalls,
+            self.empty_reads,
             self.bad_channels,
             self.denied,
             self.open_at_stop,
@@ -267,6 +271,7 @@ pub fn merge(servers: &[ServerStats]) -> ServerStats {
         t.spin_turns += s.spin_turns;
         t.sleeps += s.sleeps;
         t.data_syscalls += s.data_syscalls;
+        t.empty_reads += s.empty_reads;
         t.bad_channels += s.bad_channels;
         t.denied += s.denied;
         t.dns_queries += s.dns_queries;

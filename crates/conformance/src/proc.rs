@@ -124,9 +124,14 @@ pub fn set_disposition(sig: c_int, disposition: libc::sighandler_t) -> Result<()
 
 /// Arms a one-shot `ITIMER_REAL` (SIGALRM to the process) after `ms`.
 pub fn alarm_ms(ms: u64) -> Result<(), Errno> {
+    alarm_us(ms * 1000)
+}
+
+/// Arms a one-shot `ITIMER_REAL` (SIGALRM) `us` microseconds from now.
+pub fn alarm_us(us: u64) -> Result<(), Errno> {
     let mut it: libc::itimerval = zeroed();
-    it.it_value.tv_sec = (ms / 1000) as libc::time_t;
-    it.it_value.tv_usec = ((ms % 1000) * 1000) as libc::suseconds_t;
+    it.it_value.tv_sec = (us / 1_000_000) as libc::time_t;
+    it.it_value.tv_usec = (us % 1_000_000) as libc::suseconds_t;
     sys!(libc::setitimer(
         libc::ITIMER_REAL,
         &it,

@@ -215,6 +215,7 @@ impl Channel {
         tls::install_hooks();
         let span = Duration::from_nanos(reply.spin_ns);
         crate::config::set_rx_pair(reply.flags & ferry_proto::HELLO_RX_PAIR != 0);
+        crate::config::set_spin(span);
         let nbufs = region.layout().total_bufs() as usize;
         Ok(Channel {
             ep,

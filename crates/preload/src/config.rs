@@ -60,3 +60,16 @@ pub fn rx_pair() -> bool {
 pub fn set_rx_pair(on: bool) {
     RX_PAIR.store(on, Ordering::Relaxed);
 }
+
+static SPIN_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The servers' spin span (S0's SBW, said in every channel's hello reply): how long a
+/// wait on ferry sockets polls before it sleeps. Zero until a channel has opened.
+pub fn spin() -> std::time::Duration {
+    std::time::Duration::from_nanos(SPIN_NS.load(Ordering::Relaxed))
+}
+
+/// A hello reply said so (see [`spin`]).
+pub fn set_spin(span: std::time::Duration) {
+    SPIN_NS.store(span.as_nanos() as u64, Ordering::Relaxed);
+}

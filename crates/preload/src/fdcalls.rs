@@ -4,8 +4,12 @@
 //! sockets are real descriptors that the server makes readable with a token, so
 //! `poll`/`select`/`epoll` only need the shim to ask for tokens (the first time a socket
 //! is watched for input) and to ring a pending doorbell before the program blocks.
+//! `poll` and `epoll_wait`/`epoll_pwait` on ferry sockets spin for the SBW span before
+//! they sleep ([`spin_wait`]).
 
 use std::ffi::{c_int, c_uint, c_ulong, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use libc::{
     FILE, epoll_event, fd_set, iovec, nfds_t, pollfd, sigset_t, size_t, ssize_t, timespec, timeval,
@@ -16,7 +20,7 @@ use crate::exports::{boundary, recv_one};
 use crate::fdtable::{Entry, Sock, TABLE};
 use crate::ident::{after_fcntl, lookup, set_nonblock};
 use crate::iov::IoCursor;
-use crate::{config, data, ops, real, tls};
+use crate::{config, data, ops, real, signals, tls};
 
 /// `close_range` flag: mark close-on-exec instead of closing.
 const CLOSE_RANGE_CLOEXEC: c_int = 1 << 2;
@@ -341,23 +345,107 @@ impl Watch {
 const POLL_INPUT: i16 =
     libc::POLLIN | libc::POLLPRI | libc::POLLRDNORM | libc::POLLRDBAND | libc::POLLRDHUP;
 
+/// Whether `poll` waits on a ferry socket (its wait spins first, [`spin_wait`]); asks
+/// the server for readiness tokens where input is awaited.
+///
 /// # Safety
 /// `fds` valid for `n` entries.
-unsafe fn before_poll(fds: *const pollfd, n: nfds_t) {
+unsafe fn before_poll(fds: *const pollfd, n: nfds_t) -> bool {
     if !config::active() {
-        return;
+        return false;
     }
     let mut w = Watch::new();
+    let mut ferry = false;
     if !fds.is_null() {
         for i in 0..n as usize {
             // SAFETY: `i < n` entries (caller).
             let p = unsafe { fds.add(i).read() };
-            if p.fd >= 0 && p.events & POLL_INPUT != 0 {
+            if p.fd < 0 {
+                continue;
+            }
+            if p.events & POLL_INPUT != 0 {
                 w.add(p.fd);
             }
+            ferry = ferry || (p.events != 0 && lookup(p.fd).is_some());
         }
     }
     w.finish();
+    ferry
+}
+
+/// Epoll sets (by descriptor, below 65,536) a ferry socket was added to: their waits
+/// spin first ([`spin_wait`]). A bit left by a closed and reused descriptor costs only
+/// a spin.
+static EPOLL_FERRY: [AtomicU64; 1024] = [const { AtomicU64::new(0) }; 1024];
+
+fn epoll_bit(ep: c_int) -> Option<(usize, u64)> {
+    let i = usize::try_from(ep)
+        .ok()
+        .filter(|&i| i < 64 * EPOLL_FERRY.len())?;
+    Some((i / 64, 1 << (i % 64)))
+}
+
+fn epoll_has_ferry(ep: c_int) -> bool {
+    epoll_bit(ep).is_some_and(|(w, b)| EPOLL_FERRY[w].load(Ordering::Relaxed) & b != 0)
+}
+
+/// What the spin before a wait found.
+enum Spun {
+    /// The wait's answer (ready descriptors, or -1 with `errno`): return it.
+    Done(c_int),
+    /// Nothing: sleep in the kernel with this timeout (ms, -1 = none).
+    Sleep(c_int),
+}
+
+/// S0's spin-before-sleep for `poll`/`epoll_wait` on ferry sockets: their readiness comes
+/// from the server's writes into their pairs, which usually land within the spin span,
+/// while a program asleep in the kernel pays a wake-up (dear on VMs). `probe` is the
+/// wait with a zero timeout; it is repeated (a pure spin, then `sched_yield` between
+/// tries) until it reports something, the span or the caller's timeout has passed, or
+/// a signal handler has run (then `EINTR`, as the sleeping wait would have said: these
+/// waits are never restarted). A wait that goes on to sleep is counted like a blocking
+/// reader's (`pair_sleeps`).
+fn spin_wait(timeout: c_int, mut probe: impl FnMut() -> c_int) -> Spun {
+    let span = config::spin();
+    if timeout == 0 || span.is_zero() {
+        return Spun::Sleep(timeout);
+    }
+    let limit = match u64::try_from(timeout) {
+        Ok(ms) => span.min(Duration::from_millis(ms)),
+        Err(_) => span,
+    };
+    let pure = span.min(Duration::from_micros(2));
+    let seen = signals::counts();
+    let t0 = Instant::now();
+    loop {
+        let r = probe();
+        if r != 0 {
+            return Spun::Done(r);
+        }
+        if signals::counts() != seen {
+            set_errno(libc::EINTR);
+            return Spun::Done(-1);
+        }
+        let spent = t0.elapsed();
+        if spent >= limit {
+            break;
+        }
+        if spent >= pure {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    let Ok(ms) = u64::try_from(timeout) else {
+        ops::count_kernel_sleep();
+        return Spun::Sleep(-1);
+    };
+    let left = Duration::from_millis(ms).saturating_sub(t0.elapsed());
+    if left.is_zero() {
+        return Spun::Done(0);
+    }
+    ops::count_kernel_sleep();
+    Spun::Sleep(c_int::try_from(left.as_micros().div_ceil(1000)).unwrap_or(c_int::MAX))
 }
 
 /// # Safety
@@ -390,7 +478,14 @@ unsafe fn before_select(nfds: c_int, sets: [*const fd_set; 2]) {
 pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
     // SAFETY: the caller's array; then forwarded to libc.
     unsafe {
-        before_poll(fds, n);
+        let timeout = if before_poll(fds, n) {
+            match spin_wait(timeout, || real::poll(fds, n, 0)) {
+                Spun::Done(r) => return r,
+                Spun::Sleep(t) => t,
+            }
+        } else {
+            timeout
+        };
         real::poll(fds, n, timeout)
     }
 }
@@ -422,9 +517,15 @@ pub unsafe extern "C" fn __poll_chk(
 ) -> c_int {
     // SAFETY: the caller's array (libc checks its length); then forwarded to libc.
     unsafe {
-        if (n as usize).saturating_mul(size_of::<pollfd>()) <= fdslen {
-            before_poll(fds, n);
-        }
+        let timeout =
+            if (n as usize).saturating_mul(size_of::<pollfd>()) <= fdslen && before_poll(fds, n) {
+                match spin_wait(timeout, || real::__poll_chk(fds, n, 0, fdslen)) {
+                    Spun::Done(r) => return r,
+                    Spun::Sleep(t) => t,
+                }
+            } else {
+                timeout
+            };
         real::__poll_chk(fds, n, timeout, fdslen)
     }
 }
@@ -489,6 +590,9 @@ pub unsafe extern "C" fn pselect(
 pub unsafe extern "C" fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
     if config::active() && (op == libc::EPOLL_CTL_ADD || op == libc::EPOLL_CTL_MOD) && !ev.is_null()
     {
+        if let Some((w, b)) = epoll_bit(ep).filter(|_| lookup(fd).is_some()) {
+            EPOLL_FERRY[w].fetch_or(b, Ordering::Relaxed);
+        }
         // SAFETY: the caller's event (read unaligned: the struct is packed on x86-64).
         let events = unsafe { std::ptr::addr_of!((*ev).events).read_unaligned() };
         let input = libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLRDNORM | libc::EPOLLRDHUP;
@@ -511,8 +615,16 @@ pub unsafe extern "C" fn epoll_wait(
     max: c_int,
     timeout: c_int,
 ) -> c_int {
+    let mut timeout = timeout;
     if config::active() {
         ops::flush();
+        if epoll_has_ferry(ep) {
+            // SAFETY: forwarded to libc (the caller's buffer).
+            match spin_wait(timeout, || unsafe { real::epoll_wait(ep, evs, max, 0) }) {
+                Spun::Done(r) => return r,
+                Spun::Sleep(t) => timeout = t,
+            }
+        }
     }
     // SAFETY: forwarded to libc.
     unsafe { real::epoll_wait(ep, evs, max, timeout) }
@@ -528,8 +640,18 @@ pub unsafe extern "C" fn epoll_pwait(
     timeout: c_int,
     mask: *const sigset_t,
 ) -> c_int {
+    let mut timeout = timeout;
     if config::active() {
         ops::flush();
+        if epoll_has_ferry(ep) {
+            // SAFETY: forwarded to libc (the caller's buffer and mask).
+            match spin_wait(timeout, || unsafe {
+                real::epoll_pwait(ep, evs, max, 0, mask)
+            }) {
+                Spun::Done(r) => return r,
+                Spun::Sleep(t) => timeout = t,
+            }
+        }
     }
     // SAFETY: forwarded to libc.
     unsafe { real::epoll_pwait(ep, evs, max, timeout, mask) }

@@ -574,6 +574,20 @@ pub fn flush() {
     }
 }
 
+/// Counts a wait that spun out and now sleeps in the kernel, on this thread's first open
+/// channel (see [`Channel::count_kernel_sleep`]); uncounted when the thread has none.
+pub fn count_kernel_sleep() {
+    let mut counted = false;
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        with_open_channels(None, |ch| {
+            if !counted {
+                ch.count_kernel_sleep();
+                counted = true;
+            }
+        })
+    }));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -900,3 +900,66 @@ fn the_pair_path_reads_each_message_once() {
     );
     assert!(stats.to_json().contains("\"empty_reads\":"));
 }
+
+const EVENT_WAITS: &str = r#"
+import select, socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+ep = select.epoll()
+ep.register(s.fileno(), select.EPOLLIN)
+pl = select.poll()
+pl.register(s.fileno(), select.POLLIN)
+def wait(i):
+    if i % 2 == 0:
+        assert ep.poll(5) != []
+    else:
+        assert pl.poll(5000) != []
+for i in range(int(sys.argv[2])):
+    s.sendall(b"ping")
+    wait(i)
+    assert s.recv(16) == b"pong"
+print("waits ok")
+"#;
+
+/// Runs EVENT_WAITS against a peer answering `rounds` pings after `delay`; the shim's
+/// counted kernel sleeps.
+fn event_wait_sleeps(rounds: usize, delay: Duration) -> u64 {
+    let srv = Running::start_with("event-waits", |cfg| cfg.rx_pair = true);
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let peer = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut c, _) = l.accept().unwrap();
+        c.set_nodelay(true).unwrap();
+        let mut b = [0u8; 4];
+        for _ in 0..rounds {
+            c.read_exact(&mut b).unwrap();
+            std::thread::sleep(delay);
+            c.write_all(b"pong").unwrap();
+        }
+    });
+    let out = py(
+        EVENT_WAITS,
+        Some(&srv.path),
+        &[port.to_string(), rounds.to_string()],
+    );
+    assert_eq!(out, "waits ok\n");
+    peer.join().unwrap();
+    let stats = srv.stop();
+    stats.channels.iter().map(|c| c.pair_sleeps).sum()
+}
+
+#[test]
+fn event_waits_spin_before_they_sleep_and_sleeps_are_counted() {
+    // poll and epoll_wait on ferry sockets spin for the SBW span (200 µs) before they
+    // sleep, and a wait that sleeps is counted like a blocking reader's.
+    if !need_python() {
+        return;
+    }
+    let _g = serial();
+    // Replies long after the span: every wait sleeps (and the reads after them do not).
+    let slow = event_wait_sleeps(4, Duration::from_millis(60));
+    assert!((4..=8).contains(&slow), "slow replies: {slow} sleeps");
+    // Immediate replies mostly land within the span (without the spin: one sleep each).
+    let fast = event_wait_sleeps(300, Duration::ZERO);
+    assert!(fast <= 150, "immediate replies: {fast} sleeps of 300 waits");
+}

@@ -17,7 +17,9 @@ use crate::net::{
     accept, connect, fill_send_buffer, listener, recv_text, send, setsockopt, tcp_pair, tcp_socket,
     udp_bound, wait_for,
 };
-use crate::proc::{alarm_ms, count_signal, fork_with, mask_signal, on_signal, signal_count};
+use crate::proc::{
+    alarm_ms, alarm_us, count_signal, fork_with, mask_signal, on_signal, signal_count,
+};
 use crate::sys::{Ctx, show, sleep_ms, zeroed};
 
 pub const CASES: &[Case] = &[
@@ -34,6 +36,8 @@ pub const CASES: &[Case] = &[
         "sig.epoll_wait_eintr_despite_restart",
         epoll_wait_eintr_despite_restart,
     ),
+    Case::new("sig.poll_eintr_at_once", poll_eintr_at_once),
+    Case::new("sig.epoll_wait_eintr_at_once", epoll_wait_eintr_at_once),
     Case::new(
         "sig.select_eintr_despite_restart",
         select_eintr_despite_restart,
@@ -143,6 +147,38 @@ fn epoll_wait_eintr_despite_restart() -> Res {
     Ok(counted(format!(
         "epoll_wait={}",
         show(ep.wait(4, 3000).map(|v| v.len()))
+    )))
+}
+
+// A signal 100 µs into the wait: ferry's wait is still spinning before it sleeps (S0's
+// SBW) and must end with EINTR all the same, not sleep out its timeout. A first wait
+// without a timeout gets the socket's set-up (its first watch) out of the way.
+fn poll_eintr_at_once() -> Res {
+    let (_c, s) = tcp_pair(libc::AF_INET)?;
+    on_signal(libc::SIGALRM, count_signal, RESTART).ctx("sigaction")?;
+    let mut p = libc::pollfd {
+        fd: s.raw(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    sys!(libc::poll(&mut p, 1, 0)).ctx("poll")?;
+    alarm_us(100).ctx("setitimer")?;
+    Ok(counted(format!(
+        "poll={}",
+        show(sys!(libc::poll(&mut p, 1, 300)))
+    )))
+}
+
+fn epoll_wait_eintr_at_once() -> Res {
+    let (_c, s) = tcp_pair(libc::AF_INET)?;
+    let ep = Ep::new()?;
+    ep.add(s.raw(), libc::EPOLLIN as u32, 1)?;
+    on_signal(libc::SIGALRM, count_signal, RESTART).ctx("sigaction")?;
+    ep.wait(4, 0).ctx("epoll_wait")?;
+    alarm_us(100).ctx("setitimer")?;
+    Ok(counted(format!(
+        "epoll_wait={}",
+        show(ep.wait(4, 300).map(|v| v.len()))
     )))
 }
 

@@ -4,8 +4,9 @@
 //! sockets are real descriptors that the server makes readable with a token, so
 //! `poll`/`select`/`epoll` only need the shim to ask for tokens (the first time a socket
 //! is watched for input) and to ring a pending doorbell before the program blocks.
-//! `poll` and `epoll_wait`/`epoll_pwait` on ferry sockets spin for the SBW span before
-//! they sleep ([`spin_wait`]).
+//! Every one of those waits (`poll`, `ppoll`, `select`, `pselect`, `epoll_wait`,
+//! `epoll_pwait`, `epoll_pwait2`) on ferry sockets spins for the SBW span before it
+//! sleeps ([`spin_wait`]).
 
 use std::ffi::{c_int, c_uint, c_ulong, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -345,8 +346,10 @@ impl Watch {
 const POLL_INPUT: i16 =
     libc::POLLIN | libc::POLLPRI | libc::POLLRDNORM | libc::POLLRDBAND | libc::POLLRDHUP;
 
-/// Whether `poll` waits on a ferry socket (its wait spins first, [`spin_wait`]); asks
-/// the server for readiness tokens where input is awaited.
+/// Whether `poll` waits for input from a ferry socket and for no ferry socket's room to
+/// send (then it spins first, [`spin_wait`]: a reply is near, while room comes back
+/// at the pace of the network and a writer should sleep); asks the server for
+/// readiness tokens where input is awaited.
 ///
 /// # Safety
 /// `fds` valid for `n` entries.
@@ -355,27 +358,30 @@ unsafe fn before_poll(fds: *const pollfd, n: nfds_t) -> bool {
         return false;
     }
     let mut w = Watch::new();
-    let mut ferry = false;
+    let (mut input, mut output) = (false, false);
     if !fds.is_null() {
         for i in 0..n as usize {
             // SAFETY: `i < n` entries (caller).
             let p = unsafe { fds.add(i).read() };
-            if p.fd < 0 {
+            if p.fd < 0 || p.events == 0 {
                 continue;
             }
             if p.events & POLL_INPUT != 0 {
                 w.add(p.fd);
             }
-            ferry = ferry || (p.events != 0 && lookup(p.fd).is_some());
+            if lookup(p.fd).is_some() {
+                input = input || p.events & POLL_INPUT != 0;
+                output = output || p.events & (libc::POLLOUT | libc::POLLWRNORM) != 0;
+            }
         }
     }
     w.finish();
-    ferry
+    input && !output
 }
 
-/// Epoll sets (by descriptor, below 65,536) a ferry socket was added to: their waits
-/// spin first ([`spin_wait`]). A bit left by a closed and reused descriptor costs only
-/// a spin.
+/// Epoll sets (by descriptor, below 65,536) a ferry socket was added to (or changed in)
+/// for input alone: their waits spin first ([`spin_wait`]). A bit left by a closed and
+/// reused descriptor costs only a spin.
 static EPOLL_FERRY: [AtomicU64; 1024] = [const { AtomicU64::new(0) }; 1024];
 
 fn epoll_bit(ep: c_int) -> Option<(usize, u64)> {
@@ -393,11 +399,46 @@ fn epoll_has_ferry(ep: c_int) -> bool {
 enum Spun {
     /// The wait's answer (ready descriptors, or -1 with `errno`): return it.
     Done(c_int),
-    /// Nothing: sleep in the kernel with this timeout (ms, -1 = none).
-    Sleep(c_int),
+    /// Nothing: sleep in the kernel for what is left of the timeout (`None`: no limit).
+    Sleep(Option<Duration>),
 }
 
-/// S0's spin-before-sleep for `poll`/`epoll_wait` on ferry sockets: their readiness comes
+/// A timeout in milliseconds (negative: none).
+fn from_ms(ms: c_int) -> Option<Duration> {
+    u64::try_from(ms).ok().map(Duration::from_millis)
+}
+
+/// Milliseconds, rounded up (-1: none).
+fn to_ms(d: Option<Duration>) -> c_int {
+    d.map_or(-1, |d| {
+        c_int::try_from(d.as_micros().div_ceil(1000)).unwrap_or(c_int::MAX)
+    })
+}
+
+/// # Safety
+/// `ts` null or valid.
+unsafe fn from_timespec(ts: *const timespec) -> Option<Duration> {
+    // SAFETY: null or valid (caller).
+    let ts = unsafe { ts.as_ref() }?;
+    Some(Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0).min(999_999_999),
+    ))
+}
+
+fn to_timespec(d: Duration) -> timespec {
+    timespec {
+        tv_sec: libc::time_t::try_from(d.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: d.subsec_nanos().into(),
+    }
+}
+
+const ZERO_TS: timespec = timespec {
+    tv_sec: 0,
+    tv_nsec: 0,
+};
+
+/// S0's spin-before-sleep for `poll`/`select`/`epoll_wait` (and kin) on ferry sockets: their readiness comes
 /// from the server's writes into their pairs, which usually land within the spin span,
 /// while a program asleep in the kernel pays a wake-up (dear on VMs). `probe` is the
 /// wait with a zero timeout; it is repeated (a pure spin, then `sched_yield` between
@@ -405,15 +446,12 @@ enum Spun {
 /// a signal handler has run (then `EINTR`, as the sleeping wait would have said: these
 /// waits are never restarted). A wait that goes on to sleep is counted like a blocking
 /// reader's (`pair_sleeps`).
-fn spin_wait(timeout: c_int, mut probe: impl FnMut() -> c_int) -> Spun {
+fn spin_wait(timeout: Option<Duration>, mut probe: impl FnMut() -> c_int) -> Spun {
     let span = config::spin();
-    if timeout == 0 || span.is_zero() {
+    if timeout.is_some_and(|t| t.is_zero()) || span.is_zero() {
         return Spun::Sleep(timeout);
     }
-    let limit = match u64::try_from(timeout) {
-        Ok(ms) => span.min(Duration::from_millis(ms)),
-        Err(_) => span,
-    };
+    let limit = timeout.map_or(span, |t| t.min(span));
     let pure = span.min(Duration::from_micros(2));
     let seen = signals::counts();
     let t0 = Instant::now();
@@ -436,27 +474,32 @@ fn spin_wait(timeout: c_int, mut probe: impl FnMut() -> c_int) -> Spun {
             std::hint::spin_loop();
         }
     }
-    let Ok(ms) = u64::try_from(timeout) else {
+    let Some(t) = timeout else {
         ops::count_kernel_sleep();
-        return Spun::Sleep(-1);
+        return Spun::Sleep(None);
     };
-    let left = Duration::from_millis(ms).saturating_sub(t0.elapsed());
+    let left = t.saturating_sub(t0.elapsed());
     if left.is_zero() {
         return Spun::Done(0);
     }
     ops::count_kernel_sleep();
-    Spun::Sleep(c_int::try_from(left.as_micros().div_ceil(1000)).unwrap_or(c_int::MAX))
+    Spun::Sleep(Some(left))
 }
 
+/// Whether `select` waits for input from a ferry socket and for no ferry socket's room
+/// to send (then it spins first, as `poll`: [`before_poll`]); asks the server for
+/// readiness tokens for the read and exception sets.
+///
 /// # Safety
-/// The sets are null or valid `fd_set`s.
-unsafe fn before_select(nfds: c_int, sets: [*const fd_set; 2]) {
+/// The sets (read, write, exception) are null or valid `fd_set`s.
+unsafe fn before_select(nfds: c_int, sets: [*const fd_set; 3]) -> bool {
     if !config::active() {
-        return;
+        return false;
     }
     let mut w = Watch::new();
+    let (mut input, mut output) = (false, false);
     let nfds = nfds.clamp(0, libc::FD_SETSIZE as c_int) as usize;
-    for set in sets.into_iter().filter(|s| !s.is_null()) {
+    for (k, set) in sets.into_iter().enumerate().filter(|(_, s)| !s.is_null()) {
         // SAFETY: an fd_set is FD_SETSIZE bits of plain data (caller).
         let words = unsafe { set.cast::<[u64; libc::FD_SETSIZE / 64]>().read_unaligned() };
         for (i, mut bits) in words.into_iter().enumerate() {
@@ -464,12 +507,48 @@ unsafe fn before_select(nfds: c_int, sets: [*const fd_set; 2]) {
                 let fd = i * 64 + bits.trailing_zeros() as usize;
                 bits &= bits - 1;
                 if fd < nfds {
-                    w.add(fd as c_int);
+                    if k != 1 {
+                        w.add(fd as c_int);
+                    }
+                    if lookup(fd as c_int).is_some() {
+                        if k == 1 {
+                            output = true;
+                        } else {
+                            input = true;
+                        }
+                    }
                 }
             }
         }
     }
     w.finish();
+    input && !output
+}
+
+/// The caller's `select` sets, kept so that each zero-timeout try of the spin (which
+/// rewrites them) starts from the program's.
+struct SelectSets {
+    ptrs: [*mut fd_set; 3],
+    saved: [Option<fd_set>; 3],
+}
+
+impl SelectSets {
+    /// # Safety
+    /// The sets are null or valid `fd_set`s.
+    unsafe fn save(ptrs: [*mut fd_set; 3]) -> SelectSets {
+        // SAFETY: null or valid (caller).
+        let saved = ptrs.map(|p| unsafe { p.as_ref() }.copied());
+        SelectSets { ptrs, saved }
+    }
+
+    fn restore(&self) {
+        for (p, s) in self.ptrs.iter().zip(&self.saved) {
+            if let Some(s) = s {
+                // SAFETY: the caller's valid set (`save`).
+                unsafe { p.write(*s) };
+            }
+        }
+    }
 }
 
 /// # Safety
@@ -479,9 +558,9 @@ pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_
     // SAFETY: the caller's array; then forwarded to libc.
     unsafe {
         let timeout = if before_poll(fds, n) {
-            match spin_wait(timeout, || real::poll(fds, n, 0)) {
+            match spin_wait(from_ms(timeout), || real::poll(fds, n, 0)) {
                 Spun::Done(r) => return r,
-                Spun::Sleep(t) => t,
+                Spun::Sleep(t) => to_ms(t),
             }
         } else {
             timeout
@@ -499,9 +578,15 @@ pub unsafe extern "C" fn ppoll(
     ts: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
-    // SAFETY: the caller's array; then forwarded to libc.
+    // SAFETY: the caller's array and timeout; then forwarded to libc.
     unsafe {
-        before_poll(fds, n);
+        if before_poll(fds, n) {
+            match spin_wait(from_timespec(ts), || real::ppoll(fds, n, &ZERO_TS, mask)) {
+                Spun::Done(r) => return r,
+                Spun::Sleep(Some(t)) => return real::ppoll(fds, n, &to_timespec(t), mask),
+                Spun::Sleep(None) => {}
+            }
+        }
         real::ppoll(fds, n, ts, mask)
     }
 }
@@ -519,9 +604,9 @@ pub unsafe extern "C" fn __poll_chk(
     unsafe {
         let timeout =
             if (n as usize).saturating_mul(size_of::<pollfd>()) <= fdslen && before_poll(fds, n) {
-                match spin_wait(timeout, || real::__poll_chk(fds, n, 0, fdslen)) {
+                match spin_wait(from_ms(timeout), || real::__poll_chk(fds, n, 0, fdslen)) {
                     Spun::Done(r) => return r,
-                    Spun::Sleep(t) => t,
+                    Spun::Sleep(t) => to_ms(t),
                 }
             } else {
                 timeout
@@ -542,8 +627,15 @@ pub unsafe extern "C" fn __ppoll_chk(
 ) -> c_int {
     // SAFETY: as in `__poll_chk`.
     unsafe {
-        if (n as usize).saturating_mul(size_of::<pollfd>()) <= fdslen {
-            before_poll(fds, n);
+        if (n as usize).saturating_mul(size_of::<pollfd>()) <= fdslen && before_poll(fds, n) {
+            let probe = || real::__ppoll_chk(fds, n, &ZERO_TS, mask, fdslen);
+            match spin_wait(from_timespec(ts), probe) {
+                Spun::Done(r) => return r,
+                Spun::Sleep(Some(t)) => {
+                    return real::__ppoll_chk(fds, n, &to_timespec(t), mask, fdslen);
+                }
+                Spun::Sleep(None) => {}
+            }
         }
         real::__ppoll_chk(fds, n, ts, mask, fdslen)
     }
@@ -559,9 +651,34 @@ pub unsafe extern "C" fn select(
     e: *mut fd_set,
     tv: *mut timeval,
 ) -> c_int {
-    // SAFETY: the caller's sets; then forwarded to libc.
+    // SAFETY: the caller's sets and timeout; then forwarded to libc.
     unsafe {
-        before_select(n, [r.cast_const(), e.cast_const()]);
+        if before_select(n, [r.cast_const(), w.cast_const(), e.cast_const()]) {
+            let sets = SelectSets::save([r, w, e]);
+            let timeout = tv.as_ref().map(|t| {
+                Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+                    + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+            });
+            let probe = || {
+                sets.restore();
+                let mut zero = timeval {
+                    tv_sec: 0,
+                    tv_usec: 0,
+                };
+                real::select(n, r, w, e, &mut zero)
+            };
+            match spin_wait(timeout, probe) {
+                Spun::Done(r) => return r,
+                Spun::Sleep(left) => {
+                    sets.restore();
+                    if let (Some(t), Some(left)) = (tv.as_mut(), left) {
+                        // The kernel leaves what remains of it here, as it would have.
+                        t.tv_sec = libc::time_t::try_from(left.as_secs()).unwrap_or(0);
+                        t.tv_usec = left.subsec_micros().into();
+                    }
+                }
+            }
+        }
         real::select(n, r, w, e, tv)
     }
 }
@@ -577,9 +694,24 @@ pub unsafe extern "C" fn pselect(
     ts: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
-    // SAFETY: the caller's sets; then forwarded to libc.
+    // SAFETY: the caller's sets and timeout; then forwarded to libc.
     unsafe {
-        before_select(n, [r.cast_const(), e.cast_const()]);
+        if before_select(n, [r.cast_const(), w.cast_const(), e.cast_const()]) {
+            let sets = SelectSets::save([r, w, e]);
+            let probe = || {
+                sets.restore();
+                real::pselect(n, r, w, e, &ZERO_TS, mask)
+            };
+            match spin_wait(from_timespec(ts), probe) {
+                Spun::Done(r) => return r,
+                Spun::Sleep(left) => {
+                    sets.restore();
+                    if let Some(t) = left {
+                        return real::pselect(n, r, w, e, &to_timespec(t), mask);
+                    }
+                }
+            }
+        }
         real::pselect(n, r, w, e, ts, mask)
     }
 }
@@ -590,12 +722,15 @@ pub unsafe extern "C" fn pselect(
 pub unsafe extern "C" fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
     if config::active() && (op == libc::EPOLL_CTL_ADD || op == libc::EPOLL_CTL_MOD) && !ev.is_null()
     {
-        if let Some((w, b)) = epoll_bit(ep).filter(|_| lookup(fd).is_some()) {
-            EPOLL_FERRY[w].fetch_or(b, Ordering::Relaxed);
-        }
         // SAFETY: the caller's event (read unaligned: the struct is packed on x86-64).
         let events = unsafe { std::ptr::addr_of!((*ev).events).read_unaligned() };
         let input = libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLRDNORM | libc::EPOLLRDHUP;
+        // A ferry socket watched for input alone marks the set: its waits spin first.
+        // (One watched for room to send too does not, as with `poll`: [`before_poll`].)
+        let input_only = events & input as u32 != 0 && events & libc::EPOLLOUT as u32 == 0;
+        if let Some((w, b)) = epoll_bit(ep).filter(|_| input_only && lookup(fd).is_some()) {
+            EPOLL_FERRY[w].fetch_or(b, Ordering::Relaxed);
+        }
         if events & input as u32 != 0 {
             let mut w = Watch::new();
             w.add(fd);
@@ -620,9 +755,11 @@ pub unsafe extern "C" fn epoll_wait(
         ops::flush();
         if epoll_has_ferry(ep) {
             // SAFETY: forwarded to libc (the caller's buffer).
-            match spin_wait(timeout, || unsafe { real::epoll_wait(ep, evs, max, 0) }) {
+            match spin_wait(from_ms(timeout), || unsafe {
+                real::epoll_wait(ep, evs, max, 0)
+            }) {
                 Spun::Done(r) => return r,
-                Spun::Sleep(t) => timeout = t,
+                Spun::Sleep(t) => timeout = to_ms(t),
             }
         }
     }
@@ -645,11 +782,11 @@ pub unsafe extern "C" fn epoll_pwait(
         ops::flush();
         if epoll_has_ferry(ep) {
             // SAFETY: forwarded to libc (the caller's buffer and mask).
-            match spin_wait(timeout, || unsafe {
+            match spin_wait(from_ms(timeout), || unsafe {
                 real::epoll_pwait(ep, evs, max, 0, mask)
             }) {
                 Spun::Done(r) => return r,
-                Spun::Sleep(t) => timeout = t,
+                Spun::Sleep(t) => timeout = to_ms(t),
             }
         }
     }
@@ -669,6 +806,19 @@ pub unsafe extern "C" fn epoll_pwait2(
 ) -> c_int {
     if config::active() {
         ops::flush();
+        if epoll_has_ferry(ep) {
+            // SAFETY: forwarded to libc (the caller's buffer, timeout and mask).
+            unsafe {
+                let probe = || real::epoll_pwait2(ep, evs, max, &ZERO_TS, mask);
+                match spin_wait(from_timespec(ts), probe) {
+                    Spun::Done(r) => return r,
+                    Spun::Sleep(Some(t)) => {
+                        return real::epoll_pwait2(ep, evs, max, &to_timespec(t), mask);
+                    }
+                    Spun::Sleep(None) => {}
+                }
+            }
+        }
     }
     // SAFETY: forwarded to libc.
     unsafe { real::epoll_pwait2(ep, evs, max, ts, mask) }

@@ -909,10 +909,12 @@ ep.register(s.fileno(), select.EPOLLIN)
 pl = select.poll()
 pl.register(s.fileno(), select.POLLIN)
 def wait(i):
-    if i % 2 == 0:
+    if i % 3 == 0:
         assert ep.poll(5) != []
-    else:
+    elif i % 3 == 1:
         assert pl.poll(5000) != []
+    else:
+        assert select.select([s], [], [], 5)[0] == [s]
 for i in range(int(sys.argv[2])):
     s.sendall(b"ping")
     wait(i)
@@ -950,15 +952,15 @@ fn event_wait_sleeps(rounds: usize, delay: Duration) -> u64 {
 
 #[test]
 fn event_waits_spin_before_they_sleep_and_sleeps_are_counted() {
-    // poll and epoll_wait on ferry sockets spin for the SBW span (200 µs) before they
-    // sleep, and a wait that sleeps is counted like a blocking reader's.
+    // epoll_wait, poll and select on ferry sockets spin for the SBW span (200 µs) before
+    // they sleep, and a wait that sleeps is counted like a blocking reader's.
     if !need_python() {
         return;
     }
     let _g = serial();
     // Replies long after the span: every wait sleeps (and the reads after them do not).
-    let slow = event_wait_sleeps(4, Duration::from_millis(60));
-    assert!((4..=8).contains(&slow), "slow replies: {slow} sleeps");
+    let slow = event_wait_sleeps(6, Duration::from_millis(60));
+    assert!((6..=12).contains(&slow), "slow replies: {slow} sleeps");
     // Immediate replies mostly land within the span (without the spin: one sleep each).
     let fast = event_wait_sleeps(300, Duration::ZERO);
     assert!(fast <= 150, "immediate replies: {fast} sleeps of 300 waits");

@@ -38,6 +38,7 @@ pub const CASES: &[Case] = &[
     ),
     Case::new("sig.poll_eintr_at_once", poll_eintr_at_once),
     Case::new("sig.epoll_wait_eintr_at_once", epoll_wait_eintr_at_once),
+    Case::new("sig.select_eintr_at_once", select_eintr_at_once),
     Case::new(
         "sig.select_eintr_despite_restart",
         select_eintr_despite_restart,
@@ -180,6 +181,24 @@ fn epoll_wait_eintr_at_once() -> Res {
         "epoll_wait={}",
         show(ep.wait(4, 300).map(|v| v.len()))
     )))
+}
+
+fn select_eintr_at_once() -> Res {
+    let (_c, s) = tcp_pair(libc::AF_INET)?;
+    on_signal(libc::SIGALRM, count_signal, RESTART).ctx("sigaction")?;
+    let wait = |ms: i64| {
+        let mut rd: libc::fd_set = zeroed();
+        unsafe { libc::FD_SET(s.raw(), &mut rd) };
+        let mut tv = libc::timeval {
+            tv_sec: 0,
+            tv_usec: (ms * 1000) as libc::suseconds_t,
+        };
+        let null = std::ptr::null_mut();
+        sys!(libc::select(s.raw() + 1, &mut rd, null, null, &mut tv))
+    };
+    wait(0).ctx("select")?;
+    alarm_us(100).ctx("setitimer")?;
+    Ok(counted(format!("select={}", show(wait(300)))))
 }
 
 fn select_eintr_despite_restart() -> Res {

@@ -29,8 +29,9 @@
 //!   only how the stream ended and for out-of-band data.
 //! - **Readiness**: not emulated. The server writes a token byte into its end when the
 //!   host socket is readable (or, with `rx_pair`, the received bytes themselves);
-//!   `poll`/`select`/`epoll` see it like any other fd. The shim only asks for tokens
-//!   and rings the doorbell before the program blocks.
+//!   `poll`/`select`/`epoll` see it like any other fd. The shim only asks for tokens,
+//!   rings the doorbell before the program blocks, and makes a wait for input from a
+//!   ferry socket spin for the SBW span before it sleeps ([`fdcalls`]).
 //! - **Signals** ([`signals`]): the shim wraps the program's signal handlers to know when
 //!   one ran during a wait, so `EINTR` versus `SA_RESTART` is the kernel's.
 //! - **Entry points** ([`exports`], [`fdcalls`]): `errno` is set at one boundary; a

@@ -302,6 +302,34 @@ fn e2(s: &Settings, ready: &[Config]) -> Vec<Case> {
             extract: pingpong_extract(),
         });
     }
+    // An event loop: sockperf waiting in `epoll_wait` (its `-F` wants a file naming the
+    // connection), natively and through ferry at its defaults, where the shim's wait
+    // spins before it sleeps too.
+    let script = format!(
+        "f=$(mktemp) || exit 1; echo T:{ip}:{SOCKPERF_PORT} > \"$f\"; \
+         sockperf ping-pong -f \"$f\" -F epoll -t {secs} -m 64 --full-rtt; r=$?; \
+         rm -f \"$f\"; exit $r",
+        ip = s.remote
+    );
+    let epoll_client = vec!["sh".to_owned(), "-c".to_owned(), script];
+    let mut native = pick(ready, &["native"]);
+    for c in &mut native {
+        c.name = "native-epoll".into();
+    }
+    if ready.iter().any(|c| c.name == "ferry") {
+        native.push(Config::ferry_args("ferry-epoll", &[]));
+    }
+    for c in native {
+        out.push(Case {
+            config: c,
+            param: Param::none(),
+            client: epoll_client.clone(),
+            timeout: s.timeout(secs),
+            pin: None,
+            servers: vec![SOCKPERF_PORT],
+            extract: pingpong_extract(),
+        });
+    }
     out
 }
 

@@ -1,5 +1,6 @@
 //! One PNG per experiment, shaped like the paper's figure: E1 bandwidth vs buffer size
-//! (log x, one line per configuration), E2 RTT and wakes per round trip vs spin span,
+//! (log x, one line per configuration), E2 RTT and wakes per round trip vs spin span
+//! (the event-loop configurations as reference lines),
 //! E3 bars of MFlops, E4 throughput / RTT / crossings vs batch, R1 grouped bars
 //! normalized to native, E6 latency per response and throughput vs file size. Pure-Rust
 //! bitmap backend; text in DejaVu Sans.
@@ -445,6 +446,8 @@ fn e2(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
             .collect();
         lines(&mut chart, &pts, c, &label(what, &pts))?;
     }
+    // ferry at its default spin under an epoll event loop (no spin parameter).
+    reference(&mut chart, &wakes, -0.3, n - 0.7, " wake-ups")?;
     legend(&mut chart, SeriesLabelPosition::UpperRight)
 }
 

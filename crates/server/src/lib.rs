@@ -63,7 +63,7 @@ use std::time::Duration;
 /// The spin span of a waiting call (shim) and of the server's loop before they sleep
 /// (S0's SBW), unless configured: 200 µs covers a remote round trip over a veth pair on
 /// a 2-vCPU VM up to about its 99th percentile, which 50 µs did not (ferry bench E2:
-/// wakes per round trip 0.064–0.076 at 50 µs, 0.0012–0.0025 at 200 µs; docs/DESIGN.md).
+/// wakes per round trip 0.064–0.099 at 50 µs, 0.0011–0.0025 at 200 µs; docs/DESIGN.md).
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(200);
 
 /// Makes a socket inside the sandbox's network namespace: `(domain, type, protocol)`.

@@ -415,15 +415,22 @@ fn to_ms(d: Option<Duration>) -> c_int {
     })
 }
 
+/// A wait's timeout (`None`: none), or `Err` when the kernel would refuse it with
+/// `EINVAL` (then the wait does not spin: the kernel's own call says so).
+///
 /// # Safety
 /// `ts` null or valid.
-unsafe fn from_timespec(ts: *const timespec) -> Option<Duration> {
+unsafe fn from_timespec(ts: *const timespec) -> Result<Option<Duration>, ()> {
     // SAFETY: null or valid (caller).
-    let ts = unsafe { ts.as_ref() }?;
-    Some(Duration::new(
-        u64::try_from(ts.tv_sec).unwrap_or(0),
-        u32::try_from(ts.tv_nsec).unwrap_or(0).min(999_999_999),
-    ))
+    let Some(ts) = (unsafe { ts.as_ref() }) else {
+        return Ok(None);
+    };
+    let secs = u64::try_from(ts.tv_sec).map_err(drop)?;
+    let nanos = u32::try_from(ts.tv_nsec)
+        .ok()
+        .filter(|&n| n < 1_000_000_000)
+        .ok_or(())?;
+    Ok(Some(Duration::new(secs, nanos)))
 }
 
 fn to_timespec(d: Duration) -> timespec {
@@ -580,8 +587,10 @@ pub unsafe extern "C" fn ppoll(
 ) -> c_int {
     // SAFETY: the caller's array and timeout; then forwarded to libc.
     unsafe {
-        if before_poll(fds, n) {
-            match spin_wait(from_timespec(ts), || real::ppoll(fds, n, &ZERO_TS, mask)) {
+        if before_poll(fds, n)
+            && let Ok(timeout) = from_timespec(ts)
+        {
+            match spin_wait(timeout, || real::ppoll(fds, n, &ZERO_TS, mask)) {
                 Spun::Done(r) => return r,
                 Spun::Sleep(Some(t)) => return real::ppoll(fds, n, &to_timespec(t), mask),
                 Spun::Sleep(None) => {}
@@ -627,9 +636,12 @@ pub unsafe extern "C" fn __ppoll_chk(
 ) -> c_int {
     // SAFETY: as in `__poll_chk`.
     unsafe {
-        if (n as usize).saturating_mul(size_of::<pollfd>()) <= fdslen && before_poll(fds, n) {
+        if (n as usize).saturating_mul(size_of::<pollfd>()) <= fdslen
+            && before_poll(fds, n)
+            && let Ok(timeout) = from_timespec(ts)
+        {
             let probe = || real::__ppoll_chk(fds, n, &ZERO_TS, mask, fdslen);
-            match spin_wait(from_timespec(ts), probe) {
+            match spin_wait(timeout, probe) {
                 Spun::Done(r) => return r,
                 Spun::Sleep(Some(t)) => {
                     return real::__ppoll_chk(fds, n, &to_timespec(t), mask, fdslen);
@@ -653,12 +665,18 @@ pub unsafe extern "C" fn select(
 ) -> c_int {
     // SAFETY: the caller's sets and timeout; then forwarded to libc.
     unsafe {
-        if before_select(n, [r.cast_const(), w.cast_const(), e.cast_const()]) {
+        // A negative timeval is the kernel's EINVAL to give: no spin then.
+        let timeout = match tv.as_ref() {
+            None => Ok(None),
+            Some(t) => match (u64::try_from(t.tv_sec), u64::try_from(t.tv_usec)) {
+                (Ok(s), Ok(us)) => Ok(Some(Duration::from_secs(s) + Duration::from_micros(us))),
+                _ => Err(()),
+            },
+        };
+        if before_select(n, [r.cast_const(), w.cast_const(), e.cast_const()])
+            && let Ok(timeout) = timeout
+        {
             let sets = SelectSets::save([r, w, e]);
-            let timeout = tv.as_ref().map(|t| {
-                Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
-                    + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
-            });
             let probe = || {
                 sets.restore();
                 let mut zero = timeval {
@@ -696,13 +714,15 @@ pub unsafe extern "C" fn pselect(
 ) -> c_int {
     // SAFETY: the caller's sets and timeout; then forwarded to libc.
     unsafe {
-        if before_select(n, [r.cast_const(), w.cast_const(), e.cast_const()]) {
+        if before_select(n, [r.cast_const(), w.cast_const(), e.cast_const()])
+            && let Ok(timeout) = from_timespec(ts)
+        {
             let sets = SelectSets::save([r, w, e]);
             let probe = || {
                 sets.restore();
                 real::pselect(n, r, w, e, &ZERO_TS, mask)
             };
-            match spin_wait(from_timespec(ts), probe) {
+            match spin_wait(timeout, probe) {
                 Spun::Done(r) => return r,
                 Spun::Sleep(left) => {
                     sets.restore();
@@ -806,11 +826,14 @@ pub unsafe extern "C" fn epoll_pwait2(
 ) -> c_int {
     if config::active() {
         ops::flush();
-        if epoll_has_ferry(ep) {
+        if epoll_has_ferry(ep)
+            // SAFETY: the caller's timeout, null or valid.
+            && let Ok(timeout) = unsafe { from_timespec(ts) }
+        {
             // SAFETY: forwarded to libc (the caller's buffer, timeout and mask).
             unsafe {
                 let probe = || real::epoll_pwait2(ep, evs, max, &ZERO_TS, mask);
-                match spin_wait(from_timespec(ts), probe) {
+                match spin_wait(timeout, probe) {
                     Spun::Done(r) => return r,
                     Spun::Sleep(Some(t)) => {
                         return real::epoll_pwait2(ep, evs, max, &to_timespec(t), mask);

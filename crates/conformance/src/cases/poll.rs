@@ -37,6 +37,7 @@ pub const CASES: &[Case] = &[
     Case::new("select.writer_loop_no_spin", select_writer_loop_no_spin),
     Case::new("select.closed_fd_ebadf", select_closed_fd_ebadf),
     Case::new("pselect.ready_with_mask", pselect_ready_with_mask),
+    Case::new("poll.invalid_timeouts_einval", invalid_timeouts_einval),
 ];
 
 const IN: i16 = libc::POLLIN;
@@ -508,4 +509,49 @@ fn pselect_ready_with_mask() -> Res {
     )));
     let set = unsafe { libc::FD_ISSET(s.raw(), &rd) };
     Ok(format!("n={n} readable={set}"))
+}
+
+/// Bad timeouts on a socket waited on for input: the kernel's EINVAL, at once (ferry's
+/// waits spin before they sleep, and must not turn a bad timeout into a good one).
+fn invalid_timeouts_einval() -> Res {
+    let (_c, s) = tcp_pair(libc::AF_INET)?;
+    let mut p = libc::pollfd {
+        fd: s.raw(),
+        events: IN,
+        revents: 0,
+    };
+    let bad_ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 2_000_000_000,
+    };
+    let ppoll = show(sys!(libc::ppoll(&mut p, 1, &bad_ts, std::ptr::null())));
+    let neg_ts = libc::timespec {
+        tv_sec: -1,
+        tv_nsec: 0,
+    };
+    let mut rd: libc::fd_set = zeroed();
+    unsafe { libc::FD_SET(s.raw(), &mut rd) };
+    let null = std::ptr::null_mut();
+    let pselect = show(sys!(libc::pselect(
+        s.raw() + 1,
+        &mut rd,
+        null,
+        null,
+        &neg_ts,
+        std::ptr::null()
+    )));
+    let mut rd: libc::fd_set = zeroed();
+    unsafe { libc::FD_SET(s.raw(), &mut rd) };
+    let mut tv = libc::timeval {
+        tv_sec: 0,
+        tv_usec: -5,
+    };
+    let select = show(sys!(libc::select(
+        s.raw() + 1,
+        &mut rd,
+        null,
+        null,
+        &mut tv
+    )));
+    Ok(format!("ppoll={ppoll} pselect={pselect} select={select}"))
 }

@@ -221,7 +221,7 @@ impl Channel {
             ep,
             region,
             ctl,
-            spin: SpinPolicy::new(span, span.min(Duration::from_micros(2))),
+            spin: spin_policy_of(span),
             batch: reply.batch.max(1),
             batch_delay: Duration::from_micros(u64::from(reply.batch_delay_us)),
             unrung: 0,
@@ -751,6 +751,33 @@ pub fn fill_pair(fd: c_int) {
         match ferry_sys::send_nosignal(b, &filler) {
             Ok(n) if n == filler.len() => {}
             _ => break,
+        }
+    }
+}
+
+/// The shim's spin-before-sleep policy for a span the server gave: the first 2 µs a
+/// pure spin, then `sched_yield` between tries.
+pub fn spin_policy_of(span: Duration) -> SpinPolicy {
+    SpinPolicy::new(span, span.min(Duration::from_micros(2)))
+}
+
+/// S0's spin for a wait the kernel does (a receive, `poll`, `epoll_wait`…): tries `f`
+/// until it gives an answer or `limit` has passed (`None`), spinning purely for the
+/// policy's first part and yielding between tries after it.
+pub fn spin_for<T>(p: SpinPolicy, limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        let spent = t0.elapsed();
+        if spent >= limit {
+            return None;
+        }
+        if spent >= p.pure_spin {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
         }
     }
 }

@@ -10,7 +10,7 @@ use ferry_ring::BufId;
 use libc::{off_t, sockaddr, socklen_t};
 
 use crate::addr::read_sockaddr;
-use crate::chan::{Channel, Wait};
+use crate::chan::{Channel, Wait, spin_for};
 use crate::errno::{Errno, Res};
 use crate::fdtable::{Sock, TABLE};
 use crate::iov::{IoCursor, MAX_RW};
@@ -327,24 +327,14 @@ unsafe fn pair_spin(
     kflags: c_int,
 ) -> Res<Option<usize>> {
     let p = ch.spin_policy();
-    let t0 = std::time::Instant::now();
-    loop {
+    spin_for(p, p.span, || {
         // SAFETY: the caller's buffers.
         match unsafe { crate::sys::recv_iov(fd, iov, n, kflags | libc::MSG_DONTWAIT) } {
-            Ok(k) => return Ok(Some(k)),
-            Err(Errno::EAGAIN) => {}
-            Err(e) => return Err(e),
+            Err(Errno::EAGAIN) => None,
+            r => Some(r),
         }
-        let spent = t0.elapsed();
-        if spent >= p.span {
-            return Ok(None);
-        }
-        if spent >= p.pure_spin {
-            std::thread::yield_now();
-        } else {
-            std::hint::spin_loop();
-        }
-    }
+    })
+    .transpose()
 }
 
 /// A zero-byte receive on an `rx_pair` stream: waits (unless non-blocking) for data or

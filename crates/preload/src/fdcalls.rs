@@ -16,6 +16,7 @@ use libc::{
     FILE, epoll_event, fd_set, iovec, nfds_t, pollfd, sigset_t, size_t, ssize_t, timespec, timeval,
 };
 
+use crate::chan::{spin_for, spin_policy_of};
 use crate::errno::{Errno, errno, set_errno};
 use crate::exports::{boundary, recv_one};
 use crate::fdtable::{Entry, Sock, TABLE};
@@ -454,32 +455,23 @@ const ZERO_TS: timespec = timespec {
 /// waits are never restarted). A wait that goes on to sleep is counted like a blocking
 /// reader's (`pair_sleeps`).
 fn spin_wait(timeout: Option<Duration>, mut probe: impl FnMut() -> c_int) -> Spun {
-    let span = config::spin();
-    if timeout.is_some_and(|t| t.is_zero()) || span.is_zero() {
+    let p = spin_policy_of(config::spin());
+    if timeout.is_some_and(|t| t.is_zero()) || p.span.is_zero() {
         return Spun::Sleep(timeout);
     }
-    let limit = timeout.map_or(span, |t| t.min(span));
-    let pure = span.min(Duration::from_micros(2));
+    let limit = timeout.map_or(p.span, |t| t.min(p.span));
     let seen = signals::counts();
     let t0 = Instant::now();
-    loop {
-        let r = probe();
-        if r != 0 {
-            return Spun::Done(r);
-        }
-        if signals::counts() != seen {
+    let answer = spin_for(p, limit, || match probe() {
+        0 if signals::counts() != seen => {
             set_errno(libc::EINTR);
-            return Spun::Done(-1);
+            Some(-1)
         }
-        let spent = t0.elapsed();
-        if spent >= limit {
-            break;
-        }
-        if spent >= pure {
-            std::thread::yield_now();
-        } else {
-            std::hint::spin_loop();
-        }
+        0 => None,
+        r => Some(r),
+    });
+    if let Some(r) = answer {
+        return Spun::Done(r);
     }
     let Some(t) = timeout else {
         ops::count_kernel_sleep();

@@ -557,6 +557,30 @@ fn compile_c(name: &str) -> Option<std::path::PathBuf> {
     Some(out)
 }
 
+/// A kernel TCP peer on 127.0.0.1: a thread accepts one connection and hands it to
+/// `serve`. Returns the port and the thread.
+fn host_peer<T: Send + 'static>(
+    serve: impl FnOnce(std::net::TcpStream) -> T + Send + 'static,
+) -> (u16, std::thread::JoinHandle<T>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    (
+        port,
+        std::thread::spawn(move || serve(l.accept().unwrap().0)),
+    )
+}
+
+/// Answers `rounds` 4-byte pings on `c` with `pong`, each after `delay`.
+fn answer_pings(c: &mut std::net::TcpStream, rounds: usize, delay: Duration) {
+    use std::io::{Read, Write};
+    let mut b = [0u8; 4];
+    for _ in 0..rounds {
+        c.read_exact(&mut b).unwrap();
+        std::thread::sleep(delay);
+        c.write_all(b"pong").unwrap();
+    }
+}
+
 /// A kernel TCP server on 127.0.0.1 that closes every connection at once.
 fn tcp_closing() -> std::net::SocketAddr {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -632,11 +656,8 @@ if sys.argv[2] == "_exit":
 fn send_and_exit(how: &str) -> Vec<u8> {
     let _g = serial();
     let srv = Running::start("exit", 1);
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    let sink = std::thread::spawn(move || {
+    let (port, sink) = host_peer(|mut c| {
         use std::io::Read;
-        let (mut c, _) = l.accept().unwrap();
         let mut all = Vec::new();
         c.read_to_end(&mut all).unwrap();
         all
@@ -714,11 +735,8 @@ fn back_pressure_blocks_then_would_block() {
     }
     let _g = serial();
     let srv = Running::start("slow", 1);
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    let sink = std::thread::spawn(move || {
+    let (port, sink) = host_peer(|mut c| {
         use std::io::Read;
-        let (mut c, _) = l.accept().unwrap();
         std::thread::sleep(Duration::from_millis(500));
         let mut first = vec![0u8; 8 << 20];
         c.read_exact(&mut first).unwrap();
@@ -832,19 +850,8 @@ fn a_reader_asleep_in_the_kernel_is_counted() {
     }
     let _g = serial();
     let srv = Running::start_with("pair-sleeps", |cfg| cfg.rx_pair = true);
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    let peer = std::thread::spawn(move || {
-        use std::io::{Read, Write};
-        let (mut c, _) = l.accept().unwrap();
-        let mut b = [0u8; 4];
-        for _ in 0..3 {
-            c.read_exact(&mut b).unwrap();
-            // Much longer than the spin span: the reader goes to sleep.
-            std::thread::sleep(Duration::from_millis(100));
-            c.write_all(b"pong").unwrap();
-        }
-    });
+    // Much longer than the spin span: the reader goes to sleep.
+    let (port, peer) = host_peer(|mut c| answer_pings(&mut c, 3, Duration::from_millis(100)));
     let out = py(SLOW_REPLY, Some(&srv.path), &[port.to_string()]);
     assert_eq!(out, "slow ok\n");
     peer.join().unwrap();
@@ -874,18 +881,11 @@ fn the_pair_path_reads_each_message_once() {
     }
     let _g = serial();
     let srv = Running::start_with("one-read", |cfg| cfg.rx_pair = true);
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    let peer = std::thread::spawn(move || {
-        use std::io::{Read, Write};
-        let (mut c, _) = l.accept().unwrap();
-        let mut b = [0u8; 4];
-        for _ in 0..300 {
-            c.read_exact(&mut b).unwrap();
-            c.write_all(b"pong").unwrap();
-        }
+    let (port, peer) = host_peer(|mut c| {
+        use std::io::Read;
+        answer_pings(&mut c, 300, Duration::ZERO);
         // The end of the stream still arrives after the last short read.
-        assert_eq!(c.read(&mut b).unwrap(), 0);
+        assert_eq!(c.read(&mut [0u8; 4]).unwrap(), 0);
     });
     let out = py(PING_PONG, Some(&srv.path), &[port.to_string()]);
     assert_eq!(out, "ping-pong ok\n");
@@ -926,18 +926,9 @@ print("waits ok")
 /// counted kernel sleeps.
 fn event_wait_sleeps(rounds: usize, delay: Duration) -> u64 {
     let srv = Running::start_with("event-waits", |cfg| cfg.rx_pair = true);
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    let peer = std::thread::spawn(move || {
-        use std::io::{Read, Write};
-        let (mut c, _) = l.accept().unwrap();
+    let (port, peer) = host_peer(move |mut c| {
         c.set_nodelay(true).unwrap();
-        let mut b = [0u8; 4];
-        for _ in 0..rounds {
-            c.read_exact(&mut b).unwrap();
-            std::thread::sleep(delay);
-            c.write_all(b"pong").unwrap();
-        }
+        answer_pings(&mut c, rounds, delay);
     });
     let out = py(
         EVENT_WAITS,

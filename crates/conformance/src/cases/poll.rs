@@ -540,18 +540,7 @@ fn invalid_timeouts_einval() -> Res {
         &neg_ts,
         std::ptr::null()
     )));
-    let mut rd: libc::fd_set = zeroed();
-    unsafe { libc::FD_SET(s.raw(), &mut rd) };
-    let mut tv = libc::timeval {
-        tv_sec: 0,
-        tv_usec: -5,
-    };
-    let select = show(sys!(libc::select(
-        s.raw() + 1,
-        &mut rd,
-        null,
-        null,
-        &mut tv
-    )));
-    Ok(format!("ppoll={ppoll} pselect={pselect} select={select}"))
+    // -1 ms: a negative `tv_usec`.
+    let select = select(&[s.raw()], &[], &[], -1);
+    Ok(format!("ppoll={ppoll} pselect={pselect} {select}"))
 }

@@ -20,7 +20,7 @@ use crate::net::{
 use crate::proc::{
     alarm_ms, alarm_us, count_signal, fork_with, mask_signal, on_signal, signal_count,
 };
-use crate::sys::{Ctx, show, sleep_ms, zeroed};
+use crate::sys::{Ctx, Errno, show, sleep_ms, zeroed};
 
 pub const CASES: &[Case] = &[
     Case::new("sig.recv_eintr_no_restart", recv_eintr_no_restart),
@@ -189,44 +189,28 @@ fn epoll_wait_eintr_at_once() -> Res {
     eintr_at_once("epoll_wait", |ms| show(ep.wait(4, ms).map(|v| v.len())))
 }
 
+/// `select` for `fd` to become readable, waiting at most `ms` milliseconds.
+fn select_readable(fd: c_int, ms: c_int) -> Result<c_int, Errno> {
+    let mut rd: libc::fd_set = zeroed();
+    unsafe { libc::FD_SET(fd, &mut rd) };
+    let mut tv = libc::timeval {
+        tv_sec: libc::time_t::from(ms / 1000),
+        tv_usec: libc::suseconds_t::from(ms % 1000) * 1000,
+    };
+    let null = std::ptr::null_mut();
+    sys!(libc::select(fd + 1, &mut rd, null, null, &mut tv))
+}
+
 fn select_eintr_at_once() -> Res {
     let (_c, s) = tcp_pair(libc::AF_INET)?;
-    eintr_at_once("select", |ms| {
-        let mut rd: libc::fd_set = zeroed();
-        unsafe { libc::FD_SET(s.raw(), &mut rd) };
-        let mut tv = libc::timeval {
-            tv_sec: 0,
-            tv_usec: libc::suseconds_t::from(ms) * 1000,
-        };
-        let null = std::ptr::null_mut();
-        show(sys!(libc::select(
-            s.raw() + 1,
-            &mut rd,
-            null,
-            null,
-            &mut tv
-        )))
-    })
+    eintr_at_once("select", |ms| show(select_readable(s.raw(), ms)))
 }
 
 fn select_eintr_despite_restart() -> Res {
     let (_c, s) = tcp_pair(libc::AF_INET)?;
     on_signal(libc::SIGALRM, count_signal, RESTART).ctx("sigaction")?;
     alarm_ms(50).ctx("setitimer")?;
-    let mut rd: libc::fd_set = zeroed();
-    unsafe { libc::FD_SET(s.raw(), &mut rd) };
-    let mut tv = libc::timeval {
-        tv_sec: 3,
-        tv_usec: 0,
-    };
-    let null = std::ptr::null_mut();
-    let r = show(sys!(libc::select(
-        s.raw() + 1,
-        &mut rd,
-        null,
-        null,
-        &mut tv
-    )));
+    let r = show(select_readable(s.raw(), 3000));
     Ok(counted(format!("select={r}")))
 }
 

@@ -67,6 +67,25 @@ pub struct RunOut {
     pub outcome: Outcome,
     /// `--stats-json` of the ferry server (ferry configurations only).
     pub stats: Option<FerryStats>,
+    /// Busy CPU time of the whole machine while the run lasted (every process: the
+    /// client, ferry's server or a peer, the remote's server, softirq), when
+    /// `/proc/stat` could be read.
+    pub cpu_busy: Option<Duration>,
+}
+
+impl RunOut {
+    /// Busy CPU µs of the whole machine per `ops` operations of the run.
+    pub fn cpu_us_per(&self, ops: f64) -> Result<f64, String> {
+        let busy = self.cpu_busy.ok_or("no CPU time (/proc/stat unreadable)")?;
+        Ok(busy.as_secs_f64() * 1e6 / ops)
+    }
+}
+
+/// The machine's busy CPU time so far (see [`parse::proc_stat_busy`]).
+fn machine_busy() -> Option<Duration> {
+    let ticks = parse::proc_stat_busy(&fs::read_to_string("/proc/stat").ok()?).ok()?;
+    let hz = rustix::param::clock_ticks_per_second();
+    (hz > 0).then(|| Duration::from_secs_f64(ticks as f64 / hz as f64))
 }
 
 /// A configuration that passed its smoke check, with the MTU its sandbox sees.
@@ -192,6 +211,7 @@ impl Config {
         argv.extend(client.iter().map(OsString::from));
         let mut cmd = Command::new(&argv[0]);
         cmd.args(&argv[1..]);
+        let busy_before = machine_busy();
         let outcome = if self.kind == Kind::Slirp {
             exec::run_with(&mut cmd, timeout, &env.stop, |pid| {
                 start_slirp(pid, pin, &env.stop)
@@ -204,7 +224,14 @@ impl Config {
             let _ = fs::remove_file(&f);
             s.and_then(|s| parse::ferry_stats(&s).ok())
         });
-        Ok(RunOut { outcome, stats })
+        let cpu_busy = busy_before
+            .zip(machine_busy())
+            .map(|(a, b)| b.saturating_sub(a));
+        Ok(RunOut {
+            outcome,
+            stats,
+            cpu_busy,
+        })
     }
 
     /// Smoke check: the tools exist, the client reaches redis on the remote

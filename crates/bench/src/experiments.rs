@@ -627,10 +627,12 @@ fn r1(s: &Settings, ready: &[Config]) -> Vec<Case> {
     if let Some(at) = configs.iter().position(|c| c.name == "ferry") {
         configs.insert(at + 1, Config::ferry_args("ferry-ring", &["--rx", "ring"]));
     }
+    // Enough requests that each test lasts seconds: the machine's CPU time per request
+    // is measured over the whole run, start-up included.
     let (n1, n16) = if s.quick {
         ("5000", "50000")
     } else {
-        ("20000", "200000")
+        ("100000", "1000000")
     };
     let url = format!("http://{}:{HTTP_PORT}/{HTTP_FILE}", s.remote);
     let redis = |n: &str, p: &str| {
@@ -645,15 +647,19 @@ fn r1(s: &Settings, ready: &[Config]) -> Vec<Case> {
         .chain(strings(&["-t", "get,set", "-n", n, "-P", p, "--csv", "-q"]))
         .collect::<Vec<_>>()
     };
-    let redis_extract = |p: &'static str| -> Extract {
+    // Requests per second of GET and SET, and the whole machine's busy CPU µs per
+    // request (both tests): on 2 CPUs that both of them saturate, throughput follows it.
+    let redis_extract = |p: &'static str, n: &str| -> Extract {
+        let requests = 2.0 * n.parse::<f64>().unwrap_or(f64::NAN);
         Box::new(move |r: &RunOut| {
-            let (get, set) = match p {
-                "1" => ("GET -P 1", "SET -P 1"),
-                _ => ("GET -P 16", "SET -P 16"),
+            let (get, set, cpu) = match p {
+                "1" => ("GET -P 1", "SET -P 1", "CPU per request -P 1"),
+                _ => ("GET -P 16", "SET -P 16", "CPU per request -P 16"),
             };
             Ok(vec![
                 (get, "req/s", parse::redis_rps(&r.outcome.stdout, "GET")?),
                 (set, "req/s", parse::redis_rps(&r.outcome.stdout, "SET")?),
+                (cpu, "us", r.cpu_us_per(requests)?),
             ])
         })
     };
@@ -705,15 +711,15 @@ fn r1(s: &Settings, ready: &[Config]) -> Vec<Case> {
             "redis -P 1",
             redis(n1, "1"),
             vec![REDIS_PORT],
-            redis_extract("1"),
-            20,
+            redis_extract("1", n1),
+            30,
         ),
         (
             "redis -P 16",
             redis(n16, "16"),
             vec![REDIS_PORT],
-            redis_extract("16"),
-            20,
+            redis_extract("16", n16),
+            30,
         ),
         (
             "wrk nginx 16K",

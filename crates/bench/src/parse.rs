@@ -1,5 +1,6 @@
 //! Parsers for what the clients print: iperf3 `-J`, sockperf ping-pong and throughput,
-//! redis-benchmark `--csv`, wrk, ferry-burner, `ip -o link`, and ferry's `--stats-json`.
+//! redis-benchmark `--csv`, wrk, ferry-burner, `ip -o link`, ferry's `--stats-json`, and
+//! the machine's CPU time (`/proc/stat`).
 //! Pure functions of text; each failure says what was missing.
 
 use serde_json::Value;
@@ -244,6 +245,32 @@ pub fn e6(out: &str) -> Result<(f64, f64, f64, Option<f64>), String> {
     ))
 }
 
+/// The machine's busy CPU time so far, in clock ticks, from `/proc/stat`'s `cpu` line:
+/// user, nice, system, irq and softirq of every CPU. Idle and iowait are not work, and
+/// steal is time another guest had the CPU.
+pub fn proc_stat_busy(stat: &str) -> Result<u64, String> {
+    let line = stat
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some("cpu"))
+        .ok_or("/proc/stat has no `cpu` line")?;
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|v| {
+            v.parse()
+                .map_err(|_| format!("/proc/stat: bad number {v:?}"))
+        })
+        .collect::<Result<_, _>>()?;
+    if f.len() < 7 {
+        return Err(format!(
+            "/proc/stat's cpu line has {} fields, not 7",
+            f.len()
+        ));
+    }
+    // user nice system idle iowait irq softirq [steal …]
+    Ok(f[0] + f[1] + f[2] + f[5] + f[6])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -319,5 +346,14 @@ sockperf: ---> percentile 50.000 =   10.609
         assert_eq!(s.requests, 6);
         assert_eq!(s.wakes(), 6);
         assert_eq!(s.data_syscalls, 7);
+    }
+
+    #[test]
+    fn proc_stat_busy_counts_work_not_idle_or_steal() {
+        let stat = "cpu  100 2 30 5000 7 1 4 900 0 0\ncpu0 50 1 15 2500 3 0 2 450 0 0\n";
+        assert_eq!(proc_stat_busy(stat), Ok(137));
+        assert!(proc_stat_busy("intr 1 2 3\n").is_err());
+        assert!(proc_stat_busy("cpu 1 2 x 4 5 6 7\n").is_err());
+        assert!(proc_stat_busy("cpu 1 2 3\n").is_err());
     }
 }

@@ -874,7 +874,7 @@ fn r1(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
         22,
         &names,
         ymax,
-        "× native (throughput: x/native; latency: native/x)",
+        "× native (throughput: x/native; µs: native/x)",
     )?;
     bars(&mut chart, &items)?;
     config_legend(&mut chart, &configs, SeriesLabelPosition::UpperRight)

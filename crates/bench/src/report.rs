@@ -336,8 +336,9 @@ fn headlines(rows: &[Row]) -> String {
         );
     }
     out.push_str(
-        "\nRatios are of medians. For throughput, above 1× means ferry is faster; for RTT, \
-         above 1× means ferry is slower. \"failed\" means no run succeeded (see Failures).\n",
+        "\nRatios are of medians. For throughput, above 1× means ferry is faster; for times \
+         in µs (RTT, CPU per request), above 1× means ferry is slower or costs more. \
+         \"failed\" means no run succeeded (see Failures).\n",
     );
     out
 }

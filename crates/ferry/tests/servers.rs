@@ -1,5 +1,6 @@
 //! Several protocol servers (S4): sockets really land on different servers, every byte
-//! arrives, and a server moved to another CPU mid-transfer loses nothing.
+//! arrives, and a server moved to another CPU mid-transfer loses nothing. The live
+//! counters (`ferry ctl stats`) also show when a server lets a socket go.
 
 mod common;
 use common::*;
@@ -329,4 +330,99 @@ fn accepted_connections_are_assigned_or_kept_on_the_listeners_server() {
         out.iter().any(|&b| b >= 8 * page) && out.iter().any(|&b| b < page),
         "{out:?}"
     );
+}
+
+/// A stream both of whose directions are shut (the peer's FIN, then the program's
+/// `SHUT_WR`), kept open, duplicated, closed once, then closed for good; the program
+/// waits for a line on stdin between.
+const HUNG_UP: &str = r#"
+import select, socket, sys
+l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen()
+c = socket.create_connection(l.getsockname()); s, _ = l.accept()
+c.close()
+p = select.poll(); p.register(s, select.POLLIN | select.POLLRDHUP)
+assert p.poll(5000)
+s.shutdown(socket.SHUT_WR)
+p = select.poll(); p.register(s, select.POLLIN)
+ev = p.poll(5000)
+print("hup", bool(ev and ev[0][1] & select.POLLHUP), flush=True)
+print("still", s.getsockname()[0], s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR), flush=True)
+sys.stdin.readline()
+d = s.dup(); s.close()
+print("one closed", flush=True)
+sys.stdin.readline()
+d.close(); l.close()
+print("closed", flush=True)
+sys.stdin.readline()
+"#;
+
+/// The sockets column of `ferry ctl stats` for the run `pid` (its one server).
+fn live_sockets(pid: u32) -> u64 {
+    let o = ctl(pid, &["stats"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("proto-0"))
+        .unwrap_or_else(|| panic!("no proto-0 row: {out}"));
+    row.split_whitespace()
+        .nth(3)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no sockets column: {out}"))
+}
+
+#[test]
+fn a_hung_up_stream_polls_pollhup_and_is_let_go_once_closed() {
+    // The kernel reports POLLHUP once both directions of a stream are shut; ferry
+    // mirrors it by shutting both directions of the readiness pair. Its server's own end
+    // then hangs up as well, which until then meant "the program has closed it": the
+    // socket must stay while the program holds it and go once it does not.
+    if !have("python3") {
+        eprintln!("skipped: python3 is not installed");
+        return;
+    }
+    use std::io::{BufRead, Write};
+    let mut child = ferry();
+    child
+        .args(["run", "--", "python3", "-c", HUNG_UP])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut child = Guard(child.spawn().unwrap());
+    let pid = child.0.id();
+    let mut stdin = child.0.stdin.take().unwrap();
+    let mut lines = std::io::BufReader::new(child.0.stdout.take().unwrap()).lines();
+    let mut line = || lines.next().expect("a line").unwrap();
+    assert_eq!(line(), "hup True");
+    assert_eq!(line(), "still 127.0.0.1 0");
+    // The listener and the hung-up stream (its peer has been let go).
+    let t = Instant::now();
+    while live_sockets(pid) != 2 {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{} sockets",
+            live_sockets(pid)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(live_sockets(pid), 2, "the open stream was let go");
+    // Closing one of two descriptors keeps it.
+    writeln!(stdin).unwrap();
+    assert_eq!(line(), "one closed");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(live_sockets(pid), 2, "let go while a duplicate is open");
+    writeln!(stdin).unwrap();
+    assert_eq!(line(), "closed");
+    let t = Instant::now();
+    while live_sockets(pid) != 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{} sockets still held after the program closed them",
+            live_sockets(pid)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    writeln!(stdin).unwrap();
+    assert!(child.0.wait().unwrap().success());
 }

@@ -1,9 +1,7 @@
 //! Socket addresses between the program's memory and records: reading a `sockaddr` the
 //! program passed (checked before it goes on the ring, since a record the server refuses
-//! would close the whole channel), writing one back with the kernel's truncation rules,
-//! and the abstract unix name that identifies a ferry socket.
-
-use std::io::Write;
+//! would close the whole channel), and writing one back with the kernel's truncation
+//! rules.
 
 use ferry_proto::WireAddr;
 use libc::{sockaddr, socklen_t};
@@ -14,28 +12,6 @@ const IN_LEN: usize = size_of::<libc::sockaddr_in>();
 const IN6_LEN: usize = size_of::<libc::sockaddr_in6>();
 /// The shortest `sockaddr_in6` the kernel accepts (RFC 2133's, without scope id).
 const IN6_MIN_LEN: usize = 24;
-
-/// The name prefix of a ferry socket's readiness end (after the abstract NUL).
-pub const NAME_PREFIX: &[u8] = b"ferry:";
-
-/// The abstract name (without the leading NUL) for socket `id`.
-pub fn ferry_name(id: u32) -> ([u8; 24], usize) {
-    let mut buf = [0u8; 24];
-    let mut w = &mut buf[..];
-    let _ = write!(w, "ferry:{id}");
-    let left = w.len();
-    let n = buf.len() - left;
-    (buf, n)
-}
-
-/// The socket id in an abstract name, if it is a ferry name.
-pub fn parse_ferry_name(name: &[u8]) -> Option<u32> {
-    let digits = name.strip_prefix(NAME_PREFIX)?;
-    if digits.is_empty() || digits.len() > 10 || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    std::str::from_utf8(digits).ok()?.parse().ok()
-}
 
 /// The family field of the program's address (`None` when too short to hold one).
 ///
@@ -127,20 +103,6 @@ mod tests {
         let mut out = [0u8; IN6_LEN];
         out.copy_from_slice(&buf[..IN6_LEN]);
         (out, n)
-    }
-
-    #[test]
-    fn names_round_trip() {
-        for id in [0, 1, 42, u32::MAX] {
-            let (b, n) = ferry_name(id);
-            assert_eq!(parse_ferry_name(&b[..n]), Some(id));
-        }
-        assert_eq!(&ferry_name(17).0[..8], b"ferry:17");
-        assert_eq!(parse_ferry_name(b"ferry:"), None);
-        assert_eq!(parse_ferry_name(b"ferry:12x"), None);
-        assert_eq!(parse_ferry_name(b"ferry:99999999999"), None);
-        assert_eq!(parse_ferry_name(b"other:1"), None);
-        assert_eq!(parse_ferry_name(b"ferry:4294967296"), None);
     }
 
     #[test]

@@ -38,7 +38,7 @@ fn identify(fd: c_int) -> Option<Sock> {
     let b = unsafe { ferry_sys::borrow(fd) };
     match ferry_sys::abstract_name(b, &mut name) {
         Ok(Some(n)) => {
-            if let Some(id) = crate::addr::parse_ferry_name(&name[..n]) {
+            if let Some(id) = ferry_proto::parse_pair_name(&name[..n]) {
                 let fl = crate::sys::getfl(fd).unwrap_or(0);
                 let flags = if fl & libc::O_NONBLOCK != 0 {
                     F_NONBLOCK
@@ -124,7 +124,7 @@ mod tests {
     fn ferry_names_are_recognised() {
         let (a, b) =
             ferry_sys::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC).unwrap();
-        let (name, n) = crate::addr::ferry_name(4_000_000_001);
+        let (name, n) = ferry_proto::pair_name(4_000_000_001);
         ferry_sys::bind_abstract(a.as_fd(), &name[..n]).unwrap();
         ferry_sys::set_nonblocking(a.as_fd(), true).unwrap();
         set_errno(1234);

@@ -9,7 +9,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use ferry_proto::{Ctl, CtlKind, MAX_SERVERS, Op, REQ_FILLED, REQ_NONBLOCK, Req, server_of};
 use libc::{sockaddr, socklen_t};
 
-use crate::addr::{family, ferry_name, read_sockaddr, write_sockaddr};
+use crate::addr::{family, read_sockaddr, write_sockaddr};
 use crate::chan::{Channel, SLICE, Wait, close_quiet, fill_pair};
 use crate::errno::{Errno, Res};
 use crate::fdtable::{
@@ -57,7 +57,7 @@ fn pair() -> Res<(OwnedFd, OwnedFd)> {
 /// Names the program's end of a new socket, applies `SOCK_NONBLOCK`/`SOCK_CLOEXEC`,
 /// caches it and hands it to the program.
 fn adopt(prog: OwnedFd, id: u32, ty_flags: c_int, flags: u32) -> Res<c_int> {
-    let (name, n) = ferry_name(id);
+    let (name, n) = ferry_proto::pair_name(id);
     if let Err(e) = ferry_sys::bind_abstract(prog.as_fd(), &name[..n]) {
         log::once(Once::Internal, format_args!("cannot name socket {id}: {e}"));
         close_quiet(prog);

@@ -23,6 +23,31 @@ pub fn server_of(sock: u32) -> usize {
     (sock & (MAX_SERVERS as u32 - 1)) as usize
 }
 
+/// The abstract unix name prefix (after the leading NUL) of the program's end of a
+/// socket's readiness pair.
+pub const PAIR_NAME_PREFIX: &[u8] = b"ferry:";
+
+/// The abstract unix name (without the leading NUL) the shim binds the program's end of
+/// socket `id`'s readiness pair to, in the sandbox's network namespace: it tells a
+/// process that inherited the fd which socket it is, and the server whether that end is
+/// still open (the name is free once the last descriptor of it is closed).
+pub fn pair_name(id: u32) -> ([u8; 24], usize) {
+    let mut buf = [0u8; 24];
+    let mut w = &mut buf[..];
+    let _ = std::io::Write::write_fmt(&mut w, format_args!("ferry:{id}"));
+    let left = w.len();
+    (buf, buf.len() - left)
+}
+
+/// The socket id in an abstract name, if it is a [`pair_name`].
+pub fn parse_pair_name(name: &[u8]) -> Option<u32> {
+    let digits = name.strip_prefix(PAIR_NAME_PREFIX)?;
+    if digits.is_empty() || digits.len() > 10 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
 /// [`Hello::server`] flag: this endpoint routes each socket's calls to the socket's own
 /// server (by [`server_of`]), so new sockets may be assigned to any server. Without it
 /// (e.g. a native client that only has this channel) they stay on the channel's server.
@@ -156,3 +181,22 @@ pub struct HelloReply {
 /// the kernel's calls and asks the server only at the end of the stream and for
 /// out-of-band data.
 pub const HELLO_RX_PAIR: u32 = 1;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pair_names_round_trip() {
+        for id in [0, 1, 42, u32::MAX] {
+            let (b, n) = pair_name(id);
+            assert_eq!(parse_pair_name(&b[..n]), Some(id));
+        }
+        assert_eq!(&pair_name(17).0[..8], b"ferry:17");
+        assert_eq!(parse_pair_name(b"ferry:"), None);
+        assert_eq!(parse_pair_name(b"ferry:12x"), None);
+        assert_eq!(parse_pair_name(b"ferry:99999999999"), None);
+        assert_eq!(parse_pair_name(b"other:1"), None);
+        assert_eq!(parse_pair_name(b"ferry:4294967296"), None);
+    }
+}

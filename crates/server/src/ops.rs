@@ -316,9 +316,7 @@ impl Server {
         self.flush_pending();
         if req.op == Op::Release {
             // Closed already, or closing now: either way `close` may return.
-            if let Some(s) = self.socks.get(&r.sock)
-                && ferry_sys::poll_now(s.pair.as_fd(), 0).unwrap_or(0) & libc::POLLHUP != 0
-            {
+            if self.app_gone(r.sock) {
                 self.app_closed(r.sock);
                 self.settle_dirty();
             }
@@ -533,17 +531,11 @@ impl Server {
     /// Closes, right now, every socket whose program side is gone (its readiness pair has
     /// hung up) and whose sends are done; returns how many.
     pub(crate) fn reap_closed(&mut self) -> usize {
-        let gone: Vec<u32> = self
-            .socks
-            .values()
-            .filter(|s| {
-                s.app_closed
-                    || ferry_sys::poll_now(s.pair.as_fd(), 0).unwrap_or(0) & libc::POLLHUP != 0
-            })
-            .map(|s| s.id)
-            .collect();
-        for &id in &gone {
-            self.app_closed(id);
+        let ids: Vec<u32> = self.socks.keys().copied().collect();
+        for id in ids {
+            if self.socks.get(&id).is_some_and(|s| s.app_closed) || self.app_gone(id) {
+                self.app_closed(id);
+            }
         }
         let before = self.socks.len();
         self.settle_dirty();
@@ -988,8 +980,36 @@ impl Server {
     /// question) shuts the pair's write side. A stream whose last read filled the 64 KiB
     /// scratch buffer is moved with `splice` through the server's pipe instead (pages
     /// change hands, the bytes are not copied in the server) until a splice moves less
-    /// than [`SPLICE_MIN`].
+    /// than [`SPLICE_MIN`]. A hang-up due follows the end of the stream ([`Server::mirror_hup`]).
     pub(crate) fn pump(&mut self, id: u32) {
+        self.pump_pair(id);
+        self.mirror_hup(id);
+    }
+
+    /// A hang-up of socket `id`'s host socket (both directions shut, or a reset: the
+    /// kernel's `POLLHUP`) reaches the program's end of the pair once the end of the
+    /// stream has: our end shuts its read side too, which shuts the program end's write
+    /// side, and a unix stream socket whose directions are both shut reports `POLLHUP`.
+    /// Sends go through the channel, never the pair, so nothing the program writes is
+    /// lost (the shim's filler meets `EPIPE`; the kernel's socket polls writable after a
+    /// hang-up too). The channel's completions go out first: a program that sees the
+    /// hang-up and sends must find the error reported with it.
+    pub(crate) fn mirror_hup(&mut self, id: u32) {
+        let Some(s) = self.socks.get(&id).filter(|s| s.hup_to_mirror()) else {
+            return;
+        };
+        let ch = s.last_ch;
+        if let Some(c) = self.chan_mut(ch) {
+            c.flush();
+        }
+        let Some(s) = self.socks.get_mut(&id) else {
+            return;
+        };
+        s.hup_mirrored = true;
+        let _ = ferry_sys::shutdown(s.pair.as_fd(), libc::SHUT_RD);
+    }
+
+    fn pump_pair(&mut self, id: u32) {
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
@@ -1156,7 +1176,11 @@ impl Server {
         {
             // (A stream not yet connected reports EPOLLHUP: that is not an ending.)
             s.rx_ending = true;
+            if events & libc::EPOLLHUP as u32 != 0 && s.reads_pair() {
+                s.hup_due = true;
+            }
         }
+        self.mirror_hup(id);
         self.maybe_token_known(id, fresh_input);
         if self.socks.get(&id).is_some_and(|s| s.app_closed) {
             self.dirty.push(id);

@@ -70,6 +70,9 @@ pub struct Server {
     dns: Option<crate::dns::Dns>,
     /// Data-path modules bound to sockets (`modules.rs`).
     pub(crate) modules: crate::modules::Modules,
+    /// A unix socket made in the sandbox's network namespace, unbound: binding it to a
+    /// pair's name tells whether the program's end is still open (see `app_alive`).
+    name_probe: Option<OwnedFd>,
 }
 
 impl std::fmt::Debug for Server {
@@ -133,6 +136,7 @@ impl Server {
             init_pid: None,
             dns: None,
             modules,
+            name_probe: None,
         })
     }
 
@@ -414,7 +418,10 @@ impl Server {
                 }
             }
             T_HOST => self.host_event(idx, ev.events),
-            T_PAIR if ev.events & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 => {
+            T_PAIR
+                if ev.events & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0
+                    && !self.pair_alive(idx, ev.events) =>
+            {
                 self.app_closed(idx)
             }
             // Room in a pair: only a socket with bytes waiting for it needs a pump (the
@@ -731,6 +738,8 @@ impl Server {
             listening: false,
             connected: false,
             hup_reported: false,
+            hup_due: false,
+            hup_mirrored: false,
             extra_tokens: 0,
             last_ch: 0,
             stats: crate::SocketStats {
@@ -796,6 +805,60 @@ impl Server {
         s.place = place;
         s.rx_maybe = true;
         Ok(())
+    }
+
+    /// Our end of socket `id`'s pair reported `events` with `EPOLLHUP` or `EPOLLERR`:
+    /// whether the program's end is still open. The hang-up means the program has
+    /// closed its last descriptor (the kernel shuts both of our directions then), unless
+    /// we shut both ourselves ([`crate::sock::Sock::mirror_hup`]); then the pair's name
+    /// says. `EPOLLERR` (the program's end went with bytes unread) always means closed.
+    fn pair_alive(&mut self, id: u32, events: u32) -> bool {
+        events & libc::EPOLLERR as u32 == 0
+            && self.socks.get(&id).is_some_and(|s| s.hup_mirrored)
+            && self.app_alive(id)
+    }
+
+    /// Whether the program has closed its last descriptor of socket `id`, asked now
+    /// (our end of the pair has hung up, and not by our own doing).
+    pub(crate) fn app_gone(&mut self, id: u32) -> bool {
+        let Some(s) = self.socks.get(&id) else {
+            return false;
+        };
+        let rev = u32::from(ferry_sys::poll_now(s.pair.as_fd(), 0).unwrap_or(0) as u16);
+        rev & (libc::POLLHUP | libc::POLLERR) as u32 != 0 && !self.pair_alive(id, rev)
+    }
+
+    /// Whether the program's end of socket `id`'s pair is still open, from its name in
+    /// the sandbox's network namespace: binding the probe to it fails with `EADDRINUSE`
+    /// while any process holds that end (the name goes with its last descriptor, and
+    /// ids are never reused). When the probe cannot be made or bound, the end counts
+    /// as open: the socket is then released when the sandbox ends, not before.
+    fn app_alive(&mut self, id: u32) -> bool {
+        let probe = match self.name_probe.take() {
+            Some(p) => p,
+            None => match self
+                .shared
+                .sandbox_socket(libc::AF_UNIX, libc::SOCK_STREAM, 0)
+            {
+                Ok(p) => p,
+                Err(e) => {
+                    warn!("socket {id}: cannot make a name probe in the sandbox: {e}");
+                    return true;
+                }
+            },
+        };
+        let (name, n) = ferry_proto::pair_name(id);
+        match ferry_sys::bind_abstract(probe.as_fd(), &name[..n]) {
+            // The name was free: the end is gone (dropping the probe frees it again).
+            Ok(()) => false,
+            Err(e) => {
+                if e.raw_os_error() != Some(libc::EADDRINUSE) {
+                    warn!("socket {id}: name probe: {e}");
+                }
+                self.name_probe = Some(probe);
+                true
+            }
+        }
     }
 
     pub(crate) fn app_closed(&mut self, id: u32) {

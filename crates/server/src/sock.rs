@@ -120,6 +120,14 @@ pub(crate) struct Sock {
     pub connected: bool,
     /// A hang-up or reset has been reported to the program.
     pub hup_reported: bool,
+    /// `rx_pair`: the host socket hung up (both directions shut, or closed by a reset):
+    /// the kernel's `POLLHUP` for it, due on the program's end once the bytes before it
+    /// are through (see `Server::mirror_hup`).
+    pub hup_due: bool,
+    /// `rx_pair`: the hang-up is mirrored: both directions of the pair are shut, so our
+    /// end reports `EPOLLHUP` while the program's end is still open (see
+    /// `Server::app_alive`).
+    pub hup_mirrored: bool,
     /// Extra tokens written since the last drain (one per new-data edge, capped).
     pub extra_tokens: u8,
     /// The channel that last used this socket (where unsolicited errors go).
@@ -155,5 +163,12 @@ impl Sock {
             self.eof_mirrored = true;
             let _ = ferry_sys::shutdown(std::os::fd::AsFd::as_fd(&self.pair), libc::SHUT_WR);
         }
+    }
+
+    /// The host socket's hang-up is due on the program's end of the pair and not there
+    /// yet: it has been reported, and the end of the stream has reached the pair (see
+    /// `Server::mirror_hup`).
+    pub(crate) fn hup_to_mirror(&self) -> bool {
+        self.hup_due && self.eof_mirrored && !self.hup_mirrored && !self.app_closed
     }
 }

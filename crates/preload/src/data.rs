@@ -177,7 +177,14 @@ pub unsafe fn recv(s: Sock, cur: &mut IoCursor, flags: c_int) -> Res<Got> {
         let s = typed(ch, s)?;
         let cap = cur.remaining();
         let mut got = Got::default();
-        if s.reads_pair() && flags & libc::MSG_OOB == 0 {
+        if s.reads_pair() && flags & libc::MSG_OOB != 0 {
+            // The server moves urgent data into the pair as its own out-of-band byte;
+            // one not there yet is asked of the host socket (below), as TCP lets a
+            // program read it before the bytes ahead of it.
+            if let Some(r) = pair_recv_oob(&s, cur, flags) {
+                return r;
+            }
+        } else if s.reads_pair() {
             ch.flush();
             return pair_recv(ch, &s, cur, flags);
         }
@@ -310,6 +317,24 @@ fn pair_recv(ch: &mut Channel, s: &Sock, cur: &mut IoCursor, flags: c_int) -> Re
     }
     got.len = n;
     Ok(got)
+}
+
+/// `recv(MSG_OOB)` on an `rx_pair` stream from the pair, which never blocks (nor does
+/// TCP's); `None` when the pair has no urgent byte (`EINVAL`).
+fn pair_recv_oob(s: &Sock, cur: &mut IoCursor, flags: c_int) -> Option<Res<Got>> {
+    let (iov, n) = match cur.untouched() {
+        Some(v) => v,
+        None => return Some(Err(Errno::EINVAL)),
+    };
+    let kflags = flags & (libc::MSG_OOB | libc::MSG_PEEK) | libc::MSG_DONTWAIT;
+    // SAFETY: the caller's buffers, writable (the cursor's contract).
+    match unsafe { crate::sys::recv_iov(s.fd, iov, n, kflags) } {
+        Err(e) if e == Errno::EINVAL => None,
+        r => Some(r.map(|len| Got {
+            len,
+            ..Got::default()
+        })),
+    }
 }
 
 /// S0's spin-before-sleep for a blocking receive on an `rx_pair` stream: the server's

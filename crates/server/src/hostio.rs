@@ -17,7 +17,8 @@ pub(crate) const MAX_IOV: usize = 64;
 const MAX_BATCH_BYTES: usize = 128 * 1024;
 
 /// Sends the unsent parts of several queued items in one `sendmsg` (the destination and
-/// flags of the first apply); returns the bytes the kernel took.
+/// flags of the first apply, but `MSG_OOB` only from the last); returns the bytes the
+/// kernel took.
 pub(crate) fn send_items<'a>(
     fd: BorrowedFd<'_>,
     items: impl Iterator<Item = &'a TxItem>,
@@ -25,8 +26,11 @@ pub(crate) fn send_items<'a>(
     let mut iov: [(*const u8, usize); MAX_IOV] = [(std::ptr::null(), 0); MAX_IOV];
     let mut n = 0;
     let mut first: Option<&TxItem> = None;
+    let mut oob = 0;
     let mut bytes = 0;
     for item in items.take(MAX_IOV) {
+        // Urgent data marks the last byte sent: only when it is the last item here.
+        oob = item.flags & libc::MSG_OOB;
         let len = item.span.len() as usize;
         let sent = item.sent.min(len);
         iov[n] = (
@@ -47,7 +51,14 @@ pub(crate) fn send_items<'a>(
     // SAFETY: each (pointer, length) lies inside a span `Buffers::span` validated, in a
     // region its item's `Buffers` keeps mapped while the items are borrowed; the kernel
     // only reads.
-    unsafe { ferry_sys::send_iov(fd, &iov[..n], first.to.as_ref(), first.flags) }
+    unsafe {
+        ferry_sys::send_iov(
+            fd,
+            &iov[..n],
+            first.to.as_ref(),
+            first.flags & !libc::MSG_OOB | oob,
+        )
+    }
 }
 
 /// Receives into the given spans, in order (non-blocking).

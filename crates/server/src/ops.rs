@@ -693,9 +693,15 @@ impl Server {
                 break;
             }
             // S1 on the server side: consecutive stream sends go out in one vectored
-            // call (a datagram is always one call of its own).
+            // call (a datagram is always one call of its own). Urgent data ends a batch:
+            // `MSG_OOB` marks the last byte of the call that carries it.
             let batch = if s.is_stream() {
-                s.txq.len().min(hostio::MAX_IOV)
+                let n = s.txq.len().min(hostio::MAX_IOV);
+                s.txq
+                    .iter()
+                    .take(n)
+                    .position(|i| i.flags & libc::MSG_OOB != 0)
+                    .map_or(n, |p| p + 1)
             } else {
                 1
             };
@@ -1041,6 +1047,9 @@ impl Server {
                     Err(_) => return,
                 }
             }
+            if !s.urgent_first() {
+                return;
+            }
             if !s.rx_maybe {
                 // No input edge since the queue was found empty (e.g. an edge that only
                 // said the socket is writable again): nothing to read.
@@ -1078,7 +1087,8 @@ impl Server {
                     // come later bring a new edge (the host socket is edge-triggered),
                     // so the read that would say EAGAIN is skipped, unless the end has
                     // been reported (it brings no further edge).
-                    let drained = !s.rx_bulk && n < RX_SCRATCH && !s.rx_ending;
+                    // (A read also stops short at an urgent mark.)
+                    let drained = !s.rx_bulk && n < RX_SCRATCH && !s.rx_ending && !s.oob_due;
                     if drained {
                         s.rx_maybe = false;
                     }
@@ -1114,6 +1124,9 @@ impl Server {
             libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLRDHUP | libc::EPOLLERR | libc::EPOLLHUP;
         if events & input as u32 != 0 {
             s.rx_maybe = true;
+        }
+        if events & libc::EPOLLPRI as u32 != 0 && s.reads_pair() {
+            s.oob_due = true;
         }
         // Plain new input that no receive can have taken: none since the wait before the
         // one that reported it (an edge reported now may be that old), and no parked one

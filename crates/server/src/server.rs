@@ -431,7 +431,7 @@ impl Server {
                     && self
                         .socks
                         .get(&idx)
-                        .is_some_and(|s| !s.rx_pending.is_empty()) =>
+                        .is_some_and(|s| !s.rx_pending.is_empty() || s.oob_byte.is_some()) =>
             {
                 self.pump(idx)
             }
@@ -740,6 +740,8 @@ impl Server {
             hup_reported: false,
             hup_due: false,
             hup_mirrored: false,
+            oob_due: false,
+            oob_byte: None,
             extra_tokens: 0,
             last_ch: 0,
             stats: crate::SocketStats {
@@ -1032,7 +1034,7 @@ impl Server {
 }
 
 fn host_events() -> u32 {
-    (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32
+    (libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32
 }
 
 /// Whether `pid` is `ancestor` or one of its descendants (walking `/proc/PID/stat`).

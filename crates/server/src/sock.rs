@@ -124,6 +124,12 @@ pub(crate) struct Sock {
     /// the kernel's `POLLHUP` for it, due on the program's end once the bytes before it
     /// are through (see `Server::mirror_hup`).
     pub hup_due: bool,
+    /// `rx_pair`: the host socket reported urgent data (`EPOLLPRI`) that has not been
+    /// moved into the pair yet (see [`Sock::urgent_first`]).
+    pub oob_due: bool,
+    /// `rx_pair`: an urgent byte taken from the host socket that the pair did not take
+    /// yet (it was full).
+    pub oob_byte: Option<u8>,
     /// `rx_pair`: the hang-up is mirrored: both directions of the pair are shut, so our
     /// end reports `EPOLLHUP` while the program's end is still open (see
     /// `Server::app_alive`).
@@ -162,6 +168,48 @@ impl Sock {
         if !self.eof_mirrored {
             self.eof_mirrored = true;
             let _ = ferry_sys::shutdown(std::os::fd::AsFd::as_fd(&self.pair), libc::SHUT_WR);
+        }
+    }
+
+    /// `rx_pair`, before each read of a pump: TCP urgent data (`MSG_OOB`, reported by
+    /// `EPOLLPRI`) goes into the pair as the unix socket's own out-of-band byte, at its
+    /// place in the stream. A read stops short of the mark, and one that starts at it
+    /// would skip the urgent byte and discard it: so at the mark the byte is taken with
+    /// `MSG_OOB` and sent into the pair with `MSG_OOB` first. The program's end then
+    /// reports `POLLPRI`, is in `select`'s exceptional set, raises `SIGURG` for its
+    /// `F_SETOWN` owner and answers `recv(MSG_OOB)` and `SIOCATMARK`, all by the
+    /// kernel's own unix-socket code. False when the pump must wait: the byte has not
+    /// come yet (its arrival is a new edge), or the pair has no room for it.
+    pub(crate) fn urgent_first(&mut self) -> bool {
+        use std::os::fd::AsFd;
+        if let Some(b) = self.oob_byte {
+            if ferry_sys::send_oob(self.pair.as_fd(), b).is_err() {
+                return false;
+            }
+            self.oob_byte = None;
+        }
+        if !self.oob_due || !ferry_sys::at_mark(self.fd.as_fd()).unwrap_or(false) {
+            // No urgent data, or bytes ahead of the mark to read first.
+            return true;
+        }
+        let mut b = [0u8; 1];
+        match ferry_sys::recv(self.fd.as_fd(), &mut b, libc::MSG_OOB | libc::MSG_DONTWAIT) {
+            Ok(1) => {
+                self.oob_due = false;
+                self.stats.bytes_in += 1;
+                if ferry_sys::send_oob(self.pair.as_fd(), b[0]).is_err() {
+                    self.oob_byte = Some(b[0]);
+                    return false;
+                }
+                true
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+            // Read already (the program asked the server for it first), or kept inline
+            // (`SO_OOBINLINE`: the pump moves it with the rest).
+            _ => {
+                self.oob_due = false;
+                true
+            }
         }
     }
 

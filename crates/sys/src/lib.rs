@@ -457,6 +457,35 @@ pub fn pending_bytes(fd: BorrowedFd<'_>) -> io::Result<i32> {
     Ok(v)
 }
 
+/// `SIOCATMARK` (`<linux/sockios.h>`; the libc crate does not name it).
+const SIOCATMARK: libc::c_ulong = 0x8905;
+
+/// `ioctl(fd, SIOCATMARK)`: whether a stream's next byte is its urgent mark.
+pub fn at_mark(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    let mut v: libc::c_int = 0;
+    syscall!(
+        libc::SYS_ioctl,
+        fd.as_raw_fd(),
+        SIOCATMARK,
+        &mut v as *mut libc::c_int
+    )?;
+    Ok(v != 0)
+}
+
+/// Sends one byte as out-of-band data (`MSG_OOB`), without blocking or SIGPIPE.
+pub fn send_oob(fd: BorrowedFd<'_>, byte: u8) -> io::Result<usize> {
+    syscall!(
+        libc::SYS_sendto,
+        fd.as_raw_fd(),
+        &byte as *const u8,
+        1usize,
+        libc::MSG_OOB | libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+        0,
+        0
+    )
+    .map(|n| n as usize)
+}
+
 /// `sendmsg(2)` of one buffer to an optional destination; never raises SIGPIPE.
 ///
 /// # Safety

@@ -6,7 +6,8 @@ use libc::c_int;
 use super::{Case, Res};
 use crate::flags::poll_names;
 use crate::net::{
-    accept, closed_port, connect, listener, poll1, recv, send, tcp_pair, tcp_socket, wait_for,
+    accept, closed_port, connect, listener, poll1, recv, recv_text, send, tcp_pair, tcp_socket,
+    wait_for,
 };
 use crate::sys::{Ctx, Fd, pipe, set_nonblocking, show, zeroed};
 
@@ -24,6 +25,7 @@ pub const CASES: &[Case] = &[
     Case::new("poll.refused_pollerr", refused_pollerr),
     Case::new("poll.many_sockets_subset", many_sockets_subset),
     Case::new("poll.oob_pollpri", oob_pollpri),
+    Case::new("poll.oob_mark_in_stream", oob_mark_in_stream),
     Case::new("ppoll.timeout_then_ready", ppoll_timeout_then_ready),
     Case::new("select.read_write_sets", select_read_write_sets),
     Case::new("select.mixed_with_eventfd", select_mixed_with_eventfd),
@@ -229,6 +231,31 @@ fn oob_pollpri() -> Res {
     let pri = wait_for(s.raw(), libc::POLLPRI).map(poll_names);
     let all = poll1(s.raw(), IN | libc::POLLPRI, 0).map(poll_names);
     Ok(format!("wait={} revents={}", show(pri), show(all)))
+}
+
+/// Urgent data between ordinary bytes: a read stops at the mark, `SIOCATMARK` says so,
+/// the urgent byte is read apart, and the bytes after it follow.
+fn oob_mark_in_stream() -> Res {
+    let (c, s) = tcp_pair(libc::AF_INET)?;
+    send(c.raw(), b"ab", 0).ctx("send")?;
+    send(c.raw(), b"c", libc::MSG_OOB).ctx("send")?;
+    send(c.raw(), b"de", 0).ctx("send")?;
+    let pri = wait_for(s.raw(), libc::POLLPRI).map(|r| r & libc::POLLPRI != 0);
+    let at_mark = || {
+        let mut v: c_int = -1;
+        // SAFETY: SIOCATMARK writes one int.
+        show(sys!(libc::ioctl(s.raw(), 0x8905, &mut v)).map(|_| v))
+    };
+    let before = recv_text(s.raw(), 2, libc::MSG_WAITALL);
+    let mark = at_mark();
+    let oob = recv_text(s.raw(), 1, libc::MSG_OOB);
+    let after = recv_text(s.raw(), 2, libc::MSG_WAITALL);
+    let again = recv_text(s.raw(), 1, libc::MSG_OOB);
+    Ok(format!(
+        "pri={} before={before} mark={mark} oob={oob} after={after} again={again} mark={}",
+        show(pri),
+        at_mark()
+    ))
 }
 
 fn ppoll_timeout_then_ready() -> Res {

@@ -426,3 +426,96 @@ fn a_hung_up_stream_polls_pollhup_and_is_let_go_once_closed() {
     writeln!(stdin).unwrap();
     assert!(child.0.wait().unwrap().success());
 }
+
+/// Non-blocking connects refused: one socket duplicated and closed twice, one made by a
+/// child that exits without closing it; the program waits for a line on stdin between.
+const REFUSED: &str = r#"
+import os, select, socket, sys
+d = socket.socket(); d.bind(("127.0.0.1", 0)); closed = d.getsockname(); d.close()
+def refused():
+    s = socket.socket(); s.setblocking(False); s.connect_ex(closed)
+    p = select.poll(); p.register(s, select.POLLOUT)
+    ev = p.poll(5000)
+    return s, ev[0][1] if ev else 0
+s, ev = refused()
+err = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+p = select.poll(); p.register(s, select.POLLOUT)
+print("revents", ev, "then", p.poll(0)[0][1], "error", err, flush=True)
+sys.stdin.readline()
+d = s.dup(); s.close()
+print("one closed", flush=True)
+sys.stdin.readline()
+d.close()
+print("closed", flush=True)
+sys.stdin.readline()
+pid = os.fork()
+if pid == 0:
+    s, ev = refused()
+    print("child", ev, flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+print("child gone", flush=True)
+sys.stdin.readline()
+"#;
+
+/// Waits up to 5 s for the run `pid` to hold `want` sockets.
+fn await_live_sockets(pid: u32, want: u64, what: &str) {
+    let t = Instant::now();
+    while live_sockets(pid) != want {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{what}: {} sockets, not {want}",
+            live_sockets(pid)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_refused_connect_polls_pollerr_and_is_let_go_once_closed() {
+    // The kernel's socket reports POLLOUT|POLLERR|POLLHUP after a refused non-blocking
+    // connect, and POLLOUT|POLLHUP once SO_ERROR has been read. ferry closes its end of
+    // the pair to raise POLLERR on the program's: the socket must then stay while the
+    // program holds it, and go when it closes it or dies holding it.
+    if !have("python3") {
+        eprintln!("skipped: python3 is not installed");
+        return;
+    }
+    use std::io::{BufRead, Write};
+    let mut child = ferry();
+    child
+        .args(["run", "--", "python3", "-c", REFUSED])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut child = Guard(child.spawn().unwrap());
+    let pid = child.0.id();
+    let mut stdin = child.0.stdin.take().unwrap();
+    let mut lines = std::io::BufReader::new(child.0.stdout.take().unwrap()).lines();
+    let mut line = || lines.next().expect("a line").unwrap();
+    let (pollerr, pollhup) = (
+        libc::POLLOUT | libc::POLLERR | libc::POLLHUP,
+        libc::POLLOUT | libc::POLLHUP,
+    );
+    assert_eq!(
+        line(),
+        format!(
+            "revents {pollerr} then {pollhup} error {}",
+            libc::ECONNREFUSED
+        )
+    );
+    await_live_sockets(pid, 1, "the refused socket");
+    writeln!(stdin).unwrap();
+    assert_eq!(line(), "one closed");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(live_sockets(pid), 1, "let go while a duplicate is open");
+    writeln!(stdin).unwrap();
+    assert_eq!(line(), "closed");
+    await_live_sockets(pid, 0, "closed by the program");
+    writeln!(stdin).unwrap();
+    assert_eq!(line(), format!("child {pollerr}"));
+    assert_eq!(line(), "child gone");
+    await_live_sockets(pid, 0, "held by a process that exited");
+    writeln!(stdin).unwrap();
+    assert!(child.0.wait().unwrap().success());
+}

@@ -455,6 +455,14 @@ pub unsafe fn getsockopt(
         return Err(Errno::EFAULT);
     }
     let so_error = level == libc::SOL_SOCKET && name == libc::SO_ERROR;
+    if so_error {
+        // The kernel clears a socket's error when it is read: the error the server
+        // gave the program's end of the pair after a failed connect (its POLLERR) goes
+        // with the one the host socket answers.
+        // SAFETY: the program's end, open for the duration of the call.
+        let fd = unsafe { ferry_sys::borrow(s.fd) };
+        let _ = ferry_sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR);
+    }
     let iov = libc::iovec {
         iov_base: val,
         iov_len: room,

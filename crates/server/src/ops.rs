@@ -1172,7 +1172,10 @@ impl Server {
                 s.connected = err == 0;
                 s.parked.extend(keep);
             }
-            if filled {
+            if filled && err != 0 && !reported {
+                // A non-blocking connect failed: POLLERR|POLLHUP, as the kernel's.
+                self.detach_pair(id);
+            } else if filled {
                 // The connect has ended: the program's end polls writable again.
                 self.drain_filler(id);
             }

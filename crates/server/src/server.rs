@@ -694,6 +694,19 @@ impl Server {
                     self.dirty.push(s.id);
                 }
             }
+            // A process that died holding a detached socket closed no descriptor the
+            // server could hear of: its channels going is the sign to ask.
+            let detached: Vec<u32> = self
+                .socks
+                .values()
+                .filter(|s| s.pair_detached && !s.app_closed)
+                .map(|s| s.id)
+                .collect();
+            for id in detached {
+                if self.app_gone(id) {
+                    self.app_closed(id);
+                }
+            }
         }
     }
 
@@ -740,6 +753,7 @@ impl Server {
             hup_reported: false,
             hup_due: false,
             hup_mirrored: false,
+            pair_detached: false,
             oob_due: false,
             oob_byte: None,
             extra_tokens: 0,
@@ -812,12 +826,42 @@ impl Server {
     /// Our end of socket `id`'s pair reported `events` with `EPOLLHUP` or `EPOLLERR`:
     /// whether the program's end is still open. The hang-up means the program has
     /// closed its last descriptor (the kernel shuts both of our directions then), unless
-    /// we shut both ourselves ([`crate::sock::Sock::mirror_hup`]); then the pair's name
-    /// says. `EPOLLERR` (the program's end went with bytes unread) always means closed.
+    /// we shut both ourselves (`Server::mirror_hup`) or closed our end (`detach_pair`);
+    /// then the pair's name says. `EPOLLERR` (the program's end went with bytes unread)
+    /// always means closed.
     fn pair_alive(&mut self, id: u32, events: u32) -> bool {
         events & libc::EPOLLERR as u32 == 0
-            && self.socks.get(&id).is_some_and(|s| s.hup_mirrored)
+            && self
+                .socks
+                .get(&id)
+                .is_some_and(|s| s.hup_mirrored || s.pair_detached)
             && self.app_alive(id)
+    }
+
+    /// A non-blocking connect of socket `id` failed: the kernel's socket now reports
+    /// `POLLERR|POLLHUP` beside `POLLOUT` until `SO_ERROR` is read, then `POLLHUP`. A
+    /// unix socket reports `POLLERR` only when its peer went away with bytes unread, so
+    /// our end, still holding the shim's filler (`REQ_FILLED`), is closed: the program's
+    /// end gets `ECONNRESET` as its error (`POLLERR`, cleared by the shim when the
+    /// program reads `SO_ERROR`, which the host socket answers) and both directions shut
+    /// (`POLLHUP`). A placeholder whose peer is gone takes our end's place; from now on
+    /// the pair's name says whether the program still holds the fd (checked when it
+    /// closes one, when a channel goes, and at the end). A failed socket cannot connect
+    /// again (Linux says `ECONNABORTED`), so the pair is not needed any more.
+    pub(crate) fn detach_pair(&mut self, id: u32) {
+        let Ok((placeholder, peer)) =
+            ferry_sys::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC)
+        else {
+            self.drain_filler(id);
+            return;
+        };
+        drop(peer);
+        let Some(s) = self.socks.get_mut(&id) else {
+            return;
+        };
+        let _ = self.epoll.delete(s.pair.as_fd());
+        s.pair_detached = true;
+        drop(std::mem::replace(&mut s.pair, placeholder));
     }
 
     /// Whether the program has closed its last descriptor of socket `id`, asked now

@@ -124,6 +124,9 @@ pub(crate) struct Sock {
     /// the kernel's `POLLHUP` for it, due on the program's end once the bytes before it
     /// are through (see `Server::mirror_hup`).
     pub hup_due: bool,
+    /// Our end of the pair was closed after a non-blocking connect failed (see
+    /// `Server::detach_pair`); `pair` is a placeholder whose peer is gone.
+    pub pair_detached: bool,
     /// `rx_pair`: the host socket reported urgent data (`EPOLLPRI`) that has not been
     /// moved into the pair yet (see [`Sock::urgent_first`]).
     pub oob_due: bool,

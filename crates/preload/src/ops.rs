@@ -251,9 +251,15 @@ fn simple(req: Req, w: Wait) -> Res<(u32, ferry_proto::Cmp)> {
 pub unsafe fn connect(s: Sock, addr: *const sockaddr, len: socklen_t) -> Res<()> {
     // SAFETY: forwarded (caller).
     if unsafe { family(addr, len) } == Some(libc::AF_UNSPEC) {
+        if s.dgram() {
+            // Dissolves the association: sends need an address again.
+            simple(Req::new(Op::Disconnect, s.id), Wait::FOREVER)?;
+            TABLE.update_id(s.id, 0, F_PEER);
+            return Ok(());
+        }
         log::once(
             Once::Unsupported,
-            format_args!("connect(AF_UNSPEC) (dissolving an association) is not supported"),
+            format_args!("connect(AF_UNSPEC) on a stream (a reset) is not supported"),
         );
         return Err(Errno(libc::EAFNOSUPPORT));
     }
@@ -310,7 +316,7 @@ pub fn listen(s: Sock, backlog: c_int) -> Res<()> {
     simple(req, Wait::FOREVER)?;
     // A listener never polls writable in the kernel; its pair stays full (a second
     // `listen` finds it full already).
-    crate::chan::fill_pair(s.fd);
+    fill_pair(s.fd);
     Ok(())
 }
 

@@ -8,8 +8,9 @@ use bytemuck::{Pod, Zeroable};
 
 /// Version of the shim ↔ server protocol; both sides must agree (3: `Op::WantRoom`;
 /// 4: registered files, and the binding layout `FMB2` that names them; 5: received
-/// bytes through the readiness pair; 6: `REQ_FILLED` on a non-blocking connect).
-pub const PROTO_VERSION: u32 = 6;
+/// bytes through the readiness pair; 6: `REQ_FILLED` on a non-blocking connect; 7:
+/// `Op::Disconnect`).
+pub const PROTO_VERSION: u32 = 7;
 
 /// Low bits of a socket id that name the protocol server serving the socket (S4: a
 /// socket is assigned to one server at creation and every later call goes there).

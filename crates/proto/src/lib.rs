@@ -161,6 +161,9 @@ pub enum Op {
     /// writable) once a buffer comes back to this channel: at once if it has returned
     /// more than `a` already.
     WantRoom = 18,
+    /// `connect(AF_UNSPEC)` on a datagram socket: dissolve its association (the peer
+    /// that `send` without an address goes to, and the only source it receives from).
+    Disconnect = 19,
 }
 
 /// Kinds of completion records.
@@ -219,6 +222,7 @@ impl Op {
             16 => Release,
             17 => BindModule,
             18 => WantRoom,
+            19 => Disconnect,
             other => return Err(DecodeError::UnknownOp(other)),
         })
     }

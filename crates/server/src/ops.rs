@@ -337,6 +337,15 @@ impl Server {
         let nonblock = r.flags & REQ_NONBLOCK != 0;
         let id = r.sock;
         match req.op {
+            Op::Disconnect => {
+                let s = self.sock(id).expect("checked above");
+                let res = if s.is_stream() {
+                    -libc::EAFNOSUPPORT
+                } else {
+                    rustix::net::connect_unspec(&s.fd).map_or_else(|e| -e.raw_os_error(), |()| 0)
+                };
+                self.done(ch, id, r.tag, res);
+            }
             Op::Connect => {
                 let addr = req
                     .addr()

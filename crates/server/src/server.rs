@@ -844,7 +844,11 @@ impl Server {
     /// our end, still holding the shim's filler (`REQ_FILLED`), is closed: the program's
     /// end gets `ECONNRESET` as its error (`POLLERR`, cleared by the shim when the
     /// program reads `SO_ERROR`, which the host socket answers) and both directions shut
-    /// (`POLLHUP`). A placeholder whose peer is gone takes our end's place; from now on
+    /// (`POLLHUP`). `POLLOUT` may come a moment later: the kernel wakes the program's
+    /// end before it frees the filler, which is what kept it unwritable (a program
+    /// polling then sees `POLLERR|POLLHUP` alone; taking the filler out first would
+    /// instead show `POLLOUT` alone for a moment, which looks like a connect that
+    /// succeeded). A placeholder whose peer is gone takes our end's place; from now on
     /// the pair's name says whether the program still holds the fd (checked when it
     /// closes one, when a channel goes, and at the end). A failed socket cannot connect
     /// again (Linux says `ECONNABORTED`), so the pair is not needed any more.

@@ -31,6 +31,13 @@
 //! socket's `sendmsg`/`recvmsg` (S0's DMHU: no copy between the wire and shared memory).
 //! Bulk streams on the pair path are spliced host socket → pipe → pair; the first such
 //! splice makes the process ignore SIGPIPE (a splice cannot say `MSG_NOSIGNAL`).
+//!
+//! The pair also carries what the kernel's socket would show: a hang-up shuts both of
+//! its directions (POLLHUP), urgent data goes in as the unix socket's own out-of-band
+//! byte (POLLPRI, SIGURG, `recv(MSG_OOB)`), and a failed non-blocking connect closes the
+//! server's end with the shim's filler unread (POLLERR). Whenever the server's own end
+//! hangs up by the server's doing, whether the program still holds the fd is asked of
+//! the pair's abstract name in the sandbox (`Server::app_alive`).
 #![deny(unsafe_code)]
 
 mod channel;

@@ -16,11 +16,6 @@ fn suite() -> std::path::PathBuf {
 /// case listed here may differ; every other case must match exactly.
 const KNOWN_DIFFERENCES: &[(&str, &str)] = &[
     (
-        "poll.refused_pollerr",
-        "POLLOUT may come a moment after POLLERR|POLLHUP (the kernel wakes the pair's end \
-         before it frees what kept it unwritable)",
-    ),
-    (
         "epoll.refused_epollerr",
         "EPOLLOUT may come a moment after EPOLLERR|EPOLLHUP (the kernel wakes the pair's \
          end before it frees what kept it unwritable)",

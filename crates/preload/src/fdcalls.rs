@@ -380,6 +380,29 @@ unsafe fn before_poll(fds: *const pollfd, n: nfds_t) -> bool {
     input && !output
 }
 
+/// After a `poll` that reported `r` ready descriptors: a ferry socket that has hung up
+/// polls writable too (if asked), as a TCP socket always does once it has. The pair's
+/// end can report `POLLHUP` a moment before it is writable again (after a refused
+/// connect the kernel wakes it before it frees the filler that kept it unwritable: see
+/// the server's `detach_pair`).
+///
+/// # Safety
+/// `fds` valid for `n` entries.
+unsafe fn after_poll(fds: *mut pollfd, n: nfds_t, r: c_int) -> c_int {
+    if r <= 0 || fds.is_null() || !config::active() {
+        return r;
+    }
+    for i in 0..n as usize {
+        // SAFETY: `i < n` entries (caller).
+        let p = unsafe { &mut *fds.add(i) };
+        let want = p.events & (libc::POLLOUT | libc::POLLWRNORM);
+        if p.revents & libc::POLLHUP != 0 && want & !p.revents != 0 && lookup(p.fd).is_some() {
+            p.revents |= want;
+        }
+    }
+    r
+}
+
 /// Epoll sets (by descriptor, below 65,536) a ferry socket was added to (or changed in)
 /// for input alone: their waits spin first ([`spin_wait`]). A bit left by a closed and
 /// reused descriptor costs only a spin.
@@ -555,17 +578,18 @@ impl SelectSets {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
     // SAFETY: the caller's array; then forwarded to libc.
-    unsafe {
-        let timeout = if before_poll(fds, n) {
+    let r = unsafe {
+        if before_poll(fds, n) {
             match spin_wait(from_ms(timeout), || real::poll(fds, n, 0)) {
-                Spun::Done(r) => return r,
-                Spun::Sleep(t) => to_ms(t),
+                Spun::Done(r) => r,
+                Spun::Sleep(t) => real::poll(fds, n, to_ms(t)),
             }
         } else {
-            timeout
-        };
-        real::poll(fds, n, timeout)
-    }
+            real::poll(fds, n, timeout)
+        }
+    };
+    // SAFETY: as above.
+    unsafe { after_poll(fds, n, r) }
 }
 
 /// # Safety
@@ -578,18 +602,21 @@ pub unsafe extern "C" fn ppoll(
     mask: *const sigset_t,
 ) -> c_int {
     // SAFETY: the caller's array and timeout; then forwarded to libc.
-    unsafe {
+    let r = unsafe {
         if before_poll(fds, n)
             && let Ok(timeout) = from_timespec(ts)
         {
             match spin_wait(timeout, || real::ppoll(fds, n, &ZERO_TS, mask)) {
-                Spun::Done(r) => return r,
-                Spun::Sleep(Some(t)) => return real::ppoll(fds, n, &to_timespec(t), mask),
-                Spun::Sleep(None) => {}
+                Spun::Done(r) => r,
+                Spun::Sleep(Some(t)) => real::ppoll(fds, n, &to_timespec(t), mask),
+                Spun::Sleep(None) => real::ppoll(fds, n, ts, mask),
             }
+        } else {
+            real::ppoll(fds, n, ts, mask)
         }
-        real::ppoll(fds, n, ts, mask)
-    }
+    };
+    // SAFETY: as above.
+    unsafe { after_poll(fds, n, r) }
 }
 
 /// # Safety
@@ -601,19 +628,23 @@ pub unsafe extern "C" fn __poll_chk(
     timeout: c_int,
     fdslen: size_t,
 ) -> c_int {
+    let fits = (n as usize).saturating_mul(size_of::<pollfd>()) <= fdslen;
     // SAFETY: the caller's array (libc checks its length); then forwarded to libc.
-    unsafe {
-        let timeout =
-            if (n as usize).saturating_mul(size_of::<pollfd>()) <= fdslen && before_poll(fds, n) {
-                match spin_wait(from_ms(timeout), || real::__poll_chk(fds, n, 0, fdslen)) {
-                    Spun::Done(r) => return r,
-                    Spun::Sleep(t) => to_ms(t),
-                }
-            } else {
-                timeout
-            };
-        real::__poll_chk(fds, n, timeout, fdslen)
+    let r = unsafe {
+        if fits && before_poll(fds, n) {
+            match spin_wait(from_ms(timeout), || real::__poll_chk(fds, n, 0, fdslen)) {
+                Spun::Done(r) => r,
+                Spun::Sleep(t) => real::__poll_chk(fds, n, to_ms(t), fdslen),
+            }
+        } else {
+            real::__poll_chk(fds, n, timeout, fdslen)
+        }
+    };
+    if !fits {
+        return r;
     }
+    // SAFETY: as above (the array is as long as the caller said).
+    unsafe { after_poll(fds, n, r) }
 }
 
 /// # Safety
@@ -626,23 +657,28 @@ pub unsafe extern "C" fn __ppoll_chk(
     mask: *const sigset_t,
     fdslen: size_t,
 ) -> c_int {
+    let fits = (n as usize).saturating_mul(size_of::<pollfd>()) <= fdslen;
     // SAFETY: as in `__poll_chk`.
-    unsafe {
-        if (n as usize).saturating_mul(size_of::<pollfd>()) <= fdslen
+    let r = unsafe {
+        if fits
             && before_poll(fds, n)
             && let Ok(timeout) = from_timespec(ts)
         {
             let probe = || real::__ppoll_chk(fds, n, &ZERO_TS, mask, fdslen);
             match spin_wait(timeout, probe) {
-                Spun::Done(r) => return r,
-                Spun::Sleep(Some(t)) => {
-                    return real::__ppoll_chk(fds, n, &to_timespec(t), mask, fdslen);
-                }
-                Spun::Sleep(None) => {}
+                Spun::Done(r) => r,
+                Spun::Sleep(Some(t)) => real::__ppoll_chk(fds, n, &to_timespec(t), mask, fdslen),
+                Spun::Sleep(None) => real::__ppoll_chk(fds, n, ts, mask, fdslen),
             }
+        } else {
+            real::__ppoll_chk(fds, n, ts, mask, fdslen)
         }
-        real::__ppoll_chk(fds, n, ts, mask, fdslen)
+    };
+    if !fits {
+        return r;
     }
+    // SAFETY: as above.
+    unsafe { after_poll(fds, n, r) }
 }
 
 /// # Safety

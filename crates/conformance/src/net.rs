@@ -361,6 +361,16 @@ pub fn fionread(fd: c_int) -> Result<c_int, Errno> {
     Ok(n)
 }
 
+/// `SIOCATMARK` (not in the libc crate): at the urgent mark?
+const SIOCATMARK: libc::Ioctl = 0x8905;
+
+/// `ioctl(SIOCATMARK)`: 1 when the stream's next byte is its urgent mark, else 0.
+pub fn at_mark(fd: c_int) -> Result<c_int, Errno> {
+    let mut v: c_int = -1;
+    sys!(libc::ioctl(fd, SIOCATMARK, &mut v))?;
+    Ok(v)
+}
+
 /// Polls one fd; returns its `revents`.
 pub fn poll1(fd: c_int, events: i16, timeout_ms: c_int) -> Result<i16, Errno> {
     let mut p = libc::pollfd {

@@ -371,6 +371,66 @@ fn live_sockets(pid: u32) -> u64 {
         .unwrap_or_else(|| panic!("no sockets column: {out}"))
 }
 
+/// Waits up to 5 s for the run `pid` to hold `want` sockets.
+fn await_live_sockets(pid: u32, want: u64, what: &str) {
+    let t = Instant::now();
+    while live_sockets(pid) != want {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{what}: {} sockets, not {want}",
+            live_sockets(pid)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `ferry run -- python3 -c SCRIPT`, stdin and stdout piped: the script prints a line
+/// at each step and waits for a line on stdin before the next.
+struct Scripted {
+    child: Guard,
+    pid: u32,
+    stdin: std::process::ChildStdin,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+impl Scripted {
+    fn start(script: &str) -> Scripted {
+        let mut child = ferry();
+        child
+            .args(["run", "--", "python3", "-c", script])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = Guard(child.spawn().unwrap());
+        let pid = child.0.id();
+        let stdin = child.0.stdin.take().unwrap();
+        let stdout = child.0.stdout.take().unwrap();
+        let lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+        Scripted {
+            child,
+            pid,
+            stdin,
+            lines,
+        }
+    }
+
+    /// The script's next line.
+    fn line(&mut self) -> String {
+        self.lines.next().expect("a line").unwrap()
+    }
+
+    /// Lets the script take its next step.
+    fn step(&mut self) {
+        std::io::Write::write_all(&mut self.stdin, b"\n").unwrap();
+    }
+
+    /// Lets the script end; it must exit with status 0.
+    fn finish(mut self) {
+        self.step();
+        assert!(self.child.0.wait().unwrap().success());
+    }
+}
+
 #[test]
 fn a_hung_up_stream_polls_pollhup_and_is_let_go_once_closed() {
     // The kernel reports POLLHUP once both directions of a stream are shut; ferry
@@ -381,50 +441,23 @@ fn a_hung_up_stream_polls_pollhup_and_is_let_go_once_closed() {
         eprintln!("skipped: python3 is not installed");
         return;
     }
-    use std::io::{BufRead, Write};
-    let mut child = ferry();
-    child
-        .args(["run", "--", "python3", "-c", HUNG_UP])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    let mut child = Guard(child.spawn().unwrap());
-    let pid = child.0.id();
-    let mut stdin = child.0.stdin.take().unwrap();
-    let mut lines = std::io::BufReader::new(child.0.stdout.take().unwrap()).lines();
-    let mut line = || lines.next().expect("a line").unwrap();
-    assert_eq!(line(), "hup True");
-    assert_eq!(line(), "still 127.0.0.1 0");
+    let mut run = Scripted::start(HUNG_UP);
+    let pid = run.pid;
+    assert_eq!(run.line(), "hup True");
+    assert_eq!(run.line(), "still 127.0.0.1 0");
     // The listener and the hung-up stream (its peer has been let go).
-    let t = Instant::now();
-    while live_sockets(pid) != 2 {
-        assert!(
-            t.elapsed() < Duration::from_secs(5),
-            "{} sockets",
-            live_sockets(pid)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    await_live_sockets(pid, 2, "the listener and the hung-up stream");
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(live_sockets(pid), 2, "the open stream was let go");
     // Closing one of two descriptors keeps it.
-    writeln!(stdin).unwrap();
-    assert_eq!(line(), "one closed");
+    run.step();
+    assert_eq!(run.line(), "one closed");
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(live_sockets(pid), 2, "let go while a duplicate is open");
-    writeln!(stdin).unwrap();
-    assert_eq!(line(), "closed");
-    let t = Instant::now();
-    while live_sockets(pid) != 0 {
-        assert!(
-            t.elapsed() < Duration::from_secs(5),
-            "{} sockets still held after the program closed them",
-            live_sockets(pid)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    writeln!(stdin).unwrap();
-    assert!(child.0.wait().unwrap().success());
+    run.step();
+    assert_eq!(run.line(), "closed");
+    await_live_sockets(pid, 0, "held after the program closed them");
+    run.finish();
 }
 
 /// Non-blocking connects refused: one socket duplicated and closed twice, one made by a
@@ -463,19 +496,6 @@ print("child gone", flush=True)
 sys.stdin.readline()
 "#;
 
-/// Waits up to 5 s for the run `pid` to hold `want` sockets.
-fn await_live_sockets(pid: u32, want: u64, what: &str) {
-    let t = Instant::now();
-    while live_sockets(pid) != want {
-        assert!(
-            t.elapsed() < Duration::from_secs(5),
-            "{what}: {} sockets, not {want}",
-            live_sockets(pid)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn a_refused_connect_polls_pollerr_and_is_let_go_once_closed() {
     // The kernel's socket reports POLLOUT|POLLERR|POLLHUP after a refused non-blocking
@@ -486,39 +506,28 @@ fn a_refused_connect_polls_pollerr_and_is_let_go_once_closed() {
         eprintln!("skipped: python3 is not installed");
         return;
     }
-    use std::io::{BufRead, Write};
-    let mut child = ferry();
-    child
-        .args(["run", "--", "python3", "-c", REFUSED])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    let mut child = Guard(child.spawn().unwrap());
-    let pid = child.0.id();
-    let mut stdin = child.0.stdin.take().unwrap();
-    let mut lines = std::io::BufReader::new(child.0.stdout.take().unwrap()).lines();
-    let mut line = || lines.next().expect("a line").unwrap();
+    let mut run = Scripted::start(REFUSED);
+    let pid = run.pid;
     // (POLLOUT may come a moment after the error: see `Server::detach_pair`.)
     let (pollerr, pollhup) = (libc::POLLERR | libc::POLLHUP, libc::POLLOUT | libc::POLLHUP);
     assert_eq!(
-        line(),
+        run.line(),
         format!(
             "revents {pollerr} then {pollhup} error {}",
             libc::ECONNREFUSED
         )
     );
     await_live_sockets(pid, 1, "the refused socket");
-    writeln!(stdin).unwrap();
-    assert_eq!(line(), "one closed");
+    run.step();
+    assert_eq!(run.line(), "one closed");
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(live_sockets(pid), 1, "let go while a duplicate is open");
-    writeln!(stdin).unwrap();
-    assert_eq!(line(), "closed");
+    run.step();
+    assert_eq!(run.line(), "closed");
     await_live_sockets(pid, 0, "closed by the program");
-    writeln!(stdin).unwrap();
-    assert_eq!(line(), format!("child {pollerr}"));
-    assert_eq!(line(), "child gone");
+    run.step();
+    assert_eq!(run.line(), format!("child {pollerr}"));
+    assert_eq!(run.line(), "child gone");
     await_live_sockets(pid, 0, "held by a process that exited");
-    writeln!(stdin).unwrap();
-    assert!(child.0.wait().unwrap().success());
+    run.finish();
 }

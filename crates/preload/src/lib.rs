@@ -44,15 +44,17 @@
 //!   raw system calls.
 //! - No control messages: `sendmsg` ignores them (logged once), `recvmsg` returns none.
 //!   Option values longer than 32 bytes are refused (`EINVAL`); `connect(AF_UNSPEC)`
-//!   fails with `EAFNOSUPPORT`; `MSG_ERRQUEUE` finds nothing (`EAGAIN`).
+//!   on a stream fails with `EAFNOSUPPORT` (on a datagram socket it dissolves the
+//!   association); `MSG_ERRQUEUE` finds nothing (`EAGAIN`).
 //! - A blocking `accept` cannot be interrupted by a signal and ignores `SO_RCVTIMEO`
 //!   (control requests cannot be cancelled).
 //! - `POLLOUT` is withheld only after a non-blocking send found no free buffer (until one
-//!   comes back to that thread's channel) and on listeners; otherwise it is reported,
-//!   during a non-blocking `connect` too. Writability follows the channel of the thread
-//!   that last ran out of room: another thread's channel may have room while the fd polls
-//!   unwritable (its send still succeeds). After a non-blocking `connect`,
-//!   `getsockopt(SO_ERROR)` waits in the server until the connection is decided.
+//!   comes back to that thread's channel), while a non-blocking `connect` is in progress,
+//!   and on listeners. Writability follows the channel of the thread that last ran out of
+//!   room: another thread's channel may have room while the fd polls unwritable (its
+//!   send still succeeds). A refused non-blocking `connect` raises `POLLERR|POLLHUP`;
+//!   `epoll_wait` may see `EPOLLOUT` a moment later than the kernel's socket would show
+//!   it. `POLLERR` is not raised for a reset stream or a UDP socket's ICMP error.
 //! - `O_NONBLOCK` and the timeouts are cached per descriptor: a change made through a
 //!   duplicate (or by another process sharing it) is not seen through this one.
 //! - Sends on one socket from different threads use different channels, whose order the

@@ -540,9 +540,14 @@ impl Server {
     /// Closes, right now, every socket whose program side is gone (its readiness pair has
     /// hung up) and whose sends are done; returns how many.
     pub(crate) fn reap_closed(&mut self) -> usize {
-        let ids: Vec<u32> = self.socks.keys().copied().collect();
-        for id in ids {
-            if self.socks.get(&id).is_some_and(|s| s.app_closed) || self.app_gone(id) {
+        let open: Vec<u32> = self
+            .socks
+            .values()
+            .filter(|s| !s.app_closed)
+            .map(|s| s.id)
+            .collect();
+        for id in open {
+            if self.app_gone(id) {
                 self.app_closed(id);
             }
         }

@@ -8,8 +8,8 @@ use libc::{c_int, c_long, c_void, size_t, ssize_t};
 use super::{Case, Res};
 use crate::flags::poll_names;
 use crate::net::{
-    Addr, fionread, listener, local_addr, peer_addr, recv, recv_exact, recv_text, send, tcp_pair,
-    tcp_socket, wait_for,
+    Addr, at_mark, fionread, listener, local_addr, peer_addr, recv, recv_exact, recv_text, send,
+    tcp_pair, tcp_socket, wait_for,
 };
 use crate::sys::{Ctx, Fd, cloexec_state, nonblock_state, pipe, show};
 
@@ -39,9 +39,6 @@ pub const CASES: &[Case] = &[
     Case::new("io.fortified_poll_fdelt", fortified_poll_fdelt),
     Case::new("io.stdio_fdopen", stdio_fdopen),
 ];
-
-/// `SIOCATMARK` (not in the libc crate): at the urgent mark?
-const SIOCATMARK: libc::Ioctl = 0x8905;
 
 unsafe extern "C" {
     fn __recv_chk(
@@ -271,8 +268,7 @@ fn ioctl_fionread_siocatmark() -> Res {
     let mut buf = [0u8; 5];
     recv(s.raw(), &mut buf, 0).ctx("recv")?;
     let rest = show(fionread(s.raw()));
-    let mut mark: c_int = -1;
-    let atmark = show(sys!(libc::ioctl(s.raw(), SIOCATMARK, &mut mark)).map(|_| mark));
+    let atmark = show(at_mark(s.raw()));
     Ok(format!(
         "empty={empty} after_send={full} after_recv5={rest} SIOCATMARK={atmark}"
     ))

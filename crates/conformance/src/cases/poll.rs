@@ -6,8 +6,8 @@ use libc::c_int;
 use super::{Case, Res};
 use crate::flags::poll_names;
 use crate::net::{
-    accept, closed_port, connect, listener, poll1, recv, recv_text, send, tcp_pair, tcp_socket,
-    wait_for,
+    accept, at_mark, closed_port, connect, listener, poll1, recv, recv_text, send, tcp_pair,
+    tcp_socket, wait_for,
 };
 use crate::sys::{Ctx, Fd, pipe, set_nonblocking, show, zeroed};
 
@@ -241,20 +241,15 @@ fn oob_mark_in_stream() -> Res {
     send(c.raw(), b"c", libc::MSG_OOB).ctx("send")?;
     send(c.raw(), b"de", 0).ctx("send")?;
     let pri = wait_for(s.raw(), libc::POLLPRI).map(|r| r & libc::POLLPRI != 0);
-    let at_mark = || {
-        let mut v: c_int = -1;
-        // SAFETY: SIOCATMARK writes one int.
-        show(sys!(libc::ioctl(s.raw(), 0x8905, &mut v)).map(|_| v))
-    };
     let before = recv_text(s.raw(), 2, libc::MSG_WAITALL);
-    let mark = at_mark();
+    let mark = show(at_mark(s.raw()));
     let oob = recv_text(s.raw(), 1, libc::MSG_OOB);
     let after = recv_text(s.raw(), 2, libc::MSG_WAITALL);
     let again = recv_text(s.raw(), 1, libc::MSG_OOB);
     Ok(format!(
         "pri={} before={before} mark={mark} oob={oob} after={after} again={again} mark={}",
         show(pri),
-        at_mark()
+        show(at_mark(s.raw()))
     ))
 }
 

@@ -70,3 +70,43 @@ fn sandbox_sees_only_loopback() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "lo");
 }
+
+/// The server may run as root: options that need privilege over the host's network, or
+/// whose value points into memory, are refused with EPERM (and a log line); ordinary
+/// options still reach the host socket.
+#[test]
+fn privileged_socket_options_are_refused() {
+    let script = r#"
+import socket, struct
+s = socket.socket()
+for name, level, opt, val in [
+    ("IP_TRANSPARENT", socket.SOL_IP, 19, struct.pack("i", 1)),
+    ("SO_MARK", socket.SOL_SOCKET, 36, struct.pack("i", 7)),
+    ("SO_BINDTODEVICE", socket.SOL_SOCKET, 25, b"lo\0"),
+    ("SO_PRIORITY_7", socket.SOL_SOCKET, 12, struct.pack("i", 7)),
+    ("SO_PRIORITY_3", socket.SOL_SOCKET, 12, struct.pack("i", 3)),
+    ("SO_KEEPALIVE", socket.SOL_SOCKET, 9, struct.pack("i", 1)),
+]:
+    try:
+        s.setsockopt(level, opt, val)
+        print(name, "ok")
+    except OSError as e:
+        print(name, e.errno)
+print("keepalive", s.getsockopt(socket.SOL_SOCKET, 9), "priority", s.getsockopt(socket.SOL_SOCKET, 12))
+"#;
+    let o = ferry_run(&[], &["python3", "-c", script]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let eperm = libc::EPERM;
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        format!(
+            "IP_TRANSPARENT {eperm}\nSO_MARK {eperm}\nSO_BINDTODEVICE {eperm}\n\
+             SO_PRIORITY_7 {eperm}\nSO_PRIORITY_3 ok\nSO_KEEPALIVE ok\nkeepalive 1 priority 3"
+        )
+    );
+    assert!(
+        stderr(&o).contains("needs privilege over the host's network"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -45,13 +45,6 @@ const KNOWN_DIFFERENCES: &[(&str, &str)] = &[
         "io.stdio_fdopen",
         "stdio reads sockets through libc-internal calls the shim cannot see",
     ),
-    ("msg.recvmsg_ip_pktinfo", "control messages are not relayed"),
-    ("msg.recvmsg_ttl_tos", "control messages are not relayed"),
-    (
-        "msg.recvmsg_ipv6_pktinfo",
-        "control messages are not relayed",
-    ),
-    ("msg.recvmsg_timestamp", "control messages are not relayed"),
     (
         "clean.rlimit_socket_emfile",
         "making a socket briefly needs two descriptors",

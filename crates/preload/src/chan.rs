@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_proto::{
-    Cmp, CmpKind, Ctl, CtlKind, HELLO_ROUTES, Hello, HelloReply, Op, PROTO_VERSION, Req,
+    Cmp, CmpKind, Ctl, CtlKind, HELLO_ROUTES, Hello, HelloReply, Op, PROTO_VERSION, Req, cmsg,
 };
 use ferry_ring::{BufId, BufSpan, Buffers, Endpoint, Region, Side, SpinPolicy, WaitResult};
 
@@ -112,6 +112,9 @@ pub struct Channel {
     refs: Vec<u16>,
     /// `BufReturn` completions taken so far (wrapping), for `Op::WantRoom`.
     returns_seen: u32,
+    /// Control bytes that came with the last call's answer ([`CmpKind::Control`]).
+    control: [u8; cmsg::MAX_CONTROL],
+    control_len: usize,
 }
 
 /// Sends smaller than this share buffers (several records in one buffer), so that a
@@ -233,6 +236,8 @@ impl Channel {
             arena: None,
             refs: vec![0; nbufs],
             returns_seen: 0,
+            control: [0; cmsg::MAX_CONTROL],
+            control_len: 0,
         })
     }
 
@@ -390,7 +395,7 @@ impl Channel {
             // A buffer lent for a request given up on: give it back.
             Ok(CmpKind::Data) => self.give_back(c.buf),
             // The answer to a request given up on.
-            Ok(CmpKind::Done) => Ok(()),
+            Ok(CmpKind::Done | CmpKind::Control) => Ok(()),
             Err(e) => Err(self.fail(format_args!("{e}"))),
         }
     }
@@ -414,7 +419,24 @@ impl Channel {
         let tag = self.next_tag();
         req.tag = tag;
         self.push(&req)?;
+        self.control_len = 0;
         self.wait_done(req.sock, tag, w, sink)
+    }
+
+    /// Queues control bytes (checked, at most [`cmsg::MAX_CONTROL`]) for the next send
+    /// on `sock` ([`Op::SendCtl`]).
+    pub fn push_control(&mut self, sock: u32, bytes: &[u8]) -> Res<()> {
+        for (i, chunk) in bytes.chunks(cmsg::CHUNK).enumerate() {
+            let mut r = Req::new(Op::SendCtl, sock).with_bytes(chunk);
+            r.a = (i * cmsg::CHUNK) as u32;
+            self.push(&r)?;
+        }
+        Ok(())
+    }
+
+    /// The control bytes that came with the last [`Channel::call`]'s answer.
+    pub fn control(&self) -> &[u8] {
+        &self.control[..self.control_len]
     }
 
     fn wait_done(
@@ -447,6 +469,14 @@ impl Channel {
                         };
                         sink(&self.ep.bufs, span);
                         self.give_back(c.buf)?;
+                    }
+                    Ok(CmpKind::Control) => {
+                        let (at, bytes) = (c.a as usize, c.bytes());
+                        let Some(dst) = self.control.get_mut(at..at + bytes.len()) else {
+                            return Err(self.fail(format_args!("control bytes at {at}")));
+                        };
+                        dst.copy_from_slice(bytes);
+                        self.control_len = self.control_len.max(at + bytes.len());
                     }
                     Ok(CmpKind::Done) => {
                         self.ep.rx.release();

@@ -5,7 +5,7 @@
 
 use std::ffi::c_int;
 
-use ferry_proto::{CMP_DRAIN_TOKEN, Op, REQ_NONBLOCK, Req, server_of};
+use ferry_proto::{CMP_DRAIN_TOKEN, Op, REQ_NONBLOCK, Req, cmsg, server_of};
 use ferry_ring::BufId;
 use libc::{off_t, sockaddr, socklen_t};
 
@@ -14,13 +14,14 @@ use crate::chan::{Channel, Wait, spin_for};
 use crate::errno::{Errno, Res};
 use crate::fdtable::{Sock, TABLE};
 use crate::iov::{IoCursor, MAX_RW};
+use crate::log::{self, Once};
 use crate::ops::{drain_token, typed};
 use crate::pending::PENDING;
 use crate::signals;
 use crate::tls::with_channel_to;
 
 /// What a receive got.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct Got {
     /// The call's return value.
     pub len: usize,
@@ -30,12 +31,34 @@ pub struct Got {
     pub from_len: usize,
     /// `msg_flags`.
     pub flags: c_int,
+    /// A datagram's control messages (the kernel's layout).
+    pub control: [u8; cmsg::MAX_CONTROL],
+    /// Valid bytes in `control`.
+    pub control_len: usize,
+}
+
+impl Default for Got {
+    fn default() -> Got {
+        Got {
+            len: 0,
+            from: [0; 32],
+            from_len: 0,
+            flags: 0,
+            control: [0; cmsg::MAX_CONTROL],
+            control_len: 0,
+        }
+    }
 }
 
 impl Got {
     /// The sender's address bytes (empty for streams).
     pub fn from(&self) -> &[u8] {
         &self.from[..self.from_len]
+    }
+
+    /// The datagram's control messages.
+    pub fn control(&self) -> &[u8] {
+        &self.control[..self.control_len]
     }
 }
 
@@ -93,7 +116,9 @@ fn next_slot(
     }
 }
 
-/// `send`/`sendto`/`sendmsg`/`write`/`writev`.
+/// `send`/`sendto`/`sendmsg`/`write`/`writev`; `control` = `sendmsg`'s control
+/// messages (a datagram's go to the server if [`cmsg::sanitize_send`] allows them, else
+/// `EINVAL`; a stream's are ignored, logged once).
 ///
 /// # Safety
 /// `cur`'s buffers readable; `dest` readable for `dest_len` bytes (or null).
@@ -103,6 +128,7 @@ pub unsafe fn send(
     dest: *const sockaddr,
     dest_len: socklen_t,
     flags: c_int,
+    control: &[u8],
 ) -> Res<usize> {
     with_channel_to(server_of(s.id), |ch| {
         ch.reap()?;
@@ -122,6 +148,20 @@ pub unsafe fn send(
         if s.dgram() && dest.is_none() && !s.has_peer() {
             return Err(Errno(libc::EDESTADDRREQ));
         }
+        let control = if control.is_empty() {
+            Vec::new()
+        } else if s.dgram() {
+            cmsg::sanitize_send(control).map_err(|e| {
+                log::once(Once::Cmsg, format_args!("sendmsg refused: {e}"));
+                Errno(e.errno())
+            })?
+        } else {
+            log::once(
+                Once::Cmsg,
+                format_args!("control messages on a stream are ignored"),
+            );
+            Vec::new()
+        };
         let total = cur.remaining();
         let bs = ch.buf_size();
         if s.dgram() && total > bs.min(max_datagram(&s)) {
@@ -148,6 +188,9 @@ pub unsafe fn send(
             (req.buf, req.len, req.a, req.b) = (b.0, got as u32, flags as u32, off);
             if let Some(d) = &dest {
                 req = req.with_addr(d);
+            }
+            if !control.is_empty() {
+                ch.push_control(s.id, &control)?;
             }
             ch.push(&req)?;
             sent += got;
@@ -241,6 +284,9 @@ pub unsafe fn recv(s: Sock, cur: &mut IoCursor, flags: c_int) -> Res<Got> {
                 let b = done.bytes();
                 got.from[..b.len()].copy_from_slice(b);
                 got.from_len = b.len();
+                let c = ch.control();
+                got.control[..c.len()].copy_from_slice(c);
+                got.control_len = c.len();
                 got.len = if flags & libc::MSG_TRUNC != 0 {
                     n
                 } else {

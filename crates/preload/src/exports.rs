@@ -8,6 +8,7 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
+use ferry_proto::cmsg;
 use libc::{mmsghdr, msghdr, off_t, size_t, sockaddr, socklen_t, ssize_t, timespec};
 
 use crate::addr::write_sockaddr;
@@ -167,7 +168,7 @@ unsafe fn send_one(
         // SAFETY: the caller's buffer and address.
         let mut cur = unsafe { one(&iov) }?;
         // SAFETY: as above.
-        unsafe { data::send(s, &mut cur, addr, alen, flags) }.map(|n| n as ssize_t)
+        unsafe { data::send(s, &mut cur, addr, alen, flags, &[]) }.map(|n| n as ssize_t)
     })
 }
 
@@ -232,16 +233,31 @@ pub unsafe extern "C" fn sendto(
 /// # Safety
 /// `m` a valid message header.
 unsafe fn send_msg(s: Sock, m: &msghdr, flags: c_int) -> Res<usize> {
-    if !m.msg_control.is_null() && m.msg_controllen > 0 {
-        log::once(
-            Once::Cmsg,
-            format_args!("control messages on a ferry socket are ignored"),
-        );
-    }
+    let control: &[u8] = if m.msg_control.is_null() || m.msg_controllen == 0 {
+        &[]
+    } else {
+        // SAFETY: the header's control buffer (caller); more than a message may carry
+        // is refused unread past that.
+        unsafe {
+            std::slice::from_raw_parts(
+                m.msg_control.cast::<u8>(),
+                m.msg_controllen.min(cmsg::MAX_CONTROL + 1),
+            )
+        }
+    };
     // SAFETY: the header's iovecs (caller).
     let mut cur = unsafe { IoCursor::new(m.msg_iov, m.msg_iovlen) }?;
     // SAFETY: as above.
-    unsafe { data::send(s, &mut cur, m.msg_name.cast(), m.msg_namelen, flags) }
+    unsafe {
+        data::send(
+            s,
+            &mut cur,
+            m.msg_name.cast(),
+            m.msg_namelen,
+            flags,
+            control,
+        )
+    }
 }
 
 /// # Safety
@@ -257,8 +273,26 @@ unsafe fn recv_msg(s: Sock, m: &mut msghdr, flags: c_int) -> Res<usize> {
         unsafe { write_sockaddr(got.from(), m.msg_name.cast(), &mut l) }?;
         m.msg_namelen = l;
     }
-    m.msg_controllen = 0;
     m.msg_flags = got.flags;
+    let room = if m.msg_control.is_null() {
+        0
+    } else {
+        m.msg_controllen
+    };
+    if got.control_len == 0 || room == 0 {
+        if got.control_len > 0 {
+            m.msg_flags |= libc::MSG_CTRUNC;
+        }
+        m.msg_controllen = 0;
+    } else {
+        // SAFETY: the header's control buffer (caller), writable for its length.
+        let out = unsafe { std::slice::from_raw_parts_mut(m.msg_control.cast::<u8>(), room) };
+        let placed = cmsg::put(got.control(), out);
+        m.msg_controllen = placed.used;
+        if placed.truncated {
+            m.msg_flags |= libc::MSG_CTRUNC;
+        }
+    }
     Ok(got.len)
 }
 

@@ -82,7 +82,7 @@ unsafe fn send_vec(s: Sock, iov: *const iovec, n: c_int) -> ssize_t {
         // SAFETY: the caller's iovecs.
         let mut cur = unsafe { IoCursor::new(iov, n) }?;
         // SAFETY: as above.
-        unsafe { data::send(s, &mut cur, std::ptr::null(), 0, 0) }.map(|n| n as ssize_t)
+        unsafe { data::send(s, &mut cur, std::ptr::null(), 0, 0, &[]) }.map(|n| n as ssize_t)
     })
 }
 

@@ -9,8 +9,8 @@ use bytemuck::{Pod, Zeroable};
 /// Version of the shim ↔ server protocol; both sides must agree (3: `Op::WantRoom`;
 /// 4: registered files, and the binding layout `FMB2` that names them; 5: received
 /// bytes through the readiness pair; 6: `REQ_FILLED` on a non-blocking connect; 7:
-/// `Op::Disconnect`).
-pub const PROTO_VERSION: u32 = 7;
+/// `Op::Disconnect`; 8: control messages, `Op::SendCtl` and `CmpKind::Control`).
+pub const PROTO_VERSION: u32 = 8;
 
 /// Low bits of a socket id that name the protocol server serving the socket (S4: a
 /// socket is assigned to one server at creation and every later call goes there).

@@ -24,6 +24,7 @@
 #![deny(unsafe_code)]
 
 mod addr;
+pub mod cmsg;
 mod ctl;
 mod module;
 
@@ -164,6 +165,10 @@ pub enum Op {
     /// `connect(AF_UNSPEC)` on a datagram socket: dissolve its association (the peer
     /// that `send` without an address goes to, and the only source it receives from).
     Disconnect = 19,
+    /// Control bytes for the next `Send` of this socket on this channel (a datagram's
+    /// `sendmsg` control messages, see [`cmsg`]): `a` = their offset, `addr[..addr_len]`
+    /// = the bytes. Several records in a row carry more than one record holds.
+    SendCtl = 20,
 }
 
 /// Kinds of completion records.
@@ -178,6 +183,9 @@ pub enum CmpKind {
     BufReturn = 3,
     /// An error on an earlier fire-and-forget operation (reported on the next call).
     AsyncError = 4,
+    /// Control bytes for a tagged `Recv` of a datagram (see [`cmsg`]), before its
+    /// `Done`: `a` = their offset, `addr[..addr_len]` = the bytes.
+    Control = 5,
 }
 
 /// Why a record from the peer was refused.
@@ -223,6 +231,7 @@ impl Op {
             17 => BindModule,
             18 => WantRoom,
             19 => Disconnect,
+            20 => SendCtl,
             other => return Err(DecodeError::UnknownOp(other)),
         })
     }
@@ -236,6 +245,7 @@ impl CmpKind {
             2 => CmpKind::Data,
             3 => CmpKind::BufReturn,
             4 => CmpKind::AsyncError,
+            5 => CmpKind::Control,
             other => return Err(DecodeError::UnknownKind(other)),
         })
     }

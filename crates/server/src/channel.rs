@@ -32,6 +32,8 @@ pub(crate) struct Channel {
     /// Sockets whose readiness pair the shim filled because this channel had no free
     /// buffer (`WantRoom`): emptied at the next `BufReturn` to this channel.
     pub room_wait: Vec<u32>,
+    /// Control bytes (`Op::SendCtl`) for the next `Send` from this channel.
+    pub send_ctl: Vec<u8>,
     pub stats: ChannelStats,
 }
 
@@ -59,6 +61,7 @@ impl Channel {
             rx_pair: false,
             returns: 0,
             room_wait: Vec::new(),
+            send_ctl: Vec::new(),
             stats: ChannelStats {
                 id,
                 pid,

@@ -56,17 +56,20 @@ pub(crate) fn send_items<'a>(
             fd,
             &iov[..n],
             first.to.as_ref(),
+            &first.control,
             first.flags & !libc::MSG_OOB | oob,
         )
     }
 }
 
-/// Receives into the given spans, in order (non-blocking).
+/// Receives into the given spans, in order (non-blocking); control messages into
+/// `control` when given.
 pub(crate) fn recv_spans(
     fd: BorrowedFd<'_>,
     bufs: &Buffers,
     spans: &[BufSpan],
     flags: i32,
+    control: Option<&mut [u8]>,
 ) -> io::Result<Received> {
     let iov: Vec<(*mut u8, usize)> = spans
         .iter()
@@ -75,5 +78,5 @@ pub(crate) fn recv_spans(
     // SAFETY: every span was validated by `Buffers::span` and belongs to a buffer this
     // side allocated and has not lent out, inside the region `bufs` keeps mapped; the
     // kernel writes at most each span's length.
-    unsafe { ferry_sys::recv_raw(fd, &iov, flags) }
+    unsafe { ferry_sys::recv_raw(fd, &iov, flags, control) }
 }

@@ -51,6 +51,7 @@ mod ops;
 pub mod policy;
 mod server;
 mod sock;
+mod sockopt;
 mod stats;
 
 pub use egress::{Bond, EgressStats, Mode};

@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, OwnedFd};
 
 use ferry_proto::{
     CMP_DRAIN_TOKEN, Cmp, CmpKind, Ctl, CtlKind, NO_BUF, Op, REQ_FILLED, REQ_NONBLOCK, Request,
-    WireAddr,
+    WireAddr, cmsg,
 };
 use ferry_ring::BufId;
 use tracing::{debug, warn};
@@ -16,6 +16,7 @@ use crate::hostio;
 use crate::policy::Verdict;
 use crate::server::Server;
 use crate::sock::{Parked, Place, Sock, TxItem};
+use crate::sockopt;
 
 /// Most buffers one receive fills.
 const MAX_RECV_BUFS: usize = 4;
@@ -303,6 +304,22 @@ impl Server {
             // Handed over by another server, maybe not taken yet.
             self.drain_inbox();
         }
+        if req.op == Op::SendCtl {
+            // Kept for the next `Send` from this channel (the shim sends them in a row).
+            let chan = self.chan_mut(ch).ok_or("no channel")?;
+            let bytes = req.value();
+            if r.a as usize != chan.send_ctl.len()
+                || chan.send_ctl.len() + bytes.len() > cmsg::MAX_CONTROL
+            {
+                return Err(format!(
+                    "control bytes at offset {} after {}",
+                    r.a,
+                    chan.send_ctl.len()
+                ));
+            }
+            chan.send_ctl.extend_from_slice(bytes);
+            return Ok(());
+        }
         if req.op == Op::Send {
             return self.send(ch, req);
         }
@@ -401,8 +418,13 @@ impl Server {
                 let s = self.sock(id).expect("checked above");
                 let (level, name) = (r.a as i32, r.b as i32);
                 let value = req.value().to_vec();
-                let res = ferry_sys::setsockopt(s.fd.as_fd(), level, name, &value)
-                    .map_or_else(|e| errno(&e), |()| 0);
+                let res = if let Some(why) = sockopt::refused(level, name, &value) {
+                    warn!("socket {id}: setsockopt({level}, {name}) refused: {why}");
+                    -libc::EPERM
+                } else {
+                    ferry_sys::setsockopt(s.fd.as_fd(), level, name, &value)
+                        .map_or_else(|e| errno(&e), |()| 0)
+                };
                 if res == 0 && s.place == Place::Provisional {
                     s.opts.retain(|(l, n, _)| (*l, *n) != (level, name));
                     s.opts.push((level, name, value));
@@ -444,7 +466,7 @@ impl Server {
                     self.done(ch, id, tag, -libc::EINTR);
                 }
             }
-            Op::Send | Op::BufReturn | Op::Release | Op::BindModule => {
+            Op::Send | Op::SendCtl | Op::BufReturn | Op::Release | Op::BindModule => {
                 unreachable!("handled above")
             }
         }
@@ -635,6 +657,7 @@ impl Server {
             .span(r.buf, r.b, r.len)
             .map_err(|e| e.to_string())?;
         let bufs = chan.ep.bufs.clone();
+        let ctl = std::mem::take(&mut chan.send_ctl);
         let to = req.addr().map_err(|e| e.to_string())?;
         let give_back = |srv: &mut Server, res: i32| {
             let mut c = Cmp::new(CmpKind::BufReturn, r.sock, 0, res);
@@ -669,6 +692,18 @@ impl Server {
                 }
             }
         }
+        let control = match &ctl {
+            c if c.is_empty() || self.socks.get(&r.sock).is_none_or(Sock::is_stream) => Vec::new(),
+            c => match cmsg::sanitize_send(c) {
+                Ok(v) => v,
+                Err(e) => {
+                    warn!("socket {}: datagram refused: {e}", r.sock);
+                    give_back(self, 0);
+                    self.done(ch, r.sock, 0, -e.errno());
+                    return Ok(());
+                }
+            },
+        };
         let s = self.sock(r.sock).expect("checked above");
         s.stats.calls += 1;
         s.txq.push_back(TxItem {
@@ -678,6 +713,7 @@ impl Server {
             sent: 0,
             to: to.filter(|_| !s.is_stream()).map(WireAddr::to_std),
             flags: (r.a as i32) & (libc::MSG_MORE | libc::MSG_OOB | libc::MSG_EOR),
+            control,
         });
         if s.txq.len() == 1 {
             // Sent once the rings are drained: every send of this turn in one call.
@@ -850,11 +886,14 @@ impl Server {
         }
         let spans: Vec<ferry_ring::BufSpan> = lent.iter().map(|(_, sp)| *sp).collect();
         s.recv_mark = self.waits;
+        // A datagram's control messages (those its options ask for) go to the shim.
+        let mut control = [0u8; cmsg::MAX_CONTROL];
         let res = hostio::recv_spans(
             s.fd.as_fd(),
             &chan.ep.bufs,
             &spans,
             flags & (libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_OOB),
+            (!s.is_stream()).then_some(&mut control[..]),
         );
         self.stats.data_syscalls += 1;
         let got = match res {
@@ -888,6 +927,12 @@ impl Server {
             let mut c = Cmp::new(CmpKind::Data, id, tag, 0);
             c.buf = b.0;
             c.len = n as u32;
+            chan.complete(c);
+        }
+        let control = &control[..got.control_len.min(cmsg::MAX_CONTROL)];
+        for (i, chunk) in control.chunks(cmsg::CHUNK).enumerate() {
+            let mut c = Cmp::new(CmpKind::Control, id, tag, 0).with_bytes(chunk);
+            c.a = (i * cmsg::CHUNK) as u32;
             chan.complete(c);
         }
         let mut fin = Cmp::new(CmpKind::Done, id, tag, got.len as i32);

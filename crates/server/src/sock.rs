@@ -62,6 +62,8 @@ pub(crate) struct TxItem {
     pub to: Option<SocketAddr>,
     /// `MSG_*` flags.
     pub flags: i32,
+    /// A datagram's control messages, checked ([`ferry_proto::cmsg::sanitize_send`]).
+    pub control: Vec<u8>,
 }
 
 /// A sandbox socket.

@@ -498,10 +498,11 @@ pub unsafe fn send_raw(
     flags: i32,
 ) -> io::Result<usize> {
     // SAFETY: forwarded to the caller.
-    unsafe { send_iov(fd, &[(ptr, len)], to, flags) }
+    unsafe { send_iov(fd, &[(ptr, len)], to, &[], flags) }
 }
 
-/// `sendmsg(2)` of several buffers to an optional destination; never raises SIGPIPE.
+/// `sendmsg(2)` of several buffers to an optional destination, with optional control
+/// messages (`control`, the kernel's layout; empty for none); never raises SIGPIPE.
 ///
 /// # Safety
 /// Every `(ptr, len)` in `iov` must be readable for the duration of the call.
@@ -509,6 +510,7 @@ pub unsafe fn send_iov(
     fd: BorrowedFd<'_>,
     iov: &[(*const u8, usize)],
     to: Option<&SocketAddr>,
+    control: &[u8],
     flags: i32,
 ) -> io::Result<usize> {
     let dest = to.map(RawAddr::new);
@@ -527,6 +529,11 @@ pub unsafe fn send_iov(
         msg.msg_name = d.as_ptr() as *mut libc::c_void;
         msg.msg_namelen = d.len();
     }
+    if !control.is_empty() {
+        // The kernel copies the control bytes in before reading them: no alignment due.
+        msg.msg_control = control.as_ptr() as *mut libc::c_void;
+        msg.msg_controllen = control.len();
+    }
     syscall!(
         libc::SYS_sendmsg,
         fd.as_raw_fd(),
@@ -543,11 +550,14 @@ pub struct Received {
     pub len: usize,
     /// The sender, for datagram sockets.
     pub from: Option<SocketAddr>,
-    /// `msg_flags` (e.g. `MSG_TRUNC`).
+    /// `msg_flags` (e.g. `MSG_TRUNC`, `MSG_CTRUNC`).
     pub flags: i32,
+    /// Control bytes placed in the caller's control buffer.
+    pub control_len: usize,
 }
 
-/// `recvmsg(2)` into several buffers, non-blocking.
+/// `recvmsg(2)` into several buffers, non-blocking; control messages into `control`
+/// when given (the kernel's layout).
 ///
 /// # Safety
 /// Every `(ptr, len)` in `bufs` must be writable for the duration of the call.
@@ -555,6 +565,7 @@ pub unsafe fn recv_raw(
     fd: BorrowedFd<'_>,
     bufs: &[(*mut u8, usize)],
     flags: i32,
+    control: Option<&mut [u8]>,
 ) -> io::Result<Received> {
     let mut iov: [MaybeUninit<libc::iovec>; 8] = [MaybeUninit::uninit(); 8];
     let n = bufs.len().min(8);
@@ -572,6 +583,10 @@ pub unsafe fn recv_raw(
     msg.msg_iovlen = n;
     msg.msg_name = (&mut st as *mut libc::sockaddr_storage).cast();
     msg.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    if let Some(c) = control {
+        msg.msg_control = c.as_mut_ptr().cast();
+        msg.msg_controllen = c.len();
+    }
     let r = syscall!(
         libc::SYS_recvmsg,
         fd.as_raw_fd(),
@@ -587,6 +602,11 @@ pub unsafe fn recv_raw(
         len: r as usize,
         from,
         flags: msg.msg_flags,
+        control_len: if msg.msg_control.is_null() {
+            0
+        } else {
+            msg.msg_controllen
+        },
     })
 }
 
@@ -1032,7 +1052,7 @@ pub fn interface_addresses() -> io::Result<Vec<(u32, std::net::IpAddr)>> {
 /// `recvfrom(2)` of one datagram (non-blocking): its length and sender.
 pub fn recv_from(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Option<SocketAddr>)> {
     // SAFETY: `buf` is a live, writable buffer of its length.
-    let got = unsafe { recv_raw(fd, &[(buf.as_mut_ptr(), buf.len())], 0) }?;
+    let got = unsafe { recv_raw(fd, &[(buf.as_mut_ptr(), buf.len())], 0, None) }?;
     Ok((got.len.min(buf.len()), got.from))
 }
 

@@ -5,7 +5,7 @@
 use libc::c_int;
 
 use super::{Case, Res};
-use crate::net::{Addr, connect, sendto, set_int, tcp_pair, udp_bound, wait_for};
+use crate::net::{Addr, connect, poll1, sendto, set_int, tcp_pair, udp_bound, wait_for};
 use crate::sys::{Ctx, show, zeroed};
 
 pub const CASES: &[Case] = &[
@@ -19,6 +19,15 @@ pub const CASES: &[Case] = &[
     Case::new("msg.sendmsg_name_unconnected", sendmsg_name_unconnected),
     Case::new("msg.sendmmsg_recvmmsg_udp", sendmmsg_recvmmsg_udp),
     Case::new("msg.sendmmsg_tcp", sendmmsg_tcp),
+    Case::new("msg.recvmsg_ctrunc_partial", recvmsg_ctrunc_partial),
+    Case::new("msg.recvmmsg_pktinfo_each", recvmmsg_pktinfo_each),
+    Case::new("msg.sendmsg_tos_ttl_cmsgs", sendmsg_tos_ttl_cmsgs),
+    Case::new(
+        "msg.sendmsg_ipv6_tclass_hoplimit",
+        sendmsg_ipv6_tclass_hoplimit,
+    ),
+    Case::new("msg.sendmsg_udp_segment", sendmsg_udp_segment),
+    Case::new("msg.sendmsg_refused_cmsgs", sendmsg_refused_cmsgs),
 ];
 
 /// One received control message: (level, type, payload).
@@ -410,5 +419,256 @@ fn sendmmsg_tcp() -> Res {
     Ok(format!(
         "sendmmsg={sent} peer_got={:?}",
         String::from_utf8_lossy(&got)
+    ))
+}
+
+/// `sendmsg` of `payload` to `dest` with the given control messages; the call's result.
+fn sendmsg_cmsgs(fd: c_int, dest: &Addr, payload: &[u8], cmsgs: &[Cmsg]) -> String {
+    let space: usize = cmsgs
+        .iter()
+        // SAFETY (crate policy): CMSG_SPACE is arithmetic.
+        .map(|(_, _, d)| unsafe { libc::CMSG_SPACE(d.len() as u32) } as usize)
+        .sum();
+    let mut control = vec![0u64; space.div_ceil(8).max(1)];
+    let mut payload = payload.to_vec();
+    let mut iov = libc::iovec {
+        iov_base: payload.as_mut_ptr().cast(),
+        iov_len: payload.len(),
+    };
+    let mut msg: libc::msghdr = zeroed();
+    msg.msg_name = dest.ptr().cast_mut().cast();
+    msg.msg_namelen = dest.len();
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space;
+    // SAFETY (crate policy): the buffer holds CMSG_SPACE of every message, so each
+    // header and its data lie inside it; the macros step by `msg_controllen`.
+    unsafe {
+        let mut cm = libc::CMSG_FIRSTHDR(&msg);
+        for (level, ty, data) in cmsgs {
+            (*cm).cmsg_level = *level;
+            (*cm).cmsg_type = *ty;
+            (*cm).cmsg_len = libc::CMSG_LEN(data.len() as u32) as usize;
+            std::ptr::copy_nonoverlapping(data.as_ptr(), libc::CMSG_DATA(cm), data.len());
+            cm = libc::CMSG_NXTHDR(&msg, cm);
+        }
+    }
+    show(sys!(libc::sendmsg(fd, &msg, 0)))
+}
+
+fn int_cmsg(level: c_int, ty: c_int, v: c_int) -> Cmsg {
+    (level, ty, v.to_ne_bytes().to_vec())
+}
+
+/// The received messages, decoded where they are integers, sorted.
+fn describe_cmsgs(cmsgs: &[Cmsg]) -> String {
+    let mut found: Vec<String> = cmsgs
+        .iter()
+        .map(|(l, t, d)| match read_pod::<c_int>(d) {
+            Some(v) if d.len() == 4 => format!("({l},{t})={v:#x}"),
+            _ => format!("({l},{t})+{}", d.len()),
+        })
+        .collect();
+    found.sort();
+    if found.is_empty() {
+        "none".into()
+    } else {
+        found.join(" ")
+    }
+}
+
+fn recvmsg_ctrunc_partial() -> Res {
+    // Room for a header and 4 bytes of IP_PKTINFO's 12: the kernel cuts the message.
+    let (r, raddr) = udp_bound(libc::AF_INET)?;
+    let (t, _) = udp_bound(libc::AF_INET)?;
+    set_int(r.raw(), libc::IPPROTO_IP, libc::IP_PKTINFO, 1).ctx("IP_PKTINFO")?;
+    set_int(r.raw(), libc::IPPROTO_IP, libc::IP_RECVTTL, 1).ctx("IP_RECVTTL")?;
+    sendto(t.raw(), b"cut", 0, &raddr).ctx("sendto")?;
+    // SAFETY (crate policy): arithmetic.
+    let room = unsafe { libc::CMSG_LEN(4) } as usize;
+    let m = recvmsg_with(r.raw(), 64, room, 0)?;
+    let lens: Vec<usize> = m.cmsgs.iter().map(|(_, _, d)| d.len()).collect();
+    Ok(format!(
+        "len={} flags={} data_lens={lens:?}",
+        m.len,
+        flag_names(m.flags)
+    ))
+}
+
+fn recvmmsg_pktinfo_each() -> Res {
+    let (r, raddr) = udp_bound(libc::AF_INET)?;
+    let (t, _) = udp_bound(libc::AF_INET)?;
+    set_int(r.raw(), libc::IPPROTO_IP, libc::IP_PKTINFO, 1).ctx("IP_PKTINFO")?;
+    set_int(r.raw(), libc::IPPROTO_IP, libc::IP_RECVTOS, 1).ctx("IP_RECVTOS")?;
+    for (p, tos) in [(&b"one"[..], 0x04), (&b"two"[..], 0x08)] {
+        set_int(t.raw(), libc::IPPROTO_IP, libc::IP_TOS, tos).ctx("IP_TOS")?;
+        sendto(t.raw(), p, 0, &raddr).ctx("sendto")?;
+    }
+    wait_for(r.raw(), libc::POLLIN).ctx("poll")?;
+    let mut data = [[0u8; 16]; 2];
+    let mut control = [[0u64; 16]; 2];
+    let mut iovs: Vec<libc::iovec> = data
+        .iter_mut()
+        .map(|d| libc::iovec {
+            iov_base: d.as_mut_ptr().cast(),
+            iov_len: d.len(),
+        })
+        .collect();
+    let mut hdrs: Vec<libc::mmsghdr> = (0..2).map(|_| zeroed()).collect();
+    for (i, h) in hdrs.iter_mut().enumerate() {
+        h.msg_hdr.msg_iov = &mut iovs[i];
+        h.msg_hdr.msg_iovlen = 1;
+        h.msg_hdr.msg_control = control[i].as_mut_ptr().cast();
+        h.msg_hdr.msg_controllen = size_of_val(&control[i]);
+    }
+    let n = sys!(libc::recvmmsg(
+        r.raw(),
+        hdrs.as_mut_ptr(),
+        2,
+        libc::MSG_DONTWAIT,
+        std::ptr::null_mut()
+    ))
+    .ctx("recvmmsg")?;
+    let mut out = vec![format!("recvmmsg={n}")];
+    for h in hdrs.iter().take(n as usize) {
+        let mut cmsgs = Vec::new();
+        // SAFETY (crate policy): walking a control buffer the kernel filled, bounded by
+        // its `msg_controllen`.
+        unsafe {
+            let mut cm = libc::CMSG_FIRSTHDR(&h.msg_hdr);
+            while !cm.is_null() {
+                let len = (*cm).cmsg_len - libc::CMSG_LEN(0) as usize;
+                let d = std::slice::from_raw_parts(libc::CMSG_DATA(cm), len).to_vec();
+                cmsgs.push(((*cm).cmsg_level, (*cm).cmsg_type, d));
+                cm = libc::CMSG_NXTHDR(&h.msg_hdr, cm);
+            }
+        }
+        let tos = cmsgs
+            .iter()
+            .find(|(l, t, _)| (*l, *t) == (libc::IPPROTO_IP, libc::IP_TOS))
+            .and_then(|(_, _, d)| d.first().copied());
+        let pktinfo = cmsgs
+            .iter()
+            .any(|(l, t, _)| (*l, *t) == (libc::IPPROTO_IP, libc::IP_PKTINFO));
+        out.push(format!("[len={} tos={tos:?} pktinfo={pktinfo}]", h.msg_len));
+    }
+    Ok(out.join(" "))
+}
+
+fn sendmsg_tos_ttl_cmsgs() -> Res {
+    let (r, raddr) = udp_bound(libc::AF_INET)?;
+    let (t, _) = udp_bound(libc::AF_INET)?;
+    set_int(r.raw(), libc::IPPROTO_IP, libc::IP_RECVTTL, 1).ctx("IP_RECVTTL")?;
+    set_int(r.raw(), libc::IPPROTO_IP, libc::IP_RECVTOS, 1).ctx("IP_RECVTOS")?;
+    let sent = sendmsg_cmsgs(
+        t.raw(),
+        &raddr,
+        b"marked",
+        &[
+            int_cmsg(libc::IPPROTO_IP, libc::IP_TOS, 0x28),
+            int_cmsg(libc::IPPROTO_IP, libc::IP_TTL, 7),
+        ],
+    );
+    // A second datagram without them: the socket's own values again.
+    let plain = show(sendto(t.raw(), b"plain", 0, &raddr));
+    let a = recvmsg_with(r.raw(), 64, 256, 0)?;
+    let b = recvmsg_with(r.raw(), 64, 256, 0)?;
+    let tos_ttl = |m: &Received| {
+        let mut v: Vec<String> = m
+            .cmsgs
+            .iter()
+            .map(|(l, t, d)| match (*l, *t) {
+                (libc::IPPROTO_IP, libc::IP_TTL) => {
+                    format!("ttl={}", read_pod::<c_int>(d).unwrap_or(-1))
+                }
+                (libc::IPPROTO_IP, libc::IP_TOS) => {
+                    format!("tos={:#x}", d.first().copied().unwrap_or(0))
+                }
+                (l, t) => format!("cmsg({l},{t})"),
+            })
+            .collect();
+        v.sort();
+        v.join(",")
+    };
+    Ok(format!(
+        "sendmsg={sent} first=[{}] second={plain} [{}]",
+        tos_ttl(&a),
+        tos_ttl(&b)
+    ))
+}
+
+fn sendmsg_ipv6_tclass_hoplimit() -> Res {
+    let (r, raddr) = udp_bound(libc::AF_INET6)?;
+    let (t, _) = udp_bound(libc::AF_INET6)?;
+    set_int(r.raw(), libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1).ctx("RECVTCLASS")?;
+    set_int(r.raw(), libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT, 1).ctx("RECVHOPLIMIT")?;
+    let sent = sendmsg_cmsgs(
+        t.raw(),
+        &raddr,
+        b"six",
+        &[
+            int_cmsg(libc::IPPROTO_IPV6, libc::IPV6_TCLASS, 0x20),
+            int_cmsg(libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT, 9),
+        ],
+    );
+    let m = recvmsg_with(r.raw(), 64, 256, 0)?;
+    Ok(format!("sendmsg={sent} {}", describe_cmsgs(&m.cmsgs)))
+}
+
+fn sendmsg_udp_segment() -> Res {
+    // UDP GSO: one call, datagrams of the segment size (the last one shorter).
+    let (r, raddr) = udp_bound(libc::AF_INET)?;
+    let (t, _) = udp_bound(libc::AF_INET)?;
+    let payload = vec![b'g'; 2500];
+    let sent = sendmsg_cmsgs(
+        t.raw(),
+        &raddr,
+        &payload,
+        &[(
+            libc::SOL_UDP,
+            libc::UDP_SEGMENT,
+            1000u16.to_ne_bytes().to_vec(),
+        )],
+    );
+    let mut lens = Vec::new();
+    while poll1(r.raw(), libc::POLLIN, 300).is_ok_and(|e| e & libc::POLLIN != 0) {
+        let m = recvmsg_with(r.raw(), 4096, 0, libc::MSG_DONTWAIT)?;
+        lens.push(m.len);
+    }
+    Ok(format!("sendmsg={sent} datagrams={lens:?}"))
+}
+
+fn sendmsg_refused_cmsgs() -> Res {
+    // Messages the kernel refuses on a datagram socket, and one of a level it skips.
+    let (r, raddr) = udp_bound(libc::AF_INET)?;
+    let (t, _) = udp_bound(libc::AF_INET)?;
+    let rights = sendmsg_cmsgs(
+        t.raw(),
+        &raddr,
+        b"r",
+        &[int_cmsg(libc::SOL_SOCKET, libc::SCM_RIGHTS, 0)],
+    );
+    let short = sendmsg_cmsgs(
+        t.raw(),
+        &raddr,
+        b"s",
+        &[(libc::IPPROTO_IP, libc::IP_PKTINFO, vec![0; 8])],
+    );
+    let unknown = sendmsg_cmsgs(t.raw(), &raddr, b"u", &[int_cmsg(libc::IPPROTO_IP, 999, 0)]);
+    let skipped = sendmsg_cmsgs(
+        t.raw(),
+        &raddr,
+        b"k",
+        &[int_cmsg(libc::IPPROTO_TCP, libc::TCP_NODELAY, 1)],
+    );
+    let mut got = Vec::new();
+    while poll1(r.raw(), libc::POLLIN, 300).is_ok_and(|e| e & libc::POLLIN != 0) {
+        let m = recvmsg_with(r.raw(), 64, 0, libc::MSG_DONTWAIT)?;
+        got.push(String::from_utf8_lossy(&m.data).into_owned());
+    }
+    Ok(format!(
+        "rights={rights} short_pktinfo={short} unknown_ip={unknown} tcp_level={skipped} \
+         delivered={got:?}"
     ))
 }

@@ -116,6 +116,11 @@ fn malformed_records_close_only_their_channel() {
             buf: 0,
             ..Req::new(Op::BufReturn, 1)
         },
+        // Control bytes that do not follow on from the ones before (none).
+        Req {
+            a: 64,
+            ..Req::new(Op::SendCtl, 1).with_bytes(&[0; 16])
+        },
     ]
     .into_iter()
     .enumerate()
@@ -144,7 +149,7 @@ fn malformed_records_close_only_their_channel() {
         }
         assert_eq!(&buf, b"ping", "case {i}");
     }
-    assert_eq!(srv.stop().bad_channels, 4);
+    assert_eq!(srv.stop().bad_channels, 5);
 }
 
 /// Fills the program's end of a readiness pair (smallest send buffer) until a send

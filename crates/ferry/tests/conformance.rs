@@ -45,14 +45,6 @@ const KNOWN_DIFFERENCES: &[(&str, &str)] = &[
         "io.stdio_fdopen",
         "stdio reads sockets through libc-internal calls the shim cannot see",
     ),
-    (
-        "clean.rlimit_socket_emfile",
-        "making a socket briefly needs two descriptors",
-    ),
-    (
-        "clean.rlimit_accept_emfile",
-        "making a socket briefly needs two descriptors",
-    ),
 ];
 
 /// More known differences when received TCP bytes come through the program's fd

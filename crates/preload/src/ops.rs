@@ -46,7 +46,9 @@ fn new_flags(domain: c_int, base_ty: c_int) -> u32 {
 
 /// A readiness pair: (program's end = the lower number, server's end).
 fn pair() -> Res<(OwnedFd, OwnedFd)> {
-    let (a, b) = ferry_sys::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC)?;
+    let (a, b) = crate::sys::one_more_fd(|| {
+        ferry_sys::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC)
+    })?;
     Ok(if a.as_raw_fd() < b.as_raw_fd() {
         (a, b)
     } else {

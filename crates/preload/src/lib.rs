@@ -42,8 +42,12 @@
 //! - Calls libc makes internally do not reach the shim: glibc's resolver (DNS sockets
 //!   are native, inside the sandbox), stdio on a socket (`fdopen`), static binaries and
 //!   raw system calls.
-//! - No control messages: `sendmsg` ignores them (logged once), `recvmsg` returns none.
-//!   Option values longer than 32 bytes are refused (`EINVAL`); `connect(AF_UNSPEC)`
+//! - Control messages travel for datagrams only (`ferry_proto::cmsg`): `recvmsg` gets
+//!   what the host socket's options ask for; `sendmsg` may carry source address, TOS/TTL,
+//!   traffic class, hop limit, don't-fragment and `UDP_SEGMENT` (others: `EINVAL`). A
+//!   stream's are ignored (logged once), and none are received on one.
+//!   Option values longer than 32 bytes are refused (`EINVAL`), privileged ones by the
+//!   server (`EPERM`); `connect(AF_UNSPEC)`
 //!   on a stream fails with `EAFNOSUPPORT` (on a datagram socket it dissolves the
 //!   association); `MSG_ERRQUEUE` finds nothing (`EAGAIN`).
 //! - A blocking `accept` cannot be interrupted by a signal and ignores `SO_RCVTIMEO`

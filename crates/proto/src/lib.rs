@@ -3,7 +3,8 @@
 //! This crate owns the *shape* of every message that crosses the sandbox boundary: the
 //! fixed-size records carried by the shared-memory rings ([`Req`] from the shim, [`Cmp`]
 //! from the server), the control messages carried by the per-thread unix socket
-//! ([`Ctl`]), socket addresses as they travel inside records ([`WireAddr`]), and the
+//! ([`Ctl`]), socket addresses as they travel inside records ([`WireAddr`]), control
+//! messages and which of them a sandbox may send ([`cmsg`]), and the
 //! validation that turns raw records written by an untrusted peer into typed values
 //! ([`Request::decode`]). It does no I/O and contains no `unsafe`.
 //!

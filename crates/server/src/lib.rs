@@ -6,7 +6,9 @@
 //! (host namespace vs. the sandbox's own namespace), performing every operation
 //! non-blocking and parking the ones that must wait, readiness tokens (and, on the pair
 //! receive path, moving a TCP socket's received bytes into its readiness pair), the egress
-//! policy, egress bonding ([`egress`]: new outgoing connections spread over several host
+//! policy, which socket options and control messages a sandbox may use (`sockopt.rs`,
+//! `ferry_proto::cmsg`: nothing that needs the server's privilege or points into its
+//! memory), egress bonding ([`egress`]: new outgoing connections spread over several host
 //! source addresses), published ports, data-path modules bound to sockets (`modules`: the
 //! server half of `ferry-modules` — binding, feeding a module the program's sends,
 //! writing its output, failing only its socket), and counters. It trusts nothing that

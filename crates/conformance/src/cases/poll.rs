@@ -18,6 +18,7 @@ pub const CASES: &[Case] = &[
     Case::new("poll.timeout_no_events", timeout_no_events),
     Case::new("poll.peer_close_rdhup", peer_close_rdhup),
     Case::new("poll.both_shut_pollhup", both_shut_pollhup),
+    Case::new("poll.reset_pollerr", reset_pollerr),
     Case::new("poll.listener_pending", listener_pending),
     Case::new("poll.listener_after_accept", poll_listener_after_accept),
     Case::new("poll.closed_fd_pollnval", closed_fd_pollnval),
@@ -122,6 +123,30 @@ fn both_shut_pollhup() -> Res {
     let r = wait_for(s.raw(), libc::POLLHUP).map(poll_names);
     let all = poll1(s.raw(), IN | OUT | libc::POLLRDHUP, 0).map(poll_names);
     Ok(format!("hup={} revents={}", show(r), show(all)))
+}
+
+/// A reset connection (the peer closed with SO_LINGER 0) polls POLLERR|POLLHUP beside
+/// whatever is still readable; the bytes that came before it are read first.
+fn reset_pollerr() -> Res {
+    let (c, s) = tcp_pair(libc::AF_INET)?;
+    send(s.raw(), b"before", 0).ctx("send")?;
+    let lg = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    crate::net::setsockopt(s.raw(), libc::SOL_SOCKET, libc::SO_LINGER, &lg).ctx("linger")?;
+    drop(s);
+    let hup = wait_for(c.raw(), libc::POLLHUP).map(poll_names);
+    let all = poll1(c.raw(), IN | OUT | libc::POLLRDHUP, 0).map(poll_names);
+    let first = recv_text(c.raw(), 16, 0);
+    let then = recv_text(c.raw(), 16, 0);
+    let after = poll1(c.raw(), IN | OUT | libc::POLLRDHUP, 0).map(poll_names);
+    Ok(format!(
+        "hup={} revents={} recv={first} then={then} revents_after={}",
+        show(hup),
+        show(all),
+        show(after)
+    ))
 }
 
 fn listener_pending() -> Res {

@@ -521,33 +521,57 @@ fn a_program_killed_mid_transfer_leaves_nothing_open() {
     );
 }
 
+/// The answer to a DNS query: every A query gets `ip`; `None` for a malformed query.
+fn dns_answer(q: &[u8], ip: std::net::Ipv4Addr) -> Option<Vec<u8>> {
+    if q.len() < 12 {
+        return None;
+    }
+    // End of the question: the name's labels, then type and class.
+    let mut at = 12;
+    while at < q.len() && q[at] != 0 {
+        at += 1 + q[at] as usize;
+    }
+    let qend = at + 5;
+    if qend > q.len() {
+        return None;
+    }
+    let qtype = u16::from_be_bytes([q[at + 1], q[at + 2]]);
+    let mut r = q[..qend].to_vec();
+    r[2] = 0x81; // response, recursion desired
+    r[3] = 0x80; // recursion available, no error
+    r[6..8].copy_from_slice(&u16::from(qtype == 1).to_be_bytes()); // answers
+    r[8..12].fill(0);
+    if qtype == 1 {
+        r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4]);
+        r.extend_from_slice(&ip.octets());
+    }
+    Some(r)
+}
+
 /// Answers every A query with `ip` (a stand-in for a real nameserver).
 fn dns_responder(sock: std::net::UdpSocket, ip: std::net::Ipv4Addr) {
     let mut buf = [0u8; 1500];
     while let Ok((n, from)) = sock.recv_from(&mut buf) {
-        if n < 12 {
-            continue;
+        if let Some(r) = dns_answer(&buf[..n], ip) {
+            let _ = sock.send_to(&r, from);
         }
-        // End of the question: the name's labels, then type and class.
-        let mut at = 12;
-        while at < n && buf[at] != 0 {
-            at += 1 + buf[at] as usize;
+    }
+}
+
+/// The same over TCP (each message after its 2-byte length), one connection at a time.
+fn dns_tcp_responder(l: std::net::TcpListener, ip: std::net::Ipv4Addr) {
+    use std::io::{Read, Write};
+    for mut c in l.incoming().flatten() {
+        let mut len = [0u8; 2];
+        while c.read_exact(&mut len).is_ok() {
+            let mut q = vec![0u8; u16::from_be_bytes(len) as usize];
+            if c.read_exact(&mut q).is_err() {
+                break;
+            }
+            let Some(r) = dns_answer(&q, ip) else { break };
+            let _ = c.write_all(&(r.len() as u16).to_be_bytes());
+            let _ = c.write_all(&r);
         }
-        let qend = at + 5;
-        if qend > n {
-            continue;
-        }
-        let qtype = u16::from_be_bytes([buf[at + 1], buf[at + 2]]);
-        let mut r = buf[..qend].to_vec();
-        r[2] = 0x81; // response, recursion desired
-        r[3] = 0x80; // recursion available, no error
-        r[6..8].copy_from_slice(&u16::from(qtype == 1).to_be_bytes()); // answers
-        r[8..12].fill(0);
-        if qtype == 1 {
-            r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4]);
-            r.extend_from_slice(&ip.octets());
-        }
-        let _ = sock.send_to(&r, from);
     }
 }
 
@@ -571,6 +595,11 @@ fn names_resolve_through_the_dns_forwarder() {
         .unwrap()
         .unwrap();
     std::thread::spawn(move || dns_responder(sock, ip));
+    let tcp = r
+        .run_in(|| std::net::TcpListener::bind((ip, 53)))
+        .unwrap()
+        .unwrap();
+    std::thread::spawn(move || dns_tcp_responder(tcp, ip));
     let dir = TempDir::new("dns");
     std::fs::write(dir.path().join("hello.txt"), "resolved").unwrap();
     let _nginx = remote_nginx(&r, dir.path(), dir.path(), 8084);
@@ -597,6 +626,25 @@ fn names_resolve_through_the_dns_forwarder() {
         "{}",
         text(&o)
     );
+    // Over TCP (glibc's `use-vc`, as for an answer too big for UDP).
+    let o = ferry_run(
+        &["--dns", &upstream, "--stats-json", stats.to_str().unwrap()],
+        &[
+            "env",
+            "RES_OPTIONS=use-vc",
+            "getent",
+            "ahostsv4",
+            "tcp.ferry.test",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).starts_with(&format!("{ip} ")),
+        "{}",
+        text(&o)
+    );
+    let json = std::fs::read_to_string(&stats).unwrap();
+    assert!(!json.contains("\"dns_tcp\":0,"), "{json}");
     // With DNS off the name does not resolve.
     let o = ferry_run(&["--dns", "off"], &["getent", "ahostsv4", "web.ferry.test"]);
     assert!(!o.status.success(), "{}", text(&o));

@@ -28,6 +28,7 @@ const T_INBOX: u64 = 7;
 const T_HELLO: u64 = 8;
 const T_DNS_IN: u64 = 9;
 const T_DNS_UP: u64 = 10;
+const T_DNS_TCP: u64 = 11;
 
 pub(crate) fn token(kind: u64, idx: u32) -> u64 {
     kind << 56 | u64::from(idx)
@@ -241,7 +242,7 @@ impl Server {
             libc::SOCK_RAW | libc::SOCK_CLOEXEC,
             libc::NETLINK_ROUTE,
         )?;
-        let mut inside = Vec::new();
+        let (mut inside, mut inside_tcp) = (Vec::new(), Vec::new());
         for ip in listen {
             if !ip.is_loopback() {
                 let prefix = if ip.is_ipv4() { 32 } else { 128 };
@@ -260,11 +261,30 @@ impl Server {
             ferry_sys::set_nonblocking(fd.as_fd(), true)?;
             ferry_sys::bind(fd.as_fd(), &std::net::SocketAddr::new(*ip, 53))?;
             inside.push(fd);
+            let l = self.shared.sandbox_socket(
+                domain,
+                libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+            )?;
+            ferry_sys::set_nonblocking(l.as_fd(), true)?;
+            ferry_sys::setsockopt(
+                l.as_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_REUSEADDR,
+                &1i32.to_ne_bytes(),
+            )?;
+            ferry_sys::bind(l.as_fd(), &std::net::SocketAddr::new(*ip, 53))?;
+            ferry_sys::listen(l.as_fd(), 64)?;
+            inside_tcp.push(l);
         }
-        let dns = crate::dns::Dns::new(inside, upstream)?;
+        let dns = crate::dns::Dns::new(inside, inside_tcp, upstream)?;
         for (i, fd) in dns.inside.iter().enumerate() {
             self.epoll
                 .add(fd.as_fd(), libc::EPOLLIN as u32, token(T_DNS_IN, i as u32))?;
+        }
+        for (i, fd) in dns.inside_tcp.iter().enumerate() {
+            self.epoll
+                .add(fd.as_fd(), libc::EPOLLIN as u32, token(T_DNS_TCP, i as u32))?;
         }
         self.epoll.add(
             dns.outside.as_fd(),
@@ -445,6 +465,11 @@ impl Server {
             T_DNS_UP => {
                 if let Some(d) = self.dns.as_mut() {
                     d.from_upstream();
+                }
+            }
+            T_DNS_TCP => {
+                if let Some(d) = self.dns.as_mut() {
+                    d.accept_tcp(idx as usize);
                 }
             }
             T_INBOX => {
@@ -990,6 +1015,7 @@ impl Server {
         if let Some(d) = &self.dns {
             self.stats.dns_queries = d.queries;
             self.stats.dns_answers = d.answers;
+            self.stats.dns_tcp = d.tcp_connections;
         }
         let socks: Vec<_> = self.socks.values().map(|s| s.stats).collect();
         self.stats.sockets.extend(socks);

@@ -82,6 +82,8 @@ pub struct ServerStats {
     pub dns_queries: u64,
     /// DNS answers delivered.
     pub dns_answers: u64,
+    /// DNS-over-TCP connections relayed.
+    pub dns_tcp: u64,
     /// Distinct data-path modules compiled.
     pub modules_loaded: u64,
     /// Module instances started on sockets.
@@ -206,7 +208,7 @@ impl ServerStats {
             })
             .collect();
         format!(
-            r#"{{"server":"{}","requests":{},"bytes_out":{},"bytes_in":{},"sockets_created":{},"sockets_handed":{},"sockets_adopted":{},"turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"empty_reads":{},"bad_channels":{},"denied":{},"open_at_stop":{},"dns_queries":{},"dns_answers":{},"modules_loaded":{},"modules_started":{},"modules_failed":{},"module_refused":{},"module_bytes_out":{},"module_start_ns":{},"module_init_ns":{},"module_write_ns":{},"channels":[{}],"sockets":[{}],"egress":[{}]}}"#,
+            r#"{{"server":"{}","requests":{},"bytes_out":{},"bytes_in":{},"sockets_created":{},"sockets_handed":{},"sockets_adopted":{},"turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"empty_reads":{},"bad_channels":{},"denied":{},"open_at_stop":{},"dns_queries":{},"dns_answers":{},"dns_tcp":{},"modules_loaded":{},"modules_started":{},"modules_failed":{},"module_refused":{},"module_bytes_out":{},"module_start_ns":{},"module_init_ns":{},"module_write_ns":{},"channels":[{}],"sockets":[{}],"egress":[{}]}}"#,
             self.id,
             self.requests,
             self.bytes_out,
@@ -224,6 +226,7 @@ impl ServerStats {
             self.open_at_stop,
             self.dns_queries,
             self.dns_answers,
+            self.dns_tcp,
             self.modules_loaded,
             self.modules_started,
             self.modules_failed,
@@ -276,6 +279,7 @@ pub fn merge(servers: &[ServerStats]) -> ServerStats {
         t.denied += s.denied;
         t.dns_queries += s.dns_queries;
         t.dns_answers += s.dns_answers;
+        t.dns_tcp += s.dns_tcp;
         t.open_at_stop += s.open_at_stop;
         t.modules_loaded += s.modules_loaded;
         t.modules_started += s.modules_started;

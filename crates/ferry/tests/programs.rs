@@ -865,3 +865,67 @@ fn module_on_a_destination_gzips_what_the_program_sends() {
     assert!(plain.status.success(), "gzip -d: {}", text(&plain));
     assert!(plain.stdout == body.as_bytes(), "decompressed bytes differ");
 }
+
+/// Writes the shim cannot see (stdio's, a shell's builtins) reach the fd itself, that
+/// is the readiness pair; the server sends them on, in order with the program's other
+/// sends. A shell script speaks HTTP over bash's `/dev/tcp` (its `printf` builtin writes
+/// through stdio), and awk uploads 6.9 MB through stdio: both as natively.
+#[test]
+fn shell_and_stdio_writes_reach_the_peer() {
+    if !can_run(&["bash", "awk", "nginx", "ip"]) {
+        return;
+    }
+    let r = remote("stdio");
+    let dir = TempDir::new("stdio");
+    std::fs::write(dir.path().join("hello.txt"), "over /dev/tcp\n").unwrap();
+    let _nginx = remote_nginx(&r, dir.path(), dir.path(), 8085);
+    let ip = r.remote_ip();
+    let script = format!(
+        "exec 3<>/dev/tcp/{ip}/8085; printf 'GET /hello.txt HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n' >&3; \
+         cat <&3"
+    );
+    let native = std::process::Command::new("bash")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    // Bounded: before the pair was read, this hung.
+    let ferry = ferry_run(&[], &["timeout", "30", "bash", "-c", &script]);
+    assert!(ferry.status.success(), "{}", text(&ferry));
+    let body = |o: &std::process::Output| {
+        let t = String::from_utf8_lossy(&o.stdout).into_owned();
+        t.split("\r\n\r\n").nth(1).map(str::to_owned)
+    };
+    assert_eq!(
+        body(&native).as_deref(),
+        Some("over /dev/tcp\n"),
+        "{}",
+        text(&native)
+    );
+    assert_eq!(body(&ferry), body(&native), "{}", text(&ferry));
+
+    // A sink in the remote namespace: the bytes of each connection, in order.
+    let sink = r
+        .run_in(|| std::net::TcpListener::bind((ip, 9185)))
+        .unwrap()
+        .unwrap();
+    let got = std::thread::spawn(move || {
+        use std::io::Read;
+        let (mut c, _) = sink.accept().unwrap();
+        let mut v = Vec::new();
+        c.read_to_end(&mut v).unwrap();
+        v
+    });
+    let awk = "BEGIN { for (i = 0; i < 1000000; i++) print i }";
+    let upload = format!("exec 3<>/dev/tcp/{ip}/9185; awk '{awk}' >&3; echo end >&3");
+    let o = ferry_run(&[], &["timeout", "60", "bash", "-c", &upload]);
+    assert!(o.status.success(), "{}", text(&o));
+    let got = got.join().unwrap();
+    let mut want = std::process::Command::new("awk")
+        .arg(awk)
+        .output()
+        .unwrap()
+        .stdout;
+    want.extend_from_slice(b"end\n");
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "the uploaded bytes differ");
+}

@@ -768,12 +768,16 @@ fn move_high(fd: OwnedFd, floor: i32) -> OwnedFd {
 /// has sent and its peer has not read yet takes at most a quarter of its send buffer
 /// (`unix_writable`), and a send fails with `EAGAIN` only once that reaches the whole
 /// buffer; so the send buffer is made as small as the kernel allows (the program never
-/// sees it: its `SO_SNDBUF` is the host socket's) and filled up. Used for a send that
+/// sees it: its `SO_SNDBUF` is the host socket's) and filled up, after an out-of-band
+/// marker byte that tells the server where the filler starts. Used for a send that
 /// found no room and, for good, for a listener (never writable in the kernel).
 pub fn fill_pair(fd: c_int) {
     // SAFETY: the program's end of a ferry socket, open for the duration of the call.
     let b = unsafe { ferry_sys::borrow(fd) };
     let _ = ferry_sys::setsockopt(b, libc::SOL_SOCKET, libc::SO_SNDBUF, &1i32.to_ne_bytes());
+    // The marker: the server's reads stop at it, so the bytes before it are the
+    // program's own writes (calls the shim cannot see), the bytes after it filler.
+    let _ = ferry_sys::send_oob(b, 0);
     let filler = [0u8; 4096];
     // Two sends fill the smallest buffer; the bound is for an end whose buffer was
     // enlarged behind ferry's back.

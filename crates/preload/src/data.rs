@@ -162,6 +162,10 @@ pub unsafe fn send(
             );
             Vec::new()
         };
+        let nonblock = s.nonblock() || flags & libc::MSG_DONTWAIT != 0;
+        if s.reads_pair() {
+            pair_taken(ch, &s, nonblock)?;
+        }
         let total = cur.remaining();
         let bs = ch.buf_size();
         if s.dgram() && total > bs.min(max_datagram(&s)) {
@@ -170,7 +174,6 @@ pub unsafe fn send(
         if !s.dgram() && total == 0 {
             return Ok(0);
         }
-        let nonblock = s.nonblock() || flags & libc::MSG_DONTWAIT != 0;
         let w = Wait::after(TABLE.timeouts(s.fd).1, Errno::EAGAIN);
         let mut sent = 0usize;
         while let Some((b, off, cap)) = next_slot(ch, &s, total - sent, nonblock, w, sent)? {
@@ -201,6 +204,35 @@ pub unsafe fn send(
         Ok(sent)
     })
     .map_err(|e| e.down_as(libc::EPIPE))
+}
+
+/// Before a send on an `rx_pair` stream: bytes the program wrote into the fd itself,
+/// with calls the shim does not see (stdio, a shell's builtins, a raw system call), are
+/// still in the pair; the server sends them out in order after the sends queued
+/// before them. This send must follow them, so it waits until the server has taken
+/// them (one `ioctl` when there are none, the usual case), or fails with `EAGAIN` on a
+/// non-blocking socket. A filler left in the pair (the fd polls unwritable) is taken
+/// when the server has room again, so a blocking send waits for that too.
+fn pair_taken(ch: &mut Channel, s: &Sock, nonblock: bool) -> Res<()> {
+    let empty = || crate::sys::outq(s.fd).map_or(true, |n| n == 0);
+    if empty() {
+        return Ok(());
+    }
+    if nonblock {
+        return Err(Errno::EAGAIN);
+    }
+    ch.flush();
+    loop {
+        let spin = std::time::Duration::from_millis(1);
+        if spin_for(ch.spin_policy(), spin, || empty().then_some(())).is_some() {
+            return Ok(());
+        }
+        ch.check_alive()?;
+        std::thread::sleep(std::time::Duration::from_micros(200));
+        if empty() {
+            return Ok(());
+        }
+    }
 }
 
 /// `recv`/`recvfrom`/`recvmsg`/`read`/`readv`.

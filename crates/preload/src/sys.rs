@@ -44,6 +44,27 @@ pub fn set_cloexec(fd: c_int, on: bool) -> io::Result<()> {
     .map(drop)
 }
 
+/// `ioctl(fd, SIOCOUTQ)`: what a socket has sent that its peer has not taken yet
+/// (for a unix socket, the memory of those messages, not a byte count).
+pub fn outq(fd: c_int) -> io::Result<c_int> {
+    let mut v: c_int = 0;
+    // SAFETY: SIOCOUTQ writes one int into `v`, a live local.
+    unsafe {
+        raw(
+            libc::SYS_ioctl,
+            [
+                fd.into(),
+                libc::TIOCOUTQ as c_long,
+                &mut v as *mut c_int as c_long,
+                0,
+                0,
+                0,
+            ],
+        )
+    }?;
+    Ok(v)
+}
+
 /// Receives (or with `MSG_PEEK`, looks at) at most one byte; `Ok(0)` at end of stream.
 pub fn recv_byte(fd: c_int, flags: c_int) -> io::Result<usize> {
     let mut b = [0u8; 1];

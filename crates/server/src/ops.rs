@@ -48,6 +48,8 @@ const RX_SCRATCH: usize = 64 * 1024;
 const RX_SPLICE: usize = 64 * 1024;
 /// `rx_pair`: a splice that moves less than this ends a stream's bulk mode.
 const SPLICE_MIN: usize = 16 * 1024;
+/// Most bytes the program wrote into its pair that one host send takes.
+const PAIR_INPUT_CHUNK: usize = 64 * 1024;
 /// `rx_pair`: the server's pipe (pages, not bytes, are what a splice fills: room for
 /// many small segments).
 const RX_PIPE: usize = 1 << 20;
@@ -116,17 +118,28 @@ impl Server {
         }
     }
 
-    /// Reads and discards what the program's side wrote into socket `id`'s readiness
-    /// pair (filler, or anything else a sandbox writes there), so that the program's end
-    /// is writable again. One read, larger than the filler the shim writes: a loop of
-    /// reads could also take the filler of the program's *next* `EAGAIN` (written as
-    /// soon as the first read makes the fd writable) and leave the fd writable with no
-    /// room behind it. Bounded work: a sandbox that enlarged its end's send buffer keeps
-    /// its own fd unwritable, nothing more.
+    /// Reads and discards the filler the shim wrote into socket `id`'s readiness pair,
+    /// so that the program's end is writable again. On a connected stream of the pair
+    /// path, the program's own bytes before the filler's marker go out first
+    /// ([`Server::pair_input`]), which drains the filler when it reaches the mark. One
+    /// read, larger than the filler the shim writes: a loop of reads could also take the
+    /// filler of the program's *next* `EAGAIN` (written as soon as the first read makes
+    /// the fd writable) and leave the fd writable with no room behind it (a read also
+    /// stops at the next filler's marker). Bounded work: a sandbox that enlarged its
+    /// end's send buffer keeps its own fd unwritable, nothing more.
     pub(crate) fn drain_filler(&mut self, id: u32) {
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
+        if s.takes_pair_input() {
+            s.filler_due = true;
+            self.pair_input(id);
+            return;
+        }
+        Self::drain_filler_now(s);
+    }
+
+    fn drain_filler_now(s: &mut Sock) {
         let mut buf = [0u8; 16 << 10];
         let _ = ferry_sys::recv_with_fds(s.pair.as_fd(), &mut buf, libc::MSG_DONTWAIT);
         s.stats.room_waits += 1;
@@ -395,9 +408,13 @@ impl Server {
                 let how = r.a as i32;
                 // A module's output goes before the FIN; its input ends here.
                 let module = self.modules.is_bound(id);
+                if how != libc::SHUT_RD {
+                    // What the program wrote into the pair itself goes before the FIN.
+                    self.pair_input(id);
+                }
                 let s = self.sock(id).expect("checked above");
                 let res = if (how == libc::SHUT_WR || how == libc::SHUT_RDWR)
-                    && (!s.txq.is_empty() || module)
+                    && (!s.txq.is_empty() || s.pair_in_wait || module)
                 {
                     s.shut_wr_pending = true;
                     if how == libc::SHUT_RDWR {
@@ -808,15 +825,123 @@ impl Server {
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
-        if s.txq.is_empty() {
-            if s.shut_wr_pending {
-                s.shut_wr_pending = false;
-                let _ = ferry_sys::shutdown(s.fd.as_fd(), libc::SHUT_WR);
+        if !s.txq.is_empty() {
+            return;
+        }
+        if s.pair_in_wait {
+            // The program's own bytes in the pair came after these sends.
+            self.pair_input(id);
+        }
+        self.after_sends(id);
+    }
+
+    /// Once everything the program sent is out (queued sends and its own bytes in the
+    /// pair): a pending `shutdown` for writing happens, a closed socket can go.
+    fn after_sends(&mut self, id: u32) {
+        let Some(s) = self.socks.get_mut(&id) else {
+            return;
+        };
+        if !s.txq.is_empty() || s.pair_in_wait {
+            return;
+        }
+        if s.shut_wr_pending {
+            s.shut_wr_pending = false;
+            let _ = ferry_sys::shutdown(s.fd.as_fd(), libc::SHUT_WR);
+        }
+        if s.app_closed {
+            self.dirty.push(id);
+        }
+    }
+
+    /// Bytes the program wrote straight into its end of socket `id`'s pair, with calls
+    /// the shim cannot see (stdio's, a shell's builtins, a raw `write` system call),
+    /// go out on the host socket after the sends queued before them. The shim's filler
+    /// ([`Op::WantRoom`]) starts with an out-of-band marker byte and a read stops at
+    /// the mark, so what lies before it is the program's data and what follows it is
+    /// filler, taken only when due (`filler_due`). The bytes are peeked, sent, and then
+    /// taken as far as the host socket accepted them: nothing is lost when it is full
+    /// (its `EPOLLOUT` resumes this, and the program's end fills up meanwhile, as a
+    /// full socket's would).
+    pub(crate) fn pair_input(&mut self, id: u32) {
+        let mut buf = Vec::new();
+        loop {
+            let Some(s) = self.socks.get_mut(&id) else {
+                return;
+            };
+            if !s.takes_pair_input() {
+                return;
             }
-            if s.app_closed {
-                self.dirty.push(id);
+            if !s.txq.is_empty() {
+                s.pair_in_wait = true;
+                return;
+            }
+            buf.resize(PAIR_INPUT_CHUNK, 0);
+            let pair = s.pair.as_fd();
+            let at_mark = |fd| ferry_sys::at_mark(fd).unwrap_or(false);
+            let n = if at_mark(pair) {
+                0
+            } else {
+                ferry_sys::recv(pair, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT).unwrap_or(0)
+            };
+            if n == 0 || at_mark(pair) {
+                // At a filler's marker (a peek that started there saw filler), or empty
+                // (then no filler is coming: a drain asked of an unfilled pair).
+                if n > 0 {
+                    continue;
+                }
+                let was_waiting = std::mem::take(&mut s.pair_in_wait);
+                if std::mem::take(&mut s.filler_due) && at_mark(pair) {
+                    Self::drain_filler_now(s);
+                }
+                if was_waiting && (s.shut_wr_pending || s.app_closed) {
+                    self.after_sends(id);
+                }
+                return;
+            }
+            // Looked at after the bytes: a send the program queued before writing them
+            // is in a ring by now, and goes first (at the end of this pass over the
+            // rings).
+            if self.rings_pending() {
+                let s = self.socks.get_mut(&id).expect("looked up above");
+                s.pair_in_wait = true;
+                self.pair_resume.push(id);
+                return;
+            }
+            let s = self.socks.get_mut(&id).expect("looked up above");
+            s.pair_in_wait = false;
+            let pair = s.pair.as_fd();
+            match ferry_sys::send_nosignal(s.fd.as_fd(), &buf[..n]) {
+                Ok(k) => {
+                    let _ = ferry_sys::recv(pair, &mut buf[..k], libc::MSG_DONTWAIT);
+                    s.stats.bytes_out += k as u64;
+                    self.stats.bytes_out += k as u64;
+                    if k < n {
+                        s.pair_in_wait = true;
+                        return;
+                    }
+                }
+                Err(e) if would_block(&e) => {
+                    s.pair_in_wait = true;
+                    return;
+                }
+                Err(e) => {
+                    // The connection is broken; the program's write had already
+                    // succeeded, so these bytes are dropped as a kernel socket's unsent
+                    // ones would be.
+                    debug!("socket {id}: bytes from the pair not sent: {e}");
+                    let _ = ferry_sys::recv(pair, &mut buf[..n], libc::MSG_DONTWAIT);
+                    return;
+                }
             }
         }
+    }
+
+    /// Whether a channel has records the server has not taken yet.
+    fn rings_pending(&mut self) -> bool {
+        self.channels
+            .iter_mut()
+            .flatten()
+            .any(|c| c.ep.rx.available().unwrap_or(0) > 0)
     }
 
     fn recv(&mut self, ch: u32, id: u32, tag: u32, len: u32, flags: i32, nonblock: bool) {

@@ -69,6 +69,9 @@ pub struct Server {
     init_pid: Option<i32>,
     /// The sandbox's DNS forwarder, when enabled.
     dns: Option<crate::dns::Dns>,
+    /// Sockets whose program-written pair bytes wait for this pass over the rings
+    /// (see `Server::pair_input`).
+    pub(crate) pair_resume: Vec<u32>,
     /// Data-path modules bound to sockets (`modules.rs`).
     pub(crate) modules: crate::modules::Modules,
     /// A unix socket made in the sandbox's network namespace, unbound: binding it to a
@@ -136,6 +139,7 @@ impl Server {
             next_hello: 0,
             init_pid: None,
             dns: None,
+            pair_resume: Vec::new(),
             modules,
             name_probe: None,
         })
@@ -417,6 +421,9 @@ impl Server {
             }
         }
         self.flush_pending();
+        for id in std::mem::take(&mut self.pair_resume) {
+            self.pair_input(id);
+        }
         total
     }
 
@@ -444,16 +451,22 @@ impl Server {
             {
                 self.app_closed(idx)
             }
-            // Room in a pair: only a socket with bytes waiting for it needs a pump (the
-            // others hear of new bytes from their host socket).
-            T_PAIR
+            T_PAIR => {
+                if ev.events & libc::EPOLLIN as u32 != 0 {
+                    // Sends the program queued before it wrote into the pair go first.
+                    self.drain_rings();
+                    self.pair_input(idx);
+                }
+                // Room in a pair: only a socket with bytes waiting for it needs a pump
+                // (the others hear of new bytes from their host socket).
                 if ev.events & libc::EPOLLOUT as u32 != 0
                     && self
                         .socks
                         .get(&idx)
-                        .is_some_and(|s| !s.rx_pending.is_empty() || s.oob_byte.is_some()) =>
-            {
-                self.pump(idx)
+                        .is_some_and(|s| !s.rx_pending.is_empty() || s.oob_byte.is_some())
+                {
+                    self.pump(idx)
+                }
             }
             T_PUBLISH => self.publish_event(idx as usize),
             T_HELLO => self.hello(idx),
@@ -781,6 +794,8 @@ impl Server {
             pair_detached: false,
             oob_due: false,
             oob_byte: None,
+            pair_in_wait: false,
+            filler_due: false,
             extra_tokens: 0,
             last_ch: 0,
             stats: crate::SocketStats {
@@ -800,8 +815,9 @@ impl Server {
         if let Err(e) = self.epoll.add(
             sock.pair.as_fd(),
             if sock.rx_pair {
-                // Room in the pair resumes a pump that stopped on a full pair.
-                (libc::EPOLLRDHUP | libc::EPOLLOUT | libc::EPOLLET) as u32
+                // Room in the pair resumes a pump that stopped on a full pair; bytes
+                // from the program's end are its writes the shim did not see.
+                (libc::EPOLLRDHUP | libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLET) as u32
             } else {
                 libc::EPOLLRDHUP as u32
             },
@@ -937,6 +953,8 @@ impl Server {
     }
 
     pub(crate) fn app_closed(&mut self, id: u32) {
+        // What the program wrote into its end before closing it still goes out.
+        self.pair_input(id);
         if let Some(s) = self.socks.get_mut(&id)
             && !s.app_closed
         {
@@ -968,7 +986,7 @@ impl Server {
             // A thread still blocked on the socket keeps it, as with the kernel (a close
             // in another thread does not end a blocked recv). A module writes its output
             // first.
-            let idle = s.app_closed && s.txq.is_empty() && s.parked.is_empty();
+            let idle = s.app_closed && s.txq.is_empty() && !s.pair_in_wait && s.parked.is_empty();
             if idle && self.module_settled(id) {
                 let s = self.socks.remove(&id).expect("just looked it up");
                 let _ = self.epoll.delete(s.fd.as_fd());
@@ -987,7 +1005,11 @@ impl Server {
         // Push out what the sandbox queued before it went away, briefly.
         let deadline = Instant::now() + std::time::Duration::from_millis(500);
         while Instant::now() < deadline
-            && (self.socks.values().any(|s| !s.txq.is_empty()) || self.modules.busy())
+            && (self
+                .socks
+                .values()
+                .any(|s| !s.txq.is_empty() || s.pair_in_wait)
+                || self.modules.busy())
         {
             self.drain_rings();
             let ids: Vec<u32> = self.socks.keys().copied().collect();

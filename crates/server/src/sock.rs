@@ -139,6 +139,12 @@ pub(crate) struct Sock {
     /// end reports `EPOLLHUP` while the program's end is still open (see
     /// `Server::app_alive`).
     pub hup_mirrored: bool,
+    /// `rx_pair`: bytes the program wrote straight into the pair wait for room on the
+    /// host socket (or for the sends queued before them); see `Server::pair_input`.
+    pub pair_in_wait: bool,
+    /// `rx_pair`: the filler is to be drained once the program's bytes before its
+    /// marker are out.
+    pub filler_due: bool,
     /// Extra tokens written since the last drain (one per new-data edge, capped).
     pub extra_tokens: u8,
     /// The channel that last used this socket (where unsolicited errors go).
@@ -160,6 +166,16 @@ impl Drop for Sock {
 impl Sock {
     pub(crate) fn is_stream(&self) -> bool {
         self.ty == libc::SOCK_STREAM
+    }
+
+    /// A connected stream of the pair path whose pair holds nothing but what the
+    /// program wrote and the shim's marked fillers (not a connect's filler).
+    pub(crate) fn takes_pair_input(&self) -> bool {
+        self.reads_pair()
+            && !self.connecting
+            && !self.connect_filled
+            && !self.pair_detached
+            && unix_oob_works()
     }
 
     /// A connected stream whose received bytes go through the pair (`rx_pair`).
@@ -224,4 +240,20 @@ impl Sock {
     pub(crate) fn hup_to_mirror(&self) -> bool {
         self.hup_due && self.eof_mirrored && !self.hup_mirrored && !self.app_closed
     }
+}
+
+/// Whether this kernel's unix stream sockets carry out-of-band bytes (Linux 5.15 and
+/// later, `CONFIG_AF_UNIX_OOB`), which mark where the shim's filler starts. Without
+/// them, bytes in the pair cannot be told from filler and are never forwarded.
+pub(crate) fn unix_oob_works() -> bool {
+    static WORKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WORKS.get_or_init(|| {
+        use std::os::fd::AsFd;
+        let Ok((a, b)) =
+            ferry_sys::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC)
+        else {
+            return false;
+        };
+        ferry_sys::send_oob(a.as_fd(), 0).is_ok() && ferry_sys::at_mark(b.as_fd()).unwrap_or(false)
+    })
 }

@@ -38,6 +38,7 @@ pub const CASES: &[Case] = &[
     Case::new("io.fortified_chk", fortified_chk),
     Case::new("io.fortified_poll_fdelt", fortified_poll_fdelt),
     Case::new("io.stdio_fdopen", stdio_fdopen),
+    Case::new("io.stdio_mixed_with_send", stdio_mixed_with_send),
 ];
 
 unsafe extern "C" {
@@ -409,6 +410,56 @@ fn fortified_poll_fdelt() -> Res {
         "__poll_chk={n} revents={} __fdelt_chk=fd/{bits}:{}",
         poll_names(p.revents),
         word == c_long::from(s.raw()) / bits
+    ))
+}
+
+/// Lines written in turn through stdio (`fprintf` + `fflush` on a `dup` of the socket)
+/// and with `send`, in program order: the peer gets them in that order.
+fn stdio_mixed_with_send() -> Res {
+    let (c, s) = tcp_pair(libc::AF_INET)?;
+    let dup = sys!(libc::dup(c.raw())).ctx("dup")?;
+    let f = unsafe { libc::fdopen(dup, c"w".as_ptr()) };
+    if f.is_null() {
+        return Err(format!("fdopen={}", crate::sys::Errno::last()));
+    }
+    let reader = std::thread::spawn({
+        let s = s.raw();
+        move || {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                // SAFETY (crate policy): a live buffer of its length.
+                let n = unsafe { libc::recv(s, buf.as_mut_ptr().cast(), buf.len(), 0) };
+                if n <= 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n as usize]);
+            }
+            got
+        }
+    });
+    let mut want = Vec::new();
+    for i in 0..300 {
+        let line = format!("line {i}\n");
+        if i % 3 == 0 {
+            let c_line = std::ffi::CString::new(line.clone()).expect("no NUL");
+            unsafe {
+                libc::fputs(c_line.as_ptr(), f);
+                libc::fflush(f);
+            }
+        } else {
+            send(c.raw(), line.as_bytes(), 0).ctx("send")?;
+        }
+        want.extend_from_slice(line.as_bytes());
+    }
+    let closed = unsafe { libc::fclose(f) };
+    sys!(libc::shutdown(c.raw(), libc::SHUT_WR)).ctx("shutdown")?;
+    let got = reader.join().map_err(|_| "reader panicked".to_string())?;
+    drop(s);
+    Ok(format!(
+        "fclose={closed} bytes={} in_order={}",
+        got.len(),
+        got == want
     ))
 }
 

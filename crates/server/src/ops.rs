@@ -881,7 +881,14 @@ impl Server {
             let n = if at_mark(pair) {
                 0
             } else {
-                ferry_sys::recv(pair, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT).unwrap_or(0)
+                match ferry_sys::recv(pair, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        // Kept for `app_closed`, which would have read it as SO_ERROR.
+                        s.pair_reset |= e.raw_os_error() == Some(libc::ECONNRESET);
+                        0
+                    }
+                }
             };
             if n == 0 || at_mark(pair) {
                 // At a filler's marker (a peek that started there saw filler), or empty

@@ -795,6 +795,7 @@ impl Server {
             oob_due: false,
             oob_byte: None,
             pair_in_wait: false,
+            pair_reset: false,
             filler_due: false,
             extra_tokens: 0,
             last_ch: 0,
@@ -953,25 +954,28 @@ impl Server {
     }
 
     pub(crate) fn app_closed(&mut self, id: u32) {
-        // What the program wrote into its end before closing it still goes out.
-        self.pair_input(id);
-        if let Some(s) = self.socks.get_mut(&id)
-            && !s.app_closed
-        {
-            s.app_closed = true;
-            if s.rx_pair && s.connected {
-                // Closed with bytes unread (the kernel marks our end ECONNRESET when
-                // the program's end goes with data queued): the peer gets a reset, as
-                // from a kernel socket closed with unread data.
-                let unread = !s.rx_pending.is_empty()
-                    || ferry_sys::getsockopt_int(s.pair.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
-                        .is_ok_and(|e| e == libc::ECONNRESET);
-                if unread {
-                    let _ = ferry_sys::linger_reset(s.fd.as_fd());
-                }
+        let Some(s) = self.socks.get_mut(&id).filter(|s| !s.app_closed) else {
+            return;
+        };
+        s.app_closed = true;
+        let mut reset = false;
+        if s.rx_pair && s.connected {
+            // Closed with bytes unread (the kernel marks our end ECONNRESET when the
+            // program's end goes with data queued): the peer gets a reset, as from a
+            // kernel socket closed with unread data.
+            reset = s.pair_reset
+                || !s.rx_pending.is_empty()
+                || ferry_sys::getsockopt_int(s.pair.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
+                    .is_ok_and(|e| e == libc::ECONNRESET);
+            if reset {
+                let _ = ferry_sys::linger_reset(s.fd.as_fd());
             }
-            let _ = self.epoll.delete(s.pair.as_fd());
-            self.dirty.push(id);
+        }
+        let _ = self.epoll.delete(s.pair.as_fd());
+        self.dirty.push(id);
+        if !reset {
+            // What the program wrote into its end before closing it still goes out.
+            self.pair_input(id);
         }
     }
 

@@ -142,6 +142,9 @@ pub(crate) struct Sock {
     /// `rx_pair`: bytes the program wrote straight into the pair wait for room on the
     /// host socket (or for the sends queued before them); see `Server::pair_input`.
     pub pair_in_wait: bool,
+    /// `rx_pair`: a read of our end found it reset (the program closed its end with
+    /// bytes unread), an error the kernel reports once.
+    pub pair_reset: bool,
     /// `rx_pair`: the filler is to be drained once the program's bytes before its
     /// marker are out.
     pub filler_due: bool,

@@ -40,8 +40,11 @@
 //! # Limitations
 //!
 //! - Calls libc makes internally do not reach the shim: glibc's resolver (DNS sockets
-//!   are native, inside the sandbox), stdio on a socket (`fdopen`), static binaries and
-//!   raw system calls.
+//!   are native, inside the sandbox), static binaries and raw system calls. What such
+//!   calls write or read on a ferry fd goes through the pair: with `--rx pair` (the
+//!   default) that works for a connected stream (stdio on a socket, bash's `/dev/tcp`):
+//!   the server sends on what the program wrote there, and a send waits until it has
+//!   (`data::pair_taken`); with `--rx ring` it does not.
 //! - Control messages travel for datagrams only (`ferry_proto::cmsg`): `recvmsg` gets
 //!   what the host socket's options ask for; `sendmsg` may carry source address, TOS/TTL,
 //!   traffic class, hop limit, don't-fragment and `UDP_SEGMENT` (others: `EINVAL`). A

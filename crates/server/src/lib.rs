@@ -37,7 +37,10 @@
 //! The pair also carries what the kernel's socket would show: a hang-up shuts both of
 //! its directions (POLLHUP), urgent data goes in as the unix socket's own out-of-band
 //! byte (POLLPRI, SIGURG, `recv(MSG_OOB)`), and a failed non-blocking connect closes the
-//! server's end with the shim's filler unread (POLLERR). Whenever the server's own end
+//! server's end with the shim's filler unread (POLLERR). In the other direction the
+//! server reads what the program wrote into its end itself (stdio, a shell's builtins)
+//! and sends it on the host socket (`Server::pair_input`); a filler starts with an
+//! out-of-band marker, where those reads stop. Whenever the server's own end
 //! hangs up by the server's doing, whether the program still holds the fd is asked of
 //! the pair's abstract name in the sandbox (`Server::app_alive`).
 #![deny(unsafe_code)]

@@ -163,7 +163,7 @@ pub unsafe fn send(
             Vec::new()
         };
         let nonblock = s.nonblock() || flags & libc::MSG_DONTWAIT != 0;
-        if s.reads_pair() {
+        if s.reads_pair() && s.direct() {
             pair_taken(ch, &s, nonblock)?;
         }
         let total = cur.remaining();
@@ -206,7 +206,8 @@ pub unsafe fn send(
     .map_err(|e| e.down_as(libc::EPIPE))
 }
 
-/// Before a send on an `rx_pair` stream: bytes the program wrote into the fd itself,
+/// Before a send on an `rx_pair` stream the program may write directly (`F_DIRECT`):
+/// bytes the program wrote into the fd itself,
 /// with calls the shim does not see (stdio, a shell's builtins, a raw system call), are
 /// still in the pair; the server sends them out in order after the sends queued
 /// before them. This send must follow them, so it waits until the server has taken

@@ -200,6 +200,18 @@ pub unsafe extern "C" fn fclose(f: *mut FILE) -> c_int {
 }
 
 /// # Safety
+/// C contract of `fdopen(3)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const std::ffi::c_char) -> *mut libc::FILE {
+    if let Some(s) = crate::ident::lookup(fd) {
+        // stdio will write the fd with calls the shim does not see.
+        TABLE.update_id(s.id, crate::fdtable::F_DIRECT, 0);
+    }
+    // SAFETY: forwarded to libc.
+    unsafe { real::fdopen(fd, mode) }
+}
+
+/// # Safety
 /// C contract of `dup(2)`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {

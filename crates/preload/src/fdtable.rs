@@ -40,6 +40,13 @@ pub const F_WANT: u32 = 1 << 5;
 pub const F_PEER: u32 = 1 << 6;
 /// The program shut the socket down for writing: sends fail with `EPIPE`.
 pub const F_SHUT_WR: u32 = 1 << 7;
+/// The program may write this socket's fd with calls the shim does not see: it was
+/// `fdopen`ed, or sits (or sat) on descriptor 0, 1 or 2 where stdio's streams write, or
+/// was identified by name (inherited across `exec`, received over `SCM_RIGHTS`). Its
+/// sends first wait for such bytes to be taken (`data::pair_taken`).
+pub const F_DIRECT: u32 = 1 << 8;
+/// Highest descriptor stdio writes by default (`stderr`).
+pub const STDIO_FDS: i32 = 2;
 
 /// The word of a descriptor known not to be a ferry socket.
 const OTHER: u64 = u64::MAX;
@@ -104,6 +111,11 @@ impl Sock {
     /// Connected (or connecting, or accepted).
     pub fn has_peer(&self) -> bool {
         self.flags & F_PEER != 0
+    }
+
+    /// See [`F_DIRECT`].
+    pub fn direct(&self) -> bool {
+        self.flags & F_DIRECT != 0
     }
 
     /// A stream with a peer whose received bytes the server moves into this fd
@@ -322,6 +334,11 @@ impl FdTable {
                 self.set(to, e);
                 self.set_timeout(to, false, r);
                 self.set_timeout(to, true, s);
+                if let Entry::Ferry(sock) = e
+                    && to <= STDIO_FDS
+                {
+                    self.update_id(sock.id, F_DIRECT, 0);
+                }
             }
         }
     }

@@ -6,7 +6,7 @@ use std::ffi::c_int;
 
 use crate::config;
 use crate::errno::{errno, set_errno};
-use crate::fdtable::{Entry, F_NONBLOCK, Sock, TABLE};
+use crate::fdtable::{Entry, F_DIRECT, F_NONBLOCK, Sock, TABLE};
 
 /// The ferry socket behind `fd`, or `None` (the call goes to libc). The fast path for
 /// other descriptors is one atomic load plus one table lookup.
@@ -40,11 +40,12 @@ fn identify(fd: c_int) -> Option<Sock> {
         Ok(Some(n)) => {
             if let Some(id) = ferry_proto::parse_pair_name(&name[..n]) {
                 let fl = crate::sys::getfl(fd).unwrap_or(0);
-                let flags = if fl & libc::O_NONBLOCK != 0 {
-                    F_NONBLOCK
-                } else {
-                    0
-                };
+                let flags = F_DIRECT
+                    | if fl & libc::O_NONBLOCK != 0 {
+                        F_NONBLOCK
+                    } else {
+                        0
+                    };
                 let s = Sock::new(fd, id, flags);
                 TABLE.set(fd, Entry::Ferry(s));
                 return Some(s);

@@ -13,7 +13,8 @@ use crate::addr::{family, read_sockaddr, write_sockaddr};
 use crate::chan::{Channel, SLICE, Wait, close_quiet, fill_pair};
 use crate::errno::{Errno, Res};
 use crate::fdtable::{
-    Entry, F_DGRAM, F_INET6, F_NONBLOCK, F_PEER, F_SHUT_WR, F_TYPED, F_WANT, Sock, TABLE,
+    Entry, F_DGRAM, F_DIRECT, F_INET6, F_NONBLOCK, F_PEER, F_SHUT_WR, F_TYPED, F_WANT, STDIO_FDS,
+    Sock, TABLE,
 };
 use crate::iov::IoCursor;
 use crate::log::{self, Once};
@@ -73,7 +74,8 @@ fn adopt(prog: OwnedFd, id: u32, ty_flags: c_int, flags: u32) -> Res<c_int> {
         crate::sys::set_cloexec(prog.as_raw_fd(), false)?;
     }
     let fd = prog.into_raw_fd();
-    let flags = flags | if nonblock { F_NONBLOCK } else { 0 };
+    let flags =
+        flags | if nonblock { F_NONBLOCK } else { 0 } | if fd <= STDIO_FDS { F_DIRECT } else { 0 };
     TABLE.set(fd, Entry::Ferry(Sock::new(fd, id, flags)));
     Ok(fd)
 }

@@ -67,6 +67,27 @@ macro_rules! reals {
     )* };
 }
 
+/// Calls libc's `fdopen` (a pointer result: null with `ENOSYS` when there is none).
+///
+/// # Safety
+/// The arguments must satisfy `fdopen(3)`'s contract.
+pub unsafe fn fdopen(fd: c_int, mode: *const std::ffi::c_char) -> *mut FILE {
+    static SYM: Sym = Sym::new("fdopen\0");
+    let Some(p) = SYM.get() else {
+        set_errno(libc::ENOSYS);
+        return ptr::null_mut();
+    };
+    // SAFETY: `p` is the C library's `fdopen`, whose prototype this repeats.
+    let f = unsafe {
+        std::mem::transmute::<
+            *mut c_void,
+            unsafe extern "C" fn(c_int, *const std::ffi::c_char) -> *mut FILE,
+        >(p)
+    };
+    // SAFETY: forwarded (caller).
+    unsafe { f(fd, mode) }
+}
+
 reals! {
     fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int;
     fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;

@@ -90,6 +90,11 @@ const KNOWN_WITH_RX_RING: &[(&str, &str)] = &[
          only with --rx pair do they reach the server (through the pair)",
     ),
     (
+        "io.stdio_header_then_sendfile",
+        "stdio reads and writes sockets through libc-internal calls the shim cannot see; \
+         only with --rx pair do they reach the server (through the pair)",
+    ),
+    (
         "select.oob_exceptfds",
         "out-of-band data reaches the pair only with --rx pair",
     ),

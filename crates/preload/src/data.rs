@@ -215,6 +215,10 @@ pub unsafe fn send(
 /// non-blocking socket. A filler left in the pair (the fd polls unwritable) is taken
 /// when the server has room again, so a blocking send waits for that too.
 fn pair_taken(ch: &mut Channel, s: &Sock, nonblock: bool) -> Res<()> {
+    if !ferry_sys::unix_oob_works() {
+        // The server cannot tell such bytes from filler there, and never reads them.
+        return Ok(());
+    }
     let empty = || crate::sys::outq(s.fd).map_or(true, |n| n == 0);
     if empty() {
         return Ok(());
@@ -559,6 +563,9 @@ unsafe fn feed(
         let s = typed(ch, s)?;
         if s.shut_wr() || (!s.dgram() && !s.has_peer()) {
             return Err(send_error(libc::EPIPE, 0));
+        }
+        if s.reads_pair() && s.direct() {
+            pair_taken(ch, &s, nonblock)?;
         }
         let count = count.min(MAX_RW);
         let w = Wait::after(TABLE.timeouts(s.fd).1, Errno::EAGAIN);

@@ -178,7 +178,7 @@ impl Sock {
             && !self.connecting
             && !self.connect_filled
             && !self.pair_detached
-            && unix_oob_works()
+            && ferry_sys::unix_oob_works()
     }
 
     /// A connected stream whose received bytes go through the pair (`rx_pair`).
@@ -243,20 +243,4 @@ impl Sock {
     pub(crate) fn hup_to_mirror(&self) -> bool {
         self.hup_due && self.eof_mirrored && !self.hup_mirrored && !self.app_closed
     }
-}
-
-/// Whether this kernel's unix stream sockets carry out-of-band bytes (Linux 5.15 and
-/// later, `CONFIG_AF_UNIX_OOB`), which mark where the shim's filler starts. Without
-/// them, bytes in the pair cannot be told from filler and are never forwarded.
-pub(crate) fn unix_oob_works() -> bool {
-    static WORKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *WORKS.get_or_init(|| {
-        use std::os::fd::AsFd;
-        let Ok((a, b)) =
-            ferry_sys::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC)
-        else {
-            return false;
-        };
-        ferry_sys::send_oob(a.as_fd(), 0).is_ok() && ferry_sys::at_mark(b.as_fd()).unwrap_or(false)
-    })
 }

@@ -472,6 +472,20 @@ pub fn at_mark(fd: BorrowedFd<'_>) -> io::Result<bool> {
     Ok(v != 0)
 }
 
+/// Whether this kernel's unix stream sockets carry out-of-band bytes (Linux 5.15 and
+/// later, `CONFIG_AF_UNIX_OOB`): the mark that tells a readiness pair's filler from what
+/// the program wrote into its fd itself. Tested once per process.
+pub fn unix_oob_works() -> bool {
+    static WORKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WORKS.get_or_init(|| {
+        let Ok((a, b)) = socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC) else {
+            return false;
+        };
+        use std::os::fd::AsFd;
+        send_oob(a.as_fd(), 0).is_ok() && at_mark(b.as_fd()).unwrap_or(false)
+    })
+}
+
 /// Sends one byte as out-of-band data (`MSG_OOB`), without blocking or SIGPIPE.
 pub fn send_oob(fd: BorrowedFd<'_>, byte: u8) -> io::Result<usize> {
     syscall!(

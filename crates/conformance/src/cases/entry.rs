@@ -39,6 +39,7 @@ pub const CASES: &[Case] = &[
     Case::new("io.fortified_poll_fdelt", fortified_poll_fdelt),
     Case::new("io.stdio_fdopen", stdio_fdopen),
     Case::new("io.stdio_mixed_with_send", stdio_mixed_with_send),
+    Case::new("io.stdio_header_then_sendfile", stdio_header_then_sendfile),
 ];
 
 unsafe extern "C" {
@@ -451,6 +452,63 @@ fn stdio_mixed_with_send() -> Res {
             send(c.raw(), line.as_bytes(), 0).ctx("send")?;
         }
         want.extend_from_slice(line.as_bytes());
+    }
+    let closed = unsafe { libc::fclose(f) };
+    sys!(libc::shutdown(c.raw(), libc::SHUT_WR)).ctx("shutdown")?;
+    let got = reader.join().map_err(|_| "reader panicked".to_string())?;
+    drop(s);
+    Ok(format!(
+        "fclose={closed} bytes={} in_order={}",
+        got.len(),
+        got == want
+    ))
+}
+
+/// The classic small HTTP server: a header through stdio (`fprintf` + `fflush`), then
+/// the body with `sendfile`, over and over: the peer gets them in that order.
+fn stdio_header_then_sendfile() -> Res {
+    let (c, s) = tcp_pair(libc::AF_INET)?;
+    let body = b"<body bytes from a file>\n";
+    let path = crate::sys::scratch_path("stdio-sendfile");
+    std::fs::write(&path, body).map_err(|e| e.to_string())?;
+    let cpath = std::ffi::CString::new(path.clone()).map_err(|e| e.to_string())?;
+    let file = Fd::new(sys!(libc::open(cpath.as_ptr(), libc::O_RDONLY)).ctx("open")?);
+    let _ = std::fs::remove_file(&path);
+    let f = unsafe { libc::fdopen(sys!(libc::dup(c.raw())).ctx("dup")?, c"w".as_ptr()) };
+    if f.is_null() {
+        return Err(format!("fdopen={}", crate::sys::Errno::last()));
+    }
+    let reader = std::thread::spawn({
+        let s = s.raw();
+        move || {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                // SAFETY (crate policy): a live buffer of its length.
+                let n = unsafe { libc::recv(s, buf.as_mut_ptr().cast(), buf.len(), 0) };
+                if n <= 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n as usize]);
+            }
+            got
+        }
+    });
+    let mut want = Vec::new();
+    for i in 0..100 {
+        let head = format!("HTTP/1.0 200 OK\r\nX-N: {i}\r\n\r\n");
+        let c_head = std::ffi::CString::new(head.clone()).expect("no NUL");
+        unsafe {
+            libc::fputs(c_head.as_ptr(), f);
+            libc::fflush(f);
+        }
+        let mut off: libc::off_t = 0;
+        let n = sys!(libc::sendfile(c.raw(), file.raw(), &mut off, body.len())).ctx("sendfile")?;
+        if n as usize != body.len() {
+            return Err(format!("sendfile={n}"));
+        }
+        want.extend_from_slice(head.as_bytes());
+        want.extend_from_slice(body);
     }
     let closed = unsafe { libc::fclose(f) };
     sys!(libc::shutdown(c.raw(), libc::SHUT_WR)).ctx("shutdown")?;

@@ -67,7 +67,18 @@ pub fn wait_port(ip: Ipv4Addr, port: u16) {
 pub struct Guard(pub Child);
 
 impl Drop for Guard {
+    /// SIGTERM first, so that a master (nginx) takes its workers along and ferry cleans
+    /// up its sandbox; SIGKILL after 2 s.
     fn drop(&mut self) {
+        // SAFETY: a signal to our own child, which is not reaped yet.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let until = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < until {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }

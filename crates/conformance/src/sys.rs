@@ -356,6 +356,16 @@ pub fn scratch_path(name: &str) -> String {
     }
 }
 
+/// A file holding `content`, open for reading; its name is gone already.
+pub fn scratch_file(name: &str, content: &[u8]) -> Result<Fd, String> {
+    let path = scratch_path(name);
+    std::fs::write(&path, content).map_err(|e| e.to_string())?;
+    let cpath = std::ffi::CString::new(path.clone()).map_err(|e| e.to_string())?;
+    let f = sys!(libc::open(cpath.as_ptr(), libc::O_RDONLY)).map(Fd::new);
+    let _ = std::fs::remove_file(&path);
+    f.ctx("open")
+}
+
 /// A C string from a NUL-terminated buffer (lossy).
 pub fn c_buf_str(buf: &[libc::c_char]) -> String {
     let bytes: Vec<u8> = buf

@@ -170,12 +170,8 @@ fn readv_writev() -> Res {
 
 fn sendfile_file_to_socket() -> Res {
     let (c, s) = tcp_pair(libc::AF_INET)?;
-    let path = crate::sys::scratch_path("sendfile");
     let content: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
-    std::fs::write(&path, &content).map_err(|e| e.to_string())?;
-    let cpath = std::ffi::CString::new(path.clone()).map_err(|e| e.to_string())?;
-    let f = Fd::new(sys!(libc::open(cpath.as_ptr(), libc::O_RDONLY)).ctx("open")?);
-    let _ = std::fs::remove_file(&path);
+    let f = crate::sys::scratch_file("sendfile", &content)?;
     let mut off: libc::off_t = 1000;
     let mut total = 0usize;
     while total < 50_000 {
@@ -414,9 +410,13 @@ fn fortified_poll_fdelt() -> Res {
     ))
 }
 
-/// Lines written in turn through stdio (`fprintf` + `fflush` on a `dup` of the socket)
-/// and with `send`, in program order: the peer gets them in that order.
-fn stdio_mixed_with_send() -> Res {
+/// Writes `rounds` times on one end of a TCP pair, through stdio (a `FILE` on a `dup`
+/// of the socket) and otherwise as `round` likes; `round` returns the bytes it wrote.
+/// The peer reads to the end: the case says whether it got them all, in program order.
+fn stdio_in_order(
+    rounds: usize,
+    mut round: impl FnMut(usize, *mut libc::FILE, &Fd) -> Result<Vec<u8>, String>,
+) -> Res {
     let (c, s) = tcp_pair(libc::AF_INET)?;
     let dup = sys!(libc::dup(c.raw())).ctx("dup")?;
     let f = unsafe { libc::fdopen(dup, c"w".as_ptr()) };
@@ -440,18 +440,8 @@ fn stdio_mixed_with_send() -> Res {
         }
     });
     let mut want = Vec::new();
-    for i in 0..300 {
-        let line = format!("line {i}\n");
-        if i % 3 == 0 {
-            let c_line = std::ffi::CString::new(line.clone()).expect("no NUL");
-            unsafe {
-                libc::fputs(c_line.as_ptr(), f);
-                libc::fflush(f);
-            }
-        } else {
-            send(c.raw(), line.as_bytes(), 0).ctx("send")?;
-        }
-        want.extend_from_slice(line.as_bytes());
+    for i in 0..rounds {
+        want.extend(round(i, f, &c)?);
     }
     let closed = unsafe { libc::fclose(f) };
     sys!(libc::shutdown(c.raw(), libc::SHUT_WR)).ctx("shutdown")?;
@@ -464,61 +454,44 @@ fn stdio_mixed_with_send() -> Res {
     ))
 }
 
+/// `fputs` + `fflush`: `text` leaves through stdio now.
+fn put_flushed(f: *mut libc::FILE, text: &str) {
+    let c_text = std::ffi::CString::new(text).expect("no NUL");
+    unsafe {
+        libc::fputs(c_text.as_ptr(), f);
+        libc::fflush(f);
+    }
+}
+
+/// Lines written in turn through stdio (`fprintf` + `fflush` on a `dup` of the socket)
+/// and with `send`, in program order: the peer gets them in that order.
+fn stdio_mixed_with_send() -> Res {
+    stdio_in_order(300, |i, f, c| {
+        let line = format!("line {i}\n");
+        if i % 3 == 0 {
+            put_flushed(f, &line);
+        } else {
+            send(c.raw(), line.as_bytes(), 0).ctx("send")?;
+        }
+        Ok(line.into_bytes())
+    })
+}
+
 /// The classic small HTTP server: a header through stdio (`fprintf` + `fflush`), then
 /// the body with `sendfile`, over and over: the peer gets them in that order.
 fn stdio_header_then_sendfile() -> Res {
-    let (c, s) = tcp_pair(libc::AF_INET)?;
     let body = b"<body bytes from a file>\n";
-    let path = crate::sys::scratch_path("stdio-sendfile");
-    std::fs::write(&path, body).map_err(|e| e.to_string())?;
-    let cpath = std::ffi::CString::new(path.clone()).map_err(|e| e.to_string())?;
-    let file = Fd::new(sys!(libc::open(cpath.as_ptr(), libc::O_RDONLY)).ctx("open")?);
-    let _ = std::fs::remove_file(&path);
-    let f = unsafe { libc::fdopen(sys!(libc::dup(c.raw())).ctx("dup")?, c"w".as_ptr()) };
-    if f.is_null() {
-        return Err(format!("fdopen={}", crate::sys::Errno::last()));
-    }
-    let reader = std::thread::spawn({
-        let s = s.raw();
-        move || {
-            let mut got = Vec::new();
-            let mut buf = [0u8; 4096];
-            loop {
-                // SAFETY (crate policy): a live buffer of its length.
-                let n = unsafe { libc::recv(s, buf.as_mut_ptr().cast(), buf.len(), 0) };
-                if n <= 0 {
-                    break;
-                }
-                got.extend_from_slice(&buf[..n as usize]);
-            }
-            got
-        }
-    });
-    let mut want = Vec::new();
-    for i in 0..100 {
+    let file = crate::sys::scratch_file("stdio-sendfile", body)?;
+    stdio_in_order(100, |i, f, c| {
         let head = format!("HTTP/1.0 200 OK\r\nX-N: {i}\r\n\r\n");
-        let c_head = std::ffi::CString::new(head.clone()).expect("no NUL");
-        unsafe {
-            libc::fputs(c_head.as_ptr(), f);
-            libc::fflush(f);
-        }
+        put_flushed(f, &head);
         let mut off: libc::off_t = 0;
         let n = sys!(libc::sendfile(c.raw(), file.raw(), &mut off, body.len())).ctx("sendfile")?;
         if n as usize != body.len() {
             return Err(format!("sendfile={n}"));
         }
-        want.extend_from_slice(head.as_bytes());
-        want.extend_from_slice(body);
-    }
-    let closed = unsafe { libc::fclose(f) };
-    sys!(libc::shutdown(c.raw(), libc::SHUT_WR)).ctx("shutdown")?;
-    let got = reader.join().map_err(|_| "reader panicked".to_string())?;
-    drop(s);
-    Ok(format!(
-        "fclose={closed} bytes={} in_order={}",
-        got.len(),
-        got == want
-    ))
+        Ok([head.as_bytes(), body].concat())
+    })
 }
 
 fn stdio_fdopen() -> Res {

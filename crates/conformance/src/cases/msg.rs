@@ -64,19 +64,7 @@ fn recvmsg_with(
     msg.msg_controllen = control_len;
     let n = sys!(libc::recvmsg(fd, &mut msg, flags)).ctx("recvmsg")? as usize;
     *from.len_mut() = msg.msg_namelen;
-    let mut cmsgs = Vec::new();
-    // SAFETY (crate policy): walking the control buffer the kernel just filled, with the
-    // libc CMSG_* macros that bound every step by `msg_controllen`.
-    unsafe {
-        let mut cm = libc::CMSG_FIRSTHDR(&msg);
-        while !cm.is_null() {
-            let payload = (*cm).cmsg_len - libc::CMSG_LEN(0) as usize;
-            let p = libc::CMSG_DATA(cm);
-            let bytes = std::slice::from_raw_parts(p, payload).to_vec();
-            cmsgs.push(((*cm).cmsg_level, (*cm).cmsg_type, bytes));
-            cm = libc::CMSG_NXTHDR(&msg, cm);
-        }
-    }
+    let cmsgs = cmsgs_of(&msg);
     data.truncate(n.min(buf_len));
     Ok(Received {
         len: n,
@@ -85,6 +73,43 @@ fn recvmsg_with(
         data,
         cmsgs,
     })
+}
+
+/// The control messages of a header the kernel just filled.
+fn cmsgs_of(msg: &libc::msghdr) -> Vec<Cmsg> {
+    let mut cmsgs = Vec::new();
+    // SAFETY (crate policy): walking the control buffer the kernel just filled, with the
+    // libc CMSG_* macros that bound every step by `msg_controllen`.
+    unsafe {
+        let mut cm = libc::CMSG_FIRSTHDR(msg);
+        while !cm.is_null() {
+            let payload = (*cm).cmsg_len - libc::CMSG_LEN(0) as usize;
+            let p = libc::CMSG_DATA(cm);
+            let bytes = std::slice::from_raw_parts(p, payload).to_vec();
+            cmsgs.push(((*cm).cmsg_level, (*cm).cmsg_type, bytes));
+            cm = libc::CMSG_NXTHDR(msg, cm);
+        }
+    }
+    cmsgs
+}
+
+/// `ttl=N` / `tos=0xN` for the IP_TTL / IP_TOS messages (others by level and type),
+/// sorted.
+fn ttl_tos(cmsgs: &[Cmsg]) -> Vec<String> {
+    let mut found: Vec<String> = cmsgs
+        .iter()
+        .map(|(l, t, d)| match (*l, *t) {
+            (libc::IPPROTO_IP, libc::IP_TTL) => {
+                format!("ttl={}", read_pod::<c_int>(d).unwrap_or(-1))
+            }
+            (libc::IPPROTO_IP, libc::IP_TOS) => {
+                format!("tos={:#x}", d.first().copied().unwrap_or(0))
+            }
+            (l, t) => format!("cmsg({l},{t})"),
+        })
+        .collect();
+    found.sort();
+    found
 }
 
 fn read_pod<T: crate::sys::Plain>(bytes: &[u8]) -> Option<T> {
@@ -185,19 +210,7 @@ fn recvmsg_ttl_tos() -> Res {
     set_int(t.raw(), libc::IPPROTO_IP, libc::IP_TOS, 0x10).ctx("IP_TOS")?;
     sendto(t.raw(), b"ttl", 0, &raddr).ctx("sendto")?;
     let m = recvmsg_with(r.raw(), 64, 256, 0)?;
-    let mut found = Vec::new();
-    for (level, ty, data) in &m.cmsgs {
-        match (*level, *ty) {
-            (libc::IPPROTO_IP, libc::IP_TTL) => {
-                found.push(format!("ttl={}", read_pod::<c_int>(data).unwrap_or(-1)))
-            }
-            (libc::IPPROTO_IP, libc::IP_TOS) => {
-                found.push(format!("tos={:#x}", data.first().copied().unwrap_or(0)))
-            }
-            (l, t) => found.push(format!("cmsg({l},{t})")),
-        }
-    }
-    found.sort();
+    let mut found = ttl_tos(&m.cmsgs);
     if found.is_empty() {
         found.push("no cmsgs".into());
     }
@@ -270,31 +283,14 @@ fn recvmsg_ctrunc() -> Res {
 fn sendmsg_pktinfo_source() -> Res {
     let (r, raddr) = udp_bound(libc::AF_INET)?;
     let t = crate::net::udp_socket(libc::AF_INET).ctx("socket")?;
-    let mut pi: libc::in_pktinfo = zeroed();
-    pi.ipi_spec_dst.s_addr = u32::from_ne_bytes([127, 0, 0, 1]);
-    let space = unsafe { libc::CMSG_SPACE(size_of::<libc::in_pktinfo>() as u32) } as usize;
-    let mut control = vec![0u64; space.div_ceil(8)];
-    let mut payload = *b"with-pktinfo";
-    let mut iov = libc::iovec {
-        iov_base: payload.as_mut_ptr().cast(),
-        iov_len: payload.len(),
-    };
-    let mut msg: libc::msghdr = zeroed();
-    msg.msg_name = raddr.ptr().cast_mut().cast();
-    msg.msg_namelen = raddr.len();
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space;
-    // SAFETY (crate policy): the control buffer holds exactly one in_pktinfo cmsg.
-    unsafe {
-        let cm = libc::CMSG_FIRSTHDR(&msg);
-        (*cm).cmsg_level = libc::IPPROTO_IP;
-        (*cm).cmsg_type = libc::IP_PKTINFO;
-        (*cm).cmsg_len = libc::CMSG_LEN(size_of::<libc::in_pktinfo>() as u32) as usize;
-        std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<libc::in_pktinfo>(), pi);
-    }
-    let sent = show(sys!(libc::sendmsg(t.raw(), &msg, 0)));
+    // An in_pktinfo: ipi_ifindex 0, ipi_spec_dst 127.0.0.1, ipi_addr unset.
+    let pi = [0i32.to_ne_bytes(), [127, 0, 0, 1], [0; 4]].concat();
+    let sent = sendmsg_cmsgs(
+        t.raw(),
+        &raddr,
+        b"with-pktinfo",
+        &[(libc::IPPROTO_IP, libc::IP_PKTINFO, pi)],
+    );
     let m = recvmsg_with(r.raw(), 64, 0, 0)?;
     Ok(format!(
         "sendmsg={sent} got={:?} from={}",
@@ -532,18 +528,7 @@ fn recvmmsg_pktinfo_each() -> Res {
     .ctx("recvmmsg")?;
     let mut out = vec![format!("recvmmsg={n}")];
     for h in hdrs.iter().take(n as usize) {
-        let mut cmsgs = Vec::new();
-        // SAFETY (crate policy): walking a control buffer the kernel filled, bounded by
-        // its `msg_controllen`.
-        unsafe {
-            let mut cm = libc::CMSG_FIRSTHDR(&h.msg_hdr);
-            while !cm.is_null() {
-                let len = (*cm).cmsg_len - libc::CMSG_LEN(0) as usize;
-                let d = std::slice::from_raw_parts(libc::CMSG_DATA(cm), len).to_vec();
-                cmsgs.push(((*cm).cmsg_level, (*cm).cmsg_type, d));
-                cm = libc::CMSG_NXTHDR(&h.msg_hdr, cm);
-            }
-        }
+        let cmsgs = cmsgs_of(&h.msg_hdr);
         let tos = cmsgs
             .iter()
             .find(|(l, t, _)| (*l, *t) == (libc::IPPROTO_IP, libc::IP_TOS))
@@ -574,23 +559,7 @@ fn sendmsg_tos_ttl_cmsgs() -> Res {
     let plain = show(sendto(t.raw(), b"plain", 0, &raddr));
     let a = recvmsg_with(r.raw(), 64, 256, 0)?;
     let b = recvmsg_with(r.raw(), 64, 256, 0)?;
-    let tos_ttl = |m: &Received| {
-        let mut v: Vec<String> = m
-            .cmsgs
-            .iter()
-            .map(|(l, t, d)| match (*l, *t) {
-                (libc::IPPROTO_IP, libc::IP_TTL) => {
-                    format!("ttl={}", read_pod::<c_int>(d).unwrap_or(-1))
-                }
-                (libc::IPPROTO_IP, libc::IP_TOS) => {
-                    format!("tos={:#x}", d.first().copied().unwrap_or(0))
-                }
-                (l, t) => format!("cmsg({l},{t})"),
-            })
-            .collect();
-        v.sort();
-        v.join(",")
-    };
+    let tos_ttl = |m: &Received| ttl_tos(&m.cmsgs).join(",");
     Ok(format!(
         "sendmsg={sent} first=[{}] second={plain} [{}]",
         tos_ttl(&a),

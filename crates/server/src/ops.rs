@@ -131,7 +131,8 @@ impl Server {
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
-        if s.takes_pair_input() {
+        if s.takes_pair_input() && !ferry_sys::at_mark(s.pair.as_fd()).unwrap_or(false) {
+            // The program's own bytes stand before the filler: they go first.
             s.filler_due = true;
             self.pair_input(id);
             return;
@@ -829,10 +830,12 @@ impl Server {
             return;
         }
         if s.pair_in_wait {
-            // The program's own bytes in the pair came after these sends.
+            // The program's own bytes in the pair came after these sends (once they are
+            // out, `pair_input` finishes what waited for them).
             self.pair_input(id);
+        } else {
+            self.after_sends(id);
         }
-        self.after_sends(id);
     }
 
     /// Once everything the program sent is out (queued sends and its own bytes in the
@@ -875,12 +878,13 @@ impl Server {
                 s.pair_in_wait = true;
                 return;
             }
-            buf.resize(PAIR_INPUT_CHUNK, 0);
             let pair = s.pair.as_fd();
             let at_mark = |fd| ferry_sys::at_mark(fd).unwrap_or(false);
-            let n = if at_mark(pair) {
+            let marked = at_mark(pair);
+            let n = if marked {
                 0
             } else {
+                buf.resize(PAIR_INPUT_CHUNK, 0);
                 match ferry_sys::recv(pair, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
                     Ok(n) => n,
                     Err(e) => {
@@ -890,17 +894,18 @@ impl Server {
                     }
                 }
             };
-            if n == 0 || at_mark(pair) {
-                // At a filler's marker (a peek that started there saw filler), or empty
-                // (then no filler is coming: a drain asked of an unfilled pair).
-                if n > 0 {
-                    continue;
-                }
+            if n > 0 && at_mark(pair) {
+                // A filler's marker came first after all: the peek saw filler.
+                continue;
+            }
+            if n == 0 {
+                // At a filler's marker, or empty (then no filler is coming: a drain
+                // asked of an unfilled pair).
                 let was_waiting = std::mem::take(&mut s.pair_in_wait);
-                if std::mem::take(&mut s.filler_due) && at_mark(pair) {
+                if std::mem::take(&mut s.filler_due) && marked {
                     Self::drain_filler_now(s);
                 }
-                if was_waiting && (s.shut_wr_pending || s.app_closed) {
+                if was_waiting {
                     self.after_sends(id);
                 }
                 return;

@@ -453,8 +453,8 @@ impl Server {
             }
             T_PAIR => {
                 if ev.events & libc::EPOLLIN as u32 != 0 {
-                    // Sends the program queued before it wrote into the pair go first.
-                    self.drain_rings();
+                    // (Sends the program queued before it wrote into the pair go first:
+                    // `pair_input` defers to the end of the next pass over the rings.)
                     self.pair_input(idx);
                 }
                 // Room in a pair: only a socket with bytes waiting for it needs a pump

@@ -176,6 +176,28 @@ pub fn sanitize_send(raw: &[u8]) -> Result<Vec<u8>, CmsgError> {
     Ok(out)
 }
 
+/// The source addresses and interfaces a sender asks for in `raw` (checked bytes, e.g.
+/// from [`sanitize_send`]): `(interface index, source)` of each `IP_PKTINFO`
+/// (`ipi_spec_dst`, which is what the kernel sends from) and `IPV6_PKTINFO`.
+pub fn sources(raw: &[u8]) -> impl Iterator<Item = (u32, std::net::IpAddr)> + '_ {
+    parse(raw).filter_map(|m| match (m.level, m.ty, m.data.len()) {
+        (libc::IPPROTO_IP, libc::IP_PKTINFO, 12) => {
+            let index = u32::from_ne_bytes(m.data[..4].try_into().ok()?);
+            let ip: [u8; 4] = m.data[4..8].try_into().ok()?;
+            Some((index, std::net::IpAddr::from(ip)))
+        }
+        (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, 20) => Some(in6_pktinfo(m.data)?),
+        _ => None,
+    })
+}
+
+/// `struct in6_pktinfo` (the address, then the interface index) as `(index, address)`.
+pub fn in6_pktinfo(data: &[u8]) -> Option<(u32, std::net::IpAddr)> {
+    let ip: [u8; 16] = data.get(..16)?.try_into().ok()?;
+    let index = u32::from_ne_bytes(data.get(16..20)?.try_into().ok()?);
+    Some((index, std::net::IpAddr::from(ip)))
+}
+
 /// What [`put`] wrote into a program's control buffer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Placed {
@@ -220,6 +242,29 @@ mod tests {
         let mut v = Vec::new();
         push(&mut v, libc::IPPROTO_IP, libc::IP_PKTINFO, &[7; 12]);
         v
+    }
+
+    #[test]
+    fn sources_of_pktinfo() {
+        let mut v = Vec::new();
+        let mut p4 = [0u8; 12];
+        p4[..4].copy_from_slice(&3u32.to_ne_bytes());
+        p4[4..8].copy_from_slice(&[10, 1, 2, 3]);
+        p4[8..].copy_from_slice(&[9, 9, 9, 9]);
+        push(&mut v, libc::IPPROTO_IP, libc::IP_PKTINFO, &p4);
+        push(&mut v, libc::IPPROTO_IP, libc::IP_TTL, &7i32.to_ne_bytes());
+        let mut p6 = [0u8; 20];
+        p6[15] = 1;
+        p6[16..].copy_from_slice(&0u32.to_ne_bytes());
+        push(&mut v, libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, &p6);
+        let got: Vec<_> = sources(&v).collect();
+        assert_eq!(
+            got,
+            [
+                (3, "10.1.2.3".parse().unwrap()),
+                (0, "::1".parse().unwrap())
+            ]
+        );
     }
 
     #[test]

@@ -54,6 +54,7 @@ mod hostio;
 mod modules;
 mod ops;
 pub mod policy;
+mod reach;
 mod server;
 mod sock;
 mod sockopt;

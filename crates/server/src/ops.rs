@@ -436,7 +436,17 @@ impl Server {
                 let s = self.sock(id).expect("checked above");
                 let (level, name) = (r.a as i32, r.b as i32);
                 let value = req.value().to_vec();
-                let res = if let Some(why) = sockopt::refused(level, name, &value) {
+                let sticky_source = (level, name) == (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO)
+                    && s.place != Place::Sandbox;
+                let refused = sockopt::refused(level, name, &value).map(str::to_owned);
+                let refused = match cmsg::in6_pktinfo(&value).filter(|_| sticky_source) {
+                    Some((index, ip)) if refused.is_none() => {
+                        crate::reach::source_refused(&mut self.host_addrs, index, ip)
+                    }
+                    _ => refused,
+                };
+                let s = self.sock(id).expect("checked above");
+                let res = if let Some(why) = refused {
                     warn!("socket {id}: setsockopt({level}, {name}) refused: {why}");
                     -libc::EPERM
                 } else {
@@ -491,6 +501,31 @@ impl Server {
         Ok(())
     }
 
+    /// Whether socket `id` lives on the host already (bound to a host address, or
+    /// connected or sent from before): local destinations would be the host's own.
+    fn on_host(&self, id: u32) -> bool {
+        self.socks.get(&id).is_some_and(|s| s.place == Place::Host)
+    }
+
+    fn host_loopback_refused(&mut self, id: u32, what: &str, to: WireAddr) {
+        warn!(
+            "socket {id}: {what} to {} refused: the socket is on the host, where that address is the host's own (never reachable from a sandbox)",
+            to.to_std()
+        );
+        self.stats.denied += 1;
+    }
+
+    /// Why a datagram's control messages may not go out from socket `id`, if they may
+    /// not: on the host, a source must be one of the host's addresses, with no
+    /// interface chosen (`reach.rs`). Inside the sandbox its own kernel judges.
+    fn source_refused(&mut self, id: u32, control: &[u8]) -> Option<String> {
+        if control.is_empty() || self.socks.get(&id)?.place == Place::Sandbox {
+            return None;
+        }
+        cmsg::sources(control)
+            .find_map(|(index, ip)| crate::reach::source_refused(&mut self.host_addrs, index, ip))
+    }
+
     /// Moves a provisional socket to where `dest` says it belongs.
     fn place_for(&mut self, id: u32, local: bool) -> Result<(), i32> {
         let s = self.socks.get(&id).ok_or(-libc::EBADF)?;
@@ -517,7 +552,12 @@ impl Server {
     }
 
     fn connect(&mut self, ch: u32, id: u32, tag: u32, addr: WireAddr, nonblock: bool) {
-        let local = addr.is_loopback();
+        let local = addr.is_local();
+        if local && self.on_host(id) {
+            self.host_loopback_refused(id, "connect", addr);
+            self.done(ch, id, tag, -libc::EACCES);
+            return;
+        }
         if !local && self.cfg.policy.check(&addr.to_std()) == Verdict::Deny {
             warn!("socket {id}: connect to {} denied by policy", addr.to_std());
             self.stats.denied += 1;
@@ -559,8 +599,20 @@ impl Server {
     }
 
     fn bind(&mut self, id: u32, addr: SocketAddr) -> i32 {
-        let wa = WireAddr::from(addr);
-        let local = wa.is_loopback() || wa.is_unspecified();
+        let local = WireAddr::from(addr).is_local();
+        if !local {
+            if !self.host_addrs.owns(addr.ip()) {
+                debug!("socket {id}: bind to {addr}: not an address of the host");
+                return -libc::EADDRNOTAVAIL;
+            }
+            if self.socks.get(&id).is_some_and(|s| !s.is_stream()) && addr.port() != 0 {
+                warn!(
+                    "socket {id}: bind to {addr} refused: a datagram socket with a fixed port on a host address would receive from the network (publish it with -p HOST_PORT:PORT/udp)"
+                );
+                self.stats.denied += 1;
+                return -libc::EACCES;
+            }
+        }
         if let Err(e) = self.place_for(id, local) {
             return e;
         }
@@ -597,6 +649,13 @@ impl Server {
     }
 
     fn listen(&mut self, id: u32, backlog: i32) -> i32 {
+        if self.on_host(id) {
+            warn!(
+                "socket {id}: listen refused: the socket is bound to a host address, and only -p publishes a port"
+            );
+            self.stats.denied += 1;
+            return -libc::EACCES;
+        }
         if let Err(e) = self.place_for(id, true) {
             return e;
         }
@@ -691,7 +750,13 @@ impl Server {
             && !s.is_stream()
         {
             {
-                let local = dest.is_loopback();
+                let local = dest.is_local();
+                if local && self.on_host(r.sock) {
+                    self.host_loopback_refused(r.sock, "datagram", dest);
+                    give_back(self, 0);
+                    self.done(ch, r.sock, 0, -libc::EACCES);
+                    return Ok(());
+                }
                 if !local && self.cfg.policy.check(&dest.to_std()) == Verdict::Deny {
                     warn!(
                         "socket {}: datagram to {} denied by policy",
@@ -722,6 +787,13 @@ impl Server {
                 }
             },
         };
+        if let Some(why) = self.source_refused(r.sock, &control) {
+            warn!("socket {}: datagram refused: {why}", r.sock);
+            self.stats.denied += 1;
+            give_back(self, 0);
+            self.done(ch, r.sock, 0, -libc::EPERM);
+            return Ok(());
+        }
         let s = self.sock(r.sock).expect("checked above");
         s.stats.calls += 1;
         s.txq.push_back(TxItem {
@@ -1025,14 +1097,33 @@ impl Server {
         s.recv_mark = self.waits;
         // A datagram's control messages (those its options ask for) go to the shim.
         let mut control = [0u8; cmsg::MAX_CONTROL];
-        let res = hostio::recv_spans(
-            s.fd.as_fd(),
-            &chan.ep.bufs,
-            &spans,
-            flags & (libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_OOB),
-            (!s.is_stream()).then_some(&mut control[..]),
-        );
-        self.stats.data_syscalls += 1;
+        let filter = !s.is_stream() && s.place != Place::Sandbox;
+        let res = loop {
+            let res = hostio::recv_spans(
+                s.fd.as_fd(),
+                &chan.ep.bufs,
+                &spans,
+                flags & (libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_OOB),
+                (!s.is_stream()).then_some(&mut control[..]),
+            );
+            self.stats.data_syscalls += 1;
+            match &res {
+                // A datagram on the host from a source the sandbox may not talk to
+                // (the policy's, or the host's own): dropped, as a firewall would.
+                Ok(got)
+                    if filter
+                        && got.from.is_some_and(|f| {
+                            !crate::reach::arrival_allowed(&self.cfg.policy, f)
+                        }) =>
+                {
+                    if flags & libc::MSG_PEEK != 0 {
+                        let _ = ferry_sys::recv(s.fd.as_fd(), &mut [0u8; 1], libc::MSG_DONTWAIT);
+                    }
+                    self.stats.dropped_arrivals += 1;
+                }
+                _ => break res,
+            }
+        };
         let got = match res {
             Ok(got) => got,
             Err(e) => {

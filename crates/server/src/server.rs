@@ -77,6 +77,8 @@ pub struct Server {
     /// A unix socket made in the sandbox's network namespace, unbound: binding it to a
     /// pair's name tells whether the program's end is still open (see `app_alive`).
     name_probe: Option<OwnedFd>,
+    /// The host's own addresses, for the bind and source rules (`reach.rs`).
+    pub(crate) host_addrs: crate::reach::HostAddrs,
 }
 
 impl std::fmt::Debug for Server {
@@ -142,6 +144,7 @@ impl Server {
             pair_resume: Vec::new(),
             modules,
             name_probe: None,
+            host_addrs: Default::default(),
         })
     }
 

@@ -12,14 +12,20 @@ pub(crate) fn refused(level: i32, name: i32, value: &[u8]) -> Option<&'static st
     use libc::*;
     const PRIVILEGED: &str = "it needs privilege over the host's network";
     const INDIRECT: &str = "its value points into the caller's memory or fd table";
+    const FOREIGN: &str = "it lets the socket use addresses the host does not own";
     match (level, name) {
         (
             SOL_SOCKET,
             SO_MARK | SO_BINDTODEVICE | SO_BINDTOIFINDEX | SO_RCVBUFFORCE | SO_SNDBUFFORCE,
         )
         | (IPPROTO_IP, IP_TRANSPARENT | IP_IPSEC_POLICY | IP_XFRM_POLICY)
-        | (IPPROTO_IPV6, IPV6_TRANSPARENT | IPV6_IPSEC_POLICY | IPV6_XFRM_POLICY)
-        | (
+        | (IPPROTO_IPV6, IPV6_TRANSPARENT | IPV6_IPSEC_POLICY | IPV6_XFRM_POLICY) => {
+            Some(PRIVILEGED)
+        }
+        // Unprivileged in the kernel, but they let a socket bind to or send from
+        // addresses the host does not own (source spoofing on the host's network).
+        (IPPROTO_IP, IP_FREEBIND) | (IPPROTO_IPV6, IPV6_FREEBIND) => Some(FOREIGN),
+        (
             IPPROTO_TCP,
             TCP_REPAIR | TCP_REPAIR_QUEUE | TCP_QUEUE_SEQ | TCP_REPAIR_OPTIONS | TCP_REPAIR_WINDOW,
         ) => Some(PRIVILEGED),
@@ -52,6 +58,8 @@ mod tests {
             (libc::IPPROTO_TCP, libc::TCP_REPAIR),
             (libc::SOL_SOCKET, libc::SO_ATTACH_FILTER),
             (libc::SOL_SOCKET, libc::SO_SNDBUFFORCE),
+            (libc::IPPROTO_IP, libc::IP_FREEBIND),
+            (libc::IPPROTO_IPV6, libc::IPV6_FREEBIND),
         ] {
             assert!(refused(l, n, &one).is_some(), "({l}, {n})");
         }

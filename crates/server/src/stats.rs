@@ -76,8 +76,18 @@ pub struct ServerStats {
     pub empty_reads: u64,
     /// Channels closed because their peer wrote malformed data.
     pub bad_channels: u64,
-    /// Destinations refused by the policy.
+    /// Destinations refused by the policy, and other operations the address rules
+    /// refuse (docs/SECURITY.md).
     pub denied: u64,
+    /// Datagrams a socket on the host received from a source the sandbox may not talk
+    /// to, dropped.
+    pub dropped_arrivals: u64,
+    /// Control connections refused or closed before they became channels (not from the
+    /// sandbox, no Hello in time, over a cap).
+    pub channels_refused: u64,
+    /// Times a channel's requests were left untaken because its completions backed up
+    /// (the program does not read them): back-pressure.
+    pub backpressure: u64,
     /// DNS queries relayed for the sandbox, and answers delivered.
     pub dns_queries: u64,
     /// DNS answers delivered.
@@ -118,7 +128,7 @@ impl fmt::Display for ServerStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "server {}: requests {}, bytes out {} in {}, sockets created {} handed over {} taken over {}, turns {} (idle spins {}), sleeps {}, data syscalls {} (empty reads {}), denied {}, bad channels {}, left open {}, modules loaded {} started {} failed {} refused {} bytes out {}",
+            "server {}: requests {}, bytes out {} in {}, sockets created {} handed over {} taken over {}, turns {} (idle spins {}), sleeps {}, data syscalls {} (empty reads {}), denied {}, dropped arrivals {}, refused channels {}, back-pressure {}, bad channels {}, left open {}, modules loaded {} started {} failed {} refused {} bytes out {}",
             self.id,
             self.requests,
             self.bytes_out,
@@ -132,6 +142,9 @@ impl fmt::Display for ServerStats {
             self.data_syscalls,
             self.empty_reads,
             self.denied,
+            self.dropped_arrivals,
+            self.channels_refused,
+            self.backpressure,
             self.bad_channels,
             self.open_at_stop,
             self.modules_loaded,
@@ -208,7 +221,7 @@ impl ServerStats {
             })
             .collect();
         format!(
-            r#"{{"server":"{}","requests":{},"bytes_out":{},"bytes_in":{},"sockets_created":{},"sockets_handed":{},"sockets_adopted":{},"turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"empty_reads":{},"bad_channels":{},"denied":{},"open_at_stop":{},"dns_queries":{},"dns_answers":{},"dns_tcp":{},"modules_loaded":{},"modules_started":{},"modules_failed":{},"module_refused":{},"module_bytes_out":{},"module_start_ns":{},"module_init_ns":{},"module_write_ns":{},"channels":[{}],"sockets":[{}],"egress":[{}]}}"#,
+            r#"{{"server":"{}","requests":{},"bytes_out":{},"bytes_in":{},"sockets_created":{},"sockets_handed":{},"sockets_adopted":{},"turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"empty_reads":{},"bad_channels":{},"denied":{},"dropped_arrivals":{},"channels_refused":{},"backpressure":{},"open_at_stop":{},"dns_queries":{},"dns_answers":{},"dns_tcp":{},"modules_loaded":{},"modules_started":{},"modules_failed":{},"module_refused":{},"module_bytes_out":{},"module_start_ns":{},"module_init_ns":{},"module_write_ns":{},"channels":[{}],"sockets":[{}],"egress":[{}]}}"#,
             self.id,
             self.requests,
             self.bytes_out,
@@ -223,6 +236,9 @@ impl ServerStats {
             self.empty_reads,
             self.bad_channels,
             self.denied,
+            self.dropped_arrivals,
+            self.channels_refused,
+            self.backpressure,
             self.open_at_stop,
             self.dns_queries,
             self.dns_answers,
@@ -277,6 +293,9 @@ pub fn merge(servers: &[ServerStats]) -> ServerStats {
         t.empty_reads += s.empty_reads;
         t.bad_channels += s.bad_channels;
         t.denied += s.denied;
+        t.dropped_arrivals += s.dropped_arrivals;
+        t.channels_refused += s.channels_refused;
+        t.backpressure += s.backpressure;
         t.dns_queries += s.dns_queries;
         t.dns_answers += s.dns_answers;
         t.dns_tcp += s.dns_tcp;

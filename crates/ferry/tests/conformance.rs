@@ -50,6 +50,11 @@ const KNOWN_DIFFERENCES: &[(&str, &str)] = &[
         "ferry's channel buffers add to the socket's send buffer",
     ),
     (
+        "err.bind_nonlocal",
+        "IP_FREEBIND is refused (EPERM): on the host it would let a socket bind to or send \
+         from addresses the host does not own (docs/SECURITY.md)",
+    ),
+    (
         "poll.oob_pollpri",
         "the pair (a unix socket) reports POLLIN beside POLLPRI for an urgent byte alone",
     ),

@@ -105,8 +105,11 @@ impl Client {
         })
     }
 
-    fn ctl_call(&mut self, msg: Ctl, fd: &OwnedFd) -> io::Result<Ctl> {
-        self.ctl_packet(bytemuck::bytes_of(&msg), &[fd.as_fd()])
+    /// A control request that makes a socket: the reply and the program's end of its
+    /// readiness pair (made and named by the server).
+    fn ctl_new_socket(&mut self, msg: Ctl) -> io::Result<(Ctl, Option<OwnedFd>)> {
+        ferry_sys::send_with_fds(self.ctl.as_fd(), bytemuck::bytes_of(&msg), &[])?;
+        self.ctl_reply()
     }
 
     /// Sends one control packet and waits for the reply.
@@ -116,58 +119,67 @@ impl Client {
         fds: &[std::os::fd::BorrowedFd<'_>],
     ) -> io::Result<Ctl> {
         ferry_sys::send_with_fds(self.ctl.as_fd(), packet, fds)?;
+        Ok(self.ctl_reply()?.0)
+    }
+
+    /// The server's reply to a control packet, with the descriptor it carries, if any.
+    fn ctl_reply(&mut self) -> io::Result<(Ctl, Option<OwnedFd>)> {
         let mut buf = [0u8; size_of::<Ctl>()];
         // Blocking: polling here (as the rings do) measured slower on a loaded 2-vCPU
         // machine (bind round trip p50 82 µs polling vs 52 µs blocking).
-        let (n, _) = ferry_sys::recv_with_fds(self.ctl.as_fd(), &mut buf, 0)?;
+        let (n, mut fds) = ferry_sys::recv_with_fds(self.ctl.as_fd(), &mut buf, 0)?;
         if n != buf.len() {
             return Err(io::Error::new(
                 io::ErrorKind::ConnectionReset,
                 "server closed the channel",
             ));
         }
-        Ok(bytemuck::pod_read_unaligned(&buf))
+        Ok((bytemuck::pod_read_unaligned(&buf), fds.pop()))
     }
 
-    fn pair(&self) -> io::Result<(OwnedFd, OwnedFd)> {
-        ferry_sys::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC)
+    /// The new socket of a `Socket` or `Accept` reply.
+    fn new_socket(r: Ctl, fd: Option<OwnedFd>) -> io::Result<Socket> {
+        if r.result < 0 {
+            return Err(err(r.result));
+        }
+        let pair = fd.ok_or_else(|| io::Error::from_raw_os_error(libc::EMFILE))?;
+        Ok(Socket {
+            id: r.result as u32,
+            pair,
+        })
     }
 
     /// Creates a socket (`SOCK_STREAM` or `SOCK_DGRAM`).
     pub fn socket(&mut self, domain: i32, ty: i32) -> io::Result<Socket> {
-        let (mine, theirs) = self.pair()?;
         let msg = Ctl {
             a: domain,
             b: ty,
             ..Ctl::new(CtlKind::Socket, 0)
         };
-        let r = self.ctl_call(msg, &theirs)?;
-        if r.result < 0 {
-            return Err(err(r.result));
-        }
-        Ok(Socket {
-            id: r.result as u32,
-            pair: mine,
-        })
+        let (r, fd) = self.ctl_new_socket(msg)?;
+        Client::new_socket(r, fd)
     }
 
     /// Accepts a connection on a listening socket (blocking).
     pub fn accept(&mut self, s: &Socket) -> io::Result<(Socket, Option<SocketAddr>)> {
-        let (mine, theirs) = self.pair()?;
-        let r = self.ctl_call(Ctl::new(CtlKind::Accept, s.id), &theirs)?;
-        if r.result < 0 {
-            return Err(err(r.result));
-        }
+        let (r, fd) = self.ctl_new_socket(Ctl::new(CtlKind::Accept, s.id))?;
         let peer = WireAddr::decode(&r.addr[..(r.addr_len as usize).min(32)])
             .ok()
             .map(WireAddr::to_std);
-        Ok((
-            Socket {
-                id: r.result as u32,
-                pair: mine,
-            },
-            peer,
-        ))
+        Ok((Client::new_socket(r, fd)?, peer))
+    }
+
+    /// Claims socket `s` for this process (one it did not make or accept here, e.g.
+    /// inherited across `fork`): its descriptor is the proof.
+    pub fn claim(&mut self, s: &Socket) -> io::Result<()> {
+        let r = self.ctl_packet(
+            bytemuck::bytes_of(&Ctl::new(CtlKind::Claim, s.id)),
+            &[s.pair.as_fd()],
+        )?;
+        if r.result < 0 {
+            return Err(err(r.result));
+        }
+        Ok(())
     }
 
     fn push(&mut self, req: Req) -> io::Result<()> {
@@ -592,6 +604,17 @@ impl Client {
         self.ctl_packet(packet, fds)
     }
 
+    /// [`Client::ctl_raw`], keeping the descriptor the reply carries.
+    #[doc(hidden)]
+    pub fn ctl_raw_fd(
+        &mut self,
+        packet: &[u8],
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> io::Result<(Ctl, Option<OwnedFd>)> {
+        ferry_sys::send_with_fds(self.ctl.as_fd(), packet, fds)?;
+        self.ctl_reply()
+    }
+
     /// SHA-256 of `module`, remembered for the last module.
     fn hash_of(&mut self, module: &[u8]) -> [u8; 32] {
         if let Some((bytes, h)) = &self.last_module
@@ -608,5 +631,22 @@ impl Client {
     #[doc(hidden)]
     pub fn push_raw(&mut self, req: Req) -> io::Result<()> {
         self.push(req)
+    }
+
+    /// Writes a raw record if the request ring has room, without waiting: `false` when
+    /// it is full. For tests of the server's back-pressure.
+    #[doc(hidden)]
+    pub fn try_push_raw(&mut self, req: Req) -> io::Result<bool> {
+        let pushed = self.ep.tx.push(&req).map_err(proto_err)?;
+        self.ep.tx.commit();
+        self.ep.tx.notify();
+        Ok(pushed)
+    }
+
+    /// Sends a tagged raw request (any socket id) and returns its `Done`, with the bytes
+    /// of its `Data` records copied into `out`: for tests of what a channel may do.
+    #[doc(hidden)]
+    pub fn call_raw(&mut self, req: Req, out: &mut [u8]) -> io::Result<Cmp> {
+        self.call(req, Some(out))
     }
 }

@@ -2,8 +2,11 @@
 //! counters, and moving a protocol server to another CPU (S4's process transfer).
 //!
 //! The admin socket lives in the run's private directory (`ferry-PID-*` in the temporary
-//! directory), mode 0600: only the user who started the run may use it. One request line
-//! per connection, one answer: `stats`, `stats-json`, `move SERVER CPU`.
+//! directory, mode 0700; the sandbox's control socket is in a directory of its own
+//! beside it), mode 0600: only the user who started the run may use it, and never a
+//! process of the sandbox (which may run as that same user: each connection's peer is
+//! checked). One request line per connection, one answer: `stats`, `stats-json`, `move
+//! SERVER CPU`.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -45,15 +48,25 @@ pub enum CtlCommand {
     },
 }
 
-/// Serves the admin socket of this run on a background thread.
-pub fn serve(path: &Path, control: Control) -> std::io::Result<()> {
+/// Serves the admin socket of this run on a background thread; connections from the
+/// sandbox (`sandbox_init` and its descendants) are refused.
+pub fn serve(path: &Path, control: Control, sandbox_init: i32) -> std::io::Result<()> {
     let listener = UnixListener::bind(path)?;
     ferry_sys::chmod(path, 0o600)?;
     std::thread::Builder::new()
         .name("ferry-admin".into())
         .spawn(move || {
             for conn in listener.incoming().flatten() {
-                let _ = answer(conn, &control);
+                use std::os::fd::AsFd;
+                match ferry_sys::peer_pid(conn.as_fd()) {
+                    Ok(pid) if !ferry_server::descends_from(pid, sandbox_init) => {
+                        let _ = answer(conn, &control);
+                    }
+                    Ok(pid) => {
+                        tracing::warn!("admin socket: pid {pid} is in the sandbox; refused");
+                    }
+                    Err(e) => tracing::warn!("admin socket: peer without credentials ({e})"),
+                }
             }
         })?;
     Ok(())

@@ -276,13 +276,22 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
     dns_upstreams(&a.dns, &[])?; // refuse a malformed --dns before anything starts
     let preload = find_preload()?;
     warn_if_static(&a.cmd[0]);
+    // The run's private directory (the admin socket: this user only) and, beside it,
+    // the sandbox's (its control socket).
     let dir = std::env::temp_dir().join(format!("ferry-{}-{}", std::process::id(), nanos()));
-    std::fs::create_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    // Traversable by the sandbox's users (a server that drops privileges still needs the
-    // control socket); not listable.
-    ferry_sys::chmod(&dir, 0o711).map_err(|e| format!("cannot set up {}: {e}", dir.display()))?;
+    let sandbox_dir = dir.with_extension("sandbox");
+    let mkdir = |d: &Path, mode| {
+        std::fs::create_dir(d)
+            .and_then(|()| ferry_sys::chmod(d, mode))
+            .map_err(|e| format!("cannot create {}: {e}", d.display()))
+    };
+    mkdir(&dir, 0o700)?;
     let _cleanup = RemoveDir(dir.clone());
-    let sock_path = dir.join("ctl.sock");
+    // Traversable by the sandbox's users (whatever uid a program switches to, it needs
+    // the control socket); not listable.
+    mkdir(&sandbox_dir, 0o711)?;
+    let _cleanup_sandbox = RemoveDir(sandbox_dir.clone());
+    let sock_path = sandbox_dir.join("ctl.sock");
 
     let mut cfg = Config::new(sock_path.clone());
     cfg.shim_spin = a.spin;
@@ -377,7 +386,7 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
         })
     };
     let admin = dir.join(crate::ctl::ADMIN_SOCKET);
-    if let Err(e) = crate::ctl::serve(&admin, control) {
+    if let Err(e) = crate::ctl::serve(&admin, control, sandbox.pid()) {
         warn!("`ferry ctl` is off for this run: {e}");
     }
     let server_thread = std::thread::Builder::new()

@@ -431,3 +431,200 @@ fn datagrams_from_sources_the_sandbox_may_not_reach_are_dropped() {
     assert!(child.wait().unwrap().success());
     assert_eq!(got, [format!("allowed {rip}"), format!("last {rip}")]);
 }
+
+// ---- Attacks on the server, bypassing the shim (`ferry-attack`) ----------------------
+
+fn attack_bin() -> std::path::PathBuf {
+    // Built by the workspace build, next to the ferry binary.
+    std::path::PathBuf::from(env!("CARGO_BIN_EXE_ferry")).with_file_name("ferry-attack")
+}
+
+/// Runs `script` under `sh -c` through ferry with `$ATTACK` set to the attack binary.
+fn ferry_sh(opts: &[&str], script: &str) -> std::process::Output {
+    let mut c = ferry();
+    c.arg("run").args(opts).arg("--").args(["sh", "-c", script]);
+    c.env("ATTACK", attack_bin());
+    c.output().expect("spawn ferry")
+}
+
+/// A remote TCP service that sends `len` bytes to each client and keeps the connection
+/// open until the client closes it.
+fn remote_sender(r: &Remote, port: u16, len: usize) {
+    let ip = r.remote_ip();
+    let l = r.run_in(|| TcpListener::bind((ip, port)).unwrap()).unwrap();
+    std::thread::spawn(move || {
+        for mut c in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                let _ = c.write_all(&pattern(len, 9));
+                let _ = c.read(&mut [0u8; 1]);
+            });
+        }
+    });
+}
+
+const VICTIM: &str = r#"
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+time.sleep(1.5)
+got = b""
+s.settimeout(5)
+while len(got) < int(sys.argv[3]):
+    b = s.recv(65536)
+    if not b:
+        break
+    got += b
+print("victim got", len(got), flush=True)
+"#;
+
+#[test]
+fn a_process_cannot_act_on_sockets_it_does_not_hold() {
+    if !can_run(&["python3"]) {
+        return;
+    }
+    let r = remote("sec-ids");
+    remote_sender(&r, 7101, 100_000);
+    for rx in ["pair", "ring"] {
+        let script = format!(
+            "python3 -c '{VICTIM}' {} 7101 100000 & sleep 0.7; \"$ATTACK\" ids 64; wait",
+            r.remote_ip()
+        );
+        let o = ferry_sh(&["--rx", rx], &script);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        // Every guessed id is refused (EBADF), nothing is stolen, no forged proof
+        // passes, and the victim gets every byte.
+        assert_eq!(
+            stdout(&o),
+            "answered 0 stolen 0 claimed 0\nvictim got 100000",
+            "--rx {rx}"
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("does not hold it") || err.contains("not the socket's"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn squatting_the_pair_names_does_not_stop_new_sockets() {
+    if !can_run(&["python3"]) {
+        return;
+    }
+    let script = "\"$ATTACK\" squat 64 3 & sleep 0.7; \
+                  python3 -c 'import socket; s=[socket.socket() for i in range(40)]; print(\"made\", len(s))'; wait";
+    let o = ferry_sh(&[], script);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = stdout(&o);
+    assert!(out.starts_with("squatting "), "{out}");
+    assert!(out.contains("made 40"), "{out}");
+}
+
+#[test]
+fn a_pair_end_handed_to_the_server_cannot_stall_it() {
+    if !can_run(&[]) {
+        return;
+    }
+    let mut c = ferry();
+    c.args(["run", "--"]).arg(attack_bin()).arg("hang");
+    let o = common::output_within(c, Duration::from_secs(20));
+    assert_eq!(
+        stdout(&o),
+        "served",
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Resident memory of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn completions_never_read_do_not_grow_the_server() {
+    if !can_run(&[]) {
+        return;
+    }
+    let mut child = ferry()
+        .args(["run", "--"])
+        .arg(attack_bin())
+        .args(["backlog", "6"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    std::thread::sleep(Duration::from_millis(1500));
+    let early = rss_kib(pid);
+    let mut peak = early;
+    while child.try_wait().unwrap().is_none() {
+        peak = peak.max(rss_kib(pid));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let o = child.wait_with_output().unwrap();
+    let out = stdout(&o);
+    // Linear growth was 15 MB a second before back-pressure.
+    assert!(
+        peak < early + 16 * 1024,
+        "server grew from {early} to {peak} KiB: {out}"
+    );
+    // The server stopped taking requests once the completions backed up.
+    let stuck: u64 = out
+        .rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(stuck > 3000, "{out}");
+}
+
+#[test]
+fn connections_that_never_say_hello_do_not_lock_out_channels() {
+    if !can_run(&["python3"]) {
+        return;
+    }
+    let r = remote("sec-hello");
+    remote_sender(&r, 7102, 10);
+    let victim = format!(
+        "import socket; s=socket.create_connection(('{}', 7102)); print('victim', len(s.recv(64)))",
+        r.remote_ip()
+    );
+    let script = format!(
+        "\"$ATTACK\" hellos 1500 5 & sleep 1.5; for i in 1 2 3; do python3 -c \"{victim}\"; done; wait"
+    );
+    let o = ferry_sh(&[], &script);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        out.lines().filter(|l| *l == "victim 10").count(),
+        3,
+        "{out}"
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("waiting for their Hello"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn the_admin_socket_is_out_of_the_sandboxs_reach() {
+    if !can_run(&[]) {
+        return;
+    }
+    let mut c = ferry();
+    c.args(["run", "--"]).arg(attack_bin()).arg("admin");
+    let o = c.output().unwrap();
+    assert_eq!(
+        stdout(&o),
+        "admin unreachable",
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

@@ -675,12 +675,37 @@ impl Channel {
         Ok(())
     }
 
-    /// A control request carrying `fd` (the server's end of a readiness pair); waits for
-    /// the reply (without a deadline: a blocking `accept` waits here).
-    pub fn ctl_call(&mut self, msg: &Ctl, fd: BorrowedFd<'_>) -> Res<Ctl> {
+    /// `EMFILE` when this process has no free descriptor for a new socket, found before
+    /// the server is asked (which would make the socket, or take a connection off the
+    /// listener, for nothing): the kernel's `socket` and `accept` fail that way, and
+    /// leave a pending connection where it was.
+    pub fn room_for_fd(&self) -> Res<()> {
+        match ferry_sys::dup_above(self.ctl.as_fd(), 0) {
+            Ok(spare) => {
+                close_quiet(spare);
+                Ok(())
+            }
+            Err(e) => Err(Errno::from_io(&e)),
+        }
+    }
+
+    /// A control request, carrying `fd` if given (the proof of a `Claim`); waits for
+    /// the reply (without a deadline: a blocking `accept` waits here) and returns it
+    /// with the descriptor it carries (the program's end of a new socket's pair), if
+    /// one arrived: none when this process is out of descriptors (the kernel then
+    /// closes it, and the server hears that the socket is gone).
+    pub fn ctl_call(
+        &mut self,
+        msg: &Ctl,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> Res<(Ctl, Option<OwnedFd>)> {
         self.usable()?;
         self.flush();
-        if let Err(e) = ferry_sys::send_with_fds(self.ctl.as_fd(), bytemuck::bytes_of(msg), &[fd]) {
+        let fds: &[BorrowedFd<'_>] = match &fd {
+            Some(fd) => std::slice::from_ref(fd),
+            None => &[],
+        };
+        if let Err(e) = ferry_sys::send_with_fds(self.ctl.as_fd(), bytemuck::bytes_of(msg), fds) {
             return Err(self.fail(format_args!("control send: {e}")));
         }
         loop {
@@ -696,19 +721,22 @@ impl Channel {
                 Err(e) => return Err(self.fail(format_args!("control poll: {e}"))),
             }
             let mut buf = [0u8; size_of::<Ctl>()];
-            match ferry_sys::recv_with_fds(self.ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
-                Ok((n, fds)) if n == buf.len() => {
-                    for f in fds {
-                        close_quiet(f);
-                    }
+            match ferry_sys::recv_with_fds_cut(self.ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
+                Ok((n, mut fds, _)) if n == buf.len() => {
                     let c: Ctl = bytemuck::pod_read_unaligned(&buf);
                     if c.kind() != Some(CtlKind::Reply) {
                         return Err(self.fail(format_args!("control message of kind {}", c.kind)));
                     }
-                    return Ok(c);
+                    let first = fds.pop();
+                    for f in fds {
+                        close_quiet(f);
+                    }
+                    return Ok((c, first));
                 }
-                Ok((0, _)) => return Err(self.fail(format_args!("server hung up"))),
-                Ok((n, _)) => return Err(self.fail(format_args!("control reply of {n} bytes"))),
+                Ok((0, _, _)) => return Err(self.fail(format_args!("server hung up"))),
+                Ok((n, _, _)) => {
+                    return Err(self.fail(format_args!("control reply of {n} bytes")));
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Err(self.fail(format_args!("control receive: {e}"))),
             }

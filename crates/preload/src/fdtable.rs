@@ -45,6 +45,11 @@ pub const F_SHUT_WR: u32 = 1 << 7;
 /// was identified by name (inherited across `exec`, received over `SCM_RIGHTS`). Its
 /// sends first wait for such bytes to be taken (`data::pair_taken`).
 pub const F_DIRECT: u32 = 1 << 8;
+/// This process may act on the socket at the server: it made or accepted it, or has
+/// claimed it (`CtlKind::Claim`, with the fd as proof). Not set for sockets identified
+/// by name (inherited across `exec`, received with `SCM_RIGHTS`); cleared in a `fork`
+/// child, which is another process.
+pub const F_CLAIMED: u32 = 1 << 9;
 /// Highest descriptor stdio writes by default (`stderr`).
 pub const STDIO_FDS: i32 = 2;
 
@@ -249,6 +254,21 @@ impl FdTable {
                 self.update(fd as i32, set, clear);
             }
             fd += 1;
+        }
+    }
+
+    /// Clears `flags` on every ferry socket of the table (a `fork` child's first act:
+    /// what only the parent had is not the child's).
+    pub fn clear_all(&self, flags: u32) {
+        let high = self.high.load(Ordering::Acquire).min(MAX_FD);
+        for fd in 0..high {
+            if let Some(slot) = self.slot(fd as i32) {
+                let w = slot.word.load(Ordering::Acquire);
+                if w != 0 && w != OTHER {
+                    slot.word
+                        .fetch_and(!(u64::from(flags) << 32), Ordering::AcqRel);
+                }
+            }
         }
     }
 

@@ -125,7 +125,7 @@ mod tests {
     fn ferry_names_are_recognised() {
         let (a, b) =
             ferry_sys::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC).unwrap();
-        let (name, n) = ferry_proto::pair_name(4_000_000_001);
+        let (name, n) = ferry_proto::pair_name(4_000_000_001, 0x1234);
         ferry_sys::bind_abstract(a.as_fd(), &name[..n]).unwrap();
         ferry_sys::set_nonblocking(a.as_fd(), true).unwrap();
         set_errno(1234);

@@ -10,11 +10,11 @@ use ferry_proto::{Ctl, CtlKind, MAX_SERVERS, Op, REQ_FILLED, REQ_NONBLOCK, Req, 
 use libc::{sockaddr, socklen_t};
 
 use crate::addr::{family, read_sockaddr, write_sockaddr};
-use crate::chan::{Channel, SLICE, Wait, close_quiet, fill_pair};
+use crate::chan::{Channel, SLICE, Wait, fill_pair};
 use crate::errno::{Errno, Res};
 use crate::fdtable::{
-    Entry, F_DGRAM, F_DIRECT, F_INET6, F_NONBLOCK, F_PEER, F_SHUT_WR, F_TYPED, F_WANT, STDIO_FDS,
-    Sock, TABLE,
+    Entry, F_CLAIMED, F_DGRAM, F_DIRECT, F_INET6, F_NONBLOCK, F_PEER, F_SHUT_WR, F_TYPED, F_WANT,
+    STDIO_FDS, Sock, TABLE,
 };
 use crate::iov::IoCursor;
 use crate::log::{self, Once};
@@ -45,27 +45,16 @@ fn new_flags(domain: c_int, base_ty: c_int) -> u32 {
     f
 }
 
-/// A readiness pair: (program's end = the lower number, server's end).
-fn pair() -> Res<(OwnedFd, OwnedFd)> {
-    let (a, b) = crate::sys::one_more_fd(|| {
-        ferry_sys::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC)
-    })?;
-    Ok(if a.as_raw_fd() < b.as_raw_fd() {
-        (a, b)
-    } else {
-        (b, a)
-    })
+/// The program's end of a new socket's pair, from a `Socket` or `Accept` reply; `EMFILE`
+/// when it did not arrive (this process has no free descriptor: the kernel closed it,
+/// and the server lets the socket go).
+fn delivered(fd: Option<OwnedFd>) -> Res<OwnedFd> {
+    fd.ok_or(Errno(libc::EMFILE))
 }
 
-/// Names the program's end of a new socket, applies `SOCK_NONBLOCK`/`SOCK_CLOEXEC`,
-/// caches it and hands it to the program.
+/// Applies `SOCK_NONBLOCK`/`SOCK_CLOEXEC` to the program's end of a new socket (named by
+/// the server), caches it and hands it to the program.
 fn adopt(prog: OwnedFd, id: u32, ty_flags: c_int, flags: u32) -> Res<c_int> {
-    let (name, n) = ferry_proto::pair_name(id);
-    if let Err(e) = ferry_sys::bind_abstract(prog.as_fd(), &name[..n]) {
-        log::once(Once::Internal, format_args!("cannot name socket {id}: {e}"));
-        close_quiet(prog);
-        return Err(Errno::EIO);
-    }
     let nonblock = ty_flags & libc::SOCK_NONBLOCK != 0;
     if nonblock {
         ferry_sys::set_nonblocking(prog.as_fd(), true)?;
@@ -74,8 +63,10 @@ fn adopt(prog: OwnedFd, id: u32, ty_flags: c_int, flags: u32) -> Res<c_int> {
         crate::sys::set_cloexec(prog.as_raw_fd(), false)?;
     }
     let fd = prog.into_raw_fd();
-    let flags =
-        flags | if nonblock { F_NONBLOCK } else { 0 } | if fd <= STDIO_FDS { F_DIRECT } else { 0 };
+    let flags = flags
+        | F_CLAIMED
+        | if nonblock { F_NONBLOCK } else { 0 }
+        | if fd <= STDIO_FDS { F_DIRECT } else { 0 };
     TABLE.set(fd, Entry::Ferry(Sock::new(fd, id, flags)));
     Ok(fd)
 }
@@ -84,13 +75,12 @@ fn adopt(prog: OwnedFd, id: u32, ty_flags: c_int, flags: u32) -> Res<c_int> {
 pub fn socket(domain: c_int, ty: c_int, protocol: c_int) -> Res<c_int> {
     let base = ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
     with_channel(|ch| {
-        let (prog, srv) = pair()?;
         let mut msg = Ctl::new(CtlKind::Socket, 0);
         (msg.a, msg.b, msg.c) = (domain, base, protocol);
-        let reply = ch.ctl_call(&msg, srv.as_fd());
-        close_quiet(srv);
-        let id = Errno::check(reply?.result)?;
-        adopt(prog, id, ty, new_flags(domain, base))
+        ch.room_for_fd()?;
+        let (reply, prog) = ch.ctl_call(&msg, None)?;
+        let id = Errno::check(reply.result)?;
+        adopt(delivered(prog)?, id, ty, new_flags(domain, base))
     })
     .map_err(|e| e.down_as(libc::ENETDOWN))
 }
@@ -118,25 +108,27 @@ pub unsafe fn accept(
         loop {
             // Always a non-blocking accept: a blocking one waits here, on the listener's
             // readiness token, where signals and SO_RCVTIMEO can end the wait.
-            let (prog, srv) = pair()?;
+            ch.room_for_fd()?;
             let mut msg = Ctl::new(CtlKind::Accept, s.id);
             msg.a = 1;
-            let reply = ch.ctl_call(&msg, srv.as_fd());
-            close_quiet(srv);
-            let reply = reply?;
+            let (reply, prog) = ch.ctl_call(&msg, None)?;
             if reply.c == 1 {
                 drain_token(ch, &s)?;
             }
             let id = match Errno::check(reply.result) {
                 Ok(id) => id,
                 Err(Errno::EAGAIN) if !s.nonblock() => {
-                    close_quiet(prog);
                     wait_acceptable(ch, &s, w, start)?;
                     continue;
                 }
                 Err(e) => return Err(e),
             };
-            let fd = adopt(prog, id, flags, F_TYPED | F_PEER | (s.flags & F_INET6))?;
+            let fd = adopt(
+                delivered(prog)?,
+                id,
+                flags,
+                F_TYPED | F_PEER | (s.flags & F_INET6),
+            )?;
             let peer = &reply.addr[..(reply.addr_len as usize).min(reply.addr.len())];
             // SAFETY: `addr`/`len` as the program passed them (caller). A bad pointer
             // costs the peer's address, not the connection (as in the kernel).
@@ -193,11 +185,30 @@ pub fn drain_token(ch: &mut Channel, s: &Sock) -> Res<()> {
     ch.push(&Req::new(Op::TokenDrained, s.id))
 }
 
+/// Makes sure this process may act on socket `s` at its server: a socket this process
+/// did not make or accept (inherited across `fork` or `exec`, received with
+/// `SCM_RIGHTS`) is claimed once, with its descriptor as the proof.
+pub fn claimed(ch: &mut Channel, s: Sock) -> Res<Sock> {
+    if s.flags & F_CLAIMED != 0 {
+        return Ok(s);
+    }
+    // SAFETY: the program's end, open for the duration of the call.
+    let fd = unsafe { ferry_sys::borrow(s.fd) };
+    let (reply, _) = ch.ctl_call(&Ctl::new(CtlKind::Claim, s.id), Some(fd))?;
+    Errno::check(reply.result)?;
+    TABLE.update_id(s.id, F_CLAIMED, 0);
+    Ok(Sock {
+        flags: s.flags | F_CLAIMED,
+        ..s
+    })
+}
+
 /// Completes the cache entry of a socket identified by its name (the cache may also
 /// have been cleared behind this process's back, e.g. by a `vfork` child's
 /// `close_range`): type, family, timeouts and whether it has a peer come from the
-/// server, once.
+/// server, once. Claims the socket first if this process has not.
 pub fn typed(ch: &mut Channel, s: Sock) -> Res<Sock> {
+    let s = claimed(ch, s)?;
     if s.typed() {
         return Ok(s);
     }
@@ -239,9 +250,10 @@ fn getopt(ch: &mut Channel, s: &Sock, level: c_int, name: c_int, len: usize) -> 
     Ok(out)
 }
 
-/// A tagged request with no data; returns the `Done` result.
-fn simple(req: Req, w: Wait) -> Res<(u32, ferry_proto::Cmp)> {
+/// A tagged request about socket `s` with no data; returns the `Done` result.
+fn simple(s: &Sock, req: Req, w: Wait) -> Res<(u32, ferry_proto::Cmp)> {
     with_channel_to(server_of(req.sock), |ch| {
+        claimed(ch, *s)?;
         let done = ch.call(req, w, &mut |_, _| {})?;
         Ok((Errno::check(done.result)?, done))
     })
@@ -257,7 +269,7 @@ pub unsafe fn connect(s: Sock, addr: *const sockaddr, len: socklen_t) -> Res<()>
     if unsafe { family(addr, len) } == Some(libc::AF_UNSPEC) {
         if s.dgram() {
             // Dissolves the association: sends need an address again.
-            simple(Req::new(Op::Disconnect, s.id), Wait::FOREVER)?;
+            simple(&s, Req::new(Op::Disconnect, s.id), Wait::FOREVER)?;
             TABLE.update_id(s.id, 0, F_PEER);
             return Ok(());
         }
@@ -282,7 +294,7 @@ pub unsafe fn connect(s: Sock, addr: *const sockaddr, len: socklen_t) -> Res<()>
         }
     }
     let (_, snd) = TABLE.timeouts(s.fd);
-    let r = simple(req, Wait::after(snd, Errno(libc::EINPROGRESS))).map(drop);
+    let r = simple(&s, req, Wait::after(snd, Errno(libc::EINPROGRESS))).map(drop);
     if r.is_ok() || (r == Err(Errno(libc::EINPROGRESS)) && !s.dgram()) {
         TABLE.update_id(s.id, F_PEER, 0);
     }
@@ -310,14 +322,14 @@ pub unsafe fn bind(s: Sock, addr: *const sockaddr, len: socklen_t) -> Res<()> {
         // SAFETY: forwarded (caller).
         unsafe { read_sockaddr(addr, len) }?
     };
-    simple(Req::new(Op::Bind, s.id).with_addr(&wa), Wait::FOREVER).map(drop)
+    simple(&s, Req::new(Op::Bind, s.id).with_addr(&wa), Wait::FOREVER).map(drop)
 }
 
 /// `listen()`.
 pub fn listen(s: Sock, backlog: c_int) -> Res<()> {
     let mut req = Req::new(Op::Listen, s.id);
     req.a = backlog as u32;
-    simple(req, Wait::FOREVER)?;
+    simple(&s, req, Wait::FOREVER)?;
     // A listener never polls writable in the kernel; its pair stays full (a second
     // `listen` finds it full already).
     fill_pair(s.fd);
@@ -331,7 +343,7 @@ pub fn shutdown(s: Sock, how: c_int) -> Res<()> {
     }
     let mut req = Req::new(Op::Shutdown, s.id);
     req.a = how as u32;
-    simple(req, Wait::FOREVER)?;
+    simple(&s, req, Wait::FOREVER)?;
     if how != libc::SHUT_RD {
         TABLE.update_id(s.id, F_SHUT_WR, 0);
     }
@@ -352,7 +364,7 @@ pub unsafe fn name(s: Sock, peer: bool, addr: *mut sockaddr, len: *mut socklen_t
         return Err(Errno::EFAULT);
     }
     let op = if peer { Op::PeerName } else { Op::SockName };
-    let (_, done) = simple(Req::new(op, s.id), Wait::FOREVER)?;
+    let (_, done) = simple(&s, Req::new(op, s.id), Wait::FOREVER)?;
     // SAFETY: forwarded (caller).
     unsafe { write_sockaddr(done.bytes(), addr, len) }
 }
@@ -370,7 +382,7 @@ pub fn pending(s: Sock) -> Res<c_int> {
             Ok(n)
         };
     }
-    simple(Req::new(Op::Pending, s.id), Wait::FOREVER).map(|(n, _)| n as c_int)
+    simple(&s, Req::new(Op::Pending, s.id), Wait::FOREVER).map(|(n, _)| n as c_int)
 }
 
 /// `setsockopt()`: relayed (values of at most 32 bytes); receive and send timeouts are
@@ -403,7 +415,7 @@ pub unsafe fn setsockopt(
     }
     let mut req = Req::new(Op::SetOpt, s.id).with_bytes(&bytes[..len]);
     (req.a, req.b) = (level as u32, name as u32);
-    simple(req, Wait::FOREVER)?;
+    simple(&s, req, Wait::FOREVER)?;
     if level == libc::SOL_SOCKET
         && (name == libc::SO_RCVTIMEO || name == libc::SO_SNDTIMEO)
         && let Some(us) = timeval_us(&bytes[..len])
@@ -481,6 +493,7 @@ pub unsafe fn getsockopt(
     let mut cur = unsafe { IoCursor::new(&iov, 1) }?;
     let mut from_buf = None;
     let done = with_channel_to(server_of(s.id), |ch| {
+        claimed(ch, s)?;
         if so_error {
             ch.reap()?;
             // EPIPE is a send-side condition: SO_ERROR never reports it.
@@ -534,6 +547,7 @@ pub fn want_tokens(socks: &[Sock]) {
                 let mine = socks.iter().filter(|s| server_of(s.id) == server);
                 let mut last = None;
                 for s in mine {
+                    claimed(ch, *s)?;
                     ch.push(&Req::new(Op::WantToken, s.id))?;
                     TABLE.update(s.fd, F_WANT, 0);
                     last = Some(s.id);
@@ -652,11 +666,5 @@ mod tests {
         assert_eq!(timeval_us(&tv(-1, 0)), Some(0));
         assert_eq!(timeval_us(&tv(i64::MAX, 0)), Some(u64::MAX));
         assert_eq!(timeval_us(&[0; 8]), None);
-    }
-
-    #[test]
-    fn readiness_pairs_put_the_program_end_lower() {
-        let (p, s) = pair().unwrap();
-        assert!(p.as_raw_fd() < s.as_raw_fd());
     }
 }

@@ -171,37 +171,6 @@ pub unsafe fn write_from(fd: c_int, p: *const u8, n: usize, off: Option<i64>) ->
     r.map(|k| k as usize)
 }
 
-/// Runs `f` (which makes descriptors) with the soft `RLIMIT_NOFILE` one higher, when
-/// it failed with `EMFILE` and the hard limit leaves room: a readiness pair takes two
-/// descriptors where the kernel's socket takes one, and the one above the limit is the
-/// server's end, closed before the call returns. Other threads cannot take a descriptor
-/// above the limit meanwhile: `f` has taken every free one below it.
-pub fn one_more_fd<T>(f: impl Fn() -> io::Result<T>) -> io::Result<T> {
-    let emfile = |e: &io::Error| e.raw_os_error() == Some(libc::EMFILE);
-    match f() {
-        Err(e) if emfile(&e) => {}
-        r => return r,
-    }
-    // SAFETY: plain data, filled by getrlimit.
-    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
-    // SAFETY: `rl` is a valid rlimit to fill.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 || rl.rlim_cur >= rl.rlim_max {
-        return Err(io::Error::from_raw_os_error(libc::EMFILE));
-    }
-    let raised = libc::rlimit {
-        rlim_cur: rl.rlim_cur + 1,
-        ..rl
-    };
-    // SAFETY: valid rlimit values (below the hard limit).
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
-        return Err(io::Error::from_raw_os_error(libc::EMFILE));
-    }
-    let r = f();
-    // SAFETY: as above: the limit the process had.
-    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &rl) };
-    r
-}
-
 /// `close_range(2)` (used when libc has no `closefrom`).
 pub fn close_range(first: u32, last: u32, flags: c_int) -> io::Result<()> {
     // SAFETY: integers only.

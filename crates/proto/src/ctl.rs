@@ -9,8 +9,9 @@ use bytemuck::{Pod, Zeroable};
 /// Version of the shim ↔ server protocol; both sides must agree (3: `Op::WantRoom`;
 /// 4: registered files, and the binding layout `FMB2` that names them; 5: received
 /// bytes through the readiness pair; 6: `REQ_FILLED` on a non-blocking connect; 7:
-/// `Op::Disconnect`; 8: control messages, `Op::SendCtl` and `CmpKind::Control`).
-pub const PROTO_VERSION: u32 = 8;
+/// `Op::Disconnect`; 8: control messages, `Op::SendCtl` and `CmpKind::Control`; 9: the
+/// server makes readiness pairs and names them, `CtlKind::Claim`).
+pub const PROTO_VERSION: u32 = 9;
 
 /// Low bits of a socket id that name the protocol server serving the socket (S4: a
 /// socket is assigned to one server at creation and every later call goes there).
@@ -28,22 +29,33 @@ pub fn server_of(sock: u32) -> usize {
 /// socket's readiness pair.
 pub const PAIR_NAME_PREFIX: &[u8] = b"ferry:";
 
-/// The abstract unix name (without the leading NUL) the shim binds the program's end of
-/// socket `id`'s readiness pair to, in the sandbox's network namespace: it tells a
-/// process that inherited the fd which socket it is, and the server whether that end is
-/// still open (the name is free once the last descriptor of it is closed).
-pub fn pair_name(id: u32) -> ([u8; 24], usize) {
-    let mut buf = [0u8; 24];
+/// Bytes of a [`pair_name`]: `ferry:`, up to 10 digits, `:`, 16 hex digits.
+pub const PAIR_NAME_MAX: usize = 6 + 10 + 1 + 16;
+
+/// The abstract unix name (without the leading NUL) the server binds the program's end
+/// of socket `id`'s readiness pair to, with `nonce` (random, so that names of several
+/// runs sharing the server's network namespace never meet, and no one can take a name
+/// before its socket: `"ferry:<id>:<nonce, 16 hex digits>"`. It tells a process that
+/// inherited or received the fd which socket it is, and the server whether that end is
+/// still open (the name is free once the last descriptor of it is closed). The name
+/// lives in the server's network namespace, which the sandbox cannot bind in.
+pub fn pair_name(id: u32, nonce: u64) -> ([u8; PAIR_NAME_MAX], usize) {
+    let mut buf = [0u8; PAIR_NAME_MAX];
     let mut w = &mut buf[..];
-    let _ = std::io::Write::write_fmt(&mut w, format_args!("ferry:{id}"));
+    let _ = std::io::Write::write_fmt(&mut w, format_args!("ferry:{id}:{nonce:016x}"));
     let left = w.len();
     (buf, buf.len() - left)
 }
 
 /// The socket id in an abstract name, if it is a [`pair_name`].
 pub fn parse_pair_name(name: &[u8]) -> Option<u32> {
-    let digits = name.strip_prefix(PAIR_NAME_PREFIX)?;
+    let rest = name.strip_prefix(PAIR_NAME_PREFIX)?;
+    let colon = rest.iter().position(|&b| b == b':')?;
+    let (digits, nonce) = (&rest[..colon], &rest[colon + 1..]);
     if digits.is_empty() || digits.len() > 10 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    if nonce.len() != 16 || !nonce.iter().all(u8::is_ascii_hexdigit) {
         return None;
     }
     std::str::from_utf8(digits).ok()?.parse().ok()
@@ -63,13 +75,15 @@ pub const HELLO_READS_PAIR: u32 = 1 << 30;
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CtlKind {
-    /// Shim → server: create a socket (`a` domain, `b` type, `c` protocol); one fd rides
-    /// along: the server's end of the socket's readiness pair.
+    /// Shim → server: create a socket (`a` domain, `b` type, `c` protocol). The reply
+    /// carries the program's end of the socket's readiness pair (made by the server,
+    /// which keeps the other end to itself).
     Socket = 1,
-    /// Shim → server: accept on socket `sock` (`a` = 1 when non-blocking); one fd rides
-    /// along: the server's end of the new socket's readiness pair.
+    /// Shim → server: accept on socket `sock` (`a` = 1 when non-blocking). The reply
+    /// carries the program's end of the new socket's readiness pair.
     Accept = 2,
-    /// Server → shim: the answer (`result` = socket id or negated errno; `addr` = peer).
+    /// Server → shim: the answer (`result` = socket id or negated errno; `addr` = peer),
+    /// with the program's end of a new socket's pair for `Socket` and `Accept`.
     Reply = 3,
     /// Program → server: bind a data-path module to socket `sock` (`a` = length of the
     /// [`crate::Binding`], `b` = number of files, `c` = [`crate::CTL_BLOB_FD`] when the
@@ -91,6 +105,12 @@ pub enum CtlKind {
     /// the ring before this message still see it; an instance already started keeps its
     /// file open. Answered with `Reply` (`result` 0, or `-EBADF` for an unknown handle).
     UnregisterFile = 7,
+    /// Program → server: this process holds socket `sock`; the proof rides along (its
+    /// fd: the program's end of the socket's pair). A process may act on a socket only
+    /// once it has made or accepted it, or claimed it: a socket it inherited across
+    /// `fork`, kept across `exec` or received with `SCM_RIGHTS`. Answered with `Reply`
+    /// (`result` 0, or `-EBADF` when the descriptor is not that socket's).
+    Claim = 8,
 }
 
 /// A control message.
@@ -137,6 +157,7 @@ impl Ctl {
             5 => Some(CtlKind::Files),
             6 => Some(CtlKind::RegisterFile),
             7 => Some(CtlKind::UnregisterFile),
+            8 => Some(CtlKind::Claim),
             _ => None,
         }
     }
@@ -190,14 +211,22 @@ mod tests {
     #[test]
     fn pair_names_round_trip() {
         for id in [0, 1, 42, u32::MAX] {
-            let (b, n) = pair_name(id);
-            assert_eq!(parse_pair_name(&b[..n]), Some(id));
+            for nonce in [0, 0xdead_beef, u64::MAX] {
+                let (b, n) = pair_name(id, nonce);
+                assert_eq!(parse_pair_name(&b[..n]), Some(id));
+            }
         }
-        assert_eq!(&pair_name(17).0[..8], b"ferry:17");
+        assert_eq!(
+            &pair_name(17, 255).0[..],
+            b"ferry:17:00000000000000ff\0\0\0\0\0\0\0\0"
+        );
         assert_eq!(parse_pair_name(b"ferry:"), None);
-        assert_eq!(parse_pair_name(b"ferry:12x"), None);
-        assert_eq!(parse_pair_name(b"ferry:99999999999"), None);
-        assert_eq!(parse_pair_name(b"other:1"), None);
-        assert_eq!(parse_pair_name(b"ferry:4294967296"), None);
+        assert_eq!(parse_pair_name(b"ferry:17"), None);
+        assert_eq!(parse_pair_name(b"ferry:17:00ff"), None);
+        assert_eq!(parse_pair_name(b"ferry:12x:00000000000000ff"), None);
+        assert_eq!(parse_pair_name(b"ferry:1:00000000000000fg"), None);
+        assert_eq!(parse_pair_name(b"ferry:99999999999:00000000000000ff"), None);
+        assert_eq!(parse_pair_name(b"other:1:00000000000000ff"), None);
+        assert_eq!(parse_pair_name(b"ferry:4294967296:00000000000000ff"), None);
     }
 }

@@ -32,7 +32,8 @@ mod module;
 pub use addr::{AddrError, WireAddr};
 pub use ctl::{
     Ctl, CtlKind, HELLO_READS_PAIR, HELLO_ROUTES, HELLO_RX_PAIR, Hello, HelloReply, MAX_SERVERS,
-    PAIR_NAME_PREFIX, PROTO_VERSION, SERVER_BITS, pair_name, parse_pair_name, server_of,
+    PAIR_NAME_MAX, PAIR_NAME_PREFIX, PROTO_VERSION, SERVER_BITS, pair_name, parse_pair_name,
+    server_of,
 };
 pub use module::{
     BINDING_MAGIC, Binding, BindingError, CTL_BLOB_FD, MAX_BINDING_BYTES, MAX_FILE_HANDLES,

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use ferry_proto::{Cmp, CmpKind, Req};
 use ferry_ring::{Endpoint, Layout, Region, Side};
 
+use crate::sock::Owner;
 use crate::stats::ChannelStats;
 
 #[derive(Debug)]
@@ -20,6 +21,8 @@ pub(crate) struct Channel {
     pub backlog: VecDeque<Cmp>,
     /// The sleep flag is armed (the loop is about to block).
     pub armed: bool,
+    /// Its requests are not being taken: its completions back up.
+    pub throttled: bool,
     /// The shim routes each socket's calls to the socket's server, so sockets created
     /// through this channel may be assigned to any server.
     pub routes: bool,
@@ -34,6 +37,9 @@ pub(crate) struct Channel {
     pub room_wait: Vec<u32>,
     /// Control bytes (`Op::SendCtl`) for the next `Send` from this channel.
     pub send_ctl: Vec<u8>,
+    /// The process that opened the channel (the kernel's word, at connect): the sockets
+    /// it may use are those that list it as a holder.
+    pub owner: Owner,
     pub stats: ChannelStats,
 }
 
@@ -43,7 +49,7 @@ impl Channel {
         id: u32,
         ctl: OwnedFd,
         layout: Layout,
-        pid: u32,
+        owner: Owner,
         tid: u32,
     ) -> io::Result<Channel> {
         let region = Region::create(&format!("ferry-ch{id}"), layout).map_err(io::Error::other)?;
@@ -57,14 +63,16 @@ impl Channel {
             ep,
             backlog: VecDeque::new(),
             armed: false,
+            throttled: false,
             routes: false,
             rx_pair: false,
             returns: 0,
             room_wait: Vec::new(),
             send_ctl: Vec::new(),
+            owner,
             stats: ChannelStats {
                 id,
-                pid,
+                pid: owner.pid as u32,
                 tid,
                 ..ChannelStats::default()
             },

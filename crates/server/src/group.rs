@@ -79,8 +79,8 @@ impl std::str::FromStr for Accepted {
 /// What one server hands another.
 #[derive(Debug)]
 pub(crate) enum Msg {
-    /// A control connection that said Hello for this server.
-    Hello(OwnedFd, Hello),
+    /// A control connection that said Hello for this server, and its process.
+    Hello(OwnedFd, Hello, crate::sock::Owner),
     /// A socket assigned to this server.
     Sock(Box<Sock>),
     /// A connection is waiting on published port `.0`.
@@ -152,6 +152,10 @@ pub(crate) struct Shared {
     /// sandbox port.
     pub published: Mutex<Vec<(u16, VecDeque<OwnedFd>)>>,
     pub any_published: bool,
+    /// Channels open on every server of the sandbox (capped by `Config::max_channels`).
+    channels_open: AtomicUsize,
+    /// Sockets open on every server of the sandbox (capped by `Config::max_sockets`).
+    sockets_open: AtomicUsize,
 }
 
 impl std::fmt::Debug for Shared {
@@ -198,7 +202,36 @@ impl Shared {
             factory: Mutex::new(factory),
             published: Mutex::new(published),
             any_published: !cfg.publish.is_empty(),
+            channels_open: AtomicUsize::new(0),
+            sockets_open: AtomicUsize::new(0),
         })
+    }
+
+    /// Channels open on every server.
+    pub(crate) fn channels_open(&self) -> usize {
+        self.channels_open.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn channel_opened(&self) {
+        self.channels_open.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn channel_closed(&self) {
+        self.channels_open.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Takes one of the sandbox's `max` sockets: false when all are in use.
+    pub(crate) fn take_socket(&self, max: usize) -> bool {
+        self.sockets_open
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Gives a socket back ([`Shared::take_socket`]).
+    pub(crate) fn socket_closed(&self) {
+        self.sockets_open.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// A new socket id served by `server`.

@@ -132,6 +132,14 @@ pub struct Config {
     /// Received TCP data reaches the program through its fd (the readiness pair)
     /// instead of the ring ([`ferry_proto::HELLO_RX_PAIR`]).
     pub rx_pair: bool,
+    /// Most channels the sandbox may have open at once (on all servers together);
+    /// further control connections are refused with a log line. Each channel is one
+    /// shared region ([`Config::layout`]: 4 MiB by default, used as it is touched) and
+    /// three descriptors.
+    pub max_channels: usize,
+    /// Most sockets the sandbox may have open at once (on all servers together); more
+    /// get `ENFILE` with a log line. Each is two of the server's descriptors.
+    pub max_sockets: usize,
 }
 
 impl Config {
@@ -153,8 +161,22 @@ impl Config {
             accepted: Accepted::Assign,
             modules: ModuleConfig::default(),
             rx_pair: false,
+            max_channels: DEFAULT_MAX_CHANNELS,
+            max_sockets: default_max_sockets(DEFAULT_MAX_CHANNELS),
         }
     }
+}
+
+/// [`Config::max_channels`] unless configured.
+pub const DEFAULT_MAX_CHANNELS: usize = 512;
+
+/// [`Config::max_sockets`] unless configured: what the process's descriptor limit
+/// leaves after `channels` channels (three descriptors each) and a reserve, at two
+/// descriptors per socket (its host socket and its end of the readiness pair); at least
+/// 64.
+pub fn default_max_sockets(channels: usize) -> usize {
+    let limit = ferry_sys::nofile_limit().map_or(1024, |(soft, _)| soft as usize);
+    (limit.saturating_sub(channels * 3 + 256) / 2).max(64)
 }
 
 /// The channel geometry ferry uses unless told otherwise: 256 records each way, 32 buffers

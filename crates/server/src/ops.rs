@@ -18,6 +18,9 @@ use crate::server::Server;
 use crate::sock::{Parked, Place, Sock, TxItem};
 use crate::sockopt;
 
+/// Most operations one channel may have waiting on one socket (a shim has one).
+const MAX_PARKED_PER_CHANNEL: usize = 4;
+
 /// Most buffers one receive fills.
 const MAX_RECV_BUFS: usize = 4;
 
@@ -154,21 +157,27 @@ impl Server {
         }
     }
 
-    /// A control message (socket creation, accept). Errors here go back to the shim.
+    /// A control message (socket creation, accept, claim). Errors here go back to the
+    /// shim. Descriptors a message does not carry are closed.
     pub(crate) fn control(&mut self, ch: u32, msg: Ctl, mut fds: Vec<OwnedFd>) {
-        let (Some(kind), Some(pair)) = (msg.kind(), fds.pop()) else {
-            self.bad_channel(
-                ch,
-                "control message without a known kind and one descriptor",
-            );
+        let Some(kind) = msg.kind() else {
+            self.bad_channel(ch, "control message of an unknown kind");
             return;
         };
         match kind {
-            CtlKind::Socket => {
-                let result = self.create_socket(ch, msg.a, msg.b, msg.c, pair);
-                self.ctl_reply(ch, Server::new_reply(result.unwrap_or_else(|e| e)));
+            CtlKind::Socket => match self.create_socket(ch, msg.a, msg.b, msg.c) {
+                Ok((id, theirs)) => self.ctl_reply_fd(ch, Server::new_reply(id as i32), theirs),
+                Err(e) => self.ctl_reply(ch, Server::new_reply(e)),
+            },
+            CtlKind::Accept if self.may_use(ch, msg.sock) => self.accept(ch, msg.sock, msg.a != 0),
+            CtlKind::Accept => self.ctl_reply(ch, Server::new_reply(-libc::EBADF)),
+            CtlKind::Claim => {
+                let result = match fds.pop() {
+                    Some(fd) if fds.is_empty() => self.claim(ch, msg.sock, fd),
+                    _ => -libc::EINVAL,
+                };
+                self.ctl_reply(ch, Server::new_reply(result));
             }
-            CtlKind::Accept => self.accept(ch, msg.sock, msg.a != 0, pair),
             CtlKind::Reply => self.bad_channel(ch, "reply sent by the sandbox"),
             CtlKind::BindModule
             | CtlKind::Files
@@ -177,6 +186,58 @@ impl Server {
                 unreachable!("routed to the modules by ctl_readable")
             }
         }
+    }
+
+    /// Whether channel `ch`'s process may act on socket `id` (it made, accepted or
+    /// claimed it). An unknown socket counts as usable here: the operation then finds
+    /// no socket and says `EBADF` itself.
+    pub(crate) fn may_use(&self, ch: u32, id: u32) -> bool {
+        let (Some(c), Some(s)) = (self.chan(ch), self.socks.get(&id)) else {
+            return true;
+        };
+        s.held_by(c.owner)
+    }
+
+    /// `CtlKind::Claim`: channel `ch`'s process shows `fd` to prove it holds socket `id`.
+    /// The proof holds when `fd` is a unix stream socket of the server's own network
+    /// namespace (the sandbox cannot make one) bound to the socket's name (which only
+    /// the program's end of its pair has: names are never used twice). Then the process
+    /// may act on the socket from now on.
+    fn claim(&mut self, ch: u32, id: u32, fd: OwnedFd) -> i32 {
+        let Some(owner) = self.chan(ch).map(|c| c.owner) else {
+            return -libc::EBADF;
+        };
+        let Some(s) = self.socks.get_mut(&id) else {
+            return -libc::EBADF;
+        };
+        let mut name = [0u8; 107];
+        let named = ferry_sys::abstract_name(fd.as_fd(), &mut name)
+            .ok()
+            .flatten()
+            .is_some_and(|n| name[..n] == s.name.0[..s.name.1]);
+        let ours = match (
+            ferry_sys::netns_cookie(fd.as_fd()),
+            ferry_sys::netns_cookie(s.pair.as_fd()),
+        ) {
+            (Ok(a), Ok(b)) => a == b,
+            // Kernels before 5.14: the name alone (made in a namespace the sandbox
+            // cannot bind in, but a program that saw it could bind it in its own).
+            _ => true,
+        };
+        let stream = ferry_sys::getsockopt_int(fd.as_fd(), libc::SOL_SOCKET, libc::SO_TYPE)
+            .is_ok_and(|t| t == libc::SOCK_STREAM);
+        if !(named && ours && stream) {
+            if let Some(n) = self.strangers.tick() {
+                warn!(
+                    "socket {id}: pid {} claimed it with a descriptor that is not the socket's; refused ({n} such requests since the last line)",
+                    owner.pid
+                );
+            }
+            self.stats.denied += 1;
+            return -libc::EBADF;
+        }
+        s.add_holder(owner);
+        0
     }
 
     /// The server a socket made through channel `ch` goes to (`key` for the hash mode).
@@ -189,20 +250,22 @@ impl Server {
         }
     }
 
+    /// Makes a socket for channel `ch`: its id and the program's end of its pair.
     fn create_socket(
         &mut self,
         ch: u32,
         domain: i32,
         ty: i32,
         protocol: i32,
-        pair: OwnedFd,
-    ) -> Result<i32, i32> {
+    ) -> Result<(u32, OwnedFd), i32> {
         if domain != libc::AF_INET && domain != libc::AF_INET6 {
             return Err(-libc::EAFNOSUPPORT);
         }
         if ty != libc::SOCK_STREAM && ty != libc::SOCK_DGRAM {
             return Err(-libc::EPROTONOSUPPORT);
         }
+        let owner = self.chan(ch).ok_or(-libc::EBADF)?.owner;
+        let _slot = self.socket_slot()?;
         let fd = ferry_sys::socket(
             domain,
             ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
@@ -213,14 +276,40 @@ impl Server {
             .chan(ch)
             .map_or(0, |c| u64::from(c.stats.pid) << 32 | u64::from(c.stats.tid));
         let server = self.assign(ch, key);
-        let mut sock = self.new_sock(server, fd, pair, (domain, ty, protocol), Place::Provisional);
+        let (mut sock, theirs) = self
+            .new_sock(
+                server,
+                fd,
+                (domain, ty, protocol),
+                Place::Provisional,
+                owner,
+            )
+            .map_err(|e| errno(&e))?;
         sock.rx_pair = ty == libc::SOCK_STREAM && self.chan(ch).is_some_and(|c| c.rx_pair);
         let id = self.place_sock(sock).map_err(|e| errno(&e))?;
+        std::mem::forget(_slot);
         self.stats.sockets_created += 1;
-        Ok(id as i32)
+        Ok((id, theirs))
     }
 
-    fn accept(&mut self, ch: u32, id: u32, nonblock: bool, pair: OwnedFd) {
+    /// One of the sandbox's sockets (`Config::max_sockets`), given back when the guard
+    /// drops unless it is forgotten (the socket was made: `settle_dirty` gives it back
+    /// when the socket goes).
+    fn socket_slot(&mut self) -> Result<SocketSlot, i32> {
+        if self.shared.take_socket(self.cfg.max_sockets) {
+            return Ok(SocketSlot(self.shared.clone()));
+        }
+        if let Some(n) = self.refusals.tick() {
+            warn!(
+                "the sandbox has {} sockets open (--max-sockets): a new one is refused with ENFILE ({n} since the last line)",
+                self.cfg.max_sockets
+            );
+        }
+        self.stats.denied += 1;
+        Err(-libc::ENFILE)
+    }
+
+    fn accept(&mut self, ch: u32, id: u32, nonblock: bool) {
         let Some(s) = self.sock(id) else {
             self.ctl_reply(ch, Server::new_reply(-libc::EBADF));
             return;
@@ -230,11 +319,9 @@ impl Server {
             return;
         }
         match self.try_accept(id) {
-            Ok((conn, peer)) => self.finish_accept(ch, id, conn, peer, pair),
+            Ok((conn, peer)) => self.finish_accept(ch, id, conn, peer),
             Err(e) if would_block(&e) && !nonblock => {
-                if let Some(s) = self.sock(id) {
-                    s.parked.push_back(Parked::Accept { ch, pair });
-                }
+                self.park(id, Parked::Accept { ch });
             }
             Err(e) => {
                 let mut r = Server::new_reply(errno(&e));
@@ -263,17 +350,22 @@ impl Server {
         }
     }
 
-    fn finish_accept(
-        &mut self,
-        ch: u32,
-        listener: u32,
-        conn: OwnedFd,
-        peer: Option<SocketAddr>,
-        pair: OwnedFd,
-    ) {
+    fn finish_accept(&mut self, ch: u32, listener: u32, conn: OwnedFd, peer: Option<SocketAddr>) {
         let (domain, place) = match self.socks.get(&listener) {
             Some(s) => (s.domain, s.place),
             None => (libc::AF_INET, Place::Sandbox),
+        };
+        let Some(owner) = self.chan(ch).map(|c| c.owner) else {
+            return;
+        };
+        let slot = match self.socket_slot() {
+            Ok(slot) => slot,
+            Err(e) => {
+                // The connection is dropped (its peer sees it closed), as when a
+                // program's accept fails for lack of descriptors.
+                self.ctl_reply(ch, Server::new_reply(e));
+                return;
+            }
         };
         // A connection from a published port with a module rule stays here: the rule is
         // applied by this server, right after the accept.
@@ -283,14 +375,22 @@ impl Server {
             _ if module_port => self.index,
             crate::Accepted::Assign => self.assign(ch, peer.map_or(0, |p| addr_key(&p))),
         };
-        let mut sock = self.new_sock(server, conn, pair, (domain, libc::SOCK_STREAM, 0), place);
+        let made = self.new_sock(server, conn, (domain, libc::SOCK_STREAM, 0), place, owner);
+        let (mut sock, theirs) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                self.ctl_reply(ch, Server::new_reply(errno(&e)));
+                return;
+            }
+        };
         sock.connected = true;
         sock.rx_pair = self.chan(ch).is_some_and(|c| c.rx_pair);
         if server == self.index {
             sock.last_ch = ch;
         }
-        let reply = match self.place_sock(sock) {
+        match self.place_sock(sock) {
             Ok(new) => {
+                std::mem::forget(slot);
                 let mut r = Server::new_reply(new as i32);
                 if let Some(p) = peer {
                     r.addr_len = WireAddr::from(p).encode(&mut r.addr) as u32;
@@ -300,11 +400,10 @@ impl Server {
                 }
                 r.c = self.drain_if_empty(listener);
                 self.module_on_accept(new);
-                r
+                self.ctl_reply_fd(ch, r, theirs);
             }
-            Err(e) => Server::new_reply(errno(&e)),
-        };
-        self.ctl_reply(ch, reply);
+            Err(e) => self.ctl_reply(ch, Server::new_reply(errno(&e))),
+        }
     }
 
     /// One validated ring request. `Err` means the channel broke the protocol.
@@ -352,6 +451,11 @@ impl Server {
                 self.settle_dirty();
             }
             self.done(ch, r.sock, r.tag, 0);
+            return Ok(());
+        }
+        if !self.may_use(ch, r.sock) {
+            self.not_holder(ch, r.sock);
+            self.done(ch, r.sock, r.tag, -libc::EBADF);
             return Ok(());
         }
         let Some(s) = self.sock(r.sock) else {
@@ -501,6 +605,17 @@ impl Server {
         Ok(())
     }
 
+    /// A channel named a socket its process does not hold: refused (`EBADF`), logged.
+    fn not_holder(&mut self, ch: u32, id: u32) {
+        let pid = self.chan(ch).map_or(0, |c| c.owner.pid);
+        if let Some(n) = self.strangers.tick() {
+            warn!(
+                "socket {id}: pid {pid} does not hold it (never made, accepted or claimed it); refused ({n} such requests since the last line)"
+            );
+        }
+        self.stats.denied += 1;
+    }
+
     /// Whether socket `id` lives on the host already (bound to a host address, or
     /// connected or sent from before): local destinations would be the host's own.
     fn on_host(&self, id: u32) -> bool {
@@ -590,7 +705,7 @@ impl Server {
                 if nonblock {
                     self.done(ch, id, tag, -libc::EINPROGRESS);
                 } else {
-                    s.parked.push_back(Parked::Connect { ch, tag });
+                    self.park(id, Parked::Connect { ch, tag });
                 }
             }
             Err(e) => self.done(ch, id, tag, errno(&e)),
@@ -741,7 +856,10 @@ impl Server {
             c.buf = r.buf;
             srv.complete(ch, c);
         };
-        let Some(s) = self.socks.get(&r.sock) else {
+        if !self.may_use(ch, r.sock) {
+            self.not_holder(ch, r.sock);
+        }
+        let Some(s) = self.socks.get(&r.sock).filter(|_| self.may_use(ch, r.sock)) else {
             give_back(self, -libc::EBADF);
             self.done(ch, r.sock, 0, -libc::EBADF);
             return Ok(());
@@ -1039,14 +1157,15 @@ impl Server {
         match self.try_recv(ch, id, tag, len, flags) {
             Ok(()) => {}
             Err(e) if would_block(&e) && !nonblock => {
-                if let Some(s) = self.sock(id) {
-                    s.parked.push_back(Parked::Recv {
+                self.park(
+                    id,
+                    Parked::Recv {
                         ch,
                         tag,
                         len,
                         flags,
-                    });
-                }
+                    },
+                );
             }
             Err(e) => {
                 let mut c = Cmp::new(CmpKind::Done, id, tag, errno(&e));
@@ -1556,10 +1675,10 @@ impl Server {
                     }
                     Err(e) => self.done(ch, id, tag, errno(&e)),
                 },
-                Parked::Accept { ch, pair } => match self.try_accept(id) {
-                    Ok((conn, peer)) => self.finish_accept(ch, id, conn, peer, pair),
+                Parked::Accept { ch } => match self.try_accept(id) {
+                    Ok((conn, peer)) => self.finish_accept(ch, id, conn, peer),
                     Err(e) if would_block(&e) => {
-                        self.park_front(id, Parked::Accept { ch, pair });
+                        self.park_front(id, Parked::Accept { ch });
                         return;
                     }
                     Err(e) => self.ctl_reply(ch, Server::new_reply(errno(&e))),
@@ -1572,9 +1691,35 @@ impl Server {
         }
     }
 
+    /// Parks a blocking operation of socket `id` until its host socket is ready. A
+    /// shim's thread has one request in flight at a time: a channel with more than a
+    /// few parked on one socket breaks the protocol (and would grow the queue without
+    /// bound), so it is closed.
+    fn park(&mut self, id: u32, p: Parked) {
+        let ch = p.owner().0;
+        let Some(s) = self.sock(id) else {
+            return;
+        };
+        if s.parked.iter().filter(|q| q.owner().0 == ch).count() >= MAX_PARKED_PER_CHANNEL {
+            self.bad_channel(ch, "too many blocking requests on one socket");
+            return;
+        }
+        s.parked.push_back(p);
+    }
+
     fn park_front(&mut self, id: u32, p: Parked) {
         if let Some(s) = self.sock(id) {
             s.parked.push_front(p);
         }
+    }
+}
+
+/// A socket counted against the sandbox's cap (`Config::max_sockets`) whose making may
+/// still fail: dropping it gives the count back.
+struct SocketSlot(std::sync::Arc<crate::group::Shared>);
+
+impl Drop for SocketSlot {
+    fn drop(&mut self) {
+        self.0.socket_closed();
     }
 }

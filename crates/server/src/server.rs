@@ -13,7 +13,7 @@ use tracing::{debug, info, warn};
 
 use crate::channel::Channel;
 use crate::group::{Handle, Msg, Shared, lock, server_name};
-use crate::sock::{Parked, Place, Sock};
+use crate::sock::{NewPair, Owner, Parked, Place, Sock};
 use crate::stats::ServerStats;
 use crate::{Config, Error, SandboxSocketFn};
 
@@ -29,6 +29,17 @@ const T_HELLO: u64 = 8;
 const T_DNS_IN: u64 = 9;
 const T_DNS_UP: u64 = 10;
 const T_DNS_TCP: u64 = 11;
+
+/// Completions a channel may have waiting beyond its ring before the server stops
+/// taking its requests (a shim reads its completions at every call, and one call queues
+/// at most a few hundred).
+const BACKLOG_HIGH: usize = 2048;
+
+/// How long a control connection may take to say Hello before it is closed.
+const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Most control connections waiting for their Hello at once (the oldest gives way).
+const MAX_PENDING_HELLO: usize = 64;
 
 pub(crate) fn token(kind: u64, idx: u32) -> u64 {
     kind << 56 | u64::from(idx)
@@ -62,8 +73,9 @@ pub struct Server {
     pub(crate) rx_pipe: Option<(OwnedFd, OwnedFd)>,
     /// Sockets with sends queued during this pass of the rings.
     pub(crate) tx_pending: Vec<u32>,
-    /// Control connections that have not said Hello yet.
-    pending_hello: HashMap<u32, OwnedFd>,
+    /// Control connections that have not said Hello yet: the connection, the process
+    /// that made it, and when it came (it is closed after [`HELLO_TIMEOUT`]).
+    pending_hello: HashMap<u32, (OwnedFd, Owner, Instant)>,
     next_hello: u32,
     /// Only this process and its descendants may open channels.
     init_pid: Option<i32>,
@@ -74,11 +86,38 @@ pub struct Server {
     pub(crate) pair_resume: Vec<u32>,
     /// Data-path modules bound to sockets (`modules.rs`).
     pub(crate) modules: crate::modules::Modules,
-    /// A unix socket made in the sandbox's network namespace, unbound: binding it to a
-    /// pair's name tells whether the program's end is still open (see `app_alive`).
+    /// An unbound unix socket of the server's namespace: binding it to a pair's name
+    /// tells whether the program's end is still open (see `app_alive`).
     name_probe: Option<OwnedFd>,
     /// The host's own addresses, for the bind and source rules (`reach.rs`).
     pub(crate) host_addrs: crate::reach::HostAddrs,
+    /// Log lines about refused control connections and sockets, at most one a second.
+    pub(crate) refusals: LogThrottle,
+    /// Log lines about requests for sockets a process does not hold, likewise.
+    pub(crate) strangers: LogThrottle,
+}
+
+/// At most one log line a second for an event a sandbox can repeat at will: `tick`
+/// says when to write one, and how many events it covers.
+#[derive(Debug, Default)]
+pub(crate) struct LogThrottle {
+    last: Option<Instant>,
+    count: u64,
+}
+
+impl LogThrottle {
+    /// Counts one event; `Some(events since the last line)` when a line is due.
+    pub(crate) fn tick(&mut self) -> Option<u64> {
+        self.count += 1;
+        if self
+            .last
+            .is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(1))
+        {
+            return None;
+        }
+        self.last = Some(Instant::now());
+        Some(std::mem::take(&mut self.count))
+    }
 }
 
 impl std::fmt::Debug for Server {
@@ -145,6 +184,8 @@ impl Server {
             modules,
             name_probe: None,
             host_addrs: Default::default(),
+            refusals: LogThrottle::default(),
+            strangers: LogThrottle::default(),
         })
     }
 
@@ -216,23 +257,28 @@ impl Server {
         self.init_pid = Some(init);
     }
 
-    fn peer_allowed(&self, fd: &OwnedFd) -> bool {
-        let Some(init) = self.init_pid else {
-            return true;
-        };
+    /// The process at the other end of a new control connection, if it may open a
+    /// channel: a process of the sandbox (once [`Server::restrict_to_descendants_of`]
+    /// was called), with a pid and start time the kernel vouches for.
+    fn peer_owner(&self, fd: &OwnedFd) -> Option<Owner> {
         let pid = match ferry_sys::peer_pid(fd.as_fd()) {
             Ok(pid) => pid,
             Err(e) => {
                 warn!("control connection without credentials ({e}); refused");
-                return false;
+                return None;
             }
         };
-        if descends_from(pid, init) {
-            true
-        } else {
+        if let Some(init) = self.init_pid
+            && !descends_from(pid, init)
+        {
             warn!("control connection from pid {pid}, which is not in the sandbox; refused");
-            false
+            return None;
         }
+        let Some(start) = process_start(pid) else {
+            debug!("control connection from pid {pid}, which has exited; refused");
+            return None;
+        };
+        Some(Owner { pid, start })
     }
 
     /// Starts the DNS forwarder (see [`crate::dns`]): `listen` are the nameserver
@@ -325,9 +371,15 @@ impl Server {
             }
             if self.stats.turns.is_multiple_of(64) {
                 self.publish_live();
+                self.expire_hellos();
             }
-            let timeout = if did > 0 || spinning || self.has_backlog() {
+            let backlogged = self.has_backlog();
+            let timeout = if did > 0 || spinning {
                 0
+            } else if backlogged {
+                // Completions wait for room in a ring the program empties without
+                // telling: look again soon, without burning the CPU.
+                1
             } else if self.arm_all() {
                 self.stats.sleeps += 1;
                 self.publish_live();
@@ -340,6 +392,10 @@ impl Server {
                 // S1's flush on a maximum delay: a shim may hold back its doorbell, so
                 // never sleep longer than the delay it was promised.
                 self.epoll.wait_for(self.cfg.batch_delay, &mut events)
+            } else if timeout < 0 && !self.pending_hello.is_empty() {
+                // A connection that never says Hello is closed in time.
+                self.expire_hellos();
+                self.epoll.wait_for(HELLO_TIMEOUT / 2, &mut events)
             } else {
                 self.epoll.wait(timeout, &mut events)
             };
@@ -399,6 +455,17 @@ impl Server {
         let mut total = 0;
         for idx in 0..self.channels.len() {
             while let Some(ch) = self.channels[idx].as_mut() {
+                if ch.backlog.len() >= BACKLOG_HIGH {
+                    // Back-pressure: the program does not read its completions, so its
+                    // requests wait in its ring until it does.
+                    if !ch.throttled {
+                        ch.throttled = true;
+                        self.stats.backpressure += 1;
+                        debug!("channel {idx}: completions back up; its requests wait");
+                    }
+                    break;
+                }
+                ch.throttled = false;
                 let rec = match ch.ep.rx.pop() {
                     Ok(Some(r)) => r,
                     Ok(None) => {
@@ -497,13 +564,17 @@ impl Server {
     }
 
     fn accept_channels(&mut self) {
-        let Some(listener) = self.listener.as_ref() else {
-            return;
-        };
         loop {
+            let Some(listener) = self.listener.as_ref() else {
+                return;
+            };
             match ferry_sys::accept4(listener.as_fd(), libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK) {
                 Ok((fd, _)) => {
-                    if !self.peer_allowed(&fd) {
+                    let Some(owner) = self.peer_owner(&fd) else {
+                        self.stats.channels_refused += 1;
+                        continue;
+                    };
+                    if !self.admit(owner) {
                         continue;
                     }
                     // The channel is set up when its Hello arrives.
@@ -516,14 +587,99 @@ impl Server {
                         warn!("cannot watch new control connection: {e}");
                         continue;
                     }
-                    self.pending_hello.insert(n, fd);
+                    self.pending_hello.insert(n, (fd, owner, Instant::now()));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) => {
+                    // Out of descriptors, say: the connection waits in the backlog, and
+                    // the next turn tries again (no spin: the listener is level-triggered
+                    // but this loop gives up for the turn).
                     warn!("accept on control socket: {e}");
                     return;
                 }
             }
+        }
+    }
+
+    /// Whether a new control connection of `owner` may wait for its Hello: the sandbox's
+    /// channels stay under the cap, and at most [`MAX_PENDING_HELLO`] connections wait
+    /// at once. When they are that many, those whose Hello has come are taken first;
+    /// then the oldest connection of the process with the most waiting gives way (a
+    /// flood of silent connections evicts itself, not a shim about to say Hello).
+    fn admit(&mut self, owner: Owner) -> bool {
+        let channels = self.shared.channels_open();
+        if channels + self.pending_hello.len() >= self.cfg.max_channels {
+            if let Some(n) = self.refusals.tick() {
+                warn!(
+                    "the sandbox has {channels} channels open (--max-channels {}): a new control connection from pid {} refused ({n} since the last line)",
+                    self.cfg.max_channels, owner.pid
+                );
+            }
+            self.stats.channels_refused += 1;
+            return false;
+        }
+        if self.pending_hello.len() < MAX_PENDING_HELLO {
+            return true;
+        }
+        let ready: Vec<u32> = self
+            .pending_hello
+            .iter()
+            .filter(|(_, (fd, _, _))| {
+                ferry_sys::poll_now(fd.as_fd(), libc::POLLIN).unwrap_or(0) != 0
+            })
+            .map(|(n, _)| *n)
+            .collect();
+        for n in ready {
+            self.hello(n);
+        }
+        if self.pending_hello.len() >= MAX_PENDING_HELLO {
+            let mut per_owner: HashMap<Owner, usize> = HashMap::new();
+            for (_, o, _) in self.pending_hello.values() {
+                *per_owner.entry(*o).or_default() += 1;
+            }
+            let worst = per_owner
+                .into_iter()
+                .max_by_key(|(_, k)| *k)
+                .map(|(o, _)| o);
+            let victim = self
+                .pending_hello
+                .iter()
+                .filter(|(_, (_, o, _))| Some(*o) == worst)
+                .min_by_key(|(_, (_, _, at))| *at)
+                .map(|(n, _)| *n);
+            if let Some(n) = victim {
+                self.drop_pending_hello(n, "too many connections waiting for their Hello");
+            }
+        }
+        true
+    }
+
+    fn drop_pending_hello(&mut self, n: u32, why: &str) {
+        if let Some((fd, owner, _)) = self.pending_hello.remove(&n) {
+            let _ = self.epoll.delete(fd.as_fd());
+            if let Some(k) = self.refusals.tick() {
+                warn!(
+                    "control connection from pid {}: {why}; closed ({k} since the last line)",
+                    owner.pid
+                );
+            }
+            self.stats.channels_refused += 1;
+        }
+    }
+
+    /// Closes control connections that did not say Hello in [`HELLO_TIMEOUT`].
+    fn expire_hellos(&mut self) {
+        if self.pending_hello.is_empty() {
+            return;
+        }
+        let late: Vec<u32> = self
+            .pending_hello
+            .iter()
+            .filter(|(_, (_, _, at))| at.elapsed() > HELLO_TIMEOUT)
+            .map(|(n, _)| *n)
+            .collect();
+        for n in late {
+            self.drop_pending_hello(n, "no Hello in time");
         }
     }
 
@@ -569,7 +725,7 @@ impl Server {
     }
 
     fn hello(&mut self, n: u32) {
-        let Some(fd) = self.pending_hello.remove(&n) else {
+        let Some((fd, owner, _)) = self.pending_hello.remove(&n) else {
             return;
         };
         let _ = self.epoll.delete(fd.as_fd());
@@ -593,14 +749,14 @@ impl Server {
             return;
         }
         if target == self.index {
-            self.open_channel(fd, hello);
+            self.open_channel(fd, hello, owner);
         } else {
-            self.shared.inbox[target].send(Msg::Hello(fd, hello));
+            self.shared.inbox[target].send(Msg::Hello(fd, hello, owner));
         }
     }
 
     /// Sets up a channel for a control connection that said `hello` for this server.
-    fn open_channel(&mut self, fd: OwnedFd, hello: Hello) {
+    fn open_channel(&mut self, fd: OwnedFd, hello: Hello, owner: Owner) {
         let idx = self
             .channels
             .iter()
@@ -613,7 +769,7 @@ impl Server {
         // Sockets of this channel take the pair receive path if the server offers it
         // and the peer reads pairs (the shim does; the native client does not).
         let rx_pair = self.cfg.rx_pair && hello.server & ferry_proto::HELLO_READS_PAIR != 0;
-        let ch = match Channel::new(idx, fd, self.cfg.layout, hello.pid, hello.tid) {
+        let ch = match Channel::new(idx, fd, self.cfg.layout, owner, hello.tid) {
             Ok(ch) => ch,
             Err(e) => {
                 warn!("channel {idx}: cannot create region: {e}");
@@ -655,19 +811,20 @@ impl Server {
         }
         debug!(
             "{} channel {idx}: pid {} tid {}",
-            self.stats.id, hello.pid, hello.tid
+            self.stats.id, owner.pid, hello.tid
         );
         let mut ch = ch;
         ch.routes = hello.server & HELLO_ROUTES != 0;
         ch.rx_pair = rx_pair;
         self.channels[idx as usize] = Some(ch);
+        self.shared.channel_opened();
     }
 
     /// Takes what other servers handed this one.
     pub(crate) fn drain_inbox(&mut self) {
         for m in self.shared.inbox[self.index].take() {
             match m {
-                Msg::Hello(fd, hello) => self.open_channel(fd, hello),
+                Msg::Hello(fd, hello, owner) => self.open_channel(fd, hello, owner),
                 Msg::Sock(s) => {
                     let id = s.id;
                     self.stats.sockets_adopted += 1;
@@ -716,6 +873,7 @@ impl Server {
     pub(crate) fn close_channel(&mut self, idx: u32, why: &str) {
         if let Some(mut ch) = self.channels.get_mut(idx as usize).and_then(Option::take) {
             debug!("channel {idx}: {why}");
+            self.shared.channel_closed();
             let _ = self.epoll.delete(ch.ctl.as_fd());
             let _ = self.epoll.delete(ch.doorbell());
             ch.stats.pair_sleeps = ch.region.outside_sleep_count(ferry_ring::Side::A);
@@ -751,26 +909,32 @@ impl Server {
         }
     }
 
-    /// A new socket served by server `server` (not registered anywhere yet); `kind` is
-    /// (domain, type, protocol).
+    /// A new socket served by server `server` (not registered anywhere yet), made by or
+    /// for `owner`; `kind` is (domain, type, protocol). Makes its readiness pair: the
+    /// program's end comes back beside the socket, for the reply that gives it to the
+    /// program.
     pub(crate) fn new_sock(
         &self,
         server: usize,
         fd: OwnedFd,
-        pair: OwnedFd,
         kind: (i32, i32, i32),
         place: Place,
-    ) -> Sock {
+        owner: Owner,
+    ) -> io::Result<(Sock, OwnedFd)> {
         let (domain, ty, protocol) = kind;
         let id = self.shared.new_id(server);
-        Sock {
+        let NewPair { ours, theirs, name } = NewPair::make(id)?;
+        let sock = Sock {
             id,
             domain,
             ty,
             protocol,
             fd,
             place,
-            pair,
+            pair: ours,
+            name,
+            holders: vec![owner],
+            prune_at: 8,
             opts: Vec::new(),
             want_token: false,
             token_out: false,
@@ -807,7 +971,8 @@ impl Server {
                 ..Default::default()
             },
             egress: None,
-        }
+        };
+        Ok((sock, theirs))
     }
 
     /// Registers a socket of this server: its host socket and readiness pair join the
@@ -924,26 +1089,27 @@ impl Server {
     }
 
     /// Whether the program's end of socket `id`'s pair is still open, from its name in
-    /// the sandbox's network namespace: binding the probe to it fails with `EADDRINUSE`
+    /// the server's network namespace: binding the probe to it fails with `EADDRINUSE`
     /// while any process holds that end (the name goes with its last descriptor, and
-    /// ids are never reused). When the probe cannot be made or bound, the end counts
-    /// as open: the socket is then released when the sandbox ends, not before.
+    /// names are never used twice). When the probe cannot be made or bound, the end
+    /// counts as open: the socket is then released when the sandbox ends, not before.
     fn app_alive(&mut self, id: u32) -> bool {
+        let Some(name) = self.socks.get(&id).map(|s| s.name) else {
+            return false;
+        };
         let probe = match self.name_probe.take() {
             Some(p) => p,
-            None => match self
-                .shared
-                .sandbox_socket(libc::AF_UNIX, libc::SOCK_STREAM, 0)
-            {
-                Ok(p) => p,
-                Err(e) => {
-                    warn!("socket {id}: cannot make a name probe in the sandbox: {e}");
-                    return true;
+            None => {
+                match ferry_sys::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        warn!("socket {id}: cannot make a name probe: {e}");
+                        return true;
+                    }
                 }
-            },
+            }
         };
-        let (name, n) = ferry_proto::pair_name(id);
-        match ferry_sys::bind_abstract(probe.as_fd(), &name[..n]) {
+        match ferry_sys::bind_abstract(probe.as_fd(), &name.0[..name.1]) {
             // The name was free: the end is gone (dropping the probe frees it again).
             Ok(()) => false,
             Err(e) => {
@@ -996,6 +1162,7 @@ impl Server {
             let idle = s.app_closed && s.txq.is_empty() && !s.pair_in_wait && s.parked.is_empty();
             if idle && self.module_settled(id) {
                 let s = self.socks.remove(&id).expect("just looked it up");
+                self.shared.socket_closed();
                 let _ = self.epoll.delete(s.fd.as_fd());
                 self.stats.sockets.push(s.stats);
                 debug!("socket {id}: closed");
@@ -1164,6 +1331,19 @@ pub fn descends_from(mut pid: i32, ancestor: i32) -> bool {
     false
 }
 
+/// When process `pid` started (`/proc/PID/stat`'s `starttime`, in clock ticks since
+/// boot); `None` when it does not exist.
+pub(crate) fn process_start(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) state ppid …": starttime is the 20th field after the comm.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
+}
+
 pub(crate) fn as_bytes<T: bytemuck::Pod>(v: &T) -> &[u8] {
     bytemuck::bytes_of(v)
 }
@@ -1181,6 +1361,17 @@ impl Server {
 
     pub(crate) fn sock(&mut self, id: u32) -> Option<&mut Sock> {
         self.socks.get_mut(&id)
+    }
+
+    /// Answers a control request with a reply message and the program's end of a new
+    /// socket's pair. A reply that cannot be sent loses the descriptor: the program's
+    /// end is then closed, and the socket goes with it as any closed socket does.
+    pub(crate) fn ctl_reply_fd(&self, ch: u32, reply: Ctl, fd: OwnedFd) {
+        if let Some(c) = self.chan(ch)
+            && let Err(e) = ferry_sys::send_with_fds(c.ctl.as_fd(), as_bytes(&reply), &[fd.as_fd()])
+        {
+            debug!("channel {ch}: control reply lost: {e}");
+        }
     }
 
     /// Answers a control request with a reply message (and no descriptors).

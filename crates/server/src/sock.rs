@@ -10,6 +10,56 @@ use ferry_ring::{BufSpan, Buffers};
 use crate::egress::Lease;
 use crate::stats::SocketStats;
 
+/// A process of the sandbox, as the server knows it: the pid its control connections
+/// came from (`SO_PEERCRED`, the kernel's word) and that process's start time, so that
+/// a pid used again by a later process is another owner.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub(crate) struct Owner {
+    pub pid: i32,
+    pub start: u64,
+}
+
+impl Owner {
+    /// Whether this process still runs (its pid names a process of the same start).
+    pub(crate) fn alive(&self) -> bool {
+        crate::server::process_start(self.pid) == Some(self.start)
+    }
+}
+
+/// The abstract name of a pair's program end (`ferry_proto::pair_name`).
+pub(crate) type PairName = ([u8; ferry_proto::PAIR_NAME_MAX], usize);
+
+/// A new readiness pair made by the server: its own end (non-blocking, never shared),
+/// the program's end, and the name the program's end is bound to, in the server's own
+/// network namespace (where the sandbox cannot bind: nobody there can take or fake it).
+#[derive(Debug)]
+pub(crate) struct NewPair {
+    pub ours: OwnedFd,
+    pub theirs: OwnedFd,
+    pub name: PairName,
+}
+
+impl NewPair {
+    /// Makes the pair of socket `id`.
+    pub(crate) fn make(id: u32) -> std::io::Result<NewPair> {
+        use std::os::fd::AsFd;
+        let (ours, theirs) =
+            ferry_sys::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC)?;
+        ferry_sys::set_nonblocking(ours.as_fd(), true)?;
+        // A random part makes names of concurrent runs distinct; a name taken anyway (by
+        // a process of the host) is tried again with another.
+        let mut tries = 0;
+        loop {
+            let name = ferry_proto::pair_name(id, ferry_sys::random_u64()?);
+            match ferry_sys::bind_abstract(theirs.as_fd(), &name.0[..name.1]) {
+                Ok(()) => return Ok(NewPair { ours, theirs, name }),
+                Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) && tries < 4 => tries += 1,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
 /// Where a socket's host socket lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Place {
@@ -33,8 +83,8 @@ pub(crate) enum Parked {
     },
     /// A blocking connect.
     Connect { ch: u32, tag: u32 },
-    /// A blocking accept; `pair` is the server end of the new socket's readiness pair.
-    Accept { ch: u32, pair: OwnedFd },
+    /// A blocking accept (of the native API: the shim's accepts never block here).
+    Accept { ch: u32 },
 }
 
 impl Parked {
@@ -76,8 +126,16 @@ pub(crate) struct Sock {
     /// The host socket (non-blocking, close-on-exec).
     pub fd: OwnedFd,
     pub place: Place,
-    /// Server end of the readiness pair.
+    /// Server end of the readiness pair (made by the server, non-blocking, never in the
+    /// sandbox).
     pub pair: OwnedFd,
+    /// The abstract name of the pair's program end (in the server's namespace).
+    pub name: PairName,
+    /// The processes that may act on this socket: the one that made or accepted it, and
+    /// those that proved they hold it (`CtlKind::Claim`). Dead ones are pruned when the
+    /// list reaches `prune_at`.
+    pub holders: Vec<Owner>,
+    pub prune_at: usize,
     /// Options set while provisional, replayed when the socket moves.
     pub opts: Vec<(i32, i32, Vec<u8>)>,
     pub want_token: bool,
@@ -167,6 +225,25 @@ impl Drop for Sock {
 }
 
 impl Sock {
+    /// Whether `owner` may act on this socket.
+    pub(crate) fn held_by(&self, owner: Owner) -> bool {
+        self.holders.contains(&owner)
+    }
+
+    /// Adds `owner` to the processes that may act on this socket; first drops those
+    /// that have exited when the list has doubled since the last look (so a socket
+    /// inherited by many short-lived children stays small, at amortised cost).
+    pub(crate) fn add_holder(&mut self, owner: Owner) {
+        if self.held_by(owner) {
+            return;
+        }
+        if self.holders.len() >= self.prune_at {
+            self.holders.retain(Owner::alive);
+            self.prune_at = (self.holders.len() * 2).max(8);
+        }
+        self.holders.push(owner);
+    }
+
     pub(crate) fn is_stream(&self) -> bool {
         self.ty == libc::SOCK_STREAM
     }

@@ -212,12 +212,27 @@ pub fn send_with_fds(sock: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>])
 }
 
 /// Receives one packet and the descriptors attached to it (close-on-exec).
-/// Returns `Ok((0, []))` at end of stream.
+/// Returns `Ok((0, []))` at end of stream; a packet whose descriptors did not all fit
+/// (the caller's descriptor limit, or more than 24) is an error.
 pub fn recv_with_fds(
     sock: BorrowedFd<'_>,
     buf: &mut [u8],
     flags: i32,
 ) -> io::Result<(usize, Vec<OwnedFd>)> {
+    match recv_with_fds_cut(sock, buf, flags)? {
+        (_, _, true) => Err(io::Error::other("control message truncated")),
+        (n, fds, false) => Ok((n, fds)),
+    }
+}
+
+/// [`recv_with_fds`], telling a packet whose descriptors did not all arrive (the
+/// kernel closed those it could not give, e.g. at the descriptor limit: `MSG_CTRUNC`)
+/// by the third value instead of failing.
+pub fn recv_with_fds_cut(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+    flags: i32,
+) -> io::Result<(usize, Vec<OwnedFd>, bool)> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -257,10 +272,7 @@ pub fn recv_with_fds(
             c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Err(io::Error::other("control message truncated"));
-    }
-    Ok((n, fds))
+    Ok((n, fds, msg.msg_flags & libc::MSG_CTRUNC != 0))
 }
 
 /// A socket address in the kernel's layout, ready for `bind`/`connect`/`sendto`.
@@ -850,6 +862,43 @@ pub fn peer_pid(fd: BorrowedFd<'_>) -> io::Result<i32> {
         &mut len as *mut libc::socklen_t
     )?;
     Ok(cred.pid)
+}
+
+/// The process's descriptor limit `RLIMIT_NOFILE` as (soft, hard).
+pub fn nofile_limit() -> io::Result<(u64, u64)> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    syscall!(
+        libc::SYS_prlimit64,
+        0,
+        libc::RLIMIT_NOFILE,
+        std::ptr::null::<libc::rlimit>(),
+        &mut lim as *mut libc::rlimit
+    )?;
+    Ok((lim.rlim_cur, lim.rlim_max))
+}
+
+/// `SO_NETNS_COOKIE` (Linux 5.14; the libc crate does not name it).
+const SO_NETNS_COOKIE: i32 = 71;
+
+/// The cookie of the network namespace a socket was made in (`SO_NETNS_COOKIE`): equal
+/// cookies, same namespace. Needs no privilege.
+pub fn netns_cookie(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut v = [0u8; 8];
+    getsockopt(fd, libc::SOL_SOCKET, SO_NETNS_COOKIE, &mut v)?;
+    Ok(u64::from_ne_bytes(v))
+}
+
+/// 64 random bits from the kernel (`getrandom(2)`).
+pub fn random_u64() -> io::Result<u64> {
+    let mut v = [0u8; 8];
+    let n = syscall!(libc::SYS_getrandom, v.as_mut_ptr(), v.len(), 0)?;
+    if n != 8 {
+        return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+    }
+    Ok(u64::from_ne_bytes(v))
 }
 
 /// Sets a path's permission bits.

@@ -156,3 +156,25 @@ pub fn remote_nginx(remote: &Remote, dir: &Path, root: &Path, port: u16) -> Guar
 pub fn quiet(cmd: &mut Command) -> &mut Command {
     cmd.stdout(Stdio::null()).stderr(Stdio::null())
 }
+
+/// Runs `cmd` and collects its output, killing it (and failing the test) if it runs
+/// longer than `limit`.
+pub fn output_within(mut cmd: Command, limit: Duration) -> Output {
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.expect("wait"),
+        Err(_) => {
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("{cmd:?} ran longer than {limit:?}");
+        }
+    }
+}

@@ -93,9 +93,20 @@ pub struct RunArgs {
     /// Write the counters as JSON to FILE when the program exits.
     #[arg(long, value_name = "FILE")]
     pub stats_json: Option<PathBuf>,
-    /// User namespace: auto (when not root), always, never.
+    /// The sandbox's host identity. auto (= always): a user namespace whose root is an
+    /// unprivileged host identity (your own uid; as root, root's subordinate ids from
+    /// /etc/subuid, else 2000000000-2000065535). never (root only): the sandbox's root
+    /// is the host's root, and a program in it can leave the sandbox: the policy no
+    /// longer binds it.
     #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = ["auto", "always", "never"])]
     pub userns: String,
+    /// Most channels (one per thread and server) the sandbox may have open at once.
+    #[arg(long, value_name = "N", default_value_t = ferry_server::DEFAULT_MAX_CHANNELS, value_parser = clap::builder::TypedValueParser::map(clap::value_parser!(u32).range(1..=65536), |v| v as usize))]
+    pub max_channels: usize,
+    /// Most sockets the sandbox may have open at once (default: what ferry's descriptor
+    /// limit allows, two descriptors each).
+    #[arg(long, value_name = "N", value_parser = clap::builder::TypedValueParser::map(clap::value_parser!(u32).range(1..=1048576), |v| v as usize))]
+    pub max_sockets: Option<usize>,
     /// More log output (-v info, -vv debug).
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,
@@ -155,6 +166,30 @@ pub fn find_preload() -> Result<PathBuf, String> {
         "cannot find libferry_preload.so next to {} (build the whole workspace: `cargo build --release`), or set FERRY_PRELOAD",
         exe.display()
     ))
+}
+
+/// The shim where the sandbox's processes can read it: `preload` itself when every
+/// directory above it may be searched and the file read by anyone, else a copy in the
+/// sandbox's directory `dir` (which they can search).
+fn readable_preload(preload: &Path, dir: &Path) -> Result<PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).map(|m| m.permissions().mode()).ok();
+    let open = preload.canonicalize().ok().is_some_and(|full| {
+        mode(&full).is_some_and(|m| m & 0o004 != 0)
+            && full
+                .ancestors()
+                .skip(1)
+                .all(|d| mode(d).is_some_and(|m| m & 0o001 != 0))
+    });
+    if open {
+        return Ok(preload.to_path_buf());
+    }
+    let copy = dir.join("libferry_preload.so");
+    std::fs::copy(preload, &copy)
+        .and_then(|_| ferry_sys::chmod(&copy, 0o644))
+        .map_err(|e| format!("cannot copy {} for the sandbox: {e}", preload.display()))?;
+    debug!("the shim is copied to {} for the sandbox", copy.display());
+    Ok(copy)
 }
 
 /// Warns when CMD is a static binary: the shim cannot reach it, so it only sees `lo`.
@@ -292,6 +327,9 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
     mkdir(&sandbox_dir, 0o711)?;
     let _cleanup_sandbox = RemoveDir(sandbox_dir.clone());
     let sock_path = sandbox_dir.join("ctl.sock");
+    // The sandbox's processes run as another host user: the shim must be where they can
+    // read it.
+    let preload = readable_preload(&preload, &sandbox_dir)?;
 
     let mut cfg = Config::new(sock_path.clone());
     cfg.shim_spin = a.spin;
@@ -305,6 +343,10 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
     cfg.assign = a.assign;
     cfg.accepted = a.accepted;
     cfg.rx_pair = a.rx == Rx::Pair;
+    cfg.max_channels = a.max_channels;
+    cfg.max_sockets = a
+        .max_sockets
+        .unwrap_or_else(|| ferry_server::default_max_sockets(a.max_channels));
     cfg.cpus = match &a.cpus {
         Some(crate::args::CpuList(list)) => {
             let allowed = ferry_sys::allowed_cpus().unwrap_or_default();
@@ -342,8 +384,15 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
     let control = servers.control();
 
     let userns = match a.userns.as_str() {
-        "always" => UserNs::Always,
-        "never" => UserNs::Never,
+        "never" => {
+            if !ferry_sandbox::testbed::is_root() {
+                return Err("--userns never needs root (without a user namespace, making the sandbox's namespaces does)".into());
+            }
+            warn!(
+                "--userns never: the sandbox's root is this host's root; a program in it can leave the sandbox (its network namespace, the egress policy, the host's files): nothing ferry enforces binds it"
+            );
+            UserNs::Never
+        }
         _ => UserNs::Auto,
     };
     let spec = Spec {
@@ -360,6 +409,13 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
     let mut sandbox =
         ferry_sandbox::launch(&spec).map_err(|e| format!("cannot start the sandbox: {e}"))?;
     let _ = factory.set(sandbox.factory());
+    // The servers parse what the sandbox writes: nobody may read or write their memory
+    // (a process of the sandbox running as the same user included). Not before the
+    // launch: the sandbox's init, a clone of this process, must be writable by it then
+    // (its id maps).
+    if let Err(e) = ferry_sys::set_dumpable(false) {
+        warn!("cannot make ferry non-dumpable: {e}");
+    }
     servers.first().restrict_to_descendants_of(sandbox.pid());
     if let Err(e) = start_dns(servers.first(), &a.dns, &policy_for_dns) {
         warn!("DNS forwarding is off: {e}");

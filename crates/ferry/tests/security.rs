@@ -628,3 +628,106 @@ fn the_admin_socket_is_out_of_the_sandboxs_reach() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+// ---- Escape attempts: the sandbox's identity ----------------------------------------
+
+/// Each attempt prints `NAME ok` when it worked and `NAME no` when it did not. Arguments:
+/// a host-loopback TCP port, a root-owned file, a root-owned directory.
+const ESCAPES: &str = r#"
+t() { if (eval "$2") >/dev/null 2>&1; then echo "$1 ok"; else echo "$1 no"; fi; }
+me=$(readlink /proc/self/ns/net)
+others=0
+for n in /proc/[0-9]*/ns/net; do [ "$(readlink $n 2>/dev/null)" = "$me" ] || [ ! -e "$n" ] || others=1; done
+echo "other-netns-visible $others"
+t nsenter-host-loopback "nsenter --net=/proc/1/ns/net python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", $1), timeout=1)'"
+t umount-proc "umount /proc || umount -l /proc"
+t shadow "head -c1 /etc/shadow"
+t append-root-file "echo x >> $2"
+t create-in-root-dir "touch $3/new"
+t veth-to-host "ip link add fe0 type veth peer name fe1 && ip link set fe1 netns 1"
+t ferry-mem "for p in /proc/[0-9]*; do grep -q ferry-servers $p/task/*/comm 2>/dev/null && head -c1 $p/mem; done | grep -q ."
+"#;
+
+fn escape_attempts(run_as: Option<&str>) -> String {
+    let lo = HostLoopback::start(false);
+    let dir = TempDir::new("escape");
+    let root_file = dir.path().join("root-owned");
+    std::fs::write(&root_file, "root\n").unwrap();
+    let root_dir = dir.path().join("root-dir");
+    std::fs::create_dir(&root_dir).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&root_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::set_permissions(&root_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let args = [
+        lo.tcp_port.to_string(),
+        root_file.display().to_string(),
+        root_dir.display().to_string(),
+    ];
+    let ferry_exe = match run_as {
+        None => std::path::PathBuf::from(env!("CARGO_BIN_EXE_ferry")),
+        Some(_) => {
+            // The user needs to reach the binaries.
+            let bin = dir.path().join("bin");
+            std::fs::create_dir(&bin).unwrap();
+            let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_ferry"));
+            for f in ["ferry", "libferry_preload.so"] {
+                std::fs::copy(exe.with_file_name(f), bin.join(f)).unwrap();
+            }
+            std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+            bin.join("ferry")
+        }
+    };
+    let mut cmd = match run_as {
+        None => Command::new(&ferry_exe),
+        Some(user) => {
+            let mut c = Command::new("runuser");
+            c.args(["-u", user, "--"]).arg(&ferry_exe);
+            c
+        }
+    };
+    cmd.args(["run", "--", "sh", "-c", ESCAPES, "sh"])
+        .args(&args)
+        .current_dir("/");
+    let o = cmd.output().unwrap();
+    assert!(
+        o.status.success(),
+        "{:?}: {} {}",
+        o.status,
+        stdout(&o),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    lo.assert_untouched("escape attempts");
+    assert_eq!(std::fs::read_to_string(&root_file).unwrap(), "root\n");
+    assert!(!root_dir.join("new").exists());
+    stdout(&o)
+}
+
+const NO_ESCAPE: &str = "other-netns-visible 0\nnsenter-host-loopback no\numount-proc no\nshadow no\n\
+                         append-root-file no\ncreate-in-root-dir no\nveth-to-host no\nferry-mem no";
+
+#[test]
+fn the_sandbox_cannot_leave_its_namespaces_or_act_as_host_root() {
+    if !can_run(&["python3", "nsenter", "ip"]) {
+        return;
+    }
+    assert_eq!(escape_attempts(None), NO_ESCAPE);
+}
+
+#[test]
+fn nor_can_it_when_an_ordinary_user_runs_ferry() {
+    if !can_run(&["python3", "nsenter", "ip", "runuser"]) {
+        return;
+    }
+    if Command::new("id")
+        .arg("ferrytest")
+        .output()
+        .map(|o| !o.status.success())
+        .unwrap_or(true)
+    {
+        eprintln!("skipped: user ferrytest missing (run scripts/install-deps.sh)");
+        return;
+    }
+    // As that user the sandbox may of course touch that user's files; root's stay out
+    // of reach.
+    assert_eq!(escape_attempts(Some("ferrytest")), NO_ESCAPE);
+}

@@ -11,8 +11,11 @@
 //! Sequence: wait for "go" (id maps written) → make itself non-dumpable (so the
 //! command, root in the same user namespace, cannot ptrace it or steal its fds) →
 //! reset inherited signal handlers and block SIGCHLD and the forwarded signals → bring
-//! `lo` up → clone the command (which unblocks signals and `execve`s) → close every fd
-//! but stdio and the channel → signalfd, open its netns → "ready" → serve.
+//! `lo` up → make mounts private and mount the sandbox's own `/proc` → clone the
+//! command (which, with a user namespace, unshares its own user and mount namespaces —
+//! the init writes their id maps — so that the init's mounts are locked for it; then
+//! sets no-new-privileges, unblocks signals and `execve`s) → close every fd but stdio
+//! and the channel → signalfd, open its netns → "ready" → serve.
 //!
 //! Serving: one `poll` on the channel and the signalfd. SIGCHLD reaps every child
 //! (orphans of the command are re-parented here); a forwarded signal is sent on to the
@@ -55,6 +58,9 @@ pub(crate) enum Stage {
     CloseFds = 5,
     SignalFd = 6,
     Netns = 7,
+    Proc = 8,
+    NestUserns = 9,
+    Identity = 10,
 }
 
 impl Stage {
@@ -67,6 +73,9 @@ impl Stage {
             5 => Self::CloseFds,
             6 => Self::SignalFd,
             7 => Self::Netns,
+            8 => Self::Proc,
+            9 => Self::NestUserns,
+            10 => Self::Identity,
             _ => return None,
         })
     }
@@ -90,6 +99,10 @@ pub(crate) struct Exec {
     pub(crate) cannot_exec: Vec<u8>,
     /// (read, write) ends of the gate a held command waits on before `execve`.
     pub(crate) gate: Option<(RawFd, RawFd)>,
+    /// When > 0, the command gets a user namespace of its own (and a mount namespace)
+    /// inside the sandbox's, mapping ids `0..nest` to the same ids: the init's mounts are
+    /// then locked for it (it cannot unmount the sandbox's `/proc` to find the host's).
+    pub(crate) nest: u32,
 }
 
 /// Entry point of the init, in the child of the launcher's `clone`. Never returns.
@@ -111,6 +124,9 @@ pub(crate) fn run(exec: &Exec, chan: RawFd, launcher_end: RawFd) -> ! {
         break;
     }
 
+    if exec.nest > 0 && become_root().is_err() {
+        fail(chan, Stage::Identity);
+    }
     // Visible in ps as "ferry-init" rather than as a copy of the launcher. Cosmetic.
     // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
     unsafe { libc::prctl(libc::PR_SET_NAME, c"ferry-init".as_ptr(), 0, 0, 0) };
@@ -124,13 +140,42 @@ pub(crate) fn run(exec: &Exec, chan: RawFd, launcher_end: RawFd) -> ! {
     if bring_up_loopback().is_err() {
         fail(chan, Stage::Loopback);
     }
+    if mount_proc().is_err() {
+        fail(chan, Stage::Proc);
+    }
+    // The command's own user namespace is set up in two steps: it unshares, then the
+    // init (which has the capabilities in the sandbox's namespace) writes its id maps.
+    let mut up = [-1; 2];
+    let mut down = [-1; 2];
+    if exec.nest > 0 && (pipe(&mut up).is_err() || pipe(&mut down).is_err()) {
+        fail(chan, Stage::NestUserns);
+    }
     // SAFETY: this process is single-threaded; the child only runs `exec_command`,
     // which is async-signal-safe and ends in execve or _exit.
     let cmd = match unsafe { sys::fork_raw(0) } {
-        Ok(0) => exec_command(exec),
+        Ok(0) => {
+            // SAFETY: the init's ends of the pipes (-1 when unused: EBADF, harmless).
+            unsafe {
+                libc::close(up[0]);
+                libc::close(down[1]);
+            }
+            exec_command(exec, (up[1], down[0]))
+        }
         Ok(pid) => pid,
         Err(_) => fail(chan, Stage::ForkCommand),
     };
+    if exec.nest > 0 {
+        // SAFETY: our copies of the child's ends.
+        unsafe {
+            libc::close(up[1]);
+            libc::close(down[0]);
+        }
+        if let Err(e) = map_command(cmd, exec.nest, up[0], down[1]) {
+            // SAFETY: errno slot of this thread.
+            unsafe { *libc::__errno_location() = e };
+            fail(chan, Stage::NestUserns);
+        }
+    }
     let chan = match keep_only_channel(chan) {
         Ok(fd) => fd,
         Err(()) => fail(chan, Stage::CloseFds),
@@ -250,6 +295,141 @@ fn bring_up_loopback() -> Result<(), ()> {
         unsafe { *libc::__errno_location() = saved };
         Err(())
     }
+}
+
+/// In a user namespace, takes the ids of its root (mapped to the sandbox's host
+/// identity): a process made by root's `clone` is still the host's uid 0, unmapped
+/// inside, with the host root's groups. Supplementary groups are dropped where the
+/// namespace allows it (a namespace made by an ordinary user denies `setgroups`; its
+/// caller's groups then stay, as they are the caller's own).
+///
+/// Raw system calls: glibc's wrappers change every thread's ids, signalling the threads
+/// it believes exist (the launcher's, which this clone does not have) and waiting for
+/// them forever.
+fn become_root() -> Result<(), ()> {
+    // SAFETY: setgroups with no groups; failure (EPERM: denied) is allowed.
+    unsafe { libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) };
+    // SAFETY: integer arguments.
+    let gid = unsafe { libc::syscall(libc::SYS_setresgid, 0, 0, 0) };
+    // SAFETY: integer arguments.
+    let uid = unsafe { libc::syscall(libc::SYS_setresuid, 0, 0, 0) };
+    if gid == -1 || uid == -1 {
+        Err(())
+    } else {
+        Ok(())
+    }
+}
+
+/// A private mount propagation (nothing the sandbox mounts reaches the host) and a
+/// fresh `/proc` for the sandbox's PID namespace: it shows the sandbox's processes
+/// only, not the host's (whose `ns/net` or `mem` a program could otherwise open).
+fn mount_proc() -> Result<(), ()> {
+    // SAFETY: mount(2) with NUL-terminated literals and null data.
+    let private = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        )
+    };
+    if private == -1 {
+        return Err(());
+    }
+    // SAFETY: as above.
+    let proc = unsafe {
+        libc::mount(
+            c"proc".as_ptr(),
+            c"/proc".as_ptr(),
+            c"proc".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            std::ptr::null(),
+        )
+    };
+    if proc == -1 { Err(()) } else { Ok(()) }
+}
+
+/// Writes the id maps of the command's own user namespace once it has made it: ids
+/// `0..count` inside are the same ids in the sandbox's namespace. Reads the command's
+/// word on `from_cmd` (0, or the errno its `unshare` failed with), answers on `to_cmd`.
+/// Returns an errno on failure.
+fn map_command(cmd: pid_t, count: u32, from_cmd: RawFd, to_cmd: RawFd) -> Result<(), c_int> {
+    let mut word = [0u8; 4];
+    // SAFETY: a valid 4-byte buffer.
+    let n = unsafe { libc::read(from_cmd, word.as_mut_ptr().cast(), 4) };
+    if n != 4 {
+        return Err(libc::ECHILD);
+    }
+    let e = c_int::from_ne_bytes(word);
+    if e != 0 {
+        return Err(e);
+    }
+    // "/proc/PID/uid_map" and "0 0 COUNT\n", built on the stack.
+    let mut line = [0u8; 32];
+    let mut len = put(&mut line, 0, b"0 0 ");
+    len = put_num(&mut line, len, count as u64);
+    len = put(&mut line, len, b"\n");
+    for file in [&b"/uid_map\0"[..], &b"/gid_map\0"[..]] {
+        let mut path = [0u8; 48];
+        let mut at = put(&mut path, 0, b"/proc/");
+        at = put_num(&mut path, at, cmd as u64);
+        put(&mut path, at, file);
+        // SAFETY: path is NUL-terminated.
+        let fd = unsafe { libc::open(path.as_ptr().cast(), libc::O_WRONLY | libc::O_CLOEXEC) };
+        if fd == -1 {
+            return Err(errno());
+        }
+        // SAFETY: line holds len bytes.
+        let w = unsafe { libc::write(fd, line.as_ptr().cast(), len) };
+        let saved = errno();
+        // SAFETY: our fd.
+        unsafe { libc::close(fd) };
+        if w != len as isize {
+            return Err(saved);
+        }
+    }
+    // SAFETY: one byte from a valid buffer.
+    if unsafe { libc::write(to_cmd, [1u8].as_ptr().cast(), 1) } != 1 {
+        return Err(errno());
+    }
+    // SAFETY: our ends, no longer needed.
+    unsafe {
+        libc::close(from_cmd);
+        libc::close(to_cmd);
+    }
+    Ok(())
+}
+
+/// `pipe2(O_CLOEXEC)` into `ends`.
+fn pipe(ends: &mut [RawFd; 2]) -> Result<(), ()> {
+    // SAFETY: a valid out-array of two ints.
+    if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } == -1 {
+        Err(())
+    } else {
+        Ok(())
+    }
+}
+
+/// Copies `src` into `buf` at `at`; returns the new end.
+fn put(buf: &mut [u8], at: usize, src: &[u8]) -> usize {
+    buf[at..at + src.len()].copy_from_slice(src);
+    at + src.len()
+}
+
+/// Writes `n` in decimal into `buf` at `at`; returns the new end.
+fn put_num(buf: &mut [u8], at: usize, mut n: u64) -> usize {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    put(buf, at, &digits[i..])
 }
 
 /// Moves the channel to [`CHAN_FD`] and closes every fd above it: the init must not
@@ -404,10 +584,41 @@ fn launcher_gone() -> ! {
     exit(128 + libc::SIGKILL)
 }
 
-/// In the command's child: restore a clean signal state and `execve`, trying each
-/// candidate path in turn. Exits 127 if nothing was found, 126 if something was found
-/// but could not be executed (as shells do).
-fn exec_command(exec: &Exec) -> ! {
+/// In the command's child: its own user and mount namespaces when asked for (see
+/// [`Exec::nest`]; `nest` = (write end to the init, read end from it)), no new
+/// privileges, a clean signal state, then `execve`, trying each candidate path in turn.
+/// Exits 127 if nothing was found, 126 if something was found but could not be executed
+/// (as shells do).
+fn exec_command(exec: &Exec, (to_init, from_init): (RawFd, RawFd)) -> ! {
+    if exec.nest > 0 {
+        // The init is not dumpable, and so neither is this copy of it: its /proc files
+        // would belong to the host's root, and the init could not write its id maps.
+        // SAFETY: prctl with integer arguments.
+        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
+        // SAFETY: unshare with integer flags.
+        let e = if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) } == -1 {
+            errno()
+        } else {
+            0
+        };
+        let word = e.to_ne_bytes();
+        // SAFETY: a valid 4-byte buffer.
+        let told = unsafe { libc::write(to_init, word.as_ptr().cast(), 4) } == 4;
+        // The init answers once the maps are written.
+        let mut ok = [0u8; 1];
+        // SAFETY: a valid 1-byte buffer.
+        if !told || e != 0 || unsafe { libc::read(from_init, ok.as_mut_ptr().cast(), 1) } != 1 {
+            exit(126);
+        }
+        // SAFETY: our ends, no longer needed.
+        unsafe {
+            libc::close(to_init);
+            libc::close(from_init);
+        }
+    }
+    // Set-uid and file-capability binaries gain nothing in the sandbox.
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
     let empty = empty_sigset();
     // SAFETY: empty is an initialised sigset_t.
     unsafe { libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) };

@@ -39,17 +39,67 @@ pub struct Spec {
     pub hold: bool,
 }
 
-/// Whether the sandbox gets its own user namespace (the caller's uid and gid mapped to
-/// root inside).
+/// Whether the sandbox gets its own user namespace, and so which host identity its
+/// processes have.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum UserNs {
-    /// Always, unless the caller's effective uid is 0.
+    /// A user namespace whose root is an unprivileged host identity: for a caller that
+    /// is not root, the caller's own uid and gid; for root, a range of 65536
+    /// subordinate ids ([`subordinate_ids`]), so that the sandbox's root (and the users
+    /// its programs switch to) own nothing of the host's.
     #[default]
     Auto,
-    /// Always (also as root).
+    /// The same as [`UserNs::Auto`] (kept for compatibility).
     Always,
-    /// Never; creating the network and PID namespaces then needs root.
+    /// No user namespace: the sandbox's root is the host's root (creating the
+    /// namespaces then needs root). Its programs can leave the sandbox: opt-in only.
     Never,
+}
+
+/// A range of host ids mapped into the sandbox (from 0 inside): its first host id and
+/// how many.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdRange {
+    /// The host id of the sandbox's id 0.
+    pub base: u32,
+    /// How many ids are mapped.
+    pub count: u32,
+}
+
+/// The ids root's sandboxes use when `/etc/subuid` (`/etc/subgid`) has no range for
+/// root: 65536 ids in a block that no Linux distribution hands out (above systemd's
+/// container ranges, below its "foreign" range).
+pub const FALLBACK_IDS: IdRange = IdRange {
+    base: 2_000_000_000,
+    count: 65536,
+};
+
+/// The subordinate id range for `user` (name or numeric id) in `file` (`/etc/subuid` or
+/// `/etc/subgid`: lines `NAME:FIRST:COUNT`): its first range, as rootless engines and
+/// `newuidmap` read it.
+pub fn subordinate_ids(file: &str, user: &str, id: u32) -> Option<IdRange> {
+    let text = std::fs::read_to_string(file).ok()?;
+    parse_subordinate(&text, user, id)
+}
+
+fn parse_subordinate(text: &str, user: &str, id: u32) -> Option<IdRange> {
+    text.lines().find_map(|line| {
+        let mut f = line.trim().split(':');
+        let (name, base, count) = (f.next()?, f.next()?, f.next()?);
+        if name != user && name.parse::<u32>().ok() != Some(id) {
+            return None;
+        }
+        let (base, count) = (base.parse().ok()?, count.parse::<u32>().ok()?);
+        (count > 0).then_some(IdRange { base, count })
+    })
+}
+
+/// The (uid, gid) ranges a sandbox launched by root maps: root's subordinate ids, else
+/// [`FALLBACK_IDS`].
+pub fn root_sandbox_ids() -> (IdRange, IdRange) {
+    let uids = subordinate_ids("/etc/subuid", "root", 0).unwrap_or(FALLBACK_IDS);
+    let gids = subordinate_ids("/etc/subgid", "root", 0).unwrap_or(FALLBACK_IDS);
+    (uids, gids)
 }
 
 /// Failures of [`launch`] and of [`Sandbox`] operations.
@@ -107,6 +157,18 @@ pub enum Error {
     /// The init could not open its network namespace.
     #[error("sandbox init: opening /proc/self/ns/net: {0}")]
     InitNetns(#[source] io::Error),
+    /// The init could not mount the sandbox's own `/proc` (inside a container that
+    /// masks parts of its `/proc`, the kernel refuses: "too revealing").
+    #[error(
+        "sandbox init: mounting the sandbox's own /proc: {0} (inside a container that masks /proc the kernel refuses this)"
+    )]
+    Proc(#[source] io::Error),
+    /// The init could not take the ids of its user namespace's root.
+    #[error("sandbox init: taking the sandbox's root ids (setresuid/setresgid): {0}")]
+    Identity(#[source] io::Error),
+    /// The command could not get its own user namespace inside the sandbox's.
+    #[error("sandbox init: the command's user namespace: {0}")]
+    NestUserns(#[source] io::Error),
     /// `waitpid(2)` on the init failed.
     #[error("waiting for the sandbox: {0}")]
     Wait(#[source] io::Error),
@@ -126,6 +188,9 @@ impl Error {
             Stage::CloseFds => Self::InitCloseFds(e),
             Stage::SignalFd => Self::InitSignalFd(e),
             Stage::Netns => Self::InitNetns(e),
+            Stage::Proc => Self::Proc(e),
+            Stage::NestUserns => Self::NestUserns(e),
+            Stage::Identity => Self::Identity(e),
         }
     }
 }
@@ -272,12 +337,20 @@ impl Drop for InitGuard {
 pub fn launch(spec: &Spec) -> Result<Sandbox, Error> {
     // SAFETY: geteuid cannot fail.
     let euid = unsafe { libc::geteuid() };
-    let userns = match spec.userns {
-        UserNs::Always => true,
-        UserNs::Never => false,
-        UserNs::Auto => euid != 0,
+    let userns = spec.userns != UserNs::Never;
+    let ids = match (userns, euid) {
+        (false, _) => None,
+        (true, 0) => Some(root_sandbox_ids()),
+        (true, _) => None,
     };
     let mut exec = prepare(spec)?;
+    // The command gets a user namespace of its own inside the sandbox's, mapping the
+    // same ids: the mounts the init made (the sandbox's /proc) are then locked for it.
+    exec.nest = match (userns, ids) {
+        (false, _) => 0,
+        (true, Some((u, g))) => u.count.min(g.count),
+        (true, None) => 1,
+    };
     let gate = if spec.hold {
         let mut p = [0; 2];
         // SAFETY: p is a valid out-array of two ints.
@@ -305,7 +378,7 @@ pub fn launch(spec: &Spec) -> Result<Sandbox, Error> {
     // SAFETY: socketpair returned two fresh fds that nothing else owns.
     let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(pair[0]), OwnedFd::from_raw_fd(pair[1])) };
 
-    let mut flags = libc::CLONE_NEWNET | libc::CLONE_NEWPID;
+    let mut flags = libc::CLONE_NEWNET | libc::CLONE_NEWPID | libc::CLONE_NEWNS;
     if userns {
         flags |= libc::CLONE_NEWUSER;
     }
@@ -322,14 +395,23 @@ pub fn launch(spec: &Spec) -> Result<Sandbox, Error> {
     let pidfd = sys::pidfd_open(pid).map_err(Error::PidFd)?;
 
     if userns {
-        // SAFETY: getegid cannot fail.
-        let egid = unsafe { libc::getegid() };
         let proc = format!("/proc/{pid}");
-        std::fs::write(format!("{proc}/setgroups"), "deny").map_err(Error::SetGroups)?;
-        std::fs::write(format!("{proc}/uid_map"), format!("0 {euid} 1\n"))
-            .map_err(Error::UidMap)?;
-        std::fs::write(format!("{proc}/gid_map"), format!("0 {egid} 1\n"))
-            .map_err(Error::GidMap)?;
+        let (uid_map, gid_map) = match ids {
+            // Root may map any ids (and keep setgroups, which programs that switch
+            // users need).
+            Some((u, g)) => (
+                format!("0 {} {}\n", u.base, u.count),
+                format!("0 {} {}\n", g.base, g.count),
+            ),
+            None => {
+                // SAFETY: getegid cannot fail.
+                let egid = unsafe { libc::getegid() };
+                std::fs::write(format!("{proc}/setgroups"), "deny").map_err(Error::SetGroups)?;
+                (format!("0 {euid} 1\n"), format!("0 {egid} 1\n"))
+            }
+        };
+        std::fs::write(format!("{proc}/uid_map"), uid_map).map_err(Error::UidMap)?;
+        std::fs::write(format!("{proc}/gid_map"), gid_map).map_err(Error::GidMap)?;
     }
     sys::send_with_fd(ours.as_raw_fd(), &wire::GO, None).map_err(Error::Handshake)?;
 
@@ -430,6 +512,7 @@ fn prepare(spec: &Spec) -> Result<Exec, Error> {
         not_found: not_found.into_bytes(),
         cannot_exec: format!("ferry: {shown}: cannot execute: ").into_bytes(),
         gate: None,
+        nest: 0,
     })
 }
 
@@ -486,6 +569,27 @@ mod tests {
             ["/bin/ls", "/usr/bin/ls"].map(OsString::from)
         );
         assert!(candidates(OsStr::new(""), None).is_empty());
+    }
+
+    #[test]
+    fn subordinate_ranges() {
+        let text = "ferrytest:100000:65536\nroot:200000:65536\n0:1:0\n# x\n";
+        assert_eq!(
+            parse_subordinate(text, "root", 0),
+            Some(IdRange {
+                base: 200000,
+                count: 65536
+            })
+        );
+        assert_eq!(
+            parse_subordinate("1000:300000:10\n", "bob", 1000),
+            Some(IdRange {
+                base: 300000,
+                count: 10
+            })
+        );
+        assert_eq!(parse_subordinate("root:5:0\n", "root", 0), None);
+        assert_eq!(parse_subordinate("alice:5:5\n", "root", 0), None);
     }
 
     #[test]

@@ -34,4 +34,7 @@ mod sys;
 pub mod testbed;
 
 pub use factory::SocketFactory;
-pub use launch::{Error, Sandbox, Signaller, Spec, UserNs, launch, userns_available};
+pub use launch::{
+    Error, FALLBACK_IDS, IdRange, Sandbox, Signaller, Spec, UserNs, launch, root_sandbox_ids,
+    subordinate_ids, userns_available,
+};

@@ -115,20 +115,52 @@ fn only_loopback_and_it_is_up() {
 }
 
 #[test]
-fn user_namespace_maps_caller_to_root() {
-    if !can_launch("user_namespace_maps_caller_to_root") {
+fn the_sandboxs_root_is_an_unprivileged_host_identity() {
+    if !can_launch("the_sandboxs_root_is_an_unprivileged_host_identity") {
         return;
     }
-    // Always also as root: exercises the uid/gid map path on a root test machine.
-    let (code, out) = run_sh("id -u; id -g; cat /proc/self/uid_map", UserNs::Always);
+    // A file the sandbox's root makes shows its host identity: the caller's uid, or
+    // for root the subordinate range's first id.
+    let dir = temp_path("ids");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let file = dir.join("made");
+    let (code, out) = run_sh(
+        &format!("id -u; id -g; touch {}", file.display()),
+        UserNs::Auto,
+    );
     assert_eq!(code, 0, "{out}");
+    assert_eq!(out.lines().collect::<Vec<_>>(), ["0", "0"], "{out}");
+    let meta = std::fs::metadata(&file).unwrap();
     // SAFETY: geteuid cannot fail.
     let euid = unsafe { libc::geteuid() };
-    let mut lines = out.lines();
-    assert_eq!(lines.next(), Some("0"), "{out}");
-    assert_eq!(lines.next(), Some("0"), "{out}");
-    let map: Vec<_> = lines.next().unwrap().split_whitespace().collect();
-    assert_eq!(map, ["0", &euid.to_string(), "1"], "{out}");
+    let want = if euid == 0 {
+        ferry_sandbox::root_sandbox_ids().0.base
+    } else {
+        euid
+    };
+    assert_eq!(meta.uid(), want);
+    assert_ne!(meta.uid(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_sandbox_has_its_own_proc_and_cannot_remove_it() {
+    if !can_launch("the_sandbox_has_its_own_proc_and_cannot_remove_it") {
+        return;
+    }
+    // Its /proc lists its own processes (the init, the shell, ls); the host's pid 1 is
+    // not there. Unmounting it (to find the host's underneath) is refused.
+    let (code, out) = run_sh(
+        "cat /proc/1/comm; ls /proc | grep -c '^[0-9]'; umount /proc 2>/dev/null && echo unmounted; umount -l /proc 2>/dev/null && echo detached; cat /proc/1/comm",
+        UserNs::Auto,
+    );
+    assert_eq!(code, 0, "{out}");
+    let lines: Vec<_> = out.lines().collect();
+    assert_eq!(lines[0], "ferry-init", "{out}");
+    let n: usize = lines[1].parse().unwrap();
+    assert!(n <= 8, "{out}");
+    assert_eq!(lines[2..], ["ferry-init"], "{out}");
 }
 
 #[test]

@@ -880,6 +880,20 @@ pub fn nofile_limit() -> io::Result<(u64, u64)> {
     Ok((lim.rlim_cur, lim.rlim_max))
 }
 
+/// `prctl(PR_SET_DUMPABLE)`: a process that is not dumpable cannot be ptraced, nor its
+/// memory read through `/proc`, by anyone without `CAP_SYS_PTRACE` over it.
+pub fn set_dumpable(on: bool) -> io::Result<()> {
+    syscall!(
+        libc::SYS_prctl,
+        libc::PR_SET_DUMPABLE,
+        i32::from(on),
+        0,
+        0,
+        0
+    )
+    .map(drop)
+}
+
 /// `SO_NETNS_COOKIE` (Linux 5.14; the libc crate does not name it).
 const SO_NETNS_COOKIE: i32 = 71;
 

@@ -96,6 +96,9 @@ impl TempDir {
         ));
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p).unwrap();
+        // Sandboxed programs run as an unprivileged host user: they may write here.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o1777)).unwrap();
         TempDir(p)
     }
     pub fn path(&self) -> &Path {
@@ -173,6 +176,7 @@ pub fn output_within(mut cmd: Command, limit: Duration) -> Output {
     match rx.recv_timeout(limit) {
         Ok(out) => out.expect("wait"),
         Err(_) => {
+            // SAFETY: kill with integer arguments; our unreaped child.
             unsafe { libc::kill(pid, libc::SIGKILL) };
             panic!("{cmd:?} ran longer than {limit:?}");
         }

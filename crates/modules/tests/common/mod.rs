@@ -19,8 +19,14 @@ pub fn example(name: &str) -> Vec<u8> {
     std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// A host for the examples' tests: the default limits but a deadline that a loaded
+/// 2-vCPU machine does not overrun (the deadline itself is tested in isolation.rs).
 pub fn host() -> ModuleHost {
-    ModuleHost::new(Limits::default()).expect("module host")
+    ModuleHost::new(Limits {
+        deadline: std::time::Duration::from_millis(250),
+        ..Limits::default()
+    })
+    .expect("module host")
 }
 
 /// A fresh temporary directory for this test.

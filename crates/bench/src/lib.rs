@@ -20,6 +20,7 @@ pub mod parse;
 pub mod plan;
 pub mod plot;
 pub mod report;
+pub mod soak;
 pub mod topology;
 
 use std::path::{Path, PathBuf};

@@ -462,3 +462,96 @@ pub fn verify(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Shutdown;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    fn options(to: SocketAddr, bytes: u64) -> DriveOptions {
+        DriveOptions {
+            connect: to,
+            seed: 3,
+            bytes,
+            parallel: 8,
+            max_conn: 1 << 20,
+            direction: Direction::Both,
+            progress: Duration::from_secs(60),
+            stall: Duration::from_secs(20),
+            calls: Calls::All,
+        }
+    }
+
+    fn verifier() -> (SocketAddr, std::thread::JoinHandle<Result<String, String>>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let t = std::thread::spawn(move || verify(&l, 4, Duration::from_secs(60), Calls::All));
+        (addr, t)
+    }
+
+    #[test]
+    fn a_clean_run_passes_every_check() {
+        let (addr, v) = verifier();
+        let s = drive(&options(addr, 20 << 20)).unwrap();
+        assert!(s.ok(), "{}", s.line());
+        assert!(s.totals.conns > 5, "{}", s.line());
+        assert_eq!(s.totals.up + s.totals.down, 20 << 20);
+        assert!(v.join().unwrap().unwrap().starts_with("verifier: OK"));
+    }
+
+    /// Copies `from` to `to`, flipping the byte at offset `flip` (if any) of the stream.
+    fn pipe(mut from: TcpStream, mut to: TcpStream, flip: Option<u64>) {
+        let mut buf = [0u8; 4096];
+        let mut at = 0u64;
+        while let Ok(n) = from.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            if let Some(f) = flip.filter(|f| (at..at + n as u64).contains(f)) {
+                buf[(f - at) as usize] ^= 0x20;
+            }
+            at += n as u64;
+            if to.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(Shutdown::Write);
+    }
+
+    /// A proxy in front of `upstream` that flips one byte going up (past the header)
+    /// on its `nth` connection.
+    fn flipping_proxy(upstream: SocketAddr, nth: u64) -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let count = Arc::new(AtomicU64::new(0));
+        std::thread::spawn(move || {
+            for c in l.incoming().flatten() {
+                let Ok(u) = TcpStream::connect(upstream) else {
+                    return;
+                };
+                let i = count.fetch_add(1, Ordering::Relaxed);
+                let flip = (i == nth).then_some(100);
+                let (c2, u2) = (c.try_clone().unwrap(), u.try_clone().unwrap());
+                std::thread::spawn(move || pipe(c, u, flip));
+                std::thread::spawn(move || pipe(u2, c2, None));
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn one_flipped_byte_fails_both_ends() {
+        let (addr, v) = verifier();
+        let mut o = options(flipping_proxy(addr, 2), 20 << 20);
+        o.direction = Direction::Up;
+        let s = drive(&o).unwrap();
+        assert!(!s.ok(), "{}", s.line());
+        // The server counted it; the client saw the server's digest differ from its own.
+        assert!(s.totals.digests_differ >= 1, "{}", s.line());
+        let verdict = v.join().unwrap().unwrap();
+        assert!(verdict.starts_with("verifier: BAD"), "{verdict}");
+        assert!(verdict.contains("bad_bytes=1 "), "{verdict}");
+    }
+}

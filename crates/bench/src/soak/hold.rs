@@ -10,7 +10,8 @@
 //! client's end of stream, closes, and returns once it has seen as many connections
 //! close as it was told.
 //!
-//! With `pause`, each side prints a line at each phase (`held N`, `closed N`) and waits
+//! With `pause`, each side prints a line at each phase (the client `ready`, `held N`,
+//! `closed N`; the server `closed N`) and waits
 //! for a line on its standard input before going on, so that a harness can measure the
 //! processes (descriptors, memory) at that point.
 
@@ -71,6 +72,12 @@ pub fn hold_client(
 ) -> Result<(), String> {
     let limit = raise_nofile();
     eprintln!("hold: RLIMIT_NOFILE soft limit {limit}");
+    if with_pause {
+        // One socket first, so that what is measured at `ready` includes what a
+        // process's first socket sets up once (under ferry: its channel).
+        drop(TcpListener::bind(("127.0.0.1", 0)));
+        pause("ready");
+    }
     let start = Instant::now();
     let mut socks = Vec::with_capacity(conns);
     for i in 0..conns {

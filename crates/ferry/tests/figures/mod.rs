@@ -121,9 +121,28 @@ pub fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// The first descendant of `pid` whose command line contains `needle` (as seen from
-/// the host: the sandbox's processes are ferry's grandchildren).
-pub fn descendant(pid: u32, needle: &str) -> Option<u32> {
+/// What each open descriptor of `pid` points at (`socket:[…]`, `anon_inode:[eventfd]`…),
+/// sorted, with inode numbers left out.
+pub fn fd_kinds(pid: u32) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .map(|t| {
+                    let t = t.to_string_lossy().into_owned();
+                    t.split(":[").next().unwrap_or(&t).to_owned()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// The first descendant of `pid` running `program` (the file name of its `argv[0]`)
+/// with `arg` as its first argument (as seen from the host: the sandbox's processes
+/// are ferry's grandchildren; the sandbox's init still has ferry's own command line).
+pub fn descendant(pid: u32, program: &str, arg: &str) -> Option<u32> {
     let mut queue = vec![pid];
     while let Some(p) = queue.pop() {
         let tasks = std::fs::read_dir(format!("/proc/{p}/task")).ok()?;
@@ -134,8 +153,12 @@ pub fn descendant(pid: u32, needle: &str) -> Option<u32> {
                 .filter_map(|k| k.parse::<u32>().ok())
             {
                 let cmd = std::fs::read(format!("/proc/{k}/cmdline")).unwrap_or_default();
-                let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-                if cmd.contains(needle) {
+                let argv: Vec<String> = cmd
+                    .split(|&b| b == 0)
+                    .map(|a| String::from_utf8_lossy(a).into_owned())
+                    .collect();
+                let name = argv[0].rsplit('/').next().unwrap_or("");
+                if name == program && argv.get(1).is_some_and(|a| a == arg) {
                     return Some(k);
                 }
                 queue.push(k);
@@ -146,13 +169,16 @@ pub fn descendant(pid: u32, needle: &str) -> Option<u32> {
 }
 
 /// Polls [`descendant`] for up to 10 s.
-pub fn find_descendant(pid: u32, needle: &str) -> u32 {
+pub fn find_descendant(pid: u32, program: &str, arg: &str) -> u32 {
     let end = Instant::now() + Duration::from_secs(10);
     loop {
-        if let Some(p) = descendant(pid, needle) {
+        if let Some(p) = descendant(pid, program, arg) {
             return p;
         }
-        assert!(Instant::now() < end, "no process {needle:?} under {pid}");
+        assert!(
+            Instant::now() < end,
+            "no process {program} {arg} under {pid}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }

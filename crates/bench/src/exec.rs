@@ -244,6 +244,60 @@ fn reader<R: Read + Send + 'static>(pipe: Option<R>) -> Reader {
     }
 }
 
+/// Makes this process the reaper of its descendants' orphans (`PR_SET_CHILD_SUBREAPER`):
+/// a process whose parent dies (a sandbox whose `ferry run` was killed, an nginx worker
+/// whose master went first) is re-parented here instead of to the system's init, so
+/// [`reap_all`] can wait until it is really gone.
+pub fn adopt_orphans() -> std::io::Result<()> {
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid())).map_err(Into::into)
+}
+
+/// Reaps every child of this process, adopted orphans included, until none is left:
+/// those still running after `grace` get SIGKILL (and `grace` again). Returns the pids
+/// of children that were still there at the end (none, normally). Call it only when
+/// no `Child` of this process is waited for anywhere else.
+pub fn reap_all(grace: Duration) -> Vec<u32> {
+    let mut end = Instant::now() + grace;
+    let mut killed = false;
+    loop {
+        match rustix::process::wait(rustix::process::WaitOptions::NOHANG) {
+            Ok(Some(_)) => continue,
+            Ok(None) => {}
+            Err(rustix::io::Errno::CHILD) => return Vec::new(),
+            Err(_) => return children(),
+        }
+        if Instant::now() >= end {
+            if killed {
+                return children();
+            }
+            for pid in children() {
+                if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                }
+            }
+            killed = true;
+            end = Instant::now() + grace;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// This process's children (every thread's), from /proc.
+pub fn children() -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
 /// A process group led by a child we spawned with `process_group(0)`.
 #[derive(Debug)]
 pub struct Group(Option<rustix::process::Pid>);

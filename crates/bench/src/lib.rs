@@ -20,10 +20,11 @@ pub mod parse;
 pub mod plan;
 pub mod plot;
 pub mod report;
+pub mod soak;
 pub mod topology;
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -71,10 +72,14 @@ pub enum Error {
     /// A client could not be started at all.
     #[error(transparent)]
     Exec(ExecError),
-    /// Ctrl-C or SIGTERM: everything was torn down; results so far are in the output
-    /// directory.
+    /// Ctrl-C or SIGTERM: everything was torn down (every process the harness started
+    /// has exited and been reaped, the remote namespace is deleted); results so far are
+    /// in the output directory.
     #[error("interrupted; the remote namespace and its servers were removed")]
     Interrupted,
+    /// Processes the harness started were still running after the teardown and SIGKILL.
+    #[error("processes {0:?} did not exit after SIGKILL")]
+    Leftover(Vec<u32>),
 }
 
 impl From<ExecError> for Error {
@@ -110,10 +115,33 @@ fn output_err(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
 
 /// Runs the experiments and writes every output. Prints progress and the smoke checks
 /// on the terminal; the caller prints [`Summary::tables`].
+///
+/// When it returns (done, failed or [`Error::Interrupted`]) the teardown is complete:
+/// the remote namespace is deleted and every process it started, and every orphan of
+/// theirs, has exited and been reaped (the harness is their subreaper).
 pub fn run(o: &Options) -> Result<Summary, Error> {
     if !ferry_sandbox::testbed::is_root() {
         return Err(Error::NotRoot);
     }
+    if let Err(e) = exec::adopt_orphans() {
+        println!("warning: cannot become the subreaper of the runs' processes: {e}");
+    }
+    let result = run_all(o);
+    // The testbed is gone; what its runs and servers left behind is reaped here, so
+    // "torn down" is true when the caller says it.
+    let left = exec::reap_all(Duration::from_secs(5));
+    match result {
+        Err(Error::Interrupted) if !left.is_empty() => Err(Error::Leftover(left)),
+        r => {
+            if !left.is_empty() {
+                println!("warning: processes {left:?} did not exit after SIGKILL");
+            }
+            r
+        }
+    }
+}
+
+fn run_all(o: &Options) -> Result<Summary, Error> {
     let start = Instant::now();
     std::fs::create_dir_all(&o.out).map_err(output_err(&o.out))?;
     let stop = Interrupt::new();

@@ -63,6 +63,13 @@ pub fn main(a: BenchArgs) -> i32 {
             );
             130
         }
+        Err(e @ Error::Leftover(_)) => {
+            eprintln!(
+                "ferry bench: teardown incomplete: {e}; finished experiments are in {}",
+                options.out.display()
+            );
+            1
+        }
         Err(e @ Error::NotRoot) => {
             eprintln!("ferry bench: {e}");
             crate::run::EXIT_SETUP

@@ -38,8 +38,31 @@ enum Command {
     Ctl(ctl::CtlArgs),
 }
 
+/// `RLIMIT_NOFILE`'s soft limit when ferry started and after [`ferry_sys::raise_nofile_limit`]
+/// (`None`: it could not be read).
+pub(crate) static NOFILE: std::sync::OnceLock<Option<(u64, u64)>> = std::sync::OnceLock::new();
+
+/// Logs (at debug level, once logging is set up) what happened to the descriptor limit.
+pub(crate) fn log_nofile() {
+    match NOFILE.get() {
+        Some(Some((before, after))) if before != after => {
+            tracing::debug!(
+                "RLIMIT_NOFILE: soft limit raised from {before} to {after} (the hard limit)"
+            )
+        }
+        Some(Some((before, _))) => {
+            tracing::debug!("RLIMIT_NOFILE: soft limit {before} is already the hard limit")
+        }
+        _ => tracing::debug!("RLIMIT_NOFILE: could not be raised"),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Two descriptors per sandbox connection (host socket, pair end): raise the soft
+    // limit to the hard one before anything opens. The program gets the limit ferry
+    // was started with back (`run`).
+    let _ = NOFILE.set(ferry_sys::raise_nofile_limit().ok());
     // The server writes to sockets the sandbox may have closed: it must get EPIPE.
     let _ = ferry_sys::ignore_sigpipe();
     let code = match cli.command {

@@ -258,6 +258,7 @@ fn module_rules(a: &RunArgs) -> Result<Vec<ferry_server::ModuleRule>, String> {
 
 pub fn main(a: RunArgs) -> i32 {
     init_logging(a.verbose);
+    crate::log_nofile();
     let bond = match bond(&a) {
         Ok(b) => b,
         Err(msg) => {
@@ -406,8 +407,17 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
         // The command waits until the DNS forwarder is up (a resolver may query at once).
         hold: true,
     };
-    let mut sandbox =
-        ferry_sandbox::launch(&spec).map_err(|e| format!("cannot start the sandbox: {e}"))?;
+    // The program starts with the descriptor limit ferry was started with, as it would
+    // natively; ferry's own (raised at start) comes back right after.
+    let nofile = crate::NOFILE.get().copied().flatten();
+    if let Some((before, _)) = nofile {
+        let _ = ferry_sys::set_nofile_soft(before);
+    }
+    let launched = ferry_sandbox::launch(&spec);
+    if let Some((_, after)) = nofile {
+        let _ = ferry_sys::set_nofile_soft(after);
+    }
+    let mut sandbox = launched.map_err(|e| format!("cannot start the sandbox: {e}"))?;
     let _ = factory.set(sandbox.factory());
     // The servers parse what the sandbox writes: nobody may read or write their memory
     // (a process of the sandbox running as the same user included). Not before the

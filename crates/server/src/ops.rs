@@ -1260,7 +1260,8 @@ impl Server {
                 return Err(e);
             }
         };
-        let placed = got.len.min(spans.iter().map(|sp| sp.len() as usize).sum());
+        let room: usize = spans.iter().map(|sp| sp.len() as usize).sum();
+        let placed = got.len.min(room);
         s.stats.bytes_in += placed as u64;
         self.stats.bytes_in += placed as u64;
         let mut left = placed;
@@ -1291,8 +1292,12 @@ impl Server {
         // A polled socket: if the host socket is now empty, take the token back (a token
         // left behind would make the next poll report data that is not there). A short
         // stream read means empty without asking the kernel; if data arrived meanwhile,
-        // `TokenDrained`'s re-check writes a fresh token.
-        let short = s.is_stream() && placed < want;
+        // `TokenDrained`'s re-check writes a fresh token. Short of the buffers lent, not
+        // of the length asked for: a read of more than MAX_RECV_BUFS buffers (or with
+        // fewer free) that fills them all may have left data behind, and the host socket,
+        // edge-triggered, brings no new edge for it. Nor after a hang-up (`rx_ending`):
+        // its edge came before this read, and the end of the stream is still to read.
+        let short = s.is_stream() && placed < room && !s.rx_ending;
         if short && flags & (libc::MSG_PEEK | libc::MSG_OOB) == 0 {
             s.rx_maybe = false;
         }
@@ -1353,7 +1358,8 @@ impl Server {
             return;
         }
         let tracked = s.is_stream() && !s.listening && !published;
-        if tracked && !s.rx_maybe {
+        // An ended stream stays readable (0, or the error) with no edge to come: ask.
+        if tracked && !s.rx_maybe && !s.rx_ending {
             return;
         }
         let rev = if tracked && readable {

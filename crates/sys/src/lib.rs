@@ -1004,6 +1004,53 @@ pub fn ignore_sigpipe() -> io::Result<()> {
     .map(drop)
 }
 
+/// The soft and hard `RLIMIT_NOFILE` of this process (`prlimit64(2)` on itself).
+pub fn nofile_limit() -> io::Result<(u64, u64)> {
+    let mut cur = libc::rlimit64 {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    syscall!(
+        libc::SYS_prlimit64,
+        0,
+        libc::RLIMIT_NOFILE,
+        std::ptr::null::<libc::rlimit64>(),
+        &mut cur as *mut libc::rlimit64
+    )?;
+    Ok((cur.rlim_cur, cur.rlim_max))
+}
+
+/// Sets this process's soft `RLIMIT_NOFILE` to `soft` (at most the hard limit, which
+/// stays as it is).
+pub fn set_nofile_soft(soft: u64) -> io::Result<()> {
+    let (_, hard) = nofile_limit()?;
+    let new = libc::rlimit64 {
+        rlim_cur: soft.min(hard),
+        rlim_max: hard,
+    };
+    syscall!(
+        libc::SYS_prlimit64,
+        0,
+        libc::RLIMIT_NOFILE,
+        &new as *const libc::rlimit64,
+        std::ptr::null_mut::<libc::rlimit64>()
+    )
+    .map(drop)
+}
+
+/// Raises this process's soft `RLIMIT_NOFILE` to its hard limit: a protocol server
+/// holds two descriptors per connection of the sandbox (the host socket and its end of
+/// the readiness pair), so the usual soft limit of 1,024 would cap a sandbox at ~500
+/// connections. Returns the soft limit before and after. Unprivileged and always
+/// allowed; the hard limit is left alone.
+pub fn raise_nofile_limit() -> io::Result<(u64, u64)> {
+    let (soft, hard) = nofile_limit()?;
+    if soft < hard {
+        set_nofile_soft(hard)?;
+    }
+    Ok((soft, hard.max(soft)))
+}
+
 /// Adds `ip/prefix` to interface `ifindex` through a `NETLINK_ROUTE` socket (which may
 /// belong to another network namespace). An address that is already there is fine.
 pub fn add_address(
@@ -1156,5 +1203,29 @@ mod tests {
         seen.sort();
         seen.dedup();
         assert_eq!(seen.len(), all.len(), "{all:?}");
+    }
+
+    #[test]
+    fn nofile_soft_limit_goes_up_to_the_hard_one() {
+        // Run in a child: the limit is process-wide and other tests share the process.
+        // SAFETY: the child only makes async-signal-safe system calls, then `_exit`s.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork");
+        if pid == 0 {
+            let ok = (|| {
+                let (_, hard) = nofile_limit().ok()?;
+                let low = hard.min(256);
+                set_nofile_soft(low).ok()?;
+                let (before, after) = raise_nofile_limit().ok()?;
+                let now = nofile_limit().ok()?;
+                (before == low && after == hard && now == (hard, hard)).then_some(())
+            })();
+            // SAFETY: ends the forked child without running the parent's destructors.
+            unsafe { libc::_exit(if ok.is_some() { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child; status is a valid out-pointer.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
     }
 }

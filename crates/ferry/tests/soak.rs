@@ -1,0 +1,165 @@
+//! Integrity soak through ferry: `ferry-soak` moves random streams both ways over many
+//! connections, with random message sizes (1 B … 1 MiB), calls, interleavings and
+//! endings, and both ends check every byte and compare SHA-256 digests. Outbound (the
+//! driver in the sandbox, the verifier in a remote namespace) and inbound (the verifier
+//! in the sandbox behind `-p`, the driver in the remote namespace), on both receive
+//! paths. Any bad byte, digest mismatch, failed or stalled connection fails the test,
+//! and so does a socket still open when ferry stops.
+//!
+//! CI moves a few hundred MB per case. The figures in docs/SECURITY.md are the same
+//! tests at full size:
+//! `FERRY_SOAK_BYTES=10G cargo test --release -p ferry --test soak -- --nocapture --test-threads 1`
+//! (`FERRY_SOAK_SEED` changes the seed, `FERRY_SOAK_MAX_CONN` the largest connection;
+//! inbound cases move half of the outbound size).
+
+mod common;
+mod figures;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use figures::*;
+
+const PORT: u16 = 7400;
+
+fn seed() -> u64 {
+    num_env("FERRY_SOAK_SEED", 20_240_601)
+}
+
+/// Largest payload of one connection each way (`FERRY_SOAK_MAX_CONN`): small enough
+/// that even CI's run makes hundreds of connections.
+fn max_conn() -> String {
+    size_env("FERRY_SOAK_MAX_CONN", "4Mi").to_string()
+}
+
+/// Generous for CI's sizes; a full run gets time in proportion.
+fn deadline(bytes: u64) -> Duration {
+    Duration::from_secs(120 + bytes / 20_000_000)
+}
+
+fn closing_line(out: &str) -> &str {
+    out.lines()
+        .find(|l| l.starts_with("soak: "))
+        .unwrap_or_else(|| panic!("no closing line from the driver:\n{out}"))
+}
+
+fn outbound(rx: &str) {
+    if !can_run(&["ip"]) {
+        return;
+    }
+    let Some(bin) = soak_bin() else { return };
+    let bytes = size_env("FERRY_SOAK_BYTES", "400M");
+    let r = remote(&format!("soak-o{rx}"));
+    let listen = format!("{}:{PORT}", r.remote_ip());
+    let mut verifier = Guard(
+        r.spawn(
+            Command::new(&bin)
+                .args(["verify", "--listen", &listen, "--progress", "10"])
+                .stdout(Stdio::piped()),
+        )
+        .unwrap(),
+    );
+    let lines = Lines::new("verifier", verifier.0.stdout.take().unwrap());
+    lines.wait_for("listening on", Duration::from_secs(10));
+    let dir = TempDir::new(&format!("soak-o{rx}"));
+    let js = dir.path().join("stats.json");
+    let mut driver = Guard(
+        ferry()
+            .args([
+                "run",
+                "--rx",
+                rx,
+                "--stats-json",
+                js.to_str().unwrap(),
+                "--",
+            ])
+            .arg(&bin)
+            .args(["drive", "--connect", &listen, "--progress", "10"])
+            .args(["--bytes", &bytes.to_string(), "--seed", &seed().to_string()])
+            .args(["--max-conn", &max_conn()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let out = Lines::new(&format!("driver {rx}"), driver.0.stdout.take().unwrap());
+    let status = wait_until(&mut driver.0, deadline(bytes)).expect("driver finished in time");
+    let summary = out.wait_for("soak: ", Duration::from_secs(5));
+    assert!(status.success(), "driver: {status}\n{}", out.all());
+    assert!(summary.starts_with("soak: OK "), "{summary}");
+    let v = wait_until(&mut verifier.0, Duration::from_secs(30)).expect("verifier ends");
+    assert!(v.success(), "verifier: {v}\n{}", lines.all());
+    let stats = stats(&js);
+    assert_eq!(stat(&stats, "open_at_stop"), 0, "{stats}");
+    assert!(
+        stat(&stats, "bytes_in") + stat(&stats, "bytes_out") >= bytes,
+        "ferry moved the bytes: {stats}"
+    );
+    eprintln!("soak outbound --rx {rx}: {}", closing_line(&out.all()));
+}
+
+fn inbound(rx: &str) {
+    if !can_run(&["ip"]) {
+        return;
+    }
+    let Some(bin) = soak_bin() else { return };
+    let bytes = size_env("FERRY_SOAK_BYTES", "400M") / 2;
+    let r = remote(&format!("soak-i{rx}"));
+    let published = format!("{}:{PORT}", r.host_ip());
+    let dir = TempDir::new(&format!("soak-i{rx}"));
+    let js = dir.path().join("stats.json");
+    let mut sandbox = Guard(
+        ferry()
+            .args(["run", "--rx", rx, "--stats-json", js.to_str().unwrap()])
+            .args(["-p", &format!("{published}:{PORT}"), "--"])
+            .arg(&bin)
+            .args(["verify", "--listen", &format!("0.0.0.0:{PORT}")])
+            .args(["--progress", "10"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let lines = Lines::new(&format!("verifier {rx}"), sandbox.0.stdout.take().unwrap());
+    lines.wait_for("listening on", Duration::from_secs(10));
+    let driver = r
+        .spawn(
+            Command::new(&bin)
+                .args(["drive", "--connect", &published, "--progress", "10"])
+                .args(["--bytes", &bytes.to_string()])
+                .args(["--seed", &(seed() + 1).to_string()])
+                .args(["--max-conn", &max_conn()])
+                .stdout(Stdio::piped()),
+        )
+        .unwrap();
+    let mut driver = Guard(driver);
+    let out = Lines::new("driver", driver.0.stdout.take().unwrap());
+    let status = wait_until(&mut driver.0, deadline(bytes)).expect("driver finished in time");
+    let summary = out.wait_for("soak: ", Duration::from_secs(5));
+    assert!(status.success(), "driver: {status}\n{}", out.all());
+    assert!(summary.starts_with("soak: OK "), "{summary}");
+    let v = wait_until(&mut sandbox.0, Duration::from_secs(30)).expect("sandbox ends");
+    assert!(v.success(), "verifier in the sandbox: {v}\n{}", lines.all());
+    let stats = stats(&js);
+    assert_eq!(stat(&stats, "open_at_stop"), 0, "{stats}");
+    eprintln!("soak inbound --rx {rx}: {}", closing_line(&out.all()));
+}
+
+#[test]
+fn soak_outbound_rx_pair() {
+    outbound("pair");
+}
+
+#[test]
+fn soak_outbound_rx_ring() {
+    outbound("ring");
+}
+
+#[test]
+fn soak_inbound_rx_pair() {
+    inbound("pair");
+}
+
+#[test]
+fn soak_inbound_rx_ring() {
+    inbound("ring");
+}

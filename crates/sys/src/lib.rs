@@ -864,22 +864,6 @@ pub fn peer_pid(fd: BorrowedFd<'_>) -> io::Result<i32> {
     Ok(cred.pid)
 }
 
-/// The process's descriptor limit `RLIMIT_NOFILE` as (soft, hard).
-pub fn nofile_limit() -> io::Result<(u64, u64)> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    syscall!(
-        libc::SYS_prlimit64,
-        0,
-        libc::RLIMIT_NOFILE,
-        std::ptr::null::<libc::rlimit>(),
-        &mut lim as *mut libc::rlimit
-    )?;
-    Ok((lim.rlim_cur, lim.rlim_max))
-}
-
 /// `prctl(PR_SET_DUMPABLE)`: a process that is not dumpable cannot be ptraced, nor its
 /// memory read through `/proc`, by anyone without `CAP_SYS_PTRACE` over it.
 pub fn set_dumpable(on: bool) -> io::Result<()> {

@@ -128,6 +128,8 @@ pub struct Settings {
     pub e6_bin: PathBuf,
     /// Where E6's files are (see [`E6_SIZES`]).
     pub e6_dir: PathBuf,
+    /// R1 also runs `ferry-unconfined` (`--unconfined`).
+    pub unconfined_too: bool,
 }
 
 impl Settings {
@@ -626,6 +628,13 @@ fn r1(s: &Settings, ready: &[Config]) -> Vec<Case> {
     // The ring receive path (`--rx ring`) beside the default pair path, in the same run.
     if let Some(at) = configs.iter().position(|c| c.name == "ferry") {
         configs.insert(at + 1, Config::ferry_args("ferry-ring", &["--rx", "ring"]));
+        if s.unconfined_too {
+            // The servers without their seccomp filter and with their capabilities.
+            configs.insert(
+                at + 1,
+                Config::ferry_args("ferry-unconfined", &["--unconfined"]),
+            );
+        }
     }
     // Enough requests that each test lasts seconds: the machine's CPU time per request
     // is measured over the whole run, start-up included.

@@ -50,6 +50,9 @@ pub struct Options {
     pub ferry: PathBuf,
     /// The command line, for the report.
     pub command: String,
+    /// R1 also runs ferry with `--unconfined` beside it (the cost of the servers'
+    /// seccomp filter and dropped capabilities).
+    pub unconfined_too: bool,
 }
 
 /// Why the harness stopped.
@@ -187,6 +190,7 @@ fn run_all(o: &Options) -> Result<Summary, Error> {
         burner,
         e6_bin,
         e6_dir,
+        unconfined_too: o.unconfined_too,
     };
     let configs: Vec<Config> = ready.iter().map(|r| r.config.clone()).collect();
     let plans: Vec<(Experiment, Vec<plan::Case>)> = o

@@ -21,6 +21,10 @@ pub struct BenchArgs {
     /// Measured runs per case, after one warm-up (default 5; 2 with --quick).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=100))]
     pub runs: Option<u16>,
+    /// R1 also runs ferry with `--unconfined` beside the default (what the servers'
+    /// seccomp filter and dropped capabilities cost, in the same run).
+    #[arg(long)]
+    pub unconfined_too: bool,
 }
 
 pub fn main(a: BenchArgs) -> i32 {
@@ -39,6 +43,7 @@ pub fn main(a: BenchArgs) -> i32 {
         runs: a.runs.map_or(if a.quick { 2 } else { 5 }, usize::from),
         ferry,
         command: std::env::args().collect::<Vec<_>>().join(" "),
+        unconfined_too: a.unconfined_too,
     };
     match ferry_bench::run(&options) {
         Ok(s) => {

@@ -48,11 +48,16 @@ pub enum CtlCommand {
     },
 }
 
-/// Serves the admin socket of this run on a background thread; connections from the
-/// sandbox (`sandbox_init` and its descendants) are refused.
-pub fn serve(path: &Path, control: Control, sandbox_init: i32) -> std::io::Result<()> {
+/// Makes this run's admin socket at `path` (mode 0600).
+pub fn listen(path: &Path) -> std::io::Result<UnixListener> {
     let listener = UnixListener::bind(path)?;
     ferry_sys::chmod(path, 0o600)?;
+    Ok(listener)
+}
+
+/// Serves the admin socket on a background thread; connections from the sandbox
+/// (`sandbox_init` and its descendants) are refused.
+pub fn serve(listener: UnixListener, control: Control, sandbox_init: i32) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("ferry-admin".into())
         .spawn(move || {

@@ -107,6 +107,10 @@ pub struct RunArgs {
     /// limit allows, two descriptors each).
     #[arg(long, value_name = "N", value_parser = clap::builder::TypedValueParser::map(clap::value_parser!(u32).range(1..=1048576), |v| v as usize))]
     pub max_sockets: Option<usize>,
+    /// Leave the protocol servers unconfined: they keep this process's capabilities and
+    /// may make any system call (see docs/SECURITY.md). For debugging and measurements.
+    #[arg(long)]
+    pub unconfined: bool,
     /// More log output (-v info, -vv debug).
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,
@@ -435,6 +439,22 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
         .map_err(|e| format!("cannot start the program: {e}"))?;
     debug!("sandbox init pid {}", sandbox.pid());
 
+    let admin = dir.join(crate::ctl::ADMIN_SOCKET);
+    let admin = crate::ctl::listen(&admin)
+        .map_err(|e| warn!("`ferry ctl` is off for this run: {e}"))
+        .ok();
+    // Set-up is done: from here on the process keeps only what serving needs (before
+    // any thread starts, so that every thread has no more).
+    if a.unconfined {
+        warn!(
+            "--unconfined: the servers keep this process's privileges and may make any system call"
+        );
+    } else {
+        let n = ferry_server::confine::confine()
+            .map_err(|e| format!("cannot confine the servers: {e} (--unconfined runs without)"))?;
+        debug!("servers confined: {n} system calls allowed");
+    }
+
     // Forward Ctrl-C and friends to the program; the signal thread inherits the mask.
     const FORWARD: [i32; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
     let _ = ferry_sys::block_signals(&FORWARD);
@@ -451,8 +471,9 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
             }
         })
     };
-    let admin = dir.join(crate::ctl::ADMIN_SOCKET);
-    if let Err(e) = crate::ctl::serve(&admin, control, sandbox.pid()) {
+    if let Some(admin) = admin
+        && let Err(e) = crate::ctl::serve(admin, control, sandbox.pid())
+    {
         warn!("`ferry ctl` is off for this run: {e}");
     }
     let server_thread = std::thread::Builder::new()

@@ -731,3 +731,68 @@ fn nor_can_it_when_an_ordinary_user_runs_ferry() {
     // of reach.
     assert_eq!(escape_attempts(Some("ferrytest")), NO_ESCAPE);
 }
+
+// ---- The servers' own confinement -------------------------------------------------------
+
+/// Per thread of process `pid`: (name, NoNewPrivs, Seccomp mode, CapEff).
+fn thread_confinement(pid: u32) -> Vec<(String, String, String, u64)> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+        let field = |k: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(k))
+                .unwrap_or("")
+                .trim()
+                .to_owned()
+        };
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        out.push((
+            comm.trim().to_owned(),
+            field("NoNewPrivs:"),
+            field("Seccomp:"),
+            u64::from_str_radix(&field("CapEff:"), 16).unwrap_or(u64::MAX),
+        ));
+    }
+    out
+}
+
+#[test]
+fn every_thread_of_the_servers_is_confined() {
+    if !can_run(&[]) {
+        return;
+    }
+    let confined = |extra: &[&str]| {
+        let mut child = ferry()
+            .arg("run")
+            .args(extra)
+            .args(["--", "sleep", "1.5"])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(700));
+        let threads = thread_confinement(child.id());
+        assert!(child.wait().unwrap().success());
+        threads
+    };
+    let threads = confined(&[]);
+    assert!(threads.len() >= 3, "{threads:?}");
+    for (name, nnp, seccomp, caps) in &threads {
+        // Filter mode, no new privileges, at most CAP_KILL (1 << 5).
+        assert_eq!(
+            (nnp.as_str(), seccomp.as_str()),
+            ("1", "2"),
+            "{name}: {threads:?}"
+        );
+        assert_eq!(caps & !(1 << 5), 0, "{name}: capabilities {caps:#x}");
+    }
+    // The opt-out really is one (as root, every capability stays).
+    let open = confined(&["--unconfined"]);
+    assert!(
+        open.iter().all(|(_, _, seccomp, _)| seccomp == "0"),
+        "{open:?}"
+    );
+}

@@ -110,7 +110,8 @@ impl std::fmt::Debug for ModuleHost {
 }
 
 impl ModuleHost {
-    /// Makes the engine. Spawns the epoch ticker thread with [`Interrupt::Epoch`].
+    /// Makes the engine. With [`Interrupt::Epoch`] the epoch ticker's thread starts with
+    /// the first callback.
     pub fn new(limits: Limits) -> Result<ModuleHost, Error> {
         if limits.max_instances == 0 || limits.memory_bytes == 0 || limits.deadline.is_zero() {
             return Err(Error::Engine("limits must be non-zero".into()));
@@ -150,10 +151,7 @@ impl ModuleHost {
             (limits.deadline / 4).clamp(Duration::from_micros(100), Duration::from_millis(50));
         let deadline_ticks = limits.deadline.as_nanos().div_ceil(period.as_nanos()) as u64 + 1;
         let ticker = match limits.interrupt {
-            Interrupt::Epoch => Some(
-                Ticker::spawn(engine.clone(), period)
-                    .map_err(|e| Error::Engine(format!("epoch ticker: {e}")))?,
-            ),
+            Interrupt::Epoch => Some(Ticker::new(engine.clone(), period)),
             Interrupt::Fuel(_) => None,
         };
 
@@ -320,6 +318,10 @@ impl Inner {
     pub(crate) fn arm<T>(&self, store: &mut Store<T>) -> Result<(), Error> {
         match self.limits.interrupt {
             Interrupt::Epoch => {
+                // The ticker's thread starts with the first callback.
+                if !self.ticker.as_ref().is_some_and(Ticker::start) {
+                    return Err(Error::Engine("cannot start the epoch ticker".into()));
+                }
                 store.set_epoch_deadline(self.deadline_ticks);
                 Ok(())
             }

@@ -1,7 +1,10 @@
 //! The epoch ticker: one thread per [`crate::ModuleHost`] that advances the engine's
 //! epoch every `period` while callbacks run, so that a callback past its deadline
 //! traps. It parks itself after a while without callbacks (no wake-ups on an idle
-//! server); the first callback after that unparks it (one futex wake).
+//! server); the first callback after that unparks it (one futex wake). The thread is
+//! started by the first callback, not with the host: a host made while a process is
+//! set up (ferry's configured modules) then starts no thread before the process drops
+//! its privileges, and every thread has what the process has.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
@@ -23,7 +26,10 @@ struct Shared {
 #[derive(Debug)]
 pub(crate) struct Ticker {
     shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
+    engine: Engine,
+    period: Duration,
+    /// Started by the first [`Ticker::start`]; `None` inside if it could not be.
+    thread: std::sync::OnceLock<Option<JoinHandle<()>>>,
 }
 
 /// Held while a callback runs; keeps the ticker awake.
@@ -37,10 +43,31 @@ impl Drop for Running<'_> {
 }
 
 impl Ticker {
-    pub(crate) fn spawn(engine: Engine, period: Duration) -> std::io::Result<Ticker> {
-        let shared = Arc::new(Shared::default());
-        let s = Arc::clone(&shared);
-        let thread = thread::Builder::new()
+    /// A ticker for `engine`, not running yet.
+    pub(crate) fn new(engine: Engine, period: Duration) -> Ticker {
+        Ticker {
+            shared: Arc::new(Shared::default()),
+            engine,
+            period,
+            thread: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Makes sure the thread runs; false when it could not be started (then no deadline
+    /// would be enforced: the caller must not run wasm).
+    pub(crate) fn start(&self) -> bool {
+        self.thread
+            .get_or_init(|| Self::spawn(self.engine.clone(), self.period, &self.shared).ok())
+            .is_some()
+    }
+
+    fn spawn(
+        engine: Engine,
+        period: Duration,
+        shared: &Arc<Shared>,
+    ) -> std::io::Result<JoinHandle<()>> {
+        let s = Arc::clone(shared);
+        thread::Builder::new()
             .name("ferry-modules-epoch".into())
             .spawn(move || {
                 let mut idle = 0u32;
@@ -65,18 +92,14 @@ impl Ticker {
                     s.parked.store(false, SeqCst);
                     idle = 0;
                 }
-            })?;
-        Ok(Ticker {
-            shared,
-            thread: Some(thread),
-        })
+            })
     }
 
     /// Marks a callback as running until the guard drops.
     pub(crate) fn enter(&self) -> Running<'_> {
         self.shared.in_flight.fetch_add(1, SeqCst);
         if self.shared.parked.load(SeqCst)
-            && let Some(t) = &self.thread
+            && let Some(Some(t)) = self.thread.get()
         {
             t.thread().unpark();
         }
@@ -87,7 +110,7 @@ impl Ticker {
 impl Drop for Ticker {
     fn drop(&mut self) {
         self.shared.stop.store(true, SeqCst);
-        if let Some(t) = self.thread.take() {
+        if let Some(t) = self.thread.take().flatten() {
             t.thread().unpark();
             let _ = t.join();
         }

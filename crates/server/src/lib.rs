@@ -46,6 +46,7 @@
 #![deny(unsafe_code)]
 
 mod channel;
+pub mod confine;
 pub mod dns;
 pub mod egress;
 mod group;

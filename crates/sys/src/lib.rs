@@ -878,6 +878,71 @@ pub fn set_dumpable(on: bool) -> io::Result<()> {
     .map(drop)
 }
 
+/// Drops every capability of the calling thread but those in `keep` (by number, e.g.
+/// 5 for `CAP_KILL`) from its effective and permitted sets, and clears its inheritable
+/// and ambient sets and the process's bounding set (where allowed: a process without
+/// `CAP_SETPCAP` has nothing there to fear). Threads started later inherit the result;
+/// threads already running keep theirs.
+pub fn drop_capabilities(keep: &[u32]) -> io::Result<()> {
+    let last: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(63)
+        .min(63);
+    for cap in (0..=last).filter(|c| !keep.contains(c)) {
+        match syscall!(libc::SYS_prctl, libc::PR_CAPBSET_DROP, cap, 0, 0, 0) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => break,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let _ = syscall!(
+        libc::SYS_prctl,
+        libc::PR_CAP_AMBIENT,
+        libc::PR_CAP_AMBIENT_CLEAR_ALL,
+        0,
+        0,
+        0
+    );
+    /// `struct __user_cap_header_struct` and `__user_cap_data_struct` (version 3: two
+    /// data words of 32 capabilities each).
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    let mut header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let mut data = [Data::default(); 2];
+    syscall!(
+        libc::SYS_capget,
+        &mut header as *mut Header,
+        data.as_mut_ptr()
+    )?;
+    let mask = |word: usize| {
+        keep.iter()
+            .filter(|&&c| c as usize / 32 == word)
+            .fold(0u32, |m, &c| m | 1 << (c % 32))
+    };
+    for (i, d) in data.iter_mut().enumerate() {
+        d.permitted &= mask(i);
+        d.effective = d.permitted;
+        d.inheritable = 0;
+    }
+    syscall!(libc::SYS_capset, &header as *const Header, data.as_ptr()).map(drop)
+}
+
 /// `SO_NETNS_COOKIE` (Linux 5.14; the libc crate does not name it).
 const SO_NETNS_COOKIE: i32 = 71;
 

@@ -8,8 +8,7 @@ use std::process::Command;
 
 fn suite() -> std::path::PathBuf {
     // Built by the workspace build, next to the ferry binary.
-    let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_ferry"));
-    exe.with_file_name("ferry-conformance")
+    sandbox_exe("ferry-conformance")
 }
 
 /// Cases where ferry is known to differ from the kernel today, each with the reason. A

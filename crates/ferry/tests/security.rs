@@ -436,7 +436,7 @@ fn datagrams_from_sources_the_sandbox_may_not_reach_are_dropped() {
 
 fn attack_bin() -> std::path::PathBuf {
     // Built by the workspace build, next to the ferry binary.
-    std::path::PathBuf::from(env!("CARGO_BIN_EXE_ferry")).with_file_name("ferry-attack")
+    sandbox_exe("ferry-attack")
 }
 
 /// Runs `script` under `sh -c` through ferry with `$ATTACK` set to the attack binary.

@@ -7,7 +7,7 @@
 //! [`MAX_FD`] are never cached (they are probed on every call: correct, slower).
 //!
 //! The cache is a cache: the truth is the descriptor itself (a ferry socket is the
-//! program's end of a readiness pair bound to `"\0ferry:<id>"`, see
+//! program's end of a readiness pair bound to `"\0ferry:<id>:<random>"`, see
 //! `docs/specs/socket-protocol.md`). Entries are dropped when the shim sees the number
 //! closed or replaced (`close`, `dup2`, `dup3`, `close_range`, `closefrom`, `fclose`,
 //! descriptors received with `SCM_RIGHTS`); an unknown number is identified with one

@@ -13,15 +13,17 @@
 //! # Theory of operation
 //!
 //! - **Identity** ([`fdtable`], [`ident`]): a ferry socket is, in the program's fd table,
-//!   its end of a unix socketpair bound to `"\0ferry:<id>"`; the server holds the other
-//!   end. The shim caches fd → id (and blocking mode, type, timeouts) in a lock-free
-//!   table and identifies unknown fds with one `getsockname`, so sockets survive `fork`,
-//!   `exec`, `dup` and `SCM_RIGHTS` without asking the server.
+//!   its end of a unix socketpair the server made and named `"\0ferry:<id>:<random>"`;
+//!   the server holds the other end. The shim caches fd → id (and blocking mode, type,
+//!   timeouts) in a lock-free table and identifies unknown fds with one `getsockname`, so
+//!   sockets survive `fork`, `exec`, `dup` and `SCM_RIGHTS`; a socket this process did
+//!   not make or accept is claimed once, with its fd as proof, before the first request
+//!   about it (`ops::claimed`).
 //! - **Channels** ([`chan`], [`tls`]): each thread opens its own channel to a server on
 //!   its first call for that server (a socket id names its server); a signal handler that re-enters the shim uses a spare one. After `fork` the
 //!   child forgets every inherited channel.
 //! - **Calls** ([`ops`], [`data`]): creation and `accept` travel on the control socket
-//!   with the server's end of a new pair; sends are copied into channel buffers and
+//!   and come back with the program's end of a new pair; sends are copied into channel buffers and
 //!   queued fire-and-forget; everything else is a tagged request answered by `Done`.
 //!   With `rx_pair` (the server says so in its hello reply, `ferry run --rx pair`, the
 //!   default) a connected TCP socket's received bytes arrive in the program's fd itself

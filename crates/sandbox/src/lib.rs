@@ -1,13 +1,16 @@
 //! `ferry-sandbox` owns the sandbox itself: the namespaces a command runs in (a network
-//! namespace with only `lo`, a PID namespace so nothing the command starts outlives
-//! it, and a user namespace mapping the caller to root when not root), the sandbox's
-//! init process (signal forwarding, reaping, exit-status passthrough), and the socket
-//! factory through which host-side code creates sockets inside the sandbox's network
-//! namespace. It also provides a veth "remote host" [`testbed`] for tests and
+//! namespace with only `lo`; a PID namespace so nothing the command starts outlives it; a
+//! user namespace whose root is an unprivileged host identity — the caller's own ids, or
+//! for root a range of subordinate ids — unless the caller opts out; a mount namespace
+//! with the sandbox's own `/proc`, locked for the command by a user namespace of its own),
+//! the sandbox's init process (signal forwarding, reaping, exit-status passthrough), and
+//! the socket factory through which host-side code creates sockets inside the sandbox's
+//! network namespace. It also provides a veth "remote host" [`testbed`] for tests and
 //! benchmarks. It must not do networking policy or relay any traffic (that is the
 //! protocol server's), must not parse command lines (the CLI's), and must not run
 //! anything between `clone` and `execve` that is not async-signal-safe: the caller may
-//! have threads. A command can be held before its `execve` until the caller is ready
+//! have threads (glibc's `setresuid` and friends are not: they wait for the caller's
+//! threads). A command can be held before its `execve` until the caller is ready
 //! (`Spec::hold`, `Sandbox::start`).
 //!
 //! ```no_run
@@ -23,9 +26,11 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Limits: there is no mount namespace, so `/sys/class/net` and `/proc` (other than
-//! `/proc/self/net`, which follows the reader's namespace) still show the host. Linux
-//! 5.3 or later (pidfd) is required.
+//! Limits: the filesystem is the host's (only `/proc` is the sandbox's own), so
+//! `/sys/class/net` still shows the host's interfaces; the sandbox's programs reach the
+//! files their host identity may. Inside a container that masks parts of its `/proc` the
+//! kernel refuses the sandbox's `/proc` (launching fails, saying so). Linux 5.3 or later
+//! (pidfd) is required.
 
 mod factory;
 mod init;

@@ -42,7 +42,20 @@
 //! and sends it on the host socket (`Server::pair_input`); a filler starts with an
 //! out-of-band marker, where those reads stop. Whenever the server's own end
 //! hangs up by the server's doing, whether the program still holds the fd is asked of
-//! the pair's abstract name in the sandbox (`Server::app_alive`).
+//! the pair's abstract name (`Server::app_alive`).
+//!
+//! # What a sandbox can do to a server (docs/SECURITY.md)
+//!
+//! The server makes every readiness pair and keeps its end to itself (non-blocking, never
+//! in the sandbox), names the program's end in its own network namespace, and answers a
+//! request about a socket only for a process that made, accepted or claimed it
+//! (`CtlKind::Claim`, the descriptor as proof; `Sock::holders`). Every queue a channel
+//! can fill is bounded: completions by back-pressure (the channel is not read while they
+//! back up), parked requests per channel and socket, control connections waiting for
+//! their Hello (2 s, 64 at most), channels and sockets per sandbox
+//! (`Config::max_channels`, `Config::max_sockets`). Where a socket may go is `reach.rs`
+//! (local addresses, binds, listening, sources, arrivals) beside the egress policy.
+//! Once set up, the process that runs the servers confines itself ([`confine`]).
 #![deny(unsafe_code)]
 
 mod channel;

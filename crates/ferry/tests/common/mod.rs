@@ -182,3 +182,34 @@ pub fn output_within(mut cmd: Command, limit: Duration) -> Output {
         }
     }
 }
+
+/// A binary built next to ferry (`name`), where the sandbox's programs can run it: their
+/// host identity is an unprivileged one, so when a directory above the build output is
+/// not searchable by everyone (a checkout under /root, say) the binary is copied once
+/// into a world-readable directory.
+pub fn sandbox_exe(name: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let built = PathBuf::from(env!("CARGO_BIN_EXE_ferry")).with_file_name(name);
+    let mode = |p: &Path| std::fs::metadata(p).map(|m| m.permissions().mode()).ok();
+    let open = built.canonicalize().ok().is_some_and(|full| {
+        mode(&full).is_some_and(|m| m & 0o005 == 0o005)
+            && full
+                .ancestors()
+                .skip(1)
+                .all(|d| mode(d).is_some_and(|m| m & 0o001 != 0))
+    });
+    if open {
+        return built;
+    }
+    let dir = std::env::temp_dir().join(format!("ferry-test-bin-{}", std::process::id()));
+    let _ = std::fs::create_dir(&dir);
+    let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755));
+    let copy = dir.join(name);
+    if !copy.exists() {
+        let tmp = dir.join(format!(".{name}.{:?}", std::thread::current().id()));
+        std::fs::copy(&built, &tmp).expect("copy a test binary");
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let _ = std::fs::rename(&tmp, &copy);
+    }
+    copy
+}

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 pub fn soak_bin() -> Option<PathBuf> {
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_ferry")).with_file_name("ferry-soak");
     if bin.is_file() {
-        Some(bin)
+        // Where the sandbox's (unprivileged) programs can run it.
+        Some(crate::common::sandbox_exe("ferry-soak"))
     } else {
         eprintln!(
             "skipped: {} is missing (cargo build --release --workspace builds it)",

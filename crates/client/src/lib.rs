@@ -179,10 +179,18 @@ impl Client {
             }
             self.ep.tx.commit();
             self.ep.tx.notify();
-            self.ep
+            let waited = self
+                .ep
                 .tx
                 .wait_space(self.spin, Some(Duration::from_millis(100)))
                 .map_err(proto_err)?;
+            if waited == WaitResult::PeerClosed {
+                // The server closed the channel: the ring will never have room again.
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionReset,
+                    "server closed the channel",
+                ));
+            }
         }
     }
 
@@ -338,10 +346,18 @@ impl Client {
                 _ => Err(proto_err(format!("unexpected completion {c:?}"))),
             },
             None => {
-                self.ep
+                let waited = self
+                    .ep
                     .rx
                     .wait(self.spin, Some(Duration::from_secs(5)))
                     .map_err(proto_err)?;
+                if waited == WaitResult::PeerClosed {
+                    // No buffer will ever come back.
+                    return Err(io::Error::new(
+                        io::ErrorKind::ConnectionReset,
+                        "server closed the channel",
+                    ));
+                }
                 Ok(())
             }
         }
@@ -609,4 +625,5 @@ impl Client {
     pub fn push_raw(&mut self, req: Req) -> io::Result<()> {
         self.push(req)
     }
+
 }

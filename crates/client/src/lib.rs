@@ -626,4 +626,18 @@ impl Client {
         self.push(req)
     }
 
+    /// One of this channel's buffers holding `bytes` (at most a buffer's size), for a
+    /// raw record to lend: for tests of the server's defences.
+    #[doc(hidden)]
+    pub fn fill_raw(&mut self, bytes: &[u8]) -> io::Result<u32> {
+        let n = bytes.len().min(self.ep.bufs.buf_size());
+        self.filled_buffer(&bytes[..n]).map(|b| b.0)
+    }
+
+    /// The channel's control socket, to send packets without waiting for an answer:
+    /// for tests of the server's defences.
+    #[doc(hidden)]
+    pub fn ctl_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.ctl.as_fd()
+    }
 }

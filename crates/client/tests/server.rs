@@ -190,6 +190,40 @@ fn a_closed_channel_fails_pushes_and_sends_instead_of_hanging() {
     assert_eq!(srv.stop().bad_channels, 1);
 }
 
+/// A sandbox that opens and closes sockets and channels without end does not grow the
+/// server's counters without end: past `MAX_LISTED` closed ones, they are added up in
+/// one entry. (Found by the `server` fuzz target, whose memory grew with every input.)
+#[test]
+fn closed_sockets_and_channels_leave_bounded_counters() {
+    use ferry_server::{FOLDED, MAX_LISTED};
+    let srv = start("many", Policy::default());
+    let n = MAX_LISTED + 200;
+    let mut c = Client::connect(&srv.path).unwrap();
+    for _ in 0..n {
+        drop(c.socket(libc::AF_INET, libc::SOCK_DGRAM).unwrap());
+    }
+    for _ in 0..n / 16 {
+        drop(Client::connect(&srv.path).unwrap());
+    }
+    // The last close is seen once the server answers a later call.
+    c.socket(libc::AF_INET, libc::SOCK_DGRAM).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    drop(c);
+    std::thread::sleep(Duration::from_millis(100));
+    let stats = srv.stop();
+    assert!(
+        stats.sockets.len() <= MAX_LISTED + 2,
+        "{} sockets listed",
+        stats.sockets.len()
+    );
+    assert!(
+        stats.sockets.iter().any(|s| s.id == FOLDED),
+        "no folded entry"
+    );
+    assert!(stats.channels.len() <= MAX_LISTED + 1);
+    assert_eq!(stats.sockets_created, n as u64 + 1);
+}
+
 /// Fills the program's end of a readiness pair (smallest send buffer) until a send
 /// would block, as the shim does when it runs out of room.
 fn fill_pair(pair: std::os::fd::BorrowedFd<'_>) {

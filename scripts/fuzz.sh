@@ -65,17 +65,17 @@ cargo fuzz build "${FLAGS[@]}"
 say "built in $(($(date +%s) - start)) s"
 
 run_one() {
-    local t=$1 log=$out/$t.log
+    local t=$1
+    local log=$out/$t.log
     local args=(
         -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
         -artifact_prefix="$out/$t-"
     )
     [ -f "fuzz/dict/$t.dict" ] && args+=(-dict="fuzz/dict/$t.dict")
     mkdir -p "$out/corpus-$t"
-    # First every committed input once (a regression run), then new inputs.
-    if ! cargo fuzz run "${FLAGS[@]}" "$t" "fuzz/corpus/$t" -- -runs=0 >"$log" 2>&1 ||
-        ! cargo fuzz run "${FLAGS[@]}" "$t" "$out/corpus-$t" "fuzz/corpus/$t" -- "${args[@]}" \
-            >>"$log" 2>&1; then
+    # libFuzzer runs every committed input first (a regression run), then new ones.
+    if ! cargo fuzz run "${FLAGS[@]}" "$t" "$out/corpus-$t" "fuzz/corpus/$t" -- "${args[@]}" \
+        >"$log" 2>&1; then
         tail -n 40 "$log" >&2
         say "FAILED: $t (log: $log; the input is in $out/$t-*)"
         return 1

@@ -406,10 +406,31 @@ fn scripts() -> Seeds {
     listen.extend_from_slice(bytemuck::bytes_of(&socket));
     listen.extend_from_slice(&[0, 1]);
 
+    // A raw hello first (high bit of the first byte; then whether to pass a descriptor
+    // and wait for the answer, and the packet): for a server that does not exist, and
+    // for a protocol version that does not either; then one socket.
+    let mut hellos = Vec::new();
+    for (server, version) in [(5, ferry_proto::PROTO_VERSION), (0, 7)] {
+        let h = ferry_proto::Hello {
+            version,
+            pid: 1,
+            tid: 1,
+            server,
+        };
+        hellos.extend([0x80, 3, size_of::<ferry_proto::Hello>() as u8]);
+        hellos.extend(rec(&h));
+    }
+    let mut hello = hellos[..3 + size_of::<ferry_proto::Hello>()].to_vec();
+    hello.extend([1, CONNECT, 0, 1]);
+    let mut version = hellos[3 + size_of::<ferry_proto::Hello>()..].to_vec();
+    version.extend([2, NEW, 3]);
+
     vec![
         ("tcp".into(), tcp),
         ("udp".into(), udp),
         ("module".into(), module),
         ("listen".into(), listen),
+        ("hello".into(), hello),
+        ("hello-version".into(), version),
     ]
 }

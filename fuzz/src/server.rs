@@ -7,7 +7,9 @@
 //! *bystander* channel with a TCP connection to the echo peer: a well-behaved program
 //! sharing the server with the hostile one.
 //!
-//! Each input opens a channel with the native client ([`Client`]) and runs a script of at
+//! An input whose first byte has its high bit set first sends a raw `Hello` of its own
+//! (any bytes, maybe a descriptor) on a connection of its own. Each input then opens a
+//! channel with the native client ([`Client`]) and runs a script of at
 //! most [`MAX_STEPS`] steps: raw ring records (socket ids below 256 stand for the
 //! script's own sockets, so records reach real sockets), sends of chosen bytes with
 //! chosen offsets, flags, addresses and control messages (`SendCtl` chunks), module
@@ -166,6 +168,9 @@ fn echo_stream(mut c: TcpStream) {
 pub fn run(data: &[u8]) {
     let mut w = world().lock().unwrap_or_else(|p| p.into_inner());
     let mut input = Input::new(data);
+    if data.first().is_some_and(|b| b & 0x80 != 0) {
+        raw_hello(&w.path, &mut input);
+    }
     if let Ok(c) = Client::connect(&w.path) {
         let mut script = Script::new(c, w.conn.id);
         script.run(&mut input);
@@ -203,7 +208,8 @@ impl Script {
     }
 
     fn run(&mut self, input: &mut Input<'_>) {
-        for kind in 0..input.u8() % 3 {
+        // The first byte: the script's sockets (its high bit asked for a raw hello).
+        for kind in 0..(input.u8() & 0x7f) % 3 {
             self.new_socket(kind);
         }
         for _ in 0..MAX_STEPS {
@@ -575,6 +581,32 @@ impl Script {
                 return;
             }
         }
+    }
+}
+
+/// A connection to the control socket whose first packet (the `Hello`) is the input's:
+/// any length, version, server index and flags, sometimes with a descriptor. The server
+/// answers or hangs up; the script's own channel comes after.
+fn raw_hello(path: &std::path::Path, input: &mut Input<'_>) {
+    input.u8(); // the byte that asked for this
+    let Ok(fd) = ferry_sys::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0)
+    else {
+        return;
+    };
+    if ferry_sys::connect_unix(fd.as_fd(), path).is_err() {
+        return;
+    }
+    let pick = input.u8();
+    let hello = input.bytes8();
+    let file = (pick & 1 != 0).then(file);
+    let fds: Vec<BorrowedFd<'_>> = file.iter().map(AsFd::as_fd).collect();
+    let _ = ferry_sys::send_with_fds(fd.as_fd(), hello, &fds);
+    if pick & 2 != 0 {
+        // Wait for the answer (a reply with the region and doorbell, a refusal, or the
+        // end), at most 200 ms.
+        let _ = ferry_sys::poll_wait(fd.as_fd(), libc::POLLIN, 200);
+        let mut buf = [0u8; 64];
+        let _ = ferry_sys::recv_with_fds(fd.as_fd(), &mut buf, libc::MSG_DONTWAIT);
     }
 }
 

@@ -13,10 +13,11 @@
 # Needs cargo-fuzz (scripts/install-deps.sh installs it) and a C++ compiler.
 # Environment: FUZZ_JOBS=N runs N targets at once (default 1); FUZZ_OUT=DIR keeps the
 # scratch corpora and logs there (default: a temporary directory, removed);
-# FUZZ_TARGET_DIR=DIR is the build directory, kept between runs and clones (default
-# ~/.cache/ferry/fuzz-target: a fresh build takes about 4 minutes on 2 CPUs, an
-# incremental one, after a change to ferry's crates, well under one; emptied when it
-# passes 6 GiB).
+# FUZZ_TARGET_DIR=DIR is the build directory, kept between runs (default: one per
+# checkout under ~/.cache/ferry/fuzz-target, as two checkouts must not share one; a
+# fresh build takes 5-6 minutes on a busy 2-CPU machine, a rebuild after a change to
+# ferry's crates well under one; emptied past 6 GiB, and other checkouts' builds unused
+# for a week are removed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,12 +44,20 @@ command -v c++ >/dev/null || die "libfuzzer-sys needs a C++ compiler (c++)"
 # shared build directory. Debug assertions and overflow checks for ferry's crates come
 # from fuzz/Cargo.toml's profile; the wrapper keeps coverage instrumentation to the
 # crates worth exploring.
-target_dir=${FUZZ_TARGET_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ferry/fuzz-target}
+cache=${XDG_CACHE_HOME:-$HOME/.cache}/ferry/fuzz-target
+if [ -n "${FUZZ_TARGET_DIR:-}" ]; then
+    target_dir=$FUZZ_TARGET_DIR
+else
+    # Cargo would take one checkout's build of ferry's crates for another's.
+    target_dir=$cache/$(printf '%s' "$PWD" | sha1sum | cut -c1-12)
+    find "$cache" -mindepth 1 -maxdepth 1 -type d -mtime +7 -exec rm -rf {} + 2>/dev/null || true
+fi
 if [ -d "$target_dir" ] && [ "$(du -sm "$target_dir" | cut -f1)" -gt 6144 ]; then
     say "emptying $target_dir (over 6 GiB)"
     rm -rf "$target_dir"
 fi
 mkdir -p "$target_dir"
+touch "$target_dir"
 FLAGS=(--sanitizer none --target-dir "$target_dir")
 export RUSTC_WRAPPER="$PWD/scripts/fuzz-rustc.sh"
 

@@ -6,7 +6,8 @@
 #
 #   scripts/install-deps.sh
 #
-# Does: apt-get update + install (no recommends, no auto-started services); stops and
+# Does: apt-get update + install (no recommends, no auto-started services); installs
+# cargo-fuzz (pinned; scripts/fuzz.sh) unless that version is there; stops and
 # disables redis-server, nginx and iperf3 so they hold no ports; creates the
 # unprivileged user `ferrytest` (for running ferry as an ordinary user); makes
 # /dev/net/tun usable (mode 0666); reports whether unprivileged user namespaces work.
@@ -14,9 +15,11 @@ set -euo pipefail
 
 PACKAGES=(
     iperf3 sockperf nginx-light redis-server redis-tools slirp4netns passt wrk hyperfine
-    uidmap curl iproute2 procps fonts-dejavu-core python3 gzip
+    uidmap curl iproute2 procps fonts-dejavu-core python3 gzip g++
 )
 SERVICES=(redis-server nginx iperf3)
+# The fuzz targets' runner (scripts/fuzz.sh); libfuzzer-sys builds with g++.
+CARGO_FUZZ_VERSION=0.13.1
 TEST_USER=ferrytest
 
 say() { printf 'install-deps: %s\n' "$*"; }
@@ -64,6 +67,15 @@ for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$' \
         || die "package $p is not installed"
 done
+
+# --- cargo-fuzz ------------------------------------------------------------------------
+if cargo fuzz --version 2>/dev/null | grep -qx "cargo-fuzz $CARGO_FUZZ_VERSION"; then
+    say "cargo-fuzz $CARGO_FUZZ_VERSION already installed"
+else
+    command -v cargo >/dev/null || die "cargo not found (install Rust first)"
+    say "cargo install --locked cargo-fuzz@$CARGO_FUZZ_VERSION"
+    cargo install --locked "cargo-fuzz@$CARGO_FUZZ_VERSION"
+fi
 
 # --- services: stopped and disabled, so they hold no ports ---------------------------
 systemd_running=0

@@ -7,11 +7,13 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
-step "cargo fmt --check"
+step "cargo fmt --check (the workspace, and the fuzz crate outside it)"
 cargo fmt --all -- --check
+cargo fmt --manifest-path fuzz/Cargo.toml --all -- --check
 
-step "cargo clippy (all targets, -D warnings)"
+step "cargo clippy (all targets, -D warnings; the workspace and the fuzz crate)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy --manifest-path fuzz/Cargo.toml --all-targets --locked -- -D warnings
 
 step "cargo build (release: the ferry binary and the preload shim the tests use)"
 cargo build --workspace --release --locked
@@ -22,3 +24,6 @@ cargo test --workspace --release --locked -- --test-threads=2
 step "loom model of the ring's index and sleep/wake protocol"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
     cargo test -p ferry-ring --release --locked --lib loom -- --test-threads=2
+
+step "fuzz smoke: every target's corpus once, then a few seconds of new inputs each"
+bash scripts/fuzz.sh --smoke

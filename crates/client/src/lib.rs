@@ -191,10 +191,18 @@ impl Client {
             }
             self.ep.tx.commit();
             self.ep.tx.notify();
-            self.ep
+            let waited = self
+                .ep
                 .tx
                 .wait_space(self.spin, Some(Duration::from_millis(100)))
                 .map_err(proto_err)?;
+            if waited == WaitResult::PeerClosed {
+                // The server closed the channel: the ring will never have room again.
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionReset,
+                    "server closed the channel",
+                ));
+            }
         }
     }
 
@@ -350,10 +358,18 @@ impl Client {
                 _ => Err(proto_err(format!("unexpected completion {c:?}"))),
             },
             None => {
-                self.ep
+                let waited = self
+                    .ep
                     .rx
                     .wait(self.spin, Some(Duration::from_secs(5)))
                     .map_err(proto_err)?;
+                if waited == WaitResult::PeerClosed {
+                    // No buffer will ever come back.
+                    return Err(io::Error::new(
+                        io::ErrorKind::ConnectionReset,
+                        "server closed the channel",
+                    ));
+                }
                 Ok(())
             }
         }
@@ -648,5 +664,20 @@ impl Client {
     #[doc(hidden)]
     pub fn call_raw(&mut self, req: Req, out: &mut [u8]) -> io::Result<Cmp> {
         self.call(req, Some(out))
+    }
+
+    /// One of this channel's buffers holding `bytes` (at most a buffer's size), for a
+    /// raw record to lend: for tests of the server's defences.
+    #[doc(hidden)]
+    pub fn fill_raw(&mut self, bytes: &[u8]) -> io::Result<u32> {
+        let n = bytes.len().min(self.ep.bufs.buf_size());
+        self.filled_buffer(&bytes[..n]).map(|b| b.0)
+    }
+
+    /// The channel's control socket, to send packets without waiting for an answer:
+    /// for tests of the server's defences.
+    #[doc(hidden)]
+    pub fn ctl_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.ctl.as_fd()
     }
 }

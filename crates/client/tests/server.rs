@@ -152,6 +152,78 @@ fn malformed_records_close_only_their_channel() {
     assert_eq!(srv.stop().bad_channels, 5);
 }
 
+/// Once the server has closed a channel, the client's calls fail instead of waiting
+/// forever for room in the request ring, or for a buffer, that no one will give back.
+/// (Found by the `server` fuzz target: a record that closed the channel, then more
+/// records than the ring holds, hung the client in `push`.)
+#[test]
+fn a_closed_channel_fails_pushes_and_sends_instead_of_hanging() {
+    let srv = start("closed", Policy::default());
+    let mut c = Client::connect(&srv.path).unwrap();
+    let s = c.socket(libc::AF_INET, libc::SOCK_DGRAM).unwrap();
+    c.push_raw(Req {
+        op: 999,
+        ..Req::default()
+    })
+    .unwrap();
+    let closed = (0..200).any(|_| {
+        let failed = c.socket(libc::AF_INET, libc::SOCK_DGRAM).is_err();
+        if !failed {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        failed
+    });
+    assert!(closed, "channel still open after a malformed record");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // More bytes than the channel has buffers: none comes back.
+        let sent = c.send(&s, &vec![0u8; 128 << 20]);
+        // More records than the ring has slots: the last ones find no room, ever.
+        let pushed = (0..4 * 256).try_for_each(|_| c.push_raw(Req::new(Op::WantToken, s.id)));
+        let _ = tx.send((pushed.map_err(|e| e.kind()), sent.map_err(|e| e.kind())));
+    });
+    let (pushed, sent) = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the client hangs on a channel the server closed");
+    assert_eq!(pushed, Err(std::io::ErrorKind::ConnectionReset));
+    assert_eq!(sent, Err(std::io::ErrorKind::ConnectionReset));
+    assert_eq!(srv.stop().bad_channels, 1);
+}
+
+/// A sandbox that opens and closes sockets and channels without end does not grow the
+/// server's counters without end: past `MAX_LISTED` closed ones, they are added up in
+/// one entry. (Found by the `server` fuzz target, whose memory grew with every input.)
+#[test]
+fn closed_sockets_and_channels_leave_bounded_counters() {
+    use ferry_server::{FOLDED, MAX_LISTED};
+    let srv = start("many", Policy::default());
+    let n = MAX_LISTED + 200;
+    let mut c = Client::connect(&srv.path).unwrap();
+    for _ in 0..n {
+        drop(c.socket(libc::AF_INET, libc::SOCK_DGRAM).unwrap());
+    }
+    for _ in 0..n / 16 {
+        drop(Client::connect(&srv.path).unwrap());
+    }
+    // The last close is seen once the server answers a later call.
+    c.socket(libc::AF_INET, libc::SOCK_DGRAM).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    drop(c);
+    std::thread::sleep(Duration::from_millis(100));
+    let stats = srv.stop();
+    assert!(
+        stats.sockets.len() <= MAX_LISTED + 2,
+        "{} sockets listed",
+        stats.sockets.len()
+    );
+    assert!(
+        stats.sockets.iter().any(|s| s.id == FOLDED),
+        "no folded entry"
+    );
+    assert!(stats.channels.len() <= MAX_LISTED + 1);
+    assert_eq!(stats.sockets_created, n as u64 + 1);
+}
+
 /// Fills the program's end of a readiness pair (smallest send buffer) until a send
 /// would block, as the shim does when it runs out of room.
 fn fill_pair(pair: std::os::fd::BorrowedFd<'_>) {

@@ -80,7 +80,9 @@ pub use group::{Accepted, Assign, Control, Handle, LiveStats, Servers, parse_ser
 pub use modules::{HIGH_WATER, ModuleConfig, ModuleError, ModuleRule, ModuleTarget};
 pub use policy::{Policy, Rule, Verdict};
 pub use server::{Server, descends_from};
-pub use stats::{ChannelStats, ServerStats, SocketStats, group_json, merge as merge_stats};
+pub use stats::{
+    ChannelStats, FOLDED, MAX_LISTED, ServerStats, SocketStats, group_json, merge as merge_stats,
+};
 
 use std::io;
 use std::os::fd::OwnedFd;

@@ -877,7 +877,7 @@ impl Server {
             let _ = self.epoll.delete(ch.ctl.as_fd());
             let _ = self.epoll.delete(ch.doorbell());
             ch.stats.pair_sleeps = ch.region.outside_sleep_count(ferry_ring::Side::A);
-            self.stats.channels.push(ch.stats);
+            self.stats.closed_channel(ch.stats);
             self.modules.files.remove(&idx);
             self.modules.registered.remove(&idx);
             // Nobody is left to send through this channel: its waiters' fds become
@@ -1164,7 +1164,7 @@ impl Server {
                 let s = self.socks.remove(&id).expect("just looked it up");
                 self.shared.socket_closed();
                 let _ = self.epoll.delete(s.fd.as_fd());
-                self.stats.sockets.push(s.stats);
+                self.stats.closed_socket(s.stats);
                 debug!("socket {id}: closed");
             }
         }
@@ -1198,7 +1198,7 @@ impl Server {
         // Sockets handed over but never taken (the stop came first) are closed here.
         for m in self.shared.inbox[self.index].take() {
             if let Msg::Sock(s) = m {
-                self.stats.sockets.push(s.stats);
+                self.stats.closed_socket(s.stats);
             }
         }
         if self.listener.is_some() {

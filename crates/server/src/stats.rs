@@ -4,6 +4,16 @@ use std::fmt;
 
 use crate::egress::EgressStats;
 
+/// Most closed sockets, and most closed channels, a server lists one by one; the
+/// counters of those closed after them are added up in one entry per list whose id is
+/// [`FOLDED`]. A sandbox that opens and closes sockets or threads without end (any
+/// long-lived server program, or a hostile one in a loop) would otherwise grow its
+/// protocol server's memory by an entry for each.
+pub const MAX_LISTED: usize = 4096;
+
+/// Id of the entry that adds up the closed channels or sockets beyond [`MAX_LISTED`].
+pub const FOLDED: u32 = u32::MAX;
+
 /// Per-socket counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SocketStats {
@@ -45,6 +55,28 @@ pub struct ChannelStats {
     /// Sleeps of the shim's threads in the kernel on a readiness pair (the pair
     /// receive path: a reader that spun out), as the shim counted them in the region.
     pub pair_sleeps: u64,
+}
+
+impl SocketStats {
+    fn add(&mut self, o: &SocketStats) {
+        self.calls += o.calls;
+        self.bytes_out += o.bytes_out;
+        self.bytes_in += o.bytes_in;
+        self.tokens += o.tokens;
+        self.room_waits += o.room_waits;
+    }
+}
+
+impl ChannelStats {
+    fn add(&mut self, o: &ChannelStats) {
+        self.requests += o.requests;
+        self.completions += o.completions;
+        self.batches += o.batches;
+        self.wakes_sent += o.wakes_sent;
+        self.wakes_avoided += o.wakes_avoided;
+        self.doorbells += o.doorbells;
+        self.pair_sleeps += o.pair_sleeps;
+    }
 }
 
 /// Whole-server counters.
@@ -115,9 +147,9 @@ pub struct ServerStats {
     /// Sockets still open when the server stopped although their program side was gone
     /// (should be 0: anything else is a leak).
     pub open_at_stop: u64,
-    /// Channels seen.
+    /// Channels seen (at most [`MAX_LISTED`] closed ones, then their sum as [`FOLDED`]).
     pub channels: Vec<ChannelStats>,
-    /// Sockets seen.
+    /// Sockets seen (at most [`MAX_LISTED`] closed ones, then their sum as [`FOLDED`]).
     pub sockets: Vec<SocketStats>,
     /// Egress bonding: per source address (filled in by the caller, which owns the bond
     /// every server of the sandbox shares).
@@ -154,6 +186,20 @@ impl fmt::Display for ServerStats {
             self.module_bytes_out
         )?;
         for c in &self.channels {
+            if c.id == FOLDED {
+                writeln!(
+                    f,
+                    "  channels closed after the first {MAX_LISTED}: requests {}, completions {} in {} batches, wakes sent {} avoided {}, doorbells {}, pair sleeps {}",
+                    c.requests,
+                    c.completions,
+                    c.batches,
+                    c.wakes_sent,
+                    c.wakes_avoided,
+                    c.doorbells,
+                    c.pair_sleeps
+                )?;
+                continue;
+            }
             writeln!(
                 f,
                 "  channel {} (pid {} tid {}): requests {}, completions {} in {} batches, wakes sent {} avoided {}, doorbells {}, pair sleeps {}",
@@ -170,6 +216,14 @@ impl fmt::Display for ServerStats {
             )?;
         }
         for s in &self.sockets {
+            if s.id == FOLDED {
+                writeln!(
+                    f,
+                    "  sockets closed after the first {MAX_LISTED}: calls {}, bytes out {}, bytes in {}, tokens {}, room waits {}",
+                    s.calls, s.bytes_out, s.bytes_in, s.tokens, s.room_waits
+                )?;
+                continue;
+            }
             writeln!(
                 f,
                 "  socket {}: calls {}, bytes out {}, bytes in {}, tokens {}, room waits {}",
@@ -188,6 +242,37 @@ impl fmt::Display for ServerStats {
 }
 
 impl ServerStats {
+    /// Records a closed socket's counters: listed while fewer than [`MAX_LISTED`] are,
+    /// else added to the [`FOLDED`] entry.
+    pub(crate) fn closed_socket(&mut self, s: SocketStats) {
+        if self.sockets.len() < MAX_LISTED {
+            self.sockets.push(s);
+            return;
+        }
+        if self.sockets.last().is_none_or(|l| l.id != FOLDED) {
+            self.sockets.push(SocketStats {
+                id: FOLDED,
+                ..SocketStats::default()
+            });
+        }
+        self.sockets.last_mut().expect("just made sure").add(&s);
+    }
+
+    /// Records a closed channel's counters, as [`ServerStats::closed_socket`] does.
+    pub(crate) fn closed_channel(&mut self, c: ChannelStats) {
+        if self.channels.len() < MAX_LISTED {
+            self.channels.push(c);
+            return;
+        }
+        if self.channels.last().is_none_or(|l| l.id != FOLDED) {
+            self.channels.push(ChannelStats {
+                id: FOLDED,
+                ..ChannelStats::default()
+            });
+        }
+        self.channels.last_mut().expect("just made sure").add(&c);
+    }
+
     /// The counters as one JSON object (for `ferry run --stats-json` and the benchmarks).
     pub fn to_json(&self) -> String {
         let chans: Vec<String> = self
@@ -318,6 +403,36 @@ pub fn merge(servers: &[ServerStats]) -> ServerStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the `server` fuzz target (its memory grew with every input): closed
+    /// sockets and channels were listed one by one, without end.
+    #[test]
+    fn closed_sockets_and_channels_are_listed_up_to_a_bound() {
+        let mut st = ServerStats::default();
+        let n = MAX_LISTED + 1000;
+        for i in 0..n {
+            st.closed_socket(SocketStats {
+                id: i as u32,
+                calls: 1,
+                bytes_out: 2,
+                ..SocketStats::default()
+            });
+            st.closed_channel(ChannelStats {
+                id: i as u32,
+                requests: 3,
+                ..ChannelStats::default()
+            });
+        }
+        assert_eq!(st.sockets.len(), MAX_LISTED + 1);
+        assert_eq!(st.channels.len(), MAX_LISTED + 1);
+        let rest = st.sockets.last().unwrap();
+        assert_eq!((rest.id, rest.calls, rest.bytes_out), (FOLDED, 1000, 2000));
+        let calls: u64 = st.sockets.iter().map(|s| s.calls).sum();
+        assert_eq!(calls, n as u64, "no counter is lost");
+        let requests: u64 = st.channels.iter().map(|c| c.requests).sum();
+        assert_eq!(requests, 3 * n as u64);
+        assert_eq!(st.channels.last().unwrap().id, FOLDED);
+    }
 
     #[test]
     fn group_json_has_totals_and_each_server() {

@@ -1,0 +1,27 @@
+//! ferry's fuzz targets. Each target in `fuzz_targets/` is a thin `fuzz_target!` over the
+//! `run` function of the module of the same name, which drives one part of ferry that
+//! reads bytes a sandboxed program controls and checks what must hold for any input:
+//!
+//! | target | drives |
+//! |---|---|
+//! | [`records`] | ring records, control messages, hello, socket addresses, pair names |
+//! | [`binding`] | module bindings (`FMB2`) |
+//! | [`cmsg`] | control messages: the send-side check, the receive-side placing |
+//! | [`ring`] | a channel region whose shared memory the peer wrote |
+//! | [`modules`] | module bindings through loading, starting, feeding, output |
+//! | [`server`] | a protocol server driven by a hostile channel |
+//!
+//! Every target must never panic, hang or grow memory without bound. `seeds` writes the
+//! starting corpus (`cargo run --example seeds`).
+#![deny(unsafe_code)]
+
+pub mod binding;
+pub mod cmsg;
+pub mod input;
+pub mod modules;
+#[allow(unsafe_code)]
+mod netns;
+pub mod records;
+pub mod ring;
+pub mod seeds;
+pub mod server;

@@ -1,0 +1,135 @@
+//! Target `records`: every fixed-size record that crosses the sandbox boundary, decoded
+//! from bytes the sandbox chose, and what the server derives from a request.
+//!
+//! The input is cut into 64-byte pieces, each read as a ring request ([`Req`], through
+//! [`Request::decode`] and its `addr()`/`value()`), a completion ([`Cmp`]), a control
+//! message ([`Ctl`]) and a [`Hello`]; the whole input is also decoded as a socket address
+//! and as a readiness pair's abstract name. Properties checked: decoding never panics; a
+//! decoded request only exposes bytes inside its record and the fields its operation
+//! needs are valid; addresses round-trip; pair names round-trip and name a server below
+//! [`MAX_SERVERS`].
+
+use ferry_proto::{
+    Cmp, Ctl, Hello, MAX_SERVERS, NO_BUF, Op, PAIR_NAME_PREFIX, RECORD_SIZE, Req, Request,
+    WireAddr, pair_name, parse_pair_name, server_of,
+};
+
+use crate::input::Input;
+
+/// One input.
+pub fn run(data: &[u8]) {
+    let mut input = Input::new(data);
+    while !input.is_empty() {
+        let mut rec = [0u8; RECORD_SIZE];
+        input.fill(&mut rec);
+        request(bytemuck::pod_read_unaligned(&rec));
+        completion(bytemuck::pod_read_unaligned(&rec));
+        control(bytemuck::pod_read_unaligned(&rec));
+        hello(bytemuck::pod_read_unaligned(&rec[..size_of::<Hello>()]));
+    }
+    address(data);
+    name(data);
+}
+
+/// A request as the server takes it off the ring.
+fn request(raw: Req) {
+    let req = match Request::decode(raw) {
+        Ok(req) => req,
+        Err(e) => {
+            let _ = e.to_string();
+            return;
+        }
+    };
+    assert_eq!(req.raw, raw, "decode keeps the record");
+    assert_eq!(req.op as u16, raw.op);
+    assert!(raw.addr_len as usize <= raw.addr.len(), "{raw:?}");
+    assert_eq!(req.value(), &raw.addr[..raw.addr_len as usize]);
+    if matches!(req.op, Op::Send | Op::BufReturn | Op::BindModule) {
+        assert_ne!(raw.buf, NO_BUF, "{:?} without a buffer accepted", req.op);
+    }
+    let addr = req.addr();
+    if matches!(req.op, Op::Connect | Op::Bind) {
+        assert!(
+            matches!(addr, Ok(Some(_))),
+            "{:?} decoded but its address does not: {addr:?}",
+            req.op
+        );
+    }
+    match addr {
+        Ok(Some(a)) => round_trip(a),
+        Ok(None) => assert_eq!(raw.addr_len, 0),
+        Err(e) => {
+            let _ = e.to_string();
+        }
+    }
+    assert!(server_of(raw.sock) < MAX_SERVERS);
+}
+
+/// A completion as the shim or the native client takes it off the ring.
+fn completion(c: Cmp) {
+    let bytes = c.bytes();
+    assert_eq!(bytes.len(), (c.addr_len as usize).min(c.addr.len()));
+    if let Ok(kind) = c.kind() {
+        assert_eq!(kind as u16, c.kind);
+    }
+    if let Ok(a) = WireAddr::decode(bytes) {
+        round_trip(a);
+    }
+}
+
+/// A control message as the server reads it off the control socket.
+fn control(msg: Ctl) {
+    if let Some(kind) = msg.kind() {
+        assert_eq!(kind as u32, msg.kind);
+    }
+    let n = (msg.addr_len as usize).min(msg.addr.len());
+    if let Ok(a) = WireAddr::decode(&msg.addr[..n]) {
+        round_trip(a);
+    }
+}
+
+/// A channel's first message: the server reads the target server from the low bits.
+fn hello(h: Hello) {
+    let target = (h.server & 0xffff) as usize;
+    assert!(target <= 0xffff);
+}
+
+/// Raw `sockaddr` bytes (as given to connect, bind, sendto).
+fn address(b: &[u8]) {
+    match WireAddr::decode(b) {
+        Ok(a) => {
+            round_trip(a);
+            let _ = (a.is_loopback(), a.is_unspecified());
+        }
+        Err(e) => {
+            let _ = e.to_string();
+        }
+    }
+}
+
+/// Encoding a decoded address and decoding it again gives the same address.
+fn round_trip(a: WireAddr) {
+    let mut out = [0u8; 32];
+    let n = a.encode(&mut out);
+    assert!(n <= out.len());
+    assert_eq!(WireAddr::decode(&out[..n]), Ok(a));
+}
+
+/// An abstract unix name, as the shim and the server read a readiness pair's.
+fn name(b: &[u8]) {
+    if let Some(id) = parse_pair_name(b) {
+        let digits = &b[PAIR_NAME_PREFIX.len()..];
+        assert!(b.starts_with(PAIR_NAME_PREFIX));
+        assert!(!digits.is_empty() && digits.len() <= 10);
+        assert!(digits.iter().all(u8::is_ascii_digit), "{b:?}");
+        let (canon, n) = pair_name(id);
+        assert_eq!(parse_pair_name(&canon[..n]), Some(id));
+    }
+    // Every id has a name that fits and parses back.
+    let mut id = [0u8; 4];
+    Input::new(b).fill(&mut id);
+    let id = u32::from_le_bytes(id);
+    let (canon, n) = pair_name(id);
+    assert!(n < canon.len());
+    assert_eq!(parse_pair_name(&canon[..n]), Some(id));
+}

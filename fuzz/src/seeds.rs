@@ -1,0 +1,436 @@
+//! The starting corpus: valid records, bindings, control messages, regions and scripts,
+//! so that coverage starts deep instead of at the first length check. Written by
+//! `cargo run --example seeds` into `corpus/<target>/seed-*`; libFuzzer adds what it
+//! finds beside them.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use ferry_proto::cmsg;
+use ferry_proto::{Binding, Cmp, CmpKind, Ctl, CtlKind, ModuleRef, Op, Req, WireAddr};
+
+/// The example modules of `crates/modules` (text).
+const EXAMPLES: &[(&str, &[u8])] = &[
+    (
+        "gzip",
+        include_bytes!("../../crates/modules/examples/gzip.wat"),
+    ),
+    (
+        "http_file",
+        include_bytes!("../../crates/modules/examples/http_file.wat"),
+    ),
+    (
+        "template",
+        include_bytes!("../../crates/modules/examples/template.wat"),
+    ),
+];
+
+/// Small modules, each reaching one kind of outcome.
+const SMALL: &[(&str, &str)] = &[
+    (
+        "pass",
+        r#"(module
+  (import "ferry" "emit" (func $emit (param i32) (result i32)))
+  (memory (export "memory") 1)
+  (func (export "init") (result i32) i32.const 0)
+  (func (export "on_data") (param i32) (result i32)
+    local.get 0 call $emit drop i32.const 0))"#,
+    ),
+    (
+        "file",
+        r#"(module
+  (import "ferry" "emit_file" (func $f (param i32 i64 i64) (result i32)))
+  (import "ferry" "prop" (func $prop (param i32 i32 i32 i32) (result i32)))
+  (import "ferry" "buf_new" (func $new (param i32 i32) (result i32)))
+  (import "ferry" "emit" (func $emit (param i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 0) "len")
+  (func (export "init") (result i32)
+    (drop (call $prop (i32.const 0) (i32.const 3) (i32.const 16) (i32.const 8)))
+    (drop (call $emit (call $new (i32.const 16) (i32.const 8))))
+    (drop (call $f (i32.const 0) (i64.const 0) (i64.const 16)))
+    i32.const 0)
+  (func (export "on_data") (param i32) (result i32) i32.const 1)
+  (func (export "on_close") (result i32) i32.const 0))"#,
+    ),
+    (
+        "spin",
+        r#"(module
+  (memory (export "memory") 1)
+  (func (export "init") (result i32) i32.const 0)
+  (func (export "on_data") (param i32) (result i32) (loop (br 0)) i32.const 0))"#,
+    ),
+    (
+        "grow",
+        r#"(module
+  (memory (export "memory") 1)
+  (func (export "init") (result i32)
+    (loop (br_if 0 (i32.ne (memory.grow (i32.const 16)) (i32.const -1))))
+    i32.const 0)
+  (func (export "on_data") (param i32) (result i32) unreachable))"#,
+    ),
+    (
+        "bufs",
+        r#"(module
+  (import "ferry" "buf_new" (func $new (param i32 i32) (result i32)))
+  (import "ferry" "buf_slice" (func $slice (param i32 i32 i32) (result i32)))
+  (import "ferry" "buf_prepend" (func $pre (param i32 i32 i32) (result i32)))
+  (import "ferry" "buf_read" (func $read (param i32 i32 i32 i32) (result i32)))
+  (import "ferry" "buf_len" (func $len (param i32) (result i32)))
+  (import "ferry" "buf_drop" (func $drop (param i32) (result i32)))
+  (import "ferry" "emit" (func $emit (param i32) (result i32)))
+  (import "ferry" "log" (func $log (param i32 i32 i32)))
+  (memory (export "memory") 1)
+  (func (export "init") (result i32) (call $log (i32.const 1) (i32.const 0) (i32.const 4)) i32.const 0)
+  (func (export "on_data") (param $b i32) (result i32) (local $s i32)
+    (local.set $s (call $slice (local.get $b) (i32.const 1) (i32.const 2)))
+    (drop (call $pre (local.get $s) (i32.const 0) (i32.const 4)))
+    (drop (call $read (local.get $b) (i32.const 0) (i32.const 64) (call $len (local.get $b))))
+    (drop (call $emit (local.get $s)))
+    (drop (call $drop (local.get $b)))
+    i32.const 0))"#,
+    ),
+];
+
+/// Named inputs of one target.
+type Seeds = Vec<(String, Vec<u8>)>;
+
+/// Writes every target's seeds under `corpus`.
+pub fn write_all(corpus: &Path) -> std::io::Result<()> {
+    let sets: [(&str, Seeds); 6] = [
+        ("records", records()),
+        ("binding", bindings()),
+        ("cmsg", cmsgs()),
+        ("ring", rings()),
+        ("modules", modules()),
+        ("server", scripts()),
+    ];
+    for (target, seeds) in sets {
+        let dir = corpus.join(target);
+        std::fs::create_dir_all(&dir)?;
+        for (name, bytes) in seeds {
+            std::fs::write(dir.join(format!("seed-{name}")), bytes)?;
+        }
+    }
+    Ok(())
+}
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().expect("literal address")
+}
+
+fn rec<T: bytemuck::Pod>(v: &T) -> Vec<u8> {
+    bytemuck::bytes_of(v).to_vec()
+}
+
+fn records() -> Seeds {
+    let v4 = WireAddr::from(sa("127.0.0.1:80"));
+    let v6 = WireAddr::from(sa("[::1]:8080"));
+    let reqs = [
+        Req::new(Op::Connect, 1).with_addr(&v4),
+        Req::new(Op::Bind, 2).with_addr(&v6),
+        Req {
+            buf: 3,
+            len: 100,
+            a: libc::MSG_MORE as u32,
+            ..Req::new(Op::Send, 17).with_addr(&v4)
+        },
+        Req {
+            a: 65536,
+            tag: 9,
+            ..Req::new(Op::Recv, 17)
+        },
+        Req {
+            a: libc::SOL_SOCKET as u32,
+            b: libc::SO_RCVBUF as u32,
+            ..Req::new(Op::SetOpt, 1).with_bytes(&4096i32.to_ne_bytes())
+        },
+        Req {
+            buf: 40,
+            ..Req::new(Op::BufReturn, 1)
+        },
+        Req {
+            a: 32,
+            ..Req::new(Op::SendCtl, 1).with_bytes(&[0; 32])
+        },
+    ];
+    let mut out: Seeds = reqs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (format!("req{i}"), rec(r)))
+        .collect();
+    let all: Vec<u8> = reqs.iter().flat_map(rec).collect();
+    out.push(("reqs".into(), all));
+    let done = Cmp::new(CmpKind::Done, 1, 9, 0).with_addr(&v6);
+    out.push(("cmp".into(), rec(&done)));
+    let ctl = Ctl {
+        a: libc::AF_INET,
+        b: libc::SOCK_STREAM,
+        ..Ctl::new(CtlKind::Socket, 0)
+    };
+    out.push(("ctl".into(), rec(&ctl)));
+    out.push(("name".into(), b"ferry:4294967295".to_vec()));
+    let mut sockaddr = [0u8; 32];
+    let n = v6.encode(&mut sockaddr);
+    out.push(("sockaddr6".into(), sockaddr[..n].to_vec()));
+    out
+}
+
+fn binding(module: ModuleRef<'_>, props: &[(&str, &str)], handles: &[u32]) -> Vec<u8> {
+    Binding {
+        module,
+        props: props.to_vec(),
+        handles: handles.to_vec(),
+    }
+    .encode()
+}
+
+fn bindings() -> Seeds {
+    vec![
+        (
+            "bytes".into(),
+            binding(
+                ModuleRef::Bytes(b"(module)"),
+                &[("content-type", "text/plain"), ("http", "")],
+                &[0, 3],
+            ),
+        ),
+        (
+            "hash".into(),
+            binding(
+                ModuleRef::Hash(ferry_proto::module_hash(b"(module)")),
+                &[],
+                &[],
+            ),
+        ),
+    ]
+}
+
+fn cmsgs() -> Seeds {
+    let with_room = |room: u16, body: Vec<u8>| {
+        let mut v = room.to_le_bytes().to_vec();
+        v.extend(body);
+        v
+    };
+    let mut send = Vec::new();
+    cmsg::push(&mut send, libc::IPPROTO_IP, libc::IP_PKTINFO, &[1; 12]);
+    cmsg::push(&mut send, libc::IPPROTO_IP, libc::IP_TOS, &[0x10]);
+    cmsg::push(
+        &mut send,
+        libc::IPPROTO_IP,
+        libc::IP_TTL,
+        &64i32.to_ne_bytes(),
+    );
+    let mut v6 = Vec::new();
+    cmsg::push(&mut v6, libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, &[2; 20]);
+    cmsg::push(
+        &mut v6,
+        libc::IPPROTO_IPV6,
+        libc::IPV6_HOPLIMIT,
+        &[8, 0, 0, 0],
+    );
+    cmsg::push(
+        &mut v6,
+        libc::SOL_UDP,
+        libc::UDP_SEGMENT,
+        &1200u16.to_ne_bytes(),
+    );
+    let mut skipped = Vec::new();
+    cmsg::push(
+        &mut skipped,
+        libc::SOL_SOCKET,
+        libc::SCM_RIGHTS,
+        &[3, 0, 0, 0],
+    );
+    cmsg::push(&mut skipped, libc::IPPROTO_TCP, 1, &[0; 4]);
+    cmsg::push(&mut skipped, libc::SOL_SOCKET, libc::SO_MARK, &[1, 0, 0, 0]);
+    let mut received = Vec::new();
+    cmsg::push(
+        &mut received,
+        libc::SOL_SOCKET,
+        libc::SO_TIMESTAMP,
+        &[9; 16],
+    );
+    cmsg::push(
+        &mut received,
+        libc::IPPROTO_IP,
+        libc::IP_TTL,
+        &[64, 0, 0, 0],
+    );
+    vec![
+        ("send".into(), with_room(256, send.clone())),
+        ("send-cut".into(), with_room(40, send)),
+        ("v6".into(), with_room(70, v6)),
+        ("skipped".into(), with_room(512, skipped)),
+        ("recv".into(), with_room(50, received)),
+    ]
+}
+
+fn rings() -> Seeds {
+    use ferry_ring::{Layout, Region};
+    // The open scenario: a real header (read back from a region made with the layout),
+    // the file's exact size, the seals the creator sets.
+    let layout = Layout {
+        ring_slots: 4,
+        record_size: 64,
+        bufs_a: 1,
+        bufs_b: 2,
+        buf_size: 128,
+    };
+    let region = Region::create("ferry-fuzz-seed", layout).expect("seed region");
+    let raw = region.raw_for_tests();
+    let mut open = vec![0u8, 0x80 | 0x01 | 0x02 | 0x10];
+    open.extend_from_slice(&(layout.region_len() as u32).to_le_bytes());
+    for off in (0..128).step_by(4) {
+        open.extend_from_slice(&raw.read_u32(off).to_le_bytes());
+    }
+    // Then a script (the steps of `crate::ring`): the peer pushes a request, the server
+    // pops, counts, releases, lends a buffer, completes, publishes, frees an id the peer
+    // sent back, reads a span, arms, waits; the peer takes the completion; a close.
+    let mut script = vec![14, 0];
+    script.extend(rec(&Req {
+        a: 4096,
+        tag: 1,
+        ..Req::new(Op::Recv, 7)
+    }));
+    script.extend([4, 6, 9, 7]);
+    script.extend(rec(&Cmp::new(CmpKind::Done, 7, 1, 0)));
+    script.extend([8, 10, 0, 0, 0, 0, 11]);
+    for w in [2u32, 8, 16] {
+        script.extend(w.to_le_bytes());
+    }
+    script.extend([12, 13, 1, 14, 1, 15, 1, 0]);
+    open.extend_from_slice(&script);
+    let mut run = vec![1u8, 0b0101_0110];
+    run.extend_from_slice(&script);
+    // The peer moves its tail far ahead; the server's pop must refuse it.
+    run.extend([0, 0, 0, 200, 0, 0, 0, 4]);
+    vec![("open".into(), open), ("run".into(), run)]
+}
+
+fn modules() -> Seeds {
+    let mut out = Vec::new();
+    let props: &[(&str, &str)] = &[
+        ("content-type", "text/html"),
+        ("http", "1"),
+        ("name", "world"),
+        ("len", "16"),
+        ("body", "hello {{name}}, GET / HTTP/1.1\r\n\r\n"),
+    ];
+    for (name, text) in EXAMPLES {
+        out.push((
+            name.to_string(),
+            binding(ModuleRef::Bytes(text), props, &[0]),
+        ));
+    }
+    for (name, text) in SMALL {
+        out.push((
+            name.to_string(),
+            binding(ModuleRef::Bytes(text.as_bytes()), props, &[0]),
+        ));
+        // The same module in binary form: mutations of it reach the validator and
+        // the compiler rather than the text parser.
+        let wasm = wat::parse_str(text).expect("seed module");
+        out.push((
+            format!("{name}-wasm"),
+            binding(ModuleRef::Bytes(&wasm), props, &[0]),
+        ));
+    }
+    out
+}
+
+/// Server scripts in the encoding of [`crate::server`]: a socket-count byte, then steps
+/// (the step's number first).
+fn scripts() -> Seeds {
+    const SEND: u8 = 1;
+    const SEND_CTL: u8 = 2;
+    const BIND_RING: u8 = 3;
+    const RAW_CTL: u8 = 4;
+    const CONNECT: u8 = 5;
+    const BIND_LISTEN: u8 = 6;
+    const SET_OPT: u8 = 7;
+    const SHUTDOWN: u8 = 8;
+    const CLOSE: u8 = 9;
+    const NEW: u8 = 10;
+    const RECV: u8 = 12;
+    const REGISTER: u8 = 13;
+    let mut tcp = vec![1, CONNECT, 0, 1, SEND, 0, 0, 5, 0];
+    tcp.extend_from_slice(b"hello");
+    tcp.extend_from_slice(&[
+        0,
+        RECV,
+        0,
+        0b0000_0101,
+        0,
+        16,
+        SET_OPT,
+        0,
+        12,
+        4,
+        1,
+        0,
+        0,
+        0,
+    ]);
+    tcp.extend_from_slice(&[SHUTDOWN, 0x40, CLOSE, 0]);
+
+    let mut udp = vec![0, NEW, 2, SEND_CTL, 0];
+    let mut c = Vec::new();
+    cmsg::push(&mut c, libc::IPPROTO_IP, libc::IP_TOS, &[0x10]);
+    cmsg::push(&mut c, libc::IPPROTO_IP, libc::IP_TTL, &9i32.to_ne_bytes());
+    udp.extend_from_slice(&(c.len() as u16).to_le_bytes());
+    udp.extend_from_slice(&c);
+    udp.extend_from_slice(&[4, b'p', b'i', b'n', b'g', 1]);
+    udp.extend_from_slice(&[SET_OPT, 0, 7, 4, 1, 0, 0, 0, RECV, 0, 0b0000_0101, 0, 16]);
+
+    let pass = SMALL[0].1.as_bytes();
+    let blob = binding(ModuleRef::Bytes(pass), &[("a", "b")], &[]);
+    let mut module = vec![1, CONNECT, 0, 1, BIND_RING, 0, 0, 1];
+    module.extend_from_slice(&(blob.len() as u16).to_le_bytes());
+    module.extend_from_slice(&blob);
+    module.extend_from_slice(&[SEND, 0, 0, 3, 0, b'a', b'b', b'c', 0, REGISTER, 0]);
+
+    let mut listen = vec![1, BIND_LISTEN, 0x80, 8, RAW_CTL];
+    let accept = Ctl {
+        a: 1,
+        ..Ctl::new(CtlKind::Accept, 0)
+    };
+    listen.extend_from_slice(bytemuck::bytes_of(&accept));
+    listen.extend_from_slice(&[0, 1]);
+    let socket = Ctl {
+        a: libc::AF_INET6,
+        b: libc::SOCK_DGRAM,
+        ..Ctl::new(CtlKind::Socket, 0)
+    };
+    listen.push(RAW_CTL);
+    listen.extend_from_slice(bytemuck::bytes_of(&socket));
+    listen.extend_from_slice(&[0, 1]);
+
+    // A raw hello first (high bit of the first byte; then whether to pass a descriptor
+    // and wait for the answer, and the packet): for a server that does not exist, and
+    // for a protocol version that does not either; then one socket.
+    let mut hellos = Vec::new();
+    for (server, version) in [(5, ferry_proto::PROTO_VERSION), (0, 7)] {
+        let h = ferry_proto::Hello {
+            version,
+            pid: 1,
+            tid: 1,
+            server,
+        };
+        hellos.extend([0x80, 3, size_of::<ferry_proto::Hello>() as u8]);
+        hellos.extend(rec(&h));
+    }
+    let mut hello = hellos[..3 + size_of::<ferry_proto::Hello>()].to_vec();
+    hello.extend([1, CONNECT, 0, 1]);
+    let mut version = hellos[3 + size_of::<ferry_proto::Hello>()..].to_vec();
+    version.extend([2, NEW, 3]);
+
+    vec![
+        ("tcp".into(), tcp),
+        ("udp".into(), udp),
+        ("module".into(), module),
+        ("listen".into(), listen),
+        ("hello".into(), hello),
+        ("hello-version".into(), version),
+    ]
+}

@@ -428,13 +428,7 @@ fn unprivileged_user_runs_curl_through_ferry() {
     if !can_run(&["curl", "nginx", "runuser"]) {
         return;
     }
-    if Command::new("id")
-        .arg("ferrytest")
-        .output()
-        .map(|o| !o.status.success())
-        .unwrap_or(true)
-    {
-        eprintln!("skipped: user ferrytest missing (run scripts/install-deps.sh)");
+    if !have_test_user() {
         return;
     }
     let r = remote("unpriv");
@@ -443,17 +437,9 @@ fn unprivileged_user_runs_curl_through_ferry() {
     let _nginx = remote_nginx(&r, dir.path(), dir.path(), 8082);
     // The user needs to reach the binaries: copy them somewhere world-readable.
     let bin = TempDir::new("unpriv-bin");
-    let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_ferry"));
-    for f in ["ferry", "libferry_preload.so"] {
-        std::fs::copy(exe.with_file_name(f), bin.path().join(f)).unwrap();
-    }
+    let ferry_exe = ferry_for_any_user(bin.path());
     Command::new("chmod")
-        .args([
-            "-R",
-            "a+rX",
-            bin.path().to_str().unwrap(),
-            dir.path().to_str().unwrap(),
-        ])
+        .args(["-R", "a+rX", dir.path().to_str().unwrap()])
         .status()
         .unwrap();
     let url = format!("http://{}:8082/x.bin", r.remote_ip());
@@ -462,7 +448,7 @@ fn unprivileged_user_runs_curl_through_ferry() {
             "-u",
             "ferrytest",
             "--",
-            bin.path().join("ferry").to_str().unwrap(),
+            ferry_exe.to_str().unwrap(),
             "run",
             "--",
             "curl",

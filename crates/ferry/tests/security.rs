@@ -669,12 +669,7 @@ fn escape_attempts(run_as: Option<&str>) -> String {
             // The user needs to reach the binaries.
             let bin = dir.path().join("bin");
             std::fs::create_dir(&bin).unwrap();
-            let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_ferry"));
-            for f in ["ferry", "libferry_preload.so"] {
-                std::fs::copy(exe.with_file_name(f), bin.join(f)).unwrap();
-            }
-            std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
-            bin.join("ferry")
+            ferry_for_any_user(&bin)
         }
     };
     let mut cmd = match run_as {
@@ -718,13 +713,7 @@ fn nor_can_it_when_an_ordinary_user_runs_ferry() {
     if !can_run(&["python3", "nsenter", "ip", "runuser"]) {
         return;
     }
-    if Command::new("id")
-        .arg("ferrytest")
-        .output()
-        .map(|o| !o.status.success())
-        .unwrap_or(true)
-    {
-        eprintln!("skipped: user ferrytest missing (run scripts/install-deps.sh)");
+    if !have_test_user() {
         return;
     }
     // As that user the sandbox may of course touch that user's files; root's stay out

@@ -213,3 +213,29 @@ pub fn sandbox_exe(name: &str) -> PathBuf {
     }
     copy
 }
+
+/// Whether the unprivileged test user `ferrytest` exists (made by
+/// scripts/install-deps.sh); says why the test is skipped when not.
+pub fn have_test_user() -> bool {
+    let there = Command::new("id")
+        .arg("ferrytest")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !there {
+        eprintln!("skipped: user ferrytest missing (run scripts/install-deps.sh)");
+    }
+    there
+}
+
+/// The ferry binary (and its shim beside it) copied into `dir`, where an unprivileged
+/// user can run it; returns the copy's path.
+pub fn ferry_for_any_user(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_ferry"));
+    for f in ["ferry", "libferry_preload.so"] {
+        std::fs::copy(exe.with_file_name(f), dir.join(f)).unwrap();
+        std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir.join("ferry")
+}

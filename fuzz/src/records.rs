@@ -115,21 +115,28 @@ fn round_trip(a: WireAddr) {
     assert_eq!(WireAddr::decode(&out[..n]), Ok(a));
 }
 
-/// An abstract unix name, as the shim and the server read a readiness pair's.
+/// An abstract unix name, as the shim reads a readiness pair's:
+/// `ferry:<id digits>:<16 hex digits>`.
 fn name(b: &[u8]) {
     if let Some(id) = parse_pair_name(b) {
-        let digits = &b[PAIR_NAME_PREFIX.len()..];
-        assert!(b.starts_with(PAIR_NAME_PREFIX));
+        let rest = &b[PAIR_NAME_PREFIX.len()..];
+        let (digits, nonce) = rest.split_at(rest.iter().position(|&c| c == b':').unwrap());
         assert!(!digits.is_empty() && digits.len() <= 10);
         assert!(digits.iter().all(u8::is_ascii_digit), "{b:?}");
-        let (canon, n) = pair_name(id);
-        assert_eq!(parse_pair_name(&canon[..n]), Some(id));
+        assert_eq!(nonce.len(), 17, "{b:?}");
+        assert!(nonce[1..].iter().all(u8::is_ascii_hexdigit), "{b:?}");
+        assert!(b.len() <= ferry_proto::PAIR_NAME_MAX);
+        let parsed = std::str::from_utf8(digits)
+            .ok()
+            .and_then(|d| d.parse::<u32>().ok());
+        assert_eq!(parsed, Some(id), "{b:?}");
     }
-    // Every id has a name that fits and parses back.
-    let mut id = [0u8; 4];
-    Input::new(b).fill(&mut id);
-    let id = u32::from_le_bytes(id);
-    let (canon, n) = pair_name(id);
-    assert!(n < canon.len());
+    // Every id and nonce has a name that fits and parses back.
+    let mut w = [0u8; 12];
+    Input::new(b).fill(&mut w);
+    let id = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+    let nonce = u64::from_le_bytes([w[4], w[5], w[6], w[7], w[8], w[9], w[10], w[11]]);
+    let (canon, n) = pair_name(id, nonce);
+    assert!(n <= canon.len());
     assert_eq!(parse_pair_name(&canon[..n]), Some(id));
 }

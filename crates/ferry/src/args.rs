@@ -1,7 +1,7 @@
 //! Parsers for option values: time spans, published ports, CPU lists, egress addresses,
 //! module bindings.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use ferry_server::Publish;
@@ -48,7 +48,9 @@ pub fn publish(s: &str) -> Result<Publish, String> {
             .map_err(|_| format!("`{p}` is not a port in `{s}`"))
     };
     let (ip, host_port, sandbox_port) = match spec.rsplitn(3, ':').collect::<Vec<_>>().as_slice() {
-        [sp, hp] => (IpAddr::V4(Ipv4Addr::UNSPECIFIED), port(hp)?, port(sp)?),
+        // Without an address: every address of both families (`[::]`, dual-stack; the
+        // server falls back to 0.0.0.0 where IPv6 is off), as pasta and Podman do.
+        [sp, hp] => (IpAddr::V6(Ipv6Addr::UNSPECIFIED), port(hp)?, port(sp)?),
         [sp, hp, ip] => {
             let ip = ip.trim_start_matches('[').trim_end_matches(']');
             let ip: IpAddr = ip
@@ -248,7 +250,7 @@ mod tests {
         let p = publish("8080:80").unwrap();
         assert_eq!(
             (p.host.to_string().as_str(), p.sandbox_port, p.udp),
-            ("0.0.0.0:8080", 80, false)
+            ("[::]:8080", 80, false)
         );
         let p = publish("127.0.0.1:5353:53/udp").unwrap();
         assert_eq!(

@@ -54,7 +54,8 @@ pub struct RunArgs {
     /// port), least (fewest open connections). Default: rr.
     #[arg(long, value_name = "rr|xor|least", requires = "egress", value_parser = ["rr", "xor", "least"])]
     pub bond: Option<String>,
-    /// Publish a sandbox port on the host: [IP:]HOST_PORT:PORT[/udp].
+    /// Publish a sandbox port on the host: [IP:]HOST_PORT:PORT[/udp]. Without IP, on every
+    /// address of both families.
     #[arg(short = 'p', long = "publish", value_name = "[IP:]HOST_PORT:PORT[/udp]", value_parser = crate::args::publish)]
     pub publish: Vec<Publish>,
     /// Protocol servers (threads) serving the sandbox, each with its own channels and

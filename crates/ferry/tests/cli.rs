@@ -109,4 +109,14 @@ print("keepalive", s.getsockopt(socket.SOL_SOCKET, 9), "priority", s.getsockopt(
         "{}",
         stderr(&o)
     );
+    // `curl --interface` tries SO_BINDTODEVICE on every run: refused without a line.
+    assert!(
+        !stderr(&o).contains(&format!(
+            "setsockopt({}, {})",
+            libc::SOL_SOCKET,
+            libc::SO_BINDTODEVICE
+        )),
+        "{}",
+        stderr(&o)
+    );
 }

@@ -909,3 +909,85 @@ fn shell_and_stdio_writes_reach_the_peer() {
     assert_eq!(got.len(), want.len());
     assert!(got == want, "the uploaded bytes differ");
 }
+
+const PEER_ECHO: &str = r#"
+import socket, sys
+l = socket.socket(socket.AF_INET6 if sys.argv[1] == "6" else socket.AF_INET)
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("::" if sys.argv[1] == "6" else "0.0.0.0", 8080))
+l.listen()
+print("ready", flush=True)
+for _ in range(2):
+    c, peer = l.accept()
+    c.sendall((peer[0] + "\n").encode())
+    c.close()
+"#;
+
+#[test]
+fn a_port_published_without_an_address_serves_both_families() {
+    if !can_run(&["python3"]) {
+        return;
+    }
+    use std::io::{BufRead, Read};
+    for (fam, port) in [("4", 18282u16), ("6", 18283)] {
+        let mut server = ferry()
+            .args([
+                "run",
+                "-p",
+                &format!("{port}:8080"),
+                "--",
+                "python3",
+                "-c",
+                PEER_ECHO,
+                fam,
+            ])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(server.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready");
+        let mut seen = Vec::new();
+        for host in ["127.0.0.1", "::1"] {
+            let mut c = std::net::TcpStream::connect((host, port)).unwrap();
+            let mut peer = String::new();
+            c.read_to_string(&mut peer).unwrap();
+            seen.push(peer.trim().to_owned());
+        }
+        assert!(server.wait().unwrap().success());
+        // An IPv6 listener sees each client as it is; an IPv4 one sees the IPv4 client's
+        // address and, for the IPv6 client (which it could not have natively), 0.0.0.0.
+        let want = if fam == "6" {
+            ["::ffff:127.0.0.1", "::1"]
+        } else {
+            ["127.0.0.1", "0.0.0.0"]
+        };
+        assert_eq!(seen, want, "listener family {fam}");
+    }
+}
+
+#[test]
+fn proc_is_the_sandboxs_own() {
+    if !can_run(&["sh"]) {
+        return;
+    }
+    // /proc follows the sandbox's PID namespace: $$ names this shell there (with the
+    // host's /proc it named some host process: `kthreadd` for pid 2).
+    let o = ferry_run(
+        &[],
+        &[
+            "sh",
+            "-c",
+            "echo $$; cat /proc/$$/comm; cut -d' ' -f1 /proc/self/stat",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    assert_eq!(lines[1], "sh", "{out}");
+    // `cut` runs as a child of the shell: its pid is above the shell's.
+    let (shell, cut): (u32, u32) = (lines[0].parse().unwrap(), lines[2].parse().unwrap());
+    assert!(cut > shell && cut < 100, "{out}");
+}

@@ -28,6 +28,24 @@ fn errno(e: &io::Error) -> i32 {
     -e.raw_os_error().unwrap_or(libc::EIO)
 }
 
+/// `a` as a socket of family `domain` shows it. A connection accepted on a dual-stack
+/// published port is an IPv6 socket on the host, handed to the sandbox's listener: for an
+/// IPv4 listener an IPv4 client's ::ffff:a.b.c.d is a.b.c.d, and an IPv6 client (which
+/// an IPv4 listener could not have natively) shows as 0.0.0.0 with its port — never as a
+/// loopback address a program might trust.
+fn in_family(domain: i32, a: SocketAddr) -> SocketAddr {
+    match a {
+        SocketAddr::V6(v6) if domain == libc::AF_INET => {
+            let v4 = v6
+                .ip()
+                .to_ipv4_mapped()
+                .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED);
+            SocketAddr::new(v4.into(), v6.port())
+        }
+        _ => a,
+    }
+}
+
 /// A hash key for a peer address (the hash assignment of accepted connections).
 fn addr_key(a: &SocketAddr) -> u64 {
     let ip = match a.ip() {
@@ -342,6 +360,9 @@ impl Server {
             Err(e) if would_block(&e) => match self.take_published(id) {
                 Some(conn) => {
                     let peer = ferry_sys::sock_addr(conn.as_fd(), true).ok().flatten();
+                    // A published port listens on both families: an IPv4 client shows
+                    // as ::ffff:a.b.c.d, which an IPv4 listener's program must see as
+                    // a.b.c.d (`finish_accept` makes it so).
                     Ok((conn, peer))
                 }
                 None => Err(e),
@@ -355,6 +376,7 @@ impl Server {
             Some(s) => (s.domain, s.place),
             None => (libc::AF_INET, Place::Sandbox),
         };
+        let peer = peer.map(|p| in_family(domain, p));
         let Some(owner) = self.chan(ch).map(|c| c.owner) else {
             return;
         };
@@ -551,7 +573,14 @@ impl Server {
                 };
                 let s = self.sock(id).expect("checked above");
                 let res = if let Some(why) = refused {
-                    warn!("socket {id}: setsockopt({level}, {name}) refused: {why}");
+                    if (level, name) == (libc::SOL_SOCKET, libc::SO_BINDTODEVICE) {
+                        // Tried by every `curl --interface` (it falls back to the
+                        // interface's address, as for an unprivileged user): refused
+                        // quietly.
+                        debug!("socket {id}: SO_BINDTODEVICE refused: {why}");
+                    } else {
+                        warn!("socket {id}: setsockopt({level}, {name}) refused: {why}");
+                    }
                     -libc::EPERM
                 } else {
                     ferry_sys::setsockopt(s.fd.as_fd(), level, name, &value)
@@ -566,8 +595,10 @@ impl Server {
             Op::GetOpt => self.getopt(ch, id, r.tag, r.a as i32, r.b as i32, r.len),
             Op::SockName | Op::PeerName => {
                 let s = self.sock(id).expect("checked above");
+                let domain = s.domain;
                 let c = match ferry_sys::sock_addr(s.fd.as_fd(), req.op == Op::PeerName) {
                     Ok(Some(a)) => {
+                        let a = in_family(domain, a);
                         Cmp::new(CmpKind::Done, id, r.tag, 0).with_addr(&WireAddr::from(a))
                     }
                     Ok(None) => Cmp::new(CmpKind::Done, id, r.tag, -libc::EINVAL),

@@ -218,18 +218,48 @@ impl Server {
                 addr: p.host,
                 source,
             };
-            let domain = if p.host.is_ipv4() {
-                libc::AF_INET
-            } else {
-                libc::AF_INET6
-            };
             let ty = if p.udp {
                 libc::SOCK_DGRAM
             } else {
                 libc::SOCK_STREAM
             };
-            let fd = ferry_sys::socket(domain, ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0)
+            let mut host = p.host;
+            let fd = match ferry_sys::socket(
+                if host.is_ipv4() {
+                    libc::AF_INET
+                } else {
+                    libc::AF_INET6
+                },
+                ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+            ) {
+                // `[::]` (the default): both families, or IPv4 alone where IPv6 is off.
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EAFNOSUPPORT)
+                        && host.ip() == std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED) =>
+                {
+                    host = std::net::SocketAddr::new(
+                        std::net::Ipv4Addr::UNSPECIFIED.into(),
+                        host.port(),
+                    );
+                    ferry_sys::socket(
+                        libc::AF_INET,
+                        ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                        0,
+                    )
+                }
+                other => other,
+            }
+            .map_err(perr)?;
+            if host.ip() == std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED) {
+                ferry_sys::setsockopt(
+                    fd.as_fd(),
+                    libc::IPPROTO_IPV6,
+                    libc::IPV6_V6ONLY,
+                    &0i32.to_ne_bytes(),
+                )
                 .map_err(perr)?;
+            }
             ferry_sys::setsockopt(
                 fd.as_fd(),
                 libc::SOL_SOCKET,
@@ -237,7 +267,7 @@ impl Server {
                 &1i32.to_ne_bytes(),
             )
             .map_err(perr)?;
-            ferry_sys::bind(fd.as_fd(), &p.host).map_err(perr)?;
+            ferry_sys::bind(fd.as_fd(), &host).map_err(perr)?;
             if !p.udp {
                 ferry_sys::listen(fd.as_fd(), 511).map_err(perr)?;
             }

@@ -991,3 +991,46 @@ fn proc_is_the_sandboxs_own() {
     let (shell, cut): (u32, u32) = (lines[0].parse().unwrap(), lines[2].parse().unwrap());
     assert!(cut > shell && cut < 100, "{out}");
 }
+
+const SUBPROCESS_THEN_SIGNALS: &str = r#"
+import os, signal, subprocess, time
+got = []
+signal.signal(signal.SIGUSR1, lambda *a: got.append("usr1"))
+signal.signal(signal.SIGCHLD, lambda *a: got.append("chld"))
+subprocess.run(["true"])
+got.clear()
+os.kill(os.getpid(), signal.SIGUSR1)
+p = subprocess.Popen(["sleep", "0.1"])
+time.sleep(0.5)
+p.wait()
+try:
+    signal.raise_signal(signal.SIGINT)
+    time.sleep(0.1)
+    print("no KeyboardInterrupt")
+except KeyboardInterrupt:
+    got.append("int")
+print(sorted(set(got)))
+"#;
+
+#[test]
+fn a_python_program_keeps_its_signal_handlers_after_subprocesses() {
+    if !can_run(&["python3"]) {
+        return;
+    }
+    // Python's subprocess resets signal handlers in its vfork child: before, that reset
+    // the parent's handlers too (SIGUSR1 and SIGCHLD swallowed, Ctrl-C ignored).
+    let native = Command::new("python3")
+        .args(["-c", SUBPROCESS_THEN_SIGNALS])
+        .output()
+        .unwrap();
+    let o = ferry_run(&[], &["python3", "-c", SUBPROCESS_THEN_SIGNALS]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&native.stdout)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "['chld', 'int', 'usr1']"
+    );
+}

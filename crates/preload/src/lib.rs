@@ -93,6 +93,7 @@ pub mod tls;
 /// Library constructor: reads the environment before the program runs, so the first
 /// socket call (possibly in a signal handler) need not.
 extern "C" fn ferry_preload_init() {
+    signals::claim_table();
     config::init();
     if config::active() {
         tls::install_hooks();

@@ -33,6 +33,35 @@ static PROGRAM: [AtomicUsize; NSIG] = [const { AtomicUsize::new(libc::SIG_DFL) }
 /// The program's `sa_flags` for each signal.
 static FLAGS: [AtomicI32; NSIG] = [const { AtomicI32::new(0) }; NSIG];
 
+/// The process whose handlers [`PROGRAM`] and [`FLAGS`] describe (0: not known yet).
+/// A `vfork` child (and `posix_spawn`'s) runs in its parent's memory until it execs: its
+/// `sigaction` changes only its own handlers in the kernel, and must leave the parent's
+/// table alone, or the parent's trampoline would find `SIG_DFL` and swallow its signals.
+/// A `fork` child has its own copy of the table and takes it over ([`after_fork`]).
+static OWNER: AtomicI32 = AtomicI32::new(0);
+
+/// This process's id, from the kernel (not libc's cache, which a `vfork` child shares).
+fn current_pid() -> i32 {
+    // SAFETY: getpid has no preconditions.
+    unsafe { libc::syscall(libc::SYS_getpid) as i32 }
+}
+
+/// Records this process as the table's owner (the library constructor).
+pub fn claim_table() {
+    OWNER.store(current_pid(), Ordering::Release);
+}
+
+/// In a `fork` child (`pthread_atfork`): the copied table is this process's now.
+pub fn after_fork() {
+    claim_table();
+}
+
+/// Whether this process shares the table's memory with its owner: a `vfork` child.
+fn borrowing_parents_memory() -> bool {
+    let owner = OWNER.load(Ordering::Acquire);
+    owner != 0 && owner != current_pid()
+}
+
 /// Handlers that ran on one thread: all of them, and those without `SA_RESTART`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
@@ -113,6 +142,21 @@ pub unsafe extern "C" fn sigaction(
         // SAFETY: forwarded to libc.
         return unsafe { real::sigaction(sig, act, old) };
     };
+    if borrowing_parents_memory() {
+        // A vfork child: its own handlers change in the kernel, unwrapped (it execs
+        // soon); the parent's table stays as it is.
+        // SAFETY: forwarded to libc.
+        let r = unsafe { real::sigaction(sig, act, old) };
+        // SAFETY: `old` is null or the caller's writable action, just filled by libc.
+        if let Some(o) = unsafe { old.as_mut() }.filter(|_| r == 0) {
+            let tramp = trampoline as extern "C" fn(c_int, *mut siginfo_t, *mut c_void) as usize;
+            if o.sa_sigaction == tramp {
+                o.sa_sigaction = PROGRAM[i].load(Ordering::Acquire);
+                o.sa_flags = FLAGS[i].load(Ordering::Acquire);
+            }
+        }
+        return r;
+    }
     let (prev_h, prev_f) = (
         PROGRAM[i].load(Ordering::Acquire),
         FLAGS[i].load(Ordering::Acquire),

@@ -276,6 +276,7 @@ pub fn unregister(i: usize) {
 /// `pthread_atfork` child handler: see the module docs.
 extern "C" fn atfork_child() {
     GEN.fetch_add(1, Ordering::AcqRel);
+    crate::signals::after_fork();
     // The child is another process: it claims each inherited socket before it acts on
     // it (the server knows processes, not descriptors).
     crate::fdtable::TABLE.clear_all(crate::fdtable::F_CLAIMED);

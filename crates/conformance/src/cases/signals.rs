@@ -18,7 +18,8 @@ use crate::net::{
     udp_bound, wait_for,
 };
 use crate::proc::{
-    alarm_ms, alarm_us, count_signal, fork_with, mask_signal, on_signal, signal_count,
+    alarm_ms, alarm_us, count_signal, fork_with, mask_signal, on_signal, set_disposition,
+    signal_count,
 };
 use crate::sys::{Ctx, Errno, show, sleep_ms, zeroed};
 
@@ -49,6 +50,7 @@ pub const CASES: &[Case] = &[
     Case::new("sig.handler_sends_same_socket", handler_sends_same_socket),
     Case::new("sig.sigurg_on_oob", sigurg_on_oob),
     Case::new("sig.sigio_o_async", sigio_o_async),
+    Case::new("sig.vfork_child_resets_handler", vfork_child_resets_handler),
 ];
 
 const RESTART: c_int = libc::SA_RESTART;
@@ -305,4 +307,38 @@ fn sigio_o_async() -> Res {
         "F_SETOWN={own} O_ASYNC={set} sigio_after_send={}",
         signal_count() > before
     ))
+}
+
+/// A `vfork` child (`CLONE_VM | CLONE_VFORK`, as Python's `subprocess` makes) that
+/// resets a handler before it would exec changes its own disposition only: the parent's
+/// handler still runs afterwards.
+fn vfork_child_resets_handler() -> Res {
+    extern "C" fn child(_: *mut libc::c_void) -> c_int {
+        let _ = set_disposition(libc::SIGUSR1, libc::SIG_DFL);
+        0
+    }
+    on_signal(libc::SIGUSR1, count_signal, RESTART).ctx("sigaction")?;
+    let before = signal_count();
+    let mut stack = vec![0u8; 256 * 1024];
+    // SAFETY: the child runs `child` on its own stack (the top of `stack`, which
+    // outlives it: CLONE_VFORK suspends this thread until the child exits) and makes
+    // only a sigaction call; it shares this process's memory, as a vfork child does.
+    let pid = unsafe {
+        libc::clone(
+            child,
+            stack.as_mut_ptr().add(stack.len() - 64).cast(),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            std::ptr::null_mut(),
+        )
+    };
+    if pid < 0 {
+        return Err("clone failed".into());
+    }
+    let mut status = 0;
+    sys!(libc::waitpid(pid, &mut status, 0)).ctx("waitpid")?;
+    sys!(libc::kill(libc::getpid(), libc::SIGUSR1)).ctx("kill")?;
+    sleep_ms(10);
+    let ran = signal_count() - before;
+    set_disposition(libc::SIGUSR1, libc::SIG_DFL).ctx("reset")?;
+    Ok(format!("child_status={status} parent_handler_ran={ran}"))
 }

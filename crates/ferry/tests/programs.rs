@@ -5,6 +5,7 @@ mod bond;
 mod common;
 use common::*;
 use std::process::Command;
+use std::time::Duration;
 
 fn text(o: &std::process::Output) -> String {
     format!(
@@ -1033,4 +1034,48 @@ fn a_python_program_keeps_its_signal_handlers_after_subprocesses() {
         String::from_utf8_lossy(&o.stdout).trim(),
         "['chld', 'int', 'usr1']"
     );
+}
+
+/// CPU time (user + system, in clock ticks) process `pid` has used.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.split_whitespace().collect())
+        .unwrap_or_default();
+    let f = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    f(11) + f(12)
+}
+
+#[test]
+fn a_published_udp_port_neither_spins_nor_floods_the_log() {
+    if !can_run(&["sleep"]) {
+        return;
+    }
+    // Before, a datagram on a published UDP port made ferry try accept() in a busy loop:
+    // 100% CPU and a log line each time (354k lines in 2.5 s).
+    let child = ferry()
+        .args(["run", "-p", "15354:5353/udp", "--", "sleep", "2"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    std::thread::sleep(Duration::from_millis(500));
+    let before = cpu_ticks(pid);
+    let u = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    for _ in 0..1000 {
+        let _ = u.send_to(b"query", "127.0.0.1:15354");
+    }
+    std::thread::sleep(Duration::from_millis(700));
+    let used = cpu_ticks(pid) - before;
+    let o = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&o.stderr);
+    // 1.2 s at 100% would be ~120 ticks; taking 1,000 datagrams costs a few.
+    assert!(used < 30, "ferry used {used} ticks: {log}");
+    assert!(log.lines().count() <= 3, "{log}");
 }

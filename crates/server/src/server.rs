@@ -1274,11 +1274,40 @@ impl Server {
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                    self.published_datagrams(i);
+                    return;
+                }
                 Err(e) => {
-                    warn!("published port {port}: accept: {e}");
+                    // Out of descriptors, say: the connection stays queued. The
+                    // listener is level-triggered, so the next turn tries again; the
+                    // log says so once a second at most.
+                    if let Some(n) = self.refusals.tick() {
+                        warn!("published port {port}: accept: {e} ({n} since the last line)");
+                    }
                     return;
                 }
             }
+        }
+    }
+
+    /// Datagrams on a published UDP port: taken off the socket (it is level-triggered:
+    /// left there they would wake the loop forever) and dropped with a log line at most
+    /// once a second, until UDP publishing forwards them.
+    fn published_datagrams(&mut self, i: usize) {
+        let mut buf = [0u8; 2048];
+        let mut dropped = 0u64;
+        while ferry_sys::recv(self.published[i].0.as_fd(), &mut buf, libc::MSG_DONTWAIT).is_ok() {
+            dropped += 1;
+            if dropped >= 1024 {
+                break;
+            }
+        }
+        if dropped > 0 && self.refusals.tick().is_some() {
+            warn!(
+                "published port {}/udp: {dropped} datagram(s) dropped: UDP publishing does not forward datagrams yet",
+                self.published[i].1
+            );
         }
     }
 

@@ -1079,3 +1079,126 @@ fn a_published_udp_port_neither_spins_nor_floods_the_log() {
     assert!(used < 30, "ferry used {used} ticks: {log}");
     assert!(log.lines().count() <= 3, "{log}");
 }
+
+const WILDCARD_CLIENTS: &str = r#"
+import socket, sys
+remote, tport, uport, fixed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+def tcp(port):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", port))
+    s.settimeout(5)
+    s.connect((remote, tport))
+    got = b""
+    while len(got) < 1000:
+        b = s.recv(4096)
+        if not b:
+            break
+        got += b
+    print("tcp", "fixed" if port else "any", len(got), s.getsockname()[1] == port if port else "-")
+    s.close()
+def udp(port):
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    u.bind(("0.0.0.0", port))
+    u.settimeout(3)
+    u.sendto(b"ping", (remote, uport))
+    data, src = u.recvfrom(64)
+    print("udp", "fixed" if port else "any", data.decode(), src[1] == uport)
+    if port:
+        # Ask the echo to have a stranger (another port of the remote) write to us:
+        # natively it arrives; through ferry a socket holding a port it chose admits
+        # only the peers it contacted.
+        u.sendto(b"stranger", (remote, uport))
+        u.settimeout(1)
+        try:
+            while True:
+                data, src = u.recvfrom(64)
+                print("udp got", data.decode(), "from echo" if src[1] == uport else "from a stranger")
+        except socket.timeout:
+            print("udp quiet")
+tcp(0)
+tcp(fixed)
+udp(0)
+udp(fixed + 1)
+"#;
+
+#[test]
+fn clients_that_bind_the_wildcard_first_reach_the_network() {
+    if !can_run(&["python3", "curl", "nginx", "ip"]) {
+        return;
+    }
+    let r = remote("wild");
+    let rip = r.remote_ip();
+    // A TCP service that sends 1,000 bytes; a UDP echo that, asked "stranger", also
+    // writes from another port.
+    let l = r
+        .run_in(|| std::net::TcpListener::bind((rip, 7201)).unwrap())
+        .unwrap();
+    std::thread::spawn(move || {
+        for mut c in l.incoming().flatten() {
+            use std::io::Write;
+            let _ = c.write_all(&[7u8; 1000]);
+        }
+    });
+    let (echo, stranger) = r
+        .run_in(|| {
+            (
+                std::net::UdpSocket::bind((rip, 7202)).unwrap(),
+                std::net::UdpSocket::bind((rip, 7203)).unwrap(),
+            )
+        })
+        .unwrap();
+    std::thread::spawn(move || {
+        let mut b = [0u8; 64];
+        while let Ok((n, from)) = echo.recv_from(&mut b) {
+            let _ = echo.send_to(&b[..n], from);
+            if &b[..n] == b"stranger" {
+                let _ = stranger.send_to(b"intruder", from);
+            }
+        }
+    });
+    let run = |fixed: u16, through_ferry: bool| {
+        let args = [
+            rip.to_string(),
+            "7201".into(),
+            "7202".into(),
+            fixed.to_string(),
+        ];
+        let mut cmd = vec!["python3", "-c", WILDCARD_CLIENTS];
+        cmd.extend(args.iter().map(String::as_str));
+        let o = if through_ferry {
+            ferry_run(&[], &cmd)
+        } else {
+            Command::new(cmd[0]).args(&cmd[1..]).output().unwrap()
+        };
+        assert!(o.status.success(), "{}", text(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    // Fixed ports below the ephemeral range, so no other test's connection holds them.
+    let native = run(21100, false);
+    let ferry = run(21200, true);
+    // Before, every client here failed with ENETUNREACH (TCP, connected UDP) or lost its
+    // datagram (unconnected UDP).
+    assert_eq!(
+        native,
+        "tcp any 1000 -\ntcp fixed 1000 True\nudp any ping True\nudp fixed ping True\n\
+         udp got stranger from echo\nudp got intruder from a stranger\nudp quiet\n"
+    );
+    assert_eq!(
+        ferry,
+        "tcp any 1000 -\ntcp fixed 1000 True\nudp any ping True\nudp fixed ping True\n\
+         udp got stranger from echo\nudp quiet\n",
+        "the same as natively, but for the stranger"
+    );
+    // curl --local-port binds the wildcard and a port of the range, then connects.
+    let dir = TempDir::new("wild");
+    std::fs::write(dir.path().join("x.bin"), pattern(70_000, 4)).unwrap();
+    let _nginx = remote_nginx(&r, dir.path(), dir.path(), 8084);
+    let url = format!("http://{rip}:8084/x.bin");
+    let o = ferry_run(
+        &[],
+        &["curl", "-sS", "--fail", "--local-port", "42000-42100", &url],
+    );
+    assert!(o.stdout == pattern(70_000, 4), "{}", text(&o));
+}

@@ -46,6 +46,18 @@ fn in_family(domain: i32, a: SocketAddr) -> SocketAddr {
     }
 }
 
+/// Most peers a datagram socket with a chosen host port remembers (`Sock::contacted`).
+const CONTACTED: usize = 64;
+
+/// Adds `peer` to `list` (the most recent last), forgetting the oldest beyond [`CONTACTED`].
+fn remember(list: &mut Vec<SocketAddr>, peer: SocketAddr) {
+    list.retain(|p| *p != peer);
+    if list.len() >= CONTACTED {
+        list.remove(0);
+    }
+    list.push(peer);
+}
+
 /// A hash key for a peer address (the hash assignment of accepted connections).
 fn addr_key(a: &SocketAddr) -> u64 {
     let ip = match a.ip() {
@@ -586,7 +598,8 @@ impl Server {
                     ferry_sys::setsockopt(s.fd.as_fd(), level, name, &value)
                         .map_or_else(|e| errno(&e), |()| 0)
                 };
-                if res == 0 && s.place == Place::Provisional {
+                if res == 0 {
+                    // Kept for a move (one value per option: bounded).
                     s.opts.retain(|(l, n, _)| (*l, *n) != (level, name));
                     s.opts.push((level, name, value));
                 }
@@ -672,6 +685,68 @@ impl Server {
             .find_map(|(index, ip)| crate::reach::source_refused(&mut self.host_addrs, index, ip))
     }
 
+    /// A socket the program bound to the wildcard address (so it was made in the sandbox)
+    /// and now connects or sends elsewhere — a client choosing its port, as `curl
+    /// --local-port`, dig, `nc -u -p` or libuv do — moves to the host: a host socket with
+    /// its options, bound to the wildcard and the same port (the port it had in the
+    /// sandbox when the program asked for any; another when the host has that one taken),
+    /// takes its place. A datagram socket that
+    /// keeps a port the program chose admits only the peers it contacts (it must not be
+    /// a way to publish a port). Nothing happens to other sockets, or once a socket has
+    /// a peer or listens.
+    fn move_to_host(&mut self, id: u32) -> Result<(), i32> {
+        let Some(s) = self.socks.get(&id) else {
+            return Ok(());
+        };
+        let Some(asked) = s.bound_wild else {
+            return Ok(());
+        };
+        if s.place != Place::Sandbox || s.listening || s.connected || s.connecting {
+            return Ok(());
+        }
+        let had = ferry_sys::sock_addr(s.fd.as_fd(), false)
+            .ok()
+            .flatten()
+            .map_or(0, |a| a.port());
+        let (domain, ty, protocol) = (s.domain, s.ty, s.protocol);
+        let fd = ferry_sys::socket(
+            domain,
+            ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            protocol,
+        )
+        .map_err(|e| errno(&e))?;
+        for (level, name, value) in &s.opts {
+            let _ = ferry_sys::setsockopt(fd.as_fd(), *level, *name, value);
+        }
+        let any = |port| {
+            let ip: std::net::IpAddr = if domain == libc::AF_INET6 {
+                std::net::Ipv6Addr::UNSPECIFIED.into()
+            } else {
+                std::net::Ipv4Addr::UNSPECIFIED.into()
+            };
+            SocketAddr::new(ip, port)
+        };
+        // The port is free in the sandbox, where the program bound it, but may be taken on
+        // the host (by another program, or a connection in TIME_WAIT): the program cannot
+        // try another one now, as it would after a failed bind, so the host picks one.
+        let kept = ferry_sys::bind(fd.as_fd(), &any(had)).is_ok();
+        if !kept {
+            ferry_sys::bind(fd.as_fd(), &any(0)).map_err(|e| errno(&e))?;
+            debug!("socket {id}: port {had} is taken on the host; another one is used");
+        }
+        self.replace_host_fd(id, fd, Place::Host)
+            .map_err(|e| errno(&e))?;
+        let s = self.sock(id).expect("looked up above");
+        s.bound_wild = None;
+        if !s.is_stream() && asked != 0 && kept {
+            s.contacted = Some(Vec::new());
+        }
+        debug!(
+            "socket {id}: bound to the wildcard, moved to the host for a peer outside the sandbox"
+        );
+        Ok(())
+    }
+
     /// Moves a provisional socket to where `dest` says it belongs.
     fn place_for(&mut self, id: u32, local: bool) -> Result<(), i32> {
         let s = self.socks.get(&id).ok_or(-libc::EBADF)?;
@@ -710,11 +785,18 @@ impl Server {
             self.done(ch, id, tag, -libc::EACCES);
             return;
         }
+        if !local && let Err(e) = self.move_to_host(id) {
+            self.done(ch, id, tag, e);
+            return;
+        }
         if let Err(e) = self.place_for(id, local) {
             self.done(ch, id, tag, e);
             return;
         }
         let s = self.sock(id).expect("placed above");
+        if let Some(c) = s.contacted.as_mut() {
+            remember(c, addr.to_std());
+        }
         if s.place == Place::Sandbox && !local && s.ty == libc::SOCK_STREAM {
             // Bound inside the sandbox, now asked to leave it: the sandbox has no route.
             self.done(ch, id, tag, -libc::ENETUNREACH);
@@ -762,9 +844,13 @@ impl Server {
         if let Err(e) = self.place_for(id, local) {
             return e;
         }
+        let wild = WireAddr::from(addr).is_unspecified().then_some(addr.port());
         let s = self.sock(id).expect("placed above");
         match ferry_sys::bind(s.fd.as_fd(), &addr) {
-            Ok(()) => 0,
+            Ok(()) => {
+                s.bound_wild = wild;
+                0
+            }
             Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) && self.reap_closed() > 0 => {
                 // A socket the sandbox already closed may still hold the port: the hang-up
                 // of its readiness pair was not processed yet. Now it is; try again.
@@ -916,6 +1002,14 @@ impl Server {
                     give_back(self, 0);
                     self.done(ch, r.sock, 0, -libc::EACCES);
                     return Ok(());
+                }
+                if !local && let Err(e) = self.move_to_host(r.sock) {
+                    give_back(self, 0);
+                    self.done(ch, r.sock, 0, e);
+                    return Ok(());
+                }
+                if let Some(c) = self.sock(r.sock).and_then(|s| s.contacted.as_mut()) {
+                    remember(c, dest.to_std());
                 }
                 if let Err(e) = self.place_for(r.sock, local) {
                     give_back(self, 0);
@@ -1248,6 +1342,7 @@ impl Server {
         // A datagram's control messages (those its options ask for) go to the shim.
         let mut control = [0u8; cmsg::MAX_CONTROL];
         let filter = !s.is_stream() && s.place != Place::Sandbox;
+        let contacted = s.contacted.as_deref();
         let res = loop {
             let res = hostio::recv_spans(
                 s.fd.as_fd(),
@@ -1264,6 +1359,7 @@ impl Server {
                     if filter
                         && got.from.is_some_and(|f| {
                             !crate::reach::arrival_allowed(&self.cfg.policy, f)
+                                || contacted.is_some_and(|c| !c.contains(&f))
                         }) =>
                 {
                     if flags & libc::MSG_PEEK != 0 {

@@ -966,6 +966,8 @@ impl Server {
             holders: vec![owner],
             prune_at: 8,
             opts: Vec::new(),
+            bound_wild: None,
+            contacted: None,
             want_token: false,
             token_out: false,
             eof_mirrored: false,

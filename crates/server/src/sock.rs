@@ -136,8 +136,15 @@ pub(crate) struct Sock {
     /// list reaches `prune_at`.
     pub holders: Vec<Owner>,
     pub prune_at: usize,
-    /// Options set while provisional, replayed when the socket moves.
+    /// Options set (the last value of each), replayed when the socket moves.
     pub opts: Vec<(i32, i32, Vec<u8>)>,
+    /// The port of the program's bind to the wildcard address (0.0.0.0 or ::), which put
+    /// the socket in the sandbox: a client that then connects or sends elsewhere moves to
+    /// the host (`Server::move_to_host`).
+    pub bound_wild: Option<u16>,
+    /// A datagram socket that holds a port the program chose on the host: only the peers
+    /// it sent to or connected to (the last few) may send to it (see `reach.rs`).
+    pub contacted: Option<Vec<SocketAddr>>,
     pub want_token: bool,
     pub token_out: bool,
     /// The remote's EOF has been mirrored onto the pair.

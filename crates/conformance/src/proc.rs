@@ -129,9 +129,17 @@ pub fn alarm_ms(ms: u64) -> Result<(), Errno> {
 
 /// Arms a one-shot `ITIMER_REAL` (SIGALRM) `us` microseconds from now.
 pub fn alarm_us(us: u64) -> Result<(), Errno> {
+    alarm_every_us(us, 0)
+}
+
+/// Arms `ITIMER_REAL` (SIGALRM) `us` microseconds from now, then every `every_us` (0:
+/// once; `alarm_us(0)` disarms it).
+pub fn alarm_every_us(us: u64, every_us: u64) -> Result<(), Errno> {
     let mut it: libc::itimerval = zeroed();
     it.it_value.tv_sec = (us / 1_000_000) as libc::time_t;
     it.it_value.tv_usec = (us % 1_000_000) as libc::suseconds_t;
+    it.it_interval.tv_sec = (every_us / 1_000_000) as libc::time_t;
+    it.it_interval.tv_usec = (every_us % 1_000_000) as libc::suseconds_t;
     sys!(libc::setitimer(
         libc::ITIMER_REAL,
         &it,

@@ -49,6 +49,13 @@ pub struct Wait {
     pub deadline: Option<Instant>,
     /// What a request abandoned at the deadline fails with.
     pub expired: Errno,
+    /// This thread's handler counts when the call began (`None`: when the wait
+    /// begins): a handler that ran while the call was copying, before it had to wait,
+    /// interrupts the wait as the kernel's pending signal would.
+    pub since: Option<Counts>,
+    /// Any handler ends the wait, `SA_RESTART` or not: a blocking send that has moved
+    /// some bytes returns their count when a signal comes (see [`Wait::partial`]).
+    pub any_ends: bool,
 }
 
 impl Wait {
@@ -56,12 +63,28 @@ impl Wait {
     pub const FOREVER: Wait = Wait {
         deadline: None,
         expired: Errno::EAGAIN,
+        since: None,
+        any_ends: false,
     };
 
     /// A deadline `us` microseconds from now (0 = none), failing with `expired`.
     pub fn after(us: u64, expired: Errno) -> Wait {
         let deadline = (us > 0).then(|| Instant::now() + Duration::from_micros(us));
-        Wait { deadline, expired }
+        Wait {
+            deadline,
+            expired,
+            since: Some(signals::counts()),
+            any_ends: false,
+        }
+    }
+
+    /// This wait, for a send that has already moved some bytes: the kernel ends it
+    /// with the partial count on any handled signal, restartable or not.
+    pub fn partial(self) -> Wait {
+        Wait {
+            any_ends: true,
+            ..self
+        }
     }
 
     /// The next sleep: at most `SLICE`, at most until the deadline.
@@ -83,7 +106,7 @@ impl Wait {
     pub fn interrupted(&self, start: Counts, futex_eintr: bool) -> bool {
         let timeout = self.deadline.is_some();
         let now = signals::counts();
-        start.interrupts_since(now, timeout)
+        start.interrupts_since(now, timeout || self.any_ends)
             || (futex_eintr && now.any == start.any && (timeout || !signals::restartable()))
     }
 }
@@ -551,9 +574,12 @@ impl Channel {
             return Ok(None);
         }
         self.ring();
-        let start = signals::counts();
-        let mut seen = start;
+        let start = w.since.unwrap_or_else(signals::counts);
+        let mut seen = signals::counts();
         loop {
+            if w.interrupted(start, false) {
+                return Err(Errno::EINTR);
+            }
             let r = self
                 .ep
                 .rx

@@ -100,6 +100,7 @@ fn next_slot(
     w: Wait,
     sent: usize,
 ) -> Res<Option<(BufId, u32, usize)>> {
+    let w = if sent > 0 { w.partial() } else { w };
     match ch.alloc_slot(want, nonblock, w) {
         Ok(Some(b)) => Ok(Some(b)),
         Ok(None) => {
@@ -163,8 +164,9 @@ pub unsafe fn send(
             Vec::new()
         };
         let nonblock = s.nonblock() || flags & libc::MSG_DONTWAIT != 0;
+        let w = Wait::after(TABLE.timeouts(s.fd).1, Errno::EAGAIN);
         if s.reads_pair() && s.direct() {
-            pair_taken(ch, &s, nonblock)?;
+            pair_taken(ch, &s, nonblock, w)?;
         }
         let total = cur.remaining();
         let bs = ch.buf_size();
@@ -174,7 +176,6 @@ pub unsafe fn send(
         if !s.dgram() && total == 0 {
             return Ok(0);
         }
-        let w = Wait::after(TABLE.timeouts(s.fd).1, Errno::EAGAIN);
         let mut sent = 0usize;
         while let Some((b, off, cap)) = next_slot(ch, &s, total - sent, nonblock, w, sent)? {
             let n = (total - sent).min(cap).min(bs);
@@ -214,7 +215,7 @@ pub unsafe fn send(
 /// them (one `ioctl` when there are none, the usual case), or fails with `EAGAIN` on a
 /// non-blocking socket. A filler left in the pair (the fd polls unwritable) is taken
 /// when the server has room again, so a blocking send waits for that too.
-fn pair_taken(ch: &mut Channel, s: &Sock, nonblock: bool) -> Res<()> {
+fn pair_taken(ch: &mut Channel, s: &Sock, nonblock: bool, w: Wait) -> Res<()> {
     if !ferry_sys::unix_oob_works() {
         // The server cannot tell such bytes from filler there, and never reads them.
         return Ok(());
@@ -233,6 +234,12 @@ fn pair_taken(ch: &mut Channel, s: &Sock, nonblock: bool) -> Res<()> {
             return Ok(());
         }
         ch.check_alive()?;
+        if w.since.is_some_and(|start| w.interrupted(start, false)) {
+            return Err(Errno::EINTR);
+        }
+        if w.passed() {
+            return Err(w.expired);
+        }
         std::thread::sleep(std::time::Duration::from_micros(200));
         if empty() {
             return Ok(());
@@ -564,11 +571,11 @@ unsafe fn feed(
         if s.shut_wr() || (!s.dgram() && !s.has_peer()) {
             return Err(send_error(libc::EPIPE, 0));
         }
+        let w = Wait::after(TABLE.timeouts(s.fd).1, Errno::EAGAIN);
         if s.reads_pair() && s.direct() {
-            pair_taken(ch, &s, nonblock)?;
+            pair_taken(ch, &s, nonblock, w)?;
         }
         let count = count.min(MAX_RW);
-        let w = Wait::after(TABLE.timeouts(s.fd).1, Errno::EAGAIN);
         let bs = ch.buf_size();
         // SAFETY: `offset` null or valid (caller).
         let mut off = (!offset.is_null()).then(|| unsafe { offset.read() });

@@ -6,7 +6,9 @@ use std::ffi::{c_int, c_void};
 use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use ferry_proto::{Ctl, CtlKind, MAX_SERVERS, Op, REQ_FILLED, REQ_NONBLOCK, Req, server_of};
+use ferry_proto::{
+    CMP_RENEW_PAIR, Ctl, CtlKind, MAX_SERVERS, Op, REQ_FILLED, REQ_NONBLOCK, Req, server_of,
+};
 use libc::{sockaddr, socklen_t};
 
 use crate::addr::{family, read_sockaddr, write_sockaddr};
@@ -252,10 +254,15 @@ fn getopt(ch: &mut Channel, s: &Sock, level: c_int, name: c_int, len: usize) -> 
 
 /// A tagged request about socket `s` with no data; returns the `Done` result.
 fn simple(s: &Sock, req: Req, w: Wait) -> Res<(u32, ferry_proto::Cmp)> {
+    let done = simple_cmp(s, req, w)?;
+    Ok((Errno::check(done.result)?, done))
+}
+
+/// [`simple`], returning the completion whatever its result.
+fn simple_cmp(s: &Sock, req: Req, w: Wait) -> Res<ferry_proto::Cmp> {
     with_channel_to(server_of(req.sock), |ch| {
         claimed(ch, *s)?;
-        let done = ch.call(req, w, &mut |_, _| {})?;
-        Ok((Errno::check(done.result)?, done))
+        ch.call(req, w, &mut |_, _| {})
     })
     .map_err(|e| e.down_as(libc::ECONNRESET))
 }
@@ -281,24 +288,78 @@ pub unsafe fn connect(s: Sock, addr: *const sockaddr, len: socklen_t) -> Res<()>
     }
     // SAFETY: forwarded (caller).
     let wa = unsafe { read_sockaddr(addr, len) }?;
-    let mut req = Req::new(Op::Connect, s.id).with_addr(&wa);
-    if s.nonblock() {
-        req.flags |= REQ_NONBLOCK;
-        if !s.dgram() && !s.has_peer() {
-            // A connection in progress polls unwritable, as the kernel's socket does
-            // (programs poll for POLLOUT, then connect again or read SO_ERROR). Filled
-            // before the request so that the server's read of the filler — when the
-            // connect is answered, or when it completes — always comes after it.
-            fill_pair(s.fd);
-            req.flags |= REQ_FILLED;
-        }
-    }
     let (_, snd) = TABLE.timeouts(s.fd);
-    let r = simple(&s, req, Wait::after(snd, Errno(libc::EINPROGRESS))).map(drop);
-    if r.is_ok() || (r == Err(Errno(libc::EINPROGRESS)) && !s.dgram()) {
-        TABLE.update_id(s.id, F_PEER, 0);
+    let mut renewed = false;
+    let r = loop {
+        let mut req = Req::new(Op::Connect, s.id).with_addr(&wa);
+        if s.nonblock() {
+            req.flags |= REQ_NONBLOCK;
+            if !s.dgram() && (!s.has_peer() || renewed) {
+                // A connection in progress polls unwritable, as the kernel's socket does
+                // (programs poll for POLLOUT, then connect again or read SO_ERROR).
+                // Filled before the request so that the server's read of the filler —
+                // when the connect is answered, or when it completes — always comes
+                // after it.
+                fill_pair(s.fd);
+                req.flags |= REQ_FILLED;
+            }
+        }
+        let w = Wait::after(snd, Errno(libc::EINPROGRESS));
+        match simple_cmp(&s, req, w)? {
+            done if done.flags & CMP_RENEW_PAIR != 0 && !renewed => {
+                renew_pair(&s)?;
+                renewed = true;
+            }
+            done => break Errno::check(done.result).map(drop),
+        }
+    };
+    match r {
+        Err(Errno(libc::EINPROGRESS)) if s.dgram() => {}
+        Ok(()) | Err(Errno(libc::EINPROGRESS)) => TABLE.update_id(s.id, F_PEER, 0),
+        // A stream whose connect failed is unconnected again (a connected one's says
+        // EISCONN; one in progress EALREADY).
+        Err(Errno(libc::EISCONN | libc::EALREADY)) => {}
+        Err(_) if !s.dgram() => TABLE.update_id(s.id, 0, F_PEER),
+        Err(_) => {}
     }
     r
+}
+
+/// After a connect answered with `CMP_RENEW_PAIR`: asks the server for a new readiness
+/// pair for stream `s` (its old end is the proof) and puts the new end in the fd's
+/// place, keeping the fd's flags. Another process holding the same socket (a fork's,
+/// say) keeps the old, hung-up end.
+fn renew_pair(s: &Sock) -> Res<()> {
+    with_channel_to(server_of(s.id), |ch| {
+        ch.room_for_fd()?;
+        // SAFETY: the program's end, open for the duration of the call.
+        let old = unsafe { ferry_sys::borrow(s.fd) };
+        let (reply, prog) = ch.ctl_call(&Ctl::new(CtlKind::Renew, s.id), Some(old))?;
+        Errno::check(reply.result)?;
+        let prog = delivered(prog)?;
+        // SAFETY: F_GETFD/F_GETFL on the program's fd, integer results.
+        let (fd_flags, fl_flags) = unsafe {
+            (
+                crate::real::fcntl(s.fd, libc::F_GETFD, 0),
+                crate::real::fcntl(s.fd, libc::F_GETFL, 0),
+            )
+        };
+        if fl_flags >= 0 && fl_flags & libc::O_NONBLOCK != 0 {
+            ferry_sys::set_nonblocking(prog.as_fd(), true)?;
+        }
+        let cloexec = if fd_flags >= 0 && fd_flags & libc::FD_CLOEXEC != 0 {
+            libc::O_CLOEXEC
+        } else {
+            0
+        };
+        // SAFETY: both are open descriptors of this process; the fd number stays the
+        // program's (dup3 replaces what it names in one step).
+        if unsafe { crate::real::dup3(prog.as_raw_fd(), s.fd, cloexec) } < 0 {
+            return Err(Errno::from_io(&std::io::Error::last_os_error()));
+        }
+        Ok(())
+    })
+    .map_err(|e| e.down_as(libc::ECONNABORTED))
 }
 
 /// `bind()`.

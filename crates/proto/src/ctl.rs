@@ -11,7 +11,7 @@ use bytemuck::{Pod, Zeroable};
 /// bytes through the readiness pair; 6: `REQ_FILLED` on a non-blocking connect; 7:
 /// `Op::Disconnect`; 8: control messages, `Op::SendCtl` and `CmpKind::Control`; 9: the
 /// server makes readiness pairs and names them, `CtlKind::Claim`).
-pub const PROTO_VERSION: u32 = 9;
+pub const PROTO_VERSION: u32 = 10;
 
 /// Low bits of a socket id that name the protocol server serving the socket (S4: a
 /// socket is assigned to one server at creation and every later call goes there).
@@ -111,6 +111,12 @@ pub enum CtlKind {
     /// `fork`, kept across `exec` or received with `SCM_RIGHTS`. Answered with `Reply`
     /// (`result` 0, or `-EBADF` when the descriptor is not that socket's).
     Claim = 8,
+    /// Program → server: give stream `sock` a new readiness pair (after a `Connect`
+    /// answered with [`crate::CMP_RENEW_PAIR`]; the program's end of the old one is the
+    /// proof that the process holds the socket, riding along as for `Claim`). The reply
+    /// (`result` 0, or `-EINVAL` when the socket's pair is not gone, `-EBADF` when the
+    /// proof fails) carries the program's end of the new pair.
+    Renew = 9,
 }
 
 /// A control message.
@@ -158,6 +164,7 @@ impl Ctl {
             6 => Some(CtlKind::RegisterFile),
             7 => Some(CtlKind::UnregisterFile),
             8 => Some(CtlKind::Claim),
+            9 => Some(CtlKind::Renew),
             _ => None,
         }
     }

@@ -112,6 +112,12 @@ pub const REQ_NONBLOCK: u16 = 1;
 pub const REQ_FILLED: u16 = 2;
 /// Completion flag: the host socket was found empty; drain the readiness token.
 pub const CMP_DRAIN_TOKEN: u16 = 1;
+/// Completion flag (`Connect` of a stream, with `-ECONNABORTED`): the socket's readiness
+/// pair is gone (an earlier non-blocking connect failed, which closed the server's end
+/// so that the program's polls `POLLERR|POLLHUP`), and the kernel has put the socket
+/// back to unconnected since (the connect after the failure reported it). Renew the
+/// pair ([`CtlKind::Renew`]), put its program end in the fd's place, and connect again.
+pub const CMP_RENEW_PAIR: u16 = 2;
 
 /// Operations carried on the request ring.
 #[repr(u16)]

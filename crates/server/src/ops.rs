@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 
 use ferry_proto::{
-    CMP_DRAIN_TOKEN, Cmp, CmpKind, Ctl, CtlKind, NO_BUF, Op, REQ_FILLED, REQ_NONBLOCK, Request,
-    WireAddr, cmsg,
+    CMP_DRAIN_TOKEN, CMP_RENEW_PAIR, Cmp, CmpKind, Ctl, CtlKind, NO_BUF, Op, REQ_FILLED,
+    REQ_NONBLOCK, Request, WireAddr, cmsg,
 };
 use ferry_ring::BufId;
 use tracing::{debug, warn};
@@ -24,7 +24,7 @@ const MAX_PARKED_PER_CHANNEL: usize = 4;
 /// Most buffers one receive fills.
 const MAX_RECV_BUFS: usize = 4;
 
-fn errno(e: &io::Error) -> i32 {
+pub(crate) fn errno(e: &io::Error) -> i32 {
     -e.raw_os_error().unwrap_or(libc::EIO)
 }
 
@@ -207,6 +207,19 @@ impl Server {
                     _ => -libc::EINVAL,
                 };
                 self.ctl_reply(ch, Server::new_reply(result));
+            }
+            CtlKind::Renew => {
+                let renewed = match fds.pop() {
+                    Some(fd) if fds.is_empty() => match self.claim(ch, msg.sock, fd) {
+                        0 => self.renew_pair(msg.sock),
+                        e => Err(e),
+                    },
+                    _ => Err(-libc::EINVAL),
+                };
+                match renewed {
+                    Ok(theirs) => self.ctl_reply_fd(ch, Server::new_reply(0), theirs),
+                    Err(e) => self.ctl_reply(ch, Server::new_reply(e)),
+                }
             }
             CtlKind::Reply => self.bad_channel(ch, "reply sent by the sandbox"),
             CtlKind::BindModule
@@ -773,6 +786,27 @@ impl Server {
     }
 
     fn connect(&mut self, ch: u32, id: u32, tag: u32, addr: WireAddr, nonblock: bool) {
+        if let Some(s) = self.sock(id)
+            && s.pair_detached
+        {
+            if std::mem::take(&mut s.connect_failed) {
+                // The connect after a failed non-blocking one reports the failure (its
+                // error, or ECONNABORTED once SO_ERROR has taken it), and the kernel puts
+                // the socket back to unconnected.
+                let e = match std::mem::take(&mut s.so_error) {
+                    0 => libc::ECONNABORTED,
+                    e => e,
+                };
+                let _ = rustix::net::connect_unspec(&s.fd);
+                self.done(ch, id, tag, -e);
+            } else {
+                // Connecting again: the program's end of the pair must be renewed first.
+                let mut c = Cmp::new(CmpKind::Done, id, tag, -libc::ECONNABORTED);
+                c.flags |= CMP_RENEW_PAIR;
+                self.complete(ch, c);
+            }
+            return;
+        }
         let local = addr.is_local();
         if local && self.on_host(id) {
             self.host_loopback_refused(id, "connect", addr);
@@ -1710,10 +1744,19 @@ impl Server {
                 s.so_error = if reported { 0 } else { err };
                 s.connected = err == 0;
                 s.parked.extend(keep);
+                if reported && err != 0 {
+                    // A blocking connect failed: the kernel puts the program's socket
+                    // back to unconnected, so that it may connect again (ours, connected
+                    // without blocking, would say ECONNABORTED): dissolve it.
+                    let _ = rustix::net::connect_unspec(&s.fd);
+                }
             }
             if filled && err != 0 && !reported {
                 // A non-blocking connect failed: POLLERR|POLLHUP, as the kernel's.
                 self.detach_pair(id);
+                if let Some(s) = self.socks.get_mut(&id) {
+                    s.connect_failed = s.pair_detached;
+                }
             } else if filled {
                 // The connect has ended: the program's end polls writable again.
                 self.drain_filler(id);

@@ -13,6 +13,7 @@ use tracing::{debug, info, warn};
 
 use crate::channel::Channel;
 use crate::group::{Handle, Msg, Shared, lock, server_name};
+use crate::ops::errno;
 use crate::sock::{NewPair, Owner, Parked, Place, Sock};
 use crate::stats::ServerStats;
 use crate::{Config, Error, SandboxSocketFn};
@@ -991,6 +992,7 @@ impl Server {
             hup_due: false,
             hup_mirrored: false,
             pair_detached: false,
+            connect_failed: false,
             oob_due: false,
             oob_byte: None,
             pair_in_wait: false,
@@ -1015,13 +1017,7 @@ impl Server {
             .add(sock.fd.as_fd(), host_events(), token(T_HOST, id))?;
         if let Err(e) = self.epoll.add(
             sock.pair.as_fd(),
-            if sock.rx_pair {
-                // Room in the pair resumes a pump that stopped on a full pair; bytes
-                // from the program's end are its writes the shim did not see.
-                (libc::EPOLLRDHUP | libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLET) as u32
-            } else {
-                libc::EPOLLRDHUP as u32
-            },
+            pair_events(sock.rx_pair),
             token(T_PAIR, id),
         ) {
             let _ = self.epoll.delete(sock.fd.as_fd());
@@ -1108,6 +1104,39 @@ impl Server {
         let _ = self.epoll.delete(s.pair.as_fd());
         s.pair_detached = true;
         drop(std::mem::replace(&mut s.pair, placeholder));
+    }
+
+    /// `CtlKind::Renew`: stream `id`, whose pair was detached when a non-blocking
+    /// connect failed and which the kernel has reset since, connects again: it gets a
+    /// new pair (a new name), joins the loop as a new socket's does, and starts over
+    /// as unconnected. Returns the program's end.
+    pub(crate) fn renew_pair(&mut self, id: u32) -> Result<OwnedFd, i32> {
+        let Some(s) = self.socks.get(&id) else {
+            return Err(-libc::EBADF);
+        };
+        if !s.pair_detached || s.connect_failed || s.connecting || !s.is_stream() {
+            return Err(-libc::EINVAL);
+        }
+        let NewPair { ours, theirs, name } = NewPair::make(id).map_err(|e| errno(&e))?;
+        self.epoll
+            .add(ours.as_fd(), pair_events(s.rx_pair), token(T_PAIR, id))
+            .map_err(|e| errno(&e))?;
+        let s = self.socks.get_mut(&id).expect("looked up above");
+        s.pair = ours;
+        s.name = name;
+        s.pair_detached = false;
+        s.connect_filled = false;
+        s.hup_due = false;
+        s.hup_mirrored = false;
+        s.hup_reported = false;
+        s.eof_mirrored = false;
+        s.rx_ending = false;
+        s.filler_due = false;
+        s.pair_reset = false;
+        s.so_error = 0;
+        s.rx_maybe = true;
+        debug!("socket {id}: readiness pair renewed to connect again");
+        Ok(theirs)
     }
 
     /// Whether the program has closed its last descriptor of socket `id`, asked now
@@ -1361,6 +1390,17 @@ impl Server {
         lock(&self.shared.published)
             .iter()
             .any(|(p, q)| *p == port && !q.is_empty())
+    }
+}
+
+/// What the loop watches on our end of a socket's readiness pair.
+fn pair_events(rx_pair: bool) -> u32 {
+    if rx_pair {
+        // Room in the pair resumes a pump that stopped on a full pair; bytes from the
+        // program's end are its writes the shim did not see.
+        (libc::EPOLLRDHUP | libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLET) as u32
+    } else {
+        libc::EPOLLRDHUP as u32
     }
 }
 

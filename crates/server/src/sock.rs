@@ -194,6 +194,9 @@ pub(crate) struct Sock {
     /// Our end of the pair was closed after a non-blocking connect failed (see
     /// `Server::detach_pair`); `pair` is a placeholder whose peer is gone.
     pub pair_detached: bool,
+    /// A non-blocking connect failed (`pair_detached` then) and no connect has reported
+    /// it yet: the next one does, and resets the host socket, as the kernel's does.
+    pub connect_failed: bool,
     /// `rx_pair`: the host socket reported urgent data (`EPOLLPRI`) that has not been
     /// moved into the pair yet (see [`Sock::urgent_first`]).
     pub oob_due: bool,

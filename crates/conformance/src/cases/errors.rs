@@ -9,7 +9,8 @@ use crate::net::{
     Addr, accept, bind, connect, get_int, listen, listener, local_addr, peer_addr, send, set_int,
     socket, tcp_pair, tcp_socket, udp_bound, udp_socket,
 };
-use crate::sys::{Ctx, dev_null, pipe, show};
+use crate::net::{poll1, recv_text, so_error};
+use crate::sys::{Ctx, Fd, dev_null, pipe, set_nonblocking, show};
 
 pub const CASES: &[Case] = &[
     Case::new("err.bind_in_use", bind_in_use),
@@ -27,6 +28,11 @@ pub const CASES: &[Case] = &[
     Case::new("err.shutdown_errors", shutdown_errors),
     Case::new("err.bind_nonlocal", bind_nonlocal),
     Case::new("err.connect_on_listener", connect_on_listener),
+    Case::new("err.reconnect_after_refused", reconnect_after_refused),
+    Case::new(
+        "err.reconnect_after_refused_nonblocking",
+        reconnect_after_refused_nonblocking,
+    ),
 ];
 
 fn bind_in_use() -> Res {
@@ -248,4 +254,71 @@ fn connect_on_listener() -> Res {
         show(connect(l.raw(), &addr).map(|_| 0)),
         show(listen(c.raw(), 1).map(|_| 0))
     ))
+}
+
+/// A port that is bound but not yet listening: connects to it are refused.
+fn not_listening(family: c_int) -> Result<(Fd, Addr), String> {
+    let l = tcp_socket(family).ctx("socket")?;
+    bind(l.raw(), &Addr::loopback(family, 0)).ctx("bind")?;
+    let addr = local_addr(l.raw()).ctx("getsockname")?;
+    Ok((l, addr))
+}
+
+/// Connects `c` to `l` (now listening) and passes a few bytes each way.
+fn talk(c: c_int, l: c_int) -> String {
+    let a = match accept(l) {
+        Ok(a) => a,
+        Err(e) => return format!("accept={e}"),
+    };
+    let there = send(c, b"hi", 0).map_or_else(|e| e.to_string(), |_| recv_text(a.raw(), 2, 0));
+    let back = send(a.raw(), b"yo", 0).map_or_else(|e| e.to_string(), |_| recv_text(c, 2, 0));
+    format!("there={there} back={back}")
+}
+
+// A blocking connect refused, then the listener comes up: the same socket's second
+// connect succeeds (the kernel puts a socket whose blocking connect failed back to
+// unconnected), as asyncio's and many clients' retry loops expect.
+fn reconnect_after_refused() -> Res {
+    let (l, addr) = not_listening(libc::AF_INET)?;
+    let c = tcp_socket(libc::AF_INET).ctx("socket")?;
+    let first = show(connect(c.raw(), &addr).map(|_| 0));
+    listen(l.raw(), 4).ctx("listen")?;
+    let second = show(connect(c.raw(), &addr).map(|_| 0));
+    let third = show(connect(c.raw(), &addr).map(|_| 0));
+    Ok(format!(
+        "first={first} second={second} third={third} {}",
+        talk(c.raw(), l.raw())
+    ))
+}
+
+// A non-blocking connect refused: the next connect reports the failure (its error, or
+// ECONNABORTED once SO_ERROR has taken it) and puts the socket back to unconnected; the
+// one after that starts over, and connects once the listener is up.
+fn reconnect_after_refused_nonblocking() -> Res {
+    let mut out = Vec::new();
+    for read_error in [false, true] {
+        let (l, addr) = not_listening(libc::AF_INET)?;
+        let c = tcp_socket(libc::AF_INET).ctx("socket")?;
+        set_nonblocking(c.raw(), true).ctx("nonblock")?;
+        let first = show(connect(c.raw(), &addr).map(|_| 0));
+        let ev = poll1(c.raw(), libc::POLLOUT, 2000).ctx("poll")?;
+        let err = if read_error {
+            so_error(c.raw())
+        } else {
+            "-".into()
+        };
+        let second = show(connect(c.raw(), &addr).map(|_| 0));
+        listen(l.raw(), 4).ctx("listen")?;
+        let third = show(connect(c.raw(), &addr).map(|_| 0));
+        let ev3 = poll1(c.raw(), libc::POLLOUT, 2000).ctx("poll")?;
+        let err3 = so_error(c.raw());
+        set_nonblocking(c.raw(), false).ctx("blocking")?;
+        out.push(format!(
+            "[first={first} pollout={} so_error={err} second={second} third={third} pollout={} so_error={err3} {}]",
+            ev & libc::POLLOUT != 0,
+            ev3 & libc::POLLOUT != 0,
+            talk(c.raw(), l.raw())
+        ));
+    }
+    Ok(out.join(" "))
 }

@@ -16,6 +16,7 @@ set -euo pipefail
 PACKAGES=(
     iperf3 sockperf nginx-light redis-server redis-tools slirp4netns passt wrk hyperfine
     uidmap curl iproute2 procps fonts-dejavu-core python3 gzip g++
+    bind9-dnsutils socat netcat-openbsd nodejs
 )
 SERVICES=(redis-server nginx iperf3)
 # The fuzz targets' runner (scripts/fuzz.sh); libfuzzer-sys builds with g++.

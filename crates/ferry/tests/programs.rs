@@ -1202,3 +1202,185 @@ fn clients_that_bind_the_wildcard_first_reach_the_network() {
     );
     assert!(o.stdout == pattern(70_000, 4), "{}", text(&o));
 }
+
+/// A UDP echo in the remote namespace at `ip:port` (answers each datagram with itself).
+fn remote_udp_echo(r: &Remote, port: u16) {
+    let ip = r.remote_ip();
+    let echo = r
+        .run_in(|| std::net::UdpSocket::bind((ip, port)).unwrap())
+        .unwrap();
+    std::thread::spawn(move || {
+        let mut b = [0u8; 2048];
+        while let Ok((n, from)) = echo.recv_from(&mut b) {
+            let _ = echo.send_to(&b[..n], from);
+        }
+    });
+}
+
+/// Runs `sh -c script` natively and through ferry; both must succeed with the same
+/// output, which is returned.
+fn same_natively_and_through_ferry(script: &str) -> String {
+    let native = Command::new("sh").args(["-c", script]).output().unwrap();
+    let ferry = ferry_run(&[], &["sh", "-c", script]);
+    assert!(native.status.success(), "native: {}", text(&native));
+    assert!(ferry.status.success(), "ferry: {}", text(&ferry));
+    assert_eq!(
+        String::from_utf8_lossy(&ferry.stdout),
+        String::from_utf8_lossy(&native.stdout),
+        "ferry: {}",
+        text(&ferry)
+    );
+    String::from_utf8_lossy(&native.stdout).into_owned()
+}
+
+#[test]
+fn dig_asks_a_remote_nameserver_directly() {
+    // dig binds the wildcard (port 0) before it sends: before, its query was lost and it
+    // timed out ("no servers could be reached").
+    if !can_run(&["dig", "ip"]) {
+        return;
+    }
+    let r = remote("dig");
+    let ip = r.remote_ip();
+    let sock = r
+        .run_in(|| std::net::UdpSocket::bind((ip, 53)))
+        .unwrap()
+        .unwrap();
+    std::thread::spawn(move || dns_responder(sock, ip));
+    let tcp = r
+        .run_in(|| std::net::TcpListener::bind((ip, 53)))
+        .unwrap()
+        .unwrap();
+    std::thread::spawn(move || dns_tcp_responder(tcp, ip));
+    let out = same_natively_and_through_ferry(&format!(
+        "dig +short +tries=1 +time=3 @{ip} web.ferry.test A; \
+         dig +short +tries=1 +time=3 +tcp @{ip} tcp.ferry.test A"
+    ));
+    assert_eq!(out, format!("{ip}\n{ip}\n"));
+}
+
+#[test]
+fn udp_clients_that_choose_their_port_reach_a_remote_echo() {
+    // nc -u -p, socat's bind= and node's dgram (libuv binds before it sends) all bind
+    // the wildcard first: before, their datagrams were dropped or ENETUNREACH.
+    if !can_run(&["nc", "socat", "ip"]) {
+        return;
+    }
+    let r = remote("udpcli");
+    let ip = r.remote_ip();
+    remote_udp_echo(&r, 7301);
+    // Ports below the ephemeral range, a different one natively and through ferry (both
+    // runs may hold theirs for a moment after they end).
+    let script = |p: u16| {
+        format!(
+            "echo nc-says-hi | nc -u -w 2 -p {p} {ip} 7301 | head -c 10; echo; \
+             echo socat-says-hi | socat -t 2 - UDP:{ip}:7301,bind=0.0.0.0:{} | head -c 13; echo",
+            p + 1
+        )
+    };
+    let native = Command::new("sh")
+        .args(["-c", &script(21300)])
+        .output()
+        .unwrap();
+    let ferry = ferry_run(&[], &["sh", "-c", &script(21400)]);
+    assert!(native.status.success(), "native: {}", text(&native));
+    assert_eq!(
+        String::from_utf8_lossy(&native.stdout),
+        "nc-says-hi\nsocat-says-hi\n",
+        "native: {}",
+        text(&native)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&ferry.stdout),
+        String::from_utf8_lossy(&native.stdout),
+        "ferry: {}",
+        text(&ferry)
+    );
+    if !have("node") {
+        eprintln!("skipped the node part: node is not installed");
+        return;
+    }
+    let js = format!(
+        "const d = require('dgram').createSocket('udp4'); \
+         d.on('message', (m, r) => {{ console.log(m.toString(), r.port); d.close(); }}); \
+         d.send('node-says-hi', 7301, '{ip}');"
+    );
+    let out = same_natively_and_through_ferry(&format!("node -e \"{js}\""));
+    assert_eq!(out, "node-says-hi 7301\n");
+}
+
+/// A UDP echo server for the sandbox: answers each datagram with it in capitals and
+/// the source it came from.
+const UDP_ECHO_SERVER: &str = r#"
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(('0.0.0.0', int(sys.argv[1])))
+print('ready', flush=True)
+while True:
+    d, a = s.recvfrom(65535)
+    s.sendto(d.upper() + b' via ' + a[0].encode(), a)
+"#;
+
+#[test]
+fn a_udp_echo_server_published_with_p_answers_host_clients() {
+    if !can_run(&["python3"]) {
+        return;
+    }
+    let dir = TempDir::new("udppub");
+    let stats = dir.path().join("stats.json");
+    let mut child = ferry()
+        .args(["run", "-p", "15356:5353/udp", "--stats-json"])
+        .arg(&stats)
+        .args(["--", "python3", "-c", UDP_ECHO_SERVER, "5353"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut ready,
+    )
+    .unwrap();
+    assert_eq!(ready, "ready\n");
+    // More clients than a port keeps flows for (256): the oldest make room, and every
+    // client gets its own answer, from the published address. Both families.
+    let mut answered = 0;
+    for i in 0..300u32 {
+        let (bind, to) = if i % 2 == 0 {
+            ("127.0.0.1:0", "127.0.0.1:15356")
+        } else {
+            ("[::1]:0", "[::1]:15356")
+        };
+        let c = std::net::UdpSocket::bind(bind).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let msg = format!("client {i}");
+        c.send_to(msg.as_bytes(), to).unwrap();
+        let mut b = [0u8; 128];
+        let (n, from) = c.recv_from(&mut b).unwrap();
+        assert_eq!(from.to_string(), to);
+        assert_eq!(
+            String::from_utf8_lossy(&b[..n]),
+            format!("CLIENT {i} via 127.0.0.1")
+        );
+        answered += 1;
+    }
+    assert_eq!(answered, 300);
+    // A large datagram both ways.
+    let c = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let big = vec![b'x'; 60_000];
+    c.send_to(&big, "127.0.0.1:15356").unwrap();
+    let mut b = vec![0u8; 65_536];
+    let (n, _) = c.recv_from(&mut b).unwrap();
+    assert_eq!(n, 60_000 + " via 127.0.0.1".len());
+    // SAFETY: kill with integer arguments; the child is ours and not yet reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let o = child.wait_with_output().unwrap();
+    let json = std::fs::read_to_string(&stats).unwrap_or_default();
+    assert!(
+        json.contains("\"udp_published_in\":301,") && json.contains("\"udp_published_out\":301,"),
+        "{json} {}",
+        text(&o)
+    );
+}

@@ -4,7 +4,7 @@
 //! [`boundary`], the one place where `Result<_, Errno>` becomes `errno` and `-1`, and
 //! where a panic is caught (it must not unwind into C) and becomes `EIO`.
 
-use std::ffi::{c_int, c_uint, c_void};
+use std::ffi::{c_int, c_long, c_uint, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
@@ -623,5 +623,55 @@ pub unsafe extern "C" fn __recvfrom_chk(
         Some(s) if n <= buflen => unsafe { recv_one(s, buf, n, flags, addr, alen) },
         // SAFETY: forwarded to libc (which also reports the overflow).
         _ => unsafe { real::__recvfrom_chk(fd, buf, n, buflen, flags, addr, alen) },
+    }
+}
+
+/// `syscall` (variadic in C; see [`real::syscall`]). The socket data calls made through
+/// it on a ferry socket go where the function of the same name would: libuv before 1.45
+/// (Debian 12's, which dig and other bind9 tools use) sends and receives datagrams with
+/// `syscall(SYS_sendmmsg, …)` and `syscall(SYS_recvmmsg, …)`, which would otherwise
+/// write into the readiness pair and lose every datagram. Everything else goes to libc.
+///
+/// # Safety
+/// C contract of `syscall(2)` for `n`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn syscall(
+    n: c_long,
+    a: c_long,
+    b: c_long,
+    c: c_long,
+    d: c_long,
+    e: c_long,
+    f: c_long,
+) -> c_long {
+    let data_call = matches!(
+        n,
+        libc::SYS_sendmmsg
+            | libc::SYS_recvmmsg
+            | libc::SYS_sendmsg
+            | libc::SYS_recvmsg
+            | libc::SYS_sendto
+            | libc::SYS_recvfrom
+    );
+    if !data_call || lookup(a as c_int).is_none() {
+        // SAFETY: forwarded (caller).
+        return unsafe { real::syscall(n, a, b, c, d, e, f) };
+    }
+    let fd = a as c_int;
+    // SAFETY: each arm hands the caller's arguments, as the system call of that number
+    // takes them, to the function of the same name (the caller's contract is theirs).
+    unsafe {
+        match n {
+            libc::SYS_sendmmsg => c_long::from(sendmmsg(fd, b as _, c as c_uint, d as c_int)),
+            libc::SYS_recvmmsg => {
+                c_long::from(recvmmsg(fd, b as _, c as c_uint, d as c_int, e as _))
+            }
+            libc::SYS_sendmsg => sendmsg(fd, b as _, c as c_int) as c_long,
+            libc::SYS_recvmsg => recvmsg(fd, b as _, c as c_int) as c_long,
+            libc::SYS_sendto => {
+                sendto(fd, b as _, c as size_t, d as c_int, e as _, f as socklen_t) as c_long
+            }
+            _ => recvfrom(fd, b as _, c as size_t, d as c_int, e as _, f as _) as c_long,
+        }
     }
 }

@@ -4,7 +4,7 @@
 
 #![allow(clippy::too_many_arguments)]
 
-use std::ffi::{c_int, c_uint, c_ulong, c_void};
+use std::ffi::{c_int, c_long, c_uint, c_ulong, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
@@ -89,6 +89,9 @@ pub unsafe fn fdopen(fd: c_int, mode: *const std::ffi::c_char) -> *mut FILE {
 }
 
 reals! {
+    // Variadic in C; on Linux's C calling conventions the six arguments after the
+    // number travel where six fixed ones would, and libc's reads all six.
+    fn syscall(n: c_long, a: c_long, b: c_long, c: c_long, d: c_long, e: c_long, f: c_long) -> c_long;
     fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int;
     fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
     fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;

@@ -1,5 +1,7 @@
 //! The few system calls the shim needs that `ferry-sys` does not wrap, entered through
-//! `syscall(2)` (never the libc function of the same name, which may be the shim's own).
+//! libc's `syscall(2)` (never the libc function of the same name, which may be the
+//! shim's own; nor the `syscall` the shim exports, which sends socket data calls on
+//! ferry sockets back into the shim).
 
 use std::ffi::{c_int, c_long};
 use std::io;
@@ -11,7 +13,7 @@ use std::io;
 /// sizes it uses).
 unsafe fn raw(nr: c_long, a: [c_long; 6]) -> io::Result<i64> {
     // SAFETY: forwarded (caller).
-    let r = unsafe { libc::syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]) };
+    let r = unsafe { crate::real::syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]) };
     if r == -1 {
         Err(io::Error::last_os_error())
     } else {

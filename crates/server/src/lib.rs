@@ -73,6 +73,7 @@ mod server;
 mod sock;
 mod sockopt;
 mod stats;
+mod udp_publish;
 
 pub use egress::{Bond, EgressStats, Mode};
 pub use ferry_modules::{Interrupt as ModuleInterrupt, Limits as ModuleLimits};

@@ -30,6 +30,7 @@ const T_HELLO: u64 = 8;
 const T_DNS_IN: u64 = 9;
 const T_DNS_UP: u64 = 10;
 const T_DNS_TCP: u64 = 11;
+pub(crate) const T_UDP_FLOW: u64 = 12;
 
 /// Completions a channel may have waiting beyond its ring before the server stops
 /// taking its requests (a shim reads its completions at every call, and one call queues
@@ -94,6 +95,8 @@ pub struct Server {
     pub(crate) host_addrs: crate::reach::HostAddrs,
     /// Log lines about refused control connections and sockets, at most one a second.
     pub(crate) refusals: LogThrottle,
+    /// Flows of the published UDP ports (the first server only).
+    pub(crate) udp_flows: crate::udp_publish::Flows,
     /// Log lines about requests for sockets a process does not hold, likewise.
     pub(crate) strangers: LogThrottle,
 }
@@ -186,6 +189,7 @@ impl Server {
             name_probe: None,
             host_addrs: Default::default(),
             refusals: LogThrottle::default(),
+            udp_flows: Default::default(),
             strangers: LogThrottle::default(),
         })
     }
@@ -570,6 +574,7 @@ impl Server {
                 }
             }
             T_PUBLISH => self.publish_event(idx as usize),
+            T_UDP_FLOW => self.flow_event(idx),
             T_HELLO => self.hello(idx),
             T_DNS_IN => {
                 if let Some(d) = self.dns.as_mut() {
@@ -764,6 +769,12 @@ impl Server {
         let hello: Hello = match ferry_sys::recv_with_fds(fd.as_fd(), &mut buf, libc::MSG_DONTWAIT)
         {
             Ok((n, _)) if n == buf.len() => bytemuck::pod_read_unaligned(&buf),
+            Ok((0, _)) => {
+                // The process (or thread) went before it said Hello: exiting while a
+                // channel was being opened.
+                debug!("a connection closed before its Hello");
+                return;
+            }
             other => {
                 warn!("bad hello ({other:?}); closing the connection");
                 return;
@@ -1274,6 +1285,9 @@ impl Server {
             self.stats.dns_answers = d.answers;
             self.stats.dns_tcp = d.tcp_connections;
         }
+        self.stats.udp_published_in = self.udp_flows.inbound;
+        self.stats.udp_published_out = self.udp_flows.outbound;
+        self.stats.udp_published_dropped = self.udp_flows.dropped;
         let socks: Vec<_> = self.socks.values().map(|s| s.stats).collect();
         self.stats.sockets.extend(socks);
         self.stats.sockets.sort_by_key(|s| s.id);
@@ -1322,24 +1336,14 @@ impl Server {
         }
     }
 
-    /// Datagrams on a published UDP port: taken off the socket (it is level-triggered:
-    /// left there they would wake the loop forever) and dropped with a log line at most
-    /// once a second, until UDP publishing forwards them.
-    fn published_datagrams(&mut self, i: usize) {
-        let mut buf = [0u8; 2048];
-        let mut dropped = 0u64;
-        while ferry_sys::recv(self.published[i].0.as_fd(), &mut buf, libc::MSG_DONTWAIT).is_ok() {
-            dropped += 1;
-            if dropped >= 1024 {
-                break;
-            }
-        }
-        if dropped > 0 && self.refusals.tick().is_some() {
-            warn!(
-                "published port {}/udp: {dropped} datagram(s) dropped: UDP publishing does not forward datagrams yet",
-                self.published[i].1
-            );
-        }
+    /// The host socket of published port `i`.
+    pub(crate) fn published_fd(&self, i: usize) -> std::os::fd::BorrowedFd<'_> {
+        self.published[i].0.as_fd()
+    }
+
+    /// The sandbox port published port `i` feeds.
+    pub(crate) fn published_port(&self, i: usize) -> u16 {
+        self.published[i].1
     }
 
     /// The sandbox listener a published port feeds.

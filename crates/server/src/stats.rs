@@ -114,6 +114,11 @@ pub struct ServerStats {
     /// Datagrams a socket on the host received from a source the sandbox may not talk
     /// to, dropped.
     pub dropped_arrivals: u64,
+    /// Datagrams to published UDP ports forwarded into the sandbox, answers forwarded
+    /// back out, and datagrams either way dropped (`udp_publish`).
+    pub udp_published_in: u64,
+    pub udp_published_out: u64,
+    pub udp_published_dropped: u64,
     /// Control connections refused or closed before they became channels (not from the
     /// sandbox, no Hello in time, over a cap).
     pub channels_refused: u64,
@@ -160,7 +165,7 @@ impl fmt::Display for ServerStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "server {}: requests {}, bytes out {} in {}, sockets created {} handed over {} taken over {}, turns {} (idle spins {}), sleeps {}, data syscalls {} (empty reads {}), denied {}, dropped arrivals {}, refused channels {}, back-pressure {}, bad channels {}, left open {}, modules loaded {} started {} failed {} refused {} bytes out {}",
+            "server {}: requests {}, bytes out {} in {}, sockets created {} handed over {} taken over {}, turns {} (idle spins {}), sleeps {}, data syscalls {} (empty reads {}), denied {}, dropped arrivals {}, published datagrams in {} out {} dropped {}, refused channels {}, back-pressure {}, bad channels {}, left open {}, modules loaded {} started {} failed {} refused {} bytes out {}",
             self.id,
             self.requests,
             self.bytes_out,
@@ -175,6 +180,9 @@ impl fmt::Display for ServerStats {
             self.empty_reads,
             self.denied,
             self.dropped_arrivals,
+            self.udp_published_in,
+            self.udp_published_out,
+            self.udp_published_dropped,
             self.channels_refused,
             self.backpressure,
             self.bad_channels,
@@ -306,7 +314,7 @@ impl ServerStats {
             })
             .collect();
         format!(
-            r#"{{"server":"{}","requests":{},"bytes_out":{},"bytes_in":{},"sockets_created":{},"sockets_handed":{},"sockets_adopted":{},"turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"empty_reads":{},"bad_channels":{},"denied":{},"dropped_arrivals":{},"channels_refused":{},"backpressure":{},"open_at_stop":{},"dns_queries":{},"dns_answers":{},"dns_tcp":{},"modules_loaded":{},"modules_started":{},"modules_failed":{},"module_refused":{},"module_bytes_out":{},"module_start_ns":{},"module_init_ns":{},"module_write_ns":{},"channels":[{}],"sockets":[{}],"egress":[{}]}}"#,
+            r#"{{"server":"{}","requests":{},"bytes_out":{},"bytes_in":{},"sockets_created":{},"sockets_handed":{},"sockets_adopted":{},"turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"empty_reads":{},"bad_channels":{},"denied":{},"dropped_arrivals":{},"udp_published_in":{},"udp_published_out":{},"udp_published_dropped":{},"channels_refused":{},"backpressure":{},"open_at_stop":{},"dns_queries":{},"dns_answers":{},"dns_tcp":{},"modules_loaded":{},"modules_started":{},"modules_failed":{},"module_refused":{},"module_bytes_out":{},"module_start_ns":{},"module_init_ns":{},"module_write_ns":{},"channels":[{}],"sockets":[{}],"egress":[{}]}}"#,
             self.id,
             self.requests,
             self.bytes_out,
@@ -322,6 +330,9 @@ impl ServerStats {
             self.bad_channels,
             self.denied,
             self.dropped_arrivals,
+            self.udp_published_in,
+            self.udp_published_out,
+            self.udp_published_dropped,
             self.channels_refused,
             self.backpressure,
             self.open_at_stop,
@@ -379,6 +390,9 @@ pub fn merge(servers: &[ServerStats]) -> ServerStats {
         t.bad_channels += s.bad_channels;
         t.denied += s.denied;
         t.dropped_arrivals += s.dropped_arrivals;
+        t.udp_published_in += s.udp_published_in;
+        t.udp_published_out += s.udp_published_out;
+        t.udp_published_dropped += s.udp_published_dropped;
         t.channels_refused += s.channels_refused;
         t.backpressure += s.backpressure;
         t.dns_queries += s.dns_queries;

@@ -15,7 +15,7 @@ set -euo pipefail
 
 PACKAGES=(
     iperf3 sockperf nginx-light redis-server redis-tools slirp4netns passt wrk hyperfine
-    uidmap curl iproute2 procps fonts-dejavu-core python3 gzip g++
+    uidmap curl iproute2 procps fonts-dejavu-core python3 gzip g++ iputils-ping
     bind9-dnsutils socat netcat-openbsd nodejs
 )
 SERVICES=(redis-server nginx iperf3)

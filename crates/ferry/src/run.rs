@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use clap::Args;
-use ferry_sandbox::{SocketFactory, Spec, UserNs};
+use ferry_sandbox::{SocketFactory, SocketWatch, Spec, UserNs};
 use ferry_server::{
     Accepted, Assign, Bond, Config, Mode, Policy, Publish, Rule, Server, Servers, Verdict,
 };
@@ -198,6 +198,8 @@ fn readable_preload(preload: &Path, dir: &Path) -> Result<PathBuf, String> {
 }
 
 /// Warns when CMD is a static binary: the shim cannot reach it, so it only sees `lo`.
+/// Only when the sandbox's socket watch is off (an old kernel, or ferry inside a sandbox
+/// that watches already): the watch tells every such process, when it makes a socket.
 fn warn_if_static(cmd: &OsString) {
     let path = if cmd.to_string_lossy().contains('/') {
         Some(PathBuf::from(cmd))
@@ -316,7 +318,6 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
     let policy_for_dns = policy.clone();
     dns_upstreams(&a.dns, &[])?; // refuse a malformed --dns before anything starts
     let preload = find_preload()?;
-    warn_if_static(&a.cmd[0]);
     // The run's private directory (the admin socket: this user only) and, beside it,
     // the sandbox's (its control socket).
     let dir = std::env::temp_dir().join(format!("ferry-{}-{}", std::process::id(), nanos()));
@@ -336,6 +337,8 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
     // The sandbox's processes run as another host user: the shim must be where they can
     // read it.
     let preload = readable_preload(&preload, &sandbox_dir)?;
+    // The watch knows the shim by the path its processes map it at.
+    let shim = preload.canonicalize().unwrap_or_else(|_| preload.clone());
 
     let mut cfg = Config::new(sock_path.clone());
     cfg.shim_spin = a.spin;
@@ -411,6 +414,10 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
         userns,
         // The command waits until the DNS forwarder is up (a resolver may query at once).
         hold: true,
+        // Programs the shim cannot serve (static, Go, ping) are told of on stderr.
+        watch: Some(SocketWatch {
+            shim: Some(shim.into_os_string()),
+        }),
     };
     // The program starts with the descriptor limit ferry was started with, as it would
     // natively; ferry's own (raised at start) comes back right after.
@@ -423,6 +430,10 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
         let _ = ferry_sys::set_nofile_soft(after);
     }
     let mut sandbox = launched.map_err(|e| format!("cannot start the sandbox: {e}"))?;
+    if !sandbox.watching() {
+        debug!("the sandbox's socket watch is off (kernel or architecture)");
+        warn_if_static(&a.cmd[0]);
+    }
     let _ = factory.set(sandbox.factory());
     // The servers parse what the sandbox writes: nobody may read or write their memory
     // (a process of the sandbox running as the same user included). Not before the

@@ -1,5 +1,7 @@
 //! `sbx [--factory-check] CMD [ARGS…]`: runs CMD in a ferry sandbox (no network but its
 //! own `lo`) and exits with its status. SIGINT, SIGTERM and SIGHUP are passed on.
+//! Its inet sockets are watched (no shim: the init tells of every process that makes
+//! one).
 //!
 //! `--factory-check` first starts a separate sandbox (`sleep 30`, killed afterwards),
 //! creates a TCP listener on its 127.0.0.1 through the socket factory, checks that the
@@ -10,7 +12,7 @@ use std::ffi::OsString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::exit;
 
-use ferry_sandbox::{Sandbox, Spec, UserNs, launch};
+use ferry_sandbox::{Sandbox, SocketWatch, Spec, UserNs, launch};
 
 fn main() {
     let mut args: Vec<OsString> = std::env::args_os().skip(1).collect();
@@ -29,6 +31,7 @@ fn main() {
         env: Vec::new(),
         userns: UserNs::Auto,
         hold: false,
+        watch: Some(SocketWatch::default()),
     };
     if factory_check {
         if let Err(e) = check_factory() {
@@ -63,6 +66,7 @@ fn check_factory() -> std::io::Result<()> {
         env: Vec::new(),
         userns: UserNs::Auto,
         hold: false,
+        watch: None,
     };
     let sandbox = launch(&spec).map_err(std::io::Error::other)?;
     let sandbox = &sandbox;

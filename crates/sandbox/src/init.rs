@@ -14,15 +14,21 @@
 //! `lo` up → make mounts private and mount the sandbox's own `/proc` → clone the
 //! command (which, with a user namespace, unshares its own user and mount namespaces —
 //! the init writes their id maps — so that the init's mounts are locked for it; then
-//! sets no-new-privileges, unblocks signals and `execve`s) → close every fd but stdio
-//! and the channel → signalfd, open its netns → "ready" → serve.
+//! sets no-new-privileges, installs the socket watch's seccomp filter and sends its
+//! listener to the init over a socket pair made before the clone (see watch.rs; a
+//! kernel that refuses the filter leaves the command without it), unblocks signals and
+//! `execve`s) → take the listener (or the pair's hang-up) → close every fd but stdio,
+//! the channel and the listener → signalfd, open its netns → "ready" (saying whether
+//! the watch is on) → serve.
 //!
-//! Serving: one `poll` on the channel and the signalfd. SIGCHLD reaps every child
-//! (orphans of the command are re-parented here); a forwarded signal is sent on to the
-//! command; a channel datagram is a socket factory request. When the command exits the
-//! init exits with its status (exit code, or 128 + signal), which makes the kernel kill
-//! everything else in the PID namespace. When the launcher's end hangs up (the launcher
-//! died), the init exits too, with 137.
+//! Serving: one `poll` on the channel, the signalfd and the watch's listener. SIGCHLD
+//! reaps every child (orphans of the command are re-parented here); a forwarded signal
+//! is sent on to the command; a channel datagram is a socket factory request; a
+//! notification is a process of the command's making an inet socket, answered at once
+//! (the call proceeds) and told on stderr when ferry cannot serve it. When the command
+//! exits the init exits with its status (exit code, or 128 + signal), which makes the
+//! kernel kill everything else in the PID namespace. When the launcher's end hangs up
+//! (the launcher died), the init exits too, with 137.
 
 use std::ffi::CString;
 use std::os::fd::RawFd;
@@ -31,6 +37,7 @@ use libc::{c_char, c_int, pid_t};
 
 use crate::factory::wire;
 use crate::sys::{self, errno};
+use crate::watch::{self, Watch};
 
 /// Signals the init passes on to the command. Others sent to the init are ignored
 /// (the kernel drops unhandled signals to a PID namespace's init), except SIGKILL.
@@ -46,6 +53,8 @@ pub(crate) const FORWARDED: [c_int; 7] = [
 
 /// The fd number the channel is moved to before all others are closed.
 const CHAN_FD: RawFd = 3;
+/// The fd number the watch's listener is moved to, right above the channel.
+const WATCH_FD: RawFd = CHAN_FD + 1;
 
 /// Setup step that failed inside the init, reported to the launcher.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,6 +112,9 @@ pub(crate) struct Exec {
     /// inside the sandbox's, mapping ids `0..nest` to the same ids: the init's mounts are
     /// then locked for it (it cannot unmount the sandbox's `/proc` to find the host's).
     pub(crate) nest: u32,
+    /// The socket watch (watch.rs), when asked for: the path of the library that relays
+    /// the command's sockets (empty: none).
+    pub(crate) watch: Option<Vec<u8>>,
 }
 
 /// Entry point of the init, in the child of the launcher's `clone`. Never returns.
@@ -150,20 +162,37 @@ pub(crate) fn run(exec: &Exec, chan: RawFd, launcher_end: RawFd) -> ! {
     if exec.nest > 0 && (pipe(&mut up).is_err() || pipe(&mut down).is_err()) {
         fail(chan, Stage::NestUserns);
     }
+    // The command sends the watch's listener on this pair; without it, no watch.
+    let mut watch_pair = [-1; 2];
+    if exec.watch.is_some() {
+        // SAFETY: a valid out-array of two ints; failure leaves it at -1.
+        unsafe {
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+                0,
+                watch_pair.as_mut_ptr(),
+            )
+        };
+    }
     // SAFETY: this process is single-threaded; the child only runs `exec_command`,
     // which is async-signal-safe and ends in execve or _exit.
     let cmd = match unsafe { sys::fork_raw(0) } {
         Ok(0) => {
-            // SAFETY: the init's ends of the pipes (-1 when unused: EBADF, harmless).
+            // SAFETY: the init's ends of the pipes and the pair (-1 when unused: EBADF,
+            // harmless).
             unsafe {
                 libc::close(up[0]);
                 libc::close(down[1]);
+                libc::close(watch_pair[0]);
             }
-            exec_command(exec, (up[1], down[0]))
+            exec_command(exec, (up[1], down[0]), watch_pair[1])
         }
         Ok(pid) => pid,
         Err(_) => fail(chan, Stage::ForkCommand),
     };
+    // SAFETY: our copy of the child's end of the pair (-1 when unused).
+    unsafe { libc::close(watch_pair[1]) };
     if exec.nest > 0 {
         // SAFETY: our copies of the child's ends.
         unsafe {
@@ -176,8 +205,9 @@ pub(crate) fn run(exec: &Exec, chan: RawFd, launcher_end: RawFd) -> ! {
             fail(chan, Stage::NestUserns);
         }
     }
-    let chan = match keep_only_channel(chan) {
-        Ok(fd) => fd,
+    let listener = receive_listener(watch_pair[0]);
+    let (chan, listener) = match keep_only(chan, listener) {
+        Ok(fds) => fds,
         Err(()) => fail(chan, Stage::CloseFds),
     };
     let sigfd = match signalfd() {
@@ -194,13 +224,31 @@ pub(crate) fn run(exec: &Exec, chan: RawFd, launcher_end: RawFd) -> ! {
     if netns == -1 {
         fail(chan, Stage::Netns);
     }
-    let ready = wire::encode([wire::READY as i32, cmd, 0]);
+    let ready = wire::encode([wire::READY as i32, cmd, i32::from(listener.is_some())]);
     if sys::send_with_fd(chan, &ready, Some(netns)).is_err() {
         exit(1);
     }
     // SAFETY: netns is ours and no longer needed; the launcher has its own copy.
     unsafe { libc::close(netns) };
-    serve(chan, sigfd, cmd)
+    let shim = exec.watch.as_deref().unwrap_or_default();
+    serve(chan, sigfd, cmd, listener.map(|fd| Watch::new(fd, shim)))
+}
+
+/// The watch's listener, as the command sends it on `pair` (closed here); `None` when
+/// the command hung up without one (the kernel refused the filter) or there is no pair.
+fn receive_listener(pair: RawFd) -> Option<RawFd> {
+    if pair < 0 {
+        return None;
+    }
+    let mut buf = [0u8; 4];
+    // Blocks only until the command has tried: it does so before anything that waits.
+    let got = sys::recv_with_fd(pair, &mut buf);
+    // SAFETY: our end of the pair, no longer needed.
+    unsafe { libc::close(pair) };
+    match got {
+        Ok((_, Some(fd))) => Some(std::os::fd::IntoRawFd::into_raw_fd(fd)),
+        _ => None,
+    }
 }
 
 /// Reports a failed setup stage with the current errno, then exits.
@@ -411,14 +459,15 @@ fn pipe(ends: &mut [RawFd; 2]) -> Result<(), ()> {
     }
 }
 
-/// Copies `src` into `buf` at `at`; returns the new end.
-fn put(buf: &mut [u8], at: usize, src: &[u8]) -> usize {
-    buf[at..at + src.len()].copy_from_slice(src);
-    at + src.len()
+/// Copies `src` into `buf` at `at`, as far as it fits; returns the new end.
+pub(crate) fn put(buf: &mut [u8], at: usize, src: &[u8]) -> usize {
+    let n = src.len().min(buf.len().saturating_sub(at));
+    buf[at..at + n].copy_from_slice(&src[..n]);
+    at + n
 }
 
 /// Writes `n` in decimal into `buf` at `at`; returns the new end.
-fn put_num(buf: &mut [u8], at: usize, mut n: u64) -> usize {
+pub(crate) fn put_num(buf: &mut [u8], at: usize, mut n: u64) -> usize {
     let mut digits = [0u8; 20];
     let mut i = digits.len();
     loop {
@@ -432,18 +481,31 @@ fn put_num(buf: &mut [u8], at: usize, mut n: u64) -> usize {
     put(buf, at, &digits[i..])
 }
 
-/// Moves the channel to [`CHAN_FD`] and closes every fd above it: the init must not
-/// keep the launcher's files (pipe ends, host sockets) alive, nor offer them to anyone.
-fn keep_only_channel(chan: RawFd) -> Result<RawFd, ()> {
-    if chan != CHAN_FD {
-        // SAFETY: dup3 onto a fixed number; whatever was there is closed by it.
-        if unsafe { libc::dup3(chan, CHAN_FD, libc::O_CLOEXEC) } == -1 {
+/// Moves the channel to [`CHAN_FD`] and the watch's listener (if any) to [`WATCH_FD`],
+/// and closes every fd above them: the init must not keep the launcher's files (pipe
+/// ends, host sockets) alive, nor offer them to anyone.
+fn keep_only(chan: RawFd, listener: Option<RawFd>) -> Result<(RawFd, Option<RawFd>), ()> {
+    let mut listener = listener;
+    if listener == Some(CHAN_FD) {
+        // Out of the channel's way first.
+        // SAFETY: fcntl with integer arguments on our fd.
+        let moved = unsafe { libc::fcntl(CHAN_FD, libc::F_DUPFD_CLOEXEC, WATCH_FD) };
+        if moved == -1 {
             return Err(());
         }
         // SAFETY: the old number is now a duplicate we do not need.
-        unsafe { libc::close(chan) };
+        unsafe { libc::close(CHAN_FD) };
+        listener = Some(moved);
     }
-    let first = (CHAN_FD + 1) as libc::c_uint;
+    move_fd(chan, CHAN_FD)?;
+    if let Some(fd) = listener {
+        move_fd(fd, WATCH_FD)?;
+    }
+    let first = (if listener.is_some() {
+        WATCH_FD
+    } else {
+        CHAN_FD
+    } + 1) as libc::c_uint;
     // SAFETY: close_range with integer arguments.
     let ret = unsafe { libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0) };
     if ret == -1 {
@@ -460,7 +522,20 @@ fn keep_only_channel(chan: RawFd) -> Result<RawFd, ()> {
             unsafe { libc::close(fd) };
         }
     }
-    Ok(CHAN_FD)
+    Ok((CHAN_FD, listener.map(|_| WATCH_FD)))
+}
+
+/// Moves `fd` to number `to` (CLOEXEC); whatever was at `to` is closed.
+fn move_fd(fd: RawFd, to: RawFd) -> Result<(), ()> {
+    if fd != to {
+        // SAFETY: dup3 onto a fixed number; whatever was there is closed by it.
+        if unsafe { libc::dup3(fd, to, libc::O_CLOEXEC) } == -1 {
+            return Err(());
+        }
+        // SAFETY: the old number is now a duplicate we do not need.
+        unsafe { libc::close(fd) };
+    }
+    Ok(())
 }
 
 fn signalfd() -> Result<RawFd, ()> {
@@ -475,29 +550,35 @@ fn signalfd() -> Result<RawFd, ()> {
 }
 
 /// The init's event loop; exits the process when the command exits.
-fn serve(chan: RawFd, sigfd: RawFd, cmd: pid_t) -> ! {
+fn serve(chan: RawFd, sigfd: RawFd, cmd: pid_t, mut watch: Option<Watch>) -> ! {
     // The command may have exited before the signalfd existed; its SIGCHLD is still
     // pending, but reaping once here costs nothing.
-    reap(cmd);
-    let mut fds = [
-        libc::pollfd {
-            fd: chan,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: sigfd,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
+    if let Some(code) = reap(cmd) {
+        end(code, watch.as_mut());
+    }
+    let pollfd = |fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // A negative fd (no watch) is skipped by poll.
+    let mut fds = [pollfd(chan), pollfd(sigfd), pollfd(-1)];
     loop {
-        // SAFETY: fds is a valid array of two pollfds.
-        if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) } == -1 {
+        fds[2].fd = watch.as_ref().map_or(-1, Watch::fd);
+        let timeout = watch.as_ref().map_or(-1, Watch::timeout);
+        // SAFETY: fds is a valid array of pollfds.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+        if ready == -1 {
             continue; // EINTR
         }
-        if fds[1].revents != 0 {
-            drain_signals(sigfd, cmd);
+        if let Some(w) = watch.as_mut() {
+            // Before the signals: a caller waits for this answer.
+            w.serve(fds[2].revents);
+        }
+        if fds[1].revents != 0
+            && let Some(code) = drain_signals(sigfd, cmd)
+        {
+            end(code, watch.as_mut());
         }
         if fds[0].revents & libc::POLLIN != 0 {
             serve_request(chan);
@@ -507,8 +588,18 @@ fn serve(chan: RawFd, sigfd: RawFd, cmd: pid_t) -> ! {
     }
 }
 
-/// Reads every queued signal: SIGCHLD reaps, anything else goes to the command.
-fn drain_signals(sigfd: RawFd, cmd: pid_t) {
+/// The command has exited: the watch says what it has not said yet, and the init exits
+/// with the command's status (which kills everything left in the PID namespace).
+fn end(code: c_int, watch: Option<&mut Watch>) -> ! {
+    if let Some(w) = watch {
+        w.finish();
+    }
+    exit(code)
+}
+
+/// Reads every queued signal: SIGCHLD reaps, anything else goes to the command. Returns
+/// the command's exit code once it has been reaped.
+fn drain_signals(sigfd: RawFd, cmd: pid_t) -> Option<c_int> {
     loop {
         // SAFETY: signalfd_siginfo is plain data.
         let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
@@ -516,31 +607,32 @@ fn drain_signals(sigfd: RawFd, cmd: pid_t) {
         // SAFETY: info is a writable buffer of len bytes.
         let n = unsafe { libc::read(sigfd, (&raw mut info).cast(), len) };
         if n != len as isize {
-            return; // EAGAIN: drained
+            return None; // EAGAIN: drained
         }
         let sig = info.ssi_signo as c_int;
         if sig == libc::SIGCHLD {
-            reap(cmd);
+            if let Some(code) = reap(cmd) {
+                return Some(code);
+            }
         } else {
             // SAFETY: kill with integer arguments; the command is our unreaped child
-            // (reap exits as soon as it is reaped), so its pid is not reused.
+            // (the init exits as soon as it is reaped), so its pid is not reused.
             unsafe { libc::kill(cmd, sig) };
         }
     }
 }
 
-/// Reaps every exited child; exits with the command's status once it is among them.
-fn reap(cmd: pid_t) {
+/// Reaps every exited child; returns the command's exit code once it is among them.
+fn reap(cmd: pid_t) -> Option<c_int> {
     loop {
         let mut status = 0;
         // SAFETY: status is a valid out-pointer.
         let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
         if pid <= 0 {
-            return; // 0: children remain, none exited; -1: no children
+            return None; // 0: children remain, none exited; -1: no children
         }
         if pid == cmd {
-            // Exiting kills everything left in the PID namespace.
-            exit(sys::exit_code(status));
+            return Some(sys::exit_code(status));
         }
     }
 }
@@ -588,8 +680,9 @@ fn launcher_gone() -> ! {
 /// [`Exec::nest`]; `nest` = (write end to the init, read end from it)), no new
 /// privileges, a clean signal state, then `execve`, trying each candidate path in turn.
 /// Exits 127 if nothing was found, 126 if something was found but could not be executed
-/// (as shells do).
-fn exec_command(exec: &Exec, (to_init, from_init): (RawFd, RawFd)) -> ! {
+/// (as shells do). `watch` is the command's end of the pair the watch's listener goes
+/// to (-1: no watch).
+fn exec_command(exec: &Exec, (to_init, from_init): (RawFd, RawFd), watch: RawFd) -> ! {
     if exec.nest > 0 {
         // The init is not dumpable, and so neither is this copy of it: its /proc files
         // would belong to the host's root, and the init could not write its id maps.
@@ -619,6 +712,22 @@ fn exec_command(exec: &Exec, (to_init, from_init): (RawFd, RawFd)) -> ! {
     // Set-uid and file-capability binaries gain nothing in the sandbox.
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+    if watch >= 0 {
+        // Refused (old kernel, no seccomp, another listener already): no watch. Once
+        // installed, the listener must reach the init: without one, the kernel fails
+        // every inet socket() of the command's with ENOSYS.
+        if let Some(listener) = watch::install() {
+            if sys::send_with_fd(watch, b"L", Some(listener)).is_err() {
+                write_stderr(b"ferry: cannot hand the socket watch to the sandbox's init\n");
+                exit(126);
+            }
+            // SAFETY: our copy (CLOEXEC, but no process of the sandbox may hold one: the
+            // init's is the only listener).
+            unsafe { libc::close(listener) };
+        }
+        // SAFETY: our end of the pair.
+        unsafe { libc::close(watch) };
+    }
     let empty = empty_sigset();
     // SAFETY: empty is an initialised sigset_t.
     unsafe { libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) };

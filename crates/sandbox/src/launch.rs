@@ -37,6 +37,24 @@ pub struct Spec {
     /// finish what the command relies on, e.g. DNS inside the sandbox). Dropping the
     /// sandbox unstarted ends it.
     pub hold: bool,
+    /// Watch the command's inet sockets: the init says on stderr, once per process,
+    /// which of them make an inet socket through the kernel where the shim cannot serve
+    /// it (a static or Go program, raw and ICMP sockets); see [`SocketWatch`]. Needs
+    /// Linux 5.5 (seccomp user notifications that let the call continue) and x86_64 or
+    /// aarch64; elsewhere, or when the kernel refuses the filter, the command runs
+    /// unwatched ([`Sandbox::watching`] says which).
+    pub watch: Option<SocketWatch>,
+}
+
+/// What the socket watch needs to know ([`Spec::watch`]).
+#[derive(Clone, Debug, Default)]
+pub struct SocketWatch {
+    /// The library that relays the command's TCP and UDP sockets (ferry's shim), as the
+    /// sandbox's processes map it (an absolute path, symbolic links resolved). In a
+    /// process that maps it, such sockets made from libc's own code (its resolver, which
+    /// no preloaded library can interpose) are expected and not told. `None`: every inet
+    /// socket is told.
+    pub shim: Option<OsString>,
 }
 
 /// Whether the sandbox gets its own user namespace, and so which host identity its
@@ -208,6 +226,8 @@ pub struct Sandbox {
     status: Option<i32>,
     /// Write end of the gate a held command waits on ([`Spec::hold`]).
     gate: Option<OwnedFd>,
+    /// Whether the socket watch is on ([`Spec::watch`]).
+    watching: bool,
 }
 
 /// Sends signals to a sandbox from any thread (e.g. a Ctrl-C handler while another
@@ -239,6 +259,12 @@ impl Sandbox {
             }
         }
         Ok(())
+    }
+
+    /// Whether the init watches the command's inet sockets ([`Spec::watch`]): false when
+    /// not asked for, or when this kernel or architecture does not allow it.
+    pub fn watching(&self) -> bool {
+        self.watching
     }
 
     /// The init's pid as seen from the host (pid 1 inside the sandbox).
@@ -418,8 +444,10 @@ pub fn launch(spec: &Spec) -> Result<Sandbox, Error> {
     let mut buf = [0u8; wire::MSG_LEN + 4];
     let (n, netns) = sys::recv_with_fd(ours.as_raw_fd(), &mut buf).map_err(Error::Handshake)?;
     let msg = wire::decode(&buf[..n]);
-    let netns = match (msg, netns) {
-        (Some([kind, _cmd, _]), Some(netns)) if kind == wire::READY as i32 => netns,
+    let (netns, watching) = match (msg, netns) {
+        (Some([kind, _cmd, watching]), Some(netns)) if kind == wire::READY as i32 => {
+            (netns, watching == 1)
+        }
         (Some([kind, stage, errno]), _) if kind == wire::SETUP_FAILED as i32 => {
             return Err(match Stage::from_wire(stage) {
                 Some(stage) => Error::from_stage(stage, errno),
@@ -434,7 +462,7 @@ pub fn launch(spec: &Spec) -> Result<Sandbox, Error> {
         _ => return Err(Error::Handshake(bad_message())),
     };
     std::mem::forget(guard);
-    debug!(pid, userns, program = ?spec.program, "sandbox launched");
+    debug!(pid, userns, watching, program = ?spec.program, "sandbox launched");
     Ok(Sandbox {
         pid,
         pidfd: Arc::new(pidfd),
@@ -442,6 +470,7 @@ pub fn launch(spec: &Spec) -> Result<Sandbox, Error> {
         factory: SocketFactory::new(ours),
         status: None,
         gate,
+        watching,
     })
 }
 
@@ -513,7 +542,40 @@ fn prepare(spec: &Spec) -> Result<Exec, Error> {
         cannot_exec: format!("ferry: {shown}: cannot execute: ").into_bytes(),
         gate: None,
         nest: 0,
+        watch: spec
+            .watch
+            .as_ref()
+            .filter(|_| kernel_at_least(5, 5))
+            .map(|w| {
+                w.shim
+                    .as_ref()
+                    .map_or_else(Vec::new, |s| s.as_bytes().to_vec())
+            }),
     })
+}
+
+/// Whether the running kernel's release is at least `major.minor`.
+fn kernel_at_least(major: u32, minor: u32) -> bool {
+    // SAFETY: utsname is plain data; uname fills it.
+    let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: uts is a valid out-pointer.
+    if unsafe { libc::uname(&mut uts) } == -1 {
+        return false;
+    }
+    // SAFETY: uname NUL-terminates the release.
+    let release = unsafe { std::ffi::CStr::from_ptr(uts.release.as_ptr()) };
+    release_at_least(&release.to_string_lossy(), major, minor)
+}
+
+/// `release` ("6.1.0-18-amd64") is at least `major.minor`.
+fn release_at_least(release: &str, major: u32, minor: u32) -> bool {
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(a), Some(b)) => (a, b) >= (major, minor),
+        _ => false,
+    }
 }
 
 /// The paths `execvp` would try for `program`, in order.
@@ -590,6 +652,16 @@ mod tests {
         );
         assert_eq!(parse_subordinate("root:5:0\n", "root", 0), None);
         assert_eq!(parse_subordinate("alice:5:5\n", "root", 0), None);
+    }
+
+    #[test]
+    fn kernel_releases() {
+        assert!(release_at_least("6.1.0-18-amd64", 5, 5));
+        assert!(release_at_least("5.5.0", 5, 5));
+        assert!(release_at_least("5.10.0-28-amd64", 5, 5));
+        assert!(!release_at_least("5.4.0-150-generic", 5, 5));
+        assert!(!release_at_least("4.19.0", 5, 5));
+        assert!(!release_at_least("weird", 5, 5));
     }
 
     #[test]

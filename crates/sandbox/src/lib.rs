@@ -11,7 +11,8 @@
 //! anything between `clone` and `execve` that is not async-signal-safe: the caller may
 //! have threads (glibc's `setresuid` and friends are not: they wait for the caller's
 //! threads). A command can be held before its `execve` until the caller is ready
-//! (`Spec::hold`, `Sandbox::start`).
+//! (`Spec::hold`, `Sandbox::start`), and watched: the init then says on stderr which of
+//! its processes make inet sockets through the kernel (`Spec::watch`).
 //!
 //! ```no_run
 //! let spec = ferry_sandbox::Spec {
@@ -37,9 +38,10 @@ mod init;
 mod launch;
 mod sys;
 pub mod testbed;
+mod watch;
 
 pub use factory::SocketFactory;
 pub use launch::{
-    Error, FALLBACK_IDS, IdRange, Sandbox, Signaller, Spec, UserNs, launch, root_sandbox_ids,
-    subordinate_ids, userns_available,
+    Error, FALLBACK_IDS, IdRange, Sandbox, Signaller, SocketWatch, Spec, UserNs, launch,
+    root_sandbox_ids, subordinate_ids, userns_available,
 };

@@ -11,7 +11,9 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use ferry_sandbox::{Sandbox, Spec, UserNs, launch, testbed::is_root, userns_available};
+use ferry_sandbox::{
+    Sandbox, SocketWatch, Spec, UserNs, launch, testbed::is_root, userns_available,
+};
 
 fn can_launch(test: &str) -> bool {
     if is_root() || userns_available() {
@@ -634,4 +636,131 @@ fn a_held_command_runs_only_after_start() {
     std::thread::sleep(std::time::Duration::from_millis(100));
     assert!(!marker.exists(), "an unstarted command ran");
     assert!(!alive(pid));
+}
+
+/// Runs `script` with `sh -c` in a sandbox with the socket watch when `watch`; returns
+/// whether the watch is on, the status and the script's stdout+stderr.
+fn run_watched(script: &str, watch: bool) -> (bool, i32, String) {
+    let out = temp_path("out");
+    let mut spec = spec("sh", &["-c", &format!("( {script} ) >\"$OUT\" 2>&1")]);
+    spec.env.push(("OUT".into(), out.clone().into()));
+    spec.watch = watch.then(SocketWatch::default);
+    let mut sandbox = launch(&spec).unwrap();
+    // The init is not watched: its socket factory makes inet sockets at any time.
+    drop(
+        sandbox
+            .factory()
+            .socket(libc::AF_INET, libc::SOCK_DGRAM, 0)
+            .unwrap(),
+    );
+    let code = sandbox.wait().unwrap();
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    let _ = std::fs::remove_file(&out);
+    (sandbox.watching(), code, text)
+}
+
+/// A bash command that makes an IPv4 TCP socket through the kernel and connects it to a
+/// closed port of the sandbox's loopback.
+const BASH_CONNECT: &str = "bash -c 'exec 3<>/dev/tcp/127.0.0.1/1' 2>/dev/null; echo connect $?";
+
+#[test]
+fn the_watch_filters_the_command_and_not_the_init() {
+    if !can_launch("the_watch_filters_the_command_and_not_the_init") {
+        return;
+    }
+    if !Path::new("/bin/bash").exists() {
+        eprintln!("skipping: bash is not installed");
+        return;
+    }
+    let script = format!("grep ^Seccomp: /proc/self/status /proc/1/status; {BASH_CONNECT}");
+    let (watching, code, out) = run_watched(&script, true);
+    assert!(watching, "the kernel refused the filter here? {out}");
+    assert_eq!(code, 0, "{out}");
+    // The command (and its children) run under a filter, the init under none; the
+    // watched socket is made and connects as it would (refused: nothing listens).
+    assert_eq!(
+        out,
+        "/proc/self/status:Seccomp:\t2\n/proc/1/status:Seccomp:\t0\nconnect 1\n"
+    );
+    let (watching, code, out) = run_watched(&script, false);
+    assert!(!watching);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        out,
+        "/proc/self/status:Seccomp:\t0\n/proc/1/status:Seccomp:\t0\nconnect 1\n"
+    );
+}
+
+#[test]
+fn sbx_tells_of_each_process_that_makes_an_inet_socket() {
+    if !can_launch("sbx_tells_of_each_process_that_makes_an_inet_socket") {
+        return;
+    }
+    let Some(sbx) = sbx_binary() else {
+        eprintln!("skipping: examples/sbx not built");
+        return;
+    };
+    if !Path::new("/bin/bash").exists() {
+        eprintln!("skipping: bash is not installed");
+        return;
+    }
+    // Two processes, the first with two sockets; sbx has no shim, so both are told.
+    let script = format!(
+        "{BASH_CONNECT}; bash -c 'exec 3<>/dev/tcp/127.0.0.1/1; exec 4<>/dev/tcp/127.0.0.1/2' 2>/dev/null; {BASH_CONNECT}"
+    );
+    let out = Command::new(&sbx)
+        .args(["sh", "-c", &script])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let lines: Vec<_> = stderr.lines().collect();
+    assert_eq!(lines.len(), 3, "{stderr}");
+    for l in &lines {
+        assert!(
+            l.starts_with("ferry: pid ")
+                && l.ends_with(" (bash): made an IPv4 socket without ferry's shim (a static or Go program?): it sees only the sandbox's loopback until nic mode serves such programs"),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_full_stderr_does_not_stop_the_watch() {
+    if !can_launch("a_full_stderr_does_not_stop_the_watch") {
+        return;
+    }
+    let Some(sbx) = sbx_binary() else {
+        eprintln!("skipping: examples/sbx not built");
+        return;
+    };
+    if !Path::new("/bin/bash").exists() {
+        eprintln!("skipping: bash is not installed");
+        return;
+    }
+    // The sandbox's stderr is a pipe nobody reads, filled up first: the init must not
+    // wait to write its lines, or the watched sockets would wait with it.
+    let script =
+        format!("head -c 65536 /dev/zero >&2; for i in 1 2 3; do {BASH_CONNECT}; done; echo done");
+    let mut child = Command::new(&sbx)
+        .args(["sh", "-c", &script])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut out = String::new();
+        let _ = stdout.read_to_string(&mut out);
+        let _ = tx.send(out);
+    });
+    let out = rx.recv_timeout(Duration::from_secs(20));
+    if out.is_err() {
+        let _ = child.kill();
+    }
+    let status = child.wait().unwrap();
+    let out = out.expect("the sandbox stalled on its full stderr");
+    assert_eq!(out, "connect 1\nconnect 1\nconnect 1\ndone\n");
+    assert_eq!(status.code(), Some(0));
 }

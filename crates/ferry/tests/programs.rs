@@ -1384,3 +1384,47 @@ fn a_udp_echo_server_published_with_p_answers_host_clients() {
         text(&o)
     );
 }
+
+#[test]
+fn a_published_port_that_nothing_in_the_sandbox_serves_refuses_instead_of_hanging() {
+    // A server the shim cannot reach (here: a Python without it; a static or Go binary
+    // alike) listens on the sandbox's port itself. Before, ferry accepted the host's
+    // connection and held it forever, waiting for a listener of its own: the client hung.
+    if !can_run(&["python3", "env"]) {
+        return;
+    }
+    let server = "import socket\nl = socket.socket()\nl.bind(('127.0.0.1', 8080))\nl.listen()\nprint('ready', flush=True)\nwhile True:\n    l.accept()[0].send(b'unreachable')\n";
+    let mut child = ferry()
+        .args(["run", "-p", "127.0.0.1:18291:8080", "--"])
+        .args(["env", "-u", "LD_PRELOAD", "python3", "-c", server])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut ready,
+    )
+    .unwrap();
+    assert_eq!(ready, "ready\n");
+    let t = std::time::Instant::now();
+    let mut c = std::net::TcpStream::connect("127.0.0.1:18291").unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut b = [0u8; 16];
+    let got = std::io::Read::read(&mut c, &mut b);
+    let waited = t.elapsed();
+    // SAFETY: kill with integer arguments; the child is ours and not yet reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let o = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        matches!(&got, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "{got:?} after {waited:?}: {log}"
+    );
+    assert!(waited < Duration::from_secs(5), "refused after {waited:?}");
+    assert!(
+        log.contains("published port 8080: nothing in the sandbox listens on port 8080"),
+        "{log}"
+    );
+}

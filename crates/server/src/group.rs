@@ -24,6 +24,7 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use ferry_proto::{Hello, MAX_SERVERS, SERVER_BITS};
 
@@ -137,6 +138,10 @@ pub struct Live {
     pub pinned: AtomicI32,
 }
 
+/// Connections accepted on a published port, each with the time it came, that wait for
+/// the sandbox's listener.
+pub(crate) type Waiting = VecDeque<(OwnedFd, Instant)>;
+
 /// State every server of a sandbox shares.
 pub(crate) struct Shared {
     pub n: usize,
@@ -150,8 +155,11 @@ pub(crate) struct Shared {
     factory: Mutex<SandboxSocketFn>,
     /// Connections accepted on published ports that wait for the sandbox's listener, by
     /// sandbox port.
-    pub published: Mutex<Vec<(u16, VecDeque<OwnedFd>)>>,
+    pub published: Mutex<Vec<(u16, Waiting)>>,
     pub any_published: bool,
+    /// Sockets of the sandbox listening (through ferry) on each published TCP port, on
+    /// every server: a connection to a port with none is refused at once.
+    listeners: Vec<(u16, AtomicUsize)>,
     /// Channels open on every server of the sandbox (capped by `Config::max_channels`).
     channels_open: AtomicUsize,
     /// Sockets open on every server of the sandbox (capped by `Config::max_sockets`).
@@ -202,9 +210,43 @@ impl Shared {
             factory: Mutex::new(factory),
             published: Mutex::new(published),
             any_published: !cfg.publish.is_empty(),
+            listeners: cfg
+                .publish
+                .iter()
+                .filter(|p| !p.udp)
+                .map(|p| (p.sandbox_port, AtomicUsize::new(0)))
+                .collect(),
             channels_open: AtomicUsize::new(0),
             sockets_open: AtomicUsize::new(0),
         })
+    }
+
+    /// The count of the sandbox's listeners on published TCP port `port` (`None`: not
+    /// a published port).
+    fn listeners_on(&self, port: u16) -> Option<&AtomicUsize> {
+        self.listeners
+            .iter()
+            .find(|(p, _)| *p == port)
+            .map(|(_, n)| n)
+    }
+
+    /// A socket of the sandbox started listening on `port`; whether it is published.
+    pub(crate) fn listener_up(&self, port: u16) -> bool {
+        self.listeners_on(port)
+            .map(|n| n.fetch_add(1, Ordering::SeqCst))
+            .is_some()
+    }
+
+    /// A socket listening on published `port` went; returns how many are left.
+    pub(crate) fn listener_down(&self, port: u16) -> usize {
+        self.listeners_on(port)
+            .map_or(0, |n| n.fetch_sub(1, Ordering::SeqCst).saturating_sub(1))
+    }
+
+    /// Whether anything in the sandbox listens (through ferry) on published `port`.
+    pub(crate) fn has_listener(&self, port: u16) -> bool {
+        self.listeners_on(port)
+            .is_none_or(|n| n.load(Ordering::SeqCst) > 0)
     }
 
     /// Channels open on every server.

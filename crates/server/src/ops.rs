@@ -925,9 +925,16 @@ impl Server {
         if let Err(e) = self.place_for(id, true) {
             return e;
         }
+        let shared = self.shared.clone();
         let s = self.sock(id).expect("placed above");
         match ferry_sys::listen(s.fd.as_fd(), backlog) {
             Ok(()) => {
+                if !s.listening
+                    && let Ok(Some(a)) = ferry_sys::sock_addr(s.fd.as_fd(), false)
+                    && shared.listener_up(a.port())
+                {
+                    s.published_listener = Some(a.port());
+                }
                 s.listening = true;
                 if self.has_published(id) {
                     self.host_event(id, libc::EPOLLIN as u32);

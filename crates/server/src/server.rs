@@ -31,6 +31,12 @@ const T_DNS_IN: u64 = 9;
 const T_DNS_UP: u64 = 10;
 const T_DNS_TCP: u64 = 11;
 pub(crate) const T_UDP_FLOW: u64 = 12;
+/// Most connections of one published port that wait for the sandbox to accept them;
+/// more are refused.
+const MAX_WAITING: usize = 8192;
+/// How long a connection to a published port waits for a listener in the sandbox when
+/// there is none (the program may still be starting) before it is refused.
+const UNSERVED_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Completions a channel may have waiting beyond its ring before the server stops
 /// taking its requests (a shim reads its completions at every call, and one call queues
@@ -95,6 +101,9 @@ pub struct Server {
     pub(crate) host_addrs: crate::reach::HostAddrs,
     /// Log lines about refused control connections and sockets, at most one a second.
     pub(crate) refusals: LogThrottle,
+    /// Connections to published ports wait with no listener in the sandbox
+    /// ([`Server::expire_unserved`]).
+    unserved: bool,
     /// Flows of the published UDP ports (the first server only).
     pub(crate) udp_flows: crate::udp_publish::Flows,
     /// Log lines about requests for sockets a process does not hold, likewise.
@@ -190,6 +199,7 @@ impl Server {
             host_addrs: Default::default(),
             refusals: LogThrottle::default(),
             udp_flows: Default::default(),
+            unserved: false,
             strangers: LogThrottle::default(),
         })
     }
@@ -427,9 +437,11 @@ impl Server {
                 // S1's flush on a maximum delay: a shim may hold back its doorbell, so
                 // never sleep longer than the delay it was promised.
                 self.epoll.wait_for(self.cfg.batch_delay, &mut events)
-            } else if timeout < 0 && !self.pending_hello.is_empty() {
-                // A connection that never says Hello is closed in time.
+            } else if timeout < 0 && (!self.pending_hello.is_empty() || self.unserved) {
+                // A connection that never says Hello is closed in time; so is one to a
+                // published port nothing in the sandbox serves.
                 self.expire_hellos();
+                self.expire_unserved();
                 self.epoll.wait_for(HELLO_TIMEOUT / 2, &mut events)
             } else {
                 self.epoll.wait(timeout, &mut events)
@@ -1004,6 +1016,7 @@ impl Server {
             hup_mirrored: false,
             pair_detached: false,
             connect_failed: false,
+            published_listener: None,
             oob_due: false,
             oob_byte: None,
             pair_in_wait: false,
@@ -1235,6 +1248,11 @@ impl Server {
             if idle && self.module_settled(id) {
                 let s = self.socks.remove(&id).expect("just looked it up");
                 self.shared.socket_closed();
+                if let Some(port) = s.published_listener
+                    && self.shared.listener_down(port) == 0
+                {
+                    self.refuse_waiting(port);
+                }
                 let _ = self.epoll.delete(s.fd.as_fd());
                 self.stats.closed_socket(s.stats);
                 debug!("socket {id}: closed");
@@ -1302,12 +1320,28 @@ impl Server {
                 Ok((conn, peer)) => {
                     debug!("published port {port}: connection from {peer:?}");
                     let port = *port;
-                    if let Some(q) = lock(&self.shared.published)
-                        .iter_mut()
-                        .find(|(p, _)| *p == port)
-                    {
-                        q.1.push_back(conn);
+                    if !self.shared.has_listener(port) {
+                        // Nothing in the sandbox listens there through ferry (yet): the
+                        // connection waits at most `UNSERVED_GRACE` for a listener.
+                        self.unserved = true;
                     }
+                    let mut queue = lock(&self.shared.published);
+                    match queue.iter_mut().find(|(p, _)| *p == port) {
+                        Some(q) if q.1.len() >= MAX_WAITING => {
+                            drop(queue);
+                            let _ = ferry_sys::linger_reset(conn.as_fd());
+                            self.stats.published_refused += 1;
+                            if let Some(n) = self.refusals.tick() {
+                                warn!(
+                                    "published port {port}: {MAX_WAITING} connections already wait for the sandbox to accept them: one more refused ({n} since the last line)"
+                                );
+                            }
+                            continue;
+                        }
+                        Some(q) => q.1.push_back((conn, Instant::now())),
+                        None => {}
+                    }
+                    drop(queue);
                     // The sandbox's listener may be served by any server.
                     for (k, inbox) in self.shared.inbox.iter().enumerate() {
                         if k != self.index {
@@ -1332,6 +1366,54 @@ impl Server {
                     }
                     return;
                 }
+            }
+        }
+    }
+
+    /// The last listener on published `port` went: the connections waiting for it are
+    /// reset (the kernel does the same to a closed listener's queue).
+    pub(crate) fn refuse_waiting(&mut self, port: u16) {
+        let waiting: Vec<(OwnedFd, Instant)> = lock(&self.shared.published)
+            .iter_mut()
+            .filter(|(p, _)| *p == port)
+            .flat_map(|(_, q)| q.drain(..))
+            .collect();
+        for (conn, _) in waiting {
+            let _ = ferry_sys::linger_reset(conn.as_fd());
+            self.stats.published_refused += 1;
+        }
+    }
+
+    /// Resets connections that waited [`UNSERVED_GRACE`] on a published port where
+    /// nothing in the sandbox listens through ferry (a program ferry cannot serve may
+    /// listen there: the client gets a refusal instead of a connection that hangs).
+    fn expire_unserved(&mut self) {
+        let now = Instant::now();
+        let mut refused = Vec::new();
+        let mut still = false;
+        for (port, q) in lock(&self.shared.published).iter_mut() {
+            if q.is_empty() || self.shared.has_listener(*port) {
+                continue;
+            }
+            while let Some((_, at)) = q.front() {
+                if now.duration_since(*at) < UNSERVED_GRACE {
+                    still = true;
+                    break;
+                }
+                let (conn, _) = q.pop_front().expect("front exists");
+                refused.push((*port, conn));
+            }
+        }
+        self.unserved = still;
+        for (port, conn) in refused {
+            let peer = ferry_sys::sock_addr(conn.as_fd(), true).ok().flatten();
+            let _ = ferry_sys::linger_reset(conn.as_fd());
+            self.stats.published_refused += 1;
+            if let Some(n) = self.refusals.tick() {
+                warn!(
+                    "published port {port}: nothing in the sandbox listens on port {port} through ferry (a program ferry cannot serve, static or Go, is not reachable until nic mode): connection from {} refused ({n} since the last line)",
+                    peer.map_or_else(|| "?".into(), |p| p.to_string())
+                );
             }
         }
     }
@@ -1370,7 +1452,8 @@ impl Server {
             .iter_mut()
             .find(|(p, q)| *p == port && !q.is_empty())?
             .1
-            .pop_front();
+            .pop_front()
+            .map(|(fd, _)| fd);
         // The accept that takes it binds the port's configured module (if any).
         self.modules.last_published = conn.as_ref().map(|_| port);
         conn

@@ -197,6 +197,9 @@ pub(crate) struct Sock {
     /// A non-blocking connect failed (`pair_detached` then) and no connect has reported
     /// it yet: the next one does, and resets the host socket, as the kernel's does.
     pub connect_failed: bool,
+    /// The published TCP port this socket listens on (counted in `Shared`'s listeners
+    /// until the socket goes).
+    pub published_listener: Option<u16>,
     /// `rx_pair`: the host socket reported urgent data (`EPOLLPRI`) that has not been
     /// moved into the pair yet (see [`Sock::urgent_first`]).
     pub oob_due: bool,

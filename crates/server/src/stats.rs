@@ -119,6 +119,9 @@ pub struct ServerStats {
     pub udp_published_in: u64,
     pub udp_published_out: u64,
     pub udp_published_dropped: u64,
+    /// Connections to published TCP ports refused: nothing in the sandbox listened on
+    /// the port through ferry, or too many waited.
+    pub published_refused: u64,
     /// Control connections refused or closed before they became channels (not from the
     /// sandbox, no Hello in time, over a cap).
     pub channels_refused: u64,
@@ -165,7 +168,7 @@ impl fmt::Display for ServerStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "server {}: requests {}, bytes out {} in {}, sockets created {} handed over {} taken over {}, turns {} (idle spins {}), sleeps {}, data syscalls {} (empty reads {}), denied {}, dropped arrivals {}, published datagrams in {} out {} dropped {}, refused channels {}, back-pressure {}, bad channels {}, left open {}, modules loaded {} started {} failed {} refused {} bytes out {}",
+            "server {}: requests {}, bytes out {} in {}, sockets created {} handed over {} taken over {}, turns {} (idle spins {}), sleeps {}, data syscalls {} (empty reads {}), denied {}, dropped arrivals {}, published datagrams in {} out {} dropped {}, published connections refused {}, refused channels {}, back-pressure {}, bad channels {}, left open {}, modules loaded {} started {} failed {} refused {} bytes out {}",
             self.id,
             self.requests,
             self.bytes_out,
@@ -183,6 +186,7 @@ impl fmt::Display for ServerStats {
             self.udp_published_in,
             self.udp_published_out,
             self.udp_published_dropped,
+            self.published_refused,
             self.channels_refused,
             self.backpressure,
             self.bad_channels,
@@ -314,7 +318,7 @@ impl ServerStats {
             })
             .collect();
         format!(
-            r#"{{"server":"{}","requests":{},"bytes_out":{},"bytes_in":{},"sockets_created":{},"sockets_handed":{},"sockets_adopted":{},"turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"empty_reads":{},"bad_channels":{},"denied":{},"dropped_arrivals":{},"udp_published_in":{},"udp_published_out":{},"udp_published_dropped":{},"channels_refused":{},"backpressure":{},"open_at_stop":{},"dns_queries":{},"dns_answers":{},"dns_tcp":{},"modules_loaded":{},"modules_started":{},"modules_failed":{},"module_refused":{},"module_bytes_out":{},"module_start_ns":{},"module_init_ns":{},"module_write_ns":{},"channels":[{}],"sockets":[{}],"egress":[{}]}}"#,
+            r#"{{"server":"{}","requests":{},"bytes_out":{},"bytes_in":{},"sockets_created":{},"sockets_handed":{},"sockets_adopted":{},"turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"empty_reads":{},"bad_channels":{},"denied":{},"dropped_arrivals":{},"udp_published_in":{},"udp_published_out":{},"udp_published_dropped":{},"published_refused":{},"channels_refused":{},"backpressure":{},"open_at_stop":{},"dns_queries":{},"dns_answers":{},"dns_tcp":{},"modules_loaded":{},"modules_started":{},"modules_failed":{},"module_refused":{},"module_bytes_out":{},"module_start_ns":{},"module_init_ns":{},"module_write_ns":{},"channels":[{}],"sockets":[{}],"egress":[{}]}}"#,
             self.id,
             self.requests,
             self.bytes_out,
@@ -333,6 +337,7 @@ impl ServerStats {
             self.udp_published_in,
             self.udp_published_out,
             self.udp_published_dropped,
+            self.published_refused,
             self.channels_refused,
             self.backpressure,
             self.open_at_stop,
@@ -393,6 +398,7 @@ pub fn merge(servers: &[ServerStats]) -> ServerStats {
         t.udp_published_in += s.udp_published_in;
         t.udp_published_out += s.udp_published_out;
         t.udp_published_dropped += s.udp_published_dropped;
+        t.published_refused += s.published_refused;
         t.channels_refused += s.channels_refused;
         t.backpressure += s.backpressure;
         t.dns_queries += s.dns_queries;

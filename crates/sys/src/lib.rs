@@ -28,15 +28,91 @@ macro_rules! syscall {
 pub(crate) use syscall;
 
 /// Enters the kernel with up to six arguments.
+///
+/// Straight into the kernel, not through libc's `syscall()`: in the preload shim a
+/// program's `syscall()` is the shim's own (it routes socket data calls on ferry sockets
+/// into the shim), and the shim's calls on its readiness pairs must not take that road.
 fn raw_syscall(nr: libc::c_long, a: &[libc::c_long]) -> io::Result<i64> {
     let g = |i: usize| a.get(i).copied().unwrap_or(0);
     // SAFETY: every wrapper in this crate passes arguments valid for the call it names
     // (pointers to live, correctly sized objects); the kernel validates the rest.
-    let r = unsafe { libc::syscall(nr, g(0), g(1), g(2), g(3), g(4), g(5)) };
-    if r == -1 {
-        Err(io::Error::last_os_error())
+    let r = unsafe { kernel_call(nr, [g(0), g(1), g(2), g(3), g(4), g(5)]) };
+    if (-4095..0).contains(&r) {
+        Err(io::Error::from_raw_os_error(-r as i32))
     } else {
         Ok(r)
+    }
+}
+
+/// One system call; the kernel's result (`-errno` on failure).
+///
+/// # Safety
+/// The arguments must be valid for system call `nr`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn kernel_call(nr: libc::c_long, a: [libc::c_long; 6]) -> i64 {
+    let r: i64;
+    // SAFETY: the x86-64 Linux system call convention: number in rax, arguments in
+    // rdi, rsi, rdx, r10, r8, r9, result in rax; the instruction clobbers rcx and r11
+    // and touches no stack. The call's own contract is the caller's.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") nr => r,
+            in("rdi") a[0],
+            in("rsi") a[1],
+            in("rdx") a[2],
+            in("r10") a[3],
+            in("r8") a[4],
+            in("r9") a[5],
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    r
+}
+
+/// One system call; the kernel's result (`-errno` on failure).
+///
+/// # Safety
+/// The arguments must be valid for system call `nr`.
+#[cfg(target_arch = "aarch64")]
+unsafe fn kernel_call(nr: libc::c_long, a: [libc::c_long; 6]) -> i64 {
+    let r: i64;
+    // SAFETY: the AArch64 Linux system call convention: number in x8, arguments in
+    // x0..x5, result in x0. The call's own contract is the caller's.
+    unsafe {
+        std::arch::asm!(
+            "svc 0",
+            in("x8") nr,
+            inlateout("x0") a[0] => r,
+            in("x1") a[1],
+            in("x2") a[2],
+            in("x3") a[3],
+            in("x4") a[4],
+            in("x5") a[5],
+            options(nostack),
+        );
+    }
+    r
+}
+
+/// One system call through libc (other architectures); the result as the kernel's.
+///
+/// # Safety
+/// The arguments must be valid for system call `nr`.
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+unsafe fn kernel_call(nr: libc::c_long, a: [libc::c_long; 6]) -> i64 {
+    // SAFETY: forwarded (caller).
+    let r = unsafe { libc::syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]) };
+    if r == -1 {
+        -i64::from(
+            io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO),
+        )
+    } else {
+        r
     }
 }
 

@@ -150,6 +150,36 @@ fn iperf3_tcp_both_directions() {
     }
 }
 
+/// 64-byte blocking writes: one send record and one returned buffer each, faster than
+/// the server publishes its completions. Before, the server's back-pressure (completions
+/// backed up) kept the records it had taken unreleased and did not wake the program when
+/// it published completions: the writer slept out 100 ms waits, or hung for good.
+#[test]
+fn iperf3_with_64_byte_writes_does_not_stall() {
+    if !can_run(&["iperf3", "ip"]) {
+        return;
+    }
+    let r = remote("iperf64");
+    let _srv = Guard(
+        quiet(&mut r.command("iperf3"))
+            .args(["-s", "-p", "5203"])
+            .spawn()
+            .unwrap(),
+    );
+    wait_port(r.remote_ip(), 5203);
+    let ip = r.remote_ip().to_string();
+    let mut cmd = ferry();
+    cmd.args([
+        "run", "--", "iperf3", "-c", &ip, "-p", "5203", "-t", "2", "-l", "64", "-J",
+    ]);
+    let o = output_within(cmd, Duration::from_secs(60));
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    // The test runs its 2 s: no write waited seconds (the stall stretched it to 7-11 s).
+    let secs = json_number(&out, "\"sum_sent\"", "\"seconds\"");
+    assert!(secs < 3.5, "a 2 s test took {secs} s: {out}");
+}
+
 /// iperf3's client is a `select` loop around non-blocking writes. It must sleep while
 /// ferry's buffers are all in flight, not spin: its fd is unwritable until a buffer comes
 /// back. Counted with strace: natively ~1,000 `pselect6` calls in a 1 s run; with an

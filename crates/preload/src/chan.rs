@@ -135,6 +135,12 @@ pub struct Channel {
     refs: Vec<u16>,
     /// `BufReturn` completions taken so far (wrapping), for `Op::WantRoom`.
     returns_seen: u32,
+    /// Completions of the call in progress taken while waiting for ring space.
+    held: std::collections::VecDeque<Cmp>,
+    /// Send records of this channel not yet given back, per stream socket (few: a
+    /// linear list), so that a blocking send can wait until its bytes are the kernel's
+    /// ([`Channel::wait_sent`]).
+    inflight: Vec<(u32, u32)>,
     /// Control bytes that came with the last call's answer ([`CmpKind::Control`]).
     control: [u8; cmsg::MAX_CONTROL],
     control_len: usize,
@@ -259,6 +265,8 @@ impl Channel {
             arena: None,
             refs: vec![0; nbufs],
             returns_seen: 0,
+            inflight: Vec::new(),
+            held: std::collections::VecDeque::new(),
             control: [0; cmsg::MAX_CONTROL],
             control_len: 0,
         })
@@ -368,14 +376,34 @@ impl Channel {
         }
     }
 
-    /// The request ring is full: wait for the server to take records. (The server never
-    /// waits for us to take completions, it queues them, so this cannot deadlock.)
+    /// The request ring is full: wait for the server to take records. The server stops
+    /// taking a channel's records while too many of its completions wait for the shim
+    /// (back-pressure), so completions are taken meanwhile: those of no call (buffers
+    /// given back, errors) are handled, those of the call in progress (a `Cancel` is
+    /// pushed while one waits) are held for it ([`Channel::next_cmp`]).
     fn wait_ring_space(&mut self) -> Res<()> {
         self.ring();
+        let mut waited = Instant::now();
         loop {
-            match self.ep.tx.wait_space(self.spin, Some(SLICE)) {
+            if self.take_untagged()? {
+                // The server may be waiting for room for its completions (above): tell
+                // it there is some.
+                self.ring();
+            }
+            // Short sleeps: the server publishes completions (which it may be waiting
+            // for us to take) without waking a producer that waits for room.
+            match self
+                .ep
+                .tx
+                .wait_space(self.spin, Some(Duration::from_millis(1)))
+            {
                 Ok(WaitResult::Ready) => return Ok(()),
-                Ok(WaitResult::TimedOut) => self.check_alive()?,
+                Ok(WaitResult::TimedOut) => {
+                    if waited.elapsed() >= SLICE {
+                        self.check_alive()?;
+                        waited = Instant::now();
+                    }
+                }
                 Ok(WaitResult::Interrupted) => {}
                 Ok(WaitResult::PeerClosed) => {
                     return Err(self.fail(format_args!("server closed the channel")));
@@ -385,9 +413,37 @@ impl Channel {
         }
     }
 
+    /// Takes every completion that is there: a call's are held for it, the rest handled.
+    /// Whether there were any.
+    fn take_untagged(&mut self) -> Res<bool> {
+        let mut any = false;
+        loop {
+            match self.ep.rx.pop() {
+                Ok(Some(c)) if c.tag != 0 => self.held.push_back(c),
+                Ok(Some(c)) => self.unsolicited(&c)?,
+                Ok(None) => break,
+                Err(e) => return Err(self.ring_error(e)),
+            }
+            any = true;
+        }
+        self.ep.rx.release();
+        Ok(any)
+    }
+
+    /// The next completion: one held by [`Channel::wait_ring_space`] first.
+    fn next_cmp(&mut self) -> Res<Option<Cmp>> {
+        if let Some(c) = self.held.pop_front() {
+            return Ok(Some(c));
+        }
+        self.ep.rx.pop().map_err(|e| self.ring_error(e))
+    }
+
     /// Handles every completion that is already there (none of them awaited).
     pub fn reap(&mut self) -> Res<()> {
         self.usable()?;
+        while let Some(c) = self.held.pop_front() {
+            self.unsolicited(&c)?;
+        }
         loop {
             match self.ep.rx.pop() {
                 Ok(Some(c)) => self.unsolicited(&c)?,
@@ -404,6 +460,12 @@ impl Channel {
         match c.kind() {
             Ok(CmpKind::BufReturn) => {
                 self.returns_seen = self.returns_seen.wrapping_add(1);
+                if let Some(i) = self.inflight.iter().position(|(id, _)| *id == c.sock) {
+                    self.inflight[i].1 -= 1;
+                    if self.inflight[i].1 == 0 {
+                        self.inflight.swap_remove(i);
+                    }
+                }
                 self.drop_ref(BufId(c.buf))
             }
             Ok(CmpKind::AsyncError) => {
@@ -457,6 +519,55 @@ impl Channel {
         Ok(())
     }
 
+    /// A send record for stream `sock` was pushed: counted until its buffer comes back.
+    pub fn sent_record(&mut self, sock: u32) {
+        match self.inflight.iter_mut().find(|(id, _)| *id == sock) {
+            Some((_, n)) => *n += 1,
+            None => self.inflight.push((sock, 1)),
+        }
+    }
+
+    /// A blocking send on stream `sock` returns once its bytes are the kernel's, as the
+    /// kernel's own send does once they are in the socket's buffer: waits until every
+    /// send record this channel pushed for `sock` has come back (the server gives a
+    /// buffer back once the host socket took its bytes, or the connection failed, which
+    /// leaves an error pending for the socket). Queued sends stay asynchronous for
+    /// non-blocking sockets (S1); for a blocking one this makes the error of a send
+    /// that cannot complete the error of that very call. A signal or the send timeout
+    /// ends the wait early (the bytes stay queued, and count as sent).
+    pub fn wait_sent(&mut self, sock: u32, w: Wait) -> Res<()> {
+        let pending = |ch: &Channel| ch.inflight.iter().any(|(id, _)| *id == sock);
+        self.reap()?;
+        if !pending(self) {
+            return Ok(());
+        }
+        self.ring();
+        let start = w.since.unwrap_or_else(signals::counts);
+        let mut seen = signals::counts();
+        loop {
+            if w.partial().interrupted(start, false) || w.passed() || PENDING.has(sock) {
+                return Ok(());
+            }
+            let r = self
+                .ep
+                .rx
+                .wait_with(self.spin, Some(w.slice()), || signals::counts() != seen);
+            seen = signals::counts();
+            match r {
+                Ok(WaitResult::Ready | WaitResult::Interrupted) => {}
+                Ok(WaitResult::TimedOut) => self.check_alive()?,
+                Ok(WaitResult::PeerClosed) => {
+                    return Err(self.fail(format_args!("server closed the channel")));
+                }
+                Err(e) => return Err(self.ring_error(e)),
+            }
+            self.reap()?;
+            if !pending(self) {
+                return Ok(());
+            }
+        }
+    }
+
     /// The control bytes that came with the last [`Channel::call`]'s answer.
     pub fn control(&self) -> &[u8] {
         &self.control[..self.control_len]
@@ -474,12 +585,7 @@ impl Channel {
         let start = signals::counts();
         let mut seen = start;
         loop {
-            loop {
-                let c = match self.ep.rx.pop() {
-                    Ok(Some(c)) => c,
-                    Ok(None) => break,
-                    Err(e) => return Err(self.ring_error(e)),
-                };
+            while let Some(c) = self.next_cmp()? {
                 if c.tag != tag {
                     self.unsolicited(&c)?;
                     continue;

@@ -178,6 +178,11 @@ pub unsafe fn send(
         }
         let mut sent = 0usize;
         while let Some((b, off, cap)) = next_slot(ch, &s, total - sent, nonblock, w, sent)? {
+            if sent > 0 && !s.dgram() && PENDING.has(s.id) {
+                // The connection failed meanwhile: what is not queued yet never will be.
+                ch.unalloc(b);
+                break;
+            }
             let n = (total - sent).min(cap).min(bs);
             let span = match ch.bufs().span(b.0, off, n as u32) {
                 Ok(sp) => sp,
@@ -197,14 +202,36 @@ pub unsafe fn send(
                 ch.push_control(s.id, &control)?;
             }
             ch.push(&req)?;
+            if !s.dgram() {
+                ch.sent_record(s.id);
+            }
             sent += got;
             if sent >= total || got == 0 {
                 break;
             }
         }
+        if !s.dgram() && !nonblock && sent >= SYNC_SEND {
+            sent_or_failed(ch, &s, w, flags)?;
+        }
         Ok(sent)
     })
     .map_err(|e| e.down_as(libc::EPIPE))
+}
+
+/// A blocking stream send of at least this much returns once its bytes are the
+/// kernel's ([`sent_or_failed`]); smaller ones stay fire-and-forget (S1), so that a
+/// stream of small writes keeps the server busy while the program writes on (their
+/// errors come on the next call, as before).
+const SYNC_SEND: usize = 16 * 1024;
+
+/// The end of a blocking stream send: waits until its bytes are the kernel's
+/// ([`Channel::wait_sent`]); an error that came meanwhile is this call's.
+fn sent_or_failed(ch: &mut Channel, s: &Sock, w: Wait, flags: c_int) -> Res<()> {
+    ch.wait_sent(s.id, w)?;
+    match PENDING.take(s.id, |_| true) {
+        Some(e) => Err(send_error(e, flags)),
+        None => Ok(()),
+    }
 }
 
 /// Before a send on an `rx_pair` stream the program may write directly (`F_DIRECT`):
@@ -615,10 +642,16 @@ unsafe fn feed(
             let mut req = Req::new(Op::Send, s.id);
             (req.buf, req.len) = (b.0, k as u32);
             ch.push(&req)?;
+            if !s.dgram() {
+                ch.sent_record(s.id);
+            }
             sent += k;
             if once {
                 break;
             }
+        }
+        if !s.dgram() && !nonblock && sent >= SYNC_SEND {
+            sent_or_failed(ch, &s, w, 0)?;
         }
         if let Some(o) = off {
             // SAFETY: non-null and valid (caller).

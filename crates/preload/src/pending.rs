@@ -59,6 +59,15 @@ impl Pending {
         false
     }
 
+    /// Whether socket `id` has an error pending.
+    pub fn has(&self, id: u32) -> bool {
+        self.count.load(Ordering::Acquire) != 0
+            && self.slots.iter().any(|s| {
+                let w = s.load(Ordering::Acquire);
+                w != 0 && (w >> 32) as u32 == id
+            })
+    }
+
     /// Takes socket `id`'s pending error if `accept(errno)` says so.
     #[inline]
     pub fn take(&self, id: u32, accept: impl Fn(i32) -> bool) -> Option<i32> {

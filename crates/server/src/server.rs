@@ -502,9 +502,17 @@ impl Server {
         let mut total = 0;
         for idx in 0..self.channels.len() {
             while let Some(ch) = self.channels[idx].as_mut() {
+                if !ch.backlog.is_empty() {
+                    // The ring is full of completions not yet published: publish them
+                    // (the shim takes them as it goes) before deciding they back up.
+                    ch.flush();
+                }
                 if ch.backlog.len() >= BACKLOG_HIGH {
                     // Back-pressure: the program does not read its completions, so its
-                    // requests wait in its ring until it does.
+                    // requests wait in its ring until it does. What was taken is
+                    // released (a producer waiting for room is woken): otherwise a
+                    // program that does read them would sleep out its wait.
+                    ch.ep.rx.release();
                     if !ch.throttled {
                         ch.throttled = true;
                         self.stats.backpressure += 1;

@@ -32,6 +32,7 @@ pub const CASES: &[Case] = &[
     Case::new("blk.sigpipe_ignored", sigpipe_ignored),
     Case::new("blk.unread_close_econnreset", unread_close_econnreset),
     Case::new("blk.linger_zero_rst", linger_zero_rst),
+    Case::new("blk.send_to_a_peer_that_closes", send_to_a_peer_that_closes),
 ];
 
 fn recv_returns_available() -> Res {
@@ -280,5 +281,40 @@ fn linger_zero_rst() -> Res {
         "peer_recv={} then={}",
         recv_text(c.raw(), 16, 0),
         recv_text(c.raw(), 16, 0)
+    ))
+}
+
+/// A send's outcome: all of it, or not (a short count or a broken connection).
+fn completeness(r: Result<usize, crate::sys::Errno>, len: usize) -> String {
+    match r {
+        Ok(n) if n == len => "complete".into(),
+        Ok(_) => "incomplete".into(),
+        Err(e) if e.0 == libc::EPIPE || e.0 == libc::ECONNRESET => "incomplete".into(),
+        Err(e) => e.to_string(),
+    }
+}
+
+// A blocking send of more than the connection can hold, to a peer that reads 1 KiB and
+// closes: the send cannot complete, and must not say it did (natively a short count,
+// through ferry the error; before, ferry's channel took all of it and said so), and the
+// next send fails.
+fn send_to_a_peer_that_closes() -> Res {
+    let (c, s) = tcp_pair(libc::AF_INET)?;
+    let peer = fork_with(|| {
+        sleep_ms(200);
+        let mut b = [0u8; 1024];
+        let _ = recv(s.raw(), &mut b, 0);
+        0
+    })?;
+    drop(s);
+    let big = vec![7u8; 64 << 20];
+    let first = completeness(send(c.raw(), &big, libc::MSG_NOSIGNAL), big.len());
+    let second = match send(c.raw(), b"more", libc::MSG_NOSIGNAL) {
+        Err(e) if e.0 == libc::EPIPE || e.0 == libc::ECONNRESET => "broken".to_string(),
+        other => show(other),
+    };
+    Ok(format!(
+        "first={first} second={second} peer={}",
+        peer.wait()
     ))
 }

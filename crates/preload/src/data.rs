@@ -12,7 +12,7 @@ use libc::{off_t, sockaddr, socklen_t};
 use crate::addr::read_sockaddr;
 use crate::chan::{Channel, Wait, spin_for};
 use crate::errno::{Errno, Res};
-use crate::fdtable::{Sock, TABLE};
+use crate::fdtable::{F_SHUT_WR, Sock, TABLE};
 use crate::iov::{IoCursor, MAX_RW};
 use crate::log::{self, Once};
 use crate::ops::{drain_token, typed};
@@ -68,6 +68,15 @@ fn send_error(e: c_int, flags: c_int) -> Errno {
         signals::sigpipe();
     }
     Errno(e)
+}
+
+/// [`send_error`] for socket `id`: once a broken connection (`EPIPE`, `ECONNRESET`) has
+/// been reported, every later send fails with `EPIPE` at once, as the kernel's does.
+fn send_failed(id: u32, e: c_int, flags: c_int) -> Errno {
+    if e == libc::EPIPE || e == libc::ECONNRESET {
+        TABLE.update_id(id, F_SHUT_WR, 0);
+    }
+    send_error(e, flags)
 }
 
 /// The largest UDP payload: 65535 less the IPv4 and UDP headers, or less the UDP header
@@ -134,7 +143,7 @@ pub unsafe fn send(
     with_channel_to(server_of(s.id), |ch| {
         ch.reap()?;
         if let Some(e) = PENDING.take(s.id, |_| true) {
-            return Err(send_error(e, flags));
+            return Err(send_failed(s.id, e, flags));
         }
         let s = typed(ch, s)?;
         if s.shut_wr() || (!s.dgram() && !s.has_peer()) {
@@ -229,7 +238,7 @@ const SYNC_SEND: usize = 16 * 1024;
 fn sent_or_failed(ch: &mut Channel, s: &Sock, w: Wait, flags: c_int) -> Res<()> {
     ch.wait_sent(s.id, w)?;
     match PENDING.take(s.id, |_| true) {
-        Some(e) => Err(send_error(e, flags)),
+        Some(e) => Err(send_failed(s.id, e, flags)),
         None => Ok(()),
     }
 }
@@ -592,7 +601,7 @@ unsafe fn feed(
     with_channel_to(server_of(s.id), |ch| {
         ch.reap()?;
         if let Some(e) = PENDING.take(s.id, |_| true) {
-            return Err(send_error(e, 0));
+            return Err(send_failed(s.id, e, 0));
         }
         let s = typed(ch, s)?;
         if s.shut_wr() || (!s.dgram() && !s.has_peer()) {

@@ -119,19 +119,25 @@ fn denied_destination_gets_a_clear_error() {
     );
 }
 
+/// An iperf3 server in the remote namespace on `port`, accepting once this returns.
+fn remote_iperf3_server(r: &Remote, port: u16) -> Guard {
+    let srv = Guard(
+        quiet(&mut r.command("iperf3"))
+            .args(["-s", "-p", &port.to_string()])
+            .spawn()
+            .unwrap(),
+    );
+    wait_port(r.remote_ip(), port);
+    srv
+}
+
 #[test]
 fn iperf3_tcp_both_directions() {
     if !can_run(&["iperf3", "ip"]) {
         return;
     }
     let r = remote("iperf");
-    let _srv = Guard(
-        quiet(&mut r.command("iperf3"))
-            .args(["-s", "-p", "5201"])
-            .spawn()
-            .unwrap(),
-    );
-    wait_port(r.remote_ip(), 5201);
+    let _srv = remote_iperf3_server(&r, 5201);
     let ip = r.remote_ip().to_string();
     for reverse in [false, true] {
         let mut args = vec!["iperf3", "-c", &ip, "-p", "5201", "-t", "2", "-J"];
@@ -160,13 +166,7 @@ fn iperf3_with_64_byte_writes_does_not_stall() {
         return;
     }
     let r = remote("iperf64");
-    let _srv = Guard(
-        quiet(&mut r.command("iperf3"))
-            .args(["-s", "-p", "5203"])
-            .spawn()
-            .unwrap(),
-    );
-    wait_port(r.remote_ip(), 5203);
+    let _srv = remote_iperf3_server(&r, 5203);
     let ip = r.remote_ip().to_string();
     let mut cmd = ferry();
     cmd.args([
@@ -256,13 +256,7 @@ fn iperf3_udp() {
         return;
     }
     let r = remote("iperfu");
-    let _srv = Guard(
-        quiet(&mut r.command("iperf3"))
-            .args(["-s", "-p", "5202"])
-            .spawn()
-            .unwrap(),
-    );
-    wait_port(r.remote_ip(), 5202);
+    let _srv = remote_iperf3_server(&r, 5202);
     let ip = r.remote_ip().to_string();
     for reverse in [false, true] {
         let mut args = vec![
@@ -592,6 +586,22 @@ fn dns_tcp_responder(l: std::net::TcpListener, ip: std::net::Ipv4Addr) {
     }
 }
 
+/// A nameserver in the remote namespace on its address, port 53, UDP and TCP: every A
+/// query gets the remote's address.
+fn remote_nameserver(r: &Remote) {
+    let ip = r.remote_ip();
+    let sock = r
+        .run_in(|| std::net::UdpSocket::bind((ip, 53)))
+        .unwrap()
+        .unwrap();
+    std::thread::spawn(move || dns_responder(sock, ip));
+    let tcp = r
+        .run_in(|| std::net::TcpListener::bind((ip, 53)))
+        .unwrap()
+        .unwrap();
+    std::thread::spawn(move || dns_tcp_responder(tcp, ip));
+}
+
 #[test]
 fn names_resolve_through_the_dns_forwarder() {
     if !can_run(&["getent", "curl", "nginx", "ip"]) {
@@ -607,16 +617,7 @@ fn names_resolve_through_the_dns_forwarder() {
     }
     let r = remote("dns");
     let ip = r.remote_ip();
-    let sock = r
-        .run_in(|| std::net::UdpSocket::bind((ip, 53)))
-        .unwrap()
-        .unwrap();
-    std::thread::spawn(move || dns_responder(sock, ip));
-    let tcp = r
-        .run_in(|| std::net::TcpListener::bind((ip, 53)))
-        .unwrap()
-        .unwrap();
-    std::thread::spawn(move || dns_tcp_responder(tcp, ip));
+    remote_nameserver(&r);
     let dir = TempDir::new("dns");
     std::fs::write(dir.path().join("hello.txt"), "resolved").unwrap();
     let _nginx = remote_nginx(&r, dir.path(), dir.path(), 8084);
@@ -1272,16 +1273,7 @@ fn dig_asks_a_remote_nameserver_directly() {
     }
     let r = remote("dig");
     let ip = r.remote_ip();
-    let sock = r
-        .run_in(|| std::net::UdpSocket::bind((ip, 53)))
-        .unwrap()
-        .unwrap();
-    std::thread::spawn(move || dns_responder(sock, ip));
-    let tcp = r
-        .run_in(|| std::net::TcpListener::bind((ip, 53)))
-        .unwrap()
-        .unwrap();
-    std::thread::spawn(move || dns_tcp_responder(tcp, ip));
+    remote_nameserver(&r);
     let out = same_natively_and_through_ferry(&format!(
         "dig +short +tries=1 +time=3 @{ip} web.ferry.test A; \
          dig +short +tries=1 +time=3 +tcp @{ip} tcp.ferry.test A"

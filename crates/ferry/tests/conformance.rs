@@ -118,6 +118,13 @@ const KNOWN_WITH_RX_RING: &[(&str, &str)] = &[
         "epoll.hup_both_shut",
         "EPOLLHUP is mirrored onto the readiness pair only with --rx pair",
     ),
+    (
+        "epoll.rdhup_on_peer_shutdown",
+        "the readiness token and the mirrored end of input are two writes into the pair \
+         (the token must go first: nothing can be written after the shutdown), and an \
+         epoll_wait can return between them: EPOLLIN without EPOLLRDHUP (seen in one of \
+         seven full test runs, in none of 20 runs of the case alone)",
+    ),
 ];
 
 #[test]

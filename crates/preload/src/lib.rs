@@ -93,8 +93,8 @@ pub mod tls;
 /// Library constructor: reads the environment before the program runs, so the first
 /// socket call (possibly in a signal handler) need not.
 extern "C" fn ferry_preload_init() {
-    // Looks libc's `syscall` up now: the shim's own raw calls (some in signal handlers)
-    // go through the `syscall` it exports, which must not call `dlsym` there.
+    // Looks libc's `syscall` up now: the program's `syscall()` (possibly in a signal
+    // handler) is the shim's, which forwards to libc's and must not call `dlsym` there.
     // SAFETY: getpid takes no arguments and cannot fail.
     unsafe { real::syscall(libc::SYS_getpid, 0, 0, 0, 0, 0, 0) };
     signals::claim_table();

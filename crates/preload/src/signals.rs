@@ -42,8 +42,8 @@ static OWNER: AtomicI32 = AtomicI32::new(0);
 
 /// This process's id, from the kernel (not libc's cache, which a `vfork` child shares).
 fn current_pid() -> i32 {
-    // SAFETY: getpid has no preconditions.
-    unsafe { libc::syscall(libc::SYS_getpid) as i32 }
+    // SAFETY: getpid takes no arguments and cannot fail.
+    unsafe { ferry_sys::syscall6(libc::SYS_getpid, [0; 6]) }.map_or(0, |p| p as i32)
 }
 
 /// Records this process as the table's owner (the library constructor).

@@ -1,7 +1,7 @@
-//! The few system calls the shim needs that `ferry-sys` does not wrap, entered through
-//! libc's `syscall(2)` (never the libc function of the same name, which may be the
-//! shim's own; nor the `syscall` the shim exports, which sends socket data calls on
-//! ferry sockets back into the shim).
+//! The few system calls the shim needs that `ferry-sys` does not wrap, entered straight
+//! into the kernel (`ferry_sys::syscall6`): never through the libc function of the same
+//! name, which may be the shim's own, nor through `syscall()`, which is the shim's too
+//! and sends socket data calls on ferry sockets back into the shim.
 
 use std::ffi::{c_int, c_long};
 use std::io;
@@ -13,12 +13,7 @@ use std::io;
 /// sizes it uses).
 unsafe fn raw(nr: c_long, a: [c_long; 6]) -> io::Result<i64> {
     // SAFETY: forwarded (caller).
-    let r = unsafe { crate::real::syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]) };
-    if r == -1 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
+    unsafe { ferry_sys::syscall6(nr, a) }
 }
 
 /// `fcntl(fd, F_GETFL)`.

@@ -52,6 +52,8 @@ pub(crate) struct Flows {
     by_client: HashMap<(usize, SocketAddr), u32>,
     next_id: u32,
     last_sweep: Option<Instant>,
+    /// Room for one datagram, kept between wake-ups.
+    buf: Vec<u8>,
     /// Datagrams forwarded into the sandbox, and back out.
     pub inbound: u64,
     pub outbound: u64,
@@ -68,6 +70,21 @@ impl Flows {
 
     pub fn get(&self, id: u32) -> Option<&Flow> {
         self.by_id.get(&id)
+    }
+
+    pub fn get_mut(&mut self, id: u32) -> Option<&mut Flow> {
+        self.by_id.get_mut(&id)
+    }
+
+    /// The datagram buffer (given back with [`Flows::put_buf`]).
+    fn take_buf(&mut self) -> Vec<u8> {
+        let mut b = std::mem::take(&mut self.buf);
+        b.resize(MAX_DATAGRAM, 0);
+        b
+    }
+
+    fn put_buf(&mut self, b: Vec<u8>) {
+        self.buf = b;
     }
 
     /// Adds a flow; returns its id and, when the port already had [`MAX_FLOWS`], the
@@ -124,10 +141,15 @@ impl crate::server::Server {
     /// Datagrams on published UDP port `i`: each goes into the sandbox through its
     /// client's flow (made on its first datagram).
     pub(crate) fn published_datagrams(&mut self, i: usize) {
-        let mut buf = vec![0u8; MAX_DATAGRAM];
         self.sweep_flows();
+        let mut buf = self.udp_flows.take_buf();
+        self.datagrams_in(i, &mut buf);
+        self.udp_flows.put_buf(buf);
+    }
+
+    fn datagrams_in(&mut self, i: usize, buf: &mut [u8]) {
         for _ in 0..BATCH {
-            let (n, from) = match ferry_sys::recv_from(self.published_fd(i), &mut buf) {
+            let (n, from) = match ferry_sys::recv_from(self.published_fd(i), buf) {
                 Ok((n, Some(from))) => (n, from),
                 Ok((_, None)) => continue,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
@@ -158,13 +180,18 @@ impl crate::server::Server {
 
     /// A flow's socket is readable: the program's answers go to the flow's client.
     pub(crate) fn flow_event(&mut self, id: u32) {
-        let mut buf = vec![0u8; MAX_DATAGRAM];
+        let mut buf = self.udp_flows.take_buf();
+        self.datagrams_out(id, &mut buf);
+        self.udp_flows.put_buf(buf);
+    }
+
+    fn datagrams_out(&mut self, id: u32, buf: &mut [u8]) {
         for _ in 0..BATCH {
             let Some(f) = self.udp_flows.get(id) else {
                 return;
             };
             let (port, client) = (f.port, f.client);
-            let n = match ferry_sys::recv(f.fd.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
+            let n = match ferry_sys::recv(f.fd.as_fd(), buf, libc::MSG_DONTWAIT) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
                 Err(e) => {
@@ -173,7 +200,7 @@ impl crate::server::Server {
                     continue;
                 }
             };
-            if let Some((_, f)) = self.udp_flows.find(port, client) {
+            if let Some(f) = self.udp_flows.get_mut(id) {
                 f.last = Instant::now();
             }
             match ferry_sys::send_to(self.published_fd(port), &buf[..n], &client) {

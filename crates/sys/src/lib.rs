@@ -2,10 +2,11 @@
 //! each wrapped once, turning `-1`/`errno` into `io::Error` and raw descriptors into
 //! `OwnedFd`.
 //!
-//! Every wrapper enters the kernel through `syscall(2)` rather than the libc function of
-//! the same name. That matters: inside a sandboxed program ferry's shim *replaces* the libc
-//! socket functions, so code shared by the shim and the server must never call them by
-//! name, or the shim would recurse into itself. This crate must not keep state, allocate
+//! Every wrapper enters the kernel directly (the system call instruction; libc's
+//! `syscall(2)` on architectures other than x86-64 and AArch64) rather than through the
+//! libc function of the same name. That matters: inside a sandboxed program ferry's shim
+//! *replaces* the libc socket functions, and `syscall()` too, so code shared by the shim
+//! and the server must never call them by name, or the shim would recurse into itself. This crate must not keep state, allocate
 //! on hot paths beyond what a call returns, or know about ferry's protocol.
 
 use std::io;
@@ -36,7 +37,18 @@ fn raw_syscall(nr: libc::c_long, a: &[libc::c_long]) -> io::Result<i64> {
     let g = |i: usize| a.get(i).copied().unwrap_or(0);
     // SAFETY: every wrapper in this crate passes arguments valid for the call it names
     // (pointers to live, correctly sized objects); the kernel validates the rest.
-    let r = unsafe { kernel_call(nr, [g(0), g(1), g(2), g(3), g(4), g(5)]) };
+    unsafe { syscall6(nr, [g(0), g(1), g(2), g(3), g(4), g(5)]) }
+}
+
+/// One system call with six arguments, straight into the kernel (see [`raw_syscall`]);
+/// for the preload shim's few calls this crate does not wrap.
+///
+/// # Safety
+/// The arguments must be valid for system call `nr` (pointers to live objects of the
+/// sizes it uses).
+pub unsafe fn syscall6(nr: libc::c_long, a: [libc::c_long; 6]) -> io::Result<i64> {
+    // SAFETY: forwarded (caller).
+    let r = unsafe { kernel_call(nr, a) };
     if (-4095..0).contains(&r) {
         Err(io::Error::from_raw_os_error(-r as i32))
     } else {
@@ -714,8 +726,7 @@ pub unsafe fn recv_raw(
 
 /// The calling thread's id.
 pub fn gettid() -> u32 {
-    // SAFETY: gettid has no arguments and cannot fail.
-    (unsafe { libc::syscall(libc::SYS_gettid) }) as u32
+    syscall!(libc::SYS_gettid).map_or(0, |t| t as u32)
 }
 
 /// Pins thread `tid` (0: the calling thread) to CPU `cpu` (`sched_setaffinity`).

@@ -37,7 +37,9 @@
 //! - **Signals** ([`signals`]): the shim wraps the program's signal handlers to know when
 //!   one ran during a wait, so `EINTR` versus `SA_RESTART` is the kernel's.
 //! - **Entry points** ([`exports`], [`fdcalls`]): `errno` is set at one boundary; a
-//!   panic becomes `EIO`, logged once (`FERRY_LOG=1`) with prefix `ferry:`.
+//!   panic becomes `EIO`, logged once (`FERRY_LOG=1`) with prefix `ferry:`. `syscall()`
+//!   is one too: its socket data calls on ferry sockets go where the named function
+//!   would (libuv sends datagrams that way); the shim's own system calls never take it.
 //!
 //! # Limitations
 //!

@@ -9,7 +9,8 @@
 //! policy, which socket options and control messages a sandbox may use (`sockopt.rs`,
 //! `ferry_proto::cmsg`: nothing that needs the server's privilege or points into its
 //! memory), egress bonding ([`egress`]: new outgoing connections spread over several host
-//! source addresses), published ports, data-path modules bound to sockets (`modules`: the
+//! source addresses), published ports (TCP connections handed to the sandbox's listener;
+//! UDP datagrams forwarded through a flow per client, `udp_publish`), data-path modules bound to sockets (`modules`: the
 //! server half of `ferry-modules` — binding, feeding a module the program's sends,
 //! writing its output, failing only its socket), and counters. It trusts nothing that
 //! comes from a channel: a malformed record closes that channel (with a log line) and the

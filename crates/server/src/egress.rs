@@ -246,6 +246,7 @@ impl Server {
     /// program has not bound the socket itself, binds it to the bond's source address
     /// for `dst`. `Err` is the errno for the program's connect.
     pub(crate) fn bond_source(&mut self, id: u32, dst: SocketAddr) -> Result<(), i32> {
+        let io = self.io;
         let Some(bond) = self.cfg.egress.clone() else {
             return Ok(());
         };
@@ -257,7 +258,7 @@ impl Server {
         }
         // Bound by the program, or by an earlier sendto/connect (a UDP socket that
         // connects again keeps its address): leave it.
-        if let Ok(Some(local)) = ferry_sys::sock_addr(s.fd.as_fd(), false)
+        if let Ok(Some(local)) = io.sock_addr(s.fd.as_fd(), false)
             && (local.port() != 0 || !local.ip().is_unspecified())
         {
             return Ok(());
@@ -270,13 +271,14 @@ impl Server {
             (ip, _) => ip,
         };
         let fd = s.fd.as_fd();
-        let bound = ferry_sys::setsockopt(
-            fd,
-            libc::IPPROTO_IP,
-            IP_BIND_ADDRESS_NO_PORT,
-            &1i32.to_ne_bytes(),
-        )
-        .and_then(|()| ferry_sys::bind(fd, &SocketAddr::new(src, 0)));
+        let bound = io
+            .setsockopt(
+                fd,
+                libc::IPPROTO_IP,
+                IP_BIND_ADDRESS_NO_PORT,
+                &1i32.to_ne_bytes(),
+            )
+            .and_then(|()| io.bind(fd, &SocketAddr::new(src, 0)));
         match bound {
             Ok(()) => {
                 s.egress = Some(lease);

@@ -70,10 +70,12 @@ mod modules;
 mod ops;
 pub mod policy;
 mod reach;
+mod seam;
 mod server;
 mod sock;
 mod sockopt;
 mod stats;
+pub mod testkit;
 mod udp_publish;
 
 pub use egress::{Bond, EgressStats, Mode};

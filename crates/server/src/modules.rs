@@ -650,6 +650,7 @@ impl Server {
     /// Sends of a module-bound socket: feeds them to the module and writes its output.
     /// Returns false when the socket is (now) a plain socket: the caller sends its queue.
     pub(crate) fn module_flush(&mut self, id: u32) -> bool {
+        let io = self.io;
         loop {
             let (Some(s), Some(b)) = (self.socks.get_mut(&id), self.modules.bound.get_mut(&id))
             else {
@@ -744,7 +745,7 @@ impl Server {
             if s.txq.is_empty() {
                 if s.shut_wr_pending {
                     s.shut_wr_pending = false;
-                    let _ = ferry_sys::shutdown(s.fd.as_fd(), libc::SHUT_WR);
+                    let _ = io.shutdown(s.fd.as_fd(), libc::SHUT_WR);
                 }
                 if s.app_closed {
                     self.dirty.push(id);
@@ -774,22 +775,23 @@ impl Server {
     /// A module failed: stop it, reset its connection, fail the program's operations on
     /// the socket with `EIO`. Nothing else is touched.
     fn module_failed(&mut self, id: u32, why: &str) {
+        let io = self.io;
         warn!("socket {id}: module stopped ({why}); resetting the connection");
         self.stats.modules_failed += 1;
         self.modules.bound.insert(id, Bound::Failed);
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
-        let _ = ferry_sys::linger_reset(s.fd.as_fd());
+        let _ = io.linger_reset(s.fd.as_fd());
         // Disconnecting a TCP socket sends a reset and keeps the descriptor (the program
         // still holds its socket; it is closed when the program closes it).
-        let _ = rustix::net::connect_unspec(&s.fd);
+        let _ = io.connect_unspec(s.fd.as_fd());
         s.shut_wr_pending = false;
         s.hup_reported = true;
         let parked: Vec<Parked> = s.parked.drain(..).collect();
         let items: Vec<_> = s.txq.drain(..).collect();
         let ch = s.last_ch;
-        s.mirror_eof();
+        s.mirror_eof(io);
         for item in items {
             self.give_back(item.ch, id, item.span.id().0);
         }

@@ -12,8 +12,8 @@ use ferry_proto::{
 use ferry_ring::BufId;
 use tracing::{debug, warn};
 
-use crate::hostio;
 use crate::policy::Verdict;
+use crate::seam::Io;
 use crate::server::Server;
 use crate::sock::{Parked, Place, Sock, TxItem};
 use crate::sockopt;
@@ -93,18 +93,19 @@ const RX_PIPE: usize = 1 << 20;
 /// (not expected: the pipe holds those bytes) — the stream has lost them (`EIO`) and
 /// the pipe must not serve another.
 fn splice_bulk(
+    io: &dyn Io,
     s: &mut Sock,
     (pr, pw): &(OwnedFd, OwnedFd),
     buf: &mut [u8],
 ) -> (io::Result<usize>, bool) {
-    let r = ferry_sys::splice(s.fd.as_fd(), pw.as_fd(), RX_SPLICE);
+    let r = io.splice(s.fd.as_fd(), pw.as_fd(), RX_SPLICE);
     let Ok(n @ 1..) = r else {
         return (r, false);
     };
-    let moved = ferry_sys::splice(pr.as_fd(), s.pair.as_fd(), n).unwrap_or(0);
+    let moved = io.splice(pr.as_fd(), s.pair.as_fd(), n).unwrap_or(0);
     let mut rest = n - moved.min(n);
     while rest > 0 {
-        match ferry_sys::read(pr.as_fd(), &mut buf[..rest.min(RX_SCRATCH)]) {
+        match io.read(pr.as_fd(), &mut buf[..rest.min(RX_SCRATCH)]) {
             Ok(k @ 1..) => {
                 s.rx_pending.extend_from_slice(&buf[..k]);
                 rest -= k;
@@ -161,21 +162,22 @@ impl Server {
     /// stops at the next filler's marker). Bounded work: a sandbox that enlarged its
     /// end's send buffer keeps its own fd unwritable, nothing more.
     pub(crate) fn drain_filler(&mut self, id: u32) {
+        let io = self.io;
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
-        if s.takes_pair_input() && !ferry_sys::at_mark(s.pair.as_fd()).unwrap_or(false) {
+        if s.takes_pair_input(io) && !io.at_mark(s.pair.as_fd()).unwrap_or(false) {
             // The program's own bytes stand before the filler: they go first.
             s.filler_due = true;
             self.pair_input(id);
             return;
         }
-        Self::drain_filler_now(s);
+        Self::drain_filler_now(io, s);
     }
 
-    fn drain_filler_now(s: &mut Sock) {
+    fn drain_filler_now(io: &dyn Io, s: &mut Sock) {
         let mut buf = [0u8; 16 << 10];
-        let _ = ferry_sys::recv_with_fds(s.pair.as_fd(), &mut buf, libc::MSG_DONTWAIT);
+        let _ = io.discard(s.pair.as_fd(), &mut buf);
         s.stats.room_waits += 1;
     }
 
@@ -247,6 +249,7 @@ impl Server {
     /// the program's end of its pair has: names are never used twice). Then the process
     /// may act on the socket from now on.
     fn claim(&mut self, ch: u32, id: u32, fd: OwnedFd) -> i32 {
+        let io = self.io;
         let Some(owner) = self.chan(ch).map(|c| c.owner) else {
             return -libc::EBADF;
         };
@@ -254,20 +257,19 @@ impl Server {
             return -libc::EBADF;
         };
         let mut name = [0u8; 107];
-        let named = ferry_sys::abstract_name(fd.as_fd(), &mut name)
+        let named = io
+            .abstract_name(fd.as_fd(), &mut name)
             .ok()
             .flatten()
             .is_some_and(|n| name[..n] == s.name.0[..s.name.1]);
-        let ours = match (
-            ferry_sys::netns_cookie(fd.as_fd()),
-            ferry_sys::netns_cookie(s.pair.as_fd()),
-        ) {
+        let ours = match (io.netns_cookie(fd.as_fd()), io.netns_cookie(s.pair.as_fd())) {
             (Ok(a), Ok(b)) => a == b,
             // Kernels before 5.14: the name alone (made in a namespace the sandbox
             // cannot bind in, but a program that saw it could bind it in its own).
             _ => true,
         };
-        let stream = ferry_sys::getsockopt_int(fd.as_fd(), libc::SOL_SOCKET, libc::SO_TYPE)
+        let stream = io
+            .getsockopt_int(fd.as_fd(), libc::SOL_SOCKET, libc::SO_TYPE)
             .is_ok_and(|t| t == libc::SOCK_STREAM);
         if !(named && ours && stream) {
             if let Some(n) = self.strangers.tick() {
@@ -309,12 +311,10 @@ impl Server {
         }
         let owner = self.chan(ch).ok_or(-libc::EBADF)?.owner;
         let _slot = self.socket_slot()?;
-        let fd = ferry_sys::socket(
-            domain,
-            ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            protocol,
-        )
-        .map_err(|e| errno(&e))?;
+        let fd = self
+            .io
+            .socket(domain, ty, protocol)
+            .map_err(|e| errno(&e))?;
         let key = self
             .chan(ch)
             .map_or(0, |c| u64::from(c.stats.pid) << 32 | u64::from(c.stats.tid));
@@ -377,14 +377,15 @@ impl Server {
     }
 
     fn try_accept(&mut self, id: u32) -> io::Result<(OwnedFd, Option<SocketAddr>)> {
+        let io = self.io;
         let s = self
             .socks
             .get(&id)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
-        match ferry_sys::accept4(s.fd.as_fd(), libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) {
+        match self.io.accept(s.fd.as_fd()) {
             Err(e) if would_block(&e) => match self.take_published(id) {
                 Some(conn) => {
-                    let peer = ferry_sys::sock_addr(conn.as_fd(), true).ok().flatten();
+                    let peer = io.sock_addr(conn.as_fd(), true).ok().flatten();
                     // A published port listens on both families: an IPv4 client shows
                     // as ::ffff:a.b.c.d, which an IPv4 listener's program must see as
                     // a.b.c.d (`finish_accept` makes it so).
@@ -455,6 +456,7 @@ impl Server {
 
     /// One validated ring request. `Err` means the channel broke the protocol.
     pub(crate) fn handle(&mut self, ch: u32, req: Request) -> Result<(), String> {
+        let io = self.io;
         let r = req.raw;
         if req.op == Op::BufReturn {
             let chan = self.chan_mut(ch).ok_or("no channel")?;
@@ -524,7 +526,8 @@ impl Server {
                 let res = if s.is_stream() {
                     -libc::EAFNOSUPPORT
                 } else {
-                    rustix::net::connect_unspec(&s.fd).map_or_else(|e| -e.raw_os_error(), |()| 0)
+                    io.connect_unspec(s.fd.as_fd())
+                        .map_or_else(|e| errno(&e), |()| 0)
                 };
                 self.done(ch, id, r.tag, res);
             }
@@ -570,13 +573,14 @@ impl Server {
                 {
                     s.shut_wr_pending = true;
                     if how == libc::SHUT_RDWR {
-                        ferry_sys::shutdown(s.fd.as_fd(), libc::SHUT_RD)
+                        io.shutdown(s.fd.as_fd(), libc::SHUT_RD)
                             .map_or_else(|e| errno(&e), |()| 0)
                     } else {
                         0
                     }
                 } else {
-                    ferry_sys::shutdown(s.fd.as_fd(), how).map_or_else(|e| errno(&e), |()| 0)
+                    io.shutdown(s.fd.as_fd(), how)
+                        .map_or_else(|e| errno(&e), |()| 0)
                 };
                 self.done(ch, id, r.tag, res);
                 if module {
@@ -608,7 +612,7 @@ impl Server {
                     }
                     -libc::EPERM
                 } else {
-                    ferry_sys::setsockopt(s.fd.as_fd(), level, name, &value)
+                    io.setsockopt(s.fd.as_fd(), level, name, &value)
                         .map_or_else(|e| errno(&e), |()| 0)
                 };
                 if res == 0 {
@@ -622,7 +626,7 @@ impl Server {
             Op::SockName | Op::PeerName => {
                 let s = self.sock(id).expect("checked above");
                 let domain = s.domain;
-                let c = match ferry_sys::sock_addr(s.fd.as_fd(), req.op == Op::PeerName) {
+                let c = match io.sock_addr(s.fd.as_fd(), req.op == Op::PeerName) {
                     Ok(Some(a)) => {
                         let a = in_family(domain, a);
                         Cmp::new(CmpKind::Done, id, r.tag, 0).with_addr(&WireAddr::from(a))
@@ -634,7 +638,7 @@ impl Server {
             }
             Op::Pending => {
                 let s = self.sock(id).expect("checked above");
-                let res = ferry_sys::pending_bytes(s.fd.as_fd()).unwrap_or_else(|e| errno(&e));
+                let res = io.pending_bytes(s.fd.as_fd()).unwrap_or_else(|e| errno(&e));
                 self.done(ch, id, r.tag, res);
             }
             Op::WantToken => {
@@ -708,6 +712,7 @@ impl Server {
     /// a way to publish a port). Nothing happens to other sockets, or once a socket has
     /// a peer or listens.
     fn move_to_host(&mut self, id: u32) -> Result<(), i32> {
+        let io = self.io;
         let Some(s) = self.socks.get(&id) else {
             return Ok(());
         };
@@ -717,19 +722,18 @@ impl Server {
         if s.place != Place::Sandbox || s.listening || s.connected || s.connecting {
             return Ok(());
         }
-        let had = ferry_sys::sock_addr(s.fd.as_fd(), false)
+        let had = io
+            .sock_addr(s.fd.as_fd(), false)
             .ok()
             .flatten()
             .map_or(0, |a| a.port());
         let (domain, ty, protocol) = (s.domain, s.ty, s.protocol);
-        let fd = ferry_sys::socket(
-            domain,
-            ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            protocol,
-        )
-        .map_err(|e| errno(&e))?;
+        let fd = self
+            .io
+            .socket(domain, ty, protocol)
+            .map_err(|e| errno(&e))?;
         for (level, name, value) in &s.opts {
-            let _ = ferry_sys::setsockopt(fd.as_fd(), *level, *name, value);
+            let _ = io.setsockopt(fd.as_fd(), *level, *name, value);
         }
         let any = |port| {
             let ip: std::net::IpAddr = if domain == libc::AF_INET6 {
@@ -742,9 +746,9 @@ impl Server {
         // The port is free in the sandbox, where the program bound it, but may be taken on
         // the host (by another program, or a connection in TIME_WAIT): the program cannot
         // try another one now, as it would after a failed bind, so the host picks one.
-        let kept = ferry_sys::bind(fd.as_fd(), &any(had)).is_ok();
+        let kept = io.bind(fd.as_fd(), &any(had)).is_ok();
         if !kept {
-            ferry_sys::bind(fd.as_fd(), &any(0)).map_err(|e| errno(&e))?;
+            io.bind(fd.as_fd(), &any(0)).map_err(|e| errno(&e))?;
             debug!("socket {id}: port {had} is taken on the host; another one is used");
         }
         self.replace_host_fd(id, fd, Place::Host)
@@ -762,6 +766,7 @@ impl Server {
 
     /// Moves a provisional socket to where `dest` says it belongs.
     fn place_for(&mut self, id: u32, local: bool) -> Result<(), i32> {
+        let io = self.io;
         let s = self.socks.get(&id).ok_or(-libc::EBADF)?;
         if s.place != Place::Provisional {
             return Ok(());
@@ -776,7 +781,8 @@ impl Server {
                     protocol,
                 )
                 .map_err(|e| errno(&e))?;
-            ferry_sys::set_nonblocking(fd.as_fd(), true).map_err(|e| errno(&e))?;
+            io.set_nonblocking(fd.as_fd(), true)
+                .map_err(|e| errno(&e))?;
             self.replace_host_fd(id, fd, Place::Sandbox)
                 .map_err(|e| errno(&e))?;
         } else if let Some(s) = self.sock(id) {
@@ -786,6 +792,7 @@ impl Server {
     }
 
     fn connect(&mut self, ch: u32, id: u32, tag: u32, addr: WireAddr, nonblock: bool) {
+        let io = self.io;
         if let Some(s) = self.sock(id)
             && s.pair_detached
         {
@@ -797,7 +804,7 @@ impl Server {
                     0 => libc::ECONNABORTED,
                     e => e,
                 };
-                let _ = rustix::net::connect_unspec(&s.fd);
+                let _ = io.connect_unspec(s.fd.as_fd());
                 self.done(ch, id, tag, -e);
             } else {
                 // Connecting again: the program's end of the pair must be renewed first.
@@ -841,7 +848,7 @@ impl Server {
             return;
         }
         let s = self.sock(id).expect("placed above");
-        match ferry_sys::connect(s.fd.as_fd(), &addr.to_std()) {
+        match io.connect(s.fd.as_fd(), &addr.to_std()) {
             Ok(()) => {
                 s.connected = s.is_stream();
                 self.done(ch, id, tag, 0);
@@ -861,6 +868,7 @@ impl Server {
     }
 
     fn bind(&mut self, id: u32, addr: SocketAddr) -> i32 {
+        let io = self.io;
         let local = WireAddr::from(addr).is_local();
         if !local {
             if !self.host_addrs.owns(addr.ip()) {
@@ -880,7 +888,7 @@ impl Server {
         }
         let wild = WireAddr::from(addr).is_unspecified().then_some(addr.port());
         let s = self.sock(id).expect("placed above");
-        match ferry_sys::bind(s.fd.as_fd(), &addr) {
+        match io.bind(s.fd.as_fd(), &addr) {
             Ok(()) => {
                 s.bound_wild = wild;
                 0
@@ -889,7 +897,8 @@ impl Server {
                 // A socket the sandbox already closed may still hold the port: the hang-up
                 // of its readiness pair was not processed yet. Now it is; try again.
                 let s = self.sock(id).expect("placed above");
-                ferry_sys::bind(s.fd.as_fd(), &addr).map_or_else(|e| errno(&e), |()| 0)
+                io.bind(s.fd.as_fd(), &addr)
+                    .map_or_else(|e| errno(&e), |()| 0)
             }
             Err(e) => errno(&e),
         }
@@ -915,6 +924,7 @@ impl Server {
     }
 
     fn listen(&mut self, id: u32, backlog: i32) -> i32 {
+        let io = self.io;
         if self.on_host(id) {
             warn!(
                 "socket {id}: listen refused: the socket is bound to a host address, and only -p publishes a port"
@@ -927,10 +937,10 @@ impl Server {
         }
         let shared = self.shared.clone();
         let s = self.sock(id).expect("placed above");
-        match ferry_sys::listen(s.fd.as_fd(), backlog) {
+        match io.listen(s.fd.as_fd(), backlog) {
             Ok(()) => {
                 if !s.listening
-                    && let Ok(Some(a)) = ferry_sys::sock_addr(s.fd.as_fd(), false)
+                    && let Ok(Some(a)) = io.sock_addr(s.fd.as_fd(), false)
                     && shared.listener_up(a.port())
                 {
                     s.published_listener = Some(a.port());
@@ -946,6 +956,7 @@ impl Server {
     }
 
     fn getopt(&mut self, ch: u32, id: u32, tag: u32, level: i32, name: i32, len: u32) {
+        let io = self.io;
         let s = self.sock(id).expect("caller checked");
         if level == libc::SOL_SOCKET && name == libc::SO_ERROR {
             // While a connect is in progress the answer is 0, as the kernel's: the
@@ -955,14 +966,14 @@ impl Server {
             let err = if err != 0 || s.connecting {
                 err
             } else {
-                ferry_sys::getsockopt_int(s.fd.as_fd(), level, name).unwrap_or(0)
+                io.getsockopt_int(s.fd.as_fd(), level, name).unwrap_or(0)
             };
             let c = Cmp::new(CmpKind::Done, id, tag, 0).with_bytes(&err.to_ne_bytes());
             self.complete(ch, c);
             return;
         }
         let mut val = vec![0u8; (len as usize).clamp(1, 1024)];
-        match ferry_sys::getsockopt(s.fd.as_fd(), level, name, &mut val) {
+        match io.getsockopt(s.fd.as_fd(), level, name, &mut val) {
             Ok(n) if n <= 32 => {
                 let c = Cmp::new(CmpKind::Done, id, tag, 0).with_bytes(&val[..n]);
                 self.complete(ch, c);
@@ -1106,6 +1117,7 @@ impl Server {
 
     /// Sends queued data until the host socket is full; returns finished buffers.
     pub(crate) fn flush_tx(&mut self, id: u32) {
+        let io = self.io;
         if self.modules.is_bound(id) && self.module_flush(id) {
             return;
         }
@@ -1120,7 +1132,7 @@ impl Server {
             // call (a datagram is always one call of its own). Urgent data ends a batch:
             // `MSG_OOB` marks the last byte of the call that carries it.
             let batch = if s.is_stream() {
-                let n = s.txq.len().min(hostio::MAX_IOV);
+                let n = s.txq.len().min(crate::hostio::MAX_IOV);
                 s.txq
                     .iter()
                     .take(n)
@@ -1129,7 +1141,7 @@ impl Server {
             } else {
                 1
             };
-            let res = hostio::send_items(s.fd.as_fd(), s.txq.range(..batch));
+            let res = io.send_items(s.fd.as_fd(), s.txq.range(..batch));
             self.stats.data_syscalls += 1;
             match res {
                 Ok(mut n) => {
@@ -1197,6 +1209,7 @@ impl Server {
     /// Once everything the program sent is out (queued sends and its own bytes in the
     /// pair): a pending `shutdown` for writing happens, a closed socket can go.
     fn after_sends(&mut self, id: u32) {
+        let io = self.io;
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
@@ -1205,7 +1218,7 @@ impl Server {
         }
         if s.shut_wr_pending {
             s.shut_wr_pending = false;
-            let _ = ferry_sys::shutdown(s.fd.as_fd(), libc::SHUT_WR);
+            let _ = io.shutdown(s.fd.as_fd(), libc::SHUT_WR);
         }
         if s.app_closed {
             self.dirty.push(id);
@@ -1222,12 +1235,13 @@ impl Server {
     /// (its `EPOLLOUT` resumes this, and the program's end fills up meanwhile, as a
     /// full socket's would).
     pub(crate) fn pair_input(&mut self, id: u32) {
+        let io = self.io;
         let mut buf = Vec::new();
         loop {
             let Some(s) = self.socks.get_mut(&id) else {
                 return;
             };
-            if !s.takes_pair_input() {
+            if !s.takes_pair_input(io) {
                 return;
             }
             if !s.txq.is_empty() {
@@ -1235,13 +1249,13 @@ impl Server {
                 return;
             }
             let pair = s.pair.as_fd();
-            let at_mark = |fd| ferry_sys::at_mark(fd).unwrap_or(false);
+            let at_mark = |fd| io.at_mark(fd).unwrap_or(false);
             let marked = at_mark(pair);
             let n = if marked {
                 0
             } else {
                 buf.resize(PAIR_INPUT_CHUNK, 0);
-                match ferry_sys::recv(pair, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+                match io.recv(pair, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
                     Ok(n) => n,
                     Err(e) => {
                         // Kept for `app_closed`, which would have read it as SO_ERROR.
@@ -1259,7 +1273,7 @@ impl Server {
                 // asked of an unfilled pair).
                 let was_waiting = std::mem::take(&mut s.pair_in_wait);
                 if std::mem::take(&mut s.filler_due) && marked {
-                    Self::drain_filler_now(s);
+                    Self::drain_filler_now(io, s);
                 }
                 if was_waiting {
                     self.after_sends(id);
@@ -1278,9 +1292,9 @@ impl Server {
             let s = self.socks.get_mut(&id).expect("looked up above");
             s.pair_in_wait = false;
             let pair = s.pair.as_fd();
-            match ferry_sys::send_nosignal(s.fd.as_fd(), &buf[..n]) {
+            match io.send(s.fd.as_fd(), &buf[..n]) {
                 Ok(k) => {
-                    let _ = ferry_sys::recv(pair, &mut buf[..k], libc::MSG_DONTWAIT);
+                    let _ = io.recv(pair, &mut buf[..k], libc::MSG_DONTWAIT);
                     s.stats.bytes_out += k as u64;
                     self.stats.bytes_out += k as u64;
                     if k < n {
@@ -1297,7 +1311,7 @@ impl Server {
                     // succeeded, so these bytes are dropped as a kernel socket's unsent
                     // ones would be.
                     debug!("socket {id}: bytes from the pair not sent: {e}");
-                    let _ = ferry_sys::recv(pair, &mut buf[..n], libc::MSG_DONTWAIT);
+                    let _ = io.recv(pair, &mut buf[..n], libc::MSG_DONTWAIT);
                     return;
                 }
             }
@@ -1345,6 +1359,7 @@ impl Server {
 
     /// One non-blocking receive into the channel's buffers; completes on success.
     fn try_recv(&mut self, ch: u32, id: u32, tag: u32, len: u32, flags: i32) -> io::Result<()> {
+        let io = self.io;
         let chan = self
             .channels
             .get_mut(ch as usize)
@@ -1385,7 +1400,7 @@ impl Server {
         let filter = !s.is_stream() && s.place != Place::Sandbox;
         let contacted = s.contacted.as_deref();
         let res = loop {
-            let res = hostio::recv_spans(
+            let res = io.recv_spans(
                 s.fd.as_fd(),
                 &chan.ep.bufs,
                 &spans,
@@ -1404,7 +1419,7 @@ impl Server {
                         }) =>
                 {
                     if flags & libc::MSG_PEEK != 0 {
-                        let _ = ferry_sys::recv(s.fd.as_fd(), &mut [0u8; 1], libc::MSG_DONTWAIT);
+                        let _ = io.recv(s.fd.as_fd(), &mut [0u8; 1], libc::MSG_DONTWAIT);
                     }
                     self.stats.dropped_arrivals += 1;
                 }
@@ -1471,7 +1486,7 @@ impl Server {
         }
         if s.token_out
             && flags & libc::MSG_PEEK == 0
-            && (short || ferry_sys::poll_now(s.fd.as_fd(), libc::POLLIN).unwrap_or(0) == 0)
+            && (short || io.poll_now(s.fd.as_fd(), libc::POLLIN).unwrap_or(0) == 0)
         {
             fin.flags |= CMP_DRAIN_TOKEN;
         }
@@ -1485,12 +1500,13 @@ impl Server {
     /// after it would hang. If a connection arrives meanwhile, `TokenDrained`'s re-check
     /// writes a fresh token.
     fn drain_if_empty(&mut self, listener: u32) -> i32 {
+        let io = self.io;
         let published = self.has_published(listener);
         match self.socks.get(&listener) {
             Some(s)
                 if s.token_out
                     && !published
-                    && ferry_sys::poll_now(s.fd.as_fd(), libc::POLLIN).unwrap_or(0) == 0 =>
+                    && io.poll_now(s.fd.as_fd(), libc::POLLIN).unwrap_or(0) == 0 =>
             {
                 1
             }
@@ -1514,6 +1530,7 @@ impl Server {
     /// [`Server::maybe_token`]; `readable` = the host socket just reported input and
     /// nothing has received since, so a stream needs no `ppoll` to know.
     fn maybe_token_known(&mut self, id: u32, readable: bool) {
+        let io = self.io;
         if self.socks.get(&id).is_some_and(Sock::reads_pair) {
             self.pump(id);
             return;
@@ -1533,18 +1550,19 @@ impl Server {
         let rev = if tracked && readable {
             libc::POLLIN
         } else {
-            ferry_sys::poll_now(s.fd.as_fd(), libc::POLLIN | libc::POLLRDHUP).unwrap_or(0)
+            io.poll_now(s.fd.as_fd(), libc::POLLIN | libc::POLLRDHUP)
+                .unwrap_or(0)
         };
         let readable = rev & (libc::POLLIN | libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0;
         if tracked && !readable {
             s.rx_maybe = false;
         }
-        if (readable || published) && ferry_sys::send_nosignal(s.pair.as_fd(), &[1]).is_ok() {
+        if (readable || published) && io.send(s.pair.as_fd(), &[1]).is_ok() {
             s.token_out = true;
             s.stats.tokens += 1;
         }
         if rev & (libc::POLLRDHUP | libc::POLLHUP) != 0 && !s.listening {
-            s.mirror_eof();
+            s.mirror_eof(io);
         }
     }
 
@@ -1581,6 +1599,7 @@ impl Server {
     /// hang-up too). The channel's completions go out first: a program that sees the
     /// hang-up and sends must find the error reported with it.
     pub(crate) fn mirror_hup(&mut self, id: u32) {
+        let io = self.io;
         let Some(s) = self.socks.get(&id).filter(|s| s.hup_to_mirror()) else {
             return;
         };
@@ -1592,10 +1611,11 @@ impl Server {
             return;
         };
         s.hup_mirrored = true;
-        let _ = ferry_sys::shutdown(s.pair.as_fd(), libc::SHUT_RD);
+        let _ = io.shutdown(s.pair.as_fd(), libc::SHUT_RD);
     }
 
     fn pump_pair(&mut self, id: u32) {
+        let io = self.io;
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
@@ -1604,20 +1624,14 @@ impl Server {
         }
         if self.rx_scratch.is_empty() {
             self.rx_scratch = vec![0u8; RX_SCRATCH];
-            // Without a pipe (out of descriptors), bulk streams are copied too. A splice
-            // into a pair whose program end has gone raises SIGPIPE (splice takes no
-            // MSG_NOSIGNAL): the process ignores it from now on (the `ferry` binary
-            // does from the start).
-            self.rx_pipe = ferry_sys::pipe_sized(RX_PIPE).ok();
-            if self.rx_pipe.is_some() && ferry_sys::ignore_sigpipe().is_err() {
-                self.rx_pipe = None;
-            }
+            // Without a pipe (out of descriptors), bulk streams are copied too.
+            self.rx_pipe = self.io.rx_pipe(RX_PIPE);
         }
         let buf = &mut self.rx_scratch;
         let mut pipe_broken = false;
         loop {
             if !s.rx_pending.is_empty() {
-                match ferry_sys::send_nosignal(s.pair.as_fd(), &s.rx_pending) {
+                match io.send(s.pair.as_fd(), &s.rx_pending) {
                     Ok(n) => {
                         s.rx_pending.drain(..n);
                         if !s.rx_pending.is_empty() {
@@ -1627,7 +1641,7 @@ impl Server {
                     Err(_) => return,
                 }
             }
-            if !s.urgent_first() {
+            if !s.urgent_first(io) {
                 return;
             }
             if !s.rx_maybe {
@@ -1637,26 +1651,28 @@ impl Server {
             }
             let got = match &self.rx_pipe {
                 Some(pipe) if s.rx_bulk => {
-                    let (r, broken) = splice_bulk(s, pipe, buf);
+                    let (r, broken) = splice_bulk(io, s, pipe, buf);
                     pipe_broken = broken;
                     r
                 }
-                _ => ferry_sys::recv(s.fd.as_fd(), buf, libc::MSG_DONTWAIT).inspect(|&n| {
-                    if n > 0 {
-                        // Straight into the pair; only what it does not take is kept.
-                        let sent = ferry_sys::send_nosignal(s.pair.as_fd(), &buf[..n]).unwrap_or(0);
-                        s.rx_pending.extend_from_slice(&buf[sent..n]);
-                        // A splice into a socket blocks unless the socket's own file
-                        // is non-blocking: the server's end of the pair becomes so.
-                        s.rx_bulk = n == RX_SCRATCH
-                            && self.rx_pipe.is_some()
-                            && ferry_sys::set_nonblocking(s.pair.as_fd(), true).is_ok();
-                    }
-                }),
+                _ => io
+                    .recv(s.fd.as_fd(), buf, libc::MSG_DONTWAIT)
+                    .inspect(|&n| {
+                        if n > 0 {
+                            // Straight into the pair; only what it does not take is kept.
+                            let sent = io.send(s.pair.as_fd(), &buf[..n]).unwrap_or(0);
+                            s.rx_pending.extend_from_slice(&buf[sent..n]);
+                            // A splice into a socket blocks unless the socket's own file
+                            // is non-blocking: the server's end of the pair becomes so.
+                            s.rx_bulk = n == RX_SCRATCH
+                                && self.rx_pipe.is_some()
+                                && io.set_nonblocking(s.pair.as_fd(), true).is_ok();
+                        }
+                    }),
             };
             match got {
                 Ok(0) => {
-                    s.mirror_eof();
+                    s.mirror_eof(io);
                     return;
                 }
                 Ok(n) => {
@@ -1683,10 +1699,10 @@ impl Server {
                 }
                 Err(e) => {
                     s.so_error = e.raw_os_error().unwrap_or(libc::EIO);
-                    s.mirror_eof();
+                    s.mirror_eof(io);
                     if pipe_broken {
                         warn!("socket {id}: the receive pipe lost bytes; the stream ends with EIO");
-                        let _ = ferry_sys::linger_reset(s.fd.as_fd());
+                        let _ = io.linger_reset(s.fd.as_fd());
                         self.rx_pipe = None;
                     }
                     return;
@@ -1697,6 +1713,7 @@ impl Server {
 
     /// Host readiness: finish connects, flush sends, retry parked operations, tokens.
     pub(crate) fn host_event(&mut self, id: u32, events: u32) {
+        let io = self.io;
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
@@ -1720,7 +1737,8 @@ impl Server {
         if s.connecting && out {
             s.connecting = false;
             let filled = std::mem::take(&mut s.connect_filled);
-            let err = ferry_sys::getsockopt_int(s.fd.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
+            let err = io
+                .getsockopt_int(s.fd.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
                 .unwrap_or(libc::EIO);
             let parked: Vec<Parked> = s.parked.drain(..).collect();
             let finish = s.connect_to.take();
@@ -1739,7 +1757,7 @@ impl Server {
                             // kernel's side too, so that a second connect says EISCONN
                             // (after EINPROGRESS the kernel wants one more connect call).
                             if let Ok(fd) = &host {
-                                let _ = ferry_sys::connect(fd.as_fd(), &to);
+                                let _ = io.connect(fd.as_fd(), &to);
                             }
                         }
                         self.done(ch, id, tag, -err);
@@ -1755,7 +1773,7 @@ impl Server {
                     // A blocking connect failed: the kernel puts the program's socket
                     // back to unconnected, so that it may connect again (ours, connected
                     // without blocking, would say ECONNABORTED): dissolve it.
-                    let _ = rustix::net::connect_unspec(&s.fd);
+                    let _ = io.connect_unspec(s.fd.as_fd());
                 }
             }
             if filled && err != 0 && !reported {
@@ -1811,6 +1829,7 @@ impl Server {
     /// socket is already readable: add a token byte per new-data edge (a few at most
     /// between two drains).
     fn edge_token(&mut self, id: u32, events: u32) {
+        let io = self.io;
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
@@ -1822,7 +1841,7 @@ impl Server {
         {
             return;
         }
-        if ferry_sys::send_nosignal(s.pair.as_fd(), &[1]).is_ok() {
+        if io.send(s.pair.as_fd(), &[1]).is_ok() {
             s.extra_tokens += 1;
             s.stats.tokens += 1;
         }

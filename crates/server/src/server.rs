@@ -14,6 +14,7 @@ use tracing::{debug, info, warn};
 use crate::channel::Channel;
 use crate::group::{Handle, Msg, Shared, lock, server_name};
 use crate::ops::errno;
+use crate::seam::Io;
 use crate::sock::{NewPair, Owner, Parked, Place, Sock};
 use crate::stats::ServerStats;
 use crate::{Config, Error, SandboxSocketFn};
@@ -57,6 +58,8 @@ pub(crate) fn token(kind: u64, idx: u32) -> u64 {
 /// group of its own from [`Server::new`]).
 pub struct Server {
     pub(crate) cfg: Config,
+    /// Every call on host sockets, pairs and control sockets (the seam, `seam.rs`).
+    pub(crate) io: &'static dyn Io,
     /// This server's index in its group.
     pub(crate) index: usize,
     pub(crate) shared: Arc<Shared>,
@@ -168,6 +171,37 @@ impl Server {
         } else {
             (None, Vec::new())
         };
+        Server::assemble(
+            cfg,
+            shared,
+            index,
+            epoll,
+            listener,
+            published,
+            &crate::seam::SYS,
+        )
+    }
+
+    /// A server of its own group that serves channels opened in-process
+    /// ([`Server::open_channel`]) and makes every call through `io`: no control socket,
+    /// no published ports (the harness of `testkit.rs`).
+    pub(crate) fn in_process(mut cfg: Config, io: &'static dyn Io) -> Result<Server, Error> {
+        cfg.servers = 1;
+        let sandbox: SandboxSocketFn = Box::new(move |d, t, p| io.socket(d, t, p));
+        let shared = Arc::new(Shared::new(&cfg, sandbox)?);
+        let epoll = Epoll::new(256).map_err(Error::EventLoop)?;
+        Server::assemble(cfg, shared, 0, epoll, None, Vec::new(), io)
+    }
+
+    fn assemble(
+        cfg: Config,
+        shared: Arc<Shared>,
+        index: usize,
+        epoll: Epoll,
+        listener: Option<OwnedFd>,
+        published: Vec<(OwnedFd, u16)>,
+        io: &'static dyn Io,
+    ) -> Result<Server, Error> {
         let modules = crate::modules::Modules::new(cfg.modules.clone())?;
         let stats = ServerStats {
             id: server_name(index),
@@ -176,6 +210,7 @@ impl Server {
         };
         Ok(Server {
             cfg,
+            io,
             index,
             shared,
             epoll,
@@ -552,7 +587,7 @@ impl Server {
         total
     }
 
-    fn flush_all(&mut self) {
+    pub(crate) fn flush_all(&mut self) {
         for ch in self.channels.iter_mut().flatten() {
             ch.flush();
         }
@@ -570,29 +605,7 @@ impl Server {
                 }
             }
             T_HOST => self.host_event(idx, ev.events),
-            T_PAIR
-                if ev.events & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0
-                    && !self.pair_alive(idx, ev.events) =>
-            {
-                self.app_closed(idx)
-            }
-            T_PAIR => {
-                if ev.events & libc::EPOLLIN as u32 != 0 {
-                    // (Sends the program queued before it wrote into the pair go first:
-                    // `pair_input` defers to the end of the next pass over the rings.)
-                    self.pair_input(idx);
-                }
-                // Room in a pair: only a socket with bytes waiting for it needs a pump
-                // (the others hear of new bytes from their host socket).
-                if ev.events & libc::EPOLLOUT as u32 != 0
-                    && self
-                        .socks
-                        .get(&idx)
-                        .is_some_and(|s| !s.rx_pending.is_empty() || s.oob_byte.is_some())
-                {
-                    self.pump(idx)
-                }
-            }
+            T_PAIR => self.pair_event(idx, ev.events),
             T_PUBLISH => self.publish_event(idx as usize),
             T_UDP_FLOW => self.flow_event(idx),
             T_HELLO => self.hello(idx),
@@ -616,6 +629,31 @@ impl Server {
                 self.drain_inbox();
             }
             _ => {}
+        }
+    }
+
+    /// Our end of socket `id`'s readiness pair reported `events`: the program closed
+    /// its last descriptor (a hang-up not of our making), wrote into its end (input), or
+    /// made room (a pump with bytes waiting for it goes on).
+    pub(crate) fn pair_event(&mut self, id: u32, events: u32) {
+        if events & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 && !self.pair_alive(id, events) {
+            self.app_closed(id);
+            return;
+        }
+        if events & libc::EPOLLIN as u32 != 0 {
+            // (Sends the program queued before it wrote into the pair go first:
+            // `pair_input` defers to the end of the next pass over the rings.)
+            self.pair_input(id);
+        }
+        // Room in a pair: only a socket with bytes waiting for it needs a pump (the
+        // others hear of new bytes from their host socket).
+        if events & libc::EPOLLOUT as u32 != 0
+            && self
+                .socks
+                .get(&id)
+                .is_some_and(|s| !s.rx_pending.is_empty() || s.oob_byte.is_some())
+        {
+            self.pump(id);
         }
     }
 
@@ -818,7 +856,7 @@ impl Server {
     }
 
     /// Sets up a channel for a control connection that said `hello` for this server.
-    fn open_channel(&mut self, fd: OwnedFd, hello: Hello, owner: Owner) {
+    pub(crate) fn open_channel(&mut self, fd: OwnedFd, hello: Hello, owner: Owner) {
         let idx = self
             .channels
             .iter()
@@ -851,7 +889,7 @@ impl Server {
             },
             reserved: 0,
         };
-        let sent = ferry_sys::send_with_fds(
+        let sent = self.io.ctl_send(
             ch.ctl.as_fd(),
             as_bytes(&reply),
             &[ch.region.fd(), ch.doorbell()],
@@ -985,7 +1023,7 @@ impl Server {
     ) -> io::Result<(Sock, OwnedFd)> {
         let (domain, ty, protocol) = kind;
         let id = self.shared.new_id(server);
-        let NewPair { ours, theirs, name } = NewPair::make(id)?;
+        let NewPair { ours, theirs, name } = self.io.new_pair(id)?;
         let sock = Sock {
             id,
             domain,
@@ -1075,12 +1113,13 @@ impl Server {
 
     /// Replaces a socket's host socket (provisional → host or sandbox namespace).
     pub(crate) fn replace_host_fd(&mut self, id: u32, fd: OwnedFd, place: Place) -> io::Result<()> {
+        let io = self.io;
         let s = self
             .socks
             .get_mut(&id)
             .expect("caller checked the socket exists");
         for (level, name, value) in &s.opts {
-            if let Err(e) = ferry_sys::setsockopt(fd.as_fd(), *level, *name, value) {
+            if let Err(e) = io.setsockopt(fd.as_fd(), *level, *name, value) {
                 debug!("socket {id}: replaying option {level}/{name}: {e}");
             }
         }
@@ -1123,13 +1162,10 @@ impl Server {
     /// closes one, when a channel goes, and at the end). A failed socket cannot connect
     /// again (Linux says `ECONNABORTED`), so the pair is not needed any more.
     pub(crate) fn detach_pair(&mut self, id: u32) {
-        let Ok((placeholder, peer)) =
-            ferry_sys::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC)
-        else {
+        let Ok(placeholder) = self.io.orphan() else {
             self.drain_filler(id);
             return;
         };
-        drop(peer);
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
@@ -1149,7 +1185,7 @@ impl Server {
         if !s.pair_detached || s.connect_failed || s.connecting || !s.is_stream() {
             return Err(-libc::EINVAL);
         }
-        let NewPair { ours, theirs, name } = NewPair::make(id).map_err(|e| errno(&e))?;
+        let NewPair { ours, theirs, name } = self.io.new_pair(id).map_err(|e| errno(&e))?;
         self.epoll
             .add(ours.as_fd(), pair_events(s.rx_pair), token(T_PAIR, id))
             .map_err(|e| errno(&e))?;
@@ -1174,10 +1210,11 @@ impl Server {
     /// Whether the program has closed its last descriptor of socket `id`, asked now
     /// (our end of the pair has hung up, and not by our own doing).
     pub(crate) fn app_gone(&mut self, id: u32) -> bool {
+        let io = self.io;
         let Some(s) = self.socks.get(&id) else {
             return false;
         };
-        let rev = u32::from(ferry_sys::poll_now(s.pair.as_fd(), 0).unwrap_or(0) as u16);
+        let rev = u32::from(io.poll_now(s.pair.as_fd(), 0).unwrap_or(0) as u16);
         rev & (libc::POLLHUP | libc::POLLERR) as u32 != 0 && !self.pair_alive(id, rev)
     }
 
@@ -1192,17 +1229,15 @@ impl Server {
         };
         let probe = match self.name_probe.take() {
             Some(p) => p,
-            None => {
-                match ferry_sys::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        warn!("socket {id}: cannot make a name probe: {e}");
-                        return true;
-                    }
+            None => match self.io.unix_socket() {
+                Ok(p) => p,
+                Err(e) => {
+                    warn!("socket {id}: cannot make a name probe: {e}");
+                    return true;
                 }
-            }
+            },
         };
-        match ferry_sys::bind_abstract(probe.as_fd(), &name.0[..name.1]) {
+        match self.io.bind_abstract(probe.as_fd(), &name) {
             // The name was free: the end is gone (dropping the probe frees it again).
             Ok(()) => false,
             Err(e) => {
@@ -1216,6 +1251,7 @@ impl Server {
     }
 
     pub(crate) fn app_closed(&mut self, id: u32) {
+        let io = self.io;
         let Some(s) = self.socks.get_mut(&id).filter(|s| !s.app_closed) else {
             return;
         };
@@ -1227,10 +1263,11 @@ impl Server {
             // kernel socket closed with unread data.
             reset = s.pair_reset
                 || !s.rx_pending.is_empty()
-                || ferry_sys::getsockopt_int(s.pair.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
+                || io
+                    .getsockopt_int(s.pair.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
                     .is_ok_and(|e| e == libc::ECONNRESET);
             if reset {
-                let _ = ferry_sys::linger_reset(s.fd.as_fd());
+                let _ = io.linger_reset(s.fd.as_fd());
             }
         }
         let _ = self.epoll.delete(s.pair.as_fd());
@@ -1438,11 +1475,13 @@ impl Server {
 
     /// The sandbox listener a published port feeds.
     pub(crate) fn listener_for(&self, port: u16) -> Option<u32> {
+        let io = self.io;
         self.socks
             .values()
             .find(|s| {
                 s.listening
-                    && ferry_sys::sock_addr(s.fd.as_fd(), false)
+                    && io
+                        .sock_addr(s.fd.as_fd(), false)
                         .ok()
                         .flatten()
                         .is_some_and(|a| a.port() == port)
@@ -1452,7 +1491,9 @@ impl Server {
 
     /// A connection accepted on a published port that waits for `listener`.
     pub(crate) fn take_published(&mut self, listener: u32) -> Option<OwnedFd> {
-        let port = ferry_sys::sock_addr(self.socks.get(&listener)?.fd.as_fd(), false)
+        let io = self.io;
+        let port = io
+            .sock_addr(self.socks.get(&listener)?.fd.as_fd(), false)
             .ok()
             .flatten()?
             .port();
@@ -1468,6 +1509,7 @@ impl Server {
     }
 
     pub(crate) fn has_published(&self, listener: u32) -> bool {
+        let io = self.io;
         // Asked on every token check: no getsockname when nothing is published.
         if !self.shared.any_published {
             return false;
@@ -1475,7 +1517,8 @@ impl Server {
         let Some(s) = self.socks.get(&listener) else {
             return false;
         };
-        let Some(port) = ferry_sys::sock_addr(s.fd.as_fd(), false)
+        let Some(port) = io
+            .sock_addr(s.fd.as_fd(), false)
             .ok()
             .flatten()
             .map(|a| a.port())
@@ -1563,8 +1606,9 @@ impl Server {
     /// socket's pair. A reply that cannot be sent loses the descriptor: the program's
     /// end is then closed, and the socket goes with it as any closed socket does.
     pub(crate) fn ctl_reply_fd(&self, ch: u32, reply: Ctl, fd: OwnedFd) {
+        let io = self.io;
         if let Some(c) = self.chan(ch)
-            && let Err(e) = ferry_sys::send_with_fds(c.ctl.as_fd(), as_bytes(&reply), &[fd.as_fd()])
+            && let Err(e) = io.ctl_send(c.ctl.as_fd(), as_bytes(&reply), &[fd.as_fd()])
         {
             debug!("channel {ch}: control reply lost: {e}");
         }
@@ -1572,8 +1616,9 @@ impl Server {
 
     /// Answers a control request with a reply message (and no descriptors).
     pub(crate) fn ctl_reply(&self, ch: u32, reply: Ctl) {
+        let io = self.io;
         if let Some(c) = self.chan(ch)
-            && let Err(e) = ferry_sys::send_with_fds(c.ctl.as_fd(), as_bytes(&reply), &[])
+            && let Err(e) = io.ctl_send(c.ctl.as_fd(), as_bytes(&reply), &[])
         {
             debug!("channel {ch}: control reply lost: {e}");
         }

@@ -8,6 +8,7 @@ use std::os::fd::OwnedFd;
 use ferry_ring::{BufSpan, Buffers};
 
 use crate::egress::Lease;
+use crate::seam::Io;
 use crate::stats::SocketStats;
 
 /// A process of the sandbox, as the server knows it: the pid its control connections
@@ -37,27 +38,6 @@ pub(crate) struct NewPair {
     pub ours: OwnedFd,
     pub theirs: OwnedFd,
     pub name: PairName,
-}
-
-impl NewPair {
-    /// Makes the pair of socket `id`.
-    pub(crate) fn make(id: u32) -> std::io::Result<NewPair> {
-        use std::os::fd::AsFd;
-        let (ours, theirs) =
-            ferry_sys::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC)?;
-        ferry_sys::set_nonblocking(ours.as_fd(), true)?;
-        // A random part makes names of concurrent runs distinct; a name taken anyway (by
-        // a process of the host) is tried again with another.
-        let mut tries = 0;
-        loop {
-            let name = ferry_proto::pair_name(id, ferry_sys::random_u64()?);
-            match ferry_sys::bind_abstract(theirs.as_fd(), &name.0[..name.1]) {
-                Ok(()) => return Ok(NewPair { ours, theirs, name }),
-                Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) && tries < 4 => tries += 1,
-                Err(e) => return Err(e),
-            }
-        }
-    }
 }
 
 /// Where a socket's host socket lives.
@@ -263,12 +243,12 @@ impl Sock {
 
     /// A connected stream of the pair path whose pair holds nothing but what the
     /// program wrote and the shim's marked fillers (not a connect's filler).
-    pub(crate) fn takes_pair_input(&self) -> bool {
+    pub(crate) fn takes_pair_input(&self, io: &dyn Io) -> bool {
         self.reads_pair()
             && !self.connecting
             && !self.connect_filled
             && !self.pair_detached
-            && ferry_sys::unix_oob_works()
+            && io.unix_oob_works()
     }
 
     /// A connected stream whose received bytes go through the pair (`rx_pair`).
@@ -278,10 +258,10 @@ impl Sock {
 
     /// The end of the stream reaches the program's end of the pair (POLLIN|POLLRDHUP,
     /// then 0 from a read): the pair's write side is shut, once.
-    pub(crate) fn mirror_eof(&mut self) {
+    pub(crate) fn mirror_eof(&mut self, io: &dyn Io) {
         if !self.eof_mirrored {
             self.eof_mirrored = true;
-            let _ = ferry_sys::shutdown(std::os::fd::AsFd::as_fd(&self.pair), libc::SHUT_WR);
+            let _ = io.shutdown(std::os::fd::AsFd::as_fd(&self.pair), libc::SHUT_WR);
         }
     }
 
@@ -294,24 +274,24 @@ impl Sock {
     /// `F_SETOWN` owner and answers `recv(MSG_OOB)` and `SIOCATMARK`, all by the
     /// kernel's own unix-socket code. False when the pump must wait: the byte has not
     /// come yet (its arrival is a new edge), or the pair has no room for it.
-    pub(crate) fn urgent_first(&mut self) -> bool {
+    pub(crate) fn urgent_first(&mut self, io: &dyn Io) -> bool {
         use std::os::fd::AsFd;
         if let Some(b) = self.oob_byte {
-            if ferry_sys::send_oob(self.pair.as_fd(), b).is_err() {
+            if io.send_oob(self.pair.as_fd(), b).is_err() {
                 return false;
             }
             self.oob_byte = None;
         }
-        if !self.oob_due || !ferry_sys::at_mark(self.fd.as_fd()).unwrap_or(false) {
+        if !self.oob_due || !io.at_mark(self.fd.as_fd()).unwrap_or(false) {
             // No urgent data, or bytes ahead of the mark to read first.
             return true;
         }
         let mut b = [0u8; 1];
-        match ferry_sys::recv(self.fd.as_fd(), &mut b, libc::MSG_OOB | libc::MSG_DONTWAIT) {
+        match io.recv(self.fd.as_fd(), &mut b, libc::MSG_OOB | libc::MSG_DONTWAIT) {
             Ok(1) => {
                 self.oob_due = false;
                 self.stats.bytes_in += 1;
-                if ferry_sys::send_oob(self.pair.as_fd(), b[0]).is_err() {
+                if io.send_oob(self.pair.as_fd(), b[0]).is_err() {
                     self.oob_byte = Some(b[0]);
                     return false;
                 }

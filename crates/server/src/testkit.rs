@@ -1,0 +1,1066 @@
+//! The in-process harness: a protocol server whose every call on host sockets, pairs
+//! and control sockets goes to a scripted fake ([`Fake`], an in-memory model of
+//! them), driven by hand — request records pushed into a real channel's ring, host and
+//! pair events delivered one at a time, completions and pair effects read back. No
+//! threads, no kernel sockets, no timing: a test says exactly which event comes when.
+//!
+//! Owns: the fake's model of a non-blocking host socket (input queue, urgent mark,
+//! end of stream, pending error, room for output, scripted connect) and of the server's
+//! end of a readiness pair (what the program wrote, with the shim's filler markers; what
+//! the server wrote to the program; shutdowns; whether the program's end is open), and
+//! the [`Harness`] API over a [`crate::server::Server`] built with
+//! [`crate::server::Server::in_process`]. Must not: change what the server decides
+//! (the server under test is the real one, only its calls are answered by the model),
+//! or be used outside tests and the fuzz target.
+//!
+//! The model's fds are eventfds (cheap kernel objects the server may register with
+//! its epoll and close as it would sockets); the model is keyed by their numbers, and
+//! a number the kernel gives out again starts a fresh model.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use ferry_proto::{Cmp, Ctl, CtlKind, HELLO_READS_PAIR, Hello, Req};
+use ferry_ring::{BufSpan, Buffers, Endpoint, Side};
+use ferry_sys::Received;
+
+use crate::Config;
+use crate::seam::Io;
+use crate::server::Server;
+use crate::sock::{NewPair, Owner, PairName, TxItem};
+
+fn err<T>(code: i32) -> io::Result<T> {
+    Err(io::Error::from_raw_os_error(code))
+}
+
+/// A host socket as the fake models it.
+#[derive(Debug, Default)]
+struct Host {
+    dgram: bool,
+    /// Stream bytes received and not read yet.
+    rx: VecDeque<u8>,
+    /// Datagrams received and not read yet.
+    dgrams: VecDeque<(Vec<u8>, SocketAddr)>,
+    /// Urgent data: bytes of `rx` before the mark, and the urgent byte.
+    urgent: Option<(usize, u8)>,
+    /// The peer's end of stream arrived (after `rx`).
+    fin: bool,
+    /// A reset arrived: reads report it once `rx` is read (then the stream ends).
+    error: Option<i32>,
+    /// `SO_ERROR` (a connect's outcome).
+    so_error: i32,
+    /// Bytes the server sent.
+    sent: Vec<u8>,
+    /// Datagrams the server sent, with their destinations.
+    sent_dgrams: Vec<(Vec<u8>, Option<SocketAddr>)>,
+    /// Bytes sends may still put in (`None`: any number).
+    room: Option<usize>,
+    /// Sends fail with this error.
+    send_error: Option<i32>,
+    /// What the next connect returns (`None`: success).
+    connect_result: Option<i32>,
+    connects: Vec<SocketAddr>,
+    unspecs: usize,
+    local: Option<SocketAddr>,
+    peer: Option<SocketAddr>,
+    listening: bool,
+    backlog: VecDeque<(OwnedFd, SocketAddr)>,
+    shut_rd: bool,
+    shut_wr: bool,
+    lingered: bool,
+}
+
+/// A byte of what the program wrote into its end of a pair, or the out-of-band mark
+/// the shim's filler starts with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seg {
+    Byte(u8),
+    Mark,
+}
+
+/// The server's end of a readiness pair as the fake models it.
+#[derive(Debug, Default)]
+struct Pair {
+    name: Vec<u8>,
+    /// What the program wrote into its end (the server reads it).
+    from_app: VecDeque<Seg>,
+    /// What the server wrote to the program (tokens, stream bytes), not read by it yet.
+    to_app: Vec<u8>,
+    /// Out-of-band bytes the server sent to the program, each with the count of stream
+    /// bytes sent before it.
+    oob_to_app: Vec<(usize, u8)>,
+    /// Room left in the program's end (`None`: any number of bytes).
+    room: Option<usize>,
+    shut_wr: bool,
+    shut_rd: bool,
+    /// The program closed its end (with bytes unread: `reset`).
+    app_closed: bool,
+    reset: bool,
+    /// A placeholder whose peer is gone.
+    orphan: bool,
+}
+
+#[derive(Debug)]
+enum Obj {
+    Host(Host),
+    Pair(Pair),
+    /// A channel's control socket: the messages the server sent on it.
+    Ctl(VecDeque<Vec<u8>>),
+    /// Anything else (a name probe, a duplicate).
+    Other,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    objs: HashMap<RawFd, Obj>,
+    /// Pair names and whether the program's end holding each is open.
+    names: HashMap<Vec<u8>, bool>,
+    next_port: u16,
+    next_name: u64,
+}
+
+impl State {
+    fn host(&mut self, fd: BorrowedFd<'_>) -> io::Result<&mut Host> {
+        match self.objs.get_mut(&fd.as_raw_fd()) {
+            Some(Obj::Host(h)) => Ok(h),
+            _ => err(libc::ENOTSOCK),
+        }
+    }
+
+    fn pair(&mut self, fd: BorrowedFd<'_>) -> Option<&mut Pair> {
+        match self.objs.get_mut(&fd.as_raw_fd()) {
+            Some(Obj::Pair(p)) => Some(p),
+            _ => None,
+        }
+    }
+}
+
+/// The scripted fake behind the seam (see the module's header).
+#[derive(Debug, Default)]
+pub struct Fake {
+    st: Mutex<State>,
+}
+
+impl Fake {
+    fn st(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A new fd modelled as `obj`.
+    fn make(&self, obj: Obj) -> io::Result<OwnedFd> {
+        let fd = ferry_sys::eventfd()?;
+        self.st().objs.insert(fd.as_raw_fd(), obj);
+        Ok(fd)
+    }
+
+    fn with_host<R>(&self, fd: RawFd, f: impl FnOnce(&mut Host) -> R) -> R {
+        match self.st().objs.get_mut(&fd) {
+            Some(Obj::Host(h)) => f(h),
+            other => panic!("fd {fd} is not a host socket: {other:?}"),
+        }
+    }
+
+    fn with_pair<R>(&self, fd: RawFd, f: impl FnOnce(&mut Pair) -> R) -> R {
+        match self.st().objs.get_mut(&fd) {
+            Some(Obj::Pair(p)) => f(p),
+            other => panic!("fd {fd} is not a pair: {other:?}"),
+        }
+    }
+
+    /// Reads a stream: up to `len` bytes, stopping at the urgent mark; `consume` false
+    /// peeks.
+    fn read_stream(h: &mut Host, len: usize, consume: bool) -> io::Result<Vec<u8>> {
+        if h.rx.is_empty() {
+            if let Some(e) = h.error {
+                if consume {
+                    h.error = None;
+                    h.fin = true;
+                }
+                return err(e);
+            }
+            return if h.fin {
+                Ok(Vec::new())
+            } else {
+                err(libc::EAGAIN)
+            };
+        }
+        let mut limit = len;
+        if let Some((before, _)) = h.urgent {
+            if before == 0 {
+                // A read at the mark passes it: the urgent byte is lost.
+                if consume {
+                    h.urgent = None;
+                }
+            } else {
+                limit = limit.min(before);
+            }
+        }
+        let n = limit.min(h.rx.len());
+        let out: Vec<u8> = h.rx.iter().take(n).copied().collect();
+        if consume {
+            h.rx.drain(..n);
+            if let Some((before, b)) = h.urgent {
+                h.urgent = Some((before - n.min(before), b));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads what the program wrote into a pair: up to `len` bytes, passing a mark at
+    /// the start and stopping at the next.
+    fn read_pair(p: &mut Pair, len: usize, consume: bool) -> io::Result<Vec<u8>> {
+        if p.from_app.is_empty() {
+            if p.reset {
+                return err(libc::ECONNRESET);
+            }
+            return if p.app_closed || p.shut_rd {
+                Ok(Vec::new())
+            } else {
+                err(libc::EAGAIN)
+            };
+        }
+        let skip = usize::from(p.from_app.front() == Some(&Seg::Mark));
+        let bytes: Vec<u8> = p
+            .from_app
+            .iter()
+            .skip(skip)
+            .take(len)
+            .map_while(|s| match s {
+                Seg::Byte(b) => Some(*b),
+                Seg::Mark => None,
+            })
+            .collect();
+        if consume {
+            p.from_app.drain(..skip + bytes.len());
+        }
+        Ok(bytes)
+    }
+}
+
+impl Io for Fake {
+    fn socket(&self, _domain: i32, ty: i32, _protocol: i32) -> io::Result<OwnedFd> {
+        self.make(Obj::Host(Host {
+            dgram: ty & 0xf == libc::SOCK_DGRAM,
+            ..Host::default()
+        }))
+    }
+
+    fn new_pair(&self, id: u32) -> io::Result<NewPair> {
+        let serial = {
+            let mut st = self.st();
+            st.next_name += 1;
+            st.next_name
+        };
+        let name = ferry_proto::pair_name(id, serial);
+        let bytes = name.0[..name.1].to_vec();
+        let ours = self.make(Obj::Pair(Pair {
+            name: bytes.clone(),
+            ..Pair::default()
+        }))?;
+        let theirs = self.make(Obj::Other)?;
+        self.st().names.insert(bytes, true);
+        Ok(NewPair { ours, theirs, name })
+    }
+
+    fn orphan(&self) -> io::Result<OwnedFd> {
+        self.make(Obj::Pair(Pair {
+            orphan: true,
+            ..Pair::default()
+        }))
+    }
+
+    fn unix_socket(&self) -> io::Result<OwnedFd> {
+        self.make(Obj::Other)
+    }
+
+    fn bind_abstract(&self, _fd: BorrowedFd<'_>, name: &PairName) -> io::Result<()> {
+        match self.st().names.get(&name.0[..name.1]) {
+            Some(true) => err(libc::EADDRINUSE),
+            _ => Ok(()),
+        }
+    }
+
+    fn abstract_name(
+        &self,
+        _fd: BorrowedFd<'_>,
+        _out: &mut [u8; 107],
+    ) -> io::Result<Option<usize>> {
+        Ok(None)
+    }
+
+    fn netns_cookie(&self, _fd: BorrowedFd<'_>) -> io::Result<u64> {
+        Ok(1)
+    }
+
+    fn set_nonblocking(&self, _fd: BorrowedFd<'_>, _on: bool) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn bind(&self, fd: BorrowedFd<'_>, addr: &SocketAddr) -> io::Result<()> {
+        let mut st = self.st();
+        st.next_port = st.next_port.wrapping_add(1);
+        let port = 40_000 + st.next_port % 20_000;
+        let h = st.host(fd)?;
+        let mut a = *addr;
+        if a.port() == 0 {
+            a.set_port(port);
+        }
+        h.local = Some(a);
+        Ok(())
+    }
+
+    fn connect(&self, fd: BorrowedFd<'_>, addr: &SocketAddr) -> io::Result<()> {
+        let mut st = self.st();
+        let Ok(h) = st.host(fd) else {
+            // A duplicate of a host socket (finishing a blocking connect): nothing to do.
+            return Ok(());
+        };
+        h.connects.push(*addr);
+        h.peer = Some(*addr);
+        match h.connect_result.take() {
+            None => Ok(()),
+            Some(e) => err(e),
+        }
+    }
+
+    fn connect_unspec(&self, fd: BorrowedFd<'_>) -> io::Result<()> {
+        let mut st = self.st();
+        let h = st.host(fd)?;
+        h.unspecs += 1;
+        h.peer = None;
+        Ok(())
+    }
+
+    fn listen(&self, fd: BorrowedFd<'_>, _backlog: i32) -> io::Result<()> {
+        self.st().host(fd)?.listening = true;
+        Ok(())
+    }
+
+    fn accept(&self, fd: BorrowedFd<'_>) -> io::Result<(OwnedFd, Option<SocketAddr>)> {
+        match self.st().host(fd)?.backlog.pop_front() {
+            Some((conn, peer)) => Ok((conn, Some(peer))),
+            None => err(libc::EAGAIN),
+        }
+    }
+
+    fn sock_addr(&self, fd: BorrowedFd<'_>, peer: bool) -> io::Result<Option<SocketAddr>> {
+        let mut st = self.st();
+        let h = st.host(fd)?;
+        Ok(if peer { h.peer } else { h.local })
+    }
+
+    fn setsockopt(&self, _: BorrowedFd<'_>, _: i32, _: i32, _: &[u8]) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn getsockopt(&self, _: BorrowedFd<'_>, _: i32, _: i32, out: &mut [u8]) -> io::Result<usize> {
+        let n = out.len().min(4);
+        out[..n].fill(0);
+        Ok(n)
+    }
+
+    fn getsockopt_int(&self, fd: BorrowedFd<'_>, level: i32, name: i32) -> io::Result<i32> {
+        let mut st = self.st();
+        if let Some(p) = st.pair(fd) {
+            return Ok(if p.reset { libc::ECONNRESET } else { 0 });
+        }
+        let h = st.host(fd)?;
+        Ok(match (level, name) {
+            (libc::SOL_SOCKET, libc::SO_ERROR) => std::mem::take(&mut h.so_error),
+            (libc::SOL_SOCKET, libc::SO_TYPE) if h.dgram => libc::SOCK_DGRAM,
+            (libc::SOL_SOCKET, libc::SO_TYPE) => libc::SOCK_STREAM,
+            _ => 0,
+        })
+    }
+
+    fn pending_bytes(&self, fd: BorrowedFd<'_>) -> io::Result<i32> {
+        let mut st = self.st();
+        let h = st.host(fd)?;
+        Ok(i32::try_from(h.rx.len()).unwrap_or(i32::MAX))
+    }
+
+    fn shutdown(&self, fd: BorrowedFd<'_>, how: i32) -> io::Result<()> {
+        let mut st = self.st();
+        let (rd, wr) = (how != libc::SHUT_WR, how != libc::SHUT_RD);
+        if let Some(p) = st.pair(fd) {
+            p.shut_rd |= rd;
+            p.shut_wr |= wr;
+            return Ok(());
+        }
+        let h = st.host(fd)?;
+        h.shut_rd |= rd;
+        h.shut_wr |= wr;
+        Ok(())
+    }
+
+    fn linger_reset(&self, fd: BorrowedFd<'_>) -> io::Result<()> {
+        self.st().host(fd)?.lingered = true;
+        Ok(())
+    }
+
+    fn poll_now(&self, fd: BorrowedFd<'_>, events: i16) -> io::Result<i16> {
+        let mut st = self.st();
+        let always = libc::POLLHUP | libc::POLLERR;
+        if let Some(p) = st.pair(fd) {
+            let mut rev = 0;
+            if p.from_app.iter().any(|s| matches!(s, Seg::Byte(_))) {
+                rev |= libc::POLLIN;
+            }
+            if p.orphan || p.app_closed || (p.shut_rd && p.shut_wr) {
+                rev |= libc::POLLHUP;
+            }
+            if p.reset {
+                rev |= libc::POLLERR;
+            }
+            return Ok(rev & (events | always));
+        }
+        let h = st.host(fd)?;
+        let mut rev = 0;
+        let input = !h.rx.is_empty() || !h.dgrams.is_empty() || !h.backlog.is_empty();
+        if input || h.fin || h.error.is_some() {
+            rev |= libc::POLLIN;
+        }
+        if h.fin {
+            rev |= libc::POLLRDHUP;
+        }
+        if h.error.is_some() {
+            rev |= libc::POLLERR | libc::POLLHUP;
+        }
+        Ok(rev & (events | always))
+    }
+
+    fn at_mark(&self, fd: BorrowedFd<'_>) -> io::Result<bool> {
+        let mut st = self.st();
+        if let Some(p) = st.pair(fd) {
+            return Ok(p.from_app.front() == Some(&Seg::Mark));
+        }
+        Ok(st.host(fd)?.urgent.is_some_and(|(before, _)| before == 0))
+    }
+
+    fn recv(&self, fd: BorrowedFd<'_>, buf: &mut [u8], flags: i32) -> io::Result<usize> {
+        let mut st = self.st();
+        let consume = flags & libc::MSG_PEEK == 0;
+        let got = if let Some(p) = st.pair(fd) {
+            Fake::read_pair(p, buf.len(), consume)?
+        } else {
+            let h = st.host(fd)?;
+            if flags & libc::MSG_OOB != 0 {
+                let Some((_, b)) = h.urgent else {
+                    return err(libc::EINVAL);
+                };
+                if consume {
+                    h.urgent = None;
+                }
+                vec![b]
+            } else if h.dgram {
+                match h.dgrams.front() {
+                    None => return err(libc::EAGAIN),
+                    Some((d, _)) => {
+                        let d = d.clone();
+                        if consume {
+                            h.dgrams.pop_front();
+                        }
+                        d
+                    }
+                }
+            } else {
+                Fake::read_stream(h, buf.len(), consume)?
+            }
+        };
+        let n = got.len().min(buf.len());
+        buf[..n].copy_from_slice(&got[..n]);
+        Ok(n)
+    }
+
+    fn discard(&self, fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+        self.recv(fd, buf, 0)
+    }
+
+    fn send(&self, fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
+        let mut st = self.st();
+        if let Some(p) = st.pair(fd) {
+            if p.app_closed || p.orphan {
+                return err(libc::EPIPE);
+            }
+            let n = p.room.map_or(buf.len(), |r| r.min(buf.len()));
+            if n == 0 {
+                return err(libc::EAGAIN);
+            }
+            if let Some(r) = p.room.as_mut() {
+                *r -= n;
+            }
+            p.to_app.extend_from_slice(&buf[..n]);
+            return Ok(n);
+        }
+        let h = st.host(fd)?;
+        if let Some(e) = h.send_error {
+            return err(e);
+        }
+        let n = h.room.map_or(buf.len(), |r| r.min(buf.len()));
+        if n == 0 {
+            return err(libc::EAGAIN);
+        }
+        if let Some(r) = h.room.as_mut() {
+            *r -= n;
+        }
+        h.sent.extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+
+    fn send_oob(&self, fd: BorrowedFd<'_>, byte: u8) -> io::Result<usize> {
+        let mut st = self.st();
+        let Some(p) = st.pair(fd) else {
+            return err(libc::ENOTSOCK);
+        };
+        p.oob_to_app.push((p.to_app.len(), byte));
+        Ok(1)
+    }
+
+    fn unix_oob_works(&self) -> bool {
+        true
+    }
+
+    fn rx_pipe(&self, _size: usize) -> Option<(OwnedFd, OwnedFd)> {
+        None
+    }
+
+    fn splice(&self, _: BorrowedFd<'_>, _: BorrowedFd<'_>, _: usize) -> io::Result<usize> {
+        err(libc::EINVAL)
+    }
+
+    fn read(&self, _: BorrowedFd<'_>, _: &mut [u8]) -> io::Result<usize> {
+        err(libc::EINVAL)
+    }
+
+    fn send_items(
+        &self,
+        fd: BorrowedFd<'_>,
+        items: std::collections::vec_deque::Iter<'_, TxItem>,
+    ) -> io::Result<usize> {
+        let mut bytes = Vec::new();
+        let mut to = None;
+        for (i, item) in items.take(crate::hostio::MAX_IOV).enumerate() {
+            let mut data = vec![0u8; item.span.len() as usize];
+            item.bufs.read(item.span, &mut data);
+            bytes.extend_from_slice(&data[item.sent.min(data.len())..]);
+            if i == 0 {
+                to = item.to;
+            }
+        }
+        let dgram = self.st().host(fd)?.dgram;
+        if dgram {
+            let mut st = self.st();
+            let h = st.host(fd)?;
+            if let Some(e) = h.send_error {
+                return err(e);
+            }
+            h.sent_dgrams.push((bytes.clone(), to));
+            return Ok(bytes.len());
+        }
+        self.send(fd, &bytes)
+    }
+
+    fn recv_spans(
+        &self,
+        fd: BorrowedFd<'_>,
+        bufs: &Buffers,
+        spans: &[BufSpan],
+        flags: i32,
+        _control: Option<&mut [u8]>,
+    ) -> io::Result<Received> {
+        let room: usize = spans.iter().map(|s| s.len() as usize).sum();
+        let mut buf = vec![0u8; room];
+        let (len, from) = {
+            let mut st = self.st();
+            let h = st.host(fd)?;
+            if h.dgram && flags & libc::MSG_OOB == 0 {
+                let Some((d, from)) = h.dgrams.front().cloned() else {
+                    return err(libc::EAGAIN);
+                };
+                if flags & libc::MSG_PEEK == 0 {
+                    h.dgrams.pop_front();
+                }
+                let n = d.len().min(room);
+                buf[..n].copy_from_slice(&d[..n]);
+                (d.len(), Some(from))
+            } else {
+                drop(st);
+                (self.recv(fd, &mut buf, flags)?, None)
+            }
+        };
+        let mut at = 0;
+        for s in spans {
+            let n = (s.len() as usize).min(len.min(room) - at.min(len.min(room)));
+            bufs.write(*s, &buf[at..at + n]);
+            at += n;
+        }
+        Ok(Received {
+            len,
+            from,
+            flags: 0,
+            control_len: 0,
+        })
+    }
+
+    fn ctl_send(
+        &self,
+        fd: BorrowedFd<'_>,
+        bytes: &[u8],
+        _fds: &[BorrowedFd<'_>],
+    ) -> io::Result<()> {
+        match self.st().objs.get_mut(&fd.as_raw_fd()) {
+            Some(Obj::Ctl(log)) => {
+                log.push_back(bytes.to_vec());
+                Ok(())
+            }
+            _ => err(libc::ENOTSOCK),
+        }
+    }
+}
+
+/// What the server did to a socket's readiness pair, as the program's end sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PairView {
+    /// Bytes the server wrote to the program (tokens, or stream bytes on the pair
+    /// path), not taken by [`Harness::take_pair_output`] yet.
+    pub to_app: Vec<u8>,
+    /// Out-of-band bytes (urgent data) the server sent to the program, each with the
+    /// count of stream bytes that went before it.
+    pub oob: Vec<(usize, u8)>,
+    /// The server shut its write side: the program reads end of stream.
+    pub eof: bool,
+    /// The server shut its read side (the host's hang-up mirrored): with `eof`, the
+    /// program's end reports `POLLHUP`.
+    pub hup: bool,
+    /// What the program wrote (and the shim's filler) that the server has not read.
+    pub unread: usize,
+    /// The server's end was replaced by a placeholder (a failed non-blocking connect).
+    pub detached: bool,
+}
+
+/// What the host socket of a sandbox socket saw from the server.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostView {
+    /// Stream bytes sent.
+    pub sent: Vec<u8>,
+    /// Datagrams sent.
+    pub datagrams: Vec<(Vec<u8>, Option<SocketAddr>)>,
+    pub connects: Vec<SocketAddr>,
+    /// `connect(AF_UNSPEC)` calls.
+    pub unspecs: usize,
+    pub shut_rd: bool,
+    pub shut_wr: bool,
+    /// `SO_LINGER` 0 was set (the close resets).
+    pub lingered: bool,
+}
+
+/// One shim's side of a channel in the harness.
+struct Shim {
+    ep: Endpoint<Req, Cmp>,
+    ctl: RawFd,
+}
+
+/// A protocol server driven by hand over the scripted [`Fake`] (see the module's
+/// header).
+pub struct Harness {
+    srv: Server,
+    fake: &'static Fake,
+    shims: HashMap<u32, Shim>,
+}
+
+impl std::fmt::Debug for Harness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Harness").finish_non_exhaustive()
+    }
+}
+
+/// The pid and start of this process: the owner of every channel of the harness.
+fn this_process() -> Owner {
+    let pid = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
+    Owner {
+        pid,
+        start: crate::server::process_start(pid).unwrap_or(0),
+    }
+}
+
+impl Harness {
+    /// A server with the default configuration; `rx_pair` chooses the receive path of
+    /// streams (their bytes go through the readiness pair, or through the ring).
+    pub fn new(rx_pair: bool) -> Harness {
+        let mut cfg = Config::new("unused".into());
+        cfg.rx_pair = rx_pair;
+        cfg.layout = crate::default_layout();
+        Harness::with_config(cfg)
+    }
+
+    /// A server with `cfg` (its socket path and published ports are not used).
+    pub fn with_config(mut cfg: Config) -> Harness {
+        cfg.publish.clear();
+        // Leaked: the server keeps a `'static` reference, as it does to the real one.
+        let fake: &'static Fake = Box::leak(Box::default());
+        let srv = Server::in_process(cfg, fake).expect("in-process server");
+        Harness {
+            srv,
+            fake,
+            shims: HashMap::new(),
+        }
+    }
+
+    /// Opens a channel, as a shim's thread does; returns its index.
+    pub fn channel(&mut self) -> u32 {
+        let ctl = self.fake.make(Obj::Ctl(VecDeque::new())).expect("fake fd");
+        let raw = ctl.as_raw_fd();
+        let hello = Hello {
+            tid: 1,
+            server: if self.srv.cfg.rx_pair {
+                HELLO_READS_PAIR
+            } else {
+                0
+            },
+            ..Hello::default()
+        };
+        self.srv.open_channel(ctl, hello, this_process());
+        let idx = self
+            .srv
+            .channels
+            .iter()
+            .rposition(|c| c.as_ref().is_some_and(|c| c.ctl.as_raw_fd() == raw))
+            .expect("channel opened");
+        let idx = u32::try_from(idx).expect("few channels");
+        let region = self.srv.channels[idx as usize]
+            .as_ref()
+            .expect("open")
+            .region
+            .clone();
+        let ep = Endpoint::new(region, Side::A).expect("shim side");
+        // The HelloReply.
+        self.ctl_replies(idx);
+        self.shims.insert(idx, Shim { ep, ctl: raw });
+        idx
+    }
+
+    /// Replies the server sent on channel `ch`'s control socket since the last look.
+    pub fn ctl_replies(&mut self, ch: u32) -> Vec<Ctl> {
+        let raw = match self.shims.get(&ch) {
+            Some(s) => s.ctl,
+            None => self.srv.channels[ch as usize]
+                .as_ref()
+                .expect("open")
+                .ctl
+                .as_raw_fd(),
+        };
+        let mut st = self.fake.st();
+        let Some(Obj::Ctl(log)) = st.objs.get_mut(&raw) else {
+            return Vec::new();
+        };
+        log.drain(..)
+            .filter(|b| b.len() == size_of::<Ctl>())
+            .map(|b| bytemuck::pod_read_unaligned(&b))
+            .collect()
+    }
+
+    /// A control request (socket, accept…) from channel `ch`; the replies.
+    pub fn control(&mut self, ch: u32, msg: Ctl) -> Vec<Ctl> {
+        self.srv.control(ch, msg, Vec::new());
+        self.end_turn();
+        self.ctl_replies(ch)
+    }
+
+    /// A new socket made through channel `ch`; its id.
+    pub fn socket(&mut self, ch: u32, domain: i32, ty: i32) -> u32 {
+        let msg = Ctl {
+            a: domain,
+            b: ty,
+            ..Ctl::new(CtlKind::Socket, 0)
+        };
+        let r = self.control(ch, msg);
+        let id = r.last().expect("a reply").result;
+        u32::try_from(id).unwrap_or_else(|_| panic!("socket refused: {id}"))
+    }
+
+    /// Pushes a request record into channel `ch`'s ring (not taken yet).
+    pub fn push(&mut self, ch: u32, req: Req) {
+        let shim = self.shims.get_mut(&ch).expect("a channel of the harness");
+        assert!(
+            matches!(shim.ep.tx.push(&req), Ok(true)),
+            "request ring full"
+        );
+        shim.ep.tx.commit();
+    }
+
+    /// Whether channel `ch`'s request ring has room for `n` more records.
+    pub fn ring_room(&mut self, ch: u32) -> usize {
+        let shim = self.shims.get_mut(&ch).expect("a channel of the harness");
+        shim.ep.tx.free().unwrap_or(0)
+    }
+
+    /// Records still waiting in channel `ch`'s request ring.
+    pub fn ring_waiting(&mut self, ch: u32) -> usize {
+        self.srv
+            .chan_mut(ch)
+            .map_or(0, |c| c.ep.rx.available().unwrap_or(0))
+    }
+
+    /// One pass of the server over the rings, as its loop makes after a wake-up: every
+    /// request taken and handled, state changes settled, completions published.
+    pub fn turn(&mut self) {
+        self.srv.drain_rings();
+        self.end_turn();
+    }
+
+    fn end_turn(&mut self) {
+        self.srv.settle_dirty();
+        self.srv.flush_all();
+    }
+
+    /// Pushes `req` and runs a turn; the completions channel `ch` then has.
+    pub fn call(&mut self, ch: u32, req: Req) -> Vec<Cmp> {
+        self.push(ch, req);
+        self.turn();
+        self.completions(ch)
+    }
+
+    /// Completions published to channel `ch` since the last look (taken, as the shim
+    /// takes them).
+    pub fn completions(&mut self, ch: u32) -> Vec<Cmp> {
+        let shim = self.shims.get_mut(&ch).expect("a channel of the harness");
+        let mut out = Vec::new();
+        while let Ok(Some(c)) = shim.ep.rx.pop() {
+            out.push(c);
+        }
+        shim.ep.rx.release();
+        out
+    }
+
+    /// Completions the server holds back for channel `ch` (its ring was full).
+    pub fn backlog(&self, ch: u32) -> usize {
+        self.srv.chan(ch).map_or(0, |c| c.backlog.len())
+    }
+
+    /// Times the server stopped taking a channel's requests because its completions
+    /// backed up.
+    pub fn backpressure_count(&self) -> u64 {
+        self.srv.stats.backpressure
+    }
+
+    /// A request to send `data` on socket `id` from channel `ch`: the data goes into a
+    /// buffer of the shim's, lent with the record.
+    pub fn send_req(&mut self, ch: u32, id: u32, data: &[u8]) -> Req {
+        let shim = self.shims.get_mut(&ch).expect("a channel of the harness");
+        let b = shim.ep.pool.alloc().expect("a free shim buffer");
+        let len = u32::try_from(data.len()).expect("small");
+        let span = shim.ep.bufs.span(b.0, 0, len).expect("fits a buffer");
+        shim.ep.bufs.write(span, data);
+        Req {
+            buf: b.0,
+            len,
+            ..Req::new(ferry_proto::Op::Send, id)
+        }
+    }
+
+    /// Gives a buffer the server lent back to the shim's pool (as the shim does when a
+    /// `BufReturn` names it).
+    pub fn buffer_returned(&mut self, ch: u32, buf: u32) {
+        let shim = self.shims.get_mut(&ch).expect("a channel of the harness");
+        shim.ep
+            .pool
+            .free(ferry_ring::BufId(buf))
+            .expect("our buffer");
+    }
+
+    /// The bytes of a `Data` completion (a server buffer lent to the shim).
+    pub fn data(&mut self, ch: u32, c: &Cmp) -> Vec<u8> {
+        let shim = self.shims.get_mut(&ch).expect("a channel of the harness");
+        let span = shim.ep.bufs.span(c.buf, 0, c.len).expect("lent span");
+        let mut out = vec![0u8; c.len as usize];
+        shim.ep.bufs.read(span, &mut out);
+        out
+    }
+
+    /// The number of `epoll_wait` calls the server has made (each event of the harness
+    /// is one).
+    fn tick(&mut self) {
+        self.srv.waits += 1;
+    }
+
+    /// The host socket of `id` reports `events` (`EPOLL*`), as an epoll wait would; the
+    /// turn then ends as the loop's does.
+    pub fn host_event(&mut self, id: u32, events: i32) {
+        self.tick();
+        self.srv.host_event(id, events.cast_unsigned());
+        self.srv.drain_rings();
+        self.end_turn();
+    }
+
+    /// The host socket of `id` reports `events`, and nothing more happens: what the
+    /// program sees in the middle of the server's turn (completions not yet published
+    /// stay unseen).
+    pub fn host_event_only(&mut self, id: u32, events: i32) {
+        self.tick();
+        self.srv.host_event(id, events.cast_unsigned());
+    }
+
+    /// The server's end of `id`'s pair reports `events`.
+    pub fn pair_event(&mut self, id: u32, events: i32) {
+        self.tick();
+        self.srv.pair_event(id, events.cast_unsigned());
+        self.srv.drain_rings();
+        self.end_turn();
+    }
+
+    fn host_fd(&self, id: u32) -> RawFd {
+        self.srv
+            .socks
+            .get(&id)
+            .expect("a live socket")
+            .fd
+            .as_raw_fd()
+    }
+
+    fn pair_fd(&self, id: u32) -> RawFd {
+        self.srv
+            .socks
+            .get(&id)
+            .expect("a live socket")
+            .pair
+            .as_raw_fd()
+    }
+
+    /// Whether the server still has socket `id`.
+    pub fn has_socket(&self, id: u32) -> bool {
+        self.srv.socks.contains_key(&id)
+    }
+
+    /// Bytes arrive on `id`'s host socket (no event yet).
+    pub fn host_input(&mut self, id: u32, bytes: &[u8]) {
+        self.fake
+            .with_host(self.host_fd(id), |h| h.rx.extend(bytes.iter().copied()));
+    }
+
+    /// A datagram from `from` arrives on `id`'s host socket (no event yet).
+    pub fn host_datagram(&mut self, id: u32, bytes: &[u8], from: SocketAddr) {
+        self.fake.with_host(self.host_fd(id), |h| {
+            h.dgrams.push_back((bytes.to_vec(), from))
+        });
+    }
+
+    /// Urgent data: `byte` arrives after the bytes queued so far.
+    pub fn host_urgent(&mut self, id: u32, byte: u8) {
+        self.fake
+            .with_host(self.host_fd(id), |h| h.urgent = Some((h.rx.len(), byte)));
+    }
+
+    /// The peer's end of stream arrives after the queued bytes.
+    pub fn host_fin(&mut self, id: u32) {
+        self.fake.with_host(self.host_fd(id), |h| h.fin = true);
+    }
+
+    /// The peer resets the connection (`errno`, e.g. `ECONNRESET`).
+    pub fn host_reset(&mut self, id: u32, errno: i32) {
+        self.fake.with_host(self.host_fd(id), |h| {
+            h.error = Some(errno);
+            h.send_error = Some(libc::EPIPE);
+        });
+    }
+
+    /// The host socket takes at most `bytes` more from sends (`None`: any number).
+    pub fn host_room(&mut self, id: u32, bytes: Option<usize>) {
+        self.fake.with_host(self.host_fd(id), |h| h.room = bytes);
+    }
+
+    /// The next connect of `id` fails with `errno` (`EINPROGRESS`: in progress).
+    pub fn script_connect(&mut self, id: u32, errno: i32) {
+        self.fake
+            .with_host(self.host_fd(id), |h| h.connect_result = Some(errno));
+    }
+
+    /// A connect in progress ends: `SO_ERROR` becomes `errno` (0: connected).
+    pub fn connect_outcome(&mut self, id: u32, errno: i32) {
+        self.fake
+            .with_host(self.host_fd(id), |h| h.so_error = errno);
+    }
+
+    /// A connection from `peer` waits on listener `id`'s host socket.
+    pub fn host_connection(&mut self, id: u32, peer: SocketAddr) {
+        let conn = self
+            .fake
+            .socket(libc::AF_INET, libc::SOCK_STREAM, 0)
+            .expect("fake fd");
+        self.fake
+            .with_host(self.host_fd(id), |h| h.backlog.push_back((conn, peer)));
+    }
+
+    /// What the server did on `id`'s host socket so far.
+    pub fn host(&self, id: u32) -> HostView {
+        self.fake.with_host(self.host_fd(id), |h| HostView {
+            sent: h.sent.clone(),
+            datagrams: h.sent_dgrams.clone(),
+            connects: h.connects.clone(),
+            unspecs: h.unspecs,
+            shut_rd: h.shut_rd,
+            shut_wr: h.shut_wr,
+            lingered: h.lingered,
+        })
+    }
+
+    /// The program writes `bytes` straight into its end of `id`'s pair (a `write` the
+    /// shim cannot see).
+    pub fn app_write(&mut self, id: u32, bytes: &[u8]) {
+        self.fake.with_pair(self.pair_fd(id), |p| {
+            p.from_app.extend(bytes.iter().map(|b| Seg::Byte(*b)));
+        });
+    }
+
+    /// The shim fills the program's end of `id`'s pair (`WantRoom`, `REQ_FILLED`): the
+    /// out-of-band marker, then filler bytes.
+    pub fn app_filler(&mut self, id: u32) {
+        self.fake.with_pair(self.pair_fd(id), |p| {
+            p.from_app.push_back(Seg::Mark);
+            p.from_app.extend(std::iter::repeat_n(Seg::Byte(0), 4096));
+        });
+    }
+
+    /// The program's end of `id`'s pair has room for `bytes` more (`None`: any number).
+    pub fn app_room(&mut self, id: u32, bytes: Option<usize>) {
+        self.fake.with_pair(self.pair_fd(id), |p| p.room = bytes);
+    }
+
+    /// The program closes its last descriptor of `id` (with unread bytes: `reset`). The
+    /// event that tells the server is the caller's to deliver.
+    pub fn app_close(&mut self, id: u32) {
+        let fd = self.pair_fd(id);
+        let name = self.fake.with_pair(fd, |p| {
+            p.reset = !p.to_app.is_empty();
+            p.app_closed = true;
+            p.name.clone()
+        });
+        self.fake.st().names.insert(name, false);
+    }
+
+    /// What the server did to `id`'s pair so far.
+    pub fn pair(&self, id: u32) -> PairView {
+        self.fake.with_pair(self.pair_fd(id), |p| PairView {
+            to_app: p.to_app.clone(),
+            oob: p.oob_to_app.clone(),
+            eof: p.shut_wr,
+            hup: p.shut_rd,
+            unread: p.from_app.len(),
+            detached: p.orphan,
+        })
+    }
+
+    /// Takes what the server wrote to the program through `id`'s pair (the program
+    /// reads it): the room it used is free again.
+    pub fn take_pair_output(&mut self, id: u32) -> Vec<u8> {
+        self.fake.with_pair(self.pair_fd(id), |p| {
+            let out = std::mem::take(&mut p.to_app);
+            if let Some(r) = p.room.as_mut() {
+                *r += out.len();
+            }
+            out
+        })
+    }
+}

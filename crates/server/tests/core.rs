@@ -1,0 +1,531 @@
+//! The server's ordering and readiness rules, one test (or two) per rule, driven
+//! in-process over the scripted fake of `ferry_server::testkit`: request records into a
+//! real channel ring, host and pair events one at a time, completions and pair effects
+//! read back. Deterministic: no threads, no kernel sockets, no timing.
+//!
+//! Each test names the rule it guards; the closing note of issue 17 lists the break of
+//! each rule that was tried on purpose and the test that caught it.
+
+use std::net::SocketAddr;
+
+use ferry_proto::{
+    CMP_DRAIN_TOKEN, CMP_RENEW_PAIR, Cmp, CmpKind, Ctl, CtlKind, Op, REQ_FILLED, REQ_NONBLOCK, Req,
+    WireAddr,
+};
+use ferry_server::testkit::Harness;
+
+const REMOTE: &str = "192.0.2.7:80";
+
+fn remote() -> SocketAddr {
+    REMOTE.parse().unwrap()
+}
+
+fn kind(c: &Cmp) -> CmpKind {
+    c.kind().unwrap()
+}
+
+fn connect_req(id: u32, tag: u32, flags: u16) -> Req {
+    Req {
+        tag,
+        flags,
+        ..Req::new(Op::Connect, id).with_addr(&WireAddr::from(remote()))
+    }
+}
+
+/// The final answer to `tag` among `cs`.
+fn done(cs: &[Cmp], tag: u32) -> Cmp {
+    *cs.iter()
+        .find(|c| kind(c) == CmpKind::Done && c.tag == tag)
+        .unwrap_or_else(|| panic!("no Done for tag {tag} in {cs:?}"))
+}
+
+/// A stream made through `ch` and connected to the remote at once.
+fn connected(h: &mut Harness, ch: u32) -> u32 {
+    let id = h.socket(ch, libc::AF_INET, libc::SOCK_STREAM);
+    let cs = h.call(ch, connect_req(id, 1, 0));
+    assert_eq!(done(&cs, 1).result, 0, "connect: {cs:?}");
+    id
+}
+
+/// Sends `data` on `id` from `ch` as the shim does (a lent buffer, tag 0).
+fn send(h: &mut Harness, ch: u32, id: u32, data: &[u8]) -> Req {
+    h.send_req(ch, id, data)
+}
+
+// Rule: pair input vs ring sends. Bytes the program wrote straight into its pair go
+// out after the sends it queued in the ring before writing them.
+
+#[test]
+fn pair_input_waits_for_sends_queued_before_it() {
+    let mut h = Harness::new(true);
+    let ch = h.channel();
+    let id = connected(&mut h, ch);
+    // The host socket is full: the ring send waits in the socket's queue.
+    h.host_room(id, Some(0));
+    let req = send(&mut h, ch, id, b"ring-1 ");
+    h.call(ch, req);
+    // Room comes back, but the pair's input event is seen before the host's EPOLLOUT.
+    h.host_room(id, None);
+    h.app_write(id, b"pair-2");
+    h.pair_event(id, libc::EPOLLIN);
+    assert_eq!(
+        h.host(id).sent,
+        b"",
+        "the pair's bytes jumped the queued send"
+    );
+    h.host_event(id, libc::EPOLLOUT);
+    assert_eq!(h.host(id).sent, b"ring-1 pair-2");
+    assert_eq!(h.pair(id).unread, 0);
+}
+
+#[test]
+fn pair_input_waits_for_sends_still_in_the_ring() {
+    let mut h = Harness::new(true);
+    let ch = h.channel();
+    let id = connected(&mut h, ch);
+    // The shim queued a send in the ring, then the program wrote into the pair; the
+    // pair's event comes before the server has taken the ring's record.
+    let req = send(&mut h, ch, id, b"ring-1 ");
+    h.push(ch, req);
+    h.app_write(id, b"pair-2");
+    h.pair_event(id, libc::EPOLLIN);
+    assert_eq!(h.host(id).sent, b"ring-1 pair-2");
+}
+
+// Rule: partial sends. A send the host socket takes in part keeps its place and its
+// buffer until the rest is out.
+
+#[test]
+fn a_partial_send_keeps_its_buffer_and_its_place() {
+    let mut h = Harness::new(false);
+    let ch = h.channel();
+    let id = connected(&mut h, ch);
+    h.host_room(id, Some(3));
+    let a = send(&mut h, ch, id, b"abcdef");
+    h.push(ch, a);
+    let b = send(&mut h, ch, id, b"ghi");
+    let cs = h.call(ch, b);
+    assert_eq!(h.host(id).sent, b"abc");
+    assert!(
+        cs.iter().all(|c| kind(c) != CmpKind::BufReturn),
+        "a buffer came back before its bytes were out: {cs:?}"
+    );
+    h.host_room(id, None);
+    h.host_event(id, libc::EPOLLOUT);
+    assert_eq!(h.host(id).sent, b"abcdefghi");
+    let returned = h
+        .completions(ch)
+        .iter()
+        .filter(|c| kind(c) == CmpKind::BufReturn)
+        .count();
+    assert_eq!(returned, 2);
+}
+
+// Rule: WantRoom. A shim that found no free buffer filled its pair (so the fd polls
+// unwritable); the filler goes when a buffer comes back to that channel — at once if
+// one came back after the shim looked, else at the next BufReturn.
+
+#[test]
+fn want_room_drains_the_filler_at_the_next_buffer_return() {
+    let mut h = Harness::new(false);
+    let ch = h.channel();
+    let id = connected(&mut h, ch);
+    h.host_room(id, Some(0));
+    let req = send(&mut h, ch, id, b"x");
+    h.call(ch, req);
+    // The shim has taken 0 BufReturns when it finds no buffer.
+    h.app_filler(id);
+    h.call(
+        ch,
+        Req {
+            a: 0,
+            ..Req::new(Op::WantRoom, id)
+        },
+    );
+    assert!(h.pair(id).unread > 0, "drained with no buffer back");
+    h.host_room(id, None);
+    h.host_event(id, libc::EPOLLOUT);
+    assert_eq!(
+        h.pair(id).unread,
+        0,
+        "the buffer came back, the filler stayed"
+    );
+    let cs = h.completions(ch);
+    assert!(cs.iter().any(|c| kind(c) == CmpKind::BufReturn), "{cs:?}");
+}
+
+#[test]
+fn want_room_after_a_buffer_came_back_drains_at_once() {
+    let mut h = Harness::new(false);
+    let ch = h.channel();
+    let id = connected(&mut h, ch);
+    let req = send(&mut h, ch, id, b"x");
+    h.call(ch, req);
+    // A BufReturn is in the ring; the shim looked before taking it (it saw 0).
+    h.app_filler(id);
+    h.call(
+        ch,
+        Req {
+            a: 0,
+            ..Req::new(Op::WantRoom, id)
+        },
+    );
+    assert_eq!(h.pair(id).unread, 0, "a wake-up was lost: the filler stays");
+}
+
+// Rule: filler drain. On a stream of the pair path, the program's own bytes in front
+// of the filler's marker go out first; the filler is drained when the read reaches
+// the mark.
+
+#[test]
+fn the_programs_bytes_before_a_filler_go_out_then_the_filler_is_drained() {
+    let mut h = Harness::new(true);
+    let ch = h.channel();
+    let id = connected(&mut h, ch);
+    h.host_room(id, Some(0));
+    let req = send(&mut h, ch, id, b"ring ");
+    h.call(ch, req);
+    h.app_write(id, b"own");
+    h.app_filler(id);
+    h.call(
+        ch,
+        Req {
+            a: 0,
+            ..Req::new(Op::WantRoom, id)
+        },
+    );
+    assert_eq!(h.host(id).sent, b"");
+    h.host_room(id, None);
+    h.host_event(id, libc::EPOLLOUT);
+    assert_eq!(h.host(id).sent, b"ring own");
+    assert_eq!(h.pair(id).unread, 0, "the filler was not drained");
+}
+
+// Rule: token take-back after accept. A listener's readiness token goes back when the
+// accept took the last connection, and stays while more wait.
+
+fn listener(h: &mut Harness, ch: u32) -> u32 {
+    let id = h.socket(ch, libc::AF_INET, libc::SOCK_STREAM);
+    let local: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+    let bind = Req {
+        tag: 1,
+        ..Req::new(Op::Bind, id).with_addr(&WireAddr::from(local))
+    };
+    assert_eq!(done(&h.call(ch, bind), 1).result, 0);
+    let listen = Req {
+        tag: 2,
+        a: 16,
+        ..Req::new(Op::Listen, id)
+    };
+    assert_eq!(done(&h.call(ch, listen), 2).result, 0);
+    h.call(ch, Req::new(Op::WantToken, id));
+    assert_eq!(h.pair(id).to_app, b"", "a token with nothing to accept");
+    id
+}
+
+fn accept(h: &mut Harness, ch: u32, id: u32) -> Ctl {
+    let msg = Ctl {
+        sock: id,
+        a: 1,
+        ..Ctl::new(CtlKind::Accept, id)
+    };
+    *h.control(ch, msg).last().expect("an accept reply")
+}
+
+#[test]
+fn the_accept_of_the_last_connection_takes_the_token_back() {
+    let mut h = Harness::new(false);
+    let ch = h.channel();
+    let id = listener(&mut h, ch);
+    h.host_connection(id, "198.51.100.1:5000".parse().unwrap());
+    h.host_event(id, libc::EPOLLIN);
+    assert_eq!(h.pair(id).to_app, [1], "no token for a waiting connection");
+    let r = accept(&mut h, ch, id);
+    assert!(r.result > 0, "accept failed: {r:?}");
+    assert_eq!(r.c, 1, "the token stays with nothing left to accept");
+}
+
+#[test]
+fn the_token_stays_while_connections_wait() {
+    let mut h = Harness::new(false);
+    let ch = h.channel();
+    let id = listener(&mut h, ch);
+    h.host_connection(id, "198.51.100.1:5000".parse().unwrap());
+    h.host_connection(id, "198.51.100.2:5000".parse().unwrap());
+    h.host_event(id, libc::EPOLLIN);
+    let r = accept(&mut h, ch, id);
+    assert!(r.result > 0);
+    assert_eq!(r.c, 0, "token taken back with a connection still waiting");
+    let r = accept(&mut h, ch, id);
+    assert_eq!(r.c, 1);
+    let r = accept(&mut h, ch, id);
+    assert_eq!(r.result, -libc::EAGAIN);
+}
+
+// Rule: refused connect. A blocking connect that fails leaves the socket able to
+// connect again (the server dissolves it); a failed non-blocking one shows POLLERR |
+// POLLHUP on the program's fd (the pair is detached), the next connect reports the
+// error, and the one after it asks for a new pair.
+
+#[test]
+fn a_refused_blocking_connect_fails_and_resets_the_socket() {
+    let mut h = Harness::new(true);
+    let ch = h.channel();
+    let id = h.socket(ch, libc::AF_INET, libc::SOCK_STREAM);
+    // Placed on the host at the connect: the same host socket.
+    h.call(ch, Req::new(Op::WantToken, id));
+    let first = h.socket(ch, libc::AF_INET, libc::SOCK_STREAM);
+    let _ = first;
+    // The connect is in progress, then refused.
+    let cs = {
+        h.push(ch, connect_req(id, 5, 0));
+        // The host socket is only known once the socket exists: script it before the
+        // turn that takes the record.
+        h.script_connect(id, libc::EINPROGRESS);
+        h.turn();
+        h.completions(ch)
+    };
+    assert!(
+        cs.iter().all(|c| c.tag != 5),
+        "answered while in progress: {cs:?}"
+    );
+    h.connect_outcome(id, libc::ECONNREFUSED);
+    h.host_event(id, libc::EPOLLOUT | libc::EPOLLERR | libc::EPOLLHUP);
+    let cs = h.completions(ch);
+    assert_eq!(done(&cs, 5).result, -libc::ECONNREFUSED);
+    assert_eq!(
+        h.host(id).unspecs,
+        1,
+        "the socket was not put back to unconnected"
+    );
+    assert!(!h.pair(id).detached);
+}
+
+#[test]
+fn a_refused_nonblocking_connect_detaches_the_pair_then_reports_then_renews() {
+    let mut h = Harness::new(true);
+    let ch = h.channel();
+    let id = h.socket(ch, libc::AF_INET, libc::SOCK_STREAM);
+    h.script_connect(id, libc::EINPROGRESS);
+    h.app_filler(id);
+    let cs = h.call(ch, connect_req(id, 1, REQ_NONBLOCK | REQ_FILLED));
+    assert_eq!(done(&cs, 1).result, -libc::EINPROGRESS);
+    assert!(
+        h.pair(id).unread > 0,
+        "the filler went before the connect ended"
+    );
+    h.connect_outcome(id, libc::ECONNREFUSED);
+    h.host_event(id, libc::EPOLLOUT | libc::EPOLLERR | libc::EPOLLHUP);
+    assert!(
+        h.pair(id).detached,
+        "the program's fd would not poll POLLERR|POLLHUP"
+    );
+    // The next connect reports the failure and resets the socket.
+    let cs = h.call(ch, connect_req(id, 2, REQ_NONBLOCK));
+    assert_eq!(done(&cs, 2).result, -libc::ECONNREFUSED);
+    assert_eq!(h.host(id).unspecs, 1);
+    // The one after asks the shim to renew the pair first.
+    let cs = h.call(ch, connect_req(id, 3, REQ_NONBLOCK));
+    let d = done(&cs, 3);
+    assert_eq!(d.result, -libc::ECONNABORTED);
+    assert_ne!(d.flags & CMP_RENEW_PAIR, 0);
+}
+
+#[test]
+fn a_nonblocking_connect_that_succeeds_drains_the_filler() {
+    let mut h = Harness::new(true);
+    let ch = h.channel();
+    let id = h.socket(ch, libc::AF_INET, libc::SOCK_STREAM);
+    h.script_connect(id, libc::EINPROGRESS);
+    h.app_filler(id);
+    h.call(ch, connect_req(id, 1, REQ_NONBLOCK | REQ_FILLED));
+    h.connect_outcome(id, 0);
+    h.host_event(id, libc::EPOLLOUT);
+    assert!(!h.pair(id).detached);
+    assert_eq!(h.pair(id).unread, 0, "still unwritable after the connect");
+}
+
+// Rule: hang-up mirroring. The host socket's hang-up reaches the program's end only
+// after the end of the stream has, and the channel's completions (the EPIPE it
+// reports) are published first.
+
+#[test]
+fn a_hang_up_is_mirrored_only_after_the_bytes_before_it() {
+    let mut h = Harness::new(true);
+    let ch = h.channel();
+    let id = connected(&mut h, ch);
+    h.app_room(id, Some(0));
+    h.host_input(id, b"bye");
+    h.host_fin(id);
+    h.host_event(
+        id,
+        libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLHUP,
+    );
+    let p = h.pair(id);
+    assert!(!p.eof && !p.hup, "ended before its bytes: {p:?}");
+    let cs = h.completions(ch);
+    assert!(
+        cs.iter()
+            .any(|c| kind(c) == CmpKind::AsyncError && c.result == -libc::EPIPE),
+        "the hang-up's EPIPE is not reported: {cs:?}"
+    );
+    h.app_room(id, None);
+    h.pair_event(id, libc::EPOLLOUT);
+    let p = h.pair(id);
+    assert_eq!(p.to_app, b"bye");
+    assert!(p.eof && p.hup, "{p:?}");
+}
+
+#[test]
+fn the_hang_ups_error_is_published_before_the_hang_up_is_mirrored() {
+    let mut h = Harness::new(true);
+    let ch = h.channel();
+    let id = connected(&mut h, ch);
+    h.completions(ch);
+    h.host_fin(id);
+    // The program looks at its ring the moment its fd reports POLLHUP, before the
+    // server's turn ends.
+    h.host_event_only(id, libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLHUP);
+    assert!(h.pair(id).hup);
+    let cs = h.completions(ch);
+    assert!(
+        cs.iter()
+            .any(|c| kind(c) == CmpKind::AsyncError && c.result == -libc::EPIPE),
+        "POLLHUP seen before the EPIPE that goes with it: {cs:?}"
+    );
+}
+
+// Rule: end of stream. The pair path mirrors the end (0, or the error, reported once
+// to the receive that asks); on the ring path a polled stream that has ended keeps its
+// token (it stays readable with no edge to come).
+
+#[test]
+fn the_end_of_a_stream_reaches_the_pair_and_its_error_is_reported_once() {
+    let mut h = Harness::new(true);
+    let ch = h.channel();
+    let id = connected(&mut h, ch);
+    h.host_input(id, b"last");
+    h.host_reset(id, libc::ECONNRESET);
+    h.host_event(id, libc::EPOLLIN | libc::EPOLLERR | libc::EPOLLHUP);
+    let p = h.pair(id);
+    assert_eq!(p.to_app, b"last");
+    assert!(p.eof, "the end did not reach the pair: {p:?}");
+    let recv = |tag| Req {
+        tag,
+        a: 100,
+        ..Req::new(Op::Recv, id)
+    };
+    let cs = h.call(ch, recv(7));
+    assert_eq!(done(&cs, 7).result, -libc::ECONNRESET);
+    let cs = h.call(ch, recv(8));
+    assert_eq!(done(&cs, 8).result, 0);
+}
+
+#[test]
+fn an_ended_stream_keeps_its_token() {
+    let mut h = Harness::new(false);
+    let ch = h.channel();
+    let id = connected(&mut h, ch);
+    h.call(ch, Req::new(Op::WantToken, id));
+    h.host_input(id, b"abc");
+    h.host_event(id, libc::EPOLLIN);
+    assert_eq!(h.take_pair_output(id), [1]);
+    let recv = |tag| Req {
+        tag,
+        a: 100,
+        ..Req::new(Op::Recv, id)
+    };
+    let cs = h.call(ch, recv(1));
+    let d = done(&cs, 1);
+    assert_eq!(d.result, 3);
+    assert_ne!(
+        d.flags & CMP_DRAIN_TOKEN,
+        0,
+        "an empty socket kept its token"
+    );
+    h.call(ch, Req::new(Op::TokenDrained, id));
+    assert_eq!(h.take_pair_output(id), b"", "a token for an empty socket");
+    h.host_fin(id);
+    h.host_event(id, libc::EPOLLIN | libc::EPOLLRDHUP);
+    assert_eq!(
+        h.take_pair_output(id),
+        [1],
+        "no token for the end of the stream"
+    );
+    assert!(h.pair(id).eof);
+    let cs = h.call(ch, recv(2));
+    let d = done(&cs, 2);
+    assert_eq!(d.result, 0);
+    assert_eq!(
+        d.flags & CMP_DRAIN_TOKEN,
+        0,
+        "the token went, but the ended stream stays readable"
+    );
+}
+
+// Rule: urgent data. On the pair path the urgent byte goes into the pair out of band,
+// at its place in the stream.
+
+#[test]
+fn urgent_data_reaches_the_pair_at_its_mark() {
+    let mut h = Harness::new(true);
+    let ch = h.channel();
+    let id = connected(&mut h, ch);
+    h.host_input(id, b"ab");
+    h.host_urgent(id, b'!');
+    h.host_input(id, b"cd");
+    h.host_event(id, libc::EPOLLIN | libc::EPOLLPRI);
+    let p = h.pair(id);
+    assert_eq!(p.to_app, b"abcd");
+    assert_eq!(
+        p.oob,
+        [(2, b'!')],
+        "the urgent byte is lost or out of place"
+    );
+}
+
+// Rule: back-pressure. A program that does not read its completions stops having its
+// requests taken (they wait in its ring) once a bounded backlog has built up; nothing
+// is lost and the order holds when it reads them again.
+
+#[test]
+fn completions_that_back_up_stop_the_channels_requests_and_lose_nothing() {
+    let mut h = Harness::new(false);
+    let ch = h.channel();
+    let id = connected(&mut h, ch);
+    h.completions(ch);
+    let mut tag = 0u32;
+    let mut turns = 0;
+    while h.ring_waiting(ch) == 0 {
+        while h.ring_room(ch) > 0 {
+            tag += 1;
+            h.push(
+                ch,
+                Req {
+                    tag,
+                    ..Req::new(Op::Pending, id)
+                },
+            );
+        }
+        h.turn();
+        turns += 1;
+        assert!(turns < 100, "requests are taken without bound");
+    }
+    assert_eq!(h.backpressure_count(), 1);
+    let held = h.backlog(ch);
+    assert!((2048..2048 + 256).contains(&held), "backlog of {held}");
+    // The program reads its completions again: every answer comes, in order.
+    let mut next = 1;
+    for _ in 0..200 {
+        for c in h.completions(ch) {
+            assert_eq!(kind(&c), CmpKind::Done);
+            assert_eq!(c.tag, next, "out of order");
+            next += 1;
+        }
+        if next > tag {
+            break;
+        }
+        h.turn();
+    }
+    assert_eq!(next, tag + 1, "answers lost");
+}

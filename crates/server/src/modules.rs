@@ -603,10 +603,10 @@ impl Server {
         let Some(s) = self.socks.get(&id) else {
             return Err(neg(libc::EBADF));
         };
-        if !s.is_stream() || s.listening {
+        if !s.is_stream() || s.listening() {
             return Err(neg(libc::EOPNOTSUPP));
         }
-        if !s.connected && !s.connecting {
+        if !s.connected() && !s.connecting() {
             return Err(neg(libc::ENOTCONN));
         }
         // A module that has finished but whose output is still going out is followed
@@ -671,7 +671,7 @@ impl Server {
                 }
                 Bound::Live { inst, outbox } => (inst, outbox),
             };
-            if s.connecting {
+            if s.connecting() {
                 return true;
             }
             let t = std::time::Instant::now();

@@ -15,7 +15,7 @@ use tracing::{debug, warn};
 use crate::policy::Verdict;
 use crate::seam::Io;
 use crate::server::Server;
-use crate::sock::{Parked, Place, Sock, TxItem};
+use crate::sock::{Conn, PairEnd, Parked, Place, Sock, Token, TxItem};
 use crate::sockopt;
 
 /// Most operations one channel may have waiting on one socket (a shim has one).
@@ -357,7 +357,7 @@ impl Server {
             self.ctl_reply(ch, Server::new_reply(-libc::EBADF));
             return;
         };
-        if !s.listening {
+        if !s.listening() {
             self.ctl_reply(ch, Server::new_reply(-libc::EINVAL));
             return;
         }
@@ -431,7 +431,7 @@ impl Server {
                 return;
             }
         };
-        sock.connected = true;
+        sock.conn = Conn::Connected;
         sock.rx_pair = self.chan(ch).is_some_and(|c| c.rx_pair);
         if server == self.index {
             sock.last_ch = ch;
@@ -540,8 +540,8 @@ impl Server {
                 if r.flags & REQ_FILLED != 0 {
                     // Unwritable while connecting, as the kernel's socket: the filler
                     // goes when the connect ends (now, or at its completion).
-                    match self.socks.get_mut(&id) {
-                        Some(s) if s.connecting && nonblock => s.connect_filled = true,
+                    match self.socks.get_mut(&id).map(|s| &mut s.conn) {
+                        Some(Conn::Connecting { filled, .. }) if nonblock => *filled = true,
                         _ => self.drain_filler(id),
                     }
                 }
@@ -642,13 +642,17 @@ impl Server {
                 self.done(ch, id, r.tag, res);
             }
             Op::WantToken => {
-                self.sock(id).expect("checked above").want_token = true;
+                let s = self.sock(id).expect("checked above");
+                if s.token == Token::Unwanted {
+                    s.token = Token::Wanted;
+                }
                 self.maybe_token(id);
             }
             Op::TokenDrained => {
                 let s = self.sock(id).expect("checked above");
-                s.token_out = false;
-                s.extra_tokens = 0;
+                if s.token_out() {
+                    s.token = Token::Wanted;
+                }
                 self.maybe_token(id);
             }
             Op::WantRoom => self.want_room(ch, id, r.a),
@@ -719,7 +723,7 @@ impl Server {
         let Some(asked) = s.bound_wild else {
             return Ok(());
         };
-        if s.place != Place::Sandbox || s.listening || s.connected || s.connecting {
+        if s.place != Place::Sandbox || s.conn != Conn::Idle {
             return Ok(());
         }
         let had = io
@@ -794,9 +798,10 @@ impl Server {
     fn connect(&mut self, ch: u32, id: u32, tag: u32, addr: WireAddr, nonblock: bool) {
         let io = self.io;
         if let Some(s) = self.sock(id)
-            && s.pair_detached
+            && let Conn::Failed { reported } = s.conn
         {
-            if std::mem::take(&mut s.connect_failed) {
+            if !reported {
+                s.conn = Conn::Failed { reported: true };
                 // The connect after a failed non-blocking one reports the failure (its
                 // error, or ECONNABORTED once SO_ERROR has taken it), and the kernel puts
                 // the socket back to unconnected.
@@ -850,12 +855,16 @@ impl Server {
         let s = self.sock(id).expect("placed above");
         match io.connect(s.fd.as_fd(), &addr.to_std()) {
             Ok(()) => {
-                s.connected = s.is_stream();
+                if s.is_stream() {
+                    s.conn = Conn::Connected;
+                }
                 self.done(ch, id, tag, 0);
             }
             Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
-                s.connecting = true;
-                s.connect_to = Some(addr.to_std());
+                s.conn = Conn::Connecting {
+                    to: addr.to_std(),
+                    filled: false,
+                };
                 if nonblock {
                     self.done(ch, id, tag, -libc::EINPROGRESS);
                 } else {
@@ -939,13 +948,13 @@ impl Server {
         let s = self.sock(id).expect("placed above");
         match io.listen(s.fd.as_fd(), backlog) {
             Ok(()) => {
-                if !s.listening
+                if !s.listening()
                     && let Ok(Some(a)) = io.sock_addr(s.fd.as_fd(), false)
                     && shared.listener_up(a.port())
                 {
                     s.published_listener = Some(a.port());
                 }
-                s.listening = true;
+                s.conn = Conn::Listening;
                 if self.has_published(id) {
                     self.host_event(id, libc::EPOLLIN as u32);
                 }
@@ -963,7 +972,7 @@ impl Server {
             // host socket's error is taken by the server when the connect ends (and
             // kept here for this call), and only then does the fd poll writable.
             let err = std::mem::take(&mut s.so_error);
-            let err = if err != 0 || s.connecting {
+            let err = if err != 0 || s.connecting() {
                 err
             } else {
                 io.getsockopt_int(s.fd.as_fd(), level, name).unwrap_or(0)
@@ -1484,7 +1493,7 @@ impl Server {
         if short && flags & (libc::MSG_PEEK | libc::MSG_OOB) == 0 {
             s.rx_maybe = false;
         }
-        if s.token_out
+        if s.token_out()
             && flags & libc::MSG_PEEK == 0
             && (short || io.poll_now(s.fd.as_fd(), libc::POLLIN).unwrap_or(0) == 0)
         {
@@ -1504,7 +1513,7 @@ impl Server {
         let published = self.has_published(listener);
         match self.socks.get(&listener) {
             Some(s)
-                if s.token_out
+                if s.token_out()
                     && !published
                     && io.poll_now(s.fd.as_fd(), libc::POLLIN).unwrap_or(0) == 0 =>
             {
@@ -1517,7 +1526,7 @@ impl Server {
     /// Whether the shim should drain its token now (1) or not (0).
     fn drain_token(&mut self, id: u32) -> i32 {
         match self.sock(id) {
-            Some(s) if s.token_out => 1,
+            Some(s) if s.token_out() => 1,
             _ => 0,
         }
     }
@@ -1539,10 +1548,10 @@ impl Server {
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
-        if !s.want_token || s.token_out {
+        if s.token != Token::Wanted {
             return;
         }
-        let tracked = s.is_stream() && !s.listening && !published;
+        let tracked = s.is_stream() && !s.listening() && !published;
         // An ended stream stays readable (0, or the error) with no edge to come: ask.
         if tracked && !s.rx_maybe && !s.rx_ending {
             return;
@@ -1558,10 +1567,10 @@ impl Server {
             s.rx_maybe = false;
         }
         if (readable || published) && io.send(s.pair.as_fd(), &[1]).is_ok() {
-            s.token_out = true;
+            s.token = Token::Out { extra: 0 };
             s.stats.tokens += 1;
         }
-        if rev & (libc::POLLRDHUP | libc::POLLHUP) != 0 && !s.listening {
+        if rev & (libc::POLLRDHUP | libc::POLLHUP) != 0 && !s.listening() {
             s.mirror_eof(io);
         }
     }
@@ -1571,7 +1580,7 @@ impl Server {
     /// once) or `EAGAIN` while it has not. `None`: not such a socket.
     fn pair_stream_end(&mut self, id: u32) -> Option<i32> {
         let s = self.socks.get_mut(&id).filter(|s| s.reads_pair())?;
-        if !s.eof_mirrored {
+        if s.pair_end == PairEnd::Open {
             return Some(-libc::EAGAIN);
         }
         Some(-std::mem::take(&mut s.so_error))
@@ -1610,7 +1619,7 @@ impl Server {
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
-        s.hup_mirrored = true;
+        s.pair_end = PairEnd::Hup;
         let _ = io.shutdown(s.pair.as_fd(), libc::SHUT_RD);
     }
 
@@ -1619,7 +1628,7 @@ impl Server {
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
-        if !s.reads_pair() || s.eof_mirrored {
+        if !s.reads_pair() || s.pair_end != PairEnd::Open {
             return;
         }
         if self.rx_scratch.is_empty() {
@@ -1713,7 +1722,6 @@ impl Server {
 
     /// Host readiness: finish connects, flush sends, retry parked operations, tokens.
     pub(crate) fn host_event(&mut self, id: u32, events: u32) {
-        let io = self.io;
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
@@ -1734,58 +1742,10 @@ impl Server {
             && s.recv_mark + 1 < self.waits
             && !s.parked.iter().any(|p| matches!(p, Parked::Recv { .. }));
         let out = events & (libc::EPOLLOUT | libc::EPOLLERR | libc::EPOLLHUP) as u32 != 0;
-        if s.connecting && out {
-            s.connecting = false;
-            let filled = std::mem::take(&mut s.connect_filled);
-            let err = io
-                .getsockopt_int(s.fd.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
-                .unwrap_or(libc::EIO);
-            let parked: Vec<Parked> = s.parked.drain(..).collect();
-            let finish = s.connect_to.take();
-            let host = s.fd.try_clone();
-            // The error is reported once: to the first waiter, else kept for SO_ERROR.
-            let mut reported = false;
-            let mut keep = Vec::new();
-            for p in parked {
-                match p {
-                    Parked::Connect { ch, tag } => {
-                        reported = true;
-                        if err == 0
-                            && let Some(to) = finish
-                        {
-                            // The program's connect blocked until done: finish the
-                            // kernel's side too, so that a second connect says EISCONN
-                            // (after EINPROGRESS the kernel wants one more connect call).
-                            if let Ok(fd) = &host {
-                                let _ = io.connect(fd.as_fd(), &to);
-                            }
-                        }
-                        self.done(ch, id, tag, -err);
-                    }
-                    other => keep.push(other),
-                }
-            }
-            if let Some(s) = self.sock(id) {
-                s.so_error = if reported { 0 } else { err };
-                s.connected = err == 0;
-                s.parked.extend(keep);
-                if reported && err != 0 {
-                    // A blocking connect failed: the kernel puts the program's socket
-                    // back to unconnected, so that it may connect again (ours, connected
-                    // without blocking, would say ECONNABORTED): dissolve it.
-                    let _ = io.connect_unspec(s.fd.as_fd());
-                }
-            }
-            if filled && err != 0 && !reported {
-                // A non-blocking connect failed: POLLERR|POLLHUP, as the kernel's.
-                self.detach_pair(id);
-                if let Some(s) = self.socks.get_mut(&id) {
-                    s.connect_failed = s.pair_detached;
-                }
-            } else if filled {
-                // The connect has ended: the program's end polls writable again.
-                self.drain_filler(id);
-            }
+        if let Conn::Connecting { to, filled } = s.conn
+            && out
+        {
+            self.connect_ended(id, to, filled);
         }
         if out {
             self.flush_tx(id);
@@ -1794,7 +1754,7 @@ impl Server {
         self.report_hangup(id, events);
         self.edge_token(id, events);
         if let Some(s) = self.socks.get_mut(&id)
-            && s.connected
+            && s.connected()
             && events & (libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0
         {
             // (A stream not yet connected reports EPOLLHUP: that is not an ending.)
@@ -1810,13 +1770,65 @@ impl Server {
         }
     }
 
+    /// Stream `id`'s connect in progress (to `to`, the program's end of the pair
+    /// `filled` meanwhile) has ended: its outcome (`SO_ERROR`) goes to the connect that
+    /// waits for it, else is kept for the program's `SO_ERROR`; see [`Conn`]'s table.
+    fn connect_ended(&mut self, id: u32, to: SocketAddr, filled: bool) {
+        let io = self.io;
+        let Some(s) = self.socks.get_mut(&id) else {
+            return;
+        };
+        let err = io
+            .getsockopt_int(s.fd.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
+            .unwrap_or(libc::EIO);
+        // The error is reported once: to the first waiter, else kept for SO_ERROR.
+        let mut waiters = Vec::new();
+        s.parked.retain(|p| match *p {
+            Parked::Connect { ch, tag } => {
+                waiters.push((ch, tag));
+                false
+            }
+            _ => true,
+        });
+        let reported = !waiters.is_empty();
+        if reported && err == 0 {
+            // The program's connect blocked until done: finish the kernel's side too, so
+            // that a second connect says EISCONN (after EINPROGRESS the kernel wants one
+            // more connect call).
+            let _ = io.connect(s.fd.as_fd(), &to);
+        } else if reported {
+            // A blocking connect failed: the kernel puts the program's socket back to
+            // unconnected, so that it may connect again (ours, connected without
+            // blocking, would say ECONNABORTED): dissolve it.
+            let _ = io.connect_unspec(s.fd.as_fd());
+        }
+        s.so_error = if reported { 0 } else { err };
+        s.conn = if err == 0 {
+            Conn::Connected
+        } else {
+            Conn::Idle
+        };
+        for (ch, tag) in waiters {
+            self.done(ch, id, tag, -err);
+        }
+        if filled && err != 0 && !reported {
+            // A non-blocking connect failed: POLLERR|POLLHUP, as the kernel's.
+            self.detach_pair(id);
+        } else if filled {
+            // The connect has ended: the program's end polls writable again.
+            self.drain_filler(id);
+        }
+    }
+
     /// A reset or hang-up of a connected stream: the program's next send fails with
     /// EPIPE (as with the kernel), even when it has nothing queued right now.
     fn report_hangup(&mut self, id: u32, events: u32) {
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
-        if events & (libc::EPOLLHUP | libc::EPOLLERR) as u32 == 0 || !s.connected || s.hup_reported
+        if events & (libc::EPOLLHUP | libc::EPOLLERR) as u32 == 0
+            || !s.connected()
+            || s.hup_reported
         {
             return;
         }
@@ -1833,16 +1845,14 @@ impl Server {
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
-        if events & libc::EPOLLIN as u32 == 0
-            || !s.want_token
-            || !s.token_out
-            || s.listening
-            || s.extra_tokens >= 8
-        {
+        let Token::Out { extra } = s.token else {
+            return;
+        };
+        if events & libc::EPOLLIN as u32 == 0 || s.listening() || extra >= 8 {
             return;
         }
         if io.send(s.pair.as_fd(), &[1]).is_ok() {
-            s.extra_tokens += 1;
+            s.token = Token::Out { extra: extra + 1 };
             s.stats.tokens += 1;
         }
     }

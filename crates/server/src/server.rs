@@ -15,7 +15,7 @@ use crate::channel::Channel;
 use crate::group::{Handle, Msg, Shared, lock, server_name};
 use crate::ops::errno;
 use crate::seam::Io;
-use crate::sock::{NewPair, Owner, Parked, Place, Sock};
+use crate::sock::{Conn, NewPair, Owner, PairEnd, Parked, Place, Sock};
 use crate::stats::ServerStats;
 use crate::{Config, Error, SandboxSocketFn};
 
@@ -998,7 +998,7 @@ impl Server {
             let detached: Vec<u32> = self
                 .socks
                 .values()
-                .filter(|s| s.pair_detached && !s.app_closed)
+                .filter(|s| s.pair_detached() && !s.app_closed)
                 .map(|s| s.id)
                 .collect();
             for id in detached {
@@ -1038,9 +1038,8 @@ impl Server {
             opts: Vec::new(),
             bound_wild: None,
             contacted: None,
-            want_token: false,
-            token_out: false,
-            eof_mirrored: false,
+            token: crate::sock::Token::Unwanted,
+            pair_end: crate::sock::PairEnd::Open,
             rx_maybe: true,
             rx_ending: false,
             rx_pair: false,
@@ -1049,26 +1048,18 @@ impl Server {
             recv_mark: 0,
             parked: Default::default(),
             txq: Default::default(),
-            connecting: false,
-            connect_to: None,
-            connect_filled: false,
+            conn: crate::sock::Conn::Idle,
             so_error: 0,
             app_closed: false,
             shut_wr_pending: false,
-            listening: false,
-            connected: false,
             hup_reported: false,
             hup_due: false,
-            hup_mirrored: false,
-            pair_detached: false,
-            connect_failed: false,
             published_listener: None,
             oob_due: false,
             oob_byte: None,
             pair_in_wait: false,
             pair_reset: false,
             filler_due: false,
-            extra_tokens: 0,
             last_ch: 0,
             stats: crate::SocketStats {
                 id,
@@ -1143,7 +1134,7 @@ impl Server {
             && self
                 .socks
                 .get(&id)
-                .is_some_and(|s| s.hup_mirrored || s.pair_detached)
+                .is_some_and(|s| s.pair_end == PairEnd::Hup || s.pair_detached())
             && self.app_alive(id)
     }
 
@@ -1170,7 +1161,7 @@ impl Server {
             return;
         };
         let _ = self.epoll.delete(s.pair.as_fd());
-        s.pair_detached = true;
+        s.conn = Conn::Failed { reported: false };
         drop(std::mem::replace(&mut s.pair, placeholder));
     }
 
@@ -1182,7 +1173,7 @@ impl Server {
         let Some(s) = self.socks.get(&id) else {
             return Err(-libc::EBADF);
         };
-        if !s.pair_detached || s.connect_failed || s.connecting || !s.is_stream() {
+        if s.conn != (Conn::Failed { reported: true }) || !s.is_stream() {
             return Err(-libc::EINVAL);
         }
         let NewPair { ours, theirs, name } = self.io.new_pair(id).map_err(|e| errno(&e))?;
@@ -1192,12 +1183,10 @@ impl Server {
         let s = self.socks.get_mut(&id).expect("looked up above");
         s.pair = ours;
         s.name = name;
-        s.pair_detached = false;
-        s.connect_filled = false;
+        s.conn = Conn::Idle;
         s.hup_due = false;
-        s.hup_mirrored = false;
+        s.pair_end = PairEnd::Open;
         s.hup_reported = false;
-        s.eof_mirrored = false;
         s.rx_ending = false;
         s.filler_due = false;
         s.pair_reset = false;
@@ -1257,7 +1246,7 @@ impl Server {
         };
         s.app_closed = true;
         let mut reset = false;
-        if s.rx_pair && s.connected {
+        if s.rx_pair && s.connected() {
             // Closed with bytes unread (the kernel marks our end ECONNRESET when the
             // program's end goes with data queued): the peer gets a reset, as from a
             // kernel socket closed with unread data.
@@ -1479,7 +1468,7 @@ impl Server {
         self.socks
             .values()
             .find(|s| {
-                s.listening
+                s.listening()
                     && io
                         .sock_addr(s.fd.as_fd(), false)
                         .ok()

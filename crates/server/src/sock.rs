@@ -51,6 +51,87 @@ pub(crate) enum Place {
     Sandbox,
 }
 
+/// The readiness token of a socket of the ring path (a listener, a datagram socket, or
+/// a stream whose bytes come through the ring): one byte the server writes into the
+/// pair so that the program's fd polls readable when the host socket is. Legal moves:
+///
+/// | state      | event                                        | action            | next         |
+/// |------------|----------------------------------------------|-------------------|--------------|
+/// | `Unwanted` | `WantToken` (the shim polls the fd)          | check the host    | `Wanted`/`Out` |
+/// | `Wanted`   | host socket readable (edge, or asked)        | write a token     | `Out{0}`     |
+/// | `Out{n}`   | new-data edge, `n` < 8 (edge-triggered epoll) | write one more   | `Out{n+1}`   |
+/// | `Out{n}`   | a receive or accept found the socket empty   | `CMP_DRAIN_TOKEN` | `Out{n}`     |
+/// | `Out{n}`   | `TokenDrained` (the shim read them all)       | check the host    | `Wanted`/`Out` |
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub(crate) enum Token {
+    /// The shim has not asked: nothing is written.
+    #[default]
+    Unwanted,
+    /// The shim polls the fd; no token is in the pair.
+    Wanted,
+    /// A token is in the pair, with `extra` more written since (one per new-data edge).
+    Out { extra: u8 },
+}
+
+/// Where a socket's connection stands. A datagram socket stays `Idle` whatever it
+/// connects to (its association is the kernel's alone); a stream moves so:
+///
+/// | state              | event                                   | action                              | next               |
+/// |--------------------|-----------------------------------------|-------------------------------------|--------------------|
+/// | `Idle`             | connect answers 0                       | `Done(0)`                           | `Connected`        |
+/// | `Idle`             | connect answers `EINPROGRESS`           | park it, or `Done(-EINPROGRESS)`    | `Connecting`       |
+/// | `Idle`             | listen                                  |                                     | `Listening`        |
+/// | `Connecting`       | `REQ_FILLED` with a non-blocking connect | keep the shim's filler              | `Connecting{filled}` |
+/// | `Connecting`       | host `EPOLLOUT`/`ERR`/`HUP`, `SO_ERROR` 0 | answer the parked connect; drain the filler | `Connected`  |
+/// | `Connecting`       | the same, an error, a connect parked    | answer it; `connect(AF_UNSPEC)`     | `Idle`             |
+/// | `Connecting{filled}` | the same, an error, none parked       | detach the pair (`POLLERR|POLLHUP`) | `Failed{false}`    |
+/// | `Failed{false}`    | connect                                 | answer the error; `connect(AF_UNSPEC)` | `Failed{true}`  |
+/// | `Failed{true}`     | connect                                 | `ECONNABORTED` + `CMP_RENEW_PAIR`   | `Failed{true}`     |
+/// | `Failed{true}`     | `CtlKind::Renew`                        | a new pair                          | `Idle`             |
+/// | `Connected`        | accept made the socket                  |                                     | `Connected`        |
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub(crate) enum Conn {
+    /// Neither connected nor listening.
+    #[default]
+    Idle,
+    /// A stream's connect is in progress, to `to`; `filled`: the program's end of the
+    /// pair is filled (unwritable) until it ends (`REQ_FILLED`).
+    Connecting {
+        to: SocketAddr,
+        filled: bool,
+    },
+    /// The stream is (or was) connected: hang-ups and resets mean something.
+    Connected,
+    Listening,
+    /// A non-blocking connect failed: our end of the pair was closed (see
+    /// `Server::detach_pair`), `pair` is a placeholder whose peer is gone. `reported`:
+    /// a later connect has reported the failure (and reset the host socket, as the
+    /// kernel's does); the next one asks the shim to renew the pair.
+    Failed {
+        reported: bool,
+    },
+}
+
+/// How much of the host stream's ending the program's end of the pair shows. It only
+/// moves forward (a renewed pair starts `Open` again):
+///
+/// | state  | event                                              | action                           | next  |
+/// |--------|----------------------------------------------------|----------------------------------|-------|
+/// | `Open` | the end of the stream is read (0, or the error kept for `SO_ERROR`), or a token check sees `POLLRDHUP` | shut the pair's write side (the program reads 0, polls `POLLRDHUP`) | `Eof` |
+/// | `Eof`  | `hup_due` (the host socket hung up), program's end open | publish the channel's completions; shut the read side too | `Hup` |
+///
+/// In `Hup` both directions of the pair are shut, so our end reports `EPOLLHUP` while
+/// the program's end is still open (see `Server::app_alive`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub(crate) enum PairEnd {
+    #[default]
+    Open,
+    /// The end of the stream is mirrored.
+    Eof,
+    /// The end of the stream and the hang-up are mirrored.
+    Hup,
+}
+
 /// An operation waiting for its host socket.
 #[derive(Debug)]
 pub(crate) enum Parked {
@@ -125,10 +206,11 @@ pub(crate) struct Sock {
     /// A datagram socket that holds a port the program chose on the host: only the peers
     /// it sent to or connected to (the last few) may send to it (see `reach.rs`).
     pub contacted: Option<Vec<SocketAddr>>,
-    pub want_token: bool,
-    pub token_out: bool,
-    /// The remote's EOF has been mirrored onto the pair.
-    pub eof_mirrored: bool,
+    /// The readiness token: whether the shim polls this socket, and whether a token
+    /// byte lies in the pair for it.
+    pub token: Token,
+    /// How much of the host stream's ending the program's end of the pair shows.
+    pub pair_end: PairEnd,
     /// The host socket may have input (a stream that is not listening): cleared when a
     /// receive finds its queue empty, set by every input edge of the (edge-triggered)
     /// host socket. While clear, a token check needs no `ppoll`: any arrival after the
@@ -149,34 +231,20 @@ pub(crate) struct Sock {
     pub recv_mark: u64,
     pub parked: VecDeque<Parked>,
     pub txq: VecDeque<TxItem>,
-    /// A non-blocking connect is in progress.
-    pub connecting: bool,
-    /// Where a connect in progress goes.
-    pub connect_to: Option<SocketAddr>,
-    /// The program's end of the pair is filled (unwritable) until the connect in
-    /// progress ends (`REQ_FILLED`).
-    pub connect_filled: bool,
+    /// Where the connection stands (see [`Conn`]).
+    pub conn: Conn,
     /// Error left by the last connect, for `SO_ERROR`.
     pub so_error: i32,
     /// The program has closed its last reference.
     pub app_closed: bool,
     /// A `SHUT_WR` waits for the send queue to empty.
     pub shut_wr_pending: bool,
-    pub listening: bool,
-    /// The stream is (or was) connected: hang-ups and resets mean something.
-    pub connected: bool,
     /// A hang-up or reset has been reported to the program.
     pub hup_reported: bool,
     /// `rx_pair`: the host socket hung up (both directions shut, or closed by a reset):
     /// the kernel's `POLLHUP` for it, due on the program's end once the bytes before it
     /// are through (see `Server::mirror_hup`).
     pub hup_due: bool,
-    /// Our end of the pair was closed after a non-blocking connect failed (see
-    /// `Server::detach_pair`); `pair` is a placeholder whose peer is gone.
-    pub pair_detached: bool,
-    /// A non-blocking connect failed (`pair_detached` then) and no connect has reported
-    /// it yet: the next one does, and resets the host socket, as the kernel's does.
-    pub connect_failed: bool,
     /// The published TCP port this socket listens on (counted in `Shared`'s listeners
     /// until the socket goes).
     pub published_listener: Option<u16>,
@@ -186,10 +254,6 @@ pub(crate) struct Sock {
     /// `rx_pair`: an urgent byte taken from the host socket that the pair did not take
     /// yet (it was full).
     pub oob_byte: Option<u8>,
-    /// `rx_pair`: the hang-up is mirrored: both directions of the pair are shut, so our
-    /// end reports `EPOLLHUP` while the program's end is still open (see
-    /// `Server::app_alive`).
-    pub hup_mirrored: bool,
     /// `rx_pair`: bytes the program wrote straight into the pair wait for room on the
     /// host socket (or for the sends queued before them); see `Server::pair_input`.
     pub pair_in_wait: bool,
@@ -199,8 +263,6 @@ pub(crate) struct Sock {
     /// `rx_pair`: the filler is to be drained once the program's bytes before its
     /// marker are out.
     pub filler_due: bool,
-    /// Extra tokens written since the last drain (one per new-data edge, capped).
-    pub extra_tokens: u8,
     /// The channel that last used this socket (where unsolicited errors go).
     pub last_ch: u32,
     pub stats: SocketStats,
@@ -237,6 +299,28 @@ impl Sock {
         self.holders.push(owner);
     }
 
+    /// A token lies in the pair.
+    pub(crate) fn token_out(&self) -> bool {
+        matches!(self.token, Token::Out { .. })
+    }
+
+    /// The pair was detached after a failed non-blocking connect.
+    pub(crate) fn pair_detached(&self) -> bool {
+        matches!(self.conn, Conn::Failed { .. })
+    }
+
+    pub(crate) fn listening(&self) -> bool {
+        self.conn == Conn::Listening
+    }
+
+    pub(crate) fn connected(&self) -> bool {
+        self.conn == Conn::Connected
+    }
+
+    pub(crate) fn connecting(&self) -> bool {
+        matches!(self.conn, Conn::Connecting { .. })
+    }
+
     pub(crate) fn is_stream(&self) -> bool {
         self.ty == libc::SOCK_STREAM
     }
@@ -244,23 +328,19 @@ impl Sock {
     /// A connected stream of the pair path whose pair holds nothing but what the
     /// program wrote and the shim's marked fillers (not a connect's filler).
     pub(crate) fn takes_pair_input(&self, io: &dyn Io) -> bool {
-        self.reads_pair()
-            && !self.connecting
-            && !self.connect_filled
-            && !self.pair_detached
-            && io.unix_oob_works()
+        self.reads_pair() && io.unix_oob_works()
     }
 
     /// A connected stream whose received bytes go through the pair (`rx_pair`).
     pub(crate) fn reads_pair(&self) -> bool {
-        self.rx_pair && !self.listening && self.connected
+        self.rx_pair && self.conn == Conn::Connected
     }
 
     /// The end of the stream reaches the program's end of the pair (POLLIN|POLLRDHUP,
     /// then 0 from a read): the pair's write side is shut, once.
     pub(crate) fn mirror_eof(&mut self, io: &dyn Io) {
-        if !self.eof_mirrored {
-            self.eof_mirrored = true;
+        if self.pair_end == PairEnd::Open {
+            self.pair_end = PairEnd::Eof;
             let _ = io.shutdown(std::os::fd::AsFd::as_fd(&self.pair), libc::SHUT_WR);
         }
     }
@@ -311,6 +391,6 @@ impl Sock {
     /// yet: it has been reported, and the end of the stream has reached the pair (see
     /// `Server::mirror_hup`).
     pub(crate) fn hup_to_mirror(&self) -> bool {
-        self.hup_due && self.eof_mirrored && !self.hup_mirrored && !self.app_closed
+        self.hup_due && self.pair_end == PairEnd::Eof && !self.app_closed
     }
 }

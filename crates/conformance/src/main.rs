@@ -9,11 +9,12 @@
 //! The exit status is 0 unless a case timed out or crashed; `--timeout-ms` overrides
 //! every case's deadline (for debugging a slow shim).
 
-// Nearly every line of this crate is a plain libc call on fds, buffers and structs the
-// calling case owns and keeps alive across the call; a SAFETY comment on each would say
-// exactly that, thousands of times. Unsafe blocks that rely on anything more (pointer
-// casts, foreign memory) carry a comment of their own.
-#![allow(clippy::undocumented_unsafe_blocks)]
+// The crate is under the workspace's unsafe lints like every other: each `unsafe` block
+// says why it is sound. Most libc calls go through `sys!`, whose one SAFETY comment
+// states the contract every use keeps (pointers to memory the calling case owns and
+// keeps alive, lengths of those very buffers); a call that relies on anything more
+// (fork and clone, pointers into foreign memory, casts between struct types) is in an
+// `unsafe` block of its own, inside `sys!` or not, with its own comment.
 
 #[macro_use]
 mod sys;

@@ -50,7 +50,11 @@ impl Addr {
     }
 
     fn set<T: Copy>(&mut self, sa: T) {
-        // SAFETY (crate policy): sockaddr_storage is large and aligned enough for any sockaddr.
+        const { assert!(size_of::<T>() <= size_of::<libc::sockaddr_storage>()) };
+        const { assert!(align_of::<T>() <= align_of::<libc::sockaddr_storage>()) };
+        // SAFETY: `T` fits in the storage and needs no more alignment than it (both
+        // asserted at compile time above; `T` is sockaddr_in or sockaddr_in6), and
+        // `write` does not read or drop the bytes it replaces.
         unsafe { std::ptr::write((&raw mut self.storage).cast::<T>(), sa) };
         self.len = size_of::<T>() as socklen_t;
     }
@@ -80,10 +84,14 @@ impl Addr {
     }
 
     /// Copies `len` bytes of a `sockaddr` (from `getaddrinfo`, `recvmsg`, …).
-    pub fn from_raw(sa: *const libc::sockaddr, len: socklen_t) -> Addr {
+    ///
+    /// # Safety
+    /// `sa` must be readable for `len` bytes (at most a `sockaddr_storage` are read).
+    pub unsafe fn from_raw(sa: *const libc::sockaddr, len: socklen_t) -> Addr {
         let mut a = Addr::empty();
         let n = (len as usize).min(size_of::<libc::sockaddr_storage>());
-        // SAFETY (crate policy): libc handed us `len` readable bytes at `sa`.
+        // SAFETY: `n <= len` bytes at `sa` are readable (# Safety); `n` is at most the
+        // size of `a.storage`, a local the source cannot overlap.
         unsafe { std::ptr::copy_nonoverlapping(sa.cast::<u8>(), (&raw mut a.storage).cast(), n) };
         a.len = len;
         a
@@ -113,13 +121,15 @@ impl Addr {
     pub fn socket_addr(&self) -> Option<SocketAddr> {
         match self.family() {
             libc::AF_INET => {
-                // SAFETY (crate policy): the family says the storage holds a sockaddr_in.
+                // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in,
+                // whose fields are integers: any bytes the storage holds are a valid one
+                // (the family says they are meant as one).
                 let sin = unsafe { *self.ptr().cast::<libc::sockaddr_in>() };
                 let ip = Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
                 Some(SocketAddrV4::new(ip, u16::from_be(sin.sin_port)).into())
             }
             libc::AF_INET6 => {
-                // SAFETY (crate policy): the family says the storage holds a sockaddr_in6.
+                // SAFETY: as above, for sockaddr_in6 (integers and byte arrays only).
                 let sin6 = unsafe { *self.ptr().cast::<libc::sockaddr_in6>() };
                 let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
                 let port = u16::from_be(sin6.sin6_port);

@@ -37,9 +37,14 @@ impl Child {
 ///
 /// Call only while the process is single-threaded (every case starts that way).
 pub fn fork_with<F: FnOnce() -> c_int>(f: F) -> Result<Child, String> {
-    match sys!(libc::fork()).map_err(|e| format!("fork={e}"))? {
+    // SAFETY: every case runs alone in its own child of the runner and starts
+    // single-threaded, as this function requires; so the forked child is a whole copy
+    // (no lock held by a thread that is not there) and may run `f`, allocate and unwind.
+    match sys!(unsafe { libc::fork() }).map_err(|e| format!("fork={e}"))? {
         0 => {
             let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(101);
+            // SAFETY: `_exit` takes an integer and ends the child without running the
+            // parent's `atexit` handlers or flushing its copied stdio buffers twice.
             unsafe { libc::_exit(code) }
         }
         pid => Ok(Child(pid)),
@@ -54,9 +59,14 @@ pub fn spawn_helper(args: &[String]) -> Result<(Child, Fd), String> {
     ptrs.push(std::ptr::null());
     let (r, w) = pipe(libc::O_CLOEXEC).map_err(|e| format!("pipe={e}"))?;
     let child = fork_with(|| {
+        // SAFETY: integers only; `w` is this child's copy of the pipe's write end, open
+        // (moved into the closure), and stdout is the child's own to replace.
         if unsafe { libc::dup2(w.raw(), 1) } < 0 {
             return 120;
         }
+        // SAFETY: the path is a C string literal; `ptrs` is a NULL-terminated array of
+        // pointers into `argv`'s CStrings, all of which the closure keeps alive across
+        // the call (the parent's copies, duplicated by fork).
         unsafe { libc::execv(c"/proc/self/exe".as_ptr(), ptrs.as_ptr()) };
         121
     })?;
@@ -112,7 +122,10 @@ pub fn on_signal(sig: c_int, handler: extern "C" fn(c_int), flags: c_int) -> Res
     sa.sa_sigaction = handler as usize;
     sa.sa_flags = flags;
     sys!(libc::sigemptyset(&mut sa.sa_mask))?;
-    sys!(libc::sigaction(sig, &sa, std::ptr::null_mut())).map(drop)
+    // SAFETY: `sa` is an initialised local; the handler is an `extern "C" fn(c_int)`
+    // that does only async-signal-safe work (every one the cases pass: an atomic
+    // increment, or one `send`), so it may run whenever the signal arrives.
+    sys!(unsafe { libc::sigaction(sig, &sa, std::ptr::null_mut()) }).map(drop)
 }
 
 /// Sets `sig` to `SIG_IGN` or `SIG_DFL`.
@@ -158,12 +171,14 @@ pub fn mask_signal(sig: c_int, block: bool) -> Result<(), Errno> {
     } else {
         libc::SIG_UNBLOCK
     };
+    // SAFETY: `set` is an initialised local sigset; a null old-set pointer is allowed.
     let r = unsafe { libc::pthread_sigmask(how, &set, std::ptr::null_mut()) };
     if r == 0 { Ok(()) } else { Err(Errno(r)) }
 }
 
 /// The calling thread's kernel id.
 pub fn gettid() -> pid_t {
+    // SAFETY: no arguments; gettid cannot fail.
     unsafe { libc::gettid() }
 }
 

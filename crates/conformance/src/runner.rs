@@ -71,13 +71,19 @@ fn run_one(case: &Case) -> Outcome {
         Ok(p) => p,
         Err(e) => return Outcome::Crash(format!("pipe={e}")),
     };
-    let pid = match sys!(libc::fork()) {
+    // SAFETY: the runner is single-threaded (module docs), so the child is a whole copy
+    // of it and may allocate and run the case. (In this module's unit tests the test
+    // harness has other threads; the child then relies on glibc resetting malloc's locks
+    // at fork, and on the test cases touching nothing else another thread could hold.)
+    let pid = match sys!(unsafe { libc::fork() }) {
         Ok(pid) => pid,
         Err(e) => return Outcome::Crash(format!("fork={e}")),
     };
     if pid == 0 {
         drop(r);
         let fd = w.into_raw();
+        // SAFETY: integers only: this child's own process group, and `fd`, the pipe's
+        // write end this child now owns (`into_raw`), moved to the reserved high number.
         unsafe {
             libc::setpgid(0, 0);
             libc::dup3(fd, result_fd, libc::O_CLOEXEC);
@@ -85,15 +91,21 @@ fn run_one(case: &Case) -> Outcome {
         }
         let line = run_in_child(case);
         let bytes = format!("{line}\n");
+        // SAFETY: `bytes` is a live String read for its own length; `_exit` then ends
+        // the child without unwinding into the runner's code.
         unsafe {
             libc::write(result_fd, bytes.as_ptr().cast(), bytes.len());
             libc::_exit(0)
         }
     }
+    // SAFETY: integers only; `pid` is the child just forked (the same call in the child
+    // closes the race on who runs first).
     unsafe { libc::setpgid(pid, pid) };
     drop(w);
     let collected = collect(r.raw(), pid, case.timeout_ms);
     // Whatever the outcome, nothing the case started may outlive it.
+    // SAFETY: integers only, no memory involved: signals what is left of the case's
+    // own process group (the child made it and is its leader).
     unsafe { libc::kill(-pid, libc::SIGKILL) };
     if !matches!(collected, Collected::Died(_)) {
         let mut status = 0;
@@ -230,11 +242,14 @@ mod tests {
         assert_eq!(outcome(|| Ok("a\nb".into()), 5000), "t.case: a\\nb");
         assert_eq!(outcome(|| panic!("boom"), 5000), "t.case: PANIC(boom)");
         assert_eq!(
+            // SAFETY: no arguments; it ends the forked case child, as the test wants.
             outcome(|| unsafe { libc::abort() }, 5000),
             "CRASH(signal SIGABRT)"
         );
+        // SAFETY: an integer; it ends the forked case child, as the test wants.
         assert_eq!(outcome(|| unsafe { libc::_exit(3) }, 5000), "CRASH(exit 3)");
         let hang: fn() -> Res = || loop {
+            // SAFETY: no arguments; waits for a signal (the runner's SIGKILL).
             unsafe { libc::pause() };
         };
         assert_eq!(outcome(hang, 100), "TIMEOUT");
@@ -243,10 +258,14 @@ mod tests {
     #[test]
     fn a_grandchild_holding_the_pipe_does_not_hide_a_crash() {
         let run: fn() -> Res = || {
+            // SAFETY: the grandchild only sleeps and `_exit`s: nothing a lock held by
+            // another thread at the fork could block.
             if unsafe { libc::fork() } == 0 {
                 crate::sys::sleep_ms(3000);
+                // SAFETY: an integer; ends the grandchild without running destructors.
                 unsafe { libc::_exit(0) };
             }
+            // SAFETY: no arguments; it ends the case child, as the test wants.
             unsafe { libc::abort() }
         };
         assert_eq!(outcome(run, 2000), "CRASH(signal SIGABRT)");

@@ -13,9 +13,28 @@ use libc::c_int;
 /// Runs a libc call and maps a `-1` return to the `errno` it left behind.
 ///
 /// Works for every integer return type (`c_int`, `ssize_t`, `off_t`).
+///
+/// # Safety contract of every use
+/// The call runs inside an `unsafe` block the use site does not spell, so each use
+/// takes on the call's C contract, and the suite's cases keep it:
+/// - pointer arguments are null where the call allows null, or references to (or
+///   `as_ptr()`s of) locals, arrays, vectors and structs the case owns and keeps alive
+///   across the call; a `sockaddr_in`/`_in6`/`_un`/`_nl`/`_storage` is passed as a
+///   `sockaddr` pointer, as the C API intends;
+/// - lengths are those of the buffers or structs passed, or smaller (cases test short
+///   lengths on purpose);
+/// - descriptors are plain numbers: a wrong or closed one makes the call fail (`EBADF`,
+///   which many cases test) and touches no memory; each case runs alone in its own
+///   child process, so a descriptor it closes is its own.
+///
+/// A call whose soundness rests on more than that (`fork`, `clone`, installing a
+/// signal handler) is written `sys!(unsafe { … })`, with a SAFETY comment of its own.
 macro_rules! sys {
     ($e:expr) => {{
         #[allow(unused_unsafe)]
+        // SAFETY: each use passes one libc call whose pointer and length arguments
+        // describe memory the calling case owns and keeps alive for the call (the
+        // contract above, kept at every use site).
         let r = unsafe { $e };
         if r == -1 {
             Err($crate::sys::Errno::last())
@@ -32,6 +51,8 @@ pub struct Errno(pub c_int);
 impl Errno {
     /// The calling thread's current `errno`.
     pub fn last() -> Self {
+        // SAFETY: glibc's `__errno_location` returns the calling thread's errno, valid
+        // for the thread's whole life.
         Errno(unsafe { *libc::__errno_location() })
     }
 }
@@ -207,7 +228,9 @@ pub unsafe trait Plain: Copy {}
 
 macro_rules! plain {
     ($($t:ty),* $(,)?) => { $(
-        // SAFETY: a libc plain-data C struct; zero is a valid (empty) value.
+        // SAFETY: each type listed is an integer or a libc `#[repr(C)]` struct of
+        // integers, arrays and raw pointers (no references, enums or niches), so all-zero
+        // bytes are a valid value of it (null pointers, empty sets and addresses).
         unsafe impl Plain for $t {}
     )* };
 }
@@ -280,6 +303,8 @@ impl Fd {
 
 impl Drop for Fd {
     fn drop(&mut self) {
+        // SAFETY: an integer; `Fd` owns the descriptor (taken in `new`, given up only by
+        // `into_raw`, which skips this), so no one else's descriptor is closed.
         unsafe { libc::close(self.0) };
     }
 }
@@ -346,6 +371,7 @@ pub fn sleep_ms(ms: u64) {
 /// A path for a scratch file of this process: `$TMPDIR/ferry-conformance-PID-NAME`, or
 /// under `/tmp` when that would be too long for a unix socket address (108 bytes).
 pub fn scratch_path(name: &str) -> String {
+    // SAFETY: no arguments; getpid cannot fail.
     let pid = unsafe { libc::getpid() };
     let dir = std::env::temp_dir();
     let path = format!("{}/ferry-conformance-{pid}-{name}", dir.display());
@@ -377,10 +403,14 @@ pub fn c_buf_str(buf: &[libc::c_char]) -> String {
 }
 
 /// A C string pointer (lossy; empty for NULL).
-pub fn c_ptr_str(p: *const libc::c_char) -> String {
+///
+/// # Safety
+/// `p` must be null or point at a NUL-terminated string that stays valid during the call.
+pub unsafe fn c_ptr_str(p: *const libc::c_char) -> String {
     if p.is_null() {
         return String::new();
     }
-    // SAFETY (documented per crate policy): libc returned a NUL-terminated string.
+    // SAFETY: not null (checked above), so NUL-terminated and valid (# Safety); the
+    // bytes are copied out before returning.
     unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }

@@ -22,7 +22,8 @@ pub unsafe fn family(addr: *const sockaddr, len: socklen_t) -> Option<i32> {
         return None;
     }
     let mut f = [0u8; 2];
-    // SAFETY: at least two readable bytes (caller, checked length).
+    // SAFETY: `addr` is non-null and readable for `len >= 2` bytes (checked; # Safety);
+    // `f` is a local, so the copy cannot overlap.
     unsafe { std::ptr::copy_nonoverlapping(addr.cast::<u8>(), f.as_mut_ptr(), 2) };
     Some(i32::from(u16::from_ne_bytes(f)))
 }
@@ -45,7 +46,8 @@ pub unsafe fn read_sockaddr(addr: *const sockaddr, len: socklen_t) -> Res<WireAd
     }
     let mut buf = [0u8; IN6_LEN];
     let n = len.min(IN6_LEN);
-    // SAFETY: `n <= len` readable bytes (caller); `buf` holds `n`.
+    // SAFETY: `addr` is non-null and readable for `len >= n` bytes (# Safety); `buf`, a
+    // local the program cannot overlap, holds `IN6_LEN >= n`.
     unsafe { std::ptr::copy_nonoverlapping(addr.cast::<u8>(), buf.as_mut_ptr(), n) };
     decode(&buf, len)
 }
@@ -67,7 +69,8 @@ fn decode(buf: &[u8; IN6_LEN], len: usize) -> Res<WireAddr> {
 /// kernel: at most `*len` bytes are copied and `*len` becomes the full length.
 ///
 /// # Safety
-/// `addr` (if non-null) must be writable for `*len` bytes; `len` must be null or valid.
+/// `len` must be null or point at a readable and writable `socklen_t`, and `addr` be
+/// null or writable for `*len` bytes.
 pub unsafe fn write_sockaddr(bytes: &[u8], addr: *mut sockaddr, len: *mut socklen_t) -> Res<()> {
     if len.is_null() {
         return if addr.is_null() {
@@ -76,17 +79,18 @@ pub unsafe fn write_sockaddr(bytes: &[u8], addr: *mut sockaddr, len: *mut sockle
             Err(Errno::EFAULT)
         };
     }
-    // SAFETY: `len` is valid (caller).
+    // SAFETY: `len` is non-null (checked above), so a readable `socklen_t` (# Safety).
     let room = unsafe { len.read() };
     if (room as i32) < 0 {
         return Err(Errno::EINVAL);
     }
     if !addr.is_null() {
         let n = bytes.len().min(room as usize);
-        // SAFETY: `addr` is writable for `room >= n` bytes (caller).
+        // SAFETY: `addr` is non-null and writable for `*len` = `room >= n` bytes
+        // (# Safety); `bytes` is the shim's, so the copy cannot overlap.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr.cast::<u8>(), n) };
     }
-    // SAFETY: as above.
+    // SAFETY: `len` is non-null (checked above), so a writable `socklen_t` (# Safety).
     unsafe { len.write(bytes.len() as socklen_t) };
     Ok(())
 }
@@ -132,18 +136,18 @@ mod tests {
     #[test]
     fn reading_program_memory() {
         let (b, n) = raw("127.0.0.1:9");
-        // SAFETY: `b` is readable for `n` bytes.
+        // SAFETY: `b` is a live local readable for `n <= IN6_LEN` bytes.
         let a = unsafe { read_sockaddr(b.as_ptr().cast(), n as socklen_t) }.unwrap();
         assert!(a.is_loopback());
-        // SAFETY: null pointer is handled.
+        // SAFETY: a null address is allowed (it is refused, never read).
         let r = unsafe { read_sockaddr(std::ptr::null(), 16) };
         assert_eq!(r, Err(Errno::EFAULT));
-        // SAFETY: `b` is readable for 1 byte.
+        // SAFETY: `b` is a live local readable for (more than) the 1 byte named.
         let r = unsafe { read_sockaddr(b.as_ptr().cast(), 1) };
         assert_eq!(r, Err(Errno::EINVAL));
-        // SAFETY: as above.
+        // SAFETY: `b` is readable for (more than) the 2 bytes named.
         assert_eq!(unsafe { family(b.as_ptr().cast(), 2) }, Some(libc::AF_INET));
-        // SAFETY: short length is handled.
+        // SAFETY: as above, for 1 byte (too short: nothing is read).
         assert_eq!(unsafe { family(b.as_ptr().cast(), 1) }, None);
     }
 
@@ -152,16 +156,18 @@ mod tests {
         let (b, n) = raw("[::1]:5");
         let mut out = [0xffu8; 8];
         let mut len: socklen_t = 8;
-        // SAFETY: `out` is writable for `len` bytes.
+        // SAFETY: `len` is a live local holding at most `out`'s size, and `out` a live
+        // local array writable for that many bytes.
         unsafe { write_sockaddr(&b[..n], out.as_mut_ptr().cast(), &mut len) }.unwrap();
         assert_eq!(len as usize, IN6_LEN);
         assert_eq!(out, b[..8]);
         let mut len: socklen_t = 0;
-        // SAFETY: a null address only reports the length.
+        // SAFETY: a null address is allowed (only the length, a live local, is written).
         unsafe { write_sockaddr(&b[..n], std::ptr::null_mut(), &mut len) }.unwrap();
         assert_eq!(len as usize, IN6_LEN);
         let mut len = u32::MAX;
-        // SAFETY: as above.
+        // SAFETY: `len` is a live local; its value (negative as an int) is refused
+        // before `out` is written.
         let r = unsafe { write_sockaddr(&b[..n], out.as_mut_ptr().cast(), &mut len) };
         assert_eq!(r, Err(Errno::EINVAL));
     }

@@ -198,7 +198,7 @@ impl Channel {
                 Err(e) => return Err(format!("connect: {e}")),
             }
         }
-        // SAFETY: getpid has no preconditions.
+        // SAFETY: no arguments; getpid touches no memory and cannot fail.
         let pid = unsafe { libc::getpid() } as u32;
         let hello = Hello {
             version: PROTO_VERSION,
@@ -896,9 +896,9 @@ pub fn close_quiet(fd: OwnedFd) {
 /// Where the shim's own descriptors go: near the top of `RLIMIT_NOFILE` (capped, so a
 /// huge limit does not make the kernel grow the fd table to millions of entries).
 fn high_floor() -> i32 {
-    // SAFETY: plain data.
+    // SAFETY: an rlimit is two integers: all-zero is a valid value.
     let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
-    // SAFETY: writes only `rl`.
+    // SAFETY: getrlimit writes one rlimit into `rl`, a live local.
     let cur = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 {
         rl.rlim_cur
     } else {
@@ -932,7 +932,8 @@ fn move_high(fd: OwnedFd, floor: i32) -> OwnedFd {
 /// marker byte that tells the server where the filler starts. Used for a send that
 /// found no room and, for good, for a listener (never writable in the kernel).
 pub fn fill_pair(fd: c_int) {
-    // SAFETY: the program's end of a ferry socket, open for the duration of the call.
+    // SAFETY: `fd` is the program's end of a ferry socket, borrowed for the calls below
+    // only (crate docs, Borrowed descriptors).
     let b = unsafe { ferry_sys::borrow(fd) };
     let _ = ferry_sys::setsockopt(b, libc::SOL_SOCKET, libc::SO_SNDBUF, &1i32.to_ne_bytes());
     // The marker: the server's reads stop at it, so the bytes before it are the

@@ -131,7 +131,8 @@ fn next_slot(
 /// `EINVAL`; a stream's are ignored, logged once).
 ///
 /// # Safety
-/// `cur`'s buffers readable; `dest` readable for `dest_len` bytes (or null).
+/// `cur`'s buffers readable (`IoCursor::new`'s contract); `dest` readable for `dest_len`
+/// bytes (or null).
 pub unsafe fn send(
     s: Sock,
     cur: &mut IoCursor,
@@ -150,7 +151,8 @@ pub unsafe fn send(
             return Err(send_error(libc::EPIPE, flags));
         }
         let dest = if s.dgram() && !dest.is_null() && dest_len > 0 {
-            // SAFETY: forwarded (caller).
+            // SAFETY: `dest` is non-null here and readable for `dest_len` bytes
+            // (# Safety), as `read_sockaddr` asks.
             Some(unsafe { read_sockaddr(dest, dest_len) }?)
         } else {
             None
@@ -200,7 +202,11 @@ pub unsafe fn send(
                     return Err(ch.fail(format_args!("{e}")));
                 }
             };
-            // SAFETY: the span is a validated range of our own, unlent buffer.
+            // SAFETY: `span` was checked against the region (`Buffers::span`), so `n`
+            // (its length) bytes at that pointer are inside the shim's mapping, which
+            // the program's buffers are not; this slot of buffer `b` was just given to
+            // this send (`next_slot`) and is not published before the record below, so
+            // the server does not read it meanwhile.
             let got = unsafe { cur.read_into(ch.bufs().as_mut_ptr(span), n) };
             let mut req = Req::new(Op::Send, s.id);
             (req.buf, req.len, req.a, req.b) = (b.0, got as u32, flags as u32, off);
@@ -343,7 +349,11 @@ pub unsafe fn recv(s: Sock, cur: &mut IoCursor, flags: c_int) -> Res<Got> {
                 if probe_only || discard {
                     return;
                 }
-                // SAFETY: a validated span of a buffer lent to us.
+                // SAFETY: `span` was checked against the region (`Buffers::span`), so
+                // its `len` bytes at that pointer are inside the shim's mapping, which
+                // the program's buffers are not; the buffer is lent to us until this
+                // call returns it (a server writing it meanwhile changes only the bytes
+                // copied).
                 copied += unsafe { cur.write_from(bufs.as_mut_ptr(span), span.len() as usize) };
             });
             let done = match r {
@@ -413,14 +423,15 @@ fn pair_recv(ch: &mut Channel, s: &Sock, cur: &mut IoCursor, flags: c_int) -> Re
             iov_base: scratch.as_mut_ptr().cast(),
             iov_len: scratch.len(),
         };
-        // SAFETY: `scratch` is writable for its length.
+        // SAFETY: `iov` names `scratch`, a live local vector, for its own length.
         unsafe { crate::sys::recv_iov(s.fd, &iov, 1, kflags) }?
     } else {
         let (iov, n) = cur.untouched().ok_or(Errno::EINVAL)?;
         let spun = if nonblock || flags & libc::MSG_WAITALL != 0 {
             None
         } else {
-            // SAFETY: as below.
+            // SAFETY: `iov` names the program's `n` buffers, untouched so far and
+            // writable (`IoCursor::new`'s contract), as `pair_spin` asks.
             unsafe { pair_spin(ch, s.fd, iov, n, kflags) }?
         };
         match spun {
@@ -431,7 +442,8 @@ fn pair_recv(ch: &mut Channel, s: &Sock, cur: &mut IoCursor, flags: c_int) -> Re
                     // server's wake statistics (it cannot see this wake-up).
                     ch.count_kernel_sleep();
                 }
-                // SAFETY: the caller's buffers, writable (the cursor's contract).
+                // SAFETY: `iov` names the program's `n` buffers, untouched so far and
+                // writable (`IoCursor::new`'s contract).
                 unsafe { crate::sys::recv_iov(s.fd, iov, n, kflags) }?
             }
         }
@@ -453,7 +465,8 @@ fn pair_recv_oob(s: &Sock, cur: &mut IoCursor, flags: c_int) -> Option<Res<Got>>
         None => return Some(Err(Errno::EINVAL)),
     };
     let kflags = flags & (libc::MSG_OOB | libc::MSG_PEEK) | libc::MSG_DONTWAIT;
-    // SAFETY: the caller's buffers, writable (the cursor's contract).
+    // SAFETY: `iov` names the program's `n` buffers, untouched so far and writable
+    // (`IoCursor::new`'s contract).
     match unsafe { crate::sys::recv_iov(s.fd, iov, n, kflags) } {
         Err(e) if e == Errno::EINVAL => None,
         r => Some(r.map(|len| Got {
@@ -469,7 +482,7 @@ fn pair_recv_oob(s: &Sock, cur: &mut IoCursor, flags: c_int) -> Option<Res<Got>>
 /// `sched_yield` between tries); `None` when the span passed without data.
 ///
 /// # Safety
-/// `iov` names `n` writable buffers.
+/// `iov` must point at `n` readable iovecs whose buffers are writable for their lengths.
 unsafe fn pair_spin(
     ch: &Channel,
     fd: c_int,
@@ -479,7 +492,7 @@ unsafe fn pair_spin(
 ) -> Res<Option<usize>> {
     let p = ch.spin_policy();
     spin_for(p, p.span, || {
-        // SAFETY: the caller's buffers.
+        // SAFETY: `iov` names `n` writable buffers (# Safety), as `recv_iov` asks.
         match unsafe { crate::sys::recv_iov(fd, iov, n, kflags | libc::MSG_DONTWAIT) } {
             Err(Errno::EAGAIN) => None,
             r => Some(r),
@@ -494,7 +507,8 @@ fn pair_probe(ch: &mut Channel, s: &Sock, nonblock: bool) -> Res<()> {
     let w = Wait::after(TABLE.timeouts(s.fd).0, Errno::EAGAIN);
     let start = signals::counts();
     loop {
-        // SAFETY: the program's fd, open for the call.
+        // SAFETY: the program's end of `s`, for this poll only (crate docs, Borrowed
+        // descriptors).
         let fd = unsafe { ferry_sys::borrow(s.fd) };
         if ferry_sys::poll_now(fd, libc::POLLIN).map_err(|e| Errno::from_io(&e))? != 0 {
             return Ok(());
@@ -510,7 +524,7 @@ fn pair_probe(ch: &mut Channel, s: &Sock, nonblock: bool) -> Res<()> {
 /// pipe, or a file at `off_in`) straight into a channel buffer, queued like a send.
 ///
 /// # Safety
-/// `off_in` null or valid.
+/// `off_in` null or a readable and writable `off_t`.
 pub unsafe fn splice_in(
     s: Sock,
     fd_in: c_int,
@@ -520,13 +534,14 @@ pub unsafe fn splice_in(
 ) -> Res<usize> {
     let nonblock = flags & libc::SPLICE_F_NONBLOCK != 0;
     if nonblock {
-        // SAFETY: `fd_in` is only named in a system call.
+        // SAFETY: `fd_in` is the program's descriptor, for this poll only (crate docs,
+        // Borrowed descriptors).
         let b = unsafe { ferry_sys::borrow(fd_in) };
         if ferry_sys::poll_now(b, libc::POLLIN).map_err(Errno::from)? == 0 {
             return Err(Errno::EAGAIN);
         }
     }
-    // SAFETY: forwarded (caller).
+    // SAFETY: `off_in` null or a readable, writable off_t (# Safety), as `feed` asks.
     unsafe { feed(s, fd_in, off_in, len, true, nonblock) }
 }
 
@@ -534,7 +549,7 @@ pub unsafe fn splice_in(
 /// `fd_out` (a pipe).
 ///
 /// # Safety
-/// `off_out` null or valid.
+/// `off_out` null or a readable and writable `off_t`.
 pub unsafe fn splice_out(
     s: Sock,
     fd_out: c_int,
@@ -547,22 +562,24 @@ pub unsafe fn splice_out(
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
-    // SAFETY: one local buffer.
+    // SAFETY: `iov` (a local that outlives the cursor) names `buf`, a live local vector,
+    // for its own length.
     let mut cur = unsafe { IoCursor::new(&iov, 1) }?;
     let rflags = if flags & libc::SPLICE_F_NONBLOCK != 0 {
         libc::MSG_DONTWAIT
     } else {
         0
     };
-    // SAFETY: the cursor covers `buf`.
+    // SAFETY: the cursor's one buffer is `buf`, writable (above).
     let got = unsafe { recv(s, &mut cur, rflags) }?;
-    // SAFETY: null or the caller's offset.
+    // SAFETY: `off_out` null or a readable, writable off_t (# Safety); the reference
+    // lives until this returns and nothing else touches it meanwhile.
     let off = unsafe { off_out.as_mut() };
     let mut done = 0;
     while done < got.len {
         let rest = &buf[done..got.len];
         let at = off.as_deref().map(|o| *o + done as off_t);
-        // SAFETY: `rest` is readable for its length.
+        // SAFETY: `rest` is a live slice of `buf`, readable for its length.
         match unsafe { crate::sys::write_from(fd_out, rest.as_ptr(), rest.len(), at) } {
             Ok(n) => done += n,
             Err(e) if done == 0 => return Err(e.into()),
@@ -579,9 +596,9 @@ pub unsafe fn splice_out(
 /// channel's buffers, which are then queued like any send.
 ///
 /// # Safety
-/// `offset` null or valid.
+/// `offset` null or a readable and writable `off_t`.
 pub unsafe fn sendfile(s: Sock, in_fd: c_int, offset: *mut off_t, count: usize) -> Res<usize> {
-    // SAFETY: forwarded (caller).
+    // SAFETY: `offset` null or a readable, writable off_t (# Safety), as `feed` asks.
     unsafe { feed(s, in_fd, offset, count, false, s.nonblock()) }
 }
 
@@ -589,7 +606,7 @@ pub unsafe fn sendfile(s: Sock, in_fd: c_int, offset: *mut off_t, count: usize) 
 /// them as sends; `once`: stop after the first read (`splice` moves what is there).
 ///
 /// # Safety
-/// `offset` null or valid.
+/// `offset` null or a readable and writable `off_t`.
 unsafe fn feed(
     s: Sock,
     in_fd: c_int,
@@ -613,7 +630,8 @@ unsafe fn feed(
         }
         let count = count.min(MAX_RW);
         let bs = ch.buf_size();
-        // SAFETY: `offset` null or valid (caller).
+        // SAFETY: `offset` is non-null in this closure (`then`), so a readable off_t
+        // (# Safety).
         let mut off = (!offset.is_null()).then(|| unsafe { offset.read() });
         let mut sent = 0usize;
         while sent < count {
@@ -629,7 +647,9 @@ unsafe fn feed(
                 }
             };
             let p = ch.bufs().as_mut_ptr(span);
-            // SAFETY: `p` is our own unlent buffer, writable for `n` bytes.
+            // SAFETY: `p` is the start of `span`, checked against the region, so `n`
+            // (its length) bytes are inside the shim's mapping; buffer `b` was just
+            // allocated to this side and is not published before the record below.
             let r = unsafe { crate::sys::read_into(in_fd, p, n, off) };
             let k = match r {
                 Ok(k) => k,
@@ -663,7 +683,8 @@ unsafe fn feed(
             sent_or_failed(ch, &s, w, 0)?;
         }
         if let Some(o) = off {
-            // SAFETY: non-null and valid (caller).
+            // SAFETY: `off` is `Some` only when `offset` is non-null, then a writable
+            // off_t (# Safety).
             unsafe { offset.write(o) };
         }
         Ok(sent)

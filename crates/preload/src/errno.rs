@@ -48,13 +48,14 @@ impl From<io::Error> for Errno {
 
 /// Sets the calling thread's `errno`.
 pub fn set_errno(e: i32) {
-    // SAFETY: __errno_location returns a valid pointer to this thread's errno.
+    // SAFETY: glibc's `__errno_location` returns the calling thread's errno, a
+    // thread-local `int` valid for the thread's whole life, never null.
     unsafe { *libc::__errno_location() = e };
 }
 
 /// Reads the calling thread's `errno`.
 pub fn errno() -> i32 {
-    // SAFETY: as in `set_errno`.
+    // SAFETY: as in `set_errno`: this thread's own errno, valid while it runs.
     unsafe { *libc::__errno_location() }
 }
 

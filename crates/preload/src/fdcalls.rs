@@ -7,6 +7,11 @@
 //! Every one of those waits (`poll`, `ppoll`, `select`, `pselect`, `epoll_wait`,
 //! `epoll_pwait`, `epoll_pwait2`) on ferry sockets spins for the SBW span before it
 //! sleeps ([`spin_wait`]).
+//!
+//! Each export's `# Safety` section is its C caller's contract, as in
+//! [`crate::exports`]: the libc function's, with every pointer valid for what the
+//! function does with it (the shim reads a `poll` array or `select` sets itself before
+//! libc does, where the kernel would answer `EFAULT`).
 
 use std::ffi::{c_int, c_uint, c_ulong, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,19 +33,20 @@ use crate::{config, data, ops, real, signals, tls};
 const CLOSE_RANGE_CLOEXEC: c_int = 1 << 2;
 
 /// # Safety
-/// C contract of `read(2)`.
+/// As for `read(2)`: `buf` must be writable for `n` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
     let Some(s) = lookup(fd) else {
-        // SAFETY: forwarded to libc.
+        // SAFETY: `buf` writable for `n` bytes (# Safety), passed on unchanged.
         return unsafe { real::read(fd, buf, n) };
     };
-    // SAFETY: the caller's buffer.
+    // SAFETY: `buf` writable for `n` bytes (# Safety); no address is asked for.
     unsafe { recv_one(s, buf, n, 0, std::ptr::null_mut(), std::ptr::null_mut()) }
 }
 
 /// # Safety
-/// C contract of glibc's fortified `read`.
+/// As for glibc's fortified `read`: `buf` must be writable for `buflen` bytes (the size
+/// of the object the compiler saw); `n > buflen` is reported by libc, which aborts.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __read_chk(
     fd: c_int,
@@ -49,74 +55,82 @@ pub unsafe extern "C" fn __read_chk(
     buflen: size_t,
 ) -> ssize_t {
     match lookup(fd) {
-        // SAFETY: the caller's buffer, length checked against its size.
+        // SAFETY: `buf` is writable for `buflen >= n` bytes (# Safety and the guard).
         Some(s) if n <= buflen => unsafe {
             recv_one(s, buf, n, 0, std::ptr::null_mut(), std::ptr::null_mut())
         },
-        // SAFETY: forwarded to libc (which also reports the overflow).
+        // SAFETY: the caller's arguments unchanged: libc checks `n` against `buflen`
+        // (and aborts on overflow) before it writes `buf`.
         _ => unsafe { real::__read_chk(fd, buf, n, buflen) },
     }
 }
 
 /// # Safety
-/// C contract of `write(2)`.
+/// As for `write(2)`: `buf` must be readable for `n` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
     let Some(s) = lookup(fd) else {
-        // SAFETY: forwarded to libc.
+        // SAFETY: `buf` readable for `n` bytes (# Safety), passed on unchanged.
         return unsafe { real::write(fd, buf, n) };
     };
     let iov = iovec {
         iov_base: buf.cast_mut(),
         iov_len: n,
     };
-    // SAFETY: one iovec over the caller's buffer.
+    // SAFETY: one iovec (a live local) over `buf`, readable for `n` bytes (# Safety).
     unsafe { send_vec(s, &iov, 1) }
 }
 
 /// # Safety
-/// `iov` valid for `n` entries of readable buffers.
+/// `iov` must be null (`EFAULT` unless `n` is 0) or valid for `n` entries, each buffer
+/// readable for its `iov_len` bytes.
 unsafe fn send_vec(s: Sock, iov: *const iovec, n: c_int) -> ssize_t {
     boundary(|| {
         let n = usize::try_from(n).map_err(|_| Errno::EINVAL)?;
-        // SAFETY: the caller's iovecs.
+        // SAFETY: `iov` valid for `n` entries of readable buffers (# Safety), alive for
+        // this call, which the cursor does not outlive.
         let mut cur = unsafe { IoCursor::new(iov, n) }?;
-        // SAFETY: as above.
+        // SAFETY: the cursor's buffers are readable (above); no address.
         unsafe { data::send(s, &mut cur, std::ptr::null(), 0, 0, &[]) }.map(|n| n as ssize_t)
     })
 }
 
 /// # Safety
-/// C contract of `writev(2)`.
+/// As for `writev(2)`: `iov` must be valid for `n` entries (the shim refuses more than
+/// 1024 before reading any), each buffer readable for its `iov_len` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
     let Some(s) = lookup(fd) else {
-        // SAFETY: forwarded to libc.
+        // SAFETY: `iov` as `writev(2)` needs it (# Safety), passed on unchanged.
         return unsafe { real::writev(fd, iov, n) };
     };
-    // SAFETY: the caller's iovecs.
+    // SAFETY: `iov` and its buffers (# Safety) are what `send_vec` asks.
     unsafe { send_vec(s, iov, n) }
 }
 
 /// # Safety
-/// C contract of `readv(2)`.
+/// As for `readv(2)`: `iov` must be valid for `n` entries (the shim refuses more than
+/// 1024 before reading any), each buffer writable for its `iov_len` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
     let Some(s) = lookup(fd) else {
-        // SAFETY: forwarded to libc.
+        // SAFETY: `iov` as `readv(2)` needs it (# Safety), passed on unchanged.
         return unsafe { real::readv(fd, iov, n) };
     };
     boundary(|| {
         let n = usize::try_from(n).map_err(|_| Errno::EINVAL)?;
-        // SAFETY: the caller's iovecs.
+        // SAFETY: `iov` valid for `n` entries of writable buffers (# Safety), alive for
+        // this call, which the cursor does not outlive.
         let mut cur = unsafe { IoCursor::new(iov, n) }?;
-        // SAFETY: as above.
+        // SAFETY: the cursor's buffers are writable (above).
         unsafe { data::recv(s, &mut cur, 0) }.map(|g| g.len as ssize_t)
     })
 }
 
 /// # Safety
-/// C contract of `close(2)`.
+/// None for memory: `fd` is an integer. As with the kernel's `close`, closing a
+/// descriptor another part of the program still uses is that program's bug; the shim's
+/// own descriptors are refused (`EBADF`), never closed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if config::active() {
@@ -128,7 +142,8 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         // The entry goes before the descriptor: once closed, the number may be reused.
         if let Entry::Ferry(s) = TABLE.clear(fd) {
             ops::flush();
-            // SAFETY: forwarded to libc.
+            // SAFETY: an integer; `fd` is the program's (not one of the shim's, checked
+            // above) and its cache entry is already gone.
             let r = unsafe { real::close(fd) };
             if r == 0 {
                 let e = errno();
@@ -138,16 +153,19 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
             return r;
         }
     }
-    // SAFETY: forwarded to libc.
+    // SAFETY: an integer, passed on unchanged; the shim's own descriptors were refused
+    // above (when active).
     unsafe { real::close(fd) }
 }
 
 /// # Safety
-/// C contract of `close_range(2)`.
+/// None for memory: the arguments are integers (see [`close`]); the shim's own
+/// descriptors in the range are left open.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
     if !config::active() || first > last {
-        // SAFETY: forwarded to libc.
+        // SAFETY: integers only, passed on unchanged (inert: the shim has no descriptors
+        // of its own; or an empty range, which libc refuses).
         return unsafe { real::close_range(first, last, flags) };
     }
     if flags & CLOSE_RANGE_CLOEXEC == 0 {
@@ -156,7 +174,8 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
     }
     let mut r = 0;
     tls::around_shim_fds(first, last, |lo, hi| {
-        // SAFETY: forwarded to libc, minus the shim's own descriptors.
+        // SAFETY: integers only: a part of the caller's range that holds none of the
+        // shim's own descriptors.
         if unsafe { real::close_range(lo, hi, flags) } != 0 {
             r = -1;
         }
@@ -165,7 +184,8 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
 }
 
 /// # Safety
-/// C contract of `closefrom(3)`.
+/// None for memory: `lowfd` is an integer (see [`close`]); the shim's own descriptors
+/// are left open.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn closefrom(lowfd: c_int) {
     if config::active() && lowfd >= 0 {
@@ -178,44 +198,46 @@ pub unsafe extern "C" fn closefrom(lowfd: c_int) {
             return;
         }
     }
-    // SAFETY: forwarded to libc.
+    // SAFETY: an integer; when the shim is active, none of its own descriptors is at or
+    // above `lowfd` here (that case returned above).
     unsafe { real::closefrom(lowfd) }
 }
 
 /// `fclose` closes its descriptor inside libc, out of the shim's sight.
 ///
 /// # Safety
-/// C contract of `fclose(3)`.
+/// As for `fclose(3)`: `f` must be a stream opened by the C library and not closed yet;
+/// it is invalid once this returns.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fclose(f: *mut FILE) -> c_int {
     if config::active() && !f.is_null() {
-        // SAFETY: `f` is the caller's open stream.
+        // SAFETY: `f` is an open stream (# Safety); `fileno` only reads it.
         let fd = unsafe { libc::fileno(f) };
         if fd >= 0 && matches!(TABLE.clear(fd), Entry::Ferry(_)) {
             ops::flush();
         }
     }
-    // SAFETY: forwarded to libc.
+    // SAFETY: `f` is an open stream (# Safety), passed on unchanged.
     unsafe { real::fclose(f) }
 }
 
 /// # Safety
-/// C contract of `fdopen(3)`.
+/// As for `fdopen(3)`: `mode` must point at a NUL-terminated string.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const std::ffi::c_char) -> *mut libc::FILE {
     if let Some(s) = crate::ident::lookup(fd) {
         // stdio will write the fd with calls the shim does not see.
         TABLE.update_id(s.id, crate::fdtable::F_DIRECT, 0);
     }
-    // SAFETY: forwarded to libc.
+    // SAFETY: `mode` is a NUL-terminated string (# Safety), passed on unchanged.
     unsafe { real::fdopen(fd, mode) }
 }
 
 /// # Safety
-/// C contract of `dup(2)`.
+/// None beyond `dup(2)`'s: `fd` is an integer.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
-    // SAFETY: forwarded to libc.
+    // SAFETY: an integer, passed on unchanged.
     let r = unsafe { real::dup(fd) };
     if r >= 0 && config::active() {
         TABLE.copy(fd, r);
@@ -231,11 +253,12 @@ fn replacing(old: c_int, new: c_int) {
 }
 
 /// # Safety
-/// C contract of `dup2(2)`.
+/// None for memory: the arguments are integers. As with the kernel's `dup2`, replacing
+/// a descriptor another part of the program still uses is that program's bug.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
     replacing(old, new);
-    // SAFETY: forwarded to libc.
+    // SAFETY: integers only, passed on unchanged.
     let r = unsafe { real::dup2(old, new) };
     if r >= 0 && old != new && config::active() {
         TABLE.copy(old, r);
@@ -244,11 +267,11 @@ pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
 }
 
 /// # Safety
-/// C contract of `dup3(2)`.
+/// As for [`dup2`]: integers only.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     replacing(old, new);
-    // SAFETY: forwarded to libc.
+    // SAFETY: integers only, passed on unchanged.
     let r = unsafe { real::dup3(old, new, flags) };
     if r >= 0 && config::active() {
         TABLE.copy(old, r);
@@ -259,10 +282,12 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
 /// `fcntl` (variadic in C: the optional third argument arrives as an unsigned long).
 ///
 /// # Safety
-/// C contract of `fcntl(2)`.
+/// As for `fcntl(2)`: for a command that takes a pointer (`F_GETLK`, `F_SETOWN_EX`…),
+/// `arg` must point at the object that command reads or writes. The shim itself only
+/// reads `arg` as an integer (`F_SETFL`'s flags).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
-    // SAFETY: forwarded to libc.
+    // SAFETY: `arg` is valid for `cmd` (# Safety), passed on unchanged.
     let r = unsafe { real::fcntl(fd, cmd, arg) };
     if r >= 0 && config::active() {
         after_fcntl(fd, cmd, arg, r);
@@ -273,10 +298,10 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 /// `fcntl64` (what `fcntl` is called with `_FILE_OFFSET_BITS=64`).
 ///
 /// # Safety
-/// C contract of `fcntl(2)`.
+/// As for [`fcntl`].
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
-    // SAFETY: forwarded to libc.
+    // SAFETY: `arg` is valid for `cmd` (# Safety), passed on unchanged.
     let r = unsafe { real::fcntl64(fd, cmd, arg) };
     if r >= 0 && config::active() {
         after_fcntl(fd, cmd, arg, r);
@@ -289,7 +314,8 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 /// e.g. `SIOCGIFCONF` lists the sandbox's interfaces).
 ///
 /// # Safety
-/// C contract of `ioctl(2)`.
+/// As for `ioctl(2)`: `arg` must be valid for what `request` reads or writes; for
+/// `FIONREAD` and `FIONBIO`, null (`EFAULT`) or a writable, respectively readable, `int`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) -> c_int {
     // Compare the low 32 bits: callers with an `int` prototype leave the rest undefined.
@@ -303,15 +329,17 @@ pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) ->
             if p.is_null() {
                 return Err(Errno::EFAULT);
             }
-            // SAFETY: FIONREAD's argument is an `int *` (caller).
+            // SAFETY: non-null (checked above), so a writable `int` (# Safety, FIONREAD),
+            // written unaligned as the shim cannot know the caller's alignment.
             unsafe { p.write_unaligned(n) };
             Ok(0)
         });
     }
-    // SAFETY: forwarded to libc.
+    // SAFETY: `arg` is valid for `request` (# Safety), passed on unchanged.
     let r = unsafe { real::ioctl(fd, request, arg) };
     if r == 0 && req == libc::FIONBIO as u32 && !arg.is_null() && lookup(fd).is_some() {
-        // SAFETY: FIONBIO's argument is an `int *` (caller), which libc just read.
+        // SAFETY: non-null (checked) and, for FIONBIO, a readable `int` (# Safety), which
+        // libc has just read too; read unaligned.
         let on = unsafe { arg.cast::<c_int>().read_unaligned() } != 0;
         set_nonblock(fd, on);
     }
@@ -365,7 +393,7 @@ const POLL_INPUT: i16 =
 /// readiness tokens where input is awaited.
 ///
 /// # Safety
-/// `fds` valid for `n` entries.
+/// `fds` must be null or readable for `n` entries.
 unsafe fn before_poll(fds: *const pollfd, n: nfds_t) -> bool {
     if !config::active() {
         return false;
@@ -374,7 +402,8 @@ unsafe fn before_poll(fds: *const pollfd, n: nfds_t) -> bool {
     let (mut input, mut output) = (false, false);
     if !fds.is_null() {
         for i in 0..n as usize {
-            // SAFETY: `i < n` entries (caller).
+            // SAFETY: `fds` is non-null here and readable for `n` entries (# Safety);
+            // `i < n`. The entry is copied out.
             let p = unsafe { fds.add(i).read() };
             if p.fd < 0 || p.events == 0 {
                 continue;
@@ -399,13 +428,15 @@ unsafe fn before_poll(fds: *const pollfd, n: nfds_t) -> bool {
 /// the server's `detach_pair`).
 ///
 /// # Safety
-/// `fds` valid for `n` entries.
+/// `fds` must be null or readable and writable for `n` entries.
 unsafe fn after_poll(fds: *mut pollfd, n: nfds_t, r: c_int) -> c_int {
     if r <= 0 || fds.is_null() || !config::active() {
         return r;
     }
     for i in 0..n as usize {
-        // SAFETY: `i < n` entries (caller).
+        // SAFETY: `fds` is non-null here and valid for `n` entries (# Safety); `i < n`;
+        // the reference ends with this iteration, and nothing else touches the array
+        // during the call.
         let p = unsafe { &mut *fds.add(i) };
         let want = p.events & (libc::POLLOUT | libc::POLLWRNORM);
         if p.revents & libc::POLLHUP != 0 && want & !p.revents != 0 && lookup(p.fd).is_some() {
@@ -455,9 +486,9 @@ fn to_ms(d: Option<Duration>) -> c_int {
 /// `EINVAL` (then the wait does not spin: the kernel's own call says so).
 ///
 /// # Safety
-/// `ts` null or valid.
+/// `ts` must be null or point at a readable `timespec`.
 unsafe fn from_timespec(ts: *const timespec) -> Result<Option<Duration>, ()> {
-    // SAFETY: null or valid (caller).
+    // SAFETY: null (`None`) or a readable timespec (# Safety), only read here.
     let Some(ts) = (unsafe { ts.as_ref() }) else {
         return Ok(None);
     };
@@ -525,7 +556,8 @@ fn spin_wait(timeout: Option<Duration>, mut probe: impl FnMut() -> c_int) -> Spu
 /// readiness tokens for the read and exception sets.
 ///
 /// # Safety
-/// The sets (read, write, exception) are null or valid `fd_set`s.
+/// The sets (read, write, exception) must each be null or a readable, whole `fd_set`
+/// (`FD_SETSIZE` bits: all of it is read, whatever `nfds`).
 unsafe fn before_select(nfds: c_int, sets: [*const fd_set; 3]) -> bool {
     if !config::active() {
         return false;
@@ -534,7 +566,8 @@ unsafe fn before_select(nfds: c_int, sets: [*const fd_set; 3]) -> bool {
     let (mut input, mut output) = (false, false);
     let nfds = nfds.clamp(0, libc::FD_SETSIZE as c_int) as usize;
     for (k, set) in sets.into_iter().enumerate().filter(|(_, s)| !s.is_null()) {
-        // SAFETY: an fd_set is FD_SETSIZE bits of plain data (caller).
+        // SAFETY: `set` is non-null (filtered) and a readable whole fd_set (# Safety):
+        // FD_SETSIZE bits of plain integers, copied out unaligned.
         let words = unsafe { set.cast::<[u64; libc::FD_SETSIZE / 64]>().read_unaligned() };
         for (i, mut bits) in words.into_iter().enumerate() {
             while bits != 0 {
@@ -568,9 +601,10 @@ struct SelectSets {
 
 impl SelectSets {
     /// # Safety
-    /// The sets are null or valid `fd_set`s.
+    /// The sets must each be null or a whole `fd_set`, readable now and writable for as
+    /// long as the returned value is used ([`SelectSets::restore`] writes them).
     unsafe fn save(ptrs: [*mut fd_set; 3]) -> SelectSets {
-        // SAFETY: null or valid (caller).
+        // SAFETY: each pointer is null (`None`) or a readable fd_set (# Safety), copied.
         let saved = ptrs.map(|p| unsafe { p.as_ref() }.copied());
         SelectSets { ptrs, saved }
     }
@@ -578,7 +612,8 @@ impl SelectSets {
     fn restore(&self) {
         for (p, s) in self.ptrs.iter().zip(&self.saved) {
             if let Some(s) = s {
-                // SAFETY: the caller's valid set (`save`).
+                // SAFETY: `s` is `Some` only for a non-null pointer, which `save`'s
+                // contract keeps writable while `self` is used.
                 unsafe { p.write(*s) };
             }
         }
@@ -586,10 +621,12 @@ impl SelectSets {
 }
 
 /// # Safety
-/// C contract of `poll(2)`.
+/// As for `poll(2)`: `fds` must be null (`EFAULT` unless `n` is 0) or readable and
+/// writable for `n` entries.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
-    // SAFETY: the caller's array; then forwarded to libc.
+    // SAFETY: `fds` is valid for `n` entries (# Safety): `before_poll` reads them and
+    // libc's `poll` gets them unchanged (the zero-timeout tries too).
     let r = unsafe {
         if before_poll(fds, n) {
             match spin_wait(from_ms(timeout), || real::poll(fds, n, 0)) {
@@ -600,12 +637,13 @@ pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_
             real::poll(fds, n, timeout)
         }
     };
-    // SAFETY: as above.
+    // SAFETY: `fds` is valid for `n` entries (# Safety), as `after_poll` asks.
     unsafe { after_poll(fds, n, r) }
 }
 
 /// # Safety
-/// C contract of `ppoll(2)`.
+/// As for `ppoll(2)`: `fds` as for [`poll`]; `ts` null or a readable `timespec`; `mask`
+/// null or a readable `sigset_t`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ppoll(
     fds: *mut pollfd,
@@ -613,7 +651,9 @@ pub unsafe extern "C" fn ppoll(
     ts: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
-    // SAFETY: the caller's array and timeout; then forwarded to libc.
+    // SAFETY: `fds`, `ts` and `mask` are valid (# Safety): `before_poll` reads the
+    // array, `from_timespec` the timeout, and libc's `ppoll` gets them unchanged or with
+    // the timeout replaced by a local (`ZERO_TS`, or what is left of it).
     let r = unsafe {
         if before_poll(fds, n)
             && let Ok(timeout) = from_timespec(ts)
@@ -627,12 +667,13 @@ pub unsafe extern "C" fn ppoll(
             real::ppoll(fds, n, ts, mask)
         }
     };
-    // SAFETY: as above.
+    // SAFETY: `fds` is valid for `n` entries (# Safety), as `after_poll` asks.
     unsafe { after_poll(fds, n, r) }
 }
 
 /// # Safety
-/// C contract of glibc's fortified `poll`.
+/// As for glibc's fortified `poll`: `fds` as for [`poll`], in an object of `fdslen`
+/// bytes (libc aborts when `n` entries do not fit).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __poll_chk(
     fds: *mut pollfd,
@@ -641,7 +682,9 @@ pub unsafe extern "C" fn __poll_chk(
     fdslen: size_t,
 ) -> c_int {
     let fits = (n as usize).saturating_mul(size_of::<pollfd>()) <= fdslen;
-    // SAFETY: the caller's array (libc checks its length); then forwarded to libc.
+    // SAFETY: the shim reads `fds` only when `n` entries fit in `fdslen` bytes (`fits`),
+    // then valid (# Safety); libc's `__poll_chk` gets the caller's arguments, with at
+    // most the timeout changed, and checks the length itself.
     let r = unsafe {
         if fits && before_poll(fds, n) {
             match spin_wait(from_ms(timeout), || real::__poll_chk(fds, n, 0, fdslen)) {
@@ -655,12 +698,14 @@ pub unsafe extern "C" fn __poll_chk(
     if !fits {
         return r;
     }
-    // SAFETY: as above (the array is as long as the caller said).
+    // SAFETY: `n` entries fit in the caller's `fdslen`-byte array (`fits`), valid
+    // (# Safety), as `after_poll` asks.
     unsafe { after_poll(fds, n, r) }
 }
 
 /// # Safety
-/// C contract of glibc's fortified `ppoll`.
+/// As for glibc's fortified `ppoll`: `fds` as for [`__poll_chk`], `ts` and `mask` as
+/// for [`ppoll`].
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __ppoll_chk(
     fds: *mut pollfd,
@@ -670,7 +715,8 @@ pub unsafe extern "C" fn __ppoll_chk(
     fdslen: size_t,
 ) -> c_int {
     let fits = (n as usize).saturating_mul(size_of::<pollfd>()) <= fdslen;
-    // SAFETY: as in `__poll_chk`.
+    // SAFETY: as in `__poll_chk`, with `ts` read by `from_timespec` only when the shim
+    // spins, and `mask` passed on unchanged (# Safety).
     let r = unsafe {
         if fits
             && before_poll(fds, n)
@@ -689,12 +735,15 @@ pub unsafe extern "C" fn __ppoll_chk(
     if !fits {
         return r;
     }
-    // SAFETY: as above.
+    // SAFETY: `n` entries fit in the caller's `fdslen`-byte array (`fits`), valid
+    // (# Safety), as `after_poll` asks.
     unsafe { after_poll(fds, n, r) }
 }
 
 /// # Safety
-/// C contract of `select(2)`.
+/// As for `select(2)`, with glibc's `fd_set`: `r`, `w` and `e` must each be null or a
+/// readable and writable whole `fd_set` (`FD_SETSIZE` bits: the shim reads and restores
+/// all of it, whatever `n`), and `tv` null or a readable and writable `timeval`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn select(
     n: c_int,
@@ -703,7 +752,10 @@ pub unsafe extern "C" fn select(
     e: *mut fd_set,
     tv: *mut timeval,
 ) -> c_int {
-    // SAFETY: the caller's sets and timeout; then forwarded to libc.
+    // SAFETY: `tv` is null or a readable, writable timeval and each set null or a whole
+    // readable, writable fd_set (# Safety): what `before_select` and `SelectSets::save`
+    // ask (`sets` lives until this returns); libc's `select` gets the caller's pointers,
+    // with a local zero timeout during the spin.
     unsafe {
         // A negative timeval is the kernel's EINVAL to give: no spin then.
         let timeout = match tv.as_ref() {
@@ -742,7 +794,8 @@ pub unsafe extern "C" fn select(
 }
 
 /// # Safety
-/// C contract of `pselect(2)`.
+/// As for [`select`], with `ts` null or a readable `timespec` and `mask` null or a
+/// readable `sigset_t`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pselect(
     n: c_int,
@@ -752,7 +805,9 @@ pub unsafe extern "C" fn pselect(
     ts: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
-    // SAFETY: the caller's sets and timeout; then forwarded to libc.
+    // SAFETY: the sets, `ts` and `mask` are valid (# Safety): what `before_select`,
+    // `from_timespec` and `SelectSets::save` ask (`sets` lives until this returns);
+    // libc's `pselect` gets the caller's pointers, with a local timeout while spinning.
     unsafe {
         if before_select(n, [r.cast_const(), w.cast_const(), e.cast_const()])
             && let Ok(timeout) = from_timespec(ts)
@@ -777,12 +832,15 @@ pub unsafe extern "C" fn pselect(
 }
 
 /// # Safety
-/// C contract of `epoll_ctl(2)`.
+/// As for `epoll_ctl(2)`: `ev` must be null (allowed for `EPOLL_CTL_DEL`) or point at a
+/// readable `epoll_event`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
     if config::active() && (op == libc::EPOLL_CTL_ADD || op == libc::EPOLL_CTL_MOD) && !ev.is_null()
     {
-        // SAFETY: the caller's event (read unaligned: the struct is packed on x86-64).
+        // SAFETY: non-null (checked), so a readable epoll_event (# Safety); the field is
+        // read unaligned, through a raw place (no reference): the struct is packed on
+        // x86-64.
         let events = unsafe { std::ptr::addr_of!((*ev).events).read_unaligned() };
         let input = libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLRDNORM | libc::EPOLLRDHUP;
         // A ferry socket watched for input alone marks the set: its waits spin first.
@@ -797,12 +855,12 @@ pub unsafe extern "C" fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epo
             w.finish();
         }
     }
-    // SAFETY: forwarded to libc.
+    // SAFETY: `ev` null or readable (# Safety), passed on unchanged.
     unsafe { real::epoll_ctl(ep, op, fd, ev) }
 }
 
 /// # Safety
-/// C contract of `epoll_wait(2)`.
+/// As for `epoll_wait(2)`: `evs` must be writable for `max` entries.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn epoll_wait(
     ep: c_int,
@@ -814,7 +872,7 @@ pub unsafe extern "C" fn epoll_wait(
     if config::active() {
         ops::flush();
         if epoll_has_ferry(ep) {
-            // SAFETY: forwarded to libc (the caller's buffer).
+            // SAFETY: `evs` writable for `max` entries (# Safety), passed on unchanged.
             match spin_wait(from_ms(timeout), || unsafe {
                 real::epoll_wait(ep, evs, max, 0)
             }) {
@@ -823,12 +881,13 @@ pub unsafe extern "C" fn epoll_wait(
             }
         }
     }
-    // SAFETY: forwarded to libc.
+    // SAFETY: `evs` writable for `max` entries (# Safety), passed on unchanged.
     unsafe { real::epoll_wait(ep, evs, max, timeout) }
 }
 
 /// # Safety
-/// C contract of `epoll_pwait(2)`.
+/// As for `epoll_pwait(2)`: `evs` must be writable for `max` entries and `mask` null or
+/// a readable `sigset_t`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn epoll_pwait(
     ep: c_int,
@@ -841,7 +900,7 @@ pub unsafe extern "C" fn epoll_pwait(
     if config::active() {
         ops::flush();
         if epoll_has_ferry(ep) {
-            // SAFETY: forwarded to libc (the caller's buffer and mask).
+            // SAFETY: `evs` and `mask` valid (# Safety), passed on unchanged.
             match spin_wait(from_ms(timeout), || unsafe {
                 real::epoll_pwait(ep, evs, max, 0, mask)
             }) {
@@ -850,12 +909,13 @@ pub unsafe extern "C" fn epoll_pwait(
             }
         }
     }
-    // SAFETY: forwarded to libc.
+    // SAFETY: `evs` and `mask` valid (# Safety), passed on unchanged.
     unsafe { real::epoll_pwait(ep, evs, max, timeout, mask) }
 }
 
 /// # Safety
-/// C contract of `epoll_pwait2(2)`.
+/// As for `epoll_pwait2(2)`: `evs` must be writable for `max` entries, `ts` null or a
+/// readable `timespec`, and `mask` null or a readable `sigset_t`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn epoll_pwait2(
     ep: c_int,
@@ -867,10 +927,11 @@ pub unsafe extern "C" fn epoll_pwait2(
     if config::active() {
         ops::flush();
         if epoll_has_ferry(ep)
-            // SAFETY: the caller's timeout, null or valid.
+            // SAFETY: `ts` null or a readable timespec (# Safety), as `from_timespec` asks.
             && let Ok(timeout) = unsafe { from_timespec(ts) }
         {
-            // SAFETY: forwarded to libc (the caller's buffer, timeout and mask).
+            // SAFETY: `evs` and `mask` valid (# Safety), passed on unchanged; the
+            // timeout is a local (`ZERO_TS`, or what is left of the caller's).
             unsafe {
                 let probe = || real::epoll_pwait2(ep, evs, max, &ZERO_TS, mask);
                 match spin_wait(timeout, probe) {
@@ -883,6 +944,6 @@ pub unsafe extern "C" fn epoll_pwait2(
             }
         }
     }
-    // SAFETY: forwarded to libc.
+    // SAFETY: `evs`, `ts` and `mask` valid (# Safety), passed on unchanged.
     unsafe { real::epoll_pwait2(ep, evs, max, ts, mask) }
 }

@@ -386,7 +386,8 @@ impl Drop for FdTable {
 /// A zeroed chunk from anonymous memory (no malloc: the shim may run in a signal
 /// handler).
 fn map_chunk() -> Option<*mut Chunk> {
-    // SAFETY: anonymous private mapping with no address hint: touches no existing memory.
+    // SAFETY: an anonymous private mapping with no address hint (not MAP_FIXED) cannot
+    // replace existing memory; the result is checked against MAP_FAILED before use.
     let p = unsafe {
         libc::mmap(
             ptr::null_mut(),
@@ -403,7 +404,8 @@ fn map_chunk() -> Option<*mut Chunk> {
 /// # Safety
 /// `p` came from `map_chunk` and nothing refers into it any more.
 unsafe fn unmap_chunk(p: *mut Chunk) {
-    // SAFETY: forwarded from the caller: the mapping is ours and unused.
+    // SAFETY: `p` is the start of a `map_chunk` mapping of exactly this size, and nothing
+    // refers into it any more (# Safety), so unmapping frees no memory still in use.
     unsafe { libc::munmap(p.cast(), size_of::<Chunk>()) };
 }
 

@@ -33,8 +33,9 @@ fn probe(fd: c_int) -> Option<Sock> {
 
 fn identify(fd: c_int) -> Option<Sock> {
     let mut name = [0u8; 107];
-    // SAFETY: the number is only named in system calls; if it is not open they fail
-    // with EBADF (I/O safety only, no memory is involved).
+    // SAFETY: `fd >= 0` (`lookup` checked), so not -1, and the borrow is used only for
+    // the `getsockname` below; if the number is not open that fails with EBADF (handled
+    // below). No memory is involved.
     let b = unsafe { ferry_sys::borrow(fd) };
     match ferry_sys::abstract_name(b, &mut name) {
         Ok(Some(n)) => {
@@ -88,19 +89,22 @@ pub fn set_nonblock(fd: c_int, on: bool) {
 /// something else.
 ///
 /// # Safety
-/// `msg` must be a message header the kernel just filled (`msg_control` valid for
-/// `msg_controllen` bytes).
+/// `msg` must be null or a readable message header that a successful `recvmsg` just
+/// filled: `msg_control` null or readable for `msg_controllen` bytes, laid out by the
+/// kernel.
 pub unsafe fn forget_received(msg: *const libc::msghdr) {
     if msg.is_null() {
         return;
     }
-    // SAFETY: `msg` is valid (caller).
+    // SAFETY: non-null (checked above), so a readable header (# Safety), only read.
     let m = unsafe { &*msg };
     if m.msg_control.is_null() || m.msg_controllen == 0 {
         return;
     }
-    // SAFETY: the CMSG macros walk only within msg_control/msg_controllen (caller);
-    // SCM_RIGHTS payloads are arrays of ints, read unaligned.
+    // SAFETY: `msg_control` is readable for `msg_controllen` bytes, laid out by the
+    // kernel (# Safety): CMSG_FIRSTHDR/CMSG_NXTHDR return only headers inside those
+    // bytes, each `cmsg_len` lies within them, and an SCM_RIGHTS payload of
+    // `cmsg_len - CMSG_LEN(0)` bytes is an array of ints, read unaligned.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(m);
         while !c.is_null() {
@@ -180,13 +184,14 @@ mod tests {
             iov_base: byte.as_mut_ptr().cast(),
             iov_len: 1,
         };
-        // SAFETY: plain data.
+        // SAFETY: a msghdr is integers and raw pointers: all-zero is a valid (empty) one.
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
         msg.msg_iov = &mut iov;
         msg.msg_iovlen = 1;
         msg.msg_control = cbuf.as_mut_ptr().cast();
         msg.msg_controllen = size_of_val(&cbuf);
-        // SAFETY: `msg` describes live local buffers.
+        // SAFETY: `msg` points at `iov` (one byte of `byte`) and at `cbuf` for its own
+        // size, all live locals of this frame; no name is asked for.
         let r = unsafe {
             libc::syscall(
                 libc::SYS_recvmsg,
@@ -196,10 +201,13 @@ mod tests {
             )
         };
         assert_eq!(r, 1);
-        // SAFETY: the kernel filled the header; the fd number is read from it.
+        // SAFETY: the recvmsg above succeeded with one SCM_RIGHTS message, so
+        // CMSG_FIRSTHDR is a header inside `cbuf` and its data holds one int (8-aligned
+        // buffer, so the read is aligned).
         let got = unsafe { *libc::CMSG_DATA(libc::CMSG_FIRSTHDR(&msg)).cast::<c_int>() };
         TABLE.set(got, Entry::Other);
-        // SAFETY: the kernel just filled `msg`.
+        // SAFETY: `msg` is a readable header a successful recvmsg just filled, its
+        // control buffer the live `cbuf`.
         unsafe { forget_received(&msg) };
         assert_eq!(TABLE.get(got), Entry::Unknown);
         let _ = ferry_sys::close_raw(got);

@@ -24,8 +24,10 @@ impl IoCursor {
     /// A cursor over `n` buffers at `iov`.
     ///
     /// # Safety
-    /// `iov` must point at `n` readable `iovec`s whose buffers stay valid (readable for
-    /// sends, writable for receives) while the cursor is used.
+    /// `iov` must be null (`EFAULT` unless `n` is 0) or point at `n` readable `iovec`s
+    /// (`n` above 1024 is refused first), and the array and the buffers it names must
+    /// stay valid (readable for sends, writable for receives) and unchanged while the
+    /// cursor is used.
     pub unsafe fn new(iov: *const iovec, n: usize) -> Res<IoCursor> {
         if n > IOV_MAX {
             return Err(Errno::EINVAL);
@@ -35,7 +37,8 @@ impl IoCursor {
         }
         let mut total: usize = 0;
         for i in 0..n {
-            // SAFETY: `i < n` entries are readable (caller).
+            // SAFETY: `iov` is non-null here (checked above) and readable for `n`
+            // entries (# Safety); `i < n`. Only the length is read.
             let len = unsafe { (*iov.add(i)).iov_len };
             if len > isize::MAX as usize {
                 return Err(Errno::EINVAL);
@@ -69,7 +72,8 @@ impl IoCursor {
         let mut done = 0;
         let want = n.min(self.left);
         while done < want && self.idx < self.n {
-            // SAFETY: `idx < n` entries are readable (constructor's contract).
+            // SAFETY: `idx < n` (loop condition), and the array stays readable for `n`
+            // entries while the cursor is used (`new`'s contract). The entry is copied.
             let v = unsafe { *self.iov.add(self.idx) };
             let avail = v.iov_len - self.off;
             if avail == 0 {
@@ -78,7 +82,8 @@ impl IoCursor {
                 continue;
             }
             let k = avail.min(want - done);
-            // SAFETY: `off + k <= iov_len`: in bounds of this buffer.
+            // SAFETY: `off < iov_len` here (`avail > 0`), so the result stays inside the
+            // buffer the entry names, which `new`'s contract keeps valid.
             let p = unsafe { v.iov_base.cast::<u8>().add(self.off) };
             f(p, done, k);
             done += k;
@@ -94,8 +99,10 @@ impl IoCursor {
     /// `src` must be readable for `n` bytes and not overlap the program's buffers.
     pub unsafe fn write_from(&mut self, src: *const u8, n: usize) -> usize {
         self.advance(n, |dst, at, k| {
-            // SAFETY: `at + k <= n` bytes of `src` are readable (caller); `dst` is
-            // writable for `k` bytes (constructor's contract).
+            // SAFETY: `at + k <= n` (`advance` hands out at most `n` bytes in all), so
+            // the source range is inside `src`, readable for `n` (# Safety); `dst` is
+            // writable for `k` bytes of the program's buffer (`new`'s contract); the
+            // caller promises the two do not overlap.
             unsafe { std::ptr::copy_nonoverlapping(src.add(at), dst, k) }
         })
     }
@@ -106,7 +113,9 @@ impl IoCursor {
     /// `dst` must be writable for `n` bytes and not overlap the program's buffers.
     pub unsafe fn read_into(&mut self, dst: *mut u8, n: usize) -> usize {
         self.advance(n, |src, at, k| {
-            // SAFETY: as in `write_from`, directions swapped.
+            // SAFETY: as in `write_from`, directions swapped: `src` is `k` readable
+            // bytes of the program's buffer, `dst + at` has `k` of the `n` writable
+            // bytes (# Safety), and they do not overlap.
             unsafe { std::ptr::copy_nonoverlapping(src, dst.add(at), k) }
         })
     }
@@ -127,13 +136,16 @@ mod tests {
     fn scatter_across_buffers() {
         let (mut a, mut b, mut c) = ([0u8; 3], [0u8; 0], [0u8; 5]);
         let v = [iov(&mut a), iov(&mut b), iov(&mut c)];
-        // SAFETY: the iovecs point at live local arrays.
+        // SAFETY: `v` holds 3 iovecs over live local arrays of their stated lengths,
+        // all outliving the cursor.
         let mut cur = unsafe { IoCursor::new(v.as_ptr(), 3) }.unwrap();
         assert_eq!(cur.remaining(), 8);
         let src = *b"abcdefghij";
-        // SAFETY: `src` holds 4 bytes.
+        // SAFETY: `src` is a live local readable for (more than) 4 bytes, not one of
+        // the cursor's buffers.
         assert_eq!(unsafe { cur.write_from(src.as_ptr(), 4) }, 4);
-        // SAFETY: `src` holds 10 bytes.
+        // SAFETY: `src[4..]` is readable for the 6 bytes named, not one of the cursor's
+        // buffers.
         assert_eq!(unsafe { cur.write_from(src[4..].as_ptr(), 6) }, 4);
         assert_eq!(cur.remaining(), 0);
         assert_eq!(&a, b"abc");
@@ -144,24 +156,26 @@ mod tests {
     fn gather_across_buffers() {
         let (mut a, mut b) = (*b"hello ", *b"world");
         let v = [iov(&mut a), iov(&mut b)];
-        // SAFETY: as above.
+        // SAFETY: `v` holds 2 iovecs over live local arrays, outliving the cursor.
         let mut cur = unsafe { IoCursor::new(v.as_ptr(), 2) }.unwrap();
         let mut out = [0u8; 8];
-        // SAFETY: `out` holds 8 bytes.
+        // SAFETY: `out` is a live local writable for the 8 bytes named, not one of the
+        // cursor's buffers.
         assert_eq!(unsafe { cur.read_into(out.as_mut_ptr(), 8) }, 8);
         assert_eq!(&out, b"hello wo");
         let mut rest = [0u8; 8];
-        // SAFETY: `rest` holds 8 bytes.
+        // SAFETY: as above, for `rest`.
         assert_eq!(unsafe { cur.read_into(rest.as_mut_ptr(), 8) }, 3);
         assert_eq!(&rest[..3], b"rld");
     }
 
     #[test]
     fn bad_vectors_are_refused() {
-        // SAFETY: a null array with a count is refused before any access.
+        // SAFETY: a null array is allowed: with a count it is refused (EFAULT) unread.
         let r = unsafe { IoCursor::new(std::ptr::null(), 1) }.unwrap_err();
         assert_eq!(r, Errno::EFAULT);
-        // SAFETY: too many entries are refused before any access.
+        // SAFETY: more than 1024 entries are refused (EINVAL) before the null array is
+        // looked at.
         let r = unsafe { IoCursor::new(std::ptr::null(), 2000) }.unwrap_err();
         assert_eq!(r, Errno::EINVAL);
         let v = [
@@ -174,10 +188,11 @@ mod tests {
                 iov_len: 2,
             },
         ];
-        // SAFETY: only the lengths are read.
+        // SAFETY: `v` holds 2 readable iovecs; only their lengths are read (their sum
+        // is refused as too large).
         let r = unsafe { IoCursor::new(v.as_ptr(), 2) }.unwrap_err();
         assert_eq!(r, Errno::EINVAL);
-        // SAFETY: an empty vector.
+        // SAFETY: no entries: nothing is read.
         let r = unsafe { IoCursor::new(std::ptr::null(), 0) }
             .unwrap()
             .remaining();
@@ -190,7 +205,7 @@ mod tests {
             iov_base: std::ptr::null_mut(),
             iov_len: usize::MAX / 4,
         }];
-        // SAFETY: only the length is read.
+        // SAFETY: `v` holds 1 readable iovec; only its length is read (`remaining`).
         let r = unsafe { IoCursor::new(v.as_ptr(), 1) }.unwrap().remaining();
         assert_eq!(r, MAX_RW);
     }

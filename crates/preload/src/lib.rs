@@ -73,6 +73,19 @@
 //! - With doorbell batching (`batch > 1`), records not yet announced wait for the next
 //!   call that rings; a program that then blocks outside the socket API leaves them
 //!   unannounced while the server sleeps.
+//!
+//! # Borrowed descriptors
+//!
+//! The shim makes system calls on the program's descriptors (a ferry socket's end of
+//! its pair, a file given to `sendfile`) through `ferry_sys::borrow`, whose contract is
+//! that the number stays open while the borrow is used. The shim cannot promise that
+//! for a descriptor the program owns: another thread of the program may close it during
+//! the call. Such a close is the program's race, and costs what it costs natively: the
+//! calls fail with `EBADF` or act on whatever file took the number, as the kernel's own
+//! call racing that close would. No memory safety rests on it (the calls pass the
+//! number to the kernel and nothing else), and the number is never -1 (it came from the
+//! fd table or from the program's call). The `SAFETY` comments on those borrows say
+//! which descriptor it is and refer here.
 
 pub mod addr;
 pub mod chan;
@@ -97,7 +110,7 @@ pub mod tls;
 extern "C" fn ferry_preload_init() {
     // Looks libc's `syscall` up now: the program's `syscall()` (possibly in a signal
     // handler) is the shim's, which forwards to libc's and must not call `dlsym` there.
-    // SAFETY: getpid takes no arguments and cannot fail.
+    // SAFETY: getpid reads none of the six arguments (zeros) and touches no memory.
     unsafe { real::syscall(libc::SYS_getpid, 0, 0, 0, 0, 0, 0) };
     signals::claim_table();
     config::init();

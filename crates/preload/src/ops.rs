@@ -90,7 +90,8 @@ pub fn socket(domain: c_int, ty: c_int, protocol: c_int) -> Res<c_int> {
 /// `accept()`/`accept4()`.
 ///
 /// # Safety
-/// `addr`/`len` as for `accept(2)`.
+/// `len` null or a readable and writable `socklen_t`, and `addr` null or writable for
+/// `*len` bytes (as for `accept(2)`).
 pub unsafe fn accept(
     s: Sock,
     addr: *mut sockaddr,
@@ -132,8 +133,10 @@ pub unsafe fn accept(
                 F_TYPED | F_PEER | (s.flags & F_INET6),
             )?;
             let peer = &reply.addr[..(reply.addr_len as usize).min(reply.addr.len())];
-            // SAFETY: `addr`/`len` as the program passed them (caller). A bad pointer
-            // costs the peer's address, not the connection (as in the kernel).
+            // SAFETY: `len` null or valid and `addr` null or writable for `*len` bytes
+            // (# Safety), as `write_sockaddr` asks. Its refusal (EFAULT: an address
+            // without a length) is ignored: the connection is returned without the
+            // peer's address (the kernel's accept fails with EFAULT and drops it).
             let _ = unsafe { write_sockaddr(peer, addr, len) };
             return Ok(fd);
         }
@@ -158,7 +161,8 @@ fn wait_acceptable(ch: &mut Channel, s: &Sock, w: Wait, start: Counts) -> Res<()
 /// would, or when the channel is gone.
 pub fn wait_readable(ch: &mut Channel, fd: c_int, w: Wait, start: Counts) -> Res<()> {
     let ms = w.slice().as_millis().clamp(1, SLICE.as_millis()) as i32;
-    // SAFETY: the program's end of a socket, open for the duration of the call.
+    // SAFETY: `fd` is the program's end of a ferry socket, borrowed for this `ppoll`
+    // only (crate docs, Borrowed descriptors).
     let r = ferry_sys::poll_wait(unsafe { ferry_sys::borrow(fd) }, libc::POLLIN, ms);
     let eintr = matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::Interrupted);
     if let Err(e) = r
@@ -194,7 +198,8 @@ pub fn claimed(ch: &mut Channel, s: Sock) -> Res<Sock> {
     if s.flags & F_CLAIMED != 0 {
         return Ok(s);
     }
-    // SAFETY: the program's end, open for the duration of the call.
+    // SAFETY: the program's end of `s`, borrowed for the claim only (crate docs,
+    // Borrowed descriptors).
     let fd = unsafe { ferry_sys::borrow(s.fd) };
     let (reply, _) = ch.ctl_call(&Ctl::new(CtlKind::Claim, s.id), Some(fd))?;
     Errno::check(reply.result)?;
@@ -270,9 +275,9 @@ fn simple_cmp(s: &Sock, req: Req, w: Wait) -> Res<ferry_proto::Cmp> {
 /// `connect()`.
 ///
 /// # Safety
-/// `addr` readable for `len` bytes.
+/// `addr` null or readable for `len` bytes.
 pub unsafe fn connect(s: Sock, addr: *const sockaddr, len: socklen_t) -> Res<()> {
-    // SAFETY: forwarded (caller).
+    // SAFETY: `addr` null or readable for `len` bytes (# Safety), as `family` asks.
     if unsafe { family(addr, len) } == Some(libc::AF_UNSPEC) {
         if s.dgram() {
             // Dissolves the association: sends need an address again.
@@ -286,7 +291,8 @@ pub unsafe fn connect(s: Sock, addr: *const sockaddr, len: socklen_t) -> Res<()>
         );
         return Err(Errno(libc::EAFNOSUPPORT));
     }
-    // SAFETY: forwarded (caller).
+    // SAFETY: `addr` null or readable for `len` bytes (# Safety), as `read_sockaddr`
+    // asks.
     let wa = unsafe { read_sockaddr(addr, len) }?;
     let (_, snd) = TABLE.timeouts(s.fd);
     let mut renewed = false;
@@ -332,7 +338,8 @@ pub unsafe fn connect(s: Sock, addr: *const sockaddr, len: socklen_t) -> Res<()>
 fn renew_pair(s: &Sock) -> Res<()> {
     with_channel_to(server_of(s.id), |ch| {
         ch.room_for_fd()?;
-        // SAFETY: the program's end, open for the duration of the call.
+        // SAFETY: the program's end of `s`, borrowed as the proof for this request only
+        // (crate docs, Borrowed descriptors).
         let old = unsafe { ferry_sys::borrow(s.fd) };
         let (reply, prog) = ch.ctl_call(&Ctl::new(CtlKind::Renew, s.id), Some(old))?;
         Errno::check(reply.result)?;
@@ -365,13 +372,14 @@ fn renew_pair(s: &Sock) -> Res<()> {
 /// `bind()`.
 ///
 /// # Safety
-/// `addr` readable for `len` bytes.
+/// `addr` null or readable for `len` bytes.
 pub unsafe fn bind(s: Sock, addr: *const sockaddr, len: socklen_t) -> Res<()> {
-    // SAFETY: forwarded (caller).
+    // SAFETY: `addr` null or readable for `len` bytes (# Safety), as `family` asks.
     let wa = if unsafe { family(addr, len) } == Some(libc::AF_UNSPEC) && len as usize >= 16 {
         // The kernel's compatibility rule: AF_UNSPEC with INADDR_ANY means AF_INET.
         let mut b = [0u8; 16];
-        // SAFETY: 16 readable bytes (checked length, caller).
+        // SAFETY: `family` found a family, so `addr` is non-null, and it is readable for
+        // `len >= 16` bytes (checked; # Safety); `b` is a local.
         unsafe { std::ptr::copy_nonoverlapping(addr.cast::<u8>(), b.as_mut_ptr(), 16) };
         if b[4..8] != [0; 4] {
             return Err(Errno(libc::EAFNOSUPPORT));
@@ -380,7 +388,8 @@ pub unsafe fn bind(s: Sock, addr: *const sockaddr, len: socklen_t) -> Res<()> {
         // SAFETY: `b` holds 16 bytes.
         unsafe { read_sockaddr(b.as_ptr().cast(), 16) }?
     } else {
-        // SAFETY: forwarded (caller).
+        // SAFETY: `addr` null or readable for `len` bytes (# Safety), as `read_sockaddr`
+        // asks.
         unsafe { read_sockaddr(addr, len) }?
     };
     simple(&s, Req::new(Op::Bind, s.id).with_addr(&wa), Wait::FOREVER).map(drop)
@@ -410,7 +419,8 @@ pub fn shutdown(s: Sock, how: c_int) -> Res<()> {
     }
     if how != libc::SHUT_WR {
         // The program's end then polls readable (EOF) for good, as the kernel's would.
-        // SAFETY: the program's end, open for the duration of the call.
+        // SAFETY: the program's end of `s`, for this `shutdown` only (crate docs,
+        // Borrowed descriptors).
         let _ = ferry_sys::shutdown(unsafe { ferry_sys::borrow(s.fd) }, libc::SHUT_RD);
     }
     Ok(())
@@ -419,14 +429,16 @@ pub fn shutdown(s: Sock, how: c_int) -> Res<()> {
 /// `getsockname()` / `getpeername()`.
 ///
 /// # Safety
-/// `addr`/`len` as for `getsockname(2)`.
+/// `len` null or a readable and writable `socklen_t`, and `addr` null or writable for
+/// `*len` bytes (as for `getsockname(2)`).
 pub unsafe fn name(s: Sock, peer: bool, addr: *mut sockaddr, len: *mut socklen_t) -> Res<()> {
     if len.is_null() {
         return Err(Errno::EFAULT);
     }
     let op = if peer { Op::PeerName } else { Op::SockName };
     let (_, done) = simple(&s, Req::new(op, s.id), Wait::FOREVER)?;
-    // SAFETY: forwarded (caller).
+    // SAFETY: `len` is non-null (checked above) and valid, `addr` null or writable for
+    // `*len` bytes (# Safety), as `write_sockaddr` asks.
     unsafe { write_sockaddr(done.bytes(), addr, len) }
 }
 
@@ -450,7 +462,7 @@ pub fn pending(s: Sock) -> Res<c_int> {
 /// also kept in the cache, since the shim does the waiting.
 ///
 /// # Safety
-/// `val` readable for `len` bytes.
+/// `val` null or readable for `len` bytes.
 pub unsafe fn setsockopt(
     s: Sock,
     level: c_int,
@@ -471,7 +483,8 @@ pub unsafe fn setsockopt(
     }
     let mut bytes = [0u8; 32];
     if len > 0 {
-        // SAFETY: `len` readable bytes (caller).
+        // SAFETY: `val` is non-null here (checked above) and readable for `len` bytes
+        // (# Safety); `bytes` is a local of 32 >= `len` bytes.
         unsafe { std::ptr::copy_nonoverlapping(val.cast::<u8>(), bytes.as_mut_ptr(), len) };
     }
     let mut req = Req::new(Op::SetOpt, s.id).with_bytes(&bytes[..len]);
@@ -517,7 +530,8 @@ fn timeval_us(b: &[u8]) -> Option<u64> {
 /// `getsockopt()`: relayed; a pending asynchronous error answers `SO_ERROR` first.
 ///
 /// # Safety
-/// `val` writable for `*len` bytes; `len` valid.
+/// `len` null or a readable and writable `socklen_t`; `val` null or writable for `*len`
+/// bytes.
 pub unsafe fn getsockopt(
     s: Sock,
     level: c_int,
@@ -528,7 +542,7 @@ pub unsafe fn getsockopt(
     if len.is_null() {
         return Err(Errno::EFAULT);
     }
-    // SAFETY: `len` valid (caller).
+    // SAFETY: `len` is non-null (checked above), so a readable socklen_t (# Safety).
     let room = unsafe { len.read() } as c_int;
     if room < 0 {
         return Err(Errno::EINVAL);
@@ -542,7 +556,8 @@ pub unsafe fn getsockopt(
         // The kernel clears a socket's error when it is read: the error the server
         // gave the program's end of the pair after a failed connect (its POLLERR) goes
         // with the one the host socket answers.
-        // SAFETY: the program's end, open for the duration of the call.
+        // SAFETY: the program's end of `s`, for this query only (crate docs, Borrowed
+        // descriptors).
         let fd = unsafe { ferry_sys::borrow(s.fd) };
         let _ = ferry_sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR);
     }
@@ -550,7 +565,9 @@ pub unsafe fn getsockopt(
         iov_base: val,
         iov_len: room,
     };
-    // SAFETY: one buffer the caller vouches for.
+    // SAFETY: `iov` (a local that outlives the cursor) names `val`, which is null only
+    // with `room` 0 (checked above) and else writable for `room` = `*len` bytes
+    // (# Safety).
     let mut cur = unsafe { IoCursor::new(&iov, 1) }?;
     let mut from_buf = None;
     let done = with_channel_to(server_of(s.id), |ch| {
@@ -561,7 +578,8 @@ pub unsafe fn getsockopt(
             if let Some(e) = PENDING.take(s.id, |e| e != libc::EPIPE) {
                 let v = e.to_ne_bytes();
                 let n = room.min(4);
-                // SAFETY: `v` holds 4 bytes.
+                // SAFETY: `v` is a local holding 4 >= `n` bytes, outside the program's
+                // buffer.
                 from_buf = Some(unsafe { cur.write_from(v.as_ptr(), n) });
                 return Ok(None);
             }
@@ -569,7 +587,10 @@ pub unsafe fn getsockopt(
         let mut req = Req::new(Op::GetOpt, s.id);
         (req.a, req.b, req.len) = (level as u32, name as u32, room as u32);
         let done = ch.call(req, Wait::FOREVER, &mut |bufs, span| {
-            // SAFETY: a validated span of a buffer lent to us.
+            // SAFETY: `span` was checked against the region (`Buffers::span`), so its
+            // `len` bytes at that pointer are inside the shim's mapping, which the
+            // program's buffer is not; the buffer is lent to us until this call returns
+            // it (a server writing it meanwhile changes only the bytes copied).
             from_buf = Some(unsafe { cur.write_from(bufs.as_mut_ptr(span), span.len() as usize) });
         })?;
         Errno::check(done.result)?;
@@ -580,12 +601,13 @@ pub unsafe fn getsockopt(
         (Some(n), _) => n,
         (None, Some(done)) => {
             let b = done.bytes();
-            // SAFETY: `b` holds b.len() bytes.
+            // SAFETY: `b` is the completion's own bytes, readable for its length and
+            // outside the program's buffer.
             unsafe { cur.write_from(b.as_ptr(), b.len()) }
         }
         (None, None) => 0,
     };
-    // SAFETY: `len` valid (caller).
+    // SAFETY: `len` is non-null (checked above), so a writable socklen_t (# Safety).
     unsafe { len.write(n as socklen_t) };
     Ok(())
 }

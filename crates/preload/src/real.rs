@@ -36,7 +36,9 @@ impl Sym {
             return Some(p);
         }
         debug_assert!(self.name.ends_with('\0'));
-        // SAFETY: `name` is a NUL-terminated symbol name; RTLD_NEXT is a valid handle.
+        // SAFETY: `name` ends with a NUL (asserted above; every `Sym::new` is given a
+        // literal that does) and is 'static; RTLD_NEXT is a pseudo-handle dlsym always
+        // accepts.
         let p = unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr().cast()) };
         if p.is_null() {
             return None;
@@ -58,10 +60,12 @@ macro_rules! reals {
                 set_errno(libc::ENOSYS);
                 return -1;
             };
-            // SAFETY: `p` is the C library's definition of this very function, whose C
-            // prototype the Rust signature repeats.
+            // SAFETY: `p` is non-null and is the definition after the shim's of the
+            // symbol named like this function (dlsym RTLD_NEXT): the C library's, whose
+            // C prototype the Rust signature repeats (checked by hand against glibc's
+            // headers; a mismatch would be a bug here).
             let f = unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($ty),*) -> $ret>(p) };
-            // SAFETY: the caller passes arguments valid for the C function (see # Safety).
+            // SAFETY: the arguments satisfy that C function's contract (# Safety).
             unsafe { f($($arg),*) }
         }
     )* };
@@ -77,14 +81,15 @@ pub unsafe fn fdopen(fd: c_int, mode: *const std::ffi::c_char) -> *mut FILE {
         set_errno(libc::ENOSYS);
         return ptr::null_mut();
     };
-    // SAFETY: `p` is the C library's `fdopen`, whose prototype this repeats.
+    // SAFETY: `p` is non-null and is libc's `FILE *fdopen(int, const char *)` (dlsym
+    // RTLD_NEXT of that name), whose prototype this repeats.
     let f = unsafe {
         std::mem::transmute::<
             *mut c_void,
             unsafe extern "C" fn(c_int, *const std::ffi::c_char) -> *mut FILE,
         >(p)
     };
-    // SAFETY: forwarded (caller).
+    // SAFETY: `mode` is a NUL-terminated string (# Safety, `fdopen(3)`'s contract).
     unsafe { f(fd, mode) }
 }
 
@@ -144,7 +149,8 @@ reals! {
 /// libc's `_exit` (or `_Exit`, named by `which`); without it, `exit_group(2)`.
 ///
 /// # Safety
-/// Ends the process.
+/// None for memory (an integer), but it ends the process at once: no destructor, no
+/// `atexit` handler and no stdio flush runs.
 pub unsafe fn exit_now(which: Exit, status: c_int) -> ! {
     static EXIT: Sym = Sym::new("_exit\0");
     static EXIT2: Sym = Sym::new("_Exit\0");
@@ -153,14 +159,15 @@ pub unsafe fn exit_now(which: Exit, status: c_int) -> ! {
         Exit::Capital => &EXIT2,
     };
     if let Some(p) = sym.get() {
-        // SAFETY: `p` is the C library's `void _exit(int)` (or `_Exit`), which does not
-        // return.
+        // SAFETY: `p` is non-null and is libc's `void _exit(int)` (or `_Exit`, dlsym
+        // RTLD_NEXT of that name), which does not return, as `!` says.
         let f = unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int) -> !>(p) };
-        // SAFETY: forwarded.
+        // SAFETY: an integer; ending the process is this function's documented effect.
         unsafe { f(status) }
     }
     loop {
-        // SAFETY: exit_group takes an integer and does not return.
+        // SAFETY: exit_group reads one integer, touches no memory and does not return
+        // (the loop only satisfies the type).
         unsafe { libc::syscall(libc::SYS_exit_group, status) };
     }
 }
@@ -177,38 +184,42 @@ pub enum Exit {
 /// libc's `signal`.
 ///
 /// # Safety
-/// C contract of `signal(3)`.
+/// As for `signal(3)`: `h` must be `SIG_DFL`, `SIG_IGN` or a `void (*)(int)` handler.
 pub unsafe fn signal(sig: c_int, h: libc::sighandler_t) -> libc::sighandler_t {
     static SYM: Sym = Sym::new("signal\0");
-    // SAFETY: forwarded.
+    // SAFETY: `SYM` names libc's `signal`, of the prototype `handler_fn` assumes; `h` as
+    // `signal(3)` needs it (# Safety).
     unsafe { handler_fn(&SYM, sig, h) }
 }
 
 /// libc's `sysv_signal`.
 ///
 /// # Safety
-/// C contract of `sysv_signal(3)`.
+/// As for [`signal`].
 pub unsafe fn sysv_signal(sig: c_int, h: libc::sighandler_t) -> libc::sighandler_t {
     static SYM: Sym = Sym::new("sysv_signal\0");
-    // SAFETY: forwarded.
+    // SAFETY: `SYM` names libc's `sysv_signal`, of the prototype `handler_fn` assumes;
+    // `h` as `signal(3)` needs it (# Safety).
     unsafe { handler_fn(&SYM, sig, h) }
 }
 
 /// # Safety
-/// `sym` names a `sighandler_t f(int, sighandler_t)` function; arguments as it wants.
+/// `sym` must name a `sighandler_t f(int, sighandler_t)` function, and `h` be what that
+/// function accepts (`SIG_DFL`, `SIG_IGN` or a `void (*)(int)` handler).
 unsafe fn handler_fn(sym: &Sym, sig: c_int, h: libc::sighandler_t) -> libc::sighandler_t {
     let Some(p) = sym.get() else {
         set_errno(libc::ENOSYS);
         return libc::SIG_ERR;
     };
-    // SAFETY: `p` is the C library's function of that prototype.
+    // SAFETY: `p` is non-null and is the C library's definition of the symbol `sym`
+    // names, of that prototype (# Safety).
     let f = unsafe {
         std::mem::transmute::<
             *mut c_void,
             unsafe extern "C" fn(c_int, libc::sighandler_t) -> libc::sighandler_t,
         >(p)
     };
-    // SAFETY: the caller's arguments, forwarded.
+    // SAFETY: `h` is what the function accepts (# Safety); `sig` is an integer.
     unsafe { f(sig, h) }
 }
 
@@ -219,7 +230,7 @@ unsafe fn handler_fn(sym: &Sym, sig: c_int, h: libc::sighandler_t) -> libc::sigh
 /// The arguments must satisfy `fcntl(2)`'s contract for `cmd`.
 pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     static SYM: Sym = Sym::new("fcntl\0");
-    // SAFETY: forwarded.
+    // SAFETY: `SYM` names libc's variadic `fcntl`; `arg` is valid for `cmd` (# Safety).
     unsafe { variadic_fcntl(&SYM, fd, cmd, arg) }
 }
 
@@ -229,22 +240,26 @@ pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 /// As for [`fcntl`].
 pub unsafe fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     static SYM: Sym = Sym::new("fcntl64\0");
-    // SAFETY: forwarded.
+    // SAFETY: `SYM` names libc's variadic `fcntl64`; `arg` is valid for `cmd`
+    // (# Safety).
     unsafe { variadic_fcntl(&SYM, fd, cmd, arg) }
 }
 
 /// # Safety
-/// `sym` names an `fcntl`-shaped variadic function; the arguments satisfy its contract.
+/// `sym` must name an `int f(int, int, ...)` function of `fcntl`'s contract, and `arg` be
+/// valid for `cmd` under it.
 unsafe fn variadic_fcntl(sym: &Sym, fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     let Some(p) = sym.get() else {
         set_errno(libc::ENOSYS);
         return -1;
     };
-    // SAFETY: `p` is the C library's variadic `fcntl(int, int, ...)`.
+    // SAFETY: `p` is non-null and is the definition of the symbol `sym` names, a
+    // variadic `int (int, int, ...)` (# Safety).
     let f = unsafe {
         std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int, c_int, ...) -> c_int>(p)
     };
-    // SAFETY: the caller's arguments, forwarded.
+    // SAFETY: `arg` is valid for `cmd` (# Safety); passed as an unsigned long, which is
+    // how both `int` and pointer variadic arguments travel on Linux's C conventions.
     unsafe { f(fd, cmd, arg) }
 }
 
@@ -258,25 +273,28 @@ pub unsafe fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) -> c_int {
         set_errno(libc::ENOSYS);
         return -1;
     };
-    // SAFETY: `p` is the C library's variadic `ioctl(int, unsigned long, ...)`.
+    // SAFETY: `p` is non-null and is libc's variadic `int ioctl(int, unsigned long,
+    // ...)` (dlsym RTLD_NEXT of that name).
     let f = unsafe {
         std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int, c_ulong, ...) -> c_int>(p)
     };
-    // SAFETY: the caller's arguments, forwarded.
+    // SAFETY: `arg` is valid for `request` (# Safety).
     unsafe { f(fd, request, arg) }
 }
 
 /// libc's `closefrom` (glibc 2.34+); without it, `close_range(lowfd, ~0, 0)`.
 ///
 /// # Safety
-/// Closing descriptors is safe for memory; the caller owns the consequences.
+/// None for memory (an integer); closing descriptors that other code still uses is the
+/// caller's bug, as with libc's.
 pub unsafe fn closefrom(lowfd: c_int) {
     static SYM: Sym = Sym::new("closefrom\0");
     match SYM.get() {
         Some(p) => {
-            // SAFETY: `p` is the C library's `void closefrom(int)`.
+            // SAFETY: `p` is non-null and is libc's `void closefrom(int)` (dlsym
+            // RTLD_NEXT of that name).
             let f = unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int)>(p) };
-            // SAFETY: forwarded.
+            // SAFETY: an integer; which descriptors go is the caller's choice (# Safety).
             unsafe { f(lowfd) }
         }
         None => {

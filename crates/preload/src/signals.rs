@@ -42,7 +42,8 @@ static OWNER: AtomicI32 = AtomicI32::new(0);
 
 /// This process's id, from the kernel (not libc's cache, which a `vfork` child shares).
 fn current_pid() -> i32 {
-    // SAFETY: getpid takes no arguments and cannot fail.
+    // SAFETY: getpid reads no arguments (the six zeros are ignored) and touches no
+    // memory.
     unsafe { ferry_sys::syscall6(libc::SYS_getpid, [0; 6]) }.map_or(0, |p| p as i32)
 }
 
@@ -112,13 +113,19 @@ extern "C" fn trampoline(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
         return;
     }
     if flags & libc::SA_SIGINFO != 0 {
-        // SAFETY: the program installed `h` as an `sa_sigaction` (SA_SIGINFO).
+        // SAFETY: `PROGRAM[i]` only ever holds `SIG_DFL`, `SIG_IGN` (both returned above)
+        // or a handler the program passed to `sigaction`/`signal`, which C requires to
+        // be a function of the type its flags say: with SA_SIGINFO, `sa_sigaction`'s
+        // three-argument one. (Known gap: the handler and the flags are two loads, so a
+        // `sigaction` on another thread changing a handler's type while this signal is
+        // delivered could pair the new flags with the old handler, or the reverse.)
         let f = unsafe {
             std::mem::transmute::<usize, extern "C" fn(c_int, *mut siginfo_t, *mut c_void)>(h)
         };
         f(sig, info, ctx);
     } else {
-        // SAFETY: the program installed `h` as an `sa_handler`.
+        // SAFETY: as above: without SA_SIGINFO the program's handler is `sa_handler`'s
+        // `void (*)(int)`.
         let f = unsafe { std::mem::transmute::<usize, extern "C" fn(c_int)>(h) };
         f(sig);
     }
@@ -131,7 +138,9 @@ fn index(sig: c_int) -> Option<usize> {
 /// `sigaction(2)`, wrapping real handlers in the trampoline while the shim is active.
 ///
 /// # Safety
-/// C contract of `sigaction(2)`.
+/// As for `sigaction(2)`: `act` must be null or point at a readable `struct sigaction`
+/// whose handler is `SIG_DFL`, `SIG_IGN` or a function of the type its flags say (the
+/// trampoline calls it); `old` null or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sigaction(
     sig: c_int,
@@ -139,15 +148,16 @@ pub unsafe extern "C" fn sigaction(
     old: *mut libc::sigaction,
 ) -> c_int {
     let Some(i) = index(sig).filter(|_| config::active()) else {
-        // SAFETY: forwarded to libc.
+        // SAFETY: `act` and `old` null or valid (# Safety), passed on unchanged.
         return unsafe { real::sigaction(sig, act, old) };
     };
     if borrowing_parents_memory() {
         // A vfork child: its own handlers change in the kernel, unwrapped (it execs
         // soon); the parent's table stays as it is.
-        // SAFETY: forwarded to libc.
+        // SAFETY: `act` and `old` null or valid (# Safety), passed on unchanged.
         let r = unsafe { real::sigaction(sig, act, old) };
-        // SAFETY: `old` is null or the caller's writable action, just filled by libc.
+        // SAFETY: `old` is null or a writable action (# Safety), which libc has just
+        // filled; the reference ends before this returns.
         if let Some(o) = unsafe { old.as_mut() }.filter(|_| r == 0) {
             let tramp = trampoline as extern "C" fn(c_int, *mut siginfo_t, *mut c_void) as usize;
             if o.sa_sigaction == tramp {
@@ -163,7 +173,7 @@ pub unsafe extern "C" fn sigaction(
     );
     let mut wrapped;
     let mut actp = act;
-    // SAFETY: `act` is null or the caller's valid action.
+    // SAFETY: `act` is null or a readable action (# Safety), copied before libc sees it.
     if let Some(a) = unsafe { act.as_ref() } {
         FLAGS[i].store(a.sa_flags, Ordering::Release);
         PROGRAM[i].store(a.sa_sigaction, Ordering::Release);
@@ -175,14 +185,17 @@ pub unsafe extern "C" fn sigaction(
             actp = &wrapped;
         }
     }
-    // SAFETY: forwarded to libc (with our trampoline in place of the handler).
+    // SAFETY: `actp` is the caller's `act` (null or readable, # Safety) or `wrapped`, a
+    // local copy of it with the trampoline, an `extern "C"` SA_SIGINFO handler, in the
+    // handler's place; `old` null or writable (# Safety).
     let r = unsafe { real::sigaction(sig, actp, old) };
     if r != 0 {
         PROGRAM[i].store(prev_h, Ordering::Release);
         FLAGS[i].store(prev_f, Ordering::Release);
         return r;
     }
-    // SAFETY: `old` is null or the caller's writable action, just filled by libc.
+    // SAFETY: `old` is null or a writable action (# Safety), which libc has just
+    // filled; the reference ends before this returns.
     if let Some(o) = unsafe { old.as_mut() } {
         let tramp = trampoline as extern "C" fn(c_int, *mut siginfo_t, *mut c_void) as usize;
         if o.sa_sigaction == tramp {
@@ -196,19 +209,23 @@ pub unsafe extern "C" fn sigaction(
 /// Installs `h` with `flags` through [`sigaction`]; returns the previous handler.
 ///
 /// # Safety
-/// `h` a valid handler, `SIG_DFL` or `SIG_IGN`.
+/// `h` must be `SIG_DFL`, `SIG_IGN` or a `void (*)(int)` handler (it is installed
+/// without `SA_SIGINFO`).
 unsafe fn install(sig: c_int, h: sighandler_t, flags: c_int, block_self: bool) -> sighandler_t {
-    // SAFETY: plain data.
+    // SAFETY: `struct sigaction` is integers, a sigset of integers and a handler stored
+    // as an integer (`sighandler_t`): all-zero is a valid value (SIG_DFL, no flags).
     let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
     act.sa_sigaction = h;
     act.sa_flags = flags;
     if block_self {
-        // SAFETY: `act.sa_mask` is a valid sigset.
+        // SAFETY: `act.sa_mask` is a live, initialised (empty) sigset; a bad `sig` is
+        // refused with EINVAL, never written past the set.
         unsafe { libc::sigaddset(&mut act.sa_mask, sig) };
     }
-    // SAFETY: plain data.
+    // SAFETY: as for `act`: all-zero is a valid `struct sigaction`.
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-    // SAFETY: valid action and output.
+    // SAFETY: `act` and `old` are live locals; `act`'s handler is `h`, a one-argument
+    // handler or a disposition (# Safety), matching its flags (no SA_SIGINFO).
     if unsafe { sigaction(sig, &act, &mut old) } != 0 {
         return libc::SIG_ERR;
     }
@@ -219,28 +236,30 @@ unsafe fn install(sig: c_int, h: sighandler_t, flags: c_int, block_self: bool) -
 /// handler); glibc's own would bypass the exported `sigaction`.
 ///
 /// # Safety
-/// C contract of `signal(3)`.
+/// As for `signal(3)`: `h` must be `SIG_DFL`, `SIG_IGN` or a `void (*)(int)` handler.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn signal(sig: c_int, h: sighandler_t) -> sighandler_t {
     if !config::active() {
-        // SAFETY: forwarded to libc.
+        // SAFETY: `h` is a handler or a disposition (# Safety), passed on unchanged.
         return unsafe { real::signal(sig, h) };
     }
-    // SAFETY: forwarded.
+    // SAFETY: `h` is a one-argument handler or a disposition (# Safety), as `install`
+    // asks.
     unsafe { install(sig, h, libc::SA_RESTART, true) }
 }
 
 /// `sysv_signal(3)`: one-shot, not restarting, not blocking itself.
 ///
 /// # Safety
-/// C contract of `sysv_signal(3)`.
+/// As for [`signal`].
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sysv_signal(sig: c_int, h: sighandler_t) -> sighandler_t {
     if !config::active() {
-        // SAFETY: forwarded to libc.
+        // SAFETY: `h` is a handler or a disposition (# Safety), passed on unchanged.
         return unsafe { real::sysv_signal(sig, h) };
     }
-    // SAFETY: forwarded.
+    // SAFETY: `h` is a one-argument handler or a disposition (# Safety), as `install`
+    // asks.
     unsafe {
         install(
             sig,
@@ -254,16 +273,16 @@ pub unsafe extern "C" fn sysv_signal(sig: c_int, h: sighandler_t) -> sighandler_
 /// `siginterrupt(3)`: sets or clears `SA_RESTART` of the installed handler.
 ///
 /// # Safety
-/// C contract of `siginterrupt(3)`.
+/// None beyond `siginterrupt(3)`'s: the arguments are integers.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn siginterrupt(sig: c_int, flag: c_int) -> c_int {
     if !config::active() {
-        // SAFETY: forwarded to libc.
+        // SAFETY: integers only, passed on unchanged.
         return unsafe { real::siginterrupt(sig, flag) };
     }
-    // SAFETY: plain data.
+    // SAFETY: all-zero is a valid `struct sigaction` (see `install`).
     let mut cur: libc::sigaction = unsafe { std::mem::zeroed() };
-    // SAFETY: a query into a local.
+    // SAFETY: a query (null new action) that writes only `cur`, a live local.
     if unsafe { sigaction(sig, std::ptr::null(), &mut cur) } != 0 {
         return -1;
     }
@@ -272,7 +291,9 @@ pub unsafe extern "C" fn siginterrupt(sig: c_int, flag: c_int) -> c_int {
     } else {
         cur.sa_flags |= libc::SA_RESTART;
     }
-    // SAFETY: re-installs what was there with one flag changed.
+    // SAFETY: `cur` is the action `sigaction` just reported, the program's own handler
+    // and flags (the trampoline is never reported), re-installed with only SA_RESTART
+    // changed, so the handler still matches its flags.
     unsafe { sigaction(sig, &cur, std::ptr::null_mut()) }
 }
 
@@ -285,9 +306,9 @@ pub fn restartable() -> bool {
         if sig == libc::SIGKILL || sig == libc::SIGSTOP {
             continue;
         }
-        // SAFETY: sigaction is plain data; all-zero is a valid value to be overwritten.
+        // SAFETY: all-zero is a valid `struct sigaction` (see `install`).
         let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-        // SAFETY: querying (null new action) writes only `old`.
+        // SAFETY: a query (null new action) that writes only `old`, a live local.
         if unsafe { sigaction(sig, std::ptr::null(), &mut old) } != 0 {
             continue;
         }
@@ -302,7 +323,9 @@ pub fn restartable() -> bool {
 /// Raises `SIGPIPE` in the calling thread, as the kernel does for a send on a broken
 /// stream without `MSG_NOSIGNAL`.
 pub fn sigpipe() {
-    // SAFETY: pthread_self is always valid for the calling thread.
+    // SAFETY: `pthread_self()` names the calling thread, alive for the whole call; the
+    // signal's effect (a handler, or the default action) is what the kernel's send
+    // would have caused.
     unsafe { libc::pthread_kill(libc::pthread_self(), libc::SIGPIPE) };
 }
 
@@ -313,16 +336,17 @@ mod tests {
     #[test]
     fn a_handler_without_sa_restart_is_noticed() {
         extern "C" fn nop(_: libc::c_int) {}
-        // SAFETY: plain data.
+        // SAFETY: all-zero is a valid `struct sigaction` (see `install`).
         let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
         sa.sa_sigaction = nop as extern "C" fn(libc::c_int) as usize;
-        // SAFETY: plain data.
+        // SAFETY: as above.
         let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-        // SAFETY: installs a handler that does nothing (restored below); SIGUSR2 is not
-        // used by the test harness.
+        // SAFETY: `sa` and `old` are live locals; `nop` is a one-argument handler that
+        // does nothing (no SA_SIGINFO), restored below; SIGUSR2 is not used by the test
+        // harness.
         unsafe { real::sigaction(libc::SIGUSR2, &sa, &mut old) };
         let noticed = !restartable();
-        // SAFETY: restores the previous disposition.
+        // SAFETY: `old` is the action libc just reported, re-installed as it was.
         unsafe { real::sigaction(libc::SIGUSR2, &old, std::ptr::null_mut()) };
         assert!(noticed);
     }

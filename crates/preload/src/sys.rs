@@ -12,13 +12,13 @@ use std::io;
 /// The arguments must be valid for system call `nr` (pointers to live objects of the
 /// sizes it uses).
 unsafe fn raw(nr: c_long, a: [c_long; 6]) -> io::Result<i64> {
-    // SAFETY: forwarded (caller).
+    // SAFETY: the arguments are valid for `nr` (# Safety), `syscall6`'s own contract.
     unsafe { ferry_sys::syscall6(nr, a) }
 }
 
 /// `fcntl(fd, F_GETFL)`.
 pub fn getfl(fd: c_int) -> io::Result<c_int> {
-    // SAFETY: F_GETFL takes no pointer.
+    // SAFETY: F_GETFL reads only integers (the fd and the command) and writes no memory.
     unsafe {
         raw(
             libc::SYS_fcntl,
@@ -31,7 +31,7 @@ pub fn getfl(fd: c_int) -> io::Result<c_int> {
 /// Sets or clears `FD_CLOEXEC`.
 pub fn set_cloexec(fd: c_int, on: bool) -> io::Result<()> {
     let v = if on { libc::FD_CLOEXEC } else { 0 };
-    // SAFETY: F_SETFD takes an integer.
+    // SAFETY: F_SETFD reads only integers (fd, command and flag) and writes no memory.
     unsafe {
         raw(
             libc::SYS_fcntl,
@@ -65,7 +65,8 @@ pub fn outq(fd: c_int) -> io::Result<c_int> {
 /// Receives (or with `MSG_PEEK`, looks at) at most one byte; `Ok(0)` at end of stream.
 pub fn recv_byte(fd: c_int, flags: c_int) -> io::Result<usize> {
     let mut b = [0u8; 1];
-    // SAFETY: `b` is a live one-byte buffer; no address is asked for.
+    // SAFETY: `b` is a live one-byte local, the length passed is 1; no address (null
+    // pointers) is asked for.
     let r = unsafe {
         raw(
             libc::SYS_recvfrom,
@@ -78,7 +79,8 @@ pub fn recv_byte(fd: c_int, flags: c_int) -> io::Result<usize> {
 /// Reads and discards up to 64 bytes (readiness tokens); returns how many.
 pub fn recv_bytes(fd: c_int, flags: c_int) -> io::Result<usize> {
     let mut b = [0u8; 64];
-    // SAFETY: `b` is a live 64-byte buffer; no address is asked for.
+    // SAFETY: `b` is a live 64-byte local, the length passed is 64; no address (null
+    // pointers) is asked for.
     let r = unsafe {
         raw(
             libc::SYS_recvfrom,
@@ -91,18 +93,20 @@ pub fn recv_bytes(fd: c_int, flags: c_int) -> io::Result<usize> {
 /// `recvmsg(2)` into `n` iovecs, no address or control data; returns the bytes.
 ///
 /// # Safety
-/// The iovecs' buffers must be writable.
+/// `iov` must point at `n` readable iovecs whose buffers are writable for their lengths.
 pub unsafe fn recv_iov(
     fd: c_int,
     iov: *const libc::iovec,
     n: usize,
     flags: c_int,
 ) -> crate::errno::Res<usize> {
-    // SAFETY: a zeroed msghdr is valid (no name, no control).
+    // SAFETY: a msghdr is integers and raw pointers: all-zero is a valid one, with no
+    // name and no control buffer.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = iov.cast_mut();
     msg.msg_iovlen = n;
-    // SAFETY: `msg` names the caller's buffers.
+    // SAFETY: `msg` is a live local naming `n` iovecs at `iov` whose buffers are
+    // writable (# Safety), and no name or control buffer.
     let r = unsafe {
         raw(
             libc::SYS_recvmsg,
@@ -126,14 +130,14 @@ pub unsafe fn recv_iov(
 /// `p` must be writable for `n` bytes.
 pub unsafe fn read_into(fd: c_int, p: *mut u8, n: usize, off: Option<i64>) -> io::Result<usize> {
     let r = match off {
-        // SAFETY: `p` writable for `n` bytes (caller).
+        // SAFETY: `p` writable for `n` bytes (# Safety), the length passed.
         Some(o) => unsafe {
             raw(
                 libc::SYS_pread64,
                 [fd.into(), p as c_long, n as c_long, o as c_long, 0, 0],
             )
         },
-        // SAFETY: as above.
+        // SAFETY: as for `pread64`: `p` writable for `n` bytes (# Safety).
         None => unsafe {
             raw(
                 libc::SYS_read,
@@ -150,14 +154,14 @@ pub unsafe fn read_into(fd: c_int, p: *mut u8, n: usize, off: Option<i64>) -> io
 /// `p` must be readable for `n` bytes.
 pub unsafe fn write_from(fd: c_int, p: *const u8, n: usize, off: Option<i64>) -> io::Result<usize> {
     let r = match off {
-        // SAFETY: `p` readable for `n` bytes (caller).
+        // SAFETY: `p` readable for `n` bytes (# Safety), the length passed.
         Some(o) => unsafe {
             raw(
                 libc::SYS_pwrite64,
                 [fd.into(), p as c_long, n as c_long, o as c_long, 0, 0],
             )
         },
-        // SAFETY: as above.
+        // SAFETY: as for `pwrite64`: `p` readable for `n` bytes (# Safety).
         None => unsafe {
             raw(
                 libc::SYS_write,
@@ -170,7 +174,7 @@ pub unsafe fn write_from(fd: c_int, p: *const u8, n: usize, off: Option<i64>) ->
 
 /// `close_range(2)` (used when libc has no `closefrom`).
 pub fn close_range(first: u32, last: u32, flags: c_int) -> io::Result<()> {
-    // SAFETY: integers only.
+    // SAFETY: close_range reads three integers and touches no memory.
     unsafe {
         raw(
             libc::SYS_close_range,

@@ -295,22 +295,24 @@ extern "C" fn atfork_child() {
 /// its data), and ring every other channel's doorbell.
 ///
 /// # Safety
-/// C contract of `_exit(2)`.
+/// None beyond `_exit(2)`'s: `status` is an integer, and the call does not return.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn _exit(status: c_int) -> ! {
     before_abrupt_exit();
-    // SAFETY: ends the process.
+    // SAFETY: an integer; libc's `_exit` ends the process, so nothing of this thread's
+    // state is used afterwards.
     unsafe { real::exit_now(real::Exit::Underscore, status) }
 }
 
 /// `_Exit(3)`: as [`_exit`].
 ///
 /// # Safety
-/// C contract of `_Exit(3)`.
+/// None beyond `_Exit(3)`'s: `status` is an integer, and the call does not return.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
     before_abrupt_exit();
-    // SAFETY: ends the process.
+    // SAFETY: an integer; libc's `_Exit` ends the process, so nothing of this thread's
+    // state is used afterwards.
     unsafe { real::exit_now(real::Exit::Capital, status) }
 }
 
@@ -326,7 +328,11 @@ extern "C" fn at_exit() {
     for s in &REGISTRY {
         let w = s.load(Ordering::Acquire);
         if w != 0 {
-            // SAFETY: the doorbell stays open while registered (unregistered before close).
+            // SAFETY: never -1 (`unpack` of a registered word); a channel's slot is
+            // cleared before its descriptors are closed, so a registered doorbell is
+            // open. (A channel closing on another thread between the load and the write
+            // could leave the number stale: the write then fails or reaches whatever
+            // took the number; no memory is involved.)
             let _ = ferry_sys::eventfd_signal(unsafe { ferry_sys::borrow(unpack(w)[2]) });
         }
     }

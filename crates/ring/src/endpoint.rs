@@ -241,7 +241,8 @@ mod tests {
     #[test]
     fn doorbell_rings_only_when_armed() {
         let (_r, mut a, mut b) = pair(4);
-        // SAFETY: plain syscall; the result is checked before it is owned.
+        // SAFETY: integers only (initial value and flags); the result is checked before
+        // it is owned.
         let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         assert!(efd >= 0);
         // SAFETY: eventfd returned a fresh descriptor that nothing else owns.

@@ -168,7 +168,9 @@ pub struct Buffers {
 // memory is only accessed by raw copies (see the type's docs), never through references,
 // so sharing the pointer between threads adds nothing a peer process cannot already do.
 unsafe impl Send for Buffers {}
-// SAFETY: as above; `&Buffers` offers the same raw-copy operations as `Buffers`.
+// SAFETY: `&Buffers` offers only the raw-copy operations `Buffers` does (no `&mut`,
+// no references into the mapping), so sharing it between threads adds nothing a peer
+// process writing the same memory cannot already do (see `Send` above).
 unsafe impl Sync for Buffers {}
 
 impl Buffers {

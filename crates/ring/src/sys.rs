@@ -136,7 +136,8 @@ pub(crate) struct Mmap {
 // SAFETY: the mapping is plain memory addressed by a raw pointer; `Mmap` itself only
 // owns it (unmaps once, on drop). Who may access what is decided by its users.
 unsafe impl Send for Mmap {}
-// SAFETY: as above; `&Mmap` only exposes the pointer and length.
+// SAFETY: `&Mmap` only exposes the pointer and the length (no access to the memory),
+// and unmapping needs the owner (`Drop`), so shared references cannot race it.
 unsafe impl Sync for Mmap {}
 
 impl Mmap {

@@ -62,7 +62,7 @@ pub struct SpinPolicy {
 impl Default for SpinPolicy {
     /// Span 200 µs, pure spin 2 µs: the span covers the round trips of a ping-pong
     /// through a veth pair on a 2-vCPU VM up to about their 99th percentile (ferry's E2
-    /// benchmark; docs/DESIGN.md).
+    /// benchmark; docs/results/history.md).
     fn default() -> Self {
         SpinPolicy {
             span: Duration::from_micros(200),

@@ -47,7 +47,8 @@ fn raw_syscall(nr: libc::c_long, a: &[libc::c_long]) -> io::Result<i64> {
 /// The arguments must be valid for system call `nr` (pointers to live objects of the
 /// sizes it uses).
 pub unsafe fn syscall6(nr: libc::c_long, a: [libc::c_long; 6]) -> io::Result<i64> {
-    // SAFETY: forwarded (caller).
+    // SAFETY: the arguments are valid for system call `nr` (# Safety), which is all
+    // `kernel_call` asks.
     let r = unsafe { kernel_call(nr, a) };
     if (-4095..0).contains(&r) {
         Err(io::Error::from_raw_os_error(-r as i32))
@@ -115,7 +116,8 @@ unsafe fn kernel_call(nr: libc::c_long, a: [libc::c_long; 6]) -> i64 {
 /// The arguments must be valid for system call `nr`.
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 unsafe fn kernel_call(nr: libc::c_long, a: [libc::c_long; 6]) -> i64 {
-    // SAFETY: forwarded (caller).
+    // SAFETY: the arguments are valid for system call `nr` (# Safety); libc's variadic
+    // `syscall` passes all six to the kernel, which reads only those `nr` uses.
     let r = unsafe { libc::syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]) };
     if r == -1 {
         -i64::from(
@@ -484,7 +486,7 @@ pub fn listen(fd: BorrowedFd<'_>, backlog: i32) -> io::Result<()> {
 
 /// `accept4(2)`, returning the peer's address when it is inet.
 pub fn accept4(fd: BorrowedFd<'_>, flags: i32) -> io::Result<(OwnedFd, Option<SocketAddr>)> {
-    // SAFETY: plain data.
+    // SAFETY: sockaddr_storage is integers and byte arrays: all-zero is a valid value.
     let mut st: libc::sockaddr_storage = unsafe { zeroed() };
     let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
     let r = syscall!(
@@ -499,7 +501,7 @@ pub fn accept4(fd: BorrowedFd<'_>, flags: i32) -> io::Result<(OwnedFd, Option<So
 
 /// `getsockname(2)` / `getpeername(2)`.
 pub fn sock_addr(fd: BorrowedFd<'_>, peer: bool) -> io::Result<Option<SocketAddr>> {
-    // SAFETY: plain data.
+    // SAFETY: sockaddr_storage is integers and byte arrays: all-zero is a valid value.
     let mut st: libc::sockaddr_storage = unsafe { zeroed() };
     let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
     let nr = if peer {
@@ -611,7 +613,8 @@ pub unsafe fn send_raw(
     to: Option<&SocketAddr>,
     flags: i32,
 ) -> io::Result<usize> {
-    // SAFETY: forwarded to the caller.
+    // SAFETY: `ptr..ptr+len` is readable for the call (# Safety), which is what
+    // `send_iov` asks of its one buffer.
     unsafe { send_iov(fd, &[(ptr, len)], to, &[], flags) }
 }
 
@@ -635,7 +638,7 @@ pub unsafe fn send_iov(
             iov_len: *l,
         })
         .collect();
-    // SAFETY: plain data; all-zero is an empty header.
+    // SAFETY: a msghdr is integers and raw pointers: all-zero is a valid, empty header.
     let mut msg: libc::msghdr = unsafe { zeroed() };
     msg.msg_iov = vecs.as_ptr() as *mut libc::iovec;
     msg.msg_iovlen = vecs.len();
@@ -689,9 +692,9 @@ pub unsafe fn recv_raw(
             iov_len: *l,
         });
     }
-    // SAFETY: plain data.
+    // SAFETY: sockaddr_storage is integers and byte arrays: all-zero is a valid value.
     let mut st: libc::sockaddr_storage = unsafe { zeroed() };
-    // SAFETY: plain data; all-zero is an empty header.
+    // SAFETY: a msghdr is integers and raw pointers: all-zero is a valid, empty header.
     let mut msg: libc::msghdr = unsafe { zeroed() };
     msg.msg_iov = iov.as_mut_ptr().cast();
     msg.msg_iovlen = n;
@@ -752,7 +755,7 @@ pub fn pin_thread(tid: i32, cpu: usize) -> io::Result<()> {
 
 /// The CPUs the calling thread may run on.
 pub fn allowed_cpus() -> io::Result<Vec<usize>> {
-    // SAFETY: as above.
+    // SAFETY: cpu_set_t is an array of integers; all-zero is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     syscall!(
         libc::SYS_sched_getaffinity,
@@ -777,9 +780,10 @@ pub fn current_cpu() -> i32 {
 /// Borrows a raw descriptor for the duration of a call.
 ///
 /// # Safety
-/// `fd` must be open for as long as the returned value is used.
+/// `fd` must not be -1, and must stay open for as long as the returned value is used.
 pub unsafe fn borrow<'a>(fd: RawFd) -> BorrowedFd<'a> {
-    // SAFETY: forwarded to the caller.
+    // SAFETY: `borrow_raw` asks exactly this function's contract (# Safety): not -1, and
+    // open while the borrow lives.
     unsafe { BorrowedFd::borrow_raw(fd) }
 }
 
@@ -861,7 +865,7 @@ pub fn bind_abstract(fd: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
 /// The abstract name a unix socket is bound to (without the leading NUL); `None` when the
 /// socket is not a unix socket or not bound to an abstract name.
 pub fn abstract_name(fd: BorrowedFd<'_>, out: &mut [u8; 107]) -> io::Result<Option<usize>> {
-    // SAFETY: plain data.
+    // SAFETY: sockaddr_storage is integers and byte arrays: all-zero is a valid value.
     let mut st: libc::sockaddr_storage = unsafe { zeroed() };
     let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
     syscall!(

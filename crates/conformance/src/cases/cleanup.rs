@@ -172,6 +172,8 @@ fn killed_child_peer_eof() -> Res {
     let a = accept(l.raw()).ctx("accept")?;
     let hi = recv_text(a.raw(), 4, 0);
     settle_blocked_process(child.pid());
+    // SAFETY: integers only; `child` is not reaped yet (its `wait` follows), so its pid
+    // still names it.
     unsafe { libc::kill(child.pid(), libc::SIGKILL) };
     let status = child.wait();
     Ok(format!(
@@ -187,6 +189,7 @@ fn killed_child_port_released() -> Res {
             return 1;
         };
         let port = addr.port().to_ne_bytes();
+        // SAFETY: `port` is a live 2-byte array, read for its length.
         unsafe { libc::write(pw.raw(), port.as_ptr().cast(), 2) };
         let _ = accept(l.raw());
         0
@@ -196,6 +199,8 @@ fn killed_child_port_released() -> Res {
     let port = u16::from_ne_bytes(port);
     let busy = tcp_socket(libc::AF_INET).ctx("socket")?;
     let while_alive = show(bind(busy.raw(), &Addr::loopback(libc::AF_INET, port)).map(|_| 0));
+    // SAFETY: integers only; `child` is not reaped yet (its `wait` follows), so its pid
+    // still names it.
     unsafe { libc::kill(child.pid(), libc::SIGKILL) };
     let status = child.wait();
     let s = tcp_socket(libc::AF_INET).ctx("socket")?;

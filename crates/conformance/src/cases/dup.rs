@@ -183,6 +183,7 @@ pub fn send_fd(via: c_int, fd: c_int) -> Result<(), Errno> {
         iov_base: byte.as_mut_ptr().cast(),
         iov_len: 1,
     };
+    // SAFETY: CMSG_SPACE is arithmetic on its argument; it touches no memory.
     let space = unsafe { libc::CMSG_SPACE(size_of::<c_int>() as u32) } as usize;
     let mut cbuf = vec![0u64; space.div_ceil(8)];
     let mut msg: libc::msghdr = zeroed();
@@ -190,7 +191,8 @@ pub fn send_fd(via: c_int, fd: c_int) -> Result<(), Errno> {
     msg.msg_iovlen = 1;
     msg.msg_control = cbuf.as_mut_ptr().cast();
     msg.msg_controllen = space;
-    // SAFETY (crate policy): the control buffer has room for one cmsg with one int.
+    // SAFETY: `cbuf` is 8-aligned and holds CMSG_SPACE(one int) bytes, so CMSG_FIRSTHDR
+    // is non-null and the header and its int (written unaligned) lie inside it.
     unsafe {
         let cm = libc::CMSG_FIRSTHDR(&msg);
         (*cm).cmsg_level = libc::SOL_SOCKET;
@@ -208,6 +210,7 @@ pub fn recv_fd(via: c_int, flags: c_int) -> Result<Fd, String> {
         iov_base: byte.as_mut_ptr().cast(),
         iov_len: 1,
     };
+    // SAFETY: CMSG_SPACE is arithmetic on its argument; it touches no memory.
     let space = unsafe { libc::CMSG_SPACE(size_of::<c_int>() as u32) } as usize;
     let mut cbuf = vec![0u64; space.div_ceil(8)];
     let mut msg: libc::msghdr = zeroed();
@@ -216,7 +219,9 @@ pub fn recv_fd(via: c_int, flags: c_int) -> Result<Fd, String> {
     msg.msg_control = cbuf.as_mut_ptr().cast();
     msg.msg_controllen = space;
     sys!(libc::recvmsg(via, &mut msg, flags)).ctx("recvmsg")?;
-    // SAFETY (crate policy): the kernel filled `msg_controllen` bytes of our buffer.
+    // SAFETY: CMSG_FIRSTHDR is null unless the returned `msg_controllen` holds a whole
+    // header, which then lies in `cbuf`; `cbuf` has room for one int after it however
+    // short the kernel's message, so the unaligned read stays inside `cbuf`.
     unsafe {
         let cm = libc::CMSG_FIRSTHDR(&msg);
         if cm.is_null() || (*cm).cmsg_type != libc::SCM_RIGHTS {

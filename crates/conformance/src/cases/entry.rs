@@ -401,6 +401,8 @@ fn fortified_poll_fdelt() -> Res {
         revents: 0,
     };
     let n = show(sys!(__poll_chk(&mut p, 1, 2000, size_of::<libc::pollfd>())));
+    // SAFETY: an integer in, an integer out (glibc aborts on an fd beyond FD_SETSIZE;
+    // a fresh socket's number is far below it).
     let word = unsafe { __fdelt_chk(c_long::from(s.raw())) };
     let bits = 8 * size_of::<c_long>() as c_long;
     Ok(format!(
@@ -419,6 +421,8 @@ fn stdio_in_order(
 ) -> Res {
     let (c, s) = tcp_pair(libc::AF_INET)?;
     let dup = sys!(libc::dup(c.raw())).ctx("dup")?;
+    // SAFETY: `dup` is a new descriptor nothing else owns (the stream takes it over and
+    // `fclose` below closes it); the mode is a C string literal.
     let f = unsafe { libc::fdopen(dup, c"w".as_ptr()) };
     if f.is_null() {
         return Err(format!("fdopen={}", crate::sys::Errno::last()));
@@ -429,7 +433,8 @@ fn stdio_in_order(
             let mut got = Vec::new();
             let mut buf = [0u8; 4096];
             loop {
-                // SAFETY (crate policy): a live buffer of its length.
+                // SAFETY: `buf` is this thread's live local array, written for at most
+                // its own length.
                 let n = unsafe { libc::recv(s, buf.as_mut_ptr().cast(), buf.len(), 0) };
                 if n <= 0 {
                     break;
@@ -443,6 +448,8 @@ fn stdio_in_order(
     for i in 0..rounds {
         want.extend(round(i, f, &c)?);
     }
+    // SAFETY: `f` is the stream opened above, not yet closed (the rounds only write
+    // through it), and is not used after this.
     let closed = unsafe { libc::fclose(f) };
     sys!(libc::shutdown(c.raw(), libc::SHUT_WR)).ctx("shutdown")?;
     let got = reader.join().map_err(|_| "reader panicked".to_string())?;
@@ -457,6 +464,9 @@ fn stdio_in_order(
 /// `fputs` + `fflush`: `text` leaves through stdio now.
 fn put_flushed(f: *mut libc::FILE, text: &str) {
     let c_text = std::ffi::CString::new(text).expect("no NUL");
+    // SAFETY: `c_text` is a live NUL-terminated string; `f` is an open stream: the only
+    // callers are `stdio_in_order`'s rounds, which get the stream it opened and closes
+    // only after the last round.
     unsafe {
         libc::fputs(c_text.as_ptr(), f);
         libc::fflush(f);
@@ -497,21 +507,28 @@ fn stdio_header_then_sendfile() -> Res {
 fn stdio_fdopen() -> Res {
     let (c, s) = tcp_pair(libc::AF_INET)?;
     let fd = c.into_raw();
+    // SAFETY: `fd` was given up by its `Fd` (`into_raw`), so the stream is its only
+    // owner; the mode is a C string literal.
     let f = unsafe { libc::fdopen(fd, c"r+".as_ptr()) };
     if f.is_null() {
         return Err(format!("fdopen={}", crate::sys::Errno::last()));
     }
+    // SAFETY: a C string literal, and `f`, the open stream checked non-null above.
     let put = unsafe { libc::fputs(c"stdio line\n".as_ptr(), f) };
+    // SAFETY: `f` is the open stream.
     let flushed = unsafe { libc::fflush(f) };
     let got = recv_text(s.raw(), 32, 0);
     send(s.raw(), b"reply line\nextra", 0).ctx("send")?;
     let mut line = [0 as libc::c_char; 64];
+    // SAFETY: `line` is a live 64-char array and fgets writes at most 64 chars
+    // (with the NUL); `f` is the open stream.
     let r = unsafe { libc::fgets(line.as_mut_ptr(), 64, f) };
     let read = if r.is_null() {
         "NULL".to_string()
     } else {
         crate::sys::c_buf_str(&line)
     };
+    // SAFETY: `f` is the open stream, not used after this; it closes `fd` with it.
     let closed = unsafe { libc::fclose(f) };
     Ok(format!(
         "fputs_ok={} fflush={flushed} peer_got={got} fgets={read:?} fclose={closed} peer_then={}",

@@ -310,6 +310,7 @@ fn pwait_with_mask() -> Res {
     ep.add(s.raw(), IN, 3)?;
     send(c.raw(), b"x", 0).ctx("send")?;
     let mut mask: libc::sigset_t = zeroed();
+    // SAFETY: `mask` is a live local sigset for sigfillset to write.
     unsafe { libc::sigfillset(&mut mask) };
     let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
     let n = show(sys!(libc::epoll_pwait(

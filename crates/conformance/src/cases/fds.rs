@@ -79,6 +79,8 @@ fn accept_fills_hole() -> Res {
 
 fn socket_in_stdin_slot() -> Res {
     let (l, addr) = listener(libc::AF_INET)?;
+    // SAFETY: an integer; the case runs alone in its own child process, which owns its
+    // stdin and does not use it (freeing the slot is the point of the case).
     unsafe { libc::close(0) };
     let s = tcp_socket(libc::AF_INET).ctx("socket")?;
     let fd = s.raw();

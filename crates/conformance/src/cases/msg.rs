@@ -78,8 +78,12 @@ fn recvmsg_with(
 /// The control messages of a header the kernel just filled.
 fn cmsgs_of(msg: &libc::msghdr) -> Vec<Cmsg> {
     let mut cmsgs = Vec::new();
-    // SAFETY (crate policy): walking the control buffer the kernel just filled, with the
-    // libc CMSG_* macros that bound every step by `msg_controllen`.
+    // SAFETY: `msg` is the header `recvmsg_with` just had filled: `msg_control` is its
+    // live buffer of at least `msg_controllen` bytes, and CMSG_FIRSTHDR/CMSG_NXTHDR
+    // return only headers that lie inside those bytes (null otherwise). Each payload
+    // length is taken from a `cmsg_len` the kernel (or the shim, following the kernel's
+    // rules) wrote: at least CMSG_LEN(0) and within the returned `msg_controllen`, so
+    // the slice stays inside the buffer; it is copied out at once.
     unsafe {
         let mut cm = libc::CMSG_FIRSTHDR(msg);
         while !cm.is_null() {
@@ -116,7 +120,8 @@ fn read_pod<T: crate::sys::Plain>(bytes: &[u8]) -> Option<T> {
     if bytes.len() < size_of::<T>() {
         return None;
     }
-    // SAFETY (crate policy): length checked; `Plain` types accept any bytes.
+    // SAFETY: `bytes` holds at least `size_of::<T>()` bytes (checked above), read
+    // unaligned; `T: Plain` makes any bytes a valid `T`.
     Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
 }
 
@@ -381,7 +386,10 @@ fn sendmmsg_recvmmsg_udp() -> Res {
             as usize;
         for (m, b) in rmsgs[..n].iter().zip(bufs.iter()) {
             got.push(String::from_utf8_lossy(&b[..m.msg_len as usize]).into_owned());
-            from.push(Addr::from_raw(m.msg_hdr.msg_name.cast(), m.msg_hdr.msg_namelen).ip());
+            let (name, len) = (m.msg_hdr.msg_name.cast(), m.msg_hdr.msg_namelen);
+            // SAFETY: `msg_name` still points at this entry's `names[i]`, a live
+            // `sockaddr_storage`, and `from_raw` reads at most that many bytes of it.
+            from.push(unsafe { Addr::from_raw(name, len) }.ip());
         }
     }
     Ok(format!(
@@ -422,7 +430,7 @@ fn sendmmsg_tcp() -> Res {
 fn sendmsg_cmsgs(fd: c_int, dest: &Addr, payload: &[u8], cmsgs: &[Cmsg]) -> String {
     let space: usize = cmsgs
         .iter()
-        // SAFETY (crate policy): CMSG_SPACE is arithmetic.
+        // SAFETY: CMSG_SPACE is arithmetic on its argument; it touches no memory.
         .map(|(_, _, d)| unsafe { libc::CMSG_SPACE(d.len() as u32) } as usize)
         .sum();
     let mut control = vec![0u64; space.div_ceil(8).max(1)];
@@ -438,8 +446,10 @@ fn sendmsg_cmsgs(fd: c_int, dest: &Addr, payload: &[u8], cmsgs: &[Cmsg]) -> Stri
     msg.msg_iovlen = 1;
     msg.msg_control = control.as_mut_ptr().cast();
     msg.msg_controllen = space;
-    // SAFETY (crate policy): the buffer holds CMSG_SPACE of every message, so each
-    // header and its data lie inside it; the macros step by `msg_controllen`.
+    // SAFETY: `control` is a live, 8-aligned buffer of `space` bytes, the sum of every
+    // message's CMSG_SPACE, so the k-th header and its data (copied from the caller's
+    // slice, which cannot overlap it) lie inside it. CMSG_NXTHDR reads only the zeroed
+    // next header inside `msg_controllen`, and returns null only after the last one.
     unsafe {
         let mut cm = libc::CMSG_FIRSTHDR(&msg);
         for (level, ty, data) in cmsgs {
@@ -481,7 +491,7 @@ fn recvmsg_ctrunc_partial() -> Res {
     set_int(r.raw(), libc::IPPROTO_IP, libc::IP_PKTINFO, 1).ctx("IP_PKTINFO")?;
     set_int(r.raw(), libc::IPPROTO_IP, libc::IP_RECVTTL, 1).ctx("IP_RECVTTL")?;
     sendto(t.raw(), b"cut", 0, &raddr).ctx("sendto")?;
-    // SAFETY (crate policy): arithmetic.
+    // SAFETY: CMSG_LEN is arithmetic on its argument; it touches no memory.
     let room = unsafe { libc::CMSG_LEN(4) } as usize;
     let m = recvmsg_with(r.raw(), 64, room, 0)?;
     let lens: Vec<usize> = m.cmsgs.iter().map(|(_, _, d)| d.len()).collect();

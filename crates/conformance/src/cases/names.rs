@@ -89,6 +89,8 @@ fn gai(
     hints.ai_socktype = socktype;
     hints.ai_flags = flags;
     let mut res: *mut libc::addrinfo = std::ptr::null_mut();
+    // SAFETY: node and service are null or live CStrings owned by this frame; `hints`
+    // is an initialised local and `res` a local out-pointer getaddrinfo fills.
     let rc = unsafe {
         libc::getaddrinfo(
             node.as_ref().map_or(std::ptr::null(), |n| n.as_ptr()),
@@ -102,7 +104,10 @@ fn gai(
     }
     let mut out = Vec::new();
     let mut p = res;
-    // SAFETY (crate policy): walking the list getaddrinfo returned, freed right after.
+    // SAFETY: getaddrinfo succeeded, so `res` heads a list glibc owns until the
+    // `freeaddrinfo` below: each node is valid, its `ai_addr` readable for `ai_addrlen`
+    // bytes (what `from_raw` asks), and nothing is kept past the free (the addresses
+    // are copied).
     unsafe {
         while !p.is_null() {
             let ai = &*p;
@@ -263,6 +268,8 @@ fn connect_via_result() -> Res {
 fn nameinfo(a: &Addr, flags: c_int) -> String {
     let mut host = [0 as libc::c_char; 256];
     let mut serv = [0 as libc::c_char; 32];
+    // SAFETY: `a`'s storage is readable for `a.len()` bytes; `host` and `serv` are live
+    // local arrays passed with their own lengths.
     let rc = unsafe {
         libc::getnameinfo(
             a.ptr(),
@@ -303,11 +310,15 @@ fn getnameinfo_localhost() -> Res {
 }
 
 fn gethostbyname_localhost() -> Res {
+    // SAFETY: a C string literal; the result is checked for null before use.
     let h = unsafe { gethostbyname(c"localhost".as_ptr()) };
     if h.is_null() {
         return Ok("NULL".into());
     }
-    // SAFETY (crate policy): a non-NULL hostent from glibc, read before any other call.
+    // SAFETY: a non-null `hostent` from gethostbyname is glibc's static result, valid
+    // until the next such call, which nothing here makes (the case is single-threaded);
+    // its address list is null-terminated, each entry `h_length` bytes; `h_name` is null
+    // or a NUL-terminated string (what `c_ptr_str` asks). Everything is copied out.
     let (name, family, len, first) = unsafe {
         let h = &*h;
         let first = if h.h_addr_list.is_null() || (*h.h_addr_list).is_null() {

@@ -122,6 +122,7 @@ fn bound_path_stream() -> Res {
 }
 
 fn abstract_namespace() -> Res {
+    // SAFETY: no arguments; getpid cannot fail.
     let name = format!("\0ferry-conformance-{}", unsafe { libc::getpid() });
     let (c, a, same) = unix_stream(name.as_bytes())?;
     send(a.raw(), b"abstract", 0).ctx("send")?;
@@ -141,11 +142,13 @@ fn so_peercred() -> Res {
         &mut len
     ))
     .ctx("getsockopt")?;
+    // SAFETY: no arguments; these three cannot fail.
+    let (pid, uid, gid) = unsafe { (libc::getpid(), libc::getuid(), libc::getgid()) };
     Ok(format!(
         "pid_is_self={} uid_is_self={} gid_is_self={}",
-        cred.pid == unsafe { libc::getpid() },
-        cred.uid == unsafe { libc::getuid() },
-        cred.gid == unsafe { libc::getgid() }
+        cred.pid == pid,
+        cred.uid == uid,
+        cred.gid == gid
     ))
 }
 
@@ -232,7 +235,8 @@ fn route_dump_has_lo() -> Res {
         nlmsg_seq: 1,
         nlmsg_pid: 0,
     };
-    // SAFETY (crate policy): nlmsghdr is 16 plain bytes; req has 20.
+    // SAFETY: `req` is a live 20-byte array; an nlmsghdr is 16 bytes of integers,
+    // written unaligned at its start.
     unsafe { std::ptr::write_unaligned(req.as_mut_ptr().cast(), hdr) };
     req[16] = libc::AF_UNSPEC as u8;
     let sent = show(send(nl.raw(), &req, 0));
@@ -242,7 +246,9 @@ fn route_dump_has_lo() -> Res {
         let n = recv(nl.raw(), &mut buf, 0).ctx("recv")?;
         let mut off = 0;
         while off + 16 <= n {
-            // SAFETY (crate policy): bounds checked above; unaligned read of plain data.
+            // SAFETY: `off + 16 <= n <= buf.len()` (the loop condition), so the 16 bytes
+            // of an nlmsghdr are inside `buf`; read unaligned, and any bytes are a valid
+            // header (integers only).
             let h: libc::nlmsghdr = unsafe { std::ptr::read_unaligned(buf[off..].as_ptr().cast()) };
             if h.nlmsg_type == libc::NLMSG_DONE as u16 || h.nlmsg_type == libc::NLMSG_ERROR as u16 {
                 done = true;

@@ -290,6 +290,7 @@ fn ppoll_timeout_then_ready() -> Res {
         tv_nsec: 30_000_000,
     };
     let mut mask: libc::sigset_t = zeroed();
+    // SAFETY: `mask` is a live local sigset for sigemptyset to write.
     unsafe { libc::sigemptyset(&mut mask) };
     let first = show(sys!(libc::ppoll(&mut p, 1, &ts, &mask)));
     send(c.raw(), b"x", 0).ctx("send")?;
@@ -309,8 +310,11 @@ fn select(rd: &[c_int], wr: &[c_int], ex: &[c_int], timeout_ms: i64) -> String {
     let mut sets: [libc::fd_set; 3] = [zeroed(), zeroed(), zeroed()];
     let mut max = -1;
     for (set, fds) in sets.iter_mut().zip([rd, wr, ex]) {
+        // SAFETY: `set` is an element of the live local array `sets`.
         unsafe { libc::FD_ZERO(set) };
         for &fd in fds {
+            // SAFETY: the set is a live local `fd_set`; the libc crate's FD_* macros index its bit
+            // array with a bounds check (an fd beyond FD_SETSIZE panics, it is never written past).
             unsafe { libc::FD_SET(fd, set) };
             max = max.max(fd);
         }
@@ -327,6 +331,8 @@ fn select(rd: &[c_int], wr: &[c_int], ex: &[c_int], timeout_ms: i64) -> String {
     };
     let set_idx = |set: &libc::fd_set, fds: &[c_int]| -> String {
         let idx: Vec<String> = (0..fds.len())
+            // SAFETY: `set` is one of the live local sets; FD_ISSET reads it with a
+            // bounds check on the fd.
             .filter(|&i| unsafe { libc::FD_ISSET(fds[i], set) })
             .map(|i| i.to_string())
             .collect();
@@ -472,6 +478,8 @@ fn select_listener_and_stream_loop() -> Res {
     while got < TOTAL && std::time::Instant::now() < deadline {
         let mut rd: libc::fd_set = zeroed();
         let mut wr: libc::fd_set = zeroed();
+        // SAFETY: the set is a live local `fd_set`; the libc crate's FD_* macros index its bit
+        // array with a bounds check (an fd beyond FD_SETSIZE panics, it is never written past).
         unsafe {
             libc::FD_ZERO(&mut rd);
             libc::FD_ZERO(&mut wr);
@@ -488,12 +496,15 @@ fn select_listener_and_stream_loop() -> Res {
         let null = std::ptr::null_mut();
         let max = l.raw().max(c.raw()).max(s.raw());
         sys!(libc::select(max + 1, &mut rd, &mut wr, null, &mut tv)).ctx("select")?;
+        // SAFETY: `rd` and `wr` are live local sets; FD_ISSET reads them with a bounds
+        // check on the fd (here and below).
         if unsafe { libc::FD_ISSET(l.raw(), &rd) } {
             match accept(l.raw()) {
                 Err(e) if e.0 == libc::EAGAIN => ghost_conns += 1,
                 other => return Err(format!("unexpected accept: {}", show(other.map(|_| 0)))),
             }
         }
+        // SAFETY: as above.
         if unsafe { libc::FD_ISSET(c.raw(), &wr) } {
             let n = BLOCK.min(TOTAL - sent);
             match send(c.raw(), &block[..n], libc::MSG_NOSIGNAL) {
@@ -502,6 +513,7 @@ fn select_listener_and_stream_loop() -> Res {
                 Err(e) => return Err(format!("send={e}")),
             }
         }
+        // SAFETY: as above.
         if unsafe { libc::FD_ISSET(s.raw(), &rd) } {
             match recv(s.raw(), &mut buf, 0) {
                 Ok(0) => break,
@@ -535,6 +547,8 @@ fn pselect_ready_with_mask() -> Res {
     let (c, s) = tcp_pair(libc::AF_INET6)?;
     send(c.raw(), b"x", 0).ctx("send")?;
     let mut rd: libc::fd_set = zeroed();
+    // SAFETY: the set is a live local `fd_set`; the libc crate's FD_* macros index its bit
+    // array with a bounds check (an fd beyond FD_SETSIZE panics, it is never written past).
     unsafe {
         libc::FD_ZERO(&mut rd);
         libc::FD_SET(s.raw(), &mut rd);
@@ -544,6 +558,7 @@ fn pselect_ready_with_mask() -> Res {
         tv_nsec: 0,
     };
     let mut mask: libc::sigset_t = zeroed();
+    // SAFETY: `mask` is a live local sigset for sigfillset to write.
     unsafe { libc::sigfillset(&mut mask) };
     let null = std::ptr::null_mut();
     let n = show(sys!(libc::pselect(
@@ -554,6 +569,7 @@ fn pselect_ready_with_mask() -> Res {
         &ts,
         &mask
     )));
+    // SAFETY: `rd` is a live local set; FD_ISSET reads it with a bounds check on the fd.
     let set = unsafe { libc::FD_ISSET(s.raw(), &rd) };
     Ok(format!("n={n} readable={set}"))
 }
@@ -577,6 +593,8 @@ fn invalid_timeouts_einval() -> Res {
         tv_nsec: 0,
     };
     let mut rd: libc::fd_set = zeroed();
+    // SAFETY: the set is a live local `fd_set`; the libc crate's FD_* macros index its bit
+    // array with a bounds check (an fd beyond FD_SETSIZE panics, it is never written past).
     unsafe { libc::FD_SET(s.raw(), &mut rd) };
     let null = std::ptr::null_mut();
     let pselect = show(sys!(libc::pselect(

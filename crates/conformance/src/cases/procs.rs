@@ -68,6 +68,8 @@ fn fork_both_use() -> Res {
 
 fn fork_child_close_keeps_parent() -> Res {
     let (c, s) = tcp_pair(libc::AF_INET)?;
+    // SAFETY: an integer; the child closes its own copy of `c`'s descriptor, which it
+    // does not use afterwards (it exits; the parent's `c` is untouched).
     let child = fork_with(|| unsafe { libc::close(c.raw()) })?;
     let status = child.wait();
     let no_eof = crate::net::poll1(s.raw(), libc::POLLIN, 50).ctx("poll")? == 0;
@@ -83,6 +85,7 @@ fn fork_parent_close_keeps_child() -> Res {
     let (gate_r, gate_w) = pipe(0).ctx("pipe")?;
     let child = fork_with(|| {
         let mut b = [0u8; 1];
+        // SAFETY: `b` is a live one-byte local, written for at most its length.
         unsafe { libc::read(gate_r.raw(), b.as_mut_ptr().cast(), 1) };
         send(c.raw(), b"child-after-parent-close", 0).map_or(1, |_| 0)
     })?;
@@ -198,6 +201,10 @@ fn spawn(args: &[String], extra_dup: Option<(c_int, c_int)>) -> Result<String, S
     let mut envp: Vec<*mut libc::c_char> = env.iter().map(|e| e.as_ptr().cast_mut()).collect();
     envp.push(std::ptr::null_mut());
     let mut pid = 0;
+    // SAFETY: `fa` is a live local the init call initialises before the other calls
+    // use it and `destroy` frees it, once; the path is a C string literal; `ptrs` and
+    // `envp` are NULL-terminated arrays of pointers into CStrings (`argv`, `env`) that
+    // outlive the call; `pid` is a live local out-parameter.
     let rc = unsafe {
         libc::posix_spawn_file_actions_init(&mut fa);
         libc::posix_spawn_file_actions_adddup2(&mut fa, w.raw(), 1);
@@ -246,6 +253,9 @@ fn posix_spawn_dup2_action() -> Res {
 
 /// The child of [`vfork_style_exec`]: runs on its own stack in the parent's memory.
 extern "C" fn exec_in_shared_memory(argv: *mut libc::c_void) -> c_int {
+    // SAFETY: `argv` is what `vfork_style_exec` passed to clone: its `ptrs`, a
+    // NULL-terminated array of pointers into CStrings that the parent keeps alive (it is
+    // suspended until this child execs or exits, CLONE_VFORK); the path is a literal.
     unsafe {
         libc::execv(
             c"/proc/self/exe".as_ptr(),
@@ -276,7 +286,14 @@ fn vfork_style_exec() -> Res {
         .cast::<libc::c_void>();
     let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD;
     let arg = ptrs.as_mut_ptr().cast::<libc::c_void>();
-    let pid = sys!(libc::clone(exec_in_shared_memory, top, flags, arg)).ctx("clone")?;
+    // SAFETY: the child runs `exec_in_shared_memory` on `stack` (`top` is one past its
+    // end, 16-aligned as u128 elements are; the stack grows down into it), which outlives
+    // the child's use of it: CLONE_VFORK suspends this thread until the child execs or
+    // exits, and `stack` is dropped only after that. The child shares this memory and
+    // only calls execv with `arg`, this frame's live `ptrs`.
+    let pid = sys!(unsafe { libc::clone(exec_in_shared_memory, top, flags, arg) }).ctx("clone")?;
+    // SAFETY: an integer; stdout is this case process's own (its output goes to the
+    // runner's pipe) and was only made the helper's pipe for the clone above.
     unsafe { libc::close(1) };
     let helper = collect_helper(crate::proc::Child::from_pid(pid), r);
     drop(stack);
@@ -289,6 +306,7 @@ fn vfork_style_exec() -> Res {
 fn double_fork_daemon() -> Res {
     let (c, s) = tcp_pair(libc::AF_INET)?;
     let middle = fork_with(|| {
+        // SAFETY: no arguments; makes the forked child a session leader (or fails).
         unsafe { libc::setsid() };
         match fork_with(|| {
             sleep_ms(20);
@@ -308,6 +326,8 @@ fn double_fork_daemon() -> Res {
 fn daemon_call() -> Res {
     let (c, s) = tcp_pair(libc::AF_INET)?;
     let caller = fork_with(|| {
+        // SAFETY: integers only; daemon forks and the single-threaded forked child
+        // (fork_with) carries on as the daemon, keeping cwd and descriptors.
         if unsafe { libc::daemon(1, 1) } != 0 {
             return 4;
         }

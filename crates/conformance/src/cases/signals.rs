@@ -230,6 +230,8 @@ fn epoll_wait_eintr_at_once() -> Res {
 /// `select` for `fd` to become readable, waiting at most `ms` milliseconds.
 fn select_readable(fd: c_int, ms: c_int) -> Result<c_int, Errno> {
     let mut rd: libc::fd_set = zeroed();
+    // SAFETY: `rd` is a live local `fd_set`; the libc crate's FD_SET indexes its bit
+    // array with a bounds check (an fd beyond FD_SETSIZE panics, it is never written past).
     unsafe { libc::FD_SET(fd, &mut rd) };
     let mut tv = libc::timeval {
         tv_sec: libc::time_t::from(ms / 1000),
@@ -269,6 +271,7 @@ fn ppoll_mask_lets_signal_in() -> Res {
         tv_nsec: 0,
     };
     let mut empty: libc::sigset_t = zeroed();
+    // SAFETY: `empty` is a live local sigset for sigemptyset to write.
     unsafe { libc::sigemptyset(&mut empty) };
     let r = show(sys!(libc::ppoll(&mut p, 1, &ts, &empty)));
     Ok(counted(format!(
@@ -294,6 +297,8 @@ static HANDLER_FD: AtomicI32 = AtomicI32::new(-1);
 extern "C" fn send_from_handler(_sig: c_int) {
     let fd = HANDLER_FD.load(Ordering::SeqCst);
     let msg = b"from-handler";
+    // SAFETY: `msg` is a static byte string read for its length; `send` is
+    // async-signal-safe, so calling it from a handler is allowed.
     unsafe { libc::send(fd, msg.as_ptr().cast(), msg.len(), libc::MSG_NOSIGNAL) };
 }
 

@@ -24,7 +24,7 @@ muts = [
  ("M10 stream error reported more than once", "crates/server/src/ops.rs", "Some(-std::mem::take(&mut s.so_error))", "Some(-s.so_error)"),
  ("M11 an ended stream's token taken back", "crates/server/src/ops.rs", "let short = s.is_stream() && placed < room && !s.rx_ending;", "let short = s.is_stream() && placed < room;"),
  ("M12 a read stopped at the urgent mark counts as draining", "crates/server/src/ops.rs", "let drained = !s.rx_bulk && n < RX_SCRATCH && !s.rx_ending && !s.oob_due;", "let drained = !s.rx_bulk && n < RX_SCRATCH && !s.rx_ending;"),
- ("M13 no back-pressure", "crates/server/src/server.rs", "if ch.backlog.len() >= BACKLOG_HIGH {", "if false {"),
+ ("M13 no back-pressure", "crates/server/src/channel.rs", "if ch.backlog.len() >= BACKLOG_HIGH {", "if false {"),
  ("M14 partial send counted as whole", "crates/server/src/ops.rs", "if n < left && stream {", "if false {"),
  ("M15 hang-up mirrored without flushing the channel", "crates/server/src/ops.rs", "        if let Some(c) = self.chan_mut(ch) {\n            c.flush();\n        }\n        let Some(s) = self.socks.get_mut(&id) else {\n            return;\n        };\n        s.hup_mirrored = true;", "        let Some(s) = self.socks.get_mut(&id) else {\n            return;\n        };\n        s.hup_mirrored = true;"),
 ]

@@ -1,4 +1,10 @@
-//! One channel: a sandbox thread's rings, buffers, control socket and doorbell.
+//! The server's channels: each one a sandbox thread's rings, buffers, control socket
+//! and doorbell ([`Channel`]), and the table of them ([`Channels`]).
+//!
+//! Owns: a channel's completions until the shim can take them (the backlog), when its
+//! requests are taken (back-pressure), its sleep flag, its count of buffers returned
+//! (for `WantRoom`). Must not: act on sockets (requests go to `ops.rs`), or drop a
+//! completion.
 
 use std::collections::VecDeque;
 use std::io;
@@ -7,6 +13,7 @@ use std::sync::Arc;
 
 use ferry_proto::{Cmp, CmpKind, Req};
 use ferry_ring::{Endpoint, Layout, Region, Side};
+use tracing::debug;
 
 use crate::sock::Owner;
 use crate::stats::ChannelStats;
@@ -118,5 +125,147 @@ impl Channel {
 impl Drop for Channel {
     fn drop(&mut self) {
         self.region.close(Side::B);
+    }
+}
+
+/// Completions a channel may have waiting beyond its ring before the server stops
+/// taking its requests (a shim reads its completions at every call, and one call queues
+/// at most a few hundred).
+pub(crate) const BACKLOG_HIGH: usize = 2048;
+
+/// What [`Channels::next_request`] found.
+#[derive(Debug)]
+pub(crate) enum Next {
+    /// A record to handle.
+    Record(Req),
+    /// Nothing more now: the ring is empty, or the channel is gone.
+    Empty,
+    /// The channel's completions back up: its requests wait in its ring (`true` the
+    /// first time since it last took one).
+    Throttled(bool),
+    /// The ring is corrupt: the channel broke the protocol.
+    Broken(String),
+}
+
+/// The server's channels by index; a closed channel's slot is used again.
+#[derive(Debug, Default)]
+pub(crate) struct Channels(Vec<Option<Channel>>);
+
+impl Channels {
+    /// Channel `ch`, if it is open.
+    pub(crate) fn get(&self, ch: u32) -> Option<&Channel> {
+        self.0.get(ch as usize).and_then(Option::as_ref)
+    }
+
+    /// Channel `ch`, if it is open.
+    pub(crate) fn get_mut(&mut self, ch: u32) -> Option<&mut Channel> {
+        self.0.get_mut(ch as usize).and_then(Option::as_mut)
+    }
+
+    /// How many indexes there are (open or free).
+    pub(crate) fn slots(&self) -> u32 {
+        u32::try_from(self.0.len()).unwrap_or(u32::MAX)
+    }
+
+    /// The index a new channel gets: the first free slot, or a new one.
+    pub(crate) fn free_slot(&mut self) -> u32 {
+        let idx = self
+            .0
+            .iter()
+            .position(Option::is_none)
+            .unwrap_or(self.0.len());
+        if idx == self.0.len() {
+            self.0.push(None);
+        }
+        u32::try_from(idx).unwrap_or(u32::MAX)
+    }
+
+    /// Puts a new channel at `idx` (from [`Channels::free_slot`]).
+    pub(crate) fn put(&mut self, idx: u32, ch: Channel) {
+        self.0[idx as usize] = Some(ch);
+    }
+
+    /// Takes channel `idx` out (it is closing).
+    pub(crate) fn take(&mut self, idx: u32) -> Option<Channel> {
+        self.0.get_mut(idx as usize).and_then(Option::take)
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Channel> {
+        self.0.iter().flatten()
+    }
+
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = &mut Channel> {
+        self.0.iter_mut().flatten()
+    }
+
+    /// Whether a channel has completions waiting for room in its ring.
+    pub(crate) fn has_backlog(&self) -> bool {
+        self.iter().any(|c| !c.backlog.is_empty())
+    }
+
+    /// Arms every channel's sleep flag; false when a ring got records meanwhile.
+    pub(crate) fn arm_all(&mut self) -> bool {
+        for ch in self.iter_mut() {
+            match ch.ep.rx.arm_sleep() {
+                Ok(true) => ch.armed = true,
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    pub(crate) fn disarm_all(&mut self) {
+        for ch in self.iter_mut().filter(|c| c.armed) {
+            ch.ep.rx.disarm();
+            ch.armed = false;
+        }
+    }
+
+    /// Publishes every channel's completions.
+    pub(crate) fn flush_all(&mut self) {
+        for ch in self.iter_mut() {
+            ch.flush();
+        }
+    }
+
+    /// Whether a channel has records the server has not taken yet.
+    pub(crate) fn rings_pending(&mut self) -> bool {
+        self.iter_mut()
+            .any(|c| c.ep.rx.available().unwrap_or(0) > 0)
+    }
+
+    /// The next request record of channel `idx`. Completions waiting for room are
+    /// published first (the shim takes them as it goes); if too many still wait, the
+    /// channel is throttled: the program does not read its completions, so its requests
+    /// wait in its ring until it does. What was taken is released then (a producer
+    /// waiting for room is woken: otherwise a program that does read them would sleep
+    /// out its wait).
+    pub(crate) fn next_request(&mut self, idx: u32) -> Next {
+        let Some(ch) = self.get_mut(idx) else {
+            return Next::Empty;
+        };
+        if !ch.backlog.is_empty() {
+            ch.flush();
+        }
+        if ch.backlog.len() >= BACKLOG_HIGH {
+            ch.ep.rx.release();
+            let first = !std::mem::replace(&mut ch.throttled, true);
+            if first {
+                debug!("channel {idx}: completions back up; its requests wait");
+            }
+            return Next::Throttled(first);
+        }
+        ch.throttled = false;
+        match ch.ep.rx.pop() {
+            Ok(Some(r)) => {
+                ch.stats.requests += 1;
+                Next::Record(r)
+            }
+            Ok(None) => {
+                ch.ep.rx.release();
+                Next::Empty
+            }
+            Err(e) => Next::Broken(e.to_string()),
+        }
     }
 }

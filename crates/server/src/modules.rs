@@ -197,14 +197,12 @@ pub(crate) struct Modules {
     bound: HashMap<u32, Bound>,
     /// Modules started at least once (kept prewarmed).
     hot: Vec<ModuleId>,
-    /// Set when an accept took a connection from a published port (its sandbox port).
-    pub(crate) last_published: Option<u16>,
     /// Finished instances, dropped when the loop is idle.
     spent: Vec<Instance>,
     /// Files of ring bindings whose control packet was read first, by channel.
-    pub(crate) files: HashMap<u32, VecDeque<Vec<OwnedFd>>>,
+    files: HashMap<u32, VecDeque<Vec<OwnedFd>>>,
     /// Registered files, by channel (dropped with the channel).
-    pub(crate) registered: HashMap<u32, FileTable>,
+    registered: HashMap<u32, FileTable>,
     ctl_buf: Vec<u8>,
 }
 
@@ -234,11 +232,18 @@ pub enum ModuleError {
 }
 
 impl Modules {
-    /// Whether the connection being accepted came from a published port that has a
-    /// module rule (so it must be served where the rule is applied).
-    pub(crate) fn has_published_rule(&self) -> bool {
-        self.last_published
-            .is_some_and(|p| self.rules.iter().any(|(t, ..)| *t == ModuleTarget::Port(p)))
+    /// Whether published port `port` has a module rule (a connection from it must be
+    /// served where the rule is applied).
+    pub(crate) fn has_port_rule(&self, port: u16) -> bool {
+        self.rules
+            .iter()
+            .any(|(t, ..)| *t == ModuleTarget::Port(port))
+    }
+
+    /// Channel `idx` is gone: the files it sent or registered go with it.
+    pub(crate) fn channel_closed(&mut self, idx: u32) {
+        self.files.remove(&idx);
+        self.registered.remove(&idx);
     }
 
     /// Loads the configured modules (making the host only if there are any).
@@ -250,7 +255,6 @@ impl Modules {
             rules: Vec::new(),
             bound: HashMap::new(),
             hot: Vec::new(),
-            last_published: None,
             files: HashMap::new(),
             registered: HashMap::new(),
             spent: Vec::new(),
@@ -827,12 +831,9 @@ impl Server {
         self.complete_on(ch, c);
     }
 
-    /// A connection was just accepted on socket `id`: bind the configured module of the
-    /// published port it came through, if any.
-    pub(crate) fn module_on_accept(&mut self, id: u32) {
-        let Some(port) = self.modules.last_published.take() else {
-            return;
-        };
+    /// Socket `id` was just accepted from published port `port`: bind the port's
+    /// configured module, if any.
+    pub(crate) fn module_on_accept(&mut self, id: u32, port: u16) {
         self.apply_rule(id, ModuleTarget::Port(port));
     }
 

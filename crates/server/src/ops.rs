@@ -362,7 +362,7 @@ impl Server {
             return;
         }
         match self.try_accept(id) {
-            Ok((conn, peer)) => self.finish_accept(ch, id, conn, peer),
+            Ok(a) => self.finish_accept(ch, id, a),
             Err(e) if would_block(&e) && !nonblock => {
                 self.park(id, Parked::Accept { ch });
             }
@@ -376,28 +376,40 @@ impl Server {
         }
     }
 
-    fn try_accept(&mut self, id: u32) -> io::Result<(OwnedFd, Option<SocketAddr>)> {
-        let io = self.io;
+    /// A connection waiting on listener `id`: one its host socket accepted, else one
+    /// of a published port that feeds it (then the port comes too).
+    fn try_accept(&mut self, id: u32) -> io::Result<Accepted> {
         let s = self
             .socks
             .get(&id)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
         match self.io.accept(s.fd.as_fd()) {
+            Ok((conn, peer)) => Ok(Accepted {
+                conn,
+                peer,
+                published: None,
+            }),
             Err(e) if would_block(&e) => match self.take_published(id) {
-                Some(conn) => {
-                    let peer = io.sock_addr(conn.as_fd(), true).ok().flatten();
-                    // A published port listens on both families: an IPv4 client shows
-                    // as ::ffff:a.b.c.d, which an IPv4 listener's program must see as
-                    // a.b.c.d (`finish_accept` makes it so).
-                    Ok((conn, peer))
-                }
+                // A published port listens on both families: an IPv4 client shows as
+                // ::ffff:a.b.c.d, which an IPv4 listener's program must see as a.b.c.d
+                // (`finish_accept` makes it so).
+                Some((conn, port)) => Ok(Accepted {
+                    peer: self.io.sock_addr(conn.as_fd(), true).ok().flatten(),
+                    conn,
+                    published: Some(port),
+                }),
                 None => Err(e),
             },
-            other => other,
+            Err(e) => Err(e),
         }
     }
 
-    fn finish_accept(&mut self, ch: u32, listener: u32, conn: OwnedFd, peer: Option<SocketAddr>) {
+    fn finish_accept(&mut self, ch: u32, listener: u32, accepted: Accepted) {
+        let Accepted {
+            conn,
+            peer,
+            published,
+        } = accepted;
         let (domain, place) = match self.socks.get(&listener) {
             Some(s) => (s.domain, s.place),
             None => (libc::AF_INET, Place::Sandbox),
@@ -417,7 +429,7 @@ impl Server {
         };
         // A connection from a published port with a module rule stays here: the rule is
         // applied by this server, right after the accept.
-        let module_port = self.modules.has_published_rule();
+        let module_port = published.is_some_and(|p| self.modules.has_port_rule(p));
         let server = match self.shared.accepted {
             crate::Accepted::Listener => self.index,
             _ if module_port => self.index,
@@ -447,7 +459,9 @@ impl Server {
                     s.stats.calls += 1;
                 }
                 r.c = self.drain_if_empty(listener);
-                self.module_on_accept(new);
+                if let Some(port) = published {
+                    self.module_on_accept(new, port);
+                }
                 self.ctl_reply_fd(ch, r, theirs);
             }
             Err(e) => self.ctl_reply(ch, Server::new_reply(errno(&e))),
@@ -1329,10 +1343,7 @@ impl Server {
 
     /// Whether a channel has records the server has not taken yet.
     fn rings_pending(&mut self) -> bool {
-        self.channels
-            .iter_mut()
-            .flatten()
-            .any(|c| c.ep.rx.available().unwrap_or(0) > 0)
+        self.channels.rings_pending()
     }
 
     fn recv(&mut self, ch: u32, id: u32, tag: u32, len: u32, flags: i32, nonblock: bool) {
@@ -1371,8 +1382,7 @@ impl Server {
         let io = self.io;
         let chan = self
             .channels
-            .get_mut(ch as usize)
-            .and_then(Option::as_mut)
+            .get_mut(ch)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EPIPE))?;
         let s = self
             .socks
@@ -1888,7 +1898,7 @@ impl Server {
                     Err(e) => self.done(ch, id, tag, errno(&e)),
                 },
                 Parked::Accept { ch } => match self.try_accept(id) {
-                    Ok((conn, peer)) => self.finish_accept(ch, id, conn, peer),
+                    Ok(a) => self.finish_accept(ch, id, a),
                     Err(e) if would_block(&e) => {
                         self.park_front(id, Parked::Accept { ch });
                         return;
@@ -1924,6 +1934,14 @@ impl Server {
             s.parked.push_front(p);
         }
     }
+}
+
+/// A connection taken for a listener of the sandbox.
+struct Accepted {
+    conn: OwnedFd,
+    peer: Option<SocketAddr>,
+    /// The published port it came through (a connection of the host's side).
+    published: Option<u16>,
 }
 
 /// A socket counted against the sandbox's cap (`Config::max_sockets`) whose making may

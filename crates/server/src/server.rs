@@ -11,7 +11,7 @@ use ferry_proto::{Ctl, CtlKind, HELLO_ROUTES, Hello, HelloReply, PROTO_VERSION, 
 use ferry_sys::{Epoll, Event};
 use tracing::{debug, info, warn};
 
-use crate::channel::Channel;
+use crate::channel::{Channel, Channels, Next};
 use crate::group::{Handle, Msg, Shared, lock, server_name};
 use crate::ops::errno;
 use crate::seam::Io;
@@ -39,11 +39,6 @@ const MAX_WAITING: usize = 8192;
 /// there is none (the program may still be starting) before it is refused.
 const UNSERVED_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Completions a channel may have waiting beyond its ring before the server stops
-/// taking its requests (a shim reads its completions at every call, and one call queues
-/// at most a few hundred).
-const BACKLOG_HIGH: usize = 2048;
-
 /// How long a control connection may take to say Hello before it is closed.
 const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -66,7 +61,7 @@ pub struct Server {
     pub(crate) epoll: Epoll,
     /// The control socket (the first server only).
     listener: Option<OwnedFd>,
-    pub(crate) channels: Vec<Option<Channel>>,
+    pub(crate) channels: Channels,
     pub(crate) socks: HashMap<u32, Sock>,
     /// Host listeners of published ports (the first server only) and the sandbox port
     /// each feeds; the accepted connections wait in [`Shared::published`].
@@ -215,7 +210,7 @@ impl Server {
             shared,
             epoll,
             listener,
-            channels: Vec::new(),
+            channels: Channels::default(),
             socks: HashMap::new(),
             published,
             stats,
@@ -453,14 +448,14 @@ impl Server {
                 self.publish_live();
                 self.expire_hellos();
             }
-            let backlogged = self.has_backlog();
+            let backlogged = self.channels.has_backlog();
             let timeout = if did > 0 || spinning {
                 0
             } else if backlogged {
                 // Completions wait for room in a ring the program empties without
                 // telling: look again soon, without burning the CPU.
                 1
-            } else if self.arm_all() {
+            } else if self.channels.arm_all() {
                 self.stats.sleeps += 1;
                 self.publish_live();
                 -1
@@ -485,7 +480,7 @@ impl Server {
             if let Err(e) = waited {
                 warn!("epoll_wait failed: {e}");
             }
-            self.disarm_all();
+            self.channels.disarm_all();
             if did == 0 && events.is_empty() {
                 self.stats.spin_turns += 1;
                 // S0's SBW polls with schedule(): on a machine with few cores the thread
@@ -505,78 +500,33 @@ impl Server {
         self.collect_stats()
     }
 
-    fn has_backlog(&self) -> bool {
-        self.channels
-            .iter()
-            .flatten()
-            .any(|c| !c.backlog.is_empty())
-    }
-
-    /// Arms every channel's sleep flag; false when a ring got records meanwhile.
-    fn arm_all(&mut self) -> bool {
-        for ch in self.channels.iter_mut().flatten() {
-            match ch.ep.rx.arm_sleep() {
-                Ok(true) => ch.armed = true,
-                _ => return false,
-            }
-        }
-        true
-    }
-
-    fn disarm_all(&mut self) {
-        for ch in self.channels.iter_mut().flatten() {
-            if ch.armed {
-                ch.ep.rx.disarm();
-                ch.armed = false;
-            }
-        }
-    }
-
     /// Handles every record waiting in every request ring; returns how many.
     pub(crate) fn drain_rings(&mut self) -> usize {
         let mut total = 0;
-        for idx in 0..self.channels.len() {
-            while let Some(ch) = self.channels[idx].as_mut() {
-                if !ch.backlog.is_empty() {
-                    // The ring is full of completions not yet published: publish them
-                    // (the shim takes them as it goes) before deciding they back up.
-                    ch.flush();
-                }
-                if ch.backlog.len() >= BACKLOG_HIGH {
-                    // Back-pressure: the program does not read its completions, so its
-                    // requests wait in its ring until it does. What was taken is
-                    // released (a producer waiting for room is woken): otherwise a
-                    // program that does read them would sleep out its wait.
-                    ch.ep.rx.release();
-                    if !ch.throttled {
-                        ch.throttled = true;
-                        self.stats.backpressure += 1;
-                        debug!("channel {idx}: completions back up; its requests wait");
-                    }
-                    break;
-                }
-                ch.throttled = false;
-                let rec = match ch.ep.rx.pop() {
-                    Ok(Some(r)) => r,
-                    Ok(None) => {
-                        ch.ep.rx.release();
-                        break;
-                    }
-                    Err(e) => {
-                        self.bad_channel(idx as u32, &e.to_string());
-                        break;
-                    }
-                };
-                ch.stats.requests += 1;
-                total += 1;
-                self.stats.requests += 1;
-                match Request::decode(rec) {
-                    Ok(req) => {
-                        if let Err(why) = self.handle(idx as u32, req) {
-                            self.bad_channel(idx as u32, &why);
+        for idx in 0..self.channels.slots() {
+            loop {
+                match self.channels.next_request(idx) {
+                    Next::Record(rec) => {
+                        total += 1;
+                        self.stats.requests += 1;
+                        match Request::decode(rec) {
+                            Ok(req) => {
+                                if let Err(why) = self.handle(idx, req) {
+                                    self.bad_channel(idx, &why);
+                                }
+                            }
+                            Err(e) => self.bad_channel(idx, &e.to_string()),
                         }
                     }
-                    Err(e) => self.bad_channel(idx as u32, &e.to_string()),
+                    Next::Throttled(first) => {
+                        self.stats.backpressure += u64::from(first);
+                        break;
+                    }
+                    Next::Empty => break,
+                    Next::Broken(why) => {
+                        self.bad_channel(idx, &why);
+                        break;
+                    }
                 }
             }
         }
@@ -588,9 +538,7 @@ impl Server {
     }
 
     pub(crate) fn flush_all(&mut self) {
-        for ch in self.channels.iter_mut().flatten() {
-            ch.flush();
-        }
+        self.channels.flush_all();
     }
 
     fn dispatch(&mut self, ev: Event) {
@@ -778,7 +726,7 @@ impl Server {
     }
 
     fn ctl_readable(&mut self, idx: u32, events: u32) {
-        let Some(ch) = self.channels.get(idx as usize).and_then(Option::as_ref) else {
+        let Some(ch) = self.channels.get(idx) else {
             return;
         };
         // A `BindModule` carries its binding after the header in the same packet.
@@ -857,15 +805,7 @@ impl Server {
 
     /// Sets up a channel for a control connection that said `hello` for this server.
     pub(crate) fn open_channel(&mut self, fd: OwnedFd, hello: Hello, owner: Owner) {
-        let idx = self
-            .channels
-            .iter()
-            .position(Option::is_none)
-            .unwrap_or(self.channels.len());
-        if idx == self.channels.len() {
-            self.channels.push(None);
-        }
-        let idx = idx as u32;
+        let idx = self.channels.free_slot();
         // Sockets of this channel take the pair receive path if the server offers it
         // and the peer reads pairs (the shim does; the native client does not).
         let rx_pair = self.cfg.rx_pair && hello.server & ferry_proto::HELLO_READS_PAIR != 0;
@@ -916,7 +856,7 @@ impl Server {
         let mut ch = ch;
         ch.routes = hello.server & HELLO_ROUTES != 0;
         ch.rx_pair = rx_pair;
-        self.channels[idx as usize] = Some(ch);
+        self.channels.put(idx, ch);
         self.shared.channel_opened();
     }
 
@@ -952,10 +892,7 @@ impl Server {
         let set = |a: &std::sync::atomic::AtomicU64, v: u64| a.store(v, Ordering::Relaxed);
         set(&live.outstanding, outstanding as u64);
         set(&live.sockets, self.socks.len() as u64);
-        set(
-            &live.channels,
-            self.channels.iter().flatten().count() as u64,
-        );
+        set(&live.channels, self.channels.iter().count() as u64);
         set(&live.requests, self.stats.requests);
         set(&live.bytes_out, self.stats.bytes_out);
         set(&live.bytes_in, self.stats.bytes_in);
@@ -971,15 +908,14 @@ impl Server {
     }
 
     pub(crate) fn close_channel(&mut self, idx: u32, why: &str) {
-        if let Some(mut ch) = self.channels.get_mut(idx as usize).and_then(Option::take) {
+        if let Some(mut ch) = self.channels.take(idx) {
             debug!("channel {idx}: {why}");
             self.shared.channel_closed();
             let _ = self.epoll.delete(ch.ctl.as_fd());
             let _ = self.epoll.delete(ch.doorbell());
             ch.stats.pair_sleeps = ch.region.outside_sleep_count(ferry_ring::Side::A);
             self.stats.closed_channel(ch.stats);
-            self.modules.files.remove(&idx);
-            self.modules.registered.remove(&idx);
+            self.modules.channel_closed(idx);
             // Nobody is left to send through this channel: its waiters' fds become
             // writable again (another thread may still have room).
             for id in std::mem::take(&mut ch.room_wait) {
@@ -1316,8 +1252,8 @@ impl Server {
             }
             std::thread::sleep(std::time::Duration::from_micros(200));
         }
-        for idx in 0..self.channels.len() {
-            self.close_channel(idx as u32, "server stopping");
+        for idx in 0..self.channels.slots() {
+            self.close_channel(idx, "server stopping");
         }
         // Sockets handed over but never taken (the stop came first) are closed here.
         for m in self.shared.inbox[self.index].take() {
@@ -1479,7 +1415,7 @@ impl Server {
     }
 
     /// A connection accepted on a published port that waits for `listener`.
-    pub(crate) fn take_published(&mut self, listener: u32) -> Option<OwnedFd> {
+    pub(crate) fn take_published(&mut self, listener: u32) -> Option<(OwnedFd, u16)> {
         let io = self.io;
         let port = io
             .sock_addr(self.socks.get(&listener)?.fd.as_fd(), false)
@@ -1491,10 +1427,8 @@ impl Server {
             .find(|(p, q)| *p == port && !q.is_empty())?
             .1
             .pop_front()
-            .map(|(fd, _)| fd);
-        // The accept that takes it binds the port's configured module (if any).
-        self.modules.last_published = conn.as_ref().map(|_| port);
-        conn
+            .map(|(fd, _)| fd)?;
+        Some((conn, port))
     }
 
     pub(crate) fn has_published(&self, listener: u32) -> bool {
@@ -1579,12 +1513,12 @@ pub(crate) fn as_bytes<T: bytemuck::Pod>(v: &T) -> &[u8] {
 impl Server {
     /// Channel `ch`, if it is open.
     pub(crate) fn chan(&self, ch: u32) -> Option<&Channel> {
-        self.channels.get(ch as usize).and_then(Option::as_ref)
+        self.channels.get(ch)
     }
 
     /// Channel `ch`, if it is open.
     pub(crate) fn chan_mut(&mut self, ch: u32) -> Option<&mut Channel> {
-        self.channels.get_mut(ch as usize).and_then(Option::as_mut)
+        self.channels.get_mut(ch)
     }
 
     pub(crate) fn sock(&mut self, id: u32) -> Option<&mut Sock> {

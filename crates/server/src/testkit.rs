@@ -723,18 +723,15 @@ impl Harness {
             ..Hello::default()
         };
         self.srv.open_channel(ctl, hello, this_process());
-        let idx = self
-            .srv
-            .channels
-            .iter()
-            .rposition(|c| c.as_ref().is_some_and(|c| c.ctl.as_raw_fd() == raw))
+        let idx = (0..self.srv.channels.slots())
+            .find(|i| {
+                self.srv
+                    .channels
+                    .get(*i)
+                    .is_some_and(|c| c.ctl.as_raw_fd() == raw)
+            })
             .expect("channel opened");
-        let idx = u32::try_from(idx).expect("few channels");
-        let region = self.srv.channels[idx as usize]
-            .as_ref()
-            .expect("open")
-            .region
-            .clone();
+        let region = self.srv.channels.get(idx).expect("open").region.clone();
         let ep = Endpoint::new(region, Side::A).expect("shim side");
         // The HelloReply.
         self.ctl_replies(idx);
@@ -746,11 +743,7 @@ impl Harness {
     pub fn ctl_replies(&mut self, ch: u32) -> Vec<Ctl> {
         let raw = match self.shims.get(&ch) {
             Some(s) => s.ctl,
-            None => self.srv.channels[ch as usize]
-                .as_ref()
-                .expect("open")
-                .ctl
-                .as_raw_fd(),
+            None => self.srv.channels.get(ch).expect("open").ctl.as_raw_fd(),
         };
         let mut st = self.fake.st();
         let Some(Obj::Ctl(log)) = st.objs.get_mut(&raw) else {

@@ -61,6 +61,7 @@
 
 mod channel;
 pub mod confine;
+mod connect;
 pub mod dns;
 pub mod egress;
 mod group;
@@ -70,12 +71,14 @@ mod modules;
 mod ops;
 pub mod policy;
 mod reach;
+mod rx;
 mod seam;
 mod server;
 mod sock;
 mod sockopt;
 mod stats;
 pub mod testkit;
+mod tx;
 mod udp_publish;
 
 pub use egress::{Bond, EgressStats, Mode};

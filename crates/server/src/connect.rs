@@ -1,0 +1,595 @@
+//! Where a socket lives and whom it talks to: making and accepting sockets, placing
+//! them (provisional, then the host's namespace or the sandbox's), bind, listen,
+//! connect and the end of a connect in progress (the [`Conn`] table in `sock.rs`),
+//! with the policy and reachability rules each applies (docs/SECURITY.md). Must not:
+//! move data (`tx.rs`, `rx.rs`).
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
+
+use ferry_proto::{CMP_RENEW_PAIR, Cmp, CmpKind, WireAddr, cmsg};
+use tracing::{debug, warn};
+
+use crate::ops::{errno, would_block};
+use crate::policy::Verdict;
+use crate::server::Server;
+use crate::sock::{Conn, Parked, Place};
+
+/// `a` as a socket of family `domain` shows it. A connection accepted on a dual-stack
+/// published port is an IPv6 socket on the host, handed to the sandbox's listener: for an
+/// IPv4 listener an IPv4 client's ::ffff:a.b.c.d is a.b.c.d, and an IPv6 client (which
+/// an IPv4 listener could not have natively) shows as 0.0.0.0 with its port — never as a
+/// loopback address a program might trust.
+pub(crate) fn in_family(domain: i32, a: SocketAddr) -> SocketAddr {
+    match a {
+        SocketAddr::V6(v6) if domain == libc::AF_INET => {
+            let v4 = v6
+                .ip()
+                .to_ipv4_mapped()
+                .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED);
+            SocketAddr::new(v4.into(), v6.port())
+        }
+        _ => a,
+    }
+}
+
+/// Most peers a datagram socket with a chosen host port remembers (`Sock::contacted`).
+const CONTACTED: usize = 64;
+
+/// Adds `peer` to `list` (the most recent last), forgetting the oldest beyond [`CONTACTED`].
+pub(crate) fn remember(list: &mut Vec<SocketAddr>, peer: SocketAddr) {
+    list.retain(|p| *p != peer);
+    if list.len() >= CONTACTED {
+        list.remove(0);
+    }
+    list.push(peer);
+}
+
+/// A hash key for a peer address (the hash assignment of accepted connections).
+fn addr_key(a: &SocketAddr) -> u64 {
+    let ip = match a.ip() {
+        std::net::IpAddr::V4(v4) => u64::from(u32::from(v4)),
+        std::net::IpAddr::V6(v6) => {
+            let x = u128::from(v6);
+            (x as u64) ^ (x >> 64) as u64
+        }
+    };
+    ip << 16 | u64::from(a.port())
+}
+
+/// A connection taken for a listener of the sandbox.
+pub(crate) struct Accepted {
+    conn: OwnedFd,
+    peer: Option<SocketAddr>,
+    /// The published port it came through (a connection of the host's side).
+    published: Option<u16>,
+}
+
+/// A socket counted against the sandbox's cap (`Config::max_sockets`) whose making may
+/// still fail: dropping it gives the count back.
+struct SocketSlot(std::sync::Arc<crate::group::Shared>);
+
+impl Drop for SocketSlot {
+    fn drop(&mut self) {
+        self.0.socket_closed();
+    }
+}
+
+impl Server {
+    /// The server a socket made through channel `ch` goes to (`key` for the hash mode).
+    fn assign(&self, ch: u32, key: u64) -> usize {
+        let routes = self.chan(ch).is_some_and(|c| c.routes);
+        if routes {
+            self.shared.pick(key)
+        } else {
+            self.index
+        }
+    }
+
+    /// Makes a socket for channel `ch`: its id and the program's end of its pair.
+    pub(crate) fn create_socket(
+        &mut self,
+        ch: u32,
+        domain: i32,
+        ty: i32,
+        protocol: i32,
+    ) -> Result<(u32, OwnedFd), i32> {
+        if domain != libc::AF_INET && domain != libc::AF_INET6 {
+            return Err(-libc::EAFNOSUPPORT);
+        }
+        if ty != libc::SOCK_STREAM && ty != libc::SOCK_DGRAM {
+            return Err(-libc::EPROTONOSUPPORT);
+        }
+        let owner = self.chan(ch).ok_or(-libc::EBADF)?.owner;
+        let _slot = self.socket_slot()?;
+        let fd = self
+            .io
+            .socket(domain, ty, protocol)
+            .map_err(|e| errno(&e))?;
+        let key = self
+            .chan(ch)
+            .map_or(0, |c| u64::from(c.stats.pid) << 32 | u64::from(c.stats.tid));
+        let server = self.assign(ch, key);
+        let (mut sock, theirs) = self
+            .new_sock(
+                server,
+                fd,
+                (domain, ty, protocol),
+                Place::Provisional,
+                owner,
+            )
+            .map_err(|e| errno(&e))?;
+        sock.rx_pair = ty == libc::SOCK_STREAM && self.chan(ch).is_some_and(|c| c.rx_pair);
+        let id = self.place_sock(sock).map_err(|e| errno(&e))?;
+        std::mem::forget(_slot);
+        self.stats.sockets_created += 1;
+        Ok((id, theirs))
+    }
+
+    /// One of the sandbox's sockets (`Config::max_sockets`), given back when the guard
+    /// drops unless it is forgotten (the socket was made: `settle_dirty` gives it back
+    /// when the socket goes).
+    fn socket_slot(&mut self) -> Result<SocketSlot, i32> {
+        if self.shared.take_socket(self.cfg.max_sockets) {
+            return Ok(SocketSlot(self.shared.clone()));
+        }
+        if let Some(n) = self.refusals.tick() {
+            warn!(
+                "the sandbox has {} sockets open (--max-sockets): a new one is refused with ENFILE ({n} since the last line)",
+                self.cfg.max_sockets
+            );
+        }
+        self.stats.denied += 1;
+        Err(-libc::ENFILE)
+    }
+
+    pub(crate) fn accept(&mut self, ch: u32, id: u32, nonblock: bool) {
+        let Some(s) = self.sock(id) else {
+            self.ctl_reply(ch, Server::new_reply(-libc::EBADF));
+            return;
+        };
+        if !s.listening() {
+            self.ctl_reply(ch, Server::new_reply(-libc::EINVAL));
+            return;
+        }
+        match self.try_accept(id) {
+            Ok(a) => self.finish_accept(ch, id, a),
+            Err(e) if would_block(&e) && !nonblock => {
+                self.park(id, Parked::Accept { ch });
+            }
+            Err(e) => {
+                let mut r = Server::new_reply(errno(&e));
+                if would_block(&e) {
+                    r.c = self.drain_token(id);
+                }
+                self.ctl_reply(ch, r);
+            }
+        }
+    }
+
+    /// A connection waiting on listener `id`: one its host socket accepted, else one
+    /// of a published port that feeds it (then the port comes too).
+    pub(crate) fn try_accept(&mut self, id: u32) -> io::Result<Accepted> {
+        let s = self
+            .socks
+            .get(&id)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+        match self.io.accept(s.fd.as_fd()) {
+            Ok((conn, peer)) => Ok(Accepted {
+                conn,
+                peer,
+                published: None,
+            }),
+            Err(e) if would_block(&e) => match self.take_published(id) {
+                // A published port listens on both families: an IPv4 client shows as
+                // ::ffff:a.b.c.d, which an IPv4 listener's program must see as a.b.c.d
+                // (`finish_accept` makes it so).
+                Some((conn, port)) => Ok(Accepted {
+                    peer: self.io.sock_addr(conn.as_fd(), true).ok().flatten(),
+                    conn,
+                    published: Some(port),
+                }),
+                None => Err(e),
+            },
+            Err(e) => Err(e),
+        }
+    }
+
+    pub(crate) fn finish_accept(&mut self, ch: u32, listener: u32, accepted: Accepted) {
+        let Accepted {
+            conn,
+            peer,
+            published,
+        } = accepted;
+        let (domain, place) = match self.socks.get(&listener) {
+            Some(s) => (s.domain, s.place),
+            None => (libc::AF_INET, Place::Sandbox),
+        };
+        let peer = peer.map(|p| in_family(domain, p));
+        let Some(owner) = self.chan(ch).map(|c| c.owner) else {
+            return;
+        };
+        let slot = match self.socket_slot() {
+            Ok(slot) => slot,
+            Err(e) => {
+                // The connection is dropped (its peer sees it closed), as when a
+                // program's accept fails for lack of descriptors.
+                self.ctl_reply(ch, Server::new_reply(e));
+                return;
+            }
+        };
+        // A connection from a published port with a module rule stays here: the rule is
+        // applied by this server, right after the accept.
+        let module_port = published.is_some_and(|p| self.modules.has_port_rule(p));
+        let server = match self.shared.accepted {
+            crate::Accepted::Listener => self.index,
+            _ if module_port => self.index,
+            crate::Accepted::Assign => self.assign(ch, peer.map_or(0, |p| addr_key(&p))),
+        };
+        let made = self.new_sock(server, conn, (domain, libc::SOCK_STREAM, 0), place, owner);
+        let (mut sock, theirs) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                self.ctl_reply(ch, Server::new_reply(errno(&e)));
+                return;
+            }
+        };
+        sock.conn = Conn::Connected;
+        sock.rx_pair = self.chan(ch).is_some_and(|c| c.rx_pair);
+        if server == self.index {
+            sock.last_ch = ch;
+        }
+        match self.place_sock(sock) {
+            Ok(new) => {
+                std::mem::forget(slot);
+                let mut r = Server::new_reply(new as i32);
+                if let Some(p) = peer {
+                    r.addr_len = WireAddr::from(p).encode(&mut r.addr) as u32;
+                }
+                if let Some(s) = self.sock(listener) {
+                    s.stats.calls += 1;
+                }
+                r.c = self.drain_if_empty(listener);
+                if let Some(port) = published {
+                    self.module_on_accept(new, port);
+                }
+                self.ctl_reply_fd(ch, r, theirs);
+            }
+            Err(e) => self.ctl_reply(ch, Server::new_reply(errno(&e))),
+        }
+    }
+
+    /// Whether socket `id` lives on the host already (bound to a host address, or
+    /// connected or sent from before): local destinations would be the host's own.
+    pub(crate) fn on_host(&self, id: u32) -> bool {
+        self.socks.get(&id).is_some_and(|s| s.place == Place::Host)
+    }
+
+    pub(crate) fn host_loopback_refused(&mut self, id: u32, what: &str, to: WireAddr) {
+        warn!(
+            "socket {id}: {what} to {} refused: the socket is on the host, where that address is the host's own (never reachable from a sandbox)",
+            to.to_std()
+        );
+        self.stats.denied += 1;
+    }
+
+    /// Why a datagram's control messages may not go out from socket `id`, if they may
+    /// not: on the host, a source must be one of the host's addresses, with no
+    /// interface chosen (`reach.rs`). Inside the sandbox its own kernel judges.
+    pub(crate) fn source_refused(&mut self, id: u32, control: &[u8]) -> Option<String> {
+        if control.is_empty() || self.socks.get(&id)?.place == Place::Sandbox {
+            return None;
+        }
+        cmsg::sources(control)
+            .find_map(|(index, ip)| crate::reach::source_refused(&mut self.host_addrs, index, ip))
+    }
+
+    /// A socket the program bound to the wildcard address (so it was made in the sandbox)
+    /// and now connects or sends elsewhere — a client choosing its port, as `curl
+    /// --local-port`, dig, `nc -u -p` or libuv do — moves to the host: a host socket with
+    /// its options, bound to the wildcard and the same port (the port it had in the
+    /// sandbox when the program asked for any; another when the host has that one taken),
+    /// takes its place. A datagram socket that
+    /// keeps a port the program chose admits only the peers it contacts (it must not be
+    /// a way to publish a port). Nothing happens to other sockets, or once a socket has
+    /// a peer or listens.
+    pub(crate) fn move_to_host(&mut self, id: u32) -> Result<(), i32> {
+        let io = self.io;
+        let Some(s) = self.socks.get(&id) else {
+            return Ok(());
+        };
+        let Some(asked) = s.bound_wild else {
+            return Ok(());
+        };
+        if s.place != Place::Sandbox || s.conn != Conn::Idle {
+            return Ok(());
+        }
+        let had = io
+            .sock_addr(s.fd.as_fd(), false)
+            .ok()
+            .flatten()
+            .map_or(0, |a| a.port());
+        let (domain, ty, protocol) = (s.domain, s.ty, s.protocol);
+        let fd = self
+            .io
+            .socket(domain, ty, protocol)
+            .map_err(|e| errno(&e))?;
+        for (level, name, value) in &s.opts {
+            let _ = io.setsockopt(fd.as_fd(), *level, *name, value);
+        }
+        let any = |port| {
+            let ip: std::net::IpAddr = if domain == libc::AF_INET6 {
+                std::net::Ipv6Addr::UNSPECIFIED.into()
+            } else {
+                std::net::Ipv4Addr::UNSPECIFIED.into()
+            };
+            SocketAddr::new(ip, port)
+        };
+        // The port is free in the sandbox, where the program bound it, but may be taken on
+        // the host (by another program, or a connection in TIME_WAIT): the program cannot
+        // try another one now, as it would after a failed bind, so the host picks one.
+        let kept = io.bind(fd.as_fd(), &any(had)).is_ok();
+        if !kept {
+            io.bind(fd.as_fd(), &any(0)).map_err(|e| errno(&e))?;
+            debug!("socket {id}: port {had} is taken on the host; another one is used");
+        }
+        self.replace_host_fd(id, fd, Place::Host)
+            .map_err(|e| errno(&e))?;
+        let s = self.sock(id).expect("looked up above");
+        s.bound_wild = None;
+        if !s.is_stream() && asked != 0 && kept {
+            s.contacted = Some(Vec::new());
+        }
+        debug!(
+            "socket {id}: bound to the wildcard, moved to the host for a peer outside the sandbox"
+        );
+        Ok(())
+    }
+
+    /// Moves a provisional socket to where `dest` says it belongs.
+    pub(crate) fn place_for(&mut self, id: u32, local: bool) -> Result<(), i32> {
+        let io = self.io;
+        let s = self.socks.get(&id).ok_or(-libc::EBADF)?;
+        if s.place != Place::Provisional {
+            return Ok(());
+        }
+        let (domain, ty, protocol) = (s.domain, s.ty, s.protocol);
+        if local {
+            let fd = self
+                .shared
+                .sandbox_socket(
+                    domain,
+                    ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                    protocol,
+                )
+                .map_err(|e| errno(&e))?;
+            io.set_nonblocking(fd.as_fd(), true)
+                .map_err(|e| errno(&e))?;
+            self.replace_host_fd(id, fd, Place::Sandbox)
+                .map_err(|e| errno(&e))?;
+        } else if let Some(s) = self.sock(id) {
+            s.place = Place::Host;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn connect(&mut self, ch: u32, id: u32, tag: u32, addr: WireAddr, nonblock: bool) {
+        let io = self.io;
+        if let Some(s) = self.sock(id)
+            && let Conn::Failed { reported } = s.conn
+        {
+            if !reported {
+                s.conn = Conn::Failed { reported: true };
+                // The connect after a failed non-blocking one reports the failure (its
+                // error, or ECONNABORTED once SO_ERROR has taken it), and the kernel puts
+                // the socket back to unconnected.
+                let e = match std::mem::take(&mut s.so_error) {
+                    0 => libc::ECONNABORTED,
+                    e => e,
+                };
+                let _ = io.connect_unspec(s.fd.as_fd());
+                self.done(ch, id, tag, -e);
+            } else {
+                // Connecting again: the program's end of the pair must be renewed first.
+                let mut c = Cmp::new(CmpKind::Done, id, tag, -libc::ECONNABORTED);
+                c.flags |= CMP_RENEW_PAIR;
+                self.complete(ch, c);
+            }
+            return;
+        }
+        let local = addr.is_local();
+        if local && self.on_host(id) {
+            self.host_loopback_refused(id, "connect", addr);
+            self.done(ch, id, tag, -libc::EACCES);
+            return;
+        }
+        if !local && self.cfg.policy.check(&addr.to_std()) == Verdict::Deny {
+            warn!("socket {id}: connect to {} denied by policy", addr.to_std());
+            self.stats.denied += 1;
+            self.done(ch, id, tag, -libc::EACCES);
+            return;
+        }
+        if !local && let Err(e) = self.move_to_host(id) {
+            self.done(ch, id, tag, e);
+            return;
+        }
+        if let Err(e) = self.place_for(id, local) {
+            self.done(ch, id, tag, e);
+            return;
+        }
+        let s = self.sock(id).expect("placed above");
+        if let Some(c) = s.contacted.as_mut() {
+            remember(c, addr.to_std());
+        }
+        if s.place == Place::Sandbox && !local && s.ty == libc::SOCK_STREAM {
+            // Bound inside the sandbox, now asked to leave it: the sandbox has no route.
+            self.done(ch, id, tag, -libc::ENETUNREACH);
+            return;
+        }
+        if let Err(e) = self.bond_source(id, addr.to_std()) {
+            self.done(ch, id, tag, e);
+            return;
+        }
+        let s = self.sock(id).expect("placed above");
+        match io.connect(s.fd.as_fd(), &addr.to_std()) {
+            Ok(()) => {
+                if s.is_stream() {
+                    s.conn = Conn::Connected;
+                }
+                self.done(ch, id, tag, 0);
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
+                s.conn = Conn::Connecting {
+                    to: addr.to_std(),
+                    filled: false,
+                };
+                if nonblock {
+                    self.done(ch, id, tag, -libc::EINPROGRESS);
+                } else {
+                    self.park(id, Parked::Connect { ch, tag });
+                }
+            }
+            Err(e) => self.done(ch, id, tag, errno(&e)),
+        }
+        self.module_on_connect(id, addr.to_std());
+    }
+
+    /// Stream `id`'s connect in progress (to `to`, the program's end of the pair
+    /// `filled` meanwhile) has ended: its outcome (`SO_ERROR`) goes to the connect that
+    /// waits for it, else is kept for the program's `SO_ERROR`; see [`Conn`]'s table.
+    pub(crate) fn connect_ended(&mut self, id: u32, to: SocketAddr, filled: bool) {
+        let io = self.io;
+        let Some(s) = self.socks.get_mut(&id) else {
+            return;
+        };
+        let err = io
+            .getsockopt_int(s.fd.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
+            .unwrap_or(libc::EIO);
+        // The error is reported once: to the first waiter, else kept for SO_ERROR.
+        let mut waiters = Vec::new();
+        s.parked.retain(|p| match *p {
+            Parked::Connect { ch, tag } => {
+                waiters.push((ch, tag));
+                false
+            }
+            _ => true,
+        });
+        let reported = !waiters.is_empty();
+        if reported && err == 0 {
+            // The program's connect blocked until done: finish the kernel's side too, so
+            // that a second connect says EISCONN (after EINPROGRESS the kernel wants one
+            // more connect call).
+            let _ = io.connect(s.fd.as_fd(), &to);
+        } else if reported {
+            // A blocking connect failed: the kernel puts the program's socket back to
+            // unconnected, so that it may connect again (ours, connected without
+            // blocking, would say ECONNABORTED): dissolve it.
+            let _ = io.connect_unspec(s.fd.as_fd());
+        }
+        s.so_error = if reported { 0 } else { err };
+        s.conn = if err == 0 {
+            Conn::Connected
+        } else {
+            Conn::Idle
+        };
+        for (ch, tag) in waiters {
+            self.done(ch, id, tag, -err);
+        }
+        if filled && err != 0 && !reported {
+            // A non-blocking connect failed: POLLERR|POLLHUP, as the kernel's.
+            self.detach_pair(id);
+        } else if filled {
+            // The connect has ended: the program's end polls writable again.
+            self.drain_filler(id);
+        }
+    }
+
+    pub(crate) fn bind(&mut self, id: u32, addr: SocketAddr) -> i32 {
+        let io = self.io;
+        let local = WireAddr::from(addr).is_local();
+        if !local {
+            if !self.host_addrs.owns(addr.ip()) {
+                debug!("socket {id}: bind to {addr}: not an address of the host");
+                return -libc::EADDRNOTAVAIL;
+            }
+            if self.socks.get(&id).is_some_and(|s| !s.is_stream()) && addr.port() != 0 {
+                warn!(
+                    "socket {id}: bind to {addr} refused: a datagram socket with a fixed port on a host address would receive from the network (publish it with -p HOST_PORT:PORT/udp)"
+                );
+                self.stats.denied += 1;
+                return -libc::EACCES;
+            }
+        }
+        if let Err(e) = self.place_for(id, local) {
+            return e;
+        }
+        let wild = WireAddr::from(addr).is_unspecified().then_some(addr.port());
+        let s = self.sock(id).expect("placed above");
+        match io.bind(s.fd.as_fd(), &addr) {
+            Ok(()) => {
+                s.bound_wild = wild;
+                0
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) && self.reap_closed() > 0 => {
+                // A socket the sandbox already closed may still hold the port: the hang-up
+                // of its readiness pair was not processed yet. Now it is; try again.
+                let s = self.sock(id).expect("placed above");
+                io.bind(s.fd.as_fd(), &addr)
+                    .map_or_else(|e| errno(&e), |()| 0)
+            }
+            Err(e) => errno(&e),
+        }
+    }
+
+    /// Closes, right now, every socket whose program side is gone (its readiness pair has
+    /// hung up) and whose sends are done; returns how many.
+    pub(crate) fn reap_closed(&mut self) -> usize {
+        let open: Vec<u32> = self
+            .socks
+            .values()
+            .filter(|s| !s.app_closed)
+            .map(|s| s.id)
+            .collect();
+        for id in open {
+            if self.app_gone(id) {
+                self.app_closed(id);
+            }
+        }
+        let before = self.socks.len();
+        self.settle_dirty();
+        before - self.socks.len()
+    }
+
+    pub(crate) fn listen(&mut self, id: u32, backlog: i32) -> i32 {
+        let io = self.io;
+        if self.on_host(id) {
+            warn!(
+                "socket {id}: listen refused: the socket is bound to a host address, and only -p publishes a port"
+            );
+            self.stats.denied += 1;
+            return -libc::EACCES;
+        }
+        if let Err(e) = self.place_for(id, true) {
+            return e;
+        }
+        let shared = self.shared.clone();
+        let s = self.sock(id).expect("placed above");
+        match io.listen(s.fd.as_fd(), backlog) {
+            Ok(()) => {
+                if !s.listening()
+                    && let Ok(Some(a)) = io.sock_addr(s.fd.as_fd(), false)
+                    && shared.listener_up(a.port())
+                {
+                    s.published_listener = Some(a.port());
+                }
+                s.conn = Conn::Listening;
+                if self.has_published(id) {
+                    self.host_event(id, libc::EPOLLIN as u32);
+                }
+                0
+            }
+            Err(e) => errno(&e),
+        }
+    }
+}

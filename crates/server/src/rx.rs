@@ -1,0 +1,613 @@
+//! The way in: receives into channel buffers (the ring path), host bytes pumped into
+//! pairs (the pair path: copied or spliced, urgent data at its mark, the end of the
+//! stream and the hang-up, the [`PairEnd`] table in `sock.rs`), readiness tokens (the
+//! [`Token`] table), and host readiness events (a connect's end, parked operations).
+//! Must not: send on host sockets itself (a writable host socket is `tx.rs`'s).
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+
+use ferry_proto::{CMP_DRAIN_TOKEN, Cmp, CmpKind, NO_BUF, WireAddr, cmsg};
+use ferry_ring::BufId;
+use tracing::warn;
+
+use crate::ops::{MAX_PARKED_PER_CHANNEL, errno, would_block};
+use crate::seam::Io;
+use crate::server::Server;
+use crate::sock::{Conn, PairEnd, Parked, Place, Sock, Token};
+
+/// Most buffers one receive fills.
+const MAX_RECV_BUFS: usize = 4;
+
+/// `rx_pair`: the server's buffer for host bytes on their way into a pair.
+const RX_SCRATCH: usize = 64 * 1024;
+
+/// `rx_pair`: bytes per splice of a bulk stream (host socket → pipe → pair). Not more
+/// than a pair usually takes at once: what it does not take is copied out of the pipe.
+const RX_SPLICE: usize = 64 * 1024;
+
+/// `rx_pair`: a splice that moves less than this ends a stream's bulk mode.
+const SPLICE_MIN: usize = 16 * 1024;
+
+/// `rx_pair`: the server's pipe (pages, not bytes, are what a splice fills: room for
+/// many small segments).
+const RX_PIPE: usize = 1 << 20;
+
+/// One splice of bulk stream `s`: host socket → `pipe` (read end, write end) → pair.
+/// What the pair does not take is read out of the pipe (through `buf`) into
+/// `s.rx_pending`, so the pipe is empty for the next socket; `true` when that failed
+/// (not expected: the pipe holds those bytes) — the stream has lost them (`EIO`) and
+/// the pipe must not serve another.
+fn splice_bulk(
+    io: &dyn Io,
+    s: &mut Sock,
+    (pr, pw): &(OwnedFd, OwnedFd),
+    buf: &mut [u8],
+) -> (io::Result<usize>, bool) {
+    let r = io.splice(s.fd.as_fd(), pw.as_fd(), RX_SPLICE);
+    let Ok(n @ 1..) = r else {
+        return (r, false);
+    };
+    let moved = io.splice(pr.as_fd(), s.pair.as_fd(), n).unwrap_or(0);
+    let mut rest = n - moved.min(n);
+    while rest > 0 {
+        match io.read(pr.as_fd(), &mut buf[..rest.min(RX_SCRATCH)]) {
+            Ok(k @ 1..) => {
+                s.rx_pending.extend_from_slice(&buf[..k]);
+                rest -= k;
+            }
+            _ => return (Err(io::Error::from_raw_os_error(libc::EIO)), true),
+        }
+    }
+    s.rx_bulk = n >= SPLICE_MIN;
+    (r, false)
+}
+
+impl Server {
+    pub(crate) fn recv(
+        &mut self,
+        ch: u32,
+        id: u32,
+        tag: u32,
+        len: u32,
+        flags: i32,
+        nonblock: bool,
+    ) {
+        if flags & libc::MSG_OOB == 0
+            && let Some(res) = self.pair_stream_end(id)
+        {
+            // The stream's bytes went through the pair: the shim asks only what ended it.
+            self.done(ch, id, tag, res);
+            return;
+        }
+        match self.try_recv(ch, id, tag, len, flags) {
+            Ok(()) => {}
+            Err(e) if would_block(&e) && !nonblock => {
+                self.park(
+                    id,
+                    Parked::Recv {
+                        ch,
+                        tag,
+                        len,
+                        flags,
+                    },
+                );
+            }
+            Err(e) => {
+                let mut c = Cmp::new(CmpKind::Done, id, tag, errno(&e));
+                if would_block(&e) && self.drain_token(id) != 0 {
+                    c.flags |= CMP_DRAIN_TOKEN;
+                }
+                self.complete(ch, c);
+            }
+        }
+    }
+
+    /// One non-blocking receive into the channel's buffers; completes on success.
+    fn try_recv(&mut self, ch: u32, id: u32, tag: u32, len: u32, flags: i32) -> io::Result<()> {
+        let io = self.io;
+        let chan = self
+            .channels
+            .get_mut(ch)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EPIPE))?;
+        let s = self
+            .socks
+            .get_mut(&id)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+        let bs = chan.ep.bufs.buf_size();
+        let want = (len as usize).max(1);
+        let nbufs = if s.is_stream() {
+            want.div_ceil(bs).min(MAX_RECV_BUFS)
+        } else {
+            1
+        };
+        let mut lent: Vec<(BufId, ferry_ring::BufSpan)> = Vec::with_capacity(nbufs);
+        let mut left = want;
+        for _ in 0..nbufs {
+            let Some(b) = chan.ep.pool.alloc() else { break };
+            let take = left.min(bs);
+            let span = chan
+                .ep
+                .bufs
+                .span(b.0, 0, take as u32)
+                .expect("own buffer, in range");
+            lent.push((b, span));
+            left -= take;
+        }
+        if lent.is_empty() {
+            // The shim holds every buffer: treat as "not yet" (it returns them soon).
+            return Err(io::Error::from(io::ErrorKind::WouldBlock));
+        }
+        let spans: Vec<ferry_ring::BufSpan> = lent.iter().map(|(_, sp)| *sp).collect();
+        s.recv_mark = self.waits;
+        // A datagram's control messages (those its options ask for) go to the shim.
+        let mut control = [0u8; cmsg::MAX_CONTROL];
+        let filter = !s.is_stream() && s.place != Place::Sandbox;
+        let contacted = s.contacted.as_deref();
+        let res = loop {
+            let res = io.recv_spans(
+                s.fd.as_fd(),
+                &chan.ep.bufs,
+                &spans,
+                flags & (libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_OOB),
+                (!s.is_stream()).then_some(&mut control[..]),
+            );
+            self.stats.data_syscalls += 1;
+            match &res {
+                // A datagram on the host from a source the sandbox may not talk to
+                // (the policy's, or the host's own): dropped, as a firewall would.
+                Ok(got)
+                    if filter
+                        && got.from.is_some_and(|f| {
+                            !crate::reach::arrival_allowed(&self.cfg.policy, f)
+                                || contacted.is_some_and(|c| !c.contains(&f))
+                        }) =>
+                {
+                    if flags & libc::MSG_PEEK != 0 {
+                        let _ = io.recv(s.fd.as_fd(), &mut [0u8; 1], libc::MSG_DONTWAIT);
+                    }
+                    self.stats.dropped_arrivals += 1;
+                }
+                _ => break res,
+            }
+        };
+        let got = match res {
+            Ok(got) => got,
+            Err(e) => {
+                for (b, _) in lent {
+                    let _ = chan.ep.pool.free(b);
+                }
+                if !would_block(&e) {
+                    s.so_error = 0;
+                } else {
+                    self.stats.empty_reads += 1;
+                    if flags & (libc::MSG_PEEK | libc::MSG_OOB) == 0 {
+                        s.rx_maybe = false;
+                    }
+                }
+                return Err(e);
+            }
+        };
+        let room: usize = spans.iter().map(|sp| sp.len() as usize).sum();
+        let placed = got.len.min(room);
+        s.stats.bytes_in += placed as u64;
+        self.stats.bytes_in += placed as u64;
+        let mut left = placed;
+        for (b, span) in lent {
+            let n = left.min(span.len() as usize);
+            if n == 0 {
+                let _ = chan.ep.pool.free(b);
+                continue;
+            }
+            left -= n;
+            let mut c = Cmp::new(CmpKind::Data, id, tag, 0);
+            c.buf = b.0;
+            c.len = n as u32;
+            chan.complete(c);
+        }
+        let control = &control[..got.control_len.min(cmsg::MAX_CONTROL)];
+        for (i, chunk) in control.chunks(cmsg::CHUNK).enumerate() {
+            let mut c = Cmp::new(CmpKind::Control, id, tag, 0).with_bytes(chunk);
+            c.a = (i * cmsg::CHUNK) as u32;
+            chan.complete(c);
+        }
+        let mut fin = Cmp::new(CmpKind::Done, id, tag, got.len as i32);
+        fin.a = got.flags as u32;
+        if let Some(from) = got.from.filter(|_| !s.is_stream()) {
+            fin = fin.with_addr(&WireAddr::from(from));
+        }
+        fin.buf = NO_BUF;
+        // A polled socket: if the host socket is now empty, take the token back (a token
+        // left behind would make the next poll report data that is not there). A short
+        // stream read means empty without asking the kernel; if data arrived meanwhile,
+        // `TokenDrained`'s re-check writes a fresh token. Short of the buffers lent, not
+        // of the length asked for: a read of more than MAX_RECV_BUFS buffers (or with
+        // fewer free) that fills them all may have left data behind, and the host socket,
+        // edge-triggered, brings no new edge for it. Nor after a hang-up (`rx_ending`):
+        // its edge came before this read, and the end of the stream is still to read.
+        let short = s.is_stream() && placed < room && !s.rx_ending;
+        if short && flags & (libc::MSG_PEEK | libc::MSG_OOB) == 0 {
+            s.rx_maybe = false;
+        }
+        if s.token_out()
+            && flags & libc::MSG_PEEK == 0
+            && (short || io.poll_now(s.fd.as_fd(), libc::POLLIN).unwrap_or(0) == 0)
+        {
+            fin.flags |= CMP_DRAIN_TOKEN;
+        }
+        chan.complete(fin);
+        Ok(())
+    }
+
+    /// After a successful accept: whether the shim should take the listener's token
+    /// back (1) because no connection is left to accept. A token left behind would make
+    /// the next poll report a connection that is not there, and a blocking `accept`
+    /// after it would hang. If a connection arrives meanwhile, `TokenDrained`'s re-check
+    /// writes a fresh token.
+    pub(crate) fn drain_if_empty(&mut self, listener: u32) -> i32 {
+        let io = self.io;
+        let published = self.has_published(listener);
+        match self.socks.get(&listener) {
+            Some(s)
+                if s.token_out()
+                    && !published
+                    && io.poll_now(s.fd.as_fd(), libc::POLLIN).unwrap_or(0) == 0 =>
+            {
+                1
+            }
+            _ => 0,
+        }
+    }
+
+    /// Whether the shim should drain its token now (1) or not (0).
+    pub(crate) fn drain_token(&mut self, id: u32) -> i32 {
+        match self.sock(id) {
+            Some(s) if s.token_out() => 1,
+            _ => 0,
+        }
+    }
+
+    /// Writes a readiness token if the shim wants one and the host socket is readable.
+    pub(crate) fn maybe_token(&mut self, id: u32) {
+        self.maybe_token_known(id, false);
+    }
+
+    /// [`Server::maybe_token`]; `readable` = the host socket just reported input and
+    /// nothing has received since, so a stream needs no `ppoll` to know.
+    fn maybe_token_known(&mut self, id: u32, readable: bool) {
+        let io = self.io;
+        if self.socks.get(&id).is_some_and(Sock::reads_pair) {
+            self.pump(id);
+            return;
+        }
+        let published = self.has_published(id);
+        let Some(s) = self.socks.get_mut(&id) else {
+            return;
+        };
+        if s.token != Token::Wanted {
+            return;
+        }
+        let tracked = s.is_stream() && !s.listening() && !published;
+        // An ended stream stays readable (0, or the error) with no edge to come: ask.
+        if tracked && !s.rx_maybe && !s.rx_ending {
+            return;
+        }
+        let rev = if tracked && readable {
+            libc::POLLIN
+        } else {
+            io.poll_now(s.fd.as_fd(), libc::POLLIN | libc::POLLRDHUP)
+                .unwrap_or(0)
+        };
+        let readable = rev & (libc::POLLIN | libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0;
+        if tracked && !readable {
+            s.rx_maybe = false;
+        }
+        if (readable || published) && io.send(s.pair.as_fd(), &[1]).is_ok() {
+            s.token = Token::Out { extra: 0 };
+            s.stats.tokens += 1;
+        }
+        if rev & (libc::POLLRDHUP | libc::POLLHUP) != 0 && !s.listening() {
+            s.mirror_eof(io);
+        }
+    }
+
+    /// With `rx_pair`, the answer to a receive on a connected stream whose bytes go
+    /// through the pair: how the stream ended (0, or the error that ended it, reported
+    /// once) or `EAGAIN` while it has not. `None`: not such a socket.
+    fn pair_stream_end(&mut self, id: u32) -> Option<i32> {
+        let s = self.socks.get_mut(&id).filter(|s| s.reads_pair())?;
+        if s.pair_end == PairEnd::Open {
+            return Some(-libc::EAGAIN);
+        }
+        Some(-std::mem::take(&mut s.so_error))
+    }
+
+    /// With `rx_pair`: moves what the host socket has received into the readiness pair
+    /// (the program's fd) until either would block; what the pair does not take waits
+    /// for its `EPOLLOUT` (and the host socket waits meanwhile: TCP's window is the
+    /// flow control). The end of the stream (EOF or an error, kept for the shim's
+    /// question) shuts the pair's write side. A stream whose last read filled the 64 KiB
+    /// scratch buffer is moved with `splice` through the server's pipe instead (pages
+    /// change hands, the bytes are not copied in the server) until a splice moves less
+    /// than [`SPLICE_MIN`]. A hang-up due follows the end of the stream ([`Server::mirror_hup`]).
+    pub(crate) fn pump(&mut self, id: u32) {
+        self.pump_pair(id);
+        self.mirror_hup(id);
+    }
+
+    /// A hang-up of socket `id`'s host socket (both directions shut, or a reset: the
+    /// kernel's `POLLHUP`) reaches the program's end of the pair once the end of the
+    /// stream has: our end shuts its read side too, which shuts the program end's write
+    /// side, and a unix stream socket whose directions are both shut reports `POLLHUP`.
+    /// Sends go through the channel, never the pair, so nothing the program writes is
+    /// lost (the shim's filler meets `EPIPE`; the kernel's socket polls writable after a
+    /// hang-up too). The channel's completions go out first: a program that sees the
+    /// hang-up and sends must find the error reported with it.
+    pub(crate) fn mirror_hup(&mut self, id: u32) {
+        let io = self.io;
+        let Some(s) = self.socks.get(&id).filter(|s| s.hup_to_mirror()) else {
+            return;
+        };
+        let ch = s.last_ch;
+        if let Some(c) = self.chan_mut(ch) {
+            c.flush();
+        }
+        let Some(s) = self.socks.get_mut(&id) else {
+            return;
+        };
+        s.pair_end = PairEnd::Hup;
+        let _ = io.shutdown(s.pair.as_fd(), libc::SHUT_RD);
+    }
+
+    fn pump_pair(&mut self, id: u32) {
+        let io = self.io;
+        let Some(s) = self.socks.get_mut(&id) else {
+            return;
+        };
+        if !s.reads_pair() || s.pair_end != PairEnd::Open {
+            return;
+        }
+        if self.rx_scratch.is_empty() {
+            self.rx_scratch = vec![0u8; RX_SCRATCH];
+            // Without a pipe (out of descriptors), bulk streams are copied too.
+            self.rx_pipe = self.io.rx_pipe(RX_PIPE);
+        }
+        let buf = &mut self.rx_scratch;
+        let mut pipe_broken = false;
+        loop {
+            if !s.rx_pending.is_empty() {
+                match io.send(s.pair.as_fd(), &s.rx_pending) {
+                    Ok(n) => {
+                        s.rx_pending.drain(..n);
+                        if !s.rx_pending.is_empty() {
+                            return;
+                        }
+                    }
+                    Err(_) => return,
+                }
+            }
+            if !s.urgent_first(io) {
+                return;
+            }
+            if !s.rx_maybe {
+                // No input edge since the queue was found empty (e.g. an edge that only
+                // said the socket is writable again): nothing to read.
+                return;
+            }
+            let got = match &self.rx_pipe {
+                Some(pipe) if s.rx_bulk => {
+                    let (r, broken) = splice_bulk(io, s, pipe, buf);
+                    pipe_broken = broken;
+                    r
+                }
+                _ => io
+                    .recv(s.fd.as_fd(), buf, libc::MSG_DONTWAIT)
+                    .inspect(|&n| {
+                        if n > 0 {
+                            // Straight into the pair; only what it does not take is kept.
+                            let sent = io.send(s.pair.as_fd(), &buf[..n]).unwrap_or(0);
+                            s.rx_pending.extend_from_slice(&buf[sent..n]);
+                            // A splice into a socket blocks unless the socket's own file
+                            // is non-blocking: the server's end of the pair becomes so.
+                            s.rx_bulk = n == RX_SCRATCH
+                                && self.rx_pipe.is_some()
+                                && io.set_nonblocking(s.pair.as_fd(), true).is_ok();
+                        }
+                    }),
+            };
+            match got {
+                Ok(0) => {
+                    s.mirror_eof(io);
+                    return;
+                }
+                Ok(n) => {
+                    s.stats.bytes_in += n as u64;
+                    self.stats.bytes_in += n as u64;
+                    self.stats.data_syscalls += 1;
+                    // A read that did not fill the buffer emptied the queue: bytes that
+                    // come later bring a new edge (the host socket is edge-triggered),
+                    // so the read that would say EAGAIN is skipped, unless the end has
+                    // been reported (it brings no further edge).
+                    // (A read also stops short at an urgent mark.)
+                    let drained = !s.rx_bulk && n < RX_SCRATCH && !s.rx_ending && !s.oob_due;
+                    if drained {
+                        s.rx_maybe = false;
+                    }
+                    if !s.rx_pending.is_empty() || drained {
+                        return;
+                    }
+                }
+                Err(e) if would_block(&e) => {
+                    s.rx_maybe = false;
+                    self.stats.empty_reads += 1;
+                    return;
+                }
+                Err(e) => {
+                    s.so_error = e.raw_os_error().unwrap_or(libc::EIO);
+                    s.mirror_eof(io);
+                    if pipe_broken {
+                        warn!("socket {id}: the receive pipe lost bytes; the stream ends with EIO");
+                        let _ = io.linger_reset(s.fd.as_fd());
+                        self.rx_pipe = None;
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Host readiness: finish connects, flush sends, retry parked operations, tokens.
+    pub(crate) fn host_event(&mut self, id: u32, events: u32) {
+        let Some(s) = self.socks.get_mut(&id) else {
+            return;
+        };
+        let input =
+            libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLRDHUP | libc::EPOLLERR | libc::EPOLLHUP;
+        if events & input as u32 != 0 {
+            s.rx_maybe = true;
+        }
+        if events & libc::EPOLLPRI as u32 != 0 && s.reads_pair() {
+            s.oob_due = true;
+        }
+        // Plain new input that no receive can have taken: none since the wait before the
+        // one that reported it (an edge reported now may be that old), and no parked one
+        // will run before the token check.
+        let fresh_input = events
+            & (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLERR | libc::EPOLLHUP) as u32
+            == libc::EPOLLIN as u32
+            && s.recv_mark + 1 < self.waits
+            && !s.parked.iter().any(|p| matches!(p, Parked::Recv { .. }));
+        let out = events & (libc::EPOLLOUT | libc::EPOLLERR | libc::EPOLLHUP) as u32 != 0;
+        if let Conn::Connecting { to, filled } = s.conn
+            && out
+        {
+            self.connect_ended(id, to, filled);
+        }
+        if out {
+            self.flush_tx(id);
+        }
+        self.retry_parked(id);
+        self.report_hangup(id, events);
+        self.edge_token(id, events);
+        if let Some(s) = self.socks.get_mut(&id)
+            && s.connected()
+            && events & (libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0
+        {
+            // (A stream not yet connected reports EPOLLHUP: that is not an ending.)
+            s.rx_ending = true;
+            if events & libc::EPOLLHUP as u32 != 0 && s.reads_pair() {
+                s.hup_due = true;
+            }
+        }
+        self.mirror_hup(id);
+        self.maybe_token_known(id, fresh_input);
+        if self.socks.get(&id).is_some_and(|s| s.app_closed) {
+            self.dirty.push(id);
+        }
+    }
+
+    /// A reset or hang-up of a connected stream: the program's next send fails with
+    /// EPIPE (as with the kernel), even when it has nothing queued right now.
+    fn report_hangup(&mut self, id: u32, events: u32) {
+        let Some(s) = self.socks.get_mut(&id) else {
+            return;
+        };
+        if events & (libc::EPOLLHUP | libc::EPOLLERR) as u32 == 0
+            || !s.connected()
+            || s.hup_reported
+        {
+            return;
+        }
+        s.hup_reported = true;
+        let ch = s.last_ch;
+        self.complete(ch, Cmp::new(CmpKind::AsyncError, id, 0, -libc::EPIPE));
+    }
+
+    /// Edge-triggered epoll wants an edge for every arrival of new data, even while the
+    /// socket is already readable: add a token byte per new-data edge (a few at most
+    /// between two drains).
+    fn edge_token(&mut self, id: u32, events: u32) {
+        let io = self.io;
+        let Some(s) = self.socks.get_mut(&id) else {
+            return;
+        };
+        let Token::Out { extra } = s.token else {
+            return;
+        };
+        if events & libc::EPOLLIN as u32 == 0 || s.listening() || extra >= 8 {
+            return;
+        }
+        if io.send(s.pair.as_fd(), &[1]).is_ok() {
+            s.token = Token::Out { extra: extra + 1 };
+            s.stats.tokens += 1;
+        }
+    }
+
+    fn retry_parked(&mut self, id: u32) {
+        loop {
+            let Some(s) = self.socks.get_mut(&id) else {
+                return;
+            };
+            let Some(p) = s.parked.pop_front() else {
+                return;
+            };
+            match p {
+                Parked::Recv {
+                    ch,
+                    tag,
+                    len,
+                    flags,
+                } => match self.try_recv(ch, id, tag, len, flags) {
+                    Ok(()) => continue,
+                    Err(e) if would_block(&e) => {
+                        self.park_front(
+                            id,
+                            Parked::Recv {
+                                ch,
+                                tag,
+                                len,
+                                flags,
+                            },
+                        );
+                        return;
+                    }
+                    Err(e) => self.done(ch, id, tag, errno(&e)),
+                },
+                Parked::Accept { ch } => match self.try_accept(id) {
+                    Ok(a) => self.finish_accept(ch, id, a),
+                    Err(e) if would_block(&e) => {
+                        self.park_front(id, Parked::Accept { ch });
+                        return;
+                    }
+                    Err(e) => self.ctl_reply(ch, Server::new_reply(errno(&e))),
+                },
+                other => {
+                    self.park_front(id, other);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Parks a blocking operation of socket `id` until its host socket is ready. A
+    /// shim's thread has one request in flight at a time: a channel with more than a
+    /// few parked on one socket breaks the protocol (and would grow the queue without
+    /// bound), so it is closed.
+    pub(crate) fn park(&mut self, id: u32, p: Parked) {
+        let ch = p.owner().0;
+        let Some(s) = self.sock(id) else {
+            return;
+        };
+        if s.parked.iter().filter(|q| q.owner().0 == ch).count() >= MAX_PARKED_PER_CHANNEL {
+            self.bad_channel(ch, "too many blocking requests on one socket");
+            return;
+        }
+        s.parked.push_back(p);
+    }
+
+    fn park_front(&mut self, id: u32, p: Parked) {
+        if let Some(s) = self.sock(id) {
+            s.parked.push_front(p);
+        }
+    }
+}

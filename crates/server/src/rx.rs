@@ -5,12 +5,15 @@
 //! Must not: send on host sockets itself (a writable host socket is `tx.rs`'s).
 
 use std::io;
+use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 
 use ferry_proto::{CMP_DRAIN_TOKEN, Cmp, CmpKind, NO_BUF, WireAddr, cmsg};
-use ferry_ring::BufId;
+use ferry_ring::{BufId, BufSpan, Buffers};
+use ferry_sys::Received;
 use tracing::warn;
 
+use crate::channel::Channel;
 use crate::ops::{MAX_PARKED_PER_CHANNEL, errno, would_block};
 use crate::seam::Io;
 use crate::server::Server;
@@ -61,6 +64,203 @@ fn splice_bulk(
     }
     s.rx_bulk = n >= SPLICE_MIN;
     (r, false)
+}
+
+/// Buffers of `chan` lent to one receive of `len` bytes: up to [`MAX_RECV_BUFS`] for a
+/// stream, one for a datagram; none when the shim holds them all.
+fn lend_buffers(chan: &mut Channel, stream: bool, len: u32) -> Vec<(BufId, BufSpan)> {
+    let bs = chan.ep.bufs.buf_size();
+    let want = (len as usize).max(1);
+    let nbufs = if stream {
+        want.div_ceil(bs).min(MAX_RECV_BUFS)
+    } else {
+        1
+    };
+    let mut lent = Vec::with_capacity(nbufs);
+    let mut left = want;
+    for _ in 0..nbufs {
+        let Some(b) = chan.ep.pool.alloc() else { break };
+        let take = left.min(bs);
+        let span = chan
+            .ep
+            .bufs
+            .span(b.0, 0, u32::try_from(take).unwrap_or(u32::MAX))
+            .expect("own buffer, in range");
+        lent.push((b, span));
+        left -= take;
+    }
+    lent
+}
+
+/// What a receive on the host may let through, and where it counts what it drops.
+struct Arrivals<'a> {
+    policy: &'a crate::policy::Policy,
+    stats: &'a mut crate::stats::ServerStats,
+}
+
+impl Arrivals<'_> {
+    /// One receive of `s` into `spans`. A datagram on the host from a source the
+    /// sandbox may not talk to (the policy's, the host's own, or not one a socket with a
+    /// chosen port contacted) is dropped, as a firewall would, and the next one read.
+    fn recv(
+        self,
+        io: &dyn Io,
+        s: &Sock,
+        bufs: &Buffers,
+        spans: &[BufSpan],
+        flags: i32,
+        control: &mut [u8],
+    ) -> io::Result<Received> {
+        let filter = !s.is_stream() && s.place != Place::Sandbox;
+        let contacted = s.contacted.as_deref();
+        let refused = |f: SocketAddr| {
+            !crate::reach::arrival_allowed(self.policy, f)
+                || contacted.is_some_and(|c| !c.contains(&f))
+        };
+        loop {
+            let got = io.recv_spans(
+                s.fd.as_fd(),
+                bufs,
+                spans,
+                flags & (libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_OOB),
+                (!s.is_stream()).then_some(&mut *control),
+            );
+            self.stats.data_syscalls += 1;
+            match got {
+                Ok(got) if filter && got.from.is_some_and(refused) => {
+                    if flags & libc::MSG_PEEK != 0 {
+                        let _ = io.recv(s.fd.as_fd(), &mut [0u8; 1], libc::MSG_DONTWAIT);
+                    }
+                    self.stats.dropped_arrivals += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+/// Answers receive `tag` of socket `s` that got `got` into `lent`: a `Data` record per
+/// buffer with bytes (the others go back to the pool), the control bytes in `Control`
+/// records, and `Done` (with the sender of a datagram, and the token's drain when the
+/// host socket is now empty). Returns the bytes placed.
+#[allow(clippy::too_many_arguments)]
+fn answer_recv(
+    io: &dyn Io,
+    chan: &mut Channel,
+    s: &mut Sock,
+    tag: u32,
+    flags: i32,
+    lent: Vec<(BufId, BufSpan)>,
+    got: Received,
+    control: &[u8],
+) -> u64 {
+    let id = s.id;
+    let room: usize = lent.iter().map(|(_, sp)| sp.len() as usize).sum();
+    let placed = got.len.min(room);
+    s.stats.bytes_in += placed as u64;
+    let mut left = placed;
+    for (b, span) in lent {
+        let n = left.min(span.len() as usize);
+        if n == 0 {
+            let _ = chan.ep.pool.free(b);
+            continue;
+        }
+        left -= n;
+        let mut c = Cmp::new(CmpKind::Data, id, tag, 0);
+        c.buf = b.0;
+        c.len = u32::try_from(n).unwrap_or(u32::MAX);
+        chan.complete(c);
+    }
+    for (i, chunk) in control.chunks(cmsg::CHUNK).enumerate() {
+        let mut c = Cmp::new(CmpKind::Control, id, tag, 0).with_bytes(chunk);
+        c.a = u32::try_from(i * cmsg::CHUNK).unwrap_or(u32::MAX);
+        chan.complete(c);
+    }
+    let mut fin = Cmp::new(
+        CmpKind::Done,
+        id,
+        tag,
+        i32::try_from(got.len).unwrap_or(i32::MAX),
+    );
+    fin.a = got.flags.cast_unsigned();
+    if let Some(from) = got.from.filter(|_| !s.is_stream()) {
+        fin = fin.with_addr(&WireAddr::from(from));
+    }
+    fin.buf = NO_BUF;
+    // A polled socket: if the host socket is now empty, take the token back (a token
+    // left behind would make the next poll report data that is not there). A short
+    // stream read means empty without asking the kernel; if data arrived meanwhile,
+    // `TokenDrained`'s re-check writes a fresh token. Short of the buffers lent, not of
+    // the length asked for: a read of more than MAX_RECV_BUFS buffers (or with fewer
+    // free) that fills them all may have left data behind, and the host socket,
+    // edge-triggered, brings no new edge for it. Nor after a hang-up (`rx_ending`): its
+    // edge came before this read, and the end of the stream is still to read.
+    let short = s.is_stream() && placed < room && !s.rx_ending;
+    if short && flags & (libc::MSG_PEEK | libc::MSG_OOB) == 0 {
+        s.rx_maybe = false;
+    }
+    if s.token_out()
+        && flags & libc::MSG_PEEK == 0
+        && (short || io.poll_now(s.fd.as_fd(), libc::POLLIN).unwrap_or(0) == 0)
+    {
+        fin.flags |= CMP_DRAIN_TOKEN;
+    }
+    chan.complete(fin);
+    placed as u64
+}
+
+/// Where host bytes land on their way into pairs (the pair path): the server's buffer,
+/// and the pipe bulk streams are spliced through (empty between calls of the pump).
+/// Made at the first pump.
+#[derive(Debug, Default)]
+pub(crate) struct RxScratch {
+    buf: Vec<u8>,
+    pipe: Option<(OwnedFd, OwnedFd)>,
+}
+
+impl RxScratch {
+    fn ready(&mut self, io: &dyn Io) {
+        if self.buf.is_empty() {
+            self.buf = vec![0u8; RX_SCRATCH];
+            // Without a pipe (out of descriptors), bulk streams are copied too.
+            self.pipe = io.rx_pipe(RX_PIPE);
+        }
+    }
+
+    /// One read of `s`'s host socket into its pair: spliced in bulk mode, else copied
+    /// (what the pair does not take is kept in `rx_pending`). `true` beside the result:
+    /// the pipe lost bytes and must serve no other stream.
+    fn read_into_pair(&mut self, io: &dyn Io, s: &mut Sock) -> (io::Result<usize>, bool) {
+        let buf = &mut self.buf;
+        if let Some(pipe) = self.pipe.as_ref().filter(|_| s.rx_bulk) {
+            return splice_bulk(io, s, pipe, buf);
+        }
+        let got = io.recv(s.fd.as_fd(), buf, libc::MSG_DONTWAIT);
+        if let Ok(n @ 1..) = got {
+            let sent = io.send(s.pair.as_fd(), &buf[..n]).unwrap_or(0);
+            s.rx_pending.extend_from_slice(&buf[sent..n]);
+            // A splice into a socket blocks unless the socket's own file is
+            // non-blocking: the server's end of the pair becomes so.
+            s.rx_bulk = n == RX_SCRATCH
+                && self.pipe.is_some()
+                && io.set_nonblocking(s.pair.as_fd(), true).is_ok();
+        }
+        (got, false)
+    }
+}
+
+/// Moves what `s`'s pair did not take before into it; false while some is left.
+fn pending_into_pair(io: &dyn Io, s: &mut Sock) -> bool {
+    if s.rx_pending.is_empty() {
+        return true;
+    }
+    match io.send(s.pair.as_fd(), &s.rx_pending) {
+        Ok(n) => {
+            s.rx_pending.drain(..n);
+            s.rx_pending.is_empty()
+        }
+        Err(_) => false,
+    }
 }
 
 impl Server {
@@ -114,65 +314,25 @@ impl Server {
             .socks
             .get_mut(&id)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
-        let bs = chan.ep.bufs.buf_size();
-        let want = (len as usize).max(1);
-        let nbufs = if s.is_stream() {
-            want.div_ceil(bs).min(MAX_RECV_BUFS)
-        } else {
-            1
-        };
-        let mut lent: Vec<(BufId, ferry_ring::BufSpan)> = Vec::with_capacity(nbufs);
-        let mut left = want;
-        for _ in 0..nbufs {
-            let Some(b) = chan.ep.pool.alloc() else { break };
-            let take = left.min(bs);
-            let span = chan
-                .ep
-                .bufs
-                .span(b.0, 0, take as u32)
-                .expect("own buffer, in range");
-            lent.push((b, span));
-            left -= take;
-        }
+        let lent = lend_buffers(chan, s.is_stream(), len);
         if lent.is_empty() {
             // The shim holds every buffer: treat as "not yet" (it returns them soon).
             return Err(io::Error::from(io::ErrorKind::WouldBlock));
         }
-        let spans: Vec<ferry_ring::BufSpan> = lent.iter().map(|(_, sp)| *sp).collect();
+        let spans: Vec<BufSpan> = lent.iter().map(|(_, sp)| *sp).collect();
         s.recv_mark = self.waits;
         // A datagram's control messages (those its options ask for) go to the shim.
         let mut control = [0u8; cmsg::MAX_CONTROL];
-        let filter = !s.is_stream() && s.place != Place::Sandbox;
-        let contacted = s.contacted.as_deref();
-        let res = loop {
-            let res = io.recv_spans(
-                s.fd.as_fd(),
-                &chan.ep.bufs,
-                &spans,
-                flags & (libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_OOB),
-                (!s.is_stream()).then_some(&mut control[..]),
-            );
-            self.stats.data_syscalls += 1;
-            match &res {
-                // A datagram on the host from a source the sandbox may not talk to
-                // (the policy's, or the host's own): dropped, as a firewall would.
-                Ok(got)
-                    if filter
-                        && got.from.is_some_and(|f| {
-                            !crate::reach::arrival_allowed(&self.cfg.policy, f)
-                                || contacted.is_some_and(|c| !c.contains(&f))
-                        }) =>
-                {
-                    if flags & libc::MSG_PEEK != 0 {
-                        let _ = io.recv(s.fd.as_fd(), &mut [0u8; 1], libc::MSG_DONTWAIT);
-                    }
-                    self.stats.dropped_arrivals += 1;
-                }
-                _ => break res,
-            }
+        let arrivals = Arrivals {
+            policy: &self.cfg.policy,
+            stats: &mut self.stats,
         };
-        let got = match res {
-            Ok(got) => got,
+        match arrivals.recv(io, s, &chan.ep.bufs, &spans, flags, &mut control) {
+            Ok(got) => {
+                let control = &control[..got.control_len.min(cmsg::MAX_CONTROL)];
+                self.stats.bytes_in += answer_recv(io, chan, s, tag, flags, lent, got, control);
+                Ok(())
+            }
             Err(e) => {
                 for (b, _) in lent {
                     let _ = chan.ep.pool.free(b);
@@ -185,58 +345,9 @@ impl Server {
                         s.rx_maybe = false;
                     }
                 }
-                return Err(e);
+                Err(e)
             }
-        };
-        let room: usize = spans.iter().map(|sp| sp.len() as usize).sum();
-        let placed = got.len.min(room);
-        s.stats.bytes_in += placed as u64;
-        self.stats.bytes_in += placed as u64;
-        let mut left = placed;
-        for (b, span) in lent {
-            let n = left.min(span.len() as usize);
-            if n == 0 {
-                let _ = chan.ep.pool.free(b);
-                continue;
-            }
-            left -= n;
-            let mut c = Cmp::new(CmpKind::Data, id, tag, 0);
-            c.buf = b.0;
-            c.len = n as u32;
-            chan.complete(c);
         }
-        let control = &control[..got.control_len.min(cmsg::MAX_CONTROL)];
-        for (i, chunk) in control.chunks(cmsg::CHUNK).enumerate() {
-            let mut c = Cmp::new(CmpKind::Control, id, tag, 0).with_bytes(chunk);
-            c.a = (i * cmsg::CHUNK) as u32;
-            chan.complete(c);
-        }
-        let mut fin = Cmp::new(CmpKind::Done, id, tag, got.len as i32);
-        fin.a = got.flags as u32;
-        if let Some(from) = got.from.filter(|_| !s.is_stream()) {
-            fin = fin.with_addr(&WireAddr::from(from));
-        }
-        fin.buf = NO_BUF;
-        // A polled socket: if the host socket is now empty, take the token back (a token
-        // left behind would make the next poll report data that is not there). A short
-        // stream read means empty without asking the kernel; if data arrived meanwhile,
-        // `TokenDrained`'s re-check writes a fresh token. Short of the buffers lent, not
-        // of the length asked for: a read of more than MAX_RECV_BUFS buffers (or with
-        // fewer free) that fills them all may have left data behind, and the host socket,
-        // edge-triggered, brings no new edge for it. Nor after a hang-up (`rx_ending`):
-        // its edge came before this read, and the end of the stream is still to read.
-        let short = s.is_stream() && placed < room && !s.rx_ending;
-        if short && flags & (libc::MSG_PEEK | libc::MSG_OOB) == 0 {
-            s.rx_maybe = false;
-        }
-        if s.token_out()
-            && flags & libc::MSG_PEEK == 0
-            && (short || io.poll_now(s.fd.as_fd(), libc::POLLIN).unwrap_or(0) == 0)
-        {
-            fin.flags |= CMP_DRAIN_TOKEN;
-        }
-        chan.complete(fin);
-        Ok(())
     }
 
     /// After a successful accept: whether the shim should take the listener's token
@@ -367,26 +478,9 @@ impl Server {
         if !s.reads_pair() || s.pair_end != PairEnd::Open {
             return;
         }
-        if self.rx_scratch.is_empty() {
-            self.rx_scratch = vec![0u8; RX_SCRATCH];
-            // Without a pipe (out of descriptors), bulk streams are copied too.
-            self.rx_pipe = self.io.rx_pipe(RX_PIPE);
-        }
-        let buf = &mut self.rx_scratch;
-        let mut pipe_broken = false;
+        self.rx.ready(io);
         loop {
-            if !s.rx_pending.is_empty() {
-                match io.send(s.pair.as_fd(), &s.rx_pending) {
-                    Ok(n) => {
-                        s.rx_pending.drain(..n);
-                        if !s.rx_pending.is_empty() {
-                            return;
-                        }
-                    }
-                    Err(_) => return,
-                }
-            }
-            if !s.urgent_first(io) {
+            if !pending_into_pair(io, s) || !s.urgent_first(io) {
                 return;
             }
             if !s.rx_maybe {
@@ -394,27 +488,7 @@ impl Server {
                 // said the socket is writable again): nothing to read.
                 return;
             }
-            let got = match &self.rx_pipe {
-                Some(pipe) if s.rx_bulk => {
-                    let (r, broken) = splice_bulk(io, s, pipe, buf);
-                    pipe_broken = broken;
-                    r
-                }
-                _ => io
-                    .recv(s.fd.as_fd(), buf, libc::MSG_DONTWAIT)
-                    .inspect(|&n| {
-                        if n > 0 {
-                            // Straight into the pair; only what it does not take is kept.
-                            let sent = io.send(s.pair.as_fd(), &buf[..n]).unwrap_or(0);
-                            s.rx_pending.extend_from_slice(&buf[sent..n]);
-                            // A splice into a socket blocks unless the socket's own file
-                            // is non-blocking: the server's end of the pair becomes so.
-                            s.rx_bulk = n == RX_SCRATCH
-                                && self.rx_pipe.is_some()
-                                && io.set_nonblocking(s.pair.as_fd(), true).is_ok();
-                        }
-                    }),
-            };
+            let (got, pipe_broken) = self.rx.read_into_pair(io, s);
             match got {
                 Ok(0) => {
                     s.mirror_eof(io);
@@ -448,7 +522,7 @@ impl Server {
                     if pipe_broken {
                         warn!("socket {id}: the receive pipe lost bytes; the stream ends with EIO");
                         let _ = io.linger_reset(s.fd.as_fd());
-                        self.rx_pipe = None;
+                        self.rx.pipe = None;
                     }
                     return;
                 }

@@ -73,10 +73,7 @@ pub struct Server {
     /// `Sock::recv_mark`).
     pub(crate) waits: u64,
     /// `rx_pair`: where host bytes land on their way into a pair.
-    pub(crate) rx_scratch: Vec<u8>,
-    /// `rx_pair`: the pipe (read end, write end) bulk streams are spliced through;
-    /// empty between calls of `pump`.
-    pub(crate) rx_pipe: Option<(OwnedFd, OwnedFd)>,
+    pub(crate) rx: crate::rx::RxScratch,
     /// Sockets with sends queued during this pass of the rings.
     pub(crate) tx_pending: Vec<u32>,
     /// Control connections that have not said Hello yet: the connection, the process
@@ -216,8 +213,7 @@ impl Server {
             stats,
             dirty: Vec::new(),
             waits: 0,
-            rx_scratch: Vec::new(),
-            rx_pipe: None,
+            rx: Default::default(),
             tx_pending: Vec::new(),
             pending_hello: HashMap::new(),
             next_hello: 0,

@@ -299,6 +299,46 @@ impl Sock {
         self.holders.push(owner);
     }
 
+    /// How many queued sends go out in the next call. S1 on the server side:
+    /// consecutive stream sends go in one vectored call (a datagram is always one call
+    /// of its own). Urgent data ends a batch: `MSG_OOB` marks the last byte of the call
+    /// that carries it.
+    pub(crate) fn tx_batch(&self) -> usize {
+        if !self.is_stream() {
+            return 1;
+        }
+        let n = self.txq.len().min(crate::hostio::MAX_IOV);
+        self.txq
+            .iter()
+            .take(n)
+            .position(|i| i.flags & libc::MSG_OOB != 0)
+            .map_or(n, |p| p + 1)
+    }
+
+    /// The host socket took `n` bytes of the queued sends: takes the finished ones off
+    /// the queue (a stream's partly sent one keeps its place, with its progress).
+    pub(crate) fn take_sent(&mut self, mut n: usize) -> Vec<TxItem> {
+        let stream = self.is_stream();
+        let mut done = Vec::new();
+        while let Some(item) = self.txq.front_mut() {
+            let left = item.span.len() as usize - item.sent;
+            if n < left && stream {
+                item.sent += n;
+                break;
+            }
+            n = n.saturating_sub(left);
+            done.extend(self.txq.pop_front());
+            let unsent_next = self
+                .txq
+                .front()
+                .is_some_and(|i| i.span.len() as usize > i.sent);
+            if !stream || n == 0 && unsent_next {
+                break;
+            }
+        }
+        done
+    }
+
     /// A token lies in the pair.
     pub(crate) fn token_out(&self) -> bool {
         matches!(self.token, Token::Out { .. })

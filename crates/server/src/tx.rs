@@ -19,6 +19,67 @@ use crate::sock::{Sock, TxItem};
 /// Most bytes the program wrote into its pair that one host send takes.
 const PAIR_INPUT_CHUNK: usize = 64 * 1024;
 
+/// What [`peek_program_bytes`] found in a pair.
+enum Peeked {
+    /// Bytes the program wrote, in the buffer.
+    Bytes(usize),
+    /// None: at a filler's marker (`marked`), or empty.
+    Nothing { marked: bool },
+    /// A filler's marker came first after all: the peek saw filler (look again).
+    Filler,
+}
+
+/// Peeks at what the program wrote into `s`'s pair, up to the next filler marker.
+fn peek_program_bytes(io: &dyn Io, s: &mut Sock, buf: &mut Vec<u8>) -> Peeked {
+    let pair = s.pair.as_fd();
+    let at_mark = |fd| io.at_mark(fd).unwrap_or(false);
+    if at_mark(pair) {
+        return Peeked::Nothing { marked: true };
+    }
+    buf.resize(PAIR_INPUT_CHUNK, 0);
+    let n = match io.recv(pair, buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+        Ok(n) => n,
+        Err(e) => {
+            // Kept for `app_closed`, which would have read it as SO_ERROR.
+            s.pair_reset |= e.raw_os_error() == Some(libc::ECONNRESET);
+            0
+        }
+    };
+    match n {
+        0 => Peeked::Nothing { marked: false },
+        _ if at_mark(pair) => Peeked::Filler,
+        n => Peeked::Bytes(n),
+    }
+}
+
+/// Sends the program's bytes `bytes` (peeked from `s`'s pair) on the host socket and
+/// takes out of the pair what it accepted. Returns the bytes sent and whether all went
+/// (else `pair_in_wait`: the host socket's `EPOLLOUT` resumes). On a broken connection
+/// the bytes are dropped, as a kernel socket's unsent ones would be (the program's
+/// write had already succeeded).
+fn forward_program_bytes(io: &dyn Io, s: &mut Sock, bytes: &mut [u8]) -> (usize, bool) {
+    let n = bytes.len();
+    let pair = s.pair.as_fd();
+    s.pair_in_wait = false;
+    match io.send(s.fd.as_fd(), bytes) {
+        Ok(k) => {
+            let _ = io.recv(pair, &mut bytes[..k], libc::MSG_DONTWAIT);
+            s.stats.bytes_out += k as u64;
+            s.pair_in_wait = k < n;
+            (k, k == n)
+        }
+        Err(e) if would_block(&e) => {
+            s.pair_in_wait = true;
+            (0, false)
+        }
+        Err(e) => {
+            debug!("socket {}: bytes from the pair not sent: {e}", s.id);
+            let _ = io.recv(pair, bytes, libc::MSG_DONTWAIT);
+            (0, false)
+        }
+    }
+}
+
 impl Server {
     /// `WantRoom`: the shim filled socket `id`'s readiness pair after finding no free
     /// buffer in channel `ch`, having seen `seen` of its `BufReturn`s by then. Empties
@@ -68,6 +129,7 @@ impl Server {
 
     pub(crate) fn send(&mut self, ch: u32, req: Request) -> Result<(), String> {
         let r = req.raw;
+        let id = r.sock;
         let chan = self.chan_mut(ch).ok_or("no channel")?;
         let span = chan
             .ep
@@ -77,91 +139,100 @@ impl Server {
         let bufs = chan.ep.bufs.clone();
         let ctl = std::mem::take(&mut chan.send_ctl);
         let to = req.addr().map_err(|e| e.to_string())?;
-        let give_back = |srv: &mut Server, res: i32| {
-            let mut c = Cmp::new(CmpKind::BufReturn, r.sock, 0, res);
-            c.buf = r.buf;
-            srv.complete(ch, c);
-        };
-        if !self.may_use(ch, r.sock) {
-            self.not_holder(ch, r.sock);
-        }
-        let Some(s) = self.socks.get(&r.sock).filter(|_| self.may_use(ch, r.sock)) else {
-            give_back(self, -libc::EBADF);
-            self.done(ch, r.sock, 0, -libc::EBADF);
-            return Ok(());
-        };
-        if let Some(dest) = to
-            && !s.is_stream()
-        {
-            {
-                let local = dest.is_local();
-                if local && self.on_host(r.sock) {
-                    self.host_loopback_refused(r.sock, "datagram", dest);
-                    give_back(self, 0);
-                    self.done(ch, r.sock, 0, -libc::EACCES);
-                    return Ok(());
+        let stream = match self.socks.get(&id) {
+            Some(s) if self.may_use(ch, id) => s.is_stream(),
+            found => {
+                if found.is_some() {
+                    self.not_holder(ch, id);
                 }
-                if !local && self.cfg.policy.check(&dest.to_std()) == Verdict::Deny {
-                    warn!(
-                        "socket {}: datagram to {} denied by policy",
-                        r.sock,
-                        dest.to_std()
-                    );
-                    self.stats.denied += 1;
-                    give_back(self, 0);
-                    self.done(ch, r.sock, 0, -libc::EACCES);
-                    return Ok(());
-                }
-                if !local && let Err(e) = self.move_to_host(r.sock) {
-                    give_back(self, 0);
-                    self.done(ch, r.sock, 0, e);
-                    return Ok(());
-                }
-                if let Some(c) = self.sock(r.sock).and_then(|s| s.contacted.as_mut()) {
-                    remember(c, dest.to_std());
-                }
-                if let Err(e) = self.place_for(r.sock, local) {
-                    give_back(self, 0);
-                    self.done(ch, r.sock, 0, e);
-                    return Ok(());
-                }
+                self.refuse_send(ch, id, r.buf, -libc::EBADF, -libc::EBADF);
+                return Ok(());
             }
-        }
-        let control = match &ctl {
-            c if c.is_empty() || self.socks.get(&r.sock).is_none_or(Sock::is_stream) => Vec::new(),
-            c => match cmsg::sanitize_send(c) {
-                Ok(v) => v,
-                Err(e) => {
-                    warn!("socket {}: datagram refused: {e}", r.sock);
-                    give_back(self, 0);
-                    self.done(ch, r.sock, 0, -e.errno());
-                    return Ok(());
-                }
-            },
         };
-        if let Some(why) = self.source_refused(r.sock, &control) {
-            warn!("socket {}: datagram refused: {why}", r.sock);
-            self.stats.denied += 1;
-            give_back(self, 0);
-            self.done(ch, r.sock, 0, -libc::EPERM);
-            return Ok(());
+        let to = to.filter(|_| !stream);
+        let checked = match to {
+            Some(dest) => self.route_datagram(id, dest),
+            None => Ok(()),
         }
-        let s = self.sock(r.sock).expect("checked above");
+        .and_then(|()| self.send_control(id, stream, &ctl));
+        let control = match checked {
+            Ok(control) => control,
+            Err(e) => {
+                self.refuse_send(ch, id, r.buf, 0, e);
+                return Ok(());
+            }
+        };
+        let s = self.sock(id).expect("checked above");
         s.stats.calls += 1;
         s.txq.push_back(TxItem {
             ch,
             bufs,
             span,
             sent: 0,
-            to: to.filter(|_| !s.is_stream()).map(WireAddr::to_std),
-            flags: (r.a as i32) & (libc::MSG_MORE | libc::MSG_OOB | libc::MSG_EOR),
+            to: to.map(WireAddr::to_std),
+            flags: r.a.cast_signed() & (libc::MSG_MORE | libc::MSG_OOB | libc::MSG_EOR),
             control,
         });
         if s.txq.len() == 1 {
             // Sent once the rings are drained: every send of this turn in one call.
-            self.tx_pending.push(r.sock);
+            self.tx_pending.push(id);
         }
         Ok(())
+    }
+
+    /// A send on socket `id` that does not go out: its buffer goes back (with
+    /// `returned`, which the shim reads as the send's own result) and `error` is
+    /// reported on the program's next call.
+    fn refuse_send(&mut self, ch: u32, id: u32, buf: u32, returned: i32, error: i32) {
+        let mut c = Cmp::new(CmpKind::BufReturn, id, 0, returned);
+        c.buf = buf;
+        self.complete(ch, c);
+        self.done(ch, id, 0, error);
+    }
+
+    /// A datagram of socket `id` to `dest`: whether it may go (the host's own addresses
+    /// are never reachable from the host side; the policy), and from where (a socket
+    /// bound to the wildcard in the sandbox moves to the host for a peer outside it).
+    fn route_datagram(&mut self, id: u32, dest: WireAddr) -> Result<(), i32> {
+        let local = dest.is_local();
+        if local && self.on_host(id) {
+            self.host_loopback_refused(id, "datagram", dest);
+            return Err(-libc::EACCES);
+        }
+        if !local && self.cfg.policy.check(&dest.to_std()) == Verdict::Deny {
+            warn!(
+                "socket {id}: datagram to {} denied by policy",
+                dest.to_std()
+            );
+            self.stats.denied += 1;
+            return Err(-libc::EACCES);
+        }
+        if !local {
+            self.move_to_host(id)?;
+        }
+        if let Some(c) = self.sock(id).and_then(|s| s.contacted.as_mut()) {
+            remember(c, dest.to_std());
+        }
+        self.place_for(id, local)
+    }
+
+    /// The control messages of a datagram of socket `id` (`ctl`, from `SendCtl`
+    /// records), checked: only those a sandbox may send, and a source only where the
+    /// host may be a source (`reach.rs`). A stream sends none.
+    fn send_control(&mut self, id: u32, stream: bool, ctl: &[u8]) -> Result<Vec<u8>, i32> {
+        if ctl.is_empty() || stream {
+            return Ok(Vec::new());
+        }
+        let control = cmsg::sanitize_send(ctl).map_err(|e| {
+            warn!("socket {id}: datagram refused: {e}");
+            -e.errno()
+        })?;
+        if let Some(why) = self.source_refused(id, &control) {
+            warn!("socket {id}: datagram refused: {why}");
+            self.stats.denied += 1;
+            return Err(-libc::EPERM);
+        }
+        Ok(control)
     }
 
     /// Sends what the sockets queued during this pass of the rings (S1 on the host
@@ -185,82 +256,48 @@ impl Server {
             if s.txq.is_empty() {
                 break;
             }
-            // S1 on the server side: consecutive stream sends go out in one vectored
-            // call (a datagram is always one call of its own). Urgent data ends a batch:
-            // `MSG_OOB` marks the last byte of the call that carries it.
-            let batch = if s.is_stream() {
-                let n = s.txq.len().min(crate::hostio::MAX_IOV);
-                s.txq
-                    .iter()
-                    .take(n)
-                    .position(|i| i.flags & libc::MSG_OOB != 0)
-                    .map_or(n, |p| p + 1)
-            } else {
-                1
-            };
+            let batch = s.tx_batch();
             let res = io.send_items(s.fd.as_fd(), s.txq.range(..batch));
             self.stats.data_syscalls += 1;
             match res {
-                Ok(mut n) => {
+                Ok(n) => {
                     s.stats.bytes_out += n as u64;
                     self.stats.bytes_out += n as u64;
-                    let stream = s.is_stream();
-                    let mut done = Vec::new();
-                    while let Some(item) = s.txq.front_mut() {
-                        let left = item.span.len() as usize - item.sent;
-                        if n < left && stream {
-                            item.sent += n;
-                            break;
-                        }
-                        n = n.saturating_sub(left);
-                        done.push(s.txq.pop_front().expect("front exists"));
-                        if !stream
-                            || n == 0
-                                && s.txq
-                                    .front()
-                                    .is_some_and(|i| i.span.len() as usize > i.sent)
-                        {
-                            break;
-                        }
-                    }
-                    for item in done {
-                        let mut c = Cmp::new(CmpKind::BufReturn, id, 0, 0);
-                        c.buf = item.span.id().0;
-                        self.complete(item.ch, c);
+                    for item in s.take_sent(n) {
+                        self.return_buffer(item.ch, id, item.span.id().0);
                     }
                 }
                 Err(e) if would_block(&e) => return,
                 Err(e) => {
                     // The connection is broken: give every buffer back, report once.
                     let items: Vec<TxItem> = s.txq.drain(..).collect();
-                    let code = errno(&e);
-                    let mut reported = false;
+                    let mut report = Some(errno(&e));
                     for item in items {
-                        let mut c = Cmp::new(CmpKind::BufReturn, id, 0, 0);
-                        c.buf = item.span.id().0;
-                        self.complete(item.ch, c);
-                        if !reported {
+                        self.return_buffer(item.ch, id, item.span.id().0);
+                        if let Some(code) = report.take() {
                             self.complete(item.ch, Cmp::new(CmpKind::AsyncError, id, 0, code));
-                            reported = true;
                         }
                     }
                     break;
                 }
             }
         }
-        let Some(s) = self.socks.get_mut(&id) else {
-            return;
-        };
-        if !s.txq.is_empty() {
-            return;
+        match self.socks.get(&id) {
+            Some(s) if s.txq.is_empty() && s.pair_in_wait => {
+                // The program's own bytes in the pair came after these sends (once they
+                // are out, `pair_input` finishes what waited for them).
+                self.pair_input(id);
+            }
+            Some(s) if s.txq.is_empty() => self.after_sends(id),
+            _ => {}
         }
-        if s.pair_in_wait {
-            // The program's own bytes in the pair came after these sends (once they are
-            // out, `pair_input` finishes what waited for them).
-            self.pair_input(id);
-        } else {
-            self.after_sends(id);
-        }
+    }
+
+    /// A send of socket `id` is finished: shim buffer `buf` goes back to channel `ch`.
+    fn return_buffer(&mut self, ch: u32, id: u32, buf: u32) {
+        let mut c = Cmp::new(CmpKind::BufReturn, id, 0, 0);
+        c.buf = buf;
+        self.complete(ch, c);
     }
 
     /// Once everything the program sent is out (queued sends and its own bytes in the
@@ -305,78 +342,35 @@ impl Server {
                 s.pair_in_wait = true;
                 return;
             }
-            let pair = s.pair.as_fd();
-            let at_mark = |fd| io.at_mark(fd).unwrap_or(false);
-            let marked = at_mark(pair);
-            let n = if marked {
-                0
-            } else {
-                buf.resize(PAIR_INPUT_CHUNK, 0);
-                match io.recv(pair, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
-                    Ok(n) => n,
-                    Err(e) => {
-                        // Kept for `app_closed`, which would have read it as SO_ERROR.
-                        s.pair_reset |= e.raw_os_error() == Some(libc::ECONNRESET);
-                        0
+            let n = match peek_program_bytes(io, s, &mut buf) {
+                Peeked::Filler => continue,
+                Peeked::Bytes(n) => n,
+                Peeked::Nothing { marked } => {
+                    // At a filler's marker, or empty (then no filler is coming: a drain
+                    // asked of an unfilled pair).
+                    let was_waiting = std::mem::take(&mut s.pair_in_wait);
+                    if std::mem::take(&mut s.filler_due) && marked {
+                        Self::drain_filler_now(io, s);
                     }
+                    if was_waiting {
+                        self.after_sends(id);
+                    }
+                    return;
                 }
             };
-            if n > 0 && at_mark(pair) {
-                // A filler's marker came first after all: the peek saw filler.
-                continue;
-            }
-            if n == 0 {
-                // At a filler's marker, or empty (then no filler is coming: a drain
-                // asked of an unfilled pair).
-                let was_waiting = std::mem::take(&mut s.pair_in_wait);
-                if std::mem::take(&mut s.filler_due) && marked {
-                    Self::drain_filler_now(io, s);
-                }
-                if was_waiting {
-                    self.after_sends(id);
-                }
-                return;
-            }
             // Looked at after the bytes: a send the program queued before writing them
             // is in a ring by now, and goes first (at the end of this pass over the
             // rings).
-            if self.rings_pending() {
-                let s = self.socks.get_mut(&id).expect("looked up above");
+            if self.channels.rings_pending() {
                 s.pair_in_wait = true;
                 self.pair_resume.push(id);
                 return;
             }
-            let s = self.socks.get_mut(&id).expect("looked up above");
-            s.pair_in_wait = false;
-            let pair = s.pair.as_fd();
-            match io.send(s.fd.as_fd(), &buf[..n]) {
-                Ok(k) => {
-                    let _ = io.recv(pair, &mut buf[..k], libc::MSG_DONTWAIT);
-                    s.stats.bytes_out += k as u64;
-                    self.stats.bytes_out += k as u64;
-                    if k < n {
-                        s.pair_in_wait = true;
-                        return;
-                    }
-                }
-                Err(e) if would_block(&e) => {
-                    s.pair_in_wait = true;
-                    return;
-                }
-                Err(e) => {
-                    // The connection is broken; the program's write had already
-                    // succeeded, so these bytes are dropped as a kernel socket's unsent
-                    // ones would be.
-                    debug!("socket {id}: bytes from the pair not sent: {e}");
-                    let _ = io.recv(pair, &mut buf[..n], libc::MSG_DONTWAIT);
-                    return;
-                }
+            let (sent, all) = forward_program_bytes(io, s, &mut buf[..n]);
+            self.stats.bytes_out += sent as u64;
+            if !all {
+                return;
             }
         }
-    }
-
-    /// Whether a channel has records the server has not taken yet.
-    fn rings_pending(&mut self) -> bool {
-        self.channels.rings_pending()
     }
 }

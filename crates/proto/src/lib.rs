@@ -4,9 +4,10 @@
 //! fixed-size records carried by the shared-memory rings ([`Req`] from the shim, [`Cmp`]
 //! from the server), the control messages carried by the per-thread unix socket
 //! ([`Ctl`]), socket addresses as they travel inside records ([`WireAddr`]), control
-//! messages and which of them a sandbox may send ([`cmsg`]), and the
+//! messages and which of them a sandbox may send ([`cmsg`]), the
 //! validation that turns raw records written by an untrusted peer into typed values
-//! ([`Request::decode`]). It does no I/O and contains no `unsafe`.
+//! ([`Call::decode`], and [`Request::decode`] under it) and the typed requests a side
+//! writes ([`Call::encode`]). It does no I/O and contains no `unsafe`.
 //!
 //! # Theory of operation
 //!
@@ -30,11 +31,13 @@
 )]
 
 mod addr;
+mod call;
 pub mod cmsg;
 mod ctl;
 mod module;
 
 pub use addr::{AddrError, WireAddr};
+pub use call::{BufRef, Call, InlineBytes};
 pub use ctl::{
     Ctl, CtlKind, HELLO_READS_PAIR, HELLO_ROUTES, HELLO_RX_PAIR, Hello, HelloReply, MAX_SERVERS,
     PAIR_NAME_MAX, PAIR_NAME_PREFIX, PROTO_VERSION, SERVER_BITS, pair_name, parse_pair_name,

@@ -7,7 +7,9 @@
 //! messages and which of them a sandbox may send ([`cmsg`]), the
 //! validation that turns raw records written by an untrusted peer into typed values
 //! ([`Call::decode`], and [`Request::decode`] under it) and the typed requests a side
-//! writes ([`Call::encode`]). It does no I/O and contains no `unsafe`.
+//! writes ([`Call::encode`]), the client side's completion demux ([`demux`]), and the
+//! protocol violations either side may report ([`ProtoError`]). It does no I/O and
+//! contains no `unsafe`.
 //!
 //! # Theory of operation
 //!
@@ -34,6 +36,8 @@ mod addr;
 mod call;
 pub mod cmsg;
 mod ctl;
+pub mod demux;
+mod error;
 mod module;
 
 pub use addr::{AddrError, WireAddr};
@@ -43,6 +47,7 @@ pub use ctl::{
     PAIR_NAME_MAX, PAIR_NAME_PREFIX, PROTO_VERSION, SERVER_BITS, pair_name, parse_pair_name,
     server_of,
 };
+pub use error::ProtoError;
 pub use module::{
     BINDING_MAGIC, Binding, BindingError, CTL_BLOB_FD, MAX_BINDING_BYTES, MAX_FILE_HANDLES,
     MAX_FILES, MAX_INLINE_BINDING, MAX_KEY_BYTES, MAX_MODULE_BYTES, MAX_PROPS,

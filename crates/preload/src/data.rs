@@ -5,7 +5,7 @@
 
 use std::ffi::c_int;
 
-use ferry_proto::{CMP_DRAIN_TOKEN, Op, REQ_NONBLOCK, Req, cmsg, server_of};
+use ferry_proto::{BufRef, CMP_DRAIN_TOKEN, Call, cmsg, server_of};
 use ferry_ring::BufId;
 use libc::{off_t, sockaddr, socklen_t};
 
@@ -197,20 +197,25 @@ pub unsafe fn send(
                 Ok(sp) => sp,
                 Err(e) => {
                     ch.unalloc(b);
-                    return Err(ch.fail(format_args!("{e}")));
+                    return Err(ch.fail(e));
                 }
             };
             // SAFETY: the span is a validated range of our own, unlent buffer.
             let got = unsafe { cur.read_into(ch.bufs().as_mut_ptr(span), n) };
-            let mut req = Req::new(Op::Send, s.id);
-            (req.buf, req.len, req.a, req.b) = (b.0, got as u32, flags as u32, off);
-            if let Some(d) = &dest {
-                req = req.with_addr(d);
-            }
+            let req = Call::Send {
+                sock: s.id,
+                buf: BufRef {
+                    id: b.0,
+                    len: got as u32,
+                },
+                offset: off,
+                flags,
+                dest,
+            };
             if !control.is_empty() {
                 ch.push_control(s.id, &control)?;
             }
-            ch.push(&req)?;
+            ch.push(req)?;
             if !s.dgram() {
                 ch.sent_record(s.id);
             }
@@ -328,16 +333,17 @@ pub unsafe fn recv(s: Sock, cur: &mut IoCursor, flags: c_int) -> Res<Got> {
         };
         let w = Wait::after(TABLE.timeouts(s.fd).0, Errno::EAGAIN);
         loop {
-            let mut req = Req::new(Op::Recv, s.id);
-            if nonblock {
-                req.flags |= REQ_NONBLOCK;
-            }
-            req.a = if probe_only {
-                1
-            } else {
-                (cap - got.len).min(u32::MAX as usize) as u32
+            let req = Call::Recv {
+                sock: s.id,
+                tag: 0,
+                max: if probe_only {
+                    1
+                } else {
+                    (cap - got.len).min(u32::MAX as usize) as u32
+                },
+                flags: wire,
+                nonblock,
             };
-            req.b = wire as u32;
             let mut copied = 0usize;
             let r = ch.call(req, w, &mut |bufs, span| {
                 if probe_only || discard {
@@ -437,7 +443,15 @@ fn pair_recv(ch: &mut Channel, s: &Sock, cur: &mut IoCursor, flags: c_int) -> Re
         }
     };
     if n == 0 {
-        let done = ch.call(Req::new(Op::Recv, s.id), Wait::FOREVER, &mut |_, _| {})?;
+        // How the stream ended (`max` 0: nothing to take).
+        let req = Call::Recv {
+            sock: s.id,
+            tag: 0,
+            max: 0,
+            flags: 0,
+            nonblock: false,
+        };
+        let done = ch.call(req, Wait::FOREVER, &mut |_, _| {})?;
         got.len = Errno::check(done.result)? as usize;
         return Ok(got);
     }
@@ -625,7 +639,7 @@ unsafe fn feed(
                 Ok(sp) => sp,
                 Err(e) => {
                     ch.unalloc(b);
-                    return Err(ch.fail(format_args!("{e}")));
+                    return Err(ch.fail(e));
                 }
             };
             let p = ch.bufs().as_mut_ptr(span);
@@ -648,9 +662,16 @@ unsafe fn feed(
             if let Some(o) = off.as_mut() {
                 *o += k as off_t;
             }
-            let mut req = Req::new(Op::Send, s.id);
-            (req.buf, req.len) = (b.0, k as u32);
-            ch.push(&req)?;
+            ch.push(Call::Send {
+                sock: s.id,
+                buf: BufRef {
+                    id: b.0,
+                    len: k as u32,
+                },
+                offset: 0,
+                flags: 0,
+                dest: None,
+            })?;
             if !s.dgram() {
                 ch.sent_record(s.id);
             }

@@ -149,6 +149,17 @@ pub struct Channel {
 /// stream of small writes is not limited by the number of buffers.
 pub const SMALL_SEND: usize = 4096;
 
+/// Room for one send record in a buffer of ours ([`Channel::alloc_slot`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Slot {
+    /// The buffer.
+    pub buf: BufId,
+    /// Where the record's bytes start in it.
+    pub off: u32,
+    /// How many bytes fit.
+    pub cap: usize,
+}
+
 impl fmt::Debug for Channel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Channel")
@@ -532,21 +543,23 @@ impl Channel {
         done
     }
 
-    /// Queues control bytes (checked, at most [`ferry_proto::cmsg::MAX_CONTROL`]) for
-    /// the next send on `sock` ([`Call::SendCtl`]).
-    pub fn push_control(&mut self, sock: u32, bytes: &[u8]) -> Res<()> {
-        for c in Call::send_ctl(sock, bytes) {
+    /// Publishes one send record (a [`Call::Send`] whose slot is filled), after its
+    /// control bytes (checked, at most [`ferry_proto::cmsg::MAX_CONTROL`]; sent as
+    /// [`Call::SendCtl`] records) if any. A stream's record is counted until its buffer
+    /// comes back ([`Channel::wait_sent`]).
+    pub fn push_send(&mut self, send: Call, control: &[u8], stream: bool) -> Res<()> {
+        let sock = send.sock();
+        for c in Call::send_ctl(sock, control) {
             self.push(c)?;
         }
-        Ok(())
-    }
-
-    /// A send record for stream `sock` was pushed: counted until its buffer comes back.
-    pub fn sent_record(&mut self, sock: u32) {
-        match self.inflight.iter_mut().find(|(id, _)| *id == sock) {
-            Some((_, n)) => *n += 1,
-            None => self.inflight.push((sock, 1)),
+        self.push(send)?;
+        if stream {
+            match self.inflight.iter_mut().find(|(id, _)| *id == sock) {
+                Some((_, n)) => *n += 1,
+                None => self.inflight.push((sock, 1)),
+            }
         }
+        Ok(())
     }
 
     /// A blocking send on stream `sock` returns once its bytes are the kernel's, as the
@@ -748,26 +761,27 @@ impl Channel {
         let _ = self.drop_ref(b);
     }
 
-    /// Room for `want` bytes to send: `(buffer, offset, capacity)`. Small sends are
-    /// packed into a shared buffer (the arena); larger ones get a buffer of their own.
-    /// When no buffer is free: `Ok(None)` if `nonblock`, else waits as `alloc_buf` does.
-    pub fn alloc_slot(
-        &mut self,
-        want: usize,
-        nonblock: bool,
-        w: Wait,
-    ) -> Res<Option<(BufId, u32, usize)>> {
+    /// Room for `want` bytes to send. Small sends are packed into a shared buffer (the
+    /// arena); larger ones get a buffer of their own. When no buffer is free: `Ok(None)`
+    /// if `nonblock`, else waits as `alloc_buf` does.
+    pub fn alloc_slot(&mut self, want: usize, nonblock: bool, w: Wait) -> Res<Option<Slot>> {
         if want >= SMALL_SEND {
-            return Ok(self
-                .alloc_buf(nonblock, w)?
-                .map(|b| (b, 0, self.buf_size())));
+            return Ok(self.alloc_buf(nonblock, w)?.map(|buf| Slot {
+                buf,
+                off: 0,
+                cap: self.buf_size(),
+            }));
         }
         let need = (want.max(1) + 7) & !7;
         if let Some((b, used)) = self.arena {
             if used as usize + need <= self.buf_size() {
                 self.arena = Some((b, used + need as u32));
                 self.refs[b.0 as usize] += 1;
-                return Ok(Some((b, used, want)));
+                return Ok(Some(Slot {
+                    buf: b,
+                    off: used,
+                    cap: want,
+                }));
             }
             self.arena = None;
             self.drop_ref(b)?;
@@ -778,7 +792,23 @@ impl Channel {
         // One reference for the record, one for being the arena.
         self.refs[b.0 as usize] += 1;
         self.arena = Some((b, need as u32));
-        Ok(Some((b, 0, want)))
+        Ok(Some(Slot {
+            buf: b,
+            off: 0,
+            cap: want,
+        }))
+    }
+
+    /// The memory of the first `n` bytes of `slot`, to fill; a slot the region does not
+    /// hold (the server broke the layout) is given back and fails the channel.
+    pub fn slot_mem(&mut self, slot: Slot, n: usize) -> Res<*mut u8> {
+        match self.ep.bufs.span(slot.buf.0, slot.off, n as u32) {
+            Ok(span) => Ok(self.ep.bufs.as_mut_ptr(span)),
+            Err(e) => {
+                self.unalloc(slot.buf);
+                Err(self.fail(e))
+            }
+        }
     }
 
     /// Drops one reference to a buffer of ours; the last one frees it.

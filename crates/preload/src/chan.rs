@@ -333,7 +333,7 @@ impl Channel {
         self.fail(e)
     }
 
-    /// Queues one fire-and-forget request (see [`Channel::push_record`]).
+    /// Queues one fire-and-forget request (see `push_record`: when the doorbell rings).
     pub fn push(&mut self, call: Call) -> Res<()> {
         self.push_record(&call.encode())
     }

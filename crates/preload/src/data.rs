@@ -125,8 +125,8 @@ fn next_slot(
 ///
 /// Look up (the socket, its destination, what goes with it), then for each record:
 /// reserve a slot, copy into it, publish it. The rare cases are the look-up's
-/// ([`sender`], [`ready_to_send`]) and the slot's ([`next_slot`]); a blocking stream send
-/// of [`SYNC_SEND`] or more then waits for its bytes to be the kernel's.
+/// (`sender`, `ready_to_send`) and the slot's (`next_slot`); a blocking stream send of
+/// `SYNC_SEND` bytes or more then waits for its bytes to be the kernel's.
 ///
 /// # Safety
 /// `cur`'s buffers readable; `dest` readable for `dest_len` bytes (or null).

@@ -2,16 +2,21 @@
 //! from bytes the sandbox chose, and what the server derives from a request.
 //!
 //! The input is cut into 64-byte pieces, each read as a ring request ([`Req`], through
-//! [`Request::decode`] and its `addr()`/`value()`), a completion ([`Cmp`]), a control
-//! message ([`Ctl`]) and a [`Hello`]; the whole input is also decoded as a socket address
-//! and as a readiness pair's abstract name. Properties checked: decoding never panics; a
-//! decoded request only exposes bytes inside its record and the fields its operation
-//! needs are valid; addresses round-trip; pair names round-trip and name a server below
-//! [`MAX_SERVERS`].
+//! [`Request::decode`] and its `addr()`/`value()`, and through [`Call::decode`]), a
+//! completion ([`Cmp`], also through one [`Demux`] kept over the whole input, as a
+//! shim's channel takes them), a control message ([`Ctl`]) and a [`Hello`]; the whole
+//! input is also decoded as a socket address and as a readiness pair's abstract name.
+//! Properties checked: decoding never panics; a decoded request only exposes bytes
+//! inside its record and the fields its operation needs are valid; a typed request
+//! decodes where `Request::decode` does (but for a `Send` whose destination is not an
+//! address) and round-trips through `encode`; the demux gives a call only its own
+//! completions and keeps its control bytes within bounds; addresses round-trip; pair
+//! names round-trip and name a server below [`MAX_SERVERS`].
 
+use ferry_proto::demux::{Demux, Event};
 use ferry_proto::{
-    Cmp, Ctl, Hello, MAX_SERVERS, NO_BUF, Op, PAIR_NAME_PREFIX, RECORD_SIZE, Req, Request,
-    WireAddr, pair_name, parse_pair_name, server_of,
+    Call, Cmp, CmpKind, Ctl, Hello, MAX_SERVERS, NO_BUF, Op, PAIR_NAME_PREFIX, RECORD_SIZE, Req,
+    Request, WireAddr, cmsg, pair_name, parse_pair_name, server_of,
 };
 
 use crate::input::Input;
@@ -19,11 +24,14 @@ use crate::input::Input;
 /// One input.
 pub fn run(data: &[u8]) {
     let mut input = Input::new(data);
+    let mut demux = Demux::new();
     while !input.is_empty() {
         let mut rec = [0u8; RECORD_SIZE];
         input.fill(&mut rec);
         request(bytemuck::pod_read_unaligned(&rec));
+        call(bytemuck::pod_read_unaligned(&rec));
         completion(bytemuck::pod_read_unaligned(&rec));
+        demuxed(&mut demux, bytemuck::pod_read_unaligned(&rec));
         control(bytemuck::pod_read_unaligned(&rec));
         hello(bytemuck::pod_read_unaligned(&rec[..size_of::<Hello>()]));
     }
@@ -63,6 +71,55 @@ fn request(raw: Req) {
         }
     }
     assert!(server_of(raw.sock) < MAX_SERVERS);
+}
+
+/// A request in its typed form: accepted where [`Request::decode`] accepts it (but for a
+/// `Send` whose destination is not an address), with the same operation and socket, and
+/// stable through `encode`.
+fn call(raw: Req) {
+    let req = Request::decode(raw);
+    let c = match Call::decode(&raw) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.to_string();
+            if let Ok(req) = req {
+                assert_eq!(req.op, Op::Send, "{raw:?} refused: {e}");
+                assert!(req.addr().is_err(), "{raw:?} refused: {e}");
+            }
+            return;
+        }
+    };
+    let req = req.expect("a typed request decodes as a Request");
+    assert_eq!((c.op(), c.sock()), (req.op, raw.sock));
+    let again = c.encode();
+    assert_eq!(Call::decode(&again), Ok(c), "{raw:?}");
+    // The record's tag is the call's, or the operation has none.
+    assert!(c.tag() == raw.tag || c.with_tag(raw.tag) == c, "{raw:?}");
+}
+
+/// A completion taken by a demux, as the shim's channel takes them: a call begins before
+/// each record whose `flags` have their top bit set (no flag of the protocol's).
+fn demuxed(d: &mut Demux, c: Cmp) {
+    if c.flags & 0x8000 != 0 {
+        d.begin();
+    }
+    let call = d.in_progress();
+    match d.take(c) {
+        Ok(Event::Data { .. } | Event::Control) => assert_eq!(call, Some(c.tag)),
+        Ok(Event::Done(done)) => {
+            assert_eq!((call, done), (Some(c.tag), c));
+            assert_eq!(d.in_progress(), None);
+        }
+        Ok(Event::Orphan { .. } | Event::Stale) => assert_ne!(call, Some(c.tag)),
+        Ok(Event::BufReturn { .. } | Event::AsyncError { .. }) => {}
+        Err(e) => {
+            let _ = e.to_string();
+        }
+    }
+    if !matches!(c.kind(), Ok(CmpKind::Done)) || call != Some(c.tag) {
+        assert_eq!(d.in_progress(), call);
+    }
+    assert!(d.control().len() <= cmsg::MAX_CONTROL);
 }
 
 /// A completion as the shim or the native client takes it off the ring.

@@ -20,9 +20,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_proto::demux::{Demux, Event};
 use ferry_proto::{
-    Binding, CTL_BLOB_FD, Cmp, CmpKind, Ctl, CtlKind, Hello, HelloReply, MAX_INLINE_BINDING,
-    ModuleRef, Op, PROTO_VERSION, Req, WireAddr, module_hash,
+    Binding, BufRef, CTL_BLOB_FD, Call, Cmp, Ctl, CtlKind, Hello, HelloReply, InlineBytes,
+    MAX_INLINE_BINDING, ModuleRef, PROTO_VERSION, ProtoError, Req, WireAddr, module_hash,
 };
 use ferry_ring::{BufId, Buffers, Endpoint, Region, Side, SpinPolicy, WaitResult};
 
@@ -47,7 +48,8 @@ pub struct Client {
     ctl: OwnedFd,
     ep: Endpoint<Req, Cmp>,
     spin: SpinPolicy,
-    next_tag: u32,
+    /// Which completion is whose (tags, the call in progress).
+    demux: Demux,
     /// Errors the server reported for fire-and-forget operations, by socket.
     pub async_errors: Vec<(u32, i32)>,
     /// Hashes of modules this channel's server has loaded (bound by hash next time).
@@ -60,8 +62,10 @@ fn err(code: i32) -> io::Error {
     io::Error::from_raw_os_error(-code)
 }
 
-fn proto_err(what: impl std::fmt::Display) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, what.to_string())
+/// A protocol violation (a [`ProtoError`]) or a ring's refusal, as an `InvalidData` error
+/// that keeps it as its source.
+fn proto_err(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
 }
 
 impl Client {
@@ -81,10 +85,13 @@ impl Client {
         let reply: HelloReply = if n == buf.len() {
             bytemuck::pod_read_unaligned(&buf)
         } else {
-            return Err(proto_err(format!("hello reply of {n} bytes")));
+            return Err(proto_err(ProtoError::HelloSize(n)));
         };
-        if reply.version != PROTO_VERSION || fds.len() != 2 {
-            return Err(proto_err("server refused the channel"));
+        if reply.version != PROTO_VERSION {
+            return Err(proto_err(ProtoError::Refused(reply.version)));
+        }
+        if fds.len() != 2 {
+            return Err(proto_err(ProtoError::HelloFds(fds.len())));
         }
         let doorbell = fds.pop().expect("two fds");
         let region = Arc::new(Region::open(fds.pop().expect("two fds")).map_err(proto_err)?);
@@ -98,7 +105,7 @@ impl Client {
             ctl,
             ep,
             spin,
-            next_tag: 1,
+            demux: Demux::new(),
             async_errors: Vec::new(),
             loaded: Default::default(),
             last_module: None,
@@ -182,6 +189,11 @@ impl Client {
         Ok(())
     }
 
+    /// Pushes a fire-and-forget request.
+    fn push_call(&mut self, call: Call) -> io::Result<()> {
+        self.push(call.encode())
+    }
+
     fn push(&mut self, req: Req) -> io::Result<()> {
         loop {
             if self.ep.tx.push(&req).map_err(proto_err)? {
@@ -211,69 +223,80 @@ impl Client {
     /// the server at once).
     fn call_with(
         &mut self,
-        mut req: Req,
+        call: Call,
         sink: &mut dyn FnMut(&Buffers, Cmp) -> bool,
     ) -> io::Result<Cmp> {
-        let tag = self.next_tag;
-        self.next_tag = self.next_tag.wrapping_add(1).max(1);
-        req.tag = tag;
-        self.push(req)?;
+        self.exchange(|tag| call.with_tag(tag).encode(), sink)
+    }
+
+    /// [`Client::call_with`] for the record `record` makes with the call's tag.
+    fn exchange(
+        &mut self,
+        record: impl FnOnce(u32) -> Req,
+        sink: &mut dyn FnMut(&Buffers, Cmp) -> bool,
+    ) -> io::Result<Cmp> {
+        let tag = self.demux.begin();
+        let answer = self.push(record(tag)).and_then(|()| self.answer(sink));
+        if answer.is_err() {
+            self.demux.abandon();
+        }
+        answer
+    }
+
+    /// Waits for the answer of the call in progress, handling what else comes.
+    fn answer(&mut self, sink: &mut dyn FnMut(&Buffers, Cmp) -> bool) -> io::Result<Cmp> {
         loop {
-            match self.ep.rx.pop().map_err(proto_err)? {
-                Some(c) => match c.kind().map_err(proto_err)? {
-                    CmpKind::BufReturn => self.ep.pool.free(BufId(c.buf)).map_err(proto_err)?,
-                    CmpKind::AsyncError => self.async_errors.push((c.sock, c.result)),
-                    CmpKind::Data if c.tag == tag => {
-                        self.ep.bufs.span(c.buf, 0, c.len).map_err(proto_err)?;
-                        if !sink(&self.ep.bufs, c) {
-                            self.give_back_id(c.sock, c.buf)?;
-                        }
-                    }
-                    CmpKind::Done if c.tag == tag => {
-                        self.ep.rx.release();
-                        return Ok(c);
-                    }
-                    _ => return Err(proto_err(format!("unexpected completion {c:?}"))),
-                },
-                None => match self
+            let Some(c) = self.ep.rx.pop().map_err(proto_err)? else {
+                match self
                     .ep
                     .rx
                     .wait(self.spin, Some(Duration::from_secs(5)))
                     .map_err(proto_err)?
                 {
-                    WaitResult::Ready | WaitResult::Interrupted => {}
+                    WaitResult::Ready | WaitResult::Interrupted => continue,
                     WaitResult::TimedOut | WaitResult::PeerClosed => {
                         return Err(io::Error::new(
                             io::ErrorKind::TimedOut,
                             "server did not answer",
                         ));
                     }
-                },
+                }
+            };
+            match self.demux.take(c).map_err(proto_err)? {
+                Event::BufReturn { buf, .. } => {
+                    self.ep.pool.free(BufId(buf)).map_err(proto_err)?;
+                }
+                Event::AsyncError { sock, result } => self.async_errors.push((sock, result)),
+                Event::Data { sock, buf, len } => {
+                    self.ep.bufs.span(buf, 0, len).map_err(proto_err)?;
+                    if !sink(&self.ep.bufs, c) {
+                        self.give_back_id(sock, buf)?;
+                    }
+                }
+                Event::Done(done) => {
+                    self.ep.rx.release();
+                    return Ok(done);
+                }
+                // This client never gives a call up, and takes no control bytes: anything
+                // else breaks the protocol.
+                Event::Control | Event::Orphan { .. } | Event::Stale => {
+                    return Err(proto_err(ProtoError::Unexpected(c)));
+                }
             }
         }
     }
 
     /// A tagged request whose data (if any) is copied into `out`.
-    fn call(&mut self, req: Req, mut out: Option<&mut [u8]>) -> io::Result<Cmp> {
-        let mut filled = 0usize;
-        self.call_with(req, &mut |bufs, c| {
-            if let (Some(o), Ok(span)) = (out.as_deref_mut(), bufs.span(c.buf, 0, c.len)) {
-                let at = filled.min(o.len());
-                filled += bufs.read(span, &mut o[at..]);
-            }
-            false
-        })
+    fn call(&mut self, call: Call, out: Option<&mut [u8]>) -> io::Result<Cmp> {
+        self.exchange(|tag| call.with_tag(tag).encode(), &mut copy_into(out))
     }
 
     fn give_back_id(&mut self, sock: u32, buf: u32) -> io::Result<()> {
-        self.push(Req {
-            buf,
-            ..Req::new(Op::BufReturn, sock)
-        })
+        self.push_call(Call::BufReturn { sock, buf })
     }
 
-    fn simple(&mut self, req: Req) -> io::Result<i32> {
-        let c = self.call(req, None)?;
+    fn simple(&mut self, call: Call) -> io::Result<i32> {
+        let c = self.call(call, None)?;
         if c.result < 0 {
             Err(err(c.result))
         } else {
@@ -283,28 +306,40 @@ impl Client {
 
     /// `connect` (blocking).
     pub fn connect_to(&mut self, s: &Socket, addr: SocketAddr) -> io::Result<()> {
-        self.simple(Req::new(Op::Connect, s.id).with_addr(&WireAddr::from(addr)))
-            .map(drop)
+        self.simple(Call::Connect {
+            sock: s.id,
+            tag: 0,
+            addr: WireAddr::from(addr),
+            nonblock: false,
+            filled: false,
+        })
+        .map(drop)
     }
 
     /// `bind`.
     pub fn bind(&mut self, s: &Socket, addr: SocketAddr) -> io::Result<()> {
-        self.simple(Req::new(Op::Bind, s.id).with_addr(&WireAddr::from(addr)))
-            .map(drop)
+        self.simple(Call::Bind {
+            sock: s.id,
+            tag: 0,
+            addr: WireAddr::from(addr),
+        })
+        .map(drop)
     }
 
     /// `listen`.
     pub fn listen(&mut self, s: &Socket, backlog: u32) -> io::Result<()> {
-        self.simple(Req {
-            a: backlog,
-            ..Req::new(Op::Listen, s.id)
+        self.simple(Call::Listen {
+            sock: s.id,
+            tag: 0,
+            // The C int's bits, as the record always carried them.
+            backlog: i32::from_ne_bytes(backlog.to_ne_bytes()),
         })
         .map(drop)
     }
 
     /// `getsockname`.
     pub fn local_addr(&mut self, s: &Socket) -> io::Result<SocketAddr> {
-        let c = self.call(Req::new(Op::SockName, s.id), None)?;
+        let c = self.call(Call::SockName { sock: s.id, tag: 0 }, None)?;
         if c.result < 0 {
             return Err(err(c.result));
         }
@@ -337,10 +372,15 @@ impl Client {
         let bs = self.ep.bufs.buf_size();
         for chunk in data.chunks(bs) {
             let b = self.filled_buffer(chunk)?;
-            self.push(Req {
-                buf: b.0,
-                len: chunk.len() as u32,
-                ..Req::new(Op::Send, s.id)
+            self.push_call(Call::Send {
+                sock: s.id,
+                buf: BufRef {
+                    id: b.0,
+                    len: chunk.len() as u32,
+                },
+                offset: 0,
+                flags: 0,
+                dest: None,
             })?;
         }
         Ok(data.len())
@@ -349,13 +389,13 @@ impl Client {
     /// Waits for completions that return buffers (or report errors).
     fn reap(&mut self) -> io::Result<()> {
         match self.ep.rx.pop().map_err(proto_err)? {
-            Some(c) => match c.kind().map_err(proto_err)? {
-                CmpKind::BufReturn => self.ep.pool.free(BufId(c.buf)).map_err(proto_err),
-                CmpKind::AsyncError => {
-                    self.async_errors.push((c.sock, c.result));
-                    Err(err(c.result))
+            Some(c) => match self.demux.take(c).map_err(proto_err)? {
+                Event::BufReturn { buf, .. } => self.ep.pool.free(BufId(buf)).map_err(proto_err),
+                Event::AsyncError { sock, result } => {
+                    self.async_errors.push((sock, result));
+                    Err(err(result))
                 }
-                _ => Err(proto_err(format!("unexpected completion {c:?}"))),
+                _ => Err(proto_err(ProtoError::Unexpected(c))),
             },
             None => {
                 let waited = self
@@ -378,9 +418,12 @@ impl Client {
     /// Receives up to `out.len()` bytes (blocking); 0 at end of stream.
     pub fn recv(&mut self, s: &Socket, out: &mut [u8]) -> io::Result<usize> {
         let c = self.call(
-            Req {
-                a: out.len() as u32,
-                ..Req::new(Op::Recv, s.id)
+            Call::Recv {
+                sock: s.id,
+                tag: 0,
+                max: out.len() as u32,
+                flags: 0,
+                nonblock: false,
             },
             Some(out),
         )?;
@@ -560,16 +603,19 @@ impl Client {
             ferry_sys::send_with_fds(self.ctl.as_fd(), bytemuck::bytes_of(&msg), files)?;
         }
         let b = self.filled_buffer(blob)?;
-        let req = Req {
-            buf: b.0,
-            len: blob.len() as u32,
-            a: files.len() as u32,
-            ..Req::new(Op::BindModule, s.id)
+        let call = Call::BindModule {
+            sock: s.id,
+            tag: 0,
+            binding: BufRef {
+                id: b.0,
+                len: blob.len() as u32,
+            },
+            files: files.len() as u32,
         };
         if wait {
-            self.simple(req).map(drop)
+            self.simple(call).map(drop)
         } else {
-            self.push(req)
+            self.push_call(call)
         }
     }
 
@@ -582,12 +628,15 @@ impl Client {
         name: i32,
         value: &[u8],
     ) -> io::Result<()> {
-        if value.len() > Req::default().addr.len() {
-            return Err(io::Error::from_raw_os_error(libc::EINVAL));
-        }
-        let mut req = Req::new(Op::SetOpt, s.id).with_bytes(value);
-        (req.a, req.b) = (level as u32, name as u32);
-        self.simple(req).map(drop)
+        let value = InlineBytes::new(value).ok_or(io::Error::from_raw_os_error(libc::EINVAL))?;
+        self.simple(Call::SetOpt {
+            sock: s.id,
+            tag: 0,
+            level,
+            name,
+            value,
+        })
+        .map(drop)
     }
 
     /// `TCP_NODELAY`: segments leave without waiting for earlier ones to be acknowledged.
@@ -602,9 +651,10 @@ impl Client {
 
     /// `shutdown(how)`.
     pub fn shutdown(&mut self, s: &Socket, how: i32) -> io::Result<()> {
-        self.simple(Req {
-            a: how as u32,
-            ..Req::new(Op::Shutdown, s.id)
+        self.simple(Call::Shutdown {
+            sock: s.id,
+            tag: 0,
+            how,
         })
         .map(drop)
     }
@@ -663,7 +713,7 @@ impl Client {
     /// of its `Data` records copied into `out`: for tests of what a channel may do.
     #[doc(hidden)]
     pub fn call_raw(&mut self, req: Req, out: &mut [u8]) -> io::Result<Cmp> {
-        self.call(req, Some(out))
+        self.exchange(|tag| Req { tag, ..req }, &mut copy_into(Some(out)))
     }
 
     /// One of this channel's buffers holding `bytes` (at most a buffer's size), for a
@@ -679,5 +729,18 @@ impl Client {
     #[doc(hidden)]
     pub fn ctl_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.ctl.as_fd()
+    }
+}
+
+/// A `Data` sink that copies the bytes into `out` (if given), one record after the
+/// other, and keeps no buffer.
+fn copy_into(mut out: Option<&mut [u8]>) -> impl FnMut(&Buffers, Cmp) -> bool {
+    let mut filled = 0usize;
+    move |bufs, c| {
+        if let (Some(o), Ok(span)) = (out.as_deref_mut(), bufs.span(c.buf, 0, c.len)) {
+            let at = filled.min(o.len());
+            filled += bufs.read(span, &mut o[at..]);
+        }
+        false
     }
 }

@@ -4,7 +4,7 @@
 
 use std::io;
 
-use ferry_proto::{Op, Req};
+use ferry_proto::{BufRef, Call};
 use ferry_ring::{BufId, BufSpan};
 
 use crate::{Client, Socket, err, proto_err};
@@ -68,10 +68,12 @@ impl Client {
     /// from the buffer, which comes back to this side's pool when sent.
     pub fn send_buffer(&mut self, s: &Socket, b: ZcBuf, len: usize) -> io::Result<()> {
         let len = len.min(b.capacity()) as u32;
-        self.push(Req {
-            buf: b.id.0,
-            len,
-            ..Req::new(Op::Send, s.id)
+        self.push_call(Call::Send {
+            sock: s.id,
+            buf: BufRef { id: b.id.0, len },
+            offset: 0,
+            flags: 0,
+            dest: None,
         })
     }
 
@@ -81,9 +83,12 @@ impl Client {
         let max = max.min(self.ep.bufs.buf_size()).max(1) as u32;
         let mut kept: Option<Lent> = None;
         let c = self.call_with(
-            Req {
-                a: max,
-                ..Req::new(Op::Recv, s.id)
+            Call::Recv {
+                sock: s.id,
+                tag: 0,
+                max,
+                flags: 0,
+                nonblock: false,
             },
             &mut |bufs, c| match (&kept, bufs.span(c.buf, 0, c.len)) {
                 (None, Ok(span)) => {

@@ -6,7 +6,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
 
 use ferry_client::Client;
-use ferry_proto::{Op, Req};
+use ferry_proto::{Call, Op, Req};
 mod common;
 use common::Running;
 use ferry_server::{Config, Policy, Rule, Server, Verdict};
@@ -179,7 +179,8 @@ fn a_closed_channel_fails_pushes_and_sends_instead_of_hanging() {
         // More bytes than the channel has buffers: none comes back.
         let sent = c.send(&s, &vec![0u8; 128 << 20]);
         // More records than the ring has slots: the last ones find no room, ever.
-        let pushed = (0..4 * 256).try_for_each(|_| c.push_raw(Req::new(Op::WantToken, s.id)));
+        let pushed =
+            (0..4 * 256).try_for_each(|_| c.push_raw(Call::WantToken { sock: s.id }.encode()));
         let _ = tx.send((pushed.map_err(|e| e.kind()), sent.map_err(|e| e.kind())));
     });
     let (pushed, sent) = rx
@@ -248,10 +249,13 @@ fn want_room_makes_the_pair_writable_when_a_buffer_comes_back() {
     fill_pair(s.pair.as_fd());
     assert!(!writable(s.pair.as_fd(), 0), "filled pair still writable");
     // No buffer has come back on this channel yet (count 0): wait for one.
-    c.push_raw(Req {
-        a: 0,
-        ..Req::new(Op::WantRoom, s.id)
-    })
+    c.push_raw(
+        Call::WantRoom {
+            sock: s.id,
+            returns_seen: 0,
+        }
+        .encode(),
+    )
     .unwrap();
     assert!(
         !writable(s.pair.as_fd(), 200),
@@ -272,10 +276,13 @@ fn want_room_makes_the_pair_writable_when_a_buffer_comes_back() {
     // before it, so the server empties the pair at once.
     fill_pair(s.pair.as_fd());
     assert!(!writable(s.pair.as_fd(), 0));
-    c.push_raw(Req {
-        a: 0,
-        ..Req::new(Op::WantRoom, s.id)
-    })
+    c.push_raw(
+        Call::WantRoom {
+            sock: s.id,
+            returns_seen: 0,
+        }
+        .encode(),
+    )
     .unwrap();
     assert!(
         writable(s.pair.as_fd(), 2000),
@@ -307,10 +314,13 @@ fn garbage_in_the_pair_is_harmless() {
     }
     assert!(written > 1 << 20, "wrote only {written} bytes");
     for id in [s.id, s.id ^ 0x7fff_0000, 0] {
-        c.push_raw(Req {
-            a: 77,
-            ..Req::new(Op::WantRoom, id)
-        })
+        c.push_raw(
+            Call::WantRoom {
+                sock: id,
+                returns_seen: 77,
+            }
+            .encode(),
+        )
         .unwrap();
     }
     for round in 0..3 {

@@ -8,6 +8,9 @@
 //! unsolicited completions that arrive meanwhile: returned send buffers
 //! (`BufReturn`) go back to the pool, errors of fire-and-forget sends (`AsyncError`) go
 //! to [`crate::pending`], buffers lent with `Data` records are copied out and given back.
+//! Which completion is whose is [`ferry_proto::demux`]'s to say; what is done with it
+//! (buffers, waits, errors) is this module's. Requests go out as typed
+//! [`ferry_proto::Call`]s.
 //!
 //! Waits spin for the span the server asked for, then sleep on the completion ring's
 //! futex in slices of [`SLICE`]; after each slice the control socket is checked for EOF
@@ -24,8 +27,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ferry_proto::demux::{Demux, Event};
 use ferry_proto::{
-    Cmp, CmpKind, Ctl, CtlKind, HELLO_ROUTES, Hello, HelloReply, Op, PROTO_VERSION, Req, cmsg,
+    Call, Cmp, Ctl, CtlKind, HELLO_ROUTES, Hello, HelloReply, PROTO_VERSION, ProtoError, Req,
 };
 use ferry_ring::{BufId, BufSpan, Buffers, Endpoint, Region, Side, SpinPolicy, WaitResult};
 
@@ -122,7 +126,6 @@ pub struct Channel {
     /// Fire-and-forget records committed since the last doorbell.
     unrung: u32,
     unrung_since: Option<Instant>,
-    next_tag: u32,
     /// The fork generation this channel belongs to ([`tls::generation`]).
     pub fork_gen: u32,
     /// Failed: every call fails with [`Errno::DOWN`]; dropped at the next acquisition.
@@ -133,22 +136,29 @@ pub struct Channel {
     /// Outstanding references per buffer of ours: records in flight, plus one while a
     /// buffer is the arena. A buffer goes back to the pool when its count drops to 0.
     refs: Vec<u16>,
-    /// `BufReturn` completions taken so far (wrapping), for `Op::WantRoom`.
-    returns_seen: u32,
-    /// Completions of the call in progress taken while waiting for ring space.
-    held: std::collections::VecDeque<Cmp>,
+    /// Which completion is whose: the call in progress, completions held while waiting
+    /// for ring space, its control bytes, the count of returned buffers.
+    demux: Demux,
     /// Send records of this channel not yet given back, per stream socket (few: a
     /// linear list), so that a blocking send can wait until its bytes are the kernel's
     /// ([`Channel::wait_sent`]).
     inflight: Vec<(u32, u32)>,
-    /// Control bytes that came with the last call's answer ([`CmpKind::Control`]).
-    control: [u8; cmsg::MAX_CONTROL],
-    control_len: usize,
 }
 
 /// Sends smaller than this share buffers (several records in one buffer), so that a
 /// stream of small writes is not limited by the number of buffers.
 pub const SMALL_SEND: usize = 4096;
+
+/// Room for one send record in a buffer of ours ([`Channel::alloc_slot`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Slot {
+    /// The buffer.
+    pub buf: BufId,
+    /// Where the record's bytes start in it.
+    pub off: u32,
+    /// How many bytes fit.
+    pub cap: usize,
+}
 
 impl fmt::Debug for Channel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -156,6 +166,36 @@ impl fmt::Debug for Channel {
             .field("ctl", &self.ctl)
             .field("dead", &self.dead)
             .finish_non_exhaustive()
+    }
+}
+
+/// Why a channel could not be opened (logged once).
+#[derive(Debug)]
+enum OpenError {
+    /// A system call failed (which one).
+    Io(&'static str, std::io::Error),
+    /// The region could not be mapped (what of it).
+    Ring(&'static str, ferry_ring::Error),
+    /// The server did not answer `Hello` in time.
+    NoAnswer,
+    /// The server's answer broke the protocol.
+    Proto(ProtoError),
+}
+
+impl From<ProtoError> for OpenError {
+    fn from(e: ProtoError) -> OpenError {
+        OpenError::Proto(e)
+    }
+}
+
+impl fmt::Display for OpenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpenError::Io(what, e) => write!(f, "{what}: {e}"),
+            OpenError::Ring(what, e) => write!(f, "{what}: {e}"),
+            OpenError::NoAnswer => f.write_str("no answer to hello"),
+            OpenError::Proto(e) => e.fmt(f),
+        }
     }
 }
 
@@ -188,14 +228,14 @@ impl Channel {
         })
     }
 
-    fn connect(path: &Path, server: usize) -> Result<Channel, String> {
+    fn connect(path: &Path, server: usize) -> Result<Channel, OpenError> {
         let ctl = ferry_sys::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0)
-            .map_err(|e| format!("socket: {e}"))?;
+            .map_err(|e| OpenError::Io("socket", e))?;
         loop {
             match ferry_sys::connect_unix(ctl.as_fd(), path) {
                 Ok(()) => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(format!("connect: {e}")),
+                Err(e) => return Err(OpenError::Io("connect", e)),
             }
         }
         // SAFETY: no arguments; getpid touches no memory and cannot fail.
@@ -207,40 +247,36 @@ impl Channel {
             server: server as u32 | HELLO_ROUTES | ferry_proto::HELLO_READS_PAIR,
         };
         ferry_sys::send_with_fds(ctl.as_fd(), bytemuck::bytes_of(&hello), &[])
-            .map_err(|e| format!("hello: {e}"))?;
+            .map_err(|e| OpenError::Io("hello", e))?;
         let mut waited = 0;
         loop {
             match ferry_sys::poll_wait(ctl.as_fd(), libc::POLLIN, 100) {
                 Ok(0) if waited < HELLO_TIMEOUT_MS => waited += 100,
-                Ok(0) => return Err("no answer to hello".into()),
+                Ok(0) => return Err(OpenError::NoAnswer),
                 Ok(_) => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(format!("poll: {e}")),
+                Err(e) => return Err(OpenError::Io("poll", e)),
             }
         }
         let mut buf = [0u8; size_of::<HelloReply>()];
-        let (n, mut fds) = ferry_sys::recv_with_fds(ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT)
-            .map_err(|e| format!("hello reply: {e}"))?;
+        let (n, fds) = ferry_sys::recv_with_fds(ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT)
+            .map_err(|e| OpenError::Io("hello reply", e))?;
         if n != buf.len() {
-            return Err(format!("hello reply of {n} bytes"));
+            return Err(ProtoError::HelloSize(n).into());
         }
         let reply: HelloReply = bytemuck::pod_read_unaligned(&buf);
         if reply.version != PROTO_VERSION {
-            return Err(format!(
-                "server refused the channel (version {})",
-                reply.version
-            ));
+            return Err(ProtoError::Refused(reply.version).into());
         }
-        if fds.len() != 2 {
-            return Err(format!("hello reply with {} descriptors", fds.len()));
-        }
+        let [memfd, bell] =
+            <[OwnedFd; 2]>::try_from(fds).map_err(|fds| ProtoError::HelloFds(fds.len()))?;
         let floor = high_floor();
-        let bell = move_high(fds.pop().ok_or("no doorbell")?, floor);
-        let memfd = move_high(fds.pop().ok_or("no region")?, floor);
+        let bell = move_high(bell, floor);
+        let memfd = move_high(memfd, floor);
         let ctl = move_high(ctl, floor);
-        let region = Arc::new(Region::open(memfd).map_err(|e| format!("region: {e}"))?);
+        let region = Arc::new(Region::open(memfd).map_err(|e| OpenError::Ring("region", e))?);
         let mut ep = Endpoint::<Req, Cmp>::new(region.clone(), Side::A)
-            .map_err(|e| format!("endpoint: {e}"))?;
+            .map_err(|e| OpenError::Ring("endpoint", e))?;
         let bell_raw = bell.as_raw_fd();
         ep.tx.set_doorbell(Some(bell));
         let reg = tls::register(ctl.as_raw_fd(), region.fd().as_raw_fd(), bell_raw);
@@ -258,17 +294,13 @@ impl Channel {
             batch_delay: Duration::from_micros(u64::from(reply.batch_delay_us)),
             unrung: 0,
             unrung_since: None,
-            next_tag: 0,
             fork_gen: tls::generation(),
             dead: false,
             reg,
             arena: None,
             refs: vec![0; nbufs],
-            returns_seen: 0,
+            demux: Demux::new(),
             inflight: Vec::new(),
-            held: std::collections::VecDeque::new(),
-            control: [0; cmsg::MAX_CONTROL],
-            control_len: 0,
         })
     }
 
@@ -287,8 +319,9 @@ impl Channel {
         if self.dead { Err(Errno::DOWN) } else { Ok(()) }
     }
 
-    /// Marks the channel failed (logged once per process).
-    pub fn fail(&mut self, why: fmt::Arguments<'_>) -> Errno {
+    /// Marks the channel failed (logged once per process): `why` is a
+    /// [`ProtoError`] when the server broke the protocol.
+    pub fn fail(&mut self, why: impl fmt::Display) -> Errno {
         if !self.dead {
             log::once(Once::Channel, format_args!("channel failed: {why}"));
         }
@@ -297,18 +330,18 @@ impl Channel {
     }
 
     fn ring_error(&mut self, e: ferry_ring::Error) -> Errno {
-        self.fail(format_args!("{e}"))
+        self.fail(e)
     }
 
-    fn next_tag(&mut self) -> u32 {
-        self.next_tag = self.next_tag.wrapping_add(1).max(1);
-        self.next_tag
+    /// Queues one fire-and-forget request (see `push_record`: when the doorbell rings).
+    pub fn push(&mut self, call: Call) -> Res<()> {
+        self.push_record(&call.encode())
     }
 
     /// Queues one record and commits it. A tagged record rings the doorbell at once; a
     /// fire-and-forget one every `batch` records (or when the oldest unrung one is older
     /// than the batch delay).
-    pub fn push(&mut self, r: &Req) -> Res<()> {
+    fn push_record(&mut self, r: &Req) -> Res<()> {
         self.usable()?;
         loop {
             match self.ep.tx.push(r) {
@@ -413,14 +446,17 @@ impl Channel {
         }
     }
 
-    /// Takes every completion that is there: a call's are held for it, the rest handled.
-    /// Whether there were any.
+    /// Takes every completion that is there: a call's are held for it, the rest handled
+    /// ([`Demux::hold`]). Whether there were any.
     fn take_untagged(&mut self) -> Res<bool> {
         let mut any = false;
         loop {
             match self.ep.rx.pop() {
-                Ok(Some(c)) if c.tag != 0 => self.held.push_back(c),
-                Ok(Some(c)) => self.unsolicited(&c)?,
+                Ok(Some(c)) => match self.demux.hold(c) {
+                    Ok(Some(e)) => self.unsolicited(e)?,
+                    Ok(None) => {}
+                    Err(e) => return Err(self.fail(e)),
+                },
                 Ok(None) => break,
                 Err(e) => return Err(self.ring_error(e)),
             }
@@ -432,44 +468,42 @@ impl Channel {
 
     /// The next completion: one held by [`Channel::wait_ring_space`] first.
     fn next_cmp(&mut self) -> Res<Option<Cmp>> {
-        if let Some(c) = self.held.pop_front() {
+        if let Some(c) = self.demux.next_held() {
             return Ok(Some(c));
         }
         self.ep.rx.pop().map_err(|e| self.ring_error(e))
     }
 
+    /// What completion `c` asks of us ([`Demux::take`]); a violation fails the channel.
+    fn take(&mut self, c: Cmp) -> Res<Event> {
+        self.demux.take(c).map_err(|e| self.fail(e))
+    }
+
     /// Handles every completion that is already there (none of them awaited).
     pub fn reap(&mut self) -> Res<()> {
         self.usable()?;
-        while let Some(c) = self.held.pop_front() {
-            self.unsolicited(&c)?;
-        }
-        loop {
-            match self.ep.rx.pop() {
-                Ok(Some(c)) => self.unsolicited(&c)?,
-                Ok(None) => break,
-                Err(e) => return Err(self.ring_error(e)),
-            }
+        while let Some(c) = self.next_cmp()? {
+            let e = self.take(c)?;
+            self.unsolicited(e)?;
         }
         self.ep.rx.release();
         Ok(())
     }
 
-    /// A completion nobody waits for.
-    fn unsolicited(&mut self, c: &Cmp) -> Res<()> {
-        match c.kind() {
-            Ok(CmpKind::BufReturn) => {
-                self.returns_seen = self.returns_seen.wrapping_add(1);
-                if let Some(i) = self.inflight.iter().position(|(id, _)| *id == c.sock) {
+    /// A completion that is not the call's answer.
+    fn unsolicited(&mut self, e: Event) -> Res<()> {
+        match e {
+            Event::BufReturn { sock, buf } => {
+                if let Some(i) = self.inflight.iter().position(|(id, _)| *id == sock) {
                     self.inflight[i].1 -= 1;
                     if self.inflight[i].1 == 0 {
                         self.inflight.swap_remove(i);
                     }
                 }
-                self.drop_ref(BufId(c.buf))
+                self.drop_ref(BufId(buf))
             }
-            Ok(CmpKind::AsyncError) => {
-                if !PENDING.put(c.sock, c.result.saturating_neg()) {
+            Event::AsyncError { sock, result } => {
+                if !PENDING.put(sock, result.saturating_neg()) {
                     log::once(
                         Once::ErrTable,
                         format_args!("too many pending socket errors; one was dropped"),
@@ -478,53 +512,54 @@ impl Channel {
                 Ok(())
             }
             // A buffer lent for a request given up on: give it back.
-            Ok(CmpKind::Data) => self.give_back(c.buf),
+            Event::Orphan { buf, .. } | Event::Data { buf, .. } => self.give_back(buf),
             // The answer to a request given up on.
-            Ok(CmpKind::Done | CmpKind::Control) => Ok(()),
-            Err(e) => Err(self.fail(format_args!("{e}"))),
+            Event::Stale | Event::Control | Event::Done(_) => Ok(()),
         }
     }
 
     /// Returns a server buffer.
     fn give_back(&mut self, buf: u32) -> Res<()> {
-        let mut r = Req::new(Op::BufReturn, 0);
-        r.buf = buf;
-        self.push(&r)
+        self.push(Call::BufReturn { sock: 0, buf })
     }
 
-    /// Sends a tagged request and waits for its `Done`; `sink` receives each `Data`
-    /// record's span (the buffer goes back to the server afterwards).
+    /// Sends a tagged request (its tag is the channel's to give) and waits for its
+    /// `Done`; `sink` receives each `Data` record's span (the buffer goes back to the
+    /// server afterwards).
     pub fn call(
         &mut self,
-        mut req: Req,
+        call: Call,
         w: Wait,
         sink: &mut dyn FnMut(&Buffers, BufSpan),
     ) -> Res<Cmp> {
         self.usable()?;
-        let tag = self.next_tag();
-        req.tag = tag;
-        self.push(&req)?;
-        self.control_len = 0;
-        self.wait_done(req.sock, tag, w, sink)
+        let tag = self.demux.begin();
+        let done = self
+            .push_record(&call.with_tag(tag).encode())
+            .and_then(|()| self.wait_done(call.sock(), tag, w, sink));
+        if done.is_err() {
+            self.demux.abandon();
+        }
+        done
     }
 
-    /// Queues control bytes (checked, at most [`cmsg::MAX_CONTROL`]) for the next send
-    /// on `sock` ([`Op::SendCtl`]).
-    pub fn push_control(&mut self, sock: u32, bytes: &[u8]) -> Res<()> {
-        for (i, chunk) in bytes.chunks(cmsg::CHUNK).enumerate() {
-            let mut r = Req::new(Op::SendCtl, sock).with_bytes(chunk);
-            r.a = (i * cmsg::CHUNK) as u32;
-            self.push(&r)?;
+    /// Publishes one send record (a [`Call::Send`] whose slot is filled), after its
+    /// control bytes (checked, at most [`ferry_proto::cmsg::MAX_CONTROL`]; sent as
+    /// [`Call::SendCtl`] records) if any. A stream's record is counted until its buffer
+    /// comes back ([`Channel::wait_sent`]).
+    pub fn push_send(&mut self, send: Call, control: &[u8], stream: bool) -> Res<()> {
+        let sock = send.sock();
+        for c in Call::send_ctl(sock, control) {
+            self.push(c)?;
+        }
+        self.push(send)?;
+        if stream {
+            match self.inflight.iter_mut().find(|(id, _)| *id == sock) {
+                Some((_, n)) => *n += 1,
+                None => self.inflight.push((sock, 1)),
+            }
         }
         Ok(())
-    }
-
-    /// A send record for stream `sock` was pushed: counted until its buffer comes back.
-    pub fn sent_record(&mut self, sock: u32) {
-        match self.inflight.iter_mut().find(|(id, _)| *id == sock) {
-            Some((_, n)) => *n += 1,
-            None => self.inflight.push((sock, 1)),
-        }
     }
 
     /// A blocking send on stream `sock` returns once its bytes are the kernel's, as the
@@ -570,7 +605,7 @@ impl Channel {
 
     /// The control bytes that came with the last [`Channel::call`]'s answer.
     pub fn control(&self) -> &[u8] {
-        &self.control[..self.control_len]
+        self.demux.control()
     }
 
     fn wait_done(
@@ -586,35 +621,25 @@ impl Channel {
         let mut seen = start;
         loop {
             while let Some(c) = self.next_cmp()? {
-                if c.tag != tag {
-                    self.unsolicited(&c)?;
-                    continue;
-                }
-                match c.kind() {
-                    Ok(CmpKind::Data) => {
-                        let span = match self.ep.bufs.span(c.buf, 0, c.len) {
+                match self.take(c)? {
+                    Event::Data { buf, len, .. } => {
+                        let span = match self.ep.bufs.span(buf, 0, len) {
                             Ok(s) => s,
                             Err(e) => return Err(self.ring_error(e)),
                         };
                         sink(&self.ep.bufs, span);
-                        self.give_back(c.buf)?;
+                        self.give_back(buf)?;
                     }
-                    Ok(CmpKind::Control) => {
-                        let (at, bytes) = (c.a as usize, c.bytes());
-                        let Some(dst) = self.control.get_mut(at..at + bytes.len()) else {
-                            return Err(self.fail(format_args!("control bytes at {at}")));
-                        };
-                        dst.copy_from_slice(bytes);
-                        self.control_len = self.control_len.max(at + bytes.len());
-                    }
-                    Ok(CmpKind::Done) => {
+                    // Kept by the demux, for `Channel::control`.
+                    Event::Control => {}
+                    Event::Done(c) => {
                         self.ep.rx.release();
                         return match cancelled {
                             Some(e) if c.result == -libc::EINTR => Err(e),
                             _ => Ok(c),
                         };
                     }
-                    _ => self.unsolicited(&c)?,
+                    e => self.unsolicited(e)?,
                 }
             }
             let slice = if cancelled.is_some() {
@@ -651,9 +676,7 @@ impl Channel {
     }
 
     fn cancel(&mut self, sock: u32, tag: u32) -> Res<()> {
-        let mut r = Req::new(Op::Cancel, sock);
-        r.a = tag;
-        self.push(&r)?;
+        self.push(Call::Cancel { sock, parked: tag })?;
         self.ring();
         Ok(())
     }
@@ -723,11 +746,12 @@ impl Channel {
     pub fn want_room(&mut self, fd: c_int, id: u32) -> Res<()> {
         // The count is taken before the pair is filled: a buffer returned from now on
         // differs from it, and the server then empties the pair at once.
-        let seen = self.returns_seen;
+        let seen = self.demux.returns_seen();
         fill_pair(fd);
-        let mut req = Req::new(Op::WantRoom, id);
-        req.a = seen;
-        self.push(&req)?;
+        self.push(Call::WantRoom {
+            sock: id,
+            returns_seen: seen,
+        })?;
         self.ring();
         Ok(())
     }
@@ -737,26 +761,27 @@ impl Channel {
         let _ = self.drop_ref(b);
     }
 
-    /// Room for `want` bytes to send: `(buffer, offset, capacity)`. Small sends are
-    /// packed into a shared buffer (the arena); larger ones get a buffer of their own.
-    /// When no buffer is free: `Ok(None)` if `nonblock`, else waits as `alloc_buf` does.
-    pub fn alloc_slot(
-        &mut self,
-        want: usize,
-        nonblock: bool,
-        w: Wait,
-    ) -> Res<Option<(BufId, u32, usize)>> {
+    /// Room for `want` bytes to send. Small sends are packed into a shared buffer (the
+    /// arena); larger ones get a buffer of their own. When no buffer is free: `Ok(None)`
+    /// if `nonblock`, else waits as `alloc_buf` does.
+    pub fn alloc_slot(&mut self, want: usize, nonblock: bool, w: Wait) -> Res<Option<Slot>> {
         if want >= SMALL_SEND {
-            return Ok(self
-                .alloc_buf(nonblock, w)?
-                .map(|b| (b, 0, self.buf_size())));
+            return Ok(self.alloc_buf(nonblock, w)?.map(|buf| Slot {
+                buf,
+                off: 0,
+                cap: self.buf_size(),
+            }));
         }
         let need = (want.max(1) + 7) & !7;
         if let Some((b, used)) = self.arena {
             if used as usize + need <= self.buf_size() {
                 self.arena = Some((b, used + need as u32));
                 self.refs[b.0 as usize] += 1;
-                return Ok(Some((b, used, want)));
+                return Ok(Some(Slot {
+                    buf: b,
+                    off: used,
+                    cap: want,
+                }));
             }
             self.arena = None;
             self.drop_ref(b)?;
@@ -767,7 +792,23 @@ impl Channel {
         // One reference for the record, one for being the arena.
         self.refs[b.0 as usize] += 1;
         self.arena = Some((b, need as u32));
-        Ok(Some((b, 0, want)))
+        Ok(Some(Slot {
+            buf: b,
+            off: 0,
+            cap: want,
+        }))
+    }
+
+    /// The memory of the first `n` bytes of `slot`, to fill; a slot the region does not
+    /// hold (the server broke the layout) is given back and fails the channel.
+    pub fn slot_mem(&mut self, slot: Slot, n: usize) -> Res<*mut u8> {
+        match self.ep.bufs.span(slot.buf.0, slot.off, n as u32) {
+            Ok(span) => Ok(self.ep.bufs.as_mut_ptr(span)),
+            Err(e) => {
+                self.unalloc(slot.buf);
+                Err(self.fail(e))
+            }
+        }
     }
 
     /// Drops one reference to a buffer of ours; the last one frees it.
@@ -782,7 +823,7 @@ impl Channel {
                 }
                 Ok(())
             }
-            _ => Err(self.fail(format_args!("buffer {} returned but not in flight", b.0))),
+            _ => Err(self.fail(ProtoError::BadBuffer(b.0))),
         }
     }
 
@@ -857,7 +898,7 @@ impl Channel {
                 Ok((n, mut fds, _)) if n == buf.len() => {
                     let c: Ctl = bytemuck::pod_read_unaligned(&buf);
                     if c.kind() != Some(CtlKind::Reply) {
-                        return Err(self.fail(format_args!("control message of kind {}", c.kind)));
+                        return Err(self.fail(ProtoError::CtlKind(c.kind)));
                     }
                     let first = fds.pop();
                     for f in fds {
@@ -866,9 +907,7 @@ impl Channel {
                     return Ok((c, first));
                 }
                 Ok((0, _, _)) => return Err(self.fail(format_args!("server hung up"))),
-                Ok((n, _, _)) => {
-                    return Err(self.fail(format_args!("control reply of {n} bytes")));
-                }
+                Ok((n, _, _)) => return Err(self.fail(ProtoError::CtlSize(n))),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Err(self.fail(format_args!("control receive: {e}"))),
             }

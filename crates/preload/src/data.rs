@@ -5,12 +5,11 @@
 
 use std::ffi::c_int;
 
-use ferry_proto::{CMP_DRAIN_TOKEN, Op, REQ_NONBLOCK, Req, cmsg, server_of};
-use ferry_ring::BufId;
+use ferry_proto::{BufRef, CMP_DRAIN_TOKEN, Call, WireAddr, cmsg, server_of};
 use libc::{off_t, sockaddr, socklen_t};
 
 use crate::addr::read_sockaddr;
-use crate::chan::{Channel, Wait, spin_for};
+use crate::chan::{Channel, Slot, Wait, spin_for};
 use crate::errno::{Errno, Res};
 use crate::fdtable::{F_SHUT_WR, Sock, TABLE};
 use crate::iov::{IoCursor, MAX_RW};
@@ -87,14 +86,8 @@ fn max_datagram(s: &Sock) -> usize {
 
 /// A buffer for the next record of a send on `s` that has moved `sent` bytes so far;
 /// `None` means stop (return `sent`).
-fn next_buf(
-    ch: &mut Channel,
-    s: &Sock,
-    nonblock: bool,
-    w: Wait,
-    sent: usize,
-) -> Res<Option<BufId>> {
-    Ok(next_slot(ch, s, usize::MAX, nonblock, w, sent)?.map(|(b, _, _)| b))
+fn next_buf(ch: &mut Channel, s: &Sock, nonblock: bool, w: Wait, sent: usize) -> Res<Option<Slot>> {
+    next_slot(ch, s, usize::MAX, nonblock, w, sent)
 }
 
 /// Room for the next piece of a send on `s` (see [`Channel::alloc_slot`]). A
@@ -108,10 +101,10 @@ fn next_slot(
     nonblock: bool,
     w: Wait,
     sent: usize,
-) -> Res<Option<(BufId, u32, usize)>> {
+) -> Res<Option<Slot>> {
     let w = if sent > 0 { w.partial() } else { w };
     match ch.alloc_slot(want, nonblock, w) {
-        Ok(Some(b)) => Ok(Some(b)),
+        Ok(Some(slot)) => Ok(Some(slot)),
         Ok(None) => {
             ch.want_room(s.fd, s.id)?;
             if sent > 0 {
@@ -130,6 +123,11 @@ fn next_slot(
 /// messages (a datagram's go to the server if [`cmsg::sanitize_send`] allows them, else
 /// `EINVAL`; a stream's are ignored, logged once).
 ///
+/// Look up (the socket, its destination, what goes with it), then for each record:
+/// reserve a slot, copy into it, publish it. The rare cases are the look-up's
+/// (`sender`, `ready_to_send`) and the slot's (`next_slot`); a blocking stream send of
+/// `SYNC_SEND` bytes or more then waits for its bytes to be the kernel's.
+///
 /// # Safety
 /// `cur`'s buffers readable (`IoCursor::new`'s contract); `dest` readable for `dest_len`
 /// bytes (or null).
@@ -142,43 +140,14 @@ pub unsafe fn send(
     control: &[u8],
 ) -> Res<usize> {
     with_channel_to(server_of(s.id), |ch| {
-        ch.reap()?;
-        if let Some(e) = PENDING.take(s.id, |_| true) {
-            return Err(send_failed(s.id, e, flags));
-        }
-        let s = typed(ch, s)?;
-        if s.shut_wr() || (!s.dgram() && !s.has_peer()) {
-            return Err(send_error(libc::EPIPE, flags));
-        }
-        let dest = if s.dgram() && !dest.is_null() && dest_len > 0 {
-            // SAFETY: `dest` is non-null here and readable for `dest_len` bytes
-            // (# Safety), as `read_sockaddr` asks.
-            Some(unsafe { read_sockaddr(dest, dest_len) }?)
-        } else {
-            None
-        };
-        if s.dgram() && dest.is_none() && !s.has_peer() {
-            return Err(Errno(libc::EDESTADDRREQ));
-        }
-        let control = if control.is_empty() {
-            Vec::new()
-        } else if s.dgram() {
-            cmsg::sanitize_send(control).map_err(|e| {
-                log::once(Once::Cmsg, format_args!("sendmsg refused: {e}"));
-                Errno(e.errno())
-            })?
-        } else {
-            log::once(
-                Once::Cmsg,
-                format_args!("control messages on a stream are ignored"),
-            );
-            Vec::new()
-        };
+        // Look up.
+        let s = sender(ch, s, flags)?;
+        // SAFETY: `dest` null or readable for `dest_len` bytes (# Safety), as
+        // `destination` asks.
+        let dest = unsafe { destination(&s, dest, dest_len) }?;
+        let control = send_control(&s, control)?;
         let nonblock = s.nonblock() || flags & libc::MSG_DONTWAIT != 0;
-        let w = Wait::after(TABLE.timeouts(s.fd).1, Errno::EAGAIN);
-        if s.reads_pair() && s.direct() {
-            pair_taken(ch, &s, nonblock, w)?;
-        }
+        let w = ready_to_send(ch, &s, nonblock)?;
         let total = cur.remaining();
         let bs = ch.buf_size();
         if s.dgram() && total > bs.min(max_datagram(&s)) {
@@ -188,38 +157,33 @@ pub unsafe fn send(
             return Ok(0);
         }
         let mut sent = 0usize;
-        while let Some((b, off, cap)) = next_slot(ch, &s, total - sent, nonblock, w, sent)? {
+        // Reserve.
+        while let Some(slot) = next_slot(ch, &s, total - sent, nonblock, w, sent)? {
             if sent > 0 && !s.dgram() && PENDING.has(s.id) {
                 // The connection failed meanwhile: what is not queued yet never will be.
-                ch.unalloc(b);
+                ch.unalloc(slot.buf);
                 break;
             }
-            let n = (total - sent).min(cap).min(bs);
-            let span = match ch.bufs().span(b.0, off, n as u32) {
-                Ok(sp) => sp,
-                Err(e) => {
-                    ch.unalloc(b);
-                    return Err(ch.fail(format_args!("{e}")));
-                }
+            // Copy.
+            let n = (total - sent).min(slot.cap).min(bs);
+            let mem = ch.slot_mem(slot, n)?;
+            // SAFETY: `slot_mem` checked the span against the region, so `n` bytes at
+            // `mem` are inside the shim's mapping, which the program's buffers are not;
+            // this slot was just given to this send (`next_slot`) and is not published
+            // before the record below, so the server does not read it meanwhile.
+            let got = unsafe { cur.read_into(mem, n) };
+            // Publish.
+            let record = Call::Send {
+                sock: s.id,
+                buf: BufRef {
+                    id: slot.buf.0,
+                    len: got as u32,
+                },
+                offset: slot.off,
+                flags,
+                dest,
             };
-            // SAFETY: `span` was checked against the region (`Buffers::span`), so `n`
-            // (its length) bytes at that pointer are inside the shim's mapping, which
-            // the program's buffers are not; this slot of buffer `b` was just given to
-            // this send (`next_slot`) and is not published before the record below, so
-            // the server does not read it meanwhile.
-            let got = unsafe { cur.read_into(ch.bufs().as_mut_ptr(span), n) };
-            let mut req = Req::new(Op::Send, s.id);
-            (req.buf, req.len, req.a, req.b) = (b.0, got as u32, flags as u32, off);
-            if let Some(d) = &dest {
-                req = req.with_addr(d);
-            }
-            if !control.is_empty() {
-                ch.push_control(s.id, &control)?;
-            }
-            ch.push(&req)?;
-            if !s.dgram() {
-                ch.sent_record(s.id);
-            }
+            ch.push_send(record, &control, !s.dgram())?;
             sent += got;
             if sent >= total || got == 0 {
                 break;
@@ -231,6 +195,74 @@ pub unsafe fn send(
         Ok(sent)
     })
     .map_err(|e| e.down_as(libc::EPIPE))
+}
+
+/// The look-up every send (and `sendfile`, `splice`) starts with: the completions that
+/// came meanwhile (an error an earlier send left pending is this one's), the socket's
+/// type and peer (asked of the server once, for a socket known only by its name: see
+/// [`typed`]), and whether it may send at all (`EPIPE` once shut or broken).
+fn sender(ch: &mut Channel, s: Sock, flags: c_int) -> Res<Sock> {
+    ch.reap()?;
+    if let Some(e) = PENDING.take(s.id, |_| true) {
+        return Err(send_failed(s.id, e, flags));
+    }
+    let s = typed(ch, s)?;
+    if s.shut_wr() || (!s.dgram() && !s.has_peer()) {
+        return Err(send_error(libc::EPIPE, flags));
+    }
+    Ok(s)
+}
+
+/// Where a datagram goes: the address given (`None` for a stream, or none given), or
+/// the socket's peer (`EDESTADDRREQ` without one).
+///
+/// # Safety
+/// `dest` readable for `dest_len` bytes (or null).
+unsafe fn destination(
+    s: &Sock,
+    dest: *const sockaddr,
+    dest_len: socklen_t,
+) -> Res<Option<WireAddr>> {
+    let dest = if s.dgram() && !dest.is_null() && dest_len > 0 {
+        // SAFETY: `dest` is non-null here and readable for `dest_len` bytes (# Safety),
+        // as `read_sockaddr` asks.
+        Some(unsafe { read_sockaddr(dest, dest_len) }?)
+    } else {
+        None
+    };
+    if s.dgram() && dest.is_none() && !s.has_peer() {
+        return Err(Errno(libc::EDESTADDRREQ));
+    }
+    Ok(dest)
+}
+
+/// The control messages that go with a send: a datagram's, checked
+/// ([`cmsg::sanitize_send`], `EINVAL`); a stream's are ignored (logged once).
+fn send_control(s: &Sock, control: &[u8]) -> Res<Vec<u8>> {
+    if control.is_empty() {
+        Ok(Vec::new())
+    } else if s.dgram() {
+        cmsg::sanitize_send(control).map_err(|e| {
+            log::once(Once::Cmsg, format_args!("sendmsg refused: {e}"));
+            Errno(e.errno())
+        })
+    } else {
+        log::once(
+            Once::Cmsg,
+            format_args!("control messages on a stream are ignored"),
+        );
+        Ok(Vec::new())
+    }
+}
+
+/// The send's wait (its `SO_SNDTIMEO`, and the signals from now on), once bytes the
+/// program wrote into the fd itself have gone first ([`pair_taken`]).
+fn ready_to_send(ch: &mut Channel, s: &Sock, nonblock: bool) -> Res<Wait> {
+    let w = Wait::after(TABLE.timeouts(s.fd).1, Errno::EAGAIN);
+    if s.reads_pair() && s.direct() {
+        pair_taken(ch, s, nonblock, w)?;
+    }
+    Ok(w)
 }
 
 /// A blocking stream send of at least this much returns once its bytes are the
@@ -334,16 +366,17 @@ pub unsafe fn recv(s: Sock, cur: &mut IoCursor, flags: c_int) -> Res<Got> {
         };
         let w = Wait::after(TABLE.timeouts(s.fd).0, Errno::EAGAIN);
         loop {
-            let mut req = Req::new(Op::Recv, s.id);
-            if nonblock {
-                req.flags |= REQ_NONBLOCK;
-            }
-            req.a = if probe_only {
-                1
-            } else {
-                (cap - got.len).min(u32::MAX as usize) as u32
+            let req = Call::Recv {
+                sock: s.id,
+                tag: 0,
+                max: if probe_only {
+                    1
+                } else {
+                    (cap - got.len).min(u32::MAX as usize) as u32
+                },
+                flags: wire,
+                nonblock,
             };
-            req.b = wire as u32;
             let mut copied = 0usize;
             let r = ch.call(req, w, &mut |bufs, span| {
                 if probe_only || discard {
@@ -449,7 +482,15 @@ fn pair_recv(ch: &mut Channel, s: &Sock, cur: &mut IoCursor, flags: c_int) -> Re
         }
     };
     if n == 0 {
-        let done = ch.call(Req::new(Op::Recv, s.id), Wait::FOREVER, &mut |_, _| {})?;
+        // How the stream ended (`max` 0: nothing to take).
+        let req = Call::Recv {
+            sock: s.id,
+            tag: 0,
+            max: 0,
+            flags: 0,
+            nonblock: false,
+        };
+        let done = ch.call(req, Wait::FOREVER, &mut |_, _| {})?;
         got.len = Errno::check(done.result)? as usize;
         return Ok(got);
     }
@@ -616,18 +657,8 @@ unsafe fn feed(
     nonblock: bool,
 ) -> Res<usize> {
     with_channel_to(server_of(s.id), |ch| {
-        ch.reap()?;
-        if let Some(e) = PENDING.take(s.id, |_| true) {
-            return Err(send_failed(s.id, e, 0));
-        }
-        let s = typed(ch, s)?;
-        if s.shut_wr() || (!s.dgram() && !s.has_peer()) {
-            return Err(send_error(libc::EPIPE, 0));
-        }
-        let w = Wait::after(TABLE.timeouts(s.fd).1, Errno::EAGAIN);
-        if s.reads_pair() && s.direct() {
-            pair_taken(ch, &s, nonblock, w)?;
-        }
+        let s = sender(ch, s, 0)?;
+        let w = ready_to_send(ch, &s, nonblock)?;
         let count = count.min(MAX_RW);
         let bs = ch.buf_size();
         // SAFETY: `offset` is non-null in this closure (`then`), so a readable off_t
@@ -635,21 +666,15 @@ unsafe fn feed(
         let mut off = (!offset.is_null()).then(|| unsafe { offset.read() });
         let mut sent = 0usize;
         while sent < count {
-            let Some(b) = next_buf(ch, &s, nonblock, w, sent)? else {
+            let Some(slot) = next_buf(ch, &s, nonblock, w, sent)? else {
                 break;
             };
+            let b = slot.buf;
             let n = (count - sent).min(bs);
-            let span = match ch.bufs().span(b.0, 0, n as u32) {
-                Ok(sp) => sp,
-                Err(e) => {
-                    ch.unalloc(b);
-                    return Err(ch.fail(format_args!("{e}")));
-                }
-            };
-            let p = ch.bufs().as_mut_ptr(span);
-            // SAFETY: `p` is the start of `span`, checked against the region, so `n`
-            // (its length) bytes are inside the shim's mapping; buffer `b` was just
-            // allocated to this side and is not published before the record below.
+            let p = ch.slot_mem(slot, n)?;
+            // SAFETY: `p` is the start of `slot`'s span, checked against the region
+            // (`slot_mem`), so `n` bytes are inside the shim's mapping; the slot's
+            // buffer is this side's and is not published before the record below.
             let r = unsafe { crate::sys::read_into(in_fd, p, n, off) };
             let k = match r {
                 Ok(k) => k,
@@ -668,12 +693,17 @@ unsafe fn feed(
             if let Some(o) = off.as_mut() {
                 *o += k as off_t;
             }
-            let mut req = Req::new(Op::Send, s.id);
-            (req.buf, req.len) = (b.0, k as u32);
-            ch.push(&req)?;
-            if !s.dgram() {
-                ch.sent_record(s.id);
-            }
+            let record = Call::Send {
+                sock: s.id,
+                buf: BufRef {
+                    id: b.0,
+                    len: k as u32,
+                },
+                offset: 0,
+                flags: 0,
+                dest: None,
+            };
+            ch.push_send(record, &[], !s.dgram())?;
             sent += k;
             if once {
                 break;

@@ -6,9 +6,7 @@ use std::ffi::{c_int, c_void};
 use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use ferry_proto::{
-    CMP_RENEW_PAIR, Ctl, CtlKind, MAX_SERVERS, Op, REQ_FILLED, REQ_NONBLOCK, Req, server_of,
-};
+use ferry_proto::{CMP_RENEW_PAIR, Call, Ctl, CtlKind, InlineBytes, MAX_SERVERS, server_of};
 use libc::{sockaddr, socklen_t};
 
 use crate::addr::{family, read_sockaddr, write_sockaddr};
@@ -149,7 +147,7 @@ pub unsafe fn accept(
 /// timeout's error as a blocking `accept` would.
 fn wait_acceptable(ch: &mut Channel, s: &Sock, w: Wait, start: Counts) -> Res<()> {
     if !matches!(TABLE.get(s.fd), Entry::Ferry(e) if e.wants_tokens()) {
-        ch.push(&Req::new(Op::WantToken, s.id))?;
+        ch.push(Call::WantToken { sock: s.id })?;
         TABLE.update(s.fd, F_WANT, 0);
     }
     ch.flush();
@@ -188,7 +186,7 @@ pub fn drain_token(ch: &mut Channel, s: &Sock) -> Res<()> {
             break;
         }
     }
-    ch.push(&Req::new(Op::TokenDrained, s.id))
+    ch.push(Call::TokenDrained { sock: s.id })
 }
 
 /// Makes sure this process may act on socket `s` at its server: a socket this process
@@ -231,7 +229,11 @@ pub fn typed(ch: &mut Channel, s: Sock) -> Res<Sock> {
         TABLE.set_timeout(s.fd, send, us);
     }
     let mut set = new_flags(domain, ty);
-    let peer = ch.call(Req::new(Op::PeerName, s.id), Wait::FOREVER, &mut |_, _| {})?;
+    let peer = ch.call(
+        Call::PeerName { sock: s.id, tag: 0 },
+        Wait::FOREVER,
+        &mut |_, _| {},
+    )?;
     if peer.result >= 0 {
         set |= F_PEER;
     }
@@ -244,8 +246,13 @@ pub fn typed(ch: &mut Channel, s: Sock) -> Res<Sock> {
 
 /// A short option value (at least `len` bytes; zero-padded to 32).
 fn getopt(ch: &mut Channel, s: &Sock, level: c_int, name: c_int, len: usize) -> Res<[u8; 32]> {
-    let mut req = Req::new(Op::GetOpt, s.id);
-    (req.a, req.b, req.len) = (level as u32, name as u32, len as u32);
+    let req = Call::GetOpt {
+        sock: s.id,
+        tag: 0,
+        level,
+        name,
+        len: len as u32,
+    };
     let done = ch.call(req, Wait::FOREVER, &mut |_, _| {})?;
     Errno::check(done.result)?;
     let b = done.bytes();
@@ -258,16 +265,16 @@ fn getopt(ch: &mut Channel, s: &Sock, level: c_int, name: c_int, len: usize) -> 
 }
 
 /// A tagged request about socket `s` with no data; returns the `Done` result.
-fn simple(s: &Sock, req: Req, w: Wait) -> Res<(u32, ferry_proto::Cmp)> {
-    let done = simple_cmp(s, req, w)?;
+fn simple(s: &Sock, call: Call, w: Wait) -> Res<(u32, ferry_proto::Cmp)> {
+    let done = simple_cmp(s, call, w)?;
     Ok((Errno::check(done.result)?, done))
 }
 
 /// [`simple`], returning the completion whatever its result.
-fn simple_cmp(s: &Sock, req: Req, w: Wait) -> Res<ferry_proto::Cmp> {
-    with_channel_to(server_of(req.sock), |ch| {
+fn simple_cmp(s: &Sock, call: Call, w: Wait) -> Res<ferry_proto::Cmp> {
+    with_channel_to(server_of(call.sock()), |ch| {
         claimed(ch, *s)?;
-        ch.call(req, w, &mut |_, _| {})
+        ch.call(call, w, &mut |_, _| {})
     })
     .map_err(|e| e.down_as(libc::ECONNRESET))
 }
@@ -281,7 +288,7 @@ pub unsafe fn connect(s: Sock, addr: *const sockaddr, len: socklen_t) -> Res<()>
     if unsafe { family(addr, len) } == Some(libc::AF_UNSPEC) {
         if s.dgram() {
             // Dissolves the association: sends need an address again.
-            simple(&s, Req::new(Op::Disconnect, s.id), Wait::FOREVER)?;
+            simple(&s, Call::Disconnect { sock: s.id, tag: 0 }, Wait::FOREVER)?;
             TABLE.update_id(s.id, 0, F_PEER);
             return Ok(());
         }
@@ -297,19 +304,21 @@ pub unsafe fn connect(s: Sock, addr: *const sockaddr, len: socklen_t) -> Res<()>
     let (_, snd) = TABLE.timeouts(s.fd);
     let mut renewed = false;
     let r = loop {
-        let mut req = Req::new(Op::Connect, s.id).with_addr(&wa);
-        if s.nonblock() {
-            req.flags |= REQ_NONBLOCK;
-            if !s.dgram() && (!s.has_peer() || renewed) {
-                // A connection in progress polls unwritable, as the kernel's socket does
-                // (programs poll for POLLOUT, then connect again or read SO_ERROR).
-                // Filled before the request so that the server's read of the filler —
-                // when the connect is answered, or when it completes — always comes
-                // after it.
-                fill_pair(s.fd);
-                req.flags |= REQ_FILLED;
-            }
+        // A connection in progress polls unwritable, as the kernel's socket does
+        // (programs poll for POLLOUT, then connect again or read SO_ERROR).
+        let filled = s.nonblock() && !s.dgram() && (!s.has_peer() || renewed);
+        if filled {
+            // Filled before the request so that the server's read of the filler — when
+            // the connect is answered, or when it completes — always comes after it.
+            fill_pair(s.fd);
         }
+        let req = Call::Connect {
+            sock: s.id,
+            tag: 0,
+            addr: wa,
+            nonblock: s.nonblock(),
+            filled,
+        };
         let w = Wait::after(snd, Errno(libc::EINPROGRESS));
         match simple_cmp(&s, req, w)? {
             done if done.flags & CMP_RENEW_PAIR != 0 && !renewed => {
@@ -392,13 +401,21 @@ pub unsafe fn bind(s: Sock, addr: *const sockaddr, len: socklen_t) -> Res<()> {
         // asks.
         unsafe { read_sockaddr(addr, len) }?
     };
-    simple(&s, Req::new(Op::Bind, s.id).with_addr(&wa), Wait::FOREVER).map(drop)
+    let req = Call::Bind {
+        sock: s.id,
+        tag: 0,
+        addr: wa,
+    };
+    simple(&s, req, Wait::FOREVER).map(drop)
 }
 
 /// `listen()`.
 pub fn listen(s: Sock, backlog: c_int) -> Res<()> {
-    let mut req = Req::new(Op::Listen, s.id);
-    req.a = backlog as u32;
+    let req = Call::Listen {
+        sock: s.id,
+        tag: 0,
+        backlog,
+    };
     simple(&s, req, Wait::FOREVER)?;
     // A listener never polls writable in the kernel; its pair stays full (a second
     // `listen` finds it full already).
@@ -411,8 +428,11 @@ pub fn shutdown(s: Sock, how: c_int) -> Res<()> {
     if !(libc::SHUT_RD..=libc::SHUT_RDWR).contains(&how) {
         return Err(Errno::EINVAL);
     }
-    let mut req = Req::new(Op::Shutdown, s.id);
-    req.a = how as u32;
+    let req = Call::Shutdown {
+        sock: s.id,
+        tag: 0,
+        how,
+    };
     simple(&s, req, Wait::FOREVER)?;
     if how != libc::SHUT_RD {
         TABLE.update_id(s.id, F_SHUT_WR, 0);
@@ -435,8 +455,13 @@ pub unsafe fn name(s: Sock, peer: bool, addr: *mut sockaddr, len: *mut socklen_t
     if len.is_null() {
         return Err(Errno::EFAULT);
     }
-    let op = if peer { Op::PeerName } else { Op::SockName };
-    let (_, done) = simple(&s, Req::new(op, s.id), Wait::FOREVER)?;
+    let (sock, tag) = (s.id, 0);
+    let req = if peer {
+        Call::PeerName { sock, tag }
+    } else {
+        Call::SockName { sock, tag }
+    };
+    let (_, done) = simple(&s, req, Wait::FOREVER)?;
     // SAFETY: `len` is non-null (checked above) and valid, `addr` null or writable for
     // `*len` bytes (# Safety), as `write_sockaddr` asks.
     unsafe { write_sockaddr(done.bytes(), addr, len) }
@@ -455,7 +480,8 @@ pub fn pending(s: Sock) -> Res<c_int> {
             Ok(n)
         };
     }
-    simple(&s, Req::new(Op::Pending, s.id), Wait::FOREVER).map(|(n, _)| n as c_int)
+    let req = Call::Pending { sock: s.id, tag: 0 };
+    simple(&s, req, Wait::FOREVER).map(|(n, _)| n as c_int)
 }
 
 /// `setsockopt()`: relayed (values of at most 32 bytes); receive and send timeouts are
@@ -471,7 +497,7 @@ pub unsafe fn setsockopt(
     len: socklen_t,
 ) -> Res<()> {
     let len = len as usize;
-    if len > 32 {
+    if len > InlineBytes::MAX {
         log::once(
             Once::LongOpt,
             format_args!("setsockopt({level}, {name}) with a {len}-byte value is not supported"),
@@ -487,8 +513,13 @@ pub unsafe fn setsockopt(
         // (# Safety); `bytes` is a local of 32 >= `len` bytes.
         unsafe { std::ptr::copy_nonoverlapping(val.cast::<u8>(), bytes.as_mut_ptr(), len) };
     }
-    let mut req = Req::new(Op::SetOpt, s.id).with_bytes(&bytes[..len]);
-    (req.a, req.b) = (level as u32, name as u32);
+    let req = Call::SetOpt {
+        sock: s.id,
+        tag: 0,
+        level,
+        name,
+        value: InlineBytes::new(&bytes[..len]).ok_or(Errno::EINVAL)?,
+    };
     simple(&s, req, Wait::FOREVER)?;
     if level == libc::SOL_SOCKET
         && (name == libc::SO_RCVTIMEO || name == libc::SO_SNDTIMEO)
@@ -584,8 +615,13 @@ pub unsafe fn getsockopt(
                 return Ok(None);
             }
         }
-        let mut req = Req::new(Op::GetOpt, s.id);
-        (req.a, req.b, req.len) = (level as u32, name as u32, room as u32);
+        let req = Call::GetOpt {
+            sock: s.id,
+            tag: 0,
+            level,
+            name,
+            len: room as u32,
+        };
         let done = ch.call(req, Wait::FOREVER, &mut |bufs, span| {
             // SAFETY: `span` was checked against the region (`Buffers::span`), so its
             // `len` bytes at that pointer are inside the shim's mapping, which the
@@ -631,7 +667,7 @@ pub fn want_tokens(socks: &[Sock]) {
                 let mut last = None;
                 for s in mine {
                     claimed(ch, *s)?;
-                    ch.push(&Req::new(Op::WantToken, s.id))?;
+                    ch.push(Call::WantToken { sock: s.id })?;
                     TABLE.update(s.fd, F_WANT, 0);
                     last = Some(s.id);
                 }
@@ -640,7 +676,8 @@ pub fn want_tokens(socks: &[Sock]) {
                 // and written the tokens of sockets already readable, so even a poll with
                 // no timeout that follows sees them.
                 if let Some(last) = last {
-                    ch.call(Req::new(Op::Pending, last), Wait::FOREVER, &mut |_, _| {})?;
+                    let barrier = Call::Pending { sock: last, tag: 0 };
+                    ch.call(barrier, Wait::FOREVER, &mut |_, _| {})?;
                 }
                 Ok(())
             })?;
@@ -667,7 +704,8 @@ pub fn want_tokens(socks: &[Sock]) {
 pub fn release(id: u32) {
     let r = catch_unwind(AssertUnwindSafe(|| {
         with_open_channels(Some(server_of(id)), |ch| {
-            let _ = ch.call(Req::new(Op::Release, id), Wait::FOREVER, &mut |_, _| {});
+            let req = Call::Release { sock: id, tag: 0 };
+            let _ = ch.call(req, Wait::FOREVER, &mut |_, _| {});
         })
     }));
     if r.is_err() {

@@ -9,8 +9,24 @@ pub const SOCKADDR_IN_LEN: usize = 16;
 /// Size of `struct sockaddr_in6`.
 pub const SOCKADDR_IN6_LEN: usize = 28;
 
+/// `sa_family_t` of `AF_INET` (2).
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "AF_INET is a small positive constant; the assertion below checks it fits"
+)]
+pub(crate) const FAMILY_INET: u16 = libc::AF_INET as u16;
+/// `sa_family_t` of `AF_INET6` (10).
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "AF_INET6 is a small positive constant; the assertion below checks it fits"
+)]
+pub(crate) const FAMILY_INET6: u16 = libc::AF_INET6 as u16;
+const _: () = assert!(FAMILY_INET as i32 == libc::AF_INET && FAMILY_INET6 as i32 == libc::AF_INET6);
+
 /// Why address bytes were refused.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AddrError {
     /// Too short to hold even the family.
     #[error("address of {0} bytes is too short")]
@@ -72,14 +88,14 @@ impl WireAddr {
         match self.0 {
             SocketAddr::V4(a) => {
                 out[..SOCKADDR_IN_LEN].fill(0);
-                out[0..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+                out[0..2].copy_from_slice(&FAMILY_INET.to_ne_bytes());
                 out[2..4].copy_from_slice(&a.port().to_be_bytes());
                 out[4..8].copy_from_slice(&a.ip().octets());
                 SOCKADDR_IN_LEN
             }
             SocketAddr::V6(a) => {
                 out[..SOCKADDR_IN6_LEN].fill(0);
-                out[0..2].copy_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
+                out[0..2].copy_from_slice(&FAMILY_INET6.to_ne_bytes());
                 out[2..4].copy_from_slice(&a.port().to_be_bytes());
                 out[4..8].copy_from_slice(&a.flowinfo().to_be_bytes());
                 out[8..24].copy_from_slice(&a.ip().octets());
@@ -172,10 +188,11 @@ mod tests {
     #[test]
     fn short_and_foreign_are_refused() {
         assert_eq!(WireAddr::decode(&[2]), Err(AddrError::Short(1)));
-        let unix = (libc::AF_UNIX as u16).to_ne_bytes();
+        let family = u16::try_from(libc::AF_UNIX).unwrap();
+        let unix = family.to_ne_bytes();
         assert_eq!(
             WireAddr::decode(&[unix[0], unix[1], 0, 0]),
-            Err(AddrError::Family(libc::AF_UNIX as u16))
+            Err(AddrError::Family(family))
         );
     }
 

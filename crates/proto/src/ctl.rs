@@ -22,7 +22,7 @@ pub const MAX_SERVERS: usize = 1 << SERVER_BITS;
 
 /// The server (index) that serves socket `sock`.
 pub fn server_of(sock: u32) -> usize {
-    (sock & (MAX_SERVERS as u32 - 1)) as usize
+    (sock & ((1 << SERVER_BITS) - 1)) as usize
 }
 
 /// The abstract unix name prefix (after the leading NUL) of the program's end of a

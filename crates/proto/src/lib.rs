@@ -4,9 +4,12 @@
 //! fixed-size records carried by the shared-memory rings ([`Req`] from the shim, [`Cmp`]
 //! from the server), the control messages carried by the per-thread unix socket
 //! ([`Ctl`]), socket addresses as they travel inside records ([`WireAddr`]), control
-//! messages and which of them a sandbox may send ([`cmsg`]), and the
+//! messages and which of them a sandbox may send ([`cmsg`]), the
 //! validation that turns raw records written by an untrusted peer into typed values
-//! ([`Request::decode`]). It does no I/O and contains no `unsafe`.
+//! ([`Call::decode`], and [`Request::decode`] under it) and the typed requests a side
+//! writes ([`Call::encode`]), the client side's completion demux ([`demux`]), and the
+//! protocol violations either side may report ([`ProtoError`]). It does no I/O and
+//! contains no `unsafe`.
 //!
 //! # Theory of operation
 //!
@@ -23,18 +26,28 @@
 //! which gives it back with [`CmpKind::BufReturn`]; a `Data` completion lends a server
 //! buffer to the shim, which gives it back with [`Op::BufReturn`].
 #![deny(unsafe_code)]
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 mod addr;
+mod call;
 pub mod cmsg;
 mod ctl;
+pub mod demux;
+mod error;
 mod module;
 
 pub use addr::{AddrError, WireAddr};
+pub use call::{BufRef, Call, InlineBytes};
 pub use ctl::{
     Ctl, CtlKind, HELLO_READS_PAIR, HELLO_ROUTES, HELLO_RX_PAIR, Hello, HelloReply, MAX_SERVERS,
     PAIR_NAME_MAX, PAIR_NAME_PREFIX, PROTO_VERSION, SERVER_BITS, pair_name, parse_pair_name,
     server_of,
 };
+pub use error::ProtoError;
 pub use module::{
     BINDING_MAGIC, Binding, BindingError, CTL_BLOB_FD, MAX_BINDING_BYTES, MAX_FILE_HANDLES,
     MAX_FILES, MAX_INLINE_BINDING, MAX_KEY_BYTES, MAX_MODULE_BYTES, MAX_PROPS,
@@ -197,7 +210,7 @@ pub enum CmpKind {
 }
 
 /// Why a record from the peer was refused.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DecodeError {
     /// The operation code is not one this version knows.
     #[error("unknown operation code {0}")]
@@ -303,6 +316,12 @@ impl Request {
     }
 }
 
+/// The length of bytes put into a record's 32-byte field, as the record stores it (at
+/// most 32; were it ever more, the record would be refused for its `addr_len`).
+fn field_len(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
 impl Req {
     /// A request for `op` on `sock`.
     pub fn new(op: Op, sock: u32) -> Req {
@@ -316,7 +335,7 @@ impl Req {
 
     /// Puts `addr` into the record.
     pub fn with_addr(mut self, addr: &WireAddr) -> Req {
-        self.addr_len = addr.encode(&mut self.addr) as u32;
+        self.addr_len = field_len(addr.encode(&mut self.addr));
         self
     }
 
@@ -324,7 +343,7 @@ impl Req {
     pub fn with_bytes(mut self, bytes: &[u8]) -> Req {
         let n = bytes.len().min(self.addr.len());
         self.addr[..n].copy_from_slice(&bytes[..n]);
-        self.addr_len = n as u32;
+        self.addr_len = field_len(n);
         self
     }
 }
@@ -344,7 +363,7 @@ impl Cmp {
 
     /// Puts `addr` into the record.
     pub fn with_addr(mut self, addr: &WireAddr) -> Cmp {
-        self.addr_len = addr.encode(&mut self.addr) as u32;
+        self.addr_len = field_len(addr.encode(&mut self.addr));
         self
     }
 
@@ -352,7 +371,7 @@ impl Cmp {
     pub fn with_bytes(mut self, bytes: &[u8]) -> Cmp {
         let n = bytes.len().min(self.addr.len());
         self.addr[..n].copy_from_slice(&bytes[..n]);
-        self.addr_len = n as u32;
+        self.addr_len = field_len(n);
         self
     }
 
@@ -410,7 +429,7 @@ mod tests {
     fn connect_with_garbage_address_is_refused() {
         let mut req = Req::new(Op::Connect, 4);
         req.addr_len = 5;
-        req.addr[..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+        req.addr[..2].copy_from_slice(&addr::FAMILY_INET.to_ne_bytes());
         assert!(matches!(Request::decode(req), Err(DecodeError::Addr(_))));
     }
 }

@@ -200,6 +200,9 @@ impl<'a> Binding<'a> {
     /// Encodes the binding (the sender's side; lengths are the caller's to keep within
     /// the limits, which `decode` checks).
     pub fn encode(&self) -> Vec<u8> {
+        // A length beyond `u32` (far beyond every limit) is written as `u32::MAX`, which
+        // `decode` refuses, rather than cut to one it might take.
+        let len32 = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         let (kind, m): (u32, &[u8]) = match &self.module {
             ModuleRef::Bytes(b) => (0, b),
             ModuleRef::Hash(h) => (1, h),
@@ -209,16 +212,16 @@ impl<'a> Binding<'a> {
         out.extend_from_slice(&BINDING_MAGIC);
         for v in [
             kind,
-            m.len() as u32,
-            self.props.len() as u32,
-            self.handles.len() as u32,
+            len32(m.len()),
+            len32(self.props.len()),
+            len32(self.handles.len()),
         ] {
             out.extend_from_slice(&v.to_le_bytes());
         }
         out.extend_from_slice(m);
         for (k, v) in &self.props {
-            out.extend_from_slice(&(k.len() as u32).to_le_bytes());
-            out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            out.extend_from_slice(&len32(k.len()).to_le_bytes());
+            out.extend_from_slice(&len32(v.len()).to_le_bytes());
             out.extend_from_slice(k.as_bytes());
             out.extend_from_slice(v.as_bytes());
         }
@@ -266,7 +269,7 @@ mod tests {
         let most = Binding {
             module: ModuleRef::Hash(h),
             props: vec![],
-            handles: (0..MAX_FILE_HANDLES as u32).collect(),
+            handles: (0..u32::try_from(MAX_FILE_HANDLES).unwrap()).collect(),
         };
         assert_eq!(Binding::decode(&most.encode()).unwrap(), most);
     }
@@ -276,7 +279,8 @@ mod tests {
         let enc = sample();
         let count_at = 16;
         // More handles than allowed, however many bytes follow.
-        for n in [MAX_FILE_HANDLES as u32 + 1, 1 << 20, u32::MAX] {
+        let most = u32::try_from(MAX_FILE_HANDLES).unwrap();
+        for n in [most + 1, 1 << 20, u32::MAX] {
             let mut e = enc.clone();
             e[count_at..count_at + 4].copy_from_slice(&n.to_le_bytes());
             assert_eq!(
@@ -356,6 +360,10 @@ mod tests {
     }
 
     #[test]
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "pseudo-random bits: cutting them is the point"
+    )]
     fn random_bytes_never_panic() {
         let mut x = 0x2545_f491_4f6c_dd1du64;
         let base = sample();

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use ferry_client::Client;
-use ferry_proto::{Ctl, CtlKind, Op, Req};
+use ferry_proto::{Call, Ctl, CtlKind};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -79,11 +79,15 @@ fn ids(serials: u32) -> Res {
         if c.claim(&forged).is_ok() {
             claimed += 1;
         }
-        let peer = c.call_raw(Req::new(Op::PeerName, id), &mut buf);
-        let mut recv = Req::new(Op::Recv, id);
-        recv.flags = ferry_proto::REQ_NONBLOCK;
-        recv.a = buf.len() as u32;
-        let got = c.call_raw(recv, &mut buf);
+        let peer = c.call_raw(Call::PeerName { sock: id, tag: 0 }.encode(), &mut buf);
+        let recv = Call::Recv {
+            sock: id,
+            tag: 0,
+            max: buf.len() as u32,
+            flags: 0,
+            nonblock: true,
+        };
+        let got = c.call_raw(recv.encode(), &mut buf);
         let ebadf =
             |r: &std::io::Result<ferry_proto::Cmp>| matches!(r, Ok(d) if d.result == -libc::EBADF);
         if !ebadf(&peer) || !ebadf(&got) {
@@ -152,15 +156,20 @@ fn hang() -> Res {
     let id = r.result as u32;
     // Bound to the sandbox's loopback, asked for tokens, sent a datagram: the server
     // writes a token into its end of the pair.
-    let mut bind = Req::new(Op::Bind, id);
-    bind = bind.with_addr(&ferry_proto::WireAddr::from(
-        "127.0.0.1:0"
-            .parse::<std::net::SocketAddr>()
-            .expect("literal"),
-    ));
-    let bound = c.call_raw(bind, &mut []).map_err(|e| e.to_string())?;
+    let bind = Call::Bind {
+        sock: id,
+        tag: 0,
+        addr: ferry_proto::WireAddr::from(
+            "127.0.0.1:0"
+                .parse::<std::net::SocketAddr>()
+                .expect("literal"),
+        ),
+    };
+    let bound = c
+        .call_raw(bind.encode(), &mut [])
+        .map_err(|e| e.to_string())?;
     let name = c
-        .call_raw(Req::new(Op::SockName, id), &mut [])
+        .call_raw(Call::SockName { sock: id, tag: 0 }.encode(), &mut [])
         .map_err(|e| e.to_string())?;
     if bound.result < 0 || name.result < 0 {
         return Err(format!(
@@ -169,7 +178,7 @@ fn hang() -> Res {
         ));
     }
     let addr = ferry_proto::WireAddr::decode(name.bytes()).map_err(|e| e.to_string())?;
-    c.push_raw(Req::new(Op::WantToken, id))
+    c.push_raw(Call::WantToken { sock: id }.encode())
         .map_err(|e| e.to_string())?;
     let peer = std::net::UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     let _ = peer.send_to(b"x", addr.to_std());
@@ -198,8 +207,14 @@ fn backlog(secs: u64) -> Res {
     let s = c
         .socket(libc::AF_INET, libc::SOCK_DGRAM)
         .map_err(|e| e.to_string())?;
-    let mut req = Req::new(Op::GetOpt, s.id);
-    (req.a, req.b, req.len, req.tag) = (libc::SOL_SOCKET as u32, libc::SO_TYPE as u32, 4, 7);
+    let req = Call::GetOpt {
+        sock: s.id,
+        tag: 7,
+        level: libc::SOL_SOCKET,
+        name: libc::SO_TYPE,
+        len: 4,
+    }
+    .encode();
     let end = Instant::now() + Duration::from_secs(secs);
     let mut pushed = 0u64;
     let mut last_progress = Instant::now();

@@ -52,6 +52,10 @@ pub enum ProtoError {
     /// A control message of the wrong size.
     #[error("control message of {0} bytes")]
     CtlSize(usize),
+    /// A module binding on the ring named files that did not come before it on the
+    /// control socket (as one `Files` message).
+    #[error("a module binding's files did not come before it")]
+    MissingFiles,
     /// More blocking requests parked on one socket than one channel may have.
     #[error("too many blocking requests on socket {0}")]
     TooManyParked(u32),

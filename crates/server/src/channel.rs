@@ -79,7 +79,7 @@ impl Channel {
             owner,
             stats: ChannelStats {
                 id,
-                pid: owner.pid as u32,
+                pid: owner.pid.cast_unsigned(),
                 tid,
                 ..ChannelStats::default()
             },

@@ -11,7 +11,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use ferry_proto::{CMP_RENEW_PAIR, Cmp, CmpKind, WireAddr, cmsg};
 use tracing::{debug, warn};
 
-use crate::ops::{errno, would_block};
+use crate::ops::{errno, reply_id, would_block};
 use crate::policy::Verdict;
 use crate::server::Server;
 use crate::sock::{Conn, Parked, Place};
@@ -51,8 +51,9 @@ fn addr_key(a: &SocketAddr) -> u64 {
     let ip = match a.ip() {
         std::net::IpAddr::V4(v4) => u64::from(u32::from(v4)),
         std::net::IpAddr::V6(v6) => {
-            let x = u128::from(v6);
-            (x as u64) ^ (x >> 64) as u64
+            let b = v6.octets();
+            let half = |h: &[u8]| u64::from_be_bytes(h.try_into().expect("8 bytes"));
+            half(&b[..8]) ^ half(&b[8..])
         }
     };
     ip << 16 | u64::from(a.port())
@@ -243,9 +244,9 @@ impl Server {
         match self.place_sock(sock) {
             Ok(new) => {
                 std::mem::forget(slot);
-                let mut r = Server::new_reply(new as i32);
+                let mut r = Server::new_reply(reply_id(new));
                 if let Some(p) = peer {
-                    r.addr_len = WireAddr::from(p).encode(&mut r.addr) as u32;
+                    r.addr_len = u32::try_from(WireAddr::from(p).encode(&mut r.addr)).unwrap_or(0);
                 }
                 if let Some(s) = self.sock(listener) {
                     s.stats.calls += 1;

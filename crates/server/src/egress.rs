@@ -183,7 +183,7 @@ impl Bond {
         let n = candidates.len();
         let k = match self.mode {
             Mode::Rr => self.turn[usize::from(!v4)].fetch_add(1, Ordering::Relaxed) % n,
-            Mode::Xor => (flow_hash(ip, dst.port()) % n as u64) as usize,
+            Mode::Xor => usize::try_from(flow_hash(ip, dst.port()) % n as u64).unwrap_or(0),
             Mode::Least => (0..n)
                 .min_by_key(|&k| self.slots[candidates[k]].live.load(Ordering::Relaxed))
                 .expect("candidates is not empty"),

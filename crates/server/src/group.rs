@@ -280,7 +280,7 @@ impl Shared {
     /// A new socket id served by `server`.
     pub(crate) fn new_id(&self, server: usize) -> u32 {
         let serial = self.next_serial.fetch_add(1, Ordering::Relaxed);
-        serial << SERVER_BITS | server as u32
+        serial << SERVER_BITS | u32::try_from(server).unwrap_or(0)
     }
 
     /// Which server a new socket goes to; `key` feeds the hash mode. Counts the socket
@@ -298,7 +298,7 @@ impl Shared {
     fn choose(&self, key: u64) -> usize {
         match self.assign {
             Assign::RoundRobin => self.rr.fetch_add(1, Ordering::Relaxed) % self.n,
-            Assign::Hash => (mix(key) % self.n as u64) as usize,
+            Assign::Hash => usize::try_from(mix(key) % self.n as u64).unwrap_or(0),
             Assign::Least => (0..self.n)
                 .min_by_key(|&i| {
                     let l = &self.live[i];
@@ -426,7 +426,8 @@ impl Control {
             ));
         }
         ferry_sys::pin_thread(tid, cpu)?;
-        live.pinned.store(cpu as i32, Ordering::Relaxed);
+        live.pinned
+            .store(i32::try_from(cpu).unwrap_or(-1), Ordering::Relaxed);
         Ok(())
     }
 }
@@ -504,7 +505,9 @@ impl Servers {
                 .spawn(move || {
                     if let Some(cpu) = cpu {
                         match ferry_sys::pin_thread(0, cpu) {
-                            Ok(()) => shared.live[i].pinned.store(cpu as i32, Ordering::Relaxed),
+                            Ok(()) => shared.live[i]
+                                .pinned
+                                .store(i32::try_from(cpu).unwrap_or(-1), Ordering::Relaxed),
                             Err(e) => {
                                 tracing::warn!("{}: cannot pin to CPU {cpu}: {e}", server_name(i))
                             }

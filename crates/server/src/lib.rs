@@ -58,6 +58,11 @@
 //! (local addresses, binds, listening, sources, arrivals) beside the egress policy.
 //! Once set up, the process that runs the servers confines itself ([`confine`]).
 #![deny(unsafe_code)]
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 mod channel;
 pub mod confine;
@@ -198,7 +203,9 @@ pub const DEFAULT_MAX_CHANNELS: usize = 512;
 /// descriptors per socket (its host socket and its end of the readiness pair); at least
 /// 64.
 pub fn default_max_sockets(channels: usize) -> usize {
-    let limit = ferry_sys::nofile_limit().map_or(1024, |(soft, _)| soft as usize);
+    let limit = ferry_sys::nofile_limit().map_or(1024, |(soft, _)| {
+        usize::try_from(soft).unwrap_or(usize::MAX)
+    });
     (limit.saturating_sub(channels * 3 + 256) / 2).max(64)
 }
 
@@ -207,6 +214,7 @@ pub fn default_max_sockets(channels: usize) -> usize {
 pub fn default_layout() -> ferry_ring::Layout {
     ferry_ring::Layout {
         ring_slots: 256,
+        #[allow(clippy::cast_possible_truncation, reason = "64, a constant")]
         record_size: ferry_proto::RECORD_SIZE as u32,
         bufs_a: 32,
         bufs_b: 32,

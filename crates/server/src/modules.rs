@@ -43,8 +43,8 @@ use std::time::Duration;
 
 use ferry_modules::{Instance, Limits, ModuleHost, ModuleId, Outbox};
 use ferry_proto::{
-    Binding, CTL_BLOB_FD, Cmp, CmpKind, Ctl, CtlKind, MAX_BINDING_BYTES, MAX_FILES,
-    MAX_INLINE_BINDING, MAX_REGISTERED_FILES, ModuleRef, module_hash,
+    Binding, BufRef, CTL_BLOB_FD, Cmp, CmpKind, Ctl, CtlKind, MAX_BINDING_BYTES, MAX_FILES,
+    MAX_INLINE_BINDING, MAX_REGISTERED_FILES, ModuleRef, ProtoError, module_hash,
 };
 use tracing::{debug, warn};
 
@@ -156,13 +156,13 @@ impl FileTable {
         let f = Some(Arc::new(f));
         if let Some(i) = self.slots.iter().position(Option::is_none) {
             self.slots[i] = f;
-            return Ok(i as u32);
+            return Ok(u32::try_from(i).unwrap_or(u32::MAX));
         }
         if self.slots.len() >= MAX_REGISTERED_FILES {
             return Err(neg(libc::ENFILE));
         }
         self.slots.push(f);
-        Ok(self.slots.len() as u32 - 1)
+        Ok(u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX))
     }
 
     /// Forgets handle `h`; false when it is not registered.
@@ -229,6 +229,11 @@ pub enum ModuleError {
         /// Why.
         source: ferry_modules::Error,
     },
+}
+
+/// A duration in whole nanoseconds for the counters (saturating).
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Modules {
@@ -334,7 +339,7 @@ fn bind_errno(e: &ferry_modules::Error) -> i32 {
 fn read_blob(fd: &OwnedFd, len: usize) -> Result<Vec<u8>, i32> {
     let st = rustix::fs::fstat(fd).map_err(|e| neg(e.raw_os_error()))?;
     if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile
-        || st.st_size != len as i64
+        || i64::try_from(len).ok() != Some(st.st_size)
         || len > MAX_BINDING_BYTES
     {
         return Err(neg(libc::EINVAL));
@@ -473,7 +478,7 @@ impl Server {
                     .entry(ch)
                     .or_default()
                     .insert(f)
-                    .map(|h| h as i32)
+                    .map(u32::cast_signed)
             }),
             _ => Err(neg(libc::EINVAL)),
         };
@@ -511,25 +516,28 @@ impl Server {
     pub(crate) fn bind_module_req(
         &mut self,
         ch: u32,
-        req: ferry_proto::Request,
-    ) -> Result<(), String> {
-        let r = req.raw;
-        let chan = self.chan_mut(ch).ok_or("no channel")?;
+        id: u32,
+        tag: u32,
+        binding: BufRef,
+        files: u32,
+    ) -> Result<(), ProtoError> {
+        let Some(chan) = self.chan_mut(ch) else {
+            return Ok(());
+        };
         let span = chan
             .ep
             .bufs
-            .span(r.buf, 0, r.len)
-            .map_err(|e| e.to_string())?;
+            .span(binding.id, 0, binding.len)
+            .map_err(|_| ProtoError::BadBuffer(binding.id))?;
         let mut blob = vec![0u8; span.len() as usize];
         chan.ep.bufs.read(span, &mut blob);
-        self.give_back(ch, r.sock, r.buf);
-        let nfiles = r.a as usize;
+        self.give_back(ch, id, binding.id);
+        let nfiles = files as usize;
         let fds = if nfiles == 0 {
             Vec::new()
         } else {
             self.take_files(ch)?
         };
-        let id = r.sock;
         let result = match self.socks.get_mut(&id) {
             None => Err(neg(libc::EBADF)),
             Some(s) => {
@@ -542,8 +550,8 @@ impl Server {
         if code != 0 {
             self.stats.module_refused += 1;
         }
-        if r.tag != 0 {
-            self.complete_on(ch, Cmp::new(CmpKind::Done, id, r.tag, code));
+        if tag != 0 {
+            self.complete_on(ch, Cmp::new(CmpKind::Done, id, tag, code));
             // The program waits for this answer, not for the output: publish it now.
             if let Some(c) = self.chan_mut(ch) {
                 c.flush();
@@ -559,7 +567,7 @@ impl Server {
 
     /// The files of channel `ch`'s next ring binding: stashed by `ctl_readable`, or the
     /// next control packet (sent before the record, so already queued).
-    fn take_files(&mut self, ch: u32) -> Result<Vec<OwnedFd>, String> {
+    fn take_files(&mut self, ch: u32) -> Result<Vec<OwnedFd>, ProtoError> {
         if let Some(f) = self
             .modules
             .files
@@ -568,7 +576,9 @@ impl Server {
         {
             return Ok(f);
         }
-        let chan = self.chan(ch).ok_or("no channel")?;
+        let Some(chan) = self.chan(ch) else {
+            return Err(ProtoError::MissingFiles);
+        };
         let mut buf = [0u8; size_of::<Ctl>()];
         match ferry_sys::recv_with_fds(chan.ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
             Ok((n, fds)) if n == buf.len() => {
@@ -576,13 +586,10 @@ impl Server {
                 if msg.kind() == Some(CtlKind::Files) {
                     Ok(fds)
                 } else {
-                    Err(format!(
-                        "module files expected, got control message {}",
-                        msg.kind
-                    ))
+                    Err(ProtoError::CtlKind(msg.kind))
                 }
             }
-            other => Err(format!("module files missing ({other:?})")),
+            _ => Err(ProtoError::MissingFiles),
         }
     }
 
@@ -624,8 +631,8 @@ impl Server {
         match host.start_shared(module, props, files) {
             Ok((inst, actions)) => {
                 let (make, init) = inst.start_timing();
-                self.stats.module_start_ns += make.as_nanos() as u64;
-                self.stats.module_init_ns += init.as_nanos() as u64;
+                self.stats.module_start_ns += nanos(make);
+                self.stats.module_init_ns += nanos(init);
                 let mut outbox = pending;
                 outbox.set_copy_max(self.modules.cfg.copy_max);
                 outbox.push(actions);
@@ -680,7 +687,7 @@ impl Server {
             }
             let t = std::time::Instant::now();
             let written = outbox.advance(s.fd.as_fd());
-            self.stats.module_write_ns += t.elapsed().as_nanos() as u64;
+            self.stats.module_write_ns += nanos(t.elapsed());
             match written {
                 Ok(n) => {
                     s.stats.bytes_out += n;

@@ -8,9 +8,7 @@
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 
-use ferry_proto::{
-    Cmp, CmpKind, Ctl, CtlKind, Op, REQ_FILLED, REQ_NONBLOCK, Request, WireAddr, cmsg,
-};
+use ferry_proto::{Call, Cmp, CmpKind, Ctl, CtlKind, ProtoError, WireAddr, cmsg};
 use ferry_ring::BufId;
 use tracing::{debug, warn};
 
@@ -21,6 +19,13 @@ use crate::sockopt;
 
 /// Most operations one channel may have waiting on one socket (a shim has one).
 pub(crate) const MAX_PARKED_PER_CHANNEL: usize = 4;
+
+/// A socket id as a control reply's result (`>= 0`). Ids fit until 2^27 sockets have
+/// been made; past that the socket is refused (`ENFILE`) rather than answered with a
+/// negative number the shim would read as an error code.
+pub(crate) fn reply_id(id: u32) -> i32 {
+    i32::try_from(id).unwrap_or(-libc::ENFILE)
+}
 
 pub(crate) fn errno(e: &io::Error) -> i32 {
     -e.raw_os_error().unwrap_or(libc::EIO)
@@ -65,7 +70,7 @@ impl Server {
         };
         match kind {
             CtlKind::Socket => match self.create_socket(ch, msg.a, msg.b, msg.c) {
-                Ok((id, theirs)) => self.ctl_reply_fd(ch, Server::new_reply(id as i32), theirs),
+                Ok((id, theirs)) => self.ctl_reply_fd(ch, Server::new_reply(reply_id(id)), theirs),
                 Err(e) => self.ctl_reply(ch, Server::new_reply(e)),
             },
             CtlKind::Accept if self.may_use(ch, msg.sock) => self.accept(ch, msg.sock, msg.a != 0),
@@ -152,61 +157,59 @@ impl Server {
         0
     }
 
-    /// One validated ring request. `Err` means the channel broke the protocol.
-    pub(crate) fn handle(&mut self, ch: u32, req: Request) -> Result<(), String> {
-        let io = self.io;
-        let r = req.raw;
-        if req.op == Op::BufReturn {
-            let chan = self.chan_mut(ch).ok_or("no channel")?;
-            return chan.ep.pool.free(BufId(r.buf)).map_err(|e| e.to_string());
+    /// One decoded ring request. `Err` means the channel broke the protocol.
+    pub(crate) fn handle(&mut self, ch: u32, call: Call) -> Result<(), ProtoError> {
+        match call {
+            Call::BufReturn { buf, .. } => return self.buffer_returned(ch, buf),
+            Call::SendCtl { offset, bytes, .. } => {
+                return self.send_ctl(ch, offset, bytes.as_bytes());
+            }
+            _ => {}
         }
-        if !self.socks.contains_key(&r.sock) && ferry_proto::server_of(r.sock) == self.index {
+        let id = call.sock();
+        if !self.socks.contains_key(&id) && ferry_proto::server_of(id) == self.index {
             // Handed over by another server, maybe not taken yet.
             self.drain_inbox();
         }
-        if req.op == Op::SendCtl {
-            // Kept for the next `Send` from this channel (the shim sends them in a row).
-            let chan = self.chan_mut(ch).ok_or("no channel")?;
-            let bytes = req.value();
-            if r.a as usize != chan.send_ctl.len()
-                || chan.send_ctl.len() + bytes.len() > cmsg::MAX_CONTROL
-            {
-                return Err(format!(
-                    "control bytes at offset {} after {}",
-                    r.a,
-                    chan.send_ctl.len()
-                ));
+        match call {
+            Call::Send {
+                buf,
+                offset,
+                flags,
+                dest,
+                ..
+            } => return self.send(ch, id, buf, offset, flags, dest),
+            Call::BindModule {
+                tag,
+                binding,
+                files,
+                ..
+            } => {
+                // Ordered with the sends before it; they go out before the module's output.
+                self.flush_pending();
+                return self.bind_module_req(ch, id, tag, binding, files);
             }
-            chan.send_ctl.extend_from_slice(bytes);
-            return Ok(());
-        }
-        if req.op == Op::Send {
-            return self.send(ch, req);
-        }
-        if req.op == Op::BindModule {
-            // Ordered with the sends before it; they go out before the module's output.
-            self.flush_pending();
-            return self.bind_module_req(ch, req);
+            _ => {}
         }
         // Program order across sockets: what this pass queued goes out before an
         // operation that may observe it (a recv on the loopback peer, a connect…).
         self.flush_pending();
-        if req.op == Op::Release {
+        if let Call::Release { tag, .. } = call {
             // Closed already, or closing now: either way `close` may return.
-            if self.app_gone(r.sock) {
-                self.app_closed(r.sock);
+            if self.app_gone(id) {
+                self.app_closed(id);
                 self.settle_dirty();
             }
-            self.done(ch, r.sock, r.tag, 0);
+            self.done(ch, id, tag, 0);
             return Ok(());
         }
-        if !self.may_use(ch, r.sock) {
-            self.not_holder(ch, r.sock);
-            self.done(ch, r.sock, r.tag, -libc::EBADF);
+        if !self.may_use(ch, id) {
+            self.not_holder(ch, id);
+            self.done(ch, id, call.tag(), -libc::EBADF);
             return Ok(());
         }
-        let Some(s) = self.sock(r.sock) else {
-            self.done(ch, r.sock, r.tag, -libc::EBADF);
+        let Some(s) = self.sock(id) else {
+            self.done(ch, id, call.tag(), -libc::EBADF);
             return Ok(());
         };
         s.stats.calls += 1;
@@ -214,158 +217,241 @@ impl Server {
         if !s.txq.is_empty() {
             // Operations on a socket happen in order: sends queued earlier in this pass
             // go out before, say, a getsockname that must see the port they bound.
-            self.flush_tx(r.sock);
+            self.flush_tx(id);
         }
-        let nonblock = r.flags & REQ_NONBLOCK != 0;
-        let id = r.sock;
-        match req.op {
-            Op::Disconnect => {
-                let s = self.sock(id).expect("checked above");
-                let res = if s.is_stream() {
-                    -libc::EAFNOSUPPORT
-                } else {
-                    io.connect_unspec(s.fd.as_fd())
-                        .map_or_else(|e| errno(&e), |()| 0)
-                };
-                self.done(ch, id, r.tag, res);
-            }
-            Op::Connect => {
-                let addr = req
-                    .addr()
-                    .map_err(|e| e.to_string())?
-                    .ok_or("connect without address")?;
-                self.connect(ch, id, r.tag, addr, nonblock);
-                if r.flags & REQ_FILLED != 0 {
-                    // Unwritable while connecting, as the kernel's socket: the filler
-                    // goes when the connect ends (now, or at its completion).
-                    match self.socks.get_mut(&id).map(|s| &mut s.conn) {
-                        Some(Conn::Connecting { filled, .. }) if nonblock => *filled = true,
-                        _ => self.drain_filler(id),
-                    }
-                }
-            }
-            Op::Bind => {
-                let addr = req
-                    .addr()
-                    .map_err(|e| e.to_string())?
-                    .ok_or("bind without address")?;
-                let res = self.bind(id, addr.to_std());
-                self.done(ch, id, r.tag, res);
-            }
-            Op::Listen => {
-                let res = self.listen(id, r.a as i32);
-                self.done(ch, id, r.tag, res);
-            }
-            Op::Recv => self.recv(ch, id, r.tag, r.a, r.b as i32, nonblock),
-            Op::Shutdown => {
-                let how = r.a as i32;
-                // A module's output goes before the FIN; its input ends here.
-                let module = self.modules.is_bound(id);
-                if how != libc::SHUT_RD {
-                    // What the program wrote into the pair itself goes before the FIN.
-                    self.pair_input(id);
-                }
-                let s = self.sock(id).expect("checked above");
-                let res = if (how == libc::SHUT_WR || how == libc::SHUT_RDWR)
-                    && (!s.txq.is_empty() || s.pair_in_wait || module)
-                {
-                    s.shut_wr_pending = true;
-                    if how == libc::SHUT_RDWR {
-                        io.shutdown(s.fd.as_fd(), libc::SHUT_RD)
-                            .map_or_else(|e| errno(&e), |()| 0)
-                    } else {
-                        0
-                    }
-                } else {
-                    io.shutdown(s.fd.as_fd(), how)
-                        .map_or_else(|e| errno(&e), |()| 0)
-                };
-                self.done(ch, id, r.tag, res);
-                if module {
-                    self.flush_tx(id);
-                }
-            }
-            Op::SetOpt => {
-                let s = self.sock(id).expect("checked above");
-                let (level, name) = (r.a as i32, r.b as i32);
-                let value = req.value().to_vec();
-                let sticky_source = (level, name) == (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO)
-                    && s.place != Place::Sandbox;
-                let refused = sockopt::refused(level, name, &value).map(str::to_owned);
-                let refused = match cmsg::in6_pktinfo(&value).filter(|_| sticky_source) {
-                    Some((index, ip)) if refused.is_none() => {
-                        crate::reach::source_refused(&mut self.host_addrs, index, ip)
-                    }
-                    _ => refused,
-                };
-                let s = self.sock(id).expect("checked above");
-                let res = if let Some(why) = refused {
-                    if (level, name) == (libc::SOL_SOCKET, libc::SO_BINDTODEVICE) {
-                        // Tried by every `curl --interface` (it falls back to the
-                        // interface's address, as for an unprivileged user): refused
-                        // quietly.
-                        debug!("socket {id}: SO_BINDTODEVICE refused: {why}");
-                    } else {
-                        warn!("socket {id}: setsockopt({level}, {name}) refused: {why}");
-                    }
-                    -libc::EPERM
-                } else {
-                    io.setsockopt(s.fd.as_fd(), level, name, &value)
-                        .map_or_else(|e| errno(&e), |()| 0)
-                };
-                if res == 0 {
-                    // Kept for a move (one value per option: bounded).
-                    s.opts.retain(|(l, n, _)| (*l, *n) != (level, name));
-                    s.opts.push((level, name, value));
-                }
-                self.done(ch, id, r.tag, res);
-            }
-            Op::GetOpt => self.getopt(ch, id, r.tag, r.a as i32, r.b as i32, r.len),
-            Op::SockName | Op::PeerName => {
-                let s = self.sock(id).expect("checked above");
-                let domain = s.domain;
-                let c = match io.sock_addr(s.fd.as_fd(), req.op == Op::PeerName) {
-                    Ok(Some(a)) => {
-                        let a = in_family(domain, a);
-                        Cmp::new(CmpKind::Done, id, r.tag, 0).with_addr(&WireAddr::from(a))
-                    }
-                    Ok(None) => Cmp::new(CmpKind::Done, id, r.tag, -libc::EINVAL),
-                    Err(e) => Cmp::new(CmpKind::Done, id, r.tag, errno(&e)),
-                };
-                self.complete(ch, c);
-            }
-            Op::Pending => {
-                let s = self.sock(id).expect("checked above");
-                let res = io.pending_bytes(s.fd.as_fd()).unwrap_or_else(|e| errno(&e));
-                self.done(ch, id, r.tag, res);
-            }
-            Op::WantToken => {
-                let s = self.sock(id).expect("checked above");
-                if s.token == Token::Unwanted {
-                    s.token = Token::Wanted;
-                }
-                self.maybe_token(id);
-            }
-            Op::TokenDrained => {
-                let s = self.sock(id).expect("checked above");
-                if s.token_out() {
-                    s.token = Token::Wanted;
-                }
-                self.maybe_token(id);
-            }
-            Op::WantRoom => self.want_room(ch, id, r.a),
-            Op::Cancel => {
-                let tag = r.a;
-                if let Some(p) = self.unpark(id, |p| p.owner() == (ch, tag)) {
-                    debug!("socket {id}: cancelled {p:?}");
-                    self.done(ch, id, tag, -libc::EINTR);
-                }
-            }
-            Op::Send | Op::SendCtl | Op::BufReturn | Op::Release | Op::BindModule => {
-                unreachable!("handled above")
-            }
-        }
+        self.socket_call(ch, id, call);
         Ok(())
+    }
+
+    /// A request about socket `id`, which channel `ch`'s process holds.
+    fn socket_call(&mut self, ch: u32, id: u32, call: Call) {
+        match call {
+            Call::Disconnect { tag, .. } => {
+                let res = self.disconnect(id);
+                self.done(ch, id, tag, res);
+            }
+            Call::Connect {
+                tag,
+                addr,
+                nonblock,
+                filled,
+                ..
+            } => {
+                self.connect(ch, id, tag, addr, nonblock);
+                if filled {
+                    self.connect_filled(id, nonblock);
+                }
+            }
+            Call::Bind { tag, addr, .. } => {
+                let res = self.bind(id, addr.to_std());
+                self.done(ch, id, tag, res);
+            }
+            Call::Listen { tag, backlog, .. } => {
+                let res = self.listen(id, backlog);
+                self.done(ch, id, tag, res);
+            }
+            Call::Recv {
+                tag,
+                max,
+                flags,
+                nonblock,
+                ..
+            } => self.recv(ch, id, tag, max, flags, nonblock),
+            Call::Shutdown { tag, how, .. } => self.shutdown_call(ch, id, tag, how),
+            Call::SetOpt {
+                tag,
+                level,
+                name,
+                value,
+                ..
+            } => {
+                let res = self.setopt(id, level, name, value.as_bytes());
+                self.done(ch, id, tag, res);
+            }
+            Call::GetOpt {
+                tag,
+                level,
+                name,
+                len,
+                ..
+            } => self.getopt(ch, id, tag, level, name, len),
+            Call::SockName { tag, .. } => self.name(ch, id, tag, false),
+            Call::PeerName { tag, .. } => self.name(ch, id, tag, true),
+            Call::Pending { tag, .. } => {
+                let res = self.socks.get(&id).map_or(-libc::EBADF, |s| {
+                    self.io
+                        .pending_bytes(s.fd.as_fd())
+                        .unwrap_or_else(|e| errno(&e))
+                });
+                self.done(ch, id, tag, res);
+            }
+            Call::WantToken { .. } => {
+                if let Some(s) = self.sock(id)
+                    && s.token == Token::Unwanted
+                {
+                    s.token = Token::Wanted;
+                }
+                self.maybe_token(id);
+            }
+            Call::TokenDrained { .. } => {
+                if let Some(s) = self.sock(id)
+                    && s.token_out()
+                {
+                    s.token = Token::Wanted;
+                }
+                self.maybe_token(id);
+            }
+            Call::WantRoom { returns_seen, .. } => self.want_room(ch, id, returns_seen),
+            Call::Cancel { parked, .. } => {
+                if let Some(p) = self.unpark(id, |p| p.owner() == (ch, parked)) {
+                    debug!("socket {id}: cancelled {p:?}");
+                    self.done(ch, id, parked, -libc::EINTR);
+                }
+            }
+            // Taken by `handle` before it looks the socket up.
+            Call::Send { .. }
+            | Call::SendCtl { .. }
+            | Call::BufReturn { .. }
+            | Call::Release { .. }
+            | Call::BindModule { .. } => {}
+        }
+    }
+
+    /// `BufReturn`: the shim gives back server buffer `buf` of channel `ch`.
+    fn buffer_returned(&mut self, ch: u32, buf: u32) -> Result<(), ProtoError> {
+        match self.chan_mut(ch) {
+            Some(chan) => chan
+                .ep
+                .pool
+                .free(BufId(buf))
+                .map_err(|_| ProtoError::BadBuffer(buf)),
+            None => Ok(()),
+        }
+    }
+
+    /// `SendCtl`: control bytes kept for the next `Send` from channel `ch` (the shim
+    /// sends them in a row, right before it).
+    fn send_ctl(&mut self, ch: u32, offset: u32, bytes: &[u8]) -> Result<(), ProtoError> {
+        let Some(chan) = self.chan_mut(ch) else {
+            return Ok(());
+        };
+        let have = chan.send_ctl.len();
+        if offset as usize != have || have + bytes.len() > cmsg::MAX_CONTROL {
+            return Err(ProtoError::ControlOffset { offset, have });
+        }
+        chan.send_ctl.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    /// `connect(AF_UNSPEC)` on socket `id`: a datagram socket's association dissolves;
+    /// a stream cannot (`EAFNOSUPPORT`, as the kernel's TCP says).
+    fn disconnect(&mut self, id: u32) -> i32 {
+        match self.socks.get(&id) {
+            Some(s) if !s.is_stream() => self
+                .io
+                .connect_unspec(s.fd.as_fd())
+                .map_or_else(|e| errno(&e), |()| 0),
+            Some(_) => -libc::EAFNOSUPPORT,
+            None => -libc::EBADF,
+        }
+    }
+
+    /// `REQ_FILLED` with a connect of socket `id`: the shim filled the program's end of
+    /// the pair, so that the fd polls unwritable while connecting, as the kernel's
+    /// socket does. The filler goes when the connect ends (now, or at its completion).
+    fn connect_filled(&mut self, id: u32, nonblock: bool) {
+        match self.socks.get_mut(&id).map(|s| &mut s.conn) {
+            Some(Conn::Connecting { filled, .. }) if nonblock => *filled = true,
+            _ => self.drain_filler(id),
+        }
+    }
+
+    /// `shutdown(how)` of socket `id`. Writing ends after what the program sent: its
+    /// queued sends, its own bytes in the pair, a module's output (its input ends here).
+    fn shutdown_call(&mut self, ch: u32, id: u32, tag: u32, how: i32) {
+        let io = self.io;
+        let module = self.modules.is_bound(id);
+        if how != libc::SHUT_RD {
+            // What the program wrote into the pair itself goes before the FIN.
+            self.pair_input(id);
+        }
+        let Some(s) = self.socks.get_mut(&id) else {
+            self.done(ch, id, tag, -libc::EBADF);
+            return;
+        };
+        let shut = |how| {
+            io.shutdown(s.fd.as_fd(), how)
+                .map_or_else(|e| errno(&e), |()| 0)
+        };
+        let writes_wait = !s.txq.is_empty() || s.pair_in_wait || module;
+        let res = if (how == libc::SHUT_WR || how == libc::SHUT_RDWR) && writes_wait {
+            s.shut_wr_pending = true;
+            if how == libc::SHUT_RDWR {
+                shut(libc::SHUT_RD)
+            } else {
+                0
+            }
+        } else {
+            shut(how)
+        };
+        self.done(ch, id, tag, res);
+        if module {
+            self.flush_tx(id);
+        }
+    }
+
+    /// `setsockopt` on socket `id`: refused (`EPERM`) where it would let the sandbox
+    /// reach what it may not (`sockopt.rs`, `reach.rs`); a value set is kept for a move.
+    fn setopt(&mut self, id: u32, level: i32, name: i32, value: &[u8]) -> i32 {
+        let Some(s) = self.socks.get_mut(&id) else {
+            return -libc::EBADF;
+        };
+        let sticky_source =
+            (level, name) == (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) && s.place != Place::Sandbox;
+        let refused = sockopt::refused(level, name, value).map(str::to_owned);
+        let refused = match cmsg::in6_pktinfo(value).filter(|_| sticky_source) {
+            Some((index, ip)) if refused.is_none() => {
+                crate::reach::source_refused(&mut self.host_addrs, index, ip)
+            }
+            _ => refused,
+        };
+        if let Some(why) = refused {
+            if (level, name) == (libc::SOL_SOCKET, libc::SO_BINDTODEVICE) {
+                // Tried by every `curl --interface` (it falls back to the interface's
+                // address, as for an unprivileged user): refused quietly.
+                debug!("socket {id}: SO_BINDTODEVICE refused: {why}");
+            } else {
+                warn!("socket {id}: setsockopt({level}, {name}) refused: {why}");
+            }
+            return -libc::EPERM;
+        }
+        match self.io.setsockopt(s.fd.as_fd(), level, name, value) {
+            Ok(()) => {
+                // Kept for a move (one value per option: bounded).
+                s.opts.retain(|(l, n, _)| (*l, *n) != (level, name));
+                s.opts.push((level, name, value.to_vec()));
+                0
+            }
+            Err(e) => errno(&e),
+        }
+    }
+
+    /// `getsockname` (`peer` false) or `getpeername` of socket `id`, as a socket of its
+    /// family shows it.
+    fn name(&mut self, ch: u32, id: u32, tag: u32, peer: bool) {
+        let Some(s) = self.socks.get(&id) else {
+            self.done(ch, id, tag, -libc::EBADF);
+            return;
+        };
+        let c = match self.io.sock_addr(s.fd.as_fd(), peer) {
+            Ok(Some(a)) => {
+                let a = in_family(s.domain, a);
+                Cmp::new(CmpKind::Done, id, tag, 0).with_addr(&WireAddr::from(a))
+            }
+            Ok(None) => Cmp::new(CmpKind::Done, id, tag, -libc::EINVAL),
+            Err(e) => Cmp::new(CmpKind::Done, id, tag, errno(&e)),
+        };
+        self.complete(ch, c);
     }
 
     /// A channel named a socket its process does not hold: refused (`EBADF`), logged.
@@ -411,10 +497,11 @@ impl Server {
                     self.done(ch, id, tag, -libc::ENOBUFS);
                     return;
                 };
-                let span = chan
-                    .ep
-                    .bufs
-                    .span(b.0, 0, n.min(chan.ep.bufs.buf_size()) as u32);
+                let span = chan.ep.bufs.span(
+                    b.0,
+                    0,
+                    u32::try_from(n.min(chan.ep.bufs.buf_size())).unwrap_or(0),
+                );
                 let Ok(span) = span else {
                     let _ = chan.ep.pool.free(b);
                     self.done(ch, id, tag, -libc::ENOBUFS);
@@ -426,7 +513,7 @@ impl Server {
                 data.len = span.len();
                 chan.complete(data);
                 let mut fin = Cmp::new(CmpKind::Done, id, tag, 0);
-                fin.a = n as u32;
+                fin.a = u32::try_from(n).unwrap_or(u32::MAX);
                 chan.complete(fin);
             }
             Err(e) => self.done(ch, id, tag, errno(&e)),

@@ -537,7 +537,7 @@ impl Server {
         };
         let input =
             libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLRDHUP | libc::EPOLLERR | libc::EPOLLHUP;
-        if events & input as u32 != 0 {
+        if events & input.cast_unsigned() != 0 {
             s.rx_maybe = true;
         }
         if events & libc::EPOLLPRI as u32 != 0 && s.reads_pair() {

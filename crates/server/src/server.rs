@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use ferry_proto::{Ctl, CtlKind, HELLO_ROUTES, Hello, HelloReply, PROTO_VERSION, Request};
+use ferry_proto::{Call, Ctl, CtlKind, HELLO_ROUTES, Hello, HelloReply, PROTO_VERSION, ProtoError};
 use ferry_sys::{Epoll, Event};
 use tracing::{debug, info, warn};
 
@@ -44,6 +44,11 @@ const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Most control connections waiting for their Hello at once (the oldest gives way).
 const MAX_PENDING_HELLO: usize = 64;
+
+/// A small index (of a published port, a DNS socket) as an epoll token's index.
+fn index_u32(i: usize) -> u32 {
+    u32::try_from(i).unwrap_or(u32::MAX)
+}
 
 pub(crate) fn token(kind: u64, idx: u32) -> u64 {
     kind << 56 | u64::from(idx)
@@ -313,7 +318,11 @@ impl Server {
                 ferry_sys::listen(fd.as_fd(), 511).map_err(perr)?;
             }
             epoll
-                .add(fd.as_fd(), libc::EPOLLIN as u32, token(T_PUBLISH, i as u32))
+                .add(
+                    fd.as_fd(),
+                    libc::EPOLLIN as u32,
+                    token(T_PUBLISH, index_u32(i)),
+                )
                 .map_err(Error::EventLoop)?;
             published.push((fd, p.sandbox_port));
         }
@@ -403,12 +412,18 @@ impl Server {
         }
         let dns = crate::dns::Dns::new(inside, inside_tcp, upstream)?;
         for (i, fd) in dns.inside.iter().enumerate() {
-            self.epoll
-                .add(fd.as_fd(), libc::EPOLLIN as u32, token(T_DNS_IN, i as u32))?;
+            self.epoll.add(
+                fd.as_fd(),
+                libc::EPOLLIN as u32,
+                token(T_DNS_IN, index_u32(i)),
+            )?;
         }
         for (i, fd) in dns.inside_tcp.iter().enumerate() {
-            self.epoll
-                .add(fd.as_fd(), libc::EPOLLIN as u32, token(T_DNS_TCP, i as u32))?;
+            self.epoll.add(
+                fd.as_fd(),
+                libc::EPOLLIN as u32,
+                token(T_DNS_TCP, index_u32(i)),
+            )?;
         }
         self.epoll.add(
             dns.outside.as_fd(),
@@ -432,7 +447,7 @@ impl Server {
         let mut last_work = Instant::now();
         self.shared.live[self.index]
             .tid
-            .store(ferry_sys::gettid() as i32, Ordering::Release);
+            .store(ferry_sys::gettid().cast_signed(), Ordering::Release);
         while !self.shared.stop.load(Ordering::SeqCst) {
             self.stats.turns += 1;
             let did = self.drain_rings();
@@ -505,13 +520,11 @@ impl Server {
                     Next::Record(rec) => {
                         total += 1;
                         self.stats.requests += 1;
-                        match Request::decode(rec) {
-                            Ok(req) => {
-                                if let Err(why) = self.handle(idx, req) {
-                                    self.bad_channel(idx, &why);
-                                }
-                            }
-                            Err(e) => self.bad_channel(idx, &e.to_string()),
+                        let handled = Call::decode(&rec)
+                            .map_err(ProtoError::from)
+                            .and_then(|call| self.handle(idx, call));
+                        if let Err(why) = handled {
+                            self.bad_channel(idx, &why.to_string());
                         }
                     }
                     Next::Throttled(first) => {
@@ -815,9 +828,9 @@ impl Server {
         let reply = HelloReply {
             version: PROTO_VERSION,
             channel: idx,
-            spin_ns: self.cfg.shim_spin.as_nanos() as u64,
+            spin_ns: u64::try_from(self.cfg.shim_spin.as_nanos()).unwrap_or(u64::MAX),
             batch: self.cfg.batch.max(1),
-            batch_delay_us: self.cfg.batch_delay.as_micros().min(u128::from(u32::MAX)) as u32,
+            batch_delay_us: u32::try_from(self.cfg.batch_delay.as_micros()).unwrap_or(u32::MAX),
             flags: if rx_pair {
                 ferry_proto::HELLO_RX_PAIR
             } else {
@@ -1135,7 +1148,7 @@ impl Server {
         let Some(s) = self.socks.get(&id) else {
             return false;
         };
-        let rev = u32::from(io.poll_now(s.pair.as_fd(), 0).unwrap_or(0) as u16);
+        let rev = u32::from(io.poll_now(s.pair.as_fd(), 0).unwrap_or(0).cast_unsigned());
         rev & (libc::POLLHUP | libc::POLLERR) as u32 != 0 && !self.pair_alive(id, rev)
     }
 
@@ -1455,14 +1468,15 @@ fn pair_events(rx_pair: bool) -> u32 {
     if rx_pair {
         // Room in the pair resumes a pump that stopped on a full pair; bytes from the
         // program's end are its writes the shim did not see.
-        (libc::EPOLLRDHUP | libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLET) as u32
+        (libc::EPOLLRDHUP | libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLET).cast_unsigned()
     } else {
         libc::EPOLLRDHUP as u32
     }
 }
 
 fn host_events() -> u32 {
-    (libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32
+    (libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET)
+        .cast_unsigned()
 }
 
 /// Whether `pid` is `ancestor` or one of its descendants (walking `/proc/PID/stat`).

@@ -432,13 +432,13 @@ mod tests {
         let n = MAX_LISTED + 1000;
         for i in 0..n {
             st.closed_socket(SocketStats {
-                id: i as u32,
+                id: u32::try_from(i).unwrap(),
                 calls: 1,
                 bytes_out: 2,
                 ..SocketStats::default()
             });
             st.closed_channel(ChannelStats {
-                id: i as u32,
+                id: u32::try_from(i).unwrap(),
                 requests: 3,
                 ..ChannelStats::default()
             });

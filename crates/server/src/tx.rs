@@ -6,7 +6,7 @@
 
 use std::os::fd::AsFd;
 
-use ferry_proto::{Cmp, CmpKind, Request, WireAddr, cmsg};
+use ferry_proto::{BufRef, Cmp, CmpKind, ProtoError, WireAddr, cmsg};
 use tracing::{debug, warn};
 
 use crate::connect::remember;
@@ -127,25 +127,35 @@ impl Server {
         s.stats.room_waits += 1;
     }
 
-    pub(crate) fn send(&mut self, ch: u32, req: Request) -> Result<(), String> {
-        let r = req.raw;
-        let id = r.sock;
-        let chan = self.chan_mut(ch).ok_or("no channel")?;
+    /// A `Send` from channel `ch` on socket `id`: `len` bytes at `offset` in the shim's
+    /// buffer (lent until the `BufReturn`), to `dest` (a datagram's), with `MSG_*`
+    /// `flags`; the `SendCtl` bytes before it are its control messages.
+    pub(crate) fn send(
+        &mut self,
+        ch: u32,
+        id: u32,
+        buf: BufRef,
+        offset: u32,
+        flags: i32,
+        to: Option<WireAddr>,
+    ) -> Result<(), ProtoError> {
+        let Some(chan) = self.chan_mut(ch) else {
+            return Ok(());
+        };
         let span = chan
             .ep
             .bufs
-            .span(r.buf, r.b, r.len)
-            .map_err(|e| e.to_string())?;
+            .span(buf.id, offset, buf.len)
+            .map_err(|_| ProtoError::BadBuffer(buf.id))?;
         let bufs = chan.ep.bufs.clone();
         let ctl = std::mem::take(&mut chan.send_ctl);
-        let to = req.addr().map_err(|e| e.to_string())?;
         let stream = match self.socks.get(&id) {
             Some(s) if self.may_use(ch, id) => s.is_stream(),
             found => {
                 if found.is_some() {
                     self.not_holder(ch, id);
                 }
-                self.refuse_send(ch, id, r.buf, -libc::EBADF, -libc::EBADF);
+                self.refuse_send(ch, id, buf.id, -libc::EBADF, -libc::EBADF);
                 return Ok(());
             }
         };
@@ -158,7 +168,7 @@ impl Server {
         let control = match checked {
             Ok(control) => control,
             Err(e) => {
-                self.refuse_send(ch, id, r.buf, 0, e);
+                self.refuse_send(ch, id, buf.id, 0, e);
                 return Ok(());
             }
         };
@@ -170,7 +180,7 @@ impl Server {
             span,
             sent: 0,
             to: to.map(WireAddr::to_std),
-            flags: r.a.cast_signed() & (libc::MSG_MORE | libc::MSG_OOB | libc::MSG_EOR),
+            flags: flags & (libc::MSG_MORE | libc::MSG_OOB | libc::MSG_EOR),
             control,
         });
         if s.txq.len() == 1 {

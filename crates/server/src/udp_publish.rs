@@ -303,7 +303,7 @@ mod tests {
         for k in 0..MAX_FLOWS {
             flows.add(flow(
                 0,
-                k as u16 + 1,
+                u16::try_from(k).unwrap() + 1,
                 t0 + Duration::from_millis(k as u64 + 1),
             ));
         }

@@ -11,7 +11,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use ferry_proto::{CMP_RENEW_PAIR, Cmp, CmpKind, WireAddr, cmsg};
 use tracing::{debug, warn};
 
-use crate::ops::{errno, reply_id, would_block};
+use crate::ops::{Errno, reply_id, would_block};
 use crate::policy::Verdict;
 use crate::server::Server;
 use crate::sock::{Conn, Parked, Place};
@@ -95,19 +95,19 @@ impl Server {
         domain: i32,
         ty: i32,
         protocol: i32,
-    ) -> Result<(u32, OwnedFd), i32> {
+    ) -> Result<(u32, OwnedFd), Errno> {
         if domain != libc::AF_INET && domain != libc::AF_INET6 {
-            return Err(-libc::EAFNOSUPPORT);
+            return Err(Errno(libc::EAFNOSUPPORT));
         }
         if ty != libc::SOCK_STREAM && ty != libc::SOCK_DGRAM {
-            return Err(-libc::EPROTONOSUPPORT);
+            return Err(Errno(libc::EPROTONOSUPPORT));
         }
-        let owner = self.chan(ch).ok_or(-libc::EBADF)?.owner;
+        let owner = self.chan(ch).ok_or(Errno(libc::EBADF))?.owner;
         let _slot = self.socket_slot()?;
         let fd = self
             .io
             .socket(domain, ty, protocol)
-            .map_err(|e| errno(&e))?;
+            .map_err(|e| Errno::of(&e))?;
         let key = self
             .chan(ch)
             .map_or(0, |c| u64::from(c.stats.pid) << 32 | u64::from(c.stats.tid));
@@ -120,9 +120,9 @@ impl Server {
                 Place::Provisional,
                 owner,
             )
-            .map_err(|e| errno(&e))?;
+            .map_err(|e| Errno::of(&e))?;
         sock.rx_pair = ty == libc::SOCK_STREAM && self.chan(ch).is_some_and(|c| c.rx_pair);
-        let id = self.place_sock(sock).map_err(|e| errno(&e))?;
+        let id = self.place_sock(sock).map_err(|e| Errno::of(&e))?;
         std::mem::forget(_slot);
         self.stats.sockets_created += 1;
         Ok((id, theirs))
@@ -131,7 +131,7 @@ impl Server {
     /// One of the sandbox's sockets (`Config::max_sockets`), given back when the guard
     /// drops unless it is forgotten (the socket was made: `settle_dirty` gives it back
     /// when the socket goes).
-    fn socket_slot(&mut self) -> Result<SocketSlot, i32> {
+    fn socket_slot(&mut self) -> Result<SocketSlot, Errno> {
         if self.shared.take_socket(self.cfg.max_sockets) {
             return Ok(SocketSlot(self.shared.clone()));
         }
@@ -142,16 +142,16 @@ impl Server {
             );
         }
         self.stats.denied += 1;
-        Err(-libc::ENFILE)
+        Err(Errno(libc::ENFILE))
     }
 
     pub(crate) fn accept(&mut self, ch: u32, id: u32, nonblock: bool) {
         let Some(s) = self.sock(id) else {
-            self.ctl_reply(ch, Server::new_reply(-libc::EBADF));
+            self.ctl_reply(ch, Server::new_reply(Errno(libc::EBADF)));
             return;
         };
         if !s.listening() {
-            self.ctl_reply(ch, Server::new_reply(-libc::EINVAL));
+            self.ctl_reply(ch, Server::new_reply(Errno(libc::EINVAL)));
             return;
         }
         match self.try_accept(id) {
@@ -160,7 +160,7 @@ impl Server {
                 self.park(id, Parked::Accept { ch });
             }
             Err(e) => {
-                let mut r = Server::new_reply(errno(&e));
+                let mut r = Server::new_reply(Errno::of(&e));
                 if would_block(&e) {
                     r.c = self.drain_token(id);
                 }
@@ -232,7 +232,7 @@ impl Server {
         let (mut sock, theirs) = match made {
             Ok(made) => made,
             Err(e) => {
-                self.ctl_reply(ch, Server::new_reply(errno(&e)));
+                self.ctl_reply(ch, Server::new_reply(Errno::of(&e)));
                 return;
             }
         };
@@ -257,7 +257,7 @@ impl Server {
                 }
                 self.ctl_reply_fd(ch, r, theirs);
             }
-            Err(e) => self.ctl_reply(ch, Server::new_reply(errno(&e))),
+            Err(e) => self.ctl_reply(ch, Server::new_reply(Errno::of(&e))),
         }
     }
 
@@ -295,7 +295,7 @@ impl Server {
     /// keeps a port the program chose admits only the peers it contacts (it must not be
     /// a way to publish a port). Nothing happens to other sockets, or once a socket has
     /// a peer or listens.
-    pub(crate) fn move_to_host(&mut self, id: u32) -> Result<(), i32> {
+    pub(crate) fn move_to_host(&mut self, id: u32) -> Result<(), Errno> {
         let io = self.io;
         let Some(s) = self.socks.get(&id) else {
             return Ok(());
@@ -315,7 +315,7 @@ impl Server {
         let fd = self
             .io
             .socket(domain, ty, protocol)
-            .map_err(|e| errno(&e))?;
+            .map_err(|e| Errno::of(&e))?;
         for (level, name, value) in &s.opts {
             let _ = io.setsockopt(fd.as_fd(), *level, *name, value);
         }
@@ -332,11 +332,11 @@ impl Server {
         // try another one now, as it would after a failed bind, so the host picks one.
         let kept = io.bind(fd.as_fd(), &any(had)).is_ok();
         if !kept {
-            io.bind(fd.as_fd(), &any(0)).map_err(|e| errno(&e))?;
+            io.bind(fd.as_fd(), &any(0)).map_err(|e| Errno::of(&e))?;
             debug!("socket {id}: port {had} is taken on the host; another one is used");
         }
         self.replace_host_fd(id, fd, Place::Host)
-            .map_err(|e| errno(&e))?;
+            .map_err(|e| Errno::of(&e))?;
         let s = self.sock(id).expect("looked up above");
         s.bound_wild = None;
         if !s.is_stream() && asked != 0 && kept {
@@ -349,9 +349,9 @@ impl Server {
     }
 
     /// Moves a provisional socket to where `dest` says it belongs.
-    pub(crate) fn place_for(&mut self, id: u32, local: bool) -> Result<(), i32> {
+    pub(crate) fn place_for(&mut self, id: u32, local: bool) -> Result<(), Errno> {
         let io = self.io;
-        let s = self.socks.get(&id).ok_or(-libc::EBADF)?;
+        let s = self.socks.get(&id).ok_or(Errno(libc::EBADF))?;
         if s.place != Place::Provisional {
             return Ok(());
         }
@@ -364,11 +364,11 @@ impl Server {
                     ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
                     protocol,
                 )
-                .map_err(|e| errno(&e))?;
+                .map_err(|e| Errno::of(&e))?;
             io.set_nonblocking(fd.as_fd(), true)
-                .map_err(|e| errno(&e))?;
+                .map_err(|e| Errno::of(&e))?;
             self.replace_host_fd(id, fd, Place::Sandbox)
-                .map_err(|e| errno(&e))?;
+                .map_err(|e| Errno::of(&e))?;
         } else if let Some(s) = self.sock(id) {
             s.place = Place::Host;
         }
@@ -390,10 +390,10 @@ impl Server {
                     e => e,
                 };
                 let _ = io.connect_unspec(s.fd.as_fd());
-                self.done(ch, id, tag, -e);
+                self.done(ch, id, tag, Errno(e));
             } else {
                 // Connecting again: the program's end of the pair must be renewed first.
-                let mut c = Cmp::new(CmpKind::Done, id, tag, -libc::ECONNABORTED);
+                let mut c = Cmp::new(CmpKind::Done, id, tag, Errno(libc::ECONNABORTED).wire());
                 c.flags |= CMP_RENEW_PAIR;
                 self.complete(ch, c);
             }
@@ -402,13 +402,13 @@ impl Server {
         let local = addr.is_local();
         if local && self.on_host(id) {
             self.host_loopback_refused(id, "connect", addr);
-            self.done(ch, id, tag, -libc::EACCES);
+            self.done(ch, id, tag, Errno(libc::EACCES));
             return;
         }
         if !local && self.cfg.policy.check(&addr.to_std()) == Verdict::Deny {
             warn!("socket {id}: connect to {} denied by policy", addr.to_std());
             self.stats.denied += 1;
-            self.done(ch, id, tag, -libc::EACCES);
+            self.done(ch, id, tag, Errno(libc::EACCES));
             return;
         }
         if !local && let Err(e) = self.move_to_host(id) {
@@ -425,7 +425,7 @@ impl Server {
         }
         if s.place == Place::Sandbox && !local && s.ty == libc::SOCK_STREAM {
             // Bound inside the sandbox, now asked to leave it: the sandbox has no route.
-            self.done(ch, id, tag, -libc::ENETUNREACH);
+            self.done(ch, id, tag, Errno(libc::ENETUNREACH));
             return;
         }
         if let Err(e) = self.bond_source(id, addr.to_std()) {
@@ -446,12 +446,12 @@ impl Server {
                     filled: false,
                 };
                 if nonblock {
-                    self.done(ch, id, tag, -libc::EINPROGRESS);
+                    self.done(ch, id, tag, Errno(libc::EINPROGRESS));
                 } else {
                     self.park(id, Parked::Connect { ch, tag });
                 }
             }
-            Err(e) => self.done(ch, id, tag, errno(&e)),
+            Err(e) => self.done(ch, id, tag, Errno::of(&e)),
         }
         self.module_on_connect(id, addr.to_std());
     }
@@ -494,8 +494,12 @@ impl Server {
         } else {
             Conn::Idle
         };
+        let outcome = match err {
+            0 => Ok(()),
+            e => Err(Errno(e)),
+        };
         for (ch, tag) in waiters {
-            self.done(ch, id, tag, -err);
+            self.done(ch, id, tag, outcome);
         }
         if filled && err != 0 && !reported {
             // A non-blocking connect failed: POLLERR|POLLHUP, as the kernel's.
@@ -506,40 +510,37 @@ impl Server {
         }
     }
 
-    pub(crate) fn bind(&mut self, id: u32, addr: SocketAddr) -> i32 {
+    pub(crate) fn bind(&mut self, id: u32, addr: SocketAddr) -> Result<(), Errno> {
         let io = self.io;
         let local = WireAddr::from(addr).is_local();
         if !local {
             if !self.host_addrs.owns(addr.ip()) {
                 debug!("socket {id}: bind to {addr}: not an address of the host");
-                return -libc::EADDRNOTAVAIL;
+                return Err(Errno(libc::EADDRNOTAVAIL));
             }
             if self.socks.get(&id).is_some_and(|s| !s.is_stream()) && addr.port() != 0 {
                 warn!(
                     "socket {id}: bind to {addr} refused: a datagram socket with a fixed port on a host address would receive from the network (publish it with -p HOST_PORT:PORT/udp)"
                 );
                 self.stats.denied += 1;
-                return -libc::EACCES;
+                return Err(Errno(libc::EACCES));
             }
         }
-        if let Err(e) = self.place_for(id, local) {
-            return e;
-        }
+        self.place_for(id, local)?;
         let wild = WireAddr::from(addr).is_unspecified().then_some(addr.port());
         let s = self.sock(id).expect("placed above");
         match io.bind(s.fd.as_fd(), &addr) {
             Ok(()) => {
                 s.bound_wild = wild;
-                0
+                Ok(())
             }
             Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) && self.reap_closed() > 0 => {
                 // A socket the sandbox already closed may still hold the port: the hang-up
                 // of its readiness pair was not processed yet. Now it is; try again.
                 let s = self.sock(id).expect("placed above");
-                io.bind(s.fd.as_fd(), &addr)
-                    .map_or_else(|e| errno(&e), |()| 0)
+                io.bind(s.fd.as_fd(), &addr).map_err(|e| Errno::of(&e))
             }
-            Err(e) => errno(&e),
+            Err(e) => Err(Errno::of(&e)),
         }
     }
 
@@ -562,18 +563,16 @@ impl Server {
         before - self.socks.len()
     }
 
-    pub(crate) fn listen(&mut self, id: u32, backlog: i32) -> i32 {
+    pub(crate) fn listen(&mut self, id: u32, backlog: i32) -> Result<(), Errno> {
         let io = self.io;
         if self.on_host(id) {
             warn!(
                 "socket {id}: listen refused: the socket is bound to a host address, and only -p publishes a port"
             );
             self.stats.denied += 1;
-            return -libc::EACCES;
+            return Err(Errno(libc::EACCES));
         }
-        if let Err(e) = self.place_for(id, true) {
-            return e;
-        }
+        self.place_for(id, true)?;
         let shared = self.shared.clone();
         let s = self.sock(id).expect("placed above");
         match io.listen(s.fd.as_fd(), backlog) {
@@ -588,9 +587,9 @@ impl Server {
                 if self.has_published(id) {
                     self.host_event(id, libc::EPOLLIN as u32);
                 }
-                0
+                Ok(())
             }
-            Err(e) => errno(&e),
+            Err(e) => Err(Errno::of(&e)),
         }
     }
 }

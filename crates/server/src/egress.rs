@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex};
 
 use tracing::warn;
 
+use crate::ops::Errno;
 use crate::server::Server;
 use crate::sock::Place;
 
@@ -245,7 +246,7 @@ impl Server {
     /// Before connecting host socket `id` to `dst`: when there is a bond and the
     /// program has not bound the socket itself, binds it to the bond's source address
     /// for `dst`. `Err` is the errno for the program's connect.
-    pub(crate) fn bond_source(&mut self, id: u32, dst: SocketAddr) -> Result<(), i32> {
+    pub(crate) fn bond_source(&mut self, id: u32, dst: SocketAddr) -> Result<(), Errno> {
         let io = self.io;
         let Some(bond) = self.cfg.egress.clone() else {
             return Ok(());
@@ -286,7 +287,7 @@ impl Server {
             }
             Err(e) => {
                 warn!("socket {id}: cannot use egress source {src} for {dst}: {e}");
-                Err(-e.raw_os_error().unwrap_or(libc::EIO))
+                Err(Errno::of(&e))
             }
         }
     }

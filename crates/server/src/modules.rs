@@ -48,6 +48,7 @@ use ferry_proto::{
 };
 use tracing::{debug, warn};
 
+use crate::ops::Errno;
 use crate::server::Server;
 use crate::sock::Parked;
 
@@ -152,14 +153,14 @@ pub(crate) struct FileTable {
 
 impl FileTable {
     /// Registers `f`; its handle, or `-ENFILE` when [`MAX_REGISTERED_FILES`] are.
-    fn insert(&mut self, f: OwnedFd) -> Result<u32, i32> {
+    fn insert(&mut self, f: OwnedFd) -> Result<u32, Errno> {
         let f = Some(Arc::new(f));
         if let Some(i) = self.slots.iter().position(Option::is_none) {
             self.slots[i] = f;
             return Ok(u32::try_from(i).unwrap_or(u32::MAX));
         }
         if self.slots.len() >= MAX_REGISTERED_FILES {
-            return Err(neg(libc::ENFILE));
+            return Err(Errno(libc::ENFILE));
         }
         self.slots.push(f);
         Ok(u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX))
@@ -320,14 +321,10 @@ impl Modules {
     }
 }
 
-fn neg(code: i32) -> i32 {
-    -code
-}
-
 /// The errno a failed binding answers with.
-fn bind_errno(e: &ferry_modules::Error) -> i32 {
+fn bind_errno(e: &ferry_modules::Error) -> Errno {
     use ferry_modules::Error as E;
-    neg(match e {
+    Errno(match e {
         E::BadModule(_) | E::UnknownModule(_) | E::File { .. } => libc::EINVAL,
         E::NoCapacity(_) => libc::ENOBUFS,
         E::Engine(_) => libc::ENOMEM,
@@ -336,38 +333,38 @@ fn bind_errno(e: &ferry_modules::Error) -> i32 {
 }
 
 /// Reads a binding that came in a memfd of `len` bytes.
-fn read_blob(fd: &OwnedFd, len: usize) -> Result<Vec<u8>, i32> {
-    let st = rustix::fs::fstat(fd).map_err(|e| neg(e.raw_os_error()))?;
+fn read_blob(fd: &OwnedFd, len: usize) -> Result<Vec<u8>, Errno> {
+    let st = rustix::fs::fstat(fd).map_err(|e| Errno(e.raw_os_error()))?;
     if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile
         || i64::try_from(len).ok() != Some(st.st_size)
         || len > MAX_BINDING_BYTES
     {
-        return Err(neg(libc::EINVAL));
+        return Err(Errno(libc::EINVAL));
     }
     let mut out = vec![0u8; len];
     let mut at = 0;
     while at < len {
         match rustix::io::pread(fd, &mut out[at..], at as u64) {
-            Ok(0) => return Err(neg(libc::EINVAL)),
+            Ok(0) => return Err(Errno(libc::EINVAL)),
             Ok(n) => at += n,
             Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(neg(e.raw_os_error())),
+            Err(e) => return Err(Errno(e.raw_os_error())),
         }
     }
     Ok(out)
 }
 
 /// A file a module may send: a regular file open for reading.
-fn check_file(fd: &OwnedFd) -> Result<(), i32> {
-    let st = rustix::fs::fstat(fd).map_err(|_| neg(libc::EBADF))?;
+fn check_file(fd: &OwnedFd) -> Result<(), Errno> {
+    let st = rustix::fs::fstat(fd).map_err(|_| Errno(libc::EBADF))?;
     if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
-        return Err(neg(libc::EINVAL));
+        return Err(Errno(libc::EINVAL));
     }
-    let fl = rustix::fs::fcntl_getfl(fd).map_err(|_| neg(libc::EBADF))?;
+    let fl = rustix::fs::fcntl_getfl(fd).map_err(|_| Errno(libc::EBADF))?;
     if fl.contains(rustix::fs::OFlags::PATH)
         || fl & rustix::fs::OFlags::RWMODE == rustix::fs::OFlags::WRONLY
     {
-        return Err(neg(libc::EBADF));
+        return Err(Errno(libc::EBADF));
     }
     Ok(())
 }
@@ -379,16 +376,13 @@ impl Server {
         // Program order: sends queued before the binding go out before the module's
         // output.
         self.drain_rings();
-        let result = match self.bind_from_ctl(ch, &msg, inline, fds) {
-            Ok(()) => 0,
-            Err(code) => {
-                self.stats.module_refused += 1;
-                code
-            }
-        };
+        let result = self.bind_from_ctl(ch, &msg, inline, fds);
+        if result.is_err() {
+            self.stats.module_refused += 1;
+        }
         // Answer first: the program goes on while the output is written.
         self.ctl_reply(ch, Server::new_reply(result));
-        if result == 0 {
+        if result.is_ok() {
             self.flush_tx(msg.sock);
         }
     }
@@ -399,22 +393,22 @@ impl Server {
         msg: &Ctl,
         inline: &[u8],
         mut fds: Vec<OwnedFd>,
-    ) -> Result<(), i32> {
+    ) -> Result<(), Errno> {
         let id = msg.sock;
         let Some(s) = self.socks.get_mut(&id) else {
-            return Err(neg(libc::EBADF));
+            return Err(Errno(libc::EBADF));
         };
         s.last_ch = ch;
         s.stats.calls += 1;
-        let len = usize::try_from(msg.a).map_err(|_| neg(libc::EINVAL))?;
+        let len = usize::try_from(msg.a).map_err(|_| Errno(libc::EINVAL))?;
         let blob = if msg.c & CTL_BLOB_FD != 0 {
             if !inline.is_empty() || fds.is_empty() {
-                return Err(neg(libc::EINVAL));
+                return Err(Errno(libc::EINVAL));
             }
             read_blob(&fds.remove(0), len)?
         } else {
             if inline.len() != len {
-                return Err(neg(libc::EINVAL));
+                return Err(Errno(libc::EINVAL));
             }
             inline.to_vec()
         };
@@ -430,16 +424,16 @@ impl Server {
         blob: &[u8],
         declared_files: Option<usize>,
         fds: Vec<OwnedFd>,
-    ) -> Result<(), i32> {
+    ) -> Result<(), Errno> {
         if fds.len() > MAX_FILES || declared_files != Some(fds.len()) {
-            return Err(neg(libc::EINVAL));
+            return Err(Errno(libc::EINVAL));
         }
         for f in &fds {
             check_file(f)?;
         }
         let binding = Binding::decode(blob).map_err(|e| {
             debug!("socket {id}: module binding refused: {e}");
-            neg(libc::EINVAL)
+            Errno(libc::EINVAL)
         })?;
         let mut files: Vec<Arc<OwnedFd>> = Vec::with_capacity(fds.len() + binding.handles.len());
         files.extend(fds.into_iter().map(Arc::new));
@@ -448,7 +442,7 @@ impl Server {
             for &h in &binding.handles {
                 let f = table.and_then(|t| t.get(h)).ok_or_else(|| {
                     debug!("socket {id}: binding names unregistered file {h}");
-                    neg(libc::EBADF)
+                    Errno(libc::EBADF)
                 })?;
                 files.push(Arc::clone(f));
             }
@@ -463,7 +457,7 @@ impl Server {
                 self.stats.modules_loaded += (self.modules.by_hash.len() - before) as u64;
                 m
             }
-            ModuleRef::Hash(h) => *self.modules.by_hash.get(&h).ok_or(neg(libc::ENOENT))?,
+            ModuleRef::Hash(h) => *self.modules.by_hash.get(&h).ok_or(Errno(libc::ENOENT))?,
         };
         self.attach(id, module, &binding.props, files)
     }
@@ -480,9 +474,9 @@ impl Server {
                     .insert(f)
                     .map(u32::cast_signed)
             }),
-            _ => Err(neg(libc::EINVAL)),
+            _ => Err(Errno(libc::EINVAL)),
         };
-        self.ctl_reply(ch, Server::new_reply(result.unwrap_or_else(|e| e)));
+        self.ctl_reply(ch, Server::new_reply(result));
     }
 
     /// An `UnregisterFile` control message (`a` = handle). Bindings this channel queued on
@@ -490,7 +484,7 @@ impl Server {
     pub(crate) fn unregister_file_ctl(&mut self, ch: u32, msg: Ctl, fds: Vec<OwnedFd>) {
         self.drain_rings();
         if !fds.is_empty() {
-            self.ctl_reply(ch, Server::new_reply(neg(libc::EINVAL)));
+            self.ctl_reply(ch, Server::new_reply(Errno(libc::EINVAL)));
             return;
         }
         let known = u32::try_from(msg.a).is_ok_and(|h| {
@@ -507,7 +501,11 @@ impl Server {
         {
             self.modules.registered.remove(&ch);
         }
-        let result = if known { 0 } else { neg(libc::EBADF) };
+        let result = if known {
+            Ok(())
+        } else {
+            Err(Errno(libc::EBADF))
+        };
         self.ctl_reply(ch, Server::new_reply(result));
     }
 
@@ -539,27 +537,26 @@ impl Server {
             self.take_files(ch)?
         };
         let result = match self.socks.get_mut(&id) {
-            None => Err(neg(libc::EBADF)),
+            None => Err(Errno(libc::EBADF)),
             Some(s) => {
                 s.last_ch = ch;
                 s.stats.calls += 1;
                 self.bind_blob(ch, id, &blob, Some(nfiles), fds)
             }
         };
-        let code = result.err().unwrap_or(0);
-        if code != 0 {
+        if result.is_err() {
             self.stats.module_refused += 1;
         }
         if tag != 0 {
-            self.complete_on(ch, Cmp::new(CmpKind::Done, id, tag, code));
+            self.done(ch, id, tag, result);
             // The program waits for this answer, not for the output: publish it now.
             if let Some(c) = self.chan_mut(ch) {
                 c.flush();
             }
-        } else if code != 0 {
-            self.complete_on(ch, Cmp::new(CmpKind::AsyncError, id, 0, code));
+        } else if let Err(e) = result {
+            self.done(ch, id, 0, e);
         }
-        if code == 0 {
+        if result.is_ok() {
             self.flush_tx(id);
         }
         Ok(())
@@ -610,22 +607,22 @@ impl Server {
         module: ModuleId,
         props: &[(K, V)],
         files: Vec<Arc<OwnedFd>>,
-    ) -> Result<(), i32> {
+    ) -> Result<(), Errno> {
         let Some(s) = self.socks.get(&id) else {
-            return Err(neg(libc::EBADF));
+            return Err(Errno(libc::EBADF));
         };
         if !s.is_stream() || s.listening() {
-            return Err(neg(libc::EOPNOTSUPP));
+            return Err(Errno(libc::EOPNOTSUPP));
         }
         if !s.connected() && !s.connecting() {
-            return Err(neg(libc::ENOTCONN));
+            return Err(Errno(libc::ENOTCONN));
         }
         // A module that has finished but whose output is still going out is followed
         // by the new one (its output queues behind); a running one is not replaced.
         let pending = match self.modules.bound.get_mut(&id) {
             None => Outbox::new(),
             Some(Bound::Live { inst, outbox }) if inst.is_finished() => std::mem::take(outbox),
-            Some(_) => return Err(neg(libc::EBUSY)),
+            Some(_) => return Err(Errno(libc::EBUSY)),
         };
         let host = Arc::clone(self.modules.host().map_err(|e| bind_errno(&e))?);
         match host.start_shared(module, props, files) {
@@ -653,7 +650,7 @@ impl Server {
             }
             Err(e) => {
                 self.module_failed(id, &e.to_string());
-                Err(neg(libc::EIO))
+                Err(Errno(libc::EIO))
             }
         }
     }
@@ -675,7 +672,10 @@ impl Server {
                     for (i, item) in items.into_iter().enumerate() {
                         self.give_back(item.ch, id, item.span.id().0);
                         if i == 0 {
-                            self.complete_on(ch, Cmp::new(CmpKind::AsyncError, id, 0, -libc::EIO));
+                            self.complete_on(
+                                ch,
+                                Cmp::new(CmpKind::AsyncError, id, 0, Errno(libc::EIO).wire()),
+                            );
                         }
                     }
                     return true;
@@ -811,15 +811,21 @@ impl Server {
             match p {
                 Parked::Recv { ch, tag, .. } | Parked::Connect { ch, tag } => {
                     reported = true;
-                    self.complete_on(ch, Cmp::new(CmpKind::Done, id, tag, -libc::EIO));
+                    self.complete_on(
+                        ch,
+                        Cmp::new(CmpKind::Done, id, tag, Errno(libc::EIO).wire()),
+                    );
                 }
                 Parked::Accept { ch, .. } => {
-                    self.ctl_reply(ch, Server::new_reply(-libc::EIO));
+                    self.ctl_reply(ch, Server::new_reply(Errno(libc::EIO)));
                 }
             }
         }
         if !reported {
-            self.complete_on(ch, Cmp::new(CmpKind::AsyncError, id, 0, -libc::EIO));
+            self.complete_on(
+                ch,
+                Cmp::new(CmpKind::AsyncError, id, 0, Errno(libc::EIO).wire()),
+            );
         }
         if self.socks.get(&id).is_some_and(|s| s.app_closed) {
             self.dirty.push(id);
@@ -862,7 +868,7 @@ impl Server {
             Ok(()) => self.flush_tx(id),
             Err(e) => warn!(
                 "socket {id}: configured module for {target} not bound (errno {})",
-                -e
+                e.0
             ),
         }
     }

@@ -20,15 +20,58 @@ use crate::sockopt;
 /// Most operations one channel may have waiting on one socket (a shim has one).
 pub(crate) const MAX_PARKED_PER_CHANNEL: usize = 4;
 
+/// A kernel error code (`errno`, positive): what the server's operations fail with.
+/// It turns into a negative number only in a record ([`Answer`]), where the protocol
+/// carries a result as a value `>= 0` or a negated code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Errno(pub(crate) i32);
+
+impl Errno {
+    /// The error of a failed system call (`EIO` when it carries none).
+    pub(crate) fn of(e: &io::Error) -> Errno {
+        Errno(e.raw_os_error().unwrap_or(libc::EIO))
+    }
+
+    /// As a record's result.
+    pub(crate) fn wire(self) -> i32 {
+        -self.0
+    }
+}
+
+/// A result as a record carries it: a value `>= 0`, or a negated [`Errno`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Answer(pub(crate) i32);
+
+impl From<i32> for Answer {
+    fn from(v: i32) -> Answer {
+        debug_assert!(v >= 0, "an error answered without an Errno: {v}");
+        Answer(v)
+    }
+}
+
+impl From<Errno> for Answer {
+    fn from(e: Errno) -> Answer {
+        Answer(e.wire())
+    }
+}
+
+impl From<Result<(), Errno>> for Answer {
+    fn from(r: Result<(), Errno>) -> Answer {
+        Answer(r.map_or_else(Errno::wire, |()| 0))
+    }
+}
+
+impl From<Result<i32, Errno>> for Answer {
+    fn from(r: Result<i32, Errno>) -> Answer {
+        Answer(r.unwrap_or_else(Errno::wire))
+    }
+}
+
 /// A socket id as a control reply's result (`>= 0`). Ids fit until 2^27 sockets have
 /// been made; past that the socket is refused (`ENFILE`) rather than answered with a
 /// negative number the shim would read as an error code.
-pub(crate) fn reply_id(id: u32) -> i32 {
-    i32::try_from(id).unwrap_or(-libc::ENFILE)
-}
-
-pub(crate) fn errno(e: &io::Error) -> i32 {
-    -e.raw_os_error().unwrap_or(libc::EIO)
+pub(crate) fn reply_id(id: u32) -> Result<i32, Errno> {
+    i32::try_from(id).map_err(|_| Errno(libc::ENFILE))
 }
 
 pub(crate) fn would_block(e: &io::Error) -> bool {
@@ -53,7 +96,10 @@ impl Server {
         }
     }
 
-    pub(crate) fn done(&mut self, ch: u32, sock: u32, tag: u32, result: i32) {
+    /// Answers request `tag` of socket `sock` with `result`; an untagged request's
+    /// error is reported on the program's next call (`AsyncError`).
+    pub(crate) fn done(&mut self, ch: u32, sock: u32, tag: u32, result: impl Into<Answer>) {
+        let Answer(result) = result.into();
         if tag != 0 {
             self.complete(ch, Cmp::new(CmpKind::Done, sock, tag, result));
         } else if result < 0 {
@@ -74,21 +120,21 @@ impl Server {
                 Err(e) => self.ctl_reply(ch, Server::new_reply(e)),
             },
             CtlKind::Accept if self.may_use(ch, msg.sock) => self.accept(ch, msg.sock, msg.a != 0),
-            CtlKind::Accept => self.ctl_reply(ch, Server::new_reply(-libc::EBADF)),
+            CtlKind::Accept => self.ctl_reply(ch, Server::new_reply(Errno(libc::EBADF))),
             CtlKind::Claim => {
                 let result = match fds.pop() {
                     Some(fd) if fds.is_empty() => self.claim(ch, msg.sock, fd),
-                    _ => -libc::EINVAL,
+                    _ => Err(Errno(libc::EINVAL)),
                 };
                 self.ctl_reply(ch, Server::new_reply(result));
             }
             CtlKind::Renew => {
                 let renewed = match fds.pop() {
                     Some(fd) if fds.is_empty() => match self.claim(ch, msg.sock, fd) {
-                        0 => self.renew_pair(msg.sock),
-                        e => Err(e),
+                        Ok(()) => self.renew_pair(msg.sock),
+                        Err(e) => Err(e),
                     },
-                    _ => Err(-libc::EINVAL),
+                    _ => Err(Errno(libc::EINVAL)),
                 };
                 match renewed {
                     Ok(theirs) => self.ctl_reply_fd(ch, Server::new_reply(0), theirs),
@@ -120,13 +166,13 @@ impl Server {
     /// namespace (the sandbox cannot make one) bound to the socket's name (which only
     /// the program's end of its pair has: names are never used twice). Then the process
     /// may act on the socket from now on.
-    fn claim(&mut self, ch: u32, id: u32, fd: OwnedFd) -> i32 {
+    fn claim(&mut self, ch: u32, id: u32, fd: OwnedFd) -> Result<(), Errno> {
         let io = self.io;
         let Some(owner) = self.chan(ch).map(|c| c.owner) else {
-            return -libc::EBADF;
+            return Err(Errno(libc::EBADF));
         };
         let Some(s) = self.socks.get_mut(&id) else {
-            return -libc::EBADF;
+            return Err(Errno(libc::EBADF));
         };
         let mut name = [0u8; 107];
         let named = io
@@ -151,10 +197,10 @@ impl Server {
                 );
             }
             self.stats.denied += 1;
-            return -libc::EBADF;
+            return Err(Errno(libc::EBADF));
         }
         s.add_holder(owner);
-        0
+        Ok(())
     }
 
     /// One decoded ring request. `Err` means the channel broke the protocol.
@@ -205,11 +251,11 @@ impl Server {
         }
         if !self.may_use(ch, id) {
             self.not_holder(ch, id);
-            self.done(ch, id, call.tag(), -libc::EBADF);
+            self.done(ch, id, call.tag(), Errno(libc::EBADF));
             return Ok(());
         }
         let Some(s) = self.sock(id) else {
-            self.done(ch, id, call.tag(), -libc::EBADF);
+            self.done(ch, id, call.tag(), Errno(libc::EBADF));
             return Ok(());
         };
         s.stats.calls += 1;
@@ -278,10 +324,10 @@ impl Server {
             Call::SockName { tag, .. } => self.name(ch, id, tag, false),
             Call::PeerName { tag, .. } => self.name(ch, id, tag, true),
             Call::Pending { tag, .. } => {
-                let res = self.socks.get(&id).map_or(-libc::EBADF, |s| {
+                let res = self.socks.get(&id).map_or(Err(Errno(libc::EBADF)), |s| {
                     self.io
                         .pending_bytes(s.fd.as_fd())
-                        .unwrap_or_else(|e| errno(&e))
+                        .map_err(|e| Errno::of(&e))
                 });
                 self.done(ch, id, tag, res);
             }
@@ -305,7 +351,7 @@ impl Server {
             Call::Cancel { parked, .. } => {
                 if let Some(p) = self.unpark(id, |p| p.owner() == (ch, parked)) {
                     debug!("socket {id}: cancelled {p:?}");
-                    self.done(ch, id, parked, -libc::EINTR);
+                    self.done(ch, id, parked, Errno(libc::EINTR));
                 }
             }
             // Taken by `handle` before it looks the socket up.
@@ -345,14 +391,14 @@ impl Server {
 
     /// `connect(AF_UNSPEC)` on socket `id`: a datagram socket's association dissolves;
     /// a stream cannot (`EAFNOSUPPORT`, as the kernel's TCP says).
-    fn disconnect(&mut self, id: u32) -> i32 {
+    fn disconnect(&mut self, id: u32) -> Result<(), Errno> {
         match self.socks.get(&id) {
             Some(s) if !s.is_stream() => self
                 .io
                 .connect_unspec(s.fd.as_fd())
-                .map_or_else(|e| errno(&e), |()| 0),
-            Some(_) => -libc::EAFNOSUPPORT,
-            None => -libc::EBADF,
+                .map_err(|e| Errno::of(&e)),
+            Some(_) => Err(Errno(libc::EAFNOSUPPORT)),
+            None => Err(Errno(libc::EBADF)),
         }
     }
 
@@ -376,20 +422,17 @@ impl Server {
             self.pair_input(id);
         }
         let Some(s) = self.socks.get_mut(&id) else {
-            self.done(ch, id, tag, -libc::EBADF);
+            self.done(ch, id, tag, Errno(libc::EBADF));
             return;
         };
-        let shut = |how| {
-            io.shutdown(s.fd.as_fd(), how)
-                .map_or_else(|e| errno(&e), |()| 0)
-        };
+        let shut = |how| io.shutdown(s.fd.as_fd(), how).map_err(|e| Errno::of(&e));
         let writes_wait = !s.txq.is_empty() || s.pair_in_wait || module;
         let res = if (how == libc::SHUT_WR || how == libc::SHUT_RDWR) && writes_wait {
             s.shut_wr_pending = true;
             if how == libc::SHUT_RDWR {
                 shut(libc::SHUT_RD)
             } else {
-                0
+                Ok(())
             }
         } else {
             shut(how)
@@ -402,9 +445,9 @@ impl Server {
 
     /// `setsockopt` on socket `id`: refused (`EPERM`) where it would let the sandbox
     /// reach what it may not (`sockopt.rs`, `reach.rs`); a value set is kept for a move.
-    fn setopt(&mut self, id: u32, level: i32, name: i32, value: &[u8]) -> i32 {
+    fn setopt(&mut self, id: u32, level: i32, name: i32, value: &[u8]) -> Result<(), Errno> {
         let Some(s) = self.socks.get_mut(&id) else {
-            return -libc::EBADF;
+            return Err(Errno(libc::EBADF));
         };
         let sticky_source =
             (level, name) == (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) && s.place != Place::Sandbox;
@@ -423,16 +466,16 @@ impl Server {
             } else {
                 warn!("socket {id}: setsockopt({level}, {name}) refused: {why}");
             }
-            return -libc::EPERM;
+            return Err(Errno(libc::EPERM));
         }
         match self.io.setsockopt(s.fd.as_fd(), level, name, value) {
             Ok(()) => {
                 // Kept for a move (one value per option: bounded).
                 s.opts.retain(|(l, n, _)| (*l, *n) != (level, name));
                 s.opts.push((level, name, value.to_vec()));
-                0
+                Ok(())
             }
-            Err(e) => errno(&e),
+            Err(e) => Err(Errno::of(&e)),
         }
     }
 
@@ -440,7 +483,7 @@ impl Server {
     /// family shows it.
     fn name(&mut self, ch: u32, id: u32, tag: u32, peer: bool) {
         let Some(s) = self.socks.get(&id) else {
-            self.done(ch, id, tag, -libc::EBADF);
+            self.done(ch, id, tag, Errno(libc::EBADF));
             return;
         };
         let c = match self.io.sock_addr(s.fd.as_fd(), peer) {
@@ -448,8 +491,8 @@ impl Server {
                 let a = in_family(s.domain, a);
                 Cmp::new(CmpKind::Done, id, tag, 0).with_addr(&WireAddr::from(a))
             }
-            Ok(None) => Cmp::new(CmpKind::Done, id, tag, -libc::EINVAL),
-            Err(e) => Cmp::new(CmpKind::Done, id, tag, errno(&e)),
+            Ok(None) => Cmp::new(CmpKind::Done, id, tag, Errno(libc::EINVAL).wire()),
+            Err(e) => Cmp::new(CmpKind::Done, id, tag, Errno::of(&e).wire()),
         };
         self.complete(ch, c);
     }
@@ -494,7 +537,7 @@ impl Server {
                     return;
                 };
                 let Some(b) = chan.ep.pool.alloc() else {
-                    self.done(ch, id, tag, -libc::ENOBUFS);
+                    self.done(ch, id, tag, Errno(libc::ENOBUFS));
                     return;
                 };
                 let span = chan.ep.bufs.span(
@@ -504,7 +547,7 @@ impl Server {
                 );
                 let Ok(span) = span else {
                     let _ = chan.ep.pool.free(b);
-                    self.done(ch, id, tag, -libc::ENOBUFS);
+                    self.done(ch, id, tag, Errno(libc::ENOBUFS));
                     return;
                 };
                 chan.ep.bufs.write(span, &val[..n]);
@@ -516,7 +559,7 @@ impl Server {
                 fin.a = u32::try_from(n).unwrap_or(u32::MAX);
                 chan.complete(fin);
             }
-            Err(e) => self.done(ch, id, tag, errno(&e)),
+            Err(e) => self.done(ch, id, tag, Errno::of(&e)),
         }
     }
 }

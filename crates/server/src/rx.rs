@@ -14,7 +14,7 @@ use ferry_sys::Received;
 use tracing::warn;
 
 use crate::channel::Channel;
-use crate::ops::{MAX_PARKED_PER_CHANNEL, errno, would_block};
+use crate::ops::{Errno, MAX_PARKED_PER_CHANNEL, would_block};
 use crate::seam::Io;
 use crate::server::Server;
 use crate::sock::{Conn, PairEnd, Parked, Place, Sock, Token};
@@ -294,7 +294,7 @@ impl Server {
                 );
             }
             Err(e) => {
-                let mut c = Cmp::new(CmpKind::Done, id, tag, errno(&e));
+                let mut c = Cmp::new(CmpKind::Done, id, tag, Errno::of(&e).wire());
                 if would_block(&e) && self.drain_token(id) != 0 {
                     c.flags |= CMP_DRAIN_TOKEN;
                 }
@@ -425,12 +425,15 @@ impl Server {
     /// With `rx_pair`, the answer to a receive on a connected stream whose bytes go
     /// through the pair: how the stream ended (0, or the error that ended it, reported
     /// once) or `EAGAIN` while it has not. `None`: not such a socket.
-    fn pair_stream_end(&mut self, id: u32) -> Option<i32> {
+    fn pair_stream_end(&mut self, id: u32) -> Option<Result<(), Errno>> {
         let s = self.socks.get_mut(&id).filter(|s| s.reads_pair())?;
         if s.pair_end == PairEnd::Open {
-            return Some(-libc::EAGAIN);
+            return Some(Err(Errno(libc::EAGAIN)));
         }
-        Some(-std::mem::take(&mut s.so_error))
+        Some(match std::mem::take(&mut s.so_error) {
+            0 => Ok(()),
+            e => Err(Errno(e)),
+        })
     }
 
     /// With `rx_pair`: moves what the host socket has received into the readiness pair
@@ -594,7 +597,10 @@ impl Server {
         }
         s.hup_reported = true;
         let ch = s.last_ch;
-        self.complete(ch, Cmp::new(CmpKind::AsyncError, id, 0, -libc::EPIPE));
+        self.complete(
+            ch,
+            Cmp::new(CmpKind::AsyncError, id, 0, Errno(libc::EPIPE).wire()),
+        );
     }
 
     /// Edge-triggered epoll wants an edge for every arrival of new data, even while the
@@ -645,7 +651,7 @@ impl Server {
                         );
                         return;
                     }
-                    Err(e) => self.done(ch, id, tag, errno(&e)),
+                    Err(e) => self.done(ch, id, tag, Errno::of(&e)),
                 },
                 Parked::Accept { ch } => match self.try_accept(id) {
                     Ok(a) => self.finish_accept(ch, id, a),
@@ -653,7 +659,7 @@ impl Server {
                         self.park_front(id, Parked::Accept { ch });
                         return;
                     }
-                    Err(e) => self.ctl_reply(ch, Server::new_reply(errno(&e))),
+                    Err(e) => self.ctl_reply(ch, Server::new_reply(Errno::of(&e))),
                 },
                 other => {
                     self.park_front(id, other);

@@ -13,7 +13,7 @@ use tracing::{debug, info, warn};
 
 use crate::channel::{Channel, Channels, Next};
 use crate::group::{Handle, Msg, Shared, lock, server_name};
-use crate::ops::errno;
+use crate::ops::Errno;
 use crate::seam::Io;
 use crate::sock::{Conn, NewPair, Owner, PairEnd, Parked, Place, Sock};
 use crate::stats::ServerStats;
@@ -1114,17 +1114,17 @@ impl Server {
     /// connect failed and which the kernel has reset since, connects again: it gets a
     /// new pair (a new name), joins the loop as a new socket's does, and starts over
     /// as unconnected. Returns the program's end.
-    pub(crate) fn renew_pair(&mut self, id: u32) -> Result<OwnedFd, i32> {
+    pub(crate) fn renew_pair(&mut self, id: u32) -> Result<OwnedFd, Errno> {
         let Some(s) = self.socks.get(&id) else {
-            return Err(-libc::EBADF);
+            return Err(Errno(libc::EBADF));
         };
         if s.conn != (Conn::Failed { reported: true }) || !s.is_stream() {
-            return Err(-libc::EINVAL);
+            return Err(Errno(libc::EINVAL));
         }
-        let NewPair { ours, theirs, name } = self.io.new_pair(id).map_err(|e| errno(&e))?;
+        let NewPair { ours, theirs, name } = self.io.new_pair(id).map_err(|e| Errno::of(&e))?;
         self.epoll
             .add(ours.as_fd(), pair_events(s.rx_pair), token(T_PAIR, id))
-            .map_err(|e| errno(&e))?;
+            .map_err(|e| Errno::of(&e))?;
         let s = self.socks.get_mut(&id).expect("looked up above");
         s.pair = ours;
         s.name = name;
@@ -1557,9 +1557,9 @@ impl Server {
         }
     }
 
-    pub(crate) fn new_reply(result: i32) -> Ctl {
+    pub(crate) fn new_reply(result: impl Into<crate::ops::Answer>) -> Ctl {
         Ctl {
-            result,
+            result: result.into().0,
             ..Ctl::new(CtlKind::Reply, 0)
         }
     }

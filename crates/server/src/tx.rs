@@ -10,7 +10,7 @@ use ferry_proto::{BufRef, Cmp, CmpKind, ProtoError, WireAddr, cmsg};
 use tracing::{debug, warn};
 
 use crate::connect::remember;
-use crate::ops::{errno, would_block};
+use crate::ops::{Errno, would_block};
 use crate::policy::Verdict;
 use crate::seam::Io;
 use crate::server::Server;
@@ -155,7 +155,13 @@ impl Server {
                 if found.is_some() {
                     self.not_holder(ch, id);
                 }
-                self.refuse_send(ch, id, buf.id, -libc::EBADF, -libc::EBADF);
+                self.refuse_send(
+                    ch,
+                    id,
+                    buf.id,
+                    Errno(libc::EBADF).wire(),
+                    Errno(libc::EBADF),
+                );
                 return Ok(());
             }
         };
@@ -193,7 +199,7 @@ impl Server {
     /// A send on socket `id` that does not go out: its buffer goes back (with
     /// `returned`, which the shim reads as the send's own result) and `error` is
     /// reported on the program's next call.
-    fn refuse_send(&mut self, ch: u32, id: u32, buf: u32, returned: i32, error: i32) {
+    fn refuse_send(&mut self, ch: u32, id: u32, buf: u32, returned: i32, error: Errno) {
         let mut c = Cmp::new(CmpKind::BufReturn, id, 0, returned);
         c.buf = buf;
         self.complete(ch, c);
@@ -203,11 +209,11 @@ impl Server {
     /// A datagram of socket `id` to `dest`: whether it may go (the host's own addresses
     /// are never reachable from the host side; the policy), and from where (a socket
     /// bound to the wildcard in the sandbox moves to the host for a peer outside it).
-    fn route_datagram(&mut self, id: u32, dest: WireAddr) -> Result<(), i32> {
+    fn route_datagram(&mut self, id: u32, dest: WireAddr) -> Result<(), Errno> {
         let local = dest.is_local();
         if local && self.on_host(id) {
             self.host_loopback_refused(id, "datagram", dest);
-            return Err(-libc::EACCES);
+            return Err(Errno(libc::EACCES));
         }
         if !local && self.cfg.policy.check(&dest.to_std()) == Verdict::Deny {
             warn!(
@@ -215,7 +221,7 @@ impl Server {
                 dest.to_std()
             );
             self.stats.denied += 1;
-            return Err(-libc::EACCES);
+            return Err(Errno(libc::EACCES));
         }
         if !local {
             self.move_to_host(id)?;
@@ -229,18 +235,18 @@ impl Server {
     /// The control messages of a datagram of socket `id` (`ctl`, from `SendCtl`
     /// records), checked: only those a sandbox may send, and a source only where the
     /// host may be a source (`reach.rs`). A stream sends none.
-    fn send_control(&mut self, id: u32, stream: bool, ctl: &[u8]) -> Result<Vec<u8>, i32> {
+    fn send_control(&mut self, id: u32, stream: bool, ctl: &[u8]) -> Result<Vec<u8>, Errno> {
         if ctl.is_empty() || stream {
             return Ok(Vec::new());
         }
         let control = cmsg::sanitize_send(ctl).map_err(|e| {
             warn!("socket {id}: datagram refused: {e}");
-            -e.errno()
+            Errno(e.errno())
         })?;
         if let Some(why) = self.source_refused(id, &control) {
             warn!("socket {id}: datagram refused: {why}");
             self.stats.denied += 1;
-            return Err(-libc::EPERM);
+            return Err(Errno(libc::EPERM));
         }
         Ok(control)
     }
@@ -281,11 +287,14 @@ impl Server {
                 Err(e) => {
                     // The connection is broken: give every buffer back, report once.
                     let items: Vec<TxItem> = s.txq.drain(..).collect();
-                    let mut report = Some(errno(&e));
+                    let mut report = Some(Errno::of(&e));
                     for item in items {
                         self.return_buffer(item.ch, id, item.span.id().0);
                         if let Some(code) = report.take() {
-                            self.complete(item.ch, Cmp::new(CmpKind::AsyncError, id, 0, code));
+                            self.complete(
+                                item.ch,
+                                Cmp::new(CmpKind::AsyncError, id, 0, code.wire()),
+                            );
                         }
                     }
                     break;

@@ -8,7 +8,7 @@
 #   scripts/fuzz.sh SECONDS [TARGET…]  SECONDS of fuzzing per target (all by default),
 #                                      with the final statistics of each
 #
-# Targets: records binding cmsg ring modules server (see fuzz/src/lib.rs). `server`
+# Targets: records binding cmsg ring modules server core (see fuzz/src/lib.rs). `server`
 # needs root (a network namespace of its own) and is skipped, saying so, without it.
 # Needs cargo-fuzz (scripts/install-deps.sh installs it) and a C++ compiler.
 # Environment: FUZZ_JOBS=N runs N targets at once (default 1); FUZZ_OUT=DIR keeps the
@@ -21,7 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ALL=(records binding cmsg ring modules server)
+ALL=(records binding cmsg ring modules server core)
 SMOKE_SECONDS=8
 
 say() { printf 'fuzz: %s\n' "$*"; }

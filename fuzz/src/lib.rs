@@ -10,6 +10,7 @@
 //! | [`ring`] | a channel region whose shared memory the peer wrote |
 //! | [`modules`] | module bindings through loading, starting, feeding, output |
 //! | [`server`] | a protocol server driven by a hostile channel |
+//! | [`core`] | the server's socket logic in-process, every event's order and content chosen |
 //!
 //! Every target must never panic, hang or grow memory without bound. `seeds` writes the
 //! starting corpus (`cargo run --example seeds`).
@@ -17,6 +18,7 @@
 
 pub mod binding;
 pub mod cmsg;
+pub mod core;
 pub mod input;
 pub mod modules;
 #[allow(unsafe_code)]

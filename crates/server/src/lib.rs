@@ -18,6 +18,16 @@
 //! the sandbox's processes. Shared-memory mechanics are `ferry-ring`'s; record layouts
 //! are `ferry-proto`'s; the protocol is described in `docs/specs/socket-protocol.md`.
 //!
+//! # Layout (docs/DESIGN.md, "Server core")
+//!
+//! `server.rs` is the event loop and owns the control connections and published ports;
+//! `channel.rs` the channel table (rings, backlog, back-pressure); `ops.rs` dispatches
+//! each typed request (`ferry_proto::Call`) and control message; `connect.rs` places and
+//! connects sockets, `tx.rs` is the way out, `rx.rs` the way in; `sock.rs` is one
+//! socket's state with its state tables; every call on a host socket or pair goes
+//! through the seam (`seam.rs`), so that [`testkit`] can run the real server over a
+//! scripted fake, in-process and deterministically.
+//!
 //! # Theory of operation
 //!
 //! A sandbox has one or more servers ([`Servers`], S4; the assignment of sockets to

@@ -9,7 +9,7 @@
 //! end of a readiness pair (what the program wrote, with the shim's filler markers; what
 //! the server wrote to the program; shutdowns; whether the program's end is open), and
 //! the [`Harness`] API over a [`crate::server::Server`] built with
-//! [`crate::server::Server::in_process`]. Must not: change what the server decides
+//! `Server::in_process`. Must not: change what the server decides
 //! (the server under test is the real one, only its calls are answered by the model),
 //! or be used outside tests and the fuzz target.
 //!
@@ -764,14 +764,33 @@ impl Harness {
 
     /// A new socket made through channel `ch`; its id.
     pub fn socket(&mut self, ch: u32, domain: i32, ty: i32) -> u32 {
+        self.try_socket(ch, domain, ty)
+            .unwrap_or_else(|e| panic!("socket refused: {e}"))
+    }
+
+    /// A new socket made through channel `ch`: its id, or the (negated) error.
+    pub fn try_socket(&mut self, ch: u32, domain: i32, ty: i32) -> Result<u32, i32> {
         let msg = Ctl {
             a: domain,
             b: ty,
             ..Ctl::new(CtlKind::Socket, 0)
         };
         let r = self.control(ch, msg);
-        let id = r.last().expect("a reply").result;
-        u32::try_from(id).unwrap_or_else(|_| panic!("socket refused: {id}"))
+        let id = r.last().map_or(-libc::EIO, |r| r.result);
+        u32::try_from(id).map_err(|_| id)
+    }
+
+    /// The ids of the sockets the server has now, in order.
+    pub fn sockets(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.srv.socks.keys().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Whether channel `ch` is still open (the server closes a channel that breaks the
+    /// protocol).
+    pub fn channel_open(&self, ch: u32) -> bool {
+        self.srv.chan(ch).is_some()
     }
 
     /// Pushes a request record into channel `ch`'s ring (not taken yet).
@@ -842,26 +861,45 @@ impl Harness {
     /// A request to send `data` on socket `id` from channel `ch`: the data goes into a
     /// buffer of the shim's, lent with the record.
     pub fn send_req(&mut self, ch: u32, id: u32, data: &[u8]) -> Req {
-        let shim = self.shims.get_mut(&ch).expect("a channel of the harness");
-        let b = shim.ep.pool.alloc().expect("a free shim buffer");
-        let len = u32::try_from(data.len()).expect("small");
-        let span = shim.ep.bufs.span(b.0, 0, len).expect("fits a buffer");
-        shim.ep.bufs.write(span, data);
-        Req {
-            buf: b.0,
-            len,
-            ..Req::new(ferry_proto::Op::Send, id)
-        }
+        self.try_send_req(ch, id, data)
+            .expect("a free shim buffer that holds the data")
     }
 
-    /// Gives a buffer the server lent back to the shim's pool (as the shim does when a
-    /// `BufReturn` names it).
-    pub fn buffer_returned(&mut self, ch: u32, buf: u32) {
+    /// [`Harness::send_req`], or `None` when the shim has no free buffer or the data
+    /// does not fit one.
+    pub fn try_send_req(&mut self, ch: u32, id: u32, data: &[u8]) -> Option<Req> {
         let shim = self.shims.get_mut(&ch).expect("a channel of the harness");
-        shim.ep
-            .pool
-            .free(ferry_ring::BufId(buf))
-            .expect("our buffer");
+        let len = u32::try_from(data.len()).ok()?;
+        let b = shim.ep.pool.alloc()?;
+        let Ok(span) = shim.ep.bufs.span(b.0, 0, len) else {
+            let _ = shim.ep.pool.free(b);
+            return None;
+        };
+        shim.ep.bufs.write(span, data);
+        let call = ferry_proto::Call::Send {
+            sock: id,
+            buf: ferry_proto::BufRef { id: b.0, len },
+            offset: 0,
+            flags: 0,
+            dest: None,
+        };
+        Some(call.encode())
+    }
+
+    /// A buffer the shim lent comes back to its pool (as the shim does when a
+    /// `BufReturn` names it); false when it was not one the shim had lent.
+    pub fn buffer_returned(&mut self, ch: u32, buf: u32) -> bool {
+        let shim = self.shims.get_mut(&ch).expect("a channel of the harness");
+        shim.ep.pool.free(ferry_ring::BufId(buf)).is_ok()
+    }
+
+    /// The shim gives back server buffer `buf` that a `Data` completion lent it (a
+    /// `BufReturn` record; not sent when the ring is full).
+    pub fn buffer_lent_back(&mut self, ch: u32, buf: u32) {
+        let call = ferry_proto::Call::BufReturn { sock: 0, buf };
+        if self.ring_room(ch) > 0 {
+            self.push(ch, call.encode());
+        }
     }
 
     /// The bytes of a `Data` completion (a server buffer lent to the shim).

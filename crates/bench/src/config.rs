@@ -33,6 +33,9 @@ pub enum Kind {
         batch: Option<u32>,
         /// More `ferry run` options (e.g. `--servers 2 --cpus 0,1`).
         extra: Vec<String>,
+        /// Another build's ferry binary (its shim beside it) instead of the one
+        /// measured: the baseline of a before/after comparison.
+        bin: Option<PathBuf>,
     },
     /// User+net namespace with slirp4netns on a tap device.
     Slirp,
@@ -130,6 +133,7 @@ impl Config {
                 spin: spin.map(str::to_owned),
                 batch,
                 extra: Vec::new(),
+                bin: None,
             },
         }
     }
@@ -142,6 +146,21 @@ impl Config {
                 spin: None,
                 batch: None,
                 extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+                bin: None,
+            },
+        }
+    }
+
+    /// ferry at its defaults from another build (`ferry` binary, with its shim beside
+    /// it), named `name`: the "before" of a before/after comparison in the same run.
+    pub fn ferry_build(name: &str, bin: &std::path::Path) -> Config {
+        Config {
+            name: name.into(),
+            kind: Kind::Ferry {
+                spin: None,
+                batch: None,
+                extra: Vec::new(),
+                bin: Some(bin.to_owned()),
             },
         }
     }
@@ -183,8 +202,13 @@ impl Config {
         let stats_file = self.is_ferry().then(|| stats_path(&env.runs_dir));
         match &self.kind {
             Kind::Native => {}
-            Kind::Ferry { spin, batch, extra } => {
-                argv.push(env.ferry.clone().into());
+            Kind::Ferry {
+                spin,
+                batch,
+                extra,
+                bin,
+            } => {
+                argv.push(bin.as_ref().unwrap_or(&env.ferry).clone().into());
                 argv.push("run".into());
                 argv.push("--stats-json".into());
                 argv.push(stats_file.clone().unwrap_or_default().into());

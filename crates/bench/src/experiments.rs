@@ -130,6 +130,9 @@ pub struct Settings {
     pub e6_dir: PathBuf,
     /// R1 also runs `ferry-unconfined` (`--unconfined`).
     pub unconfined_too: bool,
+    /// R1 and E2 also run ferry from this other build (`ferry-base`), alternating with
+    /// the one measured: a before/after comparison in one run.
+    pub baseline: Option<PathBuf>,
 }
 
 impl Settings {
@@ -274,7 +277,13 @@ fn e2(s: &Settings, ready: &[Config]) -> Vec<Case> {
     let client = s.sockperf("ping-pong", secs, &["-m", "64", "--full-rtt"]);
     let mut out = Vec::new();
     let spins: &[u32] = if s.quick { &[0, 50, 200] } else { &SPINS_US };
-    for c in pick(ready, &["native", "slirp4netns", "pasta"]) {
+    let mut plain = pick(ready, &["native", "slirp4netns", "pasta"]);
+    if let Some(base) = s.baseline.as_ref().filter(|_| ready.iter().any(|c| c.name == "ferry")) {
+        // ferry at its defaults, and the same from the baseline build, side by side.
+        plain.push(Config::ferry_args("ferry", &[]));
+        plain.push(Config::ferry_build("ferry-base", base));
+    }
+    for c in plain {
         out.push(Case {
             config: c,
             param: Param::none(),
@@ -634,6 +643,9 @@ fn r1(s: &Settings, ready: &[Config]) -> Vec<Case> {
                 at + 1,
                 Config::ferry_args("ferry-unconfined", &["--unconfined"]),
             );
+        }
+        if let Some(base) = &s.baseline {
+            configs.insert(at + 1, Config::ferry_build("ferry-base", base));
         }
     }
     // Enough requests that each test lasts seconds: the machine's CPU time per request

@@ -53,6 +53,8 @@ pub struct Options {
     /// R1 also runs ferry with `--unconfined` beside it (the cost of the servers'
     /// seccomp filter and dropped capabilities).
     pub unconfined_too: bool,
+    /// R1 and E2 also run ferry from another build (`ferry-base`): before/after.
+    pub baseline: Option<PathBuf>,
 }
 
 /// Why the harness stopped.
@@ -191,6 +193,7 @@ fn run_all(o: &Options) -> Result<Summary, Error> {
         e6_bin,
         e6_dir,
         unconfined_too: o.unconfined_too,
+        baseline: o.baseline.clone(),
     };
     let configs: Vec<Config> = ready.iter().map(|r| r.config.clone()).collect();
     let plans: Vec<(Experiment, Vec<plan::Case>)> = o

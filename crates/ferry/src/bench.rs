@@ -25,6 +25,11 @@ pub struct BenchArgs {
     /// seccomp filter and dropped capabilities cost, in the same run).
     #[arg(long)]
     pub unconfined_too: bool,
+    /// R1 and E2 also run ferry from another build (its `ferry` binary, with
+    /// libferry_preload.so beside it) as `ferry-base`, alternating with this one: a
+    /// before/after comparison of a change in the same run.
+    #[arg(long, value_name = "FERRY")]
+    pub baseline: Option<PathBuf>,
 }
 
 pub fn main(a: BenchArgs) -> i32 {
@@ -35,6 +40,18 @@ pub fn main(a: BenchArgs) -> i32 {
         a.experiments
     };
     experiments.dedup();
+    let baseline = match a.baseline.map(|b| b.canonicalize().map_err(|e| (b, e))) {
+        None => None,
+        Some(Ok(b)) if b.is_file() => Some(b),
+        Some(Ok(b)) => {
+            eprintln!("ferry bench: --baseline {}: not a file", b.display());
+            return 2;
+        }
+        Some(Err((b, e))) => {
+            eprintln!("ferry bench: --baseline {}: {e}", b.display());
+            return 2;
+        }
+    };
     let ferry = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("ferry"));
     let options = Options {
         experiments,
@@ -44,6 +61,7 @@ pub fn main(a: BenchArgs) -> i32 {
         ferry,
         command: std::env::args().collect::<Vec<_>>().join(" "),
         unconfined_too: a.unconfined_too,
+        baseline,
     };
     match ferry_bench::run(&options) {
         Ok(s) => {

@@ -21,7 +21,7 @@ muts = [
  ("M7 failed non-blocking connect keeps its pair", "crates/server/src/FILE", "if filled && err != 0 && !reported {", "if false {"),
  ("M8 failed blocking connect not dissolved", "crates/server/src/FILE", "        } else if reported {\n", "        } else if false {\n"),
  ("M9 hang-up mirrored before the end of stream", "crates/server/src/FILE", "self.hup_due && self.pair_end == PairEnd::Eof && !self.app_closed", "self.hup_due && self.pair_end != PairEnd::Hup && !self.app_closed"),
- ("M10 stream error reported more than once", "crates/server/src/FILE", "Some(-std::mem::take(&mut s.so_error))", "Some(-s.so_error)"),
+ ("M10 stream error reported more than once", "crates/server/src/FILE", "Some(match std::mem::take(&mut s.so_error) {", "Some(match s.so_error {"),
  ("M11 an ended stream's token taken back", "crates/server/src/FILE", "let short = s.is_stream() && placed < room && !s.rx_ending;", "let short = s.is_stream() && placed < room;"),
  ("M12 a read stopped at the urgent mark counts as draining", "crates/server/src/FILE", "let drained = !s.rx_bulk && n < RX_SCRATCH && !s.rx_ending && !s.oob_due;", "let drained = !s.rx_bulk && n < RX_SCRATCH && !s.rx_ending;"),
  ("M13 no back-pressure", "crates/server/src/FILE", "if ch.backlog.len() >= BACKLOG_HIGH {", "if false {"),

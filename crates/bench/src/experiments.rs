@@ -278,7 +278,11 @@ fn e2(s: &Settings, ready: &[Config]) -> Vec<Case> {
     let mut out = Vec::new();
     let spins: &[u32] = if s.quick { &[0, 50, 200] } else { &SPINS_US };
     let mut plain = pick(ready, &["native", "slirp4netns", "pasta"]);
-    if let Some(base) = s.baseline.as_ref().filter(|_| ready.iter().any(|c| c.name == "ferry")) {
+    if let Some(base) = s
+        .baseline
+        .as_ref()
+        .filter(|_| ready.iter().any(|c| c.name == "ferry"))
+    {
         // ferry at its defaults, and the same from the baseline build, side by side.
         plain.push(Config::ferry_args("ferry", &[]));
         plain.push(Config::ferry_build("ferry-base", base));

@@ -8,7 +8,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 
-use ferry_proto::{CMP_RENEW_PAIR, Cmp, CmpKind, WireAddr, cmsg};
+use ferry_proto::{CMP_RENEW_PAIR, Cmp, CmpKind, Ctl, WireAddr, cmsg};
 use tracing::{debug, warn};
 
 use crate::ops::{Errno, reply_id, would_block};
@@ -220,14 +220,7 @@ impl Server {
                 return;
             }
         };
-        // A connection from a published port with a module rule stays here: the rule is
-        // applied by this server, right after the accept.
-        let module_port = published.is_some_and(|p| self.modules.has_port_rule(p));
-        let server = match self.shared.accepted {
-            crate::Accepted::Listener => self.index,
-            _ if module_port => self.index,
-            crate::Accepted::Assign => self.assign(ch, peer.map_or(0, |p| addr_key(&p))),
-        };
+        let server = self.server_for_accepted(ch, peer, published);
         let made = self.new_sock(server, conn, (domain, libc::SOCK_STREAM, 0), place, owner);
         let (mut sock, theirs) = match made {
             Ok(made) => made,
@@ -244,14 +237,7 @@ impl Server {
         match self.place_sock(sock) {
             Ok(new) => {
                 std::mem::forget(slot);
-                let mut r = Server::new_reply(reply_id(new));
-                if let Some(p) = peer {
-                    r.addr_len = u32::try_from(WireAddr::from(p).encode(&mut r.addr)).unwrap_or(0);
-                }
-                if let Some(s) = self.sock(listener) {
-                    s.stats.calls += 1;
-                }
-                r.c = self.drain_if_empty(listener);
+                let r = self.accept_reply(listener, new, peer);
                 if let Some(port) = published {
                     self.module_on_accept(new, port);
                 }
@@ -259,6 +245,37 @@ impl Server {
             }
             Err(e) => self.ctl_reply(ch, Server::new_reply(Errno::of(&e))),
         }
+    }
+
+    /// The server a connection accepted through channel `ch` goes to. One from a
+    /// published port with a module rule stays here: the rule is applied by this
+    /// server, right after the accept.
+    fn server_for_accepted(
+        &self,
+        ch: u32,
+        peer: Option<SocketAddr>,
+        published: Option<u16>,
+    ) -> usize {
+        let module_port = published.is_some_and(|p| self.modules.has_port_rule(p));
+        match self.shared.accepted {
+            crate::Accepted::Listener => self.index,
+            _ if module_port => self.index,
+            crate::Accepted::Assign => self.assign(ch, peer.map_or(0, |p| addr_key(&p))),
+        }
+    }
+
+    /// The reply to an accept on `listener` that made socket `new` for `peer`: its id,
+    /// the peer's address, and whether the shim takes the listener's token back.
+    fn accept_reply(&mut self, listener: u32, new: u32, peer: Option<SocketAddr>) -> Ctl {
+        let mut r = Server::new_reply(reply_id(new));
+        if let Some(p) = peer {
+            r.addr_len = u32::try_from(WireAddr::from(p).encode(&mut r.addr)).unwrap_or(0);
+        }
+        if let Some(s) = self.sock(listener) {
+            s.stats.calls += 1;
+        }
+        r.c = self.drain_if_empty(listener);
+        r
     }
 
     /// Whether socket `id` lives on the host already (bound to a host address, or
@@ -376,64 +393,19 @@ impl Server {
     }
 
     pub(crate) fn connect(&mut self, ch: u32, id: u32, tag: u32, addr: WireAddr, nonblock: bool) {
-        let io = self.io;
-        if let Some(s) = self.sock(id)
-            && let Conn::Failed { reported } = s.conn
-        {
-            if !reported {
-                s.conn = Conn::Failed { reported: true };
-                // The connect after a failed non-blocking one reports the failure (its
-                // error, or ECONNABORTED once SO_ERROR has taken it), and the kernel puts
-                // the socket back to unconnected.
-                let e = match std::mem::take(&mut s.so_error) {
-                    0 => libc::ECONNABORTED,
-                    e => e,
-                };
-                let _ = io.connect_unspec(s.fd.as_fd());
-                self.done(ch, id, tag, Errno(e));
-            } else {
-                // Connecting again: the program's end of the pair must be renewed first.
-                let mut c = Cmp::new(CmpKind::Done, id, tag, Errno(libc::ECONNABORTED).wire());
-                c.flags |= CMP_RENEW_PAIR;
-                self.complete(ch, c);
-            }
+        if let Some(Conn::Failed { reported }) = self.socks.get(&id).map(|s| s.conn) {
+            self.connect_after_failure(ch, id, tag, reported);
             return;
         }
-        let local = addr.is_local();
-        if local && self.on_host(id) {
-            self.host_loopback_refused(id, "connect", addr);
-            self.done(ch, id, tag, Errno(libc::EACCES));
-            return;
-        }
-        if !local && self.cfg.policy.check(&addr.to_std()) == Verdict::Deny {
-            warn!("socket {id}: connect to {} denied by policy", addr.to_std());
-            self.stats.denied += 1;
-            self.done(ch, id, tag, Errno(libc::EACCES));
-            return;
-        }
-        if !local && let Err(e) = self.move_to_host(id) {
+        if let Err(e) = self.route_connect(id, addr) {
             self.done(ch, id, tag, e);
             return;
         }
-        if let Err(e) = self.place_for(id, local) {
-            self.done(ch, id, tag, e);
+        let to = addr.to_std();
+        let Some(s) = self.socks.get_mut(&id) else {
             return;
-        }
-        let s = self.sock(id).expect("placed above");
-        if let Some(c) = s.contacted.as_mut() {
-            remember(c, addr.to_std());
-        }
-        if s.place == Place::Sandbox && !local && s.ty == libc::SOCK_STREAM {
-            // Bound inside the sandbox, now asked to leave it: the sandbox has no route.
-            self.done(ch, id, tag, Errno(libc::ENETUNREACH));
-            return;
-        }
-        if let Err(e) = self.bond_source(id, addr.to_std()) {
-            self.done(ch, id, tag, e);
-            return;
-        }
-        let s = self.sock(id).expect("placed above");
-        match io.connect(s.fd.as_fd(), &addr.to_std()) {
+        };
+        match self.io.connect(s.fd.as_fd(), &to) {
             Ok(()) => {
                 if s.is_stream() {
                     s.conn = Conn::Connected;
@@ -441,10 +413,7 @@ impl Server {
                 self.done(ch, id, tag, 0);
             }
             Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
-                s.conn = Conn::Connecting {
-                    to: addr.to_std(),
-                    filled: false,
-                };
+                s.conn = Conn::Connecting { to, filled: false };
                 if nonblock {
                     self.done(ch, id, tag, Errno(libc::EINPROGRESS));
                 } else {
@@ -453,7 +422,62 @@ impl Server {
             }
             Err(e) => self.done(ch, id, tag, Errno::of(&e)),
         }
-        self.module_on_connect(id, addr.to_std());
+        self.module_on_connect(id, to);
+    }
+
+    /// A connect of stream `id` after a non-blocking one failed (see [`Conn`]): the
+    /// first reports the failure (its error, or `ECONNABORTED` once `SO_ERROR` has taken
+    /// it) and the kernel puts the socket back to unconnected; later ones ask the shim
+    /// to renew the program's end of the pair first.
+    fn connect_after_failure(&mut self, ch: u32, id: u32, tag: u32, reported: bool) {
+        let io = self.io;
+        let Some(s) = self.socks.get_mut(&id) else {
+            return;
+        };
+        if reported {
+            let mut c = Cmp::new(CmpKind::Done, id, tag, Errno(libc::ECONNABORTED).wire());
+            c.flags |= CMP_RENEW_PAIR;
+            self.complete(ch, c);
+            return;
+        }
+        s.conn = Conn::Failed { reported: true };
+        let e = match std::mem::take(&mut s.so_error) {
+            0 => libc::ECONNABORTED,
+            e => e,
+        };
+        let _ = io.connect_unspec(s.fd.as_fd());
+        self.done(ch, id, tag, Errno(e));
+    }
+
+    /// Whether socket `id` may connect to `addr`, and from where: the host's own
+    /// addresses are never reachable from the host side; the policy; a socket bound to
+    /// the wildcard in the sandbox moves to the host for a peer outside it, a
+    /// provisional one is placed; a stream bound inside the sandbox has no route out; an
+    /// egress bond picks the source.
+    fn route_connect(&mut self, id: u32, addr: WireAddr) -> Result<(), Errno> {
+        let (local, to) = (addr.is_local(), addr.to_std());
+        if local && self.on_host(id) {
+            self.host_loopback_refused(id, "connect", addr);
+            return Err(Errno(libc::EACCES));
+        }
+        if !local && self.cfg.policy.check(&to) == Verdict::Deny {
+            warn!("socket {id}: connect to {to} denied by policy");
+            self.stats.denied += 1;
+            return Err(Errno(libc::EACCES));
+        }
+        if !local {
+            self.move_to_host(id)?;
+        }
+        self.place_for(id, local)?;
+        let s = self.sock(id).ok_or(Errno(libc::EBADF))?;
+        if let Some(c) = s.contacted.as_mut() {
+            remember(c, to);
+        }
+        if s.place == Place::Sandbox && !local && s.ty == libc::SOCK_STREAM {
+            // Bound inside the sandbox, now asked to leave it: the sandbox has no route.
+            return Err(Errno(libc::ENETUNREACH));
+        }
+        self.bond_source(id, to)
     }
 
     /// Stream `id`'s connect in progress (to `to`, the program's end of the pair

@@ -232,6 +232,28 @@ pub enum ModuleError {
     },
 }
 
+/// What one step of a module's flush says.
+enum Step {
+    /// Go on: the module took input or its input ended.
+    Again,
+    /// Stop; whether the socket's sends are handled (the plain path must not send them).
+    Stop(bool),
+}
+
+/// Feeds `inst` the unsent part of queued send `item`; its actions go to `outbox`.
+fn feed_item(
+    inst: &mut Instance,
+    outbox: &mut Outbox,
+    item: &crate::sock::TxItem,
+) -> Result<(), String> {
+    let mut data = vec![0u8; item.span.len() as usize];
+    item.bufs.read(item.span, &mut data);
+    data.drain(..item.sent.min(data.len()));
+    let actions = inst.feed(data).map_err(|e| e.to_string())?;
+    outbox.push(actions);
+    Ok(())
+}
+
 /// A duration in whole nanoseconds for the counters (saturating).
 fn nanos(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -658,113 +680,129 @@ impl Server {
     /// Sends of a module-bound socket: feeds them to the module and writes its output.
     /// Returns false when the socket is (now) a plain socket: the caller sends its queue.
     pub(crate) fn module_flush(&mut self, id: u32) -> bool {
-        let io = self.io;
         loop {
-            let (Some(s), Some(b)) = (self.socks.get_mut(&id), self.modules.bound.get_mut(&id))
-            else {
-                return false;
+            let step = match self.modules.bound.get(&id) {
+                None => return false,
+                Some(Bound::Failed) => return self.fail_module_sends(id),
+                Some(Bound::Live { .. }) => self.module_step(id),
             };
-            let (inst, outbox) = match b {
-                Bound::Failed => {
-                    // Reset already: hand the buffers back, each batch fails with EIO.
-                    let items: Vec<_> = s.txq.drain(..).collect();
-                    let ch = s.last_ch;
-                    for (i, item) in items.into_iter().enumerate() {
-                        self.give_back(item.ch, id, item.span.id().0);
-                        if i == 0 {
-                            self.complete_on(
-                                ch,
-                                Cmp::new(CmpKind::AsyncError, id, 0, Errno(libc::EIO).wire()),
-                            );
-                        }
-                    }
-                    return true;
-                }
-                Bound::Live { inst, outbox } => (inst, outbox),
-            };
-            if s.connecting() {
-                return true;
+            if let Step::Stop(handled) = step {
+                return handled;
             }
-            let t = std::time::Instant::now();
-            let written = outbox.advance(s.fd.as_fd());
-            self.stats.module_write_ns += nanos(t.elapsed());
-            match written {
-                Ok(n) => {
-                    s.stats.bytes_out += n;
-                    self.stats.module_bytes_out += n;
-                    if n > 0 {
-                        self.stats.data_syscalls += 1;
-                    }
+        }
+    }
+
+    /// Socket `id`'s module failed (reset already): the sends queued for it give their
+    /// buffers back, and the program hears `EIO` once.
+    fn fail_module_sends(&mut self, id: u32) -> bool {
+        let Some(s) = self.socks.get_mut(&id) else {
+            return false;
+        };
+        let items: Vec<_> = s.txq.drain(..).collect();
+        let ch = s.last_ch;
+        for (i, item) in items.into_iter().enumerate() {
+            self.give_back(item.ch, id, item.span.id().0);
+            if i == 0 {
+                self.complete_on(
+                    ch,
+                    Cmp::new(CmpKind::AsyncError, id, 0, Errno(libc::EIO).wire()),
+                );
+            }
+        }
+        true
+    }
+
+    /// One step of socket `id`'s live module: write what its outbox holds, then feed
+    /// it the next send, or end its input, or notice that it has finished.
+    fn module_step(&mut self, id: u32) -> Step {
+        let (Some(s), Some(Bound::Live { inst, outbox })) =
+            (self.socks.get_mut(&id), self.modules.bound.get_mut(&id))
+        else {
+            return Step::Stop(false);
+        };
+        if s.connecting() {
+            return Step::Stop(true);
+        }
+        let t = std::time::Instant::now();
+        let written = outbox.advance(s.fd.as_fd());
+        self.stats.module_write_ns += nanos(t.elapsed());
+        match written {
+            Ok(n) => {
+                s.stats.bytes_out += n;
+                self.stats.module_bytes_out += n;
+                if n > 0 {
+                    self.stats.data_syscalls += 1;
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                    self.module_failed(id, &format!("writing its output: {e}"));
-                    return true;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                self.module_failed(id, &format!("writing its output: {e}"));
+                return Step::Stop(true);
+            }
+            Err(e) => {
+                // The connection broke (the peer reset it): not the module's fault.
+                // Drop the module; the plain path reports the error to the program.
+                debug!("socket {id}: module output not written: {e}");
+                self.modules.bound.remove(&id);
+                return Step::Stop(false);
+            }
+        }
+        if !outbox.is_empty() && outbox.pending_bytes() >= HIGH_WATER {
+            // Back-pressure: the program's buffers wait for EPOLLOUT.
+            return Step::Stop(true);
+        }
+        let running = !inst.is_finished();
+        if running && let Some(item) = s.txq.pop_front() {
+            let fed = feed_item(inst, outbox, &item);
+            self.give_back(item.ch, id, item.span.id().0);
+            if let Err(why) = fed {
+                self.module_failed(id, &why);
+                return Step::Stop(true);
+            }
+            return Step::Again;
+        }
+        if running && (s.shut_wr_pending || s.app_closed) {
+            return match inst.close() {
+                Ok(actions) => {
+                    outbox.push(actions);
+                    Step::Again
                 }
                 Err(e) => {
-                    // The connection broke (the peer reset it): not the module's fault.
-                    // Drop the module; the plain path reports the error to the program.
-                    debug!("socket {id}: module output not written: {e}");
-                    self.modules.bound.remove(&id);
-                    return false;
+                    self.module_failed(id, &e.to_string());
+                    Step::Stop(true)
                 }
+            };
+        }
+        if running || !outbox.is_empty() {
+            return Step::Stop(true);
+        }
+        Step::Stop(self.module_finished(id))
+    }
+
+    /// Socket `id`'s module has finished and its output is written: the socket is a
+    /// plain socket again. The instance is dropped when the loop is idle (returning its
+    /// slot costs microseconds). Whether the socket's sends were all handled.
+    fn module_finished(&mut self, id: u32) -> bool {
+        if let Some(Bound::Live { inst, .. }) = self.modules.bound.remove(&id) {
+            if self.modules.spent.len() >= MAX_SPENT {
+                self.modules.spent.remove(0);
             }
-            if !outbox.is_empty() && outbox.pending_bytes() >= HIGH_WATER {
-                // Back-pressure: the program's buffers wait for EPOLLOUT.
-                return true;
-            }
-            let running = !inst.is_finished();
-            if running && let Some(item) = s.txq.pop_front() {
-                let mut data = vec![0u8; item.span.len() as usize];
-                item.bufs.read(item.span, &mut data);
-                data.drain(..item.sent.min(data.len()));
-                let failed = match inst.feed(data) {
-                    Ok(actions) => {
-                        outbox.push(actions);
-                        None
-                    }
-                    Err(e) => Some(e.to_string()),
-                };
-                self.give_back(item.ch, id, item.span.id().0);
-                if let Some(why) = failed {
-                    self.module_failed(id, &why);
-                    return true;
-                }
-                continue;
-            }
-            if running && (s.shut_wr_pending || s.app_closed) {
-                match inst.close() {
-                    Ok(actions) => outbox.push(actions),
-                    Err(e) => {
-                        self.module_failed(id, &e.to_string());
-                        return true;
-                    }
-                }
-                continue;
-            }
-            if running || !outbox.is_empty() {
-                return true;
-            }
-            // Finished and written: the socket is a plain socket again. The instance is
-            // dropped when the loop is idle (returning its slot costs microseconds).
-            if let Some(Bound::Live { inst, .. }) = self.modules.bound.remove(&id) {
-                if self.modules.spent.len() >= MAX_SPENT {
-                    self.modules.spent.remove(0);
-                }
-                self.modules.spent.push(*inst);
-            }
-            debug!("socket {id}: module finished");
-            if s.txq.is_empty() {
-                if s.shut_wr_pending {
-                    s.shut_wr_pending = false;
-                    let _ = io.shutdown(s.fd.as_fd(), libc::SHUT_WR);
-                }
-                if s.app_closed {
-                    self.dirty.push(id);
-                }
-                return true;
-            }
+            self.modules.spent.push(*inst);
+        }
+        debug!("socket {id}: module finished");
+        let Some(s) = self.socks.get_mut(&id) else {
+            return true;
+        };
+        if !s.txq.is_empty() {
             return false;
         }
+        if s.shut_wr_pending {
+            s.shut_wr_pending = false;
+            let _ = self.io.shutdown(s.fd.as_fd(), libc::SHUT_WR);
+        }
+        if s.app_closed {
+            self.dirty.push(id);
+        }
+        true
     }
 
     /// Whether closed socket `id` may go: its module (if any) is done. Ends the module's

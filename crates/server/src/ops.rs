@@ -331,35 +331,37 @@ impl Server {
                 });
                 self.done(ch, id, tag, res);
             }
-            Call::WantToken { .. } => {
-                if let Some(s) = self.sock(id)
-                    && s.token == Token::Unwanted
-                {
-                    s.token = Token::Wanted;
-                }
-                self.maybe_token(id);
-            }
-            Call::TokenDrained { .. } => {
-                if let Some(s) = self.sock(id)
-                    && s.token_out()
-                {
-                    s.token = Token::Wanted;
-                }
-                self.maybe_token(id);
-            }
+            Call::WantToken { .. } => self.token_moves(id, Token::Unwanted),
+            Call::TokenDrained { .. } => self.token_moves(id, Token::Out { extra: 0 }),
             Call::WantRoom { returns_seen, .. } => self.want_room(ch, id, returns_seen),
-            Call::Cancel { parked, .. } => {
-                if let Some(p) = self.unpark(id, |p| p.owner() == (ch, parked)) {
-                    debug!("socket {id}: cancelled {p:?}");
-                    self.done(ch, id, parked, Errno(libc::EINTR));
-                }
-            }
+            Call::Cancel { parked, .. } => self.cancel(ch, id, parked),
             // Taken by `handle` before it looks the socket up.
             Call::Send { .. }
             | Call::SendCtl { .. }
             | Call::BufReturn { .. }
             | Call::Release { .. }
             | Call::BindModule { .. } => {}
+        }
+    }
+
+    /// `WantToken` (from `Unwanted`) or `TokenDrained` (from `Out`, whatever its extra
+    /// count): socket `id`'s token is wanted and not in the pair; one is written if the
+    /// host socket is readable (see [`Token`]).
+    fn token_moves(&mut self, id: u32, from: Token) {
+        if let Some(s) = self.sock(id)
+            && std::mem::discriminant(&s.token) == std::mem::discriminant(&from)
+        {
+            s.token = Token::Wanted;
+        }
+        self.maybe_token(id);
+    }
+
+    /// `Cancel`: the shim gave up the request `parked` of channel `ch` waits on socket
+    /// `id` for (a signal, a timeout); it is answered `EINTR` if it still waits.
+    fn cancel(&mut self, ch: u32, id: u32, parked: u32) {
+        if let Some(p) = self.unpark(id, |p| p.owner() == (ch, parked)) {
+            debug!("socket {id}: cancelled {p:?}");
+            self.done(ch, id, parked, Errno(libc::EINTR));
         }
     }
 

@@ -451,7 +451,6 @@ impl Server {
         while !self.shared.stop.load(Ordering::SeqCst) {
             self.stats.turns += 1;
             let did = self.drain_rings();
-            let spinning = last_work.elapsed() < self.cfg.server_spin;
             if did == 0 {
                 self.module_idle();
             }
@@ -459,39 +458,8 @@ impl Server {
                 self.publish_live();
                 self.expire_hellos();
             }
-            let backlogged = self.channels.has_backlog();
-            let timeout = if did > 0 || spinning {
-                0
-            } else if backlogged {
-                // Completions wait for room in a ring the program empties without
-                // telling: look again soon, without burning the CPU.
-                1
-            } else if self.channels.arm_all() {
-                self.stats.sleeps += 1;
-                self.publish_live();
-                -1
-            } else {
-                0
-            };
-            events.clear();
-            let waited = if timeout < 0 && self.cfg.batch > 1 {
-                // S1's flush on a maximum delay: a shim may hold back its doorbell, so
-                // never sleep longer than the delay it was promised.
-                self.epoll.wait_for(self.cfg.batch_delay, &mut events)
-            } else if timeout < 0 && (!self.pending_hello.is_empty() || self.unserved) {
-                // A connection that never says Hello is closed in time; so is one to a
-                // published port nothing in the sandbox serves.
-                self.expire_hellos();
-                self.expire_unserved();
-                self.epoll.wait_for(HELLO_TIMEOUT / 2, &mut events)
-            } else {
-                self.epoll.wait(timeout, &mut events)
-            };
-            self.waits += 1;
-            if let Err(e) = waited {
-                warn!("epoll_wait failed: {e}");
-            }
-            self.channels.disarm_all();
+            let busy = did > 0 || last_work.elapsed() < self.cfg.server_spin;
+            self.wait_events(busy, &mut events);
             if did == 0 && events.is_empty() {
                 self.stats.spin_turns += 1;
                 // S0's SBW polls with schedule(): on a machine with few cores the thread
@@ -509,6 +477,45 @@ impl Server {
         }
         self.shutdown();
         self.collect_stats()
+    }
+
+    /// Asks epoll for events: without waiting while `busy` (work done, or the spin span
+    /// not over: S0's SBW), briefly while completions back up, else asleep once every
+    /// channel's sleep flag is armed (no longer than S1's batch delay, or than a
+    /// pending Hello or an unserved published connection may wait).
+    fn wait_events(&mut self, busy: bool, events: &mut Vec<Event>) {
+        let timeout = if busy {
+            0
+        } else if self.channels.has_backlog() {
+            // Completions wait for room in a ring the program empties without
+            // telling: look again soon, without burning the CPU.
+            1
+        } else if self.channels.arm_all() {
+            self.stats.sleeps += 1;
+            self.publish_live();
+            -1
+        } else {
+            0
+        };
+        events.clear();
+        let waited = if timeout < 0 && self.cfg.batch > 1 {
+            // S1's flush on a maximum delay: a shim may hold back its doorbell, so
+            // never sleep longer than the delay it was promised.
+            self.epoll.wait_for(self.cfg.batch_delay, events)
+        } else if timeout < 0 && (!self.pending_hello.is_empty() || self.unserved) {
+            // A connection that never says Hello is closed in time; so is one to a
+            // published port nothing in the sandbox serves.
+            self.expire_hellos();
+            self.expire_unserved();
+            self.epoll.wait_for(HELLO_TIMEOUT / 2, events)
+        } else {
+            self.epoll.wait(timeout, events)
+        };
+        self.waits += 1;
+        if let Err(e) = waited {
+            warn!("epoll_wait failed: {e}");
+        }
+        self.channels.disarm_all();
     }
 
     /// Handles every record waiting in every request ring; returns how many.

@@ -711,6 +711,10 @@ fn module_on_a_published_port_gzips_and_templates_a_programs_responses() {
         "run",
         "-p",
         "127.0.0.1:18281:80",
+        // Not a test of the callback deadline (the module tests are): a loaded
+        // machine must not stop the module.
+        "--module-deadline",
+        "1s",
         "--module",
         &gz,
         "--stats-json",
@@ -766,7 +770,8 @@ fn module_on_a_published_port_gzips_and_templates_a_programs_responses() {
         example_module("template.wat")
     );
     let mut srv = ferry();
-    srv.args(["run", "-p", "127.0.0.1:18282:80", "--module", &spec, "--"])
+    srv.args(["run", "-p", "127.0.0.1:18282:80", "--module-deadline", "1s"])
+        .args(["--module", &spec, "--"])
         .args(["python3", "-c", RAW_SERVER])
         .arg(&tpl)
         .arg("1");
@@ -855,7 +860,7 @@ fn module_on_a_destination_gzips_what_the_program_sends() {
                   s.shutdown(socket.SHUT_WR)\n\
                   s.recv(1)\n";
     let o = ferry_run(
-        &["--module", &spec],
+        &["--module-deadline", "1s", "--module", &spec],
         &[
             "python3",
             "-c",

@@ -26,6 +26,7 @@ muts = [
  ("M12 a read stopped at the urgent mark counts as draining", "crates/server/src/FILE", "let drained = !s.rx_bulk && n < RX_SCRATCH && !s.rx_ending && !s.oob_due;", "let drained = !s.rx_bulk && n < RX_SCRATCH && !s.rx_ending;"),
  ("M13 no back-pressure", "crates/server/src/FILE", "if ch.backlog.len() >= BACKLOG_HIGH {", "if false {"),
  ("M14 partial send counted as whole", "crates/server/src/FILE", "if n < left && stream {", "if false {"),
+ ("M16 the end mirrored before the token", "crates/server/src/FILE", "        if (readable || published) && io.send(s.pair.as_fd(), &[1]).is_ok() {", "        if rev & (libc::POLLRDHUP | libc::POLLHUP) != 0 && !s.listening() {\n            s.mirror_eof(io);\n        }\n        if (readable || published) && io.send(s.pair.as_fd(), &[1]).is_ok() {"),
  ("M15 hang-up mirrored without flushing the channel", "crates/server/src/FILE", "        if let Some(c) = self.chan_mut(ch) {\n            c.flush();\n        }\n        let Some(s) = self.socks.get_mut(&id) else {\n            return;\n        };\n        s.pair_end = PairEnd::Hup;", "        let Some(s) = self.socks.get_mut(&id) else {\n            return;\n        };\n        s.pair_end = PairEnd::Hup;"),
 ]
 only = sys.argv[1:] 

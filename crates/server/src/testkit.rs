@@ -95,6 +95,8 @@ struct Pair {
     /// Room left in the program's end (`None`: any number of bytes).
     room: Option<usize>,
     shut_wr: bool,
+    /// Bytes the server had written to the program when it shut its write side.
+    eof_at: Option<usize>,
     shut_rd: bool,
     /// The program closed its end (with bytes unread: `reset`).
     app_closed: bool,
@@ -387,7 +389,10 @@ impl Io for Fake {
         let (rd, wr) = (how != libc::SHUT_WR, how != libc::SHUT_RD);
         if let Some(p) = st.pair(fd) {
             p.shut_rd |= rd;
-            p.shut_wr |= wr;
+            if wr && !p.shut_wr {
+                p.shut_wr = true;
+                p.eof_at = Some(p.to_app.len());
+            }
             return Ok(());
         }
         let h = st.host(fd)?;
@@ -482,7 +487,7 @@ impl Io for Fake {
     fn send(&self, fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
         let mut st = self.st();
         if let Some(p) = st.pair(fd) {
-            if p.app_closed || p.orphan {
+            if p.app_closed || p.orphan || p.shut_wr {
                 return err(libc::EPIPE);
             }
             let n = p.room.map_or(buf.len(), |r| r.min(buf.len()));
@@ -515,6 +520,9 @@ impl Io for Fake {
         let Some(p) = st.pair(fd) else {
             return err(libc::ENOTSOCK);
         };
+        if p.shut_wr {
+            return err(libc::EPIPE);
+        }
         p.oob_to_app.push((p.to_app.len(), byte));
         Ok(1)
     }
@@ -632,6 +640,9 @@ pub struct PairView {
     pub oob: Vec<(usize, u8)>,
     /// The server shut its write side: the program reads end of stream.
     pub eof: bool,
+    /// How many bytes the server had written to the program when it shut its write
+    /// side (all of `to_app` as it was then go before the end).
+    pub eof_after: Option<usize>,
     /// The server shut its read side (the host's hang-up mirrored): with `eof`, the
     /// program's end reports `POLLHUP`.
     pub hup: bool,
@@ -1077,6 +1088,7 @@ impl Harness {
             to_app: p.to_app.clone(),
             oob: p.oob_to_app.clone(),
             eof: p.shut_wr,
+            eof_after: p.eof_at,
             hup: p.shut_rd,
             unread: p.from_app.len(),
             detached: p.orphan,

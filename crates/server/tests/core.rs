@@ -453,6 +453,24 @@ fn an_ended_stream_keeps_its_token() {
     );
 }
 
+// Rule: on the ring path, a polled stream's end reaches the pair after its token: the
+// token is one write and the end (shutting the pair's write side) another, and nothing
+// can be written after the end. (A program can still see the token's EPOLLIN before the
+// end's EPOLLRDHUP: two writes are two wake-ups; see conformance's known differences.)
+
+#[test]
+fn the_token_goes_into_the_pair_before_the_end_of_the_stream() {
+    let mut h = Harness::new(false);
+    let ch = h.channel();
+    let id = connected(&mut h, ch);
+    h.call(ch, Req::new(Op::WantToken, id));
+    h.host_fin(id);
+    h.host_event(id, libc::EPOLLIN | libc::EPOLLRDHUP);
+    let p = h.pair(id);
+    assert_eq!(p.to_app, [1], "no token for the end of the stream");
+    assert_eq!(p.eof_after, Some(1), "the end came before the token: {p:?}");
+}
+
 // Rule: urgent data. On the pair path the urgent byte goes into the pair out of band,
 // at its place in the stream.
 

@@ -484,34 +484,22 @@ impl Call {
 
     /// The answer's tag; 0 for fire-and-forget requests.
     pub fn tag(&self) -> u32 {
-        match *self {
-            Call::Connect { tag, .. }
-            | Call::Bind { tag, .. }
-            | Call::Listen { tag, .. }
-            | Call::Recv { tag, .. }
-            | Call::Shutdown { tag, .. }
-            | Call::SetOpt { tag, .. }
-            | Call::GetOpt { tag, .. }
-            | Call::SockName { tag, .. }
-            | Call::PeerName { tag, .. }
-            | Call::Pending { tag, .. }
-            | Call::Release { tag, .. }
-            | Call::BindModule { tag, .. }
-            | Call::Disconnect { tag, .. } => tag,
-            Call::Send { .. }
-            | Call::BufReturn { .. }
-            | Call::TokenDrained { .. }
-            | Call::WantToken { .. }
-            | Call::Cancel { .. }
-            | Call::WantRoom { .. }
-            | Call::SendCtl { .. } => 0,
-        }
+        let mut c = *self;
+        c.tag_slot().map_or(0, |t| *t)
     }
 
     /// This request with its answer's tag set to `t`; a fire-and-forget request, which
     /// has no tag, unchanged.
     pub fn with_tag(mut self, t: u32) -> Call {
-        match &mut self {
+        if let Some(tag) = self.tag_slot() {
+            *tag = t;
+        }
+        self
+    }
+
+    /// Where the answer's tag is, for the requests that have one.
+    fn tag_slot(&mut self) -> Option<&mut u32> {
+        match self {
             Call::Connect { tag, .. }
             | Call::Bind { tag, .. }
             | Call::Listen { tag, .. }
@@ -524,16 +512,15 @@ impl Call {
             | Call::Pending { tag, .. }
             | Call::Release { tag, .. }
             | Call::BindModule { tag, .. }
-            | Call::Disconnect { tag, .. } => *tag = t,
+            | Call::Disconnect { tag, .. } => Some(tag),
             Call::Send { .. }
             | Call::BufReturn { .. }
             | Call::TokenDrained { .. }
             | Call::WantToken { .. }
             | Call::Cancel { .. }
             | Call::WantRoom { .. }
-            | Call::SendCtl { .. } => {}
+            | Call::SendCtl { .. } => None,
         }
-        self
     }
 
     /// The `SendCtl` requests that carry `bytes` (a datagram's control messages, at most

@@ -116,6 +116,20 @@ impl Channel {
         }
     }
 
+    /// The span the shim lent with a record: `len` bytes at `off` in its buffer `id`
+    /// (`Buffers::span` checks that they lie in the region).
+    pub(crate) fn lent_span(
+        &self,
+        id: u32,
+        off: u32,
+        len: u32,
+    ) -> Result<ferry_ring::BufSpan, ferry_proto::ProtoError> {
+        self.ep
+            .bufs
+            .span(id, off, len)
+            .map_err(|_| ferry_proto::ProtoError::BadBuffer(id))
+    }
+
     /// Borrowed doorbell.
     pub(crate) fn doorbell(&self) -> std::os::fd::BorrowedFd<'_> {
         self.doorbell.as_fd()

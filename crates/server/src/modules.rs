@@ -544,11 +544,7 @@ impl Server {
         let Some(chan) = self.chan_mut(ch) else {
             return Ok(());
         };
-        let span = chan
-            .ep
-            .bufs
-            .span(binding.id, 0, binding.len)
-            .map_err(|_| ProtoError::BadBuffer(binding.id))?;
+        let span = chan.lent_span(binding.id, 0, binding.len)?;
         let mut blob = vec![0u8; span.len() as usize];
         chan.ep.bufs.read(span, &mut blob);
         self.give_back(ch, id, binding.id);

@@ -142,11 +142,7 @@ impl Server {
         let Some(chan) = self.chan_mut(ch) else {
             return Ok(());
         };
-        let span = chan
-            .ep
-            .bufs
-            .span(buf.id, offset, buf.len)
-            .map_err(|_| ProtoError::BadBuffer(buf.id))?;
+        let span = chan.lent_span(buf.id, offset, buf.len)?;
         let bufs = chan.ep.bufs.clone();
         let ctl = std::mem::take(&mut chan.send_ctl);
         let stream = match self.socks.get(&id) {

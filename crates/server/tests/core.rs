@@ -47,6 +47,15 @@ fn connected(h: &mut Harness, ch: u32) -> u32 {
     id
 }
 
+/// A harness (`rx_pair`: the pair receive path), a channel, and a stream of it
+/// connected to the remote.
+fn connected_stream(rx_pair: bool) -> (Harness, u32, u32) {
+    let mut h = Harness::new(rx_pair);
+    let ch = h.channel();
+    let id = connected(&mut h, ch);
+    (h, ch, id)
+}
+
 /// Sends `data` on `id` from `ch` as the shim does (a lent buffer, tag 0).
 fn send(h: &mut Harness, ch: u32, id: u32, data: &[u8]) -> Req {
     h.send_req(ch, id, data)
@@ -57,9 +66,7 @@ fn send(h: &mut Harness, ch: u32, id: u32, data: &[u8]) -> Req {
 
 #[test]
 fn pair_input_waits_for_sends_queued_before_it() {
-    let mut h = Harness::new(true);
-    let ch = h.channel();
-    let id = connected(&mut h, ch);
+    let (mut h, ch, id) = connected_stream(true);
     // The host socket is full: the ring send waits in the socket's queue.
     h.host_room(id, Some(0));
     let req = send(&mut h, ch, id, b"ring-1 ");
@@ -80,9 +87,7 @@ fn pair_input_waits_for_sends_queued_before_it() {
 
 #[test]
 fn pair_input_waits_for_sends_still_in_the_ring() {
-    let mut h = Harness::new(true);
-    let ch = h.channel();
-    let id = connected(&mut h, ch);
+    let (mut h, ch, id) = connected_stream(true);
     // The shim queued a send in the ring, then the program wrote into the pair; the
     // pair's event comes before the server has taken the ring's record.
     let req = send(&mut h, ch, id, b"ring-1 ");
@@ -97,9 +102,7 @@ fn pair_input_waits_for_sends_still_in_the_ring() {
 
 #[test]
 fn a_partial_send_keeps_its_buffer_and_its_place() {
-    let mut h = Harness::new(false);
-    let ch = h.channel();
-    let id = connected(&mut h, ch);
+    let (mut h, ch, id) = connected_stream(false);
     h.host_room(id, Some(3));
     let a = send(&mut h, ch, id, b"abcdef");
     h.push(ch, a);
@@ -127,9 +130,7 @@ fn a_partial_send_keeps_its_buffer_and_its_place() {
 
 #[test]
 fn want_room_drains_the_filler_at_the_next_buffer_return() {
-    let mut h = Harness::new(false);
-    let ch = h.channel();
-    let id = connected(&mut h, ch);
+    let (mut h, ch, id) = connected_stream(false);
     h.host_room(id, Some(0));
     let req = send(&mut h, ch, id, b"x");
     h.call(ch, req);
@@ -156,9 +157,7 @@ fn want_room_drains_the_filler_at_the_next_buffer_return() {
 
 #[test]
 fn want_room_after_a_buffer_came_back_drains_at_once() {
-    let mut h = Harness::new(false);
-    let ch = h.channel();
-    let id = connected(&mut h, ch);
+    let (mut h, ch, id) = connected_stream(false);
     let req = send(&mut h, ch, id, b"x");
     h.call(ch, req);
     // A BufReturn is in the ring; the shim looked before taking it (it saw 0).
@@ -179,9 +178,7 @@ fn want_room_after_a_buffer_came_back_drains_at_once() {
 
 #[test]
 fn the_programs_bytes_before_a_filler_go_out_then_the_filler_is_drained() {
-    let mut h = Harness::new(true);
-    let ch = h.channel();
-    let id = connected(&mut h, ch);
+    let (mut h, ch, id) = connected_stream(true);
     h.host_room(id, Some(0));
     let req = send(&mut h, ch, id, b"ring ");
     h.call(ch, req);
@@ -341,9 +338,7 @@ fn a_nonblocking_connect_that_succeeds_drains_the_filler() {
 
 #[test]
 fn a_hang_up_is_mirrored_only_after_the_bytes_before_it() {
-    let mut h = Harness::new(true);
-    let ch = h.channel();
-    let id = connected(&mut h, ch);
+    let (mut h, ch, id) = connected_stream(true);
     h.app_room(id, Some(0));
     h.host_input(id, b"bye");
     h.host_fin(id);
@@ -368,9 +363,7 @@ fn a_hang_up_is_mirrored_only_after_the_bytes_before_it() {
 
 #[test]
 fn the_hang_ups_error_is_published_before_the_hang_up_is_mirrored() {
-    let mut h = Harness::new(true);
-    let ch = h.channel();
-    let id = connected(&mut h, ch);
+    let (mut h, ch, id) = connected_stream(true);
     h.completions(ch);
     h.host_fin(id);
     // The program looks at its ring the moment its fd reports POLLHUP, before the
@@ -391,9 +384,7 @@ fn the_hang_ups_error_is_published_before_the_hang_up_is_mirrored() {
 
 #[test]
 fn the_end_of_a_stream_reaches_the_pair_and_its_error_is_reported_once() {
-    let mut h = Harness::new(true);
-    let ch = h.channel();
-    let id = connected(&mut h, ch);
+    let (mut h, ch, id) = connected_stream(true);
     h.host_input(id, b"last");
     h.host_reset(id, libc::ECONNRESET);
     h.host_event(id, libc::EPOLLIN | libc::EPOLLERR | libc::EPOLLHUP);
@@ -413,9 +404,7 @@ fn the_end_of_a_stream_reaches_the_pair_and_its_error_is_reported_once() {
 
 #[test]
 fn an_ended_stream_keeps_its_token() {
-    let mut h = Harness::new(false);
-    let ch = h.channel();
-    let id = connected(&mut h, ch);
+    let (mut h, ch, id) = connected_stream(false);
     h.call(ch, Req::new(Op::WantToken, id));
     h.host_input(id, b"abc");
     h.host_event(id, libc::EPOLLIN);
@@ -460,9 +449,7 @@ fn an_ended_stream_keeps_its_token() {
 
 #[test]
 fn the_token_goes_into_the_pair_before_the_end_of_the_stream() {
-    let mut h = Harness::new(false);
-    let ch = h.channel();
-    let id = connected(&mut h, ch);
+    let (mut h, ch, id) = connected_stream(false);
     h.call(ch, Req::new(Op::WantToken, id));
     h.host_fin(id);
     h.host_event(id, libc::EPOLLIN | libc::EPOLLRDHUP);
@@ -476,9 +463,7 @@ fn the_token_goes_into_the_pair_before_the_end_of_the_stream() {
 
 #[test]
 fn urgent_data_reaches_the_pair_at_its_mark() {
-    let mut h = Harness::new(true);
-    let ch = h.channel();
-    let id = connected(&mut h, ch);
+    let (mut h, _, id) = connected_stream(true);
     h.host_input(id, b"ab");
     h.host_urgent(id, b'!');
     h.host_input(id, b"cd");
@@ -498,9 +483,7 @@ fn urgent_data_reaches_the_pair_at_its_mark() {
 
 #[test]
 fn completions_that_back_up_stop_the_channels_requests_and_lose_nothing() {
-    let mut h = Harness::new(false);
-    let ch = h.channel();
-    let id = connected(&mut h, ch);
+    let (mut h, ch, id) = connected_stream(false);
     h.completions(ch);
     let mut tag = 0u32;
     let mut turns = 0;

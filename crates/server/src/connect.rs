@@ -354,7 +354,7 @@ impl Server {
         }
         self.replace_host_fd(id, fd, Place::Host)
             .map_err(|e| Errno::of(&e))?;
-        let s = self.sock(id).expect("looked up above");
+        let s = self.sock(id).ok_or(Errno(libc::EBADF))?;
         s.bound_wild = None;
         if !s.is_stream() && asked != 0 && kept {
             s.contacted = Some(Vec::new());
@@ -552,7 +552,7 @@ impl Server {
         }
         self.place_for(id, local)?;
         let wild = WireAddr::from(addr).is_unspecified().then_some(addr.port());
-        let s = self.sock(id).expect("placed above");
+        let s = self.sock(id).ok_or(Errno(libc::EBADF))?;
         match io.bind(s.fd.as_fd(), &addr) {
             Ok(()) => {
                 s.bound_wild = wild;
@@ -561,7 +561,7 @@ impl Server {
             Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) && self.reap_closed() > 0 => {
                 // A socket the sandbox already closed may still hold the port: the hang-up
                 // of its readiness pair was not processed yet. Now it is; try again.
-                let s = self.sock(id).expect("placed above");
+                let s = self.sock(id).ok_or(Errno(libc::EBADF))?;
                 io.bind(s.fd.as_fd(), &addr).map_err(|e| Errno::of(&e))
             }
             Err(e) => Err(Errno::of(&e)),
@@ -598,7 +598,7 @@ impl Server {
         }
         self.place_for(id, true)?;
         let shared = self.shared.clone();
-        let s = self.sock(id).expect("placed above");
+        let s = self.sock(id).ok_or(Errno(libc::EBADF))?;
         match io.listen(s.fd.as_fd(), backlog) {
             Ok(()) => {
                 if !s.listening()

@@ -512,7 +512,10 @@ impl Server {
 
     fn getopt(&mut self, ch: u32, id: u32, tag: u32, level: i32, name: i32, len: u32) {
         let io = self.io;
-        let s = self.sock(id).expect("caller checked");
+        let Some(s) = self.socks.get_mut(&id) else {
+            self.done(ch, id, tag, Errno(libc::EBADF));
+            return;
+        };
         if level == libc::SOL_SOCKET && name == libc::SO_ERROR {
             // While a connect is in progress the answer is 0, as the kernel's: the
             // host socket's error is taken by the server when the connect ends (and

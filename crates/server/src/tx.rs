@@ -174,7 +174,16 @@ impl Server {
                 return Ok(());
             }
         };
-        let s = self.sock(id).expect("checked above");
+        let Some(s) = self.socks.get_mut(&id) else {
+            self.refuse_send(
+                ch,
+                id,
+                buf.id,
+                Errno(libc::EBADF).wire(),
+                Errno(libc::EBADF),
+            );
+            return Ok(());
+        };
         s.stats.calls += 1;
         s.txq.push_back(TxItem {
             ch,

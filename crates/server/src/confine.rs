@@ -15,6 +15,9 @@
 //! `ferry run` serving curl, python, bash `/dev/tcp`, DNS, a published port with a
 //! module, `--servers 2`, `ferry ctl` and a killed transfer, minus what only the set-up
 //! calls (see docs/SECURITY.md).
+//!
+//! Must not: allow a call that only the set-up needs, or fail open (a filter that cannot
+//! be installed stops `ferry run`, unless `--unconfined` says otherwise).
 
 use std::collections::BTreeMap;
 

@@ -14,6 +14,9 @@
 //! for byte to the first upstream that accepts one, on a thread of its own (it is rare,
 //! and a blocking relay keeps it out of the event loop), at most [`MAX_TCP`] at once,
 //! until either side closes or it idles for [`TCP_IDLE`].
+//!
+//! Must not: keep state per query without bound, or let an answer reach anyone but the
+//! socket that asked.
 
 use std::collections::HashMap;
 use std::io;

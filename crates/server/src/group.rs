@@ -18,6 +18,9 @@
 //! **Moving a server** to another CPU is a change of its thread's affinity: the thread
 //! keeps its state and its rings, so nothing is lost or re-ordered (S4 moved a process;
 //! here the kernel migrates the thread at its next scheduling point).
+//!
+//! Must not: share a socket table or channel between servers (a socket has one server;
+//! a hand-over moves it whole), or take a lock on a server's hot path but the inboxes'.
 
 use std::collections::VecDeque;
 use std::io;

@@ -1,5 +1,7 @@
 //! Host socket I/O straight from and into channel buffers: the only place the server
-//! passes shared-memory pointers to the kernel.
+//! passes shared-memory pointers to the kernel (reached only through the seam's
+//! `SysIo`). Owns: turning validated spans into iovecs. Must not: take a span that
+//! `Buffers::span` has not checked, or decide anything.
 
 use std::io;
 use std::os::fd::BorrowedFd;

@@ -34,6 +34,10 @@
 //! disconnect), the program's parked receives and its next sends fail with `EIO`, and the
 //! failure is logged and counted. The event loop is stalled at most one callback's
 //! deadline.
+//!
+//! Owns the bound modules and their outboxes, the module cache and each channel's
+//! registered files (reached from outside only through `Modules`' methods). Must not:
+//! let a module's failure touch another socket, or keep a program's buffer past its send.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;

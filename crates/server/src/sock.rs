@@ -1,5 +1,8 @@
 //! One sandbox socket as the server sees it: its host socket, where that lives, its
-//! readiness pair, parked operations and queued sends.
+//! readiness pair, parked operations and queued sends, and the state tables of its
+//! connection ([`Conn`]), readiness token ([`Token`]) and the pair's end ([`PairEnd`]).
+//! Must not: reach the table or the channels (a `Sock` knows only itself); its few
+//! calls go through the seam it is given.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;

@@ -1,4 +1,5 @@
-//! Counters the server keeps and reports (`ferry run --stats`).
+//! Counters the server keeps and reports (`ferry run --stats`). Must not: grow with
+//! what a sandbox does (closed sockets and channels fold into one row past a bound).
 
 use std::fmt;
 

@@ -688,6 +688,30 @@ impl std::fmt::Debug for Harness {
     }
 }
 
+thread_local! {
+    /// This thread's fake: the server keeps a `'static` reference, as it does to the
+    /// real one, so one is made (and leaked) per thread and used by every harness of
+    /// the thread (its model is keyed by fd numbers, which harnesses do not share).
+    static FAKE: &'static Fake = Box::leak(Box::default());
+    /// Harnesses of this thread alive now: the last to go empties the model.
+    static LIVE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+fn thread_fake() -> &'static Fake {
+    FAKE.with(|f| *f)
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        LIVE.set(LIVE.get().saturating_sub(1));
+        if LIVE.get() == 0 {
+            // What the model holds (connections never accepted, names) goes with it:
+            // a fuzzer makes millions of harnesses in one process.
+            *self.fake.st() = State::default();
+        }
+    }
+}
+
 /// The pid and start of this process: the owner of every channel of the harness.
 fn this_process() -> Owner {
     let pid = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
@@ -710,8 +734,8 @@ impl Harness {
     /// A server with `cfg` (its socket path and published ports are not used).
     pub fn with_config(mut cfg: Config) -> Harness {
         cfg.publish.clear();
-        // Leaked: the server keeps a `'static` reference, as it does to the real one.
-        let fake: &'static Fake = Box::leak(Box::default());
+        let fake = thread_fake();
+        LIVE.set(LIVE.get() + 1);
         let srv = Server::in_process(cfg, fake).expect("in-process server");
         Harness {
             srv,

@@ -232,52 +232,27 @@ impl Channel {
         })
     }
 
+    /// [`Channel::open`]'s work: the control socket, the hello, the region.
     fn connect(path: &Path, server: usize) -> Result<Channel, OpenError> {
-        let ctl = ferry_sys::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0)
-            .map_err(|e| OpenError::Io("socket", e))?;
-        loop {
-            match ferry_sys::connect_unix(ctl.as_fd(), path) {
-                Ok(()) => break,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(OpenError::Io("connect", e)),
-            }
-        }
-        // SAFETY: no arguments; getpid touches no memory and cannot fail.
-        let pid = unsafe { libc::getpid() } as u32;
-        let hello = Hello {
-            version: PROTO_VERSION,
-            pid,
-            tid: ferry_sys::gettid(),
-            server: server as u32 | HELLO_ROUTES | ferry_proto::HELLO_READS_PAIR,
-        };
-        ferry_sys::send_with_fds(ctl.as_fd(), bytemuck::bytes_of(&hello), &[])
-            .map_err(|e| OpenError::Io("hello", e))?;
-        let mut waited = 0;
-        loop {
-            match ferry_sys::poll_wait(ctl.as_fd(), libc::POLLIN, 100) {
-                Ok(0) if waited < HELLO_TIMEOUT_MS => waited += 100,
-                Ok(0) => return Err(OpenError::NoAnswer),
-                Ok(_) => break,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(OpenError::Io("poll", e)),
-            }
-        }
-        let mut buf = [0u8; size_of::<HelloReply>()];
-        let (n, fds) = ferry_sys::recv_with_fds(ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT)
-            .map_err(|e| OpenError::Io("hello reply", e))?;
-        if n != buf.len() {
-            return Err(ProtoError::HelloSize(n).into());
-        }
-        let reply: HelloReply = bytemuck::pod_read_unaligned(&buf);
-        if reply.version != PROTO_VERSION {
-            return Err(ProtoError::Refused(reply.version).into());
-        }
-        let [memfd, bell] =
-            <[OwnedFd; 2]>::try_from(fds).map_err(|fds| ProtoError::HelloFds(fds.len()))?;
+        let ctl = connect_ctl(path)?;
+        say_hello(&ctl, server)?;
+        let (reply, [memfd, bell]) = hello_reply(&ctl)?;
         let floor = high_floor();
         let bell = move_high(bell, floor);
         let memfd = move_high(memfd, floor);
         let ctl = move_high(ctl, floor);
+        Channel::mapped(ctl, memfd, bell, &reply)
+    }
+
+    /// The channel over the region `memfd` the server's hello `reply` came with: this
+    /// side's endpoint, ringing `bell`; registered for `fork` and for the shim's own
+    /// descriptors ([`tls::register`]), with the server's settings applied.
+    fn mapped(
+        ctl: OwnedFd,
+        memfd: OwnedFd,
+        bell: OwnedFd,
+        reply: &HelloReply,
+    ) -> Result<Channel, OpenError> {
         let region = Arc::new(Region::open(memfd).map_err(|e| OpenError::Ring("region", e))?);
         let mut ep = Endpoint::<Req, Cmp>::new(region.clone(), Side::A)
             .map_err(|e| OpenError::Ring("endpoint", e))?;
@@ -765,35 +740,50 @@ impl Channel {
             return Err(self.fail(format_args!("control send: {e}")));
         }
         loop {
+            self.ctl_readable()?;
+            if let Some(reply) = self.ctl_reply()? {
+                return Ok(reply);
+            }
+        }
+    }
+
+    /// Waits until the control socket has something to read, checking every [`SLICE`]
+    /// that the server has not closed the channel.
+    fn ctl_readable(&mut self) -> Res<()> {
+        loop {
             match ferry_sys::poll_wait(self.ctl.as_fd(), libc::POLLIN, SLICE.as_millis() as i32) {
                 Ok(0) => {
                     if self.region.is_closed(Side::B) {
                         return Err(self.fail(format_args!("server closed the channel")));
                     }
-                    continue;
                 }
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Ok(_) => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(self.fail(format_args!("control poll: {e}"))),
             }
-            let mut buf = [0u8; size_of::<Ctl>()];
-            match ferry_sys::recv_with_fds_cut(self.ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
-                Ok((n, mut fds, _)) if n == buf.len() => {
-                    let c: Ctl = bytemuck::pod_read_unaligned(&buf);
-                    if c.kind() != Some(CtlKind::Reply) {
-                        return Err(self.fail(ProtoError::CtlKind(c.kind)));
-                    }
-                    let first = fds.pop();
-                    for f in fds {
-                        close_quiet(f);
-                    }
-                    return Ok((c, first));
+        }
+    }
+
+    /// Reads the control reply, with the first descriptor it carries (any others are
+    /// closed); `None` when there was nothing to read after all.
+    fn ctl_reply(&mut self) -> Res<Option<(Ctl, Option<OwnedFd>)>> {
+        let mut buf = [0u8; size_of::<Ctl>()];
+        match ferry_sys::recv_with_fds_cut(self.ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
+            Ok((n, mut fds, _)) if n == buf.len() => {
+                let c: Ctl = bytemuck::pod_read_unaligned(&buf);
+                if c.kind() != Some(CtlKind::Reply) {
+                    return Err(self.fail(ProtoError::CtlKind(c.kind)));
                 }
-                Ok((0, _, _)) => return Err(self.fail(format_args!("server hung up"))),
-                Ok((n, _, _)) => return Err(self.fail(ProtoError::CtlSize(n))),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Err(self.fail(format_args!("control receive: {e}"))),
+                let first = fds.pop();
+                for f in fds {
+                    close_quiet(f);
+                }
+                Ok(Some((c, first)))
             }
+            Ok((0, _, _)) => Err(self.fail(format_args!("server hung up"))),
+            Ok((n, _, _)) => Err(self.fail(ProtoError::CtlSize(n))),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(self.fail(format_args!("control receive: {e}"))),
         }
     }
 }
@@ -1085,6 +1075,60 @@ impl Drop for Channel {
 /// Closes a descriptor of the shim's own without going through the exported `close`.
 pub fn close_quiet(fd: OwnedFd) {
     let _ = ferry_sys::close_raw(fd.into_raw_fd());
+}
+
+/// The control socket, connected to the server's socket at `path`.
+fn connect_ctl(path: &Path) -> Result<OwnedFd, OpenError> {
+    let ctl = ferry_sys::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0)
+        .map_err(|e| OpenError::Io("socket", e))?;
+    loop {
+        match ferry_sys::connect_unix(ctl.as_fd(), path) {
+            Ok(()) => return Ok(ctl),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(OpenError::Io("connect", e)),
+        }
+    }
+}
+
+/// Says `Hello` on `ctl` to protocol server `server`, for this thread.
+fn say_hello(ctl: &OwnedFd, server: usize) -> Result<(), OpenError> {
+    // SAFETY: no arguments; getpid touches no memory and cannot fail.
+    let pid = unsafe { libc::getpid() } as u32;
+    let hello = Hello {
+        version: PROTO_VERSION,
+        pid,
+        tid: ferry_sys::gettid(),
+        server: server as u32 | HELLO_ROUTES | ferry_proto::HELLO_READS_PAIR,
+    };
+    ferry_sys::send_with_fds(ctl.as_fd(), bytemuck::bytes_of(&hello), &[])
+        .map_err(|e| OpenError::Io("hello", e))
+}
+
+/// The server's answer to the hello (within [`HELLO_TIMEOUT_MS`]), checked, with the
+/// region's descriptor and the server's doorbell.
+fn hello_reply(ctl: &OwnedFd) -> Result<(HelloReply, [OwnedFd; 2]), OpenError> {
+    let mut waited = 0;
+    loop {
+        match ferry_sys::poll_wait(ctl.as_fd(), libc::POLLIN, 100) {
+            Ok(0) if waited < HELLO_TIMEOUT_MS => waited += 100,
+            Ok(0) => return Err(OpenError::NoAnswer),
+            Ok(_) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(OpenError::Io("poll", e)),
+        }
+    }
+    let mut buf = [0u8; size_of::<HelloReply>()];
+    let (n, fds) = ferry_sys::recv_with_fds(ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT)
+        .map_err(|e| OpenError::Io("hello reply", e))?;
+    if n != buf.len() {
+        return Err(ProtoError::HelloSize(n).into());
+    }
+    let reply: HelloReply = bytemuck::pod_read_unaligned(&buf);
+    if reply.version != PROTO_VERSION {
+        return Err(ProtoError::Refused(reply.version).into());
+    }
+    let fds = <[OwnedFd; 2]>::try_from(fds).map_err(|fds| ProtoError::HelloFds(fds.len()))?;
+    Ok((reply, fds))
 }
 
 /// Where the shim's own descriptors go: near the top of `RLIMIT_NOFILE` (capped, so a

@@ -12,13 +12,17 @@
 //! (buffers, waits, errors) is this module's. Requests go out as typed
 //! [`ferry_proto::Call`]s.
 //!
-//! Waits spin for the span the server asked for, then sleep on the completion ring's
-//! futex in slices of [`SLICE`]; after each slice the control socket is checked for EOF
-//! (the server died) so no call hangs on a dead server. A signal handler that runs
-//! during the wait (see [`crate::signals`] for how the shim knows) cancels the request
-//! (`Op::Cancel`) and the call fails with `EINTR` if the server confirms, unless the
-//! handler has `SA_RESTART` and the socket no timeout: then the wait simply goes on, as
-//! the kernel's restart would. A receive or send timeout cancels it the same way.
+//! Every wait on the rings is one loop (`Channel::wait_until`), told by what it waits
+//! for (`Until`: room in the request ring, a free buffer, a call's answer, a stream's
+//! sends given back) what ends it. Waits spin for the span the server asked for, then
+//! sleep on the completion ring's futex in slices of [`SLICE`] (on the request ring, in
+//! 1 ms slices taking completions meanwhile, while it is full); after a slice the
+//! control socket is checked for EOF (the server died) so no call hangs on a dead
+//! server. A signal handler that runs during the wait for a call's answer (see
+//! [`crate::signals`] for how the shim knows) cancels the request (`Op::Cancel`) and
+//! the call fails with `EINTR` if the server confirms, unless the handler has
+//! `SA_RESTART` and the socket no timeout: then the wait simply goes on, as the
+//! kernel's restart would. A receive or send timeout cancels it the same way.
 
 use std::ffi::c_int;
 use std::fmt;
@@ -228,52 +232,27 @@ impl Channel {
         })
     }
 
+    /// [`Channel::open`]'s work: the control socket, the hello, the region.
     fn connect(path: &Path, server: usize) -> Result<Channel, OpenError> {
-        let ctl = ferry_sys::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0)
-            .map_err(|e| OpenError::Io("socket", e))?;
-        loop {
-            match ferry_sys::connect_unix(ctl.as_fd(), path) {
-                Ok(()) => break,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(OpenError::Io("connect", e)),
-            }
-        }
-        // SAFETY: no arguments; getpid touches no memory and cannot fail.
-        let pid = unsafe { libc::getpid() } as u32;
-        let hello = Hello {
-            version: PROTO_VERSION,
-            pid,
-            tid: ferry_sys::gettid(),
-            server: server as u32 | HELLO_ROUTES | ferry_proto::HELLO_READS_PAIR,
-        };
-        ferry_sys::send_with_fds(ctl.as_fd(), bytemuck::bytes_of(&hello), &[])
-            .map_err(|e| OpenError::Io("hello", e))?;
-        let mut waited = 0;
-        loop {
-            match ferry_sys::poll_wait(ctl.as_fd(), libc::POLLIN, 100) {
-                Ok(0) if waited < HELLO_TIMEOUT_MS => waited += 100,
-                Ok(0) => return Err(OpenError::NoAnswer),
-                Ok(_) => break,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(OpenError::Io("poll", e)),
-            }
-        }
-        let mut buf = [0u8; size_of::<HelloReply>()];
-        let (n, fds) = ferry_sys::recv_with_fds(ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT)
-            .map_err(|e| OpenError::Io("hello reply", e))?;
-        if n != buf.len() {
-            return Err(ProtoError::HelloSize(n).into());
-        }
-        let reply: HelloReply = bytemuck::pod_read_unaligned(&buf);
-        if reply.version != PROTO_VERSION {
-            return Err(ProtoError::Refused(reply.version).into());
-        }
-        let [memfd, bell] =
-            <[OwnedFd; 2]>::try_from(fds).map_err(|fds| ProtoError::HelloFds(fds.len()))?;
+        let ctl = connect_ctl(path)?;
+        say_hello(&ctl, server)?;
+        let (reply, [memfd, bell]) = hello_reply(&ctl)?;
         let floor = high_floor();
         let bell = move_high(bell, floor);
         let memfd = move_high(memfd, floor);
         let ctl = move_high(ctl, floor);
+        Channel::mapped(ctl, memfd, bell, &reply)
+    }
+
+    /// The channel over the region `memfd` the server's hello `reply` came with: this
+    /// side's endpoint, ringing `bell`; registered for `fork` and for the shim's own
+    /// descriptors ([`tls::register`]), with the server's settings applied.
+    fn mapped(
+        ctl: OwnedFd,
+        memfd: OwnedFd,
+        bell: OwnedFd,
+        reply: &HelloReply,
+    ) -> Result<Channel, OpenError> {
         let region = Arc::new(Region::open(memfd).map_err(|e| OpenError::Ring("region", e))?);
         let mut ep = Endpoint::<Req, Cmp>::new(region.clone(), Side::A)
             .map_err(|e| OpenError::Ring("endpoint", e))?;
@@ -416,34 +395,9 @@ impl Channel {
     /// pushed while one waits) are held for it ([`Channel::next_cmp`]).
     fn wait_ring_space(&mut self) -> Res<()> {
         self.ring();
-        let mut waited = Instant::now();
-        loop {
-            if self.take_untagged()? {
-                // The server may be waiting for room for its completions (above): tell
-                // it there is some.
-                self.ring();
-            }
-            // Short sleeps: the server publishes completions (which it may be waiting
-            // for us to take) without waking a producer that waits for room.
-            match self
-                .ep
-                .tx
-                .wait_space(self.spin, Some(Duration::from_millis(1)))
-            {
-                Ok(WaitResult::Ready) => return Ok(()),
-                Ok(WaitResult::TimedOut) => {
-                    if waited.elapsed() >= SLICE {
-                        self.check_alive()?;
-                        waited = Instant::now();
-                    }
-                }
-                Ok(WaitResult::Interrupted) => {}
-                Ok(WaitResult::PeerClosed) => {
-                    return Err(self.fail(format_args!("server closed the channel")));
-                }
-                Err(e) => return Err(self.ring_error(e)),
-            }
-        }
+        self.wait_until(&mut Room {
+            checked: Instant::now(),
+        })
     }
 
     /// Takes every completion that is there: a call's are held for it, the rest handled
@@ -571,36 +525,18 @@ impl Channel {
     /// that cannot complete the error of that very call. A signal or the send timeout
     /// ends the wait early (the bytes stay queued, and count as sent).
     pub fn wait_sent(&mut self, sock: u32, w: Wait) -> Res<()> {
-        let pending = |ch: &Channel| ch.inflight.iter().any(|(id, _)| *id == sock);
         self.reap()?;
-        if !pending(self) {
+        if !self.sending(sock) {
             return Ok(());
         }
         self.ring();
         let start = w.since.unwrap_or_else(signals::counts);
-        let mut seen = signals::counts();
-        loop {
-            if w.partial().interrupted(start, false) || w.passed() || PENDING.has(sock) {
-                return Ok(());
-            }
-            let r = self
-                .ep
-                .rx
-                .wait_with(self.spin, Some(w.slice()), || signals::counts() != seen);
-            seen = signals::counts();
-            match r {
-                Ok(WaitResult::Ready | WaitResult::Interrupted) => {}
-                Ok(WaitResult::TimedOut) => self.check_alive()?,
-                Ok(WaitResult::PeerClosed) => {
-                    return Err(self.fail(format_args!("server closed the channel")));
-                }
-                Err(e) => return Err(self.ring_error(e)),
-            }
-            self.reap()?;
-            if !pending(self) {
-                return Ok(());
-            }
-        }
+        self.wait_until(&mut Sent { sock, w, start })
+    }
+
+    /// Whether send records of stream `sock` are still out ([`Channel::wait_sent`]).
+    fn sending(&self, sock: u32) -> bool {
+        self.inflight.iter().any(|(id, _)| *id == sock)
     }
 
     /// The control bytes that came with the last [`Channel::call`]'s answer.
@@ -608,6 +544,7 @@ impl Channel {
         self.demux.control()
     }
 
+    /// Waits for the answer to tagged request `tag` on `sock` (see [`Answer`]).
     fn wait_done(
         &mut self,
         sock: u32,
@@ -615,66 +552,18 @@ impl Channel {
         w: Wait,
         sink: &mut dyn FnMut(&Buffers, BufSpan),
     ) -> Res<Cmp> {
-        // Set once the request is cancelled: what a `-EINTR` answer then means.
-        let mut cancelled: Option<Errno> = None;
-        let start = signals::counts();
-        let mut seen = start;
-        loop {
-            while let Some(c) = self.next_cmp()? {
-                match self.take(c)? {
-                    Event::Data { buf, len, .. } => {
-                        let span = match self.ep.bufs.span(buf, 0, len) {
-                            Ok(s) => s,
-                            Err(e) => return Err(self.ring_error(e)),
-                        };
-                        sink(&self.ep.bufs, span);
-                        self.give_back(buf)?;
-                    }
-                    // Kept by the demux, for `Channel::control`.
-                    Event::Control => {}
-                    Event::Done(c) => {
-                        self.ep.rx.release();
-                        return match cancelled {
-                            Some(e) if c.result == -libc::EINTR => Err(e),
-                            _ => Ok(c),
-                        };
-                    }
-                    e => self.unsolicited(e)?,
-                }
-            }
-            let slice = if cancelled.is_some() {
-                SLICE
-            } else {
-                w.slice()
-            };
-            // A handler running while we spin or just before we sleep ends the wait.
-            let r = self
-                .ep
-                .rx
-                .wait_with(self.spin, Some(slice), || signals::counts() != seen);
-            if cancelled.is_none() && w.interrupted(start, matches!(r, Ok(WaitResult::Interrupted)))
-            {
-                self.cancel(sock, tag)?;
-                cancelled = Some(Errno::EINTR);
-            }
-            seen = signals::counts();
-            match r {
-                Ok(WaitResult::Ready | WaitResult::Interrupted) => {}
-                Ok(WaitResult::TimedOut) => {
-                    self.check_alive()?;
-                    if cancelled.is_none() && w.passed() {
-                        self.cancel(sock, tag)?;
-                        cancelled = Some(w.expired);
-                    }
-                }
-                Ok(WaitResult::PeerClosed) => {
-                    return Err(self.fail(format_args!("server closed the channel")));
-                }
-                Err(e) => return Err(self.ring_error(e)),
-            }
-        }
+        let mut answer = Answer {
+            sock,
+            tag,
+            w,
+            start: signals::counts(),
+            cancelled: None,
+            sink,
+        };
+        self.wait_until(&mut answer)
     }
 
+    /// Asks the server to give up on request `tag` on `sock` (answered `-EINTR` if it did).
     fn cancel(&mut self, sock: u32, tag: u32) -> Res<()> {
         self.push(Call::Cancel { sock, parked: tag })?;
         self.ring();
@@ -691,6 +580,7 @@ impl Channel {
         Ok(b)
     }
 
+    /// [`Channel::alloc_buf`], before the buffer's reference is counted.
     fn alloc_buf_inner(&mut self, nonblock: bool, w: Wait) -> Res<Option<BufId>> {
         if let Some(b) = self.ep.pool.alloc() {
             return Ok(Some(b));
@@ -704,39 +594,7 @@ impl Channel {
         }
         self.ring();
         let start = w.since.unwrap_or_else(signals::counts);
-        let mut seen = signals::counts();
-        loop {
-            if w.interrupted(start, false) {
-                return Err(Errno::EINTR);
-            }
-            let r = self
-                .ep
-                .rx
-                .wait_with(self.spin, Some(w.slice()), || signals::counts() != seen);
-            if w.interrupted(start, matches!(r, Ok(WaitResult::Interrupted))) {
-                return Err(Errno::EINTR);
-            }
-            seen = signals::counts();
-            match r {
-                Ok(WaitResult::Ready) => {
-                    self.reap()?;
-                    if let Some(b) = self.ep.pool.alloc() {
-                        return Ok(Some(b));
-                    }
-                }
-                Ok(WaitResult::TimedOut) => {
-                    self.check_alive()?;
-                    if w.passed() {
-                        return Err(w.expired);
-                    }
-                }
-                Ok(WaitResult::Interrupted) => {}
-                Ok(WaitResult::PeerClosed) => {
-                    return Err(self.fail(format_args!("server closed the channel")));
-                }
-                Err(e) => return Err(self.ring_error(e)),
-            }
-        }
+        self.wait_until(&mut FreeBuffer { w, start }).map(Some)
     }
 
     /// A non-blocking send on socket `id` (the program's fd `fd`) found no free buffer
@@ -882,36 +740,329 @@ impl Channel {
             return Err(self.fail(format_args!("control send: {e}")));
         }
         loop {
+            self.ctl_readable()?;
+            if let Some(reply) = self.ctl_reply()? {
+                return Ok(reply);
+            }
+        }
+    }
+
+    /// Waits until the control socket has something to read, checking every [`SLICE`]
+    /// that the server has not closed the channel.
+    fn ctl_readable(&mut self) -> Res<()> {
+        loop {
             match ferry_sys::poll_wait(self.ctl.as_fd(), libc::POLLIN, SLICE.as_millis() as i32) {
                 Ok(0) => {
                     if self.region.is_closed(Side::B) {
                         return Err(self.fail(format_args!("server closed the channel")));
                     }
-                    continue;
                 }
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Ok(_) => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(self.fail(format_args!("control poll: {e}"))),
             }
-            let mut buf = [0u8; size_of::<Ctl>()];
-            match ferry_sys::recv_with_fds_cut(self.ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
-                Ok((n, mut fds, _)) if n == buf.len() => {
-                    let c: Ctl = bytemuck::pod_read_unaligned(&buf);
-                    if c.kind() != Some(CtlKind::Reply) {
-                        return Err(self.fail(ProtoError::CtlKind(c.kind)));
-                    }
-                    let first = fds.pop();
-                    for f in fds {
-                        close_quiet(f);
-                    }
-                    return Ok((c, first));
+        }
+    }
+
+    /// Reads the control reply, with the first descriptor it carries (any others are
+    /// closed); `None` when there was nothing to read after all.
+    fn ctl_reply(&mut self) -> Res<Option<(Ctl, Option<OwnedFd>)>> {
+        let mut buf = [0u8; size_of::<Ctl>()];
+        match ferry_sys::recv_with_fds_cut(self.ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
+            Ok((n, mut fds, _)) if n == buf.len() => {
+                let c: Ctl = bytemuck::pod_read_unaligned(&buf);
+                if c.kind() != Some(CtlKind::Reply) {
+                    return Err(self.fail(ProtoError::CtlKind(c.kind)));
                 }
-                Ok((0, _, _)) => return Err(self.fail(format_args!("server hung up"))),
-                Ok((n, _, _)) => return Err(self.fail(ProtoError::CtlSize(n))),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Err(self.fail(format_args!("control receive: {e}"))),
+                let first = fds.pop();
+                for f in fds {
+                    close_quiet(f);
+                }
+                Ok(Some((c, first)))
+            }
+            Ok((0, _, _)) => Err(self.fail(format_args!("server hung up"))),
+            Ok((n, _, _)) => Err(self.fail(ProtoError::CtlSize(n))),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(self.fail(format_args!("control receive: {e}"))),
+        }
+    }
+}
+
+// The channel's waits: one loop (`Channel::wait_until`), and what ends each kind of wait
+// (`Until`): room in the request ring (`Room`), a free buffer (`FreeBuffer`), a call's
+// answer (`Answer`), a stream's sends given back (`Sent`).
+
+/// What one sleep of [`Channel::wait_until`] waits on, and for how long at most.
+#[derive(Clone, Copy, Debug)]
+enum Sleep {
+    /// A completion, or a handler running (this thread's signal counts changing).
+    Completion(Duration),
+    /// Room in the request ring.
+    Room(Duration),
+}
+
+/// What ends a wait of [`Channel::wait_until`], and its part in each turn of the loop.
+trait Until {
+    /// What the wait gives when it ends well.
+    type Out;
+
+    /// The signal counts the first sleep on completions compares with (a handler that
+    /// ran since then wakes it): by default, those when the loop begins.
+    fn seen_at_start(&self) -> Counts {
+        signals::counts()
+    }
+
+    /// Before each sleep: takes what arrived; `Some` ends the wait.
+    fn before(&mut self, ch: &mut Channel) -> Res<Option<Self::Out>>;
+
+    /// What the next sleep waits on.
+    fn sleep(&self) -> Sleep;
+
+    /// Right after each sleep (`futex_eintr`: a signal cut it short): what the handlers
+    /// that ran meanwhile do to the wait. Nothing by default.
+    fn signalled(&mut self, _ch: &mut Channel, _futex_eintr: bool) -> Res<()> {
+        Ok(())
+    }
+
+    /// Whether a sleep that timed out is followed by [`Channel::check_alive`] (by
+    /// default every one).
+    fn alive_due(&mut self) -> bool {
+        true
+    }
+
+    /// After a sleep that ended with `r` (never `PeerClosed`); `Some` ends the wait.
+    fn woke(&mut self, ch: &mut Channel, r: WaitResult) -> Res<Option<Self::Out>>;
+}
+
+impl Channel {
+    /// The one wait loop: until `end` ends it, takes what arrived, sleeps (spinning
+    /// first) on what `end` names, lets `end` see the handlers that ran, checks that the
+    /// server is alive after a sleep that timed out, and fails when the server closed the
+    /// channel.
+    // Inlined, with `Answer`'s steps, into `call` (every tagged request waits here), as
+    // the loop it replaced was: without, a UDP ping-pong (its receives are calls) took
+    // ~4% longer a round trip.
+    #[inline]
+    fn wait_until<U: Until>(&mut self, end: &mut U) -> Res<U::Out> {
+        let mut seen = end.seen_at_start();
+        loop {
+            if let Some(out) = end.before(self)? {
+                return Ok(out);
+            }
+            // A handler running while we spin or just before we sleep ends a sleep on
+            // completions.
+            let r = match end.sleep() {
+                Sleep::Completion(slice) => self
+                    .ep
+                    .rx
+                    .wait_with(self.spin, Some(slice), || signals::counts() != seen),
+                Sleep::Room(slice) => self.ep.tx.wait_space(self.spin, Some(slice)),
+            };
+            end.signalled(self, matches!(r, Ok(WaitResult::Interrupted)))?;
+            seen = signals::counts();
+            let r = match r {
+                Ok(WaitResult::PeerClosed) => {
+                    return Err(self.fail(format_args!("server closed the channel")));
+                }
+                Ok(r) => r,
+                Err(e) => return Err(self.ring_error(e)),
+            };
+            if matches!(r, WaitResult::TimedOut) && end.alive_due() {
+                self.check_alive()?;
+            }
+            if let Some(out) = end.woke(self, r)? {
+                return Ok(out);
             }
         }
+    }
+}
+
+/// Room in the request ring ([`Channel::wait_ring_space`]), in 1 ms sleeps: completions
+/// are taken meanwhile, and whether the server is alive checked every [`SLICE`].
+/// Signals do not end it.
+#[derive(Debug)]
+struct Room {
+    /// When the server was last found alive (or the wait began).
+    checked: Instant,
+}
+
+impl Until for Room {
+    type Out = ();
+
+    fn before(&mut self, ch: &mut Channel) -> Res<Option<()>> {
+        if ch.take_untagged()? {
+            // The server may be waiting for room for its completions (see
+            // `wait_ring_space`): tell it there is some.
+            ch.ring();
+        }
+        Ok(None)
+    }
+
+    fn sleep(&self) -> Sleep {
+        // Short sleeps: the server publishes completions (which it may be waiting for
+        // us to take) without waking a producer that waits for room.
+        Sleep::Room(Duration::from_millis(1))
+    }
+
+    fn alive_due(&mut self) -> bool {
+        let due = self.checked.elapsed() >= SLICE;
+        if due {
+            self.checked = Instant::now();
+        }
+        due
+    }
+
+    fn woke(&mut self, _ch: &mut Channel, r: WaitResult) -> Res<Option<()>> {
+        Ok(matches!(r, WaitResult::Ready).then_some(()))
+    }
+}
+
+/// A buffer of ours free again ([`Channel::alloc_buf`]): a handler that interrupts (as
+/// [`Wait::interrupted`] says) fails the wait with `EINTR`, the deadline with the
+/// wait's own errno.
+#[derive(Debug)]
+struct FreeBuffer {
+    w: Wait,
+    /// The signal counts the wait's handlers are counted from.
+    start: Counts,
+}
+
+impl Until for FreeBuffer {
+    type Out = BufId;
+
+    fn before(&mut self, _ch: &mut Channel) -> Res<Option<BufId>> {
+        if self.w.interrupted(self.start, false) {
+            return Err(Errno::EINTR);
+        }
+        Ok(None)
+    }
+
+    fn sleep(&self) -> Sleep {
+        Sleep::Completion(self.w.slice())
+    }
+
+    fn signalled(&mut self, _ch: &mut Channel, futex_eintr: bool) -> Res<()> {
+        if self.w.interrupted(self.start, futex_eintr) {
+            return Err(Errno::EINTR);
+        }
+        Ok(())
+    }
+
+    fn woke(&mut self, ch: &mut Channel, r: WaitResult) -> Res<Option<BufId>> {
+        match r {
+            WaitResult::Ready => {
+                ch.reap()?;
+                Ok(ch.ep.pool.alloc())
+            }
+            WaitResult::TimedOut if self.w.passed() => Err(self.w.expired),
+            _ => Ok(None),
+        }
+    }
+}
+
+/// The answer (`Done`) to tagged request `tag` on `sock` ([`Channel::call`]); its `Data`
+/// records go to `sink` on the way. A handler that interrupts, or the deadline, cancels
+/// the request (`Op::Cancel`) and the wait goes on for the answer, which is then the
+/// interruption's errno if the server confirms (`-EINTR`).
+struct Answer<'a> {
+    sock: u32,
+    tag: u32,
+    w: Wait,
+    /// The signal counts when the wait began: handlers are counted from there.
+    start: Counts,
+    /// Set once the request is cancelled: what a `-EINTR` answer then means.
+    cancelled: Option<Errno>,
+    sink: &'a mut dyn FnMut(&Buffers, BufSpan),
+}
+
+impl Until for Answer<'_> {
+    type Out = Cmp;
+
+    fn seen_at_start(&self) -> Counts {
+        self.start
+    }
+
+    #[inline]
+    fn before(&mut self, ch: &mut Channel) -> Res<Option<Cmp>> {
+        while let Some(c) = ch.next_cmp()? {
+            match ch.take(c)? {
+                Event::Data { buf, len, .. } => {
+                    let span = match ch.ep.bufs.span(buf, 0, len) {
+                        Ok(s) => s,
+                        Err(e) => return Err(ch.ring_error(e)),
+                    };
+                    (self.sink)(&ch.ep.bufs, span);
+                    ch.give_back(buf)?;
+                }
+                // Kept by the demux, for `Channel::control`.
+                Event::Control => {}
+                Event::Done(c) => {
+                    ch.ep.rx.release();
+                    return match self.cancelled {
+                        Some(e) if c.result == -libc::EINTR => Err(e),
+                        _ => Ok(Some(c)),
+                    };
+                }
+                e => ch.unsolicited(e)?,
+            }
+        }
+        Ok(None)
+    }
+
+    fn sleep(&self) -> Sleep {
+        Sleep::Completion(if self.cancelled.is_some() {
+            SLICE
+        } else {
+            self.w.slice()
+        })
+    }
+
+    #[inline]
+    fn signalled(&mut self, ch: &mut Channel, futex_eintr: bool) -> Res<()> {
+        if self.cancelled.is_none() && self.w.interrupted(self.start, futex_eintr) {
+            ch.cancel(self.sock, self.tag)?;
+            self.cancelled = Some(Errno::EINTR);
+        }
+        Ok(())
+    }
+
+    fn woke(&mut self, ch: &mut Channel, r: WaitResult) -> Res<Option<Cmp>> {
+        if matches!(r, WaitResult::TimedOut) && self.cancelled.is_none() && self.w.passed() {
+            ch.cancel(self.sock, self.tag)?;
+            self.cancelled = Some(self.w.expired);
+        }
+        Ok(None)
+    }
+}
+
+/// Every send record of stream `sock` given back ([`Channel::wait_sent`]). A handler
+/// (any, as for a partial send), the deadline or an error pending for the socket ends
+/// the wait early, without an error: the bytes stay queued.
+#[derive(Debug)]
+struct Sent {
+    sock: u32,
+    w: Wait,
+    /// The signal counts the wait's handlers are counted from.
+    start: Counts,
+}
+
+impl Until for Sent {
+    type Out = ();
+
+    fn before(&mut self, _ch: &mut Channel) -> Res<Option<()>> {
+        let early = self.w.partial().interrupted(self.start, false)
+            || self.w.passed()
+            || PENDING.has(self.sock);
+        Ok(early.then_some(()))
+    }
+
+    fn sleep(&self) -> Sleep {
+        Sleep::Completion(self.w.slice())
+    }
+
+    fn woke(&mut self, ch: &mut Channel, _r: WaitResult) -> Res<Option<()>> {
+        ch.reap()?;
+        Ok((!ch.sending(self.sock)).then_some(()))
     }
 }
 
@@ -930,6 +1081,60 @@ impl Drop for Channel {
 /// Closes a descriptor of the shim's own without going through the exported `close`.
 pub fn close_quiet(fd: OwnedFd) {
     let _ = ferry_sys::close_raw(fd.into_raw_fd());
+}
+
+/// The control socket, connected to the server's socket at `path`.
+fn connect_ctl(path: &Path) -> Result<OwnedFd, OpenError> {
+    let ctl = ferry_sys::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0)
+        .map_err(|e| OpenError::Io("socket", e))?;
+    loop {
+        match ferry_sys::connect_unix(ctl.as_fd(), path) {
+            Ok(()) => return Ok(ctl),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(OpenError::Io("connect", e)),
+        }
+    }
+}
+
+/// Says `Hello` on `ctl` to protocol server `server`, for this thread.
+fn say_hello(ctl: &OwnedFd, server: usize) -> Result<(), OpenError> {
+    // SAFETY: no arguments; getpid touches no memory and cannot fail.
+    let pid = unsafe { libc::getpid() } as u32;
+    let hello = Hello {
+        version: PROTO_VERSION,
+        pid,
+        tid: ferry_sys::gettid(),
+        server: server as u32 | HELLO_ROUTES | ferry_proto::HELLO_READS_PAIR,
+    };
+    ferry_sys::send_with_fds(ctl.as_fd(), bytemuck::bytes_of(&hello), &[])
+        .map_err(|e| OpenError::Io("hello", e))
+}
+
+/// The server's answer to the hello (within [`HELLO_TIMEOUT_MS`]), checked, with the
+/// region's descriptor and the server's doorbell.
+fn hello_reply(ctl: &OwnedFd) -> Result<(HelloReply, [OwnedFd; 2]), OpenError> {
+    let mut waited = 0;
+    loop {
+        match ferry_sys::poll_wait(ctl.as_fd(), libc::POLLIN, 100) {
+            Ok(0) if waited < HELLO_TIMEOUT_MS => waited += 100,
+            Ok(0) => return Err(OpenError::NoAnswer),
+            Ok(_) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(OpenError::Io("poll", e)),
+        }
+    }
+    let mut buf = [0u8; size_of::<HelloReply>()];
+    let (n, fds) = ferry_sys::recv_with_fds(ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT)
+        .map_err(|e| OpenError::Io("hello reply", e))?;
+    if n != buf.len() {
+        return Err(ProtoError::HelloSize(n).into());
+    }
+    let reply: HelloReply = bytemuck::pod_read_unaligned(&buf);
+    if reply.version != PROTO_VERSION {
+        return Err(ProtoError::Refused(reply.version).into());
+    }
+    let fds = <[OwnedFd; 2]>::try_from(fds).map_err(|fds| ProtoError::HelloFds(fds.len()))?;
+    Ok((reply, fds))
 }
 
 /// Where the shim's own descriptors go: near the top of `RLIMIT_NOFILE` (capped, so a

@@ -1,11 +1,15 @@
-//! Data transfer: sends are copied into this side's buffers and queued fire-and-forget
-//! (`Op::Send`, tag 0; the buffer comes back with `BufReturn`); receives are tagged
-//! requests answered with `Data` records (server buffers, copied out and returned) and a
-//! final `Done`.
+//! Data transfer: sends (and `sendfile`, `splice` into a socket) are copied into this
+//! side's buffers and queued fire-and-forget (`Op::Send`, tag 0; the buffer comes back
+//! with `BufReturn`), each as look up, reserve, copy, publish; a receive on an
+//! `rx_pair` stream is the kernel's own call on the program's fd (the server is asked
+//! only how the stream ended), any other is a tagged request answered with `Data`
+//! records (server buffers, copied out and returned) and a final `Done`. The waits on
+//! the rings (for room, a buffer, an answer) are [`crate::chan`]'s: this module never
+//! touches the rings itself.
 
 use std::ffi::c_int;
 
-use ferry_proto::{BufRef, CMP_DRAIN_TOKEN, Call, WireAddr, cmsg, server_of};
+use ferry_proto::{BufRef, CMP_DRAIN_TOKEN, Call, Cmp, WireAddr, cmsg, server_of};
 use libc::{off_t, sockaddr, socklen_t};
 
 use crate::addr::read_sockaddr;
@@ -58,6 +62,15 @@ impl Got {
     /// The datagram's control messages.
     pub fn control(&self) -> &[u8] {
         &self.control[..self.control_len]
+    }
+
+    /// A datagram of `len` bytes (the call's value) from `from`, with `control`.
+    fn datagram(&mut self, from: &[u8], control: &[u8], len: usize) {
+        self.from[..from.len()].copy_from_slice(from);
+        self.from_len = from.len();
+        self.control[..control.len()].copy_from_slice(control);
+        self.control_len = control.len();
+        self.len = len;
     }
 }
 
@@ -166,23 +179,11 @@ pub unsafe fn send(
             }
             // Copy.
             let n = (total - sent).min(slot.cap).min(bs);
-            let mem = ch.slot_mem(slot, n)?;
-            // SAFETY: `slot_mem` checked the span against the region, so `n` bytes at
-            // `mem` are inside the shim's mapping, which the program's buffers are not;
-            // this slot was just given to this send (`next_slot`) and is not published
-            // before the record below, so the server does not read it meanwhile.
-            let got = unsafe { cur.read_into(mem, n) };
+            // SAFETY: this slot was just given to this send (`next_slot`) and is
+            // published only below.
+            let got = unsafe { copy_in(ch, slot, cur, n) }?;
             // Publish.
-            let record = Call::Send {
-                sock: s.id,
-                buf: BufRef {
-                    id: slot.buf.0,
-                    len: got as u32,
-                },
-                offset: slot.off,
-                flags,
-                dest,
-            };
+            let record = send_record(&s, slot, got, flags, dest);
             ch.push_send(record, &control, !s.dgram())?;
             sent += got;
             if sent >= total || got == 0 {
@@ -195,6 +196,32 @@ pub unsafe fn send(
         Ok(sent)
     })
     .map_err(|e| e.down_as(libc::EPIPE))
+}
+
+/// Copies the next `n` bytes of `cur` into `slot`; how many it had.
+///
+/// # Safety
+/// `slot` is this call's, not published yet (the server does not read it meanwhile).
+unsafe fn copy_in(ch: &mut Channel, slot: Slot, cur: &mut IoCursor, n: usize) -> Res<usize> {
+    let mem = ch.slot_mem(slot, n)?;
+    // SAFETY: `slot_mem` checked the span against the region, so `n` bytes at `mem` are
+    // inside the shim's mapping, which the program's buffers are not; the slot is this
+    // call's and unpublished (# Safety), so the server does not read it meanwhile.
+    Ok(unsafe { cur.read_into(mem, n) })
+}
+
+/// The send record of `len` bytes in `slot` on `s`, to `dest` if given.
+fn send_record(s: &Sock, slot: Slot, len: usize, flags: c_int, dest: Option<WireAddr>) -> Call {
+    Call::Send {
+        sock: s.id,
+        buf: BufRef {
+            id: slot.buf.0,
+            len: len as u32,
+        },
+        offset: slot.off,
+        flags,
+        dest,
+    }
 }
 
 /// The look-up every send (and `sendfile`, `splice`) starts with: the completions that
@@ -331,13 +358,7 @@ pub unsafe fn recv(s: Sock, cur: &mut IoCursor, flags: c_int) -> Res<Got> {
         return Err(Errno::EAGAIN);
     }
     with_channel_to(server_of(s.id), |ch| {
-        ch.reap()?;
-        if let Some(e) = PENDING.take(s.id, |e| e != libc::EPIPE) {
-            return Err(Errno(e));
-        }
-        let s = typed(ch, s)?;
-        let cap = cur.remaining();
-        let mut got = Got::default();
+        let s = receiver(ch, s)?;
         if s.reads_pair() && flags & libc::MSG_OOB != 0 {
             // The server moves urgent data into the pair as its own out-of-band byte;
             // one not there yet is asked of the host socket (below), as TCP lets a
@@ -349,89 +370,146 @@ pub unsafe fn recv(s: Sock, cur: &mut IoCursor, flags: c_int) -> Res<Got> {
             ch.flush();
             return pair_recv(ch, &s, cur, flags);
         }
-        // A stream receive of 0 bytes waits for data (or EOF) like any other, and
-        // returns 0: ask for one byte without taking it. `MSG_TRUNC` on a stream
-        // discards what it receives.
-        let probe_only = !s.dgram() && cap == 0;
-        let discard = !s.dgram() && flags & libc::MSG_TRUNC != 0;
-        let nonblock = s.nonblock() || flags & libc::MSG_DONTWAIT != 0;
-        let waitall = flags & libc::MSG_WAITALL != 0
-            && !s.dgram()
-            && !nonblock
-            && flags & libc::MSG_PEEK == 0;
-        let wire = if probe_only {
-            libc::MSG_PEEK | (flags & libc::MSG_OOB)
-        } else {
-            flags & (libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_OOB)
-        };
-        let w = Wait::after(TABLE.timeouts(s.fd).0, Errno::EAGAIN);
-        loop {
-            let req = Call::Recv {
-                sock: s.id,
-                tag: 0,
-                max: if probe_only {
-                    1
-                } else {
-                    (cap - got.len).min(u32::MAX as usize) as u32
-                },
-                flags: wire,
-                nonblock,
-            };
-            let mut copied = 0usize;
-            let r = ch.call(req, w, &mut |bufs, span| {
-                if probe_only || discard {
-                    return;
-                }
-                // SAFETY: `span` was checked against the region (`Buffers::span`), so
-                // its `len` bytes at that pointer are inside the shim's mapping, which
-                // the program's buffers are not; the buffer is lent to us until this
-                // call returns it (a server writing it meanwhile changes only the bytes
-                // copied).
-                copied += unsafe { cur.write_from(bufs.as_mut_ptr(span), span.len() as usize) };
-            });
-            let done = match r {
-                Ok(d) => d,
-                Err(e) if got.len > 0 && e != Errno::DOWN => break,
-                Err(e) => return Err(e),
-            };
-            if done.flags & CMP_DRAIN_TOKEN != 0 {
-                drain_token(ch, &s)?;
-            }
-            let n = match Errno::check(done.result) {
-                Ok(n) => n as usize,
-                Err(_) if got.len > 0 => break,
-                Err(e) => return Err(e),
-            };
-            got.flags = done.a as c_int;
-            if s.dgram() {
-                let b = done.bytes();
-                got.from[..b.len()].copy_from_slice(b);
-                got.from_len = b.len();
-                let c = ch.control();
-                got.control[..c.len()].copy_from_slice(c);
-                got.control_len = c.len();
-                got.len = if flags & libc::MSG_TRUNC != 0 {
-                    n
-                } else {
-                    copied
-                };
-                break;
-            }
-            if probe_only {
-                break;
-            }
-            if discard {
-                got.len += n;
-                break;
-            }
-            got.len += copied;
-            if n == 0 || !waitall || got.len >= cap {
-                break;
-            }
-        }
-        Ok(got)
+        ring_recv(ch, &s, cur, flags)
     })
     .map_err(|e| e.down_as(libc::ECONNRESET))
+}
+
+/// The look-up every receive starts with: the completions that came meanwhile (an
+/// error an earlier send left pending is this one's, but for `EPIPE`, which only sends
+/// report) and the socket's type and peer ([`typed`]).
+fn receiver(ch: &mut Channel, s: Sock) -> Res<Sock> {
+    ch.reap()?;
+    if let Some(e) = PENDING.take(s.id, |e| e != libc::EPIPE) {
+        return Err(Errno(e));
+    }
+    typed(ch, s)
+}
+
+/// How a receive through the ring asks the server, from its flags.
+#[derive(Clone, Copy, Debug)]
+struct RingRecv {
+    /// A stream receive of 0 bytes: it waits for data (or EOF) like any other, and
+    /// returns 0, so it asks for one byte without taking it.
+    probe_only: bool,
+    /// `MSG_TRUNC` on a stream: it discards what it receives.
+    discard: bool,
+    /// `MSG_WAITALL` on a blocking stream (not peeking): it asks again until it has
+    /// all it asked for, or the stream ends.
+    waitall: bool,
+    /// `MSG_DONTWAIT`, or a non-blocking socket.
+    nonblock: bool,
+    /// The flags that go to the server.
+    wire: c_int,
+}
+
+impl RingRecv {
+    /// How a receive on `s` with `flags` into `cap` bytes asks.
+    fn new(s: &Sock, cap: usize, flags: c_int) -> RingRecv {
+        let probe_only = !s.dgram() && cap == 0;
+        let nonblock = s.nonblock() || flags & libc::MSG_DONTWAIT != 0;
+        RingRecv {
+            probe_only,
+            discard: !s.dgram() && flags & libc::MSG_TRUNC != 0,
+            waitall: flags & libc::MSG_WAITALL != 0
+                && !s.dgram()
+                && !nonblock
+                && flags & libc::MSG_PEEK == 0,
+            nonblock,
+            wire: if probe_only {
+                libc::MSG_PEEK | (flags & libc::MSG_OOB)
+            } else {
+                flags & (libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_OOB)
+            },
+        }
+    }
+
+    /// The request for at most `room` more bytes on `s`.
+    fn request(&self, s: &Sock, room: usize) -> Call {
+        Call::Recv {
+            sock: s.id,
+            tag: 0,
+            max: if self.probe_only {
+                1
+            } else {
+                room.min(u32::MAX as usize) as u32
+            },
+            flags: self.wire,
+            nonblock: self.nonblock,
+        }
+    }
+
+    /// One request for at most `room` bytes, its `Data` copied into `cur` (unless it
+    /// probes or discards): the answer, and how many bytes were copied.
+    fn call(
+        &self,
+        ch: &mut Channel,
+        s: &Sock,
+        cur: &mut IoCursor,
+        room: usize,
+        w: Wait,
+    ) -> (Res<Cmp>, usize) {
+        let mut copied = 0usize;
+        let r = ch.call(self.request(s, room), w, &mut |bufs, span| {
+            if self.probe_only || self.discard {
+                return;
+            }
+            // SAFETY: `span` was checked against the region (`Buffers::span`), so its
+            // `len` bytes at that pointer are inside the shim's mapping, which the
+            // program's buffers are not; the buffer is lent to us until this call
+            // returns it (a server writing it meanwhile changes only the bytes copied).
+            copied += unsafe { cur.write_from(bufs.as_mut_ptr(span), span.len() as usize) };
+        });
+        (r, copied)
+    }
+}
+
+/// A receive the server answers on the ring (datagrams, `--rx ring`, urgent data not
+/// in the pair): tagged `Recv` requests whose `Data` records are copied into `cur`,
+/// asked again for `MSG_WAITALL`; an error after some bytes returns those.
+fn ring_recv(ch: &mut Channel, s: &Sock, cur: &mut IoCursor, flags: c_int) -> Res<Got> {
+    let cap = cur.remaining();
+    let how = RingRecv::new(s, cap, flags);
+    let w = Wait::after(TABLE.timeouts(s.fd).0, Errno::EAGAIN);
+    let mut got = Got::default();
+    loop {
+        let (r, copied) = how.call(ch, s, cur, cap - got.len, w);
+        let done = match r {
+            Ok(d) => d,
+            Err(e) if got.len > 0 && e != Errno::DOWN => break,
+            Err(e) => return Err(e),
+        };
+        if done.flags & CMP_DRAIN_TOKEN != 0 {
+            drain_token(ch, s)?;
+        }
+        let n = match Errno::check(done.result) {
+            Ok(n) => n as usize,
+            Err(_) if got.len > 0 => break,
+            Err(e) => return Err(e),
+        };
+        got.flags = done.a as c_int;
+        if s.dgram() {
+            let len = if flags & libc::MSG_TRUNC != 0 {
+                n
+            } else {
+                copied
+            };
+            got.datagram(done.bytes(), ch.control(), len);
+            break;
+        }
+        if how.probe_only {
+            break;
+        }
+        if how.discard {
+            got.len += n;
+            break;
+        }
+        got.len += copied;
+        if n == 0 || !how.waitall || got.len >= cap {
+            break;
+        }
+    }
+    Ok(got)
 }
 
 /// A receive on a connected stream whose bytes the server moves into the program's fd
@@ -450,52 +528,66 @@ fn pair_recv(ch: &mut Channel, s: &Sock, cur: &mut IoCursor, flags: c_int) -> Re
     let kflags = flags & (libc::MSG_PEEK | libc::MSG_WAITALL)
         | if nonblock { libc::MSG_DONTWAIT } else { 0 };
     let n = if flags & libc::MSG_TRUNC != 0 {
-        // A stream's MSG_TRUNC discards what it receives.
-        let mut scratch = vec![0u8; cap.min(1 << 20)];
-        let iov = libc::iovec {
-            iov_base: scratch.as_mut_ptr().cast(),
-            iov_len: scratch.len(),
-        };
-        // SAFETY: `iov` names `scratch`, a live local vector, for its own length.
-        unsafe { crate::sys::recv_iov(s.fd, &iov, 1, kflags) }?
+        pair_discard(s.fd, cap, kflags)?
     } else {
-        let (iov, n) = cur.untouched().ok_or(Errno::EINVAL)?;
-        let spun = if nonblock || flags & libc::MSG_WAITALL != 0 {
-            None
-        } else {
+        pair_read(ch, s.fd, cur, nonblock, kflags)?
+    };
+    got.len = if n == 0 { pair_ended(ch, s)? } else { n };
+    Ok(got)
+}
+
+/// A stream's `MSG_TRUNC` receive from the pair: up to `cap` bytes (at most 1 MiB)
+/// taken and dropped; how many.
+fn pair_discard(fd: c_int, cap: usize, kflags: c_int) -> Res<usize> {
+    let mut scratch = vec![0u8; cap.min(1 << 20)];
+    let iov = libc::iovec {
+        iov_base: scratch.as_mut_ptr().cast(),
+        iov_len: scratch.len(),
+    };
+    // SAFETY: `iov` names `scratch`, a live local vector, for its own length.
+    unsafe { crate::sys::recv_iov(fd, &iov, 1, kflags) }
+}
+
+/// A receive from the pair `fd` into the program's buffers, untouched so far: a
+/// blocking one without `MSG_WAITALL` spins first ([`pair_spin`]), then sleeps in the
+/// kernel's receive.
+fn pair_read(
+    ch: &Channel,
+    fd: c_int,
+    cur: &mut IoCursor,
+    nonblock: bool,
+    kflags: c_int,
+) -> Res<usize> {
+    let (iov, n) = cur.untouched().ok_or(Errno::EINVAL)?;
+    if !nonblock {
+        if kflags & libc::MSG_WAITALL == 0 {
             // SAFETY: `iov` names the program's `n` buffers, untouched so far and
             // writable (`IoCursor::new`'s contract), as `pair_spin` asks.
-            unsafe { pair_spin(ch, s.fd, iov, n, kflags) }?
-        };
-        match spun {
-            Some(k) => k,
-            None => {
-                if !nonblock {
-                    // Asleep in the kernel until the server writes: counted for the
-                    // server's wake statistics (it cannot see this wake-up).
-                    ch.count_kernel_sleep();
-                }
-                // SAFETY: `iov` names the program's `n` buffers, untouched so far and
-                // writable (`IoCursor::new`'s contract).
-                unsafe { crate::sys::recv_iov(s.fd, iov, n, kflags) }?
+            if let Some(k) = unsafe { pair_spin(ch, fd, iov, n, kflags) }? {
+                return Ok(k);
             }
         }
-    };
-    if n == 0 {
-        // How the stream ended (`max` 0: nothing to take).
-        let req = Call::Recv {
-            sock: s.id,
-            tag: 0,
-            max: 0,
-            flags: 0,
-            nonblock: false,
-        };
-        let done = ch.call(req, Wait::FOREVER, &mut |_, _| {})?;
-        got.len = Errno::check(done.result)? as usize;
-        return Ok(got);
+        // Asleep in the kernel until the server writes: counted for the server's wake
+        // statistics (it cannot see this wake-up).
+        ch.count_kernel_sleep();
     }
-    got.len = n;
-    Ok(got)
+    // SAFETY: `iov` names the program's `n` buffers, untouched so far and writable
+    // (`IoCursor::new`'s contract).
+    unsafe { crate::sys::recv_iov(fd, iov, n, kflags) }
+}
+
+/// The end of an `rx_pair` stream: asks the server how it ended (a `Recv` of `max` 0:
+/// nothing to take): 0 for EOF, or the reset's error (once).
+fn pair_ended(ch: &mut Channel, s: &Sock) -> Res<usize> {
+    let req = Call::Recv {
+        sock: s.id,
+        tag: 0,
+        max: 0,
+        flags: 0,
+        nonblock: false,
+    };
+    let done = ch.call(req, Wait::FOREVER, &mut |_, _| {})?;
+    Ok(Errno::check(done.result)? as usize)
 }
 
 /// `recv(MSG_OOB)` on an `rx_pair` stream from the pair, which never blocks (nor does
@@ -669,41 +761,16 @@ unsafe fn feed(
             let Some(slot) = next_buf(ch, &s, nonblock, w, sent)? else {
                 break;
             };
-            let b = slot.buf;
             let n = (count - sent).min(bs);
-            let p = ch.slot_mem(slot, n)?;
-            // SAFETY: `p` is the start of `slot`'s span, checked against the region
-            // (`slot_mem`), so `n` bytes are inside the shim's mapping; the slot's
-            // buffer is this side's and is not published before the record below.
-            let r = unsafe { crate::sys::read_into(in_fd, p, n, off) };
-            let k = match r {
-                Ok(k) => k,
-                Err(e) => {
-                    ch.unalloc(b);
-                    if sent > 0 {
-                        break;
-                    }
-                    return Err(e.into());
-                }
-            };
-            if k == 0 {
-                ch.unalloc(b);
+            // SAFETY: this slot was just given to this send (`next_buf`) and is
+            // published only below.
+            let Some(k) = (unsafe { read_in(ch, slot, in_fd, n, off, sent) })? else {
                 break;
-            }
+            };
             if let Some(o) = off.as_mut() {
                 *o += k as off_t;
             }
-            let record = Call::Send {
-                sock: s.id,
-                buf: BufRef {
-                    id: b.0,
-                    len: k as u32,
-                },
-                offset: 0,
-                flags: 0,
-                dest: None,
-            };
-            ch.push_send(record, &[], !s.dgram())?;
+            ch.push_send(send_record(&s, slot, k, 0, None), &[], !s.dgram())?;
             sent += k;
             if once {
                 break;
@@ -720,4 +787,34 @@ unsafe fn feed(
         Ok(sent)
     })
     .map_err(|e| e.down_as(libc::EPIPE))
+}
+
+/// The next piece of a `sendfile`/`splice`: reads at most `n` bytes of `in_fd` (at
+/// `off` if given) into `slot`; how many. `None` means stop (the end of the input, or a
+/// read error after `sent` bytes: the call returns those), the slot given back.
+///
+/// # Safety
+/// `slot` is this call's, not published yet (the server does not read it meanwhile).
+unsafe fn read_in(
+    ch: &mut Channel,
+    slot: Slot,
+    in_fd: c_int,
+    n: usize,
+    off: Option<off_t>,
+    sent: usize,
+) -> Res<Option<usize>> {
+    let p = ch.slot_mem(slot, n)?;
+    // SAFETY: `p` is the start of `slot`'s span, checked against the region
+    // (`slot_mem`), so `n` bytes are inside the shim's mapping; the slot is this call's
+    // and unpublished (# Safety).
+    match unsafe { crate::sys::read_into(in_fd, p, n, off) } {
+        Ok(k) if k > 0 => Ok(Some(k)),
+        r => {
+            ch.unalloc(slot.buf);
+            match r {
+                Err(e) if sent == 0 => Err(e.into()),
+                _ => Ok(None),
+            }
+        }
+    }
 }

@@ -6,7 +6,7 @@
 //! is watched for input) and to ring a pending doorbell before the program blocks.
 //! Every one of those waits (`poll`, `ppoll`, `select`, `pselect`, `epoll_wait`,
 //! `epoll_pwait`, `epoll_pwait2`) on ferry sockets spins for the SBW span before it
-//! sleeps ([`spin_wait`]).
+//! sleeps (`spin_wait`).
 //!
 //! Each export's `# Safety` section is its C caller's contract, as in
 //! [`crate::exports`]: the libc function's, with every pointer valid for what the

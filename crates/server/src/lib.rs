@@ -20,8 +20,9 @@
 //!
 //! # Layout (docs/DESIGN.md, "Server core")
 //!
-//! `server.rs` is the event loop and owns the control connections and published ports;
-//! `channel.rs` the channel table (rings, backlog, back-pressure); `ops.rs` dispatches
+//! `server.rs` is the event loop; `control.rs` the control connections, `published.rs`
+//! the published ports, `table.rs` the socket table; `channel.rs` the channel table
+//! (rings, backlog, back-pressure); `ops.rs` dispatches
 //! each typed request (`ferry_proto::Call`) and control message; `connect.rs` places and
 //! connects sockets, `tx.rs` is the way out, `rx.rs` the way in; `sock.rs` is one
 //! socket's state with its state tables; every call on a host socket or pair goes

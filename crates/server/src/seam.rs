@@ -2,11 +2,11 @@
 //! the receive pipe or a channel's control socket goes through [`Io`].
 //!
 //! The decisions (what a request, a host event or a pair event does: `ops.rs`,
-//! `server.rs`'s socket table, `sock.rs`) never enter the kernel themselves: they ask an
-//! [`Io`]. [`SysIo`] is the real one (a thin layer over `ferry-sys`); the scripted fake
-//! of [`crate::testkit`] models host sockets and pairs in memory, so that the ordering
-//! and readiness rules can be tested in-process, deterministically, without threads or
-//! kernel sockets (`tests/core.rs`).
+//! `connect.rs`, `tx.rs`, `rx.rs`, the socket table of `table.rs`, `sock.rs`) never
+//! enter the kernel themselves: they ask an [`Io`]. [`SysIo`] is the real one (a thin
+//! layer over `ferry-sys`); the scripted fake of [`crate::testkit`] models host sockets
+//! and pairs in memory, so that the ordering and readiness rules can be tested
+//! in-process, deterministically, without threads or kernel sockets (`tests/core.rs`).
 //!
 //! Owns: the list of calls and their meaning (each is named after, and behaves as, the
 //! system call of the same name on a non-blocking socket). Must not: decide anything,

@@ -111,10 +111,9 @@ impl Server {
     /// Replaces a socket's host socket (provisional → host or sandbox namespace).
     pub(crate) fn replace_host_fd(&mut self, id: u32, fd: OwnedFd, place: Place) -> io::Result<()> {
         let io = self.io;
-        let s = self
-            .socks
-            .get_mut(&id)
-            .expect("caller checked the socket exists");
+        let Some(s) = self.socks.get_mut(&id) else {
+            return Err(io::Error::from_raw_os_error(libc::EBADF));
+        };
         for (level, name, value) in &s.opts {
             if let Err(e) = io.setsockopt(fd.as_fd(), *level, *name, value) {
                 debug!("socket {id}: replaying option {level}/{name}: {e}");
@@ -186,7 +185,7 @@ impl Server {
         self.epoll
             .add(ours.as_fd(), pair_events(s.rx_pair), token(T_PAIR, id))
             .map_err(|e| Errno::of(&e))?;
-        let s = self.socks.get_mut(&id).expect("looked up above");
+        let s = self.socks.get_mut(&id).ok_or(Errno(libc::EBADF))?;
         s.pair = ours;
         s.name = name;
         s.conn = Conn::Idle;

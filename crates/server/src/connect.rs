@@ -38,7 +38,7 @@ pub(crate) fn in_family(domain: i32, a: SocketAddr) -> SocketAddr {
 const CONTACTED: usize = 64;
 
 /// Adds `peer` to `list` (the most recent last), forgetting the oldest beyond [`CONTACTED`].
-pub(crate) fn remember(list: &mut Vec<SocketAddr>, peer: SocketAddr) {
+fn remember(list: &mut Vec<SocketAddr>, peer: SocketAddr) {
     list.retain(|p| *p != peer);
     if list.len() >= CONTACTED {
         list.remove(0);
@@ -449,19 +449,19 @@ impl Server {
         self.done(ch, id, tag, Errno(e));
     }
 
-    /// Whether socket `id` may connect to `addr`, and from where: the host's own
-    /// addresses are never reachable from the host side; the policy; a socket bound to
-    /// the wildcard in the sandbox moves to the host for a peer outside it, a
-    /// provisional one is placed; a stream bound inside the sandbox has no route out; an
-    /// egress bond picks the source.
-    fn route_connect(&mut self, id: u32, addr: WireAddr) -> Result<(), Errno> {
-        let (local, to) = (addr.is_local(), addr.to_std());
+    /// Whether socket `id` may reach `dest` (`what` it is, for the log: "connect",
+    /// "datagram"), and from where: the host's own addresses are never reachable from
+    /// the host side; the policy; a socket bound to the wildcard in the sandbox moves to
+    /// the host for a peer outside it, a provisional one is placed; a socket that keeps
+    /// a port the program chose remembers the peer (`reach.rs`).
+    pub(crate) fn route_to(&mut self, id: u32, dest: WireAddr, what: &str) -> Result<(), Errno> {
+        let (local, to) = (dest.is_local(), dest.to_std());
         if local && self.on_host(id) {
-            self.host_loopback_refused(id, "connect", addr);
+            self.host_loopback_refused(id, what, dest);
             return Err(Errno(libc::EACCES));
         }
         if !local && self.cfg.policy.check(&to) == Verdict::Deny {
-            warn!("socket {id}: connect to {to} denied by policy");
+            warn!("socket {id}: {what} to {to} denied by policy");
             self.stats.denied += 1;
             return Err(Errno(libc::EACCES));
         }
@@ -469,15 +469,22 @@ impl Server {
             self.move_to_host(id)?;
         }
         self.place_for(id, local)?;
-        let s = self.sock(id).ok_or(Errno(libc::EBADF))?;
-        if let Some(c) = s.contacted.as_mut() {
+        if let Some(c) = self.sock(id).and_then(|s| s.contacted.as_mut()) {
             remember(c, to);
         }
-        if s.place == Place::Sandbox && !local && s.ty == libc::SOCK_STREAM {
+        Ok(())
+    }
+
+    /// [`Server::route_to`] for a connect: besides, a stream bound inside the sandbox has
+    /// no route out, and an egress bond picks the source.
+    fn route_connect(&mut self, id: u32, addr: WireAddr) -> Result<(), Errno> {
+        self.route_to(id, addr, "connect")?;
+        let s = self.sock(id).ok_or(Errno(libc::EBADF))?;
+        if s.place == Place::Sandbox && !addr.is_local() && s.ty == libc::SOCK_STREAM {
             // Bound inside the sandbox, now asked to leave it: the sandbox has no route.
             return Err(Errno(libc::ENETUNREACH));
         }
-        self.bond_source(id, to)
+        self.bond_source(id, addr.to_std())
     }
 
     /// Stream `id`'s connect in progress (to `to`, the program's end of the pair

@@ -631,6 +631,7 @@ impl Server {
             let Some(p) = s.parked.pop_front() else {
                 return;
             };
+            // Still waiting (would block): back to the front, the rest behind it.
             match p {
                 Parked::Recv {
                     ch,
@@ -640,15 +641,7 @@ impl Server {
                 } => match self.try_recv(ch, id, tag, len, flags) {
                     Ok(()) => continue,
                     Err(e) if would_block(&e) => {
-                        self.park_front(
-                            id,
-                            Parked::Recv {
-                                ch,
-                                tag,
-                                len,
-                                flags,
-                            },
-                        );
+                        self.park_front(id, p);
                         return;
                     }
                     Err(e) => self.done(ch, id, tag, Errno::of(&e)),
@@ -656,13 +649,13 @@ impl Server {
                 Parked::Accept { ch } => match self.try_accept(id) {
                     Ok(a) => self.finish_accept(ch, id, a),
                     Err(e) if would_block(&e) => {
-                        self.park_front(id, Parked::Accept { ch });
+                        self.park_front(id, p);
                         return;
                     }
                     Err(e) => self.ctl_reply(ch, Server::new_reply(Errno::of(&e))),
                 },
-                other => {
-                    self.park_front(id, other);
+                Parked::Connect { .. } => {
+                    self.park_front(id, p);
                     return;
                 }
             }

@@ -71,7 +71,8 @@ pub(crate) trait Io: Send + Sync + std::fmt::Debug {
     fn poll_now(&self, fd: BorrowedFd<'_>, events: i16) -> io::Result<i16>;
     /// `SIOCATMARK`: the next byte to read is the urgent mark.
     fn at_mark(&self, fd: BorrowedFd<'_>) -> io::Result<bool>;
-    /// `recv(flags | MSG_DONTWAIT)` into `buf`.
+    /// `recv(flags)` into `buf` (callers pass `MSG_DONTWAIT`, as every fd is
+    /// non-blocking anyway).
     fn recv(&self, fd: BorrowedFd<'_>, buf: &mut [u8], flags: i32) -> io::Result<usize>;
     /// Reads (and closes) what one `recvmsg` returns, descriptors included: how a
     /// filler is taken out of a pair.
@@ -237,7 +238,7 @@ impl Io for SysIo {
     }
 
     fn recv(&self, fd: BorrowedFd<'_>, buf: &mut [u8], flags: i32) -> io::Result<usize> {
-        ferry_sys::recv(fd, buf, flags | libc::MSG_DONTWAIT)
+        ferry_sys::recv(fd, buf, flags)
     }
 
     fn discard(&self, fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {

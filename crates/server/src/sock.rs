@@ -136,7 +136,7 @@ pub(crate) enum PairEnd {
 }
 
 /// An operation waiting for its host socket.
-#[derive(Debug)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) enum Parked {
     /// A blocking receive.
     Recv {

@@ -9,9 +9,7 @@ use std::os::fd::AsFd;
 use ferry_proto::{BufRef, Cmp, CmpKind, ProtoError, WireAddr, cmsg};
 use tracing::{debug, warn};
 
-use crate::connect::remember;
 use crate::ops::{Errno, would_block};
-use crate::policy::Verdict;
 use crate::seam::Io;
 use crate::server::Server;
 use crate::sock::{Sock, TxItem};
@@ -151,19 +149,13 @@ impl Server {
                 if found.is_some() {
                     self.not_holder(ch, id);
                 }
-                self.refuse_send(
-                    ch,
-                    id,
-                    buf.id,
-                    Errno(libc::EBADF).wire(),
-                    Errno(libc::EBADF),
-                );
+                self.refuse_unknown_send(ch, id, buf.id);
                 return Ok(());
             }
         };
         let to = to.filter(|_| !stream);
         let checked = match to {
-            Some(dest) => self.route_datagram(id, dest),
+            Some(dest) => self.route_to(id, dest, "datagram"),
             None => Ok(()),
         }
         .and_then(|()| self.send_control(id, stream, &ctl));
@@ -175,13 +167,7 @@ impl Server {
             }
         };
         let Some(s) = self.socks.get_mut(&id) else {
-            self.refuse_send(
-                ch,
-                id,
-                buf.id,
-                Errno(libc::EBADF).wire(),
-                Errno(libc::EBADF),
-            );
+            self.refuse_unknown_send(ch, id, buf.id);
             return Ok(());
         };
         s.stats.calls += 1;
@@ -201,6 +187,12 @@ impl Server {
         Ok(())
     }
 
+    /// A send on a socket the channel's process does not have: its buffer goes back
+    /// with `EBADF`, which is reported on the next call too.
+    fn refuse_unknown_send(&mut self, ch: u32, id: u32, buf: u32) {
+        self.refuse_send(ch, id, buf, Errno(libc::EBADF).wire(), Errno(libc::EBADF));
+    }
+
     /// A send on socket `id` that does not go out: its buffer goes back (with
     /// `returned`, which the shim reads as the send's own result) and `error` is
     /// reported on the program's next call.
@@ -209,32 +201,6 @@ impl Server {
         c.buf = buf;
         self.complete(ch, c);
         self.done(ch, id, 0, error);
-    }
-
-    /// A datagram of socket `id` to `dest`: whether it may go (the host's own addresses
-    /// are never reachable from the host side; the policy), and from where (a socket
-    /// bound to the wildcard in the sandbox moves to the host for a peer outside it).
-    fn route_datagram(&mut self, id: u32, dest: WireAddr) -> Result<(), Errno> {
-        let local = dest.is_local();
-        if local && self.on_host(id) {
-            self.host_loopback_refused(id, "datagram", dest);
-            return Err(Errno(libc::EACCES));
-        }
-        if !local && self.cfg.policy.check(&dest.to_std()) == Verdict::Deny {
-            warn!(
-                "socket {id}: datagram to {} denied by policy",
-                dest.to_std()
-            );
-            self.stats.denied += 1;
-            return Err(Errno(libc::EACCES));
-        }
-        if !local {
-            self.move_to_host(id)?;
-        }
-        if let Some(c) = self.sock(id).and_then(|s| s.contacted.as_mut()) {
-            remember(c, dest.to_std());
-        }
-        self.place_for(id, local)
     }
 
     /// The control messages of a datagram of socket `id` (`ctl`, from `SendCtl`

@@ -9,8 +9,8 @@
 use std::net::SocketAddr;
 
 use ferry_proto::{
-    CMP_DRAIN_TOKEN, CMP_RENEW_PAIR, Cmp, CmpKind, Ctl, CtlKind, Op, REQ_FILLED, REQ_NONBLOCK, Req,
-    WireAddr,
+    CMP_DRAIN_TOKEN, CMP_RENEW_PAIR, Call, Cmp, CmpKind, Ctl, CtlKind, Op, REQ_FILLED,
+    REQ_NONBLOCK, Req, WireAddr,
 };
 use ferry_server::testkit::Harness;
 
@@ -56,9 +56,22 @@ fn connected_stream(rx_pair: bool) -> (Harness, u32, u32) {
     (h, ch, id)
 }
 
-/// Sends `data` on `id` from `ch` as the shim does (a lent buffer, tag 0).
-fn send(h: &mut Harness, ch: u32, id: u32, data: &[u8]) -> Req {
-    h.send_req(ch, id, data)
+/// The shim sends `data` on `id` from `ch` (a lent buffer, tag 0) and the server takes
+/// it in a pass over the rings; the completions that pass published.
+fn shim_sends(h: &mut Harness, ch: u32, id: u32, data: &[u8]) -> Vec<Cmp> {
+    let req = h.send_req(ch, id, data);
+    h.call(ch, req)
+}
+
+/// The shim found no free buffer after taking `seen` BufReturns: it fills `id`'s pair
+/// (marker and filler) and says `WantRoom`.
+fn shim_wants_room(h: &mut Harness, ch: u32, id: u32, seen: u32) {
+    h.app_filler(id);
+    let call = Call::WantRoom {
+        sock: id,
+        returns_seen: seen,
+    };
+    h.call(ch, call.encode());
 }
 
 // Rule: pair input vs ring sends. Bytes the program wrote straight into its pair go
@@ -69,8 +82,7 @@ fn pair_input_waits_for_sends_queued_before_it() {
     let (mut h, ch, id) = connected_stream(true);
     // The host socket is full: the ring send waits in the socket's queue.
     h.host_room(id, Some(0));
-    let req = send(&mut h, ch, id, b"ring-1 ");
-    h.call(ch, req);
+    shim_sends(&mut h, ch, id, b"ring-1 ");
     // Room comes back, but the pair's input event is seen before the host's EPOLLOUT.
     h.host_room(id, None);
     h.app_write(id, b"pair-2");
@@ -90,7 +102,7 @@ fn pair_input_waits_for_sends_still_in_the_ring() {
     let (mut h, ch, id) = connected_stream(true);
     // The shim queued a send in the ring, then the program wrote into the pair; the
     // pair's event comes before the server has taken the ring's record.
-    let req = send(&mut h, ch, id, b"ring-1 ");
+    let req = h.send_req(ch, id, b"ring-1 ");
     h.push(ch, req);
     h.app_write(id, b"pair-2");
     h.pair_event(id, libc::EPOLLIN);
@@ -104,9 +116,9 @@ fn pair_input_waits_for_sends_still_in_the_ring() {
 fn a_partial_send_keeps_its_buffer_and_its_place() {
     let (mut h, ch, id) = connected_stream(false);
     h.host_room(id, Some(3));
-    let a = send(&mut h, ch, id, b"abcdef");
+    let a = h.send_req(ch, id, b"abcdef");
     h.push(ch, a);
-    let b = send(&mut h, ch, id, b"ghi");
+    let b = h.send_req(ch, id, b"ghi");
     let cs = h.call(ch, b);
     assert_eq!(h.host(id).sent, b"abc");
     assert!(
@@ -132,17 +144,9 @@ fn a_partial_send_keeps_its_buffer_and_its_place() {
 fn want_room_drains_the_filler_at_the_next_buffer_return() {
     let (mut h, ch, id) = connected_stream(false);
     h.host_room(id, Some(0));
-    let req = send(&mut h, ch, id, b"x");
-    h.call(ch, req);
+    shim_sends(&mut h, ch, id, b"x");
     // The shim has taken 0 BufReturns when it finds no buffer.
-    h.app_filler(id);
-    h.call(
-        ch,
-        Req {
-            a: 0,
-            ..Req::new(Op::WantRoom, id)
-        },
-    );
+    shim_wants_room(&mut h, ch, id, 0);
     assert!(h.pair(id).unread > 0, "drained with no buffer back");
     h.host_room(id, None);
     h.host_event(id, libc::EPOLLOUT);
@@ -158,17 +162,9 @@ fn want_room_drains_the_filler_at_the_next_buffer_return() {
 #[test]
 fn want_room_after_a_buffer_came_back_drains_at_once() {
     let (mut h, ch, id) = connected_stream(false);
-    let req = send(&mut h, ch, id, b"x");
-    h.call(ch, req);
+    shim_sends(&mut h, ch, id, b"x");
     // A BufReturn is in the ring; the shim looked before taking it (it saw 0).
-    h.app_filler(id);
-    h.call(
-        ch,
-        Req {
-            a: 0,
-            ..Req::new(Op::WantRoom, id)
-        },
-    );
+    shim_wants_room(&mut h, ch, id, 0);
     assert_eq!(h.pair(id).unread, 0, "a wake-up was lost: the filler stays");
 }
 
@@ -180,17 +176,9 @@ fn want_room_after_a_buffer_came_back_drains_at_once() {
 fn the_programs_bytes_before_a_filler_go_out_then_the_filler_is_drained() {
     let (mut h, ch, id) = connected_stream(true);
     h.host_room(id, Some(0));
-    let req = send(&mut h, ch, id, b"ring ");
-    h.call(ch, req);
+    shim_sends(&mut h, ch, id, b"ring ");
     h.app_write(id, b"own");
-    h.app_filler(id);
-    h.call(
-        ch,
-        Req {
-            a: 0,
-            ..Req::new(Op::WantRoom, id)
-        },
-    );
+    shim_wants_room(&mut h, ch, id, 0);
     assert_eq!(h.host(id).sent, b"");
     h.host_room(id, None);
     h.host_event(id, libc::EPOLLOUT);

@@ -68,12 +68,23 @@ pub(crate) struct Accepted {
 }
 
 /// A socket counted against the sandbox's cap (`Config::max_sockets`) whose making may
-/// still fail: dropping it gives the count back.
-struct SocketSlot(std::sync::Arc<crate::group::Shared>);
+/// still fail: dropping it gives the count back, unless [`SocketSlot::keep`] said the
+/// socket was made (then `settle_dirty` gives it back when the socket goes).
+struct SocketSlot(Option<std::sync::Arc<crate::group::Shared>>);
+
+impl SocketSlot {
+    /// The socket was made: its count stays taken. (Not `mem::forget`, which would
+    /// leak the slot's reference to the group's shared state, and with it the state.)
+    fn keep(mut self) {
+        self.0 = None;
+    }
+}
 
 impl Drop for SocketSlot {
     fn drop(&mut self) {
-        self.0.socket_closed();
+        if let Some(shared) = &self.0 {
+            shared.socket_closed();
+        }
     }
 }
 
@@ -103,7 +114,7 @@ impl Server {
             return Err(Errno(libc::EPROTONOSUPPORT));
         }
         let owner = self.chan(ch).ok_or(Errno(libc::EBADF))?.owner;
-        let _slot = self.socket_slot()?;
+        let slot = self.socket_slot()?;
         let fd = self
             .io
             .socket(domain, ty, protocol)
@@ -123,7 +134,7 @@ impl Server {
             .map_err(|e| Errno::of(&e))?;
         sock.rx_pair = ty == libc::SOCK_STREAM && self.chan(ch).is_some_and(|c| c.rx_pair);
         let id = self.place_sock(sock).map_err(|e| Errno::of(&e))?;
-        std::mem::forget(_slot);
+        slot.keep();
         self.stats.sockets_created += 1;
         Ok((id, theirs))
     }
@@ -133,7 +144,7 @@ impl Server {
     /// when the socket goes).
     fn socket_slot(&mut self) -> Result<SocketSlot, Errno> {
         if self.shared.take_socket(self.cfg.max_sockets) {
-            return Ok(SocketSlot(self.shared.clone()));
+            return Ok(SocketSlot(Some(self.shared.clone())));
         }
         if let Some(n) = self.refusals.tick() {
             warn!(
@@ -236,7 +247,7 @@ impl Server {
         }
         match self.place_sock(sock) {
             Ok(new) => {
-                std::mem::forget(slot);
+                slot.keep();
                 let r = self.accept_reply(listener, new, peer);
                 if let Some(port) = published {
                     self.module_on_accept(new, port);

@@ -508,3 +508,41 @@ fn completions_that_back_up_stop_the_channels_requests_and_lose_nothing() {
     }
     assert_eq!(next, tag + 1, "answers lost");
 }
+
+// The harness itself: a fuzzer makes millions of harnesses in one process, so one that
+// is dropped must give back every descriptor it (or the server under it) took.
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+#[test]
+fn harnesses_leave_no_descriptors_behind() {
+    let cycle = || {
+        let (mut h, ch, _) = connected_stream(true);
+        let l = h.socket(ch, libc::AF_INET, libc::SOCK_STREAM);
+        let local: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        h.call(ch, Req::new(Op::Bind, l).with_addr(&WireAddr::from(local)));
+        h.call(ch, Req::new(Op::Listen, l));
+        // One connection accepted, one left waiting when the harness goes.
+        h.host_connection(l, "198.51.100.1:5000".parse().unwrap());
+        h.host_connection(l, "198.51.100.2:5000".parse().unwrap());
+        let msg = Ctl {
+            sock: l,
+            a: 1,
+            ..Ctl::new(CtlKind::Accept, l)
+        };
+        h.control(ch, msg);
+    };
+    cycle();
+    let before = open_fds();
+    for _ in 0..50 {
+        cycle();
+    }
+    // Other tests of this binary open and close descriptors meanwhile: allow a few.
+    let after = open_fds();
+    assert!(
+        after < before + 20,
+        "{before} descriptors before, {after} after 50 harnesses"
+    );
+}

@@ -88,6 +88,16 @@ pub struct RunArgs {
     /// connection reset).
     #[arg(long, value_name = "SPAN", default_value = "5ms", value_parser = crate::args::span)]
     pub module_deadline: Duration,
+    /// How the sandbox reaches the network: socket (the shim serves programs linked to
+    /// libc), nic (a TAP device `eth0` served by ferry's NIC servers: any program,
+    /// static and Go ones and ping included), both (the shim where it reaches, the TAP
+    /// for the rest).
+    #[arg(long, value_name = "socket|nic|both", default_value = "socket")]
+    pub net: Net,
+    /// NIC servers (threads), one TAP queue each, with --net nic|both (S2, S4): the
+    /// sandbox's kernel spreads its flows over the queues.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub nic_servers: u16,
     /// Print per-server, per-channel and per-socket counters when the program exits.
     #[arg(long)]
     pub stats: bool,
@@ -346,7 +356,13 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
     cfg.batch = a.batch;
     cfg.batch_delay = a.batch_delay;
     cfg.policy = policy;
-    cfg.publish = a.publish.clone();
+    // With a TAP, TCP ports are published to the sandbox's address on it (whatever
+    // serves them, shim or not); UDP ports keep socket mode's flows (made inside the
+    // sandbox, they reach any program).
+    let nic_on = a.net != Net::Socket;
+    let (nic_publish, publish): (Vec<Publish>, Vec<Publish>) =
+        a.publish.iter().partition(|p| nic_on && !p.udp);
+    cfg.publish = publish;
     cfg.egress = bond.clone();
     cfg.servers = usize::from(a.servers);
     cfg.assign = a.assign;
@@ -404,18 +420,20 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
         }
         _ => UserNs::Auto,
     };
+    let mut env = vec![("FERRY_SOCKET".into(), sock_path.into_os_string())];
+    if a.net != Net::Nic {
+        env.push(("LD_PRELOAD".into(), preload.into_os_string()));
+    }
     let spec = Spec {
         program: a.cmd[0].clone(),
         args: a.cmd[1..].to_vec(),
-        env: vec![
-            ("LD_PRELOAD".into(), preload.into_os_string()),
-            ("FERRY_SOCKET".into(), sock_path.into_os_string()),
-        ],
+        env,
         userns,
         // The command waits until the DNS forwarder is up (a resolver may query at once).
         hold: true,
         // Programs the shim cannot serve (static, Go, ping) are told of on stderr.
-        watch: Some(SocketWatch {
+        // With a TAP they are served: nothing to tell.
+        watch: (a.net == Net::Socket).then(|| SocketWatch {
             shim: Some(shim.into_os_string()),
         }),
     };
@@ -430,7 +448,7 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
         let _ = ferry_sys::set_nofile_soft(after);
     }
     let mut sandbox = launched.map_err(|e| format!("cannot start the sandbox: {e}"))?;
-    if !sandbox.watching() {
+    if !sandbox.watching() && a.net == Net::Socket {
         debug!("the sandbox's socket watch is off (kernel or architecture)");
         warn_if_static(&a.cmd[0]);
     }
@@ -443,6 +461,11 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
         warn!("cannot make ferry non-dumpable: {e}");
     }
     servers.first().restrict_to_descendants_of(sandbox.pid());
+    let nics = if nic_on {
+        start_nic(&a, &sandbox, &policy_for_dns, bond.clone(), &nic_publish)?
+    } else {
+        Vec::new()
+    };
     if let Err(e) = start_dns(servers.first(), &a.dns, &policy_for_dns) {
         warn!("DNS forwarding is off: {e}");
     }
@@ -493,11 +516,26 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
         .spawn(move || servers.run())
         .map_err(|e| format!("cannot start the protocol servers: {e}"))?;
 
+    let mut nic_threads = Vec::new();
+    for nic in nics {
+        let stop = nic.stop_handle();
+        let t = std::thread::Builder::new()
+            .name("ferry-nic".into())
+            .spawn(move || nic.run())
+            .map_err(|e| format!("cannot start the NIC servers: {e}"))?;
+        nic_threads.push((stop, t));
+    }
+
     let code = sandbox
         .wait()
         .map_err(|e| format!("waiting for the sandbox: {e}"))?;
     done.store(true, Ordering::SeqCst);
     stop.stop();
+    let mut nic_stats = Vec::new();
+    for (stop, t) in nic_threads {
+        stop.stop();
+        nic_stats.push(t.join().map_err(|_| "a NIC server panicked".to_string())?);
+    }
     let stats = server_thread
         .join()
         .map_err(|_| "the protocol servers panicked".to_string())?
@@ -518,13 +556,68 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
         if !egress.is_empty() {
             eprint!("{bonded}");
         }
+        for s in &nic_stats {
+            eprint!("{s}");
+        }
     }
+    let json = ferry_server::group_json(&stats, &egress);
+    let json = match json.strip_suffix('}') {
+        Some(head) if !nic_stats.is_empty() => {
+            format!("{head},\"nic\":{}}}", ferry_nic::nic_json(&nic_stats))
+        }
+        _ => json,
+    };
     if let Some(path) = &a.stats_json
-        && let Err(e) = std::fs::write(path, ferry_server::group_json(&stats, &egress) + "\n")
+        && let Err(e) = std::fs::write(path, json + "\n")
     {
         eprintln!("ferry: cannot write {}: {e}", path.display());
     }
     Ok(code)
+}
+
+/// Makes the sandbox's TAP (`--net nic|both`) and one NIC server per queue; the first
+/// listens for the TCP ports published to the TAP.
+fn start_nic(
+    a: &RunArgs,
+    sandbox: &ferry_sandbox::Sandbox,
+    policy: &Policy,
+    bond: Option<Arc<Bond>>,
+    publish: &[Publish],
+) -> Result<Vec<ferry_nic::NicServer>, String> {
+    let host: Vec<IpAddr> = ferry_sys::interface_addresses()
+        .map(|v| v.into_iter().map(|(_, ip)| ip).collect())
+        .unwrap_or_default();
+    let plan = ferry_nic::Plan::avoiding(&host);
+    let factory = sandbox.factory();
+    let tap = ferry_nic::setup(
+        &plan,
+        usize::from(a.nic_servers),
+        &|| factory.open_tun(),
+        &|d, t, p| factory.socket(d, t, p),
+    )
+    .map_err(|e| format!("--net {}: cannot set up the sandbox's TAP: {e}", a.net.name()))?;
+    debug!("nic mode: {} at {}/{} via {}, {}/{} via {}, MTU {}", plan.ifname, plan.v4, plan.prefix4, plan.gw4, plan.v6, plan.prefix6, plan.gw6, plan.mtu);
+    let mut cfg = ferry_nic::NicConfig::new(plan);
+    cfg.policy = policy.clone();
+    cfg.egress = bond;
+    cfg.spin = a.server_spin;
+    let cfg = Arc::new(cfg);
+    let published: Vec<ferry_nic::NicPublish> = publish
+        .iter()
+        .map(|p| ferry_nic::NicPublish {
+            host: p.host,
+            sandbox_port: p.sandbox_port,
+        })
+        .collect();
+    tap.queues
+        .into_iter()
+        .enumerate()
+        .map(|(i, q)| {
+            let mine = if i == 0 { &published[..] } else { &[] };
+            ferry_nic::NicServer::new(i, q, cfg.clone(), mine)
+                .map_err(|e| format!("cannot start NIC server {i}: {e}"))
+        })
+        .collect()
 }
 
 /// Parses `--dns`: `None` for off, else the upstream servers (`auto`: `nameservers`).
@@ -603,6 +696,27 @@ mod tests {
         let sh = std::fs::read("/bin/sh").unwrap();
         assert!(!is_static_elf(&sh), "/bin/sh is dynamic");
         assert!(!is_static_elf(b"#!/bin/sh\n"));
+    }
+}
+
+/// `--net`: how the sandbox reaches the network.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Net {
+    /// The socket shim only.
+    Socket,
+    /// The TAP device only.
+    Nic,
+    /// Both: the shim where it reaches, the TAP for the rest.
+    Both,
+}
+
+impl Net {
+    fn name(self) -> &'static str {
+        match self {
+            Net::Socket => "socket",
+            Net::Nic => "nic",
+            Net::Both => "both",
+        }
     }
 }
 

@@ -33,6 +33,9 @@ pub(crate) mod wire {
     pub(crate) const SETUP_FAILED: u32 = 2;
     /// Length of an init → launcher handshake message and of a factory request.
     pub(crate) const MSG_LEN: usize = 12;
+    /// A factory request whose `domain` is this asks for `/dev/net/tun` opened in the
+    /// sandbox's namespace (a TAP queue made from it is the sandbox's), non-blocking.
+    pub(crate) const OPEN_TUN: i32 = -0x74_756e;
     /// Length of a factory reply.
     pub(crate) const REPLY_LEN: usize = 4;
 
@@ -74,6 +77,20 @@ impl SocketFactory {
     /// `socket(domain, ty, protocol)` executed inside the sandbox's network namespace.
     /// `ty` may carry `SOCK_NONBLOCK`; the returned fd is always close-on-exec.
     pub fn socket(&self, domain: i32, ty: i32, protocol: i32) -> io::Result<OwnedFd> {
+        if domain == wire::OPEN_TUN {
+            return Err(io::Error::from_raw_os_error(libc::EAFNOSUPPORT));
+        }
+        self.request(domain, ty, protocol)
+    }
+
+    /// `/dev/net/tun` opened (read-write, non-blocking) inside the sandbox's network
+    /// namespace: a TAP device attached through it is made there. Attaching needs
+    /// `CAP_NET_ADMIN` over that namespace, which the sandbox's creator has.
+    pub fn open_tun(&self) -> io::Result<OwnedFd> {
+        self.request(wire::OPEN_TUN, 0, 0)
+    }
+
+    fn request(&self, domain: i32, ty: i32, protocol: i32) -> io::Result<OwnedFd> {
         let chan = self.chan.lock().unwrap_or_else(PoisonError::into_inner);
         let fd = chan.as_raw_fd();
         sys::send_with_fd(fd, &wire::encode([domain, ty, protocol]), None).map_err(gone)?;

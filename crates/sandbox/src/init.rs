@@ -653,6 +653,16 @@ fn serve_request(chan: RawFd) {
         }
     }
     let (errno, sock) = match wire::decode(&buf[..n as usize]) {
+        Some([wire::OPEN_TUN, _, _]) => {
+            // SAFETY: a NUL-terminated static path and integer flags.
+            let fd = unsafe {
+                libc::open(
+                    c"/dev/net/tun".as_ptr(),
+                    libc::O_RDWR | libc::O_CLOEXEC | libc::O_NONBLOCK,
+                )
+            };
+            if fd == -1 { (errno(), None) } else { (0, Some(fd)) }
+        }
         Some([domain, ty, protocol]) => {
             // SAFETY: socket(2) with integer arguments.
             let sock = unsafe { libc::socket(domain, ty | libc::SOCK_CLOEXEC, protocol) };

@@ -15,6 +15,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 mod epoll;
+pub mod tun;
 pub use epoll::{Epoll, Event};
 
 /// Runs a raw system call; `-1` becomes the thread's `errno` as an `io::Error`.
@@ -1199,42 +1200,23 @@ pub fn add_address(
     ip: std::net::IpAddr,
     prefix: u8,
 ) -> io::Result<()> {
-    let (family, bytes): (u8, Vec<u8>) = match ip {
-        std::net::IpAddr::V4(a) => (libc::AF_INET as u8, a.octets().to_vec()),
-        std::net::IpAddr::V6(a) => (libc::AF_INET6 as u8, a.octets().to_vec()),
+    let bytes = match ip {
+        std::net::IpAddr::V4(a) => a.octets().to_vec(),
+        std::net::IpAddr::V6(a) => a.octets().to_vec(),
     };
-    let rta_len = 4 + bytes.len();
-    let rta_space = (rta_len + 3) & !3;
-    let total = 16 + 8 + 2 * rta_space;
-    let mut m = vec![0u8; total];
-    m[0..4].copy_from_slice(&(total as u32).to_ne_bytes());
-    m[4..6].copy_from_slice(&libc::RTM_NEWADDR.to_ne_bytes());
-    let flags =
-        (libc::NLM_F_REQUEST | libc::NLM_F_ACK | libc::NLM_F_CREATE | libc::NLM_F_EXCL) as u16;
-    m[6..8].copy_from_slice(&flags.to_ne_bytes());
-    m[8..12].copy_from_slice(&1u32.to_ne_bytes()); // sequence number
     // struct ifaddrmsg: family, prefixlen, flags, scope, index
-    m[16] = family;
-    m[17] = prefix;
-    m[19] = libc::RT_SCOPE_HOST;
-    m[20..24].copy_from_slice(&ifindex.to_ne_bytes());
-    for (i, kind) in [libc::IFA_LOCAL, libc::IFA_ADDRESS].into_iter().enumerate() {
-        let at = 24 + i * rta_space;
-        m[at..at + 2].copy_from_slice(&(rta_len as u16).to_ne_bytes());
-        m[at + 2..at + 4].copy_from_slice(&kind.to_ne_bytes());
-        m[at + 4..at + 4 + bytes.len()].copy_from_slice(&bytes);
-    }
-    write(nl, &m)?;
-    let mut ack = [0u8; 256];
-    let n = read(nl, &mut ack)?;
-    // NLMSG_ERROR: header, then a signed errno (0 = success).
-    if n >= 20 && u16::from_ne_bytes([ack[4], ack[5]]) == libc::NLMSG_ERROR as u16 {
-        let e = i32::from_ne_bytes([ack[16], ack[17], ack[18], ack[19]]);
-        if e != 0 && -e != libc::EEXIST {
-            return Err(io::Error::from_raw_os_error(-e));
-        }
-    }
-    Ok(())
+    let mut head = [0u8; 8];
+    head[0] = if ip.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 } as u8;
+    head[1] = prefix;
+    head[3] = libc::RT_SCOPE_HOST;
+    head[4..8].copy_from_slice(&ifindex.to_ne_bytes());
+    tun::netlink_request(
+        nl,
+        libc::RTM_NEWADDR,
+        libc::NLM_F_CREATE | libc::NLM_F_EXCL,
+        &head,
+        &[(libc::IFA_LOCAL, &bytes), (libc::IFA_ADDRESS, &bytes)],
+    )
 }
 
 /// Every address of the caller's network namespace, as (interface index, address), from

@@ -1,0 +1,145 @@
+//! `ferry-nic` owns nic mode (S2): the sandbox gets a TAP device (`eth0`) and ferry's NIC
+//! servers, outside the sandbox, own its queues. Each NIC server reads the frames its
+//! queue carries, terminates the sandbox's TCP in a user-space TCP/IP stack (smoltcp),
+//! relays UDP datagrams and ICMP echo itself, and carries every flow on a host socket —
+//! under the same rules as socket mode: the egress policy, never the host's loopback or
+//! an unspecified address, sources the sandbox owns only, inbound only through `-p`,
+//! the egress bond (docs/SECURITY.md, "nic mode").
+//!
+//! ```text
+//!   sandbox kernel ── eth0 (TAP, one queue per NIC server, vnet header, csum offload)
+//!        │ frames
+//!   NIC server nic-K: frame::classify ─┬─ TCP  → smoltcp socket ⇄ host TCP socket
+//!                                      ├─ UDP  → flow table    ⇄ host UDP socket
+//!                                      ├─ echo → flow table    ⇄ host ping socket
+//!                                      └─ ARP/ND → smoltcp (answers as the gateway)
+//! ```
+//!
+//! It owns: the sandbox's addressing ([`Plan`]), setting up the TAP inside the sandbox's
+//! namespace ([`setup`]), the frame path ([`frame`]) and the NIC server loop
+//! ([`NicServer`]). It must not: parse command lines, know about the shim's channels, or
+//! trust any byte a frame carries (lengths are checked, checksums are not needed:
+//! whatever a frame says, a server neither crashes nor stalls nor holds memory for it
+//! beyond its caps).
+
+pub mod frame;
+mod server;
+mod setup;
+mod stats;
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use server::{NicServer, StopHandle};
+pub use setup::{Tap, setup};
+pub use stats::{NicStats, nic_json};
+
+/// The sandbox's addressing in nic mode: its interface, the gateway (ferry) beside it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The sandbox's IPv4 address (`/prefix4`).
+    pub v4: Ipv4Addr,
+    /// The gateway's IPv4 address, on the same subnet.
+    pub gw4: Ipv4Addr,
+    pub prefix4: u8,
+    /// The sandbox's IPv6 address (`/prefix6`).
+    pub v6: Ipv6Addr,
+    /// The gateway's IPv6 address.
+    pub gw6: Ipv6Addr,
+    pub prefix6: u8,
+    /// The interface's MTU.
+    pub mtu: u32,
+    /// The interface's name inside the sandbox.
+    pub ifname: String,
+}
+
+/// The MTU nic mode gives the sandbox's interface: the largest an Ethernet TAP takes
+/// (as slirp4netns and pasta do); measured against 1500 and 9000 in `ferry bench E5`.
+pub const DEFAULT_MTU: u32 = 65520;
+
+impl Plan {
+    /// The default plan (10.0.2.100/24 via 10.0.2.2, fd00::100/64 via fd00::2), moved to
+    /// the first of 10.0.2.0/24 … 10.0.254.0/24 that none of `host` is in, so that the
+    /// host's own networks stay reachable.
+    pub fn avoiding(host: &[IpAddr]) -> Plan {
+        let third = (2u8..=254)
+            .find(|&t| {
+                !host.iter().any(|ip| match ip {
+                    IpAddr::V4(a) => a.octets()[..3] == [10, 0, t],
+                    IpAddr::V6(_) => false,
+                })
+            })
+            .unwrap_or(2);
+        Plan {
+            v4: Ipv4Addr::new(10, 0, third, 100),
+            gw4: Ipv4Addr::new(10, 0, third, 2),
+            prefix4: 24,
+            v6: Ipv6Addr::new(0xfd00, 0, 0, u16::from(third), 0, 0, 0, 0x100),
+            gw6: Ipv6Addr::new(0xfd00, 0, 0, u16::from(third), 0, 0, 0, 2),
+            prefix6: 64,
+            mtu: DEFAULT_MTU,
+            ifname: "eth0".into(),
+        }
+    }
+
+    /// Whether `ip` is the sandbox's own address (the only source it may send from).
+    pub fn is_sandbox(&self, ip: IpAddr) -> bool {
+        ip == IpAddr::V4(self.v4) || ip == IpAddr::V6(self.v6)
+    }
+
+    /// The gateway address of `ip`'s family.
+    pub fn gateway_for(&self, ip: IpAddr) -> IpAddr {
+        match ip {
+            IpAddr::V4(_) => IpAddr::V4(self.gw4),
+            IpAddr::V6(_) => IpAddr::V6(self.gw6),
+        }
+    }
+
+    /// The sandbox's address of `ip`'s family.
+    pub fn sandbox_for(&self, ip: IpAddr) -> IpAddr {
+        match ip {
+            IpAddr::V4(_) => IpAddr::V4(self.v4),
+            IpAddr::V6(_) => IpAddr::V6(self.v6),
+        }
+    }
+}
+
+/// A published TCP port in nic mode: connections to `host` are made to the sandbox's
+/// address on `sandbox_port`.
+#[derive(Clone, Copy, Debug)]
+pub struct NicPublish {
+    pub host: SocketAddr,
+    pub sandbox_port: u16,
+}
+
+/// What every NIC server of a sandbox shares.
+#[derive(Debug)]
+pub struct NicConfig {
+    pub plan: Plan,
+    /// The egress policy (the same as the protocol servers').
+    pub policy: ferry_server::Policy,
+    /// Egress bonding: where new host sockets leave from.
+    pub egress: Option<Arc<ferry_server::Bond>>,
+    /// How long a server's loop spins for work before it sleeps (SBW).
+    pub spin: Duration,
+    /// Most flows (TCP, UDP and echo together) a NIC server carries at once.
+    pub max_flows: usize,
+    /// Each TCP flow's buffer in the stack, each way (bounds the memory a flow holds).
+    pub tcp_buffer: usize,
+}
+
+impl NicConfig {
+    /// Defaults for `plan`: no policy rules, no bond, 200 µs spin, 4,096 flows a server,
+    /// 512 KiB a TCP direction.
+    pub fn new(plan: Plan) -> NicConfig {
+        NicConfig {
+            plan,
+            policy: ferry_server::Policy::default(),
+            egress: None,
+            spin: Duration::from_micros(200),
+            max_flows: 4096,
+            tcp_buffer: 512 * 1024,
+        }
+    }
+}

@@ -1,0 +1,984 @@
+//! A NIC server: one thread, one TAP queue, one user-space TCP/IP stack, its flows.
+//!
+//! Theory of operation. Each turn of the loop reads up to [`BATCH`] frames from the
+//! queue (S1: many frames per wake-up) and sorts each ([`frame::classify`]):
+//!
+//! * **TCP**: a SYN opening a flow the rules allow makes a host socket and starts a
+//!   non-blocking connect to the destination, and a stack socket listening on that
+//!   destination with its SYN-ACK held; the SYN goes to the stack. The connect's outcome
+//!   releases the SYN-ACK, or aborts the stack socket (the sandbox gets a reset). A SYN
+//!   the rules refuse goes to the stack with no socket to take it: a reset at once.
+//!   Bytes then move between the stack socket's buffers and the host socket with no
+//!   other copy; a full buffer on either side stops reading the other (back-pressure
+//!   is the TCP window). An end of stream on one side is a FIN/shutdown on the other.
+//! * **UDP** and **echo** bypass the stack: each (source, destination) is a flow on a
+//!   connected host UDP socket or ping socket; answers are framed back here. A refused
+//!   datagram or echo gets "administratively prohibited" at once.
+//! * **ARP and neighbour discovery** go to the stack, which answers for the gateway.
+//!
+//! Then the server moves bytes of every flow (host ⇄ stack), lets the stack send what
+//! it can, and sleeps in epoll (TAP queue, host sockets, the stop eventfd, the stack's
+//! next timer) only after spinning [`NicConfig::spin`] with nothing to do (SBW).
+//!
+//! Must not: block (every descriptor is non-blocking), hold memory per flow beyond the
+//! stack's two buffers (flows capped by [`NicConfig::max_flows`]), or let a frame from
+//! the sandbox choose a source other than the sandbox's own addresses.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use ferry_proto::WireAddr;
+use ferry_server::{Verdict, egress::Lease};
+use ferry_sys::{Epoll, Event, tun};
+use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
+use smoltcp::phy::{self, DeviceCapabilities, Medium};
+use smoltcp::socket::tcp;
+use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr, IpListenEndpoint};
+use tracing::{debug, warn};
+
+use crate::frame::{self, Inbound, Link, Why};
+use crate::{NicConfig, NicPublish, NicStats};
+
+/// Most frames read from the TAP per turn.
+const BATCH: usize = 64;
+/// Most datagrams read from one host socket per turn.
+const DGRAM_BATCH: usize = 64;
+/// A UDP flow idle this long is closed.
+const UDP_IDLE: Duration = Duration::from_secs(60);
+/// An echo flow idle this long is closed.
+const ECHO_IDLE: Duration = Duration::from_secs(10);
+/// Largest frame (the TAP's MTU is at most 65535 plus the Ethernet header).
+const FRAME_MAX: usize = 65_536 + frame::ETH_LEN;
+/// The gateway's hardware address (locally administered).
+const GATEWAY_MAC: EthernetAddress = EthernetAddress([0x02, 0x66, 0x65, 0x72, 0x72, 0x79]);
+
+const TOKEN_TAP: u64 = 0;
+const TOKEN_STOP: u64 = 1;
+/// Tokens of published listeners start here; flows' start at [`FIRST_FLOW`].
+const TOKEN_LISTEN: u64 = 16;
+const FIRST_FLOW: u64 = 1 << 20;
+
+/// Stops a running [`NicServer`] from another thread.
+#[derive(Clone, Debug)]
+pub struct StopHandle {
+    flag: Arc<AtomicBool>,
+    efd: Arc<OwnedFd>,
+}
+
+impl StopHandle {
+    /// Asks the server to stop; it returns from [`NicServer::run`] soon after.
+    pub fn stop(&self) {
+        self.flag.store(true, Ordering::SeqCst);
+        let _ = ferry_sys::eventfd_signal(self.efd.as_fd());
+    }
+}
+
+/// What the TAP queue has sent, as counted by the device.
+#[derive(Debug, Default)]
+struct TxCount {
+    frames: u64,
+    bytes: u64,
+    full: u64,
+}
+
+/// The TAP queue as smoltcp's device: it receives only the frame the server hands it.
+struct Device {
+    fd: OwnedFd,
+    rx: Vec<u8>,
+    rx_len: usize,
+    rx_ready: bool,
+    tx: Vec<u8>,
+    mtu: usize,
+    count: TxCount,
+}
+
+impl Device {
+    /// Reads one frame; `Ok(false)`: none waiting.
+    fn read(&mut self) -> io::Result<bool> {
+        match ferry_sys::read(self.fd.as_fd(), &mut self.rx) {
+            Ok(n) => {
+                self.rx_len = n.saturating_sub(tun::VNET_HDR_LEN);
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn frame(&self) -> &[u8] {
+        &self.rx[tun::VNET_HDR_LEN..tun::VNET_HDR_LEN + self.rx_len]
+    }
+
+    /// Writes a frame we made (checksums complete or not needed: "data valid").
+    fn write(fd: BorrowedFd<'_>, count: &mut TxCount, frame: &[u8]) {
+        let mut hdr = [0u8; tun::VNET_HDR_LEN];
+        hdr[0] = tun::VNET_DATA_VALID;
+        match tun::write2(fd, &hdr, frame) {
+            Ok(_) => {
+                count.frames += 1;
+                count.bytes += frame.len() as u64;
+            }
+            // The queue towards the sandbox is full: the frame is lost, as on a wire
+            // (TCP retransmits).
+            Err(_) => count.full += 1,
+        }
+    }
+}
+
+struct Rx<'a>(&'a [u8]);
+
+struct Tx<'a> {
+    fd: BorrowedFd<'a>,
+    buf: &'a mut Vec<u8>,
+    count: &'a mut TxCount,
+}
+
+impl phy::RxToken for Rx<'_> {
+    fn consume<R, F: FnOnce(&[u8]) -> R>(self, f: F) -> R {
+        f(self.0)
+    }
+}
+
+impl phy::TxToken for Tx<'_> {
+    fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
+        if self.buf.len() < len {
+            self.buf.resize(len, 0);
+        }
+        let r = f(&mut self.buf[..len]);
+        Device::write(self.fd, self.count, &self.buf[..len]);
+        r
+    }
+}
+
+impl phy::Device for Device {
+    type RxToken<'a> = Rx<'a>;
+    type TxToken<'a> = Tx<'a>;
+
+    fn receive(
+        &mut self,
+        _: smoltcp::time::Instant,
+    ) -> Option<(Self::RxToken<'_>, Self::TxToken<'_>)> {
+        if !self.rx_ready {
+            return None;
+        }
+        self.rx_ready = false;
+        let frame = &self.rx[tun::VNET_HDR_LEN..tun::VNET_HDR_LEN + self.rx_len];
+        let tx = Tx {
+            fd: self.fd.as_fd(),
+            buf: &mut self.tx,
+            count: &mut self.count,
+        };
+        Some((Rx(frame), tx))
+    }
+
+    fn transmit(&mut self, _: smoltcp::time::Instant) -> Option<Self::TxToken<'_>> {
+        Some(Tx {
+            fd: self.fd.as_fd(),
+            buf: &mut self.tx,
+            count: &mut self.count,
+        })
+    }
+
+    fn capabilities(&self) -> DeviceCapabilities {
+        let mut c = DeviceCapabilities::default();
+        c.medium = Medium::Ethernet;
+        c.max_transmission_unit = self.mtu + frame::ETH_LEN;
+        c.checksum = frame::stack_checksums();
+        c
+    }
+}
+
+/// A TCP flow: a stack socket (the sandbox's end) and a host socket.
+struct TcpFlow {
+    handle: SocketHandle,
+    host: OwnedFd,
+    /// (sandbox, destination) of a flow the sandbox opened; `None` for published ones.
+    key: Option<(SocketAddr, SocketAddr)>,
+    connecting: bool,
+    readable: bool,
+    writable: bool,
+    host_eof: bool,
+    shut_wr: bool,
+    lease: Option<Lease>,
+    bytes_out: u64,
+    bytes_in: u64,
+}
+
+/// A UDP or echo flow.
+struct DgramFlow {
+    host: OwnedFd,
+    /// The sandbox's end (for echo: its address and the request's identifier as port).
+    sandbox: SocketAddr,
+    /// The destination (for echo: its address, port 0).
+    remote: SocketAddr,
+    echo: bool,
+    last: Instant,
+    _lease: Option<Lease>,
+}
+
+/// Key of a datagram flow: (is echo, sandbox end, remote end).
+type DgramKey = (bool, SocketAddr, SocketAddr);
+
+/// One NIC server (see the module docs).
+pub struct NicServer {
+    id: String,
+    cfg: Arc<NicConfig>,
+    dev: Device,
+    iface: Interface,
+    sockets: SocketSet<'static>,
+    epoll: Epoll,
+    events: Vec<Event>,
+    stop: StopHandle,
+    tcp: HashMap<u64, TcpFlow>,
+    tcp_keys: HashMap<(SocketAddr, SocketAddr), u64>,
+    dgram: HashMap<u64, DgramFlow>,
+    dgram_keys: HashMap<DgramKey, u64>,
+    listeners: Vec<(OwnedFd, NicPublish)>,
+    next_id: u64,
+    link: Link,
+    out: Vec<u8>,
+    buf: Vec<u8>,
+    stats: NicStats,
+    epoch: Instant,
+    last_sweep: Instant,
+    last_warn: Option<Instant>,
+}
+
+impl std::fmt::Debug for NicServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NicServer").field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
+impl NicServer {
+    /// A NIC server `nic-{index}` on TAP queue `queue` (non-blocking). `publish`: the
+    /// published TCP ports this server listens for on the host (give them to one server).
+    pub fn new(
+        index: usize,
+        queue: OwnedFd,
+        cfg: Arc<NicConfig>,
+        publish: &[NicPublish],
+    ) -> io::Result<NicServer> {
+        ferry_sys::set_nonblocking(queue.as_fd(), true)?;
+        let mtu = cfg.plan.mtu as usize;
+        let mut dev = Device {
+            fd: queue,
+            rx: vec![0; FRAME_MAX + tun::VNET_HDR_LEN],
+            rx_len: 0,
+            rx_ready: false,
+            tx: vec![0; mtu + frame::ETH_LEN],
+            mtu,
+            count: TxCount::default(),
+        };
+        let mut config = Config::new(HardwareAddress::Ethernet(GATEWAY_MAC));
+        config.random_seed = ferry_sys::random_u64().unwrap_or(0x6665_7272_79);
+        let epoch = Instant::now();
+        let mut iface = Interface::new(config, &mut dev, smoltcp::time::Instant::ZERO);
+        let plan = &cfg.plan;
+        iface.update_ip_addrs(|a| {
+            let _ = a.push(IpCidr::new(IpAddress::Ipv4(plan.gw4), plan.prefix4));
+            let _ = a.push(IpCidr::new(IpAddress::Ipv6(plan.gw6), plan.prefix6));
+        });
+        // Any destination is ours to answer for ("any IP" through a default route via
+        // our own address): the stack terminates every connection the sandbox opens.
+        iface.set_any_ip(true);
+        let _ = iface.routes_mut().add_default_ipv4_route(plan.gw4);
+        let _ = iface.routes_mut().add_default_ipv6_route(plan.gw6);
+        let epoll = Epoll::new(256)?;
+        epoll.add(dev.fd.as_fd(), libc::EPOLLIN as u32, TOKEN_TAP)?;
+        let efd = Arc::new(ferry_sys::eventfd()?);
+        epoll.add(efd.as_fd(), libc::EPOLLIN as u32, TOKEN_STOP)?;
+        let mut listeners = Vec::new();
+        for (i, p) in publish.iter().enumerate() {
+            let l = listener(p.host).map_err(|e| {
+                io::Error::new(e.kind(), format!("-p {}:{}: {e}", p.host, p.sandbox_port))
+            })?;
+            epoll.add(l.as_fd(), libc::EPOLLIN as u32, TOKEN_LISTEN + i as u64)?;
+            listeners.push((l, *p));
+        }
+        let id = format!("nic-{index}");
+        Ok(NicServer {
+            stats: NicStats {
+                id: id.clone(),
+                ..Default::default()
+            },
+            id,
+            cfg,
+            dev,
+            iface,
+            sockets: SocketSet::new(Vec::new()),
+            epoll,
+            events: Vec::with_capacity(256),
+            stop: StopHandle {
+                flag: Arc::new(AtomicBool::new(false)),
+                efd,
+            },
+            tcp: HashMap::new(),
+            tcp_keys: HashMap::new(),
+            dgram: HashMap::new(),
+            dgram_keys: HashMap::new(),
+            listeners,
+            next_id: FIRST_FLOW,
+            link: Link {
+                ours: GATEWAY_MAC,
+                theirs: EthernetAddress::BROADCAST,
+            },
+            out: vec![0; FRAME_MAX],
+            buf: vec![0; FRAME_MAX],
+            epoch,
+            last_sweep: epoch,
+            last_warn: None,
+        })
+    }
+
+    /// A handle that stops [`NicServer::run`].
+    pub fn stop_handle(&self) -> StopHandle {
+        self.stop.clone()
+    }
+
+    fn now(&self) -> smoltcp::time::Instant {
+        smoltcp::time::Instant::from_micros(self.epoch.elapsed().as_micros() as i64)
+    }
+
+    /// Serves until stopped; returns the counters.
+    pub fn run(mut self) -> NicStats {
+        let mut idle_since: Option<Instant> = None;
+        while !self.stop.flag.load(Ordering::SeqCst) {
+            self.stats.turns += 1;
+            let busy = self.turn();
+            if busy {
+                idle_since = None;
+                continue;
+            }
+            let since = *idle_since.get_or_insert_with(Instant::now);
+            let timeout = if since.elapsed() < self.cfg.spin {
+                self.stats.spin_turns += 1;
+                Duration::ZERO
+            } else {
+                self.stats.sleeps += 1;
+                let now = self.now();
+                self.iface
+                    .poll_delay(now, &self.sockets)
+                    .map(|d| Duration::from_micros(d.total_micros()))
+                    .unwrap_or(Duration::from_secs(1))
+                    .min(Duration::from_secs(1))
+            };
+            self.events.clear();
+            let mut events = std::mem::take(&mut self.events);
+            if let Err(e) = self.epoll.wait_for(timeout, &mut events) {
+                warn!("{}: epoll: {e}", self.id);
+            }
+            for ev in &events {
+                self.on_event(*ev);
+            }
+            if !events.is_empty() {
+                idle_since = None;
+            }
+            self.events = events;
+        }
+        self.stats.open_at_stop = (self.tcp.len() + self.dgram.len()) as u64;
+        self.stats.frames_out = self.dev.count.frames;
+        self.stats.frame_bytes_out = self.dev.count.bytes;
+        self.stats.tap_full = self.dev.count.full;
+        self.stats.bytes_out += self.tcp.values().map(|f| f.bytes_out).sum::<u64>();
+        self.stats.bytes_in += self.tcp.values().map(|f| f.bytes_in).sum::<u64>();
+        self.stats
+    }
+
+    /// One turn: frames in, flows pumped, the stack's output out. Whether anything moved.
+    fn turn(&mut self) -> bool {
+        let mut busy = false;
+        for _ in 0..BATCH {
+            match self.dev.read() {
+                Ok(true) => {
+                    busy = true;
+                    self.on_frame();
+                }
+                Ok(false) => break,
+                Err(e) => {
+                    warn!("{}: reading the TAP: {e}", self.id);
+                    break;
+                }
+            }
+        }
+        // Move bytes and let the stack send until neither has more to do.
+        for _ in 0..64 {
+            let moved = self.pump_tcp();
+            let now = self.now();
+            let sent = self.iface.poll_egress(now, &mut self.dev, &mut self.sockets)
+                == smoltcp::iface::PollResult::SocketStateChanged;
+            busy |= moved || sent;
+            if !moved && !sent {
+                break;
+            }
+        }
+        self.reap();
+        if self.last_sweep.elapsed() >= Duration::from_secs(1) {
+            self.sweep_dgram();
+        }
+        busy
+    }
+
+    fn on_event(&mut self, ev: Event) {
+        match ev.token {
+            TOKEN_TAP | TOKEN_STOP => {}
+            t if (TOKEN_LISTEN..FIRST_FLOW).contains(&t) => {
+                self.accept_published((t - TOKEN_LISTEN) as usize)
+            }
+            t => {
+                if let Some(f) = self.tcp.get_mut(&t) {
+                    if ev.events & (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
+                        f.readable = true;
+                    }
+                    if ev.events & (libc::EPOLLOUT | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
+                        f.writable = true;
+                    }
+                    if f.connecting && f.writable {
+                        self.connected(t);
+                    }
+                } else if self.dgram.contains_key(&t) {
+                    self.from_host_dgram(t);
+                }
+            }
+        }
+    }
+
+    /// Logs a refusal, at most once a second.
+    fn refused(&mut self, what: &str, to: SocketAddr) {
+        self.stats.denied += 1;
+        if self.last_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+            self.last_warn = Some(Instant::now());
+            warn!("{}: {what} to {to} denied", self.id);
+        }
+    }
+
+    /// Whether the sandbox may reach `to` (docs/SECURITY.md, nic mode): never a local
+    /// address (loopback, unspecified: the host's own), the gateway, or a multicast or
+    /// broadcast one; the policy for the rest.
+    fn allowed(&self, to: SocketAddr) -> bool {
+        let ip = to.ip();
+        let plan = &self.cfg.plan;
+        let special = match ip {
+            IpAddr::V4(a) => a.is_multicast() || a.is_broadcast() || a.is_link_local(),
+            IpAddr::V6(a) => a.is_multicast() || a.is_unicast_link_local(),
+        };
+        !(WireAddr::from(to).is_local()
+            || special
+            || ip == plan.gateway_for(ip)
+            || plan.is_sandbox(ip)
+            || self.cfg.policy.check(&to) == Verdict::Deny)
+    }
+
+    /// Hands the frame just read to the stack.
+    fn to_stack(&mut self) {
+        self.dev.rx_ready = true;
+        let now = self.now();
+        let _ = self
+            .iface
+            .poll_ingress_single(now, &mut self.dev, &mut self.sockets);
+        self.dev.rx_ready = false;
+    }
+
+    fn on_frame(&mut self) {
+        self.stats.frames_in += 1;
+        self.stats.frame_bytes_in += self.dev.rx_len as u64;
+        // `classify` borrows the frame; copy out what the arms need first.
+        let inbound = frame::classify(self.dev.frame());
+        let src = match inbound {
+            Inbound::Tcp { src, .. } | Inbound::Udp { src, .. } => Some(src.ip()),
+            Inbound::Echo { src, .. } => Some(src),
+            _ => None,
+        };
+        if let Some(src) = src {
+            if !self.cfg.plan.is_sandbox(src) {
+                // Only the sandbox's own addresses may be sources: a spoofed one would
+                // make a flow answer someone else.
+                self.stats.spoofed += 1;
+                return;
+            }
+            if let Some(mac) = frame::source_mac(self.dev.frame()) {
+                self.link.theirs = mac;
+            }
+        }
+        match inbound {
+            Inbound::Stack => self.to_stack(),
+            Inbound::Tcp { src, dst, syn } => {
+                if syn && !self.tcp_keys.contains_key(&(src, dst)) {
+                    self.open_tcp(src, dst);
+                }
+                self.to_stack();
+            }
+            Inbound::Udp { src, dst, payload } => {
+                let (len, start) = (payload.len(), payload.as_ptr() as usize - self.dev.rx.as_ptr() as usize);
+                self.udp_out(src, dst, start, len);
+            }
+            Inbound::Echo {
+                src,
+                dst,
+                ident,
+                seq,
+                data,
+            } => {
+                let (len, start) = (data.len(), data.as_ptr() as usize - self.dev.rx.as_ptr() as usize);
+                self.echo_out(src, dst, ident, seq, start, len);
+            }
+            Inbound::Drop(Why::Malformed) => self.stats.malformed += 1,
+            Inbound::Drop(Why::Fragment) => self.stats.fragments += 1,
+            Inbound::Drop(Why::Unsupported) => self.stats.unsupported += 1,
+        }
+    }
+
+    fn flows(&self) -> usize {
+        self.tcp.len() + self.dgram.len()
+    }
+
+    fn new_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// A host socket to `to` (non-blocking, bound to the bond's pick), connect started.
+    fn host_socket(&self, ty: i32, proto: i32, to: SocketAddr) -> io::Result<(OwnedFd, Option<Lease>, bool)> {
+        let domain = if to.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+        let fd = ferry_sys::socket(domain, ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, proto)?;
+        let lease = self.cfg.egress.as_ref().and_then(|b| b.lease(to));
+        if let Some(l) = &lease {
+            ferry_sys::bind(fd.as_fd(), &SocketAddr::new(l.addr(), 0))?;
+        }
+        let done = match ferry_sys::connect(fd.as_fd(), &to) {
+            Ok(()) => true,
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => false,
+            Err(e) => return Err(e),
+        };
+        Ok((fd, lease, done))
+    }
+
+    /// A SYN from the sandbox for a new flow: the host connect and a held stack socket;
+    /// nothing when refused (the stack then resets the connection).
+    fn open_tcp(&mut self, src: SocketAddr, dst: SocketAddr) {
+        if !self.allowed(dst) {
+            self.refused("TCP", dst);
+            return;
+        }
+        if self.flows() >= self.cfg.max_flows {
+            self.stats.over_cap += 1;
+            return;
+        }
+        let (host, lease, done) = match self.host_socket(libc::SOCK_STREAM, 0, dst) {
+            Ok(x) => x,
+            Err(e) => {
+                debug!("{}: connect to {dst}: {e}", self.id);
+                self.stats.connect_failed += 1;
+                return;
+            }
+        };
+        let _ = ferry_sys::setsockopt(host.as_fd(), libc::IPPROTO_TCP, libc::TCP_NODELAY, &1i32.to_ne_bytes());
+        let mut s = self.stack_socket();
+        if s.listen(IpListenEndpoint {
+            addr: Some(dst.ip().into()),
+            port: dst.port(),
+        })
+        .is_err()
+        {
+            self.stats.malformed += 1;
+            return;
+        }
+        s.pause_synack(!done);
+        let handle = self.sockets.add(s);
+        let id = self.new_id();
+        if self.watch(host.as_fd(), id).is_err() {
+            self.sockets.remove(handle);
+            return;
+        }
+        self.stats.tcp_flows += 1;
+        self.tcp_keys.insert((src, dst), id);
+        self.tcp.insert(
+            id,
+            TcpFlow {
+                handle,
+                host,
+                key: Some((src, dst)),
+                connecting: !done,
+                readable: false,
+                writable: false,
+                host_eof: false,
+                shut_wr: false,
+                lease,
+                bytes_out: 0,
+                bytes_in: 0,
+            },
+        );
+    }
+
+    fn stack_socket(&self) -> tcp::Socket<'static> {
+        let n = self.cfg.tcp_buffer;
+        let mut s = tcp::Socket::new(
+            tcp::SocketBuffer::new(vec![0; n]),
+            tcp::SocketBuffer::new(vec![0; n]),
+        );
+        s.set_ack_delay(None);
+        s.set_nagle_enabled(false);
+        s
+    }
+
+    fn watch(&self, fd: BorrowedFd<'_>, id: u64) -> io::Result<()> {
+        let ev = libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET;
+        self.epoll.add(fd, ev as u32, id)
+    }
+
+    /// Flow `id`'s host connect has ended: the SYN-ACK goes, or the sandbox is reset.
+    fn connected(&mut self, id: u64) {
+        let Some(f) = self.tcp.get_mut(&id) else { return };
+        f.connecting = false;
+        let err = ferry_sys::getsockopt_int(f.host.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
+            .unwrap_or(libc::EIO);
+        let s = self.sockets.get_mut::<tcp::Socket>(f.handle);
+        if err == 0 {
+            s.pause_synack(false);
+        } else {
+            debug!("{}: connect: {}", self.id, io::Error::from_raw_os_error(err));
+            self.stats.connect_failed += 1;
+            s.abort();
+        }
+    }
+
+    /// Moves bytes between every open TCP flow's two sockets; whether any moved.
+    fn pump_tcp(&mut self) -> bool {
+        let mut moved = false;
+        for f in self.tcp.values_mut() {
+            if f.connecting {
+                continue;
+            }
+            let s = self.sockets.get_mut::<tcp::Socket>(f.handle);
+            moved |= pump(f, s);
+        }
+        moved
+    }
+
+    /// Drops the flows whose stack socket has closed.
+    fn reap(&mut self) {
+        let done: Vec<u64> = self
+            .tcp
+            .iter()
+            .filter(|(_, f)| {
+                let s = self.sockets.get::<tcp::Socket>(f.handle);
+                matches!(s.state(), tcp::State::Closed | tcp::State::TimeWait) && !f.connecting
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in done {
+            if let Some(mut f) = self.tcp.remove(&id) {
+                let s = self.sockets.get::<tcp::Socket>(f.handle);
+                // A reset from the sandbox (or one we sent) resets the host side too.
+                if s.state() == tcp::State::Closed && !(f.host_eof && f.shut_wr) {
+                    let _ = ferry_sys::linger_reset(f.host.as_fd());
+                }
+                let _ = self.epoll.delete(f.host.as_fd());
+                self.sockets.remove(f.handle);
+                if let Some(k) = f.key {
+                    self.tcp_keys.remove(&k);
+                }
+                if let Some(l) = f.lease.as_mut() {
+                    l.set_bytes(f.bytes_out, f.bytes_in);
+                }
+                self.stats.bytes_out += f.bytes_out;
+                self.stats.bytes_in += f.bytes_in;
+            }
+        }
+    }
+
+    /// A connection to published listener `i`: a stack connection to the sandbox's
+    /// address on the published port, from the client's address (the gateway's for a
+    /// client on the host's loopback, which the sandbox could not answer).
+    fn accept_published(&mut self, i: usize) {
+        let Some((l, p)) = self.listeners.get(i) else { return };
+        let p = *p;
+        let (host, client) = match ferry_sys::accept4(l.as_fd(), libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) {
+            Ok((fd, Some(a))) => (fd, a),
+            _ => return,
+        };
+        if self.flows() >= self.cfg.max_flows {
+            self.stats.over_cap += 1;
+            let _ = ferry_sys::linger_reset(host.as_fd());
+            return;
+        }
+        let client = unmap(client);
+        let plan = &self.cfg.plan;
+        let from_ip = if WireAddr::from(client).is_local() || plan.is_sandbox(client.ip()) {
+            plan.gateway_for(client.ip())
+        } else {
+            client.ip()
+        };
+        let to = SocketAddr::new(plan.sandbox_for(client.ip()), p.sandbox_port);
+        let mut s = self.stack_socket();
+        let cx = self.iface.context();
+        let local = IpListenEndpoint {
+            addr: Some(from_ip.into()),
+            port: client.port(),
+        };
+        if s.connect(cx, (IpAddress::from(to.ip()), to.port()), local).is_err() {
+            return;
+        }
+        let _ = ferry_sys::setsockopt(host.as_fd(), libc::IPPROTO_TCP, libc::TCP_NODELAY, &1i32.to_ne_bytes());
+        let handle = self.sockets.add(s);
+        let id = self.new_id();
+        if self.watch(host.as_fd(), id).is_err() {
+            self.sockets.remove(handle);
+            return;
+        }
+        self.stats.published_flows += 1;
+        self.tcp.insert(
+            id,
+            TcpFlow {
+                handle,
+                host,
+                key: None,
+                connecting: false,
+                readable: true,
+                writable: true,
+                host_eof: false,
+                shut_wr: false,
+                lease: None,
+                bytes_out: 0,
+                bytes_in: 0,
+            },
+        );
+    }
+
+    /// The datagram flow for `key`, made (host socket connected to `remote`) if new and
+    /// allowed.
+    fn dgram_flow(&mut self, key: DgramKey) -> Option<u64> {
+        if let Some(id) = self.dgram_keys.get(&key) {
+            return Some(*id);
+        }
+        let (echo, sandbox, remote) = key;
+        if !self.allowed(remote) {
+            self.refused(if echo { "echo" } else { "UDP" }, remote);
+            return None;
+        }
+        if self.flows() >= self.cfg.max_flows {
+            self.stats.over_cap += 1;
+            return None;
+        }
+        let (ty, proto) = match (echo, remote.is_ipv4()) {
+            (false, _) => (libc::SOCK_DGRAM, 0),
+            (true, true) => (libc::SOCK_DGRAM, libc::IPPROTO_ICMP),
+            (true, false) => (libc::SOCK_DGRAM, libc::IPPROTO_ICMPV6),
+        };
+        let (host, lease, _) = match self.host_socket(ty, proto, remote) {
+            Ok(x) => x,
+            Err(e) => {
+                if self.last_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                    self.last_warn = Some(Instant::now());
+                    warn!(
+                        "{}: cannot open a {} socket to {remote}: {e}{}",
+                        self.id,
+                        if echo { "ping" } else { "UDP" },
+                        if echo { " (the host's net.ipv4.ping_group_range must include ferry's group)" } else { "" }
+                    );
+                }
+                return None;
+            }
+        };
+        let id = self.new_id();
+        if self.epoll.add(host.as_fd(), libc::EPOLLIN as u32, id).is_err() {
+            return None;
+        }
+        if echo {
+            self.stats.echo_flows += 1;
+        } else {
+            self.stats.udp_flows += 1;
+        }
+        self.dgram_keys.insert(key, id);
+        self.dgram.insert(
+            id,
+            DgramFlow {
+                host,
+                sandbox,
+                remote,
+                echo,
+                last: Instant::now(),
+                _lease: lease,
+            },
+        );
+        Some(id)
+    }
+
+    /// Answers the frame just read with "administratively prohibited".
+    fn prohibit(&mut self, dst: IpAddr) {
+        let gw = self.cfg.plan.gateway_for(dst);
+        let frame = &self.dev.rx[tun::VNET_HDR_LEN..tun::VNET_HDR_LEN + self.dev.rx_len];
+        if let Some(n) = frame::prohibited(&mut self.out, self.link, gw, frame) {
+            Device::write(self.dev.fd.as_fd(), &mut self.dev.count, &self.out[..n]);
+        }
+    }
+
+    /// A UDP datagram from the sandbox (payload at `rx[start..start + len]`).
+    fn udp_out(&mut self, src: SocketAddr, dst: SocketAddr, start: usize, len: usize) {
+        let Some(id) = self.dgram_flow((false, src, dst)) else {
+            self.prohibit(dst.ip());
+            return;
+        };
+        let f = self.dgram.get_mut(&id).expect("flow just found");
+        f.last = Instant::now();
+        if ferry_sys::send_nosignal(f.host.as_fd(), &self.dev.rx[start..start + len]).is_ok() {
+            self.stats.bytes_out += len as u64;
+        }
+    }
+
+    /// An echo request from the sandbox (data at `rx[start..start + len]`).
+    fn echo_out(&mut self, src: IpAddr, dst: IpAddr, ident: u16, seq: u16, start: usize, len: usize) {
+        let key = (true, SocketAddr::new(src, ident), SocketAddr::new(dst, 0));
+        let Some(id) = self.dgram_flow(key) else {
+            self.prohibit(dst);
+            return;
+        };
+        let f = self.dgram.get_mut(&id).expect("flow just found");
+        f.last = Instant::now();
+        // The ping socket wants the ICMP message: type, code, checksum and identifier
+        // are the kernel's to fill in; the sequence number and data are the sandbox's.
+        let ty = if dst.is_ipv4() { 8 } else { 128 };
+        let msg = &mut self.buf[..8 + len];
+        msg[..8].copy_from_slice(&[ty, 0, 0, 0, 0, 0, (seq >> 8) as u8, seq as u8]);
+        msg[8..].copy_from_slice(&self.dev.rx[start..start + len]);
+        let _ = ferry_sys::send_nosignal(f.host.as_fd(), msg);
+    }
+
+    /// Datagrams (or echo replies) arrived on flow `id`'s host socket: framed to the
+    /// sandbox.
+    fn from_host_dgram(&mut self, id: u64) {
+        let Some(f) = self.dgram.get_mut(&id) else { return };
+        for _ in 0..DGRAM_BATCH {
+            let n = match ferry_sys::recv(f.host.as_fd(), &mut self.buf, libc::MSG_DONTWAIT) {
+                Ok(n) => n,
+                Err(_) => break,
+            };
+            f.last = Instant::now();
+            let framed = if f.echo {
+                let reply = if f.remote.is_ipv4() { 0 } else { 129 };
+                if n < 8 || self.buf[0] != reply {
+                    continue;
+                }
+                let seq = u16::from_be_bytes([self.buf[6], self.buf[7]]);
+                frame::echo_reply(
+                    &mut self.out,
+                    self.link,
+                    f.remote.ip(),
+                    f.sandbox.ip(),
+                    f.sandbox.port(),
+                    seq,
+                    &self.buf[8..n],
+                )
+            } else {
+                self.stats.bytes_in += n as u64;
+                frame::udp(&mut self.out, self.link, f.remote, f.sandbox, &self.buf[..n])
+            };
+            if let Some(len) = framed {
+                Device::write(self.dev.fd.as_fd(), &mut self.dev.count, &self.out[..len]);
+            }
+        }
+    }
+
+    /// Closes idle datagram flows.
+    fn sweep_dgram(&mut self) {
+        self.last_sweep = Instant::now();
+        let idle: Vec<u64> = self
+            .dgram
+            .iter()
+            .filter(|(_, f)| f.last.elapsed() >= if f.echo { ECHO_IDLE } else { UDP_IDLE })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in idle {
+            if let Some(f) = self.dgram.remove(&id) {
+                let _ = self.epoll.delete(f.host.as_fd());
+                self.dgram_keys.remove(&(f.echo, f.sandbox, f.remote));
+            }
+        }
+    }
+}
+
+/// Moves what it can between flow `f`'s host socket and its stack socket `s`.
+fn pump(f: &mut TcpFlow, s: &mut tcp::Socket<'_>) -> bool {
+    let mut moved = false;
+    // Sandbox → host.
+    while f.writable && s.can_recv() {
+        let host = f.host.as_fd();
+        match s.recv(|b| match ferry_sys::send_nosignal(host, b) {
+            Ok(n) => (n, Ok(n)),
+            Err(e) => (0, Err(e)),
+        }) {
+            Ok(Ok(n)) => {
+                f.bytes_out += n as u64;
+                moved = true;
+            }
+            Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => f.writable = false,
+            Ok(Err(_)) => {
+                s.abort();
+                return true;
+            }
+            Err(_) => break,
+        }
+    }
+    if !f.shut_wr
+        && !s.can_recv()
+        && matches!(
+            s.state(),
+            tcp::State::CloseWait | tcp::State::LastAck | tcp::State::Closing | tcp::State::TimeWait
+        )
+    {
+        let _ = ferry_sys::shutdown(f.host.as_fd(), libc::SHUT_WR);
+        f.shut_wr = true;
+        moved = true;
+    }
+    // Host → sandbox.
+    while f.readable && !f.host_eof && s.can_send() {
+        let host = f.host.as_fd();
+        match s.send(|b| match ferry_sys::recv(host, b, libc::MSG_DONTWAIT) {
+            Ok(n) => (n, Ok(n)),
+            Err(e) => (0, Err(e)),
+        }) {
+            Ok(Ok(0)) => {
+                f.host_eof = true;
+                s.close();
+                moved = true;
+            }
+            Ok(Ok(n)) => {
+                f.bytes_in += n as u64;
+                moved = true;
+            }
+            Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => f.readable = false,
+            Ok(Err(_)) => {
+                s.abort();
+                return true;
+            }
+            Err(_) => break,
+        }
+    }
+    moved
+}
+
+/// A v4-mapped IPv6 address as IPv4.
+fn unmap(a: SocketAddr) -> SocketAddr {
+    match a {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(IpAddr::V4(v4), v6.port()),
+            None => a,
+        },
+        a => a,
+    }
+}
+
+/// A non-blocking TCP listener on `at`.
+fn listener(at: SocketAddr) -> io::Result<OwnedFd> {
+    let domain = if at.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    let fd = ferry_sys::socket(domain, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0)?;
+    ferry_sys::setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR, &1i32.to_ne_bytes())?;
+    ferry_sys::bind(fd.as_fd(), &at)?;
+    ferry_sys::listen(fd.as_fd(), 1024)?;
+    Ok(fd)
+}

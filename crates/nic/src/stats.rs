@@ -1,0 +1,114 @@
+//! A NIC server's counters (`--stats`, `--stats-json`, `ferry ctl stats`).
+
+use std::fmt;
+
+/// What one NIC server did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NicStats {
+    /// Server id, `nic-K`.
+    pub id: String,
+    /// Frames read from the TAP, and their bytes.
+    pub frames_in: u64,
+    pub frame_bytes_in: u64,
+    /// Frames written to the TAP, and their bytes.
+    pub frames_out: u64,
+    pub frame_bytes_out: u64,
+    /// Frames to the sandbox dropped because the TAP's queue was full.
+    pub tap_full: u64,
+    /// Frames from the sandbox dropped: malformed, fragments, unsupported protocols,
+    /// sources that are not the sandbox's.
+    pub malformed: u64,
+    pub fragments: u64,
+    pub unsupported: u64,
+    pub spoofed: u64,
+    /// Flows opened (TCP from the sandbox, TCP through `-p`, UDP, echo).
+    pub tcp_flows: u64,
+    pub published_flows: u64,
+    pub udp_flows: u64,
+    pub echo_flows: u64,
+    /// Flows refused: by the policy and the address rules, or because the server
+    /// carried its maximum.
+    pub denied: u64,
+    pub over_cap: u64,
+    /// TCP connections to the destination that failed (the sandbox got a reset).
+    pub connect_failed: u64,
+    /// Payload bytes to the network and from it.
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+    /// Loop turns, turns that found nothing while spinning, and sleeps in epoll.
+    pub turns: u64,
+    pub spin_turns: u64,
+    pub sleeps: u64,
+    /// Flows still open when the server stopped.
+    pub open_at_stop: u64,
+}
+
+impl fmt::Display for NicStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "server {}: frames in {} ({} B) out {} ({} B), TAP full {}, dropped: malformed {} fragments {} unsupported {} spoofed {}; flows: tcp {} published {} udp {} echo {}, denied {}, over cap {}, connects failed {}; bytes out {} in {}; turns {} (idle spins {}), sleeps {}, left open {}",
+            self.id,
+            self.frames_in,
+            self.frame_bytes_in,
+            self.frames_out,
+            self.frame_bytes_out,
+            self.tap_full,
+            self.malformed,
+            self.fragments,
+            self.unsupported,
+            self.spoofed,
+            self.tcp_flows,
+            self.published_flows,
+            self.udp_flows,
+            self.echo_flows,
+            self.denied,
+            self.over_cap,
+            self.connect_failed,
+            self.bytes_out,
+            self.bytes_in,
+            self.turns,
+            self.spin_turns,
+            self.sleeps,
+            self.open_at_stop
+        )
+    }
+}
+
+impl NicStats {
+    /// The counters as one JSON object.
+    pub fn to_json(&self) -> String {
+        let fields: [(&str, u64); 22] = [
+            ("frames_in", self.frames_in),
+            ("frame_bytes_in", self.frame_bytes_in),
+            ("frames_out", self.frames_out),
+            ("frame_bytes_out", self.frame_bytes_out),
+            ("tap_full", self.tap_full),
+            ("malformed", self.malformed),
+            ("fragments", self.fragments),
+            ("unsupported", self.unsupported),
+            ("spoofed", self.spoofed),
+            ("tcp_flows", self.tcp_flows),
+            ("published_flows", self.published_flows),
+            ("udp_flows", self.udp_flows),
+            ("echo_flows", self.echo_flows),
+            ("denied", self.denied),
+            ("over_cap", self.over_cap),
+            ("connect_failed", self.connect_failed),
+            ("bytes_out", self.bytes_out),
+            ("bytes_in", self.bytes_in),
+            ("turns", self.turns),
+            ("spin_turns", self.spin_turns),
+            ("sleeps", self.sleeps),
+            ("open_at_stop", self.open_at_stop),
+        ];
+        let body: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+        format!("{{\"id\":\"{}\",{}}}", self.id, body.join(","))
+    }
+}
+
+/// The NIC servers' counters as a JSON array.
+pub fn nic_json(servers: &[NicStats]) -> String {
+    let each: Vec<String> = servers.iter().map(NicStats::to_json).collect();
+    format!("[{}]", each.join(","))
+}

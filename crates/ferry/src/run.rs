@@ -595,8 +595,16 @@ fn start_nic(
         &|| factory.open_tun(),
         &|d, t, p| factory.socket(d, t, p),
     )
-    .map_err(|e| format!("--net {}: cannot set up the sandbox's TAP: {e}", a.net.name()))?;
-    debug!("nic mode: {} at {}/{} via {}, {}/{} via {}, MTU {}", plan.ifname, plan.v4, plan.prefix4, plan.gw4, plan.v6, plan.prefix6, plan.gw6, plan.mtu);
+    .map_err(|e| {
+        format!(
+            "--net {}: cannot set up the sandbox's TAP: {e}",
+            a.net.name()
+        )
+    })?;
+    debug!(
+        "nic mode: {} at {}/{} via {}, {}/{} via {}, MTU {}",
+        plan.ifname, plan.v4, plan.prefix4, plan.gw4, plan.v6, plan.prefix6, plan.gw6, plan.mtu
+    );
     let mut cfg = ferry_nic::NicConfig::new(plan);
     cfg.policy = policy.clone();
     cfg.egress = bond;

@@ -114,10 +114,15 @@ impl Device {
         &self.rx[tun::VNET_HDR_LEN..tun::VNET_HDR_LEN + self.rx_len]
     }
 
-    /// Writes a frame we made (checksums complete or not needed: "data valid").
-    fn write(fd: BorrowedFd<'_>, count: &mut TxCount, frame: &[u8]) {
+    /// Writes a frame we made: complete, or a TCP segment with its checksum left to the
+    /// offload ([`frame::offload_tcp`]).
+    fn write(fd: BorrowedFd<'_>, count: &mut TxCount, frame: &mut [u8]) {
         let mut hdr = [0u8; tun::VNET_HDR_LEN];
-        hdr[0] = tun::VNET_DATA_VALID;
+        if let Some((start, offset)) = frame::offload_tcp(frame) {
+            hdr[0] = tun::VNET_NEEDS_CSUM;
+            hdr[6..8].copy_from_slice(&start.to_le_bytes());
+            hdr[8..10].copy_from_slice(&offset.to_le_bytes());
+        }
         match tun::write2(fd, &hdr, frame) {
             Ok(_) => {
                 count.frames += 1;
@@ -150,7 +155,7 @@ impl phy::TxToken for Tx<'_> {
             self.buf.resize(len, 0);
         }
         let r = f(&mut self.buf[..len]);
-        Device::write(self.fd, self.count, &self.buf[..len]);
+        Device::write(self.fd, self.count, &mut self.buf[..len]);
         r
     }
 }
@@ -251,7 +256,9 @@ pub struct NicServer {
 
 impl std::fmt::Debug for NicServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NicServer").field("id", &self.id).finish_non_exhaustive()
+        f.debug_struct("NicServer")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
     }
 }
 
@@ -276,7 +283,7 @@ impl NicServer {
             count: TxCount::default(),
         };
         let mut config = Config::new(HardwareAddress::Ethernet(GATEWAY_MAC));
-        config.random_seed = ferry_sys::random_u64().unwrap_or(0x6665_7272_79);
+        config.random_seed = ferry_sys::random_u64().unwrap_or(0x0066_6572_7279);
         let epoch = Instant::now();
         let mut iface = Interface::new(config, &mut dev, smoltcp::time::Instant::ZERO);
         let plan = &cfg.plan;
@@ -410,7 +417,9 @@ impl NicServer {
         for _ in 0..64 {
             let moved = self.pump_tcp();
             let now = self.now();
-            let sent = self.iface.poll_egress(now, &mut self.dev, &mut self.sockets)
+            let sent = self
+                .iface
+                .poll_egress(now, &mut self.dev, &mut self.sockets)
                 == smoltcp::iface::PollResult::SocketStateChanged;
             busy |= moved || sent;
             if !moved && !sent {
@@ -432,7 +441,11 @@ impl NicServer {
             }
             t => {
                 if let Some(f) = self.tcp.get_mut(&t) {
-                    if ev.events & (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
+                    if ev.events
+                        & (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR)
+                            as u32
+                        != 0
+                    {
                         f.readable = true;
                     }
                     if ev.events & (libc::EPOLLOUT | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
@@ -442,7 +455,7 @@ impl NicServer {
                         self.connected(t);
                     }
                 } else if self.dgram.contains_key(&t) {
-                    self.from_host_dgram(t);
+                    self.host_dgram_ready(t);
                 }
             }
         }
@@ -451,7 +464,10 @@ impl NicServer {
     /// Logs a refusal, at most once a second.
     fn refused(&mut self, what: &str, to: SocketAddr) {
         self.stats.denied += 1;
-        if self.last_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+        if self
+            .last_warn
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+        {
             self.last_warn = Some(Instant::now());
             warn!("{}: {what} to {to} denied", self.id);
         }
@@ -475,7 +491,7 @@ impl NicServer {
     }
 
     /// Hands the frame just read to the stack.
-    fn to_stack(&mut self) {
+    fn feed_stack(&mut self) {
         self.dev.rx_ready = true;
         let now = self.now();
         let _ = self
@@ -506,15 +522,18 @@ impl NicServer {
             }
         }
         match inbound {
-            Inbound::Stack => self.to_stack(),
+            Inbound::Stack => self.feed_stack(),
             Inbound::Tcp { src, dst, syn } => {
                 if syn && !self.tcp_keys.contains_key(&(src, dst)) {
                     self.open_tcp(src, dst);
                 }
-                self.to_stack();
+                self.feed_stack();
             }
             Inbound::Udp { src, dst, payload } => {
-                let (len, start) = (payload.len(), payload.as_ptr() as usize - self.dev.rx.as_ptr() as usize);
+                let (len, start) = (
+                    payload.len(),
+                    payload.as_ptr() as usize - self.dev.rx.as_ptr() as usize,
+                );
                 self.udp_out(src, dst, start, len);
             }
             Inbound::Echo {
@@ -524,7 +543,10 @@ impl NicServer {
                 seq,
                 data,
             } => {
-                let (len, start) = (data.len(), data.as_ptr() as usize - self.dev.rx.as_ptr() as usize);
+                let (len, start) = (
+                    data.len(),
+                    data.as_ptr() as usize - self.dev.rx.as_ptr() as usize,
+                );
                 self.echo_out(src, dst, ident, seq, start, len);
             }
             Inbound::Drop(Why::Malformed) => self.stats.malformed += 1,
@@ -543,8 +565,17 @@ impl NicServer {
     }
 
     /// A host socket to `to` (non-blocking, bound to the bond's pick), connect started.
-    fn host_socket(&self, ty: i32, proto: i32, to: SocketAddr) -> io::Result<(OwnedFd, Option<Lease>, bool)> {
-        let domain = if to.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    fn host_socket(
+        &self,
+        ty: i32,
+        proto: i32,
+        to: SocketAddr,
+    ) -> io::Result<(OwnedFd, Option<Lease>, bool)> {
+        let domain = if to.is_ipv4() {
+            libc::AF_INET
+        } else {
+            libc::AF_INET6
+        };
         let fd = ferry_sys::socket(domain, ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, proto)?;
         let lease = self.cfg.egress.as_ref().and_then(|b| b.lease(to));
         if let Some(l) = &lease {
@@ -577,7 +608,12 @@ impl NicServer {
                 return;
             }
         };
-        let _ = ferry_sys::setsockopt(host.as_fd(), libc::IPPROTO_TCP, libc::TCP_NODELAY, &1i32.to_ne_bytes());
+        let _ = ferry_sys::setsockopt(
+            host.as_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            &1i32.to_ne_bytes(),
+        );
         let mut s = self.stack_socket();
         if s.listen(IpListenEndpoint {
             addr: Some(dst.ip().into()),
@@ -633,7 +669,9 @@ impl NicServer {
 
     /// Flow `id`'s host connect has ended: the SYN-ACK goes, or the sandbox is reset.
     fn connected(&mut self, id: u64) {
-        let Some(f) = self.tcp.get_mut(&id) else { return };
+        let Some(f) = self.tcp.get_mut(&id) else {
+            return;
+        };
         f.connecting = false;
         let err = ferry_sys::getsockopt_int(f.host.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
             .unwrap_or(libc::EIO);
@@ -641,7 +679,11 @@ impl NicServer {
         if err == 0 {
             s.pause_synack(false);
         } else {
-            debug!("{}: connect: {}", self.id, io::Error::from_raw_os_error(err));
+            debug!(
+                "{}: connect: {}",
+                self.id,
+                io::Error::from_raw_os_error(err)
+            );
             self.stats.connect_failed += 1;
             s.abort();
         }
@@ -696,12 +738,15 @@ impl NicServer {
     /// address on the published port, from the client's address (the gateway's for a
     /// client on the host's loopback, which the sandbox could not answer).
     fn accept_published(&mut self, i: usize) {
-        let Some((l, p)) = self.listeners.get(i) else { return };
-        let p = *p;
-        let (host, client) = match ferry_sys::accept4(l.as_fd(), libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) {
-            Ok((fd, Some(a))) => (fd, a),
-            _ => return,
+        let Some((l, p)) = self.listeners.get(i) else {
+            return;
         };
+        let p = *p;
+        let (host, client) =
+            match ferry_sys::accept4(l.as_fd(), libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) {
+                Ok((fd, Some(a))) => (fd, a),
+                _ => return,
+            };
         if self.flows() >= self.cfg.max_flows {
             self.stats.over_cap += 1;
             let _ = ferry_sys::linger_reset(host.as_fd());
@@ -721,10 +766,17 @@ impl NicServer {
             addr: Some(from_ip.into()),
             port: client.port(),
         };
-        if s.connect(cx, (IpAddress::from(to.ip()), to.port()), local).is_err() {
+        if s.connect(cx, (IpAddress::from(to.ip()), to.port()), local)
+            .is_err()
+        {
             return;
         }
-        let _ = ferry_sys::setsockopt(host.as_fd(), libc::IPPROTO_TCP, libc::TCP_NODELAY, &1i32.to_ne_bytes());
+        let _ = ferry_sys::setsockopt(
+            host.as_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            &1i32.to_ne_bytes(),
+        );
         let handle = self.sockets.add(s);
         let id = self.new_id();
         if self.watch(host.as_fd(), id).is_err() {
@@ -773,20 +825,31 @@ impl NicServer {
         let (host, lease, _) = match self.host_socket(ty, proto, remote) {
             Ok(x) => x,
             Err(e) => {
-                if self.last_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                if self
+                    .last_warn
+                    .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+                {
                     self.last_warn = Some(Instant::now());
                     warn!(
                         "{}: cannot open a {} socket to {remote}: {e}{}",
                         self.id,
                         if echo { "ping" } else { "UDP" },
-                        if echo { " (the host's net.ipv4.ping_group_range must include ferry's group)" } else { "" }
+                        if echo {
+                            " (the host's net.ipv4.ping_group_range must include ferry's group)"
+                        } else {
+                            ""
+                        }
                     );
                 }
                 return None;
             }
         };
         let id = self.new_id();
-        if self.epoll.add(host.as_fd(), libc::EPOLLIN as u32, id).is_err() {
+        if self
+            .epoll
+            .add(host.as_fd(), libc::EPOLLIN as u32, id)
+            .is_err()
+        {
             return None;
         }
         if echo {
@@ -814,7 +877,7 @@ impl NicServer {
         let gw = self.cfg.plan.gateway_for(dst);
         let frame = &self.dev.rx[tun::VNET_HDR_LEN..tun::VNET_HDR_LEN + self.dev.rx_len];
         if let Some(n) = frame::prohibited(&mut self.out, self.link, gw, frame) {
-            Device::write(self.dev.fd.as_fd(), &mut self.dev.count, &self.out[..n]);
+            Device::write(self.dev.fd.as_fd(), &mut self.dev.count, &mut self.out[..n]);
         }
     }
 
@@ -832,7 +895,15 @@ impl NicServer {
     }
 
     /// An echo request from the sandbox (data at `rx[start..start + len]`).
-    fn echo_out(&mut self, src: IpAddr, dst: IpAddr, ident: u16, seq: u16, start: usize, len: usize) {
+    fn echo_out(
+        &mut self,
+        src: IpAddr,
+        dst: IpAddr,
+        ident: u16,
+        seq: u16,
+        start: usize,
+        len: usize,
+    ) {
         let key = (true, SocketAddr::new(src, ident), SocketAddr::new(dst, 0));
         let Some(id) = self.dgram_flow(key) else {
             self.prohibit(dst);
@@ -851,8 +922,10 @@ impl NicServer {
 
     /// Datagrams (or echo replies) arrived on flow `id`'s host socket: framed to the
     /// sandbox.
-    fn from_host_dgram(&mut self, id: u64) {
-        let Some(f) = self.dgram.get_mut(&id) else { return };
+    fn host_dgram_ready(&mut self, id: u64) {
+        let Some(f) = self.dgram.get_mut(&id) else {
+            return;
+        };
         for _ in 0..DGRAM_BATCH {
             let n = match ferry_sys::recv(f.host.as_fd(), &mut self.buf, libc::MSG_DONTWAIT) {
                 Ok(n) => n,
@@ -876,10 +949,20 @@ impl NicServer {
                 )
             } else {
                 self.stats.bytes_in += n as u64;
-                frame::udp(&mut self.out, self.link, f.remote, f.sandbox, &self.buf[..n])
+                frame::udp(
+                    &mut self.out,
+                    self.link,
+                    f.remote,
+                    f.sandbox,
+                    &self.buf[..n],
+                )
             };
             if let Some(len) = framed {
-                Device::write(self.dev.fd.as_fd(), &mut self.dev.count, &self.out[..len]);
+                Device::write(
+                    self.dev.fd.as_fd(),
+                    &mut self.dev.count,
+                    &mut self.out[..len],
+                );
             }
         }
     }
@@ -928,7 +1011,10 @@ fn pump(f: &mut TcpFlow, s: &mut tcp::Socket<'_>) -> bool {
         && !s.can_recv()
         && matches!(
             s.state(),
-            tcp::State::CloseWait | tcp::State::LastAck | tcp::State::Closing | tcp::State::TimeWait
+            tcp::State::CloseWait
+                | tcp::State::LastAck
+                | tcp::State::Closing
+                | tcp::State::TimeWait
         )
     {
         let _ = ferry_sys::shutdown(f.host.as_fd(), libc::SHUT_WR);
@@ -975,9 +1061,22 @@ fn unmap(a: SocketAddr) -> SocketAddr {
 
 /// A non-blocking TCP listener on `at`.
 fn listener(at: SocketAddr) -> io::Result<OwnedFd> {
-    let domain = if at.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
-    let fd = ferry_sys::socket(domain, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0)?;
-    ferry_sys::setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR, &1i32.to_ne_bytes())?;
+    let domain = if at.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    let fd = ferry_sys::socket(
+        domain,
+        libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+        0,
+    )?;
+    ferry_sys::setsockopt(
+        fd.as_fd(),
+        libc::SOL_SOCKET,
+        libc::SO_REUSEADDR,
+        &1i32.to_ne_bytes(),
+    )?;
     ferry_sys::bind(fd.as_fd(), &at)?;
     ferry_sys::listen(fd.as_fd(), 1024)?;
     Ok(fd)

@@ -40,8 +40,12 @@ pub fn setup(
     // The sandbox's kernel may leave checksums to us: it then does not compute them.
     tun::tap_offload(fds[0].as_fd(), tun::TUN_F_CSUM).map_err(|e| ctx("TUNSETOFFLOAD", e))?;
     let inet = socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0)?;
-    tun::if_up(inet.as_fd(), &plan.ifname, plan.mtu)
-        .map_err(|e| ctx(&format!("cannot bring {} up (MTU {})", plan.ifname, plan.mtu), e))?;
+    tun::if_up(inet.as_fd(), &plan.ifname, plan.mtu).map_err(|e| {
+        ctx(
+            &format!("cannot bring {} up (MTU {})", plan.ifname, plan.mtu),
+            e,
+        )
+    })?;
     let index = tun::if_index(inet.as_fd(), &plan.ifname)?;
     let nl = socket(
         libc::AF_NETLINK,

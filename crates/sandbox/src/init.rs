@@ -155,6 +155,7 @@ pub(crate) fn run(exec: &Exec, chan: RawFd, launcher_end: RawFd) -> ! {
     if mount_proc().is_err() {
         fail(chan, Stage::Proc);
     }
+    allow_ping_sockets();
     // The command's own user namespace is set up in two steps: it unshares, then the
     // init (which has the capabilities in the sandbox's namespace) writes its id maps.
     let mut up = [-1; 2];
@@ -365,6 +366,36 @@ fn become_root() -> Result<(), ()> {
         Err(())
     } else {
         Ok(())
+    }
+}
+
+/// Lets every group of the sandbox make ICMP echo ("ping") sockets in its network
+/// namespace (`net.ipv4.ping_group_range`, per namespace, none by default): its root
+/// has no `CAP_NET_RAW` there (it lives in a nested user namespace), and `ping` falls
+/// back to these. Best effort: a kernel without the setting keeps its default.
+fn allow_ping_sockets() {
+    // The range is of the sandbox's group ids: the widest its id map has (65,536 ids
+    // for root's subordinate range, one for an ordinary user's own).
+    for range in [&b"0 65535"[..], b"0 0"] {
+        // SAFETY: a NUL-terminated literal path and integer flags.
+        let fd = unsafe {
+            libc::open(
+                c"/proc/sys/net/ipv4/ping_group_range".as_ptr(),
+                libc::O_WRONLY | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return;
+        }
+        // SAFETY: `range` is live for its length; `fd` is ours and closed once.
+        let written = unsafe {
+            let n = libc::write(fd, range.as_ptr().cast(), range.len());
+            libc::close(fd);
+            n
+        };
+        if written == range.len() as isize {
+            return;
+        }
     }
 }
 
@@ -661,7 +692,11 @@ fn serve_request(chan: RawFd) {
                     libc::O_RDWR | libc::O_CLOEXEC | libc::O_NONBLOCK,
                 )
             };
-            if fd == -1 { (errno(), None) } else { (0, Some(fd)) }
+            if fd == -1 {
+                (errno(), None)
+            } else {
+                (0, Some(fd))
+            }
         }
         Some([domain, ty, protocol]) => {
             // SAFETY: socket(2) with integer arguments.

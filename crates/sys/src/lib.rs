@@ -1206,7 +1206,11 @@ pub fn add_address(
     };
     // struct ifaddrmsg: family, prefixlen, flags, scope, index
     let mut head = [0u8; 8];
-    head[0] = if ip.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 } as u8;
+    head[0] = if ip.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    } as u8;
     head[1] = prefix;
     head[3] = libc::RT_SCOPE_HOST;
     head[4..8].copy_from_slice(&ifindex.to_ne_bytes());

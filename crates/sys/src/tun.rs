@@ -101,12 +101,28 @@ pub fn if_index(sock: BorrowedFd<'_>, name: &str) -> io::Result<u32> {
 pub fn if_up(sock: BorrowedFd<'_>, name: &str, mtu: u32) -> io::Result<()> {
     let mut r = ifreq(name)?;
     r[16..20].copy_from_slice(&mtu.to_ne_bytes());
-    syscall!(libc::SYS_ioctl, sock.as_raw_fd(), libc::SIOCSIFMTU, r.as_mut_ptr())?;
+    syscall!(
+        libc::SYS_ioctl,
+        sock.as_raw_fd(),
+        libc::SIOCSIFMTU,
+        r.as_mut_ptr()
+    )?;
     let mut r = ifreq(name)?;
-    syscall!(libc::SYS_ioctl, sock.as_raw_fd(), libc::SIOCGIFFLAGS, r.as_mut_ptr())?;
+    syscall!(
+        libc::SYS_ioctl,
+        sock.as_raw_fd(),
+        libc::SIOCGIFFLAGS,
+        r.as_mut_ptr()
+    )?;
     let flags = u16::from_ne_bytes([r[16], r[17]]) | libc::IFF_UP as u16;
     r[16..18].copy_from_slice(&flags.to_ne_bytes());
-    syscall!(libc::SYS_ioctl, sock.as_raw_fd(), libc::SIOCSIFFLAGS, r.as_mut_ptr()).map(drop)
+    syscall!(
+        libc::SYS_ioctl,
+        sock.as_raw_fd(),
+        libc::SIOCSIFFLAGS,
+        r.as_mut_ptr()
+    )
+    .map(drop)
 }
 
 /// One netlink request (`kind`, `flags` besides `NLM_F_REQUEST | NLM_F_ACK`) with a
@@ -131,7 +147,8 @@ pub fn netlink_request(
     m[16..16 + head.len()].copy_from_slice(head);
     let mut at = 16 + pad(head.len());
     for (ty, v) in attrs {
-        let alen = u16::try_from(4 + v.len()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let alen =
+            u16::try_from(4 + v.len()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         m[at..at + 2].copy_from_slice(&alen.to_ne_bytes());
         m[at + 2..at + 4].copy_from_slice(&ty.to_ne_bytes());
         m[at + 4..at + 4 + v.len()].copy_from_slice(v);

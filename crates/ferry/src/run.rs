@@ -98,6 +98,10 @@ pub struct RunArgs {
     /// sandbox's kernel spreads its flows over the queues.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub nic_servers: u16,
+    /// MTU of the sandbox's TAP with --net nic|both (default: the largest, as measured
+    /// in `ferry bench E5`).
+    #[arg(long, value_name = "BYTES", default_value_t = ferry_nic::DEFAULT_MTU, value_parser = clap::value_parser!(u32).range(1280..=65520))]
+    pub mtu: u32,
     /// Print per-server, per-channel and per-socket counters when the program exits.
     #[arg(long)]
     pub stats: bool,
@@ -587,7 +591,8 @@ fn start_nic(
     let host: Vec<IpAddr> = ferry_sys::interface_addresses()
         .map(|v| v.into_iter().map(|(_, ip)| ip).collect())
         .unwrap_or_default();
-    let plan = ferry_nic::Plan::avoiding(&host);
+    let mut plan = ferry_nic::Plan::avoiding(&host);
+    plan.mtu = a.mtu;
     let factory = sandbox.factory();
     let tap = ferry_nic::setup(
         &plan,

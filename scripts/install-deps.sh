@@ -10,13 +10,15 @@
 # cargo-fuzz (pinned; scripts/fuzz.sh) unless that version is there; stops and
 # disables redis-server, nginx and iperf3 so they hold no ports; creates the
 # unprivileged user `ferrytest` (for running ferry as an ordinary user); makes
-# /dev/net/tun usable (mode 0666); reports whether unprivileged user namespaces work.
+# /dev/net/tun usable (mode 0666); lets every group make ICMP echo ("ping") sockets
+# (net.ipv4.ping_group_range, as systemd's defaults do: nic mode relays the sandbox's
+# ping through them); reports whether unprivileged user namespaces work.
 set -euo pipefail
 
 PACKAGES=(
     iperf3 sockperf nginx-light redis-server redis-tools slirp4netns passt wrk hyperfine
     uidmap curl iproute2 procps fonts-dejavu-core python3 gzip g++ iputils-ping
-    bind9-dnsutils socat netcat-openbsd nodejs
+    bind9-dnsutils socat netcat-openbsd nodejs golang-go busybox-static
 )
 SERVICES=(redis-server nginx iperf3)
 # The fuzz targets' runner (scripts/fuzz.sh); libfuzzer-sys builds with g++.
@@ -124,6 +126,16 @@ fi
 [ -c /dev/net/tun ] || die "/dev/net/tun exists but is not a character device"
 chmod 0666 /dev/net/tun || die "cannot chmod /dev/net/tun"
 say "/dev/net/tun is mode 0666"
+
+# --- ping sockets ----------------------------------------------------------------------
+# nic mode answers the sandbox's echo requests through unprivileged ICMP sockets; most
+# distributions allow them to every group (systemd's 50-default.conf), a bare container
+# allows none.
+ping_knob=/proc/sys/net/ipv4/ping_group_range
+if [ -w "$ping_knob" ]; then
+    echo "0 2147483647" >"$ping_knob" || say "warning: cannot set $ping_knob"
+    say "ping sockets allowed to every group ($ping_knob: $(cat "$ping_knob" | tr '\t' ' '))"
+fi
 
 # --- report: unprivileged user namespaces ---------------------------------------------
 clone_knob=/proc/sys/kernel/unprivileged_userns_clone

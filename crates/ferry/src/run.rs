@@ -536,8 +536,10 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
     done.store(true, Ordering::SeqCst);
     stop.stop();
     let mut nic_stats = Vec::new();
-    for (stop, t) in nic_threads {
-        stop.stop();
+    for (stop, _) in &nic_threads {
+        stop.drain();
+    }
+    for (_, t) in nic_threads {
         nic_stats.push(t.join().map_err(|_| "a NIC server panicked".to_string())?);
     }
     let stats = server_thread

@@ -63,10 +63,14 @@ const TOKEN_STOP: u64 = 1;
 const TOKEN_LISTEN: u64 = 16;
 const FIRST_FLOW: u64 = 1 << 20;
 
+/// Longest a server drains its TCP flows after the sandbox's program has exited.
+pub const DRAIN_MAX: Duration = Duration::from_secs(5);
+
 /// Stops a running [`NicServer`] from another thread.
 #[derive(Clone, Debug)]
 pub struct StopHandle {
     flag: Arc<AtomicBool>,
+    drain: Arc<AtomicBool>,
     efd: Arc<OwnedFd>,
 }
 
@@ -74,6 +78,15 @@ impl StopHandle {
     /// Asks the server to stop; it returns from [`NicServer::run`] soon after.
     pub fn stop(&self) {
         self.flag.store(true, Ordering::SeqCst);
+        let _ = ferry_sys::eventfd_signal(self.efd.as_fd());
+    }
+
+    /// Asks the server to stop once its TCP flows have ended (the sandbox's kernel
+    /// still sends what its exited programs wrote, and their FINs), the TAP is gone,
+    /// or [`DRAIN_MAX`] has passed: what a program wrote before it exited arrives, as
+    /// it would natively.
+    pub fn drain(&self) {
+        self.drain.store(true, Ordering::SeqCst);
         let _ = ferry_sys::eventfd_signal(self.efd.as_fd());
     }
 }
@@ -252,6 +265,7 @@ pub struct NicServer {
     epoch: Instant,
     last_sweep: Instant,
     last_warn: Option<Instant>,
+    tap_gone: bool,
 }
 
 impl std::fmt::Debug for NicServer {
@@ -323,6 +337,7 @@ impl NicServer {
             events: Vec::with_capacity(256),
             stop: StopHandle {
                 flag: Arc::new(AtomicBool::new(false)),
+                drain: Arc::new(AtomicBool::new(false)),
                 efd,
             },
             tcp: HashMap::new(),
@@ -340,6 +355,7 @@ impl NicServer {
             epoch,
             last_sweep: epoch,
             last_warn: None,
+            tap_gone: false,
         })
     }
 
@@ -355,7 +371,16 @@ impl NicServer {
     /// Serves until stopped; returns the counters.
     pub fn run(mut self) -> NicStats {
         let mut idle_since: Option<Instant> = None;
+        let mut draining: Option<Instant> = None;
         while !self.stop.flag.load(Ordering::SeqCst) {
+            if draining.is_none() && self.stop.drain.load(Ordering::SeqCst) {
+                draining = Some(Instant::now());
+            }
+            if let Some(t) = draining
+                && (self.tcp.is_empty() || self.tap_gone || t.elapsed() >= DRAIN_MAX)
+            {
+                break;
+            }
             self.stats.turns += 1;
             let busy = self.turn();
             if busy {
@@ -408,7 +433,11 @@ impl NicServer {
                 }
                 Ok(false) => break,
                 Err(e) => {
-                    warn!("{}: reading the TAP: {e}", self.id);
+                    // The sandbox's namespace is gone (its device with it).
+                    if !self.tap_gone {
+                        debug!("{}: reading the TAP: {e}", self.id);
+                    }
+                    self.tap_gone = true;
                     break;
                 }
             }

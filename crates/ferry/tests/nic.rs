@@ -1,0 +1,538 @@
+//! nic mode (`--net nic|both`): programs the shim cannot reach — a static Go program
+//! built here, busybox-static, ping — and ordinary ones, through the sandbox's TAP
+//! against a remote namespace, compared with the same program run natively; and the
+//! address rules of docs/SECURITY.md at L3/L4.
+
+mod common;
+use common::*;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout[..o.stdout.len().min(4096)]),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The Go test program (tests/go/netprobe.go), built once with `CGO_ENABLED=0` (static,
+/// its own system calls: the shim cannot serve it).
+fn netprobe() -> PathBuf {
+    static BUILT: OnceLock<(TempDir, PathBuf)> = OnceLock::new();
+    let (_, exe) = BUILT.get_or_init(|| {
+        let dir = TempDir::new("go");
+        let exe = dir.path().join("netprobe");
+        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/go/netprobe.go");
+        let o = Command::new("go")
+            .args(["build", "-o"])
+            .arg(&exe)
+            .arg(src)
+            .env("CGO_ENABLED", "0")
+            .env("GOCACHE", dir.path().join("cache"))
+            .env("GOPATH", dir.path().join("gopath"))
+            .env("GOFLAGS", "-mod=mod")
+            .env("GO111MODULE", "off")
+            .output()
+            .expect("run go build");
+        assert!(o.status.success(), "go build: {}", text(&o));
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        (dir, exe)
+    });
+    exe.clone()
+}
+
+/// A remote nginx serving `files` (name, length, pattern seed) on `port`.
+fn remote_files(tag: &str, port: u16, files: &[(&str, usize)]) -> (Remote, TempDir, Guard) {
+    let r = remote(tag);
+    let dir = TempDir::new(tag);
+    let root = dir.path().join("www");
+    std::fs::create_dir_all(&root).unwrap();
+    for (i, (name, len)) in files.iter().enumerate() {
+        std::fs::write(root.join(name), pattern(*len, i as u32 + 1)).unwrap();
+    }
+    let nginx = remote_nginx(&r, dir.path(), &root, port);
+    (r, dir, nginx)
+}
+
+#[test]
+fn a_static_go_program_fetches_the_same_bytes_as_natively() {
+    if !can_run(&["go", "nginx", "ip"]) {
+        return;
+    }
+    let files = [
+        ("small.bin", 1_000usize),
+        ("medium.bin", 300_000),
+        ("large.bin", 30 << 20),
+    ];
+    let (r, _dir, _nginx) = remote_files("go", 8080, &files);
+    let go = netprobe();
+    let urls: Vec<String> = files
+        .iter()
+        .map(|(n, _)| format!("http://{}:8080/{n}", r.remote_ip()))
+        .collect();
+    let native = Command::new(&go).arg("get").args(&urls).output().unwrap();
+    assert!(native.status.success(), "native: {}", text(&native));
+    let expected: usize = files.iter().map(|(_, l)| l).sum();
+    assert_eq!(native.stdout.len(), expected);
+    let mut args = vec![go.to_str().unwrap(), "get"];
+    args.extend(urls.iter().map(String::as_str));
+    // Socket mode: the shim cannot reach a static Go program; it sees only loopback.
+    let socket = ferry_run(&[], &args);
+    assert!(
+        !socket.status.success(),
+        "socket mode cannot serve Go: {}",
+        text(&socket)
+    );
+    let nic = ferry_run(&["--net", "nic"], &args);
+    assert!(nic.status.success(), "nic mode: {}", text(&nic));
+    assert!(
+        nic.stdout == native.stdout,
+        "nic mode got {} bytes, native {}",
+        nic.stdout.len(),
+        native.stdout.len()
+    );
+}
+
+#[test]
+fn busybox_static_wget_and_ping_work_in_nic_mode() {
+    if !can_run(&["busybox", "nginx", "ip", "ping"]) {
+        return;
+    }
+    let (r, _dir, _nginx) = remote_files("bbox", 8080, &[("f.bin", 500_000)]);
+    let url = format!("http://{}:8080/f.bin", r.remote_ip());
+    let o = ferry_run(
+        &["--net", "nic"],
+        &["busybox", "wget", "-q", "-O", "-", &url],
+    );
+    assert!(o.status.success(), "busybox wget: {}", text(&o));
+    assert!(
+        o.stdout == pattern(500_000, 1),
+        "wget got {} bytes",
+        o.stdout.len()
+    );
+    let ip = r.remote_ip().to_string();
+    let o = ferry_run(
+        &["--net", "nic"],
+        &["ping", "-c", "3", "-i", "0.2", "-W", "2", &ip],
+    );
+    assert!(o.status.success(), "ping: {}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("3 received"), "{out}");
+    assert!(out.contains(&format!("bytes from {ip}")), "{out}");
+}
+
+#[test]
+fn ping_to_a_denied_address_is_refused_at_once() {
+    if !can_run(&["ip", "ping"]) {
+        return;
+    }
+    let r = remote("pingdeny");
+    let ip = r.remote_ip().to_string();
+    let t = Instant::now();
+    let o = ferry_run(
+        &["--net", "nic", "--deny", &format!("{ip}/32")],
+        &["ping", "-c", "1", "-W", "5", &ip],
+    );
+    assert!(!o.status.success(), "denied ping succeeded: {}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("filtered") || out.contains("Prohibited"),
+        "{out}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(4),
+        "refused, not timed out: {:?}",
+        t.elapsed()
+    );
+}
+
+fn remote_iperf3(r: &Remote, port: u16) -> Guard {
+    let g = Guard(
+        quiet(&mut r.command("iperf3"))
+            .args(["-s", "-p", &port.to_string()])
+            .spawn()
+            .unwrap(),
+    );
+    wait_port(r.remote_ip(), port);
+    g
+}
+
+fn json_number(s: &str, section: &str, key: &str) -> f64 {
+    let Some(at) = s.find(section) else {
+        return 0.0;
+    };
+    let rest = &s[at..];
+    let Some(k) = rest.find(key) else { return 0.0 };
+    rest[k + key.len()..]
+        .trim_start_matches([':', ' ', '\t', '"'])
+        .split(|c: char| !(c.is_ascii_digit() || c == '.' || c == 'e' || c == '+' || c == '-'))
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn iperf3_tcp_and_udp_both_directions_in_nic_mode() {
+    if !can_run(&["iperf3", "ip"]) {
+        return;
+    }
+    let r = remote("nicperf");
+    let _srv = remote_iperf3(&r, 5201);
+    let ip = r.remote_ip().to_string();
+    for udp in [false, true] {
+        for reverse in [false, true] {
+            let mut args = vec!["iperf3", "-c", &ip, "-p", "5201", "-t", "2", "-J"];
+            if udp {
+                args.extend(["-u", "-b", "200M"]);
+            }
+            if reverse {
+                args.push("-R");
+            }
+            let o = ferry_run(&["--net", "nic"], &args);
+            assert!(
+                o.status.success(),
+                "iperf3 udp={udp} reverse={reverse}: {}",
+                text(&o)
+            );
+            let out = String::from_utf8_lossy(&o.stdout);
+            let (section, min) = if udp {
+                ("\"sum\"", 5e7)
+            } else {
+                ("\"sum_received\"", 5e8)
+            };
+            let bps = json_number(&out, section, "\"bits_per_second\"");
+            assert!(bps > min, "udp={udp} reverse={reverse}: {bps} bit/s\n{out}");
+        }
+    }
+}
+
+#[test]
+fn one_gib_both_ways_is_byte_identical() {
+    if !can_run(&["socat", "sha256sum", "head", "ip"]) {
+        return;
+    }
+    let r = remote("gib");
+    let dir = TempDir::new("gib");
+    // socat parses its address itself: a path without quotes or parentheses.
+    let file = std::env::temp_dir().join(format!("ferry-nic-gib-{}.bin", std::process::id()));
+    struct Remove(PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _remove = Remove(file.clone());
+    // 1 GiB: a 1 MiB pattern repeated (sha256 over the stream catches any lost,
+    // repeated or reordered byte).
+    let mib = pattern(1 << 20, 77);
+    {
+        use std::io::Write;
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&file).unwrap());
+        for _ in 0..1024 {
+            f.write_all(&mib).unwrap();
+        }
+    }
+    let sum = |o: &Output| {
+        String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap_or("")
+            .to_string()
+    };
+    let native = Command::new("sha256sum").arg(&file).output().unwrap();
+    let want = sum(&native);
+    // Remote → sandbox: the remote sends the file to each connection.
+    let f = file.to_str().unwrap();
+    let _send = Guard(
+        quiet(&mut r.command("socat"))
+            .args(["TCP-LISTEN:7001,reuseaddr,fork", &format!("SYSTEM:cat {f}")])
+            .spawn()
+            .unwrap(),
+    );
+    // Sandbox → remote: the remote hashes what it receives into a file.
+    let got_up = dir.path().join("up.sha");
+    let _recv = Guard(
+        quiet(&mut r.command("sh"))
+            .args([
+                "-c",
+                &format!(
+                    "socat -u TCP-LISTEN:7002,reuseaddr - | sha256sum > '{}'",
+                    got_up.display()
+                ),
+            ])
+            .spawn()
+            .unwrap(),
+    );
+    wait_port(r.remote_ip(), 7001);
+    let ip = r.remote_ip();
+    let down = ferry_run(
+        &["--net", "nic"],
+        &["sh", "-c", &format!("socat -u TCP:{ip}:7001 - | sha256sum")],
+    );
+    assert!(down.status.success(), "download: {}", text(&down));
+    assert_eq!(sum(&down), want, "1 GiB remote → sandbox: {}", text(&down));
+    let up = ferry_run(
+        &["--net", "nic"],
+        &[
+            "socat",
+            "-u",
+            &format!("FILE:{f}"),
+            &format!("TCP:{ip}:7002"),
+        ],
+    );
+    assert!(up.status.success(), "upload: {}", text(&up));
+    let t = Instant::now();
+    loop {
+        let s = std::fs::read_to_string(&got_up).unwrap_or_default();
+        if s.len() >= 64 {
+            assert_eq!(&s[..64], want, "1 GiB sandbox → remote");
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the remote never finished hashing"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn ipv6_reaches_the_remote_in_nic_mode() {
+    if !can_run(&["ip", "go", "curl"]) {
+        return;
+    }
+    let r = remote("v6");
+    let pid = std::process::id() % 0xffff;
+    let (host6, remote6) = (format!("fd66:{pid:x}::1"), format!("fd66:{pid:x}::2"));
+    let path = &r.paths()[0];
+    let ip = |args: &[&str]| {
+        let o = Command::new("ip").args(args).output().unwrap();
+        assert!(o.status.success(), "ip {args:?}: {}", text(&o));
+    };
+    ip(&[
+        "-6",
+        "addr",
+        "add",
+        &format!("{host6}/64"),
+        "dev",
+        &path.host_if,
+        "nodad",
+    ]);
+    ip(&[
+        "netns",
+        "exec",
+        r.name(),
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        &format!("{remote6}/64"),
+        "dev",
+        &path.remote_if,
+        "nodad",
+    ]);
+    let go = netprobe();
+    let _srv = Guard(
+        quiet(&mut r.command(go.to_str().unwrap()))
+            .args(["serve", "[::]:8080", "over IPv6"])
+            .spawn()
+            .unwrap(),
+    );
+    let url = format!("http://[{remote6}]:8080/six");
+    let t = Instant::now();
+    while !Command::new("curl")
+        .args(["-sf", "-o", "/dev/null", &url])
+        .status()
+        .unwrap()
+        .success()
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "remote IPv6 never came up"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let go = netprobe();
+    let o = ferry_run(&["--net", "nic"], &[go.to_str().unwrap(), "get", &url]);
+    assert!(o.status.success(), "IPv6 fetch: {}", text(&o));
+    // The sandbox's own addresses: IPv6 on eth0, default routes both ways.
+    let o = ferry_run(&["--net", "nic"], &["ip", "-6", "route"]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("default via"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn a_go_server_in_the_sandbox_is_published_with_p() {
+    if !can_run(&["go", "curl"]) {
+        return;
+    }
+    let go = netprobe();
+    let mut c = ferry();
+    c.args(["run", "--net", "nic", "-p", "127.0.0.1:18391:8000", "--"])
+        .arg(&go)
+        .args(["serve", ":8000", "hello from go"]);
+    let _srv = Guard(quiet(&mut c).spawn().unwrap());
+    wait_port("127.0.0.1".parse().unwrap(), 18391);
+    for _ in 0..3 {
+        let o = Command::new("curl")
+            .args(["-sS", "-m", "5", "http://127.0.0.1:18391/x"])
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            "hello from go",
+            "{}",
+            text(&o)
+        );
+    }
+}
+
+#[test]
+fn nothing_reaches_the_sandbox_without_p() {
+    if !can_run(&["go", "curl"]) {
+        return;
+    }
+    // A server inside listens on every address; nothing is published. Neither the
+    // host's addresses nor the sandbox's (not routed on the host) reach it.
+    let go = netprobe();
+    let mut c = ferry();
+    c.args(["run", "--net", "nic", "--"])
+        .arg(&go)
+        .args(["serve", ":18392", "inside"]);
+    let _srv = Guard(quiet(&mut c).spawn().unwrap());
+    std::thread::sleep(Duration::from_millis(800));
+    for url in ["http://127.0.0.1:18392/", "http://10.0.2.100:18392/"] {
+        let o = Command::new("curl")
+            .args(["-sS", "-m", "2", url])
+            .output()
+            .unwrap();
+        assert!(
+            !String::from_utf8_lossy(&o.stdout).contains("inside"),
+            "{url}: {}",
+            text(&o)
+        );
+    }
+}
+
+#[test]
+fn policy_and_address_rules_hold_in_nic_mode() {
+    if !can_run(&["go", "nginx", "ip", "curl"]) {
+        return;
+    }
+    let (r, _dir, _nginx) = remote_files("nicpol", 8080, &[("p.bin", 1000)]);
+    // A second port on the remote, for the per-port rules.
+    let dir2 = TempDir::new("nicpol2");
+    let root2 = dir2.path().join("www");
+    std::fs::create_dir_all(&root2).unwrap();
+    std::fs::write(root2.join("p.bin"), pattern(1000, 1)).unwrap();
+    let _nginx2 = remote_nginx(&r, dir2.path(), &root2, 8081);
+    // A service on the host's loopback the sandbox must never reach.
+    let host_lo = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let lo_port = host_lo.local_addr().unwrap().port();
+    let go = netprobe();
+    let go = go.to_str().unwrap();
+    let ip = r.remote_ip().to_string();
+    let get = |opts: &[&str], url: &str| {
+        let t = Instant::now();
+        let mut all = vec!["--net", "nic"];
+        all.extend_from_slice(opts);
+        let o = ferry_run(&all, &[go, "get", url]);
+        (o, t.elapsed())
+    };
+    let ok = |opts: &[&str], port: u16| {
+        let (o, _) = get(opts, &format!("http://{ip}:{port}/p.bin"));
+        assert!(
+            o.status.success(),
+            "{opts:?} port {port} should pass: {}",
+            text(&o)
+        );
+    };
+    let refused = |opts: &[&str], url: &str| {
+        let (o, took) = get(opts, url);
+        assert!(
+            !o.status.success(),
+            "{opts:?} {url} should be refused: {}",
+            text(&o)
+        );
+        assert!(
+            took < Duration::from_secs(5),
+            "{opts:?} {url}: refused at once, not after {took:?}"
+        );
+    };
+    ok(&[], 8080);
+    // Denied CIDR, denied port, an allow-list.
+    refused(
+        &["--deny", &format!("{ip}/32")],
+        &format!("http://{ip}:8080/p.bin"),
+    );
+    refused(
+        &["--deny", &format!("{ip}/32:8080")],
+        &format!("http://{ip}:8080/p.bin"),
+    );
+    ok(&["--deny", &format!("{ip}/32:8080")], 8081);
+    refused(
+        &["--allow", &format!("{ip}/32:8081")],
+        &format!("http://{ip}:8080/p.bin"),
+    );
+    ok(&["--allow", &format!("{ip}/32:8081")], 8081);
+    // The host's loopback: not through the sandbox's own loopback, not through the
+    // gateway, not through the unspecified address.
+    for host in ["127.0.0.1", "10.0.2.2", "0.0.0.0"] {
+        refused(&[], &format!("http://{host}:{lo_port}/"));
+    }
+    // UDP to a denied destination: refused at once (ICMP prohibited → ECONNREFUSED).
+    let t = Instant::now();
+    let o = ferry_run(
+        &["--net", "nic", "--deny", &format!("{ip}/32")],
+        &[go, "udp", &format!("{ip}:9"), "x"],
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "UDP refused at once, took {:?}",
+        t.elapsed()
+    );
+    drop(host_lo);
+}
+
+#[test]
+fn both_mode_runs_a_shim_program_and_a_go_program_side_by_side() {
+    if !can_run(&["go", "nginx", "ip", "curl", "sh"]) {
+        return;
+    }
+    let (r, dir, _nginx) = remote_files("both", 8080, &[("a.bin", 2 << 20), ("b.bin", 3 << 20)]);
+    let go = netprobe();
+    let ip = r.remote_ip();
+    let stats = dir.path().join("stats.json");
+    let script = format!(
+        "curl -sS --fail -o '{d}/a.out' http://{ip}:8080/a.bin & \
+         '{go}' get http://{ip}:8080/b.bin > '{d}/b.out' & \
+         wait %1 && wait %2",
+        d = dir.path().display(),
+        go = go.display()
+    );
+    let o = ferry_run(
+        &["--net", "both", "--stats-json", stats.to_str().unwrap()],
+        &["sh", "-c", &script],
+    );
+    assert!(o.status.success(), "both: {}", text(&o));
+    assert!(std::fs::read(dir.path().join("a.out")).unwrap() == pattern(2 << 20, 1));
+    assert!(std::fs::read(dir.path().join("b.out")).unwrap() == pattern(3 << 20, 2));
+    // curl went through the shim (the protocol server made its socket), Go through
+    // the TAP (a NIC server's TCP flow).
+    let json = std::fs::read_to_string(&stats).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert!(v["sockets_created"].as_u64().unwrap_or(0) >= 1, "{json}");
+    assert!(
+        v["nic"][0]["tcp_flows"].as_u64().unwrap_or(0) >= 1,
+        "{json}"
+    );
+}

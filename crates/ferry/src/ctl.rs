@@ -11,6 +11,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use clap::{Args, Subcommand};
 use ferry_server::{Control, LiveStats, parse_server, server_name};
@@ -57,7 +58,12 @@ pub fn listen(path: &Path) -> std::io::Result<UnixListener> {
 
 /// Serves the admin socket on a background thread; connections from the sandbox
 /// (`sandbox_init` and its descendants) are refused.
-pub fn serve(listener: UnixListener, control: Control, sandbox_init: i32) -> std::io::Result<()> {
+pub fn serve(
+    listener: UnixListener,
+    control: Control,
+    nics: Vec<(String, Arc<ferry_nic::NicLive>)>,
+    sandbox_init: i32,
+) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("ferry-admin".into())
         .spawn(move || {
@@ -65,7 +71,7 @@ pub fn serve(listener: UnixListener, control: Control, sandbox_init: i32) -> std
                 use std::os::fd::AsFd;
                 match ferry_sys::peer_pid(conn.as_fd()) {
                     Ok(pid) if !ferry_server::descends_from(pid, sandbox_init) => {
-                        let _ = answer(conn, &control);
+                        let _ = answer(conn, &control, &nics);
                     }
                     Ok(pid) => {
                         tracing::warn!("admin socket: pid {pid} is in the sandbox; refused");
@@ -77,25 +83,32 @@ pub fn serve(listener: UnixListener, control: Control, sandbox_init: i32) -> std
     Ok(())
 }
 
-fn answer(conn: UnixStream, control: &Control) -> std::io::Result<()> {
+/// The NIC servers of a run, by id, with their live counters.
+type Nics = [(String, Arc<ferry_nic::NicLive>)];
+
+fn answer(conn: UnixStream, control: &Control, nics: &Nics) -> std::io::Result<()> {
     conn.set_read_timeout(Some(std::time::Duration::from_secs(2)))?;
     let mut line = String::new();
     // One line, at most 256 bytes.
     BufReader::new(&conn).take(256).read_line(&mut line)?;
-    let reply = handle(line.trim(), control);
+    let reply = handle(line.trim(), control, nics);
     (&conn).write_all(reply.as_bytes())
 }
 
 /// The answer to one request line.
-fn handle(line: &str, control: &Control) -> String {
+fn handle(line: &str, control: &Control, nics: &Nics) -> String {
     let words: Vec<&str> = line.split_whitespace().collect();
+    let snapshot = || {
+        let mut all = control.snapshot();
+        all.extend(nics.iter().map(|(id, l)| l.snapshot(id)));
+        all
+    };
     match words.as_slice() {
-        ["stats"] => table(&control.snapshot()),
-        ["stats-json"] => json(&control.snapshot()) + "\n",
+        ["stats"] => table(&snapshot()),
+        ["stats-json"] => json(&snapshot()) + "\n",
         ["move", server, cpu] => {
-            let Some(k) = parse_server(server) else {
-                return format!("error: `{server}` is not a server id (proto-K)\n");
-            };
+            let nic = nics.iter().find(|(id, _)| id == server);
+            let k = parse_server(server);
             let Ok(cpu) = cpu.parse::<usize>() else {
                 return format!("error: `{cpu}` is not a CPU number\n");
             };
@@ -106,8 +119,15 @@ fn handle(line: &str, control: &Control) -> String {
                     crate::args::format_cpus(&allowed)
                 );
             }
-            match control.move_server(k, cpu) {
-                Ok(()) => format!("ok: {} pinned to CPU {cpu}\n", server_name(k)),
+            let (moved, name) = match (nic, k) {
+                (Some((id, live)), _) => (live.move_to(cpu), id.clone()),
+                (None, Some(k)) => (control.move_server(k, cpu), server_name(k)),
+                (None, None) => {
+                    return format!("error: `{server}` is not a server id (proto-K, nic-K)\n");
+                }
+            };
+            match moved {
+                Ok(()) => format!("ok: {name} pinned to CPU {cpu}\n"),
                 Err(e) => format!("error: {e}\n"),
             }
         }

@@ -511,7 +511,14 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
         })
     };
     if let Some(admin) = admin
-        && let Err(e) = crate::ctl::serve(admin, control, sandbox.pid())
+        && let Err(e) = crate::ctl::serve(
+            admin,
+            control,
+            nics.iter()
+                .map(|n| (n.id().to_string(), n.live()))
+                .collect(),
+            sandbox.pid(),
+        )
     {
         warn!("`ferry ctl` is off for this run: {e}");
     }

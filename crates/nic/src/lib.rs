@@ -33,7 +33,7 @@ use std::time::Duration;
 
 pub use server::{NicServer, StopHandle};
 pub use setup::{Tap, setup};
-pub use stats::{NicStats, nic_json};
+pub use stats::{NicLive, NicStats, nic_json};
 
 /// The sandbox's addressing in nic mode: its interface, the gateway (ferry) beside it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -42,7 +42,8 @@ use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr, IpListe
 use tracing::{debug, warn};
 
 use crate::frame::{self, Inbound, Link, Why};
-use crate::{NicConfig, NicPublish, NicStats};
+use crate::stats::LIVE_EVERY;
+use crate::{NicConfig, NicLive, NicPublish, NicStats};
 
 /// Most frames read from the TAP per turn.
 const BATCH: usize = 64;
@@ -266,6 +267,7 @@ pub struct NicServer {
     last_sweep: Instant,
     last_warn: Option<Instant>,
     tap_gone: bool,
+    live: Arc<NicLive>,
 }
 
 impl std::fmt::Debug for NicServer {
@@ -356,7 +358,38 @@ impl NicServer {
             last_sweep: epoch,
             last_warn: None,
             tap_gone: false,
+            live: Arc::new(NicLive {
+                pinned: (-1).into(),
+                cpu: (-1).into(),
+                ..Default::default()
+            }),
         })
+    }
+
+    /// This server's id (`nic-K`).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Its live counters (for `ferry ctl`).
+    pub fn live(&self) -> Arc<NicLive> {
+        self.live.clone()
+    }
+
+    /// Refreshes the live counters.
+    fn publish_live(&self) {
+        let l = &self.live;
+        let r = Ordering::Relaxed;
+        l.cpu.store(ferry_sys::current_cpu(), r);
+        l.flows.store((self.tcp.len() + self.dgram.len()) as u64, r);
+        l.frames.store(self.stats.frames_in, r);
+        let open: (u64, u64) = self
+            .tcp
+            .values()
+            .fold((0, 0), |(o, i), f| (o + f.bytes_out, i + f.bytes_in));
+        l.bytes_out.store(self.stats.bytes_out + open.0, r);
+        l.bytes_in.store(self.stats.bytes_in + open.1, r);
+        l.sleeps.store(self.stats.sleeps, r);
     }
 
     /// A handle that stops [`NicServer::run`].
@@ -370,6 +403,9 @@ impl NicServer {
 
     /// Serves until stopped; returns the counters.
     pub fn run(mut self) -> NicStats {
+        self.live
+            .tid
+            .store(ferry_sys::gettid().cast_signed(), Ordering::Release);
         let mut idle_since: Option<Instant> = None;
         let mut draining: Option<Instant> = None;
         while !self.stop.flag.load(Ordering::SeqCst) {
@@ -382,6 +418,9 @@ impl NicServer {
                 break;
             }
             self.stats.turns += 1;
+            if self.stats.turns % LIVE_EVERY == 0 {
+                self.publish_live();
+            }
             let busy = self.turn();
             if busy {
                 idle_since = None;
@@ -393,6 +432,7 @@ impl NicServer {
                 Duration::ZERO
             } else {
                 self.stats.sleeps += 1;
+                self.publish_live();
                 let now = self.now();
                 self.iface
                     .poll_delay(now, &self.sockets)

@@ -112,3 +112,56 @@ pub fn nic_json(servers: &[NicStats]) -> String {
     let each: Vec<String> = servers.iter().map(NicStats::to_json).collect();
     format!("[{}]", each.join(","))
 }
+
+/// A running NIC server's live counters, read by `ferry ctl` from another thread; the
+/// server refreshes them when it goes to sleep and every [`LIVE_EVERY`] turns.
+#[derive(Debug, Default)]
+pub struct NicLive {
+    pub(crate) tid: std::sync::atomic::AtomicI32,
+    pub(crate) cpu: std::sync::atomic::AtomicI32,
+    pub(crate) pinned: std::sync::atomic::AtomicI32,
+    pub(crate) flows: std::sync::atomic::AtomicU64,
+    pub(crate) frames: std::sync::atomic::AtomicU64,
+    pub(crate) bytes_out: std::sync::atomic::AtomicU64,
+    pub(crate) bytes_in: std::sync::atomic::AtomicU64,
+    pub(crate) sleeps: std::sync::atomic::AtomicU64,
+}
+
+/// Turns between two refreshes of [`NicLive`] while busy.
+pub(crate) const LIVE_EVERY: u64 = 1024;
+
+impl NicLive {
+    /// The counters as a row of `ferry ctl stats` (`sockets`: open flows, `requests`:
+    /// frames from the sandbox).
+    pub fn snapshot(&self, id: &str) -> ferry_server::LiveStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        ferry_server::LiveStats {
+            id: id.to_string(),
+            cpu: self.cpu.load(Relaxed),
+            pinned: self.pinned.load(Relaxed),
+            sockets: self.flows.load(Relaxed),
+            channels: 0,
+            requests: self.frames.load(Relaxed),
+            outstanding: 0,
+            bytes_out: self.bytes_out.load(Relaxed),
+            bytes_in: self.bytes_in.load(Relaxed),
+            sleeps: self.sleeps.load(Relaxed),
+        }
+    }
+
+    /// Pins the server's thread to `cpu`.
+    pub fn move_to(&self, cpu: usize) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering;
+        let tid = self.tid.load(Ordering::Acquire);
+        if tid <= 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "the NIC server is not running",
+            ));
+        }
+        ferry_sys::pin_thread(tid, cpu)?;
+        self.pinned
+            .store(i32::try_from(cpu).unwrap_or(-1), Ordering::Relaxed);
+        Ok(())
+    }
+}

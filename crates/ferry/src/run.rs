@@ -331,7 +331,12 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
     let policy = policy(&a)?;
     let policy_for_dns = policy.clone();
     dns_upstreams(&a.dns, &[])?; // refuse a malformed --dns before anything starts
-    let preload = find_preload()?;
+    // nic mode alone needs no shim.
+    let preload = if a.net == Net::Nic {
+        None
+    } else {
+        Some(find_preload()?)
+    };
     // The run's private directory (the admin socket: this user only) and, beside it,
     // the sandbox's (its control socket).
     let dir = std::env::temp_dir().join(format!("ferry-{}-{}", std::process::id(), nanos()));
@@ -350,9 +355,14 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
     let sock_path = sandbox_dir.join("ctl.sock");
     // The sandbox's processes run as another host user: the shim must be where they can
     // read it.
-    let preload = readable_preload(&preload, &sandbox_dir)?;
+    let preload = match preload {
+        Some(p) => Some(readable_preload(&p, &sandbox_dir)?),
+        None => None,
+    };
     // The watch knows the shim by the path its processes map it at.
-    let shim = preload.canonicalize().unwrap_or_else(|_| preload.clone());
+    let shim = preload
+        .as_ref()
+        .map(|p| p.canonicalize().unwrap_or_else(|_| p.clone()));
 
     let mut cfg = Config::new(sock_path.clone());
     cfg.shim_spin = a.spin;
@@ -425,7 +435,7 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
         _ => UserNs::Auto,
     };
     let mut env = vec![("FERRY_SOCKET".into(), sock_path.into_os_string())];
-    if a.net != Net::Nic {
+    if let Some(preload) = preload {
         env.push(("LD_PRELOAD".into(), preload.into_os_string()));
     }
     let spec = Spec {
@@ -438,7 +448,7 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
         // Programs the shim cannot serve (static, Go, ping) are told of on stderr.
         // With a TAP they are served: nothing to tell.
         watch: (a.net == Net::Socket).then(|| SocketWatch {
-            shim: Some(shim.into_os_string()),
+            shim: shim.map(PathBuf::into_os_string),
         }),
     };
     // The program starts with the descriptor limit ferry was started with, as it would

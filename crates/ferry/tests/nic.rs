@@ -536,3 +536,84 @@ fn both_mode_runs_a_shim_program_and_a_go_program_side_by_side() {
         "{json}"
     );
 }
+
+#[test]
+fn a_go_program_resolves_names_through_the_dns_forwarder() {
+    if !can_run(&["go", "nginx", "ip"]) {
+        return;
+    }
+    let conf = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    if !conf
+        .lines()
+        .any(|l| l.trim_start().starts_with("nameserver"))
+    {
+        eprintln!("skipped: no nameserver in /etc/resolv.conf for the sandbox's resolver to use");
+        return;
+    }
+    let r = remote("nicdns");
+    remote_nameserver(&r);
+    let dir = TempDir::new("nicdns");
+    std::fs::write(dir.path().join("hello.txt"), "resolved").unwrap();
+    let _nginx = remote_nginx(&r, dir.path(), dir.path(), 8084);
+    let upstream = format!("{}:53", r.remote_ip());
+    let go = netprobe();
+    // Go's own resolver (no libc) asks the nameserver of /etc/resolv.conf: in nic mode
+    // its query reaches the forwarder inside the sandbox like glibc's does.
+    let o = ferry_run(
+        &["--net", "nic", "--dns", &upstream],
+        &[
+            go.to_str().unwrap(),
+            "get",
+            "http://web.ferry.test:8084/hello.txt",
+        ],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "resolved",
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn an_unprivileged_user_runs_a_go_program_in_nic_mode() {
+    if !can_run(&["go", "nginx", "ip", "setpriv"]) {
+        return;
+    }
+    let user = "ferrytest";
+    if Command::new("id")
+        .arg(user)
+        .output()
+        .map(|o| !o.status.success())
+        .unwrap_or(true)
+    {
+        eprintln!("skipped: no user {user} (run scripts/install-deps.sh)");
+        return;
+    }
+    let (r, dir, _nginx) = remote_files("nicuser", 8080, &[("u.bin", 200_000)]);
+    let go = netprobe();
+    // The ferry binary where the user can run it (the build directory may be private).
+    let exe = dir.path().join("ferry");
+    std::fs::copy(env!("CARGO_BIN_EXE_ferry"), &exe).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let url = format!("http://{}:8080/u.bin", r.remote_ip());
+    let o = Command::new("setpriv")
+        .args([
+            &format!("--reuid={user}"),
+            &format!("--regid={user}"),
+            "--clear-groups",
+        ])
+        .arg(&exe)
+        .args(["run", "--net", "nic", "--"])
+        .arg(&go)
+        .args(["get", &url])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "as {user}: {}", text(&o));
+    assert!(
+        o.stdout == pattern(200_000, 1),
+        "got {} bytes",
+        o.stdout.len()
+    );
+}

@@ -239,3 +239,73 @@ pub fn ferry_for_any_user(dir: &Path) -> PathBuf {
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     dir.join("ferry")
 }
+
+/// The answer to a DNS query: every A query gets `ip`; `None` for a malformed query.
+pub fn dns_answer(q: &[u8], ip: std::net::Ipv4Addr) -> Option<Vec<u8>> {
+    if q.len() < 12 {
+        return None;
+    }
+    // End of the question: the name's labels, then type and class.
+    let mut at = 12;
+    while at < q.len() && q[at] != 0 {
+        at += 1 + q[at] as usize;
+    }
+    let qend = at + 5;
+    if qend > q.len() {
+        return None;
+    }
+    let qtype = u16::from_be_bytes([q[at + 1], q[at + 2]]);
+    let mut r = q[..qend].to_vec();
+    r[2] = 0x81; // response, recursion desired
+    r[3] = 0x80; // recursion available, no error
+    r[6..8].copy_from_slice(&u16::from(qtype == 1).to_be_bytes()); // answers
+    r[8..12].fill(0);
+    if qtype == 1 {
+        r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4]);
+        r.extend_from_slice(&ip.octets());
+    }
+    Some(r)
+}
+
+/// Answers every A query with `ip` (a stand-in for a real nameserver).
+pub fn dns_responder(sock: std::net::UdpSocket, ip: std::net::Ipv4Addr) {
+    let mut buf = [0u8; 1500];
+    while let Ok((n, from)) = sock.recv_from(&mut buf) {
+        if let Some(r) = dns_answer(&buf[..n], ip) {
+            let _ = sock.send_to(&r, from);
+        }
+    }
+}
+
+/// The same over TCP (each message after its 2-byte length), one connection at a time.
+pub fn dns_tcp_responder(l: std::net::TcpListener, ip: std::net::Ipv4Addr) {
+    use std::io::{Read, Write};
+    for mut c in l.incoming().flatten() {
+        let mut len = [0u8; 2];
+        while c.read_exact(&mut len).is_ok() {
+            let mut q = vec![0u8; u16::from_be_bytes(len) as usize];
+            if c.read_exact(&mut q).is_err() {
+                break;
+            }
+            let Some(r) = dns_answer(&q, ip) else { break };
+            let _ = c.write_all(&(r.len() as u16).to_be_bytes());
+            let _ = c.write_all(&r);
+        }
+    }
+}
+
+/// A nameserver in the remote namespace on its address, port 53, UDP and TCP: every A
+/// query gets the remote's address.
+pub fn remote_nameserver(r: &Remote) {
+    let ip = r.remote_ip();
+    let sock = r
+        .run_in(|| std::net::UdpSocket::bind((ip, 53)))
+        .unwrap()
+        .unwrap();
+    std::thread::spawn(move || dns_responder(sock, ip));
+    let tcp = r
+        .run_in(|| std::net::TcpListener::bind((ip, 53)))
+        .unwrap()
+        .unwrap();
+    std::thread::spawn(move || dns_tcp_responder(tcp, ip));
+}

@@ -418,7 +418,7 @@ impl NicServer {
                 break;
             }
             self.stats.turns += 1;
-            if self.stats.turns % LIVE_EVERY == 0 {
+            if self.stats.turns.is_multiple_of(LIVE_EVERY) {
                 self.publish_live();
             }
             let busy = self.turn();

@@ -229,7 +229,7 @@ fn warn_if_static(cmd: &OsString) {
         && is_static_elf(&bytes)
     {
         warn!(
-            "{} is statically linked: ferry's socket shim cannot serve it, so it sees only the sandbox's loopback (nic mode, a later milestone, will serve such programs)",
+            "{} is statically linked: ferry's socket shim cannot serve it, so it sees only the sandbox's loopback (--net nic or both serves it)",
             path.display()
         );
     }

@@ -99,7 +99,7 @@ print("resolved")'
     assert_eq!(direct.len(), 1, "{err}");
     assert!(
         direct[0].ends_with(
-            "made an IPv4 socket without ferry's shim (a static or Go program?): it sees only the sandbox's loopback until nic mode serves such programs"
+            "made an IPv4 socket without ferry's shim (a static or Go program?): it sees only the sandbox's loopback (--net nic or both serves it)"
         ),
         "{err}"
     );
@@ -139,7 +139,7 @@ fn ping_is_told_that_icmp_is_not_relayed() {
         let lines = told(&err);
         assert_eq!(lines.len(), 1, "{dest}: {err}");
         assert!(
-            lines[0].contains(" (ping): made an IPv4 ICMP socket: ICMP (ping) is not relayed in socket mode, so it reaches only the sandbox's loopback; nic mode will serve it"),
+            lines[0].contains(" (ping): made an IPv4 ICMP socket: ICMP (ping) is not relayed in socket mode, so it reaches only the sandbox's loopback (--net nic or both serves it)"),
             "{dest}: {err}"
         );
     }

@@ -549,7 +549,7 @@ impl NicServer {
         let ip = to.ip();
         let plan = &self.cfg.plan;
         let special = match ip {
-            IpAddr::V4(a) => a.is_multicast() || a.is_broadcast() || a.is_link_local(),
+            IpAddr::V4(a) => a.is_multicast() || a.is_broadcast(),
             IpAddr::V6(a) => a.is_multicast() || a.is_unicast_link_local(),
         };
         !(WireAddr::from(to).is_local()

@@ -636,17 +636,17 @@ fn format<'b>(r: &Report, buf: &'b mut [u8; 400]) -> &'b [u8] {
         Kind::Relayed => put(
             buf,
             at,
-            b"socket without ferry's shim (a static or Go program?): it sees only the sandbox's loopback until nic mode serves such programs",
+            b"socket without ferry's shim (a static or Go program?): it sees only the sandbox's loopback (--net nic or both serves it)",
         ),
         Kind::Icmp => put(
             buf,
             at,
-            b"ICMP socket: ICMP (ping) is not relayed in socket mode, so it reaches only the sandbox's loopback; nic mode will serve it",
+            b"ICMP socket: ICMP (ping) is not relayed in socket mode, so it reaches only the sandbox's loopback (--net nic or both serves it)",
         ),
         Kind::Raw => put(
             buf,
             at,
-            b"raw socket: raw sockets are not relayed in socket mode, so it reaches only the sandbox's loopback; nic mode will serve it",
+            b"raw socket: raw sockets are not relayed in socket mode, so it reaches only the sandbox's loopback (--net nic or both serves it)",
         ),
         Kind::Other { ty, protocol } => {
             at = put(buf, at, b"socket ferry does not relay (type ");
@@ -871,7 +871,7 @@ mod tests {
         };
         assert_eq!(
             line(Kind::Relayed, false),
-            "ferry: pid 12 (bu?[2Jsy box): made an IPv4 socket without ferry's shim (a static or Go program?): it sees only the sandbox's loopback until nic mode serves such programs\n"
+            "ferry: pid 12 (bu?[2Jsy box): made an IPv4 socket without ferry's shim (a static or Go program?): it sees only the sandbox's loopback (--net nic or both serves it)\n"
         );
         assert!(
             line(Kind::Icmp, true)

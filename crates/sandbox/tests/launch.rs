@@ -719,7 +719,7 @@ fn sbx_tells_of_each_process_that_makes_an_inet_socket() {
     for l in &lines {
         assert!(
             l.starts_with("ferry: pid ")
-                && l.ends_with(" (bash): made an IPv4 socket without ferry's shim (a static or Go program?): it sees only the sandbox's loopback until nic mode serves such programs"),
+                && l.ends_with(" (bash): made an IPv4 socket without ferry's shim (a static or Go program?): it sees only the sandbox's loopback (--net nic or both serves it)"),
             "{stderr}"
         );
     }

@@ -185,7 +185,7 @@ impl Server {
             self.stats.published_refused += 1;
             if let Some(n) = self.refusals.tick() {
                 warn!(
-                    "published port {port}: nothing in the sandbox listens on port {port} through ferry (a program ferry cannot serve, static or Go, is not reachable until nic mode): connection from {} refused ({n} since the last line)",
+                    "published port {port}: nothing in the sandbox listens on port {port} through ferry (a program the shim cannot serve, static or Go, is reachable with --net nic or both): connection from {} refused ({n} since the last line)",
                     peer.map_or_else(|| "?".into(), |p| p.to_string())
                 );
             }

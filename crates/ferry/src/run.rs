@@ -633,6 +633,10 @@ fn start_nic(
     cfg.policy = policy.clone();
     cfg.egress = bond;
     cfg.spin = a.server_spin;
+    // One flow is one host socket: the sandbox's socket cap bounds both modes.
+    if let Some(max) = a.max_sockets {
+        cfg.max_flows = max;
+    }
     let cfg = Arc::new(cfg);
     let published: Vec<ferry_nic::NicPublish> = publish
         .iter()

@@ -617,3 +617,21 @@ fn an_unprivileged_user_runs_a_go_program_in_nic_mode() {
         o.stdout.len()
     );
 }
+
+#[test]
+fn the_demo_fetches_the_same_bytes_natively_through_socket_mode_and_nic_mode() {
+    if !can_run(&["curl", "ip"]) {
+        return;
+    }
+    let o = ferry().args(["demo", "--size-mb", "8"]).output().unwrap();
+    assert!(o.status.success(), "demo: {}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for row in ["native", "ferry", "ferry-nic"] {
+        let line = out
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(row))
+            .unwrap_or_else(|| panic!("no {row} row: {out}"));
+        assert!(line.contains(" true ") && line.ends_with("true"), "{line}");
+        assert!(line.contains(&(8u64 << 20).to_string()), "{line}");
+    }
+}

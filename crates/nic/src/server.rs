@@ -778,7 +778,12 @@ impl NicServer {
             .iter()
             .filter(|(_, f)| {
                 let s = self.sockets.get::<tcp::Socket>(f.handle);
-                matches!(s.state(), tcp::State::Closed | tcp::State::TimeWait) && !f.connecting
+                // Listen: the sandbox reset the connection before its handshake ended
+                // (smoltcp's listener goes back to listening).
+                matches!(
+                    s.state(),
+                    tcp::State::Closed | tcp::State::TimeWait | tcp::State::Listen
+                ) && !f.connecting
             })
             .map(|(id, _)| *id)
             .collect();
@@ -786,7 +791,7 @@ impl NicServer {
             if let Some(mut f) = self.tcp.remove(&id) {
                 let s = self.sockets.get::<tcp::Socket>(f.handle);
                 // A reset from the sandbox (or one we sent) resets the host side too.
-                if s.state() == tcp::State::Closed && !(f.host_eof && f.shut_wr) {
+                if s.state() != tcp::State::TimeWait && !(f.host_eof && f.shut_wr) {
                     let _ = ferry_sys::linger_reset(f.host.as_fd());
                 }
                 let _ = self.epoll.delete(f.host.as_fd());

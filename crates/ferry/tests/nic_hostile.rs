@@ -10,7 +10,9 @@
 //! every byte; the NIC server's counters (`--stats-json`, under `"nic"`) must show the
 //! drops; nothing labelled hostile may reach the remote or the host's loopback; and
 //! ferry exits with the program's status. A second test sends only spoofed SYNs and
-//! datagrams towards the remote's listeners and checks that none arrives.
+//! datagrams towards the remote's listeners and checks that none arrives. A third writes
+//! SYNs from the sandbox's own address, which its kernel resets at the SYN-ACK: each
+//! flow must end, and the remote's connection with it, while the sandbox still runs.
 //!
 //! Root only (a remote namespace, `--userns never`); skipped with a message otherwise.
 
@@ -251,6 +253,22 @@ while s.recv(1 << 16):
 print("done", flush=True)
 "#;
 
+/// SYNs from the sandbox's own address written raw: no socket of its kernel's owns
+/// them, so the kernel answers each SYN-ACK with a reset. Arguments: remote IP, its
+/// holding TCP port, its UDP port.
+const RESET_HANDSHAKE_PY: &str = r#"
+remote, hport, uport = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+GW_MAC = gateway_mac(lambda: u.sendto(b"legit", (remote, uport)))
+for i in range(HANDSHAKES):
+    put(syn4(MY4, remote, hport, sport=7000 + i))
+print("syns", SENT, flush=True)
+time.sleep(PAUSE)
+"#;
+
+/// Handshakes [`RESET_HANDSHAKE_PY`] opens.
+const HANDSHAKES: usize = 10;
+
 /// What the remote's listeners saw.
 #[derive(Default)]
 struct Seen {
@@ -482,4 +500,81 @@ fn spoofed_sources_never_reach_the_remote() {
     assert_eq!(payloads, [&b"legit"[..]], "datagrams the remote saw");
     assert_eq!(count(&nic, "tcp_flows"), 1, "{nic}");
     assert_eq!(count(&nic, "udp_flows"), 1, "{nic}");
+}
+
+/// A listener in the remote namespace that holds each connection until its peer ends
+/// or resets it (as a server waiting for a request does); its port, and how many it
+/// accepted and saw end.
+fn holding_listener(r: &Remote) -> (u16, Arc<Mutex<(usize, usize)>>) {
+    let ip = r.remote_ip();
+    let l = r.run_in(|| TcpListener::bind((ip, 0)).unwrap()).unwrap();
+    let port = l.local_addr().unwrap().port();
+    let seen = Arc::new(Mutex::new((0, 0)));
+    let s = seen.clone();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { continue };
+            s.lock().unwrap().0 += 1;
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 512];
+                while matches!(std::io::Read::read(&mut c, &mut buf), Ok(n) if n > 0) {}
+                s.lock().unwrap().1 += 1;
+            });
+        }
+    });
+    (port, seen)
+}
+
+#[test]
+fn a_handshake_the_sandbox_resets_frees_its_flow() {
+    if !can_run(&["python3"]) {
+        return;
+    }
+    let r = remote("nic-rst");
+    let (hport, seen) = holding_listener(&r);
+    let (_, uport, _) = listeners(&r, Vec::new());
+    let dir = TempDir::new("nic-rst");
+    let js = dir.path().join("stats.json");
+    let script = format!("{FRAMES_PY}\nHANDSHAKES = {HANDSHAKES}\nPAUSE = 4\n{RESET_HANDSHAKE_PY}");
+    let mut cmd = ferry();
+    cmd.args(["run", "--net", "nic", "--userns", "never", "--stats-json"])
+        .arg(&js)
+        .args(["--", "python3", "-c", &script])
+        .args([
+            r.remote_ip().to_string(),
+            hport.to_string(),
+            uport.to_string(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = Guard(cmd.spawn().expect("spawn ferry"));
+    // Every connection the remote accepted must end while the sandbox still runs: the
+    // reset handshake frees its flow and resets the host's connection.
+    let t = std::time::Instant::now();
+    let ended_in_time = loop {
+        let (accepted, ended) = *seen.lock().unwrap();
+        if accepted == HANDSHAKES && ended == HANDSHAKES {
+            break true;
+        }
+        if t.elapsed() > Duration::from_secs(3) || matches!(child.0.try_wait(), Ok(Some(_))) {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let status = child.0.wait().expect("ferry ends");
+    let mut err = String::new();
+    let _ = std::io::Read::read_to_string(child.0.stderr.as_mut().unwrap(), &mut err);
+    assert!(status.success(), "ferry: {status}\n{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&js).unwrap()).unwrap();
+    let nic = &v["nic"][0];
+    assert_eq!(count(nic, "tcp_flows"), HANDSHAKES as u64, "{nic}");
+    assert!(
+        ended_in_time,
+        "the remote's connections (accepted, ended) {:?} were not reset while the sandbox ran; {nic}",
+        *seen.lock().unwrap()
+    );
+    // Only the datagram flow is left.
+    assert_eq!(count(nic, "open_at_stop"), 1, "{nic}");
 }

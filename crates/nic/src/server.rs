@@ -733,14 +733,20 @@ impl NicServer {
         moved
     }
 
-    /// Drops the flows whose stack socket has closed.
+    /// Drops the flows whose stack socket has closed (or went back to listening).
     fn reap(&mut self) {
         let done: Vec<u64> = self
             .tcp
             .iter()
             .filter(|(_, f)| {
                 let s = self.sockets.get::<tcp::Socket>(f.handle);
-                matches!(s.state(), tcp::State::Closed | tcp::State::TimeWait) && !f.connecting
+                // Listen: the stack never took the sandbox's SYN, or the sandbox reset the
+                // handshake (smoltcp then listens again); nothing more will come of it.
+                let over = matches!(
+                    s.state(),
+                    tcp::State::Closed | tcp::State::TimeWait | tcp::State::Listen
+                );
+                over && !f.connecting
             })
             .map(|(id, _)| *id)
             .collect();
@@ -748,7 +754,9 @@ impl NicServer {
             if let Some(mut f) = self.tcp.remove(&id) {
                 let s = self.sockets.get::<tcp::Socket>(f.handle);
                 // A reset from the sandbox (or one we sent) resets the host side too.
-                if s.state() == tcp::State::Closed && !(f.host_eof && f.shut_wr) {
+                if matches!(s.state(), tcp::State::Closed | tcp::State::Listen)
+                    && !(f.host_eof && f.shut_wr)
+                {
                     let _ = ferry_sys::linger_reset(f.host.as_fd());
                 }
                 let _ = self.epoll.delete(f.host.as_fd());

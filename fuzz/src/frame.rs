@@ -527,6 +527,8 @@ mod tests {
             assert_eq!(s.denied, 1, "{name}: {s:?}");
             assert_eq!(s.frames_out, 1, "{name}: one answer: {s:?}");
         }
+        let s = script(&seed("big"));
+        assert_eq!((s.frames_in, s.denied, s.frames_out), (2, 2, 2), "{s:?}");
         let s = script(&seed("session"));
         assert_eq!(s.frames_in, 12, "{s:?}");
         assert_eq!((s.spoofed, s.fragments, s.malformed), (1, 1, 1), "{s:?}");

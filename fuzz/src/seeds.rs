@@ -494,5 +494,20 @@ pub(crate) fn frames() -> Seeds {
         ("echo4".into(), script(&[(1, echo4)])),
         ("echo6".into(), script(&[(1, echo6)])),
         ("session".into(), session),
+        // The largest frames the sandbox's MTU (65,520) allows: lengths near 64 KiB (and
+        // libFuzzer's input length limit raised to fit them).
+        (
+            "big".into(),
+            script(&[
+                (
+                    0,
+                    craft::udp(GATEWAY, a4, b4, (40002, 9), &[0x5a; 65_520 - 28]),
+                ),
+                (
+                    1,
+                    craft::udp(GATEWAY, a6, b6, (40002, 9), &[0xa5; 65_520 - 48]),
+                ),
+            ]),
+        ),
     ]
 }

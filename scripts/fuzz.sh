@@ -8,8 +8,9 @@
 #   scripts/fuzz.sh SECONDS [TARGET…]  SECONDS of fuzzing per target (all by default),
 #                                      with the final statistics of each
 #
-# Targets: records binding cmsg ring modules server core (see fuzz/src/lib.rs). `server`
-# needs root (a network namespace of its own) and is skipped, saying so, without it.
+# Targets: records binding cmsg ring modules server core frame (see fuzz/src/lib.rs).
+# `server` needs root (a network namespace of its own) and is skipped, saying so,
+# without it; `frame` (a NIC server on a socket pair, every flow denied) needs nothing.
 # Needs cargo-fuzz (scripts/install-deps.sh installs it) and a C++ compiler.
 # Environment: FUZZ_JOBS=N runs N targets at once (default 1); FUZZ_OUT=DIR keeps the
 # scratch corpora and logs there (default: a temporary directory, removed);
@@ -21,7 +22,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ALL=(records binding cmsg ring modules server core)
+ALL=(records binding cmsg ring modules server core frame)
 SMOKE_SECONDS=8
 
 say() { printf 'fuzz: %s\n' "$*"; }

@@ -11,6 +11,7 @@
 //! | [`modules`] | module bindings through loading, starting, feeding, output |
 //! | [`server`] | a protocol server driven by a hostile channel |
 //! | [`core`] | the server's socket logic in-process, every event's order and content chosen |
+//! | [`frame`] | a NIC server (nic mode) fed hostile frames on its queue; the frame functions |
 //!
 //! Every target must never panic, hang or grow memory without bound. `seeds` writes the
 //! starting corpus (`cargo run --example seeds`).
@@ -19,6 +20,7 @@
 pub mod binding;
 pub mod cmsg;
 pub mod core;
+pub mod frame;
 pub mod input;
 pub mod modules;
 #[allow(unsafe_code)]

@@ -97,13 +97,14 @@ type Seeds = Vec<(String, Vec<u8>)>;
 
 /// Writes every target's seeds under `corpus`.
 pub fn write_all(corpus: &Path) -> std::io::Result<()> {
-    let sets: [(&str, Seeds); 6] = [
+    let sets: [(&str, Seeds); 7] = [
         ("records", records()),
         ("binding", bindings()),
         ("cmsg", cmsgs()),
         ("ring", rings()),
         ("modules", modules()),
         ("server", scripts()),
+        ("frame", frames()),
     ];
     for (target, seeds) in sets {
         let dir = corpus.join(target);
@@ -432,5 +433,81 @@ fn scripts() -> Seeds {
         ("listen".into(), listen),
         ("hello".into(), hello),
         ("hello-version".into(), version),
+    ]
+}
+
+/// Scripts of the `frame` target: each valid frame a sandbox sends (from its default
+/// addresses, to the gateway's hardware address), alone and in one session.
+pub(crate) fn frames() -> Seeds {
+    use crate::frame::craft::{self, GATEWAY};
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let (me4, gw4) = (Ipv4Addr::new(10, 0, 2, 100), Ipv4Addr::new(10, 0, 2, 2));
+    let me6 = Ipv6Addr::new(0xfd00, 0, 0, 2, 0, 0, 0, 0x100);
+    let gw6 = Ipv6Addr::new(0xfd00, 0, 0, 2, 0, 0, 0, 2);
+    let (a4, b4) = (IpAddr::V4(me4), IpAddr::from([192, 0, 2, 1]));
+    let (a6, b6) = (
+        IpAddr::V6(me6),
+        IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 1]),
+    );
+    let script = |frames: &[(u8, Vec<u8>)]| {
+        let mut v = Vec::new();
+        for (flags, f) in frames {
+            v.push(*flags);
+            v.extend_from_slice(&(f.len() as u16).to_le_bytes());
+            v.extend_from_slice(f);
+        }
+        v
+    };
+    let arp = craft::arp_request(me4, gw4);
+    let ndp = craft::neighbour_solicit(me6, gw6);
+    let syn4 = craft::tcp(GATEWAY, a4, b4, (40000, 80), 0x02);
+    let syn6 = craft::tcp(GATEWAY, a6, b6, (40000, 443), 0x02);
+    let udp4 = craft::udp(GATEWAY, a4, b4, (40001, 53), b"\x12\x34\x01\x00\x00\x01");
+    let udp6 = craft::udp(GATEWAY, a6, b6, (40001, 53), b"query");
+    let echo4 = craft::echo(GATEWAY, a4, b4, 7, 1, b"ping");
+    let echo6 = craft::echo(GATEWAY, a6, b6, 7, 1, b"ping");
+    let ack4 = craft::tcp(GATEWAY, a4, b4, (40000, 80), 0x10);
+    let spoofed = craft::tcp(GATEWAY, IpAddr::from([10, 0, 2, 55]), b4, (40000, 80), 0x02);
+    let mut fragment = udp4.clone();
+    fragment[14 + 6] = 0x20; // more fragments
+    let session = script(&[
+        (1, arp.clone()),
+        (1, ndp.clone()),
+        (0, syn4.clone()),
+        (0, ack4),
+        (1, syn6.clone()),
+        (0, udp4.clone()),
+        (1, udp6.clone()),
+        (0, echo4.clone()),
+        (0, echo6.clone()),
+        (0, spoofed),
+        (1, fragment),
+        (2, b"short".to_vec()),
+    ]);
+    vec![
+        ("arp".into(), script(&[(1, arp)])),
+        ("ndp".into(), script(&[(1, ndp)])),
+        ("syn4".into(), script(&[(1, syn4)])),
+        ("syn6".into(), script(&[(1, syn6)])),
+        ("udp4".into(), script(&[(1, udp4)])),
+        ("udp6".into(), script(&[(1, udp6)])),
+        ("echo4".into(), script(&[(1, echo4)])),
+        ("echo6".into(), script(&[(1, echo6)])),
+        ("session".into(), session),
+        // The largest frames the sandbox's MTU (65,520) allows: lengths near 64 KiB (and
+        // libFuzzer's input length limit raised to fit them).
+        (
+            "big".into(),
+            script(&[
+                (
+                    0,
+                    craft::udp(GATEWAY, a4, b4, (40002, 9), &[0x5a; 65_520 - 28]),
+                ),
+                (
+                    1,
+                    craft::udp(GATEWAY, a6, b6, (40002, 9), &[0xa5; 65_520 - 48]),
+                ),
+            ]),
+        ),
     ]
 }

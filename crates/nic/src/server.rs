@@ -279,8 +279,11 @@ impl std::fmt::Debug for NicServer {
 }
 
 impl NicServer {
-    /// A NIC server `nic-{index}` on TAP queue `queue` (non-blocking). `publish`: the
+    /// A NIC server `nic-{index}` on TAP queue `queue` (made non-blocking). `publish`: the
     /// published TCP ports this server listens for on the host (give them to one server).
+    /// Any descriptor that carries one frame, behind its `virtio_net_hdr`, per `read` and
+    /// per write serves as the queue: tests and the `frame` fuzz target give it one end
+    /// of an `AF_UNIX` `SOCK_SEQPACKET` pair.
     pub fn new(
         index: usize,
         queue: OwnedFd,
@@ -453,13 +456,41 @@ impl NicServer {
             }
             self.events = events;
         }
-        self.stats.open_at_stop = (self.tcp.len() + self.dgram.len()) as u64;
-        self.stats.frames_out = self.dev.count.frames;
-        self.stats.frame_bytes_out = self.dev.count.bytes;
-        self.stats.tap_full = self.dev.count.full;
-        self.stats.bytes_out += self.tcp.values().map(|f| f.bytes_out).sum::<u64>();
-        self.stats.bytes_in += self.tcp.values().map(|f| f.bytes_in).sum::<u64>();
-        self.stats
+        self.counters()
+    }
+
+    /// The counters as they stand (`open_at_stop`: the flows open now), as
+    /// [`NicServer::run`] returns them when it stops. For tests and fuzzing.
+    #[doc(hidden)]
+    pub fn counters(&self) -> NicStats {
+        let mut s = self.stats.clone();
+        s.open_at_stop = self.flows() as u64;
+        s.frames_out = self.dev.count.frames;
+        s.frame_bytes_out = self.dev.count.bytes;
+        s.tap_full = self.dev.count.full;
+        s.bytes_out += self.tcp.values().map(|f| f.bytes_out).sum::<u64>();
+        s.bytes_in += self.tcp.values().map(|f| f.bytes_in).sum::<u64>();
+        s
+    }
+
+    /// One turn of [`NicServer::run`] and the events already pending, never waiting;
+    /// whether anything happened. For tests and the `frame` fuzz target, which drive a
+    /// server step by step.
+    #[doc(hidden)]
+    pub fn step(&mut self) -> bool {
+        self.stats.turns += 1;
+        let busy = self.turn();
+        let mut events = std::mem::take(&mut self.events);
+        events.clear();
+        if let Err(e) = self.epoll.wait_for(Duration::ZERO, &mut events) {
+            warn!("{}: epoll: {e}", self.id);
+        }
+        for ev in &events {
+            self.on_event(*ev);
+        }
+        let woke = !events.is_empty();
+        self.events = events;
+        busy || woke
     }
 
     /// One turn: frames in, flows pumped, the stack's output out. Whether anything moved.
@@ -771,19 +802,20 @@ impl NicServer {
         moved
     }
 
-    /// Drops the flows whose stack socket has closed.
+    /// Drops the flows whose stack socket has closed (or went back to listening).
     fn reap(&mut self) {
         let done: Vec<u64> = self
             .tcp
             .iter()
             .filter(|(_, f)| {
                 let s = self.sockets.get::<tcp::Socket>(f.handle);
-                // Listen: the sandbox reset the connection before its handshake ended
-                // (smoltcp's listener goes back to listening).
-                matches!(
+                // Listen: the stack never took the sandbox's SYN, or the sandbox reset the
+                // handshake (smoltcp then listens again); nothing more will come of it.
+                let over = matches!(
                     s.state(),
                     tcp::State::Closed | tcp::State::TimeWait | tcp::State::Listen
-                ) && !f.connecting
+                );
+                over && !f.connecting
             })
             .map(|(id, _)| *id)
             .collect();
@@ -791,7 +823,9 @@ impl NicServer {
             if let Some(mut f) = self.tcp.remove(&id) {
                 let s = self.sockets.get::<tcp::Socket>(f.handle);
                 // A reset from the sandbox (or one we sent) resets the host side too.
-                if s.state() != tcp::State::TimeWait && !(f.host_eof && f.shut_wr) {
+                if matches!(s.state(), tcp::State::Closed | tcp::State::Listen)
+                    && !(f.host_eof && f.shut_wr)
+                {
                     let _ = ferry_sys::linger_reset(f.host.as_fd());
                 }
                 let _ = self.epoll.delete(f.host.as_fd());

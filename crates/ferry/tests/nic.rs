@@ -485,7 +485,8 @@ fn policy_and_address_rules_hold_in_nic_mode() {
     ok(&["--allow", &format!("{ip}/32:8081")], 8081);
     // The host's loopback: not through the sandbox's own loopback, not through the
     // gateway, not through the unspecified address.
-    for host in ["127.0.0.1", "10.0.2.2", "0.0.0.0"] {
+    // Nor does the sandbox's own link lead anywhere but to the gateway.
+    for host in ["127.0.0.1", "10.0.2.2", "0.0.0.0", "10.0.2.55"] {
         refused(&[], &format!("http://{host}:{lo_port}/"));
     }
     // UDP to a denied destination: refused at once (ICMP prohibited → ECONNREFUSED).

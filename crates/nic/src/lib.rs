@@ -88,6 +88,19 @@ impl Plan {
         ip == IpAddr::V4(self.v4) || ip == IpAddr::V6(self.v6)
     }
 
+    /// Whether `ip` is on the sandbox's own link (its subnets: the gateway, the sandbox,
+    /// their neighbours, the subnet's broadcast). Nothing but the gateway is there.
+    pub fn on_link(&self, ip: IpAddr) -> bool {
+        let within = |a: &[u8], b: &[u8], bits: u8| {
+            let (full, rest) = (usize::from(bits / 8), bits % 8);
+            a[..full] == b[..full] && (rest == 0 || (a[full] ^ b[full]) >> (8 - rest) == 0)
+        };
+        match ip {
+            IpAddr::V4(a) => within(&a.octets(), &self.v4.octets(), self.prefix4),
+            IpAddr::V6(a) => within(&a.octets(), &self.v6.octets(), self.prefix6),
+        }
+    }
+
     /// The gateway address of `ip`'s family.
     pub fn gateway_for(&self, ip: IpAddr) -> IpAddr {
         match ip {
@@ -140,6 +153,30 @@ impl NicConfig {
             spin: Duration::from_micros(200),
             max_flows: 4096,
             tcp_buffer: 512 * 1024,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plan_avoids_the_hosts_networks_and_knows_its_link() {
+        let p = Plan::avoiding(&["10.0.2.15".parse().unwrap(), "10.0.3.1".parse().unwrap()]);
+        assert_eq!(p.v4, Ipv4Addr::new(10, 0, 4, 100));
+        assert_eq!(p.gw4, Ipv4Addr::new(10, 0, 4, 2));
+        for on in [
+            "10.0.4.2",
+            "10.0.4.55",
+            "10.0.4.255",
+            "fd00:0:0:4::2",
+            "fd00:0:0:4::55",
+        ] {
+            assert!(p.on_link(on.parse().unwrap()), "{on}");
+        }
+        for off in ["10.0.5.1", "10.0.2.15", "8.8.8.8", "fd00:0:0:5::2", "::1"] {
+            assert!(!p.on_link(off.parse().unwrap()), "{off}");
         }
     }
 }

@@ -585,8 +585,7 @@ impl NicServer {
         };
         !(WireAddr::from(to).is_local()
             || special
-            || ip == plan.gateway_for(ip)
-            || plan.is_sandbox(ip)
+            || plan.on_link(ip)
             || self.cfg.policy.check(&to) == Verdict::Deny)
     }
 

@@ -578,40 +578,26 @@ fn a_go_program_resolves_names_through_the_dns_forwarder() {
 
 #[test]
 fn an_unprivileged_user_runs_a_go_program_in_nic_mode() {
-    if !can_run(&["go", "nginx", "ip", "setpriv"]) {
+    if !can_run(&["go", "nginx", "ip", "runuser"]) || !have_test_user() {
         return;
     }
-    let user = "ferrytest";
-    if Command::new("id")
-        .arg(user)
-        .output()
-        .map(|o| !o.status.success())
-        .unwrap_or(true)
-    {
-        eprintln!("skipped: no user {user} (run scripts/install-deps.sh)");
-        return;
-    }
-    let (r, dir, _nginx) = remote_files("nicuser", 8080, &[("u.bin", 200_000)]);
+    let (r, _dir, _nginx) = remote_files("nicuser", 8080, &[("u.bin", 200_000)]);
     let go = netprobe();
-    // The ferry binary where the user can run it (the build directory may be private).
-    let exe = dir.path().join("ferry");
-    std::fs::copy(env!("CARGO_BIN_EXE_ferry"), &exe).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Only ferry itself: nic mode needs no shim.
+    let bin = TempDir::new("nicuser-bin");
+    let exe = ferry_for_any_user(bin.path());
+    std::fs::remove_file(bin.path().join("libferry_preload.so")).unwrap();
     let url = format!("http://{}:8080/u.bin", r.remote_ip());
-    let o = Command::new("setpriv")
-        .args([
-            &format!("--reuid={user}"),
-            &format!("--regid={user}"),
-            "--clear-groups",
-        ])
+    let o = Command::new("runuser")
+        .args(["-u", "ferrytest", "--"])
         .arg(&exe)
         .args(["run", "--net", "nic", "--"])
         .arg(&go)
         .args(["get", &url])
+        .current_dir("/")
         .output()
         .unwrap();
-    assert!(o.status.success(), "as {user}: {}", text(&o));
+    assert!(o.status.success(), "as ferrytest: {}", text(&o));
     assert!(
         o.stdout == pattern(200_000, 1),
         "got {} bytes",

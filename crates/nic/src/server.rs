@@ -1092,26 +1092,51 @@ impl NicServer {
     }
 }
 
+/// What one move between a host socket and a stack socket's buffer did.
+enum Step {
+    /// `n` bytes moved (0: the host side's end of stream).
+    Moved(usize),
+    /// The host socket would block.
+    Blocked,
+    /// The host socket failed: the connection is reset.
+    Failed,
+    /// The stack socket takes or gives nothing now.
+    Stopped,
+}
+
+impl Step {
+    fn of<E>(r: Result<io::Result<usize>, E>) -> Step {
+        match r {
+            Ok(Ok(n)) => Step::Moved(n),
+            Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => Step::Blocked,
+            Ok(Err(_)) => Step::Failed,
+            Err(_) => Step::Stopped,
+        }
+    }
+}
+
+/// A host call's result as what a stack buffer's closure returns: bytes taken or given.
+fn taken(r: io::Result<usize>) -> (usize, io::Result<usize>) {
+    (*r.as_ref().unwrap_or(&0), r)
+}
+
 /// Moves what it can between flow `f`'s host socket and its stack socket `s`.
 fn pump(f: &mut TcpFlow, s: &mut tcp::Socket<'_>) -> bool {
     let mut moved = false;
     // Sandbox → host.
     while f.writable && s.can_recv() {
         let host = f.host.as_fd();
-        match s.recv(|b| match ferry_sys::send_nosignal(host, b) {
-            Ok(n) => (n, Ok(n)),
-            Err(e) => (0, Err(e)),
-        }) {
-            Ok(Ok(n)) => {
+        match Step::of(s.recv(|b| taken(ferry_sys::send_nosignal(host, b)))) {
+            Step::Moved(n) => {
                 f.bytes_out += n as u64;
                 moved = true;
             }
-            Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => f.writable = false,
-            Ok(Err(_)) => {
+            Step::Blocked => f.writable = false,
+            Step::Failed => {
                 s.abort();
                 return true;
             }
-            Err(_) => break,
+            Step::Stopped => break,
         }
     }
     if !f.shut_wr
@@ -1131,25 +1156,22 @@ fn pump(f: &mut TcpFlow, s: &mut tcp::Socket<'_>) -> bool {
     // Host → sandbox.
     while f.readable && !f.host_eof && s.can_send() {
         let host = f.host.as_fd();
-        match s.send(|b| match ferry_sys::recv(host, b, libc::MSG_DONTWAIT) {
-            Ok(n) => (n, Ok(n)),
-            Err(e) => (0, Err(e)),
-        }) {
-            Ok(Ok(0)) => {
+        match Step::of(s.send(|b| taken(ferry_sys::recv(host, b, libc::MSG_DONTWAIT)))) {
+            Step::Moved(0) => {
                 f.host_eof = true;
                 s.close();
                 moved = true;
             }
-            Ok(Ok(n)) => {
+            Step::Moved(n) => {
                 f.bytes_in += n as u64;
                 moved = true;
             }
-            Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => f.readable = false,
-            Ok(Err(_)) => {
+            Step::Blocked => f.readable = false,
+            Step::Failed => {
                 s.abort();
                 return true;
             }
-            Err(_) => break,
+            Step::Stopped => break,
         }
     }
     moved

@@ -42,6 +42,7 @@ use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr, IpListe
 use tracing::{debug, warn};
 
 use crate::frame::{self, Inbound, Link, Why};
+use crate::timing::{Stage, Timing};
 use crate::{NicConfig, NicPublish, NicStats};
 
 /// Most frames read from the TAP per turn.
@@ -95,12 +96,22 @@ struct Device {
     tx: Vec<u8>,
     mtu: usize,
     count: TxCount,
+    /// Per-stage timing (E5), off unless asked.
+    timing: Timing,
 }
 
 impl Device {
     /// Reads one frame; `Ok(false)`: none waiting.
     fn read(&mut self) -> io::Result<bool> {
-        match ferry_sys::read(self.fd.as_fd(), &mut self.rx) {
+        let t0 = self.timing.start();
+        let r = ferry_sys::read(self.fd.as_fd(), &mut self.rx);
+        let stage = if r.is_ok() {
+            Stage::TapRead
+        } else {
+            Stage::TapReadEmpty
+        };
+        self.timing.end(stage, t0, r.is_ok());
+        match r {
             Ok(n) => {
                 self.rx_len = n.saturating_sub(tun::VNET_HDR_LEN);
                 Ok(true)
@@ -116,14 +127,17 @@ impl Device {
 
     /// Writes a frame we made: complete, or a TCP segment with its checksum left to the
     /// offload ([`frame::offload_tcp`]).
-    fn write(fd: BorrowedFd<'_>, count: &mut TxCount, frame: &mut [u8]) {
+    fn write(fd: BorrowedFd<'_>, count: &mut TxCount, timing: &mut Timing, frame: &mut [u8]) {
+        let t0 = timing.start();
         let mut hdr = [0u8; tun::VNET_HDR_LEN];
         if let Some((start, offset)) = frame::offload_tcp(frame) {
             hdr[0] = tun::VNET_NEEDS_CSUM;
             hdr[6..8].copy_from_slice(&start.to_le_bytes());
             hdr[8..10].copy_from_slice(&offset.to_le_bytes());
         }
-        match tun::write2(fd, &hdr, frame) {
+        let r = tun::write2(fd, &hdr, frame);
+        timing.end(Stage::TapWrite, t0, r.is_ok());
+        match r {
             Ok(_) => {
                 count.frames += 1;
                 count.bytes += frame.len() as u64;
@@ -141,6 +155,7 @@ struct Tx<'a> {
     fd: BorrowedFd<'a>,
     buf: &'a mut Vec<u8>,
     count: &'a mut TxCount,
+    timing: &'a mut Timing,
 }
 
 impl phy::RxToken for Rx<'_> {
@@ -155,7 +170,7 @@ impl phy::TxToken for Tx<'_> {
             self.buf.resize(len, 0);
         }
         let r = f(&mut self.buf[..len]);
-        Device::write(self.fd, self.count, &mut self.buf[..len]);
+        Device::write(self.fd, self.count, self.timing, &mut self.buf[..len]);
         r
     }
 }
@@ -177,6 +192,7 @@ impl phy::Device for Device {
             fd: self.fd.as_fd(),
             buf: &mut self.tx,
             count: &mut self.count,
+            timing: &mut self.timing,
         };
         Some((Rx(frame), tx))
     }
@@ -186,6 +202,7 @@ impl phy::Device for Device {
             fd: self.fd.as_fd(),
             buf: &mut self.tx,
             count: &mut self.count,
+            timing: &mut self.timing,
         })
     }
 
@@ -281,6 +298,7 @@ impl NicServer {
             tx: vec![0; mtu + frame::ETH_LEN],
             mtu,
             count: TxCount::default(),
+            timing: Timing::new(cfg.timing),
         };
         let mut config = Config::new(HardwareAddress::Ethernet(GATEWAY_MAC));
         config.random_seed = ferry_sys::random_u64().unwrap_or(0x0066_6572_7279);
@@ -380,6 +398,9 @@ impl NicServer {
             if let Err(e) = self.epoll.wait_for(timeout, &mut events) {
                 warn!("{}: epoll: {e}", self.id);
             }
+            if !events.is_empty() && !timeout.is_zero() {
+                self.dev.timing.woke();
+            }
             for ev in &events {
                 self.on_event(*ev);
             }
@@ -392,6 +413,7 @@ impl NicServer {
         self.stats.frames_out = self.dev.count.frames;
         self.stats.frame_bytes_out = self.dev.count.bytes;
         self.stats.tap_full = self.dev.count.full;
+        self.stats.timing = self.dev.timing.totals();
         self.stats.bytes_out += self.tcp.values().map(|f| f.bytes_out).sum::<u64>();
         self.stats.bytes_in += self.tcp.values().map(|f| f.bytes_in).sum::<u64>();
         self.stats
@@ -404,7 +426,9 @@ impl NicServer {
             match self.dev.read() {
                 Ok(true) => {
                     busy = true;
+                    let m = self.dev.timing.mark();
                     self.on_frame();
+                    self.dev.timing.end_outer(Stage::Ingress, m, true);
                 }
                 Ok(false) => break,
                 Err(e) => {
@@ -415,12 +439,17 @@ impl NicServer {
         }
         // Move bytes and let the stack send until neither has more to do.
         for _ in 0..64 {
+            let m = self.dev.timing.mark();
             let moved = self.pump_tcp();
+            self.dev.timing.end_outer(Stage::Pump, m, moved);
             let now = self.now();
+            let (m, frames) = (self.dev.timing.mark(), self.dev.count.frames);
             let sent = self
                 .iface
                 .poll_egress(now, &mut self.dev, &mut self.sockets)
                 == smoltcp::iface::PollResult::SocketStateChanged;
+            let wrote = self.dev.count.frames != frames;
+            self.dev.timing.end_outer(Stage::Egress, m, wrote);
             busy |= moved || sent;
             if !moved && !sent {
                 break;
@@ -455,7 +484,11 @@ impl NicServer {
                         self.connected(t);
                     }
                 } else if self.dgram.contains_key(&t) {
+                    // Framing the datagrams counts as egress (no stack on this path).
+                    let (m, frames) = (self.dev.timing.mark(), self.dev.count.frames);
                     self.host_dgram_ready(t);
+                    let wrote = self.dev.count.frames != frames;
+                    self.dev.timing.end_outer(Stage::Egress, m, wrote);
                 }
             }
         }
@@ -697,7 +730,7 @@ impl NicServer {
                 continue;
             }
             let s = self.sockets.get_mut::<tcp::Socket>(f.handle);
-            moved |= pump(f, s);
+            moved |= pump(f, s, &mut self.dev.timing);
         }
         moved
     }
@@ -877,7 +910,13 @@ impl NicServer {
         let gw = self.cfg.plan.gateway_for(dst);
         let frame = &self.dev.rx[tun::VNET_HDR_LEN..tun::VNET_HDR_LEN + self.dev.rx_len];
         if let Some(n) = frame::prohibited(&mut self.out, self.link, gw, frame) {
-            Device::write(self.dev.fd.as_fd(), &mut self.dev.count, &mut self.out[..n]);
+            let dev = &mut self.dev;
+            Device::write(
+                dev.fd.as_fd(),
+                &mut dev.count,
+                &mut dev.timing,
+                &mut self.out[..n],
+            );
         }
     }
 
@@ -889,7 +928,10 @@ impl NicServer {
         };
         let f = self.dgram.get_mut(&id).expect("flow just found");
         f.last = Instant::now();
-        if ferry_sys::send_nosignal(f.host.as_fd(), &self.dev.rx[start..start + len]).is_ok() {
+        let t0 = self.dev.timing.start();
+        let sent = ferry_sys::send_nosignal(f.host.as_fd(), &self.dev.rx[start..start + len]);
+        self.dev.timing.end(Stage::HostSend, t0, sent.is_ok());
+        if sent.is_ok() {
             self.stats.bytes_out += len as u64;
         }
     }
@@ -917,7 +959,9 @@ impl NicServer {
         let msg = &mut self.buf[..8 + len];
         msg[..8].copy_from_slice(&[ty, 0, 0, 0, 0, 0, (seq >> 8) as u8, seq as u8]);
         msg[8..].copy_from_slice(&self.dev.rx[start..start + len]);
-        let _ = ferry_sys::send_nosignal(f.host.as_fd(), msg);
+        let t0 = self.dev.timing.start();
+        let sent = ferry_sys::send_nosignal(f.host.as_fd(), msg);
+        self.dev.timing.end(Stage::HostSend, t0, sent.is_ok());
     }
 
     /// Datagrams (or echo replies) arrived on flow `id`'s host socket: framed to the
@@ -927,7 +971,10 @@ impl NicServer {
             return;
         };
         for _ in 0..DGRAM_BATCH {
-            let n = match ferry_sys::recv(f.host.as_fd(), &mut self.buf, libc::MSG_DONTWAIT) {
+            let t0 = self.dev.timing.start();
+            let got = ferry_sys::recv(f.host.as_fd(), &mut self.buf, libc::MSG_DONTWAIT);
+            self.dev.timing.end(Stage::HostRecv, t0, got.is_ok());
+            let n = match got {
                 Ok(n) => n,
                 Err(_) => break,
             };
@@ -958,9 +1005,11 @@ impl NicServer {
                 )
             };
             if let Some(len) = framed {
+                let dev = &mut self.dev;
                 Device::write(
-                    self.dev.fd.as_fd(),
-                    &mut self.dev.count,
+                    dev.fd.as_fd(),
+                    &mut dev.count,
+                    &mut dev.timing,
                     &mut self.out[..len],
                 );
             }
@@ -986,15 +1035,21 @@ impl NicServer {
 }
 
 /// Moves what it can between flow `f`'s host socket and its stack socket `s`.
-fn pump(f: &mut TcpFlow, s: &mut tcp::Socket<'_>) -> bool {
+fn pump(f: &mut TcpFlow, s: &mut tcp::Socket<'_>, timing: &mut Timing) -> bool {
     let mut moved = false;
     // Sandbox → host.
     while f.writable && s.can_recv() {
         let host = f.host.as_fd();
-        match s.recv(|b| match ferry_sys::send_nosignal(host, b) {
-            Ok(n) => (n, Ok(n)),
-            Err(e) => (0, Err(e)),
-        }) {
+        let sent = s.recv(|b| {
+            let t0 = timing.start();
+            let r = ferry_sys::send_nosignal(host, b);
+            timing.end(Stage::HostSend, t0, matches!(r, Ok(n) if n > 0));
+            match r {
+                Ok(n) => (n, Ok(n)),
+                Err(e) => (0, Err(e)),
+            }
+        });
+        match sent {
             Ok(Ok(n)) => {
                 f.bytes_out += n as u64;
                 moved = true;
@@ -1024,10 +1079,16 @@ fn pump(f: &mut TcpFlow, s: &mut tcp::Socket<'_>) -> bool {
     // Host → sandbox.
     while f.readable && !f.host_eof && s.can_send() {
         let host = f.host.as_fd();
-        match s.send(|b| match ferry_sys::recv(host, b, libc::MSG_DONTWAIT) {
-            Ok(n) => (n, Ok(n)),
-            Err(e) => (0, Err(e)),
-        }) {
+        let got = s.send(|b| {
+            let t0 = timing.start();
+            let r = ferry_sys::recv(host, b, libc::MSG_DONTWAIT);
+            timing.end(Stage::HostRecv, t0, matches!(r, Ok(n) if n > 0));
+            match r {
+                Ok(n) => (n, Ok(n)),
+                Err(e) => (0, Err(e)),
+            }
+        });
+        match got {
             Ok(Ok(0)) => {
                 f.host_eof = true;
                 s.close();

@@ -14,8 +14,8 @@ use crate::config::{Config, RunOut};
 use crate::parse;
 use crate::plan::{Case, Extract, Param};
 use crate::topology::{
-    E6_PORT, HTTP_FILE, HTTP_PORT, IPERF_E3_PORT, IPERF_PORT, REDIS_PORT, SOCKPERF_E7A_PORT,
-    SOCKPERF_E7B_PORT, SOCKPERF_PORT, SOCKPERF_UDP_PORT,
+    E6_PORT, HTTP_FILE, HTTP_PORT, IPERF_E3_PORT, IPERF_PORT, REDIS_PORT, SOCKPERF_CPU0_PORT,
+    SOCKPERF_CPU0_UDP_PORT, SOCKPERF_E7A_PORT, SOCKPERF_E7B_PORT, SOCKPERF_PORT, SOCKPERF_UDP_PORT,
 };
 
 /// An experiment this harness knows.
@@ -159,15 +159,10 @@ impl Settings {
         v
     }
 
-    /// sockperf over UDP against the remote's UDP server.
-    fn sockperf_udp(&self, mode: &str, secs: u32, extra: &[&str]) -> Vec<String> {
+    /// sockperf over UDP against the remote's UDP server on `port`.
+    fn sockperf_udp(&self, mode: &str, port: u16, secs: u32, extra: &[&str]) -> Vec<String> {
         let mut v = strings(&["sockperf", mode, "-i", &self.remote]);
-        v.extend(strings(&[
-            "-p",
-            &SOCKPERF_UDP_PORT.to_string(),
-            "-t",
-            &secs.to_string(),
-        ]));
+        v.extend(strings(&["-p", &port.to_string(), "-t", &secs.to_string()]));
         v.extend(strings(extra));
         v
     }
@@ -577,10 +572,14 @@ pub const E5_STAGES: [E5Stage; 10] = [
     ),
 ];
 
-/// E5's ping-pong workloads (parameter labels).
+/// E5's ping-pong workloads (parameter labels): as the scheduler places them.
 pub const E5_TCP: &str = "TCP ping-pong 64 B";
 /// The UDP one.
 pub const E5_UDP: &str = "UDP ping-pong 64 B";
+/// TCP with everything (the client, ferry, the remote's server) on CPU 0.
+pub const E5_TCP_ONE: &str = "TCP ping-pong 64 B, one core";
+/// UDP on CPU 0.
+pub const E5_UDP_ONE: &str = "UDP ping-pong 64 B, one core";
 /// E5's MTUs of nic mode.
 pub const E5_MTUS: [u32; 3] = [1500, 9000, 65520];
 
@@ -618,8 +617,11 @@ fn e5_pingpong_extract() -> Extract {
 /// (sockperf, TCP and UDP) natively over the veth to the remote (the kernel's path, the
 /// baseline), through ferry's socket mode, through nic mode, and through nic mode with
 /// the NIC server timing its stages (`--nic-timing`; its RTT shows what the timing
-/// costs). Then bulk TCP (iperf3, both ways) through nic mode at MTU 1500, 9000 and
-/// 65520, and iperf3 -P 4 with 2 NIC servers vs 1.
+/// costs); each as the scheduler places it, and with everything on CPU 0 (the client,
+/// ferry, a sockperf server of the remote pinned there: no wake-up crosses CPUs, which
+/// on these virtual machines costs tens of µs when the other CPU is idle). Then bulk TCP
+/// (iperf3, both ways) through nic mode at MTU 1500, 9000 and 65520, and iperf3 -P 4
+/// with 2 NIC servers vs 1.
 fn e5(s: &Settings, ready: &[Config]) -> Vec<Case> {
     let mut out = Vec::new();
     let nic_ok = ready.iter().any(|c| c.name == "ferry-nic");
@@ -628,18 +630,36 @@ fn e5(s: &Settings, ready: &[Config]) -> Vec<Case> {
         configs.push(Config::ferry_nic("ferry-nic-timed", &["--nic-timing"]));
     }
     let secs = s.secs(5);
-    for (x, label, client, port) in [
+    let pp = ["-m", "64", "--full-rtt"];
+    let tcp_one = {
+        let mut v = strings(&["sockperf", "ping-pong", "--tcp", "-i", &s.remote]);
+        v.extend(strings(&["-p", &SOCKPERF_CPU0_PORT.to_string()]));
+        v.extend(strings(&["-t", &secs.to_string()]));
+        v.extend(strings(&pp));
+        v
+    };
+    for (x, label, client, port, pin) in [
         (
             0.0,
             E5_TCP,
-            s.sockperf("ping-pong", secs, &["-m", "64", "--full-rtt"]),
+            s.sockperf("ping-pong", secs, &pp),
             SOCKPERF_PORT,
+            None,
         ),
         (
             1.0,
             E5_UDP,
-            s.sockperf_udp("ping-pong", secs, &["-m", "64", "--full-rtt"]),
+            s.sockperf_udp("ping-pong", SOCKPERF_UDP_PORT, secs, &pp),
             SOCKPERF_UDP_PORT,
+            None,
+        ),
+        (2.0, E5_TCP_ONE, tcp_one, SOCKPERF_CPU0_PORT, Some(0)),
+        (
+            3.0,
+            E5_UDP_ONE,
+            s.sockperf_udp("ping-pong", SOCKPERF_CPU0_UDP_PORT, secs, &pp),
+            SOCKPERF_CPU0_UDP_PORT,
+            Some(0),
         ),
     ] {
         for c in &configs {
@@ -648,7 +668,7 @@ fn e5(s: &Settings, ready: &[Config]) -> Vec<Case> {
                 param: Param::new(label, x),
                 client: client.clone(),
                 timeout: s.timeout(secs),
-                pin: None,
+                pin,
                 servers: vec![port],
                 extract: e5_pingpong_extract(),
             });

@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use crate::experiments::{E5_MTUS, E5_STAGES, E5_TCP, E5_UDP, E5Stage};
+use crate::experiments::{E5_MTUS, E5_STAGES, E5_TCP, E5_TCP_ONE, E5_UDP, E5_UDP_ONE, E5Stage};
 use crate::plan::Row;
 
 /// S2's published per-packet overhead of its pseudo-NIC path: (tx, rx) µs.
@@ -80,26 +80,10 @@ pub fn half_diff(rows: &[Row], workload: &str, config: &str) -> Option<f64> {
     Some((c - n) / 2.0)
 }
 
-/// E5's section: the stage table, the per-direction comparison with S2, MTU, servers.
-pub fn e5_summary(rows: &[Row]) -> String {
+/// The per-stage table and the per-direction comparison of one placement's TCP and
+/// UDP workloads.
+fn per_packet(rows: &[Row], tcp: &str, udp: &str) -> String {
     let mut out = String::new();
-    out.push_str(
-        "### Per-packet overhead by stage (S2 figs. 2–3)\n\n\
-         A 64-byte ping-pong carries one packet each way per round trip (RT), so µs per RT \
-         of a stage is its cost per packet in its direction. Stages are timed in the NIC \
-         server by `ferry run --nic-timing` (two clock reads each; outer stages exclude the \
-         system calls inside them) and divided by every message sockperf received \
-         (medians over runs of `ferry-nic-timed`). Direction: tx = sandbox → network (TAP \
-         read, classify + smoltcp ingress, host send), rx = network → sandbox (host recv, \
-         egress: smoltcp or datagram framing, TAP write); `both` stages count half in each \
-         sum; empty TAP reads and idle turns are the server polling while it spins, in \
-         neither. TCP frames include the ACKs (frames per RT below); UDP has exactly one \
-         frame each way. A system call's time includes the kernel's work it sets off: a \
-         host send over the veth delivers the packet to the remote's socket and wakes its \
-         reader, a TAP write does the same inside the sandbox — work the native path does \
-         in its own send too, so the server's time per packet is not all overhead; the \
-         overhead is the RTT difference.\n\n",
-    );
     out.push_str(
         "| stage | dir | TCP calls/RT | TCP ns/call | TCP µs/RT | UDP calls/RT | UDP ns/call | UDP µs/RT |\n\
          |---|---|--:|--:|--:|--:|--:|--:|\n",
@@ -112,12 +96,12 @@ pub fn e5_summary(rows: &[Row]) -> String {
             "| {} | {} | {} | {} | {} | {} | {} | {} |",
             st.label,
             st.dir,
-            cell(E5_TCP, st.calls, 2),
-            cell(E5_TCP, st.ns, 0),
-            cell(E5_TCP, st.us, 2),
-            cell(E5_UDP, st.calls, 2),
-            cell(E5_UDP, st.ns, 0),
-            cell(E5_UDP, st.us, 2),
+            cell(tcp, st.calls, 2),
+            cell(tcp, st.ns, 0),
+            cell(tcp, st.us, 2),
+            cell(udp, st.calls, 2),
+            cell(udp, st.ns, 0),
+            cell(udp, st.us, 2),
         );
     }
     for (what, metric) in [
@@ -128,8 +112,8 @@ pub fn e5_summary(rows: &[Row]) -> String {
         let _ = writeln!(
             out,
             "| {what} (per RT) | | {} | | | {} | | |",
-            cell(E5_TCP, metric, 2),
-            cell(E5_UDP, metric, 2)
+            cell(tcp, metric, 2),
+            cell(udp, metric, 2)
         );
     }
     out.push_str(
@@ -151,20 +135,15 @@ pub fn e5_summary(rows: &[Row]) -> String {
     };
     out.push_str(&both(
         "ferry-nic: (RTT p50 − native's) / 2",
-        half_diff(rows, E5_TCP, "ferry-nic"),
-        half_diff(rows, E5_UDP, "ferry-nic"),
+        half_diff(rows, tcp, "ferry-nic"),
+        half_diff(rows, udp, "ferry-nic"),
     ));
     out.push_str(&both(
         "ferry-nic-timed: (RTT p50 − native's) / 2",
-        half_diff(rows, E5_TCP, "ferry-nic-timed"),
-        half_diff(rows, E5_UDP, "ferry-nic-timed"),
+        half_diff(rows, tcp, "ferry-nic-timed"),
+        half_diff(rows, udp, "ferry-nic-timed"),
     ));
-    let dirs = [
-        (E5_TCP, "tx"),
-        (E5_TCP, "rx"),
-        (E5_UDP, "tx"),
-        (E5_UDP, "rx"),
-    ];
+    let dirs = [(tcp, "tx"), (tcp, "rx"), (udp, "tx"), (udp, "rx")];
     for (label, pick) in [
         (
             "NIC server's time per packet (sum of its stages, timed)",
@@ -187,22 +166,58 @@ pub fn e5_summary(rows: &[Row]) -> String {
     }
     out.push_str(&both(
         "socket mode (ferry), for comparison: (RTT p50 − native's) / 2",
-        half_diff(rows, E5_TCP, "ferry"),
-        half_diff(rows, E5_UDP, "ferry"),
+        half_diff(rows, tcp, "ferry"),
+        half_diff(rows, udp, "ferry"),
     ));
     let _ = writeln!(
         out,
         "\nRTT p50 (µs): native {} / ferry {} / ferry-nic {} / ferry-nic-timed {} (TCP); \
          {} / {} / {} / {} (UDP). The RTT difference is split evenly between the \
          directions (a round trip crosses the path once each way).\n",
-        f(median(rows, "E5", "native", E5_TCP, "rtt_p50"), 1),
-        f(median(rows, "E5", "ferry", E5_TCP, "rtt_p50"), 1),
-        f(median(rows, "E5", "ferry-nic", E5_TCP, "rtt_p50"), 1),
-        f(median(rows, "E5", "ferry-nic-timed", E5_TCP, "rtt_p50"), 1),
-        f(median(rows, "E5", "native", E5_UDP, "rtt_p50"), 1),
-        f(median(rows, "E5", "ferry", E5_UDP, "rtt_p50"), 1),
-        f(median(rows, "E5", "ferry-nic", E5_UDP, "rtt_p50"), 1),
-        f(median(rows, "E5", "ferry-nic-timed", E5_UDP, "rtt_p50"), 1),
+        f(median(rows, "E5", "native", tcp, "rtt_p50"), 1),
+        f(median(rows, "E5", "ferry", tcp, "rtt_p50"), 1),
+        f(median(rows, "E5", "ferry-nic", tcp, "rtt_p50"), 1),
+        f(median(rows, "E5", "ferry-nic-timed", tcp, "rtt_p50"), 1),
+        f(median(rows, "E5", "native", udp, "rtt_p50"), 1),
+        f(median(rows, "E5", "ferry", udp, "rtt_p50"), 1),
+        f(median(rows, "E5", "ferry-nic", udp, "rtt_p50"), 1),
+        f(median(rows, "E5", "ferry-nic-timed", udp, "rtt_p50"), 1),
+    );
+    out
+}
+
+/// E5's section: the stage table, the per-direction comparison with S2, MTU, servers.
+pub fn e5_summary(rows: &[Row]) -> String {
+    let mut out = String::new();
+    out.push_str(
+        "### Per-packet overhead by stage (S2 figs. 2–3)\n\n\
+         A 64-byte ping-pong carries one packet each way per round trip (RT), so µs per RT \
+         of a stage is its cost per packet in its direction. Stages are timed in the NIC \
+         server by `ferry run --nic-timing` (two clock reads each; outer stages exclude the \
+         system calls inside them) and divided by every message sockperf received \
+         (medians over runs of `ferry-nic-timed`). Direction: tx = sandbox → network (TAP \
+         read, classify + smoltcp ingress, host send), rx = network → sandbox (host recv, \
+         egress: smoltcp or datagram framing, TAP write); `both` stages count half in each \
+         sum; empty TAP reads and idle turns are the server polling while it spins, in \
+         neither. TCP frames include the ACKs (frames per RT below); UDP has exactly one \
+         frame each way. A system call's time includes the kernel's work it sets off: a \
+         host send over the veth delivers the packet to the remote's socket and wakes its \
+         reader, a TAP write does the same inside the sandbox — work the native path does \
+         in its own send too, so the server's time per packet is not all overhead; the \
+         overhead is the RTT difference. On these virtual machines a wake-up of a thread \
+         on an idle CPU costs tens of µs, so a ping-pong whose ends sleep has two modes \
+         (a native round trip of ~6 µs or of ~70 µs, as the processes happen to be placed) \
+         and a spinning server (ferry's) keeps its CPU out of the costly idle state: the \
+         RTT differences as placed mostly measure wake-ups. With everything on one core \
+         no wake-up crosses CPUs: the difference there is the path's own cost, the \
+         closest to S2's per-packet figures.\n\n",
+    );
+    let _ = write!(
+        out,
+        "#### As the scheduler places them\n\n{}\n\
+         #### Everything on one core (CPU 0: the client, ferry, the remote's server)\n\n{}\n",
+        per_packet(rows, E5_TCP, E5_UDP),
+        per_packet(rows, E5_TCP_ONE, E5_UDP_ONE)
     );
 
     out.push_str(

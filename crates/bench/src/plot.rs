@@ -117,7 +117,7 @@ pub fn draw(dir: &Path, e: Experiment, rows: &[Row]) -> Result<(), String> {
         Experiment::E1 | Experiment::E3 => (1000, 650),
         Experiment::E2 => (1400, 600),
         Experiment::E4 => (1600, 560),
-        Experiment::E5 => (1500, 1100),
+        Experiment::E5 => (1800, 1100),
         Experiment::E6 => (1500, 620),
         Experiment::E7 => (1600, 620),
         Experiment::R1 => (1400, 650),
@@ -708,18 +708,84 @@ fn e4(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
 }
 
 /// E5: nic mode's per-packet overhead by stage (stacked, per direction) beside the RTT
-/// difference to native halved and S2's published figures; RTT p50 per configuration;
-/// bulk TCP by MTU; 2 NIC servers vs 1.
+/// difference to native halved and S2's published figures, as placed and on one core;
+/// RTT p50 per configuration; bulk TCP by MTU; 2 NIC servers vs 1.
 fn e5(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
-    use crate::experiments::{E5_MTUS, E5_STAGES, E5_TCP, E5_UDP};
+    use crate::experiments::{E5_MTUS, E5_TCP, E5_TCP_ONE, E5_UDP, E5_UDP_ONE};
+    let (top, bottom) = root.split_vertically(560);
+    let up = top.split_evenly((1, 2));
+    let down = bottom.split_evenly((1, 3));
+    stacked(
+        &up[0],
+        rows,
+        E5_TCP,
+        E5_UDP,
+        "E5 — per packet by stage, as placed (ferry-nic-timed)",
+    )?;
+    stacked(
+        &up[1],
+        rows,
+        E5_TCP_ONE,
+        E5_UDP_ONE,
+        "E5 — per packet by stage, one core (ferry-nic-timed)",
+    )?;
+    let configs: Vec<String> = ["native", "ferry", "ferry-nic", "ferry-nic-timed"]
+        .iter()
+        .filter(|c| rows.iter().any(|r| r.experiment == "E5" && r.config == **c))
+        .map(|c| (*c).to_owned())
+        .collect();
+    grouped(
+        &down[0],
+        rows,
+        "rtt_p50",
+        &[
+            (E5_TCP, "TCP"),
+            (E5_UDP, "UDP"),
+            (E5_TCP_ONE, "TCP, 1 core"),
+            (E5_UDP_ONE, "UDP, 1 core"),
+        ],
+        &configs,
+        "E5 — RTT p50, 64 B ping-pong (lower is better)",
+        "µs",
+    )?;
+    let mtus: Vec<String> = E5_MTUS
+        .iter()
+        .map(|m| format!("ferry-nic mtu{m}"))
+        .collect();
+    grouped(
+        &down[1],
+        rows,
+        "bandwidth",
+        &[("iperf3 TCP send", "send"), ("iperf3 TCP recv", "recv")],
+        &mtus,
+        "E5 — bulk TCP through nic mode by MTU",
+        "Gbit/s",
+    )?;
+    let servers = ["ferry-nic 1 server", "ferry-nic 2 servers"].map(str::to_owned);
+    grouped(
+        &down[2],
+        rows,
+        "bandwidth",
+        &[
+            ("iperf3 -P 4 send", "-P 4 send"),
+            ("iperf3 -P 4 recv", "-P 4 recv"),
+        ],
+        &servers,
+        "E5 — iperf3 -P 4: 2 NIC servers vs 1",
+        "Gbit/s",
+    )
+}
+
+/// E5's stacked stages of one placement: TCP and UDP, tx and rx, with ferry-nic's RTT
+/// difference to native halved as a mark, and S2's figures.
+fn stacked(area: &Area<'_>, rows: &[Row], tcp: &str, udp: &str, title: &str) -> Result<(), String> {
+    use crate::experiments::E5_STAGES;
     use crate::nic_report::{S2_RX_US, S2_TX_US, half_diff, median};
-    let panels = root.split_evenly((2, 2));
-    // (a) stacked stages.
     let bars_of: [(&str, &str, &str); 4] = [
-        ("TCP tx", E5_TCP, "tx"),
-        ("TCP rx", E5_TCP, "rx"),
-        ("UDP tx", E5_UDP, "tx"),
-        ("UDP rx", E5_UDP, "rx"),
+        ("TCP tx", tcp, "tx"),
+        ("TCP rx", tcp, "rx"),
+        ("UDP tx", udp, "tx"),
+        ("UDP rx", udp, "rx"),
     ];
     let mut names: Vec<String> = bars_of.iter().map(|b| b.0.to_owned()).collect();
     names.extend(["S2 tx".to_owned(), "S2 rx".to_owned()]);
@@ -750,14 +816,7 @@ fn e5(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
         stacks.push(stack);
         marks.push(mark);
     }
-    let mut chart = category_chart(
-        &panels[0],
-        "E5 — per packet, by stage (ferry-nic-timed)",
-        20,
-        &names,
-        ymax,
-        "µs per packet",
-    )?;
+    let mut chart = category_chart(area, title, 20, &names, ymax, "µs per packet")?;
     for (bi, stack) in stacks.iter().enumerate() {
         let x = bi as f64;
         for &(si, lo, hi) in stack {
@@ -766,17 +825,19 @@ fn e5(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
                 .draw_series([Rectangle::new([(x - 0.3, lo), (x + 0.3, hi)], c.filled())])
                 .map_err(err)?;
         }
+        // A negative difference (faster than native) is drawn at 0, labelled.
         if let Some(m) = marks[bi] {
+            let y = m.max(0.0);
             chart
                 .draw_series([PathElement::new(
-                    vec![(x - 0.4, m), (x + 0.4, m)],
+                    vec![(x - 0.4, y), (x + 0.4, y)],
                     BLACK.stroke_width(3),
                 )])
                 .map_err(err)?;
             chart
                 .draw_series([Text::new(
                     format!("{m:.1}"),
-                    (x + 0.3, m),
+                    (x + 0.3, y),
                     ("sans-serif", 13),
                 )])
                 .map_err(err)?;
@@ -811,62 +872,23 @@ fn e5(root: &Area<'_>, rows: &[Row]) -> Result<(), String> {
         .map_err(err)?
         .label("ferry-nic: (RTT − native) / 2")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], BLACK.stroke_width(3)));
-    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
-    // (b) RTT p50 per configuration.
-    let configs: Vec<String> = ["native", "ferry", "ferry-nic", "ferry-nic-timed"]
-        .iter()
-        .filter(|c| rows.iter().any(|r| r.experiment == "E5" && r.config == **c))
-        .map(|c| (*c).to_owned())
-        .collect();
-    grouped(
-        &panels[1],
-        rows,
-        "rtt_p50",
-        &[E5_TCP, E5_UDP],
-        &configs,
-        "E5 — RTT p50, 64 B ping-pong (lower is better)",
-        "µs",
-    )?;
-    // (c) MTU.
-    let mtus: Vec<String> = E5_MTUS
-        .iter()
-        .map(|m| format!("ferry-nic mtu{m}"))
-        .collect();
-    grouped(
-        &panels[2],
-        rows,
-        "bandwidth",
-        &["iperf3 TCP send", "iperf3 TCP recv"],
-        &mtus,
-        "E5 — bulk TCP through nic mode by MTU",
-        "Gbit/s",
-    )?;
-    // (d) NIC servers.
-    let servers = ["ferry-nic 1 server", "ferry-nic 2 servers"].map(str::to_owned);
-    grouped(
-        &panels[3],
-        rows,
-        "bandwidth",
-        &["iperf3 -P 4 send", "iperf3 -P 4 recv"],
-        &servers,
-        "E5 — iperf3 -P 4: 2 NIC servers vs 1",
-        "Gbit/s",
-    )
+    legend(&mut chart, SeriesLabelPosition::UpperRight)
 }
 
-/// Grouped bars of E5's `metric`: one group per parameter, one bar per configuration.
+/// Grouped bars of E5's `metric`: one group per parameter (its label, its name on the
+/// axis), one bar per configuration.
 fn grouped(
     area: &Area<'_>,
     rows: &[Row],
     metric: &str,
-    groups: &[&str],
+    groups: &[(&str, &str)],
     configs: &[String],
     title: &str,
     ydesc: &str,
 ) -> Result<(), String> {
     let mut items = Vec::new();
     let mut ymax: f64 = 0.1;
-    for (gi, g) in groups.iter().enumerate() {
+    for (gi, (g, _)) in groups.iter().enumerate() {
         for (ci, c) in configs.iter().enumerate() {
             let (x, w) = bar_slot(gi, ci, configs.len());
             let pt = rows
@@ -900,8 +922,8 @@ fn grouped(
             items.push((x, w, pt, COLORS[ci % COLORS.len()], text));
         }
     }
-    let names: Vec<String> = groups.iter().map(|g| (*g).to_owned()).collect();
-    let mut chart = category_chart(area, title, 20, &names, ymax, ydesc)?;
+    let names: Vec<String> = groups.iter().map(|(_, n)| (*n).to_owned()).collect();
+    let mut chart = category_chart(area, title, 18, &names, ymax, ydesc)?;
     bars(&mut chart, &items)?;
     config_legend(&mut chart, configs, SeriesLabelPosition::UpperRight)
 }

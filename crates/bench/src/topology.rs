@@ -24,6 +24,10 @@ pub const IPERF_E3_PORT: u16 = 5202;
 pub const SOCKPERF_PORT: u16 = 11111;
 /// sockperf server (UDP; E5's datagram ping-pong).
 pub const SOCKPERF_UDP_PORT: u16 = 11114;
+/// sockperf servers on CPU 0 (TCP, UDP): E5's ping-pong with everything on one core.
+pub const SOCKPERF_CPU0_PORT: u16 = 11115;
+/// See [`SOCKPERF_CPU0_PORT`].
+pub const SOCKPERF_CPU0_UDP_PORT: u16 = 11116;
 /// E7's first sockperf server (every address of the remote).
 pub const SOCKPERF_E7A_PORT: u16 = 11112;
 /// E7's second sockperf server (every address: reached over either path).
@@ -128,6 +132,8 @@ impl Testbed {
             IPERF_E3_PORT,
             SOCKPERF_PORT,
             SOCKPERF_UDP_PORT,
+            SOCKPERF_CPU0_PORT,
+            SOCKPERF_CPU0_UDP_PORT,
             SOCKPERF_E7A_PORT,
             SOCKPERF_E7B_PORT,
             REDIS_PORT,
@@ -239,6 +245,25 @@ impl Testbed {
                 c.args(["server", "-i", &ip, "-p", &port.to_string()]);
                 ("sockperf (UDP)", c)
             }
+            SOCKPERF_CPU0_PORT | SOCKPERF_CPU0_UDP_PORT => {
+                let mut c = self.remote.command("taskset");
+                c.args([
+                    "-c",
+                    "0",
+                    "sockperf",
+                    "server",
+                    "-i",
+                    &ip,
+                    "-p",
+                    &port.to_string(),
+                ]);
+                if port == SOCKPERF_CPU0_PORT {
+                    c.arg("--tcp");
+                    ("sockperf (CPU 0)", c)
+                } else {
+                    ("sockperf (CPU 0, UDP)", c)
+                }
+            }
             SOCKPERF_E7A_PORT | SOCKPERF_E7B_PORT => {
                 let mut c = self.remote.command("sockperf");
                 c.args(["server", "--tcp", "-i", "0.0.0.0", "-p", &port.to_string()]);
@@ -297,7 +322,7 @@ impl Testbed {
     /// Whether a TCP socket listens on `port` inside the namespace (a UDP socket is
     /// bound, for the UDP server).
     fn listening(&self, port: u16) -> bool {
-        let which = if port == SOCKPERF_UDP_PORT {
+        let which = if port == SOCKPERF_UDP_PORT || port == SOCKPERF_CPU0_UDP_PORT {
             "-Hlun"
         } else {
             "-Hltn"

@@ -1,5 +1,6 @@
 //! Configurations: where and how the *same* client binary runs. `native` (host
-//! namespace), `ferry` (`ferry run -- client`, with its knobs), `slirp4netns` (its own
+//! namespace), `ferry` (`ferry run -- client`, with its knobs), `ferry-nic`
+//! (`ferry run --net nic -- client`: a TAP served by ferry's NIC servers), `slirp4netns` (its own
 //! user+net namespace, `slirp4netns --configure --mtu=65520`), `pasta`
 //! (`pasta --config-net -- client`, as the unprivileged `ferrytest` user).
 //!
@@ -165,6 +166,14 @@ impl Config {
         }
     }
 
+    /// ferry in nic mode (`--net nic`: the sandbox's TAP served by NIC servers) with more
+    /// `ferry run` options (e.g. `--mtu 1500`, `--nic-servers 2`).
+    pub fn ferry_nic(name: &str, extra: &[&str]) -> Config {
+        let mut args = vec!["--net", "nic"];
+        args.extend_from_slice(extra);
+        Config::ferry_args(name, &args)
+    }
+
     /// slirp4netns.
     pub fn slirp() -> Config {
         Config {
@@ -184,6 +193,16 @@ impl Config {
     /// Whether this is a ferry configuration (has counters).
     pub fn is_ferry(&self) -> bool {
         matches!(self.kind, Kind::Ferry { .. })
+    }
+
+    /// Whether this is ferry in nic mode (`--net nic` or `--net both`).
+    pub fn is_nic(&self) -> bool {
+        match &self.kind {
+            Kind::Ferry { extra, .. } => extra
+                .windows(2)
+                .any(|w| w[0] == "--net" && (w[1] == "nic" || w[1] == "both")),
+            _ => false,
+        }
     }
 
     /// Runs `client` in this configuration, killed after `timeout`. `pin` runs the
@@ -330,6 +349,9 @@ impl Config {
         let inner = parse::link_mtu(&out.stdout);
         let mtu = match (&self.kind, inner) {
             (Kind::Native, _) => format!("veth {veth_mtu}"),
+            (Kind::Ferry { .. }, Some((ifname, m))) if self.is_nic() => format!(
+                "{ifname} {m} in the sandbox (TAP, ferry's NIC servers); host sockets over veth {veth_mtu}"
+            ),
             (Kind::Ferry { .. }, _) => {
                 format!("sandbox has lo only; ferry's host sockets use veth {veth_mtu}")
             }

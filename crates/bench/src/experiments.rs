@@ -1,8 +1,10 @@
 //! The experiments of `docs/BENCHMARKS.md` as lists of cases: which configurations, which
 //! parameter values, which client command, which metrics. E1 bandwidth vs buffer size,
 //! E2 ping-pong RTT and wakes per round trip vs spin span, E3 CPU interference, E4
-//! batching, E6 file → socket (read/write vs sendfile vs a module), E7 distribution over
-//! several protocol servers and paths, R1 real clients.
+//! batching, E5 nic mode's per-packet overhead by stage (and its MTU, and 2 NIC servers
+//! vs 1), E6 file → socket (read/write vs sendfile vs a module), E7 distribution over
+//! several protocol servers and paths, R1 real clients (nic mode among the
+//! configurations).
 //! Every case of an experiment runs the same client binary.
 
 use std::path::PathBuf;
@@ -12,8 +14,8 @@ use crate::config::{Config, RunOut};
 use crate::parse;
 use crate::plan::{Case, Extract, Param};
 use crate::topology::{
-    E6_PORT, HTTP_FILE, HTTP_PORT, IPERF_E3_PORT, IPERF_PORT, REDIS_PORT, SOCKPERF_E7A_PORT,
-    SOCKPERF_E7B_PORT, SOCKPERF_PORT,
+    E6_PORT, HTTP_FILE, HTTP_PORT, IPERF_E3_PORT, IPERF_PORT, REDIS_PORT, SOCKPERF_CPU0_PORT,
+    SOCKPERF_CPU0_UDP_PORT, SOCKPERF_E7A_PORT, SOCKPERF_E7B_PORT, SOCKPERF_PORT, SOCKPERF_UDP_PORT,
 };
 
 /// An experiment this harness knows.
@@ -27,6 +29,8 @@ pub enum Experiment {
     E3,
     /// Batching: throughput, RTT and crossings vs batch threshold.
     E4,
+    /// nic mode: per-packet overhead by stage vs the kernel's veth path; MTU; NIC servers.
+    E5,
     /// File → socket from a program in the sandbox: read/write vs sendfile vs module.
     E6,
     /// Distribution over several protocol servers and paths (S4).
@@ -37,19 +41,16 @@ pub enum Experiment {
 
 impl Experiment {
     /// Every experiment available, in order.
-    pub const ALL: [Experiment; 7] = [
+    pub const ALL: [Experiment; 8] = [
         Experiment::E1,
         Experiment::E2,
         Experiment::E3,
         Experiment::E4,
+        Experiment::E5,
         Experiment::E6,
         Experiment::E7,
         Experiment::R1,
     ];
-
-    /// Experiments of the plan that are later milestones.
-    pub const NOT_YET: [(&'static str, &'static str); 1] =
-        [("E5", "pseudo-NIC per-packet overhead (needs nic mode)")];
 
     /// Parses "E1" … "R1" (any case).
     pub fn parse(s: &str) -> Result<Experiment, String> {
@@ -57,12 +58,7 @@ impl Experiment {
         Experiment::ALL
             .into_iter()
             .find(|e| e.id() == up)
-            .ok_or_else(
-                || match Experiment::NOT_YET.iter().find(|(id, _)| *id == up) {
-                    Some((id, what)) => format!("{id} ({what}) is a later milestone: not yet"),
-                    None => format!("unknown experiment `{s}` (E1, E2, E3, E4, E6, E7, R1)"),
-                },
-            )
+            .ok_or_else(|| format!("unknown experiment `{s}` (E1, E2, E3, E4, E5, E6, E7, R1)"))
     }
 
     /// "E1", …
@@ -72,6 +68,7 @@ impl Experiment {
             Experiment::E2 => "E2",
             Experiment::E3 => "E3",
             Experiment::E4 => "E4",
+            Experiment::E5 => "E5",
             Experiment::E6 => "E6",
             Experiment::E7 => "E7",
             Experiment::R1 => "R1",
@@ -85,6 +82,9 @@ impl Experiment {
             Experiment::E2 => "ping-pong RTT and wakes per round trip vs spin span",
             Experiment::E3 => "CPU interference: MFlops kept beside a 10 MB/s transfer",
             Experiment::E4 => "batching: throughput, RTT and crossings vs batch threshold",
+            Experiment::E5 => {
+                "nic mode: per-packet overhead by stage vs the kernel's veth path; MTU; NIC servers"
+            }
             Experiment::E6 => {
                 "file → socket from a program in the sandbox: read/write vs sendfile vs module"
             }
@@ -102,6 +102,7 @@ impl Experiment {
             Experiment::E2 => ("rtt_p50", "us"),
             Experiment::E3 => ("mflops", "MFlops"),
             Experiment::E4 => ("throughput", "Mbit/s"),
+            Experiment::E5 => ("rtt_p50", "us"),
             Experiment::E6 => ("latency_p50", "us"),
             Experiment::E7 => ("time_per_op", "us"),
             Experiment::R1 => ("result", "-"),
@@ -154,6 +155,14 @@ impl Settings {
             "--connect-timeout",
             "3000",
         ]));
+        v.extend(strings(extra));
+        v
+    }
+
+    /// sockperf over UDP against the remote's UDP server on `port`.
+    fn sockperf_udp(&self, mode: &str, port: u16, secs: u32, extra: &[&str]) -> Vec<String> {
+        let mut v = strings(&["sockperf", mode, "-i", &self.remote]);
+        v.extend(strings(&["-p", &port.to_string(), "-t", &secs.to_string()]));
         v.extend(strings(extra));
         v
     }
@@ -218,6 +227,7 @@ pub fn cases(e: Experiment, s: &Settings, ready: &[Config]) -> Vec<Case> {
         Experiment::E2 => e2(s, ready),
         Experiment::E3 => e3(s, ready),
         Experiment::E4 => e4(s, ready),
+        Experiment::E5 => e5(s, ready),
         Experiment::E6 => e6(s, ready),
         Experiment::E7 => e7(s, ready),
         Experiment::R1 => r1(s, ready),
@@ -225,7 +235,10 @@ pub fn cases(e: Experiment, s: &Settings, ready: &[Config]) -> Vec<Case> {
 }
 
 fn e1(s: &Settings, ready: &[Config]) -> Vec<Case> {
-    let mut configs = pick(ready, &["native", "ferry", "slirp4netns", "pasta"]);
+    let mut configs = pick(
+        ready,
+        &["native", "ferry", "ferry-nic", "slirp4netns", "pasta"],
+    );
     configs.extend(ferry_variant(ready, "ferry-spin0", Some("0"), None));
     configs.extend(ferry_variant(ready, "ferry-spin1ms", Some("1ms"), None));
     let sizes: &[u64] = if s.quick {
@@ -277,7 +290,9 @@ fn e2(s: &Settings, ready: &[Config]) -> Vec<Case> {
     let client = s.sockperf("ping-pong", secs, &["-m", "64", "--full-rtt"]);
     let mut out = Vec::new();
     let spins: &[u32] = if s.quick { &[0, 50, 200] } else { &SPINS_US };
-    let mut plain = pick(ready, &["native", "slirp4netns", "pasta"]);
+    // nic mode is a reference line like the peers (its NIC server's spin is
+    // `--server-spin`, not the shim's `--spin`).
+    let mut plain = pick(ready, &["native", "ferry-nic", "slirp4netns", "pasta"]);
     if let Some(base) = s
         .baseline
         .as_ref()
@@ -447,6 +462,288 @@ fn e4(s: &Settings, ready: &[Config]) -> Vec<Case> {
     for &n in batches {
         if let Some(c) = ferry_variant(ready, &format!("ferry-batch{n}"), None, Some(n)) {
             push(c, Param::new(format!("batch {n}"), f64::from(n)));
+        }
+    }
+    out
+}
+
+/// A stage of a NIC server's frame path as E5 reports it: its name in ferry's counters
+/// (`ferry run --nic-timing`), its label, the direction its work belongs to (`tx`:
+/// sandbox → network, `rx`: network → sandbox, `both`: half each, `poll`: neither, the
+/// server looking for work), and its three metric names (µs per round trip, calls per
+/// round trip, ns per call).
+#[derive(Clone, Copy, Debug)]
+pub struct E5Stage {
+    /// Name in `--stats-json`'s `"timing"`.
+    pub name: &'static str,
+    /// Label in tables and plots.
+    pub label: &'static str,
+    /// tx, rx, both or poll.
+    pub dir: &'static str,
+    /// Metric: µs of the stage per round trip.
+    pub us: &'static str,
+    /// Metric: calls of the stage per round trip.
+    pub calls: &'static str,
+    /// Metric: ns per call.
+    pub ns: &'static str,
+}
+
+const fn stage(
+    name: &'static str,
+    label: &'static str,
+    dir: &'static str,
+    [us, calls, ns]: [&'static str; 3],
+) -> E5Stage {
+    E5Stage {
+        name,
+        label,
+        dir,
+        us,
+        calls,
+        ns,
+    }
+}
+
+/// E5's stages, in the order of a packet's path (tx, then rx), then the polling.
+pub const E5_STAGES: [E5Stage; 10] = [
+    stage(
+        "tap_read",
+        "TAP read (syscall)",
+        "tx",
+        ["stage tap_read", "calls tap_read", "ns/call tap_read"],
+    ),
+    stage(
+        "ingress",
+        "classify + stack ingress",
+        "tx",
+        ["stage ingress", "calls ingress", "ns/call ingress"],
+    ),
+    stage(
+        "host_send",
+        "host socket send",
+        "tx",
+        ["stage host_send", "calls host_send", "ns/call host_send"],
+    ),
+    stage(
+        "pump",
+        "stack buffers ⇄ host sockets",
+        "both",
+        ["stage pump", "calls pump", "ns/call pump"],
+    ),
+    stage(
+        "wake",
+        "wake → pick-up",
+        "both",
+        ["stage wake", "calls wake", "ns/call wake"],
+    ),
+    stage(
+        "host_recv",
+        "host socket recv",
+        "rx",
+        ["stage host_recv", "calls host_recv", "ns/call host_recv"],
+    ),
+    stage(
+        "egress",
+        "stack egress (framing)",
+        "rx",
+        ["stage egress", "calls egress", "ns/call egress"],
+    ),
+    stage(
+        "tap_write",
+        "TAP write (syscall)",
+        "rx",
+        ["stage tap_write", "calls tap_write", "ns/call tap_write"],
+    ),
+    stage(
+        "tap_read_empty",
+        "empty TAP reads (polling)",
+        "poll",
+        [
+            "stage tap_read_empty",
+            "calls tap_read_empty",
+            "ns/call tap_read_empty",
+        ],
+    ),
+    stage(
+        "idle_poll",
+        "idle turns (pump, egress: nothing moved)",
+        "poll",
+        ["stage idle_poll", "calls idle_poll", "ns/call idle_poll"],
+    ),
+];
+
+/// E5's ping-pong workloads (parameter labels): as the scheduler places them.
+pub const E5_TCP: &str = "TCP ping-pong 64 B";
+/// The UDP one.
+pub const E5_UDP: &str = "UDP ping-pong 64 B";
+/// TCP with everything (the client, ferry, the remote's server) on CPU 0.
+pub const E5_TCP_ONE: &str = "TCP ping-pong 64 B, one core";
+/// UDP on CPU 0.
+pub const E5_UDP_ONE: &str = "UDP ping-pong 64 B, one core";
+/// E5's MTUs of nic mode.
+pub const E5_MTUS: [u32; 3] = [1500, 9000, 65520];
+
+/// sockperf ping-pong as E5 reads it: RTT p50/p99 and, from a nic-mode run, frames and
+/// sleeps per round trip and, when timed, every stage's µs and calls per round trip and
+/// ns per call (round trips: every message sockperf received, its warm-up included, as
+/// the counters are).
+fn e5_pingpong_extract() -> Extract {
+    Box::new(|r: &RunOut| {
+        let p = parse::sockperf_pp(&r.outcome.stdout)?;
+        let mut v = vec![("rtt_p50", "us", p.p50), ("rtt_p99", "us", p.p99)];
+        let Some(n) = r.stats.as_ref().and_then(|st| st.nic.as_ref()) else {
+            return Ok(v);
+        };
+        let rts = p.total_received.max(1) as f64;
+        v.push(("frames_in_per_rt", "per RT", n.frames_in as f64 / rts));
+        v.push(("frames_out_per_rt", "per RT", n.frames_out as f64 / rts));
+        v.push(("sleeps_per_rt", "per RT", n.sleeps as f64 / rts));
+        if n.stages.is_empty() {
+            return Ok(v);
+        }
+        for st in E5_STAGES {
+            let c = n.stage(st.name);
+            v.push((st.us, "us/RT", c.ns as f64 / 1e3 / rts));
+            v.push((st.calls, "per RT", c.calls as f64 / rts));
+            if c.calls > 0 {
+                v.push((st.ns, "ns", c.ns as f64 / c.calls as f64));
+            }
+        }
+        Ok(v)
+    })
+}
+
+/// E5 (S2 figs. 2–3): what nic mode adds per packet, by stage. A 64-byte ping-pong
+/// (sockperf, TCP and UDP) natively over the veth to the remote (the kernel's path, the
+/// baseline), through ferry's socket mode, through nic mode, and through nic mode with
+/// the NIC server timing its stages (`--nic-timing`; its RTT shows what the timing
+/// costs); each as the scheduler places it, and with everything on CPU 0 (the client,
+/// ferry, a sockperf server of the remote pinned there: no wake-up crosses CPUs, which
+/// on these virtual machines costs tens of µs when the other CPU is idle). Then bulk TCP
+/// (iperf3, both ways) through nic mode at MTU 1500, 9000 and 65520, and iperf3 -P 4
+/// with 2 NIC servers vs 1.
+fn e5(s: &Settings, ready: &[Config]) -> Vec<Case> {
+    let mut out = Vec::new();
+    let nic_ok = ready.iter().any(|c| c.name == "ferry-nic");
+    let mut configs = pick(ready, &["native", "ferry", "ferry-nic"]);
+    if nic_ok {
+        configs.push(Config::ferry_nic("ferry-nic-timed", &["--nic-timing"]));
+    }
+    let secs = s.secs(5);
+    let pp = ["-m", "64", "--full-rtt"];
+    let tcp_one = {
+        let mut v = strings(&["sockperf", "ping-pong", "--tcp", "-i", &s.remote]);
+        v.extend(strings(&["-p", &SOCKPERF_CPU0_PORT.to_string()]));
+        v.extend(strings(&["-t", &secs.to_string()]));
+        v.extend(strings(&pp));
+        v
+    };
+    for (x, label, client, port, pin) in [
+        (
+            0.0,
+            E5_TCP,
+            s.sockperf("ping-pong", secs, &pp),
+            SOCKPERF_PORT,
+            None,
+        ),
+        (
+            1.0,
+            E5_UDP,
+            s.sockperf_udp("ping-pong", SOCKPERF_UDP_PORT, secs, &pp),
+            SOCKPERF_UDP_PORT,
+            None,
+        ),
+        (2.0, E5_TCP_ONE, tcp_one, SOCKPERF_CPU0_PORT, Some(0)),
+        (
+            3.0,
+            E5_UDP_ONE,
+            s.sockperf_udp("ping-pong", SOCKPERF_CPU0_UDP_PORT, secs, &pp),
+            SOCKPERF_CPU0_UDP_PORT,
+            Some(0),
+        ),
+    ] {
+        for c in &configs {
+            out.push(Case {
+                config: c.clone(),
+                param: Param::new(label, x),
+                client: client.clone(),
+                timeout: s.timeout(secs),
+                pin,
+                servers: vec![port],
+                extract: e5_pingpong_extract(),
+            });
+        }
+    }
+    if !nic_ok {
+        return out;
+    }
+    let bulk = [
+        ("iperf3 TCP send", s.iperf3(IPERF_PORT, secs, &[])),
+        ("iperf3 TCP recv", s.iperf3(IPERF_PORT, secs, &["-R"])),
+    ];
+    for (i, (label, client)) in bulk.iter().enumerate() {
+        for mtu in E5_MTUS {
+            let m = mtu.to_string();
+            out.push(Case {
+                config: Config::ferry_nic(&format!("ferry-nic mtu{mtu}"), &["--mtu", &m]),
+                param: Param::new(*label, 10.0 + i as f64),
+                client: client.clone(),
+                timeout: s.timeout(secs),
+                pin: None,
+                servers: vec![IPERF_PORT],
+                extract: iperf_extract(),
+            });
+        }
+    }
+    let parallel = [
+        ("iperf3 -P 4 send", s.iperf3(IPERF_PORT, secs, &["-P", "4"])),
+        (
+            "iperf3 -P 4 recv",
+            s.iperf3(IPERF_PORT, secs, &["-P", "4", "-R"]),
+        ),
+    ];
+    for (i, (label, client)) in parallel.iter().enumerate() {
+        for (name, n) in [("ferry-nic 1 server", "1"), ("ferry-nic 2 servers", "2")] {
+            out.push(Case {
+                config: Config::ferry_nic(name, &["--nic-servers", n]),
+                param: Param::new(*label, 20.0 + i as f64),
+                client: client.clone(),
+                timeout: s.timeout(secs),
+                pin: None,
+                servers: vec![IPERF_PORT],
+                extract: iperf_extract(),
+            });
+        }
+    }
+    out
+}
+
+/// E5's derived rows: 2 NIC servers' bandwidth over 1 server's (median) for iperf3 -P 4,
+/// each way.
+pub fn e5_ratios(rows: &[crate::plan::Row]) -> Vec<crate::plan::Row> {
+    let mut out = Vec::new();
+    for r in rows
+        .iter()
+        .filter(|r| r.experiment == "E5" && r.config == "ferry-nic 2 servers")
+        .filter(|r| r.metric == "bandwidth")
+    {
+        let one = rows
+            .iter()
+            .find(|o| {
+                o.experiment == "E5"
+                    && o.config == "ferry-nic 1 server"
+                    && o.param.label == r.param.label
+                    && o.metric == "bandwidth"
+            })
+            .and_then(crate::plan::Row::median)
+            .filter(|m| *m > 0.0);
+        if let Some(one) = one {
+            out.push(crate::plan::Row {
+                metric: "x_1_server".into(),
+                unit: "× 1 server".into(),
+                samples: r.samples.iter().map(|v| v / one).collect(),
+                ..r.clone()
+            });
         }
     }
     out
@@ -637,7 +934,11 @@ type R1Test = (&'static str, Vec<String>, Vec<u16>, Extract, u32);
 
 fn r1(s: &Settings, ready: &[Config]) -> Vec<Case> {
     let secs = s.secs(3);
-    let mut configs = pick(ready, &["native", "ferry", "slirp4netns", "pasta"]);
+    // nic mode (`--net nic`) after ferry's socket-mode variants, before the peers.
+    let mut configs = pick(
+        ready,
+        &["native", "ferry", "ferry-nic", "slirp4netns", "pasta"],
+    );
     // The ring receive path (`--rx ring`) beside the default pair path, in the same run.
     if let Some(at) = configs.iter().position(|c| c.name == "ferry") {
         configs.insert(at + 1, Config::ferry_args("ferry-ring", &["--rx", "ring"]));

@@ -1,10 +1,11 @@
 //! `ferry bench`: ferry's benchmark harness. It owns the benchmark topology (a "remote"
-//! namespace over two veth pairs with iperf3, sockperf, redis and nginx servers), the
-//! configurations that run the same client binary (native, ferry with its knobs,
-//! slirp4netns, pasta) and their smoke checks, the experiments of the team's
-//! BENCHMARKS.md (E1 bandwidth vs buffer size, E2 RTT and wakes vs spin span, E3 CPU
-//! interference, E4 batching, E6 file → socket with data-path modules, E7 several protocol
-//! servers and paths, R1 real clients), the method (warm-up, alternating
+//! namespace over two veth pairs with iperf3, sockperf (TCP and UDP), redis and nginx
+//! servers), the configurations that run the same client binary (native, ferry with its
+//! knobs, ferry in nic mode, slirp4netns, pasta) and their smoke checks, the experiments
+//! of the team's BENCHMARKS.md (E1 bandwidth vs buffer size, E2 RTT and wakes vs spin
+//! span, E3 CPU interference, E4 batching, E5 nic mode's per-packet overhead by stage,
+//! its MTU and its NIC servers, E6 file → socket with data-path modules, E7 several
+//! protocol servers and paths, R1 real clients, nic mode among them), the method (warm-up, alternating
 //! repetitions, medians with min/max, per-run timeouts, failures recorded and shown),
 //! and the outputs: terminal table, `results.csv`, one PNG per experiment, `report.md`.
 //!
@@ -16,6 +17,7 @@
 pub mod config;
 pub mod exec;
 pub mod experiments;
+pub mod nic_report;
 pub mod parse;
 pub mod plan;
 pub mod plot;
@@ -164,7 +166,7 @@ fn run_all(o: &Options) -> Result<Summary, Error> {
     };
     let remote = bed.remote_ip().to_string();
     println!(
-        "remote: namespace {} at {remote} (host side {}), veth MTU {}; servers: iperf3, sockperf, redis-server, nginx",
+        "remote: namespace {} at {remote} (host side {}), veth MTU {}; servers: iperf3, sockperf (TCP, UDP), redis-server, nginx",
         bed.name(),
         bed.host_ip(),
         bed.mtu
@@ -234,6 +236,9 @@ fn run_all(o: &Options) -> Result<Summary, Error> {
         let mut rows = plan::measure(&mut bench, e.id(), cases, e.main_metric())?;
         if *e == Experiment::E3 {
             rows.extend(kept(&rows));
+        }
+        if *e == Experiment::E5 {
+            rows.extend(experiments::e5_ratios(&rows));
         }
         if *e == Experiment::E6 {
             rows.extend(experiments::e6_ratios(&rows));
@@ -350,13 +355,15 @@ pub fn say(bar: &ProgressBar, msg: &str) {
     }
 }
 
-/// Smoke-checks native, ferry, slirp4netns and pasta; prints each verdict.
+/// Smoke-checks native, ferry (socket and nic mode), slirp4netns and pasta; prints each
+/// verdict.
 fn check_all(remote: &str, mtu: u32, env: &Env) -> Result<(Vec<Ready>, Vec<Skipped>), Error> {
     let mut ready = Vec::new();
     let mut skipped = Vec::new();
     for c in [
         Config::native(),
         Config::ferry(),
+        Config::ferry_nic("ferry-nic", &[]),
         Config::slirp(),
         Config::pasta(),
     ] {

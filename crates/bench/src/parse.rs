@@ -179,6 +179,80 @@ pub struct FerryStats {
     pub module_init_ns: u64,
     /// Time spent writing their output, nanoseconds.
     pub module_write_ns: u64,
+    /// The NIC servers' counters (nic mode), summed over servers.
+    pub nic: Option<NicCounters>,
+}
+
+/// The NIC servers' counters (`"nic":[…]` of `--stats-json`), summed over servers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NicCounters {
+    /// NIC servers that reported.
+    pub servers: u64,
+    /// Frames read from the TAP and written to it.
+    pub frames_in: u64,
+    pub frames_out: u64,
+    /// Frames to the sandbox dropped on a full TAP queue.
+    pub tap_full: u64,
+    /// Loop turns and sleeps in epoll.
+    pub turns: u64,
+    pub sleeps: u64,
+    /// Per-stage timing (`ferry run --nic-timing`) by stage name: calls, hits,
+    /// nanoseconds. Empty when timing was off.
+    pub stages: Vec<(String, StageCount)>,
+}
+
+/// One stage's totals from a NIC server's timing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StageCount {
+    /// Times the stage ran.
+    pub calls: u64,
+    /// Times it moved something.
+    pub hits: u64,
+    /// Nanoseconds in it.
+    pub ns: u64,
+}
+
+impl NicCounters {
+    /// A stage's totals (zero when absent).
+    pub fn stage(&self, name: &str) -> StageCount {
+        self.stages
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, c)| *c)
+            .unwrap_or_default()
+    }
+}
+
+fn nic_counters(v: &Value) -> Option<NicCounters> {
+    let servers = v.get("nic")?.as_array()?;
+    let mut out = NicCounters::default();
+    for s in servers {
+        let c = |k: &str| s.get(k).and_then(Value::as_u64).unwrap_or(0);
+        out.servers += 1;
+        out.frames_in += c("frames_in");
+        out.frames_out += c("frames_out");
+        out.tap_full += c("tap_full");
+        out.turns += c("turns");
+        out.sleeps += c("sleeps");
+        let Some(timing) = s.get("timing").and_then(Value::as_object) else {
+            continue;
+        };
+        for (name, t) in timing {
+            let f = |k: &str| t.get(k).and_then(Value::as_u64).unwrap_or(0);
+            let at = match out.stages.iter().position(|(n, _)| n == name) {
+                Some(i) => i,
+                None => {
+                    out.stages.push((name.clone(), StageCount::default()));
+                    out.stages.len() - 1
+                }
+            };
+            let st = &mut out.stages[at].1;
+            st.calls += f("calls");
+            st.hits += f("hits");
+            st.ns += f("ns");
+        }
+    }
+    Some(out)
 }
 
 impl FerryStats {
@@ -202,6 +276,7 @@ pub fn ferry_stats(json: &str) -> Result<FerryStats, String> {
         module_start_ns: top("module_start_ns"),
         module_init_ns: top("module_init_ns"),
         module_write_ns: top("module_write_ns"),
+        nic: nic_counters(&v),
         ..FerryStats::default()
     };
     for ch in v
@@ -346,6 +421,32 @@ sockperf: ---> percentile 50.000 =   10.609
         assert_eq!(s.requests, 6);
         assert_eq!(s.wakes(), 6);
         assert_eq!(s.data_syscalls, 7);
+        assert_eq!(s.nic, None);
+    }
+
+    #[test]
+    fn nic_counters_sum_servers_and_stages() {
+        let j = r#"{"turns":1,"channels":[],"nic":[
+            {"id":"nic-0","frames_in":10,"frames_out":8,"sleeps":2,"timing":{
+                "tap_read":{"calls":10,"hits":10,"ns":5000},"wake":{"calls":1,"hits":1,"ns":700}}},
+            {"id":"nic-1","frames_in":4,"frames_out":4,"sleeps":1,"timing":{
+                "tap_read":{"calls":4,"hits":4,"ns":1000}}}]}"#;
+        let n = ferry_stats(j).unwrap().nic.unwrap();
+        assert_eq!(
+            (n.servers, n.frames_in, n.frames_out, n.sleeps),
+            (2, 14, 12, 3)
+        );
+        assert_eq!(
+            n.stage("tap_read"),
+            StageCount {
+                calls: 14,
+                hits: 14,
+                ns: 6000
+            }
+        );
+        assert_eq!(n.stage("wake").ns, 700);
+        assert_eq!(n.stage("egress"), StageCount::default());
+        assert_eq!(n.stages[0].0, "tap_read");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The two-machine topology of the papers on one host: a "remote" network namespace
 //! joined to the host by a veth pair, running the servers every configuration's client
-//! talks to (iperf3, sockperf, redis-server, nginx over a generated file set).
+//! talks to (iperf3, sockperf over TCP and UDP, redis-server, nginx over a generated
+//! file set).
 //!
 //! Everything is owned by [`Testbed`]: dropping it (normal end, error, Ctrl-C) stops the
 //! servers, deletes the namespace and the veth, and removes the scratch directory.
@@ -21,6 +22,12 @@ pub const IPERF_PORT: u16 = 5201;
 pub const IPERF_E3_PORT: u16 = 5202;
 /// sockperf server (TCP).
 pub const SOCKPERF_PORT: u16 = 11111;
+/// sockperf server (UDP; E5's datagram ping-pong).
+pub const SOCKPERF_UDP_PORT: u16 = 11114;
+/// sockperf servers on CPU 0 (TCP, UDP): E5's ping-pong with everything on one core.
+pub const SOCKPERF_CPU0_PORT: u16 = 11115;
+/// See [`SOCKPERF_CPU0_PORT`].
+pub const SOCKPERF_CPU0_UDP_PORT: u16 = 11116;
 /// E7's first sockperf server (every address of the remote).
 pub const SOCKPERF_E7A_PORT: u16 = 11112;
 /// E7's second sockperf server (every address: reached over either path).
@@ -124,6 +131,9 @@ impl Testbed {
             IPERF_PORT,
             IPERF_E3_PORT,
             SOCKPERF_PORT,
+            SOCKPERF_UDP_PORT,
+            SOCKPERF_CPU0_PORT,
+            SOCKPERF_CPU0_UDP_PORT,
             SOCKPERF_E7A_PORT,
             SOCKPERF_E7B_PORT,
             REDIS_PORT,
@@ -230,6 +240,30 @@ impl Testbed {
                 c.args(["server", "--tcp", "-i", &ip, "-p", &port.to_string()]);
                 ("sockperf", c)
             }
+            SOCKPERF_UDP_PORT => {
+                let mut c = self.remote.command("sockperf");
+                c.args(["server", "-i", &ip, "-p", &port.to_string()]);
+                ("sockperf (UDP)", c)
+            }
+            SOCKPERF_CPU0_PORT | SOCKPERF_CPU0_UDP_PORT => {
+                let mut c = self.remote.command("taskset");
+                c.args([
+                    "-c",
+                    "0",
+                    "sockperf",
+                    "server",
+                    "-i",
+                    &ip,
+                    "-p",
+                    &port.to_string(),
+                ]);
+                if port == SOCKPERF_CPU0_PORT {
+                    c.arg("--tcp");
+                    ("sockperf (CPU 0)", c)
+                } else {
+                    ("sockperf (CPU 0, UDP)", c)
+                }
+            }
             SOCKPERF_E7A_PORT | SOCKPERF_E7B_PORT => {
                 let mut c = self.remote.command("sockperf");
                 c.args(["server", "--tcp", "-i", "0.0.0.0", "-p", &port.to_string()]);
@@ -285,10 +319,16 @@ impl Testbed {
         Ok(())
     }
 
-    /// Whether a TCP socket listens on `port` inside the namespace.
+    /// Whether a TCP socket listens on `port` inside the namespace (a UDP socket is
+    /// bound, for the UDP server).
     fn listening(&self, port: u16) -> bool {
+        let which = if port == SOCKPERF_UDP_PORT || port == SOCKPERF_CPU0_UDP_PORT {
+            "-Hlun"
+        } else {
+            "-Hltn"
+        };
         Command::new("ss")
-            .args(["-N", self.name(), "-Hltn", &format!("sport = :{port}")])
+            .args(["-N", self.name(), which, &format!("sport = :{port}")])
             .stderr(Stdio::null())
             .output()
             .map(|o| !o.stdout.is_empty())

@@ -8,8 +8,9 @@ use ferry_bench::{Error, Experiment, Options};
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// Experiments to run: E1 (bandwidth vs buffer size), E2 (RTT and wakes vs spin),
-    /// E3 (CPU interference), E4 (batching), E6 (file → socket: read/write vs sendfile vs
-    /// module), E7 (several servers and paths), R1 (real clients). Default: all.
+    /// E3 (CPU interference), E4 (batching), E5 (nic mode: per-packet overhead by stage,
+    /// MTU, NIC servers), E6 (file → socket: read/write vs sendfile vs module), E7
+    /// (several servers and paths), R1 (real clients, nic mode among them). Default: all.
     #[arg(value_name = "EXPERIMENT", value_parser = Experiment::parse)]
     pub experiments: Vec<Experiment>,
     /// Short runs and few points (a few minutes); 2 runs unless --runs is given.

@@ -102,6 +102,10 @@ pub struct RunArgs {
     /// in `ferry bench E5`).
     #[arg(long, value_name = "BYTES", default_value_t = ferry_nic::DEFAULT_MTU, value_parser = clap::value_parser!(u32).range(1280..=65520))]
     pub mtu: u32,
+    /// Time the NIC servers' stages (TAP read, stack, host sockets, TAP write, wake) into
+    /// the counters (`--stats`, `--stats-json`): for `ferry bench E5`.
+    #[arg(long, hide = true)]
+    pub nic_timing: bool,
     /// Print per-server, per-channel and per-socket counters when the program exits.
     #[arg(long)]
     pub stats: bool,
@@ -637,6 +641,7 @@ fn start_nic(
     if let Some(max) = a.max_sockets {
         cfg.max_flows = max;
     }
+    cfg.timing = a.nic_timing;
     let cfg = Arc::new(cfg);
     let published: Vec<ferry_nic::NicPublish> = publish
         .iter()

@@ -26,6 +26,7 @@ pub mod frame;
 mod server;
 mod setup;
 mod stats;
+mod timing;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
@@ -34,6 +35,7 @@ use std::time::Duration;
 pub use server::{NicServer, StopHandle};
 pub use setup::{Tap, setup};
 pub use stats::{NicLive, NicStats, nic_json};
+pub use timing::{Stage, StageTotal};
 
 /// The sandbox's addressing in nic mode: its interface, the gateway (ferry) beside it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -140,11 +142,14 @@ pub struct NicConfig {
     pub max_flows: usize,
     /// Each TCP flow's buffer in the stack, each way (bounds the memory a flow holds).
     pub tcp_buffer: usize,
+    /// Per-stage timing of the frame path (`ferry bench E5`; [`Stage`]), in the
+    /// counters: two clock reads per stage when on.
+    pub timing: bool,
 }
 
 impl NicConfig {
     /// Defaults for `plan`: no policy rules, no bond, 200 µs spin, 4,096 flows a server,
-    /// 512 KiB a TCP direction.
+    /// 512 KiB a TCP direction, no timing.
     pub fn new(plan: Plan) -> NicConfig {
         NicConfig {
             plan,
@@ -153,6 +158,7 @@ impl NicConfig {
             spin: Duration::from_micros(200),
             max_flows: 4096,
             tcp_buffer: 512 * 1024,
+            timing: false,
         }
     }
 }

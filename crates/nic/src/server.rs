@@ -43,6 +43,7 @@ use tracing::{debug, warn};
 
 use crate::frame::{self, Inbound, Link, Why};
 use crate::stats::LIVE_EVERY;
+use crate::timing::{Stage, Timing};
 use crate::{NicConfig, NicLive, NicPublish, NicStats};
 
 /// Most frames read from the TAP per turn.
@@ -109,12 +110,22 @@ struct Device {
     tx: Vec<u8>,
     mtu: usize,
     count: TxCount,
+    /// Per-stage timing (E5), off unless asked.
+    timing: Timing,
 }
 
 impl Device {
     /// Reads one frame; `Ok(false)`: none waiting.
     fn read(&mut self) -> io::Result<bool> {
-        match ferry_sys::read(self.fd.as_fd(), &mut self.rx) {
+        let t0 = self.timing.start();
+        let r = ferry_sys::read(self.fd.as_fd(), &mut self.rx);
+        let stage = if r.is_ok() {
+            Stage::TapRead
+        } else {
+            Stage::TapReadEmpty
+        };
+        self.timing.end(stage, t0, r.is_ok());
+        match r {
             Ok(n) => {
                 self.rx_len = n.saturating_sub(tun::VNET_HDR_LEN);
                 Ok(true)
@@ -130,14 +141,17 @@ impl Device {
 
     /// Writes a frame we made: complete, or a TCP segment with its checksum left to the
     /// offload ([`frame::offload_tcp`]).
-    fn write(fd: BorrowedFd<'_>, count: &mut TxCount, frame: &mut [u8]) {
+    fn write(fd: BorrowedFd<'_>, count: &mut TxCount, timing: &mut Timing, frame: &mut [u8]) {
+        let t0 = timing.start();
         let mut hdr = [0u8; tun::VNET_HDR_LEN];
         if let Some((start, offset)) = frame::offload_tcp(frame) {
             hdr[0] = tun::VNET_NEEDS_CSUM;
             hdr[6..8].copy_from_slice(&start.to_le_bytes());
             hdr[8..10].copy_from_slice(&offset.to_le_bytes());
         }
-        match tun::write2(fd, &hdr, frame) {
+        let r = tun::write2(fd, &hdr, frame);
+        timing.end(Stage::TapWrite, t0, r.is_ok());
+        match r {
             Ok(_) => {
                 count.frames += 1;
                 count.bytes += frame.len() as u64;
@@ -155,6 +169,7 @@ struct Tx<'a> {
     fd: BorrowedFd<'a>,
     buf: &'a mut Vec<u8>,
     count: &'a mut TxCount,
+    timing: &'a mut Timing,
 }
 
 impl phy::RxToken for Rx<'_> {
@@ -169,7 +184,7 @@ impl phy::TxToken for Tx<'_> {
             self.buf.resize(len, 0);
         }
         let r = f(&mut self.buf[..len]);
-        Device::write(self.fd, self.count, &mut self.buf[..len]);
+        Device::write(self.fd, self.count, self.timing, &mut self.buf[..len]);
         r
     }
 }
@@ -191,6 +206,7 @@ impl phy::Device for Device {
             fd: self.fd.as_fd(),
             buf: &mut self.tx,
             count: &mut self.count,
+            timing: &mut self.timing,
         };
         Some((Rx(frame), tx))
     }
@@ -200,6 +216,7 @@ impl phy::Device for Device {
             fd: self.fd.as_fd(),
             buf: &mut self.tx,
             count: &mut self.count,
+            timing: &mut self.timing,
         })
     }
 
@@ -300,6 +317,7 @@ impl NicServer {
             tx: vec![0; mtu + frame::ETH_LEN],
             mtu,
             count: TxCount::default(),
+            timing: Timing::new(cfg.timing),
         };
         let mut config = Config::new(HardwareAddress::Ethernet(GATEWAY_MAC));
         config.random_seed = ferry_sys::random_u64().unwrap_or(0x0066_6572_7279);
@@ -448,6 +466,9 @@ impl NicServer {
             if let Err(e) = self.epoll.wait_for(timeout, &mut events) {
                 warn!("{}: epoll: {e}", self.id);
             }
+            if !events.is_empty() && !timeout.is_zero() {
+                self.dev.timing.woke();
+            }
             for ev in &events {
                 self.on_event(*ev);
             }
@@ -468,6 +489,7 @@ impl NicServer {
         s.frames_out = self.dev.count.frames;
         s.frame_bytes_out = self.dev.count.bytes;
         s.tap_full = self.dev.count.full;
+        s.timing = self.dev.timing.totals();
         s.bytes_out += self.tcp.values().map(|f| f.bytes_out).sum::<u64>();
         s.bytes_in += self.tcp.values().map(|f| f.bytes_in).sum::<u64>();
         s
@@ -500,7 +522,9 @@ impl NicServer {
             match self.dev.read() {
                 Ok(true) => {
                     busy = true;
+                    let m = self.dev.timing.mark();
                     self.on_frame();
+                    self.dev.timing.end_outer(Stage::Ingress, m, true);
                 }
                 Ok(false) => break,
                 Err(e) => {
@@ -515,12 +539,17 @@ impl NicServer {
         }
         // Move bytes and let the stack send until neither has more to do.
         for _ in 0..64 {
+            let m = self.dev.timing.mark();
             let moved = self.pump_tcp();
+            self.dev.timing.end_outer(Stage::Pump, m, moved);
             let now = self.now();
+            let (m, frames) = (self.dev.timing.mark(), self.dev.count.frames);
             let sent = self
                 .iface
                 .poll_egress(now, &mut self.dev, &mut self.sockets)
                 == smoltcp::iface::PollResult::SocketStateChanged;
+            let wrote = self.dev.count.frames != frames;
+            self.dev.timing.end_outer(Stage::Egress, m, wrote);
             busy |= moved || sent;
             if !moved && !sent {
                 break;
@@ -555,7 +584,11 @@ impl NicServer {
                         self.connected(t);
                     }
                 } else if self.dgram.contains_key(&t) {
+                    // Framing the datagrams counts as egress (no stack on this path).
+                    let (m, frames) = (self.dev.timing.mark(), self.dev.count.frames);
                     self.host_dgram_ready(t);
+                    let wrote = self.dev.count.frames != frames;
+                    self.dev.timing.end_outer(Stage::Egress, m, wrote);
                 }
             }
         }
@@ -796,7 +829,7 @@ impl NicServer {
                 continue;
             }
             let s = self.sockets.get_mut::<tcp::Socket>(f.handle);
-            moved |= pump(f, s);
+            moved |= pump(f, s, &mut self.dev.timing);
         }
         moved
     }
@@ -984,7 +1017,13 @@ impl NicServer {
         let gw = self.cfg.plan.gateway_for(dst);
         let frame = &self.dev.rx[tun::VNET_HDR_LEN..tun::VNET_HDR_LEN + self.dev.rx_len];
         if let Some(n) = frame::prohibited(&mut self.out, self.link, gw, frame) {
-            Device::write(self.dev.fd.as_fd(), &mut self.dev.count, &mut self.out[..n]);
+            let dev = &mut self.dev;
+            Device::write(
+                dev.fd.as_fd(),
+                &mut dev.count,
+                &mut dev.timing,
+                &mut self.out[..n],
+            );
         }
     }
 
@@ -996,7 +1035,10 @@ impl NicServer {
         };
         let f = self.dgram.get_mut(&id).expect("flow just found");
         f.last = Instant::now();
-        if ferry_sys::send_nosignal(f.host.as_fd(), &self.dev.rx[start..start + len]).is_ok() {
+        let t0 = self.dev.timing.start();
+        let sent = ferry_sys::send_nosignal(f.host.as_fd(), &self.dev.rx[start..start + len]);
+        self.dev.timing.end(Stage::HostSend, t0, sent.is_ok());
+        if sent.is_ok() {
             self.stats.bytes_out += len as u64;
         }
     }
@@ -1024,7 +1066,9 @@ impl NicServer {
         let msg = &mut self.buf[..8 + len];
         msg[..8].copy_from_slice(&[ty, 0, 0, 0, 0, 0, (seq >> 8) as u8, seq as u8]);
         msg[8..].copy_from_slice(&self.dev.rx[start..start + len]);
-        let _ = ferry_sys::send_nosignal(f.host.as_fd(), msg);
+        let t0 = self.dev.timing.start();
+        let sent = ferry_sys::send_nosignal(f.host.as_fd(), msg);
+        self.dev.timing.end(Stage::HostSend, t0, sent.is_ok());
     }
 
     /// Datagrams (or echo replies) arrived on flow `id`'s host socket: framed to the
@@ -1034,7 +1078,10 @@ impl NicServer {
             return;
         };
         for _ in 0..DGRAM_BATCH {
-            let n = match ferry_sys::recv(f.host.as_fd(), &mut self.buf, libc::MSG_DONTWAIT) {
+            let t0 = self.dev.timing.start();
+            let got = ferry_sys::recv(f.host.as_fd(), &mut self.buf, libc::MSG_DONTWAIT);
+            self.dev.timing.end(Stage::HostRecv, t0, got.is_ok());
+            let n = match got {
                 Ok(n) => n,
                 Err(_) => break,
             };
@@ -1065,9 +1112,11 @@ impl NicServer {
                 )
             };
             if let Some(len) = framed {
+                let dev = &mut self.dev;
                 Device::write(
-                    self.dev.fd.as_fd(),
-                    &mut self.dev.count,
+                    dev.fd.as_fd(),
+                    &mut dev.count,
+                    &mut dev.timing,
                     &mut self.out[..len],
                 );
             }
@@ -1121,12 +1170,18 @@ fn taken(r: io::Result<usize>) -> (usize, io::Result<usize>) {
 }
 
 /// Moves what it can between flow `f`'s host socket and its stack socket `s`.
-fn pump(f: &mut TcpFlow, s: &mut tcp::Socket<'_>) -> bool {
+fn pump(f: &mut TcpFlow, s: &mut tcp::Socket<'_>, timing: &mut Timing) -> bool {
     let mut moved = false;
     // Sandbox → host.
     while f.writable && s.can_recv() {
         let host = f.host.as_fd();
-        match Step::of(s.recv(|b| taken(ferry_sys::send_nosignal(host, b)))) {
+        let sent = s.recv(|b| {
+            let t0 = timing.start();
+            let r = ferry_sys::send_nosignal(host, b);
+            timing.end(Stage::HostSend, t0, matches!(r, Ok(n) if n > 0));
+            taken(r)
+        });
+        match Step::of(sent) {
             Step::Moved(n) => {
                 f.bytes_out += n as u64;
                 moved = true;
@@ -1156,7 +1211,13 @@ fn pump(f: &mut TcpFlow, s: &mut tcp::Socket<'_>) -> bool {
     // Host → sandbox.
     while f.readable && !f.host_eof && s.can_send() {
         let host = f.host.as_fd();
-        match Step::of(s.send(|b| taken(ferry_sys::recv(host, b, libc::MSG_DONTWAIT)))) {
+        let got = s.send(|b| {
+            let t0 = timing.start();
+            let r = ferry_sys::recv(host, b, libc::MSG_DONTWAIT);
+            timing.end(Stage::HostRecv, t0, matches!(r, Ok(n) if n > 0));
+            taken(r)
+        });
+        match Step::of(got) {
             Step::Moved(0) => {
                 f.host_eof = true;
                 s.close();

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::timing::{Stage, StageTotal};
+
 /// What one NIC server did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NicStats {
@@ -41,6 +43,8 @@ pub struct NicStats {
     pub sleeps: u64,
     /// Flows still open when the server stopped.
     pub open_at_stop: u64,
+    /// Per-stage totals, when timing was on ([`NicConfig::timing`](crate::NicConfig)).
+    pub timing: Option<Vec<(Stage, StageTotal)>>,
 }
 
 impl fmt::Display for NicStats {
@@ -71,7 +75,24 @@ impl fmt::Display for NicStats {
             self.spin_turns,
             self.sleeps,
             self.open_at_stop
-        )
+        )?;
+        if let Some(t) = &self.timing {
+            let each: Vec<String> = t
+                .iter()
+                .filter(|(_, v)| v.calls > 0)
+                .map(|(s, v)| {
+                    format!(
+                        "{} {} calls ({} hits) {:.0} ns/call",
+                        s.name(),
+                        v.calls,
+                        v.hits,
+                        v.ns as f64 / v.calls as f64
+                    )
+                })
+                .collect();
+            writeln!(f, "server {} timing: {}", self.id, each.join(", "))?;
+        }
+        Ok(())
     }
 }
 
@@ -102,7 +123,22 @@ impl NicStats {
             ("sleeps", self.sleeps),
             ("open_at_stop", self.open_at_stop),
         ];
-        let body: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+        let mut body: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+        if let Some(t) = &self.timing {
+            let stages: Vec<String> = t
+                .iter()
+                .map(|(s, v)| {
+                    format!(
+                        "\"{}\":{{\"calls\":{},\"hits\":{},\"ns\":{}}}",
+                        s.name(),
+                        v.calls,
+                        v.hits,
+                        v.ns
+                    )
+                })
+                .collect();
+            body.push(format!("\"timing\":{{{}}}", stages.join(",")));
+        }
         format!("{{\"id\":\"{}\",{}}}", self.id, body.join(","))
     }
 }
@@ -163,5 +199,42 @@ impl NicLive {
         self.pinned
             .store(i32::try_from(cpu).unwrap_or(-1), Ordering::Relaxed);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_has_timing_only_when_on() {
+        let mut s = NicStats {
+            id: "nic-0".into(),
+            frames_in: 3,
+            ..Default::default()
+        };
+        let off = s.to_json();
+        assert!(
+            off.starts_with("{\"id\":\"nic-0\",\"frames_in\":3,"),
+            "{off}"
+        );
+        assert!(!off.contains("timing"));
+        s.timing = Some(vec![(
+            Stage::TapRead,
+            StageTotal {
+                calls: 4,
+                hits: 3,
+                ns: 1200,
+            },
+        )]);
+        let on = s.to_json();
+        assert!(
+            on.ends_with(",\"timing\":{\"tap_read\":{\"calls\":4,\"hits\":3,\"ns\":1200}}}"),
+            "{on}"
+        );
+        assert!(
+            s.to_string()
+                .contains("tap_read 4 calls (3 hits) 300 ns/call")
+        );
     }
 }

@@ -179,19 +179,29 @@ impl TwoPaths {
     /// Runs `script` under `ferry run --egress EGRESS --bond mode`; returns what each path
     /// carried meanwhile, (received, sent) by the remote, and the stats JSON.
     fn run(&self, egress: &str, mode: &str, script: &str) -> ([(u64, u64); 2], String) {
+        self.run_with(&[], egress, mode, script)
+    }
+
+    /// [`TwoPaths::run`] with more options of `ferry run` (`--net nic`).
+    fn run_with(
+        &self,
+        more: &[&str],
+        egress: &str,
+        mode: &str,
+        script: &str,
+    ) -> ([(u64, u64); 2], String) {
         let stats = self.dir.path().join(format!("stats-{mode}.json"));
         let before = self.counters();
-        let o = ferry_run(
-            &[
-                "--egress",
-                egress,
-                "--bond",
-                mode,
-                "--stats-json",
-                stats.to_str().unwrap(),
-            ],
-            &["bash", "-c", script],
-        );
+        let mut opts = vec![
+            "--egress",
+            egress,
+            "--bond",
+            mode,
+            "--stats-json",
+            stats.to_str().unwrap(),
+        ];
+        opts.extend_from_slice(more);
+        let o = ferry_run(&opts, &["bash", "-c", script]);
         assert!(o.status.success(), "--bond {mode}: {}", text(&o));
         let after = self.counters();
         let json = std::fs::read_to_string(&stats).unwrap();
@@ -272,6 +282,27 @@ fn rr_spreads_connections_over_both_paths() {
     }
     assert_eq!(connections(&json), [4, 4], "{json}");
     // ferry's own per-address byte counts agree: 4 files received over each.
+    for (i, n) in egress_counter(&json, "bytes_in").iter().enumerate() {
+        assert!(
+            *n >= 4 * FILE_LEN as u64,
+            "address {i} received {n}: {json}"
+        );
+    }
+}
+
+#[test]
+fn nic_mode_bonds_its_flows_like_socket_mode() {
+    if !can_run(&["curl", "nginx", "ip", "bash"]) {
+        return;
+    }
+    // curl without the shim: its connections are the NIC server's flows, which take
+    // their source from the same bond.
+    let t = TwoPaths::new("bondnic", 8094);
+    let (d, json) = t.run_with(&["--net", "nic"], &t.addrs(), "rr", &t.fetches(8));
+    for (i, (_, tx)) in d.iter().enumerate() {
+        assert!(*tx >= 4 * FILE_LEN as u64, "path {i} sent {tx}");
+    }
+    assert_eq!(connections(&json), [4, 4], "{json}");
     for (i, n) in egress_counter(&json, "bytes_in").iter().enumerate() {
         assert!(
             *n >= 4 * FILE_LEN as u64,

@@ -622,3 +622,41 @@ fn the_demo_fetches_the_same_bytes_natively_through_socket_mode_and_nic_mode() {
         assert!(line.contains(&(8u64 << 20).to_string()), "{line}");
     }
 }
+
+#[test]
+fn a_udp_server_without_the_shim_is_published_with_p() {
+    if !can_run(&["socat"]) {
+        return;
+    }
+    // UDP ports keep socket mode's flows (sockets made inside the sandbox): they reach
+    // a program the shim does not serve too.
+    let mut c = ferry();
+    c.args([
+        "run",
+        "--net",
+        "nic",
+        "-p",
+        "127.0.0.1:18393:5353/udp",
+        "--",
+        "socat",
+        "UDP4-RECVFROM:5353,fork",
+        "SYSTEM:cat",
+    ]);
+    let _srv = Guard(quiet(&mut c).spawn().unwrap());
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let t = Instant::now();
+    let mut buf = [0u8; 64];
+    loop {
+        sock.send_to(b"echo me", "127.0.0.1:18393").unwrap();
+        if let Ok((n, _)) = sock.recv_from(&mut buf) {
+            assert_eq!(&buf[..n], b"echo me");
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no answer through the published UDP port"
+        );
+    }
+}

@@ -89,10 +89,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "SPAN", default_value = "5ms", value_parser = crate::args::span)]
     pub module_deadline: Duration,
     /// How the sandbox reaches the network: socket (the shim serves programs linked to
-    /// libc), nic (a TAP device `eth0` served by ferry's NIC servers: any program,
-    /// static and Go ones and ping included), both (the shim where it reaches, the TAP
-    /// for the rest).
-    #[arg(long, value_name = "socket|nic|both", default_value = "socket")]
+    /// libc; the others see only lo), nic (a TAP device `eth0` served by ferry's NIC
+    /// servers: any program, static and Go ones and ping included), both (the default:
+    /// the shim where it reaches, the TAP for the rest).
+    #[arg(long, value_name = "socket|nic|both", default_value = "both")]
     pub net: Net,
     /// NIC servers (threads), one TAP queue each, with --net nic|both (S2, S4): the
     /// sandbox's kernel spreads its flows over the queues.
@@ -374,12 +374,14 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
     cfg.batch = a.batch;
     cfg.batch_delay = a.batch_delay;
     cfg.policy = policy;
-    // With a TAP, TCP ports are published to the sandbox's address on it (whatever
-    // serves them, shim or not); UDP ports keep socket mode's flows (made inside the
-    // sandbox, they reach any program).
+    // In nic mode TCP ports are published to the sandbox's address on the TAP (whatever
+    // serves them); with the shim there too (`both`) they stay socket mode's, which
+    // hands them to the shim's listeners (loopback-bound ones and modules included).
+    // UDP ports keep socket mode's flows (made inside the sandbox, they reach any
+    // program).
     let nic_on = a.net != Net::Socket;
     let (nic_publish, publish): (Vec<Publish>, Vec<Publish>) =
-        a.publish.iter().partition(|p| nic_on && !p.udp);
+        a.publish.iter().partition(|p| a.net == Net::Nic && !p.udp);
     cfg.publish = publish;
     cfg.egress = bond.clone();
     cfg.servers = usize::from(a.servers);
@@ -479,10 +481,18 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
         warn!("cannot make ferry non-dumpable: {e}");
     }
     servers.first().restrict_to_descendants_of(sandbox.pid());
-    let nics = if nic_on {
-        start_nic(&a, &sandbox, &policy_for_dns, bond.clone(), &nic_publish)?
-    } else {
-        Vec::new()
+    let nics = match (nic_on, a.net) {
+        (false, _) => Vec::new(),
+        // The default: without a usable TAP (no /dev/net/tun, a kernel without tun) the
+        // sandbox keeps the shim alone.
+        (true, Net::Both) => {
+            start_nic(&a, &sandbox, &policy_for_dns, bond.clone(), &nic_publish)
+                .unwrap_or_else(|e| {
+                    warn!("{e}: the sandbox has the socket shim only (programs it cannot serve see only lo)");
+                    Vec::new()
+                })
+        }
+        (true, _) => start_nic(&a, &sandbox, &policy_for_dns, bond.clone(), &nic_publish)?,
     };
     if let Err(e) = start_dns(servers.first(), &a.dns, &policy_for_dns) {
         warn!("DNS forwarding is off: {e}");

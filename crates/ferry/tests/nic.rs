@@ -82,7 +82,7 @@ fn a_static_go_program_fetches_the_same_bytes_as_natively() {
     let mut args = vec![go.to_str().unwrap(), "get"];
     args.extend(urls.iter().map(String::as_str));
     // Socket mode: the shim cannot reach a static Go program; it sees only loopback.
-    let socket = ferry_run(&[], &args);
+    let socket = ferry_run(&["--net", "socket"], &args);
     assert!(
         !socket.status.success(),
         "socket mode cannot serve Go: {}",

@@ -81,8 +81,10 @@ for _ in range(3):
 print("resolved")'
 "#;
     let mut cmd = ferry();
-    cmd.args(["run", "--dns", "off", "--", "sh", "-c", script])
-        .env("DIRECT", DIRECT);
+    cmd.args([
+        "run", "--net", "socket", "--dns", "off", "--", "sh", "-c", script,
+    ])
+    .env("DIRECT", DIRECT);
     let o = output_within(cmd, Duration::from_secs(60));
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(0), "{err}");
@@ -133,7 +135,7 @@ fn ping_is_told_that_icmp_is_not_relayed() {
     }
     for dest in ["127.0.0.1", "192.0.2.1"] {
         let mut cmd = ferry();
-        cmd.args(["run", "--", "ping", "-c1", "-W1", dest]);
+        cmd.args(["run", "--net", "socket", "--", "ping", "-c1", "-W1", dest]);
         let o = output_within(cmd, Duration::from_secs(30));
         let err = stderr(&o);
         let lines = told(&err);
@@ -154,7 +156,7 @@ fn a_flood_of_direct_sockets_is_told_in_bounded_lines_and_served_promptly() {
     }
     // 5,000 sockets from 50 processes at once: each call waits for the init's answer.
     let mut cmd = ferry();
-    cmd.args(["run", "--", "python3", "-c", DIRECT])
+    cmd.args(["run", "--net", "socket", "--", "python3", "-c", DIRECT])
         .env("NAME", "flood")
         .env("PROCS", "50")
         .env("COUNT", "100");

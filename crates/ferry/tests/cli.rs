@@ -62,13 +62,28 @@ fn missing_program_exits_127() {
 }
 
 #[test]
-fn sandbox_sees_only_loopback() {
-    let o = ferry_run(
-        &[],
-        &["sh", "-c", "tail -n +3 /proc/self/net/dev | cut -d: -f1"],
-    );
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "lo");
+fn sandbox_sees_only_loopback_and_its_tap() {
+    let ifaces = |net: &str| {
+        let o = ferry_run(
+            &["--net", net],
+            &[
+                "sh",
+                "-c",
+                "tail -n +3 /proc/self/net/dev | cut -d: -f1 | tr -d ' ' | sort",
+            ],
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(ifaces("socket"), "lo");
+    // nic and both (the default): the TAP ferry's NIC servers own, where /dev/net/tun is.
+    if std::path::Path::new("/dev/net/tun").exists() {
+        assert_eq!(ifaces("nic"), "eth0 lo");
+        assert_eq!(ifaces("both"), "eth0 lo");
+    }
 }
 
 /// The server may run as root: options that need privilege over the host's network, or

@@ -197,7 +197,16 @@ fn ctl_shows_every_server_live_and_rejects_bad_requests() {
         return;
     }
     let child = ferry()
-        .args(["run", "--servers", "3", "--", "sleep", "5"])
+        .args([
+            "run",
+            "--servers",
+            "3",
+            "--nic-servers",
+            "2",
+            "--",
+            "sleep",
+            "5",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -217,9 +226,24 @@ fn ctl_shows_every_server_live_and_rejects_bad_requests() {
     for k in 0..3 {
         assert!(table.contains(&format!("proto-{k} ")), "{table}");
     }
+    // The NIC servers of the sandbox's TAP (--net both, the default) beside them.
+    let nics = std::path::Path::new("/dev/net/tun").exists();
+    for k in 0..2 {
+        assert_eq!(table.contains(&format!("nic-{k} ")), nics, "{table}");
+    }
     let o = ctl(pid, &["stats", "--json"]);
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v.as_array().unwrap().len(), 3, "{v}");
+    assert_eq!(v.as_array().unwrap().len(), if nics { 5 } else { 3 }, "{v}");
+    if nics {
+        let o = ctl(pid, &["move", "nic-1", "0"]);
+        assert!(o.status.success(), "{}", text(&o));
+        let o = ctl(pid, &["stats", "--json"]);
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v[4]["server"].as_str(), Some("nic-1"), "{v}");
+        assert_eq!(v[4]["pinned"].as_i64(), Some(0), "{v}");
+        let o = ctl(pid, &["move", "nic-7", "0"]);
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    }
     let o = ctl(pid, &["move", "proto-7", "0"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(

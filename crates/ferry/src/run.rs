@@ -481,18 +481,21 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
         warn!("cannot make ferry non-dumpable: {e}");
     }
     servers.first().restrict_to_descendants_of(sandbox.pid());
-    let nics = match (nic_on, a.net) {
-        (false, _) => Vec::new(),
-        // The default: without a usable TAP (no /dev/net/tun, a kernel without tun) the
-        // sandbox keeps the shim alone.
-        (true, Net::Both) => {
-            start_nic(&a, &sandbox, &policy_for_dns, bond.clone(), &nic_publish)
-                .unwrap_or_else(|e| {
-                    warn!("{e}: the sandbox has the socket shim only (programs it cannot serve see only lo)");
-                    Vec::new()
-                })
+    let nics = if nic_on {
+        match start_nic(&a, &sandbox, &policy_for_dns, bond.clone(), &nic_publish) {
+            Ok(nics) => nics,
+            // The default: without a usable TAP (no /dev/net/tun, a kernel without tun)
+            // the sandbox keeps the shim alone.
+            Err(e) if a.net == Net::Both => {
+                warn!(
+                    "{e}: the sandbox has the socket shim only (programs it cannot serve see only lo)"
+                );
+                Vec::new()
+            }
+            Err(e) => return Err(e),
         }
-        (true, _) => start_nic(&a, &sandbox, &policy_for_dns, bond.clone(), &nic_publish)?,
+    } else {
+        Vec::new()
     };
     if let Err(e) = start_dns(servers.first(), &a.dns, &policy_for_dns) {
         warn!("DNS forwarding is off: {e}");

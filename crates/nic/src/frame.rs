@@ -157,7 +157,8 @@ pub fn source_mac(frame: &[u8]) -> Option<EthernetAddress> {
 
 /// Checksums as a NIC server emits them: all but TCP's, which [`offload_tcp`] leaves
 /// to the offload (a segment is up to 64 KiB: summing it twice, here and in the
-/// sandbox's kernel, would be the largest per-byte cost of the path).
+/// sandbox's kernel, would be the largest per-byte cost of the path). None is checked
+/// on what arrives (`Tx`: computed when sending only), so the stack uses these too.
 pub fn tx_checksums() -> ChecksumCapabilities {
     let mut c = ChecksumCapabilities::default();
     c.ipv4 = Checksum::Tx;
@@ -165,14 +166,6 @@ pub fn tx_checksums() -> ChecksumCapabilities {
     c.tcp = Checksum::None;
     c.icmpv4 = Checksum::Tx;
     c.icmpv6 = Checksum::Tx;
-    c
-}
-
-/// Checksums as the stack checks what it receives: not at all (see the module docs),
-/// computed on what it sends as [`tx_checksums`].
-pub fn stack_checksums() -> ChecksumCapabilities {
-    let mut c = tx_checksums();
-    c.ipv4 = Checksum::Tx;
     c
 }
 

@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ferry_proto::WireAddr;
-use ferry_server::{Verdict, egress::Lease};
+use ferry_server::{LogThrottle, Verdict, egress::Lease};
 use ferry_sys::{Epoll, Event, tun};
 use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
 use smoltcp::phy::{self, DeviceCapabilities, Medium};
@@ -135,6 +135,15 @@ impl Device {
         }
     }
 
+    /// Where `part` (a slice of the frame just read) lies in the receive buffer, as
+    /// (start, length): what the frame's handlers keep while they borrow the server.
+    fn span(&self, part: &[u8]) -> (usize, usize) {
+        (
+            part.as_ptr() as usize - self.rx.as_ptr() as usize,
+            part.len(),
+        )
+    }
+
     fn frame(&self) -> &[u8] {
         &self.rx[tun::VNET_HDR_LEN..tun::VNET_HDR_LEN + self.rx_len]
     }
@@ -224,7 +233,8 @@ impl phy::Device for Device {
         let mut c = DeviceCapabilities::default();
         c.medium = Medium::Ethernet;
         c.max_transmission_unit = self.mtu + frame::ETH_LEN;
-        c.checksum = frame::stack_checksums();
+        // Nothing received is verified (`Tx`/`None`: see `frame`); sent as ferry's own.
+        c.checksum = frame::tx_checksums();
         c
     }
 }
@@ -282,7 +292,9 @@ pub struct NicServer {
     stats: NicStats,
     epoch: Instant,
     last_sweep: Instant,
-    last_warn: Option<Instant>,
+    /// Log lines of refused flows, and of host sockets that could not be made.
+    refusals: LogThrottle,
+    failures: LogThrottle,
     tap_gone: bool,
     live: Arc<NicLive>,
 }
@@ -377,7 +389,8 @@ impl NicServer {
             buf: vec![0; FRAME_MAX],
             epoch,
             last_sweep: epoch,
-            last_warn: None,
+            refusals: LogThrottle::default(),
+            failures: LogThrottle::default(),
             tap_gone: false,
             live: Arc::new(NicLive {
                 pinned: (-1).into(),
@@ -402,14 +415,11 @@ impl NicServer {
         let l = &self.live;
         let r = Ordering::Relaxed;
         l.cpu.store(ferry_sys::current_cpu(), r);
-        l.flows.store((self.tcp.len() + self.dgram.len()) as u64, r);
+        l.flows.store(self.flows() as u64, r);
         l.frames.store(self.stats.frames_in, r);
-        let open: (u64, u64) = self
-            .tcp
-            .values()
-            .fold((0, 0), |(o, i), f| (o + f.bytes_out, i + f.bytes_in));
-        l.bytes_out.store(self.stats.bytes_out + open.0, r);
-        l.bytes_in.store(self.stats.bytes_in + open.1, r);
+        let (out, inn) = self.open_bytes();
+        l.bytes_out.store(self.stats.bytes_out + out, r);
+        l.bytes_in.store(self.stats.bytes_in + inn, r);
         l.sleeps.store(self.stats.sleeps, r);
     }
 
@@ -461,21 +471,9 @@ impl NicServer {
                     .unwrap_or(Duration::from_secs(1))
                     .min(Duration::from_secs(1))
             };
-            self.events.clear();
-            let mut events = std::mem::take(&mut self.events);
-            if let Err(e) = self.epoll.wait_for(timeout, &mut events) {
-                warn!("{}: epoll: {e}", self.id);
-            }
-            if !events.is_empty() && !timeout.is_zero() {
-                self.dev.timing.woke();
-            }
-            for ev in &events {
-                self.on_event(*ev);
-            }
-            if !events.is_empty() {
+            if self.wait_events(timeout) {
                 idle_since = None;
             }
-            self.events = events;
         }
         self.counters()
     }
@@ -490,9 +488,18 @@ impl NicServer {
         s.frame_bytes_out = self.dev.count.bytes;
         s.tap_full = self.dev.count.full;
         s.timing = self.dev.timing.totals();
-        s.bytes_out += self.tcp.values().map(|f| f.bytes_out).sum::<u64>();
-        s.bytes_in += self.tcp.values().map(|f| f.bytes_in).sum::<u64>();
+        let (out, inn) = self.open_bytes();
+        s.bytes_out += out;
+        s.bytes_in += inn;
         s
+    }
+
+    /// Bytes the open TCP flows have moved (out, in): a flow's are added to the
+    /// server's counters when it closes.
+    fn open_bytes(&self) -> (u64, u64) {
+        self.tcp
+            .values()
+            .fold((0, 0), |(o, i), f| (o + f.bytes_out, i + f.bytes_in))
     }
 
     /// One turn of [`NicServer::run`] and the events already pending, never waiting;
@@ -502,17 +509,26 @@ impl NicServer {
     pub fn step(&mut self) -> bool {
         self.stats.turns += 1;
         let busy = self.turn();
+        self.wait_events(Duration::ZERO) || busy
+    }
+
+    /// Waits up to `timeout` in epoll and handles what it reports; whether it reported
+    /// anything.
+    fn wait_events(&mut self, timeout: Duration) -> bool {
         let mut events = std::mem::take(&mut self.events);
         events.clear();
-        if let Err(e) = self.epoll.wait_for(Duration::ZERO, &mut events) {
+        if let Err(e) = self.epoll.wait_for(timeout, &mut events) {
             warn!("{}: epoll: {e}", self.id);
+        }
+        if !events.is_empty() && !timeout.is_zero() {
+            self.dev.timing.woke();
         }
         for ev in &events {
             self.on_event(*ev);
         }
-        let woke = !events.is_empty();
+        let any = !events.is_empty();
         self.events = events;
-        busy || woke
+        any
     }
 
     /// One turn: frames in, flows pumped, the stack's output out. Whether anything moved.
@@ -594,21 +610,21 @@ impl NicServer {
         }
     }
 
-    /// Logs a refusal, at most once a second.
+    /// Counts a refusal and logs it, at most once a second.
     fn refused(&mut self, what: &str, to: SocketAddr) {
         self.stats.denied += 1;
-        if self
-            .last_warn
-            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
-        {
-            self.last_warn = Some(Instant::now());
-            warn!("{}: {what} to {to} denied", self.id);
+        if let Some(n) = self.refusals.tick() {
+            warn!(
+                "{}: {what} to {to} denied ({n} since the last line)",
+                self.id
+            );
         }
     }
 
     /// Whether the sandbox may reach `to` (docs/SECURITY.md, nic mode): never a local
-    /// address (loopback, unspecified: the host's own), the gateway, or a multicast or
-    /// broadcast one; the policy for the rest.
+    /// address (loopback, unspecified: the host's own), the sandbox's own subnets (the
+    /// gateway included), a multicast, broadcast or IPv6 link-local one; the policy for
+    /// the rest.
     fn allowed(&self, to: SocketAddr) -> bool {
         let ip = to.ip();
         let plan = &self.cfg.plan;
@@ -662,10 +678,7 @@ impl NicServer {
                 self.feed_stack();
             }
             Inbound::Udp { src, dst, payload } => {
-                let (len, start) = (
-                    payload.len(),
-                    payload.as_ptr() as usize - self.dev.rx.as_ptr() as usize,
-                );
+                let (start, len) = self.dev.span(payload);
                 self.udp_out(src, dst, start, len);
             }
             Inbound::Echo {
@@ -675,10 +688,7 @@ impl NicServer {
                 seq,
                 data,
             } => {
-                let (len, start) = (
-                    data.len(),
-                    data.as_ptr() as usize - self.dev.rx.as_ptr() as usize,
-                );
+                let (start, len) = self.dev.span(data);
                 self.echo_out(src, dst, ident, seq, start, len);
             }
             Inbound::Drop(Why::Malformed) => self.stats.malformed += 1,
@@ -965,13 +975,9 @@ impl NicServer {
         let (host, lease, _) = match self.host_socket(ty, proto, remote) {
             Ok(x) => x,
             Err(e) => {
-                if self
-                    .last_warn
-                    .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
-                {
-                    self.last_warn = Some(Instant::now());
+                if let Some(n) = self.failures.tick() {
                     warn!(
-                        "{}: cannot open a {} socket to {remote}: {e}{}",
+                        "{}: cannot open a {} socket to {remote}: {e}{} ({n} since the last line)",
                         self.id,
                         if echo { "ping" } else { "UDP" },
                         if echo {
@@ -1015,8 +1021,7 @@ impl NicServer {
     /// Answers the frame just read with "administratively prohibited".
     fn prohibit(&mut self, dst: IpAddr) {
         let gw = self.cfg.plan.gateway_for(dst);
-        let frame = &self.dev.rx[tun::VNET_HDR_LEN..tun::VNET_HDR_LEN + self.dev.rx_len];
-        if let Some(n) = frame::prohibited(&mut self.out, self.link, gw, frame) {
+        if let Some(n) = frame::prohibited(&mut self.out, self.link, gw, self.dev.frame()) {
             let dev = &mut self.dev;
             Device::write(
                 dev.fd.as_fd(),

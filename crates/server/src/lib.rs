@@ -105,7 +105,7 @@ pub use ferry_modules::{Interrupt as ModuleInterrupt, Limits as ModuleLimits};
 pub use group::{Accepted, Assign, Control, Handle, LiveStats, Servers, parse_server, server_name};
 pub use modules::{HIGH_WATER, ModuleConfig, ModuleError, ModuleRule, ModuleTarget};
 pub use policy::{Policy, Rule, Verdict};
-pub use server::{Server, descends_from};
+pub use server::{LogThrottle, Server, descends_from};
 pub use stats::{
     ChannelStats, FOLDED, MAX_LISTED, ServerStats, SocketStats, group_json, merge as merge_stats,
 };

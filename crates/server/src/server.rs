@@ -118,14 +118,14 @@ pub struct Server {
 /// At most one log line a second for an event a sandbox can repeat at will: `tick`
 /// says when to write one, and how many events it covers.
 #[derive(Debug, Default)]
-pub(crate) struct LogThrottle {
+pub struct LogThrottle {
     last: Option<Instant>,
     count: u64,
 }
 
 impl LogThrottle {
     /// Counts one event; `Some(events since the last line)` when a line is due.
-    pub(crate) fn tick(&mut self) -> Option<u64> {
+    pub fn tick(&mut self) -> Option<u64> {
         self.count += 1;
         if self
             .last

@@ -588,15 +588,8 @@ fn an_unprivileged_user_runs_a_go_program_in_nic_mode() {
     let exe = ferry_for_any_user(bin.path());
     std::fs::remove_file(bin.path().join("libferry_preload.so")).unwrap();
     let url = format!("http://{}:8080/u.bin", r.remote_ip());
-    let o = Command::new("runuser")
-        .args(["-u", "ferrytest", "--"])
-        .arg(&exe)
-        .args(["run", "--net", "nic", "--"])
-        .arg(&go)
-        .args(["get", &url])
-        .current_dir("/")
-        .output()
-        .unwrap();
+    let go = go.to_str().unwrap();
+    let o = as_test_user(&exe, &["run", "--net", "nic", "--", go, "get", &url]);
     assert!(o.status.success(), "as ferrytest: {}", text(&o));
     assert!(
         o.stdout == pattern(200_000, 1),

@@ -468,22 +468,7 @@ fn unprivileged_user_runs_curl_through_ferry() {
         .status()
         .unwrap();
     let url = format!("http://{}:8082/x.bin", r.remote_ip());
-    let o = Command::new("runuser")
-        .args([
-            "-u",
-            "ferrytest",
-            "--",
-            ferry_exe.to_str().unwrap(),
-            "run",
-            "--",
-            "curl",
-            "-sS",
-            "--fail",
-            &url,
-        ])
-        .current_dir("/")
-        .output()
-        .unwrap();
+    let o = as_test_user(&ferry_exe, &["run", "--", "curl", "-sS", "--fail", &url]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(
         o.stdout == pattern(500_000, 3),

@@ -240,6 +240,18 @@ pub fn ferry_for_any_user(dir: &Path) -> PathBuf {
     dir.join("ferry")
 }
 
+/// Runs `exe ARGS…` as the test user `ferrytest` (from `/`, which it may enter), output
+/// captured.
+pub fn as_test_user(exe: &Path, args: &[&str]) -> Output {
+    Command::new("runuser")
+        .args(["-u", "ferrytest", "--"])
+        .arg(exe)
+        .args(args)
+        .current_dir("/")
+        .output()
+        .expect("spawn runuser")
+}
+
 /// The answer to a DNS query: every A query gets `ip`; `None` for a malformed query.
 pub fn dns_answer(q: &[u8], ip: std::net::Ipv4Addr) -> Option<Vec<u8>> {
     if q.len() < 12 {

@@ -1,11 +1,12 @@
 //! `ferry-sandbox` owns the sandbox itself: the namespaces a command runs in (a network
-//! namespace with only `lo`; a PID namespace so nothing the command starts outlives it; a
+//! namespace with only `lo` until nic mode adds its TAP; a PID namespace so nothing the command starts outlives it; a
 //! user namespace whose root is an unprivileged host identity — the caller's own ids, or
 //! for root a range of subordinate ids — unless the caller opts out; a mount namespace
 //! with the sandbox's own `/proc`, locked for the command by a user namespace of its own),
 //! the sandbox's init process (signal forwarding, reaping, exit-status passthrough), and
 //! the socket factory through which host-side code creates sockets inside the sandbox's
-//! network namespace. It also provides a veth "remote host" [`testbed`] for tests and
+//! network namespace (and opens `/dev/net/tun` there, for nic mode's TAP; the init also
+//! lets the sandbox's groups make ping sockets). It also provides a veth "remote host" [`testbed`] for tests and
 //! benchmarks. It must not do networking policy or relay any traffic (that is the
 //! protocol server's), must not parse command lines (the CLI's), and must not run
 //! anything between `clone` and `execve` that is not async-signal-safe: the caller may

@@ -38,6 +38,7 @@ use ferry_proto::{
 use ferry_ring::{BufId, BufSpan, Buffers, Endpoint, Region, Side, SpinPolicy, WaitResult};
 
 use crate::errno::{Errno, Res};
+use crate::fdtable::TABLE;
 use crate::log::{self, Once};
 use crate::pending::PENDING;
 use crate::signals::{self, Counts};
@@ -145,8 +146,20 @@ pub struct Channel {
     demux: Demux,
     /// Send records of this channel not yet given back, per stream socket (few: a
     /// linear list), so that a blocking send can wait until its bytes are the kernel's
-    /// ([`Channel::wait_sent`]).
-    inflight: Vec<(u32, u32)>,
+    /// ([`Channel::wait_sent`]) and a socket's bytes in flight stay within the send
+    /// buffer the program asked for ([`Channel::send_room`]).
+    inflight: Vec<InFlight>,
+}
+
+/// A stream socket's send records out of one channel.
+#[derive(Clone, Copy, Debug)]
+struct InFlight {
+    sock: u32,
+    /// Records not given back yet.
+    records: u32,
+    /// Their bytes (as far as the server says with each buffer it gives back; all
+    /// of them are back when `records` is 0).
+    bytes: u64,
 }
 
 /// Sends smaller than this share buffers (several records in one buffer), so that a
@@ -447,17 +460,19 @@ impl Channel {
     /// A completion that is not the call's answer.
     fn unsolicited(&mut self, e: Event) -> Res<()> {
         match e {
-            Event::BufReturn { sock, buf } => {
-                if let Some(i) = self.inflight.iter().position(|(id, _)| *id == sock) {
-                    self.inflight[i].1 -= 1;
-                    if self.inflight[i].1 == 0 {
+            Event::BufReturn { sock, buf, len } => {
+                if let Some(i) = self.inflight.iter().position(|f| f.sock == sock) {
+                    let f = &mut self.inflight[i];
+                    f.records -= 1;
+                    f.bytes = f.bytes.saturating_sub(u64::from(len));
+                    if f.records == 0 {
                         self.inflight.swap_remove(i);
                     }
                 }
                 self.drop_ref(BufId(buf))
             }
             Event::AsyncError { sock, result } => {
-                if !PENDING.put(sock, result.saturating_neg()) {
+                if !PENDING.put_or_evict(sock, result.saturating_neg(), |id| TABLE.names(id)) {
                     log::once(
                         Once::ErrTable,
                         format_args!("too many pending socket errors; one was dropped"),
@@ -506,14 +521,68 @@ impl Channel {
         for c in Call::send_ctl(sock, control) {
             self.push(c)?;
         }
+        let len = match send {
+            Call::Send { buf, .. } => u64::from(buf.len),
+            _ => 0,
+        };
         self.push(send)?;
         if stream {
-            match self.inflight.iter_mut().find(|(id, _)| *id == sock) {
-                Some((_, n)) => *n += 1,
-                None => self.inflight.push((sock, 1)),
+            match self.inflight.iter_mut().find(|f| f.sock == sock) {
+                Some(f) => {
+                    f.records += 1;
+                    f.bytes += len;
+                }
+                None => self.inflight.push(InFlight {
+                    sock,
+                    records: 1,
+                    bytes: len,
+                }),
             }
         }
         Ok(())
+    }
+
+    /// Bytes of stream `sock` this channel queued that the server has not sent yet.
+    fn queued(&self, sock: u32) -> u64 {
+        self.inflight
+            .iter()
+            .find(|f| f.sock == sock)
+            .map_or(0, |f| f.bytes)
+    }
+
+    /// How many more bytes stream `sock` may queue when the program gave it a send
+    /// buffer of `budget` bytes (`SO_SNDBUF`, as the kernel counts it): the kernel's
+    /// socket takes no more than that before a send blocks or says `EAGAIN`, and a
+    /// program that made its buffer small (to see a peer's reset early, to pace
+    /// itself) must not find ferry's buffers holding far more. Takes the buffers that
+    /// came back; then, with no room, `Ok(None)` if `nonblock`, else waits for room.
+    pub fn send_room(
+        &mut self,
+        sock: u32,
+        budget: u64,
+        nonblock: bool,
+        w: Wait,
+    ) -> Res<Option<usize>> {
+        let room = |ch: &Channel| budget.saturating_sub(ch.queued(sock)) as usize;
+        if room(self) > 0 {
+            return Ok(Some(room(self)));
+        }
+        self.reap()?;
+        if room(self) > 0 {
+            return Ok(Some(room(self)));
+        }
+        if nonblock {
+            return Ok(None);
+        }
+        self.ring();
+        let start = w.since.unwrap_or_else(signals::counts);
+        self.wait_until(&mut BudgetRoom {
+            sock,
+            budget,
+            w,
+            start,
+        })
+        .map(Some)
     }
 
     /// A blocking send on stream `sock` returns once its bytes are the kernel's, as the
@@ -536,7 +605,7 @@ impl Channel {
 
     /// Whether send records of stream `sock` are still out ([`Channel::wait_sent`]).
     fn sending(&self, sock: u32) -> bool {
-        self.inflight.iter().any(|(id, _)| *id == sock)
+        self.inflight.iter().any(|f| f.sock == sock)
     }
 
     /// The control bytes that came with the last [`Channel::call`]'s answer.
@@ -1063,6 +1132,50 @@ impl Until for Sent {
     fn woke(&mut self, ch: &mut Channel, _r: WaitResult) -> Res<Option<()>> {
         ch.reap()?;
         Ok((!ch.sending(self.sock)).then_some(()))
+    }
+}
+
+/// Room under stream `sock`'s send budget ([`Channel::send_room`]): how many bytes.
+/// A handler that interrupts fails the wait with `EINTR`, the deadline with the wait's
+/// own errno, and an error pending for the socket ends it with room (the send then
+/// reports the error).
+#[derive(Debug)]
+struct BudgetRoom {
+    sock: u32,
+    budget: u64,
+    w: Wait,
+    /// The signal counts the wait's handlers are counted from.
+    start: Counts,
+}
+
+impl Until for BudgetRoom {
+    type Out = usize;
+
+    fn before(&mut self, _ch: &mut Channel) -> Res<Option<usize>> {
+        if self.w.interrupted(self.start, false) {
+            return Err(Errno::EINTR);
+        }
+        Ok(PENDING.has(self.sock).then_some(1))
+    }
+
+    fn sleep(&self) -> Sleep {
+        Sleep::Completion(self.w.slice())
+    }
+
+    fn signalled(&mut self, _ch: &mut Channel, futex_eintr: bool) -> Res<()> {
+        if self.w.interrupted(self.start, futex_eintr) {
+            return Err(Errno::EINTR);
+        }
+        Ok(())
+    }
+
+    fn woke(&mut self, ch: &mut Channel, r: WaitResult) -> Res<Option<usize>> {
+        if matches!(r, WaitResult::TimedOut) && self.w.passed() {
+            return Err(self.w.expired);
+        }
+        ch.reap()?;
+        let room = self.budget.saturating_sub(ch.queued(self.sock)) as usize;
+        Ok((room > 0).then_some(room))
     }
 }
 

@@ -116,19 +116,38 @@ fn next_slot(
     sent: usize,
 ) -> Res<Option<Slot>> {
     let w = if sent > 0 { w.partial() } else { w };
-    match ch.alloc_slot(want, nonblock, w) {
-        Ok(Some(slot)) => Ok(Some(slot)),
-        Ok(None) => {
-            ch.want_room(s.fd, s.id)?;
-            if sent > 0 {
-                Ok(None)
-            } else {
-                Err(Errno::EAGAIN)
-            }
+    let budget = TABLE.send_budget(s.fd);
+    let mut room = usize::MAX;
+    if budget > 0 && !s.dgram() {
+        match ch.send_room(s.id, budget, nonblock, w) {
+            Ok(Some(r)) => room = r,
+            Ok(None) => return no_room(ch, s, sent),
+            Err(e) if sent > 0 && e != Errno::DOWN => return Ok(None),
+            Err(e) => return Err(e),
         }
+    }
+    match ch.alloc_slot(want.min(room), nonblock, w) {
+        Ok(Some(slot)) if room < usize::MAX => Ok(Some(Slot {
+            cap: slot.cap.min(room),
+            ..slot
+        })),
+        Ok(Some(slot)) => Ok(Some(slot)),
+        Ok(None) => no_room(ch, s, sent),
         // Interrupted or timed out after a partial send: report the partial count.
         Err(e) if sent > 0 && e != Errno::DOWN => Ok(None),
         Err(e) => Err(e),
+    }
+}
+
+/// A non-blocking send on `s` found no room (no free buffer, or its send buffer is
+/// full): the fd polls unwritable until room comes back; the send reports what it
+/// moved, or `EAGAIN`.
+fn no_room(ch: &mut Channel, s: &Sock, sent: usize) -> Res<Option<Slot>> {
+    ch.want_room(s.fd, s.id)?;
+    if sent > 0 {
+        Ok(None)
+    } else {
+        Err(Errno::EAGAIN)
     }
 }
 
@@ -761,7 +780,7 @@ unsafe fn feed(
             let Some(slot) = next_buf(ch, &s, nonblock, w, sent)? else {
                 break;
             };
-            let n = (count - sent).min(bs);
+            let n = (count - sent).min(bs).min(slot.cap);
             // SAFETY: this slot was just given to this send (`next_buf`) and is
             // published only below.
             let Some(k) = (unsafe { read_in(ch, slot, in_fd, n, off, sent) })? else {

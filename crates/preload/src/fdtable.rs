@@ -165,6 +165,9 @@ struct Slot {
     rcvtimeo_us: AtomicU64,
     /// `SO_SNDTIMEO` in microseconds (0 = none).
     sndtimeo_us: AtomicU64,
+    /// The send buffer the program set (`SO_SNDBUF`, in bytes as the kernel counts
+    /// them; 0 = never set): a stream's bytes in flight stay within it.
+    send_budget: AtomicU64,
 }
 
 type Chunk = [Slot; CHUNK_LEN];
@@ -232,6 +235,7 @@ impl FdTable {
         if let Some(s) = self.slot_mut(fd) {
             s.rcvtimeo_us.store(0, Ordering::Relaxed);
             s.sndtimeo_us.store(0, Ordering::Relaxed);
+            s.send_budget.store(0, Ordering::Relaxed);
             s.word.store(encode(e), Ordering::Release);
             self.high.fetch_max(fd as usize + 1, Ordering::AcqRel);
         }
@@ -257,6 +261,27 @@ impl FdTable {
         }
     }
 
+    /// Whether some fd of this process names socket `id` (a scan of the table: for the
+    /// rare cases that need it, such as a table of pending errors that filled up).
+    pub fn names(&self, id: u32) -> bool {
+        let high = self.high.load(Ordering::Acquire).min(MAX_FD);
+        let mut fd = 0;
+        while fd < high {
+            if self.chunks[fd >> CHUNK_BITS]
+                .load(Ordering::Acquire)
+                .is_null()
+            {
+                fd = ((fd >> CHUNK_BITS) + 1) << CHUNK_BITS;
+                continue;
+            }
+            if matches!(self.get(fd as i32), Entry::Ferry(s) if s.id == id) {
+                return true;
+            }
+            fd += 1;
+        }
+        false
+    }
+
     /// Clears `flags` on every ferry socket of the table (a `fork` child's first act:
     /// what only the parent had is not the child's).
     pub fn clear_all(&self, flags: u32) {
@@ -279,6 +304,7 @@ impl FdTable {
                 let old = s.word.swap(0, Ordering::AcqRel);
                 s.rcvtimeo_us.store(0, Ordering::Relaxed);
                 s.sndtimeo_us.store(0, Ordering::Relaxed);
+                s.send_budget.store(0, Ordering::Relaxed);
                 decode(old, fd)
             }
             None => Entry::Unknown,
@@ -340,6 +366,25 @@ impl FdTable {
         }
     }
 
+    /// `fd`'s send budget in bytes (`SO_SNDBUF` as the kernel counts it), 0 = none set.
+    pub fn send_budget(&self, fd: i32) -> u64 {
+        self.slot(fd)
+            .map_or(0, |s| s.send_budget.load(Ordering::Relaxed))
+    }
+
+    /// Records the send budget of every fd that names socket `id` (the send buffer
+    /// is the socket's, whichever descriptor set it).
+    pub fn set_send_budget(&self, id: u32, bytes: u64) {
+        let high = self.high.load(Ordering::Acquire).min(MAX_FD);
+        for fd in 0..high {
+            if matches!(self.get(fd as i32), Entry::Ferry(s) if s.id == id)
+                && let Some(s) = self.slot(fd as i32)
+            {
+                s.send_budget.store(bytes, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// `to` became a duplicate of `from` (`dup*`, `F_DUPFD`): it inherits the entry.
     pub fn copy(&self, from: i32, to: i32) {
         if from == to {
@@ -351,9 +396,13 @@ impl FdTable {
             }
             e => {
                 let (r, s) = self.timeouts(from);
+                let budget = self.send_budget(from);
                 self.set(to, e);
                 self.set_timeout(to, false, r);
                 self.set_timeout(to, true, s);
+                if let Some(slot) = self.slot(to) {
+                    slot.send_budget.store(budget, Ordering::Relaxed);
+                }
                 if let Entry::Ferry(sock) = e
                     && to <= STDIO_FDS
                 {

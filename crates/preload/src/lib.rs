@@ -88,6 +88,7 @@
 //! which descriptor it is and refer here.
 
 pub mod addr;
+pub mod carry;
 pub mod chan;
 pub mod config;
 pub mod data;

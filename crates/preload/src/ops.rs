@@ -10,6 +10,7 @@ use ferry_proto::{CMP_RENEW_PAIR, Call, Ctl, CtlKind, InlineBytes, MAX_SERVERS, 
 use libc::{sockaddr, socklen_t};
 
 use crate::addr::{family, read_sockaddr, write_sockaddr};
+use crate::carry::Carried;
 use crate::chan::{Channel, SLICE, Wait, fill_pair};
 use crate::errno::{Errno, Res};
 use crate::fdtable::{
@@ -342,7 +343,7 @@ pub unsafe fn connect(s: Sock, addr: *const sockaddr, len: socklen_t) -> Res<()>
 
 /// After a connect answered with `CMP_RENEW_PAIR`: asks the server for a new readiness
 /// pair for stream `s` (its old end is the proof) and puts the new end in the fd's
-/// place, keeping the fd's flags. Another process holding the same socket (a fork's,
+/// place, keeping the fd's flags, signal owner and epoll registrations (`carry`). Another process holding the same socket (a fork's,
 /// say) keeps the old, hung-up end.
 fn renew_pair(s: &Sock) -> Res<()> {
     with_channel_to(server_of(s.id), |ch| {
@@ -353,26 +354,14 @@ fn renew_pair(s: &Sock) -> Res<()> {
         let (reply, prog) = ch.ctl_call(&Ctl::new(CtlKind::Renew, s.id), Some(old))?;
         Errno::check(reply.result)?;
         let prog = delivered(prog)?;
-        // SAFETY: F_GETFD/F_GETFL on the program's fd, integer results.
-        let (fd_flags, fl_flags) = unsafe {
-            (
-                crate::real::fcntl(s.fd, libc::F_GETFD, 0),
-                crate::real::fcntl(s.fd, libc::F_GETFL, 0),
-            )
-        };
-        if fl_flags >= 0 && fl_flags & libc::O_NONBLOCK != 0 {
-            ferry_sys::set_nonblocking(prog.as_fd(), true)?;
-        }
-        let cloexec = if fd_flags >= 0 && fd_flags & libc::FD_CLOEXEC != 0 {
-            libc::O_CLOEXEC
-        } else {
-            0
-        };
+        // The fd's flags, signal owner and epoll registrations go to the new file.
+        let carried = Carried::take(s.fd);
         // SAFETY: both are open descriptors of this process; the fd number stays the
         // program's (dup3 replaces what it names in one step).
-        if unsafe { crate::real::dup3(prog.as_raw_fd(), s.fd, cloexec) } < 0 {
+        if unsafe { crate::real::dup3(prog.as_raw_fd(), s.fd, carried.cloexec()) } < 0 {
             return Err(Errno::from_io(&std::io::Error::last_os_error()));
         }
+        carried.give(s.fd);
         Ok(())
     })
     .map_err(|e| e.down_as(libc::ECONNABORTED))
@@ -527,6 +516,10 @@ pub unsafe fn setsockopt(
     {
         TABLE.set_timeout(s.fd, name == libc::SO_SNDTIMEO, us);
     }
+    if level == libc::SOL_SOCKET && name == libc::SO_SNDBUF && len >= 4 {
+        let v = c_int::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        TABLE.set_send_budget(s.id, send_budget(v));
+    }
     if crate::config::rx_pair()
         && level == libc::SOL_SOCKET
         && (name == libc::SO_RCVTIMEO || name == libc::SO_RCVLOWAT)
@@ -539,6 +532,16 @@ pub unsafe fn setsockopt(
         };
     }
     Ok(())
+}
+
+/// The bytes a stream may hold in its send buffer once the program set `SO_SNDBUF`
+/// to `v`: the kernel doubles the value (for its bookkeeping) and keeps at least its
+/// minimum. The upper clamp (`wmem_max`) is not applied: a large value leaves ferry's
+/// own limits in charge anyway.
+fn send_budget(v: c_int) -> u64 {
+    /// The kernel's `SOCK_MIN_SNDBUF` on 64-bit machines.
+    const MIN: u64 = 4608;
+    (u64::from(v.max(0).cast_unsigned()) * 2).max(MIN)
 }
 
 /// A `struct timeval` option value in microseconds.
@@ -702,6 +705,10 @@ pub fn want_tokens(socks: &[Sock]) {
 /// Uses this thread's channel to the socket's server only if it has one (never opens one
 /// just for this).
 pub fn release(id: u32) {
+    if PENDING.has(id) && !TABLE.names(id) {
+        // No descriptor can report it any more.
+        PENDING.forget(id);
+    }
     let r = catch_unwind(AssertUnwindSafe(|| {
         with_open_channels(Some(server_of(id)), |ch| {
             let req = Call::Release { sock: id, tag: 0 };

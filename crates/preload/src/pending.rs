@@ -3,10 +3,18 @@
 //! `sk_err`). Any thread's channel may receive one, any thread may report it, so this
 //! is a small lock-free table: a word per pending error (`id << 32 | errno`, 0 = free)
 //! and a count that lets the common case (no pending error anywhere) skip the scan.
+//!
+//! An entry must not outlive its socket: the server reports a broken connection again
+//! for each send that was still in flight, so errors keep arriving after the program
+//! saw the first one and closed the socket. Closing the last descriptor of a socket
+//! forgets its entry ([`Pending::forget`]), and a full table first drops the entries
+//! of sockets no descriptor names any more ([`Pending::put_or_evict`]): a full table
+//! of stale errors once made every later error vanish, and sends into dead connections
+//! then kept succeeding.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-const SLOTS: usize = 64;
+const SLOTS: usize = 256;
 
 /// The table.
 #[derive(Debug)]
@@ -57,6 +65,30 @@ impl Pending {
             }
         }
         false
+    }
+
+    /// [`Pending::put`]; when the table is full, first drops the entries of sockets
+    /// for which `live` says no descriptor is left, then tries again.
+    pub fn put_or_evict(&self, id: u32, errno: i32, live: impl Fn(u32) -> bool) -> bool {
+        if self.put(id, errno) {
+            return true;
+        }
+        for s in &self.slots {
+            let w = s.load(Ordering::Acquire);
+            if w != 0
+                && !live((w >> 32) as u32)
+                && s.compare_exchange(w, 0, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                self.count.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        self.put(id, errno)
+    }
+
+    /// Drops socket `id`'s pending error, if any (its last descriptor was closed).
+    pub fn forget(&self, id: u32) {
+        let _ = self.take(id, |_| true);
     }
 
     /// Whether socket `id` has an error pending.
@@ -125,6 +157,38 @@ mod tests {
         assert!(p.put(5, libc::EIO)); // replacing still works
         assert_eq!(p.take(5, |_| true), Some(libc::EIO));
         assert!(p.put(1000, libc::EPIPE));
+    }
+
+    #[test]
+    fn a_full_table_drops_the_errors_of_closed_sockets() {
+        let p = Pending::new();
+        for id in 0..SLOTS as u32 {
+            assert!(p.put(id + 1, libc::EPIPE));
+        }
+        // Sockets 1..=10 are still open; the rest were closed with errors pending.
+        let live = |id: u32| id <= 10;
+        assert!(p.put_or_evict(1000, libc::ECONNRESET, live));
+        assert_eq!(p.take(1000, |_| true), Some(libc::ECONNRESET));
+        for id in 1..=10 {
+            assert_eq!(p.take(id, |_| true), Some(libc::EPIPE), "socket {id}");
+        }
+        assert_eq!(p.count.load(Ordering::Relaxed), 0);
+        // Every one open: still refused, nothing lost.
+        for id in 0..SLOTS as u32 {
+            assert!(p.put(id + 1, libc::EPIPE));
+        }
+        assert!(!p.put_or_evict(1000, libc::EPIPE, |_| true));
+        assert_eq!(p.count.load(Ordering::Relaxed), SLOTS as u32);
+    }
+
+    #[test]
+    fn a_forgotten_error_is_gone() {
+        let p = Pending::new();
+        assert!(p.put(7, libc::EPIPE));
+        p.forget(7);
+        p.forget(8);
+        assert!(!p.has(7));
+        assert_eq!(p.count.load(Ordering::Relaxed), 0);
     }
 
     #[test]

@@ -37,6 +37,8 @@ pub enum Event {
         sock: u32,
         /// This side's buffer id.
         buf: u32,
+        /// Bytes the send's record carried (0 where the server does not say).
+        len: u32,
     },
     /// An earlier fire-and-forget request on `sock` failed: `result` is the negated
     /// errno, to report on the socket's next call.
@@ -139,6 +141,7 @@ impl Demux {
                 Event::BufReturn {
                     sock: c.sock,
                     buf: c.buf,
+                    len: c.len,
                 }
             }
             CmpKind::AsyncError => Event::AsyncError {
@@ -265,7 +268,11 @@ mod tests {
                     buf: 3,
                     ..Cmp::new(CmpKind::BufReturn, 5, tag, 0)
                 }),
-                Ok(Event::BufReturn { sock: 5, buf: 3 })
+                Ok(Event::BufReturn {
+                    sock: 5,
+                    buf: 3,
+                    len: 0
+                })
             );
             assert_eq!(
                 d.take(Cmp::new(CmpKind::AsyncError, 5, tag, -libc::EPIPE)),
@@ -360,7 +367,11 @@ mod tests {
                 buf: 1,
                 ..Cmp::new(CmpKind::BufReturn, 2, 0, 0)
             }),
-            Ok(Some(Event::BufReturn { sock: 2, buf: 1 }))
+            Ok(Some(Event::BufReturn {
+                sock: 2,
+                buf: 1,
+                len: 0
+            }))
         );
         let data = cmp(CmpKind::Data, t);
         let stale = cmp(CmpKind::Done, t + 7);

@@ -30,6 +30,9 @@ pub(crate) struct Channel {
     pub armed: bool,
     /// Its requests are not being taken: its completions back up.
     pub throttled: bool,
+    /// The thread went away (its control socket closed): what it queued is still
+    /// taken, whatever its completions, which nobody reads any more, are dropped.
+    pub going: bool,
     /// The shim routes each socket's calls to the socket's server, so sockets created
     /// through this channel may be assigned to any server.
     pub routes: bool,
@@ -47,6 +50,9 @@ pub(crate) struct Channel {
     /// The process that opened the channel (the kernel's word, at connect): the sockets
     /// it may use are those that list it as a holder.
     pub owner: Owner,
+    /// Which channel this is, among every channel the server has had (a slot's index is
+    /// used again; a serial is not): what a [`Fence`] names.
+    pub serial: u64,
     pub stats: ChannelStats,
 }
 
@@ -71,12 +77,14 @@ impl Channel {
             backlog: VecDeque::new(),
             armed: false,
             throttled: false,
+            going: false,
             routes: false,
             rx_pair: false,
             returns: 0,
             room_wait: Vec::new(),
             send_ctl: Vec::new(),
             owner,
+            serial: 0,
             stats: ChannelStats {
                 id,
                 pid: owner.pid.cast_unsigned(),
@@ -91,7 +99,9 @@ impl Channel {
         if c.kind == CmpKind::BufReturn as u16 {
             self.returns = self.returns.wrapping_add(1);
         }
-        if !self.backlog.is_empty() || !matches!(self.ep.tx.push(&c), Ok(true)) {
+        if self.going {
+            // Nobody reads them.
+        } else if !self.backlog.is_empty() || !matches!(self.ep.tx.push(&c), Ok(true)) {
             self.backlog.push_back(c);
         }
         self.stats.completions += 1;
@@ -163,53 +173,84 @@ pub(crate) enum Next {
 
 /// The server's channels by index; a closed channel's slot is used again.
 #[derive(Debug, Default)]
-pub(crate) struct Channels(Vec<Option<Channel>>);
+pub(crate) struct Channels {
+    slots: Vec<Option<Channel>>,
+    /// Serials given so far (the next channel's is one more).
+    serials: u64,
+}
+
+/// The records other channels had published, not yet taken, when something that must
+/// come after them happened: a program thread's `close` or `shutdown` of a socket that
+/// another thread sent on just before. Each thread has its own ring, so the server may
+/// see the close first; the socket keeps its host socket (and its `SHUT_WR` waits) until
+/// every channel named here has taken as many records as it had published then
+/// ([`Channels::passed`]). Empty in the common case (no other ring held anything).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Fence(Vec<FenceMark>);
+
+/// One channel of a [`Fence`]: its slot, its serial, and the count of records taken
+/// (`ChannelStats::requests`) that passes the fence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FenceMark {
+    idx: u32,
+    serial: u64,
+    taken: u64,
+}
+
+impl Fence {
+    /// Whether the fence waits for nothing (no other channel held records).
+    pub(crate) fn is_clear(&self) -> bool {
+        self.0.is_empty()
+    }
+}
 
 impl Channels {
     /// Channel `ch`, if it is open.
     pub(crate) fn get(&self, ch: u32) -> Option<&Channel> {
-        self.0.get(ch as usize).and_then(Option::as_ref)
+        self.slots.get(ch as usize).and_then(Option::as_ref)
     }
 
     /// Channel `ch`, if it is open.
     pub(crate) fn get_mut(&mut self, ch: u32) -> Option<&mut Channel> {
-        self.0.get_mut(ch as usize).and_then(Option::as_mut)
+        self.slots.get_mut(ch as usize).and_then(Option::as_mut)
     }
 
     /// How many indexes there are (open or free).
     pub(crate) fn slots(&self) -> u32 {
-        u32::try_from(self.0.len()).unwrap_or(u32::MAX)
+        u32::try_from(self.slots.len()).unwrap_or(u32::MAX)
     }
 
     /// The index a new channel gets: the first free slot, or a new one.
     pub(crate) fn free_slot(&mut self) -> u32 {
         let idx = self
-            .0
+            .slots
             .iter()
             .position(Option::is_none)
-            .unwrap_or(self.0.len());
-        if idx == self.0.len() {
-            self.0.push(None);
+            .unwrap_or(self.slots.len());
+        if idx == self.slots.len() {
+            self.slots.push(None);
         }
         u32::try_from(idx).unwrap_or(u32::MAX)
     }
 
     /// Puts a new channel at `idx` (from [`Channels::free_slot`]).
-    pub(crate) fn put(&mut self, idx: u32, ch: Channel) {
-        self.0[idx as usize] = Some(ch);
+    pub(crate) fn put(&mut self, idx: u32, mut ch: Channel) {
+        self.serials += 1;
+        ch.serial = self.serials;
+        self.slots[idx as usize] = Some(ch);
     }
 
     /// Takes channel `idx` out (it is closing).
     pub(crate) fn take(&mut self, idx: u32) -> Option<Channel> {
-        self.0.get_mut(idx as usize).and_then(Option::take)
+        self.slots.get_mut(idx as usize).and_then(Option::take)
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = &Channel> {
-        self.0.iter().flatten()
+        self.slots.iter().flatten()
     }
 
     pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = &mut Channel> {
-        self.0.iter_mut().flatten()
+        self.slots.iter_mut().flatten()
     }
 
     /// Whether a channel has completions waiting for room in its ring.
@@ -239,6 +280,49 @@ impl Channels {
     pub(crate) fn flush_all(&mut self) {
         for ch in self.iter_mut() {
             ch.flush();
+        }
+    }
+
+    /// A fence behind every record the channels (but `except`, whose earlier records
+    /// are taken already) have published and the server not taken yet.
+    pub(crate) fn fence(&mut self, except: Option<u32>) -> Fence {
+        let mut marks = Vec::new();
+        for (idx, ch) in self.slots.iter_mut().enumerate() {
+            let Some(ch) = ch else { continue };
+            let idx = u32::try_from(idx).unwrap_or(u32::MAX);
+            if Some(idx) == except {
+                continue;
+            }
+            // A ring whose indexes do not add up holds nothing to wait for (the
+            // channel is closed as broken when next read).
+            let waiting = ch.ep.rx.available().unwrap_or(0) as u64;
+            if waiting > 0 {
+                marks.push(FenceMark {
+                    idx,
+                    serial: ch.serial,
+                    taken: ch.stats.requests + waiting,
+                });
+            }
+        }
+        Fence(marks)
+    }
+
+    /// Whether every record `fence` waits for has been taken (or its channel is gone,
+    /// and its records with it).
+    pub(crate) fn passed(&self, fence: &Fence) -> bool {
+        fence.0.iter().all(|m| {
+            self.get(m.idx)
+                .is_none_or(|ch| ch.serial != m.serial || ch.stats.requests >= m.taken)
+        })
+    }
+
+    /// Channel `idx`'s thread went away: its requests are taken whatever its
+    /// completions (see [`Channel::going`]), so that sends it queued before it went
+    /// still go out.
+    pub(crate) fn going(&mut self, idx: u32) {
+        if let Some(ch) = self.get_mut(idx) {
+            ch.going = true;
+            ch.backlog.clear();
         }
     }
 

@@ -242,6 +242,14 @@ impl Server {
         };
         sock.conn = Conn::Connected;
         sock.rx_pair = self.chan(ch).is_some_and(|c| c.rx_pair);
+        // An accepted socket has its listener's receive buffer (the kernel's rule).
+        if let Some((_, _, v)) = self.socks.get(&listener).and_then(|l| {
+            l.opts
+                .iter()
+                .find(|(lv, n, _)| (*lv, *n) == (libc::SOL_SOCKET, libc::SO_RCVBUF))
+        }) {
+            crate::ops::bound_pair(self.io, &sock, v);
+        }
         if server == self.index {
             sock.last_ch = ch;
         }

@@ -183,6 +183,7 @@ impl Server {
         match ferry_sys::recv_with_fds(ch.ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
             Ok((0, _)) => {
                 // Take what the thread queued before it went away.
+                self.channels.going(idx);
                 self.drain_rings();
                 self.close_channel(idx, "closed by the sandbox");
             }
@@ -205,6 +206,7 @@ impl Server {
             Ok((n, _)) => self.bad_channel(idx, &format!("control message of {n} bytes")),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 if events & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
+                    self.channels.going(idx);
                     self.drain_rings();
                     self.close_channel(idx, "hung up");
                 }

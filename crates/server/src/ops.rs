@@ -423,12 +423,23 @@ impl Server {
             // What the program wrote into the pair itself goes before the FIN.
             self.pair_input(id);
         }
+        // Sends other threads queued before this call go out before the FIN.
+        let fence = if how == libc::SHUT_RD {
+            Default::default()
+        } else {
+            self.channels.fence(Some(ch))
+        };
         let Some(s) = self.socks.get_mut(&id) else {
             self.done(ch, id, tag, Errno(libc::EBADF));
             return;
         };
         let shut = |how| io.shutdown(s.fd.as_fd(), how).map_err(|e| Errno::of(&e));
-        let writes_wait = !s.txq.is_empty() || s.pair_in_wait || module;
+        let fenced = !fence.is_clear();
+        if fenced {
+            s.fence = fence;
+            self.dirty.push(id);
+        }
+        let writes_wait = !s.txq.is_empty() || s.pair_in_wait || module || fenced;
         let res = if (how == libc::SHUT_WR || how == libc::SHUT_RDWR) && writes_wait {
             s.shut_wr_pending = true;
             if how == libc::SHUT_RDWR {
@@ -475,6 +486,9 @@ impl Server {
                 // Kept for a move (one value per option: bounded).
                 s.opts.retain(|(l, n, _)| (*l, *n) != (level, name));
                 s.opts.push((level, name, value.to_vec()));
+                if (level, name) == (libc::SOL_SOCKET, libc::SO_RCVBUF) {
+                    bound_pair(self.io, s, value);
+                }
                 Ok(())
             }
             Err(e) => Err(Errno::of(&e)),
@@ -566,5 +580,22 @@ impl Server {
             }
             Err(e) => self.done(ch, id, tag, Errno::of(&e)),
         }
+    }
+}
+
+/// The program set `SO_RCVBUF` on stream `s` (to `value`, a C int): with the pair
+/// receive path, received bytes wait in the pair as well as in the host socket, so the
+/// pair's buffer (our end's send buffer, which is what bounds a unix stream) gets the
+/// same size. A receiver that made its buffer small then holds as little as natively,
+/// and a sender's writes meet the back-pressure (or the reset of a receiver that closes
+/// with bytes unread) as early as they would.
+pub(crate) fn bound_pair(io: &dyn crate::seam::Io, s: &crate::sock::Sock, value: &[u8]) {
+    if s.rx_pair && value.len() >= 4 {
+        let _ = io.setsockopt(
+            s.pair.as_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            &value[..4],
+        );
     }
 }

@@ -242,6 +242,10 @@ pub(crate) struct Sock {
     pub app_closed: bool,
     /// A `SHUT_WR` waits for the send queue to empty.
     pub shut_wr_pending: bool,
+    /// Records of other threads' channels that the program's `close` or `shutdown`
+    /// of this socket came after: the host socket keeps them company until they are
+    /// taken (see [`crate::channel::Fence`]).
+    pub fence: crate::channel::Fence,
     /// A hang-up or reset has been reported to the program.
     pub hup_reported: bool,
     /// `rx_pair`: the host socket hung up (both directions shut, or closed by a reset):

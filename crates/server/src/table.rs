@@ -58,6 +58,7 @@ impl Server {
             so_error: 0,
             app_closed: false,
             shut_wr_pending: false,
+            fence: Default::default(),
             hup_reported: false,
             hup_due: false,
             published_listener: None,
@@ -246,10 +247,16 @@ impl Server {
 
     pub(crate) fn app_closed(&mut self, id: u32) {
         let io = self.io;
-        let Some(s) = self.socks.get_mut(&id).filter(|s| !s.app_closed) else {
+        if self.socks.get(&id).is_none_or(|s| s.app_closed) {
+            return;
+        }
+        // Sends another thread queued before the close are still to come.
+        let fence = self.channels.fence(None);
+        let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
         s.app_closed = true;
+        s.fence = fence;
         let mut reset = false;
         if s.rx_pair && s.connected() {
             // Closed with bytes unread (the kernel marks our end ECONNRESET when the
@@ -273,10 +280,28 @@ impl Server {
     }
 
     /// Finishes state changes noticed during the turn: closes sockets whose program side
-    /// is gone and whose sends are done.
+    /// is gone and whose sends are done, and shuts those down for writing whose
+    /// `shutdown` waited for other threads' sends. A socket whose fence other channels
+    /// have not passed yet is looked at again after the next pass over the rings.
     pub(crate) fn settle_dirty(&mut self) {
         let dirty = std::mem::take(&mut self.dirty);
+        let mut fenced = Vec::new();
         for id in dirty {
+            let Some(s) = self.socks.get_mut(&id) else {
+                continue;
+            };
+            if !s.fence.is_clear() {
+                if !self.channels.passed(&s.fence) {
+                    if !fenced.contains(&id) {
+                        fenced.push(id);
+                    }
+                    continue;
+                }
+                s.fence = Default::default();
+                // What they queued is sent (or waits for room), then a `SHUT_WR` that
+                // waited happens (`after_sends`).
+                self.flush_tx(id);
+            }
             let Some(s) = self.socks.get(&id) else {
                 continue;
             };
@@ -297,5 +322,6 @@ impl Server {
                 debug!("socket {id}: closed");
             }
         }
+        self.dirty.extend(fenced);
     }
 }

@@ -251,7 +251,7 @@ impl Server {
                     s.stats.bytes_out += n as u64;
                     self.stats.bytes_out += n as u64;
                     for item in s.take_sent(n) {
-                        self.return_buffer(item.ch, id, item.span.id().0);
+                        self.return_buffer(item.ch, id, item.span.id().0, item.span.len());
                     }
                 }
                 Err(e) if would_block(&e) => return,
@@ -260,7 +260,7 @@ impl Server {
                     let items: Vec<TxItem> = s.txq.drain(..).collect();
                     let mut report = Some(Errno::of(&e));
                     for item in items {
-                        self.return_buffer(item.ch, id, item.span.id().0);
+                        self.return_buffer(item.ch, id, item.span.id().0, item.span.len());
                         if let Some(code) = report.take() {
                             self.complete(
                                 item.ch,
@@ -284,20 +284,28 @@ impl Server {
     }
 
     /// A send of socket `id` is finished: shim buffer `buf` goes back to channel `ch`.
-    fn return_buffer(&mut self, ch: u32, id: u32, buf: u32) {
+    /// Its `len` says how many bytes the record carried (the shim counts a socket's
+    /// bytes in flight against its `SO_SNDBUF`).
+    fn return_buffer(&mut self, ch: u32, id: u32, buf: u32, len: u32) {
         let mut c = Cmp::new(CmpKind::BufReturn, id, 0, 0);
         c.buf = buf;
+        c.len = len;
         self.complete(ch, c);
     }
 
     /// Once everything the program sent is out (queued sends and its own bytes in the
     /// pair): a pending `shutdown` for writing happens, a closed socket can go.
-    fn after_sends(&mut self, id: u32) {
+    pub(crate) fn after_sends(&mut self, id: u32) {
         let io = self.io;
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
         if !s.txq.is_empty() || s.pair_in_wait {
+            return;
+        }
+        if !s.fence.is_clear() {
+            // Another thread's sends are still in its ring: `settle_dirty` comes back.
+            self.dirty.push(id);
             return;
         }
         if s.shut_wr_pending {

@@ -17,6 +17,7 @@
 //! | `threads` | `thr.` | 11 threads |
 //! | `cleanup` | `clean.` | 12 cleanup, RLIMIT_NOFILE |
 //! | `bulk` | `bulk.` | large transfers with checksums |
+//! | `integrity` | `int.` | no byte lost, no send that lies: close/shutdown racing another thread's sends, sends after a reset, a small send buffer, epoll across a refused connect |
 
 use std::fmt;
 
@@ -28,6 +29,7 @@ mod entry;
 mod epoll;
 mod errors;
 mod fds;
+mod integrity;
 mod ipv6;
 mod msg;
 mod names;
@@ -81,7 +83,7 @@ impl fmt::Debug for Case {
 
 /// Every case, in the order they run.
 pub fn all() -> Vec<Case> {
-    let groups: [&[Case]; 19] = [
+    let groups: [&[Case]; 20] = [
         fds::CASES,
         poll::CASES,
         epoll::CASES,
@@ -101,6 +103,7 @@ pub fn all() -> Vec<Case> {
         threads::CASES,
         cleanup::CASES,
         bulk::CASES,
+        integrity::CASES,
     ];
     groups
         .iter()

@@ -174,11 +174,7 @@ fn sends_into_a_reset_connection_fail_however_many_failed_before() {
     if !can_run(&["python3"]) {
         return;
     }
-    same_as_native(
-        SENDS_AFTER_RESET,
-        &["300"],
-        "connections=300 failed=300\n",
-    );
+    same_as_native(SENDS_AFTER_RESET, &["300"], "connections=300 failed=300\n");
 }
 
 /// CPython's asyncio suites that found the rest: a sendfile into a 4 KiB send buffer

@@ -793,3 +793,36 @@ fn every_thread_of_the_servers_is_confined() {
         "{open:?}"
     );
 }
+
+/// The tests' own scratch directories are removed without reaching through a mount
+/// left inside them: a bind mount of a directory that holds files must keep its files
+/// (a test that bound /etc and failed before unmounting once emptied /etc this way).
+#[test]
+fn removing_a_scratch_directory_never_crosses_a_mount() {
+    if !common::is_root() {
+        return;
+    }
+    let precious = TempDir::new("precious");
+    std::fs::write(precious.path().join("keep"), b"keep").unwrap();
+    let scratch = TempDir::new("scratch");
+    let inner = scratch.path().join("a/bound");
+    std::fs::create_dir_all(&inner).unwrap();
+    let bound = Command::new("mount")
+        .arg("--bind")
+        .arg(precious.path())
+        .arg(&inner)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(bound, "mount --bind");
+    assert!(inner.join("keep").exists());
+    drop(scratch);
+    assert_eq!(
+        std::fs::read(precious.path().join("keep")).unwrap(),
+        b"keep"
+    );
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(inner.to_str().unwrap()),
+        "the bind mount is still there"
+    );
+}

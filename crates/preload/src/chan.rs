@@ -986,6 +986,15 @@ impl Until for Room {
     }
 }
 
+/// `EINTR` if a handler that ran since `start` interrupts wait `w` (as
+/// [`Wait::interrupted`] says; `futex_eintr`: a signal cut the last sleep short).
+fn interrupted(w: Wait, start: Counts, futex_eintr: bool) -> Res<()> {
+    if w.interrupted(start, futex_eintr) {
+        return Err(Errno::EINTR);
+    }
+    Ok(())
+}
+
 /// A buffer of ours free again ([`Channel::alloc_buf`]): a handler that interrupts (as
 /// [`Wait::interrupted`] says) fails the wait with `EINTR`, the deadline with the
 /// wait's own errno.
@@ -1000,10 +1009,7 @@ impl Until for FreeBuffer {
     type Out = BufId;
 
     fn before(&mut self, _ch: &mut Channel) -> Res<Option<BufId>> {
-        if self.w.interrupted(self.start, false) {
-            return Err(Errno::EINTR);
-        }
-        Ok(None)
+        interrupted(self.w, self.start, false).map(|()| None)
     }
 
     fn sleep(&self) -> Sleep {
@@ -1011,10 +1017,7 @@ impl Until for FreeBuffer {
     }
 
     fn signalled(&mut self, _ch: &mut Channel, futex_eintr: bool) -> Res<()> {
-        if self.w.interrupted(self.start, futex_eintr) {
-            return Err(Errno::EINTR);
-        }
-        Ok(())
+        interrupted(self.w, self.start, futex_eintr)
     }
 
     fn woke(&mut self, ch: &mut Channel, r: WaitResult) -> Res<Option<BufId>> {
@@ -1152,9 +1155,7 @@ impl Until for BudgetRoom {
     type Out = usize;
 
     fn before(&mut self, _ch: &mut Channel) -> Res<Option<usize>> {
-        if self.w.interrupted(self.start, false) {
-            return Err(Errno::EINTR);
-        }
+        interrupted(self.w, self.start, false)?;
         Ok(PENDING.has(self.sock).then_some(1))
     }
 
@@ -1163,10 +1164,7 @@ impl Until for BudgetRoom {
     }
 
     fn signalled(&mut self, _ch: &mut Channel, futex_eintr: bool) -> Res<()> {
-        if self.w.interrupted(self.start, futex_eintr) {
-            return Err(Errno::EINTR);
-        }
-        Ok(())
+        interrupted(self.w, self.start, futex_eintr)
     }
 
     fn woke(&mut self, ch: &mut Channel, r: WaitResult) -> Res<Option<usize>> {

@@ -241,45 +241,42 @@ impl FdTable {
         }
     }
 
+    /// The fds of this process that name socket `id`, lowest first (a scan of the
+    /// table up to the highest fd ever stored, skipping chunks never mapped).
+    fn fds_of(&self, id: u32) -> impl Iterator<Item = i32> + '_ {
+        let high = self.high.load(Ordering::Acquire).min(MAX_FD);
+        let mut fd = 0;
+        std::iter::from_fn(move || {
+            while fd < high {
+                if self.chunks[fd >> CHUNK_BITS]
+                    .load(Ordering::Acquire)
+                    .is_null()
+                {
+                    fd = ((fd >> CHUNK_BITS) + 1) << CHUNK_BITS;
+                    continue;
+                }
+                let this = fd as i32;
+                fd += 1;
+                if matches!(self.get(this), Entry::Ferry(s) if s.id == id) {
+                    return Some(this);
+                }
+            }
+            None
+        })
+    }
+
     /// Sets and clears flags on every fd of this process that names socket `id` (state
     /// the kernel keeps per open file or per socket, changed through one of them).
     pub fn update_id(&self, id: u32, set: u32, clear: u32) {
-        let high = self.high.load(Ordering::Acquire).min(MAX_FD);
-        let mut fd = 0;
-        while fd < high {
-            if self.chunks[fd >> CHUNK_BITS]
-                .load(Ordering::Acquire)
-                .is_null()
-            {
-                fd = ((fd >> CHUNK_BITS) + 1) << CHUNK_BITS;
-                continue;
-            }
-            if matches!(self.get(fd as i32), Entry::Ferry(s) if s.id == id) {
-                self.update(fd as i32, set, clear);
-            }
-            fd += 1;
+        for fd in self.fds_of(id) {
+            self.update(fd, set, clear);
         }
     }
 
     /// Whether some fd of this process names socket `id` (a scan of the table: for the
     /// rare cases that need it, such as a table of pending errors that filled up).
     pub fn names(&self, id: u32) -> bool {
-        let high = self.high.load(Ordering::Acquire).min(MAX_FD);
-        let mut fd = 0;
-        while fd < high {
-            if self.chunks[fd >> CHUNK_BITS]
-                .load(Ordering::Acquire)
-                .is_null()
-            {
-                fd = ((fd >> CHUNK_BITS) + 1) << CHUNK_BITS;
-                continue;
-            }
-            if matches!(self.get(fd as i32), Entry::Ferry(s) if s.id == id) {
-                return true;
-            }
-            fd += 1;
-        }
-        false
+        self.fds_of(id).next().is_some()
     }
 
     /// Clears `flags` on every ferry socket of the table (a `fork` child's first act:
@@ -375,11 +372,8 @@ impl FdTable {
     /// Records the send budget of every fd that names socket `id` (the send buffer
     /// is the socket's, whichever descriptor set it).
     pub fn set_send_budget(&self, id: u32, bytes: u64) {
-        let high = self.high.load(Ordering::Acquire).min(MAX_FD);
-        for fd in 0..high {
-            if matches!(self.get(fd as i32), Entry::Ferry(s) if s.id == id)
-                && let Some(s) = self.slot(fd as i32)
-            {
+        for fd in self.fds_of(id) {
+            if let Some(s) = self.slot(fd) {
                 s.send_budget.store(bytes, Ordering::Relaxed);
             }
         }

@@ -354,7 +354,12 @@ fn epoll_out_after_refused_connect() -> Res {
     let addr = local_addr(l.raw()).ctx("getsockname")?;
     let c = tcp_socket(libc::AF_INET).ctx("socket")?;
     // What the kernel keeps per open file must survive the second attempt too.
-    sys!(libc::fcntl(c.raw(), libc::F_SETFL, libc::O_NONBLOCK | libc::O_ASYNC)).ctx("F_SETFL")?;
+    sys!(libc::fcntl(
+        c.raw(),
+        libc::F_SETFL,
+        libc::O_NONBLOCK | libc::O_ASYNC
+    ))
+    .ctx("F_SETFL")?;
     sys!(libc::fcntl(c.raw(), libc::F_SETOWN, libc::getpid())).ctx("F_SETOWN")?;
     sys!(libc::fcntl(c.raw(), libc::F_SETFD, libc::FD_CLOEXEC)).ctx("F_SETFD")?;
     // SIGIO's default would end the process: ignore it, the owner is what is checked.
@@ -374,7 +379,11 @@ fn epoll_out_after_refused_connect() -> Res {
     .ctx("epoll_ctl")?;
     // (Which events come first after the refusal may differ: a known difference of the
     // readiness pair, see the conformance test's list; the second attempt's must not.)
-    let ready1 = epoll_once(ep.raw())?.split(':').next().unwrap_or("").to_string();
+    let ready1 = epoll_once(ep.raw())?
+        .split(':')
+        .next()
+        .unwrap_or("")
+        .to_string();
     listen(l.raw(), 8).ctx("listen")?;
     // Retry as asyncio does: a refusal reported by the next connect is retried.
     let mut attempts = Vec::new();
@@ -390,7 +399,8 @@ fn epoll_out_after_refused_connect() -> Res {
     let ready2 = epoll_once(ep.raw())?;
     let so_error = crate::net::so_error(c.raw());
     let fl = sys!(libc::fcntl(c.raw(), libc::F_GETFL)).ctx("F_GETFL")?;
-    let owner = sys!(libc::fcntl(c.raw(), libc::F_GETOWN)).ctx("F_GETOWN")? == sys!(libc::getpid()).unwrap_or(0);
+    let owner = sys!(libc::fcntl(c.raw(), libc::F_GETOWN)).ctx("F_GETOWN")?
+        == sys!(libc::getpid()).unwrap_or(0);
     let fd_flags = sys!(libc::fcntl(c.raw(), libc::F_GETFD)).ctx("F_GETFD")?;
     Ok(format!(
         "first={} ready1={ready1} attempts={attempts:?} ready2={ready2} so_error={so_error} \

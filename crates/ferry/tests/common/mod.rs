@@ -94,7 +94,7 @@ impl TempDir {
             std::process::id(),
             std::thread::current().id()
         ));
-        let _ = std::fs::remove_dir_all(&p);
+        remove_tree(&p);
         std::fs::create_dir_all(&p).unwrap();
         // Sandboxed programs run as an unprivileged host user: they may write here.
         use std::os::unix::fs::PermissionsExt;
@@ -108,8 +108,41 @@ impl TempDir {
 
 impl Drop for TempDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        remove_tree(&self.0);
     }
+}
+
+/// Removes `dir` and what it holds, but never through a mount point: whatever a test
+/// mounted below it (a bind mount of a system directory, say, left behind by a failed
+/// assertion) is detached first, and if that fails nothing is removed. A recursive
+/// removal that walked into a bind mount of /etc once emptied the machine's /etc.
+pub fn remove_tree(dir: &Path) {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    // Deepest first, so that nested mounts go before the ones they sit on.
+    let mut below: Vec<PathBuf> = mounts
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|m| PathBuf::from(m.replace("\\040", " ")))
+        .filter(|m| m.starts_with(dir))
+        .collect();
+    below.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+    for m in &below {
+        let Ok(c) = std::ffi::CString::new(m.as_os_str().as_encoded_bytes()) else {
+            return;
+        };
+        // SAFETY: `c` is a NUL-terminated path that lives across the call.
+        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+            eprintln!(
+                "not removing {}: cannot detach the mount at {}",
+                dir.display(),
+                m.display()
+            );
+            return;
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Deterministic pseudo-random bytes.

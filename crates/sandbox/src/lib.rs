@@ -35,10 +35,14 @@
 //! (pidfd) is required.
 
 mod factory;
+mod guard;
 mod init;
 mod launch;
+mod mounts;
+mod reach;
 mod sys;
 pub mod testbed;
+mod volume;
 mod watch;
 
 pub use factory::SocketFactory;
@@ -46,3 +50,5 @@ pub use launch::{
     Error, FALLBACK_IDS, IdRange, Sandbox, Signaller, SocketWatch, Spec, UserNs, launch,
     root_sandbox_ids, subordinate_ids, userns_available,
 };
+pub use reach::reach_advice;
+pub use volume::{MAX_VOLUMES, SYSTEM_DIRS, Volume, VolumeError};

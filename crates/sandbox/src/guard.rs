@@ -35,7 +35,7 @@ const CAP_FSETID: c_int = 4;
 const CAP_SETFCAP: c_int = 31;
 
 /// The mode bits refused.
-const SET_ID: u32 = (libc::S_ISUID | libc::S_ISGID) as u32;
+const SET_ID: u32 = libc::S_ISUID | libc::S_ISGID;
 
 /// (system call, index of its mode argument).
 #[cfg(target_arch = "x86_64")]

@@ -196,7 +196,7 @@ pub enum Error {
     NestUserns(#[source] io::Error),
     /// A volume cannot be shared as asked (named twice, changed, or its filesystem does
     /// not support idmapped mounts).
-    #[error("--volume {0}")]
+    #[error("volume {0}")]
     Volume(String),
     /// The init could not mount a volume (or the tmpfs over a directory above one).
     #[error("sandbox init: mounting {at} for the volumes: {source}")]

@@ -286,8 +286,8 @@ fn skeleton(at: &CString, entries: &[(CString, bool)]) -> Result<(), c_int> {
             let o = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC;
             // SAFETY: a NUL-terminated path and integer flags.
             let fd = unsafe { libc::open(path.as_ptr(), o, 0o644) };
-            // SAFETY: our fd when made.
             if fd >= 0 {
+                // SAFETY: the fd just made, ours.
                 unsafe { libc::close(fd) }
             } else {
                 -1

@@ -68,10 +68,10 @@ impl Probe<'_> {
         let cwd_closed = cwd.and_then(|d| Some((d, self.blocker(d, 5)?)));
         if let Some((dir, b)) = &cwd_closed {
             out.push(format!(
-                "the working directory {} is not readable by {who}{}: programs will get \"Permission denied\" there; --volume {} shares it (add :ro to share it read-only)",
+                "the working directory {} is not readable by {who}{}: programs will get \"Permission denied\" there; {}",
                 dir.display(),
                 closed(b, dir),
-                dir.display()
+                share(dir)
             ));
         }
         if let Some((program, rest)) = args.split_first() {
@@ -127,13 +127,16 @@ impl Probe<'_> {
         }
         .components()
         .collect();
+        if Some(full.as_path()) == cwd {
+            return None; // the working directory's own line says it
+        }
         let perm = (self.perm)(&full)?;
         let b = self.blocker(&full, if perm.dir() { 5 } else { 4 })?;
         Some(format!(
-            "{} is not readable by {who}{}: --volume {} shares it (add :ro to share it read-only)",
+            "{} is not readable by {who}{}: {}",
             arg.display(),
             closed(&b, &full),
-            full.display()
+            share(&full)
         ))
     }
 
@@ -153,6 +156,14 @@ impl Probe<'_> {
         }
         (!ok(path, bits)).then(|| path.to_owned())
     }
+}
+
+/// The volumes that would share `path`, and what read-write means.
+fn share(path: &Path) -> String {
+    let p = path.display();
+    format!(
+        "--volume {p}:ro shares it read-only, --volume {p} read-write (the sandbox's root may then change anything in it as root could)"
+    )
 }
 
 /// ": DIR is closed to it", unless the path itself is what is closed.
@@ -233,7 +244,7 @@ mod tests {
         assert_eq!(lines.len(), 2, "{lines:#?}");
         assert_eq!(
             lines[0],
-            "the working directory /srv/closed is not readable by the sandbox's root (uid 100000 on the host): programs will get \"Permission denied\" there; --volume /srv/closed shares it (add :ro to share it read-only)"
+            "the working directory /srv/closed is not readable by the sandbox's root (uid 100000 on the host): programs will get \"Permission denied\" there; --volume /srv/closed:ro shares it read-only, --volume /srv/closed read-write (the sandbox's root may then change anything in it as root could)"
         );
         assert_eq!(
             lines[1],
@@ -272,8 +283,8 @@ mod tests {
         assert_eq!(
             lines,
             [
-                "/srv/closed/key is not readable by the sandbox's root (uid 100000 on the host) (/srv/closed is closed to it): --volume /srv/closed/key shares it (add :ro to share it read-only)",
-                "./secret is not readable by the sandbox's root (uid 100000 on the host): --volume /srv/app/secret shares it (add :ro to share it read-only)",
+                "/srv/closed/key is not readable by the sandbox's root (uid 100000 on the host) (/srv/closed is closed to it): --volume /srv/closed/key:ro shares it read-only, --volume /srv/closed/key read-write (the sandbox's root may then change anything in it as root could)",
+                "./secret is not readable by the sandbox's root (uid 100000 on the host): --volume /srv/app/secret:ro shares it read-only, --volume /srv/app/secret read-write (the sandbox's root may then change anything in it as root could)",
             ]
         );
         // A program no one can run in the sandbox.

@@ -437,7 +437,7 @@ fn idmap_refused(at: &Path, e: &io::Error) -> String {
         "unknown".into()
     };
     format!(
-        "{shown}: its filesystem ({fs}) does not support idmapped mounts on this kernel (ext4, xfs, btrfs and tmpfs do; overlay, nfs, proc and sysfs do not)"
+        "{shown}: its filesystem ({fs}) does not support idmapped mounts on this kernel (ext4, xfs and btrfs do, tmpfs from Linux 6.3; overlay, nfs, proc and sysfs do not)"
     )
 }
 

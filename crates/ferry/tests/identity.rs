@@ -337,6 +337,34 @@ fn the_sandbox_has_its_own_sysfs() {
 }
 
 #[test]
+fn where_sys_is_masked_the_hosts_stays_and_ferry_says_so() {
+    if !can_run(&["unshare"]) || !Path::new("/sys/firmware").is_dir() {
+        return;
+    }
+    // As inside a container that hides parts of /sys: the kernel refuses a fresh sysfs
+    // where the existing one is not fully visible.
+    let script = format!(
+        "mount -t tmpfs none /sys/firmware && exec {} run --net socket -- ls /sys/class/net",
+        env!("CARGO_BIN_EXE_ferry")
+    );
+    let o = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        stderr(&o).contains("the sandbox keeps the host's /sys (its /sys/class/net lists the host's interfaces): mounting its own sysfs: Operation not permitted"),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("lo"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
 fn volumes_for_an_ordinary_user() {
     if !can_run(&["runuser"]) || !have_test_user() {
         return;

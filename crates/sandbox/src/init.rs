@@ -136,21 +136,8 @@ pub(crate) fn run(exec: &Exec, chan: RawFd, launcher_end: RawFd) -> ! {
     // SAFETY: the launcher's end is a copy this process never uses.
     unsafe { libc::close(launcher_end) };
 
-    // The volumes' idmapped copies come before "go", one a message.
     let mut trees: [RawFd; MAX_VOLUMES] = [-1; MAX_VOLUMES];
-    let mut received = 0;
-    loop {
-        let mut msg = [0u8; 4];
-        match sys::recv_with_fd(chan, &mut msg) {
-            Ok((1, None)) if msg[0] == wire::GO[0] => break,
-            Ok((1, Some(tree))) if msg[0] == wire::TREE[0] && received < MAX_VOLUMES => {
-                trees[received] = tree.into_raw_fd();
-                received += 1;
-            }
-            // The launcher gave up (or died) before the sandbox started.
-            _ => exit(1),
-        }
-    }
+    let received = await_go(chan, &mut trees);
 
     if exec.nest > 0 && become_root().is_err() {
         fail(chan, Stage::Identity);
@@ -168,24 +155,7 @@ pub(crate) fn run(exec: &Exec, chan: RawFd, launcher_end: RawFd) -> ! {
     if bring_up_loopback().is_err() {
         fail(chan, Stage::Loopback);
     }
-    if make_private().is_err() {
-        fail(chan, Stage::Proc);
-    }
-    // Before the sandbox's /proc: its tmpfs is made on /proc for a moment.
-    let shadow = exec
-        .mounts
-        .shadow
-        .as_ref()
-        .map_or(Ok(()), mounts::fake_shadow);
-    if mount_proc().is_err() {
-        fail(chan, Stage::Proc);
-    }
-    let sysfs = mounts::own_sysfs(&exec.mounts.sys_kept);
-    if let Err((step, e)) = mounts::volumes(&exec.mounts.steps, &trees[..received]) {
-        // SAFETY: errno slot of this thread.
-        unsafe { *libc::__errno_location() = e };
-        fail(chan, Stage::Volume.with_index(step));
-    }
+    let (sysfs, shadow) = mount_filesystems(exec, chan, &trees[..received]);
     allow_ping_sockets();
     // The command's own user namespace is set up in two steps: it unshares, then the
     // init (which has the capabilities in the sandbox's namespace) writes its id maps.
@@ -268,6 +238,54 @@ pub(crate) fn run(exec: &Exec, chan: RawFd, launcher_end: RawFd) -> ! {
     unsafe { libc::close(netns) };
     let shim = exec.watch.as_deref().unwrap_or_default();
     serve(chan, sigfd, cmd, listener.map(|fd| Watch::new(fd, shim)))
+}
+
+/// Waits for "go", taking the volumes' idmapped copies that come before it (one a
+/// message) into `trees`; returns how many came. Exits if the launcher gives up.
+fn await_go(chan: RawFd, trees: &mut [RawFd; MAX_VOLUMES]) -> usize {
+    let mut received = 0;
+    loop {
+        let mut msg = [0u8; 4];
+        match sys::recv_with_fd(chan, &mut msg) {
+            Ok((1, None)) if msg[0] == wire::GO[0] => return received,
+            Ok((1, Some(tree))) if msg[0] == wire::TREE[0] && received < MAX_VOLUMES => {
+                trees[received] = tree.into_raw_fd();
+                received += 1;
+            }
+            // The launcher gave up (or died) before the sandbox started.
+            _ => exit(1),
+        }
+    }
+}
+
+/// The sandbox's mounts (mounts.rs): private propagation, the substitute
+/// `/etc/shadow`, `/proc`, `/sys`, the volumes (`trees`: the launcher's idmapped
+/// copies). Fails the setup if `/proc` or a volume cannot be mounted; returns the
+/// outcomes of the sysfs and the shadow, which only warn.
+fn mount_filesystems(
+    exec: &Exec,
+    chan: RawFd,
+    trees: &[RawFd],
+) -> (Result<(), c_int>, Result<(), c_int>) {
+    if make_private().is_err() {
+        fail(chan, Stage::Proc);
+    }
+    // Before the sandbox's /proc: its tmpfs is made on /proc for a moment.
+    let shadow = exec
+        .mounts
+        .shadow
+        .as_ref()
+        .map_or(Ok(()), mounts::fake_shadow);
+    if mount_proc().is_err() {
+        fail(chan, Stage::Proc);
+    }
+    let sysfs = mounts::own_sysfs(&exec.mounts.sys_kept);
+    if let Err((step, e)) = mounts::volumes(&exec.mounts.steps, trees) {
+        // SAFETY: errno slot of this thread.
+        unsafe { *libc::__errno_location() = e };
+        fail(chan, Stage::Volume.with_index(step));
+    }
+    (sysfs, shadow)
 }
 
 /// The watch's listener, as the command sends it on `pair` (closed here); `None` when
@@ -804,23 +822,7 @@ fn exec_command(exec: &Exec, (to_init, from_init): (RawFd, RawFd), watch: RawFd)
             libc::close(from_init);
         }
     }
-    if let Some(cwd) = &exec.cwd {
-        // Best effort: where it cannot, the command keeps the directory it inherited.
-        // SAFETY: a NUL-terminated path.
-        unsafe { libc::chdir(cwd.as_ptr()) };
-    }
-    // Set-uid and file-capability binaries gain nothing in the sandbox.
-    // SAFETY: prctl with integer arguments.
-    unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
-    if let Some(prog) = &exec.guard
-        && let Err(e) = guard::install(prog)
-    {
-        // Without it, a volume would let the command make set-id root programs.
-        write_stderr(b"ferry: cannot keep set-id files out of the volumes: ");
-        write_stderr(errno_text(e));
-        write_stderr(b"\n");
-        exit(126);
-    }
+    restrict(exec);
     if watch >= 0 {
         // Refused (old kernel, no seccomp, another listener already): no watch. Once
         // installed, the listener must reach the init: without one, the kernel fails
@@ -892,6 +894,29 @@ fn exec_command(exec: &Exec, (to_init, from_init): (RawFd, RawFd), watch: RawFd)
     write_stderr(errno_text(reason));
     write_stderr(b"\n");
     exit(126)
+}
+
+/// In the command's child, before the watch: its working directory as the sandbox sees
+/// it, no new privileges, and with volumes the guard (guard.rs); exits 126 if the guard
+/// cannot be installed.
+fn restrict(exec: &Exec) {
+    if let Some(cwd) = &exec.cwd {
+        // Best effort: where it cannot, the command keeps the directory it inherited.
+        // SAFETY: a NUL-terminated path.
+        unsafe { libc::chdir(cwd.as_ptr()) };
+    }
+    // Set-uid and file-capability binaries gain nothing in the sandbox.
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+    if let Some(prog) = &exec.guard
+        && let Err(e) = guard::install(prog)
+    {
+        // Without it, a volume would let the command make set-id root programs.
+        write_stderr(b"ferry: cannot keep set-id files out of the volumes: ");
+        write_stderr(errno_text(e));
+        write_stderr(b"\n");
+        exit(126);
+    }
 }
 
 fn write_stderr(mut msg: &[u8]) {

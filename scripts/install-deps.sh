@@ -18,7 +18,7 @@ set -euo pipefail
 PACKAGES=(
     iperf3 sockperf nginx-light redis-server redis-tools slirp4netns passt wrk hyperfine
     uidmap curl iproute2 procps fonts-dejavu-core python3 gzip g++ iputils-ping
-    bind9-dnsutils socat netcat-openbsd nodejs golang-go busybox-static
+    bind9-dnsutils socat netcat-openbsd nodejs golang-go busybox-static git openssh-client
 )
 SERVICES=(redis-server nginx iperf3)
 # The fuzz targets' runner (scripts/fuzz.sh); libfuzzer-sys builds with g++.

@@ -67,6 +67,21 @@ pub fn publish(s: &str) -> Result<Publish, String> {
     })
 }
 
+/// Parses `--volume PATH[:ro|:rw]` (read-write unless `:ro`) and checks the path
+/// (`ferry_sandbox::Volume::new`: never `/`, a system directory or anything in or above
+/// one).
+pub fn volume(s: &str) -> Result<ferry_sandbox::Volume, String> {
+    let (path, read_only) = match s.rsplit_once(':') {
+        Some((p, "ro")) => (p, true),
+        Some((p, "rw")) => (p, false),
+        _ => (s, false),
+    };
+    if path.is_empty() {
+        return Err(format!("`{s}` names no path"));
+    }
+    ferry_sandbox::Volume::new(std::path::Path::new(path), read_only).map_err(|e| e.to_string())
+}
+
 /// A list of CPUs (`--cpus`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CpuList(pub Vec<usize>);
@@ -296,6 +311,24 @@ mod tests {
                 .unwrap_err()
                 .contains("no usable")
         );
+    }
+
+    #[test]
+    fn volumes() {
+        let v = volume("/tmp:ro").unwrap();
+        assert!(v.read_only());
+        assert_eq!(
+            v.path(),
+            std::path::Path::new("/tmp").canonicalize().unwrap()
+        );
+        assert!(!volume("/tmp:rw").unwrap().read_only());
+        assert!(!volume("/tmp").unwrap().read_only());
+        for refused in ["/", "/etc", "/usr:ro", "/etc/../usr/lib", "/proc/self"] {
+            let e = volume(refused).unwrap_err();
+            assert!(e.contains("never shared"), "{refused}: {e}");
+        }
+        assert!(volume(":ro").is_err());
+        assert!(volume("/no/such/dir").unwrap_err().contains("No such file"));
     }
 
     #[test]

@@ -119,6 +119,13 @@ pub struct RunArgs {
     /// longer binds it.
     #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = ["auto", "always", "never"])]
     pub userns: String,
+    /// Share a host path with the sandbox as its own (repeatable; `:ro` for reading
+    /// only). Run by root, the sandbox's root is the owner there of what host root owns
+    /// (an idmapped mount), and nowhere else; never /, a system directory (/etc, /usr,
+    /// /var, …) or anything in or above one. The working directory is shared only when
+    /// named (`--volume .`).
+    #[arg(long = "volume", value_name = "PATH[:ro]", value_parser = crate::args::volume)]
+    pub volumes: Vec<ferry_sandbox::Volume>,
     /// Most channels (one per thread and server) the sandbox may have open at once.
     #[arg(long, value_name = "N", default_value_t = ferry_server::DEFAULT_MAX_CHANNELS, value_parser = clap::builder::TypedValueParser::map(clap::value_parser!(u32).range(1..=65536), |v| v as usize))]
     pub max_channels: usize,
@@ -456,7 +463,12 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
         watch: (a.net == Net::Socket).then(|| SocketWatch {
             shim: shim.map(PathBuf::into_os_string),
         }),
+        volumes: a.volumes.clone(),
     };
+    // What the sandbox's root will find closed (root's files), said once, up front.
+    for line in ferry_sandbox::reach_advice(&spec) {
+        warn!("{line}");
+    }
     // The program starts with the descriptor limit ferry was started with, as it would
     // natively; ferry's own (raised at start) comes back right after.
     let nofile = crate::NOFILE.get().copied().flatten();

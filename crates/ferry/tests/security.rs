@@ -640,7 +640,9 @@ fn the_admin_socket_is_out_of_the_sandboxs_reach() {
 // ---- Escape attempts: the sandbox's identity ----------------------------------------
 
 /// Each attempt prints `NAME ok` when it worked and `NAME no` when it did not. Arguments:
-/// a host-loopback TCP port, a root-owned file, a root-owned directory.
+/// a host-loopback TCP port, a root-owned file, a root-owned directory, the SHA-256 of the
+/// host's /etc/shadow (root's sandbox sees a substitute without secrets there: reading
+/// it is no escape, reading the host's is).
 const ESCAPES: &str = r#"
 t() { if (eval "$2") >/dev/null 2>&1; then echo "$1 ok"; else echo "$1 no"; fi; }
 me=$(readlink /proc/self/ns/net)
@@ -649,14 +651,24 @@ for n in /proc/[0-9]*/ns/net; do [ "$(readlink $n 2>/dev/null)" = "$me" ] || [ !
 echo "other-netns-visible $others"
 t nsenter-host-loopback "nsenter --net=/proc/1/ns/net python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", $1), timeout=1)'"
 t umount-proc "umount /proc || umount -l /proc"
-t shadow "head -c1 /etc/shadow"
+t shadow "umount /etc/shadow 2>/dev/null; [ \"\$(sha256sum </etc/shadow | cut -c1-64)\" = $4 ]"
 t append-root-file "echo x >> $2"
 t create-in-root-dir "touch $3/new"
 t veth-to-host "ip link add fe0 type veth peer name fe1 && ip link set fe1 netns 1"
 t ferry-mem "for p in /proc/[0-9]*; do grep -q ferry-servers $p/task/*/comm 2>/dev/null && head -c1 $p/mem; done | grep -q ."
 "#;
 
-fn escape_attempts(run_as: Option<&str>) -> String {
+/// The host's /etc/shadow's SHA-256 (hex), or a dummy where there is none.
+fn host_shadow_digest() -> String {
+    let o = Command::new("sha256sum")
+        .arg("/etc/shadow")
+        .output()
+        .unwrap();
+    let hex = stdout(&o);
+    hex.get(..64).unwrap_or("no-shadow-on-this-host").to_owned()
+}
+
+fn escape_attempts(run_as: Option<&str>, opts: &[&str]) -> String {
     let lo = HostLoopback::start(false);
     let dir = TempDir::new("escape");
     let root_file = dir.path().join("root-owned");
@@ -670,6 +682,7 @@ fn escape_attempts(run_as: Option<&str>) -> String {
         lo.tcp_port.to_string(),
         root_file.display().to_string(),
         root_dir.display().to_string(),
+        host_shadow_digest(),
     ];
     let ferry_exe = match run_as {
         None => std::path::PathBuf::from(env!("CARGO_BIN_EXE_ferry")),
@@ -688,7 +701,9 @@ fn escape_attempts(run_as: Option<&str>) -> String {
             c
         }
     };
-    cmd.args(["run", "--", "sh", "-c", ESCAPES, "sh"])
+    cmd.arg("run")
+        .args(opts)
+        .args(["--", "sh", "-c", ESCAPES, "sh"])
         .args(&args)
         .current_dir("/");
     let o = cmd.output().unwrap();
@@ -713,7 +728,7 @@ fn the_sandbox_cannot_leave_its_namespaces_or_act_as_host_root() {
     if !can_run(&["python3", "nsenter", "ip"]) {
         return;
     }
-    assert_eq!(escape_attempts(None), NO_ESCAPE);
+    assert_eq!(escape_attempts(None, &[]), NO_ESCAPE);
 }
 
 #[test]
@@ -726,7 +741,171 @@ fn nor_can_it_when_an_ordinary_user_runs_ferry() {
     }
     // As that user the sandbox may of course touch that user's files; root's stay out
     // of reach.
-    assert_eq!(escape_attempts(Some("ferrytest")), NO_ESCAPE);
+    assert_eq!(escape_attempts(Some("ferrytest"), &[]), NO_ESCAPE);
+}
+
+// ---- Volumes: root's files shared as the sandbox's own, and nothing else ---------------
+
+#[test]
+fn system_directories_are_never_volumes() {
+    if !can_run(&[]) {
+        return;
+    }
+    let dir = TempDir::new("volrefuse");
+    let marker = dir.path().join("ran");
+    // A path that leads to /etc another way is /etc all the same. (A symbolic link,
+    // never a bind mount: removing the scratch directory would then empty the real
+    // /etc if anything failed before the unmount.)
+    let etc_bind = dir.path().join("etc-link");
+    let bound = std::os::unix::fs::symlink("/etc", &etc_bind).is_ok();
+    let mut refused = vec![
+        "/",
+        "/etc",
+        "/usr",
+        "/usr:ro",
+        "/usr/local",
+        "/var/lib",
+        "/proc/self",
+        "/tmp/../etc",
+        "/sys",
+    ];
+    let etc_bind_s = etc_bind.display().to_string();
+    if bound {
+        refused.push(&etc_bind_s);
+    }
+    for v in &refused {
+        let o = ferry_run(&["--volume", v], &["touch", marker.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "--volume {v}: {err}");
+        let shown = v.trim_end_matches(":ro");
+        assert!(
+            err.contains("never shared") && err.contains(shown),
+            "--volume {v}: {err}"
+        );
+        assert!(!marker.exists(), "--volume {v} ran the program");
+    }
+}
+
+/// Each attempt prints `NAME ok` or `NAME no`; run in a root-owned 0700 directory that
+/// holds `vol` (shared), `ro` (shared read-only), `outside` (root's file), `sibling`
+/// (root's 0700 directory), `vol/suid-host` (a set-user-id root program of the host's).
+const VOLUME_ATTEMPTS: &str = r#"
+t() { if (eval "$2") >/dev/null 2>&1; then echo "$1 ok"; else echo "$1 no"; fi; }
+t vol-read "grep -q in-vol vol/secret"
+t vol-write "echo new > vol/new"
+t ro-read "grep -q ro-file ro/r"
+t ro-write "touch ro/x"
+t ro-remount "mount -o remount,rw ro || mount -o remount,bind,rw ro; touch ro/y"
+t ro-rebind "mkdir vol/m && mount --bind ro vol/m && touch vol/m/z"
+t ro-umount "umount ro; touch ro/w"
+t outside-append "echo x >> outside"
+t outside-create "touch new"
+t outside-dotdot "echo x >> vol/../outside"
+t sibling-read "ls sibling"
+t skeleton-remount "mount -o remount,rw . || mount -o remount,bind,rw .; touch new2"
+t suid-chmod "cp /bin/true vol/t && chmod u+s vol/t && test -u vol/t"
+t suid-create "python3 -c 'import os; os.close(os.open(\"vol/t2\", os.O_CREAT | os.O_WRONLY, 0o4755))' && test -u vol/t2"
+t file-caps "python3 -c 'import os, struct; os.setxattr(\"vol/t\", \"security.capability\", struct.pack(\"<5I\", 0x02000001, 1 << 13, 0, 0, 0))'"
+t device-node "mknod vol/null c 1 3"
+t keep-host-suid "cat /bin/true > vol/suid-host && test -u vol/suid-host"
+"#;
+
+const VOLUME_EXPECTED: &str = "vol-read ok\nvol-write ok\nro-read ok\nro-write no\nro-remount no\n\
+                               ro-rebind no\nro-umount no\noutside-append no\noutside-create no\n\
+                               outside-dotdot no\nsibling-read no\nskeleton-remount no\n\
+                               suid-chmod no\nsuid-create no\nfile-caps no\ndevice-node no\n\
+                               keep-host-suid no";
+
+#[test]
+fn a_volume_opens_only_itself() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !can_run(&["python3"]) {
+        return;
+    }
+    let top = TempDir::new("volonly");
+    let closed = top.path().join("closed");
+    let mode = |p: &std::path::Path, m| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+    };
+    for d in ["", "vol", "ro", "sibling"] {
+        std::fs::create_dir_all(closed.join(d)).unwrap();
+        mode(&closed.join(d), 0o700);
+    }
+    mode(&closed.join("ro"), 0o755);
+    std::fs::write(closed.join("vol/secret"), "in-vol\n").unwrap();
+    mode(&closed.join("vol/secret"), 0o600);
+    std::fs::write(closed.join("ro/r"), "ro-file\n").unwrap();
+    std::fs::write(closed.join("outside"), "outside\n").unwrap();
+    mode(&closed.join("outside"), 0o644);
+    std::fs::write(closed.join("sibling/s"), "s\n").unwrap();
+    std::fs::copy("/bin/true", closed.join("vol/suid-host")).unwrap();
+    mode(&closed.join("vol/suid-host"), 0o4755);
+    let vol = closed.join("vol").display().to_string();
+    let ro = format!("{}:ro", closed.join("ro").display());
+    let o = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args([
+            "run",
+            "--volume",
+            &vol,
+            "--volume",
+            &ro,
+            "--",
+            "sh",
+            "-c",
+            VOLUME_ATTEMPTS,
+        ])
+        .current_dir(&closed)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{} {}",
+        stdout(&o),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(
+        stdout(&o),
+        VOLUME_EXPECTED,
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // What the sandbox made in the volume is root's; nothing else changed.
+    assert_eq!(std::fs::metadata(closed.join("vol/new")).unwrap().uid(), 0);
+    assert_eq!(
+        std::fs::read_to_string(closed.join("outside")).unwrap(),
+        "outside\n"
+    );
+    for gone in ["new", "new2", "ro/x", "ro/y", "ro/w", "vol/null", "vol/t2"] {
+        assert!(!closed.join(gone).exists(), "{gone} was made");
+    }
+    for f in ["vol/t", "vol/suid-host"] {
+        let m = std::fs::metadata(closed.join(f)).unwrap().mode();
+        assert_eq!(m & 0o6000, 0, "{f} is set-id: {m:o}");
+    }
+    let caps = Command::new("getfattr")
+        .args(["-n", "security.capability"])
+        .arg(closed.join("vol/t"))
+        .output();
+    if let Ok(caps) = caps {
+        assert!(!caps.status.success(), "vol/t has file capabilities");
+    }
+}
+
+#[test]
+fn the_escapes_still_fail_beside_volumes() {
+    if !can_run(&["python3", "nsenter", "ip"]) {
+        return;
+    }
+    let vols = TempDir::new("volescape");
+    let (rw, ro) = (vols.path().join("rw"), vols.path().join("ro"));
+    std::fs::create_dir(&rw).unwrap();
+    std::fs::create_dir(&ro).unwrap();
+    let ro = format!("{}:ro", ro.display());
+    let rw = rw.display().to_string();
+    assert_eq!(
+        escape_attempts(None, &["--volume", &rw, "--volume", &ro]),
+        NO_ESCAPE
+    );
 }
 
 // ---- The servers' own confinement -------------------------------------------------------

@@ -32,6 +32,7 @@ fn main() {
         userns: UserNs::Auto,
         hold: false,
         watch: Some(SocketWatch::default()),
+        volumes: Vec::new(),
     };
     if factory_check {
         if let Err(e) = check_factory() {
@@ -67,6 +68,7 @@ fn check_factory() -> std::io::Result<()> {
         userns: UserNs::Auto,
         hold: false,
         watch: None,
+        volumes: Vec::new(),
     };
     let sandbox = launch(&spec).map_err(std::io::Error::other)?;
     let sandbox = &sandbox;

@@ -26,8 +26,10 @@ use crate::sys;
 pub(crate) mod wire {
     /// Launcher → init: id maps are in place, start.
     pub(crate) const GO: [u8; 1] = [1];
-    /// Init → launcher: setup done; `a` = command pid inside the sandbox; the sandbox
-    /// netns fd is attached.
+    /// Launcher → init, before "go": the next volume's idmapped copy is attached.
+    pub(crate) const TREE: [u8; 1] = [2];
+    /// Init → launcher: setup done; `a` = command pid inside the sandbox, `b` =
+    /// [`ready_flags`]; the sandbox netns fd is attached.
     pub(crate) const READY: u32 = 1;
     /// Init → launcher: setup failed; `a` = stage (see `Stage`), `b` = errno.
     pub(crate) const SETUP_FAILED: u32 = 2;
@@ -38,6 +40,19 @@ pub(crate) mod wire {
     pub(crate) const OPEN_TUN: i32 = -0x74_756e;
     /// Length of a factory reply.
     pub(crate) const REPLY_LEN: usize = 4;
+
+    /// The last word of "ready": bit 0 whether the socket watch is on; bits 8–19 the
+    /// errno of the sandbox's own sysfs (0: mounted), bits 20–31 that of its substitute
+    /// `/etc/shadow` (0: mounted or none).
+    pub(crate) fn ready_flags(watching: bool, sysfs: Option<i32>, shadow: Option<i32>) -> i32 {
+        let e = |v: Option<i32>| v.unwrap_or(0) & 0xfff;
+        i32::from(watching) | (e(sysfs) << 8) | (e(shadow) << 20)
+    }
+
+    /// Decodes [`ready_flags`]: (watching, sysfs errno, shadow errno), 0 for none.
+    pub(crate) fn parse_ready_flags(w: i32) -> (bool, i32, i32) {
+        (w & 1 == 1, (w >> 8) & 0xfff, (w >> 20) & 0xfff)
+    }
 
     /// Encodes three 32-bit words (handshake message or factory request).
     pub(crate) fn encode(w: [i32; 3]) -> [u8; MSG_LEN] {
@@ -144,5 +159,13 @@ mod tests {
         assert_eq!(wire::decode(&wire::encode(words)), Some(words));
         assert_eq!(wire::decode(&[0; 11]), None);
         assert_eq!(wire::decode(&[0; 13]), None);
+    }
+
+    #[test]
+    fn ready_flags_roundtrip() {
+        let w = wire::ready_flags(true, Some(libc::EPERM), None);
+        assert_eq!(wire::parse_ready_flags(w), (true, libc::EPERM, 0));
+        let w = wire::ready_flags(false, None, Some(libc::ENOENT));
+        assert_eq!(wire::parse_ready_flags(w), (false, 0, libc::ENOENT));
     }
 }

@@ -31,12 +31,15 @@
 //! (the launcher died), the init exits too, with 137.
 
 use std::ffi::CString;
-use std::os::fd::RawFd;
+use std::os::fd::{IntoRawFd, RawFd};
 
 use libc::{c_char, c_int, pid_t};
 
 use crate::factory::wire;
+use crate::guard;
+use crate::mounts::{self, Mounts};
 use crate::sys::{self, errno};
+use crate::volume::MAX_VOLUMES;
 use crate::watch::{self, Watch};
 
 /// Signals the init passes on to the command. Others sent to the init are ignored
@@ -70,6 +73,8 @@ pub(crate) enum Stage {
     Proc = 8,
     NestUserns = 9,
     Identity = 10,
+    /// A volume step (mounts.rs); the step's index is in the wire word's upper bits.
+    Volume = 11,
 }
 
 impl Stage {
@@ -85,6 +90,7 @@ impl Stage {
             8 => Self::Proc,
             9 => Self::NestUserns,
             10 => Self::Identity,
+            11 => Self::Volume,
             _ => return None,
         })
     }
@@ -115,6 +121,14 @@ pub(crate) struct Exec {
     /// The socket watch (watch.rs), when asked for: the path of the library that relays
     /// the command's sockets (empty: none).
     pub(crate) watch: Option<Vec<u8>>,
+    /// The sandbox's mounts besides `/proc` (mounts.rs).
+    pub(crate) mounts: Mounts,
+    /// With idmapped volumes, the filter that keeps set-id files and file capabilities
+    /// out of them (guard.rs).
+    pub(crate) guard: Option<Vec<libc::sock_filter>>,
+    /// Where the command changes directory to before `execve` (the caller's working
+    /// directory, so that a volume mounted there is its working directory), if anywhere.
+    pub(crate) cwd: Option<CString>,
 }
 
 /// Entry point of the init, in the child of the launcher's `clone`. Never returns.
@@ -122,19 +136,8 @@ pub(crate) fn run(exec: &Exec, chan: RawFd, launcher_end: RawFd) -> ! {
     // SAFETY: the launcher's end is a copy this process never uses.
     unsafe { libc::close(launcher_end) };
 
-    let mut go = [0u8; 4];
-    loop {
-        // SAFETY: go is a valid buffer of the given length.
-        let n = unsafe { libc::recv(chan, go.as_mut_ptr().cast(), go.len(), 0) };
-        if n == -1 && errno() == libc::EINTR {
-            continue;
-        }
-        if n != wire::GO.len() as isize || go[0] != wire::GO[0] {
-            // The launcher gave up (or died) before the sandbox started.
-            exit(1);
-        }
-        break;
-    }
+    let mut trees: [RawFd; MAX_VOLUMES] = [-1; MAX_VOLUMES];
+    let received = await_go(chan, &mut trees);
 
     if exec.nest > 0 && become_root().is_err() {
         fail(chan, Stage::Identity);
@@ -152,9 +155,7 @@ pub(crate) fn run(exec: &Exec, chan: RawFd, launcher_end: RawFd) -> ! {
     if bring_up_loopback().is_err() {
         fail(chan, Stage::Loopback);
     }
-    if mount_proc().is_err() {
-        fail(chan, Stage::Proc);
-    }
+    let (sysfs, shadow) = mount_filesystems(exec, chan, &trees[..received]);
     allow_ping_sockets();
     // The command's own user namespace is set up in two steps: it unshares, then the
     // init (which has the capabilities in the sandbox's namespace) writes its id maps.
@@ -225,7 +226,11 @@ pub(crate) fn run(exec: &Exec, chan: RawFd, launcher_end: RawFd) -> ! {
     if netns == -1 {
         fail(chan, Stage::Netns);
     }
-    let ready = wire::encode([wire::READY as i32, cmd, i32::from(listener.is_some())]);
+    let ready = wire::encode([
+        wire::READY as i32,
+        cmd,
+        wire::ready_flags(listener.is_some(), sysfs.err(), shadow.err()),
+    ]);
     if sys::send_with_fd(chan, &ready, Some(netns)).is_err() {
         exit(1);
     }
@@ -233,6 +238,54 @@ pub(crate) fn run(exec: &Exec, chan: RawFd, launcher_end: RawFd) -> ! {
     unsafe { libc::close(netns) };
     let shim = exec.watch.as_deref().unwrap_or_default();
     serve(chan, sigfd, cmd, listener.map(|fd| Watch::new(fd, shim)))
+}
+
+/// Waits for "go", taking the volumes' idmapped copies that come before it (one a
+/// message) into `trees`; returns how many came. Exits if the launcher gives up.
+fn await_go(chan: RawFd, trees: &mut [RawFd; MAX_VOLUMES]) -> usize {
+    let mut received = 0;
+    loop {
+        let mut msg = [0u8; 4];
+        match sys::recv_with_fd(chan, &mut msg) {
+            Ok((1, None)) if msg[0] == wire::GO[0] => return received,
+            Ok((1, Some(tree))) if msg[0] == wire::TREE[0] && received < MAX_VOLUMES => {
+                trees[received] = tree.into_raw_fd();
+                received += 1;
+            }
+            // The launcher gave up (or died) before the sandbox started.
+            _ => exit(1),
+        }
+    }
+}
+
+/// The sandbox's mounts (mounts.rs): private propagation, the substitute
+/// `/etc/shadow`, `/proc`, `/sys`, the volumes (`trees`: the launcher's idmapped
+/// copies). Fails the setup if `/proc` or a volume cannot be mounted; returns the
+/// outcomes of the sysfs and the shadow, which only warn.
+fn mount_filesystems(
+    exec: &Exec,
+    chan: RawFd,
+    trees: &[RawFd],
+) -> (Result<(), c_int>, Result<(), c_int>) {
+    if make_private().is_err() {
+        fail(chan, Stage::Proc);
+    }
+    // Before the sandbox's /proc: its tmpfs is made on /proc for a moment.
+    let shadow = exec
+        .mounts
+        .shadow
+        .as_ref()
+        .map_or(Ok(()), mounts::fake_shadow);
+    if mount_proc().is_err() {
+        fail(chan, Stage::Proc);
+    }
+    let sysfs = mounts::own_sysfs(&exec.mounts.sys_kept);
+    if let Err((step, e)) = mounts::volumes(&exec.mounts.steps, trees) {
+        // SAFETY: errno slot of this thread.
+        unsafe { *libc::__errno_location() = e };
+        fail(chan, Stage::Volume.with_index(step));
+    }
+    (sysfs, shadow)
 }
 
 /// The watch's listener, as the command sends it on `pair` (closed here); `None` when
@@ -252,9 +305,23 @@ fn receive_listener(pair: RawFd) -> Option<RawFd> {
     }
 }
 
-/// Reports a failed setup stage with the current errno, then exits.
-fn fail(chan: RawFd, stage: Stage) -> ! {
-    let msg = wire::encode([wire::SETUP_FAILED as i32, stage as i32, errno()]);
+impl From<Stage> for i32 {
+    fn from(stage: Stage) -> i32 {
+        stage as i32
+    }
+}
+
+impl Stage {
+    /// The wire word for this stage at step `index` (volumes).
+    fn with_index(self, index: usize) -> i32 {
+        self as i32 | ((index as i32) << 8)
+    }
+}
+
+/// Reports a failed setup stage (a [`Stage`], or [`Stage::with_index`]) with the current
+/// errno, then exits.
+fn fail(chan: RawFd, stage: impl Into<i32>) -> ! {
+    let msg = wire::encode([wire::SETUP_FAILED as i32, stage.into(), errno()]);
     let _ = sys::send_with_fd(chan, &msg, None);
     exit(1)
 }
@@ -399,10 +466,8 @@ fn allow_ping_sockets() {
     }
 }
 
-/// A private mount propagation (nothing the sandbox mounts reaches the host) and a
-/// fresh `/proc` for the sandbox's PID namespace: it shows the sandbox's processes
-/// only, not the host's (whose `ns/net` or `mem` a program could otherwise open).
-fn mount_proc() -> Result<(), ()> {
+/// A private mount propagation: nothing the sandbox mounts reaches the host.
+fn make_private() -> Result<(), ()> {
     // SAFETY: mount(2) with NUL-terminated literals and null data.
     let private = unsafe {
         libc::mount(
@@ -413,10 +478,13 @@ fn mount_proc() -> Result<(), ()> {
             std::ptr::null(),
         )
     };
-    if private == -1 {
-        return Err(());
-    }
-    // SAFETY: as above.
+    if private == -1 { Err(()) } else { Ok(()) }
+}
+
+/// A fresh `/proc` for the sandbox's PID namespace: it shows the sandbox's processes
+/// only, not the host's (whose `ns/net` or `mem` a program could otherwise open).
+fn mount_proc() -> Result<(), ()> {
+    // SAFETY: mount(2) with NUL-terminated literals and null data.
     let proc = unsafe {
         libc::mount(
             c"proc".as_ptr(),
@@ -754,9 +822,7 @@ fn exec_command(exec: &Exec, (to_init, from_init): (RawFd, RawFd), watch: RawFd)
             libc::close(from_init);
         }
     }
-    // Set-uid and file-capability binaries gain nothing in the sandbox.
-    // SAFETY: prctl with integer arguments.
-    unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+    restrict(exec);
     if watch >= 0 {
         // Refused (old kernel, no seccomp, another listener already): no watch. Once
         // installed, the listener must reach the init: without one, the kernel fails
@@ -828,6 +894,29 @@ fn exec_command(exec: &Exec, (to_init, from_init): (RawFd, RawFd), watch: RawFd)
     write_stderr(errno_text(reason));
     write_stderr(b"\n");
     exit(126)
+}
+
+/// In the command's child, before the watch: its working directory as the sandbox sees
+/// it, no new privileges, and with volumes the guard (guard.rs); exits 126 if the guard
+/// cannot be installed.
+fn restrict(exec: &Exec) {
+    if let Some(cwd) = &exec.cwd {
+        // Best effort: where it cannot, the command keeps the directory it inherited.
+        // SAFETY: a NUL-terminated path.
+        unsafe { libc::chdir(cwd.as_ptr()) };
+    }
+    // Set-uid and file-capability binaries gain nothing in the sandbox.
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+    if let Some(prog) = &exec.guard
+        && let Err(e) = guard::install(prog)
+    {
+        // Without it, a volume would let the command make set-id root programs.
+        write_stderr(b"ferry: cannot keep set-id files out of the volumes: ");
+        write_stderr(errno_text(e));
+        write_stderr(b"\n");
+        exit(126);
+    }
 }
 
 fn write_stderr(mut msg: &[u8]) {

@@ -9,8 +9,9 @@
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::Path;
 use std::sync::Arc;
 
 use libc::pid_t;
@@ -18,7 +19,9 @@ use tracing::{debug, warn};
 
 use crate::factory::{SocketFactory, wire};
 use crate::init::{self, Exec, Stage};
+use crate::mounts::{self, Mounts};
 use crate::sys;
+use crate::volume::{self, Step, Volume};
 
 /// What to run and how to isolate it.
 #[derive(Clone, Debug, Default)]
@@ -44,6 +47,10 @@ pub struct Spec {
     /// aarch64; elsewhere, or when the kernel refuses the filter, the command runs
     /// unwatched ([`Sandbox::watching`] says which).
     pub watch: Option<SocketWatch>,
+    /// Host paths the sandbox sees as its own (see [`Volume`]): for root's sandbox,
+    /// idmapped bind mounts (host root is the sandbox's root there); otherwise only the
+    /// read-only ones change anything.
+    pub volumes: Vec<Volume>,
 }
 
 /// What the socket watch needs to know ([`Spec::watch`]).
@@ -187,6 +194,19 @@ pub enum Error {
     /// The command could not get its own user namespace inside the sandbox's.
     #[error("sandbox init: the command's user namespace: {0}")]
     NestUserns(#[source] io::Error),
+    /// A volume cannot be shared as asked (named twice, changed, or its filesystem does
+    /// not support idmapped mounts).
+    #[error("volume {0}")]
+    Volume(String),
+    /// The init could not mount a volume (or the tmpfs over a directory above one).
+    #[error("sandbox init: mounting {at} for the volumes: {source}")]
+    VolumeMount {
+        /// Where.
+        at: String,
+        /// What the kernel said.
+        #[source]
+        source: io::Error,
+    },
     /// `waitpid(2)` on the init failed.
     #[error("waiting for the sandbox: {0}")]
     Wait(#[source] io::Error),
@@ -209,6 +229,11 @@ impl Error {
             Stage::Proc => Self::Proc(e),
             Stage::NestUserns => Self::NestUserns(e),
             Stage::Identity => Self::Identity(e),
+            // Named by the launcher, which knows its steps.
+            Stage::Volume => Self::VolumeMount {
+                at: String::new(),
+                source: e,
+            },
         }
     }
 }
@@ -369,6 +394,7 @@ pub fn launch(spec: &Spec) -> Result<Sandbox, Error> {
         (true, 0) => Some(root_sandbox_ids()),
         (true, _) => None,
     };
+    let steps = volume_steps(&spec.volumes, ids)?;
     let mut exec = prepare(spec)?;
     // The command gets a user namespace of its own inside the sandbox's, mapping the
     // same ids: the mounts the init made (the sandbox's /proc) are then locked for it.
@@ -377,6 +403,18 @@ pub fn launch(spec: &Spec) -> Result<Sandbox, Error> {
         (true, Some((u, g))) => u.count.min(g.count),
         (true, None) => 1,
     };
+    exec.mounts = mounts_for(ids, &steps)?;
+    if steps.iter().any(|s| matches!(s, Step::Attach { .. })) {
+        let prog = crate::guard::native_filter().ok_or_else(|| {
+            Error::Volume("needs x86_64 or aarch64 (to keep set-id files out of it)".into())
+        })?;
+        exec.guard = Some(prog);
+    }
+    if !steps.is_empty() {
+        exec.cwd = std::env::current_dir()
+            .ok()
+            .and_then(|d| CString::new(d.into_os_string().into_vec()).ok());
+    }
     let gate = if spec.hold {
         let mut p = [0; 2];
         // SAFETY: p is a valid out-array of two ints.
@@ -421,45 +459,19 @@ pub fn launch(spec: &Spec) -> Result<Sandbox, Error> {
     let pidfd = sys::pidfd_open(pid).map_err(Error::PidFd)?;
 
     if userns {
-        let proc = format!("/proc/{pid}");
-        let (uid_map, gid_map) = match ids {
-            // Root may map any ids (and keep setgroups, which programs that switch
-            // users need).
-            Some((u, g)) => (
-                format!("0 {} {}\n", u.base, u.count),
-                format!("0 {} {}\n", g.base, g.count),
-            ),
-            None => {
-                // SAFETY: getegid cannot fail.
-                let egid = unsafe { libc::getegid() };
-                std::fs::write(format!("{proc}/setgroups"), "deny").map_err(Error::SetGroups)?;
-                (format!("0 {euid} 1\n"), format!("0 {egid} 1\n"))
-            }
-        };
-        std::fs::write(format!("{proc}/uid_map"), uid_map).map_err(Error::UidMap)?;
-        std::fs::write(format!("{proc}/gid_map"), gid_map).map_err(Error::GidMap)?;
+        write_id_maps(pid, ids)?;
     }
+    send_trees(ours.as_raw_fd(), pid, &steps)?;
     sys::send_with_fd(ours.as_raw_fd(), &wire::GO, None).map_err(Error::Handshake)?;
 
-    let mut buf = [0u8; wire::MSG_LEN + 4];
-    let (n, netns) = sys::recv_with_fd(ours.as_raw_fd(), &mut buf).map_err(Error::Handshake)?;
-    let msg = wire::decode(&buf[..n]);
-    let (netns, watching) = match (msg, netns) {
-        (Some([kind, _cmd, watching]), Some(netns)) if kind == wire::READY as i32 => {
-            (netns, watching == 1)
-        }
-        (Some([kind, stage, errno]), _) if kind == wire::SETUP_FAILED as i32 => {
-            return Err(match Stage::from_wire(stage) {
-                Some(stage) => Error::from_stage(stage, errno),
-                None => Error::Handshake(bad_message()),
-            });
-        }
-        _ if n == 0 => {
+    let (netns, watching) = match await_ready(ours.as_raw_fd(), &steps) {
+        Ok(ready) => ready,
+        Err(None) => {
             std::mem::forget(guard);
             let status = sys::waitpid_blocking(pid).map_err(Error::Wait)?;
             return Err(Error::InitDied(sys::exit_code(status)));
         }
-        _ => return Err(Error::Handshake(bad_message())),
+        Err(Some(e)) => return Err(e),
     };
     std::mem::forget(guard);
     debug!(pid, userns, watching, program = ?spec.program, "sandbox launched");
@@ -472,6 +484,125 @@ pub fn launch(spec: &Spec) -> Result<Sandbox, Error> {
         gate,
         watching,
     })
+}
+
+/// The init's volume steps: idmapped (root's sandbox, `ids`) or read-only bind mounts.
+fn volume_steps(volumes: &[Volume], ids: Option<(IdRange, IdRange)>) -> Result<Vec<Step>, Error> {
+    let search = |p: &Path| match ids {
+        Some((u, g)) => volume::Perm::of(p).is_some_and(|m| volume::allows(m, u, g, 1)),
+        None => true,
+    };
+    volume::plan(volumes, ids.is_some(), &search).map_err(Error::Volume)
+}
+
+/// What the init mounts besides `/proc`: the volume `steps`, root's substitute
+/// `/etc/shadow` (root's sandbox, `ids`, on a host that has one), the sysfs's kept
+/// mounts.
+fn mounts_for(ids: Option<(IdRange, IdRange)>, steps: &[Step]) -> Result<Mounts, Error> {
+    use std::os::unix::fs::MetadataExt;
+    let nul = || Error::Nul { what: "volume" };
+    let shadow = ids.and_then(|(_, gids)| {
+        let meta = std::fs::metadata("/etc/shadow")
+            .ok()
+            .filter(|m| m.is_file())?;
+        let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+        Some(mounts::shadow(&passwd, meta.gid(), gids.count))
+    });
+    let sys_kept = std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|t| mounts::sys_children(&t))
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|p| CString::new(p.into_os_string().into_vec()).ok())
+        .collect();
+    Ok(Mounts {
+        steps: mounts::init_steps(steps).ok_or_else(nul)?,
+        shadow,
+        sys_kept,
+    })
+}
+
+/// Writes the sandbox's id maps: root's subordinate `ids`, or the caller's own ids.
+fn write_id_maps(pid: pid_t, ids: Option<(IdRange, IdRange)>) -> Result<(), Error> {
+    let proc = format!("/proc/{pid}");
+    let (uid_map, gid_map) = match ids {
+        // Root may map any ids (and keep setgroups, which programs that switch users
+        // need).
+        Some((u, g)) => (
+            format!("0 {} {}\n", u.base, u.count),
+            format!("0 {} {}\n", g.base, g.count),
+        ),
+        None => {
+            // SAFETY: geteuid and getegid cannot fail.
+            let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+            std::fs::write(format!("{proc}/setgroups"), "deny").map_err(Error::SetGroups)?;
+            (format!("0 {euid} 1\n"), format!("0 {egid} 1\n"))
+        }
+    };
+    std::fs::write(format!("{proc}/uid_map"), uid_map).map_err(Error::UidMap)?;
+    std::fs::write(format!("{proc}/gid_map"), gid_map).map_err(Error::GidMap)
+}
+
+/// Makes the idmapped copy of each volume `Attach`es (through the user namespace of
+/// the init `pid`, whose maps are written) and hands them to the init, in order.
+fn send_trees(chan: RawFd, pid: pid_t, steps: &[Step]) -> Result<(), Error> {
+    let mut userns = None;
+    for step in steps {
+        let Step::Attach { at, read_only } = step else {
+            continue;
+        };
+        if userns.is_none() {
+            let ns = std::fs::File::open(format!("/proc/{pid}/ns/user"))
+                .map_err(|e| Error::Volume(format!("opening the sandbox's user namespace: {e}")))?;
+            userns = Some(OwnedFd::from(ns));
+        }
+        let ns = userns
+            .as_ref()
+            .map(AsFd::as_fd)
+            .ok_or(Error::Handshake(bad_message()))?;
+        let tree = volume::idmapped_copy(at, *read_only, ns).map_err(Error::Volume)?;
+        sys::send_with_fd(chan, &wire::TREE, Some(tree.as_raw_fd())).map_err(Error::Handshake)?;
+    }
+    Ok(())
+}
+
+/// Waits for the init's "ready": the sandbox's network namespace and whether the watch
+/// is on; warns of a sysfs or `/etc/shadow` the init could not mount. `Err(None)`: the
+/// init exited without a word.
+fn await_ready(chan: RawFd, steps: &[Step]) -> Result<(OwnedFd, bool), Option<Error>> {
+    let mut buf = [0u8; wire::MSG_LEN + 4];
+    let (n, netns) = sys::recv_with_fd(chan, &mut buf).map_err(|e| Some(Error::Handshake(e)))?;
+    match (wire::decode(&buf[..n]), netns) {
+        (Some([kind, _cmd, flags]), Some(netns)) if kind == wire::READY as i32 => {
+            let (watching, sysfs, shadow) = wire::parse_ready_flags(flags);
+            if sysfs != 0 {
+                warn!(
+                    "the sandbox keeps the host's /sys (its /sys/class/net lists the host's interfaces): mounting its own sysfs: {}",
+                    io::Error::from_raw_os_error(sysfs)
+                );
+            }
+            if shadow != 0 {
+                warn!(
+                    "`su` in the sandbox will fail: its substitute /etc/shadow: {}",
+                    io::Error::from_raw_os_error(shadow)
+                );
+            }
+            Ok((netns, watching))
+        }
+        (Some([kind, stage, errno]), _) if kind == wire::SETUP_FAILED as i32 => {
+            Err(Some(match Stage::from_wire(stage & 0xff) {
+                Some(Stage::Volume) => Error::VolumeMount {
+                    at: steps
+                        .get((stage >> 8) as usize)
+                        .map_or_else(String::new, |s| s.at().display().to_string()),
+                    source: io::Error::from_raw_os_error(errno),
+                },
+                Some(stage) => Error::from_stage(stage, errno),
+                None => Error::Handshake(bad_message()),
+            }))
+        }
+        _ if n == 0 => Err(None),
+        _ => Err(Some(Error::Handshake(bad_message()))),
+    }
 }
 
 fn bad_message() -> io::Error {
@@ -542,6 +673,9 @@ fn prepare(spec: &Spec) -> Result<Exec, Error> {
         cannot_exec: format!("ferry: {shown}: cannot execute: ").into_bytes(),
         gate: None,
         nest: 0,
+        mounts: Mounts::default(),
+        guard: None,
+        cwd: None,
         watch: spec
             .watch
             .as_ref()
@@ -579,7 +713,7 @@ fn release_at_least(release: &str, major: u32, minor: u32) -> bool {
 }
 
 /// The paths `execvp` would try for `program`, in order.
-fn candidates(program: &OsStr, path: Option<&OsStr>) -> Vec<OsString> {
+pub(crate) fn candidates(program: &OsStr, path: Option<&OsStr>) -> Vec<OsString> {
     let bytes = program.as_bytes();
     if bytes.is_empty() {
         return Vec::new();

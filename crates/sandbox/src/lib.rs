@@ -2,7 +2,8 @@
 //! namespace with only `lo` until nic mode adds its TAP; a PID namespace so nothing the command starts outlives it; a
 //! user namespace whose root is an unprivileged host identity — the caller's own ids, or
 //! for root a range of subordinate ids — unless the caller opts out; a mount namespace
-//! with the sandbox's own `/proc`, locked for the command by a user namespace of its own),
+//! with the sandbox's own `/proc` and `/sys` and its volumes, locked for the command by a
+//! user namespace of its own),
 //! the sandbox's init process (signal forwarding, reaping, exit-status passthrough), and
 //! the socket factory through which host-side code creates sockets inside the sandbox's
 //! network namespace (and opens `/dev/net/tun` there, for nic mode's TAP; the init also
@@ -28,17 +29,29 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Limits: the filesystem is the host's (only `/proc` is the sandbox's own), so
-//! `/sys/class/net` still shows the host's interfaces; the sandbox's programs reach the
-//! files their host identity may. Inside a container that masks parts of its `/proc` the
-//! kernel refuses the sandbox's `/proc` (launching fails, saying so). Linux 5.3 or later
-//! (pidfd) is required.
+//! The filesystem is the host's, except the sandbox's own `/proc` and `/sys` (its
+//! `/sys/class/net` lists its own interfaces), root's sandbox's substitute `/etc/shadow`
+//! (so `su` works inside) and the volumes ([`Volume`], [`Spec::volumes`]): host paths the
+//! sandbox sees as its own (for root's sandbox, idmapped bind mounts; never a system
+//! directory), with no set-id files or file capabilities made in them. Elsewhere the
+//! sandbox's programs reach the files their host identity may; [`reach_advice`] says
+//! which paths a run will find closed.
+//!
+//! Limits: inside a container that masks parts of its `/proc` the kernel refuses the
+//! sandbox's `/proc` (launching fails, saying so), and where `/sys` is masked the sandbox
+//! keeps the host's (with a warning). Idmapped volumes need a filesystem that supports
+//! them (ext4, xfs, btrfs, tmpfs from 6.3). Linux 5.12 or later (`mount_setattr`) is
+//! required for volumes, 5.3 (pidfd) otherwise.
 
 mod factory;
+mod guard;
 mod init;
 mod launch;
+mod mounts;
+mod reach;
 mod sys;
 pub mod testbed;
+mod volume;
 mod watch;
 
 pub use factory::SocketFactory;
@@ -46,3 +59,5 @@ pub use launch::{
     Error, FALLBACK_IDS, IdRange, Sandbox, Signaller, SocketWatch, Spec, UserNs, launch,
     root_sandbox_ids, subordinate_ids, userns_available,
 };
+pub use reach::reach_advice;
+pub use volume::{MAX_VOLUMES, SYSTEM_DIRS, Volume, VolumeError};

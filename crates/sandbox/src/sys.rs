@@ -199,3 +199,55 @@ pub(crate) fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Op
     }
     Ok((n, received))
 }
+
+/// `open_tree(2)`: a file descriptor for the mount at `path` (relative to `dirfd`), or
+/// with `OPEN_TREE_CLONE` a detached copy of it. Returns the raw result (-1 and `errno`
+/// on failure). Async-signal-safe.
+pub(crate) fn open_tree(dirfd: RawFd, path: &std::ffi::CStr, flags: libc::c_uint) -> c_long {
+    // SAFETY: path is NUL-terminated and outlives the call; the rest are integers.
+    unsafe { libc::syscall(libc::SYS_open_tree, dirfd, path.as_ptr(), flags) }
+}
+
+/// `move_mount(2)` of the mount `from` (a descriptor from `open_tree`) onto `to`; the
+/// last component of `to` is not followed if it is a symbolic link. Returns the raw
+/// result. Async-signal-safe.
+pub(crate) fn move_mount(from: RawFd, to: &std::ffi::CStr) -> c_long {
+    // SAFETY: both paths are NUL-terminated and outlive the call.
+    unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            from,
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    }
+}
+
+/// `mount_setattr(2)`: sets `attr_set` on the mount at `path` (relative to `dirfd`;
+/// empty with `AT_EMPTY_PATH` for `dirfd` itself), with `userns` as its id mapping
+/// when `attr_set` has `MOUNT_ATTR_IDMAP`. Returns the raw result. Async-signal-safe.
+pub(crate) fn mount_setattr(
+    dirfd: RawFd,
+    path: &std::ffi::CStr,
+    flags: libc::c_uint,
+    attr_set: u64,
+    userns: Option<RawFd>,
+) -> c_long {
+    // SAFETY: mount_attr is plain data; all-zero is "change nothing".
+    let mut attr: libc::mount_attr = unsafe { std::mem::zeroed() };
+    attr.attr_set = attr_set;
+    attr.userns_fd = userns.map_or(0, |fd| fd as u64);
+    // SAFETY: path is NUL-terminated; attr lives across the call and its size is given.
+    unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            dirfd,
+            path.as_ptr(),
+            flags,
+            &raw const attr,
+            size_of::<libc::mount_attr>(),
+        )
+    }
+}

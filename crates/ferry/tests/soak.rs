@@ -198,8 +198,8 @@ fn ends_driver(
     let out = Lines::new(&format!("ends {tag}"), driver.0.stdout.take().unwrap());
     let status = wait_until(&mut driver.0, limit)
         .unwrap_or_else(|| panic!("ends {tag}: still running after {limit:?}:\n{}", out.all()));
-    // The pipe's last lines may still be on their way.
-    std::thread::sleep(Duration::from_millis(200));
+    // The last case's line (the pipe's last lines may still be on their way).
+    out.wait_for("sendfile: ", Duration::from_secs(5));
     let lines: Vec<String> = out.all().lines().map(str::to_owned).collect();
     (status.success(), lines)
 }

@@ -77,14 +77,15 @@ fn run_case(o: &Options, case: Case, run: u64, file: &File) -> Result<Summary, S
     };
     let start = Instant::now();
     let slots = Slots::new(o, case, &plans, file);
-    let results = slots.run();
+    let mut results = slots.run();
+    // By connection, so that the first failures listed are the first connections'.
+    results.sort_unstable_by_key(|(id, _)| *id);
     let mut tally = Tally::default();
     let mut sent = Vec::with_capacity(results.len());
     for (id, outcome) in &results {
         tally.add(case, *id, outcome);
         sent.push((*id, outcome.sent()));
     }
-    sent.sort_unstable();
     let peer = closing(o.connect, run, case, &sent)?;
     for f in &tally.failures {
         eprintln!("ends: {f}");
@@ -423,5 +424,135 @@ pub fn busy() -> ! {
         if std::os::unix::process::parent_id() != parent {
             std::process::exit(0);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// Two listeners on consecutive loopback ports (the peer's, or a proxy's).
+    fn two_ports() -> (TcpListener, TcpListener) {
+        for _ in 0..50 {
+            let a = TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = a.local_addr().unwrap().port().wrapping_add(1);
+            if let Ok(b) = TcpListener::bind(("127.0.0.1", port)) {
+                return (a, b);
+            }
+        }
+        panic!("no two free consecutive ports");
+    }
+
+    fn peer() -> SocketAddr {
+        let (main, small) = two_ports();
+        let addr = main.local_addr().unwrap();
+        std::thread::spawn(move || super::super::peer::serve_on(main, small));
+        addr
+    }
+
+    fn options(to: SocketAddr, cases: &[Case]) -> Options {
+        Options {
+            connect: to,
+            cases: cases.to_vec(),
+            bytes: 4 << 20,
+            conns: 40,
+            methods: Method::ALL.to_vec(),
+            parallel: 4,
+            busy: 0,
+            seed: 5,
+            bounds: Bounds {
+                bytes: 32 << 20,
+                time: Duration::from_millis(1500),
+                stall: Duration::from_secs(10),
+            },
+            progress: Duration::from_secs(60),
+        }
+    }
+
+    #[test]
+    fn every_case_passes_natively() {
+        let all = drive(&options(peer(), &Case::ALL)).unwrap();
+        assert_eq!(all.len(), 3);
+        for s in &all {
+            assert!(s.ok(), "{}", s.line());
+        }
+        assert_eq!(all[0].tally.sent, 4 << 20);
+        assert_eq!(all[0].peer.received, 4 << 20);
+        assert!(all[1..].iter().all(|s| s.tally.conns == 40));
+    }
+
+    /// A proxy in front of `upstream` (and of its next port, from the proxy's next
+    /// port) that forwards at most `cap` bytes of each connection upstream and, when
+    /// the upstream side fails, goes on reading the client: a layer that hides a reset.
+    /// What comes back (the verdict, the end of stream) is passed on; a reset is not.
+    fn proxy(upstream: SocketAddr, cap: u64) -> SocketAddr {
+        let (main, small) = two_ports();
+        let addr = main.local_addr().unwrap();
+        let mut up_small = upstream;
+        up_small.set_port(upstream.port() + 1);
+        for (l, to) in [(main, upstream), (small, up_small)] {
+            std::thread::spawn(move || {
+                for c in l.incoming().flatten() {
+                    std::thread::spawn(move || pipe(c, to, cap));
+                }
+            });
+        }
+        addr
+    }
+
+    fn pipe(mut from: TcpStream, to: SocketAddr, cap: u64) {
+        let Ok(mut up) = TcpStream::connect(to) else {
+            return;
+        };
+        let (mut back, mut to_client) = (up.try_clone().unwrap(), from.try_clone().unwrap());
+        std::thread::spawn(move || {
+            if io::copy(&mut back, &mut to_client).is_ok() {
+                let _ = to_client.shutdown(Shutdown::Write);
+            }
+        });
+        let (mut buf, mut moved, mut alive) = ([0u8; 8192], 0u64, true);
+        while let Ok(n) = from.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            let take = (cap.saturating_sub(moved) as usize).min(n);
+            if alive && take > 0 {
+                alive = up.write_all(&buf[..take]).is_ok();
+                moved += take as u64;
+            }
+        }
+        let _ = up.shutdown(Shutdown::Write);
+    }
+
+    #[test]
+    fn a_layer_that_drops_the_tail_loses_bytes() {
+        // Each connection's first 100,000 bytes (its head and some payload) get
+        // through, the rest is dropped, then the end of stream comes.
+        let to = proxy(peer(), 100_000);
+        let mut o = options(to, &[Case::Race]);
+        o.bytes = 2 << 20;
+        let all = drive(&o).unwrap();
+        let s = &all[0];
+        assert!(!s.ok(), "{}", s.line());
+        assert!(s.peer.lost > 0, "{}", s.line());
+        assert_eq!(s.peer.received + s.peer.lost, 2 << 20, "{}", s.line());
+        assert_eq!(s.tally.failed, 0, "{}", s.line());
+    }
+
+    #[test]
+    fn a_layer_that_hides_the_reset_makes_dead_sends() {
+        let to = proxy(peer(), u64::MAX);
+        let mut o = options(to, &[Case::Dead, Case::Sendfile]);
+        o.conns = 6;
+        o.bounds.time = Duration::from_millis(300);
+        let all = drive(&o).unwrap();
+        for s in &all {
+            assert!(!s.ok(), "{}", s.line());
+            assert_eq!(s.tally.dead_sends + s.tally.stalled, 6, "{}", s.line());
+            assert_eq!(s.tally.epipe + s.tally.econnreset, 0, "{}", s.line());
+        }
+        // The sendfile case's whole file reported sent is a dead send.
+        assert_eq!(all[1].tally.dead_sends, 6, "{}", all[1].line());
     }
 }

@@ -68,10 +68,14 @@ impl Book {
 /// Serves the end cases on `listen` (and the next port) until killed.
 pub fn serve(listen: SocketAddr) -> Result<(), String> {
     let bind = |a: SocketAddr| TcpListener::bind(a).map_err(|e| format!("listen on {a}: {e}"));
-    let main = bind(listen)?;
     let mut next = listen;
     next.set_port(listen.port().wrapping_add(1));
-    let small = bind(next)?;
+    serve_on(bind(listen)?, bind(next)?)
+}
+
+/// Serves the race and dead cases on `main`, the sendfile case on `small` (whose
+/// `SO_RCVBUF` it sets first), until killed; says `listening on …` once it is ready.
+pub fn serve_on(main: TcpListener, small: TcpListener) -> Result<(), String> {
     sys::set_int(
         small.as_fd(),
         libc::SOL_SOCKET,
@@ -79,7 +83,12 @@ pub fn serve(listen: SocketAddr) -> Result<(), String> {
         SMALL_RCVBUF,
     )
     .map_err(|e| format!("SO_RCVBUF: {e}"))?;
-    println!("listening on {listen} and {next} (the sendfile case)");
+    let addr = |l: &TcpListener| l.local_addr().map_err(|e| e.to_string());
+    println!(
+        "listening on {} and {} (the sendfile case)",
+        addr(&main)?,
+        addr(&small)?
+    );
     let _ = io::stdout().flush();
     let book = Arc::new(Book::default());
     let b = book.clone();

@@ -149,6 +149,10 @@ impl<'a> Sender<'a> {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if let Some(t) = at_stop.filter(|t| t.elapsed() > b.time) {
+                        // Still taking bytes of late: sends that go on succeeding.
+                        if last > t && last.elapsed() < b.time / 2 {
+                            return Outcome::Dead { sent: self.sent };
+                        }
                         let quiet = millis(last.elapsed());
                         let why = format!(
                             "no error {} ms after the peer's stop (no room for {quiet} ms)",

@@ -175,7 +175,7 @@ fn close(sock: Arc<TcpStream>, way: CloseWay) -> Result<(), String> {
     }
     let err = |e: io::Error| format!("after shutdown, waiting for the peer's end: {e}");
     sock.set_nonblocking(false).map_err(err)?;
-    sock.set_read_timeout(Some(Duration::from_secs(30)))
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(err)?;
     match (&sock).read(&mut [0u8; 16]) {
         Ok(0) => Ok(()),

@@ -204,6 +204,8 @@ fn ends_driver(
     (status.success(), lines)
 }
 
+/// One mode's end cases: the peer in a remote namespace, the same driver run natively
+/// and then through ferry with `--net mode`; every case must pass both times.
 fn ends(mode: &str) {
     if !can_run(&["ip"]) {
         return;

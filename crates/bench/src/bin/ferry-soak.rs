@@ -12,6 +12,12 @@
 //!   sends and checks one request on each, then closes them all; `ferry-soak
 //!   hold-serve --listen IP:PORT --conns N` is its server. `--pause` waits for a line of
 //!   input at each phase, for measuring.
+//! - `ferry-soak ends --connect IP:PORT` runs the end cases (see the
+//!   `ferry_bench::soak::ends` module): sends racing a close from another thread,
+//!   sends into connections the peer reset or closed, `sendfile` to a peer that
+//!   closes mid-transfer; one `race: OK …` / `dead: …` / `sendfile: …` line per case
+//!   on stdout (its status says whether all passed). `ferry-soak ends-peer --listen
+//!   IP:PORT` is its peer (it also listens on PORT+1), serving until killed.
 //!
 //! The sockets are libc's (std's), so under `ferry run` the shim serves them.
 
@@ -21,6 +27,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use ferry_bench::soak::conn::Calls;
+use ferry_bench::soak::ends::{self, Case, Method, send::Bounds};
 use ferry_bench::soak::{self, Direction, hold, run};
 
 #[derive(Debug, Parser)]
@@ -96,6 +103,57 @@ enum Command {
         #[arg(long)]
         pause: bool,
     },
+    /// The end cases: sends racing closes, sends into dead connections, sendfile to a
+    /// peer that closes mid-transfer (against `ends-peer`).
+    Ends {
+        /// The peer's address (the sendfile case uses the next port).
+        #[arg(long, value_name = "IP:PORT")]
+        connect: SocketAddr,
+        /// Cases to run, in order: race, dead, sendfile.
+        #[arg(long, value_delimiter = ',', default_value = "race,dead,sendfile", value_parser = Case::parse)]
+        cases: Vec<Case>,
+        /// Payload of the race case (connections of 64-256 KiB until this much).
+        #[arg(long, default_value = "64M", value_parser = soak::parse_size)]
+        bytes: u64,
+        /// Connections of the dead case, and of the sendfile case.
+        #[arg(long, default_value_t = 2000)]
+        conns: u64,
+        /// Calls the payload may go by (to narrow a failure down): send, write,
+        /// send-nb, sendfile, sendfile-nb (the sendfile case takes the last two).
+        #[arg(long, value_delimiter = ',', default_value = "send,write,send-nb,sendfile,sendfile-nb", value_parser = Method::parse)]
+        methods: Vec<Method>,
+        /// Connections at once.
+        #[arg(long, default_value_t = 16)]
+        parallel: usize,
+        /// Busy (spinning) processes beside the driver for the run.
+        #[arg(long, default_value_t = 2)]
+        busy: usize,
+        /// Seed of every plan.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// A connection whose sends go on succeeding this many bytes past the peer's
+        /// stop is a send into a dead connection...
+        #[arg(long, default_value = "32Mi", value_parser = soak::parse_size)]
+        dead_bytes: u64,
+        /// ...and so is one with no error this many seconds after it passed the stop.
+        #[arg(long, default_value_t = 2.0)]
+        dead_after: f64,
+        /// A connection with no room to send for this many seconds has stalled.
+        #[arg(long, default_value_t = 20.0)]
+        stall: f64,
+        /// Seconds between progress lines.
+        #[arg(long, default_value_t = 5.0)]
+        progress: f64,
+    },
+    /// The peer of `ends`: checks every byte, resets or closes as told, judges.
+    EndsPeer {
+        /// Where to listen (and on the next port, with a 1 KiB SO_RCVBUF).
+        #[arg(long, value_name = "IP:PORT")]
+        listen: SocketAddr,
+    },
+    /// Spins until killed (the busy processes of `ends`).
+    #[command(hide = true)]
+    Busy,
     /// Serves `hold`: answers each request, returns after --conns have closed.
     HoldServe {
         /// Where to listen.
@@ -184,6 +242,47 @@ fn main() -> ExitCode {
             conns,
             pause,
         } => bind(listen).and_then(|l| hold::hold_server(l, conns, pause)),
+        Command::Ends {
+            connect,
+            cases,
+            bytes,
+            conns,
+            methods,
+            parallel,
+            busy,
+            seed,
+            dead_bytes,
+            dead_after,
+            stall,
+            progress,
+        } => {
+            let o = ends::drive::Options {
+                connect,
+                cases,
+                bytes,
+                conns,
+                methods,
+                parallel,
+                busy,
+                seed,
+                bounds: Bounds {
+                    bytes: dead_bytes,
+                    time: secs(dead_after),
+                    stall: secs(stall),
+                },
+                progress: secs(progress),
+            };
+            ends::drive::drive(&o).and_then(|all| {
+                let bad = all.iter().filter(|s| !s.ok()).count();
+                if bad == 0 {
+                    Ok(())
+                } else {
+                    Err(format!("{bad} of {} cases failed", all.len()))
+                }
+            })
+        }
+        Command::EndsPeer { listen } => ends::peer::serve(listen),
+        Command::Busy => ends::drive::busy(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -29,6 +29,7 @@
 //! repeatable from its seed.
 
 pub mod conn;
+pub mod ends;
 pub mod hold;
 pub mod run;
 

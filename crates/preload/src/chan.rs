@@ -135,6 +135,8 @@ pub struct Channel {
     pub fork_gen: u32,
     /// Failed: every call fails with [`Errno::DOWN`]; dropped at the next acquisition.
     pub dead: bool,
+    /// The thread this channel is for (what a socket's last sender is recorded as).
+    pub tid: u32,
     reg: Option<usize>,
     /// The buffer small sends are packed into, and how much of it is used.
     arena: Option<(BufId, u32)>,
@@ -151,7 +153,8 @@ pub struct Channel {
     inflight: Vec<InFlight>,
 }
 
-/// A stream socket's send records out of one channel.
+/// A stream socket's send records out of one channel. Kept (with `records` 0) after
+/// the last comes back, until the list grows, so that a wait can read `out`.
 #[derive(Clone, Copy, Debug)]
 struct InFlight {
     sock: u32,
@@ -160,7 +163,13 @@ struct InFlight {
     /// Their bytes (as far as the server says with each buffer it gives back; all
     /// of them are back when `records` is 0).
     bytes: u64,
+    /// Bytes the server has said went out, since the entry was made (a running
+    /// count: a wait compares two readings).
+    out: u64,
 }
+
+/// Entries of sockets with nothing out are dropped once the list is longer than this.
+const INFLIGHT_KEEP: usize = 16;
 
 /// Sends smaller than this share buffers (several records in one buffer), so that a
 /// stream of small writes is not limited by the number of buffers.
@@ -288,6 +297,7 @@ impl Channel {
             unrung_since: None,
             fork_gen: tls::generation(),
             dead: false,
+            tid: ferry_sys::gettid(),
             reg,
             arena: None,
             refs: vec![0; nbufs],
@@ -460,30 +470,45 @@ impl Channel {
     /// A completion that is not the call's answer.
     fn unsolicited(&mut self, e: Event) -> Res<()> {
         match e {
-            Event::BufReturn { sock, buf, len } => {
-                if let Some(i) = self.inflight.iter().position(|f| f.sock == sock) {
-                    let f = &mut self.inflight[i];
+            Event::BufReturn {
+                sock,
+                buf,
+                len,
+                result,
+            } => {
+                if let Some(f) = self.inflight.iter_mut().find(|f| f.sock == sock && f.records > 0) {
                     f.records -= 1;
                     f.bytes = f.bytes.saturating_sub(u64::from(len));
+                    f.out += u64::from(len);
                     if f.records == 0 {
-                        self.inflight.swap_remove(i);
+                        f.bytes = 0;
                     }
+                }
+                if result < 0 {
+                    // The connection broke under this record: every channel that lent
+                    // one hears it (the `AsyncError` goes to one of them only).
+                    self.pending_error(sock, result);
                 }
                 self.drop_ref(BufId(buf))
             }
             Event::AsyncError { sock, result } => {
-                if !PENDING.put_or_evict(sock, result.saturating_neg(), |id| TABLE.names(id)) {
-                    log::once(
-                        Once::ErrTable,
-                        format_args!("too many pending socket errors; one was dropped"),
-                    );
-                }
+                self.pending_error(sock, result);
                 Ok(())
             }
             // A buffer lent for a request given up on: give it back.
             Event::Orphan { buf, .. } | Event::Data { buf, .. } => self.give_back(buf),
             // The answer to a request given up on.
             Event::Stale | Event::Control | Event::Done(_) => Ok(()),
+        }
+    }
+
+    /// Keeps socket `sock`'s error (`result`, a negated errno) for its next call.
+    fn pending_error(&self, sock: u32, result: i32) {
+        if !PENDING.put_or_evict(sock, result.saturating_neg(), |id| TABLE.names(id)) {
+            log::once(
+                Once::ErrTable,
+                format_args!("too many pending socket errors; one was dropped"),
+            );
         }
     }
 
@@ -532,22 +557,37 @@ impl Channel {
                     f.records += 1;
                     f.bytes += len;
                 }
-                None => self.inflight.push(InFlight {
-                    sock,
-                    records: 1,
-                    bytes: len,
-                }),
+                None => {
+                    if self.inflight.len() >= INFLIGHT_KEEP {
+                        self.inflight.retain(|f| f.records > 0);
+                    }
+                    self.inflight.push(InFlight {
+                        sock,
+                        records: 1,
+                        bytes: len,
+                        out: 0,
+                    });
+                }
             }
         }
         Ok(())
     }
 
     /// Bytes of stream `sock` this channel queued that the server has not sent yet.
-    fn queued(&self, sock: u32) -> u64 {
+    pub fn queued(&self, sock: u32) -> u64 {
         self.inflight
             .iter()
             .find(|f| f.sock == sock)
             .map_or(0, |f| f.bytes)
+    }
+
+    /// A running count of the bytes of stream `sock` the server has said went out
+    /// from this channel (compare two readings taken while records were out).
+    pub fn sent_out(&self, sock: u32) -> u64 {
+        self.inflight
+            .iter()
+            .find(|f| f.sock == sock)
+            .map_or(0, |f| f.out)
     }
 
     /// How many more bytes stream `sock` may queue when the program gave it a send
@@ -605,7 +645,7 @@ impl Channel {
 
     /// Whether send records of stream `sock` are still out ([`Channel::wait_sent`]).
     fn sending(&self, sock: u32) -> bool {
-        self.inflight.iter().any(|f| f.sock == sock)
+        self.inflight.iter().any(|f| f.sock == sock && f.records > 0)
     }
 
     /// The control bytes that came with the last [`Channel::call`]'s answer.

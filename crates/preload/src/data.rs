@@ -116,6 +116,10 @@ fn next_slot(
     sent: usize,
 ) -> Res<Option<Slot>> {
     let w = if sent > 0 { w.partial() } else { w };
+    if sent > 0 && !s.dgram() && PENDING.has(s.id) {
+        // The connection failed meanwhile: what is not queued yet never will be.
+        return Ok(None);
+    }
     let budget = TABLE.send_budget(s.fd);
     let mut room = usize::MAX;
     if budget > 0 && !s.dgram() {
@@ -125,6 +129,10 @@ fn next_slot(
             Err(e) if sent > 0 && e != Errno::DOWN => return Ok(None),
             Err(e) => return Err(e),
         }
+    }
+    if room < usize::MAX && sent > 0 && PENDING.has(s.id) {
+        // (It failed while this waited for room.)
+        return Ok(None);
     }
     match ch.alloc_slot(want.min(room), nonblock, w) {
         Ok(Some(slot)) if room < usize::MAX => Ok(Some(Slot {
@@ -189,13 +197,9 @@ pub unsafe fn send(
             return Ok(0);
         }
         let mut sent = 0usize;
+        let mark = OutMark::take(ch, &s);
         // Reserve.
         while let Some(slot) = next_slot(ch, &s, total - sent, nonblock, w, sent)? {
-            if sent > 0 && !s.dgram() && PENDING.has(s.id) {
-                // The connection failed meanwhile: what is not queued yet never will be.
-                ch.unalloc(slot.buf);
-                break;
-            }
             // Copy.
             let n = (total - sent).min(slot.cap).min(bs);
             // SAFETY: this slot was just given to this send (`next_slot`) and is
@@ -210,7 +214,7 @@ pub unsafe fn send(
             }
         }
         if !s.dgram() && !nonblock && sent >= SYNC_SEND {
-            sent_or_failed(ch, &s, w, flags)?;
+            sent = sent_or_failed(ch, &s, w, flags, mark, sent)?;
         }
         Ok(sent)
     })
@@ -255,6 +259,10 @@ fn sender(ch: &mut Channel, s: Sock, flags: c_int) -> Res<Sock> {
     let s = typed(ch, s)?;
     if s.shut_wr() || (!s.dgram() && !s.has_peer()) {
         return Err(send_error(libc::EPIPE, flags));
+    }
+    if !s.dgram() && TABLE.sender_changed(s.fd, ch.tid) {
+        // Another thread sent on this stream last: what it queued goes first.
+        ch.call(Call::Order { sock: s.id, tag: 0 }, Wait::FOREVER, &mut |_, _| {})?;
     }
     Ok(s)
 }
@@ -319,11 +327,54 @@ const SYNC_SEND: usize = 16 * 1024;
 
 /// The end of a blocking stream send: waits until its bytes are the kernel's
 /// ([`Channel::wait_sent`]); an error that came meanwhile is this call's.
-fn sent_or_failed(ch: &mut Channel, s: &Sock, w: Wait, flags: c_int) -> Res<()> {
+///
+/// When the connection broke under the call, the call still reports the bytes of it
+/// the host socket took, if any (the error waits for the next call), as the kernel's
+/// blocking send reports what it copied before an error: a program must not be told
+/// that bytes failed which its peer then receives.
+fn sent_or_failed(
+    ch: &mut Channel,
+    s: &Sock,
+    w: Wait,
+    flags: c_int,
+    mark: OutMark,
+    sent: usize,
+) -> Res<usize> {
     ch.wait_sent(s.id, w)?;
     match PENDING.take(s.id, |_| true) {
-        Some(e) => Err(send_failed(s.id, e, flags)),
-        None => Ok(()),
+        Some(e) => match mark.of_this_call(ch, s) {
+            0 => Err(send_failed(s.id, e, flags)),
+            took => {
+                PENDING.put(s.id, e);
+                Ok(took.min(sent))
+            }
+        },
+        None => Ok(sent),
+    }
+}
+
+/// Where stream `s`'s bytes stood on this channel as a send began: the bytes of
+/// earlier sends still out, and the running count of bytes that went out. The server
+/// gives records back in order, so what goes out after it is first the earlier sends',
+/// then this call's.
+#[derive(Clone, Copy, Debug)]
+struct OutMark {
+    earlier: u64,
+    out: u64,
+}
+
+impl OutMark {
+    fn take(ch: &Channel, s: &Sock) -> OutMark {
+        OutMark {
+            earlier: ch.queued(s.id),
+            out: ch.sent_out(s.id),
+        }
+    }
+
+    /// Bytes of this call that went out (once every record is back).
+    fn of_this_call(self, ch: &Channel, s: &Sock) -> usize {
+        let since = ch.sent_out(s.id).saturating_sub(self.out);
+        usize::try_from(since.saturating_sub(self.earlier)).unwrap_or(usize::MAX)
     }
 }
 
@@ -776,6 +827,7 @@ unsafe fn feed(
         // (# Safety).
         let mut off = (!offset.is_null()).then(|| unsafe { offset.read() });
         let mut sent = 0usize;
+        let mark = OutMark::take(ch, &s);
         while sent < count {
             let Some(slot) = next_buf(ch, &s, nonblock, w, sent)? else {
                 break;
@@ -796,7 +848,7 @@ unsafe fn feed(
             }
         }
         if !s.dgram() && !nonblock && sent >= SYNC_SEND {
-            sent_or_failed(ch, &s, w, 0)?;
+            sent = sent_or_failed(ch, &s, w, 0, mark, sent)?;
         }
         if let Some(o) = off {
             // SAFETY: `off` is `Some` only when `offset` is non-null, then a writable

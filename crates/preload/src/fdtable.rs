@@ -16,7 +16,7 @@
 //! were asked for, and its `SO_RCVTIMEO`/`SO_SNDTIMEO`.
 
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// Fds below this are cached.
 pub const MAX_FD: usize = 1 << 20;
@@ -168,6 +168,8 @@ struct Slot {
     /// The send buffer the program set (`SO_SNDBUF`, in bytes as the kernel counts
     /// them; 0 = never set): a stream's bytes in flight stay within it.
     send_budget: AtomicU64,
+    /// The thread that sent on the socket through this fd last (0 = none yet).
+    last_sender: AtomicU32,
 }
 
 type Chunk = [Slot; CHUNK_LEN];
@@ -236,6 +238,7 @@ impl FdTable {
             s.rcvtimeo_us.store(0, Ordering::Relaxed);
             s.sndtimeo_us.store(0, Ordering::Relaxed);
             s.send_budget.store(0, Ordering::Relaxed);
+            s.last_sender.store(0, Ordering::Relaxed);
             s.word.store(encode(e), Ordering::Release);
             self.high.fetch_max(fd as usize + 1, Ordering::AcqRel);
         }
@@ -302,6 +305,7 @@ impl FdTable {
                 s.rcvtimeo_us.store(0, Ordering::Relaxed);
                 s.sndtimeo_us.store(0, Ordering::Relaxed);
                 s.send_budget.store(0, Ordering::Relaxed);
+                s.last_sender.store(0, Ordering::Relaxed);
                 decode(old, fd)
             }
             None => Entry::Unknown,
@@ -361,6 +365,18 @@ impl FdTable {
             let cell = if send { &s.sndtimeo_us } else { &s.rcvtimeo_us };
             cell.store(us, Ordering::Relaxed);
         }
+    }
+
+    /// Records thread `tid` as the last to send through `fd`; true when another
+    /// thread did before (its sends may still wait in its channel's ring: see
+    /// `Op::Order`).
+    pub fn sender_changed(&self, fd: i32, tid: u32) -> bool {
+        let Some(s) = self.slot(fd) else { return false };
+        if s.last_sender.load(Ordering::Relaxed) == tid {
+            return false;
+        }
+        let before = s.last_sender.swap(tid, Ordering::AcqRel);
+        before != 0 && before != tid
     }
 
     /// `fd`'s send budget in bytes (`SO_SNDBUF` as the kernel counts it), 0 = none set.

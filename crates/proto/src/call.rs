@@ -236,6 +236,13 @@ pub enum Call {
         /// Answer's tag.
         tag: u32,
     },
+    /// Other threads' earlier sends on the socket go first ([`Op::Order`]).
+    Order {
+        /// Socket id.
+        sock: u32,
+        /// Answer's tag.
+        tag: u32,
+    },
     /// Control bytes for the socket's next `Send` on this channel, at `offset` of them.
     SendCtl {
         /// Socket id.
@@ -344,6 +351,7 @@ impl Call {
                 returns_seen: r.a,
             },
             Op::Disconnect => Call::Disconnect { sock, tag },
+            Op::Order => Call::Order { sock, tag },
             Op::SendCtl => Call::SendCtl {
                 sock,
                 offset: r.a,
@@ -425,7 +433,8 @@ impl Call {
             | Call::TokenDrained { .. }
             | Call::WantToken { .. }
             | Call::Release { .. }
-            | Call::Disconnect { .. } => {}
+            | Call::Disconnect { .. }
+            | Call::Order { .. } => {}
         }
         r
     }
@@ -452,6 +461,7 @@ impl Call {
             Call::BindModule { .. } => Op::BindModule,
             Call::WantRoom { .. } => Op::WantRoom,
             Call::Disconnect { .. } => Op::Disconnect,
+            Call::Order { .. } => Op::Order,
             Call::SendCtl { .. } => Op::SendCtl,
         }
     }
@@ -478,6 +488,7 @@ impl Call {
             | Call::BindModule { sock, .. }
             | Call::WantRoom { sock, .. }
             | Call::Disconnect { sock, .. }
+            | Call::Order { sock, .. }
             | Call::SendCtl { sock, .. } => sock,
         }
     }
@@ -512,7 +523,8 @@ impl Call {
             | Call::Pending { tag, .. }
             | Call::Release { tag, .. }
             | Call::BindModule { tag, .. }
-            | Call::Disconnect { tag, .. } => Some(tag),
+            | Call::Disconnect { tag, .. }
+            | Call::Order { tag, .. } => Some(tag),
             Call::Send { .. }
             | Call::BufReturn { .. }
             | Call::TokenDrained { .. }
@@ -666,6 +678,7 @@ mod tests {
                 returns_seen: 0xffff_fffe,
             },
             Call::Disconnect { sock, tag },
+            Call::Order { sock, tag },
             Call::SendCtl {
                 sock,
                 offset: 224,

@@ -37,8 +37,12 @@ pub enum Event {
         sock: u32,
         /// This side's buffer id.
         buf: u32,
-        /// Bytes the send's record carried (0 where the server does not say).
+        /// Bytes of the record that went out: all of them, or with an error as
+        /// many as the host socket took before the connection broke (0 where the
+        /// server does not say).
         len: u32,
+        /// 0, or the negated errno of the broken connection that dropped the rest.
+        result: i32,
     },
     /// An earlier fire-and-forget request on `sock` failed: `result` is the negated
     /// errno, to report on the socket's next call.
@@ -142,6 +146,7 @@ impl Demux {
                     sock: c.sock,
                     buf: c.buf,
                     len: c.len,
+                    result: c.result.min(0),
                 }
             }
             CmpKind::AsyncError => Event::AsyncError {
@@ -271,7 +276,8 @@ mod tests {
                 Ok(Event::BufReturn {
                     sock: 5,
                     buf: 3,
-                    len: 0
+                    len: 0,
+                    result: 0
                 })
             );
             assert_eq!(
@@ -370,7 +376,8 @@ mod tests {
             Ok(Some(Event::BufReturn {
                 sock: 2,
                 buf: 1,
-                len: 0
+                len: 0,
+                result: 0
             }))
         );
         let data = cmp(CmpKind::Data, t);

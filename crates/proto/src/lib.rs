@@ -190,6 +190,13 @@ pub enum Op {
     /// `sendmsg` control messages, see [`cmsg`]): `a` = their offset, `addr[..addr_len]`
     /// = the bytes. Several records in a row carry more than one record holds.
     SendCtl = 20,
+    /// This thread is about to send on the socket after another thread of the process
+    /// sent on it last: take every record the other channels have published so far
+    /// before answering (tagged: `Done{0}`). A send that returned in one thread before
+    /// another thread's send began is then queued first, as the kernel keeps a
+    /// stream's bytes in the order of the calls; the answer comes before this thread
+    /// publishes anything more, so nothing of its own is overtaken.
+    Order = 21,
 }
 
 /// Kinds of completion records.
@@ -253,6 +260,7 @@ impl Op {
             18 => WantRoom,
             19 => Disconnect,
             20 => SendCtl,
+            21 => Order,
             other => return Err(DecodeError::UnknownOp(other)),
         })
     }

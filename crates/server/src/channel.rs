@@ -202,6 +202,12 @@ impl Fence {
     pub(crate) fn is_clear(&self) -> bool {
         self.0.is_empty()
     }
+
+    /// The channels it waits for: slot, serial, and the count of records each must
+    /// have taken.
+    pub(crate) fn marks(&self) -> impl Iterator<Item = (u32, u64, u64)> + '_ {
+        self.0.iter().map(|m| (m.idx, m.serial, m.taken))
+    }
 }
 
 impl Channels {
@@ -305,6 +311,21 @@ impl Channels {
             }
         }
         Fence(marks)
+    }
+
+    /// Whether channel `idx`, if it is still the one of that `serial`, has taken fewer
+    /// than `taken` records.
+    pub(crate) fn behind(&self, idx: u32, serial: u64, taken: u64) -> bool {
+        self.get(idx)
+            .is_some_and(|ch| ch.serial == serial && ch.stats.requests < taken)
+    }
+
+    /// Whether a channel other than `except` has records not taken yet (a load of
+    /// each ring's producer index).
+    pub(crate) fn others_pending(&mut self, except: u32) -> bool {
+        self.slots.iter_mut().enumerate().any(|(i, ch)| {
+            i != except as usize && ch.as_mut().is_some_and(|c| c.ep.rx.available().unwrap_or(0) > 0)
+        })
     }
 
     /// Whether every record `fence` waits for has been taken (or its channel is gone,

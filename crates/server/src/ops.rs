@@ -225,6 +225,11 @@ impl Server {
                 dest,
                 ..
             } => return self.send(ch, id, buf, offset, flags, dest),
+            Call::Order { tag, .. } => {
+                self.take_earlier_records(ch);
+                self.done(ch, id, tag, 0);
+                return Ok(());
+            }
             Call::BindModule {
                 tag,
                 binding,
@@ -340,6 +345,7 @@ impl Server {
             | Call::SendCtl { .. }
             | Call::BufReturn { .. }
             | Call::Release { .. }
+            | Call::Order { .. }
             | Call::BindModule { .. } => {}
         }
     }

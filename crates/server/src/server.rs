@@ -109,6 +109,8 @@ pub struct Server {
     /// Connections to published ports wait with no listener in the sandbox
     /// ([`Server::expire_unserved`]).
     pub(crate) unserved: bool,
+    /// `take_earlier_records` is taking other channels' records (it does not nest).
+    pub(crate) taking_earlier: bool,
     /// Flows of the published UDP ports (the first server only).
     pub(crate) udp_flows: crate::udp_publish::Flows,
     /// Log lines about requests for sockets a process does not hold, likewise.
@@ -236,6 +238,7 @@ impl Server {
             refusals: LogThrottle::default(),
             udp_flows: Default::default(),
             unserved: false,
+            taking_earlier: false,
             strangers: LogThrottle::default(),
         })
     }
@@ -423,28 +426,8 @@ impl Server {
     pub(crate) fn drain_rings(&mut self) -> usize {
         let mut total = 0;
         for idx in 0..self.channels.slots() {
-            loop {
-                match self.channels.next_request(idx) {
-                    Next::Record(rec) => {
-                        total += 1;
-                        self.stats.requests += 1;
-                        let handled = Call::decode(&rec)
-                            .map_err(ProtoError::from)
-                            .and_then(|call| self.handle(idx, call));
-                        if let Err(why) = handled {
-                            self.bad_channel(idx, &why.to_string());
-                        }
-                    }
-                    Next::Throttled(first) => {
-                        self.stats.backpressure += u64::from(first);
-                        break;
-                    }
-                    Next::Empty => break,
-                    Next::Broken(why) => {
-                        self.bad_channel(idx, &why);
-                        break;
-                    }
-                }
+            while self.take_record(idx) {
+                total += 1;
             }
         }
         self.flush_pending();
@@ -452,6 +435,51 @@ impl Server {
             self.pair_input(id);
         }
         total
+    }
+
+    /// Takes and handles channel `idx`'s next record; false when there is none to
+    /// take now (empty, throttled, gone or broken).
+    fn take_record(&mut self, idx: u32) -> bool {
+        match self.channels.next_request(idx) {
+            Next::Record(rec) => {
+                self.stats.requests += 1;
+                let handled = Call::decode(&rec)
+                    .map_err(ProtoError::from)
+                    .and_then(|call| self.handle(idx, call));
+                if let Err(why) = handled {
+                    self.bad_channel(idx, &why.to_string());
+                }
+                true
+            }
+            Next::Throttled(first) => {
+                self.stats.backpressure += u64::from(first);
+                false
+            }
+            Next::Empty => false,
+            Next::Broken(why) => {
+                self.bad_channel(idx, &why);
+                false
+            }
+        }
+    }
+
+    /// `Op::Order` from channel `ch`: takes every record the other channels have
+    /// published by now. The thread that asked waits for the answer, so none of its
+    /// later records can be among those overtaken; what the others published before it
+    /// asked (a send that returned before this thread's send began) goes first, and
+    /// what they publish concurrently may go either way, as with the kernel. Costs a
+    /// load of each other ring's index; not nested (the records taken here do not take
+    /// others first).
+    pub(crate) fn take_earlier_records(&mut self, ch: u32) {
+        if self.taking_earlier || !self.channels.others_pending(ch) {
+            return;
+        }
+        self.taking_earlier = true;
+        let fence = self.channels.fence(Some(ch));
+        for (idx, serial, taken) in fence.marks() {
+            while self.channels.behind(idx, serial, taken) && self.take_record(idx) {}
+        }
+        self.taking_earlier = false;
     }
 
     pub(crate) fn flush_all(&mut self) {

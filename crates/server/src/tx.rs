@@ -256,11 +256,17 @@ impl Server {
                 }
                 Err(e) if would_block(&e) => return,
                 Err(e) => {
-                    // The connection is broken: give every buffer back, report once.
+                    // The connection is broken: give every buffer back, each saying the
+                    // error and how much of it went out (a blocking send reports what
+                    // of it the host took, as the kernel's does), and report once.
                     let items: Vec<TxItem> = s.txq.drain(..).collect();
-                    let mut report = Some(Errno::of(&e));
+                    let code = Errno::of(&e);
+                    let mut report = Some(code);
                     for item in items {
-                        self.return_buffer(item.ch, id, item.span.id().0, item.span.len());
+                        let mut c = Cmp::new(CmpKind::BufReturn, id, 0, code.wire());
+                        c.buf = item.span.id().0;
+                        c.len = u32::try_from(item.sent).unwrap_or(u32::MAX);
+                        self.complete(item.ch, c);
                         if let Some(code) = report.take() {
                             self.complete(
                                 item.ch,

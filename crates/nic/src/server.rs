@@ -4,10 +4,14 @@
 //! queue (S1: many frames per wake-up) and sorts each ([`frame::classify`]):
 //!
 //! * **TCP**: a SYN opening a flow the rules allow makes a host socket and starts a
-//!   non-blocking connect to the destination, and a stack socket listening on that
-//!   destination with its SYN-ACK held; the SYN goes to the stack. The connect's outcome
-//!   releases the SYN-ACK, or aborts the stack socket (the sandbox gets a reset). A SYN
-//!   the rules refuse goes to the stack with no socket to take it: a reset at once.
+//!   non-blocking connect to the destination; the SYN waits beside it (a *pending*
+//!   flow: no stack socket, no timer, nothing due until the host socket reports). When
+//!   the connect succeeds, a stack socket listens on that destination and the SYN goes
+//!   to it (the SYN-ACK leaves at once); when it fails, the SYN goes to the stack with no
+//!   socket to take it (the sandbox gets a reset). A pending flow whose sandbox end is
+//!   gone (a reset from it, or the answer to a [`frame::probe`] every [`PROBE_EVERY`])
+//!   ends, and its host connect with it. A SYN the rules refuse goes to the stack with
+//!   no socket to take it: a reset at once.
 //!   Bytes then move between the stack socket's buffers and the host socket with no
 //!   other copy; a full buffer on either side stops reading the other (back-pressure
 //!   is the TCP window). An end of stream on one side is a FIN/shutdown on the other.
@@ -54,6 +58,12 @@ const DGRAM_BATCH: usize = 64;
 const UDP_IDLE: Duration = Duration::from_secs(60);
 /// An echo flow idle this long is closed.
 const ECHO_IDLE: Duration = Duration::from_secs(10);
+/// How often a pending TCP flow asks the sandbox's kernel whether its connect still
+/// waits ([`frame::probe`]).
+const PROBE_EVERY: Duration = Duration::from_secs(2);
+/// Largest SYN a pending flow keeps (options make ~80 bytes; only data in the SYN, which
+/// needs a Fast Open cookie ferry never gives, makes more): a larger one is reset.
+const SYN_MAX: usize = 1024;
 /// Largest frame (the TAP's MTU is at most 65535 plus the Ethernet header).
 const FRAME_MAX: usize = 65_536 + frame::ETH_LEN;
 /// The gateway's hardware address (locally administered).
@@ -245,7 +255,6 @@ struct TcpFlow {
     host: OwnedFd,
     /// (sandbox, destination) of a flow the sandbox opened; `None` for published ones.
     key: Option<(SocketAddr, SocketAddr)>,
-    connecting: bool,
     readable: bool,
     writable: bool,
     host_eof: bool,
@@ -253,6 +262,18 @@ struct TcpFlow {
     lease: Option<Lease>,
     bytes_out: u64,
     bytes_in: u64,
+}
+
+/// A TCP flow whose host connect is under way: the sandbox's SYN waits with it.
+struct Pending {
+    host: OwnedFd,
+    /// (sandbox, destination).
+    key: (SocketAddr, SocketAddr),
+    /// The SYN's frame (without its `virtio_net_hdr`), the latest the sandbox sent.
+    syn: Vec<u8>,
+    lease: Option<Lease>,
+    /// When the sandbox was last asked whether the connect still waits.
+    probed: Instant,
 }
 
 /// A UDP or echo flow.
@@ -281,6 +302,8 @@ pub struct NicServer {
     events: Vec<Event>,
     stop: StopHandle,
     tcp: HashMap<u64, TcpFlow>,
+    pending: HashMap<u64, Pending>,
+    /// Flows the sandbox opened, pending or not, by (sandbox, destination).
     tcp_keys: HashMap<(SocketAddr, SocketAddr), u64>,
     dgram: HashMap<u64, DgramFlow>,
     dgram_keys: HashMap<DgramKey, u64>,
@@ -376,6 +399,7 @@ impl NicServer {
                 efd,
             },
             tcp: HashMap::new(),
+            pending: HashMap::new(),
             tcp_keys: HashMap::new(),
             dgram: HashMap::new(),
             dgram_keys: HashMap::new(),
@@ -574,6 +598,7 @@ impl NicServer {
         self.reap();
         if self.last_sweep.elapsed() >= Duration::from_secs(1) {
             self.sweep_dgram();
+            self.probe_pending();
         }
         busy
     }
@@ -596,7 +621,8 @@ impl NicServer {
                     if ev.events & (libc::EPOLLOUT | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
                         f.writable = true;
                     }
-                    if f.connecting && f.writable {
+                } else if self.pending.contains_key(&t) {
+                    if ev.events & (libc::EPOLLOUT | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
                         self.connected(t);
                     }
                 } else if self.dgram.contains_key(&t) {
@@ -671,12 +697,13 @@ impl NicServer {
         }
         match inbound {
             Inbound::Stack => self.feed_stack(),
-            Inbound::Tcp { src, dst, syn } => {
-                if syn && !self.tcp_keys.contains_key(&(src, dst)) {
-                    self.open_tcp(src, dst);
-                }
-                self.feed_stack();
-            }
+            Inbound::Tcp { src, dst, syn, rst } => match self.tcp_keys.get(&(src, dst)).copied() {
+                Some(id) if self.pending.contains_key(&id) => self.pending_segment(id, syn, rst),
+                Some(_) => self.feed_stack(),
+                // Held while the host connects, or refused: to the stack (a reset).
+                None if syn && self.open_tcp(src, dst) => {}
+                None => self.feed_stack(),
+            },
             Inbound::Udp { src, dst, payload } => {
                 let (start, len) = self.dev.span(payload);
                 self.udp_out(src, dst, start, len);
@@ -698,7 +725,7 @@ impl NicServer {
     }
 
     fn flows(&self) -> usize {
-        self.tcp.len() + self.dgram.len()
+        self.tcp.len() + self.pending.len() + self.dgram.len()
     }
 
     fn new_id(&mut self) -> u64 {
@@ -731,23 +758,29 @@ impl NicServer {
         Ok((fd, lease, done))
     }
 
-    /// A SYN from the sandbox for a new flow: the host connect and a held stack socket;
-    /// nothing when refused (the stack then resets the connection).
-    fn open_tcp(&mut self, src: SocketAddr, dst: SocketAddr) {
+    /// A SYN from the sandbox for a new flow (the frame just read): the host connect,
+    /// and the SYN kept until it ends. Whether the SYN was taken; `false`: it goes to
+    /// the stack now, to a stack socket when the connect has already succeeded, to none
+    /// when refused (the stack then resets the connection).
+    fn open_tcp(&mut self, src: SocketAddr, dst: SocketAddr) -> bool {
         if !self.allowed(dst) {
             self.refused("TCP", dst);
-            return;
+            return false;
         }
         if self.flows() >= self.cfg.max_flows {
             self.stats.over_cap += 1;
-            return;
+            return false;
+        }
+        if self.dev.frame().len() > SYN_MAX {
+            self.stats.malformed += 1;
+            return false;
         }
         let (host, lease, done) = match self.host_socket(libc::SOCK_STREAM, 0, dst) {
             Ok(x) => x,
             Err(e) => {
                 debug!("{}: connect to {dst}: {e}", self.id);
                 self.stats.connect_failed += 1;
-                return;
+                return false;
             }
         };
         let _ = ferry_sys::setsockopt(
@@ -756,7 +789,41 @@ impl NicServer {
             libc::TCP_NODELAY,
             &1i32.to_ne_bytes(),
         );
+        let id = self.new_id();
+        if self.watch(host.as_fd(), id).is_err() {
+            return false;
+        }
+        self.stats.tcp_flows += 1;
+        self.tcp_keys.insert((src, dst), id);
+        if done {
+            self.establish(id, (src, dst), host, lease);
+            return false;
+        }
+        let syn = self.dev.frame().to_vec();
+        self.pending.insert(
+            id,
+            Pending {
+                host,
+                key: (src, dst),
+                syn,
+                lease,
+                probed: Instant::now(),
+            },
+        );
+        true
+    }
+
+    /// Flow `id` (watched, keyed) connected on the host: a stack socket listening on
+    /// its destination carries it from now on. Whether it could be made.
+    fn establish(
+        &mut self,
+        id: u64,
+        key: (SocketAddr, SocketAddr),
+        host: OwnedFd,
+        lease: Option<Lease>,
+    ) -> bool {
         let mut s = self.stack_socket();
+        let dst = key.1;
         if s.listen(IpListenEndpoint {
             addr: Some(dst.ip().into()),
             port: dst.port(),
@@ -764,26 +831,18 @@ impl NicServer {
         .is_err()
         {
             self.stats.malformed += 1;
-            return;
+            self.forget(id, key, &host);
+            return false;
         }
-        s.pause_synack(!done);
         let handle = self.sockets.add(s);
-        let id = self.new_id();
-        if self.watch(host.as_fd(), id).is_err() {
-            self.sockets.remove(handle);
-            return;
-        }
-        self.stats.tcp_flows += 1;
-        self.tcp_keys.insert((src, dst), id);
         self.tcp.insert(
             id,
             TcpFlow {
                 handle,
                 host,
-                key: Some((src, dst)),
-                connecting: !done,
-                readable: false,
-                writable: false,
+                key: Some(key),
+                readable: true,
+                writable: true,
                 host_eof: false,
                 shut_wr: false,
                 lease,
@@ -791,6 +850,64 @@ impl NicServer {
                 bytes_in: 0,
             },
         );
+        true
+    }
+
+    /// Drops what the server keeps for flow `id` beside its host socket.
+    fn forget(&mut self, id: u64, key: (SocketAddr, SocketAddr), host: &OwnedFd) {
+        let _ = self.epoll.delete(host.as_fd());
+        if self.tcp_keys.get(&key) == Some(&id) {
+            self.tcp_keys.remove(&key);
+        }
+    }
+
+    /// A segment from the sandbox for pending flow `id` (the frame just read): a
+    /// retransmitted SYN replaces the one kept, a reset ends the flow (its host connect
+    /// with it); anything else has nothing to take it yet.
+    fn pending_segment(&mut self, id: u64, syn: bool, rst: bool) {
+        if rst {
+            if let Some(p) = self.pending.remove(&id) {
+                self.forget(id, p.key, &p.host);
+                self.stats.abandoned += 1;
+            }
+        } else if syn && self.dev.frame().len() <= SYN_MAX {
+            let frame = self.dev.frame().to_vec();
+            if let Some(p) = self.pending.get_mut(&id) {
+                p.syn = frame;
+            }
+        }
+    }
+
+    /// Asks the sandbox's kernel, for each pending flow not asked within
+    /// [`PROBE_EVERY`], whether its connect still waits: one bare segment each, which a
+    /// connect in progress drops and a closed one answers with a reset
+    /// ([`NicServer::pending_segment`]).
+    fn probe_pending(&mut self) {
+        let now = Instant::now();
+        let dev = &mut self.dev;
+        for p in self.pending.values_mut() {
+            if now.duration_since(p.probed) < PROBE_EVERY {
+                continue;
+            }
+            p.probed = now;
+            let (sandbox, remote) = p.key;
+            if let Some(n) = frame::probe(&mut self.out, self.link, remote, sandbox) {
+                Device::write(
+                    dev.fd.as_fd(),
+                    &mut dev.count,
+                    &mut dev.timing,
+                    &mut self.out[..n],
+                );
+            }
+        }
+    }
+
+    /// Hands `frame` (a SYN kept by a pending flow) to the stack as if just read.
+    fn replay(&mut self, frame: &[u8]) {
+        let at = tun::VNET_HDR_LEN;
+        self.dev.rx[at..at + frame.len()].copy_from_slice(frame);
+        self.dev.rx_len = frame.len();
+        self.feed_stack();
     }
 
     fn stack_socket(&self) -> tcp::Socket<'static> {
@@ -809,35 +926,33 @@ impl NicServer {
         self.epoll.add(fd, ev as u32, id)
     }
 
-    /// Flow `id`'s host connect has ended: the SYN-ACK goes, or the sandbox is reset.
+    /// Pending flow `id`'s host connect has ended: its SYN goes to a stack socket (the
+    /// SYN-ACK leaves), or to none (the sandbox gets a reset).
     fn connected(&mut self, id: u64) {
-        let Some(f) = self.tcp.get_mut(&id) else {
+        let Some(p) = self.pending.remove(&id) else {
             return;
         };
-        f.connecting = false;
-        let err = ferry_sys::getsockopt_int(f.host.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
+        let err = ferry_sys::getsockopt_int(p.host.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
             .unwrap_or(libc::EIO);
-        let s = self.sockets.get_mut::<tcp::Socket>(f.handle);
         if err == 0 {
-            s.pause_synack(false);
+            self.establish(id, p.key, p.host, p.lease);
         } else {
             debug!(
-                "{}: connect: {}",
+                "{}: connect to {}: {}",
                 self.id,
+                p.key.1,
                 io::Error::from_raw_os_error(err)
             );
             self.stats.connect_failed += 1;
-            s.abort();
+            self.forget(id, p.key, &p.host);
         }
+        self.replay(&p.syn);
     }
 
     /// Moves bytes between every open TCP flow's two sockets; whether any moved.
     fn pump_tcp(&mut self) -> bool {
         let mut moved = false;
         for f in self.tcp.values_mut() {
-            if f.connecting {
-                continue;
-            }
             let s = self.sockets.get_mut::<tcp::Socket>(f.handle);
             moved |= pump(f, s, &mut self.dev.timing);
         }
@@ -857,7 +972,7 @@ impl NicServer {
                     s.state(),
                     tcp::State::Closed | tcp::State::TimeWait | tcp::State::Listen
                 );
-                over && !f.connecting
+                over
             })
             .map(|(id, _)| *id)
             .collect();
@@ -940,7 +1055,6 @@ impl NicServer {
                 handle,
                 host,
                 key: None,
-                connecting: false,
                 readable: true,
                 writable: true,
                 host_eof: false,

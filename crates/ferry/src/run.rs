@@ -35,7 +35,9 @@ pub struct RunArgs {
     /// With --batch > 1: the longest a queued operation waits before the server looks.
     #[arg(long, value_name = "SPAN", default_value = "50us", value_parser = crate::args::span)]
     pub batch_delay: Duration,
-    /// Allow egress to CIDR[:PORT] (with any --allow, everything else is denied).
+    /// Allow egress to CIDR[:PORT] (with any --allow, everything else is denied). IPv4
+    /// link-local (169.254.0.0/16, cloud metadata) is reached only through an --allow
+    /// inside it, e.g. --allow 169.254.169.254/32 --allow 0.0.0.0/0 --allow ::/0.
     #[arg(long, value_name = "CIDR[:PORT]")]
     pub allow: Vec<String>,
     /// Deny egress to CIDR[:PORT].

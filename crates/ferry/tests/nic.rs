@@ -653,3 +653,53 @@ fn a_udp_server_without_the_shim_is_published_with_p() {
         );
     }
 }
+
+#[test]
+fn ipv4_link_local_is_refused_unless_allowed_explicitly() {
+    if !can_run(&["ip", "python3", "ping"]) {
+        return;
+    }
+    // A remote on 169.254.N.2, reachable from the host as a metadata service is.
+    let (_r, ip, tport, uport) = link_local_remote("nicll");
+    let ip = ip.to_string();
+    let reach = |opts: &[&str]| {
+        let mut all = vec!["--net", "nic"];
+        all.extend_from_slice(opts);
+        let o = ferry_run(
+            &all,
+            &[
+                system_python(),
+                "-c",
+                REACH_PY,
+                &ip,
+                &tport.to_string(),
+                &uport.to_string(),
+            ],
+        );
+        assert!(o.status.success(), "{opts:?}: {}", text(&o));
+        let p = ferry_run(&all, &["ping", "-c", "1", "-W", "2", &ip]);
+        let mut lines: Vec<String> = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        lines.push(format!(
+            "ping {}",
+            if p.status.success() { "ok" } else { "failed" }
+        ));
+        lines
+    };
+    let all_ok = ["tcp ok hello", "udp ok pong", "sendto ok pong", "ping ok"];
+    // Only an allow of its own reaches it (the rest stays open with 0.0.0.0/0).
+    let allowed = format!("--allow={ip}/32");
+    assert_eq!(reach(&[&allowed, "--allow=0.0.0.0/0"]), all_ok);
+    // Not by default, nor with an allow that merely covers it.
+    for opts in [&[][..], &["--allow=0.0.0.0/0"][..]] {
+        let got = reach(opts);
+        eprintln!("{opts:?}: {got:?}");
+        assert_eq!(got.len(), 4, "{got:?}");
+        for (line, ok) in got.iter().zip(all_ok) {
+            assert_ne!(line, ok, "{opts:?}: {got:?}");
+        }
+        assert_eq!(got[0], "tcp ECONNREFUSED", "{opts:?}: reset at once");
+    }
+}

@@ -582,16 +582,6 @@ fn a_handshake_the_sandbox_resets_frees_its_flow() {
     assert_eq!(count(nic, "open_at_stop"), 1, "{nic}");
 }
 
-/// The system's python3: the sandbox's identity may not search a user's own install
-/// (one under /root, say) that comes first on PATH.
-fn python() -> &'static str {
-    if std::path::Path::new("/usr/bin/python3").exists() {
-        "/usr/bin/python3"
-    } else {
-        "python3"
-    }
-}
-
 /// Opens non-blocking connects to `ip:port` in steps (1, then 499 more), closes them
 /// all, each step answered by a line on stdout and waiting for one on stdin.
 const PENDING_PY: &str = r#"
@@ -622,7 +612,10 @@ fn thread_cpu(pid: u32, name: &str) -> Duration {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     let mut ticks = 0;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
         let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
         if comm.trim() != name {
             continue;
@@ -667,16 +660,15 @@ fn pending_connects_cost_nothing_and_end_with_the_program_s_sockets() {
     let mut cmd = ferry();
     cmd.args(["run", "--net", "nic", "--stats-json"])
         .arg(&js)
-        .args(["--", python(), "-c", PENDING_PY])
+        .args(["--", system_python(), "-c", PENDING_PY])
         .args([r.remote_ip().to_string(), "80".into()])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let mut child = Guard(cmd.spawn().expect("spawn ferry"));
     let pid = child.0.id();
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(
-        child.0.stdout.take().unwrap(),
-    ));
+    let mut lines =
+        std::io::BufRead::lines(std::io::BufReader::new(child.0.stdout.take().unwrap()));
     let mut stdin = child.0.stdin.take().unwrap();
     let mut next = |want: &str| {
         let got = lines.next().and_then(Result::ok).unwrap_or_default();

@@ -793,3 +793,50 @@ fn every_thread_of_the_servers_is_confined() {
         "{open:?}"
     );
 }
+
+#[test]
+fn ipv4_link_local_is_refused_unless_allowed_explicitly() {
+    if !can_run(&["ip", "python3"]) {
+        return;
+    }
+    // A remote on 169.254.N.2, reachable from the host as a metadata service is.
+    let (_r, ip, tport, uport) = link_local_remote("secll");
+    let ip = ip.to_string();
+    let reach = |opts: &[&str]| {
+        let mut all = vec!["--net", "socket"];
+        all.extend_from_slice(opts);
+        let o = ferry_run(
+            &all,
+            &[
+                system_python(),
+                "-c",
+                REACH_PY,
+                &ip,
+                &tport.to_string(),
+                &uport.to_string(),
+            ],
+        );
+        assert!(
+            o.status.success(),
+            "{opts:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        (stdout(&o), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    // Only an allow of its own reaches it (the rest stays open with 0.0.0.0/0).
+    let allowed = format!("--allow={ip}/32");
+    let (out, _) = reach(&[&allowed, "--allow=0.0.0.0/0"]);
+    assert_eq!(out, "tcp ok hello\nudp ok pong\nsendto ok pong");
+    // Not by default, nor with an allow that merely covers it: connects fail at once,
+    // a datagram sent with sendto goes nowhere (no answer), and the log says why.
+    for opts in [&[][..], &["--allow=0.0.0.0/0"][..]] {
+        let (out, err) = reach(opts);
+        let out: Vec<&str> = out.lines().collect();
+        assert_eq!(out[..2], ["tcp EACCES", "udp EACCES"], "{opts:?}");
+        assert!(
+            ["sendto EACCES", "sendto timeout"].contains(&out[2]),
+            "{opts:?}: {out:?}"
+        );
+        assert!(err.contains("IPv4 link-local"), "{opts:?}: {err}");
+    }
+}

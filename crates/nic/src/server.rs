@@ -641,8 +641,9 @@ impl NicServer {
         self.stats.denied += 1;
         if let Some(n) = self.refusals.tick() {
             warn!(
-                "{}: {what} to {to} denied ({n} since the last line)",
-                self.id
+                "{}: {what} to {to} denied{} ({n} since the last line)",
+                self.id,
+                ferry_server::policy::denial_hint(&to)
             );
         }
     }
@@ -650,7 +651,8 @@ impl NicServer {
     /// Whether the sandbox may reach `to` (docs/SECURITY.md, nic mode): never a local
     /// address (loopback, unspecified: the host's own), the sandbox's own subnets (the
     /// gateway included), a multicast, broadcast or IPv6 link-local one; the policy for
-    /// the rest.
+    /// the rest, IPv4 link-local only when an allow of its own decides
+    /// ([`ferry_server::Policy::check_sandbox`]).
     fn allowed(&self, to: SocketAddr) -> bool {
         let ip = to.ip();
         let plan = &self.cfg.plan;
@@ -661,7 +663,7 @@ impl NicServer {
         !(WireAddr::from(to).is_local()
             || special
             || plan.on_link(ip)
-            || self.cfg.policy.check(&to) == Verdict::Deny)
+            || self.cfg.policy.check_sandbox(&to) == Verdict::Deny)
     }
 
     /// Hands the frame just read to the stack.

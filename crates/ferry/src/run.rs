@@ -458,6 +458,8 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
         watch: (a.net == Net::Socket).then(|| SocketWatch {
             shim: shim.map(PathBuf::into_os_string),
         }),
+        // With a TAP, a raw ICMP socket (busybox's ping) is relayed like any echo.
+        raw_icmp: a.net != Net::Socket,
     };
     // The program starts with the descriptor limit ferry was started with, as it would
     // natively; ferry's own (raised at start) comes back right after.

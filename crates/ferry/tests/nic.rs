@@ -703,3 +703,37 @@ fn ipv4_link_local_is_refused_unless_allowed_explicitly() {
         assert_eq!(got[0], "tcp ECONNREFUSED", "{opts:?}: reset at once");
     }
 }
+
+#[test]
+fn busybox_ping_works_in_nic_and_both_mode_for_every_identity() {
+    if !can_run(&["busybox", "ip", "runuser"]) {
+        return;
+    }
+    // busybox's ping makes a raw ICMP socket only (no fallback to a ping socket): the
+    // sandbox's init makes it for the command, whatever identity the sandbox runs as.
+    let r = remote("bbping");
+    let ip = r.remote_ip().to_string();
+    let ping = ["busybox", "ping", "-c", "2", "-W", "2", &ip];
+    let check = |who: &str, o: &Output| {
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success() && out.contains("2 packets received"),
+            "{who}: {}",
+            text(o)
+        );
+    };
+    for net in ["nic", "both"] {
+        check(net, &ferry_run(&["--net", net], &ping));
+    }
+    check(
+        "--userns never",
+        &ferry_run(&["--net", "nic", "--userns", "never"], &ping),
+    );
+    if have_test_user() {
+        let bin = TempDir::new("bbping-bin");
+        let exe = ferry_for_any_user(bin.path());
+        let mut args = vec!["run", "--"];
+        args.extend_from_slice(&ping);
+        check("as ferrytest", &as_test_user(&exe, &args));
+    }
+}

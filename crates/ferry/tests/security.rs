@@ -840,3 +840,35 @@ fn ipv4_link_local_is_refused_unless_allowed_explicitly() {
         assert!(err.contains("IPv4 link-local"), "{opts:?}: {err}");
     }
 }
+
+#[test]
+fn a_raw_icmp_socket_the_init_makes_carries_icmp_only() {
+    if !can_run(&["python3"]) {
+        return;
+    }
+    // In nic mode the init makes raw ICMP sockets for the command (busybox's ping): the
+    // command gets that and nothing more of CAP_NET_RAW.
+    let script = r#"
+import socket
+def attempt(what, f):
+    try:
+        f()
+        print(what, "ok")
+    except OSError as e:
+        print(what, e.errno)
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+attempt("hdrincl", lambda: s.setsockopt(socket.IPPROTO_IP, socket.IP_HDRINCL, 1))
+attempt("icmp6", lambda: socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6))
+attempt("raw-tcp", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP))
+attempt("raw-ip", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW))
+attempt("packet", lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0))
+"#;
+    let o = ferry_run(&["--net", "nic"], &[system_python(), "-c", script]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        stdout(&o),
+        "hdrincl 1\nicmp6 ok\nraw-tcp 1\nraw-ip 1\npacket 1",
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

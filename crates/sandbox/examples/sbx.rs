@@ -32,6 +32,7 @@ fn main() {
         userns: UserNs::Auto,
         hold: false,
         watch: Some(SocketWatch::default()),
+        raw_icmp: false,
     };
     if factory_check {
         if let Err(e) = check_factory() {
@@ -67,6 +68,7 @@ fn check_factory() -> std::io::Result<()> {
         userns: UserNs::Auto,
         hold: false,
         watch: None,
+        raw_icmp: false,
     };
     let sandbox = launch(&spec).map_err(std::io::Error::other)?;
     let sandbox = &sandbox;

@@ -19,6 +19,7 @@ use tracing::{debug, warn};
 use crate::factory::{SocketFactory, wire};
 use crate::init::{self, Exec, Stage};
 use crate::sys;
+use crate::watch;
 
 /// What to run and how to isolate it.
 #[derive(Clone, Debug, Default)]
@@ -44,6 +45,12 @@ pub struct Spec {
     /// aarch64; elsewhere, or when the kernel refuses the filter, the command runs
     /// unwatched ([`Sandbox::watching`] says which).
     pub watch: Option<SocketWatch>,
+    /// Let the command make raw ICMP sockets (`socket(AF_INET, SOCK_RAW, IPPROTO_ICMP)`,
+    /// ICMPv6 alike: busybox's `ping` has no other way), which its nested user namespace
+    /// may not: the init makes each in its place (raw_icmp.rs); whole IP headers
+    /// (`IP_HDRINCL`) stay refused. Needs Linux 5.14 and x86_64 or aarch64; ignored with
+    /// [`Spec::watch`] (one listener per process), which tells of ICMP sockets instead.
+    pub raw_icmp: bool,
 }
 
 /// What the socket watch needs to know ([`Spec::watch`]).
@@ -542,15 +549,15 @@ fn prepare(spec: &Spec) -> Result<Exec, Error> {
         cannot_exec: format!("ferry: {shown}: cannot execute: ").into_bytes(),
         gate: None,
         nest: 0,
-        watch: spec
-            .watch
-            .as_ref()
-            .filter(|_| kernel_at_least(5, 5))
-            .map(|w| {
+        watch: match &spec.watch {
+            Some(w) if kernel_at_least(5, 5) => Some(watch::Mode::Tell(
                 w.shim
                     .as_ref()
-                    .map_or_else(Vec::new, |s| s.as_bytes().to_vec())
-            }),
+                    .map_or_else(Vec::new, |s| s.as_bytes().to_vec()),
+            )),
+            Some(_) => None,
+            None => (spec.raw_icmp && kernel_at_least(5, 14)).then_some(watch::Mode::RawIcmp),
+        },
     })
 }
 

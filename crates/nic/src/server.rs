@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ferry_proto::WireAddr;
-use ferry_server::{LogThrottle, Verdict, egress::Lease};
+use ferry_server::{LogThrottle, TapHandoff, Verdict, egress::Lease};
 use ferry_sys::{Epoll, Event, tun};
 use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
 use smoltcp::phy::{self, DeviceCapabilities, Medium};
@@ -71,9 +71,16 @@ const GATEWAY_MAC: EthernetAddress = EthernetAddress([0x02, 0x66, 0x65, 0x72, 0x
 
 const TOKEN_TAP: u64 = 0;
 const TOKEN_STOP: u64 = 1;
+const TOKEN_HANDOFF: u64 = 2;
 /// Tokens of published listeners start here; flows' start at [`FIRST_FLOW`].
 const TOKEN_LISTEN: u64 = 16;
 const FIRST_FLOW: u64 = 1 << 20;
+
+/// How long a published connection the sandbox resets (nothing listens yet) is asked
+/// again for (as socket mode waits for a listener of the shim's).
+const PUBLISH_GRACE: Duration = Duration::from_secs(2);
+/// How often it is asked again meanwhile.
+const RETRY_EVERY: Duration = Duration::from_millis(100);
 
 /// Longest a server drains its TCP flows after the sandbox's program has exited.
 pub const DRAIN_MAX: Duration = Duration::from_secs(5);
@@ -255,6 +262,8 @@ struct TcpFlow {
     host: OwnedFd,
     /// (sandbox, destination) of a flow the sandbox opened; `None` for published ones.
     key: Option<(SocketAddr, SocketAddr)>,
+    /// A published connection whose handshake with the sandbox has not completed.
+    fresh: Option<Unanswered>,
     readable: bool,
     writable: bool,
     host_eof: bool,
@@ -262,6 +271,16 @@ struct TcpFlow {
     lease: Option<Lease>,
     bytes_out: u64,
     bytes_in: u64,
+}
+
+/// A published connection not answered by the sandbox yet.
+#[derive(Clone, Copy)]
+struct Unanswered {
+    client: SocketAddr,
+    /// The sandbox's port.
+    port: u16,
+    /// When it came.
+    since: Instant,
 }
 
 /// A TCP flow whose host connect is under way: the sandbox's SYN waits with it.
@@ -308,6 +327,10 @@ pub struct NicServer {
     dgram: HashMap<u64, DgramFlow>,
     dgram_keys: HashMap<DgramKey, u64>,
     listeners: Vec<(OwnedFd, NicPublish)>,
+    /// Where socket mode passes published connections no listener of the shim's is on.
+    handoff: Option<Arc<TapHandoff>>,
+    /// Published connections to ask the sandbox again for, and when.
+    retry: Vec<(Instant, OwnedFd, Unanswered)>,
     next_id: u64,
     link: Link,
     out: Vec<u8>,
@@ -404,6 +427,8 @@ impl NicServer {
             dgram: HashMap::new(),
             dgram_keys: HashMap::new(),
             listeners,
+            handoff: None,
+            retry: Vec::new(),
             next_id: FIRST_FLOW,
             link: Link {
                 ours: GATEWAY_MAC,
@@ -494,10 +519,14 @@ impl NicServer {
                     .map(|d| Duration::from_micros(d.total_micros()))
                     .unwrap_or(Duration::from_secs(1))
                     .min(Duration::from_secs(1))
+                    .min(self.retry_delay().unwrap_or(Duration::MAX))
             };
             if self.wait_events(timeout) {
                 idle_since = None;
             }
+        }
+        if let Some(h) = &self.handoff {
+            h.set_open(false);
         }
         self.counters()
     }
@@ -596,6 +625,7 @@ impl NicServer {
             }
         }
         self.reap();
+        self.retry_published();
         if self.last_sweep.elapsed() >= Duration::from_secs(1) {
             self.sweep_dgram();
             self.probe_pending();
@@ -606,6 +636,7 @@ impl NicServer {
     fn on_event(&mut self, ev: Event) {
         match ev.token {
             TOKEN_TAP | TOKEN_STOP => {}
+            TOKEN_HANDOFF => self.take_handoff(),
             t if (TOKEN_LISTEN..FIRST_FLOW).contains(&t) => {
                 self.accept_published((t - TOKEN_LISTEN) as usize)
             }
@@ -727,7 +758,7 @@ impl NicServer {
     }
 
     fn flows(&self) -> usize {
-        self.tcp.len() + self.pending.len() + self.dgram.len()
+        self.tcp.len() + self.pending.len() + self.dgram.len() + self.retry.len()
     }
 
     fn new_id(&mut self) -> u64 {
@@ -843,6 +874,7 @@ impl NicServer {
                 handle,
                 host,
                 key: Some(key),
+                fresh: None,
                 readable: true,
                 writable: true,
                 host_eof: false,
@@ -970,25 +1002,31 @@ impl NicServer {
                 let s = self.sockets.get::<tcp::Socket>(f.handle);
                 // Listen: the stack never took the sandbox's SYN, or the sandbox reset the
                 // handshake (smoltcp then listens again); nothing more will come of it.
-                let over = matches!(
+                matches!(
                     s.state(),
                     tcp::State::Closed | tcp::State::TimeWait | tcp::State::Listen
-                );
-                over
+                )
             })
             .map(|(id, _)| *id)
             .collect();
         for id in done {
             if let Some(mut f) = self.tcp.remove(&id) {
-                let s = self.sockets.get::<tcp::Socket>(f.handle);
+                let _ = self.epoll.delete(f.host.as_fd());
+                let closed = matches!(
+                    self.sockets.get::<tcp::Socket>(f.handle).state(),
+                    tcp::State::Closed | tcp::State::Listen
+                );
+                self.sockets.remove(f.handle);
+                if let Some(u) = f.fresh {
+                    if let Some(host) = self.unanswered(f.host, u) {
+                        let _ = ferry_sys::linger_reset(host.as_fd());
+                    }
+                    continue;
+                }
                 // A reset from the sandbox (or one we sent) resets the host side too.
-                if matches!(s.state(), tcp::State::Closed | tcp::State::Listen)
-                    && !(f.host_eof && f.shut_wr)
-                {
+                if closed && !(f.host_eof && f.shut_wr) {
                     let _ = ferry_sys::linger_reset(f.host.as_fd());
                 }
-                let _ = self.epoll.delete(f.host.as_fd());
-                self.sockets.remove(f.handle);
                 if let Some(k) = f.key {
                     self.tcp_keys.remove(&k);
                 }
@@ -1001,32 +1039,62 @@ impl NicServer {
         }
     }
 
-    /// A connection to published listener `i`: a stack connection to the sandbox's
-    /// address on the published port, from the client's address (the gateway's for a
-    /// client on the host's loopback, which the sandbox could not answer).
+    /// A connection to published listener `i` (nic mode).
     fn accept_published(&mut self, i: usize) {
         let Some((l, p)) = self.listeners.get(i) else {
             return;
         };
-        let p = *p;
-        let (host, client) =
-            match ferry_sys::accept4(l.as_fd(), libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) {
-                Ok((fd, Some(a))) => (fd, a),
-                _ => return,
-            };
+        let port = p.sandbox_port;
+        if let Ok((host, Some(client))) =
+            ferry_sys::accept4(l.as_fd(), libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
+        {
+            self.publish_conn(host, unmap(client), port, Instant::now());
+        }
+    }
+
+    /// Makes this server serve the connections `handoff` passes on (socket mode's
+    /// published ports that no listener of the shim's is on, `--net both`).
+    pub fn serve_handoff(&mut self, handoff: Arc<TapHandoff>) -> io::Result<()> {
+        self.epoll
+            .add(handoff.fd(), libc::EPOLLIN as u32, TOKEN_HANDOFF)?;
+        handoff.set_open(true);
+        self.handoff = Some(handoff);
+        Ok(())
+    }
+
+    /// Takes the connections the handoff has for us.
+    fn take_handoff(&mut self) {
+        let Some(h) = self.handoff.clone() else {
+            return;
+        };
+        for (host, port) in h.take() {
+            match ferry_sys::sock_addr(host.as_fd(), true) {
+                Ok(Some(client)) => self.publish_conn(host, unmap(client), port, Instant::now()),
+                _ => {
+                    let _ = ferry_sys::linger_reset(host.as_fd());
+                }
+            }
+        }
+    }
+
+    /// A connection from `client` to a published port (`host`, on the host): a stack
+    /// connection to the sandbox's address on `port`, from the client's address (the
+    /// gateway's for a client on the host's loopback, which the sandbox could not
+    /// answer). `since`: when it came (a sandbox that resets it is asked again until
+    /// [`PUBLISH_GRACE`] has passed).
+    fn publish_conn(&mut self, host: OwnedFd, client: SocketAddr, port: u16, since: Instant) {
         if self.flows() >= self.cfg.max_flows {
             self.stats.over_cap += 1;
             let _ = ferry_sys::linger_reset(host.as_fd());
             return;
         }
-        let client = unmap(client);
         let plan = &self.cfg.plan;
         let from_ip = if WireAddr::from(client).is_local() || plan.is_sandbox(client.ip()) {
             plan.gateway_for(client.ip())
         } else {
             client.ip()
         };
-        let to = SocketAddr::new(plan.sandbox_for(client.ip()), p.sandbox_port);
+        let to = SocketAddr::new(plan.sandbox_for(client.ip()), port);
         let mut s = self.stack_socket();
         let cx = self.iface.context();
         let local = IpListenEndpoint {
@@ -1057,6 +1125,11 @@ impl NicServer {
                 handle,
                 host,
                 key: None,
+                fresh: Some(Unanswered {
+                    client,
+                    port,
+                    since,
+                }),
                 readable: true,
                 writable: true,
                 host_eof: false,
@@ -1066,6 +1139,47 @@ impl NicServer {
                 bytes_in: 0,
             },
         );
+    }
+
+    /// A published connection the sandbox reset before its handshake (nothing listens
+    /// there, yet): asked again [`RETRY_EVERY`] until [`PUBLISH_GRACE`] has passed
+    /// since it came, then reset. Whether it waits (the host socket is kept).
+    fn unanswered(&mut self, host: OwnedFd, u: Unanswered) -> Option<OwnedFd> {
+        if u.since.elapsed() < PUBLISH_GRACE {
+            self.retry.push((Instant::now() + RETRY_EVERY, host, u));
+            return None;
+        }
+        if let Some(n) = self.refusals.tick() {
+            warn!(
+                "{}: published port {}: nothing in the sandbox listens on port {} (neither a listener of the shim's nor one on {}): connection from {} reset ({n} since the last line)",
+                self.id, u.port, u.port, self.cfg.plan.ifname, u.client
+            );
+        }
+        Some(host)
+    }
+
+    /// Asks the sandbox again for the published connections whose time has come.
+    fn retry_published(&mut self) {
+        if self.retry.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let (due, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retry)
+            .into_iter()
+            .partition(|(at, _, _)| *at <= now);
+        self.retry = wait;
+        for (_, host, u) in due {
+            self.publish_conn(host, u.client, u.port, u.since);
+        }
+    }
+
+    /// How long until the next published connection is asked again.
+    fn retry_delay(&self) -> Option<Duration> {
+        let now = Instant::now();
+        self.retry
+            .iter()
+            .map(|(at, _, _)| at.saturating_duration_since(now))
+            .min()
     }
 
     /// The datagram flow for `key`, made (host socket connected to `remote`) if new and
@@ -1293,6 +1407,10 @@ fn taken(r: io::Result<usize>) -> (usize, io::Result<usize>) {
 /// Moves what it can between flow `f`'s host socket and its stack socket `s`.
 fn pump(f: &mut TcpFlow, s: &mut tcp::Socket<'_>, timing: &mut Timing) -> bool {
     let mut moved = false;
+    if f.fresh.is_some() && s.may_send() {
+        // The sandbox answered a published connection.
+        f.fresh = None;
+    }
     // Sandbox → host.
     while f.writable && s.can_recv() {
         let host = f.host.as_fd();

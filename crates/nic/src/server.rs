@@ -20,6 +20,12 @@
 //!   datagram or echo gets "administratively prohibited" at once.
 //! * **ARP and neighbour discovery** go to the stack, which answers for the gateway.
 //!
+//! Published TCP connections (this server's own listeners in nic mode; in both mode,
+//! those the protocol server passes on through its [`TapHandoff`] when no listener of
+//! the shim's is on the port) become stack connections to the sandbox's address on the
+//! port; one the sandbox resets before answering (nothing listens yet) is asked again
+//! every [`RETRY_EVERY`] for [`PUBLISH_GRACE`].
+//!
 //! Then the server moves bytes of every flow (host ⇄ stack), lets the stack send what
 //! it can, and sleeps in epoll (TAP queue, host sockets, the stop eventfd, the stack's
 //! next timer) only after spinning [`NicConfig::spin`] with nothing to do (SBW).

@@ -164,7 +164,7 @@ impl Server {
                 Ok((conn, peer)) => {
                     debug!("published port {port}: connection from {peer:?}");
                     let port = *port;
-                    let Some(conn) = self.to_tap(conn, port) else {
+                    let Some(conn) = self.hand_to_tap(conn, port) else {
                         continue;
                     };
                     if !self.shared.has_listener(port) {
@@ -219,7 +219,7 @@ impl Server {
 
     /// Hands `conn` to nic mode's TAP when no listener of the shim's is on `port` and no
     /// module is bound to it (modules sit on the shim's path); gives it back otherwise.
-    fn to_tap(&mut self, conn: OwnedFd, port: u16) -> Option<OwnedFd> {
+    fn hand_to_tap(&self, conn: OwnedFd, port: u16) -> Option<OwnedFd> {
         let Some(tap) = self.cfg.tap.as_ref() else {
             return Some(conn);
         };

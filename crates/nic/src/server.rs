@@ -24,7 +24,7 @@
 //! those the protocol server passes on through its [`TapHandoff`] when no listener of
 //! the shim's is on the port) become stack connections to the sandbox's address on the
 //! port; one the sandbox resets before answering (nothing listens yet) is asked again
-//! every [`RETRY_EVERY`] for [`PUBLISH_GRACE`].
+//! every 100 ms for 2 s (`published.rs`).
 //!
 //! Then the server moves bytes of every flow (host ⇄ stack), lets the stack send what
 //! it can, and sleeps in epoll (TAP queue, host sockets, the stop eventfd, the stack's
@@ -55,6 +55,7 @@ use crate::frame::{self, Inbound, Link, Why};
 use crate::stats::LIVE_EVERY;
 use crate::timing::{Stage, Timing};
 use crate::{NicConfig, NicLive, NicPublish, NicStats};
+use published::Unanswered;
 
 /// Most frames read from the TAP per turn.
 const BATCH: usize = 64;
@@ -82,11 +83,7 @@ const TOKEN_HANDOFF: u64 = 2;
 const TOKEN_LISTEN: u64 = 16;
 const FIRST_FLOW: u64 = 1 << 20;
 
-/// How long a published connection the sandbox resets (nothing listens yet) is asked
-/// again for (as socket mode waits for a listener of the shim's).
-const PUBLISH_GRACE: Duration = Duration::from_secs(2);
-/// How often it is asked again meanwhile.
-const RETRY_EVERY: Duration = Duration::from_millis(100);
+mod published;
 
 /// Longest a server drains its TCP flows after the sandbox's program has exited.
 pub const DRAIN_MAX: Duration = Duration::from_secs(5);
@@ -277,16 +274,6 @@ struct TcpFlow {
     lease: Option<Lease>,
     bytes_out: u64,
     bytes_in: u64,
-}
-
-/// A published connection not answered by the sandbox yet.
-#[derive(Clone, Copy)]
-struct Unanswered {
-    client: SocketAddr,
-    /// The sandbox's port.
-    port: u16,
-    /// When it came.
-    since: Instant,
 }
 
 /// A TCP flow whose host connect is under way: the sandbox's SYN waits with it.
@@ -1043,149 +1030,6 @@ impl NicServer {
                 self.stats.bytes_in += f.bytes_in;
             }
         }
-    }
-
-    /// A connection to published listener `i` (nic mode).
-    fn accept_published(&mut self, i: usize) {
-        let Some((l, p)) = self.listeners.get(i) else {
-            return;
-        };
-        let port = p.sandbox_port;
-        if let Ok((host, Some(client))) =
-            ferry_sys::accept4(l.as_fd(), libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
-        {
-            self.publish_conn(host, unmap(client), port, Instant::now());
-        }
-    }
-
-    /// Makes this server serve the connections `handoff` passes on (socket mode's
-    /// published ports that no listener of the shim's is on, `--net both`).
-    pub fn serve_handoff(&mut self, handoff: Arc<TapHandoff>) -> io::Result<()> {
-        self.epoll
-            .add(handoff.fd(), libc::EPOLLIN as u32, TOKEN_HANDOFF)?;
-        handoff.set_open(true);
-        self.handoff = Some(handoff);
-        Ok(())
-    }
-
-    /// Takes the connections the handoff has for us.
-    fn take_handoff(&mut self) {
-        let Some(h) = self.handoff.clone() else {
-            return;
-        };
-        for (host, port) in h.take() {
-            match ferry_sys::sock_addr(host.as_fd(), true) {
-                Ok(Some(client)) => self.publish_conn(host, unmap(client), port, Instant::now()),
-                _ => {
-                    let _ = ferry_sys::linger_reset(host.as_fd());
-                }
-            }
-        }
-    }
-
-    /// A connection from `client` to a published port (`host`, on the host): a stack
-    /// connection to the sandbox's address on `port`, from the client's address (the
-    /// gateway's for a client on the host's loopback, which the sandbox could not
-    /// answer). `since`: when it came (a sandbox that resets it is asked again until
-    /// [`PUBLISH_GRACE`] has passed).
-    fn publish_conn(&mut self, host: OwnedFd, client: SocketAddr, port: u16, since: Instant) {
-        if self.flows() >= self.cfg.max_flows {
-            self.stats.over_cap += 1;
-            let _ = ferry_sys::linger_reset(host.as_fd());
-            return;
-        }
-        let plan = &self.cfg.plan;
-        let from_ip = if WireAddr::from(client).is_local() || plan.is_sandbox(client.ip()) {
-            plan.gateway_for(client.ip())
-        } else {
-            client.ip()
-        };
-        let to = SocketAddr::new(plan.sandbox_for(client.ip()), port);
-        let mut s = self.stack_socket();
-        let cx = self.iface.context();
-        let local = IpListenEndpoint {
-            addr: Some(from_ip.into()),
-            port: client.port(),
-        };
-        if s.connect(cx, (IpAddress::from(to.ip()), to.port()), local)
-            .is_err()
-        {
-            return;
-        }
-        let _ = ferry_sys::setsockopt(
-            host.as_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_NODELAY,
-            &1i32.to_ne_bytes(),
-        );
-        let handle = self.sockets.add(s);
-        let id = self.new_id();
-        if self.watch(host.as_fd(), id).is_err() {
-            self.sockets.remove(handle);
-            return;
-        }
-        self.stats.published_flows += 1;
-        self.tcp.insert(
-            id,
-            TcpFlow {
-                handle,
-                host,
-                key: None,
-                fresh: Some(Unanswered {
-                    client,
-                    port,
-                    since,
-                }),
-                readable: true,
-                writable: true,
-                host_eof: false,
-                shut_wr: false,
-                lease: None,
-                bytes_out: 0,
-                bytes_in: 0,
-            },
-        );
-    }
-
-    /// A published connection the sandbox reset before its handshake (nothing listens
-    /// there, yet): asked again [`RETRY_EVERY`] until [`PUBLISH_GRACE`] has passed
-    /// since it came, then reset. Whether it waits (the host socket is kept).
-    fn unanswered(&mut self, host: OwnedFd, u: Unanswered) -> Option<OwnedFd> {
-        if u.since.elapsed() < PUBLISH_GRACE {
-            self.retry.push((Instant::now() + RETRY_EVERY, host, u));
-            return None;
-        }
-        if let Some(n) = self.refusals.tick() {
-            warn!(
-                "{}: published port {}: nothing in the sandbox listens on port {} (neither a listener of the shim's nor one on {}): connection from {} reset ({n} since the last line)",
-                self.id, u.port, u.port, self.cfg.plan.ifname, u.client
-            );
-        }
-        Some(host)
-    }
-
-    /// Asks the sandbox again for the published connections whose time has come.
-    fn retry_published(&mut self) {
-        if self.retry.is_empty() {
-            return;
-        }
-        let now = Instant::now();
-        let (due, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retry)
-            .into_iter()
-            .partition(|(at, _, _)| *at <= now);
-        self.retry = wait;
-        for (_, host, u) in due {
-            self.publish_conn(host, u.client, u.port, u.since);
-        }
-    }
-
-    /// How long until the next published connection is asked again.
-    fn retry_delay(&self) -> Option<Duration> {
-        let now = Instant::now();
-        self.retry
-            .iter()
-            .map(|(at, _, _)| at.saturating_duration_since(now))
-            .min()
     }
 
     /// The datagram flow for `key`, made (host socket connected to `remote`) if new and

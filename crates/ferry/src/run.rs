@@ -35,7 +35,9 @@ pub struct RunArgs {
     /// With --batch > 1: the longest a queued operation waits before the server looks.
     #[arg(long, value_name = "SPAN", default_value = "50us", value_parser = crate::args::span)]
     pub batch_delay: Duration,
-    /// Allow egress to CIDR[:PORT] (with any --allow, everything else is denied).
+    /// Allow egress to CIDR[:PORT] (with any --allow, everything else is denied). IPv4
+    /// link-local (169.254.0.0/16, cloud metadata) is reached only through an --allow
+    /// inside it, e.g. --allow 169.254.169.254/32 --allow 0.0.0.0/0 --allow ::/0.
     #[arg(long, value_name = "CIDR[:PORT]")]
     pub allow: Vec<String>,
     /// Deny egress to CIDR[:PORT].
@@ -383,13 +385,22 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
     cfg.policy = policy;
     // In nic mode TCP ports are published to the sandbox's address on the TAP (whatever
     // serves them); with the shim there too (`both`) they stay socket mode's, which
-    // hands them to the shim's listeners (loopback-bound ones and modules included).
-    // UDP ports keep socket mode's flows (made inside the sandbox, they reach any
-    // program).
+    // hands them to the shim's listeners (loopback-bound ones and modules included),
+    // and a connection to a port no listener of the shim's is on to the TAP (`tap`: a
+    // static or Go server). UDP ports keep socket mode's flows (made inside the
+    // sandbox, they reach any program).
     let nic_on = a.net != Net::Socket;
     let (nic_publish, publish): (Vec<Publish>, Vec<Publish>) =
         a.publish.iter().partition(|p| a.net == Net::Nic && !p.udp);
     cfg.publish = publish;
+    let tap = if a.net == Net::Both && cfg.publish.iter().any(|p| !p.udp) {
+        let h = ferry_server::TapHandoff::new()
+            .map_err(|e| format!("cannot set up the published ports' handoff: {e}"))?;
+        Some(Arc::new(h))
+    } else {
+        None
+    };
+    cfg.tap = tap.clone();
     cfg.egress = bond.clone();
     cfg.servers = usize::from(a.servers);
     cfg.assign = a.assign;
@@ -464,6 +475,8 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
             shim: shim.map(PathBuf::into_os_string),
         }),
         volumes: a.volumes.clone(),
+        // With a TAP, a raw ICMP socket (busybox's ping) is relayed like any echo.
+        raw_icmp: a.net != Net::Socket,
     };
     // What the sandbox's root will find closed (root's files), said once, up front.
     for line in ferry_sandbox::reach_advice(&spec) {
@@ -495,7 +508,14 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
     servers.first().restrict_to_descendants_of(sandbox.pid());
     let nics = if nic_on {
         match start_nic(&a, &sandbox, &policy_for_dns, bond.clone(), &nic_publish) {
-            Ok(nics) => nics,
+            Ok(mut nics) => {
+                if let (Some(tap), Some(first)) = (tap, nics.first_mut()) {
+                    first.serve_handoff(tap).map_err(|e| {
+                        format!("cannot hand published ports to the NIC server: {e}")
+                    })?;
+                }
+                nics
+            }
             // The default: without a usable TAP (no /dev/net/tun, a kernel without tun)
             // the sandbox keeps the shim alone.
             Err(e) if a.net == Net::Both => {

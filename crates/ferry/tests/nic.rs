@@ -653,3 +653,196 @@ fn a_udp_server_without_the_shim_is_published_with_p() {
         );
     }
 }
+
+#[test]
+fn ipv4_link_local_is_refused_unless_allowed_explicitly() {
+    if !can_run(&["ip", "python3", "ping"]) {
+        return;
+    }
+    // A remote on 169.254.N.2, reachable from the host as a metadata service is.
+    let (_r, ip, tport, uport) = link_local_remote("nicll");
+    let ip = ip.to_string();
+    let reach = |opts: &[&str]| {
+        let mut all = vec!["--net", "nic"];
+        all.extend_from_slice(opts);
+        let o = ferry_run(
+            &all,
+            &[
+                system_python(),
+                "-c",
+                REACH_PY,
+                &ip,
+                &tport.to_string(),
+                &uport.to_string(),
+            ],
+        );
+        assert!(o.status.success(), "{opts:?}: {}", text(&o));
+        let p = ferry_run(&all, &["ping", "-c", "1", "-W", "2", &ip]);
+        let mut lines: Vec<String> = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        lines.push(format!(
+            "ping {}",
+            if p.status.success() { "ok" } else { "failed" }
+        ));
+        lines
+    };
+    let all_ok = ["tcp ok hello", "udp ok pong", "sendto ok pong", "ping ok"];
+    // Only an allow of its own reaches it (the rest stays open with 0.0.0.0/0).
+    let allowed = format!("--allow={ip}/32");
+    assert_eq!(reach(&[&allowed, "--allow=0.0.0.0/0"]), all_ok);
+    // Not by default, nor with an allow that merely covers it.
+    for opts in [&[][..], &["--allow=0.0.0.0/0"][..]] {
+        let got = reach(opts);
+        eprintln!("{opts:?}: {got:?}");
+        assert_eq!(got.len(), 4, "{got:?}");
+        for (line, ok) in got.iter().zip(all_ok) {
+            assert_ne!(line, ok, "{opts:?}: {got:?}");
+        }
+        assert_eq!(got[0], "tcp ECONNREFUSED", "{opts:?}: reset at once");
+    }
+}
+
+#[test]
+fn busybox_ping_works_in_nic_and_both_mode_for_every_identity() {
+    if !can_run(&["busybox", "ip", "runuser"]) {
+        return;
+    }
+    // busybox's ping makes a raw ICMP socket only (no fallback to a ping socket): the
+    // sandbox's init makes it for the command, whatever identity the sandbox runs as.
+    let r = remote("bbping");
+    let ip = r.remote_ip().to_string();
+    let ping = ["busybox", "ping", "-c", "2", "-W", "2", &ip];
+    let check = |who: &str, o: &Output| {
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success() && out.contains("2 packets received"),
+            "{who}: {}",
+            text(o)
+        );
+    };
+    for net in ["nic", "both"] {
+        check(net, &ferry_run(&["--net", net], &ping));
+    }
+    check(
+        "--userns never",
+        &ferry_run(&["--net", "nic", "--userns", "never"], &ping),
+    );
+    if have_test_user() {
+        let bin = TempDir::new("bbping-bin");
+        let exe = ferry_for_any_user(bin.path());
+        let mut args = vec!["run", "--"];
+        args.extend_from_slice(&ping);
+        check("as ferrytest", &as_test_user(&exe, &args));
+    }
+}
+
+/// GETs `url` with curl (5 s at most); its body.
+fn curl(url: &str) -> String {
+    let o = Command::new("curl")
+        .args(["-sS", "-m", "5", url])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn servers_the_shim_cannot_serve_are_published_with_p_in_both_mode() {
+    if !can_run(&["busybox", "curl", "python3", "go"]) {
+        return;
+    }
+    let dir = TempDir::new("bothpub");
+    std::fs::write(dir.path().join("index.html"), "static hello").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        dir.path().join("index.html"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    // A static server (busybox-static: not shimmed) in the default mode: the published
+    // port finds no listener of the shim's and goes to the TAP.
+    let mut c = ferry();
+    c.args(["run", "-p", "127.0.0.1:18394:8080", "--"])
+        .args(["busybox", "httpd", "-f", "-p", "8080", "-h"])
+        .arg(dir.path());
+    let _httpd = Guard(quiet(&mut c).spawn().unwrap());
+    wait_port("127.0.0.1".parse().unwrap(), 18394);
+    for _ in 0..3 {
+        assert_eq!(curl("http://127.0.0.1:18394/index.html"), "static hello");
+    }
+    // A shimmed server published the same way is still the shim's: once it listens, its
+    // clients keep their address (through the TAP they would be the gateway's).
+    let log = dir.path().join("http.log");
+    let mut c = ferry();
+    c.args(["run", "-p", "127.0.0.1:18395:8000", "--"])
+        .args([system_python(), "-m", "http.server", "-d"])
+        .arg(dir.path())
+        .arg("8000")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    let _py = Guard(c.spawn().unwrap());
+    wait_port("127.0.0.1".parse().unwrap(), 18395);
+    // The first fetch may race the server's start (then the TAP asks until it listens).
+    assert_eq!(curl("http://127.0.0.1:18395/index.html"), "static hello");
+    let before = std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .lines()
+        .count();
+    for _ in 0..3 {
+        assert_eq!(curl("http://127.0.0.1:18395/index.html"), "static hello");
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let served: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("GET /index.html"))
+        .collect();
+    assert!(served.len() >= 4, "{text}");
+    for l in text.lines().skip(before).filter(|l| l.contains("GET")) {
+        assert!(
+            l.starts_with("127.0.0.1 "),
+            "not through the shim: {l}\n{text}"
+        );
+    }
+    // Nothing listening at all: the client is reset after the grace, and told why.
+    let log = dir.path().join("none.log");
+    let mut c = ferry();
+    c.args(["run", "-p", "127.0.0.1:18397:9999", "--", "sleep", "20"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    let _none = Guard(c.spawn().unwrap());
+    wait_port("127.0.0.1".parse().unwrap(), 18397);
+    let t = Instant::now();
+    assert_eq!(curl("http://127.0.0.1:18397/"), "");
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+    std::thread::sleep(Duration::from_millis(200));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("nothing in the sandbox listens on port 9999 (neither a listener of the shim's nor one on eth0)"),
+        "{text}"
+    );
+    // UDP: a static (Go) server, the same.
+    let go = netprobe();
+    let mut c = ferry();
+    c.args(["run", "-p", "127.0.0.1:18396:5353/udp", "--"])
+        .arg(&go)
+        .args(["udpecho", ":5353"]);
+    let _udp = Guard(quiet(&mut c).spawn().unwrap());
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let t = Instant::now();
+    let mut buf = [0u8; 64];
+    loop {
+        sock.send_to(b"echo me", "127.0.0.1:18396").unwrap();
+        if let Ok((n, _)) = sock.recv_from(&mut buf) {
+            assert_eq!(&buf[..n], b"echo me");
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no answer through the published UDP port"
+        );
+    }
+}

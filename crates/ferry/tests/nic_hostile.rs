@@ -12,7 +12,10 @@
 //! ferry exits with the program's status. A second test sends only spoofed SYNs and
 //! datagrams towards the remote's listeners and checks that none arrives. A third writes
 //! SYNs from the sandbox's own address, which its kernel resets at the SYN-ACK: each
-//! flow must end, and the remote's connection with it, while the sandbox still runs.
+//! flow must end, and the remote's connection with it, while the sandbox still runs. A
+//! fourth opens 1, then 500 connects to a remote whose answers vanish: the NIC server
+//! must spend next to no CPU on them while they wait, and they must end (their host
+//! connects with them) once the program has closed its sockets.
 //!
 //! Root only (a remote namespace, `--userns never`); skipped with a message otherwise.
 
@@ -577,4 +580,149 @@ fn a_handshake_the_sandbox_resets_frees_its_flow() {
     );
     // Only the datagram flow is left.
     assert_eq!(count(nic, "open_at_stop"), 1, "{nic}");
+}
+
+/// Opens non-blocking connects to `ip:port` in steps (1, then 499 more), closes them
+/// all, each step answered by a line on stdout and waiting for one on stdin.
+const PENDING_PY: &str = r#"
+import socket, sys
+ip, port = sys.argv[1], int(sys.argv[2])
+socks = []
+def more(n):
+    for _ in range(n):
+        s = socket.socket()
+        s.setblocking(False)
+        try:
+            s.connect((ip, port))
+        except BlockingIOError:
+            pass
+        socks.append(s)
+for step in (1, 499):
+    more(step)
+    print(len(socks), flush=True)
+    sys.stdin.readline()
+for s in socks:
+    s.close()
+print("closed", flush=True)
+sys.stdin.readline()
+"#;
+
+/// CPU time (user + system) the threads of `pid` named `name` have used.
+fn thread_cpu(pid: u32, name: &str) -> Duration {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let mut ticks = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // After the name (in parentheses): state is field 3, utime and stime 14 and 15.
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .map(|x| x.parse().unwrap_or(0))
+            .collect();
+        ticks += f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    }
+    Duration::from_millis(ticks * 1000 / hz)
+}
+
+/// The host's connections to `ip` still waiting for an answer to their SYN.
+fn syn_sent_to(ip: std::net::Ipv4Addr) -> usize {
+    let o = std::process::Command::new("ss")
+        .args(["-Htn", "state", "syn-sent", "dst", &ip.to_string()])
+        .output()
+        .expect("run ss");
+    String::from_utf8_lossy(&o.stdout).lines().count()
+}
+
+#[test]
+fn pending_connects_cost_nothing_and_end_with_the_program_s_sockets() {
+    if !can_run(&["python3", "ss"]) {
+        return;
+    }
+    // The remote's answers to the host vanish: SYNs arrive, nothing comes back, and the
+    // host's connects wait (about two minutes: `tcp_syn_retries`).
+    let r = remote("nic-pend");
+    let o = std::process::Command::new("ip")
+        .args(["-n", r.name(), "route", "add", "blackhole"])
+        .arg(format!("{}/32", r.host_ip()))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", texts(&o));
+    let dir = TempDir::new("nic-pend");
+    let js = dir.path().join("stats.json");
+    let mut cmd = ferry();
+    cmd.args(["run", "--net", "nic", "--stats-json"])
+        .arg(&js)
+        .args(["--", system_python(), "-c", PENDING_PY])
+        .args([r.remote_ip().to_string(), "80".into()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = Guard(cmd.spawn().expect("spawn ferry"));
+    let pid = child.0.id();
+    let mut lines =
+        std::io::BufRead::lines(std::io::BufReader::new(child.0.stdout.take().unwrap()));
+    let mut stdin = child.0.stdin.take().unwrap();
+    let mut next = |want: &str| {
+        let got = lines.next().and_then(Result::ok).unwrap_or_default();
+        assert_eq!(got, want, "the program's step");
+    };
+    // What the NIC server spends in 3 s with the flows waiting.
+    let busy = |flows: usize| {
+        // Let the sandbox's SYNs arrive and their host connects start.
+        let t = std::time::Instant::now();
+        while syn_sent_to(r.remote_ip()) < flows {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{flows} host connects never started ({} did)",
+                syn_sent_to(r.remote_ip())
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let before = thread_cpu(pid, "ferry-nic");
+        std::thread::sleep(Duration::from_secs(3));
+        let used = thread_cpu(pid, "ferry-nic") - before;
+        eprintln!("{flows} pending connects: the NIC server used {used:?} of CPU in 3 s");
+        assert!(
+            used < Duration::from_millis(300),
+            "with {flows} pending connects the NIC server used {used:?} of CPU in 3 s"
+        );
+    };
+    next("1");
+    busy(1);
+    writeln!(stdin, "go").unwrap();
+    next("500");
+    busy(500);
+    writeln!(stdin, "go").unwrap();
+    // The program closed its sockets: the flows end, and their host connects with them,
+    // while the sandbox still runs.
+    next("closed");
+    let t = std::time::Instant::now();
+    while syn_sent_to(r.remote_ip()) > 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(8),
+            "{} host connects outlived the program's sockets",
+            syn_sent_to(r.remote_ip())
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    writeln!(stdin, "go").unwrap();
+    drop(stdin);
+    let status = child.0.wait().expect("ferry ends");
+    let mut err = String::new();
+    let _ = std::io::Read::read_to_string(child.0.stderr.as_mut().unwrap(), &mut err);
+    assert!(status.success(), "ferry: {status}\n{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&js).unwrap()).unwrap();
+    let nic = &v["nic"][0];
+    assert_eq!(count(nic, "tcp_flows"), 500, "{nic}");
+    assert_eq!(count(nic, "abandoned"), 500, "{nic}");
+    assert_eq!(count(nic, "open_at_stop"), 0, "{nic}");
 }

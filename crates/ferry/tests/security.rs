@@ -1005,3 +1005,82 @@ fn removing_a_scratch_directory_never_crosses_a_mount() {
         "the bind mount is still there"
     );
 }
+
+#[test]
+fn ipv4_link_local_is_refused_unless_allowed_explicitly() {
+    if !can_run(&["ip", "python3"]) {
+        return;
+    }
+    // A remote on 169.254.N.2, reachable from the host as a metadata service is.
+    let (_r, ip, tport, uport) = link_local_remote("secll");
+    let ip = ip.to_string();
+    let reach = |opts: &[&str]| {
+        let mut all = vec!["--net", "socket"];
+        all.extend_from_slice(opts);
+        let o = ferry_run(
+            &all,
+            &[
+                system_python(),
+                "-c",
+                REACH_PY,
+                &ip,
+                &tport.to_string(),
+                &uport.to_string(),
+            ],
+        );
+        assert!(
+            o.status.success(),
+            "{opts:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        (stdout(&o), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    // Only an allow of its own reaches it (the rest stays open with 0.0.0.0/0).
+    let allowed = format!("--allow={ip}/32");
+    let (out, _) = reach(&[&allowed, "--allow=0.0.0.0/0"]);
+    assert_eq!(out, "tcp ok hello\nudp ok pong\nsendto ok pong");
+    // Not by default, nor with an allow that merely covers it: connects fail at once,
+    // a datagram sent with sendto goes nowhere (no answer), and the log says why.
+    for opts in [&[][..], &["--allow=0.0.0.0/0"][..]] {
+        let (out, err) = reach(opts);
+        let out: Vec<&str> = out.lines().collect();
+        assert_eq!(out[..2], ["tcp EACCES", "udp EACCES"], "{opts:?}");
+        assert!(
+            ["sendto EACCES", "sendto timeout"].contains(&out[2]),
+            "{opts:?}: {out:?}"
+        );
+        assert!(err.contains("IPv4 link-local"), "{opts:?}: {err}");
+    }
+}
+
+#[test]
+fn a_raw_icmp_socket_the_init_makes_carries_icmp_only() {
+    if !can_run(&["python3"]) {
+        return;
+    }
+    // In nic mode the init makes raw ICMP sockets for the command (busybox's ping): the
+    // command gets that and nothing more of CAP_NET_RAW.
+    let script = r#"
+import socket
+def attempt(what, f):
+    try:
+        f()
+        print(what, "ok")
+    except OSError as e:
+        print(what, e.errno)
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+attempt("hdrincl", lambda: s.setsockopt(socket.IPPROTO_IP, socket.IP_HDRINCL, 1))
+attempt("icmp6", lambda: socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6))
+attempt("raw-tcp", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP))
+attempt("raw-ip", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW))
+attempt("packet", lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0))
+"#;
+    let o = ferry_run(&["--net", "nic"], &[system_python(), "-c", script]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        stdout(&o),
+        "hdrincl 1\nicmp6 ok\nraw-tcp 1\nraw-ip 1\npacket 1",
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

@@ -24,11 +24,13 @@ pub const ETH_LEN: usize = 14;
 pub enum Inbound<'a> {
     /// For the TCP/IP stack as it is: ARP, neighbour discovery and other ICMPv6.
     Stack,
-    /// A TCP segment; `syn`: it opens a connection (SYN without ACK).
+    /// A TCP segment; `syn`: it opens a connection (SYN without ACK); `rst`: it resets
+    /// one.
     Tcp {
         src: SocketAddr,
         dst: SocketAddr,
         syn: bool,
+        rst: bool,
     },
     /// A UDP datagram.
     Udp {
@@ -93,6 +95,7 @@ fn classify_ip(ty: EthernetProtocol, ip: &[u8]) -> Result<Inbound<'_>, Why> {
                 src: SocketAddr::new(src, t.src_port()),
                 dst: SocketAddr::new(dst, t.dst_port()),
                 syn: t.syn() && !t.ack(),
+                rst: t.rst(),
             })
         }
         IpProtocol::Udp => {
@@ -358,6 +361,21 @@ pub fn echo_reply(
     }
 }
 
+/// A TCP segment `from` → `to` (the sandbox) with no flag and no data: a connection in
+/// SYN-SENT discards it, a port with no connection answers it with a reset (RFC 9293,
+/// 3.10.7.1 and 3.10.7.3). Asks the sandbox's kernel whether the connect waiting for
+/// `from` still exists, without disturbing it. Its checksum is left to the offload
+/// ([`offload_tcp`]).
+pub fn probe(out: &mut [u8], link: Link, from: SocketAddr, to: SocketAddr) -> Option<usize> {
+    ip_frame(out, link, from.ip(), to.ip(), IpProtocol::Tcp, 20, |b| {
+        b.fill(0);
+        b[0..2].copy_from_slice(&from.port().to_be_bytes());
+        b[2..4].copy_from_slice(&to.port().to_be_bytes());
+        b[12] = 5 << 4;
+        b[14..16].copy_from_slice(&1024u16.to_be_bytes());
+    })
+}
+
 /// "Administratively prohibited" from the gateway `gw` about `frame` (a frame of the
 /// sandbox's, IPv4 or IPv6 of the same family as `gw`): what a refused datagram or echo
 /// gets at once.
@@ -447,6 +465,32 @@ mod tests {
         // Mixed families, or no room: nothing written.
         assert_eq!(udp(&mut buf, LINK, from, to6, b"x"), None);
         assert_eq!(udp(&mut buf[..40], LINK, from, to, b"x"), None);
+    }
+
+    #[test]
+    fn a_probe_is_a_bare_segment_with_its_checksum_left_to_the_offload() {
+        let mut buf = [0u8; 128];
+        for (from, to) in [
+            ("10.1.2.3:80", "10.0.2.100:40000"),
+            ("[fd00::1]:443", "[fd00::100]:40001"),
+        ] {
+            let (from, to): (SocketAddr, SocketAddr) = (from.parse().unwrap(), to.parse().unwrap());
+            let n = probe(&mut buf, LINK, from, to).unwrap();
+            assert_eq!(
+                classify(&buf[..n]),
+                Inbound::Tcp {
+                    src: from,
+                    dst: to,
+                    syn: false,
+                    rst: false
+                }
+            );
+            let ip = if from.is_ipv4() { 20 } else { 40 };
+            assert_eq!(n, ETH_LEN + ip + 20);
+            // No flag at all (not even ACK): SYN-SENT drops it, a closed port resets.
+            assert_eq!(buf[ETH_LEN + ip + 13], 0);
+            assert!(offload_tcp(&mut buf[..n]).is_some());
+        }
     }
 
     #[test]

@@ -4,10 +4,14 @@
 //! queue (S1: many frames per wake-up) and sorts each ([`frame::classify`]):
 //!
 //! * **TCP**: a SYN opening a flow the rules allow makes a host socket and starts a
-//!   non-blocking connect to the destination, and a stack socket listening on that
-//!   destination with its SYN-ACK held; the SYN goes to the stack. The connect's outcome
-//!   releases the SYN-ACK, or aborts the stack socket (the sandbox gets a reset). A SYN
-//!   the rules refuse goes to the stack with no socket to take it: a reset at once.
+//!   non-blocking connect to the destination; the SYN waits beside it (a *pending*
+//!   flow: no stack socket, no timer, nothing due until the host socket reports). When
+//!   the connect succeeds, a stack socket listens on that destination and the SYN goes
+//!   to it (the SYN-ACK leaves at once); when it fails, the SYN goes to the stack with no
+//!   socket to take it (the sandbox gets a reset). A pending flow whose sandbox end is
+//!   gone (a reset from it, or the answer to a [`frame::probe`] every [`PROBE_EVERY`])
+//!   ends, and its host connect with it. A SYN the rules refuse goes to the stack with
+//!   no socket to take it: a reset at once.
 //!   Bytes then move between the stack socket's buffers and the host socket with no
 //!   other copy; a full buffer on either side stops reading the other (back-pressure
 //!   is the TCP window). An end of stream on one side is a FIN/shutdown on the other.
@@ -15,6 +19,12 @@
 //!   connected host UDP socket or ping socket; answers are framed back here. A refused
 //!   datagram or echo gets "administratively prohibited" at once.
 //! * **ARP and neighbour discovery** go to the stack, which answers for the gateway.
+//!
+//! Published TCP connections (this server's own listeners in nic mode; in both mode,
+//! those the protocol server passes on through its [`TapHandoff`] when no listener of
+//! the shim's is on the port) become stack connections to the sandbox's address on the
+//! port; one the sandbox resets before answering (nothing listens yet) is asked again
+//! every 100 ms for 2 s (`published.rs`).
 //!
 //! Then the server moves bytes of every flow (host ⇄ stack), lets the stack send what
 //! it can, and sleeps in epoll (TAP queue, host sockets, the stop eventfd, the stack's
@@ -33,7 +43,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ferry_proto::WireAddr;
-use ferry_server::{LogThrottle, Verdict, egress::Lease};
+use ferry_server::{LogThrottle, TapHandoff, Verdict, egress::Lease};
 use ferry_sys::{Epoll, Event, tun};
 use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
 use smoltcp::phy::{self, DeviceCapabilities, Medium};
@@ -45,6 +55,7 @@ use crate::frame::{self, Inbound, Link, Why};
 use crate::stats::LIVE_EVERY;
 use crate::timing::{Stage, Timing};
 use crate::{NicConfig, NicLive, NicPublish, NicStats};
+use published::Unanswered;
 
 /// Most frames read from the TAP per turn.
 const BATCH: usize = 64;
@@ -54,6 +65,12 @@ const DGRAM_BATCH: usize = 64;
 const UDP_IDLE: Duration = Duration::from_secs(60);
 /// An echo flow idle this long is closed.
 const ECHO_IDLE: Duration = Duration::from_secs(10);
+/// How often a pending TCP flow asks the sandbox's kernel whether its connect still
+/// waits ([`frame::probe`]).
+const PROBE_EVERY: Duration = Duration::from_secs(2);
+/// Largest SYN a pending flow keeps (options make ~80 bytes; only data in the SYN, which
+/// needs a Fast Open cookie ferry never gives, makes more): a larger one is reset.
+const SYN_MAX: usize = 1024;
 /// Largest frame (the TAP's MTU is at most 65535 plus the Ethernet header).
 const FRAME_MAX: usize = 65_536 + frame::ETH_LEN;
 /// The gateway's hardware address (locally administered).
@@ -61,9 +78,12 @@ const GATEWAY_MAC: EthernetAddress = EthernetAddress([0x02, 0x66, 0x65, 0x72, 0x
 
 const TOKEN_TAP: u64 = 0;
 const TOKEN_STOP: u64 = 1;
+const TOKEN_HANDOFF: u64 = 2;
 /// Tokens of published listeners start here; flows' start at [`FIRST_FLOW`].
 const TOKEN_LISTEN: u64 = 16;
 const FIRST_FLOW: u64 = 1 << 20;
+
+mod published;
 
 /// Longest a server drains its TCP flows after the sandbox's program has exited.
 pub const DRAIN_MAX: Duration = Duration::from_secs(5);
@@ -245,7 +265,8 @@ struct TcpFlow {
     host: OwnedFd,
     /// (sandbox, destination) of a flow the sandbox opened; `None` for published ones.
     key: Option<(SocketAddr, SocketAddr)>,
-    connecting: bool,
+    /// A published connection whose handshake with the sandbox has not completed.
+    fresh: Option<Unanswered>,
     readable: bool,
     writable: bool,
     host_eof: bool,
@@ -253,6 +274,18 @@ struct TcpFlow {
     lease: Option<Lease>,
     bytes_out: u64,
     bytes_in: u64,
+}
+
+/// A TCP flow whose host connect is under way: the sandbox's SYN waits with it.
+struct Pending {
+    host: OwnedFd,
+    /// (sandbox, destination).
+    key: (SocketAddr, SocketAddr),
+    /// The SYN's frame (without its `virtio_net_hdr`), the latest the sandbox sent.
+    syn: Vec<u8>,
+    lease: Option<Lease>,
+    /// When the sandbox was last asked whether the connect still waits.
+    probed: Instant,
 }
 
 /// A UDP or echo flow.
@@ -281,10 +314,16 @@ pub struct NicServer {
     events: Vec<Event>,
     stop: StopHandle,
     tcp: HashMap<u64, TcpFlow>,
+    pending: HashMap<u64, Pending>,
+    /// Flows the sandbox opened, pending or not, by (sandbox, destination).
     tcp_keys: HashMap<(SocketAddr, SocketAddr), u64>,
     dgram: HashMap<u64, DgramFlow>,
     dgram_keys: HashMap<DgramKey, u64>,
     listeners: Vec<(OwnedFd, NicPublish)>,
+    /// Where socket mode passes published connections no listener of the shim's is on.
+    handoff: Option<Arc<TapHandoff>>,
+    /// Published connections to ask the sandbox again for, and when.
+    retry: Vec<(Instant, OwnedFd, Unanswered)>,
     next_id: u64,
     link: Link,
     out: Vec<u8>,
@@ -376,10 +415,13 @@ impl NicServer {
                 efd,
             },
             tcp: HashMap::new(),
+            pending: HashMap::new(),
             tcp_keys: HashMap::new(),
             dgram: HashMap::new(),
             dgram_keys: HashMap::new(),
             listeners,
+            handoff: None,
+            retry: Vec::new(),
             next_id: FIRST_FLOW,
             link: Link {
                 ours: GATEWAY_MAC,
@@ -470,10 +512,14 @@ impl NicServer {
                     .map(|d| Duration::from_micros(d.total_micros()))
                     .unwrap_or(Duration::from_secs(1))
                     .min(Duration::from_secs(1))
+                    .min(self.retry_delay().unwrap_or(Duration::MAX))
             };
             if self.wait_events(timeout) {
                 idle_since = None;
             }
+        }
+        if let Some(h) = &self.handoff {
+            h.set_open(false);
         }
         self.counters()
     }
@@ -572,8 +618,10 @@ impl NicServer {
             }
         }
         self.reap();
+        self.retry_published();
         if self.last_sweep.elapsed() >= Duration::from_secs(1) {
             self.sweep_dgram();
+            self.probe_pending();
         }
         busy
     }
@@ -581,6 +629,7 @@ impl NicServer {
     fn on_event(&mut self, ev: Event) {
         match ev.token {
             TOKEN_TAP | TOKEN_STOP => {}
+            TOKEN_HANDOFF => self.take_handoff(),
             t if (TOKEN_LISTEN..FIRST_FLOW).contains(&t) => {
                 self.accept_published((t - TOKEN_LISTEN) as usize)
             }
@@ -596,7 +645,8 @@ impl NicServer {
                     if ev.events & (libc::EPOLLOUT | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
                         f.writable = true;
                     }
-                    if f.connecting && f.writable {
+                } else if self.pending.contains_key(&t) {
+                    if ev.events & (libc::EPOLLOUT | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
                         self.connected(t);
                     }
                 } else if self.dgram.contains_key(&t) {
@@ -615,8 +665,9 @@ impl NicServer {
         self.stats.denied += 1;
         if let Some(n) = self.refusals.tick() {
             warn!(
-                "{}: {what} to {to} denied ({n} since the last line)",
-                self.id
+                "{}: {what} to {to} denied{} ({n} since the last line)",
+                self.id,
+                ferry_server::policy::denial_hint(&to)
             );
         }
     }
@@ -624,7 +675,8 @@ impl NicServer {
     /// Whether the sandbox may reach `to` (docs/SECURITY.md, nic mode): never a local
     /// address (loopback, unspecified: the host's own), the sandbox's own subnets (the
     /// gateway included), a multicast, broadcast or IPv6 link-local one; the policy for
-    /// the rest.
+    /// the rest, IPv4 link-local only when an allow of its own decides
+    /// ([`ferry_server::Policy::check_sandbox`]).
     fn allowed(&self, to: SocketAddr) -> bool {
         let ip = to.ip();
         let plan = &self.cfg.plan;
@@ -635,7 +687,7 @@ impl NicServer {
         !(WireAddr::from(to).is_local()
             || special
             || plan.on_link(ip)
-            || self.cfg.policy.check(&to) == Verdict::Deny)
+            || self.cfg.policy.check_sandbox(&to) == Verdict::Deny)
     }
 
     /// Hands the frame just read to the stack.
@@ -671,12 +723,13 @@ impl NicServer {
         }
         match inbound {
             Inbound::Stack => self.feed_stack(),
-            Inbound::Tcp { src, dst, syn } => {
-                if syn && !self.tcp_keys.contains_key(&(src, dst)) {
-                    self.open_tcp(src, dst);
-                }
-                self.feed_stack();
-            }
+            Inbound::Tcp { src, dst, syn, rst } => match self.tcp_keys.get(&(src, dst)).copied() {
+                Some(id) if self.pending.contains_key(&id) => self.pending_segment(id, syn, rst),
+                Some(_) => self.feed_stack(),
+                // Held while the host connects, or refused: to the stack (a reset).
+                None if syn && self.open_tcp(src, dst) => {}
+                None => self.feed_stack(),
+            },
             Inbound::Udp { src, dst, payload } => {
                 let (start, len) = self.dev.span(payload);
                 self.udp_out(src, dst, start, len);
@@ -698,7 +751,7 @@ impl NicServer {
     }
 
     fn flows(&self) -> usize {
-        self.tcp.len() + self.dgram.len()
+        self.tcp.len() + self.pending.len() + self.dgram.len() + self.retry.len()
     }
 
     fn new_id(&mut self) -> u64 {
@@ -731,23 +784,29 @@ impl NicServer {
         Ok((fd, lease, done))
     }
 
-    /// A SYN from the sandbox for a new flow: the host connect and a held stack socket;
-    /// nothing when refused (the stack then resets the connection).
-    fn open_tcp(&mut self, src: SocketAddr, dst: SocketAddr) {
+    /// A SYN from the sandbox for a new flow (the frame just read): the host connect,
+    /// and the SYN kept until it ends. Whether the SYN was taken; `false`: it goes to
+    /// the stack now, to a stack socket when the connect has already succeeded, to none
+    /// when refused (the stack then resets the connection).
+    fn open_tcp(&mut self, src: SocketAddr, dst: SocketAddr) -> bool {
         if !self.allowed(dst) {
             self.refused("TCP", dst);
-            return;
+            return false;
         }
         if self.flows() >= self.cfg.max_flows {
             self.stats.over_cap += 1;
-            return;
+            return false;
+        }
+        if self.dev.frame().len() > SYN_MAX {
+            self.stats.malformed += 1;
+            return false;
         }
         let (host, lease, done) = match self.host_socket(libc::SOCK_STREAM, 0, dst) {
             Ok(x) => x,
             Err(e) => {
                 debug!("{}: connect to {dst}: {e}", self.id);
                 self.stats.connect_failed += 1;
-                return;
+                return false;
             }
         };
         let _ = ferry_sys::setsockopt(
@@ -756,7 +815,41 @@ impl NicServer {
             libc::TCP_NODELAY,
             &1i32.to_ne_bytes(),
         );
+        let id = self.new_id();
+        if self.watch(host.as_fd(), id).is_err() {
+            return false;
+        }
+        self.stats.tcp_flows += 1;
+        self.tcp_keys.insert((src, dst), id);
+        if done {
+            self.establish(id, (src, dst), host, lease);
+            return false;
+        }
+        let syn = self.dev.frame().to_vec();
+        self.pending.insert(
+            id,
+            Pending {
+                host,
+                key: (src, dst),
+                syn,
+                lease,
+                probed: Instant::now(),
+            },
+        );
+        true
+    }
+
+    /// Flow `id` (watched, keyed) connected on the host: a stack socket listening on
+    /// its destination carries it from now on. Whether it could be made.
+    fn establish(
+        &mut self,
+        id: u64,
+        key: (SocketAddr, SocketAddr),
+        host: OwnedFd,
+        lease: Option<Lease>,
+    ) -> bool {
         let mut s = self.stack_socket();
+        let dst = key.1;
         if s.listen(IpListenEndpoint {
             addr: Some(dst.ip().into()),
             port: dst.port(),
@@ -764,26 +857,19 @@ impl NicServer {
         .is_err()
         {
             self.stats.malformed += 1;
-            return;
+            self.forget(id, key, &host);
+            return false;
         }
-        s.pause_synack(!done);
         let handle = self.sockets.add(s);
-        let id = self.new_id();
-        if self.watch(host.as_fd(), id).is_err() {
-            self.sockets.remove(handle);
-            return;
-        }
-        self.stats.tcp_flows += 1;
-        self.tcp_keys.insert((src, dst), id);
         self.tcp.insert(
             id,
             TcpFlow {
                 handle,
                 host,
-                key: Some((src, dst)),
-                connecting: !done,
-                readable: false,
-                writable: false,
+                key: Some(key),
+                fresh: None,
+                readable: true,
+                writable: true,
                 host_eof: false,
                 shut_wr: false,
                 lease,
@@ -791,6 +877,64 @@ impl NicServer {
                 bytes_in: 0,
             },
         );
+        true
+    }
+
+    /// Drops what the server keeps for flow `id` beside its host socket.
+    fn forget(&mut self, id: u64, key: (SocketAddr, SocketAddr), host: &OwnedFd) {
+        let _ = self.epoll.delete(host.as_fd());
+        if self.tcp_keys.get(&key) == Some(&id) {
+            self.tcp_keys.remove(&key);
+        }
+    }
+
+    /// A segment from the sandbox for pending flow `id` (the frame just read): a
+    /// retransmitted SYN replaces the one kept, a reset ends the flow (its host connect
+    /// with it); anything else has nothing to take it yet.
+    fn pending_segment(&mut self, id: u64, syn: bool, rst: bool) {
+        if rst {
+            if let Some(p) = self.pending.remove(&id) {
+                self.forget(id, p.key, &p.host);
+                self.stats.abandoned += 1;
+            }
+        } else if syn && self.dev.frame().len() <= SYN_MAX {
+            let frame = self.dev.frame().to_vec();
+            if let Some(p) = self.pending.get_mut(&id) {
+                p.syn = frame;
+            }
+        }
+    }
+
+    /// Asks the sandbox's kernel, for each pending flow not asked within
+    /// [`PROBE_EVERY`], whether its connect still waits: one bare segment each, which a
+    /// connect in progress drops and a closed one answers with a reset
+    /// ([`NicServer::pending_segment`]).
+    fn probe_pending(&mut self) {
+        let now = Instant::now();
+        let dev = &mut self.dev;
+        for p in self.pending.values_mut() {
+            if now.duration_since(p.probed) < PROBE_EVERY {
+                continue;
+            }
+            p.probed = now;
+            let (sandbox, remote) = p.key;
+            if let Some(n) = frame::probe(&mut self.out, self.link, remote, sandbox) {
+                Device::write(
+                    dev.fd.as_fd(),
+                    &mut dev.count,
+                    &mut dev.timing,
+                    &mut self.out[..n],
+                );
+            }
+        }
+    }
+
+    /// Hands `frame` (a SYN kept by a pending flow) to the stack as if just read.
+    fn replay(&mut self, frame: &[u8]) {
+        let at = tun::VNET_HDR_LEN;
+        self.dev.rx[at..at + frame.len()].copy_from_slice(frame);
+        self.dev.rx_len = frame.len();
+        self.feed_stack();
     }
 
     fn stack_socket(&self) -> tcp::Socket<'static> {
@@ -809,35 +953,33 @@ impl NicServer {
         self.epoll.add(fd, ev as u32, id)
     }
 
-    /// Flow `id`'s host connect has ended: the SYN-ACK goes, or the sandbox is reset.
+    /// Pending flow `id`'s host connect has ended: its SYN goes to a stack socket (the
+    /// SYN-ACK leaves), or to none (the sandbox gets a reset).
     fn connected(&mut self, id: u64) {
-        let Some(f) = self.tcp.get_mut(&id) else {
+        let Some(p) = self.pending.remove(&id) else {
             return;
         };
-        f.connecting = false;
-        let err = ferry_sys::getsockopt_int(f.host.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
+        let err = ferry_sys::getsockopt_int(p.host.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
             .unwrap_or(libc::EIO);
-        let s = self.sockets.get_mut::<tcp::Socket>(f.handle);
         if err == 0 {
-            s.pause_synack(false);
+            self.establish(id, p.key, p.host, p.lease);
         } else {
             debug!(
-                "{}: connect: {}",
+                "{}: connect to {}: {}",
                 self.id,
+                p.key.1,
                 io::Error::from_raw_os_error(err)
             );
             self.stats.connect_failed += 1;
-            s.abort();
+            self.forget(id, p.key, &p.host);
         }
+        self.replay(&p.syn);
     }
 
     /// Moves bytes between every open TCP flow's two sockets; whether any moved.
     fn pump_tcp(&mut self) -> bool {
         let mut moved = false;
         for f in self.tcp.values_mut() {
-            if f.connecting {
-                continue;
-            }
             let s = self.sockets.get_mut::<tcp::Socket>(f.handle);
             moved |= pump(f, s, &mut self.dev.timing);
         }
@@ -853,25 +995,31 @@ impl NicServer {
                 let s = self.sockets.get::<tcp::Socket>(f.handle);
                 // Listen: the stack never took the sandbox's SYN, or the sandbox reset the
                 // handshake (smoltcp then listens again); nothing more will come of it.
-                let over = matches!(
+                matches!(
                     s.state(),
                     tcp::State::Closed | tcp::State::TimeWait | tcp::State::Listen
-                );
-                over && !f.connecting
+                )
             })
             .map(|(id, _)| *id)
             .collect();
         for id in done {
             if let Some(mut f) = self.tcp.remove(&id) {
-                let s = self.sockets.get::<tcp::Socket>(f.handle);
+                let _ = self.epoll.delete(f.host.as_fd());
+                let closed = matches!(
+                    self.sockets.get::<tcp::Socket>(f.handle).state(),
+                    tcp::State::Closed | tcp::State::Listen
+                );
+                self.sockets.remove(f.handle);
+                if let Some(u) = f.fresh {
+                    if let Some(host) = self.unanswered(f.host, u) {
+                        let _ = ferry_sys::linger_reset(host.as_fd());
+                    }
+                    continue;
+                }
                 // A reset from the sandbox (or one we sent) resets the host side too.
-                if matches!(s.state(), tcp::State::Closed | tcp::State::Listen)
-                    && !(f.host_eof && f.shut_wr)
-                {
+                if closed && !(f.host_eof && f.shut_wr) {
                     let _ = ferry_sys::linger_reset(f.host.as_fd());
                 }
-                let _ = self.epoll.delete(f.host.as_fd());
-                self.sockets.remove(f.handle);
                 if let Some(k) = f.key {
                     self.tcp_keys.remove(&k);
                 }
@@ -882,74 +1030,6 @@ impl NicServer {
                 self.stats.bytes_in += f.bytes_in;
             }
         }
-    }
-
-    /// A connection to published listener `i`: a stack connection to the sandbox's
-    /// address on the published port, from the client's address (the gateway's for a
-    /// client on the host's loopback, which the sandbox could not answer).
-    fn accept_published(&mut self, i: usize) {
-        let Some((l, p)) = self.listeners.get(i) else {
-            return;
-        };
-        let p = *p;
-        let (host, client) =
-            match ferry_sys::accept4(l.as_fd(), libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) {
-                Ok((fd, Some(a))) => (fd, a),
-                _ => return,
-            };
-        if self.flows() >= self.cfg.max_flows {
-            self.stats.over_cap += 1;
-            let _ = ferry_sys::linger_reset(host.as_fd());
-            return;
-        }
-        let client = unmap(client);
-        let plan = &self.cfg.plan;
-        let from_ip = if WireAddr::from(client).is_local() || plan.is_sandbox(client.ip()) {
-            plan.gateway_for(client.ip())
-        } else {
-            client.ip()
-        };
-        let to = SocketAddr::new(plan.sandbox_for(client.ip()), p.sandbox_port);
-        let mut s = self.stack_socket();
-        let cx = self.iface.context();
-        let local = IpListenEndpoint {
-            addr: Some(from_ip.into()),
-            port: client.port(),
-        };
-        if s.connect(cx, (IpAddress::from(to.ip()), to.port()), local)
-            .is_err()
-        {
-            return;
-        }
-        let _ = ferry_sys::setsockopt(
-            host.as_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_NODELAY,
-            &1i32.to_ne_bytes(),
-        );
-        let handle = self.sockets.add(s);
-        let id = self.new_id();
-        if self.watch(host.as_fd(), id).is_err() {
-            self.sockets.remove(handle);
-            return;
-        }
-        self.stats.published_flows += 1;
-        self.tcp.insert(
-            id,
-            TcpFlow {
-                handle,
-                host,
-                key: None,
-                connecting: false,
-                readable: true,
-                writable: true,
-                host_eof: false,
-                shut_wr: false,
-                lease: None,
-                bytes_out: 0,
-                bytes_in: 0,
-            },
-        );
     }
 
     /// The datagram flow for `key`, made (host socket connected to `remote`) if new and
@@ -1177,6 +1257,10 @@ fn taken(r: io::Result<usize>) -> (usize, io::Result<usize>) {
 /// Moves what it can between flow `f`'s host socket and its stack socket `s`.
 fn pump(f: &mut TcpFlow, s: &mut tcp::Socket<'_>, timing: &mut Timing) -> bool {
     let mut moved = false;
+    if f.fresh.is_some() && s.may_send() {
+        // The sandbox answered a published connection.
+        f.fresh = None;
+    }
     // Sandbox → host.
     while f.writable && s.can_recv() {
         let host = f.host.as_fd();

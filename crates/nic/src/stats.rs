@@ -34,6 +34,9 @@ pub struct NicStats {
     pub over_cap: u64,
     /// TCP connections to the destination that failed (the sandbox got a reset).
     pub connect_failed: u64,
+    /// TCP connects the sandbox gave up (reset, closed) before the destination
+    /// answered: their host connects were aborted.
+    pub abandoned: u64,
     /// Payload bytes to the network and from it.
     pub bytes_out: u64,
     pub bytes_in: u64,
@@ -51,7 +54,7 @@ impl fmt::Display for NicStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "server {}: frames in {} ({} B) out {} ({} B), TAP full {}, dropped: malformed {} fragments {} unsupported {} spoofed {}; flows: tcp {} published {} udp {} echo {}, denied {}, over cap {}, connects failed {}; bytes out {} in {}; turns {} (idle spins {}), sleeps {}, left open {}",
+            "server {}: frames in {} ({} B) out {} ({} B), TAP full {}, dropped: malformed {} fragments {} unsupported {} spoofed {}; flows: tcp {} published {} udp {} echo {}, denied {}, over cap {}, connects failed {}, abandoned {}; bytes out {} in {}; turns {} (idle spins {}), sleeps {}, left open {}",
             self.id,
             self.frames_in,
             self.frame_bytes_in,
@@ -69,6 +72,7 @@ impl fmt::Display for NicStats {
             self.denied,
             self.over_cap,
             self.connect_failed,
+            self.abandoned,
             self.bytes_out,
             self.bytes_in,
             self.turns,
@@ -99,7 +103,7 @@ impl fmt::Display for NicStats {
 impl NicStats {
     /// The counters as one JSON object.
     pub fn to_json(&self) -> String {
-        let fields: [(&str, u64); 22] = [
+        let fields: [(&str, u64); 23] = [
             ("frames_in", self.frames_in),
             ("frame_bytes_in", self.frame_bytes_in),
             ("frames_out", self.frames_out),
@@ -116,6 +120,7 @@ impl NicStats {
             ("denied", self.denied),
             ("over_cap", self.over_cap),
             ("connect_failed", self.connect_failed),
+            ("abandoned", self.abandoned),
             ("bytes_out", self.bytes_out),
             ("bytes_in", self.bytes_in),
             ("turns", self.turns),

@@ -476,7 +476,11 @@ impl Channel {
                 len,
                 result,
             } => {
-                if let Some(f) = self.inflight.iter_mut().find(|f| f.sock == sock && f.records > 0) {
+                if let Some(f) = self
+                    .inflight
+                    .iter_mut()
+                    .find(|f| f.sock == sock && f.records > 0)
+                {
                     f.records -= 1;
                     f.bytes = f.bytes.saturating_sub(u64::from(len));
                     f.out += u64::from(len);
@@ -645,7 +649,9 @@ impl Channel {
 
     /// Whether send records of stream `sock` are still out ([`Channel::wait_sent`]).
     fn sending(&self, sock: u32) -> bool {
-        self.inflight.iter().any(|f| f.sock == sock && f.records > 0)
+        self.inflight
+            .iter()
+            .any(|f| f.sock == sock && f.records > 0)
     }
 
     /// The control bytes that came with the last [`Channel::call`]'s answer.

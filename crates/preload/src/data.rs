@@ -262,7 +262,11 @@ fn sender(ch: &mut Channel, s: Sock, flags: c_int) -> Res<Sock> {
     }
     if !s.dgram() && TABLE.sender_changed(s.fd, ch.tid) {
         // Another thread sent on this stream last: what it queued goes first.
-        ch.call(Call::Order { sock: s.id, tag: 0 }, Wait::FOREVER, &mut |_, _| {})?;
+        ch.call(
+            Call::Order { sock: s.id, tag: 0 },
+            Wait::FOREVER,
+            &mut |_, _| {},
+        )?;
     }
     Ok(s)
 }

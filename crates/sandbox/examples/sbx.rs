@@ -33,6 +33,7 @@ fn main() {
         hold: false,
         watch: Some(SocketWatch::default()),
         volumes: Vec::new(),
+        raw_icmp: false,
     };
     if factory_check {
         if let Err(e) = check_factory() {
@@ -69,6 +70,7 @@ fn check_factory() -> std::io::Result<()> {
         hold: false,
         watch: None,
         volumes: Vec::new(),
+        raw_icmp: false,
     };
     let sandbox = launch(&spec).map_err(std::io::Error::other)?;
     let sandbox = &sandbox;

@@ -14,7 +14,8 @@
 //! `lo` up → make mounts private and mount the sandbox's own `/proc` → clone the
 //! command (which, with a user namespace, unshares its own user and mount namespaces —
 //! the init writes their id maps — so that the init's mounts are locked for it; then
-//! sets no-new-privileges, installs the socket watch's seccomp filter and sends its
+//! sets no-new-privileges, installs the socket watch's seccomp filter (or raw_icmp.rs's)
+//! and sends its
 //! listener to the init over a socket pair made before the clone (see watch.rs; a
 //! kernel that refuses the filter leaves the command without it), unblocks signals and
 //! `execve`s) → take the listener (or the pair's hang-up) → close every fd but stdio,
@@ -25,7 +26,8 @@
 //! reaps every child (orphans of the command are re-parented here); a forwarded signal
 //! is sent on to the command; a channel datagram is a socket factory request; a
 //! notification is a process of the command's making an inet socket, answered at once
-//! (the call proceeds) and told on stderr when ferry cannot serve it. When the command
+//! (the call proceeds) and told on stderr when ferry cannot serve it — or, with
+//! `Spec::raw_icmp`, a raw ICMP socket the init makes in the caller's place. When the command
 //! exits the init exits with its status (exit code, or 128 + signal), which makes the
 //! kernel kill everything else in the PID namespace. When the launcher's end hangs up
 //! (the launcher died), the init exits too, with 137.
@@ -118,9 +120,10 @@ pub(crate) struct Exec {
     /// inside the sandbox's, mapping ids `0..nest` to the same ids: the init's mounts are
     /// then locked for it (it cannot unmount the sandbox's `/proc` to find the host's).
     pub(crate) nest: u32,
-    /// The socket watch (watch.rs), when asked for: the path of the library that relays
-    /// the command's sockets (empty: none).
-    pub(crate) watch: Option<Vec<u8>>,
+    /// The socket watch (watch.rs), when asked for: what it does (tell, with the path of
+    /// the library that relays the command's sockets, empty for none; or make its raw
+    /// ICMP sockets).
+    pub(crate) watch: Option<watch::Mode>,
     /// The sandbox's mounts besides `/proc` (mounts.rs).
     pub(crate) mounts: Mounts,
     /// With idmapped volumes, the filter that keeps set-id files and file capabilities
@@ -236,8 +239,13 @@ pub(crate) fn run(exec: &Exec, chan: RawFd, launcher_end: RawFd) -> ! {
     }
     // SAFETY: netns is ours and no longer needed; the launcher has its own copy.
     unsafe { libc::close(netns) };
-    let shim = exec.watch.as_deref().unwrap_or_default();
-    serve(chan, sigfd, cmd, listener.map(|fd| Watch::new(fd, shim)))
+    let watch = listener.zip(exec.watch.as_ref());
+    serve(
+        chan,
+        sigfd,
+        cmd,
+        watch.map(|(fd, mode)| Watch::new(fd, mode)),
+    )
 }
 
 /// Waits for "go", taking the volumes' idmapped copies that come before it (one a
@@ -823,11 +831,11 @@ fn exec_command(exec: &Exec, (to_init, from_init): (RawFd, RawFd), watch: RawFd)
         }
     }
     restrict(exec);
-    if watch >= 0 {
+    if let Some(mode) = exec.watch.as_ref().filter(|_| watch >= 0) {
         // Refused (old kernel, no seccomp, another listener already): no watch. Once
         // installed, the listener must reach the init: without one, the kernel fails
         // every inet socket() of the command's with ENOSYS.
-        if let Some(listener) = watch::install() {
+        if let Some(listener) = watch::install(mode) {
             if sys::send_with_fd(watch, b"L", Some(listener)).is_err() {
                 write_stderr(b"ferry: cannot hand the socket watch to the sandbox's init\n");
                 exit(126);

@@ -22,6 +22,7 @@ use crate::init::{self, Exec, Stage};
 use crate::mounts::{self, Mounts};
 use crate::sys;
 use crate::volume::{self, Step, Volume};
+use crate::watch;
 
 /// What to run and how to isolate it.
 #[derive(Clone, Debug, Default)]
@@ -51,6 +52,12 @@ pub struct Spec {
     /// idmapped bind mounts (host root is the sandbox's root there); otherwise only the
     /// read-only ones change anything.
     pub volumes: Vec<Volume>,
+    /// Let the command make raw ICMP sockets (`socket(AF_INET, SOCK_RAW, IPPROTO_ICMP)`,
+    /// ICMPv6 alike: busybox's `ping` has no other way), which its nested user namespace
+    /// may not: the init makes each in its place (raw_icmp.rs); whole IP headers
+    /// (`IP_HDRINCL`) stay refused. Needs Linux 5.14 and x86_64 or aarch64; ignored with
+    /// [`Spec::watch`] (one listener per process), which tells of ICMP sockets instead.
+    pub raw_icmp: bool,
 }
 
 /// What the socket watch needs to know ([`Spec::watch`]).
@@ -676,15 +683,15 @@ fn prepare(spec: &Spec) -> Result<Exec, Error> {
         mounts: Mounts::default(),
         guard: None,
         cwd: None,
-        watch: spec
-            .watch
-            .as_ref()
-            .filter(|_| kernel_at_least(5, 5))
-            .map(|w| {
+        watch: match &spec.watch {
+            Some(w) if kernel_at_least(5, 5) => Some(watch::Mode::Tell(
                 w.shim
                     .as_ref()
-                    .map_or_else(Vec::new, |s| s.as_bytes().to_vec())
-            }),
+                    .map_or_else(Vec::new, |s| s.as_bytes().to_vec()),
+            )),
+            Some(_) => None,
+            None => (spec.raw_icmp && kernel_at_least(5, 14)).then_some(watch::Mode::RawIcmp),
+        },
     })
 }
 

@@ -14,7 +14,8 @@
 //! have threads (glibc's `setresuid` and friends are not: they wait for the caller's
 //! threads). A command can be held before its `execve` until the caller is ready
 //! (`Spec::hold`, `Sandbox::start`), and watched: the init then says on stderr which of
-//! its processes make inet sockets through the kernel (`Spec::watch`).
+//! its processes make inet sockets through the kernel (`Spec::watch`), or given raw ICMP
+//! sockets its user namespace cannot make (`Spec::raw_icmp`, for busybox's `ping`).
 //!
 //! ```no_run
 //! let spec = ferry_sandbox::Spec {
@@ -48,6 +49,7 @@ mod guard;
 mod init;
 mod launch;
 mod mounts;
+mod raw_icmp;
 mod reach;
 mod sys;
 pub mod testbed;

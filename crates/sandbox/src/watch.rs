@@ -56,10 +56,10 @@ const ARCH: Option<u32> = Some(0xC000_00B7);
 const ARCH: Option<u32> = None;
 
 /// x86_64's x32 ABI numbers its system calls from here (`__X32_SYSCALL_BIT`).
-const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+pub(crate) const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
 /// `SOCK_TYPE_MASK` (linux/net.h): the type without `SOCK_NONBLOCK`/`SOCK_CLOEXEC`.
-const SOCK_TYPE_MASK: c_int = 0xf;
+pub(crate) const SOCK_TYPE_MASK: c_int = 0xf;
 
 /// Processes remembered as told.
 pub(crate) const SEEN: usize = 256;
@@ -110,12 +110,29 @@ const fn filter(arch: u32) -> [sock_filter; 10] {
     ]
 }
 
-/// In the command's process, after no-new-privileges: installs the filter on it (and so
-/// on everything it starts) and returns the listener, or `None` when the kernel refuses
-/// (no seccomp, too old, or a listener already on the chain: ferry inside a sandbox
-/// with a watch of its own) or the architecture is not one the filter knows.
-pub(crate) fn install() -> Option<RawFd> {
-    let prog = filter(ARCH?);
+/// What the init does with the command's notified calls.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Tell of inet sockets ferry cannot serve; the path of the library that relays
+    /// sockets (empty: none, so every inet socket is told).
+    Tell(Vec<u8>),
+    /// Make the command's raw ICMP sockets (raw_icmp.rs).
+    RawIcmp,
+}
+
+/// In the command's process, after no-new-privileges: installs `mode`'s filter on it
+/// (and so on everything it starts) and returns the listener, or `None` when the kernel
+/// refuses (no seccomp, too old, or a listener already on the chain: ferry inside a
+/// sandbox with a watch of its own) or the architecture is not one the filter knows.
+pub(crate) fn install(mode: &Mode) -> Option<RawFd> {
+    let arch = ARCH?;
+    match mode {
+        Mode::Tell(_) => install_filter(&filter(arch)),
+        Mode::RawIcmp => install_filter(&crate::raw_icmp::filter(arch)),
+    }
+}
+
+fn install_filter(prog: &[sock_filter]) -> Option<RawFd> {
     let fprog = libc::sock_fprog {
         len: prog.len() as u16,
         filter: prog.as_ptr().cast_mut(),
@@ -380,6 +397,8 @@ struct Report {
 #[derive(Debug)]
 pub(crate) struct Watch<'a> {
     listener: RawFd,
+    /// Raw ICMP sockets are made here instead ([`Mode::RawIcmp`]): nothing is told.
+    raw_icmp: bool,
     shim: &'a [u8],
     seen: [Who; SEEN],
     next_seen: usize,
@@ -392,11 +411,15 @@ pub(crate) struct Watch<'a> {
 }
 
 impl<'a> Watch<'a> {
-    /// `listener` from [`install`]; `shim`: the path of the library that relays sockets
-    /// (empty: none, so every inet socket is told).
-    pub(crate) fn new(listener: RawFd, shim: &'a [u8]) -> Self {
+    /// `listener` from [`install`] for `mode`.
+    pub(crate) fn new(listener: RawFd, mode: &'a Mode) -> Self {
+        let (raw_icmp, shim) = match mode {
+            Mode::Tell(shim) => (false, &shim[..]),
+            Mode::RawIcmp => (true, &[][..]),
+        };
         Self {
             listener,
+            raw_icmp,
             shim,
             seen: [Who::NONE; SEEN],
             next_seen: 0,
@@ -452,6 +475,10 @@ impl<'a> Watch<'a> {
         // SAFETY: RECV fills req, a valid seccomp_notif. ENOENT: the caller died or was
         // interrupted before we took it; nothing to answer.
         if unsafe { libc::ioctl(self.listener, libc::SECCOMP_IOCTL_NOTIF_RECV, &mut req) } == -1 {
+            return;
+        }
+        if self.raw_icmp {
+            crate::raw_icmp::answer(self.listener, &req);
             return;
         }
         let report = self.judge(&req);

@@ -324,7 +324,10 @@ impl Channels {
     /// each ring's producer index).
     pub(crate) fn others_pending(&mut self, except: u32) -> bool {
         self.slots.iter_mut().enumerate().any(|(i, ch)| {
-            i != except as usize && ch.as_mut().is_some_and(|c| c.ep.rx.available().unwrap_or(0) > 0)
+            i != except as usize
+                && ch
+                    .as_mut()
+                    .is_some_and(|c| c.ep.rx.available().unwrap_or(0) > 0)
         })
     }
 

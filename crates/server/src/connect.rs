@@ -479,8 +479,11 @@ impl Server {
             self.host_loopback_refused(id, what, dest);
             return Err(Errno(libc::EACCES));
         }
-        if !local && self.cfg.policy.check(&to) == Verdict::Deny {
-            warn!("socket {id}: {what} to {to} denied by policy");
+        if !local && self.cfg.policy.check_sandbox(&to) == Verdict::Deny {
+            warn!(
+                "socket {id}: {what} to {to} denied by policy{}",
+                crate::policy::denial_hint(&to)
+            );
             self.stats.denied += 1;
             return Err(Errno(libc::EACCES));
         }

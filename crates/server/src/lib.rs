@@ -105,6 +105,7 @@ pub use ferry_modules::{Interrupt as ModuleInterrupt, Limits as ModuleLimits};
 pub use group::{Accepted, Assign, Control, Handle, LiveStats, Servers, parse_server, server_name};
 pub use modules::{HIGH_WATER, ModuleConfig, ModuleError, ModuleRule, ModuleTarget};
 pub use policy::{Policy, Rule, Verdict};
+pub use published::TapHandoff;
 pub use server::{LogThrottle, Server, descends_from};
 pub use stats::{
     ChannelStats, FOLDED, MAX_LISTED, ServerStats, SocketStats, group_json, merge as merge_stats,
@@ -155,6 +156,9 @@ pub struct Config {
     pub policy: Policy,
     /// Published ports.
     pub publish: Vec<Publish>,
+    /// With a TAP beside the shim (`--net both`): where connections to a published TCP
+    /// port that no listener of the shim's is on go (nic mode's NIC server).
+    pub tap: Option<Arc<published::TapHandoff>>,
     /// Egress bonding: source addresses for new outgoing connections (shared by every
     /// server of the sandbox).
     pub egress: Option<Arc<Bond>>,
@@ -195,6 +199,7 @@ impl Config {
             batch_delay: Duration::from_micros(50),
             policy: Policy::default(),
             publish: Vec::new(),
+            tap: None,
             egress: None,
             layout: default_layout(),
             servers: 1,

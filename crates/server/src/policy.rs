@@ -5,6 +5,12 @@
 //! matches, the destination is allowed unless at least one `--allow` rule exists (an
 //! allow-list). Loopback destinations never get here: they mean the sandbox's own
 //! loopback and are served inside it.
+//!
+//! IPv4 link-local destinations (169.254.0.0/16: the host's own link, where cloud
+//! metadata services answer, 169.254.169.254) are refused unless the rule that decides
+//! is an `--allow` inside that range (`--allow 169.254.169.254/32`): neither the open
+//! default nor a wider allow (`--allow 0.0.0.0/0`) reaches them
+//! ([`Policy::check_sandbox`]).
 
 use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
@@ -69,6 +75,15 @@ impl Rule {
         })
     }
 
+    /// Whether this rule names IPv4 link-local addresses only (a range inside
+    /// 169.254.0.0/16).
+    fn within_link_local(&self) -> bool {
+        match self.net {
+            IpAddr::V4(n) => self.prefix >= 16 && is_link_local_v4(IpAddr::V4(n)),
+            IpAddr::V6(_) => false,
+        }
+    }
+
     /// Whether this rule covers `dest`.
     pub fn matches(&self, dest: &SocketAddr) -> bool {
         if self.port.is_some_and(|p| p != dest.port()) {
@@ -86,6 +101,24 @@ impl Rule {
             (IpAddr::V6(n), IpAddr::V6(a)) => prefix_eq(&n.octets(), &a.octets(), self.prefix),
             _ => false,
         }
+    }
+}
+
+/// Whether `ip` is IPv4 link-local (169.254.0.0/16, v4-mapped forms included).
+pub fn is_link_local_v4(ip: IpAddr) -> bool {
+    match ip.to_canonical() {
+        IpAddr::V4(a) => a.is_link_local(),
+        IpAddr::V6(_) => false,
+    }
+}
+
+/// What a log line adds about a destination [`Policy::check_sandbox`] denied that
+/// [`Policy::check`] alone would not.
+pub fn denial_hint(dest: &SocketAddr) -> &'static str {
+    if is_link_local_v4(dest.ip()) {
+        " (IPv4 link-local: only an --allow inside 169.254.0.0/16 reaches it)"
+    } else {
+        ""
     }
 }
 
@@ -138,6 +171,19 @@ impl Policy {
             Verdict::Deny
         } else {
             Verdict::Allow
+        }
+    }
+
+    /// The verdict for a destination a sandbox names (non-local): [`Policy::check`],
+    /// except that an IPv4 link-local one is allowed only when the rule that decides
+    /// is an allow inside 169.254.0.0/16.
+    pub fn check_sandbox(&self, dest: &SocketAddr) -> Verdict {
+        if !is_link_local_v4(dest.ip()) {
+            return self.check(dest);
+        }
+        match self.rules.iter().find(|r| r.matches(dest)) {
+            Some(r) if r.verdict == Verdict::Allow && r.within_link_local() => Verdict::Allow,
+            _ => Verdict::Deny,
         }
     }
 }
@@ -206,5 +252,40 @@ mod tests {
         let open = Policy::new(vec![Rule::parse(Verdict::Deny, "10.0.0.0/8").unwrap()]);
         assert_eq!(open.check(&sa("8.8.8.8:53")), Verdict::Allow);
         assert_eq!(open.check(&sa("10.1.1.1:53")), Verdict::Deny);
+    }
+
+    #[test]
+    fn ipv4_link_local_needs_an_allow_of_its_own() {
+        let metadata = sa("169.254.169.254:80");
+        let rules = |r: &[(Verdict, &str)]| {
+            Policy::new(r.iter().map(|(v, s)| Rule::parse(*v, s).unwrap()).collect())
+        };
+        let (allow, deny) = (Verdict::Allow, Verdict::Deny);
+        // Open by default, and a wide allow: link-local stays refused, the rest not.
+        for p in [
+            Policy::default(),
+            rules(&[(allow, "0.0.0.0/0")]),
+            rules(&[(allow, "128.0.0.0/1")]),
+        ] {
+            assert_eq!(p.check_sandbox(&metadata), deny, "{p:?}");
+            assert_eq!(p.check_sandbox(&sa("[::ffff:169.254.1.1]:53")), deny);
+            assert_eq!(p.check_sandbox(&sa("169.253.255.255:80")), allow);
+            assert_eq!(p.check_sandbox(&sa("169.255.0.1:80")), allow);
+            assert_eq!(p.check(&metadata), allow, "check alone is the rules'");
+        }
+        // An allow inside 169.254.0.0/16 that decides: reached, on its port if it names one.
+        let p = rules(&[(allow, "169.254.169.254/32:80"), (allow, "0.0.0.0/0")]);
+        assert_eq!(p.check_sandbox(&metadata), allow);
+        assert_eq!(p.check_sandbox(&sa("169.254.169.254:81")), deny);
+        assert_eq!(p.check_sandbox(&sa("169.254.169.253:80")), deny);
+        assert_eq!(p.check_sandbox(&sa("8.8.8.8:53")), allow);
+        let p = rules(&[(allow, "169.254.0.0/16")]);
+        assert_eq!(p.check_sandbox(&sa("169.254.3.4:1")), allow);
+        assert_eq!(p.check_sandbox(&sa("8.8.8.8:53")), deny, "an allow-list");
+        // A deny before it still wins.
+        let p = rules(&[(deny, "169.254.169.254"), (allow, "169.254.0.0/16")]);
+        assert_eq!(p.check_sandbox(&metadata), deny);
+        assert!(!denial_hint(&metadata).is_empty());
+        assert_eq!(denial_hint(&sa("8.8.8.8:53")), "");
     }
 }

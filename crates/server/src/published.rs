@@ -1,10 +1,16 @@
 //! Published TCP ports (`-p`): the host listeners (the first server's), the connections
 //! they accept waiting for a listener of the sandbox, refused when none comes in time or
-//! when too many wait, and which listener of the sandbox a port feeds. Must not: serve
-//! the connection (it becomes an accepted socket of the sandbox, `connect.rs`).
+//! when too many wait, and which listener of the sandbox a port feeds. With a TAP beside
+//! the shim (`--net both`), a connection to a port no listener of the shim's is on goes
+//! to nic mode instead ([`TapHandoff`]): a server the shim cannot serve (static, Go)
+//! is published too. Must not: serve the connection (it becomes an accepted socket of
+//! the sandbox, `connect.rs`, or a NIC server's flow).
 
+use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use ferry_sys::Epoll;
@@ -13,6 +19,70 @@ use tracing::{debug, warn};
 use crate::group::{Msg, lock};
 use crate::server::{MAX_WAITING, Server, T_PUBLISH, UNSERVED_GRACE, index_u32, token};
 use crate::{Config, Error};
+
+/// Most connections waiting in a [`TapHandoff`] for the NIC server to take them.
+const HANDOFF_MAX: usize = 1024;
+
+/// Connections accepted on published TCP ports that no listener of the shim's is on,
+/// passed to nic mode's NIC server (`--net both`), which connects each to the sandbox's
+/// address on its port through the TAP: whatever listens there (a static or Go server,
+/// or a shimmed one bound to the wildcard) takes it. Open once a NIC server serves it;
+/// until then, and after it is closed, connections stay socket mode's.
+#[derive(Debug)]
+pub struct TapHandoff {
+    queue: Mutex<VecDeque<(OwnedFd, u16)>>,
+    /// Signalled for each connection queued.
+    wake: OwnedFd,
+    open: AtomicBool,
+}
+
+impl TapHandoff {
+    /// A closed handoff.
+    pub fn new() -> io::Result<TapHandoff> {
+        Ok(TapHandoff {
+            queue: Mutex::new(VecDeque::new()),
+            wake: ferry_sys::eventfd()?,
+            open: AtomicBool::new(false),
+        })
+    }
+
+    /// Opens (a NIC server takes connections now) or closes it; closing resets what
+    /// still waits.
+    pub fn set_open(&self, open: bool) {
+        self.open.store(open, Ordering::SeqCst);
+        if !open {
+            for (conn, _) in lock(&self.queue).drain(..) {
+                let _ = ferry_sys::linger_reset(conn.as_fd());
+            }
+        }
+    }
+
+    /// The descriptor that becomes readable when connections wait (for epoll).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.wake.as_fd()
+    }
+
+    /// Takes every waiting connection with its sandbox port.
+    pub fn take(&self) -> Vec<(OwnedFd, u16)> {
+        let _ = ferry_sys::eventfd_drain(self.wake.as_fd());
+        lock(&self.queue).drain(..).collect()
+    }
+
+    /// Passes `conn` (for sandbox port `port`) on; gives it back when closed or full.
+    pub(crate) fn send(&self, conn: OwnedFd, port: u16) -> Result<(), OwnedFd> {
+        if !self.open.load(Ordering::SeqCst) {
+            return Err(conn);
+        }
+        let mut q = lock(&self.queue);
+        if q.len() >= HANDOFF_MAX {
+            return Err(conn);
+        }
+        q.push_back((conn, port));
+        drop(q);
+        let _ = ferry_sys::eventfd_signal(self.wake.as_fd());
+        Ok(())
+    }
+}
 
 impl Server {
     pub(crate) fn publish_ports(cfg: &Config, epoll: &Epoll) -> Result<Vec<(OwnedFd, u16)>, Error> {
@@ -94,6 +164,9 @@ impl Server {
                 Ok((conn, peer)) => {
                     debug!("published port {port}: connection from {peer:?}");
                     let port = *port;
+                    let Some(conn) = self.hand_to_tap(conn, port) else {
+                        continue;
+                    };
                     if !self.shared.has_listener(port) {
                         // Nothing in the sandbox listens there through ferry (yet): the
                         // connection waits at most `UNSERVED_GRACE` for a listener.
@@ -141,6 +214,30 @@ impl Server {
                     return;
                 }
             }
+        }
+    }
+
+    /// Hands `conn` to nic mode's TAP when no listener of the shim's is on `port` and no
+    /// module is bound to it (modules sit on the shim's path); gives it back otherwise.
+    fn hand_to_tap(&self, conn: OwnedFd, port: u16) -> Option<OwnedFd> {
+        let Some(tap) = self.cfg.tap.as_ref() else {
+            return Some(conn);
+        };
+        let moduled = self
+            .cfg
+            .modules
+            .rules
+            .iter()
+            .any(|r| matches!(r.target, crate::ModuleTarget::Port(p) if p == port));
+        if moduled || self.shared.has_listener(port) {
+            return Some(conn);
+        }
+        match tap.send(conn, port) {
+            Ok(()) => {
+                debug!("published port {port}: no listener of the shim's there: to the TAP");
+                None
+            }
+            Err(conn) => Some(conn),
         }
     }
 

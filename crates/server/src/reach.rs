@@ -18,6 +18,8 @@
 //!   not bind to a device.
 //! * **Arrivals**: a datagram socket on the host drops datagrams from sources the
 //!   egress policy would not let it send to, and from local sources (the host's own).
+//! * **IPv4 link-local** destinations (169.254.0.0/16, cloud metadata) are refused
+//!   unless an `--allow` inside that range decides ([`Policy::check_sandbox`]).
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -76,7 +78,7 @@ pub(crate) fn source_refused(hosts: &mut HostAddrs, index: u32, ip: IpAddr) -> O
 
 /// Whether a datagram from `from` may reach a socket on the host.
 pub(crate) fn arrival_allowed(policy: &Policy, from: SocketAddr) -> bool {
-    !WireAddr::from(from).is_local() && policy.check(&from) == Verdict::Allow
+    !WireAddr::from(from).is_local() && policy.check_sandbox(&from) == Verdict::Allow
 }
 
 #[cfg(test)]

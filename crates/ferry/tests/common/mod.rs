@@ -354,3 +354,93 @@ pub fn remote_nameserver(r: &Remote) {
         .unwrap();
     std::thread::spawn(move || dns_tcp_responder(tcp, ip));
 }
+
+/// The system's python3 (`/usr/bin/python3` when there): the sandbox's identity may not
+/// search a user's own install (one under /root, say) that comes first on PATH.
+pub fn system_python() -> &'static str {
+    if Path::new("/usr/bin/python3").exists() {
+        "/usr/bin/python3"
+    } else {
+        "python3"
+    }
+}
+
+/// A remote namespace reachable on an IPv4 link-local address (as a cloud's metadata
+/// service is): `remote(tag)` and a second veth pair, 169.254.N.1/30 on the host and
+/// 169.254.N.2/30 in the remote (N unused on the host, below 169), with a TCP service
+/// there answering `hello` to each connection and a UDP one answering `pong` to each
+/// datagram. Returns the remote, its link-local address and the two ports.
+pub fn link_local_remote(tag: &str) -> (Remote, Ipv4Addr, u16, u16) {
+    let mut r = remote(tag);
+    let out = Command::new("ip")
+        .args(["-o", "-4", "addr", "show"])
+        .output()
+        .expect("ip addr");
+    let used = String::from_utf8_lossy(&out.stdout).into_owned();
+    let start = std::process::id() % 150;
+    let third = (0..150)
+        .map(|i| 10 + ((start + i) % 150) as u8)
+        .find(|o| !used.contains(&format!(" 169.254.{o}.")))
+        .expect("a free 169.254.N.0/30");
+    let (host, ip) = (
+        Ipv4Addr::new(169, 254, third, 1),
+        Ipv4Addr::new(169, 254, third, 2),
+    );
+    r.add_path(host, ip).expect("a link-local path");
+    let (tcp, udp) = r
+        .run_in(|| {
+            (
+                std::net::TcpListener::bind((ip, 0)).unwrap(),
+                std::net::UdpSocket::bind((ip, 0)).unwrap(),
+            )
+        })
+        .unwrap();
+    let ports = (
+        tcp.local_addr().unwrap().port(),
+        udp.local_addr().unwrap().port(),
+    );
+    std::thread::spawn(move || {
+        for mut c in tcp.incoming().flatten() {
+            let _ = std::io::Write::write_all(&mut c, b"hello");
+        }
+    });
+    std::thread::spawn(move || {
+        let mut b = [0u8; 64];
+        while let Ok((_, from)) = udp.recv_from(&mut b) {
+            let _ = udp.send_to(b"pong", from);
+        }
+    });
+    (r, ip, ports.0, ports.1)
+}
+
+/// Python: TCP connect, UDP connect and send, UDP `sendto` to `sys.argv[1]` on ports
+/// argv[2] (TCP) and argv[3] (UDP); prints one line each: `tcp ok hello`, `udp ok pong`,
+/// `sendto ok pong`, or the error's name (`EACCES`, `ECONNREFUSED`, `timeout`).
+pub const REACH_PY: &str = r#"
+import errno, socket, sys
+ip, tport, uport = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def attempt(what, f):
+    try:
+        print(what, "ok", f().decode(), flush=True)
+    except socket.timeout:
+        print(what, "timeout", flush=True)
+    except OSError as e:
+        print(what, errno.errorcode.get(e.errno, str(e)), flush=True)
+def tcp():
+    s = socket.create_connection((ip, tport), timeout=3)
+    return s.recv(16)
+def udp():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(3)
+    s.connect((ip, uport))
+    s.send(b"ping")
+    return s.recv(16)
+def sendto():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(3)
+    s.sendto(b"ping", (ip, uport))
+    return s.recvfrom(16)[0]
+attempt("tcp", tcp)
+attempt("udp", udp)
+attempt("sendto", sendto)
+"#;

@@ -4,6 +4,7 @@
 //	netprobe get URL...        each URL's body to stdout, in order
 //	netprobe serve ADDR TEXT   an HTTP server answering TEXT on every path
 //	netprobe udp ADDR MSG      one datagram to ADDR, the answer to stdout (2 s timeout)
+//	netprobe udpecho ADDR      a UDP server sending each datagram back to its sender
 package main
 
 import (
@@ -22,7 +23,7 @@ func fail(format string, args ...interface{}) {
 
 func main() {
 	if len(os.Args) < 3 {
-		fail("usage: netprobe get URL... | serve ADDR TEXT | udp ADDR MSG")
+		fail("usage: netprobe get URL... | serve ADDR TEXT | udp ADDR MSG | udpecho ADDR")
 	}
 	switch os.Args[1] {
 	case "get":
@@ -61,6 +62,19 @@ func main() {
 			fail("%v", err)
 		}
 		os.Stdout.Write(buf[:n])
+	case "udpecho":
+		conn, err := net.ListenPacket("udp", os.Args[2])
+		if err != nil {
+			fail("%v", err)
+		}
+		buf := make([]byte, 65536)
+		for {
+			n, from, err := conn.ReadFrom(buf)
+			if err != nil {
+				fail("%v", err)
+			}
+			conn.WriteTo(buf[:n], from)
+		}
 	default:
 		fail("unknown command %q", os.Args[1])
 	}

@@ -363,7 +363,11 @@ fn epoll_out_after_refused_connect() -> Res {
     sys!(libc::fcntl(c.raw(), libc::F_SETOWN, libc::getpid())).ctx("F_SETOWN")?;
     sys!(libc::fcntl(c.raw(), libc::F_SETFD, libc::FD_CLOEXEC)).ctx("F_SETFD")?;
     // SIGIO's default would end the process: ignore it, the owner is what is checked.
-    sys!(unsafe { libc::signal(libc::SIGIO, libc::SIG_IGN) } as c_int).ctx("signal")?;
+    sys!(
+        // SAFETY: SIG_IGN is not a handler; nothing runs on the signal.
+        unsafe { libc::signal(libc::SIGIO, libc::SIG_IGN) } as c_int
+    )
+    .ctx("signal")?;
     let ep = Fd::new(sys!(libc::epoll_create1(libc::EPOLL_CLOEXEC)).ctx("epoll_create1")?);
     let first = connect(c.raw(), &addr);
     let mut ev = libc::epoll_event {

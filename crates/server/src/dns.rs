@@ -169,11 +169,10 @@ impl Dns {
             outside: self.outside.as_fd(),
         };
         self.forwarder.from_sandbox(&mut wire, i, Instant::now());
-        if self.forwarder.counts().evicted > evicted
-            && let Some(n) = self.evictions.tick()
-        {
+        let now_evicted = self.forwarder.counts().evicted;
+        if now_evicted > evicted && self.evictions.tick().is_some() {
             warn!(
-                "DNS: {MAX_PENDING} queries wait for an answer: the oldest are forgotten ({n} since the last line)"
+                "DNS: {MAX_PENDING} queries wait for an answer: the oldest are forgotten ({now_evicted} so far)"
             );
         }
     }

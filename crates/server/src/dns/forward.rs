@@ -82,20 +82,34 @@ pub struct Forwarder {
     order: VecDeque<(u16, u64)>,
     next_id: u16,
     serial: u64,
+    /// Most queries in flight ([`MAX_PENDING`] but in tests).
+    limit: usize,
     counts: Counts,
 }
 
 impl Forwarder {
     /// A forwarder relaying to `upstream`; `seed` picks where its sequence of ids starts.
     pub fn new(upstream: Vec<SocketAddr>, seed: u16) -> Forwarder {
+        Forwarder::with_limit(upstream, seed, MAX_PENDING)
+    }
+
+    /// The same with at most `limit` queries in flight (1 to [`MAX_PENDING`]): a small
+    /// table lets tests and the fuzzer reach its bound with a few queries.
+    pub fn with_limit(upstream: Vec<SocketAddr>, seed: u16, limit: usize) -> Forwarder {
         Forwarder {
             upstream,
             pending: HashMap::new(),
             order: VecDeque::new(),
             next_id: seed,
             serial: 0,
+            limit: limit.clamp(1, MAX_PENDING),
             counts: Counts::default(),
         }
+    }
+
+    /// Most queries in flight at once.
+    pub fn limit(&self) -> usize {
+        self.limit
     }
 
     /// The upstream servers.
@@ -165,11 +179,11 @@ impl Forwarder {
             self.counts.dropped += 1;
             return None;
         }
-        while self.pending.len() >= MAX_PENDING {
+        while self.pending.len() >= self.limit {
             self.evict_oldest();
         }
         let Some(new_id) = self.fresh_id() else {
-            // Unreachable while the table holds fewer than MAX_PENDING ids (see
+            // Unreachable while the table holds fewer than `limit` ids (see
             // `fresh_id`); dropped rather than trusted.
             self.counts.dropped += 1;
             return None;
@@ -249,9 +263,9 @@ impl Forwarder {
 
     /// Drops the entries of `order` whose queries are done, once they are as many as
     /// the live ones: each query costs O(1) amortised, and `order` stays under
-    /// `2 × MAX_PENDING + 1`.
+    /// `2 × limit + 1`.
     fn compact(&mut self) {
-        if self.order.len() <= 2 * MAX_PENDING {
+        if self.order.len() <= 2 * self.limit {
             return;
         }
         let pending = &self.pending;
@@ -260,10 +274,10 @@ impl Forwarder {
     }
 
     /// An id no query in flight has. The ids follow a full-period sequence modulo 2^16,
-    /// so any `MAX_PENDING + 1` in a row are distinct and one of them is free while
-    /// fewer than that many are in flight: the search is bounded.
+    /// so any `limit + 1` in a row (≤ 2^16) are distinct and one of them is free while
+    /// fewer than `limit` are in flight: the search is bounded.
     fn fresh_id(&mut self) -> Option<u16> {
-        for _ in 0..=MAX_PENDING {
+        for _ in 0..=self.limit {
             let id = self.next_id;
             self.next_id = next_in_sequence(id);
             if !self.pending.contains_key(&id) {
@@ -422,6 +436,24 @@ mod tests {
             ids[ids.len() - MAX_PENDING..].iter().copied().collect();
         assert_eq!(live.len(), MAX_PENDING);
         assert!(live.iter().all(|id| f.pending.contains_key(id)));
+    }
+
+    #[test]
+    fn an_evicted_query_gets_no_answer_and_the_others_do() {
+        let mut f = Forwarder::with_limit(vec![up()], 5, 2);
+        let mut w = Script::default();
+        for port in 1..=3 {
+            w.inside.push_back((msg(port, false), client(port)));
+        }
+        f.from_sandbox(&mut w, 0, Instant::now());
+        assert_eq!((f.in_flight(), f.counts().evicted), (2, 1));
+        for (m, _) in &w.to_upstream {
+            w.upstream.push_back((msg(id_of(m), true), up()));
+        }
+        f.from_upstream(&mut w);
+        let to: Vec<SocketAddr> = w.to_sandbox.iter().map(|(_, c)| *c).collect();
+        assert_eq!(to, vec![client(2), client(3)]);
+        assert_eq!(f.counts().stray, 1);
     }
 
     #[test]

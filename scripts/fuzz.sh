@@ -8,9 +8,10 @@
 #   scripts/fuzz.sh SECONDS [TARGET…]  SECONDS of fuzzing per target (all by default),
 #                                      with the final statistics of each
 #
-# Targets: records binding cmsg ring modules server core frame (see fuzz/src/lib.rs).
+# Targets: records binding cmsg ring modules server core frame dns (see fuzz/src/lib.rs).
 # `server` needs root (a network namespace of its own) and is skipped, saying so,
-# without it; `frame` (a NIC server on a socket pair, every flow denied) needs nothing.
+# without it; `frame` (a NIC server on a socket pair, every flow denied) and `dns` (the
+# DNS forwarder over a scripted wire) need nothing.
 # Needs cargo-fuzz (scripts/install-deps.sh installs it) and a C++ compiler.
 # Environment: FUZZ_JOBS=N runs N targets at once (default 1); FUZZ_OUT=DIR keeps the
 # scratch corpora and logs there (default: a temporary directory, removed);
@@ -22,7 +23,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ALL=(records binding cmsg ring modules server core frame)
+ALL=(records binding cmsg ring modules server core frame dns)
 SMOKE_SECONDS=8
 
 say() { printf 'fuzz: %s\n' "$*"; }

@@ -12,6 +12,7 @@
 //! | [`server`] | a protocol server driven by a hostile channel |
 //! | [`core`] | the server's socket logic in-process, every event's order and content chosen |
 //! | [`frame`] | a NIC server (nic mode) fed hostile frames on its queue; the frame functions |
+//! | [`dns`] | the DNS forwarder's UDP handling: datagrams from the sandbox and from upstream |
 //!
 //! Every target must never panic, hang or grow memory without bound. `seeds` writes the
 //! starting corpus (`cargo run --example seeds`).
@@ -20,6 +21,7 @@
 pub mod binding;
 pub mod cmsg;
 pub mod core;
+pub mod dns;
 pub mod frame;
 pub mod input;
 pub mod modules;

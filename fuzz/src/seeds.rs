@@ -97,7 +97,7 @@ type Seeds = Vec<(String, Vec<u8>)>;
 
 /// Writes every target's seeds under `corpus`.
 pub fn write_all(corpus: &Path) -> std::io::Result<()> {
-    let sets: [(&str, Seeds); 7] = [
+    let sets: [(&str, Seeds); 8] = [
         ("records", records()),
         ("binding", bindings()),
         ("cmsg", cmsgs()),
@@ -105,6 +105,7 @@ pub fn write_all(corpus: &Path) -> std::io::Result<()> {
         ("modules", modules()),
         ("server", scripts()),
         ("frame", frames()),
+        ("dns", dns_scripts()),
     ];
     for (target, seeds) in sets {
         let dir = corpus.join(target);
@@ -509,5 +510,62 @@ pub(crate) fn frames() -> Seeds {
                 ),
             ]),
         ),
+    ]
+}
+
+/// Scripts of the `dns` target (`fuzz/src/dns.rs` reads them): a query answered, a
+/// response and a runt from the sandbox, a stranger's and a late answer, failing sends,
+/// a query outliving its lifetime, a burst past the table's bound answered.
+pub(crate) fn dns_scripts() -> Seeds {
+    // A step's bytes: the op, then its arguments.
+    let datagram = |op: u8, args: [u8; 3], m: &[u8]| {
+        let mut v = vec![op];
+        v.extend_from_slice(&args);
+        v.extend_from_slice(&(m.len() as u16).to_le_bytes());
+        v.extend_from_slice(m);
+        v
+    };
+    let query = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x03www\x05ferry\x04test\x00\x00\x01\x00\x01";
+    let mut response = query.to_vec();
+    response[2] = 0x81;
+    let header = |two: u8| vec![two, 0x07, 0x00];
+    let mut answered = header(0);
+    answered.extend(datagram(0, [0, 1, 1], query)); // a query from client 1 on socket 0
+    answered.extend([2, 0]); // the forwarder reads socket 0
+    answered.extend(datagram(1, [0, 6, 0], &response)); // its answer, under its id
+    answered.extend(datagram(1, [2, 6, 0], &response)); // a stranger's copy
+    answered.extend([3]); // the forwarder reads upstream
+    answered.extend(datagram(1, [1, 6, 0], &response)); // a late second answer
+    answered.extend([3]);
+    let mut hostile = header(1);
+    hostile.extend(datagram(0, [1, 0, 2], &response)); // a response from the sandbox
+    hostile.extend(datagram(0, [1, 0, 0], b"\x00\x01\x00")); // a runt
+    hostile.extend(datagram(0, [1, 2, 1], &[0x5a; 4200])); // longer than the buffer
+    hostile.extend([2, 1, 2, 2, 5, 5]); // reads (and a socket that is not there); failures
+    hostile.extend(datagram(0, [0, 3, 1], query));
+    hostile.extend([2, 0, 5, 0, 4, 0x10, 0x27, 2, 0]); // 10 s later
+    hostile.extend(datagram(1, [0, 6, 0], &response));
+    hostile.extend([3]);
+    let mut burst = header(1);
+    burst.extend([6, 150, 1, 0]); // 4,801 queries: past the table's bound
+    for _ in 0..80 {
+        burst.extend([2, 0]);
+    }
+    burst.extend([7, 255, 3]); // answers to the newest 255
+    // A table of 4 queries: bursts mixed with responses, answers, time, failures.
+    let mut small = vec![5, 3, 0x34, 0x12];
+    small.extend([6, 0, 1, 0, 2, 0, 6, 1, 2, 1, 2, 0, 2, 0, 7, 6, 3]);
+    small.extend(datagram(0, [1, 3, 1], query));
+    small.extend([5, 2, 2, 1, 4, 0x88, 0x13, 7, 2, 3, 5, 4, 7, 9, 3]);
+    vec![
+        ("answered".into(), answered),
+        ("hostile".into(), hostile),
+        ("burst".into(), burst),
+        ("small".into(), small),
+        ("resolv".into(), {
+            let mut v = vec![2];
+            v.extend(b"nameserver 10.0.0.2\nnameserver fe80::1%eth0\nsearch x\n");
+            v
+        }),
     ]
 }

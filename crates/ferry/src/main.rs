@@ -9,6 +9,7 @@ mod bench;
 mod ctl;
 mod demo;
 mod run;
+mod stop;
 
 use std::process::ExitCode;
 

@@ -3,7 +3,6 @@
 use std::ffi::OsString;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -553,22 +552,11 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
         debug!("servers confined: {n} system calls allowed");
     }
 
-    // Forward Ctrl-C and friends to the program; the signal thread inherits the mask.
-    const FORWARD: [i32; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
-    let _ = ferry_sys::block_signals(&FORWARD);
-    let done = Arc::new(AtomicBool::new(false));
-    let sig_thread = {
-        let done = done.clone();
-        let sig = sandbox.signaller();
-        std::thread::spawn(move || {
-            while !done.load(Ordering::SeqCst) {
-                if let Ok(Some(s)) = ferry_sys::wait_signal(&FORWARD, Duration::from_millis(100)) {
-                    debug!("forwarding signal {s}");
-                    let _ = sig.signal(s);
-                }
-            }
-        })
-    };
+    // Ctrl-C and friends go to the program while it runs, and end ferry once it has
+    // ended (`stop.rs`); the threads started from here on inherit the mask.
+    let signals =
+        crate::stop::Signals::start(sandbox.signaller(), vec![dir.clone(), sandbox_dir.clone()])
+            .map_err(|e| format!("cannot start the signal thread: {e}"))?;
     if let Some(admin) = admin
         && let Err(e) = crate::ctl::serve(
             admin,
@@ -599,11 +587,17 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
     let code = sandbox
         .wait()
         .map_err(|e| format!("waiting for the sandbox: {e}"))?;
-    done.store(true, Ordering::SeqCst);
+    signals.stopping();
     stop.stop();
     let mut nic_stats = Vec::new();
     for (stop, _) in &nic_threads {
         stop.drain();
+    }
+    let stopped = crate::stop::finished_within(crate::stop::STOP_GRACE, || {
+        server_thread.is_finished() && nic_threads.iter().all(|(_, t)| t.is_finished())
+    });
+    if !stopped {
+        return Ok(code);
     }
     for (_, t) in nic_threads {
         nic_stats.push(t.join().map_err(|_| "a NIC server panicked".to_string())?);
@@ -612,7 +606,7 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
         .join()
         .map_err(|_| "the protocol servers panicked".to_string())?
         .map_err(|e| e.to_string())?;
-    let _ = sig_thread.join();
+    signals.finish();
     // Every server is gone, so every connection has ended and added its bytes to the
     // bond, which all servers share: its counters are reported once.
     let egress = bond.map(|b| b.stats()).unwrap_or_default();

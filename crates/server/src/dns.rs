@@ -7,7 +7,9 @@
 //! `NAMESERVER:53` inside the sandbox receives the queries, and the server relays them
 //! from the host namespace to the upstream servers (the same nameservers, or `--dns`),
 //! with the query id rewritten so answers find their way back; a query that gets no
-//! answer is forgotten after a few seconds.
+//! answer is forgotten after [`QUERY_TTL`]. What a datagram becomes is decided by
+//! [`Forwarder`] (`forward.rs`), a pure core behind the [`Wire`] seam; this file owns the
+//! sockets and the TCP relays.
 //!
 //! DNS over TCP (glibc retries a truncated UDP answer over TCP, and `options use-vc`
 //! asks for it) has a listener on the same addresses: each connection is relayed byte
@@ -15,25 +17,38 @@
 //! and a blocking relay keeps it out of the event loop), at most [`MAX_TCP`] at once,
 //! until either side closes or it idles for [`TCP_IDLE`].
 //!
-//! Must not: keep state per query without bound, or let an answer reach anyone but the
-//! socket that asked.
+//! A sandboxed program may send anything to these sockets, at any rate (a static binary
+//! skips the shim). Bounds: at most [`MAX_PENDING`] queries in flight (the oldest gives
+//! way, counted); only queries go upstream (responses and runts are dropped, counted);
+//! each event reads at most a batch of datagrams or accepts at most [`ACCEPT_BATCH`]
+//! connections, so the server's other work goes on during a flood; log lines about
+//! either at most once a second.
+//!
+//! Must not: keep state per query without bound, loop on anything the sandbox fills, or
+//! let an answer reach anyone but the socket that asked.
 
-use std::collections::HashMap;
+pub mod forward;
+
+use std::hash::BuildHasher;
 use std::io;
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
+pub use forward::{Counts, Forwarder, MAX_PENDING, QUERY_TTL, Wire};
+
+use crate::{LogThrottle, ServerStats};
+
 /// Largest DNS message over UDP ferry relays (EDNS0 sizes included).
-const MAX_MSG: usize = 4096;
-/// How long an unanswered query is remembered.
-const QUERY_TTL: Duration = Duration::from_secs(10);
+pub const MAX_MSG: usize = 4096;
 /// Most DNS-over-TCP connections relayed at once; more are closed at once.
 pub const MAX_TCP: usize = 16;
+/// Most connections one call accepts (the rest wait for the next turn).
+const ACCEPT_BATCH: usize = 16;
 /// A relayed TCP connection that carries nothing for this long is closed.
 pub const TCP_IDLE: Duration = Duration::from_secs(10);
 /// How long a relay tries each upstream's TCP port.
@@ -55,15 +70,7 @@ pub fn nameservers(resolv_conf: &str) -> Vec<IpAddr> {
         .collect()
 }
 
-#[derive(Debug)]
-struct Pending {
-    inside: usize,
-    client: SocketAddr,
-    id: u16,
-    since: Instant,
-}
-
-/// The forwarder's sockets and its table of queries in flight.
+/// The forwarder's sockets, its UDP state ([`Forwarder`]) and its TCP relays.
 #[derive(Debug)]
 pub struct Dns {
     /// UDP sockets inside the sandbox, bound to `NAMESERVER:53`.
@@ -72,16 +79,16 @@ pub struct Dns {
     pub inside_tcp: Vec<OwnedFd>,
     /// UDP socket in the host namespace that talks to the upstream servers.
     pub outside: OwnedFd,
+    forwarder: Forwarder,
     upstream: Arc<[SocketAddr]>,
     /// TCP relays running now.
     tcp_live: Arc<AtomicUsize>,
-    pending: HashMap<u16, Pending>,
-    next_id: u16,
-    /// Queries relayed and answers delivered (UDP).
-    pub queries: u64,
-    pub answers: u64,
-    /// TCP connections relayed.
-    pub tcp_connections: u64,
+    /// TCP connections relayed, and closed at once because [`MAX_TCP`] were.
+    tcp_connections: u64,
+    tcp_refused: u64,
+    /// Log lines about evicted queries and refused TCP connections.
+    evictions: LogThrottle,
+    refusals: LogThrottle,
 }
 
 impl Dns {
@@ -97,28 +104,42 @@ impl Dns {
             libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
             0,
         )?;
+        // Where the sequence of ids starts: not guessable from outside the host.
+        let [a, b, ..] = std::collections::hash_map::RandomState::new()
+            .hash_one(0u8)
+            .to_le_bytes();
+        let seed = u16::from_le_bytes([a, b]);
         Ok(Dns {
             inside,
             inside_tcp,
             outside,
+            forwarder: Forwarder::new(upstream.clone(), seed),
             upstream: upstream.into(),
             tcp_live: Arc::new(AtomicUsize::new(0)),
-            pending: HashMap::new(),
-            next_id: 1,
-            queries: 0,
-            answers: 0,
             tcp_connections: 0,
+            tcp_refused: 0,
+            evictions: LogThrottle::default(),
+            refusals: LogThrottle::default(),
         })
     }
 
-    /// Connections arrived on inside TCP listener `i`: each gets a relay thread.
+    /// Connections arrived on inside TCP listener `i`: each gets a relay thread while
+    /// fewer than [`MAX_TCP`] run, else it is closed. At most [`ACCEPT_BATCH`] a call.
     pub fn accept_tcp(&mut self, i: usize) {
         let Some(l) = self.inside_tcp.get(i) else {
             return;
         };
-        while let Ok((conn, _)) = ferry_sys::accept4(l.as_fd(), libc::SOCK_CLOEXEC) {
+        for _ in 0..ACCEPT_BATCH {
+            let Ok((conn, _)) = ferry_sys::accept4(l.as_fd(), libc::SOCK_CLOEXEC) else {
+                return;
+            };
             if self.tcp_live.load(Ordering::Relaxed) >= MAX_TCP {
-                warn!("DNS over TCP: {MAX_TCP} connections relayed already; one refused");
+                self.tcp_refused += 1;
+                if let Some(n) = self.refusals.tick() {
+                    warn!(
+                        "DNS over TCP: {MAX_TCP} connections relayed already; new ones are closed ({n} since the last line)"
+                    );
+                }
                 continue;
             }
             self.tcp_live.fetch_add(1, Ordering::Relaxed);
@@ -139,81 +160,75 @@ impl Dns {
         }
     }
 
-    /// Queries arrived on inside socket `i`: relay them upstream.
+    /// Queries arrived on inside socket `i`: relay them upstream (a batch; the rest
+    /// wait for the next turn, as the socket stays readable).
     pub fn from_sandbox(&mut self, i: usize) {
-        let mut buf = [0u8; MAX_MSG];
-        let now = Instant::now();
-        self.pending
-            .retain(|_, p| now.duration_since(p.since) < QUERY_TTL);
-        loop {
-            let Some(sock) = self.inside.get(i) else {
-                return;
-            };
-            let (n, from) = match ferry_sys::recv_from(sock.as_fd(), &mut buf) {
-                Ok((n, Some(from))) if n >= 12 => (n, from),
-                Ok(_) => continue,
-                Err(_) => return,
-            };
-            let id = u16::from_be_bytes([buf[0], buf[1]]);
-            let new_id = self.fresh_id();
-            buf[..2].copy_from_slice(&new_id.to_be_bytes());
-            let mut sent = false;
-            for up in self.upstream.iter() {
-                sent |= ferry_sys::send_to(self.outside.as_fd(), &buf[..n], up).is_ok();
-            }
-            if sent {
-                self.queries += 1;
-                self.pending.insert(
-                    new_id,
-                    Pending {
-                        inside: i,
-                        client: from,
-                        id,
-                        since: now,
-                    },
-                );
-            }
+        let evicted = self.forwarder.counts().evicted;
+        let mut wire = SysWire {
+            inside: &self.inside,
+            outside: self.outside.as_fd(),
+        };
+        self.forwarder.from_sandbox(&mut wire, i, Instant::now());
+        let now_evicted = self.forwarder.counts().evicted;
+        if now_evicted > evicted && self.evictions.tick().is_some() {
+            warn!(
+                "DNS: {MAX_PENDING} queries wait for an answer: the oldest are forgotten ({now_evicted} so far)"
+            );
         }
     }
 
-    /// Answers arrived from upstream: hand each back to the client that asked.
+    /// Answers arrived from upstream: hand each back to the client that asked (a batch).
     pub fn from_upstream(&mut self) {
-        let mut buf = [0u8; MAX_MSG];
-        loop {
-            let (n, from) = match ferry_sys::recv_from(self.outside.as_fd(), &mut buf) {
-                Ok((n, Some(from))) if n >= 12 => (n, from),
-                Ok(_) => continue,
-                Err(_) => return,
-            };
-            if !self
-                .upstream
-                .iter()
-                .any(|u| u.ip() == from.ip() && u.port() == from.port())
-            {
-                continue; // not from a server we asked
-            }
-            let new_id = u16::from_be_bytes([buf[0], buf[1]]);
-            // The first answer wins; later ones (other upstreams) find no entry.
-            let Some(p) = self.pending.remove(&new_id) else {
-                continue;
-            };
-            buf[..2].copy_from_slice(&p.id.to_be_bytes());
-            if let Some(sock) = self.inside.get(p.inside)
-                && ferry_sys::send_to(sock.as_fd(), &buf[..n], &p.client).is_ok()
-            {
-                self.answers += 1;
-            }
+        let mut wire = SysWire {
+            inside: &self.inside,
+            outside: self.outside.as_fd(),
+        };
+        self.forwarder.from_upstream(&mut wire);
+    }
+
+    /// Adds the forwarder's counters to a server's.
+    pub fn count_into(&self, stats: &mut ServerStats) {
+        let c = self.forwarder.counts();
+        stats.dns_queries = c.queries;
+        stats.dns_answers = c.answers;
+        stats.dns_dropped = c.dropped;
+        stats.dns_evicted = c.evicted;
+        stats.dns_stray = c.stray;
+        stats.dns_tcp = self.tcp_connections;
+        stats.dns_tcp_refused = self.tcp_refused;
+    }
+}
+
+/// The forwarder's datagram calls on its real sockets.
+struct SysWire<'a> {
+    inside: &'a [OwnedFd],
+    outside: BorrowedFd<'a>,
+}
+
+impl Wire for SysWire<'_> {
+    fn recv_inside(&mut self, inside: usize, buf: &mut [u8]) -> Option<(usize, SocketAddr)> {
+        let sock = self.inside.get(inside)?;
+        match ferry_sys::recv_from(sock.as_fd(), buf) {
+            Ok((n, Some(from))) => Some((n, from)),
+            _ => None,
         }
     }
 
-    fn fresh_id(&mut self) -> u16 {
-        loop {
-            let id = self.next_id;
-            self.next_id = self.next_id.wrapping_mul(25173).wrapping_add(13849);
-            if !self.pending.contains_key(&id) {
-                return id;
-            }
+    fn send_inside(&mut self, inside: usize, msg: &[u8], to: &SocketAddr) -> bool {
+        self.inside
+            .get(inside)
+            .is_some_and(|s| ferry_sys::send_to(s.as_fd(), msg, to).is_ok())
+    }
+
+    fn recv_upstream(&mut self, buf: &mut [u8]) -> Option<(usize, SocketAddr)> {
+        match ferry_sys::recv_from(self.outside, buf) {
+            Ok((n, Some(from))) => Some((n, from)),
+            _ => None,
         }
+    }
+
+    fn send_upstream(&mut self, msg: &[u8], to: &SocketAddr) -> bool {
+        ferry_sys::send_to(self.outside, msg, to).is_ok()
     }
 }
 

@@ -608,9 +608,7 @@ impl Server {
 
     fn collect_stats(mut self) -> ServerStats {
         if let Some(d) = &self.dns {
-            self.stats.dns_queries = d.queries;
-            self.stats.dns_answers = d.answers;
-            self.stats.dns_tcp = d.tcp_connections;
+            d.count_into(&mut self.stats);
         }
         self.stats.udp_published_in = self.udp_flows.inbound;
         self.stats.udp_published_out = self.udp_flows.outbound;

@@ -135,6 +135,15 @@ pub struct ServerStats {
     pub dns_answers: u64,
     /// DNS-over-TCP connections relayed.
     pub dns_tcp: u64,
+    /// Datagrams the sandbox sent its nameserver addresses that are not queries
+    /// (responses, runts), dropped.
+    pub dns_dropped: u64,
+    /// DNS queries in flight forgotten to make room (`dns::MAX_PENDING`).
+    pub dns_evicted: u64,
+    /// Datagrams on the upstream socket that answered nothing in flight, dropped.
+    pub dns_stray: u64,
+    /// DNS-over-TCP connections closed at once because `dns::MAX_TCP` were relayed.
+    pub dns_tcp_refused: u64,
     /// Distinct data-path modules compiled.
     pub modules_loaded: u64,
     /// Module instances started on sockets.
@@ -169,7 +178,7 @@ impl fmt::Display for ServerStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "server {}: requests {}, bytes out {} in {}, sockets created {} handed over {} taken over {}, turns {} (idle spins {}), sleeps {}, data syscalls {} (empty reads {}), denied {}, dropped arrivals {}, published datagrams in {} out {} dropped {}, published connections refused {}, refused channels {}, back-pressure {}, bad channels {}, left open {}, modules loaded {} started {} failed {} refused {} bytes out {}",
+            "server {}: requests {}, bytes out {} in {}, sockets created {} handed over {} taken over {}, turns {} (idle spins {}), sleeps {}, data syscalls {} (empty reads {}), denied {}, dropped arrivals {}, published datagrams in {} out {} dropped {}, published connections refused {}, refused channels {}, back-pressure {}, bad channels {}, left open {}, modules loaded {} started {} failed {} refused {} bytes out {}, DNS queries {} answers {} dropped {} evicted {} stray {}, DNS over TCP {} refused {}",
             self.id,
             self.requests,
             self.bytes_out,
@@ -196,7 +205,14 @@ impl fmt::Display for ServerStats {
             self.modules_started,
             self.modules_failed,
             self.module_refused,
-            self.module_bytes_out
+            self.module_bytes_out,
+            self.dns_queries,
+            self.dns_answers,
+            self.dns_dropped,
+            self.dns_evicted,
+            self.dns_stray,
+            self.dns_tcp,
+            self.dns_tcp_refused
         )?;
         for c in &self.channels {
             if c.id == FOLDED {
@@ -319,7 +335,7 @@ impl ServerStats {
             })
             .collect();
         format!(
-            r#"{{"server":"{}","requests":{},"bytes_out":{},"bytes_in":{},"sockets_created":{},"sockets_handed":{},"sockets_adopted":{},"turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"empty_reads":{},"bad_channels":{},"denied":{},"dropped_arrivals":{},"udp_published_in":{},"udp_published_out":{},"udp_published_dropped":{},"published_refused":{},"channels_refused":{},"backpressure":{},"open_at_stop":{},"dns_queries":{},"dns_answers":{},"dns_tcp":{},"modules_loaded":{},"modules_started":{},"modules_failed":{},"module_refused":{},"module_bytes_out":{},"module_start_ns":{},"module_init_ns":{},"module_write_ns":{},"channels":[{}],"sockets":[{}],"egress":[{}]}}"#,
+            r#"{{"server":"{}","requests":{},"bytes_out":{},"bytes_in":{},"sockets_created":{},"sockets_handed":{},"sockets_adopted":{},"turns":{},"spin_turns":{},"sleeps":{},"data_syscalls":{},"empty_reads":{},"bad_channels":{},"denied":{},"dropped_arrivals":{},"udp_published_in":{},"udp_published_out":{},"udp_published_dropped":{},"published_refused":{},"channels_refused":{},"backpressure":{},"open_at_stop":{},"dns_queries":{},"dns_answers":{},"dns_tcp":{},"dns_dropped":{},"dns_evicted":{},"dns_stray":{},"dns_tcp_refused":{},"modules_loaded":{},"modules_started":{},"modules_failed":{},"module_refused":{},"module_bytes_out":{},"module_start_ns":{},"module_init_ns":{},"module_write_ns":{},"channels":[{}],"sockets":[{}],"egress":[{}]}}"#,
             self.id,
             self.requests,
             self.bytes_out,
@@ -345,6 +361,10 @@ impl ServerStats {
             self.dns_queries,
             self.dns_answers,
             self.dns_tcp,
+            self.dns_dropped,
+            self.dns_evicted,
+            self.dns_stray,
+            self.dns_tcp_refused,
             self.modules_loaded,
             self.modules_started,
             self.modules_failed,
@@ -405,6 +425,10 @@ pub fn merge(servers: &[ServerStats]) -> ServerStats {
         t.dns_queries += s.dns_queries;
         t.dns_answers += s.dns_answers;
         t.dns_tcp += s.dns_tcp;
+        t.dns_dropped += s.dns_dropped;
+        t.dns_evicted += s.dns_evicted;
+        t.dns_stray += s.dns_stray;
+        t.dns_tcp_refused += s.dns_tcp_refused;
         t.open_at_stop += s.open_at_stop;
         t.modules_loaded += s.modules_loaded;
         t.modules_started += s.modules_started;

@@ -183,6 +183,7 @@ fn ends_driver(
     args: &[String],
     mode: Option<(&str, &str)>,
     limit: Duration,
+    last: &str,
 ) -> (bool, Vec<String>) {
     let mut cmd = match mode {
         None => Command::new(bin),
@@ -199,7 +200,7 @@ fn ends_driver(
     let status = wait_until(&mut driver.0, limit)
         .unwrap_or_else(|| panic!("ends {tag}: still running after {limit:?}:\n{}", out.all()));
     // The last case's line (the pipe's last lines may still be on their way).
-    out.wait_for("sendfile: ", Duration::from_secs(5));
+    out.wait_for(&format!("{last}: "), Duration::from_secs(5));
     let lines: Vec<String> = out.all().lines().map(str::to_owned).collect();
     (status.success(), lines)
 }
@@ -235,6 +236,7 @@ fn ends(mode: &str) {
         "race,dead,sendfile"
     };
     let ncases = which.split(',').count();
+    let last = which.rsplit(',').next().unwrap_or(which);
     let args: Vec<String> = ["ends", "--connect", &listen, "--progress", "10"]
         .into_iter()
         .chain(["--cases", which])
@@ -245,11 +247,11 @@ fn ends(mode: &str) {
         .collect();
     // Generous for CI's sizes (a failing build's dead connections take 2 s each).
     let limit = Duration::from_secs(300 + bytes / 5_000_000 + conns / 10);
-    let (native_ok, native) = ends_driver(&bin, &args, None, limit);
+    let (native_ok, native) = ends_driver(&bin, &args, None, limit, last);
     let dir = TempDir::new(&format!("ends-{mode}"));
     let js = dir.path().join("stats.json");
     let stats_path = js.to_str().unwrap();
-    let (ok, lines) = ends_driver(&bin, &args, Some((mode, stats_path)), limit);
+    let (ok, lines) = ends_driver(&bin, &args, Some((mode, stats_path)), limit, last);
     let cases = |l: &[String]| -> Vec<String> {
         l.iter()
             .filter(|l| {

@@ -216,9 +216,40 @@ pub unsafe fn send(
         if !s.dgram() && !nonblock && sent >= SYNC_SEND {
             sent = sent_or_failed(ch, &s, w, flags, mark, sent)?;
         }
+        if let Some(d) = dest.filter(|_| s.dgram()) {
+            admitted(ch, &s, d, flags)?;
+        }
         Ok(sent)
     })
     .map_err(|e| e.down_as(libc::EPIPE))
+}
+
+/// The first datagram `s` sends to a destination (one other than the last it was
+/// admitted to) waits for the server's verdict, so that a destination the rules refuse
+/// fails this very call (`EACCES`, `EPERM`), as a `connect` to it does, rather than the
+/// next one: a program sending one datagram and waiting for an answer learns at once.
+/// Later datagrams to the same destination stay fire-and-forget.
+fn admitted(ch: &mut Channel, s: &Sock, dest: WireAddr, flags: c_int) -> Res<()> {
+    let digest = dest_digest(dest);
+    if TABLE.dest_admitted(s.fd, digest) {
+        return Ok(());
+    }
+    ch.call(Call::Order { sock: s.id, tag: 0 }, Wait::FOREVER, &mut |_, _| {})?;
+    match PENDING.take(s.id, |_| true) {
+        Some(e) => Err(send_error(e, flags)),
+        None => {
+            TABLE.admit_dest(s.fd, digest);
+            Ok(())
+        }
+    }
+}
+
+/// A digest of a destination (never 0).
+fn dest_digest(dest: WireAddr) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    dest.to_std().hash(&mut h);
+    h.finish() | 1
 }
 
 /// Copies the next `n` bytes of `cur` into `slot`; how many it had.

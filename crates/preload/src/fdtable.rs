@@ -170,6 +170,9 @@ struct Slot {
     send_budget: AtomicU64,
     /// The thread that sent on the socket through this fd last (0 = none yet).
     last_sender: AtomicU32,
+    /// A digest of the last destination a datagram sent through this fd was admitted
+    /// to (0 = none yet).
+    last_dest: AtomicU64,
 }
 
 type Chunk = [Slot; CHUNK_LEN];
@@ -239,6 +242,7 @@ impl FdTable {
             s.sndtimeo_us.store(0, Ordering::Relaxed);
             s.send_budget.store(0, Ordering::Relaxed);
             s.last_sender.store(0, Ordering::Relaxed);
+            s.last_dest.store(0, Ordering::Relaxed);
             s.word.store(encode(e), Ordering::Release);
             self.high.fetch_max(fd as usize + 1, Ordering::AcqRel);
         }
@@ -306,6 +310,7 @@ impl FdTable {
                 s.sndtimeo_us.store(0, Ordering::Relaxed);
                 s.send_budget.store(0, Ordering::Relaxed);
                 s.last_sender.store(0, Ordering::Relaxed);
+                s.last_dest.store(0, Ordering::Relaxed);
                 decode(old, fd)
             }
             None => Entry::Unknown,
@@ -377,6 +382,20 @@ impl FdTable {
         }
         let before = s.last_sender.swap(tid, Ordering::AcqRel);
         before != 0 && before != tid
+    }
+
+    /// Whether a datagram to the destination with digest `dest` (never 0) was admitted
+    /// through `fd` last.
+    pub fn dest_admitted(&self, fd: i32, dest: u64) -> bool {
+        self.slot(fd)
+            .is_some_and(|s| s.last_dest.load(Ordering::Relaxed) == dest)
+    }
+
+    /// Records that a datagram to `dest` was admitted through `fd`.
+    pub fn admit_dest(&self, fd: i32, dest: u64) {
+        if let Some(s) = self.slot(fd) {
+            s.last_dest.store(dest, Ordering::Relaxed);
+        }
     }
 
     /// `fd`'s send budget in bytes (`SO_SNDBUF` as the kernel counts it), 0 = none set.

@@ -8,12 +8,14 @@ case, and compares the outcomes.
 Each suite runs as `python3 -m test -v UNIT` with
 Debian's interpreter and test package (libpython3.11-testsuite), once natively and once
 as `ferry run [OPTS] -- python3 ...`, with the same environment, working directory and
-resources (regrtest's default: none, so no internet). A small hook
+resources (regrtest's default: none, so no internet; test_socketserver, loopback only,
+gets "network"). A small hook
 (cpython_suites_hook.py) reports every case's start and outcome. A case that exceeds
 its time (--case-limit) ends the run: it is "hung", and the unit resumes after it (a
 crash likewise; --limit bounds a whole run). Cases whose outcomes differ are re-run
 alone, natively and through ferry, --reruns times each, to tell flakes from real
-differences.
+differences (not those the known list puts down to the sandbox's identity or the
+environment).
 
 Writes into --out (default target/cpython-suites): report.md (a table per suite and
 every differing case with both outcomes, the re-run counts and, from
@@ -44,6 +46,10 @@ KNOWN = os.path.join(ROOT, "scripts", "cpython-suites-known.tsv")
 SUITES = ["test_asyncio", "test_os", "test_socket", "test_selectors", "test_ssl",
           "test_subprocess", "test_signal", "test_httplib", "test_socketserver",
           "test_urllib2_localnet"]
+# regrtest's resources beyond its default (none): test_socketserver asks for "network"
+# as a whole though it only uses loopback (socket_helper.HOST); in the other suites
+# "network" means the internet, which stays off.
+RESOURCES = {"test_socketserver": "network"}
 SIDES = ("native", "ferry")
 FRAME = re.compile(rb"\x1eCASE (.*?)\x1f")
 # The same environment for both runs: no pyenv or user paths, no byte-code writes into
@@ -51,6 +57,9 @@ FRAME = re.compile(rb"\x1eCASE (.*?)\x1f")
 ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
        "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
 RESUMES = 5
+RERUN_CASE_LIMIT = 120
+# Classes of scripts/cpython-suites-known.tsv whose cases are not re-run.
+SETTLED = ("identity", "environment")
 
 
 def say(msg):
@@ -98,11 +107,13 @@ def units_of(suites, python, split):
     return units
 
 
-def command(side, unit, args, extra):
+def command(side, unit, args, extra, case_limit=None):
     """argv of one run: regrtest with the hook, directly or inside `ferry run`."""
     with open(HOOK) as f:
         hook = f.read()
-    cmd = [args.python, "-c", hook, str(args.case_limit), "-v"] + extra + [unit]
+    limit = str(case_limit or args.case_limit)
+    res = RESOURCES.get(unit.split(".")[0])
+    cmd = [args.python, "-c", hook, limit, "-v"] + (["-u", res] if res else []) + extra + [unit]
     if side == "ferry":
         cmd = [args.ferry, "run"] + shlex.split(args.ferry_opts) + ["--"] + cmd
     return cmd
@@ -161,9 +172,18 @@ def parse_frames(data):
     return cases, open_case
 
 
+def stopped_as(code, data):
+    """What a case left open by a run was: hung (past its time) or crashed."""
+    return "hung" if code is None or b"Timeout (" in data else "crashed"
+
+
 def summary_line(data):
+    """regrtest's verdict on the run, with why it skipped a whole module if it did."""
     m = re.findall(rb"Tests result: ([^\n]*)", data)
-    return m[-1].decode(errors="replace").strip() if m else ""
+    verdict = m[-1].decode(errors="replace").strip() if m else ""
+    skip = re.search(rb"^\S+ skipped -- ([^\n]*)", data, re.M)
+    return verdict + (f" (module skipped: {skip.group(1).decode(errors='replace')})"
+                      if skip else "")
 
 
 # --- a unit on one side, resumed after a hang or crash -------------------------------------
@@ -183,14 +203,13 @@ def run_unit(side, unit, args, logs, scratch):
             data = f.read()
         got, open_case = parse_frames(data)
         cases.update(got)
-        timed_out = code is None or b"Timeout (" in data
         runs.append({"log": os.path.relpath(log, args.out), "exit": code,
                      "secs": round(secs, 1), "result": summary_line(data)})
         done += [c for c in got if "." in c and " " not in c]
         if open_case is None:
             break
-        cases[open_case] = {"outcome": "hung" if timed_out else "crashed",
-                            "reason": f"exit {code}, after {secs:.0f} s", "secs": secs}
+        cases[open_case] = {"outcome": stopped_as(code, data),
+                            "reason": f"the run ended in it (exit {code})", "secs": None}
         done.append(open_case)
         say(f"  {unit} {side}: {cases[open_case]['outcome']} in {open_case}; resuming")
     return {"cases": cases, "runs": runs}
@@ -227,7 +246,8 @@ def match_pattern(case_id):
 
 def rerun(unit, ids, args, logs, scratch):
     """Runs the differing cases of a unit alone, --reruns times per side; per case and
-    side, the outcomes seen."""
+    side, the outcomes seen. A case hangs here after RERUN_CASE_LIMIT seconds at most:
+    every case of these suites takes well under that when it does not hang."""
     seen = {c: {s: [] for s in SIDES} for c in ids}
     matchfile = os.path.join(scratch, "rerun-match.txt")
     with open(matchfile, "w") as f:
@@ -235,14 +255,16 @@ def rerun(unit, ids, args, logs, scratch):
     for i in range(args.reruns):
         for side in SIDES:
             log = os.path.join(logs, f"{unit}.{side}.rerun{i}.log")
-            code, _ = run_once(command(side, unit, args, ["--matchfile", matchfile]), log,
-                               scratch, args.limit)
+            cmd = command(side, unit, args, ["--matchfile", matchfile],
+                          min(args.case_limit, RERUN_CASE_LIMIT))
+            code, _ = run_once(cmd, log, scratch, args.limit)
             with open(log, "rb") as f:
-                got, open_case = parse_frames(f.read())
+                data = f.read()
+            got, open_case = parse_frames(data)
             for c in ids:
                 case = got.get(c)
                 if case is None and c == open_case:
-                    case = {"outcome": "hung" if code is None else "crashed", "reason": ""}
+                    case = {"outcome": stopped_as(code, data), "reason": ""}
                 seen[c][side].append(" ".join(key(case)))
     return seen
 
@@ -342,7 +364,7 @@ def tally(outcomes):
     out = {}
     for o in outcomes:
         out[o] = out.get(o, 0) + 1
-    return ", ".join(f"{k} ×{v}" for k, v in sorted(out.items()))
+    return ", ".join(f"{k} ×{v}" for k, v in sorted(out.items())) or "—"
 
 
 def render_report(results, known):
@@ -352,9 +374,18 @@ def render_report(results, known):
              f"(`ferry run {m['ferry_opts']}`); a case is hung after {m['case_limit']:.0f} s; "
              f"{m['reruns']} re-runs per side of each differing case.", "",
              *render_table(results), ""]
+    empty = [f"{u} ({r['native']['runs'][0]['result']})" for u, r in results["units"].items()
+             if not r["native"]["cases"] and not r["ferry"]["cases"]]
+    if empty:
+        lines += ["No case ran on either side in: " + "; ".join(empty) + ".", ""]
     rows = diff_rows(results, known)
     if rows:
-        lines += ["## Differing cases", "",
+        by_class = {}
+        for d in rows:
+            by_class[d["class"]] = by_class.get(d["class"], 0) + 1
+        lines += ["Differing cases by reason: " + ", ".join(
+                      f"{k} {v}" for k, v in sorted(by_class.items())) + ".", "",
+                  "## Differing cases", "",
                   "| case | native | ferry | re-runs native | re-runs ferry | reason |",
                   "|---|---|---|---|---|---|"]
         for d in rows:
@@ -401,7 +432,7 @@ def write_outputs(results, out):
 # --- main ----------------------------------------------------------------------------------
 
 def meta(args):
-    rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+    rev = subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty"],
                          capture_output=True, text=True).stdout.strip()
     py = subprocess.run([args.python, "-c", "import sys; print(sys.version.split()[0])"],
                         capture_output=True, text=True, env=ENV).stdout.strip()
@@ -438,6 +469,7 @@ def run_all(args):
     scratch = tempfile.mkdtemp(prefix="ferry-cpython-")
     os.chmod(scratch, 0o1777)
     results = {"meta": meta(args), "units": {}}
+    known = load_known()
     units = units_of(args.suites.split(","), args.python, args.split_asyncio)
     try:
         for i, (suite, unit) in enumerate(units, 1):
@@ -448,9 +480,12 @@ def run_all(args):
                     f"({outcome_counts(counts(r[side]['cases']))}) in "
                     f"{sum(x['secs'] for x in r[side]['runs']):.0f} s")
             r["diff"] = differing(r)
-            if r["diff"] and args.reruns > 0:
-                say(f"  {len(r['diff'])} differing: re-running them {args.reruns}× per side")
-                r["reruns"] = rerun(unit, r["diff"], args, logs, scratch)
+            # Identity and environment differences follow from the set-up: not re-run.
+            again = [c for c in r["diff"] if explain(c, known)[0] not in SETTLED]
+            if again and args.reruns > 0:
+                say(f"  {len(r['diff'])} differing, re-running {len(again)} "
+                    f"{args.reruns}× per side")
+                r["reruns"] = rerun(unit, again, args, logs, scratch)
             results["units"][unit] = r
             with open(os.path.join(args.out, "results.json"), "w") as f:
                 json.dump(results, f, indent=1)

@@ -84,6 +84,8 @@ def parse_args(argv):
                    help="run test_asyncio module by module (one process each) instead of "
                    "as one process: faster to resume after a hang, but state that builds "
                    "up over the whole suite in one process is not seen")
+    p.add_argument("--known", default=KNOWN,
+                   help="the list of explained differences (default %(default)s)")
     p.add_argument("--report-only", action="store_true",
                    help="re-render report.md and results.csv from OUT/results.json")
     return p.parse_args(argv)
@@ -271,18 +273,16 @@ def rerun(unit, ids, args, logs, scratch):
 
 # --- the known differences -----------------------------------------------------------------
 
-def load_known():
+def load_known(path):
     """(glob over case ids, class, note) rows of scripts/cpython-suites-known.tsv."""
     rows = []
-    if not os.path.exists(KNOWN):
-        return rows
-    with open(KNOWN) as f:
+    with open(path) as f:
         for line in f:
             if not line.strip() or line.startswith("#"):
                 continue
             parts = line.rstrip("\n").split("\t")
             if len(parts) != 3:
-                sys.exit(f"cpython-suites: {KNOWN}: want 3 tab-separated fields: {line!r}")
+                sys.exit(f"cpython-suites: {path}: want 3 tab-separated fields: {line!r}")
             rows.append(tuple(p.strip() for p in parts))
     return rows
 
@@ -367,11 +367,16 @@ def tally(outcomes):
     return ", ".join(f"{k} ×{v}" for k, v in sorted(out.items())) or "—"
 
 
+def run_line(opts):
+    return f"`ferry run {opts} -- …`" if opts else "`ferry run -- …`, default options"
+
+
 def render_report(results, known):
     m = results["meta"]
     lines = ["# CPython's network suites, natively and through ferry", "",
              f"Run {m['date']} on {m['machine']}; {m['python']}; ferry {m['ferry']} "
-             f"(`ferry run {m['ferry_opts']}`); a case is hung after {m['case_limit']:.0f} s; "
+             f"({run_line(m['ferry_opts'])}); "
+             f"a case is hung after {m['case_limit']:.0f} s; "
              f"{m['reruns']} re-runs per side of each differing case.", "",
              *render_table(results), ""]
     empty = [f"{u} ({r['native']['runs'][0]['result']})" for u, r in results["units"].items()
@@ -416,8 +421,7 @@ def write_csv(results, path, known):
                             "" if same else explain(c, known)[0]])
 
 
-def write_outputs(results, out):
-    known = load_known()
+def write_outputs(results, out, known):
     report, rows = render_report(results, known)
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write(report)
@@ -461,7 +465,7 @@ def check_setup(args):
                  "(apt-get install libpython3.11-testsuite; scripts/install-deps.sh)")
 
 
-def run_all(args):
+def run_all(args, known):
     logs = os.path.join(args.out, "logs")
     os.makedirs(logs, exist_ok=True)
     # The sandbox's root is an unprivileged host identity: it must be able to write the
@@ -469,7 +473,6 @@ def run_all(args):
     scratch = tempfile.mkdtemp(prefix="ferry-cpython-")
     os.chmod(scratch, 0o1777)
     results = {"meta": meta(args), "units": {}}
-    known = load_known()
     units = units_of(args.suites.split(","), args.python, args.split_asyncio)
     try:
         for i, (suite, unit) in enumerate(units, 1):
@@ -503,11 +506,12 @@ def main(argv):
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("cpython-suites: terminated"))
     args.out = os.path.abspath(args.out)
+    known = load_known(args.known)
     if args.report_only:
         with open(os.path.join(args.out, "results.json")) as f:
-            return write_outputs(json.load(f), args.out)
+            return write_outputs(json.load(f), args.out, known)
     check_setup(args)
-    return write_outputs(run_all(args), args.out)
+    return write_outputs(run_all(args, known), args.out, known)
 
 
 if __name__ == "__main__":

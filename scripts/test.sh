@@ -22,7 +22,7 @@ step "cargo test"
 cargo test --workspace --release --locked -- --test-threads=2
 
 step "CPython's test_socket and test_selectors natively and through ferry, case for case"
-# The small, stable part of scripts/long-checks.sh's cpython check (about 2 minutes):
+# The small, stable part of scripts/long-checks.sh's cpython check (2-3 minutes):
 # fails on a difference scripts/cpython-suites-known.tsv does not explain.
 if [ "$(id -u)" -ne 0 ]; then
     echo "skipped: needs root (ferry run's sandbox)"

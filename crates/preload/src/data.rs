@@ -234,7 +234,11 @@ fn admitted(ch: &mut Channel, s: &Sock, dest: WireAddr, flags: c_int) -> Res<()>
     if TABLE.dest_admitted(s.fd, digest) {
         return Ok(());
     }
-    ch.call(Call::Order { sock: s.id, tag: 0 }, Wait::FOREVER, &mut |_, _| {})?;
+    ch.call(
+        Call::Order { sock: s.id, tag: 0 },
+        Wait::FOREVER,
+        &mut |_, _| {},
+    )?;
     match PENDING.take(s.id, |_| true) {
         Some(e) => Err(send_error(e, flags)),
         None => {

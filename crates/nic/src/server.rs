@@ -42,8 +42,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use ferry_proto::WireAddr;
-use ferry_server::{LogThrottle, TapHandoff, Verdict, egress::Lease};
+use ferry_egress::{Lease, LogThrottle, Origin, What, admit};
+use ferry_server::TapHandoff;
 use ferry_sys::{Epoll, Event, tun};
 use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
 use smoltcp::phy::{self, DeviceCapabilities, Medium};
@@ -660,34 +660,24 @@ impl NicServer {
         }
     }
 
-    /// Counts a refusal and logs it, at most once a second.
-    fn refused(&mut self, what: &str, to: SocketAddr) {
+    /// Whether the sandbox may reach `to` with `what` (docs/SECURITY.md, nic mode), as
+    /// [`ferry_egress::admit`] decides for a link: never a local address (the host's
+    /// own), the sandbox's own subnets (the gateway included), a multicast, broadcast
+    /// or IPv6 link-local one; the policy for the rest. A refusal is counted and
+    /// logged, at most once a second.
+    fn allowed(&mut self, what: What, to: SocketAddr) -> bool {
+        let from = Origin::Link(self.cfg.plan.own_link());
+        let ferry_egress::Decision::Refused(why) = admit(&self.cfg.policy, what, from, to) else {
+            return true;
+        };
         self.stats.denied += 1;
         if let Some(n) = self.refusals.tick() {
             warn!(
-                "{}: {what} to {to} denied{} ({n} since the last line)",
-                self.id,
-                ferry_server::policy::denial_hint(&to)
+                "{}: {what} to {to} {why} ({n} since the last line)",
+                self.id
             );
         }
-    }
-
-    /// Whether the sandbox may reach `to` (docs/SECURITY.md, nic mode): never a local
-    /// address (loopback, unspecified: the host's own), the sandbox's own subnets (the
-    /// gateway included), a multicast, broadcast or IPv6 link-local one; the policy for
-    /// the rest, IPv4 link-local only when an allow of its own decides
-    /// ([`ferry_server::Policy::check_sandbox`]).
-    fn allowed(&self, to: SocketAddr) -> bool {
-        let ip = to.ip();
-        let plan = &self.cfg.plan;
-        let special = match ip {
-            IpAddr::V4(a) => a.is_multicast() || a.is_broadcast(),
-            IpAddr::V6(a) => a.is_multicast() || a.is_unicast_link_local(),
-        };
-        !(WireAddr::from(to).is_local()
-            || special
-            || plan.on_link(ip)
-            || self.cfg.policy.check_sandbox(&to) == Verdict::Deny)
+        false
     }
 
     /// Hands the frame just read to the stack.
@@ -789,8 +779,7 @@ impl NicServer {
     /// the stack now, to a stack socket when the connect has already succeeded, to none
     /// when refused (the stack then resets the connection).
     fn open_tcp(&mut self, src: SocketAddr, dst: SocketAddr) -> bool {
-        if !self.allowed(dst) {
-            self.refused("TCP", dst);
+        if !self.allowed(What::Connect, dst) {
             return false;
         }
         if self.flows() >= self.cfg.max_flows {
@@ -1039,8 +1028,7 @@ impl NicServer {
             return Some(*id);
         }
         let (echo, sandbox, remote) = key;
-        if !self.allowed(remote) {
-            self.refused(if echo { "echo" } else { "UDP" }, remote);
+        if !self.allowed(if echo { What::Echo } else { What::Datagram }, remote) {
             return None;
         }
         if self.flows() >= self.cfg.max_flows {

@@ -80,15 +80,13 @@ pub mod confine;
 mod connect;
 mod control;
 pub mod dns;
-pub mod egress;
+mod egress;
 mod group;
 #[allow(unsafe_code)]
 mod hostio;
 mod modules;
 mod ops;
-pub mod policy;
 mod published;
-mod reach;
 mod rx;
 mod seam;
 mod server;
@@ -100,13 +98,12 @@ pub mod testkit;
 mod tx;
 mod udp_publish;
 
-pub use egress::{Bond, EgressStats, Mode};
+pub use ferry_egress::{Bond, EgressStats, LogThrottle, Mode, Policy, Rule, Verdict};
 pub use ferry_modules::{Interrupt as ModuleInterrupt, Limits as ModuleLimits};
 pub use group::{Accepted, Assign, Control, Handle, LiveStats, Servers, parse_server, server_name};
 pub use modules::{HIGH_WATER, ModuleConfig, ModuleError, ModuleRule, ModuleTarget};
-pub use policy::{Policy, Rule, Verdict};
 pub use published::TapHandoff;
-pub use server::{LogThrottle, Server, descends_from};
+pub use server::{Server, descends_from};
 pub use stats::{
     ChannelStats, FOLDED, MAX_LISTED, ServerStats, SocketStats, group_json, merge as merge_stats,
 };

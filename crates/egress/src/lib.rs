@@ -1,0 +1,35 @@
+//! `ferry-egress` owns the rules at a sandbox's edge with the host's network, declared
+//! once for every path that carries a sandbox's traffic (socket mode's protocol servers,
+//! nic mode's NIC servers, and the paths to come: containers, VM guests):
+//!
+//! * [`admit`] (`admit.rs`): the one admission function. Every path asks it whether the
+//!   sandbox may reach an address (or receive from one) and obeys its [`Decision`],
+//!   whose [`Reason`] its log line and counters name.
+//! * the egress policy ([`Policy`], `policy.rs`: `--allow`/`--deny`, the IPv4
+//!   link-local rule);
+//! * the address rules ([`reach`]: local addresses, link-local, multicast and
+//!   broadcast, the sandbox's own link, the host's addresses and the sources a datagram
+//!   may name);
+//! * egress bonding ([`Bond`], [`Lease`], `bond.rs`);
+//! * the throttled log of refusals ([`LogThrottle`], `throttle.rs`).
+//!
+//! It must not: do I/O beyond reading the host's addresses, know about channels,
+//! frames or a server's loop, or depend on a server (the servers depend on it).
+#![deny(unsafe_code)]
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
+
+mod admit;
+mod bond;
+mod policy;
+pub mod reach;
+mod throttle;
+
+pub use admit::{Decision, Origin, Reason, What, admit};
+pub use bond::{Bond, EgressStats, Lease, Mode};
+pub use policy::{Policy, Rule, RuleError, Verdict};
+pub use reach::{HostAddrs, OwnLink};
+pub use throttle::LogThrottle;

@@ -11,7 +11,10 @@
 //!   broadcast, the sandbox's own link, the host's addresses and the sources a datagram
 //!   may name);
 //! * egress bonding ([`Bond`], [`Lease`], `bond.rs`);
-//! * the throttled log of refusals ([`LogThrottle`], `throttle.rs`).
+//! * the throttled log of refusals ([`LogThrottle`], `throttle.rs`);
+//! * published ports' host side (`published.rs`): the listener every path makes
+//!   ([`host_listener`]: `[::]` for both families, or 0.0.0.0 without IPv6), and the
+//!   hand-off of published connections from socket mode to nic mode ([`TapHandoff`]).
 //!
 //! It must not: do I/O beyond reading the host's addresses, know about channels,
 //! frames or a server's loop, or depend on a server (the servers depend on it).
@@ -25,11 +28,13 @@
 mod admit;
 mod bond;
 mod policy;
+mod published;
 pub mod reach;
 mod throttle;
 
 pub use admit::{Decision, Origin, Reason, What, admit};
 pub use bond::{Bond, EgressStats, Lease, Mode};
 pub use policy::{Policy, Rule, RuleError, Verdict};
+pub use published::{BACKLOG, HANDOFF_MAX, TapHandoff, host_listener};
 pub use reach::{HostAddrs, OwnLink};
 pub use throttle::LogThrottle;

@@ -42,8 +42,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use ferry_egress::{Lease, LogThrottle, Origin, What, admit};
-use ferry_server::TapHandoff;
+use ferry_egress::{Lease, LogThrottle, Origin, TapHandoff, What, admit};
 use ferry_sys::{Epoll, Event, tun};
 use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
 use smoltcp::phy::{self, DeviceCapabilities, Medium};
@@ -390,7 +389,7 @@ impl NicServer {
         epoll.add(efd.as_fd(), libc::EPOLLIN as u32, TOKEN_STOP)?;
         let mut listeners = Vec::new();
         for (i, p) in publish.iter().enumerate() {
-            let l = listener(p.host).map_err(|e| {
+            let (l, _) = ferry_egress::host_listener(p.host, false).map_err(|e| {
                 io::Error::new(e.kind(), format!("-p {}:{}: {e}", p.host, p.sandbox_port))
             })?;
             epoll.add(l.as_fd(), libc::EPOLLIN as u32, TOKEN_LISTEN + i as u64)?;
@@ -1324,27 +1323,4 @@ fn unmap(a: SocketAddr) -> SocketAddr {
         },
         a => a,
     }
-}
-
-/// A non-blocking TCP listener on `at`.
-fn listener(at: SocketAddr) -> io::Result<OwnedFd> {
-    let domain = if at.is_ipv4() {
-        libc::AF_INET
-    } else {
-        libc::AF_INET6
-    };
-    let fd = ferry_sys::socket(
-        domain,
-        libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-        0,
-    )?;
-    ferry_sys::setsockopt(
-        fd.as_fd(),
-        libc::SOL_SOCKET,
-        libc::SO_REUSEADDR,
-        &1i32.to_ne_bytes(),
-    )?;
-    ferry_sys::bind(fd.as_fd(), &at)?;
-    ferry_sys::listen(fd.as_fd(), 1024)?;
-    Ok(fd)
 }

@@ -98,11 +98,10 @@ pub mod testkit;
 mod tx;
 mod udp_publish;
 
-pub use ferry_egress::{Bond, EgressStats, LogThrottle, Mode, Policy, Rule, Verdict};
+pub use ferry_egress::{Bond, EgressStats, LogThrottle, Mode, Policy, Rule, TapHandoff, Verdict};
 pub use ferry_modules::{Interrupt as ModuleInterrupt, Limits as ModuleLimits};
 pub use group::{Accepted, Assign, Control, Handle, LiveStats, Servers, parse_server, server_name};
 pub use modules::{HIGH_WATER, ModuleConfig, ModuleError, ModuleRule, ModuleTarget};
-pub use published::TapHandoff;
 pub use server::{Server, descends_from};
 pub use stats::{
     ChannelStats, FOLDED, MAX_LISTED, ServerStats, SocketStats, group_json, merge as merge_stats,
@@ -155,7 +154,7 @@ pub struct Config {
     pub publish: Vec<Publish>,
     /// With a TAP beside the shim (`--net both`): where connections to a published TCP
     /// port that no listener of the shim's is on go (nic mode's NIC server).
-    pub tap: Option<Arc<published::TapHandoff>>,
+    pub tap: Option<Arc<TapHandoff>>,
     /// Egress bonding: source addresses for new outgoing connections (shared by every
     /// server of the sandbox).
     pub egress: Option<Arc<Bond>>,

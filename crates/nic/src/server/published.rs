@@ -11,7 +11,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_server::TapHandoff;
+use ferry_egress::TapHandoff;
 use smoltcp::wire::{IpAddress, IpListenEndpoint};
 use tracing::warn;
 

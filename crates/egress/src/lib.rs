@@ -14,7 +14,9 @@
 //! * the throttled log of refusals ([`LogThrottle`], `throttle.rs`);
 //! * published ports' host side (`published.rs`): the listener every path makes
 //!   ([`host_listener`]: `[::]` for both families, or 0.0.0.0 without IPv6), and the
-//!   hand-off of published connections from socket mode to nic mode ([`TapHandoff`]).
+//!   hand-off of published connections from socket mode to nic mode ([`TapHandoff`]);
+//! * the flow table of datagram paths ([`FlowTable`], `flows.rs`: by id and key, idle
+//!   expiry, a cap per group with the idle-longest evicted).
 //!
 //! It must not: do I/O beyond reading the host's addresses, know about channels,
 //! frames or a server's loop, or depend on a server (the servers depend on it).
@@ -27,6 +29,7 @@
 
 mod admit;
 mod bond;
+pub mod flows;
 mod policy;
 mod published;
 pub mod reach;
@@ -34,6 +37,7 @@ mod throttle;
 
 pub use admit::{Decision, Origin, Reason, What, admit};
 pub use bond::{Bond, EgressStats, Lease, Mode};
+pub use flows::{FlowTable, Limits};
 pub use policy::{Policy, Rule, RuleError, Verdict};
 pub use published::{BACKLOG, HANDOFF_MAX, TapHandoff, host_listener};
 pub use reach::{HostAddrs, OwnLink};

@@ -42,7 +42,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use ferry_egress::{Lease, LogThrottle, Origin, TapHandoff, What, admit};
+use ferry_egress::{FlowTable, Lease, Limits, LogThrottle, Origin, TapHandoff, What, admit};
 use ferry_sys::{Epoll, Event, tun};
 use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
 use smoltcp::phy::{self, DeviceCapabilities, Medium};
@@ -295,12 +295,16 @@ struct DgramFlow {
     /// The destination (for echo: its address, port 0).
     remote: SocketAddr,
     echo: bool,
-    last: Instant,
     _lease: Option<Lease>,
 }
 
 /// Key of a datagram flow: (is echo, sandbox end, remote end).
 type DgramKey = (bool, SocketAddr, SocketAddr);
+
+/// How long a datagram flow may carry nothing.
+fn dgram_idle(key: &DgramKey) -> Duration {
+    if key.0 { ECHO_IDLE } else { UDP_IDLE }
+}
 
 /// One NIC server (see the module docs).
 pub struct NicServer {
@@ -316,8 +320,8 @@ pub struct NicServer {
     pending: HashMap<u64, Pending>,
     /// Flows the sandbox opened, pending or not, by (sandbox, destination).
     tcp_keys: HashMap<(SocketAddr, SocketAddr), u64>,
-    dgram: HashMap<u64, DgramFlow>,
-    dgram_keys: HashMap<DgramKey, u64>,
+    /// UDP and echo flows (by id and key, idle expiry).
+    dgram: FlowTable<DgramKey, DgramFlow>,
     listeners: Vec<(OwnedFd, NicPublish)>,
     /// Where socket mode passes published connections no listener of the shim's is on.
     handoff: Option<Arc<TapHandoff>>,
@@ -416,8 +420,7 @@ impl NicServer {
             tcp: HashMap::new(),
             pending: HashMap::new(),
             tcp_keys: HashMap::new(),
-            dgram: HashMap::new(),
-            dgram_keys: HashMap::new(),
+            dgram: FlowTable::new(Limits::uncapped(dgram_idle)),
             listeners,
             handoff: None,
             retry: Vec::new(),
@@ -648,7 +651,7 @@ impl NicServer {
                     if ev.events & (libc::EPOLLOUT | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
                         self.connected(t);
                     }
-                } else if self.dgram.contains_key(&t) {
+                } else if self.dgram.contains(t) {
                     // Framing the datagrams counts as egress (no stack on this path).
                     let (m, frames) = (self.dev.timing.mark(), self.dev.count.frames);
                     self.host_dgram_ready(t);
@@ -1023,8 +1026,8 @@ impl NicServer {
     /// The datagram flow for `key`, made (host socket connected to `remote`) if new and
     /// allowed.
     fn dgram_flow(&mut self, key: DgramKey) -> Option<u64> {
-        if let Some(id) = self.dgram_keys.get(&key) {
-            return Some(*id);
+        if let Some(id) = self.dgram.find(&key) {
+            return Some(id);
         }
         let (echo, sandbox, remote) = key;
         if !self.allowed(if echo { What::Echo } else { What::Datagram }, remote) {
@@ -1070,18 +1073,16 @@ impl NicServer {
         } else {
             self.stats.udp_flows += 1;
         }
-        self.dgram_keys.insert(key, id);
-        self.dgram.insert(
-            id,
-            DgramFlow {
-                host,
-                sandbox,
-                remote,
-                echo,
-                last: Instant::now(),
-                _lease: lease,
-            },
-        );
+        let flow = DgramFlow {
+            host,
+            sandbox,
+            remote,
+            echo,
+            _lease: lease,
+        };
+        // No cap of the table's own (the server's covers every flow), ids never reused:
+        // nothing is displaced.
+        let _ = self.dgram.insert(id, key, flow, Instant::now());
         Some(id)
     }
 
@@ -1105,8 +1106,10 @@ impl NicServer {
             self.prohibit(dst.ip());
             return;
         };
-        let f = self.dgram.get_mut(&id).expect("flow just found");
-        f.last = Instant::now();
+        let f = self
+            .dgram
+            .active(id, Instant::now())
+            .expect("flow just found");
         let t0 = self.dev.timing.start();
         let sent = ferry_sys::send_nosignal(f.host.as_fd(), &self.dev.rx[start..start + len]);
         self.dev.timing.end(Stage::HostSend, t0, sent.is_ok());
@@ -1130,8 +1133,10 @@ impl NicServer {
             self.prohibit(dst);
             return;
         };
-        let f = self.dgram.get_mut(&id).expect("flow just found");
-        f.last = Instant::now();
+        let f = self
+            .dgram
+            .active(id, Instant::now())
+            .expect("flow just found");
         // The ping socket wants the ICMP message: type, code, checksum and identifier
         // are the kernel's to fill in; the sequence number and data are the sandbox's.
         let ty = if dst.is_ipv4() { 8 } else { 128 };
@@ -1146,9 +1151,10 @@ impl NicServer {
     /// Datagrams (or echo replies) arrived on flow `id`'s host socket: framed to the
     /// sandbox.
     fn host_dgram_ready(&mut self, id: u64) {
-        let Some(f) = self.dgram.get_mut(&id) else {
+        let Some(f) = self.dgram.get_mut(id) else {
             return;
         };
+        let mut got_any = false;
         for _ in 0..DGRAM_BATCH {
             let t0 = self.dev.timing.start();
             let got = ferry_sys::recv(f.host.as_fd(), &mut self.buf, libc::MSG_DONTWAIT);
@@ -1157,7 +1163,7 @@ impl NicServer {
                 Ok(n) => n,
                 Err(_) => break,
             };
-            f.last = Instant::now();
+            got_any = true;
             let framed = if f.echo {
                 let reply = if f.remote.is_ipv4() { 0 } else { 129 };
                 if n < 8 || self.buf[0] != reply {
@@ -1193,22 +1199,17 @@ impl NicServer {
                 );
             }
         }
+        if got_any {
+            self.dgram.active(id, Instant::now());
+        }
     }
 
     /// Closes idle datagram flows.
     fn sweep_dgram(&mut self) {
-        self.last_sweep = Instant::now();
-        let idle: Vec<u64> = self
-            .dgram
-            .iter()
-            .filter(|(_, f)| f.last.elapsed() >= if f.echo { ECHO_IDLE } else { UDP_IDLE })
-            .map(|(id, _)| *id)
-            .collect();
-        for id in idle {
-            if let Some(f) = self.dgram.remove(&id) {
-                let _ = self.epoll.delete(f.host.as_fd());
-                self.dgram_keys.remove(&(f.echo, f.sandbox, f.remote));
-            }
+        let now = Instant::now();
+        self.last_sweep = now;
+        for (_, _, f) in self.dgram.expire(now) {
+            let _ = self.epoll.delete(f.host.as_fd());
         }
     }
 }

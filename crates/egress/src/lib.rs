@@ -18,8 +18,9 @@
 //! * the flow table of datagram paths ([`FlowTable`], `flows.rs`: by id and key, idle
 //!   expiry, a cap per group with the idle-longest evicted).
 //!
-//! It must not: do I/O beyond reading the host's addresses, know about channels,
-//! frames or a server's loop, or depend on a server (the servers depend on it).
+//! It must not: do I/O beyond reading the host's addresses and making published ports'
+//! host sockets, know about channels, frames or a server's loop, or depend on a server
+//! (the servers depend on it; nothing here pulls in wasmtime).
 #![deny(unsafe_code)]
 #![warn(
     clippy::cast_possible_truncation,

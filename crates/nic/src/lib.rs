@@ -2,9 +2,12 @@
 //! servers, outside the sandbox, own its queues. Each NIC server reads the frames its
 //! queue carries, terminates the sandbox's TCP in a user-space TCP/IP stack (smoltcp),
 //! relays UDP datagrams and ICMP echo itself, and carries every flow on a host socket —
-//! under the same rules as socket mode: the egress policy, never the host's loopback or
-//! an unspecified address, sources the sandbox owns only, inbound only through `-p`,
-//! the egress bond (docs/SECURITY.md, "nic mode").
+//! under the same rules as socket mode, from `ferry-egress`: one admission function
+//! (`ferry_egress::admit`, as a link: the egress policy, never the host's loopback or an
+//! unspecified address, nor the sandbox's own subnets), inbound only through `-p` (its
+//! host listener), the egress bond, the flow table of UDP and echo flows; sources the
+//! sandbox owns only (docs/SECURITY.md, "nic mode"). It does not depend on
+//! `ferry-server`.
 //!
 //! ```text
 //!   sandbox kernel ── eth0 (TAP, one queue per NIC server, vnet header, csum offload)

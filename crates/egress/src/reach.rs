@@ -114,7 +114,7 @@ impl OwnLink {
 const REFRESH: Duration = Duration::from_millis(100);
 
 /// The host namespace's addresses, read from the kernel when one is asked for and not
-/// known (at most every [`REFRESH`]: a sandbox asking for addresses the host does not
+/// known (at most every `REFRESH`, 100 ms: a sandbox asking for addresses the host does not
 /// have costs one dump per interval at most).
 #[derive(Debug, Default)]
 pub struct HostAddrs {

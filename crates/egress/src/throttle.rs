@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 /// Shortest time between two lines of one throttle.
 pub const EVERY: Duration = Duration::from_secs(1);
 
-/// At most one log line every [`EVERY`]: [`LogThrottle::tick`] says when to write one,
+/// At most one log line every `EVERY` (a second): [`LogThrottle::tick`] says when to write one,
 /// and how many events it covers.
 #[derive(Debug, Default)]
 pub struct LogThrottle {

@@ -35,7 +35,7 @@ use std::sync::{Arc, OnceLock};
 
 use ferry_nic::frame::{self, ETH_LEN, Inbound, Link, Why};
 use ferry_nic::{NicConfig, NicServer, Plan};
-use ferry_server::{Policy, Rule, Verdict};
+use ferry_egress::{Policy, Rule, Verdict};
 use smoltcp::wire::EthernetAddress;
 
 use crate::input::Input;

@@ -2,9 +2,12 @@
 //! servers, outside the sandbox, own its queues. Each NIC server reads the frames its
 //! queue carries, terminates the sandbox's TCP in a user-space TCP/IP stack (smoltcp),
 //! relays UDP datagrams and ICMP echo itself, and carries every flow on a host socket —
-//! under the same rules as socket mode: the egress policy, never the host's loopback or
-//! an unspecified address, sources the sandbox owns only, inbound only through `-p`,
-//! the egress bond (docs/SECURITY.md, "nic mode").
+//! under the same rules as socket mode, from `ferry-egress`: one admission function
+//! (`ferry_egress::admit`, as a link: the egress policy, never the host's loopback or an
+//! unspecified address, nor the sandbox's own subnets), inbound only through `-p` (its
+//! host listener), the egress bond, the flow table of UDP and echo flows; sources the
+//! sandbox owns only (docs/SECURITY.md, "nic mode"). It does not depend on
+//! `ferry-server`.
 //!
 //! ```text
 //!   sandbox kernel ── eth0 (TAP, one queue per NIC server, vnet header, csum offload)
@@ -90,17 +93,20 @@ impl Plan {
         ip == IpAddr::V4(self.v4) || ip == IpAddr::V6(self.v6)
     }
 
+    /// The sandbox's own link, as the admission rules see it.
+    pub fn own_link(&self) -> ferry_egress::OwnLink {
+        ferry_egress::OwnLink {
+            v4: self.v4,
+            prefix4: self.prefix4,
+            v6: self.v6,
+            prefix6: self.prefix6,
+        }
+    }
+
     /// Whether `ip` is on the sandbox's own link (its subnets: the gateway, the sandbox,
     /// their neighbours, the subnet's broadcast). Nothing but the gateway is there.
     pub fn on_link(&self, ip: IpAddr) -> bool {
-        let within = |a: &[u8], b: &[u8], bits: u8| {
-            let (full, rest) = (usize::from(bits / 8), bits % 8);
-            a[..full] == b[..full] && (rest == 0 || (a[full] ^ b[full]) >> (8 - rest) == 0)
-        };
-        match ip {
-            IpAddr::V4(a) => within(&a.octets(), &self.v4.octets(), self.prefix4),
-            IpAddr::V6(a) => within(&a.octets(), &self.v6.octets(), self.prefix6),
-        }
+        self.own_link().contains(ip)
     }
 
     /// The gateway address of `ip`'s family.
@@ -133,9 +139,9 @@ pub struct NicPublish {
 pub struct NicConfig {
     pub plan: Plan,
     /// The egress policy (the same as the protocol servers').
-    pub policy: ferry_server::Policy,
+    pub policy: ferry_egress::Policy,
     /// Egress bonding: where new host sockets leave from.
-    pub egress: Option<Arc<ferry_server::Bond>>,
+    pub egress: Option<Arc<ferry_egress::Bond>>,
     /// How long a server's loop spins for work before it sleeps (SBW).
     pub spin: Duration,
     /// Most flows (TCP, UDP and echo together) a NIC server carries at once.
@@ -153,7 +159,7 @@ impl NicConfig {
     pub fn new(plan: Plan) -> NicConfig {
         NicConfig {
             plan,
-            policy: ferry_server::Policy::default(),
+            policy: ferry_egress::Policy::default(),
             egress: None,
             spin: Duration::from_micros(200),
             max_flows: 4096,

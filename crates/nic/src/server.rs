@@ -42,8 +42,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use ferry_proto::WireAddr;
-use ferry_server::{LogThrottle, TapHandoff, Verdict, egress::Lease};
+use ferry_egress::{FlowTable, Lease, Limits, LogThrottle, Origin, TapHandoff, What, admit};
 use ferry_sys::{Epoll, Event, tun};
 use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
 use smoltcp::phy::{self, DeviceCapabilities, Medium};
@@ -296,12 +295,16 @@ struct DgramFlow {
     /// The destination (for echo: its address, port 0).
     remote: SocketAddr,
     echo: bool,
-    last: Instant,
     _lease: Option<Lease>,
 }
 
 /// Key of a datagram flow: (is echo, sandbox end, remote end).
 type DgramKey = (bool, SocketAddr, SocketAddr);
+
+/// How long a datagram flow may carry nothing.
+fn dgram_idle(key: &DgramKey) -> Duration {
+    if key.0 { ECHO_IDLE } else { UDP_IDLE }
+}
 
 /// One NIC server (see the module docs).
 pub struct NicServer {
@@ -317,8 +320,8 @@ pub struct NicServer {
     pending: HashMap<u64, Pending>,
     /// Flows the sandbox opened, pending or not, by (sandbox, destination).
     tcp_keys: HashMap<(SocketAddr, SocketAddr), u64>,
-    dgram: HashMap<u64, DgramFlow>,
-    dgram_keys: HashMap<DgramKey, u64>,
+    /// UDP and echo flows (by id and key, idle expiry).
+    dgram: FlowTable<DgramKey, DgramFlow>,
     listeners: Vec<(OwnedFd, NicPublish)>,
     /// Where socket mode passes published connections no listener of the shim's is on.
     handoff: Option<Arc<TapHandoff>>,
@@ -390,7 +393,7 @@ impl NicServer {
         epoll.add(efd.as_fd(), libc::EPOLLIN as u32, TOKEN_STOP)?;
         let mut listeners = Vec::new();
         for (i, p) in publish.iter().enumerate() {
-            let l = listener(p.host).map_err(|e| {
+            let (l, _) = ferry_egress::host_listener(p.host, false).map_err(|e| {
                 io::Error::new(e.kind(), format!("-p {}:{}: {e}", p.host, p.sandbox_port))
             })?;
             epoll.add(l.as_fd(), libc::EPOLLIN as u32, TOKEN_LISTEN + i as u64)?;
@@ -417,8 +420,7 @@ impl NicServer {
             tcp: HashMap::new(),
             pending: HashMap::new(),
             tcp_keys: HashMap::new(),
-            dgram: HashMap::new(),
-            dgram_keys: HashMap::new(),
+            dgram: FlowTable::new(Limits::uncapped(dgram_idle)),
             listeners,
             handoff: None,
             retry: Vec::new(),
@@ -649,7 +651,7 @@ impl NicServer {
                     if ev.events & (libc::EPOLLOUT | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
                         self.connected(t);
                     }
-                } else if self.dgram.contains_key(&t) {
+                } else if self.dgram.contains(t) {
                     // Framing the datagrams counts as egress (no stack on this path).
                     let (m, frames) = (self.dev.timing.mark(), self.dev.count.frames);
                     self.host_dgram_ready(t);
@@ -660,34 +662,24 @@ impl NicServer {
         }
     }
 
-    /// Counts a refusal and logs it, at most once a second.
-    fn refused(&mut self, what: &str, to: SocketAddr) {
+    /// Whether the sandbox may reach `to` with `what` (docs/SECURITY.md, nic mode), as
+    /// [`ferry_egress::admit`] decides for a link: never a local address (the host's
+    /// own), the sandbox's own subnets (the gateway included), a multicast, broadcast
+    /// or IPv6 link-local one; the policy for the rest. A refusal is counted and
+    /// logged, at most once a second.
+    fn allowed(&mut self, what: What, to: SocketAddr) -> bool {
+        let from = Origin::Link(self.cfg.plan.own_link());
+        let ferry_egress::Decision::Refused(why) = admit(&self.cfg.policy, what, from, to) else {
+            return true;
+        };
         self.stats.denied += 1;
         if let Some(n) = self.refusals.tick() {
             warn!(
-                "{}: {what} to {to} denied{} ({n} since the last line)",
-                self.id,
-                ferry_server::policy::denial_hint(&to)
+                "{}: {what} to {to} {why} ({n} since the last line)",
+                self.id
             );
         }
-    }
-
-    /// Whether the sandbox may reach `to` (docs/SECURITY.md, nic mode): never a local
-    /// address (loopback, unspecified: the host's own), the sandbox's own subnets (the
-    /// gateway included), a multicast, broadcast or IPv6 link-local one; the policy for
-    /// the rest, IPv4 link-local only when an allow of its own decides
-    /// ([`ferry_server::Policy::check_sandbox`]).
-    fn allowed(&self, to: SocketAddr) -> bool {
-        let ip = to.ip();
-        let plan = &self.cfg.plan;
-        let special = match ip {
-            IpAddr::V4(a) => a.is_multicast() || a.is_broadcast(),
-            IpAddr::V6(a) => a.is_multicast() || a.is_unicast_link_local(),
-        };
-        !(WireAddr::from(to).is_local()
-            || special
-            || plan.on_link(ip)
-            || self.cfg.policy.check_sandbox(&to) == Verdict::Deny)
+        false
     }
 
     /// Hands the frame just read to the stack.
@@ -789,8 +781,7 @@ impl NicServer {
     /// the stack now, to a stack socket when the connect has already succeeded, to none
     /// when refused (the stack then resets the connection).
     fn open_tcp(&mut self, src: SocketAddr, dst: SocketAddr) -> bool {
-        if !self.allowed(dst) {
-            self.refused("TCP", dst);
+        if !self.allowed(What::Connect, dst) {
             return false;
         }
         if self.flows() >= self.cfg.max_flows {
@@ -1035,12 +1026,11 @@ impl NicServer {
     /// The datagram flow for `key`, made (host socket connected to `remote`) if new and
     /// allowed.
     fn dgram_flow(&mut self, key: DgramKey) -> Option<u64> {
-        if let Some(id) = self.dgram_keys.get(&key) {
-            return Some(*id);
+        if let Some(id) = self.dgram.find(&key) {
+            return Some(id);
         }
         let (echo, sandbox, remote) = key;
-        if !self.allowed(remote) {
-            self.refused(if echo { "echo" } else { "UDP" }, remote);
+        if !self.allowed(if echo { What::Echo } else { What::Datagram }, remote) {
             return None;
         }
         if self.flows() >= self.cfg.max_flows {
@@ -1083,18 +1073,16 @@ impl NicServer {
         } else {
             self.stats.udp_flows += 1;
         }
-        self.dgram_keys.insert(key, id);
-        self.dgram.insert(
-            id,
-            DgramFlow {
-                host,
-                sandbox,
-                remote,
-                echo,
-                last: Instant::now(),
-                _lease: lease,
-            },
-        );
+        let flow = DgramFlow {
+            host,
+            sandbox,
+            remote,
+            echo,
+            _lease: lease,
+        };
+        // No cap of the table's own (the server's covers every flow), ids never reused:
+        // nothing is displaced.
+        let _ = self.dgram.insert(id, key, flow, Instant::now());
         Some(id)
     }
 
@@ -1118,8 +1106,10 @@ impl NicServer {
             self.prohibit(dst.ip());
             return;
         };
-        let f = self.dgram.get_mut(&id).expect("flow just found");
-        f.last = Instant::now();
+        let f = self
+            .dgram
+            .active(id, Instant::now())
+            .expect("flow just found");
         let t0 = self.dev.timing.start();
         let sent = ferry_sys::send_nosignal(f.host.as_fd(), &self.dev.rx[start..start + len]);
         self.dev.timing.end(Stage::HostSend, t0, sent.is_ok());
@@ -1143,8 +1133,10 @@ impl NicServer {
             self.prohibit(dst);
             return;
         };
-        let f = self.dgram.get_mut(&id).expect("flow just found");
-        f.last = Instant::now();
+        let f = self
+            .dgram
+            .active(id, Instant::now())
+            .expect("flow just found");
         // The ping socket wants the ICMP message: type, code, checksum and identifier
         // are the kernel's to fill in; the sequence number and data are the sandbox's.
         let ty = if dst.is_ipv4() { 8 } else { 128 };
@@ -1159,9 +1151,10 @@ impl NicServer {
     /// Datagrams (or echo replies) arrived on flow `id`'s host socket: framed to the
     /// sandbox.
     fn host_dgram_ready(&mut self, id: u64) {
-        let Some(f) = self.dgram.get_mut(&id) else {
+        let Some(f) = self.dgram.get_mut(id) else {
             return;
         };
+        let mut got_any = false;
         for _ in 0..DGRAM_BATCH {
             let t0 = self.dev.timing.start();
             let got = ferry_sys::recv(f.host.as_fd(), &mut self.buf, libc::MSG_DONTWAIT);
@@ -1170,7 +1163,7 @@ impl NicServer {
                 Ok(n) => n,
                 Err(_) => break,
             };
-            f.last = Instant::now();
+            got_any = true;
             let framed = if f.echo {
                 let reply = if f.remote.is_ipv4() { 0 } else { 129 };
                 if n < 8 || self.buf[0] != reply {
@@ -1206,22 +1199,17 @@ impl NicServer {
                 );
             }
         }
+        if got_any {
+            self.dgram.active(id, Instant::now());
+        }
     }
 
     /// Closes idle datagram flows.
     fn sweep_dgram(&mut self) {
-        self.last_sweep = Instant::now();
-        let idle: Vec<u64> = self
-            .dgram
-            .iter()
-            .filter(|(_, f)| f.last.elapsed() >= if f.echo { ECHO_IDLE } else { UDP_IDLE })
-            .map(|(id, _)| *id)
-            .collect();
-        for id in idle {
-            if let Some(f) = self.dgram.remove(&id) {
-                let _ = self.epoll.delete(f.host.as_fd());
-                self.dgram_keys.remove(&(f.echo, f.sandbox, f.remote));
-            }
+        let now = Instant::now();
+        self.last_sweep = now;
+        for (_, _, f) in self.dgram.expire(now) {
+            let _ = self.epoll.delete(f.host.as_fd());
         }
     }
 }
@@ -1336,27 +1324,4 @@ fn unmap(a: SocketAddr) -> SocketAddr {
         },
         a => a,
     }
-}
-
-/// A non-blocking TCP listener on `at`.
-fn listener(at: SocketAddr) -> io::Result<OwnedFd> {
-    let domain = if at.is_ipv4() {
-        libc::AF_INET
-    } else {
-        libc::AF_INET6
-    };
-    let fd = ferry_sys::socket(
-        domain,
-        libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-        0,
-    )?;
-    ferry_sys::setsockopt(
-        fd.as_fd(),
-        libc::SOL_SOCKET,
-        libc::SO_REUSEADDR,
-        &1i32.to_ne_bytes(),
-    )?;
-    ferry_sys::bind(fd.as_fd(), &at)?;
-    ferry_sys::listen(fd.as_fd(), 1024)?;
-    Ok(fd)
 }

@@ -174,9 +174,9 @@ pub(crate) const LIVE_EVERY: u64 = 1024;
 impl NicLive {
     /// The counters as a row of `ferry ctl stats` (`sockets`: open flows, `requests`:
     /// frames from the sandbox).
-    pub fn snapshot(&self, id: &str) -> ferry_server::LiveStats {
+    pub fn snapshot(&self, id: &str) -> ferry_proto::LiveStats {
         use std::sync::atomic::Ordering::Relaxed;
-        ferry_server::LiveStats {
+        ferry_proto::LiveStats {
             id: id.to_string(),
             cpu: self.cpu.load(Relaxed),
             pinned: self.pinned.load(Relaxed),

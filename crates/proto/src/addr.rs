@@ -124,23 +124,6 @@ impl WireAddr {
             }
         }
     }
-
-    /// True for destinations the kernel delivers to the machine itself, whatever its
-    /// interfaces: loopback (127/8, ::1), the unspecified addresses (a `connect` to
-    /// 0.0.0.0 or :: reaches the local host), and the rest of 0.0.0.0/8 ("this
-    /// network"), each also in v4-mapped form. For a sandbox they mean the sandbox's
-    /// own loopback; on the host they would mean the host's.
-    pub fn is_local(&self) -> bool {
-        let v4 = match self.0.ip() {
-            std::net::IpAddr::V4(ip) => ip,
-            std::net::IpAddr::V6(ip) if ip.is_loopback() || ip.is_unspecified() => return true,
-            std::net::IpAddr::V6(ip) => match ip.to_ipv4_mapped() {
-                Some(v4) => v4,
-                None => return false,
-            },
-        };
-        v4.is_loopback() || v4.octets()[0] == 0
-    }
 }
 
 #[cfg(test)]
@@ -148,30 +131,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn local_destinations() {
-        let local = |s: &str| WireAddr(s.parse().unwrap()).is_local();
-        for s in [
-            "127.0.0.1:1",
-            "127.9.9.9:1",
-            "0.0.0.0:80",
-            "0.1.2.3:80",
-            "[::1]:1",
-            "[::]:80",
-            "[::ffff:0.0.0.0]:80",
-            "[::ffff:127.0.0.1]:80",
-            "[::ffff:0.0.0.7]:80",
-        ] {
-            assert!(local(s), "{s}");
-        }
-        for s in [
-            "10.0.0.1:1",
-            "1.0.0.0:80",
-            "[2001:db8::1]:1",
-            "[::ffff:10.0.0.1]:80",
-            "[::2]:1",
-        ] {
-            assert!(!local(s), "{s}");
-        }
+    fn unspecified_addresses() {
         assert!(WireAddr("[::ffff:0.0.0.0]:0".parse().unwrap()).is_unspecified());
         assert!(!WireAddr("[::ffff:0.0.0.1]:0".parse().unwrap()).is_unspecified());
     }

@@ -11,8 +11,9 @@ use std::os::fd::{AsFd, OwnedFd};
 use ferry_proto::{CMP_RENEW_PAIR, Cmp, CmpKind, Ctl, WireAddr, cmsg};
 use tracing::{debug, warn};
 
+use ferry_egress::{Decision, Origin, Reason, What, admit, reach};
+
 use crate::ops::{Errno, reply_id, would_block};
-use crate::policy::Verdict;
 use crate::server::Server;
 use crate::sock::{Conn, Parked, Place};
 
@@ -303,7 +304,7 @@ impl Server {
         self.socks.get(&id).is_some_and(|s| s.place == Place::Host)
     }
 
-    pub(crate) fn host_loopback_refused(&mut self, id: u32, what: &str, to: WireAddr) {
+    pub(crate) fn host_loopback_refused(&mut self, id: u32, what: What, to: WireAddr) {
         warn!(
             "socket {id}: {what} to {} refused: the socket is on the host, where that address is the host's own (never reachable from a sandbox)",
             to.to_std()
@@ -319,7 +320,7 @@ impl Server {
             return None;
         }
         cmsg::sources(control)
-            .find_map(|(index, ip)| crate::reach::source_refused(&mut self.host_addrs, index, ip))
+            .find_map(|(index, ip)| reach::source_refused(&mut self.host_addrs, index, ip))
     }
 
     /// A socket the program bound to the wildcard address (so it was made in the sandbox)
@@ -468,25 +469,31 @@ impl Server {
         self.done(ch, id, tag, Errno(e));
     }
 
-    /// Whether socket `id` may reach `dest` (`what` it is, for the log: "connect",
-    /// "datagram"), and from where: the host's own addresses are never reachable from
-    /// the host side; the policy; a socket bound to the wildcard in the sandbox moves to
-    /// the host for a peer outside it, a provisional one is placed; a socket that keeps
-    /// a port the program chose remembers the peer (`reach.rs`).
-    pub(crate) fn route_to(&mut self, id: u32, dest: WireAddr, what: &str) -> Result<(), Errno> {
-        let (local, to) = (dest.is_local(), dest.to_std());
-        if local && self.on_host(id) {
-            self.host_loopback_refused(id, what, dest);
-            return Err(Errno(libc::EACCES));
-        }
-        if !local && self.cfg.policy.check_sandbox(&to) == Verdict::Deny {
-            warn!(
-                "socket {id}: {what} to {to} denied by policy{}",
-                crate::policy::denial_hint(&to)
-            );
-            self.stats.denied += 1;
-            return Err(Errno(libc::EACCES));
-        }
+    /// Whether socket `id` may reach `dest` (`what`: a connect or a datagram), and from
+    /// where, as [`ferry_egress::admit`] decides: the host's own addresses are never
+    /// reachable from the host side; the policy. Then a socket bound to the wildcard in
+    /// the sandbox moves to the host for a peer outside it, a provisional one is placed;
+    /// a socket that keeps a port the program chose remembers the peer.
+    pub(crate) fn route_to(&mut self, id: u32, dest: WireAddr, what: What) -> Result<(), Errno> {
+        let to = dest.to_std();
+        let from = if self.on_host(id) {
+            Origin::Host
+        } else {
+            Origin::Sandbox
+        };
+        let local = match admit(&self.cfg.policy, what, from, to) {
+            Decision::Inside => true,
+            Decision::Outside => false,
+            Decision::Refused(Reason::HostLocal) => {
+                self.host_loopback_refused(id, what, dest);
+                return Err(Errno(libc::EACCES));
+            }
+            Decision::Refused(why) => {
+                warn!("socket {id}: {what} to {to} {why}");
+                self.stats.denied += 1;
+                return Err(Errno(libc::EACCES));
+            }
+        };
         if !local {
             self.move_to_host(id)?;
         }
@@ -500,9 +507,12 @@ impl Server {
     /// [`Server::route_to`] for a connect: besides, a stream bound inside the sandbox has
     /// no route out, and an egress bond picks the source.
     fn route_connect(&mut self, id: u32, addr: WireAddr) -> Result<(), Errno> {
-        self.route_to(id, addr, "connect")?;
+        self.route_to(id, addr, What::Connect)?;
         let s = self.sock(id).ok_or(Errno(libc::EBADF))?;
-        if s.place == Place::Sandbox && !addr.is_local() && s.ty == libc::SOCK_STREAM {
+        if s.place == Place::Sandbox
+            && !reach::is_local(addr.to_std().ip())
+            && s.ty == libc::SOCK_STREAM
+        {
             // Bound inside the sandbox, now asked to leave it: the sandbox has no route.
             return Err(Errno(libc::ENETUNREACH));
         }
@@ -565,7 +575,7 @@ impl Server {
 
     pub(crate) fn bind(&mut self, id: u32, addr: SocketAddr) -> Result<(), Errno> {
         let io = self.io;
-        let local = WireAddr::from(addr).is_local();
+        let local = reach::is_local(addr.ip());
         if !local {
             if !self.host_addrs.owns(addr.ip()) {
                 debug!("socket {id}: bind to {addr}: not an address of the host");

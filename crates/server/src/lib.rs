@@ -3,14 +3,15 @@
 //!
 //! This crate owns the server side of socket mode: accepting channels on the control
 //! socket, spreading sockets over several servers, creating and placing host sockets
-//! (host namespace vs. the sandbox's own namespace), performing every operation
+//! (host namespace vs. the sandbox's own namespace, as [`ferry_egress::admit`] decides
+//! for a connect, a datagram and an arrival), performing every operation
 //! non-blocking and parking the ones that must wait, readiness tokens (and, on the pair
-//! receive path, moving a TCP socket's received bytes into its readiness pair), the egress
-//! policy, which socket options and control messages a sandbox may use (`sockopt.rs`,
+//! receive path, moving a TCP socket's received bytes into its readiness pair), which
+//! socket options and control messages a sandbox may use (`sockopt.rs`,
 //! `ferry_proto::cmsg`: nothing that needs the server's privilege or points into its
-//! memory), egress bonding ([`egress`]: new outgoing connections spread over several host
-//! source addresses), published ports (TCP connections handed to the sandbox's listener;
-//! UDP datagrams forwarded through a flow per client, `udp_publish`), data-path modules bound to sockets (`modules`: the
+//! memory), binding a socket to its egress bond's source address (`egress.rs`),
+//! published ports (TCP connections handed to the sandbox's listener; UDP datagrams
+//! forwarded through a flow per client, `udp_publish`), data-path modules bound to sockets (`modules`: the
 //! server half of `ferry-modules` — binding, feeding a module the program's sends,
 //! writing its output, failing only its socket), and counters. It trusts nothing that
 //! comes from a channel: a malformed record closes that channel (with a log line) and the
@@ -65,8 +66,9 @@
 //! can fill is bounded: completions by back-pressure (the channel is not read while they
 //! back up), parked requests per channel and socket, control connections waiting for
 //! their Hello (2 s, 64 at most), channels and sockets per sandbox
-//! (`Config::max_channels`, `Config::max_sockets`). Where a socket may go is `reach.rs`
-//! (local addresses, binds, listening, sources, arrivals) beside the egress policy.
+//! (`Config::max_channels`, `Config::max_sockets`). Where a socket may go is
+//! `ferry_egress`'s (its `admit`, policy and address rules: local addresses, host
+//! addresses, sources, arrivals); binds and listening are placed in `connect.rs`.
 //! Once set up, the process that runs the servers confines itself ([`confine`]).
 #![deny(unsafe_code)]
 #![warn(
@@ -80,15 +82,13 @@ pub mod confine;
 mod connect;
 mod control;
 pub mod dns;
-pub mod egress;
+mod egress;
 mod group;
 #[allow(unsafe_code)]
 mod hostio;
 mod modules;
 mod ops;
-pub mod policy;
 mod published;
-mod reach;
 mod rx;
 mod seam;
 mod server;
@@ -100,13 +100,12 @@ pub mod testkit;
 mod tx;
 mod udp_publish;
 
-pub use egress::{Bond, EgressStats, Mode};
+pub use ferry_egress::{Bond, EgressStats, LogThrottle, Mode, Policy, Rule, TapHandoff, Verdict};
 pub use ferry_modules::{Interrupt as ModuleInterrupt, Limits as ModuleLimits};
-pub use group::{Accepted, Assign, Control, Handle, LiveStats, Servers, parse_server, server_name};
+pub use ferry_proto::LiveStats;
+pub use group::{Accepted, Assign, Control, Handle, Servers, parse_server, server_name};
 pub use modules::{HIGH_WATER, ModuleConfig, ModuleError, ModuleRule, ModuleTarget};
-pub use policy::{Policy, Rule, Verdict};
-pub use published::TapHandoff;
-pub use server::{LogThrottle, Server, descends_from};
+pub use server::{Server, descends_from};
 pub use stats::{
     ChannelStats, FOLDED, MAX_LISTED, ServerStats, SocketStats, group_json, merge as merge_stats,
 };
@@ -158,7 +157,7 @@ pub struct Config {
     pub publish: Vec<Publish>,
     /// With a TAP beside the shim (`--net both`): where connections to a published TCP
     /// port that no listener of the shim's is on go (nic mode's NIC server).
-    pub tap: Option<Arc<published::TapHandoff>>,
+    pub tap: Option<Arc<TapHandoff>>,
     /// Egress bonding: source addresses for new outgoing connections (shared by every
     /// server of the sandbox).
     pub egress: Option<Arc<Bond>>,

@@ -473,7 +473,7 @@ impl Server {
         let refused = sockopt::refused(level, name, value).map(str::to_owned);
         let refused = match cmsg::in6_pktinfo(value).filter(|_| sticky_source) {
             Some((index, ip)) if refused.is_none() => {
-                crate::reach::source_refused(&mut self.host_addrs, index, ip)
+                ferry_egress::reach::source_refused(&mut self.host_addrs, index, ip)
             }
             _ => refused,
         };

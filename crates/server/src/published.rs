@@ -1,16 +1,14 @@
-//! Published TCP ports (`-p`): the host listeners (the first server's), the connections
-//! they accept waiting for a listener of the sandbox, refused when none comes in time or
-//! when too many wait, and which listener of the sandbox a port feeds. With a TAP beside
-//! the shim (`--net both`), a connection to a port no listener of the shim's is on goes
-//! to nic mode instead ([`TapHandoff`]): a server the shim cannot serve (static, Go)
-//! is published too. Must not: serve the connection (it becomes an accepted socket of
-//! the sandbox, `connect.rs`, or a NIC server's flow).
+//! Published TCP ports (`-p`): the host listeners (the first server's, made by
+//! [`ferry_egress::host_listener`]), the connections they accept waiting for a listener
+//! of the sandbox, refused when none comes in time or when too many wait, and which
+//! listener of the sandbox a port feeds. With a TAP beside the shim (`--net both`), a
+//! connection to a port no listener of the shim's is on goes to nic mode instead
+//! ([`ferry_egress::TapHandoff`]): a server the shim cannot serve (static, Go) is
+//! published too. Must not: serve the connection (it becomes an accepted socket of the
+//! sandbox, `connect.rs`, or a NIC server's flow).
 
-use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::fd::{AsFd, OwnedFd};
 use std::time::Instant;
 
 use ferry_sys::Epoll;
@@ -20,131 +18,15 @@ use crate::group::{Msg, lock};
 use crate::server::{MAX_WAITING, Server, T_PUBLISH, UNSERVED_GRACE, index_u32, token};
 use crate::{Config, Error};
 
-/// Most connections waiting in a [`TapHandoff`] for the NIC server to take them.
-const HANDOFF_MAX: usize = 1024;
-
-/// Connections accepted on published TCP ports that no listener of the shim's is on,
-/// passed to nic mode's NIC server (`--net both`), which connects each to the sandbox's
-/// address on its port through the TAP: whatever listens there (a static or Go server,
-/// or a shimmed one bound to the wildcard) takes it. Open once a NIC server serves it;
-/// until then, and after it is closed, connections stay socket mode's.
-#[derive(Debug)]
-pub struct TapHandoff {
-    queue: Mutex<VecDeque<(OwnedFd, u16)>>,
-    /// Signalled for each connection queued.
-    wake: OwnedFd,
-    open: AtomicBool,
-}
-
-impl TapHandoff {
-    /// A closed handoff.
-    pub fn new() -> io::Result<TapHandoff> {
-        Ok(TapHandoff {
-            queue: Mutex::new(VecDeque::new()),
-            wake: ferry_sys::eventfd()?,
-            open: AtomicBool::new(false),
-        })
-    }
-
-    /// Opens (a NIC server takes connections now) or closes it; closing resets what
-    /// still waits.
-    pub fn set_open(&self, open: bool) {
-        self.open.store(open, Ordering::SeqCst);
-        if !open {
-            for (conn, _) in lock(&self.queue).drain(..) {
-                let _ = ferry_sys::linger_reset(conn.as_fd());
-            }
-        }
-    }
-
-    /// The descriptor that becomes readable when connections wait (for epoll).
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.wake.as_fd()
-    }
-
-    /// Takes every waiting connection with its sandbox port.
-    pub fn take(&self) -> Vec<(OwnedFd, u16)> {
-        let _ = ferry_sys::eventfd_drain(self.wake.as_fd());
-        lock(&self.queue).drain(..).collect()
-    }
-
-    /// Passes `conn` (for sandbox port `port`) on; gives it back when closed or full.
-    pub(crate) fn send(&self, conn: OwnedFd, port: u16) -> Result<(), OwnedFd> {
-        if !self.open.load(Ordering::SeqCst) {
-            return Err(conn);
-        }
-        let mut q = lock(&self.queue);
-        if q.len() >= HANDOFF_MAX {
-            return Err(conn);
-        }
-        q.push_back((conn, port));
-        drop(q);
-        let _ = ferry_sys::eventfd_signal(self.wake.as_fd());
-        Ok(())
-    }
-}
-
 impl Server {
     pub(crate) fn publish_ports(cfg: &Config, epoll: &Epoll) -> Result<Vec<(OwnedFd, u16)>, Error> {
         let mut published = Vec::new();
         for (i, p) in cfg.publish.iter().enumerate() {
-            let perr = |source| Error::Publish {
-                addr: p.host,
-                source,
-            };
-            let ty = if p.udp {
-                libc::SOCK_DGRAM
-            } else {
-                libc::SOCK_STREAM
-            };
-            let mut host = p.host;
-            let fd = match ferry_sys::socket(
-                if host.is_ipv4() {
-                    libc::AF_INET
-                } else {
-                    libc::AF_INET6
-                },
-                ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                0,
-            ) {
-                // `[::]` (the default): both families, or IPv4 alone where IPv6 is off.
-                Err(e)
-                    if e.raw_os_error() == Some(libc::EAFNOSUPPORT)
-                        && host.ip() == std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED) =>
-                {
-                    host = std::net::SocketAddr::new(
-                        std::net::Ipv4Addr::UNSPECIFIED.into(),
-                        host.port(),
-                    );
-                    ferry_sys::socket(
-                        libc::AF_INET,
-                        ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                        0,
-                    )
-                }
-                other => other,
-            }
-            .map_err(perr)?;
-            if host.ip() == std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED) {
-                ferry_sys::setsockopt(
-                    fd.as_fd(),
-                    libc::IPPROTO_IPV6,
-                    libc::IPV6_V6ONLY,
-                    &0i32.to_ne_bytes(),
-                )
-                .map_err(perr)?;
-            }
-            ferry_sys::setsockopt(
-                fd.as_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_REUSEADDR,
-                &1i32.to_ne_bytes(),
-            )
-            .map_err(perr)?;
-            ferry_sys::bind(fd.as_fd(), &host).map_err(perr)?;
-            if !p.udp {
-                ferry_sys::listen(fd.as_fd(), 511).map_err(perr)?;
-            }
+            let (fd, _) =
+                ferry_egress::host_listener(p.host, p.udp).map_err(|source| Error::Publish {
+                    addr: p.host,
+                    source,
+                })?;
             epoll
                 .add(
                     fd.as_fd(),

@@ -8,6 +8,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 
+use ferry_egress::{Origin, What, admit};
 use ferry_proto::{CMP_DRAIN_TOKEN, Cmp, CmpKind, NO_BUF, WireAddr, cmsg};
 use ferry_ring::{BufId, BufSpan, Buffers};
 use ferry_sys::Received;
@@ -94,7 +95,7 @@ fn lend_buffers(chan: &mut Channel, stream: bool, len: u32) -> Vec<(BufId, BufSp
 
 /// What a receive on the host may let through, and where it counts what it drops.
 struct Arrivals<'a> {
-    policy: &'a crate::policy::Policy,
+    policy: &'a ferry_egress::Policy,
     stats: &'a mut crate::stats::ServerStats,
 }
 
@@ -114,7 +115,7 @@ impl Arrivals<'_> {
         let filter = !s.is_stream() && s.place != Place::Sandbox;
         let contacted = s.contacted.as_deref();
         let refused = |f: SocketAddr| {
-            !crate::reach::arrival_allowed(self.policy, f)
+            !admit(self.policy, What::Arrival, Origin::Host, f).admitted()
                 || contacted.is_some_and(|c| !c.contains(&f))
         };
         loop {

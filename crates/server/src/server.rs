@@ -22,7 +22,7 @@ use crate::group::{Handle, Msg, Shared, server_name};
 use crate::seam::Io;
 use crate::sock::{Owner, Parked, Sock};
 use crate::stats::ServerStats;
-use crate::{Config, Error, SandboxSocketFn};
+use crate::{Config, Error, LogThrottle, SandboxSocketFn};
 
 /// Epoll token kinds (top byte of the token; the low 32 bits carry an index).
 pub(crate) const T_LISTEN: u64 = 1;
@@ -103,7 +103,7 @@ pub struct Server {
     /// tells whether the program's end is still open (see `app_alive`).
     pub(crate) name_probe: Option<OwnedFd>,
     /// The host's own addresses, for the bind and source rules (`reach.rs`).
-    pub(crate) host_addrs: crate::reach::HostAddrs,
+    pub(crate) host_addrs: ferry_egress::HostAddrs,
     /// Log lines about refused control connections and sockets, at most one a second.
     pub(crate) refusals: LogThrottle,
     /// Connections to published ports wait with no listener in the sandbox
@@ -115,29 +115,6 @@ pub struct Server {
     pub(crate) udp_flows: crate::udp_publish::Flows,
     /// Log lines about requests for sockets a process does not hold, likewise.
     pub(crate) strangers: LogThrottle,
-}
-
-/// At most one log line a second for an event a sandbox can repeat at will: `tick`
-/// says when to write one, and how many events it covers.
-#[derive(Debug, Default)]
-pub struct LogThrottle {
-    last: Option<Instant>,
-    count: u64,
-}
-
-impl LogThrottle {
-    /// Counts one event; `Some(events since the last line)` when a line is due.
-    pub fn tick(&mut self) -> Option<u64> {
-        self.count += 1;
-        if self
-            .last
-            .is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(1))
-        {
-            return None;
-        }
-        self.last = Some(Instant::now());
-        Some(std::mem::take(&mut self.count))
-    }
 }
 
 impl std::fmt::Debug for Server {

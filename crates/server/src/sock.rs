@@ -10,9 +10,9 @@ use std::os::fd::OwnedFd;
 
 use ferry_ring::{BufSpan, Buffers};
 
-use crate::egress::Lease;
 use crate::seam::Io;
 use crate::stats::SocketStats;
+use ferry_egress::Lease;
 
 /// A process of the sandbox, as the server knows it: the pid its control connections
 /// came from (`SO_PEERCRED`, the kernel's word) and that process's start time, so that

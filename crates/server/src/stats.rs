@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::egress::EgressStats;
+use ferry_egress::EgressStats;
 
 /// Most closed sockets, and most closed channels, a server lists one by one; the
 /// counters of those closed after them are added up in one entry per list whose id is

@@ -16,11 +16,11 @@
 //! bytes (the largest UDP payload). Nothing the sandbox sends on a flow goes anywhere but
 //! to that flow's client.
 
-use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+use ferry_egress::{FlowTable, Limits};
 use tracing::{debug, warn};
 
 /// Most flows per published port.
@@ -41,17 +41,17 @@ pub(crate) struct Flow {
     pub client: SocketAddr,
     /// The flow's socket in the sandbox's namespace.
     pub fd: OwnedFd,
-    pub last: Instant,
 }
 
+/// A flow's key: (published port index, client). A port's flows are one group.
+type Key = (usize, SocketAddr);
+
 /// The flows of a server's published UDP ports, by flow id (the event loop's token)
-/// and by (port, client).
-#[derive(Debug, Default)]
+/// and by (port, client): at most [`MAX_FLOWS`] a port, closed after [`FLOW_IDLE`].
+#[derive(Debug)]
 pub(crate) struct Flows {
-    by_id: HashMap<u32, Flow>,
-    by_client: HashMap<(usize, SocketAddr), u32>,
+    table: FlowTable<Key, Flow>,
     next_id: u32,
-    last_sweep: Option<Instant>,
     /// Room for one datagram, kept between wake-ups.
     buf: Vec<u8>,
     /// Datagrams forwarded into the sandbox, and back out.
@@ -61,19 +61,38 @@ pub(crate) struct Flows {
     pub dropped: u64,
 }
 
+impl Default for Flows {
+    fn default() -> Flows {
+        Flows {
+            table: FlowTable::new(Limits {
+                idle: |_| FLOW_IDLE,
+                cap: MAX_FLOWS,
+                group: |k: &Key| k.0,
+            }),
+            next_id: 0,
+            buf: Vec::new(),
+            inbound: 0,
+            outbound: 0,
+            dropped: 0,
+        }
+    }
+}
+
 impl Flows {
-    /// The flow of `client` on published port `port`, if any.
-    pub fn find(&mut self, port: usize, client: SocketAddr) -> Option<(u32, &mut Flow)> {
-        let id = *self.by_client.get(&(port, client))?;
-        self.by_id.get_mut(&id).map(|f| (id, f))
+    /// The flow of `client` on published port `port`, marked active now.
+    fn find(&mut self, port: usize, client: SocketAddr) -> Option<u32> {
+        let id = self.table.find(&(port, client))?;
+        self.table.active(id, Instant::now());
+        u32::try_from(id).ok()
     }
 
-    pub fn get(&self, id: u32) -> Option<&Flow> {
-        self.by_id.get(&id)
+    fn get(&self, id: u32) -> Option<&Flow> {
+        self.table.get(id.into())
     }
 
-    pub fn get_mut(&mut self, id: u32) -> Option<&mut Flow> {
-        self.by_id.get_mut(&id)
+    /// Flow `id` carried a datagram now.
+    fn active(&mut self, id: u32) {
+        self.table.active(id.into(), Instant::now());
     }
 
     /// The datagram buffer (given back with [`Flows::put_buf`]).
@@ -87,53 +106,27 @@ impl Flows {
         self.buf = b;
     }
 
-    /// Adds a flow; returns its id and, when the port already had [`MAX_FLOWS`], the
-    /// flow that made room (idle longest), which the caller deregisters.
-    pub fn add(&mut self, flow: Flow) -> (u32, Option<Flow>) {
-        let evicted = if self.by_id.values().filter(|f| f.port == flow.port).count() >= MAX_FLOWS {
-            let oldest = self
-                .by_id
-                .iter()
-                .filter(|(_, f)| f.port == flow.port)
-                .min_by_key(|(_, f)| f.last)
-                .map(|(id, _)| *id);
-            oldest.and_then(|id| self.remove(id))
-        } else {
-            None
-        };
+    /// Adds a flow; returns its id and the flows it displaced (when the port already
+    /// had [`MAX_FLOWS`], the one idle longest), which the caller deregisters.
+    fn add(&mut self, flow: Flow) -> (u32, Vec<Flow>) {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
-        self.by_client.insert((flow.port, flow.client), id);
-        self.by_id.insert(id, flow);
-        (id, evicted)
+        let key = (flow.port, flow.client);
+        let gone = self.table.insert(id.into(), key, flow, Instant::now());
+        (id, gone.into_iter().map(|(_, _, f)| f).collect())
     }
 
-    pub fn remove(&mut self, id: u32) -> Option<Flow> {
-        let f = self.by_id.remove(&id)?;
-        self.by_client.remove(&(f.port, f.client));
-        Some(f)
+    fn remove(&mut self, id: u32) -> Option<Flow> {
+        self.table.remove(id.into()).map(|(_, f)| f)
     }
 
     /// Flows idle for [`FLOW_IDLE`], taken out (at most once a second).
-    pub fn expired(&mut self, now: Instant) -> Vec<Flow> {
-        if self
-            .last_sweep
-            .is_some_and(|t| now.duration_since(t) < Duration::from_secs(1))
-        {
-            return Vec::new();
-        }
-        self.last_sweep = Some(now);
-        let old: Vec<u32> = self
-            .by_id
-            .iter()
-            .filter(|(_, f)| now.duration_since(f.last) >= FLOW_IDLE)
-            .map(|(id, _)| *id)
-            .collect();
-        old.into_iter().filter_map(|id| self.remove(id)).collect()
-    }
-
-    pub fn len(&self) -> usize {
-        self.by_id.len()
+    fn expired(&mut self, now: Instant) -> Vec<Flow> {
+        self.table
+            .expire(now)
+            .into_iter()
+            .map(|(_, _, f)| f)
+            .collect()
     }
 }
 
@@ -160,10 +153,7 @@ impl crate::server::Server {
                 }
             };
             let flow = match self.udp_flows.find(i, from) {
-                Some((id, f)) => {
-                    f.last = Instant::now();
-                    Some(id)
-                }
+                Some(id) => Some(id),
                 None => self.new_flow(i, from),
             };
             let sent = flow
@@ -200,9 +190,7 @@ impl crate::server::Server {
                     continue;
                 }
             };
-            if let Some(f) = self.udp_flows.get_mut(id) {
-                f.last = Instant::now();
-            }
+            self.udp_flows.active(id);
             match ferry_sys::send_to(self.published_fd(port), &buf[..n], &client) {
                 Ok(_) => self.udp_flows.outbound += 1,
                 Err(e) => self.flow_dropped(port, &format!("to {client}: {e}")),
@@ -240,10 +228,9 @@ impl crate::server::Server {
             port: i,
             client,
             fd,
-            last: Instant::now(),
         };
         let (id, evicted) = self.udp_flows.add(flow);
-        if let Some(old) = evicted {
+        for old in evicted {
             let _ = self.epoll.delete(old.fd.as_fd());
         }
         let f = self.udp_flows.get(id).expect("just added");
@@ -262,7 +249,7 @@ impl crate::server::Server {
 
     /// Closes flows idle for [`FLOW_IDLE`].
     fn sweep_flows(&mut self) {
-        if self.udp_flows.len() == 0 {
+        if self.udp_flows.table.is_empty() {
             return;
         }
         for f in self.udp_flows.expired(Instant::now()) {
@@ -285,53 +272,55 @@ impl crate::server::Server {
 mod tests {
     use super::*;
 
-    fn flow(port: usize, client_port: u16, last: Instant) -> Flow {
+    fn flow(port: usize, client_port: u16) -> Flow {
         let (fd, _) =
             ferry_sys::socketpair(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC).unwrap();
         Flow {
             port,
             client: SocketAddr::new(Ipv4Addr::new(192, 0, 2, 9).into(), client_port),
             fd,
-            last,
         }
     }
 
+    /// The table's bounds are `ferry_egress::flows`'s (tested there); these are the
+    /// published ports': a port's flows are one group of [`MAX_FLOWS`].
     #[test]
     fn a_full_port_gives_the_longest_idle_flow_s_place_to_a_new_client() {
         let mut flows = Flows::default();
-        let t0 = Instant::now();
         for k in 0..MAX_FLOWS {
-            flows.add(flow(
-                0,
-                u16::try_from(k).unwrap() + 1,
-                t0 + Duration::from_millis(k as u64 + 1),
-            ));
+            assert!(
+                flows
+                    .add(flow(0, u16::try_from(k).unwrap() + 1))
+                    .1
+                    .is_empty()
+            );
         }
-        // Client 1 was the first; it has been heard from since, so client 2 is oldest.
-        let c1 = SocketAddr::new(Ipv4Addr::new(192, 0, 2, 9).into(), 1);
-        flows.find(0, c1).unwrap().1.last = t0 + Duration::from_secs(5);
         // Another port's flows are not counted against this one.
-        flows.add(flow(1, 7, t0));
-        let (_, evicted) = flows.add(flow(0, 60_000, t0 + Duration::from_secs(6)));
-        assert_eq!(evicted.map(|f| f.client.port()), Some(2));
-        assert_eq!(flows.len(), MAX_FLOWS + 1);
-        assert!(flows.find(0, c1).is_some());
+        assert!(flows.add(flow(1, 7)).1.is_empty());
+        // Client 1 was the first; it has been heard from since, so another goes.
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(
+            flows
+                .find(0, SocketAddr::new(Ipv4Addr::new(192, 0, 2, 9).into(), 1))
+                .is_some()
+        );
+        let (_, evicted) = flows.add(flow(0, 60_000));
+        let gone: Vec<(usize, u16)> = evicted.iter().map(|f| (f.port, f.client.port())).collect();
+        assert!(matches!(gone[..], [(0, c)] if c != 1), "{gone:?}");
+        assert_eq!(flows.table.len(), MAX_FLOWS + 1);
     }
 
     #[test]
-    fn idle_flows_expire_and_sweeps_are_rate_limited() {
+    fn idle_flows_expire() {
         let mut flows = Flows::default();
+        let (id, _) = flows.add(flow(0, 1));
         let t0 = Instant::now();
-        flows.add(flow(0, 1, t0));
-        flows.add(flow(0, 2, t0 + FLOW_IDLE));
-        assert!(flows.expired(t0 + Duration::from_secs(1)).is_empty());
-        // Within a second of the last sweep: not looked at.
-        assert!(flows.expired(t0 + Duration::from_millis(1500)).is_empty());
-        let gone = flows.expired(t0 + FLOW_IDLE + Duration::from_secs(3));
+        assert!(flows.expired(t0).is_empty());
+        let gone = flows.expired(t0 + FLOW_IDLE + Duration::from_secs(1));
         assert_eq!(
             gone.iter().map(|f| f.client.port()).collect::<Vec<_>>(),
             [1]
         );
-        assert_eq!(flows.len(), 1);
+        assert!(flows.get(id).is_none() && flows.remove(id).is_none());
     }
 }

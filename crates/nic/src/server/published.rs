@@ -11,8 +11,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_proto::WireAddr;
-use ferry_server::TapHandoff;
+use ferry_egress::TapHandoff;
 use smoltcp::wire::{IpAddress, IpListenEndpoint};
 use tracing::warn;
 
@@ -84,7 +83,8 @@ impl NicServer {
             return;
         }
         let plan = &self.cfg.plan;
-        let from_ip = if WireAddr::from(client).is_local() || plan.is_sandbox(client.ip()) {
+        let from_ip = if ferry_egress::reach::is_local(client.ip()) || plan.is_sandbox(client.ip())
+        {
             plan.gateway_for(client.ip())
         } else {
             client.ip()

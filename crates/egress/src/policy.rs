@@ -10,10 +10,13 @@
 //! metadata services answer, 169.254.169.254) are refused unless the rule that decides
 //! is an `--allow` inside that range (`--allow 169.254.169.254/32`): neither the open
 //! default nor a wider allow (`--allow 0.0.0.0/0`) reaches them
-//! ([`Policy::check_sandbox`]).
+//! ([`Policy::check_sandbox`]). Paths do not call the policy themselves: they ask
+//! [`crate::admit`], which applies the address rules first.
 
 use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
+
+use crate::reach::{is_link_local_v4, within};
 
 /// Allow or deny.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,28 +100,10 @@ impl Rule {
             v4 => v4,
         };
         match (self.net, ip) {
-            (IpAddr::V4(n), IpAddr::V4(a)) => prefix_eq(&n.octets(), &a.octets(), self.prefix),
-            (IpAddr::V6(n), IpAddr::V6(a)) => prefix_eq(&n.octets(), &a.octets(), self.prefix),
+            (IpAddr::V4(n), IpAddr::V4(a)) => within(&n.octets(), &a.octets(), self.prefix),
+            (IpAddr::V6(n), IpAddr::V6(a)) => within(&n.octets(), &a.octets(), self.prefix),
             _ => false,
         }
-    }
-}
-
-/// Whether `ip` is IPv4 link-local (169.254.0.0/16, v4-mapped forms included).
-pub fn is_link_local_v4(ip: IpAddr) -> bool {
-    match ip.to_canonical() {
-        IpAddr::V4(a) => a.is_link_local(),
-        IpAddr::V6(_) => false,
-    }
-}
-
-/// What a log line adds about a destination [`Policy::check_sandbox`] denied that
-/// [`Policy::check`] alone would not.
-pub fn denial_hint(dest: &SocketAddr) -> &'static str {
-    if is_link_local_v4(dest.ip()) {
-        " (IPv4 link-local: only an --allow inside 169.254.0.0/16 reaches it)"
-    } else {
-        ""
     }
 }
 
@@ -139,15 +124,6 @@ fn split_port(s: &str) -> Result<(&str, Option<u16>), RuleError> {
         Some((net, p)) if !net.contains(':') => Ok((net, Some(parse(p)?))),
         _ => Ok((s, None)),
     }
-}
-
-fn prefix_eq(a: &[u8], b: &[u8], prefix: u8) -> bool {
-    let full = usize::from(prefix / 8);
-    if a[..full] != b[..full] {
-        return false;
-    }
-    let rem = prefix % 8;
-    rem == 0 || (a[full] ^ b[full]) >> (8 - rem) == 0
 }
 
 /// An ordered rule list.
@@ -285,7 +261,5 @@ mod tests {
         // A deny before it still wins.
         let p = rules(&[(deny, "169.254.169.254"), (allow, "169.254.0.0/16")]);
         assert_eq!(p.check_sandbox(&metadata), deny);
-        assert!(!denial_hint(&metadata).is_empty());
-        assert_eq!(denial_hint(&sa("8.8.8.8:53")), "");
     }
 }

@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use ferry_counters::LiveStats;
 use ferry_proto::{Hello, MAX_SERVERS, SERVER_BITS};
 
 use crate::sock::Sock;
@@ -357,31 +358,6 @@ impl Handle {
 #[derive(Clone, Debug)]
 pub struct Control {
     shared: Arc<Shared>,
-}
-
-/// One line of [`Control::snapshot`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LiveStats {
-    /// `proto-K`.
-    pub id: String,
-    /// CPU it last ran on (-1 unknown).
-    pub cpu: i32,
-    /// CPU it is pinned to (-1 none).
-    pub pinned: i32,
-    /// Open sockets.
-    pub sockets: u64,
-    /// Open channels.
-    pub channels: u64,
-    /// Requests handled.
-    pub requests: u64,
-    /// Parked operations and queued sends at the last refresh.
-    pub outstanding: u64,
-    /// Bytes out.
-    pub bytes_out: u64,
-    /// Bytes in.
-    pub bytes_in: u64,
-    /// Times the loop slept.
-    pub sleeps: u64,
 }
 
 impl Control {

@@ -101,8 +101,9 @@ mod tx;
 mod udp_publish;
 
 pub use egress::{Bond, EgressStats, Mode};
+pub use ferry_counters::{Counters, LiveStats};
 pub use ferry_modules::{Interrupt as ModuleInterrupt, Limits as ModuleLimits};
-pub use group::{Accepted, Assign, Control, Handle, LiveStats, Servers, parse_server, server_name};
+pub use group::{Accepted, Assign, Control, Handle, Servers, parse_server, server_name};
 pub use modules::{HIGH_WATER, ModuleConfig, ModuleError, ModuleRule, ModuleTarget};
 pub use policy::{Policy, Rule, Verdict};
 pub use published::TapHandoff;

@@ -5,7 +5,8 @@
 //! of the team's BENCHMARKS.md (E1 bandwidth vs buffer size, E2 RTT and wakes vs spin
 //! span, E3 CPU interference, E4 batching, E5 nic mode's per-packet overhead by stage,
 //! its MTU and its NIC servers, E6 file → socket with data-path modules, E7 several
-//! protocol servers and paths, R1 real clients, nic mode among them), the method (warm-up, alternating
+//! protocol servers and paths, R1 real clients, nic mode among them; one file each behind
+//! the [`Experiment`] trait), the method (warm-up, alternating
 //! repetitions, medians with min/max, per-run timeouts, failures recorded and shown),
 //! and the outputs: terminal table, `results.csv`, one PNG per experiment, `report.md`.
 //!
@@ -17,7 +18,6 @@
 pub mod config;
 pub mod exec;
 pub mod experiments;
-pub mod nic_report;
 pub mod parse;
 pub mod plan;
 pub mod plot;
@@ -33,15 +33,15 @@ use indicatif::{ProgressBar, ProgressStyle};
 use config::{Config, Env, Ready, Skipped};
 use exec::{ExecError, Interrupt};
 pub use experiments::Experiment;
-use plan::{Bench, Row};
-use report::{Machine, Results};
+use plan::Bench;
+use report::{Machine, Results, Section};
 use topology::{Testbed, TopologyError};
 
 /// What to run and where to write.
 #[derive(Clone, Debug)]
 pub struct Options {
     /// Experiments, in order.
-    pub experiments: Vec<Experiment>,
+    pub experiments: Vec<&'static dyn Experiment>,
     /// Short runs and fewer points.
     pub quick: bool,
     /// Output directory (created).
@@ -113,7 +113,7 @@ pub struct Summary {
     pub plot_errors: Vec<String>,
 }
 
-fn output_err(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+pub(crate) fn output_err(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |source| Error::Output {
         path: path.to_owned(),
         source,
@@ -172,36 +172,26 @@ fn run_all(o: &Options) -> Result<Summary, Error> {
         bed.mtu
     );
     let (ready, skipped) = check_all(&remote, bed.mtu, &env)?;
-    let burner = env.ferry.with_file_name("ferry-burner");
-    let e6_bin = env.ferry.with_file_name("ferry-e6");
-    let e6_dir = bed.scratch().join("e6");
-    if o.experiments.contains(&Experiment::E6) {
-        write_e6_files(&e6_dir)?;
-        bed.start_e6(&e6_bin)?;
-    }
-    if o.experiments.contains(&Experiment::E3) && !burner.is_file() {
-        println!(
-            "warning: {} not found (cargo build --release --workspace): E3 will fail",
-            burner.display()
-        );
-    }
     let settings = experiments::Settings {
         quick: o.quick,
         remote,
         remote2: bed.remote_ip2().to_string(),
         remote_ns: bed.name().to_owned(),
         host_ip: bed.host_ip().to_string(),
-        burner,
-        e6_bin,
-        e6_dir,
+        burner: env.ferry.with_file_name("ferry-burner"),
+        e6_bin: env.ferry.with_file_name("ferry-e6"),
+        e6_dir: bed.scratch().join("e6"),
         unconfined_too: o.unconfined_too,
         baseline: o.baseline.clone(),
     };
+    for e in &o.experiments {
+        e.prepare(&settings, &mut bed)?;
+    }
     let configs: Vec<Config> = ready.iter().map(|r| r.config.clone()).collect();
-    let plans: Vec<(Experiment, Vec<plan::Case>)> = o
+    let plans: Vec<(&'static dyn Experiment, Vec<plan::Case>)> = o
         .experiments
         .iter()
-        .map(|&e| (e, experiments::cases(e, &settings, &configs)))
+        .map(|&e| (e, e.cases(&settings, &configs)))
         .collect();
     let total: usize = plans.iter().map(|(_, c)| c.len() * (o.runs + 1)).sum();
     let bar = ProgressBar::new(total as u64);
@@ -213,8 +203,7 @@ fn run_all(o: &Options) -> Result<Summary, Error> {
         .progress_chars("=> "),
     );
     let mut results = Results {
-        experiments: Vec::new(),
-        rows: Vec::new(),
+        sections: Vec::new(),
         ready,
         skipped,
         machine: Machine::probe(),
@@ -233,23 +222,16 @@ fn run_all(o: &Options) -> Result<Summary, Error> {
             bar: &bar,
             runs: o.runs,
         };
-        let mut rows = plan::measure(&mut bench, e.id(), cases, e.main_metric())?;
-        if *e == Experiment::E3 {
-            rows.extend(kept(&rows));
-        }
-        if *e == Experiment::E5 {
-            rows.extend(experiments::e5_ratios(&rows));
-        }
-        if *e == Experiment::E6 {
-            rows.extend(experiments::e6_ratios(&rows));
-        }
-        results.rows.extend(rows);
-        results.experiments.push(*e);
-        say(&bar, &report::table(*e, &results.rows));
+        let rows = e.run(&mut bench, cases)?;
+        say(&bar, &report::table(*e, &rows));
         // Written after every experiment, so an interrupted run leaves what it measured.
-        if let Err(why) = plot::draw(&o.out, *e, &results.rows) {
+        if let Err(why) = plot::draw(&o.out, *e, &rows) {
             plot_errors.push(format!("{}: {why}", e.id()));
         }
+        results.sections.push(Section {
+            experiment: *e,
+            rows,
+        });
         results.seconds = start.elapsed().as_secs_f64();
         report::write(&o.out, &results).map_err(output_err(&o.out))?;
     }
@@ -258,9 +240,9 @@ fn run_all(o: &Options) -> Result<Summary, Error> {
     results.seconds = start.elapsed().as_secs_f64();
     report::write(&o.out, &results).map_err(output_err(&o.out))?;
     let tables = results
-        .experiments
+        .sections
         .iter()
-        .map(|e| report::table(*e, &results.rows))
+        .map(|s| report::table(s.experiment, &s.rows))
         .collect();
     Ok(Summary {
         tables,
@@ -318,18 +300,6 @@ fn snapshot(ferry: &Path, dir: &Path) -> Result<(PathBuf, String), Error> {
     Ok((dir.join("ferry"), line))
 }
 
-/// Writes E6's files (readable by the sandbox's users): every size of
-/// [`experiments::E6_SIZES`], bytes `a..z` repeating (what `ferry-e6 requester` checks).
-fn write_e6_files(dir: &Path) -> Result<(), Error> {
-    std::fs::create_dir_all(dir).map_err(output_err(dir))?;
-    for size in experiments::E6_SIZES {
-        let body: Vec<u8> = (0..size).map(|i| b'a' + (i % 26) as u8).collect();
-        let path = dir.join(experiments::e6_file(size));
-        std::fs::write(&path, body).map_err(output_err(&path))?;
-    }
-    Ok(())
-}
-
 /// `YYYY-MM-DD HH:MM UTC` of a Unix time (civil-from-days, proleptic Gregorian).
 fn utc(secs: u64) -> String {
     let days = (secs / 86_400) as i64;
@@ -382,26 +352,6 @@ fn check_all(remote: &str, mtu: u32, env: &Env) -> Result<(Vec<Ready>, Vec<Skipp
         }
     }
     Ok((ready, skipped))
-}
-
-/// E3's derived rows: MFlops kept, in % of the burner alone's median.
-fn kept(rows: &[Row]) -> Vec<Row> {
-    let Some(alone) = rows
-        .iter()
-        .find(|r| r.config == "burner alone" && r.metric == "mflops")
-        .and_then(Row::median)
-    else {
-        return Vec::new();
-    };
-    rows.iter()
-        .filter(|r| r.metric == "mflops")
-        .map(|r| Row {
-            metric: "kept".into(),
-            unit: "%".into(),
-            samples: r.samples.iter().map(|v| v / alone * 100.0).collect(),
-            ..r.clone()
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -135,6 +135,17 @@ impl Row {
     }
 }
 
+/// The row of `config` at parameter `param` with `metric`, among one experiment's rows.
+pub fn find<'a>(rows: &'a [Row], config: &str, param: &str, metric: &str) -> Option<&'a Row> {
+    rows.iter()
+        .find(|r| r.config == config && r.param.label == param && r.metric == metric)
+}
+
+/// The median of [`find`]'s row, if it exists and has samples.
+pub fn median(rows: &[Row], config: &str, param: &str, metric: &str) -> Option<f64> {
+    find(rows, config, param, metric).and_then(Row::median)
+}
+
 /// Per-case bookkeeping while measuring.
 #[derive(Debug, Default)]
 struct Tally {

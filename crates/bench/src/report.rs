@@ -7,15 +7,22 @@ use std::path::Path;
 
 use crate::config::{Ready, Skipped};
 use crate::experiments::Experiment;
-use crate::plan::Row;
+use crate::plan::{Row, median};
+
+/// One experiment that ran, with its rows.
+#[derive(Debug)]
+pub struct Section {
+    /// The experiment.
+    pub experiment: &'static dyn Experiment,
+    /// Every (case, metric) of it, derived rows last.
+    pub rows: Vec<Row>,
+}
 
 /// Everything the report is made from.
 #[derive(Debug)]
 pub struct Results {
-    /// Experiments that ran, in order.
-    pub experiments: Vec<Experiment>,
-    /// Every (case, metric).
-    pub rows: Vec<Row>,
+    /// The experiments that ran, in order, with their rows.
+    pub sections: Vec<Section>,
     /// Configurations that passed their smoke check, with MTUs.
     pub ready: Vec<Ready>,
     /// Configurations skipped, with reasons.
@@ -101,7 +108,7 @@ fn csv_field(s: &str) -> String {
 
 /// `results.csv`: experiment, config, param, metric, unit, median, min, max, runs
 /// (successful measured runs; median/min/max are empty when every run failed).
-pub fn csv(rows: &[Row]) -> String {
+pub fn csv<'a>(rows: impl IntoIterator<Item = &'a Row>) -> String {
     let mut out = String::from("experiment,config,param,metric,unit,median,min,max,runs\n");
     let f = |v: Option<f64>| v.map(|v| format!("{v}")).unwrap_or_default();
     for r in rows {
@@ -124,14 +131,14 @@ pub fn csv(rows: &[Row]) -> String {
 }
 
 /// A fixed-width table of one experiment's rows, for the terminal.
-pub fn table(e: Experiment, rows: &[Row]) -> String {
+pub fn table(e: &dyn Experiment, rows: &[Row]) -> String {
     let mut out = format!("\n{} — {}\n", e.id(), e.title());
     let _ = writeln!(
         out,
         "{:<16} {:<18} {:<16} {:>10} {:>10} {:>10} {:>5}  unit",
         "config", "param", "metric", "median", "min", "max", "runs"
     );
-    for r in rows.iter().filter(|r| r.experiment == e.id()) {
+    for r in rows {
         let _ = write!(
             out,
             "{:<16} {:<18} {:<16} {:>10} {:>10} {:>10} {:>2}/{:<2}  {}",
@@ -155,14 +162,10 @@ pub fn table(e: Experiment, rows: &[Row]) -> String {
     out
 }
 
-fn md_table(e: Experiment, rows: &[Row]) -> String {
+fn md_table(e: &dyn Experiment, rows: &[Row]) -> String {
     let mut out = String::from("| config | param | metric | median | min | max | runs | unit |\n");
     out.push_str("|---|---|---|--:|--:|--:|--:|---|\n");
-    for r in rows
-        .iter()
-        .filter(|r| r.experiment == e.id())
-        .filter(|r| e != Experiment::E5 || crate::nic_report::e5_in_table(r))
-    {
+    for r in rows.iter().filter(|r| e.in_table(r)) {
         let _ = writeln!(
             out,
             "| {} | {} | {} | {} | {} | {} | {}/{} | {} |",
@@ -178,75 +181,6 @@ fn md_table(e: Experiment, rows: &[Row]) -> String {
         );
     }
     out
-}
-
-/// The paper's own figure for comparison, per experiment.
-fn paper(e: Experiment) -> &'static str {
-    match e {
-        Experiment::E1 => {
-            "S0 (Hnet, UML on GbE), fig. 1 and 6–9: original UML 31 MB/s vs host 117 MB/s; Hnet \
-             alone 71 MB/s receive; **Hnet + SBW reached the host's bandwidth (117 MB/s)**; DMHU \
-             (no guest copy) +18% at 512-byte buffers."
-        }
-        Experiment::E2 => {
-            "S0 tables 1, 3, 4, 6: burst ping-pong RTT **146 µs host**, 427 µs original UML, 264 \
-             Hnet, ~226 with SBW, **205 µs best** (with DMHU). Table 4, over 200,000 round trips: \
-             polling span 0 → **199,983** notifications (292 µs), 1 jiffy → **565** (226 µs), 10 \
-             jiffies → **1** (228 µs); one sleep costs ~32 µs."
-        }
-        Experiment::E3 => {
-            "S0 table 5: FLOPS process alone **554 MFlops**; beside a 10 MB/s transfer, original \
-             UML leaves **380**, SBW 0/1/10 jiffies leave **491**/489/475 — 1 jiffy keeps nearly \
-             all of the gain for little CPU."
-        }
-        Experiment::E4 => {
-            "S1 figs. 3, 5 (KVM, emulated PCnet32, iperf): send 58 → 318 Mbit/s, **5.5× at 30 \
-             batched operations**; receive 127 → 303 Mbit/s (2.4×) at 6; RTT did **not** grow \
-             with the batch size (the idle flush sends the queue as soon as the guest waits)."
-        }
-        Experiment::E5 => {
-            "S2 figs. 2–3 (a pseudo-NIC: the guest's NIC served by a process outside it, \
-             relaying to host sockets): per packet, **+11.98 µs transmit and +9.9 µs \
-             receive** over the host's own path, broken down by stage (receive, hand-off, \
-             wake-up, server pick-up). Here the baseline is the kernel's own path (native \
-             sockets over the veth to the remote namespace); the stages are the NIC \
-             server's own (TAP read, classify + stack, host socket send/receive, stack \
-             egress, TAP write, wake → pick-up); what the server cannot see (the sandbox \
-             kernel's TAP driver, thread hand-offs and wake-ups) is the rest of the RTT \
-             difference. MTU and NIC-server counts have no paper figure: goals are that \
-             the default MTU (65520) is the measured best and that 2 servers help \
-             `-P 4`."
-        }
-        Experiment::E6 => {
-            "S3 (modules run next to the data): a 2,322-byte HTTP response served faster by \
-             a module than by the application's own read/write path, and header + file \
-             through a module at the application's sendfile throughput. Goals here: module \
-             start p50 ≤ 10 µs (server means per response: `module_start` makes the \
-             instance, `module_init` runs init, `module_write` is the data: header + \
-             file; `bind_p50`: the program's bind call, queued on the ring without \
-             waiting, naming the file it registered once), module \
-             throughput ≥ 0.95× ferry sendfile (`x_sendfile`), and at 2,322 B module latency \
-             below ferry read/write (`x_rw_latency` < 1). `module` binds per response, as \
-             S3's server did; `module kept` binds once per kept-alive connection (http_file's \
-             `lines` mode: the program sends the module each request line, S3's proposed \
-             \"pass arguments directly\"), so no instance is made per response. Every way \
-             opens its file once (read/write: `pread` at offset 0, sendfile: with an \
-             offset, modules: `register_file`), so none pays an open/close per response."
-        }
-        Experiment::E7 => {
-            "S4 (protocol and NIC servers on a multiprocessor): two processes sending 1024-byte \
-             messages; the proposed arrangement (two protocol servers, two NIC paths) took \
-             **15–27% less time** per send+recv than the conventional one (one server, one \
-             path), and spreading the servers over cores took **0.55×** the time of running \
-             everything on one core. Here a \"path\" is a veth pair to the remote (the second \
-             process talks to the remote's address on its own pair), and wake-ups per request \
-             count the hand-offs between cores that needed a wake."
-        }
-        Experiment::R1 => {
-            "No paper figure: real, unmodified clients, native vs ferry (socket and nic \
-             mode) vs peers."
-        }
-    }
 }
 
 fn method(r: &Results) -> String {
@@ -277,57 +211,19 @@ fn method(r: &Results) -> String {
     )
 }
 
-fn find<'a>(rows: &'a [Row], e: &str, config: &str, param: &str, metric: &str) -> Option<&'a Row> {
-    rows.iter().find(|r| {
-        r.experiment == e && r.config == config && r.param.label == param && r.metric == metric
-    })
-}
-
-/// Headline ratios: ferry against native, slirp4netns and pasta, for throughput and RTT.
-fn headlines(rows: &[Row]) -> String {
-    // (label, experiment, metric, param, ferry's config name, param of the others)
-    let mut picks: Vec<(String, &str, String, String, &str, String)> = Vec::new();
-    let e1_sizes: Vec<String> = rows
+/// Headline ratios: ferry against native, slirp4netns and pasta, for throughput and RTT
+/// (the lines each experiment names, [`Experiment::headlines`]).
+fn headlines(sections: &[Section]) -> String {
+    let lines: Vec<(&Section, crate::experiments::Headline)> = sections
         .iter()
-        .filter(|r| r.experiment == "E1" && r.config == "native")
-        .map(|r| r.param.label.clone())
+        .flat_map(|s| {
+            s.experiment
+                .headlines(&s.rows)
+                .into_iter()
+                .map(move |h| (s, h))
+        })
         .collect();
-    for size in ["64", "4K", "64K", "256K"] {
-        if e1_sizes.iter().any(|s| s == size) {
-            picks.push((
-                format!("E1 bandwidth, {size} buffers (Gbit/s)"),
-                "E1",
-                "bandwidth".into(),
-                size.into(),
-                "ferry",
-                size.into(),
-            ));
-        }
-    }
-    if rows.iter().any(|r| r.experiment == "E2") {
-        picks.push((
-            "E2 RTT p50, ferry at default spin 200us (µs)".into(),
-            "E2",
-            "rtt_p50".into(),
-            "200us".into(),
-            "ferry-spin200us",
-            "-".into(),
-        ));
-    }
-    for r in rows
-        .iter()
-        .filter(|r| r.experiment == "R1" && r.config == "native")
-    {
-        picks.push((
-            format!("R1 {} ({})", r.metric, r.unit),
-            "R1",
-            r.metric.clone(),
-            r.param.label.clone(),
-            "ferry",
-            r.param.label.clone(),
-        ));
-    }
-    if picks.is_empty() {
+    if lines.is_empty() {
         return "No experiment of this run has a ferry-vs-peers headline (E1, E2, R1); see \
                 the sections below.\n"
             .into();
@@ -335,23 +231,25 @@ fn headlines(rows: &[Row]) -> String {
     let mut out = String::from(
         "| measure | ferry | native | slirp4netns | pasta | ferry/native | ferry/slirp4netns | ferry/pasta |\n|---|--:|--:|--:|--:|--:|--:|--:|\n",
     );
-    for (label, e, metric, fparam, fconfig, oparam) in picks {
-        let ferry = find(rows, e, fconfig, &fparam, &metric).and_then(Row::median);
-        let other = |c: &str| find(rows, e, c, &oparam, &metric).and_then(Row::median);
-        let (n, s, p) = (other("native"), other("slirp4netns"), other("pasta"));
+    for (s, h) in lines {
+        let (fconfig, fparam) = &h.ferry;
+        let ferry = median(&s.rows, fconfig, fparam, &h.metric);
+        let other = |c: &str| median(&s.rows, c, &h.others, &h.metric);
+        let (n, sl, p) = (other("native"), other("slirp4netns"), other("pasta"));
         let ratio = |o: Option<f64>| match (ferry, o) {
             (Some(f), Some(o)) if o != 0.0 => format!("{:.2}×", f / o),
             _ => "–".into(),
         };
         let _ = writeln!(
             out,
-            "| {label} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            h.label,
             num(ferry),
             num(n),
-            num(s),
+            num(sl),
             num(p),
             ratio(n),
-            ratio(s),
+            ratio(sl),
             ratio(p)
         );
     }
@@ -378,23 +276,20 @@ pub fn markdown(r: &Results) -> String {
         out,
         "\n## Method\n\n{}\n\n## Headline ratios\n\n{}\n",
         method(r),
-        headlines(&r.rows)
+        headlines(&r.sections)
     );
-    for &e in &r.experiments {
-        let summary = match e {
-            Experiment::E5 => crate::nic_report::e5_summary(&r.rows),
-            Experiment::R1 => crate::nic_report::r1_nic_goals(&r.rows),
-            _ => String::new(),
-        };
+    for s in &r.sections {
+        let e = s.experiment;
         let _ = write!(
             out,
-            "## {} — {}\n\n{summary}{}\n![{}]({}.png)\n\n**Paper, for comparison:** {}\n\n",
+            "## {} — {}\n\n{}{}\n![{}]({}.png)\n\n**Paper, for comparison:** {}\n\n",
             e.id(),
             e.title(),
-            md_table(e, &r.rows),
+            e.summary(&s.rows),
+            md_table(e, &s.rows),
             e.id(),
             e.id().to_lowercase(),
-            paper(e)
+            e.paper()
         );
     }
     out.push_str("## Skipped configurations\n\n");
@@ -407,7 +302,8 @@ pub fn markdown(r: &Results) -> String {
     out.push_str("\n## Failures\n\n");
     let mut any = false;
     let mut seen = std::collections::BTreeSet::new();
-    for row in r.rows.iter().filter(|x| x.samples.len() < x.planned) {
+    let rows = r.sections.iter().flat_map(|s| &s.rows);
+    for row in rows.filter(|x| x.samples.len() < x.planned) {
         let key = (
             row.experiment.clone(),
             row.config.clone(),
@@ -436,7 +332,8 @@ pub fn markdown(r: &Results) -> String {
 
 /// Writes `results.csv` and `report.md` into `dir`.
 pub fn write(dir: &Path, r: &Results) -> std::io::Result<()> {
-    std::fs::write(dir.join("results.csv"), csv(&r.rows))?;
+    let rows = r.sections.iter().flat_map(|s| &s.rows);
+    std::fs::write(dir.join("results.csv"), csv(rows))?;
     std::fs::write(dir.join("report.md"), markdown(r))
 }
 
@@ -472,16 +369,20 @@ mod tests {
 
     #[test]
     fn headline_ratio() {
-        let rows = [row("native", vec![4.0]), row("ferry", vec![2.0])];
-        let h = headlines(&rows);
+        let rows = vec![row("native", vec![4.0]), row("ferry", vec![2.0])];
+        let sections = [Section {
+            experiment: &crate::experiments::E1,
+            rows: rows.clone(),
+        }];
+        let h = headlines(&sections);
         assert!(
             h.contains("| E1 bandwidth, 64K buffers (Gbit/s) | 2.00 | 4.00 |"),
             "{h}"
         );
         assert!(h.contains("0.50×"), "{h}");
         assert!(
-            table(Experiment::E1, &rows).contains("failed")
-                || table(Experiment::E1, &rows).contains("2.00")
+            table(&crate::experiments::E1, &rows).contains("failed")
+                || table(&crate::experiments::E1, &rows).contains("2.00")
         );
     }
 }

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use ferry_bench::{Error, Experiment, Options};
+use ferry_bench::{Error, Experiment, Options, experiments};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -11,8 +11,8 @@ pub struct BenchArgs {
     /// E3 (CPU interference), E4 (batching), E5 (nic mode: per-packet overhead by stage,
     /// MTU, NIC servers), E6 (file → socket: read/write vs sendfile vs module), E7
     /// (several servers and paths), R1 (real clients, nic mode among them). Default: all.
-    #[arg(value_name = "EXPERIMENT", value_parser = Experiment::parse)]
-    pub experiments: Vec<Experiment>,
+    #[arg(value_name = "EXPERIMENT", value_parser = experiments::parse)]
+    pub experiments: Vec<&'static dyn Experiment>,
     /// Short runs and few points (a few minutes); 2 runs unless --runs is given.
     #[arg(long)]
     pub quick: bool,
@@ -36,11 +36,11 @@ pub struct BenchArgs {
 pub fn main(a: BenchArgs) -> i32 {
     crate::run::init_logging(0);
     let mut experiments = if a.experiments.is_empty() {
-        Experiment::ALL.to_vec()
+        experiments::ALL.to_vec()
     } else {
         a.experiments
     };
-    experiments.dedup();
+    experiments.dedup_by_key(|e| e.id());
     let baseline = match a.baseline.map(|b| b.canonicalize().map_err(|e| (b, e))) {
         None => None,
         Some(Ok(b)) if b.is_file() => Some(b),

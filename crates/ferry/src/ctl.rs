@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::{Args, Subcommand};
-use ferry_server::{Control, LiveStats, parse_server, server_name};
+use ferry_counters::{live_json, live_table};
+use ferry_server::{Control, parse_server, server_name};
 
 /// File name of the admin socket in a run's directory.
 pub const ADMIN_SOCKET: &str = "admin.sock";
@@ -104,8 +105,8 @@ fn handle(line: &str, control: &Control, nics: &Nics) -> String {
         all
     };
     match words.as_slice() {
-        ["stats"] => table(&snapshot()),
-        ["stats-json"] => json(&snapshot()) + "\n",
+        ["stats"] => live_table(&snapshot()),
+        ["stats-json"] => live_json(&snapshot()) + "\n",
         ["move", server, cpu] => {
             let nic = nics.iter().find(|(id, _)| id == server);
             let k = parse_server(server);
@@ -133,55 +134,6 @@ fn handle(line: &str, control: &Control, nics: &Nics) -> String {
         }
         _ => format!("error: unknown request `{line}` (stats, stats-json, move SERVER CPU)\n"),
     }
-}
-
-fn table(live: &[LiveStats]) -> String {
-    let mut out = String::from(
-        "server   cpu pinned sockets channels   requests outstanding    bytes_out     bytes_in   sleeps\n",
-    );
-    for l in live {
-        let pinned = if l.pinned < 0 {
-            "-".to_string()
-        } else {
-            l.pinned.to_string()
-        };
-        out += &format!(
-            "{:<8} {:>3} {:>6} {:>7} {:>8} {:>10} {:>11} {:>12} {:>12} {:>8}\n",
-            l.id,
-            l.cpu,
-            pinned,
-            l.sockets,
-            l.channels,
-            l.requests,
-            l.outstanding,
-            l.bytes_out,
-            l.bytes_in,
-            l.sleeps
-        );
-    }
-    out
-}
-
-fn json(live: &[LiveStats]) -> String {
-    let items: Vec<String> = live
-        .iter()
-        .map(|l| {
-            format!(
-                r#"{{"server":"{}","cpu":{},"pinned":{},"sockets":{},"channels":{},"requests":{},"outstanding":{},"bytes_out":{},"bytes_in":{},"sleeps":{}}}"#,
-                l.id,
-                l.cpu,
-                l.pinned,
-                l.sockets,
-                l.channels,
-                l.requests,
-                l.outstanding,
-                l.bytes_out,
-                l.bytes_in,
-                l.sleeps
-            )
-        })
-        .collect();
-    format!("[{}]", items.join(","))
 }
 
 /// Admin sockets of this user's runs whose `ferry run` is alive, with its pid.

@@ -10,6 +10,8 @@ use std::time::Instant;
 use clap::Args;
 use ferry_sandbox::testbed::{Remote, free_subnet, is_root};
 
+use crate::run::EXIT_SETUP;
+
 #[derive(Debug, Args)]
 pub struct DemoArgs {
     /// Size of the file the remote serves, in MiB.
@@ -77,89 +79,38 @@ fn fetch(cmd: &mut Command, want: &[u8]) -> Fetch {
     }
 }
 
+/// Why the demo could not be set up; every one exits [`EXIT_SETUP`].
+#[derive(Debug, thiserror::Error)]
+enum DemoError {
+    #[error(
+        "needs root to create the remote namespace (veth); try `sudo ferry demo`, or `ferry run -- CMD` as any user"
+    )]
+    NotRoot,
+    #[error("needs curl (run scripts/install-deps.sh)")]
+    NoCurl,
+    #[error("no free subnet: {0}")]
+    Subnet(#[source] std::io::Error),
+    #[error("cannot create the remote namespace: {0}")]
+    Remote(#[source] std::io::Error),
+    #[error("cannot listen in the remote namespace: {0}")]
+    Listen(#[source] std::io::Error),
+}
+
+/// The demo's steps: check the tools → make the remote host and serve the file → fetch
+/// it natively, through ferry and through nic mode → print the results.
 pub fn main(a: DemoArgs) -> i32 {
     crate::run::init_logging(0);
-    if !is_root() {
-        eprintln!(
-            "ferry demo: needs root to create the remote namespace (veth); try `sudo ferry demo`, or `ferry run -- CMD` as any user"
-        );
-        return crate::run::EXIT_SETUP;
-    }
-    if Command::new("curl").arg("--version").output().is_err() {
-        eprintln!("ferry demo: needs curl (run scripts/install-deps.sh)");
-        return crate::run::EXIT_SETUP;
-    }
-    let (host_ip, remote_ip) = match free_subnet() {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("ferry demo: no free subnet: {e}");
-            return crate::run::EXIT_SETUP;
-        }
-    };
-    let remote = match Remote::create(
-        &format!("ferry-demo-{}", std::process::id()),
-        host_ip,
-        remote_ip,
-        30,
-    ) {
+    let remote = match check_tools().and_then(|()| RemoteHost::start(a.size_mb)) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("ferry demo: cannot create the remote namespace: {e}");
-            return crate::run::EXIT_SETUP;
+            eprintln!("ferry demo: {e}");
+            return EXIT_SETUP;
         }
     };
-    let listener = match remote.run_in(|| TcpListener::bind(SocketAddr::from((remote_ip, 8080)))) {
-        Ok(Ok(l)) => l,
-        Ok(Err(e)) | Err(e) => {
-            eprintln!("ferry demo: cannot listen in the remote namespace: {e}");
-            return crate::run::EXIT_SETUP;
-        }
-    };
-    let data = std::sync::Arc::new(body(a.size_mb << 20));
-    let served = data.clone();
-    std::thread::spawn(move || serve(listener, served));
-    let url = format!("http://{remote_ip}:8080/file");
-    println!(
-        "remote host: namespace {} at {remote_ip}, serving {} MiB over HTTP",
-        remote.name(),
-        a.size_mb
-    );
-
-    let curl = |c: &mut Command| {
-        c.args(["-sS", "--fail", "-o", "-", &url]);
-    };
-    let mut native = Command::new("curl");
-    curl(&mut native);
-    let exe = std::env::current_exe().unwrap_or_else(|_| "ferry".into());
-    let mut ferry = Command::new(&exe);
-    ferry.args(["run", "--stats", "--", "curl"]);
-    curl(&mut ferry);
-    // The same curl through nic mode: no shim, the sandbox's kernel and a TAP.
-    let mut nic = Command::new(&exe);
-    nic.args(["run", "--net", "nic", "--", "curl"]);
-    curl(&mut nic);
-
-    let n = fetch(&mut native, &data);
-    let f = fetch(&mut ferry, &data);
-    let c = fetch(&mut nic, &data);
-    println!(
-        "\n{:<10} {:>10} {:>10} {:>12} {:>10}",
-        "client", "ok", "bytes", "MB/s", "identical"
-    );
-    for (name, r) in [("native", &n), ("ferry", &f), ("ferry-nic", &c)] {
-        println!(
-            "{:<10} {:>10} {:>10} {:>12.1} {:>10}",
-            name,
-            r.ok,
-            r.bytes,
-            r.bytes as f64 / r.secs / 1e6,
-            r.same
-        );
-    }
-    println!(
-        "\nferry's counters for the sandboxed curl:\n{}",
-        f.stderr.trim_end()
-    );
+    let results = fetch_three_ways(&remote);
+    print_results(&results);
+    let [n, f, c] = &results;
+    let (n, f, c) = (&n.1, &f.1, &c.1);
     if n.ok && f.ok && f.same && c.ok && c.same {
         println!(
             "\nferry served the sandboxed curl from outside its sandbox (requests over shared memory, received bytes through its socket fd), and again through nic mode (a TAP served by a NIC server: what static and Go programs use): same bytes as native."
@@ -172,4 +123,90 @@ pub fn main(a: DemoArgs) -> i32 {
         );
         1
     }
+}
+
+/// Root (for the remote namespace) and curl.
+fn check_tools() -> Result<(), DemoError> {
+    if !is_root() {
+        return Err(DemoError::NotRoot);
+    }
+    if Command::new("curl").arg("--version").output().is_err() {
+        return Err(DemoError::NoCurl);
+    }
+    Ok(())
+}
+
+/// The remote host: its namespace, serving the file over HTTP from a thread.
+struct RemoteHost {
+    _remote: Remote,
+    url: String,
+    data: std::sync::Arc<Vec<u8>>,
+}
+
+impl RemoteHost {
+    fn start(size_mb: usize) -> Result<RemoteHost, DemoError> {
+        let (host_ip, remote_ip) = free_subnet().map_err(DemoError::Subnet)?;
+        let name = format!("ferry-demo-{}", std::process::id());
+        let remote = Remote::create(&name, host_ip, remote_ip, 30).map_err(DemoError::Remote)?;
+        let listener = remote
+            .run_in(|| TcpListener::bind(SocketAddr::from((remote_ip, 8080))))
+            .and_then(|l| l)
+            .map_err(DemoError::Listen)?;
+        let data = std::sync::Arc::new(body(size_mb << 20));
+        let served = data.clone();
+        std::thread::spawn(move || serve(listener, served));
+        println!(
+            "remote host: namespace {} at {remote_ip}, serving {size_mb} MiB over HTTP",
+            remote.name()
+        );
+        Ok(RemoteHost {
+            url: format!("http://{remote_ip}:8080/file"),
+            _remote: remote,
+            data,
+        })
+    }
+}
+
+/// The same curl natively, through `ferry run --stats` and through nic mode.
+fn fetch_three_ways(remote: &RemoteHost) -> [(&'static str, Fetch); 3] {
+    let curl = |c: &mut Command| {
+        c.args(["-sS", "--fail", "-o", "-", &remote.url]);
+    };
+    let mut native = Command::new("curl");
+    curl(&mut native);
+    let exe = std::env::current_exe().unwrap_or_else(|_| "ferry".into());
+    let mut ferry = Command::new(&exe);
+    ferry.args(["run", "--stats", "--", "curl"]);
+    curl(&mut ferry);
+    // The same curl through nic mode: no shim, the sandbox's kernel and a TAP.
+    let mut nic = Command::new(&exe);
+    nic.args(["run", "--net", "nic", "--", "curl"]);
+    curl(&mut nic);
+    [
+        ("native", fetch(&mut native, &remote.data)),
+        ("ferry", fetch(&mut ferry, &remote.data)),
+        ("ferry-nic", fetch(&mut nic, &remote.data)),
+    ]
+}
+
+/// The table of the three fetches, then ferry's counters for the sandboxed one.
+fn print_results(results: &[(&str, Fetch); 3]) {
+    println!(
+        "\n{:<10} {:>10} {:>10} {:>12} {:>10}",
+        "client", "ok", "bytes", "MB/s", "identical"
+    );
+    for (name, r) in results {
+        println!(
+            "{:<10} {:>10} {:>10} {:>12.1} {:>10}",
+            name,
+            r.ok,
+            r.bytes,
+            r.bytes as f64 / r.secs / 1e6,
+            r.same
+        );
+    }
+    println!(
+        "\nferry's counters for the sandboxed curl:\n{}",
+        results[1].1.stderr.trim_end()
+    );
 }

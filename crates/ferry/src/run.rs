@@ -1,4 +1,9 @@
 //! `ferry run`: sandbox + protocol server + the program, with its exit status passed on.
+//!
+//! [`run`] is a list of named steps (see its comment), each a function that fails with
+//! its own [`RunError`] variant; [`RunError::exit_code`] is the one place ferry's exit
+//! status is decided. The shim (`shim.rs`), nic mode (`nic.rs`), the DNS forwarder
+//! (`dns.rs`) and serving, draining and reporting (`serve.rs`) have files of their own.
 
 use std::ffi::OsString;
 use std::net::IpAddr;
@@ -8,10 +13,18 @@ use std::time::Duration;
 
 use clap::Args;
 use ferry_sandbox::{SocketFactory, SocketWatch, Spec, UserNs};
-use ferry_server::{
-    Accepted, Assign, Bond, Config, Mode, Policy, Publish, Rule, Server, Servers, Verdict,
-};
+use ferry_server::{Accepted, Assign, Bond, Config, Mode, Policy, Publish, Rule, Servers, Verdict};
 use tracing::{debug, warn};
+
+mod dns;
+mod nic;
+mod serve;
+mod shim;
+
+use dns::{dns_upstreams, start_dns};
+use nic::set_up_nic;
+use serve::{Serving, report, serve_admin};
+use shim::{Shim, find_shim, warn_if_static};
 
 /// Exit status when ferry itself fails before the program runs.
 pub const EXIT_SETUP: i32 = 125;
@@ -176,97 +189,6 @@ fn policy(a: &RunArgs) -> Result<Policy, String> {
     Ok(Policy::new(rules))
 }
 
-/// Where the shim library is: `FERRY_PRELOAD`, or next to the ferry binary.
-pub fn find_preload() -> Result<PathBuf, String> {
-    if let Some(p) = std::env::var_os("FERRY_PRELOAD") {
-        return Ok(PathBuf::from(p));
-    }
-    let exe =
-        std::env::current_exe().map_err(|e| format!("cannot locate the ferry binary: {e}"))?;
-    let dir = exe.parent().unwrap_or(Path::new("."));
-    for cand in [
-        dir.join("libferry_preload.so"),
-        dir.join("deps/libferry_preload.so"),
-        dir.join("../lib/ferry/libferry_preload.so"),
-    ] {
-        if cand.is_file() {
-            return Ok(cand);
-        }
-    }
-    Err(format!(
-        "cannot find libferry_preload.so next to {} (build the whole workspace: `cargo build --release`), or set FERRY_PRELOAD",
-        exe.display()
-    ))
-}
-
-/// The shim where the sandbox's processes can read it: `preload` itself when every
-/// directory above it may be searched and the file read by anyone, else a copy in the
-/// sandbox's directory `dir` (which they can search).
-fn readable_preload(preload: &Path, dir: &Path) -> Result<PathBuf, String> {
-    use std::os::unix::fs::PermissionsExt;
-    let mode = |p: &Path| std::fs::metadata(p).map(|m| m.permissions().mode()).ok();
-    let open = preload.canonicalize().ok().is_some_and(|full| {
-        mode(&full).is_some_and(|m| m & 0o004 != 0)
-            && full
-                .ancestors()
-                .skip(1)
-                .all(|d| mode(d).is_some_and(|m| m & 0o001 != 0))
-    });
-    if open {
-        return Ok(preload.to_path_buf());
-    }
-    let copy = dir.join("libferry_preload.so");
-    std::fs::copy(preload, &copy)
-        .and_then(|_| ferry_sys::chmod(&copy, 0o644))
-        .map_err(|e| format!("cannot copy {} for the sandbox: {e}", preload.display()))?;
-    debug!("the shim is copied to {} for the sandbox", copy.display());
-    Ok(copy)
-}
-
-/// Warns when CMD is a static binary: the shim cannot reach it, so it only sees `lo`.
-/// Only when the sandbox's socket watch is off (an old kernel, or ferry inside a sandbox
-/// that watches already): the watch tells every such process, when it makes a socket.
-fn warn_if_static(cmd: &OsString) {
-    let path = if cmd.to_string_lossy().contains('/') {
-        Some(PathBuf::from(cmd))
-    } else {
-        std::env::var_os("PATH").and_then(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join(cmd))
-                .find(|c| c.is_file())
-        })
-    };
-    let Some(path) = path else { return };
-    if let Ok(bytes) = std::fs::read(&path)
-        && is_static_elf(&bytes)
-    {
-        warn!(
-            "{} is statically linked: ferry's socket shim cannot serve it, so it sees only the sandbox's loopback (--net nic or both serves it)",
-            path.display()
-        );
-    }
-}
-
-/// An ELF64 executable without a `PT_INTERP` program header.
-fn is_static_elf(b: &[u8]) -> bool {
-    let rd16 = |o: usize| b.get(o..o + 2).map(|s| u16::from_le_bytes([s[0], s[1]]));
-    let rd32 = |o: usize| {
-        b.get(o..o + 4)
-            .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
-    };
-    let rd64 = |o: usize| {
-        b.get(o..o + 8)
-            .map(|s| u64::from_le_bytes(s.try_into().unwrap_or([0; 8])))
-    };
-    if b.get(..5) != Some(b"\x7fELF\x02") {
-        return false;
-    }
-    let (Some(phoff), Some(phentsize), Some(phnum)) = (rd64(32), rd16(54), rd16(56)) else {
-        return false;
-    };
-    !(0..usize::from(phnum)).any(|i| rd32(phoff as usize + i * usize::from(phentsize)) == Some(3))
-}
-
 /// Reads the `--module` files and checks their targets.
 fn module_rules(a: &RunArgs) -> Result<Vec<ferry_server::ModuleRule>, String> {
     let mut rules = Vec::new();
@@ -292,36 +214,103 @@ fn module_rules(a: &RunArgs) -> Result<Vec<ferry_server::ModuleRule>, String> {
 pub fn main(a: RunArgs) -> i32 {
     init_logging(a.verbose);
     crate::log_nofile();
-    let bond = match bond(&a) {
-        Ok(b) => b,
-        Err(msg) => {
-            eprintln!("ferry: {msg}");
-            return EXIT_USAGE;
-        }
-    };
-    match run(a, bond) {
+    match bond(&a).and_then(|bond| run(&a, bond)) {
         Ok(code) => code,
-        Err(msg) => {
-            eprintln!("ferry: {msg}");
-            EXIT_SETUP
+        Err(e) => {
+            eprintln!("ferry: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+/// Why `ferry run` failed before the program's status could be passed on: one variant
+/// per step of [`run`]. Its [`exit_code`](RunError::exit_code) is ferry's status.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// A bad option value found after parsing (`--egress`, `--bond`).
+    #[error("{0}")]
+    Usage(String),
+    /// The plan: `--allow`/`--deny`, `--dns`, `--cpus`, `--module`, `--module-deadline`,
+    /// `--userns` cannot be followed.
+    #[error("{0}")]
+    Plan(String),
+    /// The shim cannot be found, or not placed where the sandbox can read it.
+    #[error("{0}")]
+    Shim(String),
+    /// The run's private directories.
+    #[error("cannot create {}: {source}", path.display())]
+    Dir {
+        /// Which.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The protocol servers (their control socket, modules, the published ports'
+    /// handoff).
+    #[error("{0}")]
+    Servers(String),
+    /// The sandbox could not be made.
+    #[error("cannot start the sandbox: {0}")]
+    Sandbox(#[source] ferry_sandbox::Error),
+    /// nic mode's TAP or NIC servers.
+    #[error("{0}")]
+    Nic(String),
+    /// The held program could not be let go.
+    #[error("cannot start the program: {0}")]
+    Start(#[source] ferry_sandbox::Error),
+    /// The process could not drop what serving does not need.
+    #[error("cannot confine the servers: {0} (--unconfined runs without)")]
+    Confine(#[source] ferry_server::confine::ConfineError),
+    /// A thread could not be started: `what` names it.
+    #[error("cannot start the {what}: {source}")]
+    Thread {
+        /// "signal thread", "protocol servers", "NIC servers".
+        what: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Waiting for the sandbox failed.
+    #[error("waiting for the sandbox: {0}")]
+    Wait(#[source] ferry_sandbox::Error),
+    /// A server thread panicked or failed: the message says which.
+    #[error("{0}")]
+    Drain(String),
+}
+
+impl RunError {
+    /// `ferry run`'s exit status for this failure: 2 for a bad option value (as clap's
+    /// usage errors), 125 for any other failure of ferry's own. (The program's status
+    /// is passed on otherwise; the sandbox's init exits 127 for a program not found and
+    /// 126 for one that cannot be executed, as shells do.)
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            RunError::Usage(_) => EXIT_USAGE,
+            _ => EXIT_SETUP,
         }
     }
 }
 
 /// Builds the bond from `--egress`/`--bond`; every address must be on this host.
-fn bond(a: &RunArgs) -> Result<Option<Arc<Bond>>, String> {
+fn bond(a: &RunArgs) -> Result<Option<Arc<Bond>>, RunError> {
     if a.egress.is_empty() {
         return Ok(None);
     }
-    let mode: Mode = a.bond.as_deref().unwrap_or("rr").parse()?;
-    let addrs = crate::args::egress_sources(&a.egress, &host_addresses()?)?;
+    let mode: Mode = a
+        .bond
+        .as_deref()
+        .unwrap_or("rr")
+        .parse()
+        .map_err(RunError::Usage)?;
+    let addrs =
+        crate::args::egress_sources(&a.egress, &host_addresses()?).map_err(RunError::Usage)?;
     Ok(Some(Arc::new(Bond::new(mode, addrs))))
 }
 
 /// The addresses of the caller's network namespace with their interfaces' names.
-fn host_addresses() -> Result<Vec<(String, IpAddr)>, String> {
-    let addrs = ferry_sys::interface_addresses()
-        .map_err(|e| format!("--egress: cannot list this host's addresses: {e}"))?;
+fn host_addresses() -> Result<Vec<(String, IpAddr)>, RunError> {
+    let addrs = ferry_sys::interface_addresses().map_err(|e| {
+        RunError::Usage(format!("--egress: cannot list this host's addresses: {e}"))
+    })?;
     let mut names = std::collections::HashMap::new();
     if let Ok(dir) = std::fs::read_dir("/sys/class/net") {
         for entry in dir.flatten() {
@@ -339,44 +328,124 @@ fn host_addresses() -> Result<Vec<(String, IpAddr)>, String> {
         .collect())
 }
 
-fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
-    let policy = policy(&a)?;
-    let policy_for_dns = policy.clone();
-    dns_upstreams(&a.dns, &[])?; // refuse a malformed --dns before anything starts
-    // nic mode alone needs no shim.
-    let preload = if a.net == Net::Nic {
-        None
-    } else {
-        Some(find_preload()?)
-    };
-    // The run's private directory (the admin socket: this user only) and, beside it,
-    // the sandbox's (its control socket).
-    let dir = std::env::temp_dir().join(format!("ferry-{}-{}", std::process::id(), nanos()));
-    let sandbox_dir = dir.with_extension("sandbox");
-    let mkdir = |d: &Path, mode| {
-        std::fs::create_dir(d)
-            .and_then(|()| ferry_sys::chmod(d, mode))
-            .map_err(|e| format!("cannot create {}: {e}", d.display()))
-    };
-    mkdir(&dir, 0o700)?;
-    let _cleanup = RemoveDir(dir.clone());
-    // Traversable by the sandbox's users (whatever uid a program switches to, it needs
-    // the control socket); not listable.
-    mkdir(&sandbox_dir, 0o711)?;
-    let _cleanup_sandbox = RemoveDir(sandbox_dir.clone());
-    let sock_path = sandbox_dir.join("ctl.sock");
-    // The sandbox's processes run as another host user: the shim must be where they can
-    // read it.
-    let preload = match preload {
-        Some(p) => Some(readable_preload(&p, &sandbox_dir)?),
-        None => None,
-    };
-    // The watch knows the shim by the path its processes map it at.
+/// `ferry run`'s steps, in order: check the plan → find the shim → make the run's
+/// directories → place the shim → configure and make the protocol servers → describe
+/// the sandbox → make it → set up nic mode → start DNS → let the program go → confine →
+/// serve → wait for the program → drain the servers → report. Returns the program's
+/// exit status.
+fn run(a: &RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, RunError> {
+    let policy = policy(a).map_err(RunError::Plan)?;
+    dns_upstreams(&a.dns, &[]).map_err(RunError::Plan)?; // refuse a malformed --dns first
+    let preload = find_shim(a)?;
+    let dirs = RunDirs::make()?;
     let shim = preload
-        .as_ref()
-        .map(|p| p.canonicalize().unwrap_or_else(|_| p.clone()));
+        .map(|p| Shim::place(&p, &dirs.sandbox))
+        .transpose()?;
+    let plan = server_config(a, policy.clone(), &bond, &dirs)?;
+    let (mut servers, factory) = make_servers(plan.cfg)?;
+    let spec = sandbox_spec(a, &dirs, shim.as_ref())?;
+    let mut sandbox = make_sandbox(a, &spec, &factory)?;
+    servers.first().restrict_to_descendants_of(sandbox.pid());
+    let nics = if a.net == Net::Socket {
+        Vec::new()
+    } else {
+        set_up_nic(a, &sandbox, &policy, &bond, &plan.nic_publish, plan.tap)?
+    };
+    if let Err(e) = start_dns(servers.first(), &a.dns, &policy) {
+        warn!("DNS forwarding is off: {e}");
+    }
+    sandbox.start().map_err(RunError::Start)?;
+    debug!("sandbox init pid {}", sandbox.pid());
+    let admin = crate::ctl::listen(&dirs.run.join(crate::ctl::ADMIN_SOCKET))
+        .map_err(|e| warn!("`ferry ctl` is off for this run: {e}"))
+        .ok();
+    confine(a)?;
+    // Ctrl-C and friends go to the program while it runs, and end ferry once it has
+    // ended (`stop.rs`); the threads started from here on inherit the mask.
+    let signals =
+        crate::stop::Signals::start(sandbox.signaller(), dirs.both()).map_err(|source| {
+            RunError::Thread {
+                what: "signal thread",
+                source,
+            }
+        })?;
+    if let Some(admin) = admin {
+        serve_admin(admin, &servers, &nics, sandbox.pid());
+    }
+    let serving = Serving::start(servers, nics)?;
+    let code = sandbox.wait().map_err(RunError::Wait)?;
+    signals.stopping();
+    let Some(drained) = serving.drain()? else {
+        return Ok(code);
+    };
+    signals.finish();
+    report(a, &drained, bond);
+    Ok(code)
+}
 
-    let mut cfg = Config::new(sock_path.clone());
+/// The run's private directory (the admin socket: this user only) and, beside it, the
+/// sandbox's (its control socket); both are removed when this is dropped.
+struct RunDirs {
+    run: PathBuf,
+    sandbox: PathBuf,
+    _cleanup: [RemoveDir; 2],
+}
+
+impl RunDirs {
+    fn make() -> Result<RunDirs, RunError> {
+        let run = std::env::temp_dir().join(format!("ferry-{}-{}", std::process::id(), nanos()));
+        let sandbox = run.with_extension("sandbox");
+        let mkdir = |d: &Path, mode| {
+            std::fs::create_dir(d)
+                .and_then(|()| ferry_sys::chmod(d, mode))
+                .map_err(|source| RunError::Dir {
+                    path: d.to_path_buf(),
+                    source,
+                })
+        };
+        mkdir(&run, 0o700)?;
+        let run_cleanup = RemoveDir(run.clone());
+        // Traversable by the sandbox's users (whatever uid a program switches to, it
+        // needs the control socket); not listable.
+        mkdir(&sandbox, 0o711)?;
+        Ok(RunDirs {
+            _cleanup: [RemoveDir(sandbox.clone()), run_cleanup],
+            run,
+            sandbox,
+        })
+    }
+
+    /// The sandbox's control socket.
+    fn control_socket(&self) -> PathBuf {
+        self.sandbox.join("ctl.sock")
+    }
+
+    fn both(&self) -> Vec<PathBuf> {
+        vec![self.run.clone(), self.sandbox.clone()]
+    }
+}
+
+/// What [`server_config`] decides.
+struct ServerPlan {
+    /// The protocol servers' configuration.
+    cfg: Config,
+    /// The TCP ports published to the TAP instead (nic mode).
+    nic_publish: Vec<Publish>,
+    /// With `--net both`, the handoff of the published connections no listener of the
+    /// shim's takes, to the first NIC server.
+    tap: Option<Arc<ferry_server::TapHandoff>>,
+}
+
+/// The protocol servers' configuration, with the TCP ports published to the TAP
+/// instead (nic mode) and, with `--net both`, the handoff of published connections no
+/// listener of the shim's takes.
+fn server_config(
+    a: &RunArgs,
+    policy: Policy,
+    bond: &Option<Arc<Bond>>,
+    dirs: &RunDirs,
+) -> Result<ServerPlan, RunError> {
+    let mut cfg = Config::new(dirs.control_socket());
     cfg.shim_spin = a.spin;
     cfg.server_spin = a.server_spin;
     cfg.batch = a.batch;
@@ -388,13 +457,13 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
     // and a connection to a port no listener of the shim's is on to the TAP (`tap`: a
     // static or Go server). UDP ports keep socket mode's flows (made inside the
     // sandbox, they reach any program).
-    let nic_on = a.net != Net::Socket;
     let (nic_publish, publish): (Vec<Publish>, Vec<Publish>) =
         a.publish.iter().partition(|p| a.net == Net::Nic && !p.udp);
     cfg.publish = publish;
     let tap = if a.net == Net::Both && cfg.publish.iter().any(|p| !p.udp) {
-        let h = ferry_server::TapHandoff::new()
-            .map_err(|e| format!("cannot set up the published ports' handoff: {e}"))?;
+        let h = ferry_server::TapHandoff::new().map_err(|e| {
+            RunError::Servers(format!("cannot set up the published ports' handoff: {e}"))
+        })?;
         Some(Arc::new(h))
     } else {
         None
@@ -409,46 +478,69 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
     cfg.max_sockets = a
         .max_sockets
         .unwrap_or_else(|| ferry_server::default_max_sockets(a.max_channels));
-    cfg.cpus = match &a.cpus {
-        Some(crate::args::CpuList(list)) => {
-            let allowed = ferry_sys::allowed_cpus().unwrap_or_default();
-            if let Some(bad) = list
-                .iter()
-                .find(|c| !allowed.is_empty() && !allowed.contains(c))
-            {
-                return Err(format!(
-                    "--cpus: CPU {bad} is not available (this process may use {})",
-                    crate::args::format_cpus(&allowed)
-                ));
-            }
-            list.clone()
-        }
-        // Unpinned by default: on a small machine the scheduler places the servers beside
-        // the program and its peers better than a fixed CPU each (measured in E7).
-        None => Vec::new(),
-    };
-    cfg.modules.rules = module_rules(&a)?;
+    cfg.cpus = server_cpus(a)?;
+    cfg.modules.rules = module_rules(a).map_err(RunError::Plan)?;
     if a.module_deadline.is_zero() {
-        return Err("--module-deadline must be more than 0".into());
+        return Err(RunError::Plan(
+            "--module-deadline must be more than 0".into(),
+        ));
     }
     cfg.modules.limits.deadline = a.module_deadline;
-    let factory: Arc<OnceLock<SocketFactory>> = Arc::new(OnceLock::new());
+    Ok(ServerPlan {
+        cfg,
+        nic_publish,
+        tap,
+    })
+}
+
+/// `--cpus`, each CPU checked against those this process may use.
+fn server_cpus(a: &RunArgs) -> Result<Vec<usize>, RunError> {
+    let Some(crate::args::CpuList(list)) = &a.cpus else {
+        // Unpinned by default: on a small machine the scheduler places the servers beside
+        // the program and its peers better than a fixed CPU each (measured in E7).
+        return Ok(Vec::new());
+    };
+    let allowed = ferry_sys::allowed_cpus().unwrap_or_default();
+    if let Some(bad) = list
+        .iter()
+        .find(|c| !allowed.is_empty() && !allowed.contains(c))
+    {
+        return Err(RunError::Plan(format!(
+            "--cpus: CPU {bad} is not available (this process may use {})",
+            crate::args::format_cpus(&allowed)
+        )));
+    }
+    Ok(list.clone())
+}
+
+/// Where the servers get the sockets they make in the sandbox's namespace: set once the
+/// sandbox exists.
+type FactoryCell = Arc<OnceLock<SocketFactory>>;
+
+/// Makes the protocol servers (their control socket listens from here on).
+fn make_servers(cfg: Config) -> Result<(Servers, FactoryCell), RunError> {
+    let factory: FactoryCell = Arc::new(OnceLock::new());
     let f2 = factory.clone();
     let make = Box::new(move |d, t, p| match f2.get() {
         Some(f) => f.socket(d, t, p),
         None => Err(std::io::Error::from_raw_os_error(libc::EAGAIN)),
     });
-    let mut servers = Servers::new(cfg, make).map_err(|e| match e {
-        ferry_server::Error::Module(m) => format!("--module: {m}"),
-        e => e.to_string(),
+    let servers = Servers::new(cfg, make).map_err(|e| {
+        RunError::Servers(match e {
+            ferry_server::Error::Module(m) => format!("--module: {m}"),
+            e => e.to_string(),
+        })
     })?;
-    let stop = servers.stop_handle();
-    let control = servers.control();
+    Ok((servers, factory))
+}
 
+/// What the sandbox runs and how: the program held until the servers are ready, the
+/// shim preloaded, the socket watch or the raw ICMP relay, the volumes.
+fn sandbox_spec(a: &RunArgs, dirs: &RunDirs, shim: Option<&Shim>) -> Result<Spec, RunError> {
     let userns = match a.userns.as_str() {
         "never" => {
             if !ferry_sandbox::testbed::is_root() {
-                return Err("--userns never needs root (without a user namespace, making the sandbox's namespaces does)".into());
+                return Err(RunError::Plan("--userns never needs root (without a user namespace, making the sandbox's namespaces does)".into()));
             }
             warn!(
                 "--userns never: the sandbox's root is this host's root; a program in it can leave the sandbox (its network namespace, the egress policy, the host's files): nothing ferry enforces binds it"
@@ -457,9 +549,12 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
         }
         _ => UserNs::Auto,
     };
-    let mut env = vec![("FERRY_SOCKET".into(), sock_path.into_os_string())];
-    if let Some(preload) = preload {
-        env.push(("LD_PRELOAD".into(), preload.into_os_string()));
+    let mut env = vec![(
+        "FERRY_SOCKET".into(),
+        dirs.control_socket().into_os_string(),
+    )];
+    if let Some(shim) = shim {
+        env.push(("LD_PRELOAD".into(), shim.preload.clone().into_os_string()));
     }
     let spec = Spec {
         program: a.cmd[0].clone(),
@@ -471,7 +566,7 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
         // Programs the shim cannot serve (static, Go, ping) are told of on stderr.
         // With a TAP they are served: nothing to tell.
         watch: (a.net == Net::Socket).then(|| SocketWatch {
-            shim: shim.map(PathBuf::into_os_string),
+            shim: shim.map(|s| s.mapped.clone().into_os_string()),
         }),
         volumes: a.volumes.clone(),
         // With a TAP, a raw ICMP socket (busybox's ping) is relayed like any echo.
@@ -481,17 +576,27 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
     for line in ferry_sandbox::reach_advice(&spec) {
         warn!("{line}");
     }
+    Ok(spec)
+}
+
+/// Launches the sandbox (the program held) and gives the servers its socket factory;
+/// from here on nobody may read or write this process's memory.
+fn make_sandbox(
+    a: &RunArgs,
+    spec: &Spec,
+    factory: &FactoryCell,
+) -> Result<ferry_sandbox::Sandbox, RunError> {
     // The program starts with the descriptor limit ferry was started with, as it would
     // natively; ferry's own (raised at start) comes back right after.
     let nofile = crate::NOFILE.get().copied().flatten();
     if let Some((before, _)) = nofile {
         let _ = ferry_sys::set_nofile_soft(before);
     }
-    let launched = ferry_sandbox::launch(&spec);
+    let launched = ferry_sandbox::launch(spec);
     if let Some((_, after)) = nofile {
         let _ = ferry_sys::set_nofile_soft(after);
     }
-    let mut sandbox = launched.map_err(|e| format!("cannot start the sandbox: {e}"))?;
+    let sandbox = launched.map_err(RunError::Sandbox)?;
     if !sandbox.watching() && a.net == Net::Socket {
         debug!("the sandbox's socket watch is off (kernel or architecture)");
         warn_if_static(&a.cmd[0]);
@@ -504,251 +609,21 @@ fn run(a: RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, String> {
     if let Err(e) = ferry_sys::set_dumpable(false) {
         warn!("cannot make ferry non-dumpable: {e}");
     }
-    servers.first().restrict_to_descendants_of(sandbox.pid());
-    let nics = if nic_on {
-        match start_nic(&a, &sandbox, &policy_for_dns, bond.clone(), &nic_publish) {
-            Ok(mut nics) => {
-                if let (Some(tap), Some(first)) = (tap, nics.first_mut()) {
-                    first.serve_handoff(tap).map_err(|e| {
-                        format!("cannot hand published ports to the NIC server: {e}")
-                    })?;
-                }
-                nics
-            }
-            // The default: without a usable TAP (no /dev/net/tun, a kernel without tun)
-            // the sandbox keeps the shim alone.
-            Err(e) if a.net == Net::Both => {
-                warn!(
-                    "{e}: the sandbox has the socket shim only (programs it cannot serve see only lo)"
-                );
-                Vec::new()
-            }
-            Err(e) => return Err(e),
-        }
-    } else {
-        Vec::new()
-    };
-    if let Err(e) = start_dns(servers.first(), &a.dns, &policy_for_dns) {
-        warn!("DNS forwarding is off: {e}");
-    }
-    sandbox
-        .start()
-        .map_err(|e| format!("cannot start the program: {e}"))?;
-    debug!("sandbox init pid {}", sandbox.pid());
+    Ok(sandbox)
+}
 
-    let admin = dir.join(crate::ctl::ADMIN_SOCKET);
-    let admin = crate::ctl::listen(&admin)
-        .map_err(|e| warn!("`ferry ctl` is off for this run: {e}"))
-        .ok();
-    // Set-up is done: from here on the process keeps only what serving needs (before
-    // any thread starts, so that every thread has no more).
+/// Set-up is done: from here on the process keeps only what serving needs (before any
+/// thread starts, so that every thread has no more), unless `--unconfined`.
+fn confine(a: &RunArgs) -> Result<(), RunError> {
     if a.unconfined {
         warn!(
             "--unconfined: the servers keep this process's privileges and may make any system call"
         );
-    } else {
-        let n = ferry_server::confine::confine()
-            .map_err(|e| format!("cannot confine the servers: {e} (--unconfined runs without)"))?;
-        debug!("servers confined: {n} system calls allowed");
-    }
-
-    // Ctrl-C and friends go to the program while it runs, and end ferry once it has
-    // ended (`stop.rs`); the threads started from here on inherit the mask.
-    let signals =
-        crate::stop::Signals::start(sandbox.signaller(), vec![dir.clone(), sandbox_dir.clone()])
-            .map_err(|e| format!("cannot start the signal thread: {e}"))?;
-    if let Some(admin) = admin
-        && let Err(e) = crate::ctl::serve(
-            admin,
-            control,
-            nics.iter()
-                .map(|n| (n.id().to_string(), n.live()))
-                .collect(),
-            sandbox.pid(),
-        )
-    {
-        warn!("`ferry ctl` is off for this run: {e}");
-    }
-    let server_thread = std::thread::Builder::new()
-        .name("ferry-servers".into())
-        .spawn(move || servers.run())
-        .map_err(|e| format!("cannot start the protocol servers: {e}"))?;
-
-    let mut nic_threads = Vec::new();
-    for nic in nics {
-        let stop = nic.stop_handle();
-        let t = std::thread::Builder::new()
-            .name("ferry-nic".into())
-            .spawn(move || nic.run())
-            .map_err(|e| format!("cannot start the NIC servers: {e}"))?;
-        nic_threads.push((stop, t));
-    }
-
-    let code = sandbox
-        .wait()
-        .map_err(|e| format!("waiting for the sandbox: {e}"))?;
-    signals.stopping();
-    stop.stop();
-    let mut nic_stats = Vec::new();
-    for (stop, _) in &nic_threads {
-        stop.drain();
-    }
-    let stopped = crate::stop::finished_within(crate::stop::STOP_GRACE, || {
-        server_thread.is_finished() && nic_threads.iter().all(|(_, t)| t.is_finished())
-    });
-    if !stopped {
-        return Ok(code);
-    }
-    for (_, t) in nic_threads {
-        nic_stats.push(t.join().map_err(|_| "a NIC server panicked".to_string())?);
-    }
-    let stats = server_thread
-        .join()
-        .map_err(|_| "the protocol servers panicked".to_string())?
-        .map_err(|e| e.to_string())?;
-    signals.finish();
-    // Every server is gone, so every connection has ended and added its bytes to the
-    // bond, which all servers share: its counters are reported once.
-    let egress = bond.map(|b| b.stats()).unwrap_or_default();
-    if a.stats {
-        for s in &stats {
-            eprint!("{s}");
-        }
-        let bonded = ferry_server::ServerStats {
-            id: "egress".into(),
-            egress: egress.clone(),
-            ..Default::default()
-        };
-        if !egress.is_empty() {
-            eprint!("{bonded}");
-        }
-        for s in &nic_stats {
-            eprint!("{s}");
-        }
-    }
-    let json = ferry_server::group_json(&stats, &egress);
-    let json = match json.strip_suffix('}') {
-        Some(head) if !nic_stats.is_empty() => {
-            format!("{head},\"nic\":{}}}", ferry_nic::nic_json(&nic_stats))
-        }
-        _ => json,
-    };
-    if let Some(path) = &a.stats_json
-        && let Err(e) = std::fs::write(path, json + "\n")
-    {
-        eprintln!("ferry: cannot write {}: {e}", path.display());
-    }
-    Ok(code)
-}
-
-/// Makes the sandbox's TAP (`--net nic|both`) and one NIC server per queue; the first
-/// listens for the TCP ports published to the TAP.
-fn start_nic(
-    a: &RunArgs,
-    sandbox: &ferry_sandbox::Sandbox,
-    policy: &Policy,
-    bond: Option<Arc<Bond>>,
-    publish: &[Publish],
-) -> Result<Vec<ferry_nic::NicServer>, String> {
-    let host: Vec<IpAddr> = ferry_sys::interface_addresses()
-        .map(|v| v.into_iter().map(|(_, ip)| ip).collect())
-        .unwrap_or_default();
-    let mut plan = ferry_nic::Plan::avoiding(&host);
-    plan.mtu = a.mtu;
-    let factory = sandbox.factory();
-    let tap = ferry_nic::setup(
-        &plan,
-        usize::from(a.nic_servers),
-        &|| factory.open_tun(),
-        &|d, t, p| factory.socket(d, t, p),
-    )
-    .map_err(|e| {
-        format!(
-            "--net {}: cannot set up the sandbox's TAP: {e}",
-            a.net.name()
-        )
-    })?;
-    debug!(
-        "nic mode: {} at {}/{} via {}, {}/{} via {}, MTU {}",
-        plan.ifname, plan.v4, plan.prefix4, plan.gw4, plan.v6, plan.prefix6, plan.gw6, plan.mtu
-    );
-    let mut cfg = ferry_nic::NicConfig::new(plan);
-    cfg.policy = policy.clone();
-    cfg.egress = bond;
-    cfg.spin = a.server_spin;
-    // One flow is one host socket: the sandbox's socket cap bounds both modes.
-    if let Some(max) = a.max_sockets {
-        cfg.max_flows = max;
-    }
-    cfg.timing = a.nic_timing;
-    let cfg = Arc::new(cfg);
-    let published: Vec<ferry_nic::NicPublish> = publish
-        .iter()
-        .map(|p| ferry_nic::NicPublish {
-            host: p.host,
-            sandbox_port: p.sandbox_port,
-        })
-        .collect();
-    tap.queues
-        .into_iter()
-        .enumerate()
-        .map(|(i, q)| {
-            let mine = if i == 0 { &published[..] } else { &[] };
-            ferry_nic::NicServer::new(i, q, cfg.clone(), mine)
-                .map_err(|e| format!("cannot start NIC server {i}: {e}"))
-        })
-        .collect()
-}
-
-/// Parses `--dns`: `None` for off, else the upstream servers (`auto`: `nameservers`).
-fn dns_upstreams(
-    mode: &str,
-    nameservers: &[std::net::IpAddr],
-) -> Result<Option<Vec<std::net::SocketAddr>>, String> {
-    match mode {
-        "off" => Ok(None),
-        "auto" => Ok(Some(
-            nameservers
-                .iter()
-                .map(|ip| std::net::SocketAddr::new(*ip, 53))
-                .collect(),
-        )),
-        list => list
-            .split(',')
-            .map(|item| {
-                item.parse::<std::net::SocketAddr>()
-                    .or_else(|_| {
-                        item.parse::<std::net::IpAddr>()
-                            .map(|ip| std::net::SocketAddr::new(ip, 53))
-                    })
-                    .map_err(|_| format!("--dns: `{item}` is not IP[:PORT] (or use auto / off)"))
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(Some),
-    }
-}
-
-/// Starts the server's DNS forwarder on the nameserver addresses the sandbox's resolver
-/// uses (the host's `/etc/resolv.conf`, which the sandbox shares).
-fn start_dns(server: &mut Server, mode: &str, policy: &Policy) -> Result<(), String> {
-    let conf = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
-    let listen = ferry_server::dns::nameservers(&conf);
-    let Some(upstream) = dns_upstreams(mode, &listen)? else {
         return Ok(());
-    };
-    if listen.is_empty() || upstream.is_empty() {
-        return Err("no nameserver in /etc/resolv.conf".into());
     }
-    let allowed: Vec<_> = upstream
-        .into_iter()
-        .filter(|u| u.ip().is_loopback() || policy.check(u) == Verdict::Allow)
-        .collect();
-    if allowed.is_empty() {
-        return Err("the egress policy denies every upstream nameserver".into());
-    }
-    server
-        .enable_dns(&listen, allowed)
-        .map_err(|e| format!("cannot set up the forwarder: {e}"))
+    let n = ferry_server::confine::confine().map_err(RunError::Confine)?;
+    debug!("servers confined: {n} system calls allowed");
+    Ok(())
 }
 
 fn nanos() -> u32 {
@@ -764,18 +639,6 @@ struct RemoveDir(PathBuf);
 impl Drop for RemoveDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn static_detection() {
-        let sh = std::fs::read("/bin/sh").unwrap();
-        assert!(!is_static_elf(&sh), "/bin/sh is dynamic");
-        assert!(!is_static_elf(b"#!/bin/sh\n"));
     }
 }
 

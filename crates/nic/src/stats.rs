@@ -1,85 +1,76 @@
-//! A NIC server's counters (`--stats`, `--stats-json`, `ferry ctl stats`).
+//! A NIC server's counters (`--stats`, `--stats-json`, `ferry ctl stats`), each listed
+//! once (`ferry_counters::counters!`: the field, its sum, its text and its JSON key come
+//! from the list).
 
 use std::fmt;
 
+use ferry_counters::{Counters, LiveStats};
+
 use crate::timing::{Stage, StageTotal};
 
-/// What one NIC server did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NicStats {
-    /// Server id, `nic-K`.
-    pub id: String,
-    /// Frames read from the TAP, and their bytes.
-    pub frames_in: u64,
-    pub frame_bytes_in: u64,
-    /// Frames written to the TAP, and their bytes.
-    pub frames_out: u64,
-    pub frame_bytes_out: u64,
-    /// Frames to the sandbox dropped because the TAP's queue was full.
-    pub tap_full: u64,
-    /// Frames from the sandbox dropped: malformed, fragments, unsupported protocols,
-    /// sources that are not the sandbox's.
-    pub malformed: u64,
-    pub fragments: u64,
-    pub unsupported: u64,
-    pub spoofed: u64,
-    /// Flows opened (TCP from the sandbox, TCP through `-p`, UDP, echo).
-    pub tcp_flows: u64,
-    pub published_flows: u64,
-    pub udp_flows: u64,
-    pub echo_flows: u64,
-    /// Flows refused: by the policy and the address rules, or because the server
-    /// carried its maximum.
-    pub denied: u64,
-    pub over_cap: u64,
-    /// TCP connections to the destination that failed (the sandbox got a reset).
-    pub connect_failed: u64,
-    /// TCP connects the sandbox gave up (reset, closed) before the destination
-    /// answered: their host connects were aborted.
-    pub abandoned: u64,
-    /// Payload bytes to the network and from it.
-    pub bytes_out: u64,
-    pub bytes_in: u64,
-    /// Loop turns, turns that found nothing while spinning, and sleeps in epoll.
-    pub turns: u64,
-    pub spin_turns: u64,
-    pub sleeps: u64,
-    /// Flows still open when the server stopped.
-    pub open_at_stop: u64,
-    /// Per-stage totals, when timing was on ([`NicConfig::timing`](crate::NicConfig)).
-    pub timing: Option<Vec<(Stage, StageTotal)>>,
+ferry_counters::counters! {
+    /// What one NIC server did. Listed in the order of `--stats-json`'s keys.
+    #[derive(Clone, Debug, Default, PartialEq, Eq)]
+    pub struct NicStats {
+        /// Server id, `nic-K`.
+        pub id: String,
+        /// Per-stage totals, when timing was on ([`NicConfig::timing`](crate::NicConfig)).
+        pub timing: Option<Vec<(Stage, StageTotal)>>,
+    }
+    counters {
+        /// Frames read from the TAP.
+        frames_in: "frames in",
+        /// Their bytes.
+        frame_bytes_in: "frame bytes in",
+        /// Frames written to the TAP.
+        frames_out: "frames out",
+        /// Their bytes.
+        frame_bytes_out: "frame bytes out",
+        /// Frames to the sandbox dropped because the TAP's queue was full.
+        tap_full: "TAP full",
+        /// Frames from the sandbox dropped as malformed.
+        malformed: "malformed",
+        /// Fragments from the sandbox, dropped.
+        fragments: "fragments",
+        /// Frames of protocols the server does not relay, dropped.
+        unsupported: "unsupported",
+        /// Frames whose source is not the sandbox's, dropped.
+        spoofed: "spoofed",
+        /// TCP flows the sandbox opened.
+        tcp_flows: "tcp flows",
+        /// TCP flows through `-p` (published ports).
+        published_flows: "published flows",
+        /// UDP flows.
+        udp_flows: "udp flows",
+        /// Echo (ping) flows.
+        echo_flows: "echo flows",
+        /// Flows refused by the policy and the address rules.
+        denied: "denied",
+        /// Flows refused because the server carried its maximum.
+        over_cap: "over cap",
+        /// TCP connections to the destination that failed (the sandbox got a reset).
+        connect_failed: "connects failed",
+        /// TCP connects the sandbox gave up (reset, closed) before the destination
+        /// answered: their host connects were aborted.
+        abandoned: "abandoned",
+        /// Payload bytes to the network.
+        bytes_out: "bytes out",
+        /// Payload bytes from the network.
+        bytes_in: "bytes in",
+        /// Loop turns.
+        turns: "turns",
+        /// Turns that found nothing while spinning.
+        spin_turns: "idle spins",
+        /// Sleeps in epoll.
+        sleeps: "sleeps",
+        /// Flows still open when the server stopped.
+        open_at_stop: "left open",
+    }
 }
 
 impl fmt::Display for NicStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "server {}: frames in {} ({} B) out {} ({} B), TAP full {}, dropped: malformed {} fragments {} unsupported {} spoofed {}; flows: tcp {} published {} udp {} echo {}, denied {}, over cap {}, connects failed {}, abandoned {}; bytes out {} in {}; turns {} (idle spins {}), sleeps {}, left open {}",
-            self.id,
-            self.frames_in,
-            self.frame_bytes_in,
-            self.frames_out,
-            self.frame_bytes_out,
-            self.tap_full,
-            self.malformed,
-            self.fragments,
-            self.unsupported,
-            self.spoofed,
-            self.tcp_flows,
-            self.published_flows,
-            self.udp_flows,
-            self.echo_flows,
-            self.denied,
-            self.over_cap,
-            self.connect_failed,
-            self.abandoned,
-            self.bytes_out,
-            self.bytes_in,
-            self.turns,
-            self.spin_turns,
-            self.sleeps,
-            self.open_at_stop
-        )?;
+        writeln!(f, "server {}: {}", self.id, self.text_fields())?;
         if let Some(t) = &self.timing {
             let each: Vec<String> = t
                 .iter()
@@ -103,48 +94,15 @@ impl fmt::Display for NicStats {
 impl NicStats {
     /// The counters as one JSON object.
     pub fn to_json(&self) -> String {
-        let fields: [(&str, u64); 23] = [
-            ("frames_in", self.frames_in),
-            ("frame_bytes_in", self.frame_bytes_in),
-            ("frames_out", self.frames_out),
-            ("frame_bytes_out", self.frame_bytes_out),
-            ("tap_full", self.tap_full),
-            ("malformed", self.malformed),
-            ("fragments", self.fragments),
-            ("unsupported", self.unsupported),
-            ("spoofed", self.spoofed),
-            ("tcp_flows", self.tcp_flows),
-            ("published_flows", self.published_flows),
-            ("udp_flows", self.udp_flows),
-            ("echo_flows", self.echo_flows),
-            ("denied", self.denied),
-            ("over_cap", self.over_cap),
-            ("connect_failed", self.connect_failed),
-            ("abandoned", self.abandoned),
-            ("bytes_out", self.bytes_out),
-            ("bytes_in", self.bytes_in),
-            ("turns", self.turns),
-            ("spin_turns", self.spin_turns),
-            ("sleeps", self.sleeps),
-            ("open_at_stop", self.open_at_stop),
-        ];
-        let mut body: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+        let mut body = self.json_fields();
         if let Some(t) = &self.timing {
             let stages: Vec<String> = t
                 .iter()
-                .map(|(s, v)| {
-                    format!(
-                        "\"{}\":{{\"calls\":{},\"hits\":{},\"ns\":{}}}",
-                        s.name(),
-                        v.calls,
-                        v.hits,
-                        v.ns
-                    )
-                })
+                .map(|(s, v)| format!("\"{}\":{{{}}}", s.name(), v.json_fields()))
                 .collect();
-            body.push(format!("\"timing\":{{{}}}", stages.join(",")));
+            body += &format!(",\"timing\":{{{}}}", stages.join(","));
         }
-        format!("{{\"id\":\"{}\",{}}}", self.id, body.join(","))
+        format!("{{\"id\":\"{}\",{}}}", self.id, body)
     }
 }
 
@@ -174,9 +132,9 @@ pub(crate) const LIVE_EVERY: u64 = 1024;
 impl NicLive {
     /// The counters as a row of `ferry ctl stats` (`sockets`: open flows, `requests`:
     /// frames from the sandbox).
-    pub fn snapshot(&self, id: &str) -> ferry_proto::LiveStats {
+    pub fn snapshot(&self, id: &str) -> LiveStats {
         use std::sync::atomic::Ordering::Relaxed;
-        ferry_proto::LiveStats {
+        LiveStats {
             id: id.to_string(),
             cpu: self.cpu.load(Relaxed),
             pinned: self.pinned.load(Relaxed),
@@ -210,6 +168,20 @@ impl NicLive {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every listed counter is summed, in `--stats`' text and in `--stats-json`; so is
+    /// every stage's total in the timing object.
+    #[test]
+    fn every_counter_is_summed_and_shown() {
+        ferry_counters::check::<NicStats>(NicStats::COUNTERS, |s| (s.to_json(), s.to_string()));
+        ferry_counters::check::<StageTotal>(StageTotal::COUNTERS, |t| {
+            let s = NicStats {
+                timing: Some(vec![(Stage::Pump, *t)]),
+                ..NicStats::default()
+            };
+            (s.to_json(), t.text_fields())
+        });
+    }
 
     #[test]
     fn json_has_timing_only_when_on() {

@@ -80,23 +80,17 @@ impl Stage {
     }
 }
 
-/// One stage's totals.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StageTotal {
-    /// Times the stage ran.
-    pub calls: u64,
-    /// Times it moved something (a frame, a datagram, bytes).
-    pub hits: u64,
-    /// Nanoseconds spent in it.
-    pub ns: u64,
-}
-
-impl StageTotal {
-    /// Adds another server's totals.
-    pub fn add(&mut self, o: &StageTotal) {
-        self.calls += o.calls;
-        self.hits += o.hits;
-        self.ns += o.ns;
+ferry_counters::counters! {
+    /// One stage's totals (`"timing":{"tap_read":{"calls":…,"hits":…,"ns":…},…}`).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct StageTotal {}
+    counters {
+        /// Times the stage ran.
+        calls: "calls",
+        /// Times it moved something (a frame, a datagram, bytes).
+        hits: "hits",
+        /// Nanoseconds spent in it.
+        ns: "ns",
     }
 }
 

@@ -8,9 +8,8 @@
 //! validation that turns raw records written by an untrusted peer into typed values
 //! ([`Call::decode`], and [`Request::decode`] under it) and the typed requests a side
 //! writes ([`Call::encode`]), the client side's completion demux ([`demux`]), and the
-//! protocol violations either side may report ([`ProtoError`]). Beside it, the row
-//! every server (protocol and NIC) reports to `ferry ctl stats` ([`LiveStats`]). It does
-//! no I/O and contains no `unsafe`.
+//! protocol violations either side may report ([`ProtoError`]). It does no I/O and
+//! contains no `unsafe`.
 //!
 //! # Theory of operation
 //!
@@ -39,7 +38,6 @@ pub mod cmsg;
 mod ctl;
 pub mod demux;
 mod error;
-mod live;
 mod module;
 
 pub use addr::{AddrError, WireAddr};
@@ -50,7 +48,6 @@ pub use ctl::{
     server_of,
 };
 pub use error::ProtoError;
-pub use live::LiveStats;
 pub use module::{
     BINDING_MAGIC, Binding, BindingError, CTL_BLOB_FD, MAX_BINDING_BYTES, MAX_FILE_HANDLES,
     MAX_FILES, MAX_INLINE_BINDING, MAX_KEY_BYTES, MAX_MODULE_BYTES, MAX_PROPS,

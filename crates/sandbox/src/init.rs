@@ -22,6 +22,12 @@
 //! the channel and the listener → signalfd, open its netns → "ready" (saying whether
 //! the watch is on) → serve.
 //!
+//! Each step is a function: the init's are listed in `set_up`, the command's in
+//! `prepare_command`. A failed init step is a `Failed` (its `Stage`, told to the
+//! launcher with errno, which turns it into the caller's error); a failed command step
+//! is a `CommandError`, whose `exit` is the one place the command's exit status (127 not
+//! found, 126 not executable, 1 given up) and its line on stderr are decided.
+//!
 //! Serving: one `poll` on the channel, the signalfd and the watch's listener. SIGCHLD
 //! reaps every child (orphans of the command are re-parented here); a forwarded signal
 //! is sent on to the command; a channel datagram is a socket factory request; a
@@ -135,37 +141,135 @@ pub(crate) struct Exec {
 }
 
 /// Entry point of the init, in the child of the launcher's `clone`. Never returns.
+///
+/// Its steps: wait for "go" → [`set_up`] (each step's failure a [`Failed`] the launcher
+/// is told of, with errno) → say "ready" → [`serve`].
 pub(crate) fn run(exec: &Exec, chan: RawFd, launcher_end: RawFd) -> ! {
     // SAFETY: the launcher's end is a copy this process never uses.
     unsafe { libc::close(launcher_end) };
 
     let mut trees: [RawFd; MAX_VOLUMES] = [-1; MAX_VOLUMES];
     let received = await_go(chan, &mut trees);
+    let mut chan = chan;
+    let ready = match set_up(exec, &mut chan, &trees[..received]) {
+        Ok(ready) => ready,
+        Err(failed) => fail(chan, failed),
+    };
+    let msg = wire::encode([
+        wire::READY as i32,
+        ready.cmd,
+        wire::ready_flags(
+            ready.listener.is_some(),
+            ready.sysfs.err(),
+            ready.shadow.err(),
+        ),
+    ]);
+    if sys::send_with_fd(ready.chan, &msg, Some(ready.netns)).is_err() {
+        exit(1);
+    }
+    // SAFETY: netns is ours and no longer needed; the launcher has its own copy.
+    unsafe { libc::close(ready.netns) };
+    let watch = ready.listener.zip(exec.watch.as_ref());
+    serve(
+        ready.chan,
+        ready.sigfd,
+        ready.cmd,
+        watch.map(|(fd, mode)| Watch::new(fd, mode)),
+    )
+}
 
+/// A setup step that failed, as the launcher is told: its [`Stage`] (and for a volume
+/// the step's index, [`Stage::with_index`]); errno is the failed call's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Failed(i32);
+
+impl From<Stage> for Failed {
+    fn from(stage: Stage) -> Failed {
+        Failed(stage.into())
+    }
+}
+
+/// What the init holds once set up, for "ready" and serving.
+struct Ready {
+    /// The channel, at [`CHAN_FD`].
+    chan: RawFd,
+    sigfd: RawFd,
+    /// The command's pid.
+    cmd: pid_t,
+    /// The socket watch's listener, at [`WATCH_FD`].
+    listener: Option<RawFd>,
+    /// The sandbox's network namespace, for the launcher.
+    netns: RawFd,
+    /// The sandbox's own sysfs and the substitute shadow.
+    sysfs: Warned,
+    shadow: Warned,
+}
+
+/// A step whose failure (errno) the launcher only warns of.
+type Warned = Result<(), c_int>;
+
+/// The init's setup, in order: its identity, signals and `lo` ([`harden`]) → the
+/// mounts → ping sockets → the command, held ([`start_command`]) → the watch's listener
+/// → only its own fds kept (`chan` is then the channel's new number, on which a later
+/// failure is told) → the signalfd → its network namespace opened.
+fn set_up(exec: &Exec, chan: &mut RawFd, trees: &[RawFd]) -> Result<Ready, Failed> {
+    harden(exec)?;
+    let (sysfs, shadow) = mount_filesystems(exec, trees)?;
+    allow_ping_sockets();
+    let (cmd, watch_end) = start_command(exec)?;
+    let received = receive_listener(watch_end);
+    let listener;
+    (*chan, listener) = keep_only(*chan, received).map_err(|()| Stage::CloseFds)?;
+    let sigfd = signalfd().map_err(|()| Stage::SignalFd)?;
+    // SAFETY: the path is a NUL-terminated literal.
+    let netns = unsafe {
+        libc::open(
+            c"/proc/self/ns/net".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if netns == -1 {
+        return Err(Stage::Netns.into());
+    }
+    Ok(Ready {
+        chan: *chan,
+        sigfd,
+        cmd,
+        listener,
+        netns,
+        sysfs,
+        shadow,
+    })
+}
+
+/// The init's own state: the ids of its user namespace's root, its name, not
+/// dumpable, signals reset and blocked, `lo` up.
+fn harden(exec: &Exec) -> Result<(), Stage> {
     if exec.nest > 0 && become_root().is_err() {
-        fail(chan, Stage::Identity);
+        return Err(Stage::Identity);
     }
     // Visible in ps as "ferry-init" rather than as a copy of the launcher. Cosmetic.
     // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
     unsafe { libc::prctl(libc::PR_SET_NAME, c"ferry-init".as_ptr(), 0, 0, 0) };
     // SAFETY: prctl with integer arguments.
     if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } == -1 {
-        fail(chan, Stage::Dumpable);
+        return Err(Stage::Dumpable);
     }
-    if setup_signals().is_err() {
-        fail(chan, Stage::Signals);
-    }
-    if bring_up_loopback().is_err() {
-        fail(chan, Stage::Loopback);
-    }
-    let (sysfs, shadow) = mount_filesystems(exec, chan, &trees[..received]);
-    allow_ping_sockets();
+    setup_signals().map_err(|()| Stage::Signals)?;
+    bring_up_loopback().map_err(|()| Stage::Loopback)
+}
+
+/// Clones the command (which runs [`exec_command`] up to its `execve`, held until the
+/// launcher says go) and, when it gets a user namespace of its own, writes its id maps.
+/// Returns its pid and the init's end of the pair its watch's listener comes on (-1:
+/// no watch).
+fn start_command(exec: &Exec) -> Result<(pid_t, RawFd), Failed> {
     // The command's own user namespace is set up in two steps: it unshares, then the
     // init (which has the capabilities in the sandbox's namespace) writes its id maps.
     let mut up = [-1; 2];
     let mut down = [-1; 2];
     if exec.nest > 0 && (pipe(&mut up).is_err() || pipe(&mut down).is_err()) {
-        fail(chan, Stage::NestUserns);
+        return Err(Stage::NestUserns.into());
     }
     // The command sends the watch's listener on this pair; without it, no watch.
     let mut watch_pair = [-1; 2];
@@ -194,7 +298,7 @@ pub(crate) fn run(exec: &Exec, chan: RawFd, launcher_end: RawFd) -> ! {
             exec_command(exec, (up[1], down[0]), watch_pair[1])
         }
         Ok(pid) => pid,
-        Err(_) => fail(chan, Stage::ForkCommand),
+        Err(_) => return Err(Stage::ForkCommand.into()),
     };
     // SAFETY: our copy of the child's end of the pair (-1 when unused).
     unsafe { libc::close(watch_pair[1]) };
@@ -207,45 +311,10 @@ pub(crate) fn run(exec: &Exec, chan: RawFd, launcher_end: RawFd) -> ! {
         if let Err(e) = map_command(cmd, exec.nest, up[0], down[1]) {
             // SAFETY: errno slot of this thread.
             unsafe { *libc::__errno_location() = e };
-            fail(chan, Stage::NestUserns);
+            return Err(Stage::NestUserns.into());
         }
     }
-    let listener = receive_listener(watch_pair[0]);
-    let (chan, listener) = match keep_only(chan, listener) {
-        Ok(fds) => fds,
-        Err(()) => fail(chan, Stage::CloseFds),
-    };
-    let sigfd = match signalfd() {
-        Ok(fd) => fd,
-        Err(()) => fail(chan, Stage::SignalFd),
-    };
-    // SAFETY: the path is a NUL-terminated literal.
-    let netns = unsafe {
-        libc::open(
-            c"/proc/self/ns/net".as_ptr(),
-            libc::O_RDONLY | libc::O_CLOEXEC,
-        )
-    };
-    if netns == -1 {
-        fail(chan, Stage::Netns);
-    }
-    let ready = wire::encode([
-        wire::READY as i32,
-        cmd,
-        wire::ready_flags(listener.is_some(), sysfs.err(), shadow.err()),
-    ]);
-    if sys::send_with_fd(chan, &ready, Some(netns)).is_err() {
-        exit(1);
-    }
-    // SAFETY: netns is ours and no longer needed; the launcher has its own copy.
-    unsafe { libc::close(netns) };
-    let watch = listener.zip(exec.watch.as_ref());
-    serve(
-        chan,
-        sigfd,
-        cmd,
-        watch.map(|(fd, mode)| Watch::new(fd, mode)),
-    )
+    Ok((cmd, watch_pair[0]))
 }
 
 /// Waits for "go", taking the volumes' idmapped copies that come before it (one a
@@ -270,30 +339,22 @@ fn await_go(chan: RawFd, trees: &mut [RawFd; MAX_VOLUMES]) -> usize {
 /// `/etc/shadow`, `/proc`, `/sys`, the volumes (`trees`: the launcher's idmapped
 /// copies). Fails the setup if `/proc` or a volume cannot be mounted; returns the
 /// outcomes of the sysfs and the shadow, which only warn.
-fn mount_filesystems(
-    exec: &Exec,
-    chan: RawFd,
-    trees: &[RawFd],
-) -> (Result<(), c_int>, Result<(), c_int>) {
-    if make_private().is_err() {
-        fail(chan, Stage::Proc);
-    }
+fn mount_filesystems(exec: &Exec, trees: &[RawFd]) -> Result<(Warned, Warned), Failed> {
+    make_private().map_err(|()| Stage::Proc)?;
     // Before the sandbox's /proc: its tmpfs is made on /proc for a moment.
     let shadow = exec
         .mounts
         .shadow
         .as_ref()
         .map_or(Ok(()), mounts::fake_shadow);
-    if mount_proc().is_err() {
-        fail(chan, Stage::Proc);
-    }
+    mount_proc().map_err(|()| Stage::Proc)?;
     let sysfs = mounts::own_sysfs(&exec.mounts.sys_kept);
     if let Err((step, e)) = mounts::volumes(&exec.mounts.steps, trees) {
         // SAFETY: errno slot of this thread.
         unsafe { *libc::__errno_location() = e };
-        fail(chan, Stage::Volume.with_index(step));
+        return Err(Failed(Stage::Volume.with_index(step)));
     }
-    (sysfs, shadow)
+    Ok((sysfs, shadow))
 }
 
 /// The watch's listener, as the command sends it on `pair` (closed here); `None` when
@@ -326,10 +387,9 @@ impl Stage {
     }
 }
 
-/// Reports a failed setup stage (a [`Stage`], or [`Stage::with_index`]) with the current
-/// errno, then exits.
-fn fail(chan: RawFd, stage: impl Into<i32>) -> ! {
-    let msg = wire::encode([wire::SETUP_FAILED as i32, stage.into(), errno()]);
+/// Reports a failed setup step with the current errno, then exits.
+fn fail(chan: RawFd, failed: Failed) -> ! {
+    let msg = wire::encode([wire::SETUP_FAILED as i32, failed.0, errno()]);
     let _ = sys::send_with_fd(chan, &msg, None);
     exit(1)
 }
@@ -800,52 +860,82 @@ fn launcher_gone() -> ! {
 /// In the command's child: its own user and mount namespaces when asked for (see
 /// [`Exec::nest`]; `nest` = (write end to the init, read end from it)), no new
 /// privileges, a clean signal state, then `execve`, trying each candidate path in turn.
-/// Exits 127 if nothing was found, 126 if something was found but could not be executed
-/// (as shells do). `watch` is the command's end of the pair the watch's listener goes
-/// to (-1: no watch).
-fn exec_command(exec: &Exec, (to_init, from_init): (RawFd, RawFd), watch: RawFd) -> ! {
-    if exec.nest > 0 {
-        // The init is not dumpable, and so neither is this copy of it: its /proc files
-        // would belong to the host's root, and the init could not write its id maps.
-        // SAFETY: prctl with integer arguments.
-        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
-        // SAFETY: unshare with integer flags.
-        let e = if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) } == -1 {
-            errno()
-        } else {
-            0
-        };
-        let word = e.to_ne_bytes();
-        // SAFETY: a valid 4-byte buffer.
-        let told = unsafe { libc::write(to_init, word.as_ptr().cast(), 4) } == 4;
-        // The init answers once the maps are written.
-        let mut ok = [0u8; 1];
-        // SAFETY: a valid 1-byte buffer.
-        if !told || e != 0 || unsafe { libc::read(from_init, ok.as_mut_ptr().cast(), 1) } != 1 {
-            exit(126);
-        }
-        // SAFETY: our ends, no longer needed.
-        unsafe {
-            libc::close(to_init);
-            libc::close(from_init);
+/// `watch` is the command's end of the pair the watch's listener goes to (-1: no
+/// watch). Never returns: the exit status of a failure is its [`CommandError`]'s.
+fn exec_command(exec: &Exec, nest: (RawFd, RawFd), watch: RawFd) -> ! {
+    let failed = match prepare_command(exec, nest, watch) {
+        Ok(()) => execve_any(exec),
+        Err(e) => e,
+    };
+    failed.exit(exec)
+}
+
+/// Why the command's child did not become the command. [`CommandError::exit`] is the
+/// one place its exit status (as shells have them: 127 not found, 126 found but not
+/// executable) and its line on stderr are decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CommandError {
+    /// Its own user namespace could not be made, or the init did not map it.
+    Nest,
+    /// The filter that keeps set-id files out of the volumes could not be installed
+    /// (errno).
+    Guard(c_int),
+    /// The socket watch's listener could not be handed to the init.
+    Watch,
+    /// The launcher gave up before letting the held command go.
+    Gate,
+    /// No candidate path exists.
+    NotFound,
+    /// A candidate exists but cannot be executed (errno).
+    CannotExec(c_int),
+}
+
+impl CommandError {
+    fn exit_code(self) -> c_int {
+        match self {
+            CommandError::Gate => 1,
+            CommandError::NotFound => 127,
+            CommandError::Nest
+            | CommandError::Guard(_)
+            | CommandError::Watch
+            | CommandError::CannotExec(_) => 126,
         }
     }
-    restrict(exec);
-    if let Some(mode) = exec.watch.as_ref().filter(|_| watch >= 0) {
-        // Refused (old kernel, no seccomp, another listener already): no watch. Once
-        // installed, the listener must reach the init: without one, the kernel fails
-        // every inet socket() of the command's with ENOSYS.
-        if let Some(listener) = watch::install(mode) {
-            if sys::send_with_fd(watch, b"L", Some(listener)).is_err() {
-                write_stderr(b"ferry: cannot hand the socket watch to the sandbox's init\n");
-                exit(126);
+
+    /// Says why on stderr (nothing for a failure the launcher reports, or caused) and
+    /// exits with [`exit_code`](Self::exit_code).
+    fn exit(self, exec: &Exec) -> ! {
+        match self {
+            CommandError::Nest | CommandError::Gate => {}
+            CommandError::Guard(e) => {
+                // Without it, a volume would let the command make set-id root programs.
+                write_stderr(b"ferry: cannot keep set-id files out of the volumes: ");
+                write_stderr(errno_text(e));
+                write_stderr(b"\n");
             }
-            // SAFETY: our copy (CLOEXEC, but no process of the sandbox may hold one: the
-            // init's is the only listener).
-            unsafe { libc::close(listener) };
+            CommandError::Watch => {
+                write_stderr(b"ferry: cannot hand the socket watch to the sandbox's init\n");
+            }
+            CommandError::NotFound => write_stderr(&exec.not_found),
+            CommandError::CannotExec(e) => {
+                write_stderr(&exec.cannot_exec);
+                write_stderr(errno_text(e));
+                write_stderr(b"\n");
+            }
         }
-        // SAFETY: our end of the pair.
-        unsafe { libc::close(watch) };
+        exit(self.exit_code())
+    }
+}
+
+/// The command's steps before `execve`: its own user namespace → [`restrict`] → the
+/// socket watch → a clean signal state → the launcher's go ([`Exec::gate`]).
+fn prepare_command(exec: &Exec, nest: (RawFd, RawFd), watch: RawFd) -> Result<(), CommandError> {
+    if exec.nest > 0 {
+        enter_own_userns(nest)?;
+    }
+    restrict(exec)?;
+    if let Some(mode) = exec.watch.as_ref().filter(|_| watch >= 0) {
+        hand_over_watch(mode, watch)?;
     }
     let empty = empty_sigset();
     // SAFETY: empty is an initialised sigset_t.
@@ -854,26 +944,80 @@ fn exec_command(exec: &Exec, (to_init, from_init): (RawFd, RawFd), watch: RawFd)
     // that, as std::process::Command also arranges.
     let _ = set_default(libc::SIGPIPE);
     if let Some((read_end, write_end)) = exec.gate {
-        // Held: wait for the launcher's byte. EOF means it gave up: do not run.
-        // SAFETY: closing our copy of the write end (so EOF can be seen) and reading
-        // into a valid one-byte buffer; both are async-signal-safe.
-        unsafe { libc::close(write_end) };
-        let mut b = [0u8; 1];
-        loop {
-            // SAFETY: as above.
-            let n = unsafe { libc::read(read_end, b.as_mut_ptr().cast(), 1) };
-            if n == 1 {
-                break;
-            }
-            if n == -1 && errno() == libc::EINTR {
-                continue;
-            }
-            exit(1);
-        }
+        await_gate(read_end, write_end)?;
     }
+    Ok(())
+}
 
+/// Makes the command's own user and mount namespaces and waits for the init to write
+/// the user namespace's id maps (`(to_init, from_init)`: the pipes' ends).
+fn enter_own_userns((to_init, from_init): (RawFd, RawFd)) -> Result<(), CommandError> {
+    // The init is not dumpable, and so neither is this copy of it: its /proc files
+    // would belong to the host's root, and the init could not write its id maps.
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
+    // SAFETY: unshare with integer flags.
+    let e = if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) } == -1 {
+        errno()
+    } else {
+        0
+    };
+    let word = e.to_ne_bytes();
+    // SAFETY: a valid 4-byte buffer.
+    let told = unsafe { libc::write(to_init, word.as_ptr().cast(), 4) } == 4;
+    // The init answers once the maps are written.
+    let mut ok = [0u8; 1];
+    // SAFETY: a valid 1-byte buffer.
+    if !told || e != 0 || unsafe { libc::read(from_init, ok.as_mut_ptr().cast(), 1) } != 1 {
+        return Err(CommandError::Nest);
+    }
+    // SAFETY: our ends, no longer needed.
+    unsafe {
+        libc::close(to_init);
+        libc::close(from_init);
+    }
+    Ok(())
+}
+
+/// Installs the socket watch's filter and sends its listener to the init on `pair`
+/// (closed here). A kernel that refuses the filter (old, no seccomp, another listener
+/// already) leaves the command unwatched; once installed, the listener must reach the
+/// init: without one, the kernel fails every inet socket() of the command's with ENOSYS.
+fn hand_over_watch(mode: &watch::Mode, pair: RawFd) -> Result<(), CommandError> {
+    if let Some(listener) = watch::install(mode) {
+        if sys::send_with_fd(pair, b"L", Some(listener)).is_err() {
+            return Err(CommandError::Watch);
+        }
+        // SAFETY: our copy (CLOEXEC, but no process of the sandbox may hold one: the
+        // init's is the only listener).
+        unsafe { libc::close(listener) };
+    }
+    // SAFETY: our end of the pair.
+    unsafe { libc::close(pair) };
+    Ok(())
+}
+
+/// Held: waits for the launcher's byte on the gate. EOF means it gave up: do not run.
+fn await_gate(read_end: RawFd, write_end: RawFd) -> Result<(), CommandError> {
+    // SAFETY: closing our copy of the write end (so EOF can be seen); async-signal-safe.
+    unsafe { libc::close(write_end) };
+    let mut b = [0u8; 1];
+    loop {
+        // SAFETY: reading into a valid one-byte buffer; async-signal-safe.
+        let n = unsafe { libc::read(read_end, b.as_mut_ptr().cast(), 1) };
+        if n == 1 {
+            return Ok(());
+        }
+        if n == -1 && errno() == libc::EINTR {
+            continue;
+        }
+        return Err(CommandError::Gate);
+    }
+}
+
+/// `execve`s each candidate path in turn; returns only if none could be executed.
+fn execve_any(exec: &Exec) -> CommandError {
     let mut denied = false;
-    let mut failure = 0;
     for path in &exec.candidates {
         // SAFETY: path, argv and envp are NUL-terminated strings / null-terminated
         // pointer arrays that `exec` keeps alive.
@@ -887,27 +1031,19 @@ fn exec_command(exec: &Exec, (to_init, from_init): (RawFd, RawFd), watch: RawFd)
                 denied = true;
             }
             libc::EACCES => {}
-            e => {
-                failure = e;
-                break;
-            }
+            e => return CommandError::CannotExec(e),
         }
     }
-    if failure == 0 && !denied {
-        write_stderr(&exec.not_found);
-        exit(127);
+    if denied {
+        CommandError::CannotExec(libc::EACCES)
+    } else {
+        CommandError::NotFound
     }
-    let reason = if failure == 0 { libc::EACCES } else { failure };
-    write_stderr(&exec.cannot_exec);
-    write_stderr(errno_text(reason));
-    write_stderr(b"\n");
-    exit(126)
 }
 
 /// In the command's child, before the watch: its working directory as the sandbox sees
-/// it, no new privileges, and with volumes the guard (guard.rs); exits 126 if the guard
-/// cannot be installed.
-fn restrict(exec: &Exec) {
+/// it, no new privileges, and with volumes the guard (guard.rs).
+fn restrict(exec: &Exec) -> Result<(), CommandError> {
     if let Some(cwd) = &exec.cwd {
         // Best effort: where it cannot, the command keeps the directory it inherited.
         // SAFETY: a NUL-terminated path.
@@ -916,14 +1052,9 @@ fn restrict(exec: &Exec) {
     // Set-uid and file-capability binaries gain nothing in the sandbox.
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
-    if let Some(prog) = &exec.guard
-        && let Err(e) = guard::install(prog)
-    {
-        // Without it, a volume would let the command make set-id root programs.
-        write_stderr(b"ferry: cannot keep set-id files out of the volumes: ");
-        write_stderr(errno_text(e));
-        write_stderr(b"\n");
-        exit(126);
+    match &exec.guard {
+        Some(prog) => guard::install(prog).map_err(CommandError::Guard),
+        None => Ok(()),
     }
 }
 

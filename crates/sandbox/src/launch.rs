@@ -392,63 +392,20 @@ impl Drop for InitGuard {
 /// sandbox is set up and the command has been started. A command that cannot be found
 /// or executed is not an error here: the sandbox exits with 127 or 126 and says why on
 /// stderr, as a shell would.
+///
+/// Its steps, each failing with its own [`Error`] variant: the sandbox's identity → the
+/// volumes' plan → what the init and the command need ([`exec_for`]) → the gate of a
+/// held command → the channel → `clone` of the init → its pidfd → [`handshake`].
 pub fn launch(spec: &Spec) -> Result<Sandbox, Error> {
-    // SAFETY: geteuid cannot fail.
-    let euid = unsafe { libc::geteuid() };
-    let userns = spec.userns != UserNs::Never;
-    let ids = match (userns, euid) {
-        (false, _) => None,
-        (true, 0) => Some(root_sandbox_ids()),
-        (true, _) => None,
-    };
+    let (userns, ids) = identity(spec);
     let steps = volume_steps(&spec.volumes, ids)?;
-    let mut exec = prepare(spec)?;
-    // The command gets a user namespace of its own inside the sandbox's, mapping the
-    // same ids: the mounts the init made (the sandbox's /proc) are then locked for it.
-    exec.nest = match (userns, ids) {
-        (false, _) => 0,
-        (true, Some((u, g))) => u.count.min(g.count),
-        (true, None) => 1,
-    };
-    exec.mounts = mounts_for(ids, &steps)?;
-    if steps.iter().any(|s| matches!(s, Step::Attach { .. })) {
-        let prog = crate::guard::native_filter().ok_or_else(|| {
-            Error::Volume("needs x86_64 or aarch64 (to keep set-id files out of it)".into())
-        })?;
-        exec.guard = Some(prog);
-    }
-    if !steps.is_empty() {
-        exec.cwd = std::env::current_dir()
-            .ok()
-            .and_then(|d| CString::new(d.into_os_string().into_vec()).ok());
-    }
+    let mut exec = exec_for(spec, userns, ids, &steps)?;
     let gate = if spec.hold {
-        let mut p = [0; 2];
-        // SAFETY: p is a valid out-array of two ints.
-        sys::cvt(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) })
-            .map_err(Error::SocketPair)?;
-        // SAFETY: pipe2 returned two fresh fds that nothing else owns.
-        let ends = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
-        exec.gate = Some((ends.0.as_raw_fd(), ends.1.as_raw_fd()));
-        Some(ends)
+        Some(gate(&mut exec)?)
     } else {
         None
     };
-
-    let mut pair = [0; 2];
-    // SAFETY: pair is a valid out-array of two ints.
-    sys::cvt(unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            pair.as_mut_ptr(),
-        )
-    })
-    .map_err(Error::SocketPair)?;
-    // SAFETY: socketpair returned two fresh fds that nothing else owns.
-    let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(pair[0]), OwnedFd::from_raw_fd(pair[1])) };
-
+    let (ours, theirs) = channel()?;
     let mut flags = libc::CLONE_NEWNET | libc::CLONE_NEWPID | libc::CLONE_NEWNS;
     if userns {
         flags |= libc::CLONE_NEWUSER;
@@ -464,23 +421,7 @@ pub fn launch(spec: &Spec) -> Result<Sandbox, Error> {
     // The launcher keeps only the write end of the gate.
     let gate = gate.map(|(_read, write)| write);
     let pidfd = sys::pidfd_open(pid).map_err(Error::PidFd)?;
-
-    if userns {
-        write_id_maps(pid, ids)?;
-    }
-    send_trees(ours.as_raw_fd(), pid, &steps)?;
-    sys::send_with_fd(ours.as_raw_fd(), &wire::GO, None).map_err(Error::Handshake)?;
-
-    let (netns, watching) = match await_ready(ours.as_raw_fd(), &steps) {
-        Ok(ready) => ready,
-        Err(None) => {
-            std::mem::forget(guard);
-            let status = sys::waitpid_blocking(pid).map_err(Error::Wait)?;
-            return Err(Error::InitDied(sys::exit_code(status)));
-        }
-        Err(Some(e)) => return Err(e),
-    };
-    std::mem::forget(guard);
+    let (netns, watching) = handshake(guard, ours.as_raw_fd(), (userns, ids), &steps)?;
     debug!(pid, userns, watching, program = ?spec.program, "sandbox launched");
     Ok(Sandbox {
         pid,
@@ -491,6 +432,110 @@ pub fn launch(spec: &Spec) -> Result<Sandbox, Error> {
         gate,
         watching,
     })
+}
+
+/// Whether the sandbox gets a user namespace, and for root's the ids it maps.
+fn identity(spec: &Spec) -> (bool, Option<(IdRange, IdRange)>) {
+    // SAFETY: geteuid cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    let userns = spec.userns != UserNs::Never;
+    let ids = match (userns, euid) {
+        (false, _) => None,
+        (true, 0) => Some(root_sandbox_ids()),
+        (true, _) => None,
+    };
+    (userns, ids)
+}
+
+/// Everything the init and the command's `execve` need, prepared before the clone: the
+/// strings, the command's own user namespace, the mounts, the volumes' guard and the
+/// working directory.
+fn exec_for(
+    spec: &Spec,
+    userns: bool,
+    ids: Option<(IdRange, IdRange)>,
+    steps: &[Step],
+) -> Result<Exec, Error> {
+    let mut exec = prepare(spec)?;
+    // The command gets a user namespace of its own inside the sandbox's, mapping the
+    // same ids: the mounts the init made (the sandbox's /proc) are then locked for it.
+    exec.nest = match (userns, ids) {
+        (false, _) => 0,
+        (true, Some((u, g))) => u.count.min(g.count),
+        (true, None) => 1,
+    };
+    exec.mounts = mounts_for(ids, steps)?;
+    if steps.iter().any(|s| matches!(s, Step::Attach { .. })) {
+        let prog = crate::guard::native_filter().ok_or_else(|| {
+            Error::Volume("needs x86_64 or aarch64 (to keep set-id files out of it)".into())
+        })?;
+        exec.guard = Some(prog);
+    }
+    if !steps.is_empty() {
+        exec.cwd = std::env::current_dir()
+            .ok()
+            .and_then(|d| CString::new(d.into_os_string().into_vec()).ok());
+    }
+    Ok(exec)
+}
+
+/// The gate a held command waits on before its `execve` ([`Spec::hold`]): (read, write).
+fn gate(exec: &mut Exec) -> Result<(OwnedFd, OwnedFd), Error> {
+    let mut p = [0; 2];
+    // SAFETY: p is a valid out-array of two ints.
+    sys::cvt(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) }).map_err(Error::SocketPair)?;
+    // SAFETY: pipe2 returned two fresh fds that nothing else owns.
+    let ends = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
+    exec.gate = Some((ends.0.as_raw_fd(), ends.1.as_raw_fd()));
+    Ok(ends)
+}
+
+/// The launcher ↔ init channel: (ours, the init's).
+fn channel() -> Result<(OwnedFd, OwnedFd), Error> {
+    let mut pair = [0; 2];
+    // SAFETY: pair is a valid out-array of two ints.
+    sys::cvt(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            pair.as_mut_ptr(),
+        )
+    })
+    .map_err(Error::SocketPair)?;
+    // SAFETY: socketpair returned two fresh fds that nothing else owns.
+    Ok(unsafe { (OwnedFd::from_raw_fd(pair[0]), OwnedFd::from_raw_fd(pair[1])) })
+}
+
+/// The launcher's side of the init's setup: the id maps (with a user namespace, of
+/// `ids`), the volumes' idmapped trees, "go", then "ready" (the sandbox's network
+/// namespace, and whether the watch is on) or the init's report of the step that
+/// failed. Until "ready", `guard` kills the init on any failure; an init that exited by
+/// itself is reaped for its status.
+fn handshake(
+    guard: InitGuard,
+    chan: RawFd,
+    (userns, ids): (bool, Option<(IdRange, IdRange)>),
+    steps: &[Step],
+) -> Result<(OwnedFd, bool), Error> {
+    let pid = guard.0;
+    if userns {
+        write_id_maps(pid, ids)?;
+    }
+    send_trees(chan, pid, steps)?;
+    sys::send_with_fd(chan, &wire::GO, None).map_err(Error::Handshake)?;
+    match await_ready(chan, steps) {
+        Ok(ready) => {
+            std::mem::forget(guard);
+            Ok(ready)
+        }
+        Err(None) => {
+            std::mem::forget(guard);
+            let status = sys::waitpid_blocking(pid).map_err(Error::Wait)?;
+            Err(Error::InitDied(sys::exit_code(status)))
+        }
+        Err(Some(e)) => Err(e),
+    }
 }
 
 /// The init's volume steps: idmapped (root's sandbox, `ids`) or read-only bind mounts.

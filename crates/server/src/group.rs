@@ -29,7 +29,8 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use ferry_proto::{Hello, LiveStats, MAX_SERVERS, SERVER_BITS};
+use ferry_counters::LiveStats;
+use ferry_proto::{Hello, MAX_SERVERS, SERVER_BITS};
 
 use crate::sock::Sock;
 use crate::{Config, Error, SandboxSocketFn, Server, ServerStats};

@@ -100,9 +100,9 @@ pub mod testkit;
 mod tx;
 mod udp_publish;
 
+pub use ferry_counters::{Counters, LiveStats};
 pub use ferry_egress::{Bond, EgressStats, LogThrottle, Mode, Policy, Rule, TapHandoff, Verdict};
 pub use ferry_modules::{Interrupt as ModuleInterrupt, Limits as ModuleLimits};
-pub use ferry_proto::LiveStats;
 pub use group::{Accepted, Assign, Control, Handle, Servers, parse_server, server_name};
 pub use modules::{HIGH_WATER, ModuleConfig, ModuleError, ModuleRule, ModuleTarget};
 pub use server::{Server, descends_from};

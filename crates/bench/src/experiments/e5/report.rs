@@ -1,26 +1,17 @@
-//! The report's nic-mode parts: E5's per-packet table by stage beside S2's published
-//! figures, its MTU and NIC-server tables, and R1's nic-mode goals (ferry-nic against
-//! slirp4netns, pasta and native). Every ratio is of medians; nothing here judges a time
+//! E5's part of the report: the per-packet table by stage beside S2's published figures,
+//! the MTU and NIC-server tables. Every ratio is of medians; nothing here judges a time
 //! beyond saying whether a stated goal was met in this run.
 
 use std::fmt::Write as _;
 
-use crate::experiments::{E5_MTUS, E5_STAGES, E5_TCP, E5_TCP_ONE, E5_UDP, E5_UDP_ONE, E5Stage};
-use crate::plan::Row;
+use super::{E5_MTUS, E5_STAGES, E5_TCP, E5_TCP_ONE, E5_UDP, E5_UDP_ONE, E5Stage};
+use crate::plan::{Row, find, median};
 
 /// S2's published per-packet overhead of its pseudo-NIC path: (tx, rx) µs.
 pub const S2_TX_US: f64 = 11.98;
+
 /// S2, receive.
 pub const S2_RX_US: f64 = 9.9;
-
-/// The median of a row, if it exists and has samples.
-pub fn median(rows: &[Row], e: &str, config: &str, param: &str, metric: &str) -> Option<f64> {
-    rows.iter()
-        .find(|r| {
-            r.experiment == e && r.config == config && r.param.label == param && r.metric == metric
-        })
-        .and_then(Row::median)
-}
 
 fn f(v: Option<f64>, digits: usize) -> String {
     match v {
@@ -65,7 +56,7 @@ pub fn stage_sum_of(
     let mut any = false;
     let mut sum = 0.0;
     for st in E5_STAGES.iter().filter(|st| pick(st)) {
-        if let Some(v) = median(rows, "E5", "ferry-nic-timed", workload, st.us) {
+        if let Some(v) = median(rows, "ferry-nic-timed", workload, st.us) {
             any = true;
             sum += v * share(st, dir);
         }
@@ -75,8 +66,8 @@ pub fn stage_sum_of(
 
 /// (RTT p50 of `config` − native's) / 2: what `config` adds per packet per direction.
 pub fn half_diff(rows: &[Row], workload: &str, config: &str) -> Option<f64> {
-    let n = median(rows, "E5", "native", workload, "rtt_p50")?;
-    let c = median(rows, "E5", config, workload, "rtt_p50")?;
+    let n = median(rows, "native", workload, "rtt_p50")?;
+    let c = median(rows, config, workload, "rtt_p50")?;
     Some((c - n) / 2.0)
 }
 
@@ -88,8 +79,7 @@ fn per_packet(rows: &[Row], tcp: &str, udp: &str) -> String {
         "| stage | dir | TCP calls/RT | TCP ns/call | TCP µs/RT | UDP calls/RT | UDP ns/call | UDP µs/RT |\n\
          |---|---|--:|--:|--:|--:|--:|--:|\n",
     );
-    let cell =
-        |w: &str, metric: &str, d: usize| f(median(rows, "E5", "ferry-nic-timed", w, metric), d);
+    let cell = |w: &str, metric: &str, d: usize| f(median(rows, "ferry-nic-timed", w, metric), d);
     for st in &E5_STAGES {
         let _ = writeln!(
             out,
@@ -174,20 +164,20 @@ fn per_packet(rows: &[Row], tcp: &str, udp: &str) -> String {
         "\nRTT p50 (µs): native {} / ferry {} / ferry-nic {} / ferry-nic-timed {} (TCP); \
          {} / {} / {} / {} (UDP). The RTT difference is split evenly between the \
          directions (a round trip crosses the path once each way).\n",
-        f(median(rows, "E5", "native", tcp, "rtt_p50"), 1),
-        f(median(rows, "E5", "ferry", tcp, "rtt_p50"), 1),
-        f(median(rows, "E5", "ferry-nic", tcp, "rtt_p50"), 1),
-        f(median(rows, "E5", "ferry-nic-timed", tcp, "rtt_p50"), 1),
-        f(median(rows, "E5", "native", udp, "rtt_p50"), 1),
-        f(median(rows, "E5", "ferry", udp, "rtt_p50"), 1),
-        f(median(rows, "E5", "ferry-nic", udp, "rtt_p50"), 1),
-        f(median(rows, "E5", "ferry-nic-timed", udp, "rtt_p50"), 1),
+        f(median(rows, "native", tcp, "rtt_p50"), 1),
+        f(median(rows, "ferry", tcp, "rtt_p50"), 1),
+        f(median(rows, "ferry-nic", tcp, "rtt_p50"), 1),
+        f(median(rows, "ferry-nic-timed", tcp, "rtt_p50"), 1),
+        f(median(rows, "native", udp, "rtt_p50"), 1),
+        f(median(rows, "ferry", udp, "rtt_p50"), 1),
+        f(median(rows, "ferry-nic", udp, "rtt_p50"), 1),
+        f(median(rows, "ferry-nic-timed", udp, "rtt_p50"), 1),
     );
     out
 }
 
-/// E5's section: the stage table, the per-direction comparison with S2, MTU, servers.
-pub fn e5_summary(rows: &[Row]) -> String {
+/// The section's text: the stage table, the per-direction comparison with S2, MTU, servers.
+pub fn summary(rows: &[Row]) -> String {
     let mut out = String::new();
     out.push_str(
         "### Per-packet overhead by stage (S2 figs. 2–3)\n\n\
@@ -226,17 +216,11 @@ pub fn e5_summary(rows: &[Row]) -> String {
          sockets go over the veth either way. Median (min–max), Gbit/s.\n\n\
          | MTU | TCP send | TCP recv |\n|--:|--:|--:|\n",
     );
-    let range = |config: &str, param: &str, metric: &str| {
-        let r = rows.iter().find(|r| {
-            r.experiment == "E5"
-                && r.config == config
-                && r.param.label == param
-                && r.metric == metric
-        });
-        match r.and_then(|r| Some((r.median()?, r.min()?, r.max()?))) {
-            Some((m, lo, hi)) => format!("{m:.2} ({lo:.2}–{hi:.2})"),
-            None => "–".into(),
-        }
+    let range = |config: &str, param: &str, metric: &str| match find(rows, config, param, metric)
+        .and_then(|r| Some((r.median()?, r.min()?, r.max()?)))
+    {
+        Some((m, lo, hi)) => format!("{m:.2} ({lo:.2}–{hi:.2})"),
+        None => "–".into(),
     };
     for mtu in E5_MTUS {
         let c = format!("ferry-nic mtu{mtu}");
@@ -251,8 +235,8 @@ pub fn e5_summary(rows: &[Row]) -> String {
         .iter()
         .filter_map(|m| {
             let c = format!("ferry-nic mtu{m}");
-            let s = median(rows, "E5", &c, "iperf3 TCP send", "bandwidth")?;
-            let r = median(rows, "E5", &c, "iperf3 TCP recv", "bandwidth")?;
+            let s = median(rows, &c, "iperf3 TCP send", "bandwidth")?;
+            let r = median(rows, &c, "iperf3 TCP recv", "bandwidth")?;
             Some((*m, s + r))
         })
         .max_by(|a, b| a.1.total_cmp(&b.1));
@@ -278,8 +262,8 @@ pub fn e5_summary(rows: &[Row]) -> String {
          | test | 1 server | 2 servers | 2 / 1 |\n|---|--:|--:|--:|\n",
     );
     for t in ["iperf3 -P 4 send", "iperf3 -P 4 recv"] {
-        let one = median(rows, "E5", "ferry-nic 1 server", t, "bandwidth");
-        let two = median(rows, "E5", "ferry-nic 2 servers", t, "bandwidth");
+        let one = median(rows, "ferry-nic 1 server", t, "bandwidth");
+        let two = median(rows, "ferry-nic 2 servers", t, "bandwidth");
         let ratio = match (one, two) {
             (Some(a), Some(b)) if a > 0.0 => format!("{:.2}×", b / a),
             _ => "–".into(),
@@ -298,190 +282,11 @@ pub fn e5_summary(rows: &[Row]) -> String {
     out
 }
 
-/// Whether E5's generic table shows this row (the stage rows are in the summary).
-pub fn e5_in_table(r: &Row) -> bool {
+/// Whether the generic table shows this row (the stage rows are in the summary).
+pub fn in_table(r: &Row) -> bool {
     !(r.metric.starts_with("stage ")
         || r.metric.starts_with("calls ")
         || r.metric.starts_with("ns/call "))
-}
-
-/// One goal: (what, ferry-nic's R1 param, metric, reference config, "≥" or "≤" or "<",
-/// target ratio ferry-nic / reference).
-type Goal = (
-    &'static str,
-    &'static str,
-    &'static str,
-    &'static str,
-    &'static str,
-    f64,
-);
-
-const GOALS: [Goal; 14] = [
-    (
-        "bulk TCP send",
-        "iperf3 TCP send",
-        "TCP send",
-        "slirp4netns",
-        "≥",
-        2.0,
-    ),
-    (
-        "bulk TCP send",
-        "iperf3 TCP send",
-        "TCP send",
-        "pasta",
-        "≥",
-        1.0,
-    ),
-    (
-        "bulk TCP send, stretch",
-        "iperf3 TCP send",
-        "TCP send",
-        "native",
-        "≥",
-        0.85,
-    ),
-    (
-        "bulk TCP recv",
-        "iperf3 TCP recv",
-        "TCP recv",
-        "slirp4netns",
-        "≥",
-        2.0,
-    ),
-    (
-        "bulk TCP recv",
-        "iperf3 TCP recv",
-        "TCP recv",
-        "pasta",
-        "≥",
-        1.0,
-    ),
-    (
-        "bulk TCP recv, stretch",
-        "iperf3 TCP recv",
-        "TCP recv",
-        "native",
-        "≥",
-        0.85,
-    ),
-    (
-        "sockperf RTT p50",
-        "sockperf ping-pong",
-        "RTT p50",
-        "slirp4netns",
-        "≤",
-        1.0,
-    ),
-    (
-        "sockperf RTT p50",
-        "sockperf ping-pong",
-        "RTT p50",
-        "pasta",
-        "≤",
-        1.0,
-    ),
-    (
-        "redis CPU per request -P 1",
-        "redis -P 1",
-        "CPU per request -P 1",
-        "slirp4netns",
-        "<",
-        1.0,
-    ),
-    (
-        "redis CPU per request -P 1",
-        "redis -P 1",
-        "CPU per request -P 1",
-        "pasta",
-        "<",
-        1.0,
-    ),
-    (
-        "redis CPU per request -P 16",
-        "redis -P 16",
-        "CPU per request -P 16",
-        "slirp4netns",
-        "<",
-        1.0,
-    ),
-    (
-        "redis CPU per request -P 16",
-        "redis -P 16",
-        "CPU per request -P 16",
-        "pasta",
-        "<",
-        1.0,
-    ),
-    (
-        "(for reference) redis GET -P 1",
-        "redis -P 1",
-        "GET -P 1",
-        "pasta",
-        "≥",
-        1.0,
-    ),
-    (
-        "(for reference) HTTP 16K req/s",
-        "wrk nginx 16K",
-        "HTTP 16K",
-        "pasta",
-        "≥",
-        1.0,
-    ),
-];
-
-/// R1's nic-mode goals, when ferry-nic ran: each ratio of medians against its target.
-pub fn r1_nic_goals(rows: &[Row]) -> String {
-    if !rows
-        .iter()
-        .any(|r| r.experiment == "R1" && r.config == "ferry-nic")
-    {
-        return String::new();
-    }
-    let mut out = String::from(
-        "### nic mode's goals\n\n\
-         `ferry-nic` is `ferry run --net nic`: the sandbox's TAP served by one NIC server. \
-         Goals: bulk TCP ≥ 2× slirp4netns and ≥ pasta (stretch: ≥ 0.85× native), sockperf \
-         p50 ≤ both, redis CPU per request below both. Ratios are ferry-nic's median over \
-         the reference's median, in the same run.\n\n\
-         | goal | ferry-nic | reference | reference's | ferry-nic / reference | target | met |\n\
-         |---|--:|---|--:|--:|--:|---|\n",
-    );
-    for (what, param, metric, reference, op, target) in GOALS {
-        let nic = median(rows, "R1", "ferry-nic", param, metric);
-        let other = median(rows, "R1", reference, param, metric);
-        let unit = rows
-            .iter()
-            .find(|r| r.experiment == "R1" && r.metric == metric)
-            .map(|r| r.unit.clone())
-            .unwrap_or_default();
-        let (ratio, met) = match (nic, other) {
-            (Some(n), Some(o)) if o > 0.0 => {
-                let x = n / o;
-                let ok = match op {
-                    "≥" => x >= target,
-                    "≤" => x <= target,
-                    _ => x < target,
-                };
-                (format!("{x:.2}×"), if ok { "yes" } else { "**no**" })
-            }
-            _ => ("–".into(), "not measured"),
-        };
-        let (target, met) = if what.starts_with("(for reference)") {
-            ("–".to_owned(), "not a goal")
-        } else {
-            (format!("{op} {target}×"), met)
-        };
-        let _ = writeln!(
-            out,
-            "| {what} ({unit}) | {} | {reference} | {} | {ratio} | {target} | {met} |",
-            crate::report::num(nic),
-            crate::report::num(other),
-        );
-    }
-    out.push('\n');
-    out
 }
 
 #[cfg(test)]
@@ -491,11 +296,7 @@ mod tests {
 
     fn row(config: &str, param: &str, metric: &str, v: f64) -> Row {
         Row {
-            experiment: if param.contains("ping-pong 64") {
-                "E5".into()
-            } else {
-                "R1".into()
-            },
+            experiment: "E5".into(),
             config: config.into(),
             param: Param::new(param, 0.0),
             metric: metric.into(),
@@ -520,7 +321,7 @@ mod tests {
         assert_eq!(stage_sum(&rows, E5_TCP, "rx"), Some(4.0));
         assert_eq!(stage_sum(&rows, E5_UDP, "tx"), None);
         assert_eq!(half_diff(&rows, E5_TCP, "ferry-nic-timed"), Some(20.0));
-        let s = e5_summary(&rows);
+        let s = summary(&rows);
         assert!(
             s.contains("(sum of its stages, timed) | 2.00 | 4.00 | – | – |"),
             "{s}"
@@ -530,22 +331,5 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("| 20.00 | 20.00 | – | – |"), "{s}");
-    }
-
-    #[test]
-    fn goals_are_judged_on_medians() {
-        let rows = vec![
-            row("ferry-nic", "iperf3 TCP send", "TCP send", 10.0),
-            row("slirp4netns", "iperf3 TCP send", "TCP send", 4.0),
-            row("pasta", "iperf3 TCP send", "TCP send", 12.0),
-            row("ferry-nic", "sockperf ping-pong", "RTT p50", 30.0),
-            row("pasta", "sockperf ping-pong", "RTT p50", 40.0),
-        ];
-        let g = r1_nic_goals(&rows);
-        assert!(g.contains("| 2.50× | ≥ 2× | yes |"), "{g}");
-        assert!(g.contains("| 0.83× | ≥ 1× | **no** |"), "{g}");
-        assert!(g.contains("| 0.75× | ≤ 1× | yes |"), "{g}");
-        assert!(g.contains("not measured"), "{g}");
-        assert!(r1_nic_goals(&rows[1..3]).is_empty());
     }
 }

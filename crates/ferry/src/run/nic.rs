@@ -1,0 +1,102 @@
+//! `ferry run`'s nic mode: the sandbox's TAP and its NIC servers.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use ferry_server::{Bond, Policy, Publish};
+use tracing::{debug, warn};
+
+use super::{Net, RunArgs, RunError};
+
+/// nic mode's NIC servers (`--net nic|both`); the first takes the published
+/// connections handed over by the protocol servers (`tap`). With `--net both` a
+/// sandbox without a usable TAP keeps the shim alone.
+pub(super) fn set_up_nic(
+    a: &RunArgs,
+    sandbox: &ferry_sandbox::Sandbox,
+    policy: &Policy,
+    bond: &Option<Arc<Bond>>,
+    publish: &[Publish],
+    tap: Option<Arc<ferry_server::TapHandoff>>,
+) -> Result<Vec<ferry_nic::NicServer>, RunError> {
+    match start_nic(a, sandbox, policy, bond.clone(), publish) {
+        Ok(mut nics) => {
+            if let (Some(tap), Some(first)) = (tap, nics.first_mut()) {
+                first.serve_handoff(tap).map_err(|e| {
+                    RunError::Nic(format!(
+                        "cannot hand published ports to the NIC server: {e}"
+                    ))
+                })?;
+            }
+            Ok(nics)
+        }
+        // The default: without a usable TAP (no /dev/net/tun, a kernel without tun)
+        // the sandbox keeps the shim alone.
+        Err(e) if a.net == Net::Both => {
+            warn!(
+                "{e}: the sandbox has the socket shim only (programs it cannot serve see only lo)"
+            );
+            Ok(Vec::new())
+        }
+        Err(e) => Err(RunError::Nic(e)),
+    }
+}
+
+/// Makes the sandbox's TAP (`--net nic|both`) and one NIC server per queue; the first
+/// listens for the TCP ports published to the TAP.
+fn start_nic(
+    a: &RunArgs,
+    sandbox: &ferry_sandbox::Sandbox,
+    policy: &Policy,
+    bond: Option<Arc<Bond>>,
+    publish: &[Publish],
+) -> Result<Vec<ferry_nic::NicServer>, String> {
+    let host: Vec<IpAddr> = ferry_sys::interface_addresses()
+        .map(|v| v.into_iter().map(|(_, ip)| ip).collect())
+        .unwrap_or_default();
+    let mut plan = ferry_nic::Plan::avoiding(&host);
+    plan.mtu = a.mtu;
+    let factory = sandbox.factory();
+    let tap = ferry_nic::setup(
+        &plan,
+        usize::from(a.nic_servers),
+        &|| factory.open_tun(),
+        &|d, t, p| factory.socket(d, t, p),
+    )
+    .map_err(|e| {
+        format!(
+            "--net {}: cannot set up the sandbox's TAP: {e}",
+            a.net.name()
+        )
+    })?;
+    debug!(
+        "nic mode: {} at {}/{} via {}, {}/{} via {}, MTU {}",
+        plan.ifname, plan.v4, plan.prefix4, plan.gw4, plan.v6, plan.prefix6, plan.gw6, plan.mtu
+    );
+    let mut cfg = ferry_nic::NicConfig::new(plan);
+    cfg.policy = policy.clone();
+    cfg.egress = bond;
+    cfg.spin = a.server_spin;
+    // One flow is one host socket: the sandbox's socket cap bounds both modes.
+    if let Some(max) = a.max_sockets {
+        cfg.max_flows = max;
+    }
+    cfg.timing = a.nic_timing;
+    let cfg = Arc::new(cfg);
+    let published: Vec<ferry_nic::NicPublish> = publish
+        .iter()
+        .map(|p| ferry_nic::NicPublish {
+            host: p.host,
+            sandbox_port: p.sandbox_port,
+        })
+        .collect();
+    tap.queues
+        .into_iter()
+        .enumerate()
+        .map(|(i, q)| {
+            let mine = if i == 0 { &published[..] } else { &[] };
+            ferry_nic::NicServer::new(i, q, cfg.clone(), mine)
+                .map_err(|e| format!("cannot start NIC server {i}: {e}"))
+        })
+        .collect()
+}

@@ -272,7 +272,11 @@ fn ends(mode: &str) {
         native.iter().all(|l| l.contains(": OK ")),
         "natively: {native:#?}"
     );
-    assert_eq!(lines.len(), ncases, "a line per case through ferry: {lines:#?}");
+    assert_eq!(
+        lines.len(),
+        ncases,
+        "a line per case through ferry: {lines:#?}"
+    );
     let bad: Vec<&String> = lines.iter().filter(|l| !l.contains(": OK ")).collect();
     assert!(
         bad.is_empty() && ok,

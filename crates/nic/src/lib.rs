@@ -22,10 +22,15 @@
 //! whatever a frame says, a server neither crashes nor stalls nor holds memory for it
 //! beyond its caps).
 
+#![deny(unsafe_code)]
+
+pub mod device;
 pub mod frame;
+pub mod hostio;
 mod server;
 mod setup;
 mod stats;
+pub mod testkit;
 mod timing;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -35,7 +40,7 @@ use std::time::Duration;
 pub use server::{NicServer, StopHandle};
 pub use setup::{Tap, setup};
 pub use stats::{NicLive, NicStats, nic_json};
-pub use timing::{Stage, StageTotal};
+pub use timing::{Stage, StageTotal, Timing};
 
 /// The sandbox's addressing in nic mode: its interface, the gateway (ferry) beside it.
 #[derive(Clone, Debug, PartialEq, Eq)]

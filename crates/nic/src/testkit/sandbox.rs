@@ -122,11 +122,15 @@ impl Sandbox {
         std::mem::take(&mut self.dev.tx)
     }
 
+    /// A socket that acknowledges at once (a delayed ACK would wait for time the
+    /// harness only lets pass when a test says so).
     fn socket() -> tcp::Socket<'static> {
-        tcp::Socket::new(
+        let mut s = tcp::Socket::new(
             tcp::SocketBuffer::new(vec![0; BUFFER]),
             tcp::SocketBuffer::new(vec![0; BUFFER]),
-        )
+        );
+        s.set_ack_delay(None);
+        s
     }
 
     /// A socket connecting to `to` from a port of its own.

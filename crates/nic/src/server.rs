@@ -37,14 +37,13 @@
 //! the sandbox choose a source other than the sandbox's own addresses.
 
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use ferry_proto::WireAddr;
-use ferry_server::{LogThrottle, Verdict, egress::Lease};
+use ferry_server::{Bond, LogThrottle, egress::Lease};
 use ferry_sys::{Epoll, Event};
 use smoltcp::wire::EthernetAddress;
 use tracing::{debug, warn};
@@ -56,11 +55,13 @@ use crate::stats::LIVE_EVERY;
 use crate::timing::Stage;
 use crate::{NicConfig, NicLive, NicPublish, NicStats};
 use flows::{Flow, FlowTable, Key, Proto};
+use gate::Gate;
 use published::Published;
 use stack::{Port, Stack};
 
 mod dgram;
 mod flows;
+mod gate;
 mod pending;
 mod phase;
 mod published;
@@ -158,8 +159,9 @@ pub struct NicServer {
     buf: Vec<u8>,
     stats: NicStats,
     next_sweep: Instant,
-    /// Log lines of refused flows, and of host sockets that could not be made.
-    refusals: LogThrottle,
+    /// The admission of flows.
+    gate: Gate,
+    /// Log lines of host sockets that could not be made.
     failures: LogThrottle,
     device_gone: bool,
     live: Arc<NicLive>,
@@ -177,6 +179,43 @@ impl std::fmt::Debug for NicServer {
 fn watch(epoll: &Epoll, fd: BorrowedFd<'_>, id: u64) -> io::Result<()> {
     let ev = libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET;
     epoll.add(fd, ev as u32, id)
+}
+
+/// A host socket of type `ty` and protocol `proto` to `to` (non-blocking, bound to the
+/// bond's pick, if any), its connect started; whether the connect is done already.
+fn connect_host(
+    io: &dyn HostIo,
+    bond: Option<&Arc<Bond>>,
+    (ty, proto): (i32, i32),
+    to: SocketAddr,
+) -> io::Result<(OwnedFd, Option<Lease>, bool)> {
+    let domain = if to.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    let fd = io.socket(domain, ty, proto)?;
+    let lease = bond.and_then(|b| b.lease(to));
+    if let Some(l) = &lease {
+        io.bind(fd.as_fd(), &SocketAddr::new(l.addr(), 0))?;
+    }
+    let done = match io.connect(fd.as_fd(), &to) {
+        Ok(()) => true,
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => false,
+        Err(e) => return Err(e),
+    };
+    Ok((fd, lease, done))
+}
+
+/// Refreshes `live` from the counters (`stats`, and what the open flows hold).
+fn refresh_live(live: &NicLive, stats: &NicStats, flows: usize, open_bytes: (u64, u64)) {
+    let r = Ordering::Relaxed;
+    live.cpu.store(ferry_sys::current_cpu(), r);
+    live.flows.store(flows as u64, r);
+    live.frames.store(stats.frames_in, r);
+    live.bytes_out.store(stats.bytes_out + open_bytes.0, r);
+    live.bytes_in.store(stats.bytes_in + open_bytes.1, r);
+    live.sleeps.store(stats.sleeps, r);
 }
 
 impl NicServer {
@@ -231,20 +270,21 @@ impl NicServer {
         epoll.add(port.wake_fd(), libc::EPOLLIN as u32, TOKEN_DEVICE)?;
         let efd = Arc::new(ferry_sys::eventfd()?);
         epoll.add(efd.as_fd(), libc::EPOLLIN as u32, TOKEN_STOP)?;
-        let published = Published::listen(&*parts.io, &epoll, publish)?;
         let id = format!("nic-{}", parts.index);
+        let published = Published::listen(&*parts.io, &epoll, publish, &id, &cfg.plan.ifname)?;
         Ok(NicServer {
             stats: NicStats {
                 id: id.clone(),
                 ..Default::default()
             },
+            gate: Gate::new(id.clone(), cfg.clone()),
+            published,
             id,
             cfg,
             io: parts.io,
             port,
             stack,
             flows: FlowTable::new(FIRST_FLOW),
-            published,
             rx: Frames::new(),
             epoll,
             events: Vec::with_capacity(256),
@@ -260,7 +300,6 @@ impl NicServer {
             },
             buf: vec![0; DGRAM_MAX],
             next_sweep: start + SWEEP_EVERY,
-            refusals: LogThrottle::default(),
             failures: LogThrottle::default(),
             device_gone: false,
             live: Arc::new(NicLive {
@@ -286,19 +325,6 @@ impl NicServer {
         self.stop.clone()
     }
 
-    /// Refreshes the live counters.
-    fn publish_live(&self) {
-        let l = &self.live;
-        let r = Ordering::Relaxed;
-        l.cpu.store(ferry_sys::current_cpu(), r);
-        l.flows.store(self.open_flows() as u64, r);
-        l.frames.store(self.stats.frames_in, r);
-        let (out, inn) = self.flows.open_bytes();
-        l.bytes_out.store(self.stats.bytes_out + out, r);
-        l.bytes_in.store(self.stats.bytes_in + inn, r);
-        l.sleeps.store(self.stats.sleeps, r);
-    }
-
     /// Serves until stopped; returns the counters.
     pub fn run(mut self) -> NicStats {
         self.live
@@ -309,7 +335,12 @@ impl NicServer {
         while !self.finished(&mut draining) {
             self.stats.turns += 1;
             if self.stats.turns.is_multiple_of(LIVE_EVERY) {
-                self.publish_live();
+                refresh_live(
+                    &self.live,
+                    &self.stats,
+                    self.held(),
+                    self.flows.open_bytes(),
+                );
             }
             if self.turn() {
                 idle_since = None;
@@ -350,7 +381,12 @@ impl NicServer {
             return Duration::ZERO;
         }
         self.stats.sleeps += 1;
-        self.publish_live();
+        refresh_live(
+            &self.live,
+            &self.stats,
+            self.held(),
+            self.flows.open_bytes(),
+        );
         self.stack
             .delay(now)
             .unwrap_or(Duration::from_secs(1))
@@ -363,7 +399,7 @@ impl NicServer {
     #[doc(hidden)]
     pub fn counters(&self) -> NicStats {
         let mut s = self.stats.clone();
-        s.open_at_stop = self.open_flows() as u64;
+        s.open_at_stop = self.held() as u64;
         s.frames_out = self.port.count.frames;
         s.frame_bytes_out = self.port.count.bytes;
         s.tap_full = self.port.count.full;
@@ -401,7 +437,9 @@ impl NicServer {
         let busy = self.pump_and_send() || busy;
         let now = self.clock.now();
         self.reap(now);
-        self.retry_published(now);
+        for (host, u) in self.published.due(now) {
+            self.publish_conn(host, (u.client, u.port), u.since);
+        }
         self.port.flush();
         busy
     }
@@ -439,7 +477,12 @@ impl NicServer {
         let mut busy = false;
         for _ in 0..64 {
             let m = self.port.timing.mark();
-            let moved = self.pump_tcp();
+            let moved = tcp::pump_all(
+                &mut self.flows,
+                &mut self.stack,
+                &*self.io,
+                &mut self.port.timing,
+            );
             self.port.timing.end_outer(Stage::Pump, m, moved);
             let now = self.clock.now();
             let (m, frames) = (self.port.timing.mark(), self.port.count.frames);
@@ -474,16 +517,26 @@ impl NicServer {
             }
         }
         if sweep {
-            self.probe_pending(now);
+            let link = self.link;
+            for (from, to) in self.flows.probe_due(now) {
+                self.port.queue(|out| frame::probe(out, link, from, to));
+            }
         }
     }
 
     fn on_event(&mut self, ev: Event) {
         match ev.token {
             TOKEN_DEVICE | TOKEN_STOP => {}
-            TOKEN_HANDOFF => self.take_handoff(),
+            TOKEN_HANDOFF => {
+                for (host, to) in self.published.take_handoff(&*self.io) {
+                    self.publish_conn(host, to, self.clock.now());
+                }
+            }
             t if (TOKEN_LISTEN..FIRST_FLOW).contains(&t) => {
-                self.accept_published((t - TOKEN_LISTEN) as usize)
+                let i = (t - TOKEN_LISTEN) as usize;
+                if let Some((host, to)) = self.published.accept(&*self.io, i) {
+                    self.publish_conn(host, to, self.clock.now());
+                }
             }
             t => self.flow_event(t, ev.events),
         }
@@ -511,12 +564,6 @@ impl NicServer {
         }
     }
 
-    /// Hands `frame` to the stack.
-    fn feed_stack(&mut self, frame: &[u8]) {
-        let now = self.clock.now();
-        self.stack.feed(&mut self.port, frame, now);
-    }
-
     fn on_frame(&mut self, frame: &[u8]) {
         self.stats.frames_in += 1;
         self.stats.frame_bytes_in += frame.len() as u64;
@@ -538,7 +585,7 @@ impl NicServer {
             }
         }
         match inbound {
-            Inbound::Stack => self.feed_stack(frame),
+            Inbound::Stack => self.stack.feed(&mut self.port, frame, self.clock.now()),
             Inbound::Tcp { src, dst, syn, rst } => self.tcp_segment((src, dst), syn, rst, frame),
             Inbound::Udp { src, dst, payload } => self.udp_out(src, dst, payload, frame),
             Inbound::Echo {
@@ -574,145 +621,100 @@ impl NicServer {
             .is_some_and(|f| matches!(f, Flow::Pending(_)));
         match found.map(|id| (id, pending)) {
             Some((id, true)) => self.pending_segment(id, syn, rst, frame),
-            Some(_) => self.feed_stack(frame),
-            // Held while the host connects, or refused: to the stack (a reset).
+            // Held while the host connects.
             None if syn && self.open_tcp(src, dst, frame) => {}
-            None => self.feed_stack(frame),
+            // A flow's, or refused (no socket takes it: a reset).
+            _ => self.stack.feed(&mut self.port, frame, self.clock.now()),
         }
-    }
-
-    /// The one admission check of a flow the sandbox opens to `to` (`what`: "TCP",
-    /// "UDP", "echo"): the rules ([`NicServer::allowed`]), then the flow cap. A
-    /// refusal is counted (and logged, at most once a second).
-    fn admit(&mut self, what: &str, to: SocketAddr) -> bool {
-        if !self.allowed(to) {
-            self.refused(what, to);
-            return false;
-        }
-        self.room_for_flow()
-    }
-
-    /// Whether the sandbox may reach `to` (docs/SECURITY.md, nic mode): never a local
-    /// address (loopback, unspecified: the host's own), the sandbox's own subnets (the
-    /// gateway included), a multicast, broadcast or IPv6 link-local one; the policy for
-    /// the rest, IPv4 link-local only when an allow of its own decides
-    /// ([`ferry_server::Policy::check_sandbox`]). Asked only by [`NicServer::admit`].
-    fn allowed(&self, to: SocketAddr) -> bool {
-        let ip = to.ip();
-        let plan = &self.cfg.plan;
-        let special = match ip {
-            IpAddr::V4(a) => a.is_multicast() || a.is_broadcast(),
-            IpAddr::V6(a) => a.is_multicast() || a.is_unicast_link_local(),
-        };
-        !(WireAddr::from(to).is_local()
-            || special
-            || plan.on_link(ip)
-            || self.cfg.policy.check_sandbox(&to) == Verdict::Deny)
-    }
-
-    /// Counts a refusal and logs it, at most once a second.
-    fn refused(&mut self, what: &str, to: SocketAddr) {
-        self.stats.denied += 1;
-        if let Some(n) = self.refusals.tick() {
-            warn!(
-                "{}: {what} to {to} denied{} ({n} since the last line)",
-                self.id,
-                ferry_server::policy::denial_hint(&to)
-            );
-        }
-    }
-
-    /// Whether one more flow fits under [`NicConfig::max_flows`] (counted when not).
-    fn room_for_flow(&mut self) -> bool {
-        if self.open_flows() >= self.cfg.max_flows {
-            self.stats.over_cap += 1;
-            return false;
-        }
-        true
     }
 
     /// Flows held: those in the table and published connections waiting to be asked
     /// again.
-    fn open_flows(&self) -> usize {
+    fn held(&self) -> usize {
         self.flows.len() + self.published.waiting()
-    }
-
-    /// A host socket to `to` (non-blocking, bound to the bond's pick), connect started;
-    /// whether the connect is done already.
-    fn host_socket(
-        &self,
-        ty: i32,
-        proto: i32,
-        to: SocketAddr,
-    ) -> io::Result<(OwnedFd, Option<Lease>, bool)> {
-        let domain = if to.is_ipv4() {
-            libc::AF_INET
-        } else {
-            libc::AF_INET6
-        };
-        let fd = self.io.socket(domain, ty, proto)?;
-        let lease = self.cfg.egress.as_ref().and_then(|b| b.lease(to));
-        if let Some(l) = &lease {
-            self.io.bind(fd.as_fd(), &SocketAddr::new(l.addr(), 0))?;
-        }
-        let done = match self.io.connect(fd.as_fd(), &to) {
-            Ok(()) => true,
-            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => false,
-            Err(e) => return Err(e),
-        };
-        Ok((fd, lease, done))
     }
 }
 
-/// What the in-process harness (`testkit.rs`) drives a server with.
-impl NicServer {
-    /// One turn without waiting (the harness delivers host events itself); whether
-    /// anything moved.
-    pub(crate) fn step_in_process(&mut self) -> bool {
-        self.stats.turns += 1;
-        self.turn()
+/// A server as the in-process harness (`testkit.rs`) drives it: turns without
+/// waiting, host events delivered by descriptor, its clock moved by hand.
+#[derive(Debug)]
+pub(crate) struct InProcess {
+    srv: NicServer,
+    /// When the program exited (the server was asked to drain).
+    draining: Option<Instant>,
+}
+
+impl InProcess {
+    /// A server over `parts` (its clock should be [`Clock::Manual`]).
+    pub fn new(parts: Parts, cfg: Arc<NicConfig>, publish: &[NicPublish]) -> io::Result<InProcess> {
+        Ok(InProcess {
+            srv: NicServer::build(parts, cfg, publish)?,
+            draining: None,
+        })
+    }
+
+    /// One turn without waiting; whether anything moved.
+    pub fn step(&mut self) -> bool {
+        self.srv.stats.turns += 1;
+        self.srv.turn()
     }
 
     /// Host socket `fd` reports `events`, as epoll would; whether the server has it.
-    pub(crate) fn host_event(&mut self, fd: RawFd, events: u32) -> bool {
+    pub fn host_event(&mut self, fd: RawFd, events: u32) -> bool {
         use std::os::fd::AsRawFd;
-        let token = self.flows.by_fd(fd).or_else(|| {
+        let srv = &mut self.srv;
+        let token = srv.flows.by_fd(fd).or_else(|| {
             (0..)
-                .map_while(|i| self.published.listener(i).map(|l| (i, l)))
+                .map_while(|i| srv.published.listener(i).map(|l| (i, l)))
                 .find(|(_, l)| l.as_raw_fd() == fd)
                 .map(|(i, _)| TOKEN_LISTEN + i as u64)
         });
         let Some(token) = token else {
             return false;
         };
-        self.on_event(Event { token, events });
-        self.port.flush();
+        srv.on_event(Event { token, events });
+        srv.port.flush();
         true
     }
 
     /// Moves the held clock on by `by`.
-    pub(crate) fn advance(&mut self, by: Duration) {
-        if let Clock::Manual(t) = &mut self.clock {
+    pub fn advance(&mut self, by: Duration) {
+        if let Clock::Manual(t) = &mut self.srv.clock {
             *t += by;
         }
     }
 
-    pub(crate) fn now(&self) -> Instant {
-        self.clock.now()
+    pub fn now(&self) -> Instant {
+        self.srv.clock.now()
     }
 
     /// Stack sockets open.
-    pub(crate) fn stack_sockets(&self) -> usize {
-        self.stack.sockets()
+    pub fn stack_sockets(&self) -> usize {
+        self.srv.stack.sockets()
     }
 
-    /// Flows held (see [`NicServer::open_flows`]), and those of them pending.
-    pub(crate) fn flow_count(&self) -> (usize, usize) {
+    /// Flows held, and those of them pending.
+    pub fn flows(&self) -> (usize, usize) {
         let pending = self
+            .srv
             .flows
             .values()
             .filter(|f| matches!(f, Flow::Pending(_)))
             .count();
-        (self.open_flows(), pending)
+        (self.srv.held(), pending)
+    }
+
+    pub fn counters(&self) -> NicStats {
+        self.srv.counters()
+    }
+
+    /// The program has exited: drain.
+    pub fn drain(&self) {
+        self.srv.stop.drain();
+    }
+
+    /// Whether the server's loop would end now.
+    pub fn finished(&mut self) -> bool {
+        self.srv.finished(&mut self.draining)
     }
 }

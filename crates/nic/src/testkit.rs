@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use smoltcp::socket::tcp;
 
-use crate::server::{Clock, NicServer, Parts};
+use crate::server::{Clock, InProcess, Parts};
 use crate::{NicConfig, NicPublish, NicStats, Plan};
 
 pub mod frames;
@@ -34,7 +34,7 @@ const SETTLE_MAX: usize = 20_000;
 
 /// A NIC server driven by hand (see the module's header).
 pub struct Harness {
-    srv: NicServer,
+    srv: InProcess,
     wire: SharedWire,
     host: Arc<FakeHost>,
     sandbox: Sandbox,
@@ -42,7 +42,6 @@ pub struct Harness {
     /// Frames the server wrote, not taken by the test yet.
     seen: Vec<Vec<u8>>,
     start: Instant,
-    draining: Option<Instant>,
 }
 
 impl std::fmt::Debug for Harness {
@@ -81,7 +80,7 @@ impl Harness {
             clock: Clock::Manual(start),
             seed: 0x0066_6572_7279,
         };
-        let srv = NicServer::build(parts, Arc::new(cfg), publish).expect("an in-process server");
+        let srv = InProcess::new(parts, Arc::new(cfg), publish).expect("an in-process server");
         Harness {
             srv,
             wire,
@@ -90,7 +89,6 @@ impl Harness {
             plan,
             seen: Vec::new(),
             start,
-            draining: None,
         }
     }
 
@@ -125,7 +123,7 @@ impl Harness {
     /// One exchange: a turn of the server, the host's news delivered, the frames both
     /// ways moved and the sandbox's stack polled. Whether anything happened.
     pub fn turn(&mut self) -> bool {
-        let mut busy = self.srv.step_in_process();
+        let mut busy = self.srv.step();
         for (fd, events) in self.host.take_events() {
             busy |= self.srv.host_event(fd, events);
         }
@@ -220,7 +218,7 @@ impl Harness {
 
     /// Flows the server holds, and those of them pending.
     pub fn flows(&self) -> (usize, usize) {
-        self.srv.flow_count()
+        self.srv.flows()
     }
 
     /// Stack sockets the server holds.
@@ -230,12 +228,12 @@ impl Harness {
 
     /// The program has exited: the server is asked to drain.
     pub fn drain(&mut self) {
-        self.srv.stop_handle().drain();
+        self.srv.drain();
     }
 
     /// Whether the server's loop would end now.
     pub fn finished(&mut self) -> bool {
-        self.srv.finished(&mut self.draining)
+        self.srv.finished()
     }
 
     /// The device goes away (the sandbox's namespace is gone).

@@ -13,10 +13,13 @@ use std::time::Instant;
 use ferry_server::egress::Lease;
 use tracing::warn;
 
-use super::NicServer;
 use super::flows::{Flow, Key, Proto};
+use super::{NicServer, connect_host};
 use crate::frame;
 use crate::timing::Stage;
+
+/// Why a ping socket cannot be made, most often.
+const PING_HINT: &str = " (the host's net.ipv4.ping_group_range must include ferry's group)";
 
 /// Most datagrams read from one host socket per event.
 const DGRAM_BATCH: usize = 64;
@@ -72,7 +75,8 @@ impl NicServer {
         }
         let echo = key.proto == Proto::Echo;
         let remote = key.remote;
-        if !self.admit(if echo { "echo" } else { "UDP" }, remote) {
+        let what = if echo { "echo" } else { "UDP" };
+        if !self.gate.admit(what, remote, self.held(), &mut self.stats) {
             return None;
         }
         let proto = match (echo, remote.is_ipv4()) {
@@ -80,10 +84,23 @@ impl NicServer {
             (true, true) => libc::IPPROTO_ICMP,
             (true, false) => libc::IPPROTO_ICMPV6,
         };
-        let (host, lease, _) = match self.host_socket(libc::SOCK_DGRAM, proto, remote) {
+        let bond = self.cfg.egress.as_ref();
+        let (host, lease, _) = match connect_host(
+            &*self.io,
+            bond,
+            (libc::SOCK_DGRAM, proto),
+            remote,
+        ) {
             Ok(x) => x,
             Err(e) => {
-                self.dgram_failed(echo, remote, e);
+                if let Some(n) = self.failures.tick() {
+                    warn!(
+                        "{}: cannot open a {} socket to {remote}: {e}{} ({n} since the last line)",
+                        self.id,
+                        if echo { "ping" } else { "UDP" },
+                        if echo { PING_HINT } else { "" }
+                    );
+                }
                 return None;
             }
         };
@@ -110,22 +127,6 @@ impl NicServer {
             self.flows.insert(id, Flow::Udp(d));
         }
         Some(id)
-    }
-
-    /// Logs (at most once a second) a host socket that could not be made.
-    fn dgram_failed(&mut self, echo: bool, remote: SocketAddr, e: std::io::Error) {
-        if let Some(n) = self.failures.tick() {
-            warn!(
-                "{}: cannot open a {} socket to {remote}: {e}{} ({n} since the last line)",
-                self.id,
-                if echo { "ping" } else { "UDP" },
-                if echo {
-                    " (the host's net.ipv4.ping_group_range must include ferry's group)"
-                } else {
-                    ""
-                }
-            );
-        }
     }
 
     /// Answers `frame` (refused) with "administratively prohibited".

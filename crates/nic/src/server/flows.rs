@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use smoltcp::iface::SocketHandle;
 
 use super::dgram::Dgram;
-use super::pending::Pending;
+use super::pending::{PROBE_EVERY, Pending};
 use super::tcp::TcpFlow;
 
 /// A UDP flow idle this long is closed.
@@ -150,6 +150,22 @@ impl FlowTable {
             .iter()
             .find(|(_, f)| f.host().as_raw_fd() == fd)
             .map(|(id, _)| *id)
+    }
+
+    /// The pending flows not asked within [`PROBE_EVERY`] whether the sandbox's connect
+    /// still waits, each as (remote, sandbox end) for its probe; they count as asked at
+    /// `now`.
+    pub fn probe_due(&mut self, now: Instant) -> Vec<(SocketAddr, SocketAddr)> {
+        let mut due = Vec::new();
+        for f in self.flows.values_mut() {
+            if let Flow::Pending(p) = f
+                && now.duration_since(p.probed) >= PROBE_EVERY
+            {
+                p.probed = now;
+                due.push((p.key.remote, p.key.sandbox));
+            }
+        }
+        due
     }
 
     /// Bytes the open TCP flows have moved (out, in).

@@ -5,8 +5,9 @@
 //! socket listens on that destination and the SYN goes to it (the SYN-ACK leaves at
 //! once: `tcp.rs` from then on); when it fails, the SYN goes to the stack with no socket
 //! to take it (the sandbox gets a reset). A pending flow whose sandbox end is gone (a
-//! reset from it, or the reset its kernel answers to a [`frame::probe`] sent every
-//! [`PROBE_EVERY`]) ends, and its host connect with it.
+//! reset from it, or the reset its kernel answers to a [`frame::probe`](crate::frame::probe)
+//! sent every [`PROBE_EVERY`]: `FlowTable::probe_due`) ends, and its host connect
+//! with it.
 
 use std::io;
 use std::net::SocketAddr;
@@ -17,11 +18,10 @@ use ferry_server::egress::Lease;
 use tracing::debug;
 
 use super::flows::{Flow, Key, Proto};
-use super::{NicServer, watch};
-use crate::frame;
+use super::{NicServer, connect_host, watch};
 
 /// How often a pending TCP flow asks the sandbox's kernel whether its connect still
-/// waits ([`frame::probe`]).
+/// waits ([`frame::probe`](crate::frame::probe)).
 pub(crate) const PROBE_EVERY: Duration = Duration::from_secs(2);
 /// Largest SYN a pending flow keeps (options make ~80 bytes; only data in the SYN, which
 /// needs a Fast Open cookie ferry never gives, makes more): a larger one is reset.
@@ -45,14 +45,15 @@ impl NicServer {
     /// stack now, to a stack socket when the connect has already succeeded, to none when
     /// refused (the stack then resets the connection).
     pub(super) fn open_tcp(&mut self, src: SocketAddr, dst: SocketAddr, frame: &[u8]) -> bool {
-        if !self.admit("TCP", dst) {
+        if !self.gate.admit("TCP", dst, self.held(), &mut self.stats) {
             return false;
         }
         if frame.len() > SYN_MAX {
             self.stats.malformed += 1;
             return false;
         }
-        let (host, lease, done) = match self.host_socket(libc::SOCK_STREAM, 0, dst) {
+        let bond = self.cfg.egress.as_ref();
+        let (host, lease, done) = match connect_host(&*self.io, bond, (libc::SOCK_STREAM, 0), dst) {
             Ok(x) => x,
             Err(e) => {
                 debug!("{}: connect to {dst}: {e}", self.id);
@@ -105,7 +106,7 @@ impl NicServer {
             self.stats.connect_failed += 1;
             let _ = self.epoll.delete(p.host.as_fd());
         }
-        self.feed_stack(&p.syn);
+        self.stack.feed(&mut self.port, &p.syn, self.clock.now());
     }
 
     /// A segment from the sandbox for pending flow `id` (`frame`): a retransmitted SYN
@@ -123,26 +124,6 @@ impl NicServer {
         {
             p.syn.clear();
             p.syn.extend_from_slice(frame);
-        }
-    }
-
-    /// Asks the sandbox's kernel, for each pending flow not asked within
-    /// [`PROBE_EVERY`], whether its connect still waits: one bare segment each, which a
-    /// connect in progress drops and a closed one answers with a reset
-    /// ([`NicServer::pending_segment`]).
-    pub(super) fn probe_pending(&mut self, now: Instant) {
-        let link = self.link;
-        for f in self.flows.values_mut() {
-            let Flow::Pending(p) = f else {
-                continue;
-            };
-            if now.duration_since(p.probed) < PROBE_EVERY {
-                continue;
-            }
-            p.probed = now;
-            let (sandbox, remote) = (p.key.sandbox, p.key.remote);
-            self.port
-                .queue(|out| frame::probe(out, link, remote, sandbox));
         }
     }
 }

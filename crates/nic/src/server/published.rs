@@ -6,7 +6,7 @@
 //! came, as socket mode waits for a listener of the shim's, then reset with a log line.
 //!
 //! Owns ([`Published`]): the listeners, the handoff, the connections waiting to be
-//! asked again.
+//! asked again. The server makes each connection a flow ([`NicServer::publish_conn`]).
 
 use std::io;
 use std::net::SocketAddr;
@@ -14,12 +14,16 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::os::fd::BorrowedFd;
+
 use ferry_proto::WireAddr;
-use ferry_server::TapHandoff;
+use ferry_server::{LogThrottle, TapHandoff};
 use tracing::warn;
 
+use super::flows::Flow;
 use super::phase::Phase;
-use super::{NicServer, TOKEN_HANDOFF, TOKEN_LISTEN};
+use super::tcp::TcpFlow;
+use super::{NicServer, TOKEN_HANDOFF, TOKEN_LISTEN, watch};
 use crate::NicPublish;
 use crate::hostio::HostIo;
 
@@ -39,21 +43,31 @@ pub(crate) struct Unanswered {
 }
 
 /// Where published connections come from, and those waiting to be asked again.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Published {
     listeners: Vec<(OwnedFd, NicPublish)>,
     /// Where socket mode passes published connections no listener of the shim's is on.
     handoff: Option<Arc<TapHandoff>>,
     /// Connections to ask the sandbox again for, and when.
     retry: Vec<(Instant, OwnedFd, Unanswered)>,
+    /// The server's id and the sandbox interface's name, for the log.
+    id: String,
+    ifname: String,
+    resets: LogThrottle,
 }
 
+/// A connection to a published port: its client and the sandbox's port.
+pub(crate) type Call = (SocketAddr, u16);
+
 impl Published {
-    /// Listeners on the host for `publish` (through `io`), registered in `epoll`.
+    /// Listeners on the host for `publish` (through `io`), registered in `epoll`; `id`
+    /// and `ifname` name the server and the sandbox's interface in the log.
     pub fn listen(
         io: &dyn HostIo,
         epoll: &ferry_sys::Epoll,
         publish: &[NicPublish],
+        id: &str,
+        ifname: &str,
     ) -> io::Result<Published> {
         let mut listeners = Vec::new();
         for (i, p) in publish.iter().enumerate() {
@@ -65,8 +79,67 @@ impl Published {
         }
         Ok(Published {
             listeners,
-            ..Published::default()
+            handoff: None,
+            retry: Vec::new(),
+            id: id.to_string(),
+            ifname: ifname.to_string(),
+            resets: LogThrottle::default(),
         })
+    }
+
+    /// A connection waiting on listener `i` (nic mode), if any.
+    pub fn accept(&self, io: &dyn HostIo, i: usize) -> Option<(OwnedFd, Call)> {
+        let (l, p) = self.listeners.get(i)?;
+        match io.accept(l.as_fd()) {
+            Ok((host, Some(client))) => Some((host, (unmap(client), p.sandbox_port))),
+            _ => None,
+        }
+    }
+
+    /// The connections the handoff has for us (one whose client is unknown is reset).
+    pub fn take_handoff(&self, io: &dyn HostIo) -> Vec<(OwnedFd, Call)> {
+        let Some(h) = &self.handoff else {
+            return Vec::new();
+        };
+        let mut calls = Vec::new();
+        for (host, port) in h.take() {
+            match io.peer(host.as_fd()) {
+                Ok(Some(client)) => calls.push((host, (unmap(client), port))),
+                _ => {
+                    let _ = io.linger_reset(host.as_fd());
+                }
+            }
+        }
+        calls
+    }
+
+    /// A published connection the sandbox reset before its handshake (nothing listens
+    /// there, yet): asked again [`RETRY_EVERY`] until [`PUBLISH_GRACE`] has passed
+    /// since it came, then reset with a log line.
+    pub fn unanswered(&mut self, io: &dyn HostIo, host: OwnedFd, u: Unanswered, now: Instant) {
+        if now.duration_since(u.since) < PUBLISH_GRACE {
+            self.retry.push((now + RETRY_EVERY, host, u));
+            return;
+        }
+        if let Some(n) = self.resets.tick() {
+            warn!(
+                "{}: published port {}: nothing in the sandbox listens on port {} (neither a listener of the shim's nor one on {}): connection from {} reset ({n} since the last line)",
+                self.id, u.port, u.port, self.ifname, u.client
+            );
+        }
+        let _ = io.linger_reset(host.as_fd());
+    }
+
+    /// Takes the connections whose time to be asked again has come.
+    pub fn due(&mut self, now: Instant) -> Vec<(OwnedFd, Unanswered)> {
+        if self.retry.is_empty() {
+            return Vec::new();
+        }
+        let (due, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retry)
+            .into_iter()
+            .partition(|(at, _, _)| *at <= now);
+        self.retry = wait;
+        due.into_iter().map(|(_, h, u)| (h, u)).collect()
     }
 
     /// Connections waiting to be asked again (each holds a host socket: a flow).
@@ -82,20 +155,8 @@ impl Published {
             .min()
     }
 
-    /// Takes those whose time has come.
-    fn due(&mut self, now: Instant) -> Vec<(OwnedFd, Unanswered)> {
-        if self.retry.is_empty() {
-            return Vec::new();
-        }
-        let (due, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retry)
-            .into_iter()
-            .partition(|(at, _, _)| *at <= now);
-        self.retry = wait;
-        due.into_iter().map(|(_, h, u)| (h, u)).collect()
-    }
-
     /// Listener `i`'s descriptor (for tests).
-    pub fn listener(&self, i: usize) -> Option<std::os::fd::BorrowedFd<'_>> {
+    pub fn listener(&self, i: usize) -> Option<BorrowedFd<'_>> {
         self.listeners.get(i).map(|(l, _)| l.as_fd())
     }
 
@@ -119,18 +180,6 @@ pub(crate) fn unmap(a: SocketAddr) -> SocketAddr {
 }
 
 impl NicServer {
-    /// A connection to published listener `i` (nic mode).
-    pub(super) fn accept_published(&mut self, i: usize) {
-        let Some((l, p)) = self.published.listeners.get(i) else {
-            return;
-        };
-        let port = p.sandbox_port;
-        if let Ok((host, Some(client))) = self.io.accept(l.as_fd()) {
-            let now = self.clock.now();
-            self.publish_conn(host, unmap(client), port, now);
-        }
-    }
-
     /// Makes this server serve the connections `handoff` passes on (socket mode's
     /// published ports that no listener of the shim's is on, `--net both`).
     pub fn serve_handoff(&mut self, handoff: Arc<TapHandoff>) -> io::Result<()> {
@@ -141,31 +190,13 @@ impl NicServer {
         Ok(())
     }
 
-    /// Takes the connections the handoff has for us.
-    pub(super) fn take_handoff(&mut self) {
-        let Some(h) = self.published.handoff.clone() else {
-            return;
-        };
-        for (host, port) in h.take() {
-            match self.io.peer(host.as_fd()) {
-                Ok(Some(client)) => {
-                    let now = self.clock.now();
-                    self.publish_conn(host, unmap(client), port, now);
-                }
-                _ => {
-                    let _ = self.io.linger_reset(host.as_fd());
-                }
-            }
-        }
-    }
-
-    /// A connection from `client` to a published port (`host`, on the host): a stack
-    /// connection to the sandbox's address on `port`, from the client's address (the
-    /// gateway's for a client on the host's loopback, which the sandbox could not
+    /// A connection from `client` to published port `port` (`host`, on the host): a
+    /// stack connection to the sandbox's address on `port`, from the client's address
+    /// (the gateway's for a client on the host's loopback, which the sandbox could not
     /// answer). `since`: when it came (a sandbox that resets it is asked again until
     /// [`PUBLISH_GRACE`] has passed).
-    fn publish_conn(&mut self, host: OwnedFd, client: SocketAddr, port: u16, since: Instant) {
-        if !self.room_for_flow() {
+    pub(super) fn publish_conn(&mut self, host: OwnedFd, (client, port): Call, since: Instant) {
+        if !self.gate.room(self.held(), &mut self.stats) {
             let _ = self.io.linger_reset(host.as_fd());
             return;
         }
@@ -181,38 +212,18 @@ impl NicServer {
             return;
         };
         let _ = self.io.no_delay(host.as_fd());
+        let id = self.flows.new_id();
+        if watch(&self.epoll, host.as_fd(), id).is_err() {
+            self.stack.remove(handle);
+            return;
+        }
         let phase = Phase::Calling(Unanswered {
             client,
             port,
             since,
         });
-        if self.add_tcp(host, handle, phase) {
-            self.stats.published_flows += 1;
-        }
-    }
-
-    /// A published connection the sandbox reset before its handshake (nothing listens
-    /// there, yet): asked again [`RETRY_EVERY`] until [`PUBLISH_GRACE`] has passed
-    /// since it came, then reset.
-    pub(super) fn unanswered(&mut self, host: OwnedFd, u: Unanswered) {
-        let now = self.clock.now();
-        if now.duration_since(u.since) < PUBLISH_GRACE {
-            self.published.retry.push((now + RETRY_EVERY, host, u));
-            return;
-        }
-        if let Some(n) = self.refusals.tick() {
-            warn!(
-                "{}: published port {}: nothing in the sandbox listens on port {} (neither a listener of the shim's nor one on {}): connection from {} reset ({n} since the last line)",
-                self.id, u.port, u.port, self.cfg.plan.ifname, u.client
-            );
-        }
-        let _ = self.io.linger_reset(host.as_fd());
-    }
-
-    /// Asks the sandbox again for the published connections whose time has come.
-    pub(super) fn retry_published(&mut self, now: Instant) {
-        for (host, u) in self.published.due(now) {
-            self.publish_conn(host, u.client, u.port, u.since);
-        }
+        let f = TcpFlow::new(handle, host, None, phase);
+        self.flows.insert(id, Flow::Tcp(f));
+        self.stats.published_flows += 1;
     }
 }

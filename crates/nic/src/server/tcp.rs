@@ -16,9 +16,10 @@ use ferry_server::egress::Lease;
 use smoltcp::iface::SocketHandle;
 use smoltcp::socket::tcp;
 
-use super::flows::{Flow, Key};
+use super::NicServer;
+use super::flows::{Flow, FlowTable, Key};
 use super::phase::{Move, Phase};
-use super::{NicServer, watch};
+use super::stack::Stack;
 use crate::hostio::HostIo;
 use crate::timing::{Stage, Timing};
 
@@ -181,6 +182,22 @@ fn to_sandbox(
     moved
 }
 
+/// Moves bytes between every open TCP flow's two sockets; whether any moved.
+pub(crate) fn pump_all(
+    flows: &mut FlowTable,
+    stack: &mut Stack,
+    io: &dyn HostIo,
+    timing: &mut Timing,
+) -> bool {
+    let mut moved = false;
+    for f in flows.values_mut() {
+        if let Flow::Tcp(f) = f {
+            moved |= pump(f, stack.get_mut(f.handle), io, timing);
+        }
+    }
+    moved
+}
+
 /// Whether a stack socket in `state` is done: closed (reset either way), in TIME-WAIT,
 /// or listening again (the stack never took the sandbox's SYN, or the sandbox reset the
 /// handshake: nothing more will come of it).
@@ -213,31 +230,6 @@ impl NicServer {
         true
     }
 
-    /// Starts watching host socket `host` of flow `id`; a published connection in
-    /// `phase` on stack socket `handle` (false: it could not be watched).
-    pub(super) fn add_tcp(&mut self, host: OwnedFd, handle: SocketHandle, phase: Phase) -> bool {
-        let id = self.flows.new_id();
-        if watch(&self.epoll, host.as_fd(), id).is_err() {
-            self.stack.remove(handle);
-            return false;
-        }
-        self.flows
-            .insert(id, Flow::Tcp(TcpFlow::new(handle, host, None, phase)));
-        true
-    }
-
-    /// Moves bytes between every open TCP flow's two sockets; whether any moved.
-    pub(super) fn pump_tcp(&mut self) -> bool {
-        let mut moved = false;
-        for f in self.flows.values_mut() {
-            if let Flow::Tcp(f) = f {
-                let s = self.stack.get_mut(f.handle);
-                moved |= pump(f, s, &*self.io, &mut self.port.timing);
-            }
-        }
-        moved
-    }
-
     /// Ends TCP flow `f` (its stack socket done, already out of the table): a cut
     /// connection is reset on the host, a published one the sandbox never answered is
     /// asked again or reset, the bytes are counted.
@@ -250,7 +242,8 @@ impl NicServer {
         );
         self.stack.remove(f.handle);
         if let Some(u) = f.phase.calling() {
-            self.unanswered(f.host, u);
+            let now = self.clock.now();
+            self.published.unanswered(&*self.io, f.host, u, now);
             return;
         }
         if closed && f.phase != Phase::BothDone {

@@ -28,8 +28,9 @@
 //! none is shared) and every connected one reaches an allowed destination or comes from
 //! a published port's client; what a host socket received of a sandbox connection is a
 //! prefix of what the sandbox wrote on it, and what the sandbox read a prefix of what
-//! the host sent (no byte lost, changed or reordered); at the end no flow, stack socket
-//! or host socket but the published listener is left.
+//! the host sent (no byte lost, changed or reordered); an input of frames alone gets at
+//! most [`OUT_PER_IN`] frames back per frame in plus [`OUT_SLACK`]; at the end no flow,
+//! stack socket or host socket but the published listener is left.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::OnceLock;
@@ -47,6 +48,10 @@ use crate::input::Input;
 pub const MAX_RECORDS: usize = 256;
 /// Most flows the server carries.
 pub const MAX_FLOWS: usize = 6;
+/// An input of frames alone gets at most this many frames back per frame in…
+pub const OUT_PER_IN: u64 = 2;
+/// … plus these.
+pub const OUT_SLACK: u64 = 4;
 /// The published port's listener on the host, and the sandbox's port it reaches.
 const PUBLISHED: &str = "127.0.0.1:8080";
 const SANDBOX_PORT: u16 = 80;
@@ -318,6 +323,7 @@ pub fn script(data: &[u8]) -> ferry_nic::NicStats {
     let mut inp = Input::new(data);
     let mut rig = Rig::new();
     let mut out = vec![0u8; ETH_LEN + 65_536];
+    let mut ops = false;
     for _ in 0..MAX_RECORDS {
         if inp.is_empty() {
             break;
@@ -328,6 +334,7 @@ pub fn script(data: &[u8]) -> ferry_nic::NicStats {
             pure(bytes, &mut out);
             rig.h.send_frame(bytes.to_vec());
         } else {
+            ops = true;
             op(&mut rig, bytes);
         }
         if flags & 4 != 0 {
@@ -337,9 +344,19 @@ pub fn script(data: &[u8]) -> ferry_nic::NicStats {
         }
     }
     rig.settle();
-    let at_end = rig.h.counters();
+    let s = rig.h.counters();
+    if !ops {
+        // Frames alone (and the sandbox's stack's answers): no amplification.
+        assert!(
+            s.frames_out + s.tap_full <= OUT_PER_IN * s.frames_in + OUT_SLACK,
+            "{} frames in, {} out ({} lost to a full queue)",
+            s.frames_in,
+            s.frames_out,
+            s.tap_full
+        );
+    }
     rig.finish();
-    at_end
+    s
 }
 
 /// The frame path's pure functions on `f` (`out`: room for any frame).

@@ -705,3 +705,36 @@ fn host_sockets_leave_from_the_bonds_address() {
     let (_c, s) = pending(&mut h, remote());
     assert_eq!(h.host().view(s).bound, Some(addr("198.51.100.1:0")));
 }
+
+// Rule: a flood of refused or malformed frames gets at most one answer each (no
+// amplification), and nothing is held for it.
+
+#[test]
+fn a_flood_of_refused_frames_gets_no_more_back_than_it_sends() {
+    let mut h = Harness::with_config(denying(&["0.0.0.0/0", "::/0"]), &[]);
+    let me = h.sandbox_addr(remote().ip(), 5000);
+    let me6 = h.sandbox_addr(ip("2001:db8::1"), 5000);
+    for i in 0..100u16 {
+        let to = SocketAddr::new(ip("192.0.2.1"), 1000 + i);
+        let to6 = SocketAddr::new(ip("2001:db8::1"), 1000 + i);
+        h.send_frame(frames::syn(SocketAddr::new(me.ip(), 2000 + i), to));
+        h.send_frame(frames::udp(me, to, b"x"));
+        h.send_frame(frames::udp(me6, to6, b"x"));
+        h.send_frame(frames::echo(me.ip(), to.ip(), i, i, b"x"));
+        let mut cut = frames::udp(me, to, b"truncated");
+        cut.truncate(30 + usize::from(i % 10));
+        h.send_frame(cut);
+    }
+    h.run();
+    let st = h.counters();
+    assert!(
+        st.frames_out <= st.frames_in,
+        "{} frames out for {} in",
+        st.frames_out,
+        st.frames_in
+    );
+    assert_eq!((st.denied, st.malformed), (400, 100), "{st:?}");
+    assert_eq!(h.flows(), (0, 0));
+    assert!(h.host().all().is_empty());
+    assert_eq!(h.stack_sockets(), 0);
+}

@@ -5,8 +5,9 @@
 //! under the same rules as socket mode, from `ferry-egress`: one admission function
 //! (`ferry_egress::admit`, as a link: the egress policy, never the host's loopback or an
 //! unspecified address, nor the sandbox's own subnets), inbound only through `-p` (its
-//! host listener), the egress bond; sources the sandbox owns only (docs/SECURITY.md,
-//! "nic mode"). It does not depend on `ferry-server`.
+//! host listener), the egress bond, the store of its flow table (UDP and echo flows' idle
+//! expiry); sources the sandbox owns only (docs/SECURITY.md, "nic mode"). It does not
+//! depend on `ferry-server`.
 //!
 //! ```text
 //!   sandbox kernel ── eth0 (TAP, one queue per NIC server, vnet header, csum offload)

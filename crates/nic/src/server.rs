@@ -70,7 +70,7 @@ mod tcp;
 
 /// Most frames read from the device per turn.
 const BATCH: usize = 64;
-/// How often idle datagram flows are looked for and pending flows probed.
+/// How often pending flows are probed (idle datagram flows: the flow table's sweep).
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// Largest datagram or echo message relayed.
 const DGRAM_MAX: usize = 65_536 + frame::ETH_LEN;
@@ -499,22 +499,16 @@ impl NicServer {
     }
 
     /// Ends the flows that are over at `now`: TCP flows whose stack socket is done
-    /// (every turn); every [`SWEEP_EVERY`], datagram flows idle past their time. Then,
-    /// on those sweeps, asks the sandbox about its pending connects.
+    /// (every turn), datagram flows idle past their time (the table sweeps at most once
+    /// a second). Every [`SWEEP_EVERY`], asks the sandbox about its pending connects.
     fn reap(&mut self, now: Instant) {
         let sweep = now >= self.next_sweep;
         if sweep {
             self.next_sweep = now + SWEEP_EVERY;
         }
         let stack = &self.stack;
-        for id in self.flows.ended(now, sweep, |h| tcp::done(stack.state(h))) {
-            match self.flows.remove(id) {
-                Some(Flow::Tcp(f)) => self.end_tcp(f),
-                Some(f) => {
-                    let _ = self.epoll.delete(f.host());
-                }
-                None => {}
-            }
+        for f in self.flows.reap(now, |h| tcp::done(stack.state(h))) {
+            self.end_flow(f);
         }
         if sweep {
             let link = self.link;
@@ -625,6 +619,26 @@ impl NicServer {
             None if syn && self.open_tcp(src, dst, frame) => {}
             // A flow's, or refused (no socket takes it: a reset).
             _ => self.stack.feed(&mut self.port, frame, self.clock.now()),
+        }
+    }
+
+    /// Ends `flow`, out of the table already: a TCP flow as [`NicServer::end_tcp`] says,
+    /// any other by dropping its host socket.
+    fn end_flow(&mut self, flow: Flow) {
+        match flow {
+            Flow::Tcp(f) => self.end_tcp(f),
+            f => {
+                let _ = self.epoll.delete(f.host());
+            }
+        }
+    }
+
+    /// Adds `flow` as `id`, active now; a flow it displaces (none when the key was
+    /// looked up first) is ended.
+    fn add_flow(&mut self, id: u64, flow: Flow) {
+        let now = self.clock.now();
+        for f in self.flows.insert(id, flow, now) {
+            self.end_flow(f);
         }
     }
 

@@ -8,7 +8,6 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, OwnedFd};
-use std::time::Instant;
 
 use ferry_egress::{Lease, What};
 use tracing::warn;
@@ -32,8 +31,6 @@ pub(crate) struct Dgram {
     pub sandbox: SocketAddr,
     /// The destination (for echo: its address, port 0).
     pub remote: SocketAddr,
-    /// When it last carried something either way.
-    pub last: Instant,
     pub _lease: Option<Lease>,
 }
 
@@ -116,15 +113,14 @@ impl NicServer {
             host,
             sandbox: key.sandbox,
             remote,
-            last: self.clock.now(),
             _lease: lease,
         };
         if echo {
             self.stats.echo_flows += 1;
-            self.flows.insert(id, Flow::Echo(d));
+            self.add_flow(id, Flow::Echo(d));
         } else {
             self.stats.udp_flows += 1;
-            self.flows.insert(id, Flow::Udp(d));
+            self.add_flow(id, Flow::Udp(d));
         }
         Some(id)
     }
@@ -155,10 +151,9 @@ impl NicServer {
             return;
         };
         let now = self.clock.now();
-        let Some(Flow::Udp(f)) = self.flows.get_mut(id) else {
+        let Some(Flow::Udp(f)) = self.flows.active(id, now) else {
             return;
         };
-        f.last = now;
         let timing = &mut self.port.timing;
         let t0 = timing.start();
         let sent = self.io.send(f.host.as_fd(), payload);
@@ -186,10 +181,9 @@ impl NicServer {
             return;
         };
         let now = self.clock.now();
-        let Some(Flow::Echo(f)) = self.flows.get_mut(id) else {
+        let Some(Flow::Echo(f)) = self.flows.active(id, now) else {
             return;
         };
-        f.last = now;
         let msg = &mut self.buf[..8 + data.len()];
         msg[..8].copy_from_slice(&echo_request_header(dst.is_ipv4(), seq));
         msg[8..].copy_from_slice(data);
@@ -209,6 +203,7 @@ impl NicServer {
             Some(Flow::Echo(f)) => (f, true),
             _ => return,
         };
+        let mut got_any = false;
         for _ in 0..DGRAM_BATCH {
             let timing = &mut self.port.timing;
             let t0 = timing.start();
@@ -217,7 +212,7 @@ impl NicServer {
             let Ok(n) = got else {
                 break;
             };
-            f.last = now;
+            got_any = true;
             let msg = &self.buf[..n];
             let (remote, sandbox) = (f.remote, f.sandbox);
             if echo {
@@ -233,6 +228,9 @@ impl NicServer {
                 self.port
                     .queue(|out| frame::udp(out, link, remote, sandbox, msg));
             }
+        }
+        if got_any {
+            self.flows.active(id, now);
         }
     }
 }

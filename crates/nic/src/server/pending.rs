@@ -86,7 +86,7 @@ impl NicServer {
             lease,
             probed: self.clock.now(),
         };
-        self.flows.insert(id, Flow::Pending(p));
+        self.add_flow(id, Flow::Pending(p));
         true
     }
 

@@ -223,7 +223,7 @@ impl NicServer {
             since,
         });
         let f = TcpFlow::new(handle, host, None, phase);
-        self.flows.insert(id, Flow::Tcp(f));
+        self.add_flow(id, Flow::Tcp(f));
         self.stats.published_flows += 1;
     }
 }

@@ -226,7 +226,7 @@ impl NicServer {
         };
         let mut f = TcpFlow::new(handle, host, Some(key), Phase::Open);
         f.lease = lease;
-        self.flows.insert(id, Flow::Tcp(f));
+        self.add_flow(id, Flow::Tcp(f));
         true
     }
 

@@ -36,10 +36,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use ferry_egress::{Policy, Rule, Verdict};
 use ferry_nic::frame::{self, ETH_LEN, Inbound, Link, Why};
 use ferry_nic::testkit::{Conn, Harness, HostSock};
 use ferry_nic::{NicConfig, NicPublish, Plan};
-use ferry_egress::{Policy, Rule, Verdict};
 use smoltcp::wire::EthernetAddress;
 
 use crate::input::Input;

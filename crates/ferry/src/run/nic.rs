@@ -1,6 +1,7 @@
 //! `ferry run`'s nic mode: the sandbox's TAP and its NIC servers.
 
 use std::net::IpAddr;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use ferry_server::{Bond, Policy, Publish};
@@ -69,6 +70,14 @@ fn start_nic(
             a.net.name()
         )
     })?;
+    // Removed with the sandbox's namespace, not by the NIC servers' last close: that
+    // close would wait for the device's unregistration on ferry's way out (~17 ms of
+    // every run). The namespace lives only while the sandbox or ferry holds it.
+    if let Some(q) = tap.queues.first()
+        && let Err(e) = ferry_sys::tun::tap_persist(q.as_fd(), true)
+    {
+        debug!("nic mode: the TAP is removed by ferry's exit (TUNSETPERSIST: {e})");
+    }
     debug!(
         "nic mode: {} at {}/{} via {}, {}/{} via {}, MTU {}",
         plan.ifname, plan.v4, plan.prefix4, plan.gw4, plan.v6, plan.prefix6, plan.gw6, plan.mtu

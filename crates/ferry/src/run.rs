@@ -357,8 +357,8 @@ fn run(a: &RunArgs, bond: Option<Arc<Bond>>, t: &mut Stages) -> Result<i32, RunE
     let mut sandbox = make_sandbox(a, &spec, &factory)?;
     servers.first().restrict_to_descendants_of(sandbox.pid());
     t.mark("sandbox");
-    let nics = if a.net == Net::Socket {
-        Vec::new()
+    let nic = if a.net == Net::Socket {
+        nic::Nic::default()
     } else {
         set_up_nic(a, &sandbox, &policy, &bond, &plan.nic_publish, plan.tap)?
     };
@@ -385,9 +385,9 @@ fn run(a: &RunArgs, bond: Option<Arc<Bond>>, t: &mut Stages) -> Result<i32, RunE
             }
         })?;
     if let Some(admin) = admin {
-        serve_admin(admin, &servers, &nics, sandbox.pid());
+        serve_admin(admin, &servers, &nic.servers, sandbox.pid());
     }
-    let serving = Serving::start(servers, nics)?;
+    let serving = Serving::start(servers, nic.servers)?;
     t.mark("serve");
     let code = sandbox.wait().map_err(RunError::Wait)?;
     t.mark("wait");

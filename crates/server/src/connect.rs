@@ -14,6 +14,7 @@ use tracing::{debug, warn};
 use ferry_egress::{Decision, Origin, Reason, What, admit, reach};
 
 use crate::ops::{Errno, reply_id, would_block};
+use crate::recv_side::PathEvent;
 use crate::server::Server;
 use crate::sock::{Conn, Parked, Place};
 
@@ -133,7 +134,9 @@ impl Server {
                 owner,
             )
             .map_err(|e| Errno::of(&e))?;
-        sock.rx_pair = ty == libc::SOCK_STREAM && self.chan(ch).is_some_and(|c| c.rx_pair);
+        if ty == libc::SOCK_STREAM && self.chan(ch).is_some_and(|c| c.rx_pair) {
+            sock.rx.move_path(PathEvent::ToPair);
+        }
         let id = self.place_sock(sock).map_err(|e| Errno::of(&e))?;
         slot.keep();
         self.stats.sockets_created += 1;
@@ -242,7 +245,9 @@ impl Server {
             }
         };
         sock.conn = Conn::Connected;
-        sock.rx_pair = self.chan(ch).is_some_and(|c| c.rx_pair);
+        if self.chan(ch).is_some_and(|c| c.rx_pair) {
+            sock.rx.move_path(PathEvent::ToPair);
+        }
         // An accepted socket has its listener's receive buffer (the kernel's rule).
         if let Some((_, _, v)) = self.socks.get(&listener).and_then(|l| {
             l.opts
@@ -413,8 +418,8 @@ impl Server {
     }
 
     pub(crate) fn connect(&mut self, ch: u32, id: u32, tag: u32, addr: WireAddr, nonblock: bool) {
-        if let Some(Conn::Failed { reported }) = self.socks.get(&id).map(|s| s.conn) {
-            self.connect_after_failure(ch, id, tag, reported);
+        if let Some(c @ (Conn::Failed | Conn::FailReported)) = self.socks.get(&id).map(|s| s.conn) {
+            self.connect_after_failure(ch, id, tag, c == Conn::FailReported);
             return;
         }
         if let Err(e) = self.route_connect(id, addr) {
@@ -460,7 +465,7 @@ impl Server {
             self.complete(ch, c);
             return;
         }
-        s.conn = Conn::Failed { reported: true };
+        s.conn = Conn::FailReported;
         let e = match std::mem::take(&mut s.so_error) {
             0 => libc::ECONNABORTED,
             e => e,

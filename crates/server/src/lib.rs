@@ -89,6 +89,7 @@ mod hostio;
 mod modules;
 mod ops;
 mod published;
+mod recv_side;
 mod rx;
 mod seam;
 mod server;

@@ -596,7 +596,7 @@ impl Server {
 /// and a sender's writes meet the back-pressure (or the reset of a receiver that closes
 /// with bytes unread) as early as they would.
 pub(crate) fn bound_pair(io: &dyn crate::seam::Io, s: &crate::sock::Sock, value: &[u8]) {
-    if s.rx_pair && value.len() >= 4 {
+    if s.rx.pair() && value.len() >= 4 {
         let _ = io.setsockopt(
             s.pair.as_fd(),
             libc::SOL_SOCKET,

@@ -16,6 +16,7 @@ use tracing::warn;
 
 use crate::channel::Channel;
 use crate::ops::{Errno, MAX_PARKED_PER_CHANNEL, would_block};
+use crate::recv_side::{EndEvent, PathEvent, UrgentEvent};
 use crate::seam::Io;
 use crate::server::Server;
 use crate::sock::{Conn, PairEnd, Parked, Place, Sock, Token};
@@ -57,13 +58,17 @@ fn splice_bulk(
     while rest > 0 {
         match io.read(pr.as_fd(), &mut buf[..rest.min(RX_SCRATCH)]) {
             Ok(k @ 1..) => {
-                s.rx_pending.extend_from_slice(&buf[..k]);
+                s.rx.pending_mut().extend_from_slice(&buf[..k]);
                 rest -= k;
             }
             _ => return (Err(io::Error::from_raw_os_error(libc::EIO)), true),
         }
     }
-    s.rx_bulk = n >= SPLICE_MIN;
+    s.rx.move_path(if n >= SPLICE_MIN {
+        PathEvent::FullRead
+    } else {
+        PathEvent::ShortRead
+    });
     (r, false)
 }
 
@@ -196,9 +201,9 @@ fn answer_recv(
     // free) that fills them all may have left data behind, and the host socket,
     // edge-triggered, brings no new edge for it. Nor after a hang-up (`rx_ending`): its
     // edge came before this read, and the end of the stream is still to read.
-    let short = s.is_stream() && placed < room && !s.rx_ending;
+    let short = s.is_stream() && placed < room && !s.rx.ending();
     if short && flags & (libc::MSG_PEEK | libc::MSG_OOB) == 0 {
-        s.rx_maybe = false;
+        s.rx.found_empty();
     }
     if s.token_out()
         && flags & libc::MSG_PEEK == 0
@@ -233,18 +238,23 @@ impl RxScratch {
     /// the pipe lost bytes and must serve no other stream.
     fn read_into_pair(&mut self, io: &dyn Io, s: &mut Sock) -> (io::Result<usize>, bool) {
         let buf = &mut self.buf;
-        if let Some(pipe) = self.pipe.as_ref().filter(|_| s.rx_bulk) {
+        if let Some(pipe) = self.pipe.as_ref().filter(|_| s.rx.bulk()) {
             return splice_bulk(io, s, pipe, buf);
         }
         let got = io.recv(s.fd.as_fd(), buf, libc::MSG_DONTWAIT);
         if let Ok(n @ 1..) = got {
             let sent = io.send(s.pair.as_fd(), &buf[..n]).unwrap_or(0);
-            s.rx_pending.extend_from_slice(&buf[sent..n]);
+            s.rx.pending_mut().extend_from_slice(&buf[sent..n]);
             // A splice into a socket blocks unless the socket's own file is
             // non-blocking: the server's end of the pair becomes so.
-            s.rx_bulk = n == RX_SCRATCH
+            let full = n == RX_SCRATCH
                 && self.pipe.is_some()
                 && io.set_nonblocking(s.pair.as_fd(), true).is_ok();
+            s.rx.move_path(if full {
+                PathEvent::FullRead
+            } else {
+                PathEvent::ShortRead
+            });
         }
         (got, false)
     }
@@ -252,13 +262,13 @@ impl RxScratch {
 
 /// Moves what `s`'s pair did not take before into it; false while some is left.
 fn pending_into_pair(io: &dyn Io, s: &mut Sock) -> bool {
-    if s.rx_pending.is_empty() {
+    if s.rx.pending().is_empty() {
         return true;
     }
-    match io.send(s.pair.as_fd(), &s.rx_pending) {
+    match io.send(s.pair.as_fd(), s.rx.pending()) {
         Ok(n) => {
-            s.rx_pending.drain(..n);
-            s.rx_pending.is_empty()
+            s.rx.pending_mut().drain(..n);
+            s.rx.pending().is_empty()
         }
         Err(_) => false,
     }
@@ -321,7 +331,7 @@ impl Server {
             return Err(io::Error::from(io::ErrorKind::WouldBlock));
         }
         let spans: Vec<BufSpan> = lent.iter().map(|(_, sp)| *sp).collect();
-        s.recv_mark = self.waits;
+        s.rx.set_mark(self.waits);
         // A datagram's control messages (those its options ask for) go to the shim.
         let mut control = [0u8; cmsg::MAX_CONTROL];
         let arrivals = Arrivals {
@@ -343,7 +353,7 @@ impl Server {
                 } else {
                     self.stats.empty_reads += 1;
                     if flags & (libc::MSG_PEEK | libc::MSG_OOB) == 0 {
-                        s.rx_maybe = false;
+                        s.rx.found_empty();
                     }
                 }
                 Err(e)
@@ -401,7 +411,7 @@ impl Server {
         }
         let tracked = s.is_stream() && !s.listening() && !published;
         // An ended stream stays readable (0, or the error) with no edge to come: ask.
-        if tracked && !s.rx_maybe && !s.rx_ending {
+        if tracked && !s.rx.maybe() && !s.rx.ending() {
             return;
         }
         let rev = if tracked && readable {
@@ -412,7 +422,7 @@ impl Server {
         };
         let readable = rev & (libc::POLLIN | libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0;
         if tracked && !readable {
-            s.rx_maybe = false;
+            s.rx.found_empty();
         }
         if (readable || published) && io.send(s.pair.as_fd(), &[1]).is_ok() {
             s.token = Token::Out { extra: 0 };
@@ -487,7 +497,7 @@ impl Server {
             if !pending_into_pair(io, s) || !s.urgent_first(io) {
                 return;
             }
-            if !s.rx_maybe {
+            if !s.rx.maybe() {
                 // No input edge since the queue was found empty (e.g. an edge that only
                 // said the socket is writable again): nothing to read.
                 return;
@@ -507,16 +517,17 @@ impl Server {
                     // so the read that would say EAGAIN is skipped, unless the end has
                     // been reported (it brings no further edge).
                     // (A read also stops short at an urgent mark.)
-                    let drained = !s.rx_bulk && n < RX_SCRATCH && !s.rx_ending && !s.oob_due;
+                    let drained =
+                        !s.rx.bulk() && n < RX_SCRATCH && !s.rx.ending() && !s.rx.urgent_due();
                     if drained {
-                        s.rx_maybe = false;
+                        s.rx.found_empty();
                     }
-                    if !s.rx_pending.is_empty() || drained {
+                    if !s.rx.pending().is_empty() || drained {
                         return;
                     }
                 }
                 Err(e) if would_block(&e) => {
-                    s.rx_maybe = false;
+                    s.rx.found_empty();
                     self.stats.empty_reads += 1;
                     return;
                 }
@@ -542,10 +553,10 @@ impl Server {
         let input =
             libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLRDHUP | libc::EPOLLERR | libc::EPOLLHUP;
         if events & input.cast_unsigned() != 0 {
-            s.rx_maybe = true;
+            s.rx.input_edge();
         }
         if events & libc::EPOLLPRI as u32 != 0 && s.reads_pair() {
-            s.oob_due = true;
+            s.rx.urgent_moves(UrgentEvent::Edge);
         }
         // Plain new input that no receive can have taken: none since the wait before the
         // one that reported it (an edge reported now may be that old), and no parked one
@@ -553,7 +564,7 @@ impl Server {
         let fresh_input = events
             & (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLERR | libc::EPOLLHUP) as u32
             == libc::EPOLLIN as u32
-            && s.recv_mark + 1 < self.waits
+            && s.rx.mark() + 1 < self.waits
             && !s.parked.iter().any(|p| matches!(p, Parked::Recv { .. }));
         let out = events & (libc::EPOLLOUT | libc::EPOLLERR | libc::EPOLLHUP) as u32 != 0;
         if let Conn::Connecting { to, filled } = s.conn
@@ -572,10 +583,11 @@ impl Server {
             && events & (libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0
         {
             // (A stream not yet connected reports EPOLLHUP: that is not an ending.)
-            s.rx_ending = true;
-            if events & libc::EPOLLHUP as u32 != 0 && s.reads_pair() {
-                s.hup_due = true;
-            }
+            s.rx.end_moves(if events & libc::EPOLLHUP as u32 != 0 && s.reads_pair() {
+                EndEvent::HungUp
+            } else {
+                EndEvent::Ended
+            });
         }
         self.mirror_hup(id);
         self.maybe_token_known(id, fresh_input);

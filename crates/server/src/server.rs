@@ -521,7 +521,7 @@ impl Server {
             && self
                 .socks
                 .get(&id)
-                .is_some_and(|s| !s.rx_pending.is_empty() || s.oob_byte.is_some())
+                .is_some_and(|s| !s.rx.pending().is_empty() || s.rx.urgent_held().is_some())
         {
             self.pump(id);
         }

@@ -10,6 +10,7 @@ use std::os::fd::OwnedFd;
 
 use ferry_ring::{BufSpan, Buffers};
 
+use crate::recv_side::{RecvSide, UrgentEvent};
 use crate::seam::Io;
 use crate::stats::SocketStats;
 use ferry_egress::Lease;
@@ -87,10 +88,10 @@ pub(crate) enum Token {
 /// | `Connecting`       | `REQ_FILLED` with a non-blocking connect | keep the shim's filler              | `Connecting{filled}` |
 /// | `Connecting`       | host `EPOLLOUT`/`ERR`/`HUP`, `SO_ERROR` 0 | answer the parked connect; drain the filler | `Connected`  |
 /// | `Connecting`       | the same, an error, a connect parked    | answer it; `connect(AF_UNSPEC)`     | `Idle`             |
-/// | `Connecting{filled}` | the same, an error, none parked       | detach the pair (`POLLERR|POLLHUP`) | `Failed{false}`    |
-/// | `Failed{false}`    | connect                                 | answer the error; `connect(AF_UNSPEC)` | `Failed{true}`  |
-/// | `Failed{true}`     | connect                                 | `ECONNABORTED` + `CMP_RENEW_PAIR`   | `Failed{true}`     |
-/// | `Failed{true}`     | `CtlKind::Renew`                        | a new pair                          | `Idle`             |
+/// | `Connecting{filled}` | the same, an error, none parked       | detach the pair (`POLLERR|POLLHUP`) | `Failed`           |
+/// | `Failed`           | connect                                 | answer the error; `connect(AF_UNSPEC)` | `FailReported`  |
+/// | `FailReported`     | connect                                 | `ECONNABORTED` + `CMP_RENEW_PAIR`   | `FailReported`     |
+/// | `FailReported`     | `CtlKind::Renew`                        | a new pair                          | `Idle`             |
 /// | `Connected`        | accept made the socket                  |                                     | `Connected`        |
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub(crate) enum Conn {
@@ -107,12 +108,11 @@ pub(crate) enum Conn {
     Connected,
     Listening,
     /// A non-blocking connect failed: our end of the pair was closed (see
-    /// `Server::detach_pair`), `pair` is a placeholder whose peer is gone. `reported`:
-    /// a later connect has reported the failure (and reset the host socket, as the
-    /// kernel's does); the next one asks the shim to renew the pair.
-    Failed {
-        reported: bool,
-    },
+    /// `Server::detach_pair`), `pair` is a placeholder whose peer is gone.
+    Failed,
+    /// `Failed`, and a later connect has reported the failure (and reset the host
+    /// socket, as the kernel's does): the next one asks the shim to renew the pair.
+    FailReported,
 }
 
 /// How much of the host stream's ending the program's end of the pair shows. It only
@@ -214,24 +214,9 @@ pub(crate) struct Sock {
     pub token: Token,
     /// How much of the host stream's ending the program's end of the pair shows.
     pub pair_end: PairEnd,
-    /// The host socket may have input (a stream that is not listening): cleared when a
-    /// receive finds its queue empty, set by every input edge of the (edge-triggered)
-    /// host socket. While clear, a token check needs no `ppoll`: any arrival after the
-    /// queue emptied brings a new edge.
-    pub rx_maybe: bool,
-    /// A stream whose received bytes go into the pair (the channel that made or accepted
-    /// it reads them there): see `Server::pump`.
-    pub rx_pair: bool,
-    /// `rx_pair`: received bytes the pair has not taken yet (at most one read).
-    pub rx_pending: Vec<u8>,
-    /// `rx_pair`: the stream is in bulk mode (spliced, see `Server::pump`).
-    pub rx_bulk: bool,
-    /// The host socket has reported a hang-up, reset or error: no arrival edge will
-    /// follow it, so a pump reads on until the read says 0, `EAGAIN` or the error.
-    pub rx_ending: bool,
-    /// `Server::waits` at the last receive: an input event reported by a later wait
-    /// than the next one cannot be older than that receive.
-    pub recv_mark: u64,
+    /// The receive side: the path its bytes take, the host stream's end, urgent data
+    /// (see `recv_side.rs`).
+    pub rx: RecvSide,
     pub parked: VecDeque<Parked>,
     pub txq: VecDeque<TxItem>,
     /// Where the connection stands (see [`Conn`]).
@@ -248,19 +233,9 @@ pub(crate) struct Sock {
     pub fence: crate::channel::Fence,
     /// A hang-up or reset has been reported to the program.
     pub hup_reported: bool,
-    /// `rx_pair`: the host socket hung up (both directions shut, or closed by a reset):
-    /// the kernel's `POLLHUP` for it, due on the program's end once the bytes before it
-    /// are through (see `Server::mirror_hup`).
-    pub hup_due: bool,
     /// The published TCP port this socket listens on (counted in `Shared`'s listeners
     /// until the socket goes).
     pub published_listener: Option<u16>,
-    /// `rx_pair`: the host socket reported urgent data (`EPOLLPRI`) that has not been
-    /// moved into the pair yet (see [`Sock::urgent_first`]).
-    pub oob_due: bool,
-    /// `rx_pair`: an urgent byte taken from the host socket that the pair did not take
-    /// yet (it was full).
-    pub oob_byte: Option<u8>,
     /// `rx_pair`: bytes the program wrote straight into the pair wait for room on the
     /// host socket (or for the sends queued before them); see `Server::pair_input`.
     pub pair_in_wait: bool,
@@ -353,7 +328,7 @@ impl Sock {
 
     /// The pair was detached after a failed non-blocking connect.
     pub(crate) fn pair_detached(&self) -> bool {
-        matches!(self.conn, Conn::Failed { .. })
+        matches!(self.conn, Conn::Failed | Conn::FailReported)
     }
 
     pub(crate) fn listening(&self) -> bool {
@@ -380,7 +355,7 @@ impl Sock {
 
     /// A connected stream whose received bytes go through the pair (`rx_pair`).
     pub(crate) fn reads_pair(&self) -> bool {
-        self.rx_pair && self.conn == Conn::Connected
+        self.rx.pair() && self.conn == Conn::Connected
     }
 
     /// The end of the stream reaches the program's end of the pair (POLLIN|POLLRDHUP,
@@ -403,32 +378,32 @@ impl Sock {
     /// come yet (its arrival is a new edge), or the pair has no room for it.
     pub(crate) fn urgent_first(&mut self, io: &dyn Io) -> bool {
         use std::os::fd::AsFd;
-        if let Some(b) = self.oob_byte {
+        if let Some(b) = self.rx.urgent_held() {
             if io.send_oob(self.pair.as_fd(), b).is_err() {
                 return false;
             }
-            self.oob_byte = None;
+            self.rx.urgent_moves(UrgentEvent::Through);
         }
-        if !self.oob_due || !io.at_mark(self.fd.as_fd()).unwrap_or(false) {
+        if !self.rx.urgent_due() || !io.at_mark(self.fd.as_fd()).unwrap_or(false) {
             // No urgent data, or bytes ahead of the mark to read first.
             return true;
         }
         let mut b = [0u8; 1];
         match io.recv(self.fd.as_fd(), &mut b, libc::MSG_OOB | libc::MSG_DONTWAIT) {
             Ok(1) => {
-                self.oob_due = false;
                 self.stats.bytes_in += 1;
                 if io.send_oob(self.pair.as_fd(), b[0]).is_err() {
-                    self.oob_byte = Some(b[0]);
+                    self.rx.urgent_moves(UrgentEvent::Kept(b[0]));
                     return false;
                 }
+                self.rx.urgent_moves(UrgentEvent::Through);
                 true
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
             // Read already (the program asked the server for it first), or kept inline
             // (`SO_OOBINLINE`: the pump moves it with the rest).
             _ => {
-                self.oob_due = false;
+                self.rx.urgent_moves(UrgentEvent::Through);
                 true
             }
         }
@@ -438,6 +413,6 @@ impl Sock {
     /// yet: it has been reported, and the end of the stream has reached the pair (see
     /// `Server::mirror_hup`).
     pub(crate) fn hup_to_mirror(&self) -> bool {
-        self.hup_due && self.pair_end == PairEnd::Eof && !self.app_closed
+        self.rx.hup_due() && self.pair_end == PairEnd::Eof && !self.app_closed
     }
 }

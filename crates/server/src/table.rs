@@ -11,6 +11,7 @@ use tracing::{debug, warn};
 
 use crate::group::Msg;
 use crate::ops::Errno;
+use crate::recv_side::RecvSide;
 use crate::server::{Server, T_HOST, T_PAIR, host_events, pair_events, token};
 use crate::sock::{Conn, NewPair, Owner, PairEnd, Place, Sock};
 
@@ -46,12 +47,7 @@ impl Server {
             contacted: None,
             token: crate::sock::Token::Unwanted,
             pair_end: crate::sock::PairEnd::Open,
-            rx_maybe: true,
-            rx_ending: false,
-            rx_pair: false,
-            rx_pending: Vec::new(),
-            rx_bulk: false,
-            recv_mark: 0,
+            rx: RecvSide::new(),
             parked: Default::default(),
             txq: Default::default(),
             conn: crate::sock::Conn::Idle,
@@ -60,10 +56,7 @@ impl Server {
             shut_wr_pending: false,
             fence: Default::default(),
             hup_reported: false,
-            hup_due: false,
             published_listener: None,
-            oob_due: false,
-            oob_byte: None,
             pair_in_wait: false,
             pair_reset: false,
             filler_due: false,
@@ -85,7 +78,7 @@ impl Server {
             .add(sock.fd.as_fd(), host_events(), token(T_HOST, id))?;
         if let Err(e) = self.epoll.add(
             sock.pair.as_fd(),
-            pair_events(sock.rx_pair),
+            pair_events(sock.rx.pair()),
             token(T_PAIR, id),
         ) {
             let _ = self.epoll.delete(sock.fd.as_fd());
@@ -125,7 +118,7 @@ impl Server {
             .add(fd.as_fd(), host_events(), token(T_HOST, id))?;
         s.fd = fd;
         s.place = place;
-        s.rx_maybe = true;
+        s.rx.input_edge();
         Ok(())
     }
 
@@ -167,7 +160,7 @@ impl Server {
             return;
         };
         let _ = self.epoll.delete(s.pair.as_fd());
-        s.conn = Conn::Failed { reported: false };
+        s.conn = Conn::Failed;
         drop(std::mem::replace(&mut s.pair, placeholder));
     }
 
@@ -179,25 +172,23 @@ impl Server {
         let Some(s) = self.socks.get(&id) else {
             return Err(Errno(libc::EBADF));
         };
-        if s.conn != (Conn::Failed { reported: true }) || !s.is_stream() {
+        if s.conn != Conn::FailReported || !s.is_stream() {
             return Err(Errno(libc::EINVAL));
         }
         let NewPair { ours, theirs, name } = self.io.new_pair(id).map_err(|e| Errno::of(&e))?;
         self.epoll
-            .add(ours.as_fd(), pair_events(s.rx_pair), token(T_PAIR, id))
+            .add(ours.as_fd(), pair_events(s.rx.pair()), token(T_PAIR, id))
             .map_err(|e| Errno::of(&e))?;
         let s = self.socks.get_mut(&id).ok_or(Errno(libc::EBADF))?;
         s.pair = ours;
         s.name = name;
         s.conn = Conn::Idle;
-        s.hup_due = false;
         s.pair_end = PairEnd::Open;
         s.hup_reported = false;
-        s.rx_ending = false;
         s.filler_due = false;
         s.pair_reset = false;
         s.so_error = 0;
-        s.rx_maybe = true;
+        s.rx.renewed();
         debug!("socket {id}: readiness pair renewed to connect again");
         Ok(theirs)
     }
@@ -258,12 +249,12 @@ impl Server {
         s.app_closed = true;
         s.fence = fence;
         let mut reset = false;
-        if s.rx_pair && s.connected() {
+        if s.rx.pair() && s.connected() {
             // Closed with bytes unread (the kernel marks our end ECONNRESET when the
             // program's end goes with data queued): the peer gets a reset, as from a
             // kernel socket closed with unread data.
             reset = s.pair_reset
-                || !s.rx_pending.is_empty()
+                || !s.rx.pending().is_empty()
                 || io
                     .getsockopt_int(s.pair.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
                     .is_ok_and(|e| e == libc::ECONNRESET);

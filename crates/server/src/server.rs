@@ -19,6 +19,7 @@ use tracing::{debug, info, warn};
 
 use crate::channel::{Channel, Channels, Next};
 use crate::group::{Handle, Msg, Shared, server_name};
+use crate::published::PublishedPorts;
 use crate::seam::Io;
 use crate::sock::{Owner, Parked, Sock};
 use crate::stats::ServerStats;
@@ -73,9 +74,9 @@ pub struct Server {
     pub(crate) listener: Option<OwnedFd>,
     pub(crate) channels: Channels,
     pub(crate) socks: HashMap<u32, Sock>,
-    /// Host listeners of published ports (the first server only) and the sandbox port
-    /// each feeds; the accepted connections wait in [`Shared::published`].
-    pub(crate) published: Vec<(OwnedFd, u16)>,
+    /// Published ports (host listeners: the first server only); the accepted
+    /// connections wait in [`Shared::published`].
+    pub(crate) published: PublishedPorts,
     pub(crate) stats: ServerStats,
     /// Sockets whose state changed this turn (closing, tokens).
     pub(crate) dirty: Vec<u32>,
@@ -106,13 +107,8 @@ pub struct Server {
     pub(crate) host_addrs: ferry_egress::HostAddrs,
     /// Log lines about refused control connections and sockets, at most one a second.
     pub(crate) refusals: LogThrottle,
-    /// Connections to published ports wait with no listener in the sandbox
-    /// ([`Server::expire_unserved`]).
-    pub(crate) unserved: bool,
     /// `take_earlier_records` is taking other channels' records (it does not nest).
     pub(crate) taking_earlier: bool,
-    /// Flows of the published UDP ports (the first server only).
-    pub(crate) udp_flows: crate::udp_publish::Flows,
     /// Log lines about requests for sockets a process does not hold, likewise.
     pub(crate) strangers: LogThrottle,
 }
@@ -148,9 +144,9 @@ impl Server {
             .map_err(Error::EventLoop)?;
         let (listener, published) = if index == 0 {
             let listener = Server::control_socket(&cfg, &epoll)?;
-            (Some(listener), Server::publish_ports(&cfg, &epoll)?)
+            (Some(listener), PublishedPorts::bind(&cfg, &epoll)?)
         } else {
-            (None, Vec::new())
+            (None, PublishedPorts::default())
         };
         Server::assemble(
             cfg,
@@ -171,7 +167,7 @@ impl Server {
         let sandbox: SandboxSocketFn = Box::new(move |d, t, p| io.socket(d, t, p));
         let shared = Arc::new(Shared::new(&cfg, sandbox)?);
         let epoll = Epoll::new(256).map_err(Error::EventLoop)?;
-        Server::assemble(cfg, shared, 0, epoll, None, Vec::new(), io)
+        Server::assemble(cfg, shared, 0, epoll, None, PublishedPorts::default(), io)
     }
 
     fn assemble(
@@ -180,7 +176,7 @@ impl Server {
         index: usize,
         epoll: Epoll,
         listener: Option<OwnedFd>,
-        published: Vec<(OwnedFd, u16)>,
+        published: PublishedPorts,
         io: &'static dyn Io,
     ) -> Result<Server, Error> {
         let modules = crate::modules::Modules::new(cfg.modules.clone())?;
@@ -213,8 +209,6 @@ impl Server {
             name_probe: None,
             host_addrs: Default::default(),
             refusals: LogThrottle::default(),
-            udp_flows: Default::default(),
-            unserved: false,
             taking_earlier: false,
             strangers: LogThrottle::default(),
         })
@@ -383,11 +377,11 @@ impl Server {
             // S1's flush on a maximum delay: a shim may hold back its doorbell, so
             // never sleep longer than the delay it was promised.
             self.epoll.wait_for(self.cfg.batch_delay, events)
-        } else if timeout < 0 && (!self.pending_hello.is_empty() || self.unserved) {
+        } else if timeout < 0 && (!self.pending_hello.is_empty() || self.published.unserved()) {
             // A connection that never says Hello is closed in time; so is one to a
             // published port nothing in the sandbox serves.
             self.expire_hellos();
-            self.expire_unserved();
+            self.published.expire_unserved(&self.shared);
             self.epoll.wait_for(HELLO_TIMEOUT / 2, events)
         } else {
             self.epoll.wait(timeout, events)
@@ -477,7 +471,7 @@ impl Server {
             T_HOST => self.host_event(idx, ev.events),
             T_PAIR => self.pair_event(idx, ev.events),
             T_PUBLISH => self.publish_event(idx as usize),
-            T_UDP_FLOW => self.flow_event(idx),
+            T_UDP_FLOW => self.published.flow_event(idx),
             T_HELLO => self.hello(idx),
             T_DNS_IN => {
                 if let Some(d) = self.dns.as_mut() {
@@ -587,9 +581,7 @@ impl Server {
         if let Some(d) = &self.dns {
             d.count_into(&mut self.stats);
         }
-        self.stats.udp_published_in = self.udp_flows.inbound;
-        self.stats.udp_published_out = self.udp_flows.outbound;
-        self.stats.udp_published_dropped = self.udp_flows.dropped;
+        self.published.count_into(&mut self.stats);
         let socks: Vec<_> = self.socks.values().map(|s| s.stats).collect();
         self.stats.sockets.extend(socks);
         self.stats.sockets.sort_by_key(|s| s.id);

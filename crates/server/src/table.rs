@@ -306,7 +306,7 @@ impl Server {
                 if let Some(port) = s.published_listener
                     && self.shared.listener_down(port) == 0
                 {
-                    self.refuse_waiting(port);
+                    self.published.refuse_waiting(&self.shared, port);
                 }
                 let _ = self.epoll.delete(s.fd.as_fd());
                 self.stats.closed_socket(s.stats);

@@ -12,26 +12,110 @@ use std::time::Instant;
 use ferry_proto::{Ctl, CtlKind, HELLO_ROUTES, Hello, HelloReply, PROTO_VERSION};
 use tracing::{debug, warn};
 
+use ferry_sys::Epoll;
+
 use crate::channel::Channel;
 use crate::group::Msg;
 use crate::server::{
-    HELLO_TIMEOUT, MAX_PENDING_HELLO, Server, T_CTL, T_DOORBELL, T_HELLO, as_bytes, descends_from,
-    process_start, token,
+    HELLO_TIMEOUT, MAX_PENDING_HELLO, Server, T_CTL, T_DOORBELL, T_HELLO, T_LISTEN, as_bytes,
+    descends_from, process_start, token,
 };
 use crate::sock::Owner;
+use crate::stats::ServerStats;
+use crate::{Config, Error, LogThrottle};
 
-impl Server {
-    /// Accepts channels only from `init` and its descendants (the sandbox's processes:
-    /// `init` is the sandbox's pid 1, so orphans inside are re-parented to it). The
-    /// control socket must be reachable by every user inside the sandbox (programs drop
-    /// privileges), so this is what keeps other host processes out.
-    pub fn restrict_to_descendants_of(&mut self, init: i32) {
+/// The control socket's side of a server (the first one's): the listener, who may
+/// open a channel, and the connections waiting for their Hello (at most
+/// [`MAX_PENDING_HELLO`], each for [`HELLO_TIMEOUT`]).
+#[derive(Debug, Default)]
+pub(crate) struct ControlConns {
+    /// The control socket (the first server only).
+    listener: Option<OwnedFd>,
+    /// Connections that have not said Hello yet: the connection, the process that made
+    /// it, and when it came.
+    pending: HashMap<u32, (OwnedFd, Owner, Instant)>,
+    next: u32,
+    /// Only this process and its descendants may open channels.
+    init_pid: Option<i32>,
+    /// Log lines about refused connections, at most one a second.
+    refusals: LogThrottle,
+    /// Connections refused or closed before they became channels.
+    refused: u64,
+}
+
+/// Whether a new control connection may wait for its Hello ([`ControlConns::admit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Admit {
+    Yes,
+    /// The sandbox's channels are at their cap.
+    Refused,
+    /// [`MAX_PENDING_HELLO`] wait already: take those whose Hello has come, then
+    /// [`ControlConns::make_room`].
+    Crowded,
+}
+
+impl ControlConns {
+    /// Binds the control socket at `cfg.socket_path` and adds it to `epoll`.
+    pub(crate) fn bind(cfg: &Config, epoll: &Epoll) -> Result<ControlConns, Error> {
+        let listen_err = |source| Error::Listen {
+            path: cfg.socket_path.clone(),
+            source,
+        };
+        let listener = ferry_sys::socket(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+        .map_err(listen_err)?;
+        ferry_sys::bind_unix(listener.as_fd(), &cfg.socket_path).map_err(listen_err)?;
+        ferry_sys::listen(listener.as_fd(), 128).map_err(listen_err)?;
+        // Every user inside the sandbox may connect (servers drop privileges); who is
+        // inside is checked per connection (`restrict_to_pidns`).
+        ferry_sys::chmod(&cfg.socket_path, 0o666).map_err(listen_err)?;
+        epoll
+            .add(listener.as_fd(), libc::EPOLLIN as u32, token(T_LISTEN, 0))
+            .map_err(Error::EventLoop)?;
+        Ok(ControlConns {
+            listener: Some(listener),
+            ..ControlConns::default()
+        })
+    }
+
+    /// This server has the control socket.
+    pub(crate) fn bound(&self) -> bool {
+        self.listener.is_some()
+    }
+
+    /// Channels only from `init` and its descendants.
+    pub(crate) fn restrict(&mut self, init: i32) {
         self.init_pid = Some(init);
     }
 
+    /// The next connection on the control socket whose process may open a channel
+    /// (those that may not are refused and counted); `None` when none is left now.
+    pub(crate) fn accept(&mut self) -> Option<(OwnedFd, Owner)> {
+        loop {
+            let listener = self.listener.as_ref()?;
+            match ferry_sys::accept4(listener.as_fd(), libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK) {
+                Ok((fd, _)) => match self.peer_owner(&fd) {
+                    Some(owner) => return Some((fd, owner)),
+                    None => self.refused += 1,
+                },
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+                Err(e) => {
+                    // Out of descriptors, say: the connection waits in the backlog, and
+                    // the next turn tries again (no spin: the listener is level-triggered
+                    // but this loop gives up for the turn).
+                    warn!("accept on control socket: {e}");
+                    return None;
+                }
+            }
+        }
+    }
+
     /// The process at the other end of a new control connection, if it may open a
-    /// channel: a process of the sandbox (once [`Server::restrict_to_descendants_of`]
-    /// was called), with a pid and start time the kernel vouches for.
+    /// channel: a process of the sandbox (once [`ControlConns::restrict`] was called),
+    /// with a pid and start time the kernel vouches for.
     fn peer_owner(&self, fd: &OwnedFd) -> Option<Owner> {
         let pid = match ferry_sys::peer_pid(fd.as_fd()) {
             Ok(pid) => pid,
@@ -53,123 +137,151 @@ impl Server {
         Some(Owner { pid, start })
     }
 
-    pub(crate) fn accept_channels(&mut self) {
-        loop {
-            let Some(listener) = self.listener.as_ref() else {
-                return;
-            };
-            match ferry_sys::accept4(listener.as_fd(), libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK) {
-                Ok((fd, _)) => {
-                    let Some(owner) = self.peer_owner(&fd) else {
-                        self.stats.channels_refused += 1;
-                        continue;
-                    };
-                    if !self.admit(owner) {
-                        continue;
-                    }
-                    // The channel is set up when its Hello arrives.
-                    let n = self.next_hello;
-                    self.next_hello = self.next_hello.wrapping_add(1);
-                    if let Err(e) =
-                        self.epoll
-                            .add(fd.as_fd(), libc::EPOLLIN as u32, token(T_HELLO, n))
-                    {
-                        warn!("cannot watch new control connection: {e}");
-                        continue;
-                    }
-                    self.pending_hello.insert(n, (fd, owner, Instant::now()));
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) => {
-                    // Out of descriptors, say: the connection waits in the backlog, and
-                    // the next turn tries again (no spin: the listener is level-triggered
-                    // but this loop gives up for the turn).
-                    warn!("accept on control socket: {e}");
-                    return;
-                }
+    /// Whether a new control connection of `owner` may wait for its Hello: the
+    /// sandbox's `channels` open (of `max` at most) and those waiting stay under the
+    /// cap, and at most [`MAX_PENDING_HELLO`] wait at once.
+    pub(crate) fn admit(&mut self, owner: Owner, channels: usize, max: usize) -> Admit {
+        if channels + self.pending.len() >= max {
+            if let Some(n) = self.refusals.tick() {
+                warn!(
+                    "the sandbox has {channels} channels open (--max-channels {max}): a new control connection from pid {} refused ({n} since the last line)",
+                    owner.pid
+                );
             }
+            self.refused += 1;
+            return Admit::Refused;
+        }
+        if self.pending.len() < MAX_PENDING_HELLO {
+            Admit::Yes
+        } else {
+            Admit::Crowded
         }
     }
 
-    /// Whether a new control connection of `owner` may wait for its Hello: the sandbox's
-    /// channels stay under the cap, and at most [`MAX_PENDING_HELLO`] connections wait
-    /// at once. When they are that many, those whose Hello has come are taken first;
-    /// then the oldest connection of the process with the most waiting gives way (a
-    /// flood of silent connections evicts itself, not a shim about to say Hello).
-    fn admit(&mut self, owner: Owner) -> bool {
-        let channels = self.shared.channels_open();
-        if channels + self.pending_hello.len() >= self.cfg.max_channels {
-            if let Some(n) = self.refusals.tick() {
-                warn!(
-                    "the sandbox has {channels} channels open (--max-channels {}): a new control connection from pid {} refused ({n} since the last line)",
-                    self.cfg.max_channels, owner.pid
-                );
-            }
-            self.stats.channels_refused += 1;
-            return false;
-        }
-        if self.pending_hello.len() < MAX_PENDING_HELLO {
-            return true;
-        }
-        let ready: Vec<u32> = self
-            .pending_hello
+    /// The waiting connections whose Hello has come.
+    pub(crate) fn ready(&self) -> Vec<u32> {
+        self.pending
             .iter()
             .filter(|(_, (fd, _, _))| {
                 ferry_sys::poll_now(fd.as_fd(), libc::POLLIN).unwrap_or(0) != 0
             })
             .map(|(n, _)| *n)
-            .collect();
-        for n in ready {
-            self.hello(n);
-        }
-        if self.pending_hello.len() >= MAX_PENDING_HELLO {
-            let mut per_owner: HashMap<Owner, usize> = HashMap::new();
-            for (_, o, _) in self.pending_hello.values() {
-                *per_owner.entry(*o).or_default() += 1;
-            }
-            let worst = per_owner
-                .into_iter()
-                .max_by_key(|(_, k)| *k)
-                .map(|(o, _)| o);
-            let victim = self
-                .pending_hello
-                .iter()
-                .filter(|(_, (_, o, _))| Some(*o) == worst)
-                .min_by_key(|(_, (_, _, at))| *at)
-                .map(|(n, _)| *n);
-            if let Some(n) = victim {
-                self.drop_pending_hello(n, "too many connections waiting for their Hello");
-            }
-        }
-        true
+            .collect()
     }
 
-    fn drop_pending_hello(&mut self, n: u32, why: &str) {
-        if let Some((fd, owner, _)) = self.pending_hello.remove(&n) {
-            let _ = self.epoll.delete(fd.as_fd());
+    /// When [`MAX_PENDING_HELLO`] still wait: the oldest connection of the process
+    /// with the most waiting gives way (a flood of silent connections evicts itself,
+    /// not a shim about to say Hello).
+    pub(crate) fn make_room(&mut self, epoll: &Epoll) {
+        if self.pending.len() < MAX_PENDING_HELLO {
+            return;
+        }
+        if let Some(n) = crowded_victim(&self.pending) {
+            self.drop_pending(n, "too many connections waiting for their Hello", epoll);
+        }
+    }
+
+    /// `fd` of `owner` waits for its Hello (watched by `epoll`).
+    pub(crate) fn wait_for_hello(&mut self, fd: OwnedFd, owner: Owner, epoll: &Epoll) {
+        let n = self.next;
+        self.next = self.next.wrapping_add(1);
+        if let Err(e) = epoll.add(fd.as_fd(), libc::EPOLLIN as u32, token(T_HELLO, n)) {
+            warn!("cannot watch new control connection: {e}");
+            return;
+        }
+        self.pending.insert(n, (fd, owner, Instant::now()));
+    }
+
+    /// Connection `n`, whose Hello has come, taken out of the wait.
+    pub(crate) fn take(&mut self, n: u32, epoll: &Epoll) -> Option<(OwnedFd, Owner)> {
+        let (fd, owner, _) = self.pending.remove(&n)?;
+        let _ = epoll.delete(fd.as_fd());
+        Some((fd, owner))
+    }
+
+    /// Connections wait for their Hello.
+    pub(crate) fn waiting(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    fn drop_pending(&mut self, n: u32, why: &str, epoll: &Epoll) {
+        if let Some((fd, owner, _)) = self.pending.remove(&n) {
+            let _ = epoll.delete(fd.as_fd());
             if let Some(k) = self.refusals.tick() {
                 warn!(
                     "control connection from pid {}: {why}; closed ({k} since the last line)",
                     owner.pid
                 );
             }
-            self.stats.channels_refused += 1;
+            self.refused += 1;
         }
     }
 
     /// Closes control connections that did not say Hello in [`HELLO_TIMEOUT`].
-    pub(crate) fn expire_hellos(&mut self) {
-        if self.pending_hello.is_empty() {
+    pub(crate) fn expire(&mut self, epoll: &Epoll) {
+        if self.pending.is_empty() {
             return;
         }
         let late: Vec<u32> = self
-            .pending_hello
+            .pending
             .iter()
             .filter(|(_, (_, _, at))| at.elapsed() > HELLO_TIMEOUT)
             .map(|(n, _)| *n)
             .collect();
         for n in late {
-            self.drop_pending_hello(n, "no Hello in time");
+            self.drop_pending(n, "no Hello in time", epoll);
+        }
+    }
+
+    /// Adds this part's counters to `stats`.
+    pub(crate) fn count_into(&self, stats: &mut ServerStats) {
+        stats.channels_refused += self.refused;
+    }
+}
+
+/// Of the connections waiting for their Hello, the one to give way: the oldest of the
+/// process with the most waiting.
+fn crowded_victim(pending: &HashMap<u32, (OwnedFd, Owner, Instant)>) -> Option<u32> {
+    let mut per_owner: HashMap<Owner, usize> = HashMap::new();
+    for (_, o, _) in pending.values() {
+        *per_owner.entry(*o).or_default() += 1;
+    }
+    let worst = per_owner
+        .into_iter()
+        .max_by_key(|(_, k)| *k)
+        .map(|(o, _)| o);
+    pending
+        .iter()
+        .filter(|(_, (_, o, _))| Some(*o) == worst)
+        .min_by_key(|(_, (_, _, at))| *at)
+        .map(|(n, _)| *n)
+}
+
+impl Server {
+    /// Accepts channels only from `init` and its descendants (the sandbox's processes:
+    /// `init` is the sandbox's pid 1, so orphans inside are re-parented to it). The
+    /// control socket must be reachable by every user inside the sandbox (programs drop
+    /// privileges), so this is what keeps other host processes out.
+    pub fn restrict_to_descendants_of(&mut self, init: i32) {
+        self.control.restrict(init);
+    }
+
+    /// New connections on the control socket: each admitted one waits for its Hello
+    /// (when too many wait, those whose Hello has come are taken first).
+    pub(crate) fn accept_channels(&mut self) {
+        while let Some((fd, owner)) = self.control.accept() {
+            let open = self.shared.channels_open();
+            match self.control.admit(owner, open, self.cfg.max_channels) {
+                Admit::Refused => continue,
+                Admit::Yes => {}
+                Admit::Crowded => {
+                    for n in self.control.ready() {
+                        self.hello(n);
+                    }
+                    self.control.make_room(&self.epoll);
+                }
+            }
+            self.control.wait_for_hello(fd, owner, &self.epoll);
         }
     }
 
@@ -217,10 +329,9 @@ impl Server {
     }
 
     pub(crate) fn hello(&mut self, n: u32) {
-        let Some((fd, owner, _)) = self.pending_hello.remove(&n) else {
+        let Some((fd, owner)) = self.control.take(n, &self.epoll) else {
             return;
         };
-        let _ = self.epoll.delete(fd.as_fd());
         let mut buf = [0u8; size_of::<Hello>()];
         let hello: Hello = match ferry_sys::recv_with_fds(fd.as_fd(), &mut buf, libc::MSG_DONTWAIT)
         {

@@ -18,10 +18,11 @@ use ferry_sys::{Epoll, Event};
 use tracing::{debug, info, warn};
 
 use crate::channel::{Channel, Channels, Next};
+use crate::control::ControlConns;
 use crate::group::{Handle, Msg, Shared, server_name};
 use crate::published::PublishedPorts;
 use crate::seam::Io;
-use crate::sock::{Owner, Parked, Sock};
+use crate::sock::{Parked, Sock};
 use crate::stats::ServerStats;
 use crate::{Config, Error, LogThrottle, SandboxSocketFn};
 
@@ -70,8 +71,8 @@ pub struct Server {
     pub(crate) index: usize,
     pub(crate) shared: Arc<Shared>,
     pub(crate) epoll: Epoll,
-    /// The control socket (the first server only).
-    pub(crate) listener: Option<OwnedFd>,
+    /// The control socket and connections waiting for their Hello (`control.rs`).
+    pub(crate) control: ControlConns,
     pub(crate) channels: Channels,
     pub(crate) socks: HashMap<u32, Sock>,
     /// Published ports (host listeners: the first server only); the accepted
@@ -87,12 +88,6 @@ pub struct Server {
     pub(crate) rx: crate::rx::RxScratch,
     /// Sockets with sends queued during this pass of the rings.
     pub(crate) tx_pending: Vec<u32>,
-    /// Control connections that have not said Hello yet: the connection, the process
-    /// that made it, and when it came (it is closed after [`HELLO_TIMEOUT`]).
-    pub(crate) pending_hello: HashMap<u32, (OwnedFd, Owner, Instant)>,
-    pub(crate) next_hello: u32,
-    /// Only this process and its descendants may open channels.
-    pub(crate) init_pid: Option<i32>,
     /// The sandbox's DNS forwarder, when enabled.
     pub(crate) dns: Option<crate::dns::Dns>,
     /// Sockets whose program-written pair bytes wait for this pass over the rings
@@ -142,18 +137,18 @@ impl Server {
                 token(T_INBOX, 0),
             )
             .map_err(Error::EventLoop)?;
-        let (listener, published) = if index == 0 {
-            let listener = Server::control_socket(&cfg, &epoll)?;
-            (Some(listener), PublishedPorts::bind(&cfg, &epoll)?)
+        let (control, published) = if index == 0 {
+            let control = ControlConns::bind(&cfg, &epoll)?;
+            (control, PublishedPorts::bind(&cfg, &epoll)?)
         } else {
-            (None, PublishedPorts::default())
+            Default::default()
         };
         Server::assemble(
             cfg,
             shared,
             index,
             epoll,
-            listener,
+            control,
             published,
             &crate::seam::SYS,
         )
@@ -167,7 +162,15 @@ impl Server {
         let sandbox: SandboxSocketFn = Box::new(move |d, t, p| io.socket(d, t, p));
         let shared = Arc::new(Shared::new(&cfg, sandbox)?);
         let epoll = Epoll::new(256).map_err(Error::EventLoop)?;
-        Server::assemble(cfg, shared, 0, epoll, None, PublishedPorts::default(), io)
+        Server::assemble(
+            cfg,
+            shared,
+            0,
+            epoll,
+            Default::default(),
+            Default::default(),
+            io,
+        )
     }
 
     fn assemble(
@@ -175,7 +178,7 @@ impl Server {
         shared: Arc<Shared>,
         index: usize,
         epoll: Epoll,
-        listener: Option<OwnedFd>,
+        control: ControlConns,
         published: PublishedPorts,
         io: &'static dyn Io,
     ) -> Result<Server, Error> {
@@ -191,7 +194,7 @@ impl Server {
             index,
             shared,
             epoll,
-            listener,
+            control,
             channels: Channels::default(),
             socks: HashMap::new(),
             published,
@@ -200,9 +203,6 @@ impl Server {
             waits: 0,
             rx: Default::default(),
             tx_pending: Vec::new(),
-            pending_hello: HashMap::new(),
-            next_hello: 0,
-            init_pid: None,
             dns: None,
             pair_resume: Vec::new(),
             modules,
@@ -212,28 +212,6 @@ impl Server {
             taking_earlier: false,
             strangers: LogThrottle::default(),
         })
-    }
-
-    fn control_socket(cfg: &Config, epoll: &Epoll) -> Result<OwnedFd, Error> {
-        let listen_err = |source| Error::Listen {
-            path: cfg.socket_path.clone(),
-            source,
-        };
-        let listener = ferry_sys::socket(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        )
-        .map_err(listen_err)?;
-        ferry_sys::bind_unix(listener.as_fd(), &cfg.socket_path).map_err(listen_err)?;
-        ferry_sys::listen(listener.as_fd(), 128).map_err(listen_err)?;
-        // Every user inside the sandbox may connect (servers drop privileges); who is
-        // inside is checked per connection (`restrict_to_pidns`).
-        ferry_sys::chmod(&cfg.socket_path, 0o666).map_err(listen_err)?;
-        epoll
-            .add(listener.as_fd(), libc::EPOLLIN as u32, token(T_LISTEN, 0))
-            .map_err(Error::EventLoop)?;
-        Ok(listener)
     }
 
     /// Starts the DNS forwarder (see [`crate::dns`]): `listen` are the nameserver
@@ -331,7 +309,7 @@ impl Server {
             }
             if self.stats.turns.is_multiple_of(64) {
                 self.publish_live();
-                self.expire_hellos();
+                self.control.expire(&self.epoll);
             }
             let busy = did > 0 || last_work.elapsed() < self.cfg.server_spin;
             self.wait_events(busy, &mut events);
@@ -377,10 +355,10 @@ impl Server {
             // S1's flush on a maximum delay: a shim may hold back its doorbell, so
             // never sleep longer than the delay it was promised.
             self.epoll.wait_for(self.cfg.batch_delay, events)
-        } else if timeout < 0 && (!self.pending_hello.is_empty() || self.published.unserved()) {
+        } else if timeout < 0 && (self.control.waiting() || self.published.unserved()) {
             // A connection that never says Hello is closed in time; so is one to a
             // published port nothing in the sandbox serves.
-            self.expire_hellos();
+            self.control.expire(&self.epoll);
             self.published.expire_unserved(&self.shared);
             self.epoll.wait_for(HELLO_TIMEOUT / 2, events)
         } else {
@@ -571,7 +549,7 @@ impl Server {
                 self.stats.closed_socket(s.stats);
             }
         }
-        if self.listener.is_some() {
+        if self.control.bound() {
             let _ = std::fs::remove_file(&self.cfg.socket_path);
         }
         info!("{} stopped", self.stats.id);
@@ -582,6 +560,7 @@ impl Server {
             d.count_into(&mut self.stats);
         }
         self.published.count_into(&mut self.stats);
+        self.control.count_into(&mut self.stats);
         let socks: Vec<_> = self.socks.values().map(|s| s.stats).collect();
         self.stats.sockets.extend(socks);
         self.stats.sockets.sort_by_key(|s| s.id);

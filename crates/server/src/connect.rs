@@ -161,7 +161,7 @@ impl Server {
     }
 
     pub(crate) fn accept(&mut self, ch: u32, id: u32, nonblock: bool) {
-        let Some(s) = self.sock(id) else {
+        let Some(s) = self.socks.get_mut(&id) else {
             self.ctl_reply(ch, Server::new_reply(Errno(libc::EBADF)));
             return;
         };
@@ -296,7 +296,7 @@ impl Server {
         if let Some(p) = peer {
             r.addr_len = u32::try_from(WireAddr::from(p).encode(&mut r.addr)).unwrap_or(0);
         }
-        if let Some(s) = self.sock(listener) {
+        if let Some(s) = self.socks.get_mut(&listener) {
             s.stats.calls += 1;
         }
         r.c = self.drain_if_empty(listener);
@@ -379,7 +379,7 @@ impl Server {
         }
         self.replace_host_fd(id, fd, Place::Host)
             .map_err(|e| Errno::of(&e))?;
-        let s = self.sock(id).ok_or(Errno(libc::EBADF))?;
+        let s = self.socks.get_mut(&id).ok_or(Errno(libc::EBADF))?;
         s.bound_wild = None;
         if !s.is_stream() && asked != 0 && kept {
             s.contacted = Some(Vec::new());
@@ -411,7 +411,7 @@ impl Server {
                 .map_err(|e| Errno::of(&e))?;
             self.replace_host_fd(id, fd, Place::Sandbox)
                 .map_err(|e| Errno::of(&e))?;
-        } else if let Some(s) = self.sock(id) {
+        } else if let Some(s) = self.socks.get_mut(&id) {
             s.place = Place::Host;
         }
         Ok(())
@@ -503,7 +503,7 @@ impl Server {
             self.move_to_host(id)?;
         }
         self.place_for(id, local)?;
-        if let Some(c) = self.sock(id).and_then(|s| s.contacted.as_mut()) {
+        if let Some(c) = self.socks.get_mut(&id).and_then(|s| s.contacted.as_mut()) {
             remember(c, to);
         }
         Ok(())
@@ -513,7 +513,7 @@ impl Server {
     /// no route out, and an egress bond picks the source.
     fn route_connect(&mut self, id: u32, addr: WireAddr) -> Result<(), Errno> {
         self.route_to(id, addr, What::Connect)?;
-        let s = self.sock(id).ok_or(Errno(libc::EBADF))?;
+        let s = self.socks.get_mut(&id).ok_or(Errno(libc::EBADF))?;
         if s.place == Place::Sandbox
             && !reach::is_local(addr.to_std().ip())
             && s.ty == libc::SOCK_STREAM
@@ -596,7 +596,7 @@ impl Server {
         }
         self.place_for(id, local)?;
         let wild = WireAddr::from(addr).is_unspecified().then_some(addr.port());
-        let s = self.sock(id).ok_or(Errno(libc::EBADF))?;
+        let s = self.socks.get_mut(&id).ok_or(Errno(libc::EBADF))?;
         match io.bind(s.fd.as_fd(), &addr) {
             Ok(()) => {
                 s.bound_wild = wild;
@@ -605,7 +605,7 @@ impl Server {
             Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) && self.reap_closed() > 0 => {
                 // A socket the sandbox already closed may still hold the port: the hang-up
                 // of its readiness pair was not processed yet. Now it is; try again.
-                let s = self.sock(id).ok_or(Errno(libc::EBADF))?;
+                let s = self.socks.get_mut(&id).ok_or(Errno(libc::EBADF))?;
                 io.bind(s.fd.as_fd(), &addr).map_err(|e| Errno::of(&e))
             }
             Err(e) => Err(Errno::of(&e)),
@@ -642,7 +642,7 @@ impl Server {
         }
         self.place_for(id, true)?;
         let shared = self.shared.clone();
-        let s = self.sock(id).ok_or(Errno(libc::EBADF))?;
+        let s = self.socks.get_mut(&id).ok_or(Errno(libc::EBADF))?;
         match io.listen(s.fd.as_fd(), backlog) {
             Ok(()) => {
                 if !s.listening()

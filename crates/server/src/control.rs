@@ -464,13 +464,7 @@ impl Server {
                 self.drain_filler(id);
             }
             // Parked operations of this channel have nobody to answer any more.
-            for s in self.socks.values_mut() {
-                let before = s.parked.len();
-                s.parked.retain(|p| p.owner().0 != idx);
-                if s.app_closed && s.parked.len() != before {
-                    self.dirty.push(s.id);
-                }
-            }
+            self.socks.drop_parked_of(idx);
             // A process that died holding a detached socket closed no descriptor the
             // server could hear of: its channels going is the sign to ask.
             let detached: Vec<u32> = self

@@ -800,7 +800,7 @@ impl Server {
             let _ = self.io.shutdown(s.fd.as_fd(), libc::SHUT_WR);
         }
         if s.app_closed {
-            self.dirty.push(id);
+            self.socks.mark_dirty(id);
         }
         true
     }
@@ -866,7 +866,7 @@ impl Server {
             );
         }
         if self.socks.get(&id).is_some_and(|s| s.app_closed) {
-            self.dirty.push(id);
+            self.socks.mark_dirty(id);
         }
     }
 

@@ -213,7 +213,7 @@ impl Server {
             _ => {}
         }
         let id = call.sock();
-        if !self.socks.contains_key(&id) && ferry_proto::server_of(id) == self.index {
+        if !self.socks.contains(id) && ferry_proto::server_of(id) == self.index {
             // Handed over by another server, maybe not taken yet.
             self.drain_inbox();
         }
@@ -259,7 +259,7 @@ impl Server {
             self.done(ch, id, call.tag(), Errno(libc::EBADF));
             return Ok(());
         }
-        let Some(s) = self.sock(id) else {
+        let Some(s) = self.socks.get_mut(&id) else {
             self.done(ch, id, call.tag(), Errno(libc::EBADF));
             return Ok(());
         };
@@ -354,7 +354,7 @@ impl Server {
     /// count): socket `id`'s token is wanted and not in the pair; one is written if the
     /// host socket is readable (see [`Token`]).
     fn token_moves(&mut self, id: u32, from: Token) {
-        if let Some(s) = self.sock(id)
+        if let Some(s) = self.socks.get_mut(&id)
             && std::mem::discriminant(&s.token) == std::mem::discriminant(&from)
         {
             s.token = Token::Wanted;
@@ -365,7 +365,7 @@ impl Server {
     /// `Cancel`: the shim gave up the request `parked` of channel `ch` waits on socket
     /// `id` for (a signal, a timeout); it is answered `EINTR` if it still waits.
     fn cancel(&mut self, ch: u32, id: u32, parked: u32) {
-        if let Some(p) = self.unpark(id, |p| p.owner() == (ch, parked)) {
+        if let Some(p) = self.socks.unpark(id, |p| p.owner() == (ch, parked)) {
             debug!("socket {id}: cancelled {p:?}");
             self.done(ch, id, parked, Errno(libc::EINTR));
         }
@@ -443,7 +443,6 @@ impl Server {
         let fenced = !fence.is_clear();
         if fenced {
             s.fence = fence;
-            self.dirty.push(id);
         }
         let writes_wait = !s.txq.is_empty() || s.pair_in_wait || module || fenced;
         let res = if (how == libc::SHUT_WR || how == libc::SHUT_RDWR) && writes_wait {
@@ -456,6 +455,9 @@ impl Server {
         } else {
             shut(how)
         };
+        if fenced {
+            self.socks.mark_dirty(id);
+        }
         self.done(ch, id, tag, res);
         if module {
             self.flush_tx(id);

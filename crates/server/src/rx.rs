@@ -383,7 +383,7 @@ impl Server {
 
     /// Whether the shim should drain its token now (1) or not (0).
     pub(crate) fn drain_token(&mut self, id: u32) -> i32 {
-        match self.sock(id) {
+        match self.socks.get_mut(&id) {
             Some(s) if s.token_out() => 1,
             _ => 0,
         }
@@ -592,7 +592,7 @@ impl Server {
         self.mirror_hup(id);
         self.maybe_token_known(id, fresh_input);
         if self.socks.get(&id).is_some_and(|s| s.app_closed) {
-            self.dirty.push(id);
+            self.socks.mark_dirty(id);
         }
     }
 
@@ -681,7 +681,7 @@ impl Server {
     /// bound), so it is closed.
     pub(crate) fn park(&mut self, id: u32, p: Parked) {
         let ch = p.owner().0;
-        let Some(s) = self.sock(id) else {
+        let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
         if s.parked.iter().filter(|q| q.owner().0 == ch).count() >= MAX_PARKED_PER_CHANNEL {
@@ -692,7 +692,7 @@ impl Server {
     }
 
     fn park_front(&mut self, id: u32, p: Parked) {
-        if let Some(s) = self.sock(id) {
+        if let Some(s) = self.socks.get_mut(&id) {
             s.parked.push_front(p);
         }
     }

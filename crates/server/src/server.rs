@@ -6,7 +6,6 @@
 //! `tx.rs`, `rx.rs`); see docs/DESIGN.md, "Server core". Must not: hold socket logic of
 //! its own, or block anywhere but in its epoll wait.
 
-use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
@@ -22,8 +21,8 @@ use crate::control::ControlConns;
 use crate::group::{Handle, Msg, Shared, server_name};
 use crate::published::PublishedPorts;
 use crate::seam::Io;
-use crate::sock::{Parked, Sock};
 use crate::stats::ServerStats;
+use crate::table::SockTable;
 use crate::{Config, Error, LogThrottle, SandboxSocketFn};
 
 /// Epoll token kinds (top byte of the token; the low 32 bits carry an index).
@@ -74,25 +73,19 @@ pub struct Server {
     /// The control socket and connections waiting for their Hello (`control.rs`).
     pub(crate) control: ControlConns,
     pub(crate) channels: Channels,
-    pub(crate) socks: HashMap<u32, Sock>,
+    /// The sockets, and the work noticed on them for later in the turn (`table.rs`).
+    pub(crate) socks: SockTable,
     /// Published ports (host listeners: the first server only); the accepted
     /// connections wait in [`Shared::published`].
     pub(crate) published: PublishedPorts,
     pub(crate) stats: ServerStats,
-    /// Sockets whose state changed this turn (closing, tokens).
-    pub(crate) dirty: Vec<u32>,
     /// `epoll_wait` calls returned so far: orders host events against receives (see
     /// `Sock::recv_mark`).
     pub(crate) waits: u64,
     /// `rx_pair`: where host bytes land on their way into a pair.
     pub(crate) rx: crate::rx::RxScratch,
-    /// Sockets with sends queued during this pass of the rings.
-    pub(crate) tx_pending: Vec<u32>,
     /// The sandbox's DNS forwarder, when enabled.
     pub(crate) dns: Option<crate::dns::Dns>,
-    /// Sockets whose program-written pair bytes wait for this pass over the rings
-    /// (see `Server::pair_input`).
-    pub(crate) pair_resume: Vec<u32>,
     /// Data-path modules bound to sockets (`modules.rs`).
     pub(crate) modules: crate::modules::Modules,
     /// An unbound unix socket of the server's namespace: binding it to a pair's name
@@ -196,15 +189,12 @@ impl Server {
             epoll,
             control,
             channels: Channels::default(),
-            socks: HashMap::new(),
+            socks: SockTable::default(),
             published,
             stats,
-            dirty: Vec::new(),
             waits: 0,
             rx: Default::default(),
-            tx_pending: Vec::new(),
             dns: None,
-            pair_resume: Vec::new(),
             modules,
             name_probe: None,
             host_addrs: Default::default(),
@@ -380,7 +370,7 @@ impl Server {
             }
         }
         self.flush_pending();
-        for id in std::mem::take(&mut self.pair_resume) {
+        for id in self.socks.take_pair_resume() {
             self.pair_input(id);
         }
         total
@@ -502,11 +492,7 @@ impl Server {
     /// Copies this server's counters where the assigner and `ferry ctl` read them.
     fn publish_live(&self) {
         let live = &self.shared.live[self.index];
-        let outstanding: usize = self
-            .socks
-            .values()
-            .map(|s| s.parked.len() + s.txq.len())
-            .sum();
+        let outstanding = self.socks.outstanding();
         let set = |a: &std::sync::atomic::AtomicU64, v: u64| a.store(v, Ordering::Relaxed);
         set(&live.outstanding, outstanding as u64);
         set(&live.sockets, self.socks.len() as u64);
@@ -526,15 +512,9 @@ impl Server {
         self.stats.open_at_stop = self.socks.len() as u64;
         // Push out what the sandbox queued before it went away, briefly.
         let deadline = Instant::now() + std::time::Duration::from_millis(500);
-        while Instant::now() < deadline
-            && (self
-                .socks
-                .values()
-                .any(|s| !s.txq.is_empty() || s.pair_in_wait)
-                || self.modules.busy())
-        {
+        while Instant::now() < deadline && (self.socks.sending() || self.modules.busy()) {
             self.drain_rings();
-            let ids: Vec<u32> = self.socks.keys().copied().collect();
+            let ids = self.socks.ids();
             for id in ids {
                 self.flush_tx(id);
             }
@@ -637,10 +617,6 @@ impl Server {
         self.channels.get_mut(ch)
     }
 
-    pub(crate) fn sock(&mut self, id: u32) -> Option<&mut Sock> {
-        self.socks.get_mut(&id)
-    }
-
     /// Answers a control request with a reply message and the program's end of a new
     /// socket's pair. A reply that cannot be sent loses the descriptor: the program's
     /// end is then closed, and the socket goes with it as any closed socket does.
@@ -668,12 +644,5 @@ impl Server {
             result: result.into().0,
             ..Ctl::new(CtlKind::Reply, 0)
         }
-    }
-
-    /// Takes the first parked operation matching `pred`.
-    pub(crate) fn unpark(&mut self, id: u32, pred: impl Fn(&Parked) -> bool) -> Option<Parked> {
-        let s = self.socks.get_mut(&id)?;
-        let i = s.parked.iter().position(pred)?;
-        s.parked.remove(i)
     }
 }

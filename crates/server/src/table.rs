@@ -4,6 +4,7 @@
 //! descriptor (the pair's hang-up, its name), and closing what is done. Must not: answer
 //! requests (`ops.rs`) or move data (`tx.rs`, `rx.rs`).
 
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 
@@ -13,7 +14,116 @@ use crate::group::Msg;
 use crate::ops::Errno;
 use crate::recv_side::RecvSide;
 use crate::server::{Server, T_HOST, T_PAIR, host_events, pair_events, token};
-use crate::sock::{Conn, NewPair, Owner, PairEnd, Place, Sock};
+use crate::sock::{Conn, NewPair, Owner, PairEnd, Parked, Place, Sock};
+
+/// A server's sockets, by id, and the work noticed on them for later in the turn:
+/// sockets whose state changed (closing, a fence to pass: `settle_dirty`), sockets
+/// with sends queued during this pass of the rings (`flush_pending`), and sockets
+/// whose program-written pair bytes wait for the end of the pass (`pair_input`).
+/// Each list holds ids only; a socket gone meanwhile is skipped.
+#[derive(Debug, Default)]
+pub(crate) struct SockTable {
+    socks: HashMap<u32, Sock>,
+    dirty: Vec<u32>,
+    tx_pending: Vec<u32>,
+    pair_resume: Vec<u32>,
+}
+
+impl SockTable {
+    pub(crate) fn get(&self, id: &u32) -> Option<&Sock> {
+        self.socks.get(id)
+    }
+
+    pub(crate) fn get_mut(&mut self, id: &u32) -> Option<&mut Sock> {
+        self.socks.get_mut(id)
+    }
+
+    pub(crate) fn contains(&self, id: u32) -> bool {
+        self.socks.contains_key(&id)
+    }
+
+    pub(crate) fn insert(&mut self, sock: Sock) {
+        self.socks.insert(sock.id, sock);
+    }
+
+    pub(crate) fn remove(&mut self, id: &u32) -> Option<Sock> {
+        self.socks.remove(id)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.socks.len()
+    }
+
+    pub(crate) fn values(&self) -> impl Iterator<Item = &Sock> {
+        self.socks.values()
+    }
+
+    /// The ids of every socket, in no order.
+    pub(crate) fn ids(&self) -> Vec<u32> {
+        self.socks.keys().copied().collect()
+    }
+
+    /// Operations waiting for their host sockets: parked ones and queued sends.
+    pub(crate) fn outstanding(&self) -> usize {
+        self.socks
+            .values()
+            .map(|s| s.parked.len() + s.txq.len())
+            .sum()
+    }
+
+    /// Some socket still has bytes of the program's to send.
+    pub(crate) fn sending(&self) -> bool {
+        self.socks
+            .values()
+            .any(|s| !s.txq.is_empty() || s.pair_in_wait)
+    }
+
+    /// Socket `id`'s state changed: `settle_dirty` looks at it this turn.
+    pub(crate) fn mark_dirty(&mut self, id: u32) {
+        self.dirty.push(id);
+    }
+
+    pub(crate) fn take_dirty(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.dirty)
+    }
+
+    /// Socket `id` has sends queued in this pass of the rings.
+    pub(crate) fn queue_tx(&mut self, id: u32) {
+        self.tx_pending.push(id);
+    }
+
+    pub(crate) fn take_tx_pending(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.tx_pending)
+    }
+
+    /// Socket `id`'s pair bytes go out at the end of this pass of the rings.
+    pub(crate) fn resume_pair_input(&mut self, id: u32) {
+        self.pair_resume.push(id);
+    }
+
+    pub(crate) fn take_pair_resume(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.pair_resume)
+    }
+
+    /// Channel `ch` closed: its parked operations have nobody to answer any more (a
+    /// closed socket that waited only for them can go).
+    pub(crate) fn drop_parked_of(&mut self, ch: u32) {
+        for s in self.socks.values_mut() {
+            let before = s.parked.len();
+            s.parked.retain(|p| p.owner().0 != ch);
+            if s.app_closed && s.parked.len() != before {
+                self.dirty.push(s.id);
+            }
+        }
+    }
+
+    /// Takes socket `id`'s first parked operation matching `pred`.
+    pub(crate) fn unpark(&mut self, id: u32, pred: impl Fn(&Parked) -> bool) -> Option<Parked> {
+        let s = self.socks.get_mut(&id)?;
+        let i = s.parked.iter().position(pred)?;
+        s.parked.remove(i)
+    }
+}
 
 impl Server {
     /// A new socket served by server `server` (not registered anywhere yet), made by or
@@ -84,7 +194,7 @@ impl Server {
             let _ = self.epoll.delete(sock.fd.as_fd());
             return Err(e);
         }
-        self.socks.insert(id, sock);
+        self.socks.insert(sock);
         Ok(())
     }
 
@@ -263,7 +373,7 @@ impl Server {
             }
         }
         let _ = self.epoll.delete(s.pair.as_fd());
-        self.dirty.push(id);
+        self.socks.mark_dirty(id);
         if !reset {
             // What the program wrote into its end before closing it still goes out.
             self.pair_input(id);
@@ -275,7 +385,7 @@ impl Server {
     /// `shutdown` waited for other threads' sends. A socket whose fence other channels
     /// have not passed yet is looked at again after the next pass over the rings.
     pub(crate) fn settle_dirty(&mut self) {
-        let dirty = std::mem::take(&mut self.dirty);
+        let dirty = self.socks.take_dirty();
         let mut fenced = Vec::new();
         for id in dirty {
             let Some(s) = self.socks.get_mut(&id) else {
@@ -313,6 +423,8 @@ impl Server {
                 debug!("socket {id}: closed");
             }
         }
-        self.dirty.extend(fenced);
+        for id in fenced {
+            self.socks.mark_dirty(id);
+        }
     }
 }

@@ -817,7 +817,7 @@ impl Harness {
 
     /// The ids of the sockets the server has now, in order.
     pub fn sockets(&self) -> Vec<u32> {
-        let mut ids: Vec<u32> = self.srv.socks.keys().copied().collect();
+        let mut ids: Vec<u32> = self.srv.socks.ids();
         ids.sort_unstable();
         ids
     }
@@ -997,7 +997,7 @@ impl Harness {
 
     /// Whether the server still has socket `id`.
     pub fn has_socket(&self, id: u32) -> bool {
-        self.srv.socks.contains_key(&id)
+        self.srv.socks.contains(id)
     }
 
     /// Bytes arrive on `id`'s host socket (no event yet).

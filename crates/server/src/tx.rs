@@ -182,7 +182,7 @@ impl Server {
         });
         if s.txq.len() == 1 {
             // Sent once the rings are drained: every send of this turn in one call.
-            self.tx_pending.push(id);
+            self.socks.queue_tx(id);
         }
         Ok(())
     }
@@ -225,7 +225,7 @@ impl Server {
     /// Sends what the sockets queued during this pass of the rings (S1 on the host
     /// side: one vectored call per socket rather than one per record).
     pub(crate) fn flush_pending(&mut self) {
-        for id in std::mem::take(&mut self.tx_pending) {
+        for id in self.socks.take_tx_pending() {
             self.flush_tx(id);
         }
     }
@@ -311,7 +311,7 @@ impl Server {
         }
         if !s.fence.is_clear() {
             // Another thread's sends are still in its ring: `settle_dirty` comes back.
-            self.dirty.push(id);
+            self.socks.mark_dirty(id);
             return;
         }
         if s.shut_wr_pending {
@@ -319,7 +319,7 @@ impl Server {
             let _ = io.shutdown(s.fd.as_fd(), libc::SHUT_WR);
         }
         if s.app_closed {
-            self.dirty.push(id);
+            self.socks.mark_dirty(id);
         }
     }
 
@@ -367,7 +367,7 @@ impl Server {
             // rings).
             if self.channels.rings_pending() {
                 s.pair_in_wait = true;
-                self.pair_resume.push(id);
+                self.socks.resume_pair_input(id);
                 return;
             }
             let (sent, all) = forward_program_bytes(io, s, &mut buf[..n]);

@@ -62,7 +62,7 @@
 //! The server makes every readiness pair and keeps its end to itself (non-blocking, never
 //! in the sandbox), names the program's end in its own network namespace, and answers a
 //! request about a socket only for a process that made, accepted or claimed it
-//! (`CtlKind::Claim`, the descriptor as proof; `Sock::holders`). Every queue a channel
+//! (`CtlKind::Claim`, the descriptor as proof; `sock::Holders`). Every queue a channel
 //! can fill is bounded: completions by back-pressure (the channel is not read while they
 //! back up), parked requests per channel and socket, control connections waiting for
 //! their Hello (2 s, 64 at most), channels and sockets per sandbox

@@ -158,7 +158,7 @@ impl Server {
         let (Some(c), Some(s)) = (self.chan(ch), self.socks.get(&id)) else {
             return true;
         };
-        s.held_by(c.owner)
+        s.holders.contains(c.owner)
     }
 
     /// `CtlKind::Claim`: channel `ch`'s process shows `fd` to prove it holds socket `id`.
@@ -199,7 +199,7 @@ impl Server {
             self.stats.denied += 1;
             return Err(Errno(libc::EBADF));
         }
-        s.add_holder(owner);
+        s.holders.add(owner);
         Ok(())
     }
 

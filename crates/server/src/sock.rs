@@ -34,6 +34,49 @@ impl Owner {
 /// The abstract name of a pair's program end (`ferry_proto::pair_name`).
 pub(crate) type PairName = ([u8; ferry_proto::PAIR_NAME_MAX], usize);
 
+/// The processes that may act on a socket: the one that made or accepted it, and
+/// those that proved they hold it (`CtlKind::Claim`). Dead ones are pruned when the
+/// list has doubled since the last look (so a socket inherited by many short-lived
+/// children stays small, at amortised cost).
+#[derive(Debug)]
+pub(crate) struct Holders {
+    list: Vec<Owner>,
+    /// The length at which the list is pruned next.
+    prune_at: usize,
+}
+
+impl Holders {
+    /// A socket made or accepted by `first`.
+    pub(crate) fn new(first: Owner) -> Holders {
+        Holders {
+            list: vec![first],
+            prune_at: 8,
+        }
+    }
+
+    /// Whether `owner` may act on the socket.
+    pub(crate) fn contains(&self, owner: Owner) -> bool {
+        self.list.contains(&owner)
+    }
+
+    /// Adds `owner` (a process that proved it holds the socket).
+    pub(crate) fn add(&mut self, owner: Owner) {
+        self.add_pruning(owner, Owner::alive);
+    }
+
+    /// [`Holders::add`], with `alive` telling which holders still run.
+    fn add_pruning(&mut self, owner: Owner, alive: impl Fn(&Owner) -> bool) {
+        if self.contains(owner) {
+            return;
+        }
+        if self.list.len() >= self.prune_at {
+            self.list.retain(alive);
+            self.prune_at = (self.list.len() * 2).max(8);
+        }
+        self.list.push(owner);
+    }
+}
+
 /// A new readiness pair made by the server: its own end (non-blocking, never shared),
 /// the program's end, and the name the program's end is bound to, in the server's own
 /// network namespace (where the sandbox cannot bind: nobody there can take or fake it).
@@ -195,11 +238,8 @@ pub(crate) struct Sock {
     pub pair: OwnedFd,
     /// The abstract name of the pair's program end (in the server's namespace).
     pub name: PairName,
-    /// The processes that may act on this socket: the one that made or accepted it, and
-    /// those that proved they hold it (`CtlKind::Claim`). Dead ones are pruned when the
-    /// list reaches `prune_at`.
-    pub holders: Vec<Owner>,
-    pub prune_at: usize,
+    /// The processes that may act on this socket.
+    pub holders: Holders,
     /// Options set (the last value of each), replayed when the socket moves.
     pub opts: Vec<(i32, i32, Vec<u8>)>,
     /// The port of the program's bind to the wildcard address (0.0.0.0 or ::), which put
@@ -262,25 +302,6 @@ impl Drop for Sock {
 }
 
 impl Sock {
-    /// Whether `owner` may act on this socket.
-    pub(crate) fn held_by(&self, owner: Owner) -> bool {
-        self.holders.contains(&owner)
-    }
-
-    /// Adds `owner` to the processes that may act on this socket; first drops those
-    /// that have exited when the list has doubled since the last look (so a socket
-    /// inherited by many short-lived children stays small, at amortised cost).
-    pub(crate) fn add_holder(&mut self, owner: Owner) {
-        if self.held_by(owner) {
-            return;
-        }
-        if self.holders.len() >= self.prune_at {
-            self.holders.retain(Owner::alive);
-            self.prune_at = (self.holders.len() * 2).max(8);
-        }
-        self.holders.push(owner);
-    }
-
     /// How many queued sends go out in the next call. S1 on the server side:
     /// consecutive stream sends go in one vectored call (a datagram is always one call
     /// of its own). Urgent data ends a batch: `MSG_OOB` marks the last byte of the call
@@ -414,5 +435,47 @@ impl Sock {
     /// `Server::mirror_hup`).
     pub(crate) fn hup_to_mirror(&self) -> bool {
         self.rx.hup_due() && self.pair_end == PairEnd::Eof && !self.app_closed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner(pid: i32) -> Owner {
+        Owner { pid, start: 1 }
+    }
+
+    #[test]
+    fn holders_of_a_socket_inherited_by_many_short_lived_children_stay_few() {
+        let mut h = Holders::new(owner(1));
+        // Children that have all exited by the time the list is pruned, but the first.
+        for pid in 2..1000 {
+            h.add_pruning(owner(pid), |o| o.pid == 1);
+            assert!(
+                h.list.len() <= 9,
+                "{} holders after pid {pid}",
+                h.list.len()
+            );
+        }
+        assert!(h.contains(owner(1)), "the live holder is kept");
+        assert!(h.contains(owner(999)), "the newest holder is added");
+        assert!(!h.contains(owner(2)), "an exited holder is pruned");
+    }
+
+    #[test]
+    fn live_holders_are_never_pruned_and_the_list_grows_by_doubling() {
+        let mut h = Holders::new(owner(1));
+        for pid in 2..=40 {
+            h.add_pruning(owner(pid), |_| true);
+        }
+        assert_eq!(h.list.len(), 40);
+        assert!((1..=40).all(|p| h.contains(owner(p))));
+        // The same process again is not a second holder; one of the same pid but
+        // another start time (the pid used again) is another process.
+        h.add_pruning(owner(7), |_| true);
+        assert_eq!(h.list.len(), 40);
+        assert!(!h.contains(Owner { pid: 7, start: 2 }));
+        assert!(h.prune_at > 40 && h.prune_at <= 2 * 40);
     }
 }

@@ -481,3 +481,84 @@ impl Server {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+    use std::time::Duration;
+
+    use super::*;
+
+    fn owner(pid: i32) -> Owner {
+        Owner { pid, start: 1 }
+    }
+
+    /// A connection of `who` waiting for its Hello since `ago`; the peer end beside it.
+    fn wait(c: &mut ControlConns, epoll: &Epoll, who: Owner, ago: Duration) -> UnixStream {
+        let (ours, theirs) = UnixStream::pair().expect("socketpair");
+        c.wait_for_hello(ours.into(), who, epoll);
+        let n = c.next - 1;
+        c.pending.get_mut(&n).expect("waiting").2 = Instant::now() - ago;
+        theirs
+    }
+
+    #[test]
+    fn a_connection_is_refused_at_the_channel_cap_counting_those_waiting() {
+        let epoll = Epoll::new(8).expect("epoll");
+        let mut c = ControlConns::default();
+        assert_eq!(c.admit(owner(1), 3, 4), Admit::Yes);
+        let _peer = wait(&mut c, &epoll, owner(1), Duration::ZERO);
+        assert_eq!(
+            c.admit(owner(1), 3, 4),
+            Admit::Refused,
+            "3 open + 1 waiting"
+        );
+        assert_eq!(c.admit(owner(1), 2, 4), Admit::Yes);
+        let mut stats = ServerStats::default();
+        c.count_into(&mut stats);
+        assert_eq!(stats.channels_refused, 1);
+    }
+
+    #[test]
+    fn a_flood_of_silent_connections_evicts_its_own_oldest_not_a_shims() {
+        let epoll = Epoll::new(8).expect("epoll");
+        let mut c = ControlConns::default();
+        let mut peers = vec![wait(&mut c, &epoll, owner(7), Duration::from_millis(900))];
+        for i in 1..MAX_PENDING_HELLO {
+            let ago = Duration::from_millis(800 - i as u64);
+            peers.push(wait(&mut c, &epoll, owner(66), ago));
+        }
+        assert_eq!(c.admit(owner(66), 0, 1000), Admit::Crowded);
+        c.make_room(&epoll);
+        assert_eq!(c.pending.len(), MAX_PENDING_HELLO - 1);
+        assert!(
+            c.pending.contains_key(&0),
+            "the shim's older connection stays"
+        );
+        assert!(!c.pending.contains_key(&1), "the flood's oldest went");
+        assert_eq!(c.admit(owner(66), 0, 1000), Admit::Yes);
+    }
+
+    #[test]
+    fn only_connections_whose_hello_came_are_ready_and_late_ones_expire() {
+        let epoll = Epoll::new(8).expect("epoll");
+        let mut c = ControlConns::default();
+        let mut said = wait(&mut c, &epoll, owner(1), Duration::ZERO);
+        let _silent = wait(&mut c, &epoll, owner(1), Duration::ZERO);
+        let _late = wait(
+            &mut c,
+            &epoll,
+            owner(2),
+            HELLO_TIMEOUT + Duration::from_millis(1),
+        );
+        said.write_all(b"hello").expect("write");
+        assert_eq!(c.ready(), [0]);
+        c.expire(&epoll);
+        assert!(c.waiting());
+        assert_eq!(c.pending.len(), 2);
+        assert!(!c.pending.contains_key(&2), "the late one is closed");
+        assert!(c.take(0, &epoll).is_some());
+        assert!(c.take(0, &epoll).is_none(), "taken once");
+    }
+}

@@ -302,6 +302,55 @@ impl Drop for Sock {
 }
 
 impl Sock {
+    /// A new socket `id` made by or for `owner`: `kind` is (domain, type, protocol),
+    /// `fd` its host socket, placed at `place`; `pair` our end of its readiness pair and
+    /// the program end's name. Unconnected, on the ring path.
+    pub(crate) fn new(
+        id: u32,
+        kind: (i32, i32, i32),
+        fd: OwnedFd,
+        place: Place,
+        (pair, name): (OwnedFd, PairName),
+        owner: Owner,
+    ) -> Sock {
+        let (domain, ty, protocol) = kind;
+        Sock {
+            id,
+            domain,
+            ty,
+            protocol,
+            fd,
+            place,
+            pair,
+            name,
+            holders: Holders::new(owner),
+            opts: Vec::new(),
+            bound_wild: None,
+            contacted: None,
+            token: Token::Unwanted,
+            pair_end: PairEnd::Open,
+            rx: RecvSide::new(),
+            parked: Default::default(),
+            txq: Default::default(),
+            conn: Conn::Idle,
+            so_error: 0,
+            app_closed: false,
+            shut_wr_pending: false,
+            fence: Default::default(),
+            hup_reported: false,
+            published_listener: None,
+            pair_in_wait: false,
+            pair_reset: false,
+            filler_due: false,
+            last_ch: 0,
+            stats: crate::SocketStats {
+                id,
+                ..Default::default()
+            },
+            egress: None,
+        }
+    }
+
     /// How many queued sends go out in the next call. S1 on the server side:
     /// consecutive stream sends go in one vectored call (a datagram is always one call
     /// of its own). Urgent data ends a batch: `MSG_OOB` marks the last byte of the call

@@ -12,7 +12,6 @@ use tracing::{debug, warn};
 
 use crate::group::Msg;
 use crate::ops::Errno;
-use crate::recv_side::RecvSide;
 use crate::server::{Server, T_HOST, T_PAIR, host_events, pair_events, token};
 use crate::sock::{Conn, NewPair, Owner, PairEnd, Parked, Place, Sock};
 
@@ -138,44 +137,9 @@ impl Server {
         place: Place,
         owner: Owner,
     ) -> io::Result<(Sock, OwnedFd)> {
-        let (domain, ty, protocol) = kind;
         let id = self.shared.new_id(server);
         let NewPair { ours, theirs, name } = self.io.new_pair(id)?;
-        let sock = Sock {
-            id,
-            domain,
-            ty,
-            protocol,
-            fd,
-            place,
-            pair: ours,
-            name,
-            holders: crate::sock::Holders::new(owner),
-            opts: Vec::new(),
-            bound_wild: None,
-            contacted: None,
-            token: crate::sock::Token::Unwanted,
-            pair_end: crate::sock::PairEnd::Open,
-            rx: RecvSide::new(),
-            parked: Default::default(),
-            txq: Default::default(),
-            conn: crate::sock::Conn::Idle,
-            so_error: 0,
-            app_closed: false,
-            shut_wr_pending: false,
-            fence: Default::default(),
-            hup_reported: false,
-            published_listener: None,
-            pair_in_wait: false,
-            pair_reset: false,
-            filler_due: false,
-            last_ch: 0,
-            stats: crate::SocketStats {
-                id,
-                ..Default::default()
-            },
-            egress: None,
-        };
+        let sock = Sock::new(id, kind, fd, place, (ours, name), owner);
         Ok((sock, theirs))
     }
 
@@ -425,5 +389,112 @@ impl Server {
         for id in fenced {
             self.socks.mark_dirty(id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::net::UnixStream;
+
+    use super::*;
+
+    fn sock(id: u32) -> Sock {
+        let (a, b) = UnixStream::pair().expect("socketpair");
+        let owner = Owner { pid: 1, start: 1 };
+        let kind = (libc::AF_INET, libc::SOCK_STREAM, 0);
+        Sock::new(
+            id,
+            kind,
+            a.into(),
+            Place::Host,
+            (b.into(), ([0; ferry_proto::PAIR_NAME_MAX], 0)),
+            owner,
+        )
+    }
+
+    fn recv(ch: u32, tag: u32) -> Parked {
+        Parked::Recv {
+            ch,
+            tag,
+            len: 1,
+            flags: 0,
+        }
+    }
+
+    #[test]
+    fn a_closed_channels_parked_operations_go_and_only_closed_sockets_settle() {
+        let mut t = SockTable::default();
+        let (mut closed, mut open) = (sock(1), sock(2));
+        closed.app_closed = true;
+        closed
+            .parked
+            .extend([recv(1, 10), recv(2, 20), recv(1, 11)]);
+        open.parked.extend([recv(1, 30)]);
+        t.insert(closed);
+        t.insert(open);
+        let untouched = sock(3);
+        t.insert(untouched);
+        assert_eq!(t.outstanding(), 4);
+        t.drop_parked_of(1);
+        assert_eq!(t.outstanding(), 1);
+        let left: Vec<_> = t
+            .get(&1)
+            .unwrap()
+            .parked
+            .iter()
+            .map(Parked::owner)
+            .collect();
+        assert_eq!(left, [(2, 20)], "the other channel's operation stays");
+        assert!(t.get(&2).unwrap().parked.is_empty());
+        assert_eq!(
+            t.take_dirty(),
+            [1],
+            "only the closed socket that lost some settles"
+        );
+        assert!(t.take_dirty().is_empty(), "taken once");
+    }
+
+    #[test]
+    fn unpark_takes_the_first_match_and_keeps_the_rest_in_order() {
+        let mut t = SockTable::default();
+        let mut s = sock(5);
+        s.parked.extend([
+            recv(1, 1),
+            Parked::Connect { ch: 1, tag: 2 },
+            recv(1, 3),
+            recv(1, 4),
+        ]);
+        t.insert(s);
+        let got = t.unpark(5, |p| matches!(p, Parked::Recv { tag, .. } if *tag > 1));
+        assert!(matches!(got, Some(Parked::Recv { tag: 3, .. })), "{got:?}");
+        let tags: Vec<_> = t
+            .get(&5)
+            .unwrap()
+            .parked
+            .iter()
+            .map(|p| p.owner().1)
+            .collect();
+        assert_eq!(tags, [1, 2, 4]);
+        assert!(t.unpark(5, |p| p.owner().0 == 9).is_none());
+        assert!(t.unpark(6, |_| true).is_none(), "no such socket");
+    }
+
+    #[test]
+    fn the_turns_work_lists_are_handed_out_once_each() {
+        let mut t = SockTable::default();
+        t.insert(sock(1));
+        t.queue_tx(1);
+        t.resume_pair_input(1);
+        t.mark_dirty(1);
+        assert_eq!(t.take_tx_pending(), [1]);
+        assert_eq!(t.take_pair_resume(), [1]);
+        assert_eq!(t.take_dirty(), [1]);
+        assert!(t.take_tx_pending().is_empty() && t.take_pair_resume().is_empty());
+        assert!(!t.sending());
+        t.get_mut(&1).unwrap().pair_in_wait = true;
+        assert!(t.sending(), "program bytes in the pair are still to send");
+        assert!(t.contains(1) && !t.contains(2));
+        assert_eq!(t.remove(&1).map(|s| s.id), Some(1));
+        assert_eq!(t.len(), 0);
     }
 }

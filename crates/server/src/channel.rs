@@ -8,13 +8,15 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
-use ferry_proto::{Cmp, CmpKind, Req};
+use ferry_proto::{Cmp, CmpKind, Ctl, Req};
 use ferry_ring::{Endpoint, Layout, Region, Side};
 use tracing::debug;
 
+use crate::ops::{Answer, reply};
+use crate::seam::Io;
 use crate::sock::Owner;
 use crate::stats::ChannelStats;
 
@@ -211,6 +213,23 @@ impl Fence {
 }
 
 impl Channels {
+    /// Answers a control request of channel `ch` with `reply` and, beside it, `fds`
+    /// (the program's end of a new socket's pair). A reply that cannot be sent loses the
+    /// descriptor: the program's end is then closed, and the socket goes with it as any
+    /// closed socket does.
+    pub(crate) fn send_reply(&self, io: &dyn Io, ch: u32, reply: Ctl, fds: &[BorrowedFd<'_>]) {
+        if let Some(c) = self.get(ch)
+            && let Err(e) = io.ctl_send(c.ctl.as_fd(), bytemuck::bytes_of(&reply), fds)
+        {
+            debug!("channel {ch}: control reply lost: {e}");
+        }
+    }
+
+    /// Answers a control request of channel `ch` with `result` (and no descriptors).
+    pub(crate) fn answer(&self, io: &dyn Io, ch: u32, result: impl Into<Answer>) {
+        self.send_reply(io, ch, reply(result), &[]);
+    }
+
     /// Channel `ch`, if it is open.
     pub(crate) fn get(&self, ch: u32) -> Option<&Channel> {
         self.slots.get(ch as usize).and_then(Option::as_ref)

@@ -13,6 +13,7 @@ use tracing::{debug, warn};
 
 use ferry_egress::{Decision, Origin, Reason, What, admit, reach};
 
+use crate::ops::reply;
 use crate::ops::{Errno, reply_id, would_block};
 use crate::recv_side::PathEvent;
 use crate::server::Server;
@@ -93,7 +94,7 @@ impl Drop for SocketSlot {
 impl Server {
     /// The server a socket made through channel `ch` goes to (`key` for the hash mode).
     fn assign(&self, ch: u32, key: u64) -> usize {
-        let routes = self.chan(ch).is_some_and(|c| c.routes);
+        let routes = self.channels.get(ch).is_some_and(|c| c.routes);
         if routes {
             self.shared.pick(key)
         } else {
@@ -115,14 +116,15 @@ impl Server {
         if ty != libc::SOCK_STREAM && ty != libc::SOCK_DGRAM {
             return Err(Errno(libc::EPROTONOSUPPORT));
         }
-        let owner = self.chan(ch).ok_or(Errno(libc::EBADF))?.owner;
+        let owner = self.channels.get(ch).ok_or(Errno(libc::EBADF))?.owner;
         let slot = self.socket_slot()?;
         let fd = self
             .io
             .socket(domain, ty, protocol)
             .map_err(|e| Errno::of(&e))?;
         let key = self
-            .chan(ch)
+            .channels
+            .get(ch)
             .map_or(0, |c| u64::from(c.stats.pid) << 32 | u64::from(c.stats.tid));
         let server = self.assign(ch, key);
         let (mut sock, theirs) = self
@@ -134,7 +136,7 @@ impl Server {
                 owner,
             )
             .map_err(|e| Errno::of(&e))?;
-        if ty == libc::SOCK_STREAM && self.chan(ch).is_some_and(|c| c.rx_pair) {
+        if ty == libc::SOCK_STREAM && self.channels.get(ch).is_some_and(|c| c.rx_pair) {
             sock.rx.move_path(PathEvent::ToPair);
         }
         let id = self.place_sock(sock).map_err(|e| Errno::of(&e))?;
@@ -162,11 +164,11 @@ impl Server {
 
     pub(crate) fn accept(&mut self, ch: u32, id: u32, nonblock: bool) {
         let Some(s) = self.socks.get_mut(&id) else {
-            self.ctl_reply(ch, Server::new_reply(Errno(libc::EBADF)));
+            self.channels.answer(self.io, ch, Errno(libc::EBADF));
             return;
         };
         if !s.listening() {
-            self.ctl_reply(ch, Server::new_reply(Errno(libc::EINVAL)));
+            self.channels.answer(self.io, ch, Errno(libc::EINVAL));
             return;
         }
         match self.try_accept(id) {
@@ -175,11 +177,11 @@ impl Server {
                 self.park(id, Parked::Accept { ch });
             }
             Err(e) => {
-                let mut r = Server::new_reply(Errno::of(&e));
+                let mut r = reply(Errno::of(&e));
                 if would_block(&e) {
                     r.c = self.drain_token(id);
                 }
-                self.ctl_reply(ch, r);
+                self.channels.send_reply(self.io, ch, r, &[]);
             }
         }
     }
@@ -223,7 +225,7 @@ impl Server {
             None => (libc::AF_INET, Place::Sandbox),
         };
         let peer = peer.map(|p| in_family(domain, p));
-        let Some(owner) = self.chan(ch).map(|c| c.owner) else {
+        let Some(owner) = self.channels.get(ch).map(|c| c.owner) else {
             return;
         };
         let slot = match self.socket_slot() {
@@ -231,7 +233,7 @@ impl Server {
             Err(e) => {
                 // The connection is dropped (its peer sees it closed), as when a
                 // program's accept fails for lack of descriptors.
-                self.ctl_reply(ch, Server::new_reply(e));
+                self.channels.answer(self.io, ch, e);
                 return;
             }
         };
@@ -240,12 +242,12 @@ impl Server {
         let (mut sock, theirs) = match made {
             Ok(made) => made,
             Err(e) => {
-                self.ctl_reply(ch, Server::new_reply(Errno::of(&e)));
+                self.channels.answer(self.io, ch, Errno::of(&e));
                 return;
             }
         };
         sock.conn = Conn::Connected;
-        if self.chan(ch).is_some_and(|c| c.rx_pair) {
+        if self.channels.get(ch).is_some_and(|c| c.rx_pair) {
             sock.rx.move_path(PathEvent::ToPair);
         }
         // An accepted socket has its listener's receive buffer (the kernel's rule).
@@ -266,9 +268,9 @@ impl Server {
                 if let Some(port) = published {
                     self.module_on_accept(new, port);
                 }
-                self.ctl_reply_fd(ch, r, theirs);
+                self.channels.send_reply(self.io, ch, r, &[theirs.as_fd()]);
             }
-            Err(e) => self.ctl_reply(ch, Server::new_reply(Errno::of(&e))),
+            Err(e) => self.channels.answer(self.io, ch, Errno::of(&e)),
         }
     }
 
@@ -292,7 +294,7 @@ impl Server {
     /// The reply to an accept on `listener` that made socket `new` for `peer`: its id,
     /// the peer's address, and whether the shim takes the listener's token back.
     fn accept_reply(&mut self, listener: u32, new: u32, peer: Option<SocketAddr>) -> Ctl {
-        let mut r = Server::new_reply(reply_id(new));
+        let mut r = reply(reply_id(new));
         if let Some(p) = peer {
             r.addr_len = u32::try_from(WireAddr::from(p).encode(&mut r.addr)).unwrap_or(0);
         }

@@ -407,7 +407,7 @@ impl Server {
             self.stats.module_refused += 1;
         }
         // Answer first: the program goes on while the output is written.
-        self.ctl_reply(ch, Server::new_reply(result));
+        self.channels.answer(self.io, ch, result);
         if result.is_ok() {
             self.flush_tx(msg.sock);
         }
@@ -502,7 +502,7 @@ impl Server {
             }),
             _ => Err(Errno(libc::EINVAL)),
         };
-        self.ctl_reply(ch, Server::new_reply(result));
+        self.channels.answer(self.io, ch, result);
     }
 
     /// An `UnregisterFile` control message (`a` = handle). Bindings this channel queued on
@@ -510,7 +510,7 @@ impl Server {
     pub(crate) fn unregister_file_ctl(&mut self, ch: u32, msg: Ctl, fds: Vec<OwnedFd>) {
         self.drain_rings();
         if !fds.is_empty() {
-            self.ctl_reply(ch, Server::new_reply(Errno(libc::EINVAL)));
+            self.channels.answer(self.io, ch, Errno(libc::EINVAL));
             return;
         }
         let known = u32::try_from(msg.a).is_ok_and(|h| {
@@ -532,7 +532,7 @@ impl Server {
         } else {
             Err(Errno(libc::EBADF))
         };
-        self.ctl_reply(ch, Server::new_reply(result));
+        self.channels.answer(self.io, ch, result);
     }
 
     /// An `Op::BindModule` record: the binding is in the lent buffer, the files came
@@ -545,7 +545,7 @@ impl Server {
         binding: BufRef,
         files: u32,
     ) -> Result<(), ProtoError> {
-        let Some(chan) = self.chan_mut(ch) else {
+        let Some(chan) = self.channels.get_mut(ch) else {
             return Ok(());
         };
         let span = chan.lent_span(binding.id, 0, binding.len)?;
@@ -572,7 +572,7 @@ impl Server {
         if tag != 0 {
             self.done(ch, id, tag, result);
             // The program waits for this answer, not for the output: publish it now.
-            if let Some(c) = self.chan_mut(ch) {
+            if let Some(c) = self.channels.get_mut(ch) {
                 c.flush();
             }
         } else if let Err(e) = result {
@@ -595,7 +595,7 @@ impl Server {
         {
             return Ok(f);
         }
-        let Some(chan) = self.chan(ch) else {
+        let Some(chan) = self.channels.get(ch) else {
             return Err(ProtoError::MissingFiles);
         };
         let mut buf = [0u8; size_of::<Ctl>()];
@@ -855,7 +855,7 @@ impl Server {
                     );
                 }
                 Parked::Accept { ch, .. } => {
-                    self.ctl_reply(ch, Server::new_reply(Errno(libc::EIO)));
+                    self.channels.answer(self.io, ch, Errno(libc::EIO));
                 }
             }
         }
@@ -871,7 +871,7 @@ impl Server {
     }
 
     fn complete_on(&mut self, ch: u32, c: Cmp) {
-        if let Some(chan) = self.chan_mut(ch) {
+        if let Some(chan) = self.channels.get_mut(ch) {
             chan.complete(c);
         }
     }

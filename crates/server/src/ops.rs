@@ -70,6 +70,14 @@ impl From<Result<i32, Errno>> for Answer {
 /// A socket id as a control reply's result (`>= 0`). Ids fit until 2^27 sockets have
 /// been made; past that the socket is refused (`ENFILE`) rather than answered with a
 /// negative number the shim would read as an error code.
+/// The reply to a control request: `result` (0, a value, or a negated errno).
+pub(crate) fn reply(result: impl Into<Answer>) -> Ctl {
+    Ctl {
+        result: result.into().0,
+        ..Ctl::new(ferry_proto::CtlKind::Reply, 0)
+    }
+}
+
 pub(crate) fn reply_id(id: u32) -> Result<i32, Errno> {
     i32::try_from(id).map_err(|_| Errno(libc::ENFILE))
 }
@@ -83,7 +91,7 @@ impl Server {
     /// coming back is room for the channel's next send: sockets waiting for it become
     /// writable again.
     pub(crate) fn complete(&mut self, ch: u32, c: Cmp) {
-        let Some(chan) = self.chan_mut(ch) else {
+        let Some(chan) = self.channels.get_mut(ch) else {
             return;
         };
         chan.complete(c);
@@ -116,17 +124,20 @@ impl Server {
         };
         match kind {
             CtlKind::Socket => match self.create_socket(ch, msg.a, msg.b, msg.c) {
-                Ok((id, theirs)) => self.ctl_reply_fd(ch, Server::new_reply(reply_id(id)), theirs),
-                Err(e) => self.ctl_reply(ch, Server::new_reply(e)),
+                Ok((id, theirs)) => {
+                    self.channels
+                        .send_reply(self.io, ch, reply(reply_id(id)), &[theirs.as_fd()])
+                }
+                Err(e) => self.channels.answer(self.io, ch, e),
             },
             CtlKind::Accept if self.may_use(ch, msg.sock) => self.accept(ch, msg.sock, msg.a != 0),
-            CtlKind::Accept => self.ctl_reply(ch, Server::new_reply(Errno(libc::EBADF))),
+            CtlKind::Accept => self.channels.answer(self.io, ch, Errno(libc::EBADF)),
             CtlKind::Claim => {
                 let result = match fds.pop() {
                     Some(fd) if fds.is_empty() => self.claim(ch, msg.sock, fd),
                     _ => Err(Errno(libc::EINVAL)),
                 };
-                self.ctl_reply(ch, Server::new_reply(result));
+                self.channels.answer(self.io, ch, result);
             }
             CtlKind::Renew => {
                 let renewed = match fds.pop() {
@@ -137,8 +148,11 @@ impl Server {
                     _ => Err(Errno(libc::EINVAL)),
                 };
                 match renewed {
-                    Ok(theirs) => self.ctl_reply_fd(ch, Server::new_reply(0), theirs),
-                    Err(e) => self.ctl_reply(ch, Server::new_reply(e)),
+                    Ok(theirs) => {
+                        self.channels
+                            .send_reply(self.io, ch, reply(0), &[theirs.as_fd()])
+                    }
+                    Err(e) => self.channels.answer(self.io, ch, e),
                 }
             }
             CtlKind::Reply => self.bad_channel(ch, "reply sent by the sandbox"),
@@ -155,7 +169,7 @@ impl Server {
     /// claimed it). An unknown socket counts as usable here: the operation then finds
     /// no socket and says `EBADF` itself.
     pub(crate) fn may_use(&self, ch: u32, id: u32) -> bool {
-        let (Some(c), Some(s)) = (self.chan(ch), self.socks.get(&id)) else {
+        let (Some(c), Some(s)) = (self.channels.get(ch), self.socks.get(&id)) else {
             return true;
         };
         s.holders.contains(c.owner)
@@ -168,7 +182,7 @@ impl Server {
     /// may act on the socket from now on.
     fn claim(&mut self, ch: u32, id: u32, fd: OwnedFd) -> Result<(), Errno> {
         let io = self.io;
-        let Some(owner) = self.chan(ch).map(|c| c.owner) else {
+        let Some(owner) = self.channels.get(ch).map(|c| c.owner) else {
             return Err(Errno(libc::EBADF));
         };
         let Some(s) = self.socks.get_mut(&id) else {
@@ -373,7 +387,7 @@ impl Server {
 
     /// `BufReturn`: the shim gives back server buffer `buf` of channel `ch`.
     fn buffer_returned(&mut self, ch: u32, buf: u32) -> Result<(), ProtoError> {
-        match self.chan_mut(ch) {
+        match self.channels.get_mut(ch) {
             Some(chan) => chan
                 .ep
                 .pool
@@ -386,7 +400,7 @@ impl Server {
     /// `SendCtl`: control bytes kept for the next `Send` from channel `ch` (the shim
     /// sends them in a row, right before it).
     fn send_ctl(&mut self, ch: u32, offset: u32, bytes: &[u8]) -> Result<(), ProtoError> {
-        let Some(chan) = self.chan_mut(ch) else {
+        let Some(chan) = self.channels.get_mut(ch) else {
             return Ok(());
         };
         let have = chan.send_ctl.len();
@@ -523,7 +537,7 @@ impl Server {
 
     /// A channel named a socket its process does not hold: refused (`EBADF`), logged.
     pub(crate) fn not_holder(&mut self, ch: u32, id: u32) {
-        let pid = self.chan(ch).map_or(0, |c| c.owner.pid);
+        let pid = self.channels.get(ch).map_or(0, |c| c.owner.pid);
         if let Some(n) = self.strangers.tick() {
             warn!(
                 "socket {id}: pid {pid} does not hold it (never made, accepted or claimed it); refused ({n} such requests since the last line)"
@@ -560,7 +574,7 @@ impl Server {
             }
             Ok(n) => {
                 // Too long for the record: lend a buffer (TCP_INFO and the like).
-                let Some(chan) = self.chan_mut(ch) else {
+                let Some(chan) = self.channels.get_mut(ch) else {
                     return;
                 };
                 let Some(b) = chan.ep.pool.alloc() else {

@@ -474,7 +474,7 @@ impl Server {
             return;
         };
         let ch = s.last_ch;
-        if let Some(c) = self.chan_mut(ch) {
+        if let Some(c) = self.channels.get_mut(ch) {
             c.flush();
         }
         let Some(s) = self.socks.get_mut(&id) else {
@@ -665,7 +665,7 @@ impl Server {
                         self.park_front(id, p);
                         return;
                     }
-                    Err(e) => self.ctl_reply(ch, Server::new_reply(Errno::of(&e))),
+                    Err(e) => self.channels.answer(self.io, ch, Errno::of(&e)),
                 },
                 Parked::Connect { .. } => {
                     self.park_front(id, p);

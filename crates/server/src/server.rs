@@ -12,11 +12,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use ferry_proto::{Call, Ctl, CtlKind, ProtoError};
+use ferry_proto::{Call, ProtoError};
 use ferry_sys::{Epoll, Event};
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
-use crate::channel::{Channel, Channels, Next};
+use crate::channel::{Channels, Next};
 use crate::control::ControlConns;
 use crate::group::{Handle, Msg, Shared, server_name};
 use crate::published::PublishedPorts;
@@ -316,7 +316,7 @@ impl Server {
             }
             self.drain_rings();
             self.settle_dirty();
-            self.flush_all();
+            self.channels.flush_all();
         }
         self.shutdown();
         self.collect_stats()
@@ -421,17 +421,13 @@ impl Server {
         self.taking_earlier = false;
     }
 
-    pub(crate) fn flush_all(&mut self) {
-        self.channels.flush_all();
-    }
-
     fn dispatch(&mut self, ev: Event) {
         let idx = (ev.token & 0xffff_ffff) as u32;
         match ev.token >> 56 {
             T_LISTEN => self.accept_channels(),
             T_CTL => self.ctl_readable(idx, ev.events),
             T_DOORBELL => {
-                if let Some(ch) = self.chan_mut(idx) {
+                if let Some(ch) = self.channels.get_mut(idx) {
                     let _ = ferry_sys::eventfd_drain(ch.doorbell());
                     ch.stats.doorbells += 1;
                 }
@@ -604,45 +600,4 @@ pub(crate) fn process_start(pid: i32) -> Option<u64> {
 
 pub(crate) fn as_bytes<T: bytemuck::Pod>(v: &T) -> &[u8] {
     bytemuck::bytes_of(v)
-}
-
-impl Server {
-    /// Channel `ch`, if it is open.
-    pub(crate) fn chan(&self, ch: u32) -> Option<&Channel> {
-        self.channels.get(ch)
-    }
-
-    /// Channel `ch`, if it is open.
-    pub(crate) fn chan_mut(&mut self, ch: u32) -> Option<&mut Channel> {
-        self.channels.get_mut(ch)
-    }
-
-    /// Answers a control request with a reply message and the program's end of a new
-    /// socket's pair. A reply that cannot be sent loses the descriptor: the program's
-    /// end is then closed, and the socket goes with it as any closed socket does.
-    pub(crate) fn ctl_reply_fd(&self, ch: u32, reply: Ctl, fd: OwnedFd) {
-        let io = self.io;
-        if let Some(c) = self.chan(ch)
-            && let Err(e) = io.ctl_send(c.ctl.as_fd(), as_bytes(&reply), &[fd.as_fd()])
-        {
-            debug!("channel {ch}: control reply lost: {e}");
-        }
-    }
-
-    /// Answers a control request with a reply message (and no descriptors).
-    pub(crate) fn ctl_reply(&self, ch: u32, reply: Ctl) {
-        let io = self.io;
-        if let Some(c) = self.chan(ch)
-            && let Err(e) = io.ctl_send(c.ctl.as_fd(), as_bytes(&reply), &[])
-        {
-            debug!("channel {ch}: control reply lost: {e}");
-        }
-    }
-
-    pub(crate) fn new_reply(result: impl Into<crate::ops::Answer>) -> Ctl {
-        Ctl {
-            result: result.into().0,
-            ..Ctl::new(CtlKind::Reply, 0)
-        }
-    }
 }

@@ -825,7 +825,7 @@ impl Harness {
     /// Whether channel `ch` is still open (the server closes a channel that breaks the
     /// protocol).
     pub fn channel_open(&self, ch: u32) -> bool {
-        self.srv.chan(ch).is_some()
+        self.srv.channels.get(ch).is_some()
     }
 
     /// Pushes a request record into channel `ch`'s ring (not taken yet).
@@ -847,7 +847,8 @@ impl Harness {
     /// Records still waiting in channel `ch`'s request ring.
     pub fn ring_waiting(&mut self, ch: u32) -> usize {
         self.srv
-            .chan_mut(ch)
+            .channels
+            .get_mut(ch)
             .map_or(0, |c| c.ep.rx.available().unwrap_or(0))
     }
 
@@ -860,7 +861,7 @@ impl Harness {
 
     fn end_turn(&mut self) {
         self.srv.settle_dirty();
-        self.srv.flush_all();
+        self.srv.channels.flush_all();
     }
 
     /// Pushes `req` and runs a turn; the completions channel `ch` then has.
@@ -884,7 +885,7 @@ impl Harness {
 
     /// Completions the server holds back for channel `ch` (its ring was full).
     pub fn backlog(&self, ch: u32) -> usize {
-        self.srv.chan(ch).map_or(0, |c| c.backlog.len())
+        self.srv.channels.get(ch).map_or(0, |c| c.backlog.len())
     }
 
     /// Times the server stopped taking a channel's requests because its completions

@@ -84,7 +84,7 @@ impl Server {
     /// the pair at once if a buffer has come back since (the shim will find it), else
     /// at the channel's next `BufReturn`. So no wake-up is lost whichever comes first.
     pub(crate) fn want_room(&mut self, ch: u32, id: u32, seen: u32) {
-        let Some(chan) = self.chan_mut(ch) else {
+        let Some(chan) = self.channels.get_mut(ch) else {
             return;
         };
         if chan.returns != seen {
@@ -137,7 +137,7 @@ impl Server {
         flags: i32,
         to: Option<WireAddr>,
     ) -> Result<(), ProtoError> {
-        let Some(chan) = self.chan_mut(ch) else {
+        let Some(chan) = self.channels.get_mut(ch) else {
             return Ok(());
         };
         let span = chan.lent_span(buf.id, offset, buf.len)?;

@@ -52,9 +52,13 @@ use ferry_proto::{
 };
 use tracing::{debug, warn};
 
+use crate::channel::Channels;
 use crate::ops::Errno;
+use crate::seam::Io;
 use crate::server::Server;
 use crate::sock::Parked;
+use crate::stats::ServerStats;
+use crate::table::SockTable;
 
 /// Default of [`ModuleConfig::copy_max`].
 pub const DEFAULT_COPY_MAX: u64 = 4 << 20;
@@ -485,7 +489,8 @@ impl Server {
             }
             ModuleRef::Hash(h) => *self.modules.by_hash.get(&h).ok_or(Errno(libc::ENOENT))?,
         };
-        self.attach(id, module, &binding.props, files)
+        let (m, mut a) = self.module_parts();
+        m.attach(&mut a, id, module, &binding.props, files)
     }
 
     /// A `RegisterFile` control message: checks the file once and enters it in channel
@@ -551,7 +556,7 @@ impl Server {
         let span = chan.lent_span(binding.id, 0, binding.len)?;
         let mut blob = vec![0u8; span.len() as usize];
         chan.ep.bufs.read(span, &mut blob);
-        self.give_back(ch, id, binding.id);
+        self.module_parts().1.give_back(ch, id, binding.id);
         let nfiles = files as usize;
         let fds = if nfiles == 0 {
             Vec::new()
@@ -621,16 +626,47 @@ impl Server {
         }
         q.push_back(fds);
     }
+}
 
+/// What a module's data path works on besides the modules: the seam, the sockets
+/// (their queued sends, their host sockets), the channels (answers, buffers given back)
+/// and the counters; never the event loop or the other servers.
+pub(crate) struct Around<'a> {
+    pub io: &'static dyn Io,
+    pub socks: &'a mut SockTable,
+    pub channels: &'a mut Channels,
+    pub stats: &'a mut ServerStats,
+}
+
+impl Around<'_> {
+    /// Completion `c` on channel `ch`, if it is open.
+    pub(crate) fn complete_on(&mut self, ch: u32, c: Cmp) {
+        if let Some(chan) = self.channels.get_mut(ch) {
+            chan.complete(c);
+        }
+    }
+
+    /// Shim buffer `buf` of channel `ch` goes back (socket `id`'s send is done with it).
+    pub(crate) fn give_back(&mut self, ch: u32, id: u32, buf: u32) {
+        let mut c = Cmp::new(CmpKind::BufReturn, id, 0, 0);
+        c.buf = buf;
+        self.complete_on(ch, c);
+    }
+}
+
+/// The module data path: sends fed to a bound socket's module, its output written, its
+/// end and its failure.
+impl Modules {
     /// Starts module `module` on socket `id`. A failing `init` fails the socket.
-    fn attach<K: AsRef<str>, V: AsRef<str>>(
+    pub(crate) fn attach<K: AsRef<str>, V: AsRef<str>>(
         &mut self,
+        a: &mut Around<'_>,
         id: u32,
         module: ModuleId,
         props: &[(K, V)],
         files: Vec<Arc<OwnedFd>>,
     ) -> Result<(), Errno> {
-        let Some(s) = self.socks.get(&id) else {
+        let Some(s) = a.socks.get(&id) else {
             return Err(Errno(libc::EBADF));
         };
         if !s.is_stream() || s.listening() {
@@ -641,37 +677,37 @@ impl Server {
         }
         // A module that has finished but whose output is still going out is followed
         // by the new one (its output queues behind); a running one is not replaced.
-        let pending = match self.modules.bound.get_mut(&id) {
+        let pending = match self.bound.get_mut(&id) {
             None => Outbox::new(),
             Some(Bound::Live { inst, outbox }) if inst.is_finished() => std::mem::take(outbox),
             Some(_) => return Err(Errno(libc::EBUSY)),
         };
-        let host = Arc::clone(self.modules.host().map_err(|e| bind_errno(&e))?);
+        let host = Arc::clone(self.host().map_err(|e| bind_errno(&e))?);
         match host.start_shared(module, props, files) {
             Ok((inst, actions)) => {
                 let (make, init) = inst.start_timing();
-                self.stats.module_start_ns += nanos(make);
-                self.stats.module_init_ns += nanos(init);
+                a.stats.module_start_ns += nanos(make);
+                a.stats.module_init_ns += nanos(init);
                 let mut outbox = pending;
-                outbox.set_copy_max(self.modules.cfg.copy_max);
+                outbox.set_copy_max(self.cfg.copy_max);
                 outbox.push(actions);
                 let inst = Box::new(inst);
-                self.modules.bound.insert(id, Bound::Live { inst, outbox });
-                self.stats.modules_started += 1;
-                if !self.modules.hot.contains(&module) {
-                    self.modules.hot.push(module);
+                self.bound.insert(id, Bound::Live { inst, outbox });
+                a.stats.modules_started += 1;
+                if !self.hot.contains(&module) {
+                    self.hot.push(module);
                 }
                 Ok(())
             }
             Err(e @ ferry_modules::Error::NoCapacity(_)) => {
                 warn!("socket {id}: module not started: {e}");
-                if let Some(Bound::Live { outbox, .. }) = self.modules.bound.get_mut(&id) {
+                if let Some(Bound::Live { outbox, .. }) = self.bound.get_mut(&id) {
                     *outbox = pending;
                 }
                 Err(bind_errno(&e))
             }
             Err(e) => {
-                self.module_failed(id, &e.to_string());
+                self.failed(a, id, &e.to_string());
                 Err(Errno(libc::EIO))
             }
         }
@@ -679,12 +715,12 @@ impl Server {
 
     /// Sends of a module-bound socket: feeds them to the module and writes its output.
     /// Returns false when the socket is (now) a plain socket: the caller sends its queue.
-    pub(crate) fn module_flush(&mut self, id: u32) -> bool {
+    pub(crate) fn flush(&mut self, a: &mut Around<'_>, id: u32) -> bool {
         loop {
-            let step = match self.modules.bound.get(&id) {
+            let step = match self.bound.get(&id) {
                 None => return false,
-                Some(Bound::Failed) => return self.fail_module_sends(id),
-                Some(Bound::Live { .. }) => self.module_step(id),
+                Some(Bound::Failed) => return self.fail_sends(a, id),
+                Some(Bound::Live { .. }) => self.step(a, id),
             };
             if let Step::Stop(handled) = step {
                 return handled;
@@ -694,16 +730,16 @@ impl Server {
 
     /// Socket `id`'s module failed (reset already): the sends queued for it give their
     /// buffers back, and the program hears `EIO` once.
-    fn fail_module_sends(&mut self, id: u32) -> bool {
-        let Some(s) = self.socks.get_mut(&id) else {
+    fn fail_sends(&mut self, a: &mut Around<'_>, id: u32) -> bool {
+        let Some(s) = a.socks.get_mut(&id) else {
             return false;
         };
         let items: Vec<_> = s.txq.drain(..).collect();
         let ch = s.last_ch;
         for (i, item) in items.into_iter().enumerate() {
-            self.give_back(item.ch, id, item.span.id().0);
+            a.give_back(item.ch, id, item.span.id().0);
             if i == 0 {
-                self.complete_on(
+                a.complete_on(
                     ch,
                     Cmp::new(CmpKind::AsyncError, id, 0, Errno(libc::EIO).wire()),
                 );
@@ -714,9 +750,9 @@ impl Server {
 
     /// One step of socket `id`'s live module: write what its outbox holds, then feed
     /// it the next send, or end its input, or notice that it has finished.
-    fn module_step(&mut self, id: u32) -> Step {
+    fn step(&mut self, a: &mut Around<'_>, id: u32) -> Step {
         let (Some(s), Some(Bound::Live { inst, outbox })) =
-            (self.socks.get_mut(&id), self.modules.bound.get_mut(&id))
+            (a.socks.get_mut(&id), self.bound.get_mut(&id))
         else {
             return Step::Stop(false);
         };
@@ -725,24 +761,24 @@ impl Server {
         }
         let t = std::time::Instant::now();
         let written = outbox.advance(s.fd.as_fd());
-        self.stats.module_write_ns += nanos(t.elapsed());
+        a.stats.module_write_ns += nanos(t.elapsed());
         match written {
             Ok(n) => {
                 s.stats.bytes_out += n;
-                self.stats.module_bytes_out += n;
+                a.stats.module_bytes_out += n;
                 if n > 0 {
-                    self.stats.data_syscalls += 1;
+                    a.stats.data_syscalls += 1;
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                self.module_failed(id, &format!("writing its output: {e}"));
+                self.failed(a, id, &format!("writing its output: {e}"));
                 return Step::Stop(true);
             }
             Err(e) => {
                 // The connection broke (the peer reset it): not the module's fault.
                 // Drop the module; the plain path reports the error to the program.
                 debug!("socket {id}: module output not written: {e}");
-                self.modules.bound.remove(&id);
+                self.bound.remove(&id);
                 return Step::Stop(false);
             }
         }
@@ -753,9 +789,9 @@ impl Server {
         let running = !inst.is_finished();
         if running && let Some(item) = s.txq.pop_front() {
             let fed = feed_item(inst, outbox, &item);
-            self.give_back(item.ch, id, item.span.id().0);
+            a.give_back(item.ch, id, item.span.id().0);
             if let Err(why) = fed {
-                self.module_failed(id, &why);
+                self.failed(a, id, &why);
                 return Step::Stop(true);
             }
             return Step::Again;
@@ -767,7 +803,7 @@ impl Server {
                     Step::Again
                 }
                 Err(e) => {
-                    self.module_failed(id, &e.to_string());
+                    self.failed(a, id, &e.to_string());
                     Step::Stop(true)
                 }
             };
@@ -775,21 +811,21 @@ impl Server {
         if running || !outbox.is_empty() {
             return Step::Stop(true);
         }
-        Step::Stop(self.module_finished(id))
+        Step::Stop(self.finished(a, id))
     }
 
     /// Socket `id`'s module has finished and its output is written: the socket is a
     /// plain socket again. The instance is dropped when the loop is idle (returning its
     /// slot costs microseconds). Whether the socket's sends were all handled.
-    fn module_finished(&mut self, id: u32) -> bool {
-        if let Some(Bound::Live { inst, .. }) = self.modules.bound.remove(&id) {
-            if self.modules.spent.len() >= MAX_SPENT {
-                self.modules.spent.remove(0);
+    fn finished(&mut self, a: &mut Around<'_>, id: u32) -> bool {
+        if let Some(Bound::Live { inst, .. }) = self.bound.remove(&id) {
+            if self.spent.len() >= MAX_SPENT {
+                self.spent.remove(0);
             }
-            self.modules.spent.push(*inst);
+            self.spent.push(*inst);
         }
         debug!("socket {id}: module finished");
-        let Some(s) = self.socks.get_mut(&id) else {
+        let Some(s) = a.socks.get_mut(&id) else {
             return true;
         };
         if !s.txq.is_empty() {
@@ -797,38 +833,38 @@ impl Server {
         }
         if s.shut_wr_pending {
             s.shut_wr_pending = false;
-            let _ = self.io.shutdown(s.fd.as_fd(), libc::SHUT_WR);
+            let _ = a.io.shutdown(s.fd.as_fd(), libc::SHUT_WR);
         }
         if s.app_closed {
-            self.socks.mark_dirty(id);
+            a.socks.mark_dirty(id);
         }
         true
     }
 
     /// Whether closed socket `id` may go: its module (if any) is done. Ends the module's
     /// input first.
-    pub(crate) fn module_settled(&mut self, id: u32) -> bool {
-        match self.modules.bound.get(&id) {
+    pub(crate) fn settled(&mut self, a: &mut Around<'_>, id: u32) -> bool {
+        match self.bound.get(&id) {
             None => true,
             Some(Bound::Failed) => {
-                self.modules.bound.remove(&id);
+                self.bound.remove(&id);
                 true
             }
             Some(Bound::Live { .. }) => {
-                self.module_flush(id);
-                !self.modules.is_bound(id)
+                self.flush(a, id);
+                !self.is_bound(id)
             }
         }
     }
 
     /// A module failed: stop it, reset its connection, fail the program's operations on
     /// the socket with `EIO`. Nothing else is touched.
-    fn module_failed(&mut self, id: u32, why: &str) {
-        let io = self.io;
+    fn failed(&mut self, a: &mut Around<'_>, id: u32, why: &str) {
+        let io = a.io;
         warn!("socket {id}: module stopped ({why}); resetting the connection");
-        self.stats.modules_failed += 1;
-        self.modules.bound.insert(id, Bound::Failed);
-        let Some(s) = self.socks.get_mut(&id) else {
+        a.stats.modules_failed += 1;
+        self.bound.insert(id, Bound::Failed);
+        let Some(s) = a.socks.get_mut(&id) else {
             return;
         };
         let _ = io.linger_reset(s.fd.as_fd());
@@ -842,44 +878,59 @@ impl Server {
         let ch = s.last_ch;
         s.mirror_eof(io);
         for item in items {
-            self.give_back(item.ch, id, item.span.id().0);
+            a.give_back(item.ch, id, item.span.id().0);
         }
         let mut reported = false;
         for p in parked {
             match p {
                 Parked::Recv { ch, tag, .. } | Parked::Connect { ch, tag } => {
                     reported = true;
-                    self.complete_on(
+                    a.complete_on(
                         ch,
                         Cmp::new(CmpKind::Done, id, tag, Errno(libc::EIO).wire()),
                     );
                 }
                 Parked::Accept { ch, .. } => {
-                    self.channels.answer(self.io, ch, Errno(libc::EIO));
+                    a.channels.answer(a.io, ch, Errno(libc::EIO));
                 }
             }
         }
         if !reported {
-            self.complete_on(
+            a.complete_on(
                 ch,
                 Cmp::new(CmpKind::AsyncError, id, 0, Errno(libc::EIO).wire()),
             );
         }
-        if self.socks.get(&id).is_some_and(|s| s.app_closed) {
-            self.socks.mark_dirty(id);
+        if a.socks.get(&id).is_some_and(|s| s.app_closed) {
+            a.socks.mark_dirty(id);
         }
     }
 
-    fn complete_on(&mut self, ch: u32, c: Cmp) {
-        if let Some(chan) = self.channels.get_mut(ch) {
-            chan.complete(c);
+    /// A turn of the loop without requests: drop one finished instance, keep spares of
+    /// the modules in use (a little work per idle turn, none on the request path).
+    pub(crate) fn idle(&mut self) {
+        self.spent.pop();
+        let Some(host) = self.host.clone() else {
+            return;
+        };
+        for &m in &self.hot {
+            if let Err(e) = host.prewarm(m, self.cfg.spares) {
+                debug!("prewarm of module {m:?}: {e}");
+            }
         }
     }
+}
 
-    fn give_back(&mut self, ch: u32, id: u32, buf: u32) {
-        let mut c = Cmp::new(CmpKind::BufReturn, id, 0, 0);
-        c.buf = buf;
-        self.complete_on(ch, c);
+impl Server {
+    /// The modules and the parts their data path works on.
+    pub(crate) fn module_parts(&mut self) -> (&mut Modules, Around<'_>) {
+        let around = Around {
+            io: self.io,
+            socks: &mut self.socks,
+            channels: &mut self.channels,
+            stats: &mut self.stats,
+        };
+        (&mut self.modules, around)
     }
 
     /// Socket `id` was just accepted from published port `port`: bind the port's
@@ -902,26 +953,13 @@ impl Server {
             return;
         };
         let (module, props) = (*module, props.clone());
-        match self.attach(id, module, &props, Vec::new()) {
+        let (m, mut a) = self.module_parts();
+        match m.attach(&mut a, id, module, &props, Vec::new()) {
             Ok(()) => self.flush_tx(id),
             Err(e) => warn!(
                 "socket {id}: configured module for {target} not bound (errno {})",
                 e.0
             ),
-        }
-    }
-
-    /// A turn of the loop without requests: drop one finished instance, keep spares of
-    /// the modules in use (a little work per idle turn, none on the request path).
-    pub(crate) fn module_idle(&mut self) {
-        self.modules.spent.pop();
-        let Some(host) = self.modules.host.clone() else {
-            return;
-        };
-        for &m in &self.modules.hot {
-            if let Err(e) = host.prewarm(m, self.modules.cfg.spares) {
-                debug!("prewarm of module {m:?}: {e}");
-            }
         }
     }
 }

@@ -295,7 +295,7 @@ impl Server {
             self.stats.turns += 1;
             let did = self.drain_rings();
             if did == 0 {
-                self.module_idle();
+                self.modules.idle();
             }
             if self.stats.turns.is_multiple_of(64) {
                 self.publish_live();

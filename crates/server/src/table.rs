@@ -373,7 +373,10 @@ impl Server {
             // in another thread does not end a blocked recv). A module writes its output
             // first.
             let idle = s.app_closed && s.txq.is_empty() && !s.pair_in_wait && s.parked.is_empty();
-            if idle && self.module_settled(id) {
+            if idle && {
+                let (m, mut a) = self.module_parts();
+                m.settled(&mut a, id)
+            } {
                 let s = self.socks.remove(&id).expect("just looked it up");
                 self.shared.socket_closed();
                 if let Some(port) = s.published_listener

@@ -233,7 +233,10 @@ impl Server {
     /// Sends queued data until the host socket is full; returns finished buffers.
     pub(crate) fn flush_tx(&mut self, id: u32) {
         let io = self.io;
-        if self.modules.is_bound(id) && self.module_flush(id) {
+        if self.modules.is_bound(id) && {
+            let (m, mut a) = self.module_parts();
+            m.flush(&mut a, id)
+        } {
             return;
         }
         loop {

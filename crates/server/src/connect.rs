@@ -13,6 +13,7 @@ use tracing::{debug, warn};
 
 use ferry_egress::{Decision, Origin, Reason, What, admit, reach};
 
+use crate::ModuleTarget;
 use crate::ops::reply;
 use crate::ops::{Errno, reply_id, would_block};
 use crate::recv_side::PathEvent;
@@ -266,7 +267,7 @@ impl Server {
                 slot.keep();
                 let r = self.accept_reply(listener, new, peer);
                 if let Some(port) = published {
-                    self.module_on_accept(new, port);
+                    self.apply_rule(new, ModuleTarget::Port(port));
                 }
                 self.channels.send_reply(self.io, ch, r, &[theirs.as_fd()]);
             }
@@ -449,7 +450,9 @@ impl Server {
             }
             Err(e) => self.done(ch, id, tag, Errno::of(&e)),
         }
-        self.module_on_connect(id, to);
+        if self.modules.has_rules() {
+            self.apply_rule(id, ModuleTarget::Dest(to));
+        }
     }
 
     /// A connect of stream `id` after a non-blocking one failed (see [`Conn`]): the

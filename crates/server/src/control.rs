@@ -304,11 +304,16 @@ impl Server {
                 if msg.kind() == Some(CtlKind::BindModule) {
                     self.bind_module_ctl(idx, msg, &buf[head..n], fds);
                 } else if msg.kind() == Some(CtlKind::Files) && n == head {
-                    self.stash_files(idx, fds);
+                    if !self.modules.stash_files(idx, fds) {
+                        self.bad_channel(idx, "module files without their bindings");
+                    }
                 } else if msg.kind() == Some(CtlKind::RegisterFile) && n == head {
-                    self.register_file_ctl(idx, fds);
+                    let handle = self.modules.register_file(idx, fds);
+                    self.channels.answer(self.io, idx, handle);
                 } else if msg.kind() == Some(CtlKind::UnregisterFile) && n == head {
-                    self.unregister_file_ctl(idx, msg, fds);
+                    self.drain_rings();
+                    let done = self.modules.unregister_file(idx, msg.a, &fds);
+                    self.channels.answer(self.io, idx, done);
                 } else if n == head {
                     self.control(idx, msg, fds);
                 } else {

@@ -328,6 +328,11 @@ impl Modules {
     }
 
     /// Whether socket `id` has a module (running, with output waiting, or failed).
+    /// Some module is configured for connections (by port or destination).
+    pub(crate) fn has_rules(&self) -> bool {
+        !self.rules.is_empty()
+    }
+
     pub(crate) fn is_bound(&self, id: u32) -> bool {
         self.bound.contains_key(&id)
     }
@@ -442,102 +447,8 @@ impl Server {
             }
             inline.to_vec()
         };
-        self.bind_blob(ch, id, &blob, usize::try_from(msg.b).ok(), fds)
-    }
-
-    /// A binding of channel `ch` and its files, whichever way they came. The module's
-    /// files are the passed ones, then the registered ones the binding names.
-    fn bind_blob(
-        &mut self,
-        ch: u32,
-        id: u32,
-        blob: &[u8],
-        declared_files: Option<usize>,
-        fds: Vec<OwnedFd>,
-    ) -> Result<(), Errno> {
-        if fds.len() > MAX_FILES || declared_files != Some(fds.len()) {
-            return Err(Errno(libc::EINVAL));
-        }
-        for f in &fds {
-            check_file(f)?;
-        }
-        let binding = Binding::decode(blob).map_err(|e| {
-            debug!("socket {id}: module binding refused: {e}");
-            Errno(libc::EINVAL)
-        })?;
-        let mut files: Vec<Arc<OwnedFd>> = Vec::with_capacity(fds.len() + binding.handles.len());
-        files.extend(fds.into_iter().map(Arc::new));
-        if !binding.handles.is_empty() {
-            let table = self.modules.registered.get(&ch);
-            for &h in &binding.handles {
-                let f = table.and_then(|t| t.get(h)).ok_or_else(|| {
-                    debug!("socket {id}: binding names unregistered file {h}");
-                    Errno(libc::EBADF)
-                })?;
-                files.push(Arc::clone(f));
-            }
-        }
-        let module = match binding.module {
-            ModuleRef::Bytes(b) => {
-                let before = self.modules.by_hash.len();
-                let m = self.modules.load(b).map_err(|e| {
-                    warn!("socket {id}: module refused: {e}");
-                    bind_errno(&e)
-                })?;
-                self.stats.modules_loaded += (self.modules.by_hash.len() - before) as u64;
-                m
-            }
-            ModuleRef::Hash(h) => *self.modules.by_hash.get(&h).ok_or(Errno(libc::ENOENT))?,
-        };
         let (m, mut a) = self.module_parts();
-        m.attach(&mut a, id, module, &binding.props, files)
-    }
-
-    /// A `RegisterFile` control message: checks the file once and enters it in channel
-    /// `ch`'s table. Answers with the handle or a negated errno.
-    pub(crate) fn register_file_ctl(&mut self, ch: u32, mut fds: Vec<OwnedFd>) {
-        let result = match (fds.pop(), fds.is_empty()) {
-            (Some(f), true) => check_file(&f).and_then(|()| {
-                self.modules
-                    .registered
-                    .entry(ch)
-                    .or_default()
-                    .insert(f)
-                    .map(u32::cast_signed)
-            }),
-            _ => Err(Errno(libc::EINVAL)),
-        };
-        self.channels.answer(self.io, ch, result);
-    }
-
-    /// An `UnregisterFile` control message (`a` = handle). Bindings this channel queued on
-    /// its ring before it still see the file; instances already started keep it open.
-    pub(crate) fn unregister_file_ctl(&mut self, ch: u32, msg: Ctl, fds: Vec<OwnedFd>) {
-        self.drain_rings();
-        if !fds.is_empty() {
-            self.channels.answer(self.io, ch, Errno(libc::EINVAL));
-            return;
-        }
-        let known = u32::try_from(msg.a).is_ok_and(|h| {
-            self.modules
-                .registered
-                .get_mut(&ch)
-                .is_some_and(|t| t.remove(h))
-        });
-        if self
-            .modules
-            .registered
-            .get(&ch)
-            .is_some_and(FileTable::is_empty)
-        {
-            self.modules.registered.remove(&ch);
-        }
-        let result = if known {
-            Ok(())
-        } else {
-            Err(Errno(libc::EBADF))
-        };
-        self.channels.answer(self.io, ch, result);
+        m.bind(&mut a, ch, id, &blob, usize::try_from(msg.b).ok(), fds)
     }
 
     /// An `Op::BindModule` record: the binding is in the lent buffer, the files came
@@ -561,14 +472,15 @@ impl Server {
         let fds = if nfiles == 0 {
             Vec::new()
         } else {
-            self.take_files(ch)?
+            self.modules.take_files(&self.channels, ch)?
         };
         let result = match self.socks.get_mut(&id) {
             None => Err(Errno(libc::EBADF)),
             Some(s) => {
                 s.last_ch = ch;
                 s.stats.calls += 1;
-                self.bind_blob(ch, id, &blob, Some(nfiles), fds)
+                let (m, mut a) = self.module_parts();
+                m.bind(&mut a, ch, id, &blob, Some(nfiles), fds)
             }
         };
         if result.is_err() {
@@ -587,44 +499,6 @@ impl Server {
             self.flush_tx(id);
         }
         Ok(())
-    }
-
-    /// The files of channel `ch`'s next ring binding: stashed by `ctl_readable`, or the
-    /// next control packet (sent before the record, so already queued).
-    fn take_files(&mut self, ch: u32) -> Result<Vec<OwnedFd>, ProtoError> {
-        if let Some(f) = self
-            .modules
-            .files
-            .get_mut(&ch)
-            .and_then(VecDeque::pop_front)
-        {
-            return Ok(f);
-        }
-        let Some(chan) = self.channels.get(ch) else {
-            return Err(ProtoError::MissingFiles);
-        };
-        let mut buf = [0u8; size_of::<Ctl>()];
-        match ferry_sys::recv_with_fds(chan.ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
-            Ok((n, fds)) if n == buf.len() => {
-                let msg: Ctl = bytemuck::pod_read_unaligned(&buf);
-                if msg.kind() == Some(CtlKind::Files) {
-                    Ok(fds)
-                } else {
-                    Err(ProtoError::CtlKind(msg.kind))
-                }
-            }
-            _ => Err(ProtoError::MissingFiles),
-        }
-    }
-
-    /// A `Files` control packet read before its ring record: keep it for the record.
-    pub(crate) fn stash_files(&mut self, ch: u32, fds: Vec<OwnedFd>) {
-        let q = self.modules.files.entry(ch).or_default();
-        if q.len() >= 4 {
-            self.bad_channel(ch, "module files without their bindings");
-            return;
-        }
-        q.push_back(fds);
     }
 }
 
@@ -654,9 +528,130 @@ impl Around<'_> {
     }
 }
 
-/// The module data path: sends fed to a bound socket's module, its output written, its
-/// end and its failure.
+/// The module data path: bindings, sends fed to a bound socket's module, its output
+/// written, its end and its failure.
 impl Modules {
+    /// A `RegisterFile` control message of channel `ch`: checks the file once and
+    /// enters it in the channel's table; its handle.
+    pub(crate) fn register_file(&mut self, ch: u32, mut fds: Vec<OwnedFd>) -> Result<i32, Errno> {
+        match (fds.pop(), fds.is_empty()) {
+            (Some(f), true) => check_file(&f).and_then(|()| {
+                self.registered
+                    .entry(ch)
+                    .or_default()
+                    .insert(f)
+                    .map(u32::cast_signed)
+            }),
+            _ => Err(Errno(libc::EINVAL)),
+        }
+    }
+
+    /// An `UnregisterFile` control message of channel `ch` (`handle`). Bindings the
+    /// channel queued on its ring before it still see the file (the caller takes them
+    /// first); instances already started keep it open.
+    pub(crate) fn unregister_file(
+        &mut self,
+        ch: u32,
+        handle: i32,
+        fds: &[OwnedFd],
+    ) -> Result<(), Errno> {
+        if !fds.is_empty() {
+            return Err(Errno(libc::EINVAL));
+        }
+        let known = u32::try_from(handle)
+            .is_ok_and(|h| self.registered.get_mut(&ch).is_some_and(|t| t.remove(h)));
+        if self.registered.get(&ch).is_some_and(FileTable::is_empty) {
+            self.registered.remove(&ch);
+        }
+        if known {
+            Ok(())
+        } else {
+            Err(Errno(libc::EBADF))
+        }
+    }
+
+    /// A `Files` control packet of channel `ch` read before its ring record: kept for
+    /// the record; false when the channel sent more than a few without their bindings.
+    pub(crate) fn stash_files(&mut self, ch: u32, fds: Vec<OwnedFd>) -> bool {
+        let q = self.files.entry(ch).or_default();
+        if q.len() >= 4 {
+            return false;
+        }
+        q.push_back(fds);
+        true
+    }
+
+    /// The files of channel `ch`'s next ring binding: stashed by `ctl_readable`, or the
+    /// next control packet (sent before the record, so already queued).
+    fn take_files(&mut self, channels: &Channels, ch: u32) -> Result<Vec<OwnedFd>, ProtoError> {
+        if let Some(f) = self.files.get_mut(&ch).and_then(VecDeque::pop_front) {
+            return Ok(f);
+        }
+        let Some(chan) = channels.get(ch) else {
+            return Err(ProtoError::MissingFiles);
+        };
+        let mut buf = [0u8; size_of::<Ctl>()];
+        match ferry_sys::recv_with_fds(chan.ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
+            Ok((n, fds)) if n == buf.len() => {
+                let msg: Ctl = bytemuck::pod_read_unaligned(&buf);
+                if msg.kind() == Some(CtlKind::Files) {
+                    Ok(fds)
+                } else {
+                    Err(ProtoError::CtlKind(msg.kind))
+                }
+            }
+            _ => Err(ProtoError::MissingFiles),
+        }
+    }
+
+    /// A binding of channel `ch` and its files, whichever way they came. The module's
+    /// files are the passed ones, then the registered ones the binding names.
+    pub(crate) fn bind(
+        &mut self,
+        a: &mut Around<'_>,
+        ch: u32,
+        id: u32,
+        blob: &[u8],
+        declared_files: Option<usize>,
+        fds: Vec<OwnedFd>,
+    ) -> Result<(), Errno> {
+        if fds.len() > MAX_FILES || declared_files != Some(fds.len()) {
+            return Err(Errno(libc::EINVAL));
+        }
+        for f in &fds {
+            check_file(f)?;
+        }
+        let binding = Binding::decode(blob).map_err(|e| {
+            debug!("socket {id}: module binding refused: {e}");
+            Errno(libc::EINVAL)
+        })?;
+        let mut files: Vec<Arc<OwnedFd>> = Vec::with_capacity(fds.len() + binding.handles.len());
+        files.extend(fds.into_iter().map(Arc::new));
+        if !binding.handles.is_empty() {
+            let table = self.registered.get(&ch);
+            for &h in &binding.handles {
+                let f = table.and_then(|t| t.get(h)).ok_or_else(|| {
+                    debug!("socket {id}: binding names unregistered file {h}");
+                    Errno(libc::EBADF)
+                })?;
+                files.push(Arc::clone(f));
+            }
+        }
+        let module = match binding.module {
+            ModuleRef::Bytes(b) => {
+                let before = self.by_hash.len();
+                let m = self.load(b).map_err(|e| {
+                    warn!("socket {id}: module refused: {e}");
+                    bind_errno(&e)
+                })?;
+                a.stats.modules_loaded += (self.by_hash.len() - before) as u64;
+                m
+            }
+            ModuleRef::Hash(h) => *self.by_hash.get(&h).ok_or(Errno(libc::ENOENT))?,
+        };
+        self.attach(a, id, module, &binding.props, files)
+    }
+
     /// Starts module `module` on socket `id`. A failing `init` fails the socket.
     pub(crate) fn attach<K: AsRef<str>, V: AsRef<str>>(
         &mut self,
@@ -933,21 +928,9 @@ impl Server {
         (&mut self.modules, around)
     }
 
-    /// Socket `id` was just accepted from published port `port`: bind the port's
-    /// configured module, if any.
-    pub(crate) fn module_on_accept(&mut self, id: u32, port: u16) {
-        self.apply_rule(id, ModuleTarget::Port(port));
-    }
-
-    /// Socket `id` is connecting (or connected) to `to`: bind the configured module of
-    /// that destination, if any.
-    pub(crate) fn module_on_connect(&mut self, id: u32, to: SocketAddr) {
-        if !self.modules.rules.is_empty() {
-            self.apply_rule(id, ModuleTarget::Dest(to));
-        }
-    }
-
-    fn apply_rule(&mut self, id: u32, target: ModuleTarget) {
+    /// Socket `id` was just accepted from a published port or is connecting to a
+    /// destination (`target`): binds that target's configured module, if any.
+    pub(crate) fn apply_rule(&mut self, id: u32, target: ModuleTarget) {
         let Some((_, module, props)) = self.modules.rules.iter().find(|(t, ..)| *t == target)
         else {
             return;

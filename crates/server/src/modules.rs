@@ -946,3 +946,83 @@ impl Server {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::fs::File;
+    use std::os::unix::net::UnixStream;
+
+    use super::*;
+
+    fn file() -> OwnedFd {
+        File::open("/proc/self/exe").expect("a regular file").into()
+    }
+
+    #[test]
+    fn a_channels_registered_files_take_the_lowest_free_handle_and_go_with_it() {
+        let mut m = Modules::new(ModuleConfig::default()).expect("no modules configured");
+        assert_eq!(m.register_file(1, vec![file()]), Ok(0));
+        assert_eq!(m.register_file(1, vec![file()]), Ok(1));
+        assert_eq!(
+            m.register_file(2, vec![file()]),
+            Ok(0),
+            "a table per channel"
+        );
+        assert_eq!(m.unregister_file(1, 0, &[]), Ok(()));
+        assert_eq!(
+            m.unregister_file(1, 0, &[]),
+            Err(Errno(libc::EBADF)),
+            "once"
+        );
+        assert_eq!(
+            m.register_file(1, vec![file()]),
+            Ok(0),
+            "the freed handle again"
+        );
+        assert_eq!(m.unregister_file(1, -1, &[]), Err(Errno(libc::EBADF)));
+        m.channel_closed(2);
+        assert_eq!(
+            m.unregister_file(2, 0, &[]),
+            Err(Errno(libc::EBADF)),
+            "dropped with it"
+        );
+    }
+
+    #[test]
+    fn only_one_readable_regular_file_is_registered() {
+        let mut m = Modules::new(ModuleConfig::default()).expect("no modules configured");
+        assert_eq!(m.register_file(1, vec![]), Err(Errno(libc::EINVAL)));
+        assert_eq!(
+            m.register_file(1, vec![file(), file()]),
+            Err(Errno(libc::EINVAL))
+        );
+        let (sock, _peer) = UnixStream::pair().expect("socketpair");
+        assert_eq!(
+            m.register_file(1, vec![sock.into()]),
+            Err(Errno(libc::EINVAL))
+        );
+        let path = std::env::temp_dir().join(format!("ferry-wo-{}", std::process::id()));
+        let wo = File::create(&path).expect("create");
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(m.register_file(1, vec![wo.into()]), Err(Errno(libc::EBADF)));
+        assert!(m.registered.is_empty(), "nothing refused is kept");
+        assert_eq!(m.unregister_file(1, 0, &[file()]), Err(Errno(libc::EINVAL)));
+    }
+
+    #[test]
+    fn a_channel_may_stash_a_few_files_ahead_of_their_bindings_not_more() {
+        let mut m = Modules::new(ModuleConfig::default()).expect("no modules configured");
+        for _ in 0..4 {
+            assert!(m.stash_files(3, vec![file()]));
+        }
+        assert!(!m.stash_files(3, vec![file()]));
+        assert!(m.stash_files(4, vec![file()]), "another channel's own");
+        let channels = Channels::default();
+        assert_eq!(m.take_files(&channels, 3).map(|f| f.len()).ok(), Some(1));
+        m.channel_closed(3);
+        assert!(
+            matches!(m.take_files(&channels, 3), Err(ProtoError::MissingFiles)),
+            "stashed files go with their channel"
+        );
+    }
+}

@@ -380,7 +380,8 @@ impl Server {
             io.bind(fd.as_fd(), &any(0)).map_err(|e| Errno::of(&e))?;
             debug!("socket {id}: port {had} is taken on the host; another one is used");
         }
-        self.replace_host_fd(id, fd, Place::Host)
+        self.socks
+            .replace_host_fd(self.io, &self.epoll, id, fd, Place::Host)
             .map_err(|e| Errno::of(&e))?;
         let s = self.socks.get_mut(&id).ok_or(Errno(libc::EBADF))?;
         s.bound_wild = None;
@@ -412,7 +413,8 @@ impl Server {
                 .map_err(|e| Errno::of(&e))?;
             io.set_nonblocking(fd.as_fd(), true)
                 .map_err(|e| Errno::of(&e))?;
-            self.replace_host_fd(id, fd, Place::Sandbox)
+            self.socks
+                .replace_host_fd(self.io, &self.epoll, id, fd, Place::Sandbox)
                 .map_err(|e| Errno::of(&e))?;
         } else if let Some(s) = self.socks.get_mut(&id) {
             s.place = Place::Host;
@@ -627,7 +629,7 @@ impl Server {
             .map(|s| s.id)
             .collect();
         for id in open {
-            if self.app_gone(id) {
+            if self.socks.app_gone(self.io, id) {
                 self.app_closed(id);
             }
         }

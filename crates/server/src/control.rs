@@ -434,7 +434,7 @@ impl Server {
                 Msg::Sock(s) => {
                     let id = s.id;
                     self.stats.sockets_adopted += 1;
-                    if let Err(e) = self.install(*s) {
+                    if let Err(e) = self.socks.install(&self.epoll, *s) {
                         warn!("socket {id}: cannot take it over: {e}");
                     }
                 }
@@ -479,7 +479,7 @@ impl Server {
                 .map(|s| s.id)
                 .collect();
             for id in detached {
-                if self.app_gone(id) {
+                if self.socks.app_gone(self.io, id) {
                     self.app_closed(id);
                 }
             }

@@ -142,7 +142,7 @@ impl Server {
             CtlKind::Renew => {
                 let renewed = match fds.pop() {
                     Some(fd) if fds.is_empty() => match self.claim(ch, msg.sock, fd) {
-                        Ok(()) => self.renew_pair(msg.sock),
+                        Ok(()) => self.socks.renew_pair(self.io, &self.epoll, msg.sock),
                         Err(e) => Err(e),
                     },
                     _ => Err(Errno(libc::EINVAL)),
@@ -261,7 +261,7 @@ impl Server {
         self.flush_pending();
         if let Call::Release { tag, .. } = call {
             // Closed already, or closing now: either way `close` may return.
-            if self.app_gone(id) {
+            if self.socks.app_gone(self.io, id) {
                 self.app_closed(id);
                 self.settle_dirty();
             }

@@ -7,7 +7,7 @@
 //! its own, or block anywhere but in its epoll wait.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -88,9 +88,6 @@ pub struct Server {
     pub(crate) dns: Option<crate::dns::Dns>,
     /// Data-path modules bound to sockets (`modules.rs`).
     pub(crate) modules: crate::modules::Modules,
-    /// An unbound unix socket of the server's namespace: binding it to a pair's name
-    /// tells whether the program's end is still open (see `app_alive`).
-    pub(crate) name_probe: Option<OwnedFd>,
     /// The host's own addresses, for the bind and source rules (`reach.rs`).
     pub(crate) host_addrs: ferry_egress::HostAddrs,
     /// Log lines about refused control connections and sockets, at most one a second.
@@ -196,7 +193,6 @@ impl Server {
             rx: Default::default(),
             dns: None,
             modules,
-            name_probe: None,
             host_addrs: Default::default(),
             refusals: LogThrottle::default(),
             taking_earlier: false,
@@ -464,7 +460,9 @@ impl Server {
     /// its last descriptor (a hang-up not of our making), wrote into its end (input), or
     /// made room (a pump with bytes waiting for it goes on).
     pub(crate) fn pair_event(&mut self, id: u32, events: u32) {
-        if events & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 && !self.pair_alive(id, events) {
+        if events & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0
+            && !self.socks.pair_alive(self.io, id, events)
+        {
             self.app_closed(id);
             return;
         }

@@ -12,6 +12,9 @@ use tracing::{debug, warn};
 
 use crate::group::Msg;
 use crate::ops::Errno;
+use ferry_sys::Epoll;
+
+use crate::seam::Io;
 use crate::server::{Server, T_HOST, T_PAIR, host_events, pair_events, token};
 use crate::sock::{Conn, NewPair, Owner, PairEnd, Parked, Place, Sock};
 
@@ -26,6 +29,9 @@ pub(crate) struct SockTable {
     dirty: Vec<u32>,
     tx_pending: Vec<u32>,
     pair_resume: Vec<u32>,
+    /// An unbound unix socket of the server's namespace: binding it to a pair's name
+    /// tells whether the program's end is still open (see `app_alive`).
+    probe: Option<OwnedFd>,
 }
 
 impl SockTable {
@@ -41,6 +47,7 @@ impl SockTable {
         self.socks.contains_key(&id)
     }
 
+    #[cfg(test)]
     pub(crate) fn insert(&mut self, sock: Sock) {
         self.socks.insert(sock.id, sock);
     }
@@ -116,6 +123,139 @@ impl SockTable {
         }
     }
 
+    /// Registers a socket of this server: its host socket and readiness pair join the
+    /// event loop.
+    pub(crate) fn install(&mut self, epoll: &Epoll, sock: Sock) -> io::Result<()> {
+        let id = sock.id;
+        epoll.add(sock.fd.as_fd(), host_events(), token(T_HOST, id))?;
+        if let Err(e) = epoll.add(
+            sock.pair.as_fd(),
+            pair_events(sock.rx.pair()),
+            token(T_PAIR, id),
+        ) {
+            let _ = epoll.delete(sock.fd.as_fd());
+            return Err(e);
+        }
+        self.socks.insert(id, sock);
+        Ok(())
+    }
+
+    /// Replaces a socket's host socket (provisional → host or sandbox namespace).
+    pub(crate) fn replace_host_fd(
+        &mut self,
+        io: &dyn Io,
+        epoll: &Epoll,
+        id: u32,
+        fd: OwnedFd,
+        place: Place,
+    ) -> io::Result<()> {
+        let Some(s) = self.socks.get_mut(&id) else {
+            return Err(io::Error::from_raw_os_error(libc::EBADF));
+        };
+        for (level, name, value) in &s.opts {
+            if let Err(e) = io.setsockopt(fd.as_fd(), *level, *name, value) {
+                debug!("socket {id}: replaying option {level}/{name}: {e}");
+            }
+        }
+        let _ = epoll.delete(s.fd.as_fd());
+        epoll.add(fd.as_fd(), host_events(), token(T_HOST, id))?;
+        s.fd = fd;
+        s.place = place;
+        s.rx.input_edge();
+        Ok(())
+    }
+
+    /// Our end of socket `id`'s pair reported `events` with `EPOLLHUP` or `EPOLLERR`:
+    /// whether the program's end is still open. The hang-up means the program has
+    /// closed its last descriptor (the kernel shuts both of our directions then), unless
+    /// we shut both ourselves (`Server::mirror_hup`) or closed our end (`detach_pair`);
+    /// then the pair's name says. `EPOLLERR` (the program's end went with bytes unread)
+    /// always means closed.
+    pub(crate) fn pair_alive(&mut self, io: &dyn Io, id: u32, events: u32) -> bool {
+        events & libc::EPOLLERR as u32 == 0
+            && self
+                .socks
+                .get(&id)
+                .is_some_and(|s| s.pair_end == PairEnd::Hup || s.pair_detached())
+            && self.app_alive(io, id)
+    }
+
+    /// `CtlKind::Renew`: stream `id`, whose pair was detached when a non-blocking
+    /// connect failed and which the kernel has reset since, connects again: it gets a
+    /// new pair (a new name), joins the loop as a new socket's does, and starts over
+    /// as unconnected. Returns the program's end.
+    pub(crate) fn renew_pair(
+        &mut self,
+        io: &dyn Io,
+        epoll: &Epoll,
+        id: u32,
+    ) -> Result<OwnedFd, Errno> {
+        let Some(s) = self.socks.get(&id) else {
+            return Err(Errno(libc::EBADF));
+        };
+        if s.conn != Conn::FailReported || !s.is_stream() {
+            return Err(Errno(libc::EINVAL));
+        }
+        let NewPair { ours, theirs, name } = io.new_pair(id).map_err(|e| Errno::of(&e))?;
+        epoll
+            .add(ours.as_fd(), pair_events(s.rx.pair()), token(T_PAIR, id))
+            .map_err(|e| Errno::of(&e))?;
+        let s = self.socks.get_mut(&id).ok_or(Errno(libc::EBADF))?;
+        s.pair = ours;
+        s.name = name;
+        s.conn = Conn::Idle;
+        s.pair_end = PairEnd::Open;
+        s.hup_reported = false;
+        s.filler_due = false;
+        s.pair_reset = false;
+        s.so_error = 0;
+        s.rx.renewed();
+        debug!("socket {id}: readiness pair renewed to connect again");
+        Ok(theirs)
+    }
+
+    /// Whether the program has closed its last descriptor of socket `id`, asked now
+    /// (our end of the pair has hung up, and not by our own doing).
+    pub(crate) fn app_gone(&mut self, io: &dyn Io, id: u32) -> bool {
+        let Some(s) = self.socks.get(&id) else {
+            return false;
+        };
+        let rev = u32::from(io.poll_now(s.pair.as_fd(), 0).unwrap_or(0).cast_unsigned());
+        rev & (libc::POLLHUP | libc::POLLERR) as u32 != 0 && !self.pair_alive(io, id, rev)
+    }
+
+    /// Whether the program's end of socket `id`'s pair is still open, from its name in
+    /// the server's network namespace: binding the probe to it fails with `EADDRINUSE`
+    /// while any process holds that end (the name goes with its last descriptor, and
+    /// names are never used twice). When the probe cannot be made or bound, the end
+    /// counts as open: the socket is then released when the sandbox ends, not before.
+    fn app_alive(&mut self, io: &dyn Io, id: u32) -> bool {
+        let Some(name) = self.socks.get(&id).map(|s| s.name) else {
+            return false;
+        };
+        let probe = match self.probe.take() {
+            Some(p) => p,
+            None => match io.unix_socket() {
+                Ok(p) => p,
+                Err(e) => {
+                    warn!("socket {id}: cannot make a name probe: {e}");
+                    return true;
+                }
+            },
+        };
+        match io.bind_abstract(probe.as_fd(), &name) {
+            // The name was free: the end is gone (dropping the probe frees it again).
+            Ok(()) => false,
+            Err(e) => {
+                if e.raw_os_error() != Some(libc::EADDRINUSE) {
+                    warn!("socket {id}: name probe: {e}");
+                }
+                self.probe = Some(probe);
+                true
+            }
+        }
+    }
+
     /// Takes socket `id`'s first parked operation matching `pred`.
     pub(crate) fn unpark(&mut self, id: u32, pred: impl Fn(&Parked) -> bool) -> Option<Parked> {
         let s = self.socks.get_mut(&id)?;
@@ -143,71 +283,18 @@ impl Server {
         Ok((sock, theirs))
     }
 
-    /// Registers a socket of this server: its host socket and readiness pair join the
-    /// event loop.
-    pub(crate) fn install(&mut self, sock: Sock) -> io::Result<()> {
-        let id = sock.id;
-        self.epoll
-            .add(sock.fd.as_fd(), host_events(), token(T_HOST, id))?;
-        if let Err(e) = self.epoll.add(
-            sock.pair.as_fd(),
-            pair_events(sock.rx.pair()),
-            token(T_PAIR, id),
-        ) {
-            let _ = self.epoll.delete(sock.fd.as_fd());
-            return Err(e);
-        }
-        self.socks.insert(sock);
-        Ok(())
-    }
-
     /// Serves `sock` here, or hands it to its server; returns its id. The hand-over
     /// happens before the caller tells the shim the id (see [`crate::group`]).
     pub(crate) fn place_sock(&mut self, sock: Sock) -> io::Result<u32> {
         let id = sock.id;
         let server = ferry_proto::server_of(id);
         if server == self.index {
-            self.install(sock)?;
+            self.socks.install(&self.epoll, sock)?;
         } else {
             self.stats.sockets_handed += 1;
             self.shared.inbox[server].send(Msg::Sock(Box::new(sock)));
         }
         Ok(id)
-    }
-
-    /// Replaces a socket's host socket (provisional → host or sandbox namespace).
-    pub(crate) fn replace_host_fd(&mut self, id: u32, fd: OwnedFd, place: Place) -> io::Result<()> {
-        let io = self.io;
-        let Some(s) = self.socks.get_mut(&id) else {
-            return Err(io::Error::from_raw_os_error(libc::EBADF));
-        };
-        for (level, name, value) in &s.opts {
-            if let Err(e) = io.setsockopt(fd.as_fd(), *level, *name, value) {
-                debug!("socket {id}: replaying option {level}/{name}: {e}");
-            }
-        }
-        let _ = self.epoll.delete(s.fd.as_fd());
-        self.epoll
-            .add(fd.as_fd(), host_events(), token(T_HOST, id))?;
-        s.fd = fd;
-        s.place = place;
-        s.rx.input_edge();
-        Ok(())
-    }
-
-    /// Our end of socket `id`'s pair reported `events` with `EPOLLHUP` or `EPOLLERR`:
-    /// whether the program's end is still open. The hang-up means the program has
-    /// closed its last descriptor (the kernel shuts both of our directions then), unless
-    /// we shut both ourselves (`Server::mirror_hup`) or closed our end (`detach_pair`);
-    /// then the pair's name says. `EPOLLERR` (the program's end went with bytes unread)
-    /// always means closed.
-    pub(crate) fn pair_alive(&mut self, id: u32, events: u32) -> bool {
-        events & libc::EPOLLERR as u32 == 0
-            && self
-                .socks
-                .get(&id)
-                .is_some_and(|s| s.pair_end == PairEnd::Hup || s.pair_detached())
-            && self.app_alive(id)
     }
 
     /// A non-blocking connect of socket `id` failed: the kernel's socket now reports
@@ -235,78 +322,6 @@ impl Server {
         let _ = self.epoll.delete(s.pair.as_fd());
         s.conn = Conn::Failed;
         drop(std::mem::replace(&mut s.pair, placeholder));
-    }
-
-    /// `CtlKind::Renew`: stream `id`, whose pair was detached when a non-blocking
-    /// connect failed and which the kernel has reset since, connects again: it gets a
-    /// new pair (a new name), joins the loop as a new socket's does, and starts over
-    /// as unconnected. Returns the program's end.
-    pub(crate) fn renew_pair(&mut self, id: u32) -> Result<OwnedFd, Errno> {
-        let Some(s) = self.socks.get(&id) else {
-            return Err(Errno(libc::EBADF));
-        };
-        if s.conn != Conn::FailReported || !s.is_stream() {
-            return Err(Errno(libc::EINVAL));
-        }
-        let NewPair { ours, theirs, name } = self.io.new_pair(id).map_err(|e| Errno::of(&e))?;
-        self.epoll
-            .add(ours.as_fd(), pair_events(s.rx.pair()), token(T_PAIR, id))
-            .map_err(|e| Errno::of(&e))?;
-        let s = self.socks.get_mut(&id).ok_or(Errno(libc::EBADF))?;
-        s.pair = ours;
-        s.name = name;
-        s.conn = Conn::Idle;
-        s.pair_end = PairEnd::Open;
-        s.hup_reported = false;
-        s.filler_due = false;
-        s.pair_reset = false;
-        s.so_error = 0;
-        s.rx.renewed();
-        debug!("socket {id}: readiness pair renewed to connect again");
-        Ok(theirs)
-    }
-
-    /// Whether the program has closed its last descriptor of socket `id`, asked now
-    /// (our end of the pair has hung up, and not by our own doing).
-    pub(crate) fn app_gone(&mut self, id: u32) -> bool {
-        let io = self.io;
-        let Some(s) = self.socks.get(&id) else {
-            return false;
-        };
-        let rev = u32::from(io.poll_now(s.pair.as_fd(), 0).unwrap_or(0).cast_unsigned());
-        rev & (libc::POLLHUP | libc::POLLERR) as u32 != 0 && !self.pair_alive(id, rev)
-    }
-
-    /// Whether the program's end of socket `id`'s pair is still open, from its name in
-    /// the server's network namespace: binding the probe to it fails with `EADDRINUSE`
-    /// while any process holds that end (the name goes with its last descriptor, and
-    /// names are never used twice). When the probe cannot be made or bound, the end
-    /// counts as open: the socket is then released when the sandbox ends, not before.
-    fn app_alive(&mut self, id: u32) -> bool {
-        let Some(name) = self.socks.get(&id).map(|s| s.name) else {
-            return false;
-        };
-        let probe = match self.name_probe.take() {
-            Some(p) => p,
-            None => match self.io.unix_socket() {
-                Ok(p) => p,
-                Err(e) => {
-                    warn!("socket {id}: cannot make a name probe: {e}");
-                    return true;
-                }
-            },
-        };
-        match self.io.bind_abstract(probe.as_fd(), &name) {
-            // The name was free: the end is gone (dropping the probe frees it again).
-            Ok(()) => false,
-            Err(e) => {
-                if e.raw_os_error() != Some(libc::EADDRINUSE) {
-                    warn!("socket {id}: name probe: {e}");
-                }
-                self.name_probe = Some(probe);
-                true
-            }
-        }
     }
 
     pub(crate) fn app_closed(&mut self, id: u32) {

@@ -175,12 +175,18 @@ impl Server {
         match self.try_accept(id) {
             Ok(a) => self.finish_accept(ch, id, a),
             Err(e) if would_block(&e) && !nonblock => {
-                self.park(id, Parked::Accept { ch });
+                if !self.socks.park(id, Parked::Accept { ch }) {
+                    self.bad_channel(ch, "too many blocking requests on one socket");
+                }
             }
             Err(e) => {
                 let mut r = reply(Errno::of(&e));
                 if would_block(&e) {
-                    r.c = self.drain_token(id);
+                    r.c = i32::from(
+                        self.socks
+                            .get(&id)
+                            .is_some_and(crate::sock::Sock::token_out),
+                    );
                 }
                 self.channels.send_reply(self.io, ch, r, &[]);
             }
@@ -447,7 +453,9 @@ impl Server {
                 if nonblock {
                     self.done(ch, id, tag, Errno(libc::EINPROGRESS));
                 } else {
-                    self.park(id, Parked::Connect { ch, tag });
+                    if !self.socks.park(id, Parked::Connect { ch, tag }) {
+                        self.bad_channel(ch, "too many blocking requests on one socket");
+                    }
                 }
             }
             Err(e) => self.done(ch, id, tag, Errno::of(&e)),

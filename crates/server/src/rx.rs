@@ -15,11 +15,12 @@ use ferry_sys::Received;
 use tracing::warn;
 
 use crate::channel::Channel;
-use crate::ops::{Errno, MAX_PARKED_PER_CHANNEL, would_block};
+use crate::ops::{Errno, would_block};
 use crate::recv_side::{EndEvent, PathEvent, UrgentEvent};
 use crate::seam::Io;
 use crate::server::Server;
 use crate::sock::{Conn, PairEnd, Parked, Place, Sock, Token};
+use crate::stats::ServerStats;
 
 /// Most buffers one receive fills.
 const MAX_RECV_BUFS: usize = 4;
@@ -258,6 +259,65 @@ impl RxScratch {
         }
         (got, false)
     }
+
+    /// The pump of [`Server::pump`] for stream `s`: host socket → pair.
+    fn pump(&mut self, io: &dyn Io, s: &mut Sock, stats: &mut ServerStats) {
+        let id = s.id;
+        if !s.reads_pair() || s.pair_end != PairEnd::Open {
+            return;
+        }
+        self.ready(io);
+        loop {
+            if !pending_into_pair(io, s) || !s.urgent_first(io) {
+                return;
+            }
+            if !s.rx.maybe() {
+                // No input edge since the queue was found empty (e.g. an edge that only
+                // said the socket is writable again): nothing to read.
+                return;
+            }
+            let (got, pipe_broken) = self.read_into_pair(io, s);
+            match got {
+                Ok(0) => {
+                    s.mirror_eof(io);
+                    return;
+                }
+                Ok(n) => {
+                    s.stats.bytes_in += n as u64;
+                    stats.bytes_in += n as u64;
+                    stats.data_syscalls += 1;
+                    // A read that did not fill the buffer emptied the queue: bytes that
+                    // come later bring a new edge (the host socket is edge-triggered),
+                    // so the read that would say EAGAIN is skipped, unless the end has
+                    // been reported (it brings no further edge).
+                    // (A read also stops short at an urgent mark.)
+                    let drained =
+                        !s.rx.bulk() && n < RX_SCRATCH && !s.rx.ending() && !s.rx.urgent_due();
+                    if drained {
+                        s.rx.found_empty();
+                    }
+                    if !s.rx.pending().is_empty() || drained {
+                        return;
+                    }
+                }
+                Err(e) if would_block(&e) => {
+                    s.rx.found_empty();
+                    stats.empty_reads += 1;
+                    return;
+                }
+                Err(e) => {
+                    s.so_error = e.raw_os_error().unwrap_or(libc::EIO);
+                    s.mirror_eof(io);
+                    if pipe_broken {
+                        warn!("socket {id}: the receive pipe lost bytes; the stream ends with EIO");
+                        let _ = io.linger_reset(s.fd.as_fd());
+                        self.pipe = None;
+                    }
+                    return;
+                }
+            }
+        }
+    }
 }
 
 /// Moves what `s`'s pair did not take before into it; false while some is left.
@@ -285,7 +345,7 @@ impl Server {
         nonblock: bool,
     ) {
         if flags & libc::MSG_OOB == 0
-            && let Some(res) = self.pair_stream_end(id)
+            && let Some(res) = self.socks.get_mut(&id).and_then(Sock::stream_end)
         {
             // The stream's bytes went through the pair: the shim asks only what ended it.
             self.done(ch, id, tag, res);
@@ -294,7 +354,7 @@ impl Server {
         match self.try_recv(ch, id, tag, len, flags) {
             Ok(()) => {}
             Err(e) if would_block(&e) && !nonblock => {
-                self.park(
+                if !self.socks.park(
                     id,
                     Parked::Recv {
                         ch,
@@ -302,11 +362,13 @@ impl Server {
                         len,
                         flags,
                     },
-                );
+                ) {
+                    self.bad_channel(ch, "too many blocking requests on one socket");
+                }
             }
             Err(e) => {
                 let mut c = Cmp::new(CmpKind::Done, id, tag, Errno::of(&e).wire());
-                if would_block(&e) && self.drain_token(id) != 0 {
+                if would_block(&e) && self.socks.get(&id).is_some_and(Sock::token_out) {
                     c.flags |= CMP_DRAIN_TOKEN;
                 }
                 self.complete(ch, c);
@@ -381,14 +443,6 @@ impl Server {
         }
     }
 
-    /// Whether the shim should drain its token now (1) or not (0).
-    pub(crate) fn drain_token(&mut self, id: u32) -> i32 {
-        match self.socks.get_mut(&id) {
-            Some(s) if s.token_out() => 1,
-            _ => 0,
-        }
-    }
-
     /// Writes a readiness token if the shim wants one and the host socket is readable.
     pub(crate) fn maybe_token(&mut self, id: u32) {
         self.maybe_token_known(id, false);
@@ -433,20 +487,6 @@ impl Server {
         }
     }
 
-    /// With `rx_pair`, the answer to a receive on a connected stream whose bytes go
-    /// through the pair: how the stream ended (0, or the error that ended it, reported
-    /// once) or `EAGAIN` while it has not. `None`: not such a socket.
-    fn pair_stream_end(&mut self, id: u32) -> Option<Result<(), Errno>> {
-        let s = self.socks.get_mut(&id).filter(|s| s.reads_pair())?;
-        if s.pair_end == PairEnd::Open {
-            return Some(Err(Errno(libc::EAGAIN)));
-        }
-        Some(match std::mem::take(&mut s.so_error) {
-            0 => Ok(()),
-            e => Err(Errno(e)),
-        })
-    }
-
     /// With `rx_pair`: moves what the host socket has received into the readiness pair
     /// (the program's fd) until either would block; what the pair does not take waits
     /// for its `EPOLLOUT` (and the host socket waits meanwhile: TCP's window is the
@@ -456,7 +496,9 @@ impl Server {
     /// change hands, the bytes are not copied in the server) until a splice moves less
     /// than [`SPLICE_MIN`]. A hang-up due follows the end of the stream ([`Server::mirror_hup`]).
     pub(crate) fn pump(&mut self, id: u32) {
-        self.pump_pair(id);
+        if let Some(s) = self.socks.get_mut(&id) {
+            self.rx.pump(self.io, s, &mut self.stats);
+        }
         self.mirror_hup(id);
     }
 
@@ -482,67 +524,6 @@ impl Server {
         };
         s.pair_end = PairEnd::Hup;
         let _ = io.shutdown(s.pair.as_fd(), libc::SHUT_RD);
-    }
-
-    fn pump_pair(&mut self, id: u32) {
-        let io = self.io;
-        let Some(s) = self.socks.get_mut(&id) else {
-            return;
-        };
-        if !s.reads_pair() || s.pair_end != PairEnd::Open {
-            return;
-        }
-        self.rx.ready(io);
-        loop {
-            if !pending_into_pair(io, s) || !s.urgent_first(io) {
-                return;
-            }
-            if !s.rx.maybe() {
-                // No input edge since the queue was found empty (e.g. an edge that only
-                // said the socket is writable again): nothing to read.
-                return;
-            }
-            let (got, pipe_broken) = self.rx.read_into_pair(io, s);
-            match got {
-                Ok(0) => {
-                    s.mirror_eof(io);
-                    return;
-                }
-                Ok(n) => {
-                    s.stats.bytes_in += n as u64;
-                    self.stats.bytes_in += n as u64;
-                    self.stats.data_syscalls += 1;
-                    // A read that did not fill the buffer emptied the queue: bytes that
-                    // come later bring a new edge (the host socket is edge-triggered),
-                    // so the read that would say EAGAIN is skipped, unless the end has
-                    // been reported (it brings no further edge).
-                    // (A read also stops short at an urgent mark.)
-                    let drained =
-                        !s.rx.bulk() && n < RX_SCRATCH && !s.rx.ending() && !s.rx.urgent_due();
-                    if drained {
-                        s.rx.found_empty();
-                    }
-                    if !s.rx.pending().is_empty() || drained {
-                        return;
-                    }
-                }
-                Err(e) if would_block(&e) => {
-                    s.rx.found_empty();
-                    self.stats.empty_reads += 1;
-                    return;
-                }
-                Err(e) => {
-                    s.so_error = e.raw_os_error().unwrap_or(libc::EIO);
-                    s.mirror_eof(io);
-                    if pipe_broken {
-                        warn!("socket {id}: the receive pipe lost bytes; the stream ends with EIO");
-                        let _ = io.linger_reset(s.fd.as_fd());
-                        self.rx.pipe = None;
-                    }
-                    return;
-                }
-            }
-        }
     }
 
     /// Host readiness: finish connects, flush sends, retry parked operations, tokens.
@@ -577,7 +558,9 @@ impl Server {
         }
         self.retry_parked(id);
         self.report_hangup(id, events);
-        self.edge_token(id, events);
+        if let Some(s) = self.socks.get_mut(&id) {
+            s.edge_token(self.io, events);
+        }
         if let Some(s) = self.socks.get_mut(&id)
             && s.connected()
             && events & (libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0
@@ -616,26 +599,6 @@ impl Server {
         );
     }
 
-    /// Edge-triggered epoll wants an edge for every arrival of new data, even while the
-    /// socket is already readable: add a token byte per new-data edge (a few at most
-    /// between two drains).
-    fn edge_token(&mut self, id: u32, events: u32) {
-        let io = self.io;
-        let Some(s) = self.socks.get_mut(&id) else {
-            return;
-        };
-        let Token::Out { extra } = s.token else {
-            return;
-        };
-        if events & libc::EPOLLIN as u32 == 0 || s.listening() || extra >= 8 {
-            return;
-        }
-        if io.send(s.pair.as_fd(), &[1]).is_ok() {
-            s.token = Token::Out { extra: extra + 1 };
-            s.stats.tokens += 1;
-        }
-    }
-
     fn retry_parked(&mut self, id: u32) {
         loop {
             let Some(s) = self.socks.get_mut(&id) else {
@@ -654,7 +617,7 @@ impl Server {
                 } => match self.try_recv(ch, id, tag, len, flags) {
                     Ok(()) => continue,
                     Err(e) if would_block(&e) => {
-                        self.park_front(id, p);
+                        self.socks.park_front(id, p);
                         return;
                     }
                     Err(e) => self.done(ch, id, tag, Errno::of(&e)),
@@ -662,38 +625,16 @@ impl Server {
                 Parked::Accept { ch } => match self.try_accept(id) {
                     Ok(a) => self.finish_accept(ch, id, a),
                     Err(e) if would_block(&e) => {
-                        self.park_front(id, p);
+                        self.socks.park_front(id, p);
                         return;
                     }
                     Err(e) => self.channels.answer(self.io, ch, Errno::of(&e)),
                 },
                 Parked::Connect { .. } => {
-                    self.park_front(id, p);
+                    self.socks.park_front(id, p);
                     return;
                 }
             }
-        }
-    }
-
-    /// Parks a blocking operation of socket `id` until its host socket is ready. A
-    /// shim's thread has one request in flight at a time: a channel with more than a
-    /// few parked on one socket breaks the protocol (and would grow the queue without
-    /// bound), so it is closed.
-    pub(crate) fn park(&mut self, id: u32, p: Parked) {
-        let ch = p.owner().0;
-        let Some(s) = self.socks.get_mut(&id) else {
-            return;
-        };
-        if s.parked.iter().filter(|q| q.owner().0 == ch).count() >= MAX_PARKED_PER_CHANNEL {
-            self.bad_channel(ch, "too many blocking requests on one socket");
-            return;
-        }
-        s.parked.push_back(p);
-    }
-
-    fn park_front(&mut self, id: u32, p: Parked) {
-        if let Some(s) = self.socks.get_mut(&id) {
-            s.parked.push_front(p);
         }
     }
 }

@@ -10,6 +10,7 @@ use std::os::fd::OwnedFd;
 
 use ferry_ring::{BufSpan, Buffers};
 
+use crate::ops::Errno;
 use crate::recv_side::{RecvSide, UrgentEvent};
 use crate::seam::Io;
 use crate::stats::SocketStats;
@@ -477,6 +478,46 @@ impl Sock {
                 true
             }
         }
+    }
+
+    /// With `rx_pair`, the answer to a receive on a connected stream whose bytes go
+    /// through the pair: how the stream ended (0, or the error that ended it, reported
+    /// once) or `EAGAIN` while it has not. `None`: not such a socket.
+    pub(crate) fn stream_end(&mut self) -> Option<Result<(), Errno>> {
+        if !self.reads_pair() {
+            return None;
+        }
+        if self.pair_end == PairEnd::Open {
+            return Some(Err(Errno(libc::EAGAIN)));
+        }
+        Some(match std::mem::take(&mut self.so_error) {
+            0 => Ok(()),
+            e => Err(Errno(e)),
+        })
+    }
+
+    /// Edge-triggered epoll wants an edge for every arrival of new data, even while the
+    /// socket is already readable: adds a token byte per new-data edge (`events`), a
+    /// few at most between two drains.
+    pub(crate) fn edge_token(&mut self, io: &dyn Io, events: u32) {
+        let Token::Out { extra } = self.token else {
+            return;
+        };
+        if events & libc::EPOLLIN as u32 == 0 || self.listening() || extra >= 8 {
+            return;
+        }
+        if io.send(std::os::fd::AsFd::as_fd(&self.pair), &[1]).is_ok() {
+            self.token = Token::Out { extra: extra + 1 };
+            self.stats.tokens += 1;
+        }
+    }
+
+    /// Reads and discards the shim's filler in the pair (one read: see
+    /// `Server::drain_filler`).
+    pub(crate) fn drain_filler(&mut self, io: &dyn Io) {
+        let mut buf = [0u8; 16 << 10];
+        let _ = io.discard(std::os::fd::AsFd::as_fd(&self.pair), &mut buf);
+        self.stats.room_waits += 1;
     }
 
     /// The host socket's hang-up is due on the program's end of the pair and not there

@@ -11,7 +11,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use tracing::{debug, warn};
 
 use crate::group::Msg;
-use crate::ops::Errno;
+use crate::ops::{Errno, MAX_PARKED_PER_CHANNEL};
 use ferry_sys::Epoll;
 
 use crate::seam::Io;
@@ -256,6 +256,29 @@ impl SockTable {
         }
     }
 
+    /// Parks a blocking operation of socket `id` until its host socket is ready. A
+    /// shim's thread has one request in flight at a time: a channel with more than a
+    /// few parked on one socket breaks the protocol (and would grow the queue without
+    /// bound); false then, and nothing is parked.
+    pub(crate) fn park(&mut self, id: u32, p: Parked) -> bool {
+        let ch = p.owner().0;
+        let Some(s) = self.socks.get_mut(&id) else {
+            return true;
+        };
+        if s.parked.iter().filter(|q| q.owner().0 == ch).count() >= MAX_PARKED_PER_CHANNEL {
+            return false;
+        }
+        s.parked.push_back(p);
+        true
+    }
+
+    /// Puts back an operation that still waits, ahead of the others.
+    pub(crate) fn park_front(&mut self, id: u32, p: Parked) {
+        if let Some(s) = self.socks.get_mut(&id) {
+            s.parked.push_front(p);
+        }
+    }
+
     /// Takes socket `id`'s first parked operation matching `pred`.
     pub(crate) fn unpark(&mut self, id: u32, pred: impl Fn(&Parked) -> bool) -> Option<Parked> {
         let s = self.socks.get_mut(&id)?;
@@ -495,6 +518,26 @@ mod tests {
         assert_eq!(tags, [1, 2, 4]);
         assert!(t.unpark(5, |p| p.owner().0 == 9).is_none());
         assert!(t.unpark(6, |_| true).is_none(), "no such socket");
+    }
+
+    #[test]
+    fn a_channel_parks_a_few_operations_per_socket_and_no_more() {
+        let mut t = SockTable::default();
+        t.insert(sock(1));
+        for tag in 0..MAX_PARKED_PER_CHANNEL as u32 {
+            assert!(t.park(1, recv(1, tag)));
+        }
+        assert!(!t.park(1, recv(1, 99)), "one too many from channel 1");
+        assert!(t.park(1, recv(2, 0)), "channel 2 has its own few");
+        t.park_front(1, recv(2, 7));
+        let first = t.get(&1).unwrap().parked.front().map(Parked::owner);
+        assert_eq!(
+            first,
+            Some((2, 7)),
+            "a retried operation keeps its place first"
+        );
+        assert_eq!(t.outstanding(), MAX_PARKED_PER_CHANNEL + 2);
+        assert!(t.park(9, recv(1, 0)), "no such socket: nothing to refuse");
     }
 
     #[test]

@@ -116,13 +116,7 @@ impl Server {
             self.pair_input(id);
             return;
         }
-        Self::drain_filler_now(io, s);
-    }
-
-    fn drain_filler_now(io: &dyn Io, s: &mut Sock) {
-        let mut buf = [0u8; 16 << 10];
-        let _ = io.discard(s.pair.as_fd(), &mut buf);
-        s.stats.room_waits += 1;
+        s.drain_filler(io);
     }
 
     /// A `Send` from channel `ch` on socket `id`: `len` bytes at `offset` in the shim's
@@ -357,7 +351,7 @@ impl Server {
                     // asked of an unfilled pair).
                     let was_waiting = std::mem::take(&mut s.pair_in_wait);
                     if std::mem::take(&mut s.filler_due) && marked {
-                        Self::drain_filler_now(io, s);
+                        s.drain_filler(io);
                     }
                     if was_waiting {
                         self.after_sends(id);

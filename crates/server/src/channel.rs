@@ -11,7 +11,8 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
-use ferry_proto::{Cmp, CmpKind, Ctl, Req};
+use ferry_proto::{Cmp, CmpKind, Ctl, ProtoError, Req, cmsg};
+use ferry_ring::BufId;
 use ferry_ring::{Endpoint, Layout, Region, Side};
 use tracing::debug;
 
@@ -228,6 +229,37 @@ impl Channels {
     /// Answers a control request of channel `ch` with `result` (and no descriptors).
     pub(crate) fn answer(&self, io: &dyn Io, ch: u32, result: impl Into<Answer>) {
         self.send_reply(io, ch, reply(result), &[]);
+    }
+
+    /// `BufReturn`: the shim gives back server buffer `buf` of channel `ch`.
+    pub(crate) fn buffer_returned(&mut self, ch: u32, buf: u32) -> Result<(), ProtoError> {
+        match self.get_mut(ch) {
+            Some(chan) => chan
+                .ep
+                .pool
+                .free(BufId(buf))
+                .map_err(|_| ProtoError::BadBuffer(buf)),
+            None => Ok(()),
+        }
+    }
+
+    /// `SendCtl`: control bytes kept for the next `Send` from channel `ch` (the shim
+    /// sends them in a row, right before it).
+    pub(crate) fn send_ctl(
+        &mut self,
+        ch: u32,
+        offset: u32,
+        bytes: &[u8],
+    ) -> Result<(), ProtoError> {
+        let Some(chan) = self.get_mut(ch) else {
+            return Ok(());
+        };
+        let have = chan.send_ctl.len();
+        if offset as usize != have || have + bytes.len() > cmsg::MAX_CONTROL {
+            return Err(ProtoError::ControlOffset { offset, have });
+        }
+        chan.send_ctl.extend_from_slice(bytes);
+        Ok(())
     }
 
     /// Channel `ch`, if it is open.

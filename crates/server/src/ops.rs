@@ -8,14 +8,12 @@
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 
-use ferry_proto::{Call, Cmp, CmpKind, Ctl, CtlKind, ProtoError, WireAddr, cmsg};
-use ferry_ring::BufId;
+use ferry_proto::{Call, Cmp, CmpKind, Ctl, CtlKind, ProtoError, WireAddr};
 use tracing::{debug, warn};
 
 use crate::connect::in_family;
 use crate::server::Server;
-use crate::sock::{Conn, Place, Token};
-use crate::sockopt;
+use crate::sock::{Conn, Token};
 
 /// Most operations one channel may have waiting on one socket (a shim has one).
 pub(crate) const MAX_PARKED_PER_CHANNEL: usize = 4;
@@ -220,9 +218,9 @@ impl Server {
     /// One decoded ring request. `Err` means the channel broke the protocol.
     pub(crate) fn handle(&mut self, ch: u32, call: Call) -> Result<(), ProtoError> {
         match call {
-            Call::BufReturn { buf, .. } => return self.buffer_returned(ch, buf),
+            Call::BufReturn { buf, .. } => return self.channels.buffer_returned(ch, buf),
             Call::SendCtl { offset, bytes, .. } => {
-                return self.send_ctl(ch, offset, bytes.as_bytes());
+                return self.channels.send_ctl(ch, offset, bytes.as_bytes());
             }
             _ => {}
         }
@@ -292,8 +290,8 @@ impl Server {
     fn socket_call(&mut self, ch: u32, id: u32, call: Call) {
         match call {
             Call::Disconnect { tag, .. } => {
-                let res = self.disconnect(id);
-                self.done(ch, id, tag, res);
+                let res = self.socks.get(&id).map(|s| s.disconnect(self.io));
+                self.done(ch, id, tag, res.unwrap_or(Err(Errno(libc::EBADF))));
             }
             Call::Connect {
                 tag,
@@ -330,8 +328,12 @@ impl Server {
                 value,
                 ..
             } => {
-                let res = self.setopt(id, level, name, value.as_bytes());
-                self.done(ch, id, tag, res);
+                let (io, addrs) = (self.io, &mut self.host_addrs);
+                let res = self
+                    .socks
+                    .get_mut(&id)
+                    .map(|s| s.setopt(io, addrs, (level, name), value.as_bytes()));
+                self.done(ch, id, tag, res.unwrap_or(Err(Errno(libc::EBADF))));
             }
             Call::GetOpt {
                 tag,
@@ -382,45 +384,6 @@ impl Server {
         if let Some(p) = self.socks.unpark(id, |p| p.owner() == (ch, parked)) {
             debug!("socket {id}: cancelled {p:?}");
             self.done(ch, id, parked, Errno(libc::EINTR));
-        }
-    }
-
-    /// `BufReturn`: the shim gives back server buffer `buf` of channel `ch`.
-    fn buffer_returned(&mut self, ch: u32, buf: u32) -> Result<(), ProtoError> {
-        match self.channels.get_mut(ch) {
-            Some(chan) => chan
-                .ep
-                .pool
-                .free(BufId(buf))
-                .map_err(|_| ProtoError::BadBuffer(buf)),
-            None => Ok(()),
-        }
-    }
-
-    /// `SendCtl`: control bytes kept for the next `Send` from channel `ch` (the shim
-    /// sends them in a row, right before it).
-    fn send_ctl(&mut self, ch: u32, offset: u32, bytes: &[u8]) -> Result<(), ProtoError> {
-        let Some(chan) = self.channels.get_mut(ch) else {
-            return Ok(());
-        };
-        let have = chan.send_ctl.len();
-        if offset as usize != have || have + bytes.len() > cmsg::MAX_CONTROL {
-            return Err(ProtoError::ControlOffset { offset, have });
-        }
-        chan.send_ctl.extend_from_slice(bytes);
-        Ok(())
-    }
-
-    /// `connect(AF_UNSPEC)` on socket `id`: a datagram socket's association dissolves;
-    /// a stream cannot (`EAFNOSUPPORT`, as the kernel's TCP says).
-    fn disconnect(&mut self, id: u32) -> Result<(), Errno> {
-        match self.socks.get(&id) {
-            Some(s) if !s.is_stream() => self
-                .io
-                .connect_unspec(s.fd.as_fd())
-                .map_err(|e| Errno::of(&e)),
-            Some(_) => Err(Errno(libc::EAFNOSUPPORT)),
-            None => Err(Errno(libc::EBADF)),
         }
     }
 
@@ -475,45 +438,6 @@ impl Server {
         self.done(ch, id, tag, res);
         if module {
             self.flush_tx(id);
-        }
-    }
-
-    /// `setsockopt` on socket `id`: refused (`EPERM`) where it would let the sandbox
-    /// reach what it may not (`sockopt.rs`, `reach.rs`); a value set is kept for a move.
-    fn setopt(&mut self, id: u32, level: i32, name: i32, value: &[u8]) -> Result<(), Errno> {
-        let Some(s) = self.socks.get_mut(&id) else {
-            return Err(Errno(libc::EBADF));
-        };
-        let sticky_source =
-            (level, name) == (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) && s.place != Place::Sandbox;
-        let refused = sockopt::refused(level, name, value).map(str::to_owned);
-        let refused = match cmsg::in6_pktinfo(value).filter(|_| sticky_source) {
-            Some((index, ip)) if refused.is_none() => {
-                ferry_egress::reach::source_refused(&mut self.host_addrs, index, ip)
-            }
-            _ => refused,
-        };
-        if let Some(why) = refused {
-            if (level, name) == (libc::SOL_SOCKET, libc::SO_BINDTODEVICE) {
-                // Tried by every `curl --interface` (it falls back to the interface's
-                // address, as for an unprivileged user): refused quietly.
-                debug!("socket {id}: SO_BINDTODEVICE refused: {why}");
-            } else {
-                warn!("socket {id}: setsockopt({level}, {name}) refused: {why}");
-            }
-            return Err(Errno(libc::EPERM));
-        }
-        match self.io.setsockopt(s.fd.as_fd(), level, name, value) {
-            Ok(()) => {
-                // Kept for a move (one value per option: bounded).
-                s.opts.retain(|(l, n, _)| (*l, *n) != (level, name));
-                s.opts.push((level, name, value.to_vec()));
-                if (level, name) == (libc::SOL_SOCKET, libc::SO_RCVBUF) {
-                    bound_pair(self.io, s, value);
-                }
-                Ok(())
-            }
-            Err(e) => Err(Errno::of(&e)),
         }
     }
 

@@ -6,13 +6,16 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 
+use ferry_proto::cmsg;
 use ferry_ring::{BufSpan, Buffers};
+use tracing::{debug, warn};
 
 use crate::ops::Errno;
 use crate::recv_side::{RecvSide, UrgentEvent};
 use crate::seam::Io;
+use crate::sockopt;
 use crate::stats::SocketStats;
 use ferry_egress::Lease;
 
@@ -518,6 +521,60 @@ impl Sock {
         let mut buf = [0u8; 16 << 10];
         let _ = io.discard(std::os::fd::AsFd::as_fd(&self.pair), &mut buf);
         self.stats.room_waits += 1;
+    }
+
+    /// `connect(AF_UNSPEC)` : a datagram socket's association dissolves;
+    /// a stream cannot (`EAFNOSUPPORT`, as the kernel's TCP says).
+    pub(crate) fn disconnect(&self, io: &dyn Io) -> Result<(), Errno> {
+        if self.is_stream() {
+            return Err(Errno(libc::EAFNOSUPPORT));
+        }
+        io.connect_unspec(self.fd.as_fd())
+            .map_err(|e| Errno::of(&e))
+    }
+
+    /// `setsockopt` : refused (`EPERM`) where it would let the sandbox
+    /// reach what it may not (`sockopt.rs`, `reach.rs`); a value set is kept for a move.
+    pub(crate) fn setopt(
+        &mut self,
+        io: &dyn Io,
+        host_addrs: &mut ferry_egress::HostAddrs,
+        (level, name): (i32, i32),
+        value: &[u8],
+    ) -> Result<(), Errno> {
+        let id = self.id;
+        let s = self;
+        let sticky_source =
+            (level, name) == (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) && s.place != Place::Sandbox;
+        let refused = sockopt::refused(level, name, value).map(str::to_owned);
+        let refused = match cmsg::in6_pktinfo(value).filter(|_| sticky_source) {
+            Some((index, ip)) if refused.is_none() => {
+                ferry_egress::reach::source_refused(host_addrs, index, ip)
+            }
+            _ => refused,
+        };
+        if let Some(why) = refused {
+            if (level, name) == (libc::SOL_SOCKET, libc::SO_BINDTODEVICE) {
+                // Tried by every `curl --interface` (it falls back to the interface's
+                // address, as for an unprivileged user): refused quietly.
+                debug!("socket {id}: SO_BINDTODEVICE refused: {why}");
+            } else {
+                warn!("socket {id}: setsockopt({level}, {name}) refused: {why}");
+            }
+            return Err(Errno(libc::EPERM));
+        }
+        match io.setsockopt(s.fd.as_fd(), level, name, value) {
+            Ok(()) => {
+                // Kept for a move (one value per option: bounded).
+                s.opts.retain(|(l, n, _)| (*l, *n) != (level, name));
+                s.opts.push((level, name, value.to_vec()));
+                if (level, name) == (libc::SOL_SOCKET, libc::SO_RCVBUF) {
+                    crate::ops::bound_pair(io, s, value);
+                }
+                Ok(())
+            }
+            Err(e) => Err(Errno::of(&e)),
+        }
     }
 
     /// The host socket's hang-up is due on the program's end of the pair and not there

@@ -8,10 +8,10 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 
-use ferry_proto::{CMP_RENEW_PAIR, Cmp, CmpKind, Ctl, WireAddr, cmsg};
+use ferry_proto::{CMP_RENEW_PAIR, Cmp, CmpKind, Ctl, WireAddr};
 use tracing::{debug, warn};
 
-use ferry_egress::{Decision, Origin, Reason, What, admit, reach};
+use ferry_egress::reach;
 
 use crate::ModuleTarget;
 use crate::ops::reply;
@@ -36,18 +36,6 @@ pub(crate) fn in_family(domain: i32, a: SocketAddr) -> SocketAddr {
         }
         _ => a,
     }
-}
-
-/// Most peers a datagram socket with a chosen host port remembers (`Sock::contacted`).
-const CONTACTED: usize = 64;
-
-/// Adds `peer` to `list` (the most recent last), forgetting the oldest beyond [`CONTACTED`].
-fn remember(list: &mut Vec<SocketAddr>, peer: SocketAddr) {
-    list.retain(|p| *p != peer);
-    if list.len() >= CONTACTED {
-        list.remove(0);
-    }
-    list.push(peer);
 }
 
 /// A hash key for a peer address (the hash assignment of accepted connections).
@@ -312,128 +300,12 @@ impl Server {
         r
     }
 
-    /// Whether socket `id` lives on the host already (bound to a host address, or
-    /// connected or sent from before): local destinations would be the host's own.
-    pub(crate) fn on_host(&self, id: u32) -> bool {
-        self.socks.get(&id).is_some_and(|s| s.place == Place::Host)
-    }
-
-    pub(crate) fn host_loopback_refused(&mut self, id: u32, what: What, to: WireAddr) {
-        warn!(
-            "socket {id}: {what} to {} refused: the socket is on the host, where that address is the host's own (never reachable from a sandbox)",
-            to.to_std()
-        );
-        self.stats.denied += 1;
-    }
-
-    /// Why a datagram's control messages may not go out from socket `id`, if they may
-    /// not: on the host, a source must be one of the host's addresses, with no
-    /// interface chosen (`reach.rs`). Inside the sandbox its own kernel judges.
-    pub(crate) fn source_refused(&mut self, id: u32, control: &[u8]) -> Option<String> {
-        if control.is_empty() || self.socks.get(&id)?.place == Place::Sandbox {
-            return None;
-        }
-        cmsg::sources(control)
-            .find_map(|(index, ip)| reach::source_refused(&mut self.host_addrs, index, ip))
-    }
-
-    /// A socket the program bound to the wildcard address (so it was made in the sandbox)
-    /// and now connects or sends elsewhere — a client choosing its port, as `curl
-    /// --local-port`, dig, `nc -u -p` or libuv do — moves to the host: a host socket with
-    /// its options, bound to the wildcard and the same port (the port it had in the
-    /// sandbox when the program asked for any; another when the host has that one taken),
-    /// takes its place. A datagram socket that
-    /// keeps a port the program chose admits only the peers it contacts (it must not be
-    /// a way to publish a port). Nothing happens to other sockets, or once a socket has
-    /// a peer or listens.
-    pub(crate) fn move_to_host(&mut self, id: u32) -> Result<(), Errno> {
-        let io = self.io;
-        let Some(s) = self.socks.get(&id) else {
-            return Ok(());
-        };
-        let Some(asked) = s.bound_wild else {
-            return Ok(());
-        };
-        if s.place != Place::Sandbox || s.conn != Conn::Idle {
-            return Ok(());
-        }
-        let had = io
-            .sock_addr(s.fd.as_fd(), false)
-            .ok()
-            .flatten()
-            .map_or(0, |a| a.port());
-        let (domain, ty, protocol) = (s.domain, s.ty, s.protocol);
-        let fd = self
-            .io
-            .socket(domain, ty, protocol)
-            .map_err(|e| Errno::of(&e))?;
-        for (level, name, value) in &s.opts {
-            let _ = io.setsockopt(fd.as_fd(), *level, *name, value);
-        }
-        let any = |port| {
-            let ip: std::net::IpAddr = if domain == libc::AF_INET6 {
-                std::net::Ipv6Addr::UNSPECIFIED.into()
-            } else {
-                std::net::Ipv4Addr::UNSPECIFIED.into()
-            };
-            SocketAddr::new(ip, port)
-        };
-        // The port is free in the sandbox, where the program bound it, but may be taken on
-        // the host (by another program, or a connection in TIME_WAIT): the program cannot
-        // try another one now, as it would after a failed bind, so the host picks one.
-        let kept = io.bind(fd.as_fd(), &any(had)).is_ok();
-        if !kept {
-            io.bind(fd.as_fd(), &any(0)).map_err(|e| Errno::of(&e))?;
-            debug!("socket {id}: port {had} is taken on the host; another one is used");
-        }
-        self.socks
-            .replace_host_fd(self.io, &self.epoll, id, fd, Place::Host)
-            .map_err(|e| Errno::of(&e))?;
-        let s = self.socks.get_mut(&id).ok_or(Errno(libc::EBADF))?;
-        s.bound_wild = None;
-        if !s.is_stream() && asked != 0 && kept {
-            s.contacted = Some(Vec::new());
-        }
-        debug!(
-            "socket {id}: bound to the wildcard, moved to the host for a peer outside the sandbox"
-        );
-        Ok(())
-    }
-
-    /// Moves a provisional socket to where `dest` says it belongs.
-    pub(crate) fn place_for(&mut self, id: u32, local: bool) -> Result<(), Errno> {
-        let io = self.io;
-        let s = self.socks.get(&id).ok_or(Errno(libc::EBADF))?;
-        if s.place != Place::Provisional {
-            return Ok(());
-        }
-        let (domain, ty, protocol) = (s.domain, s.ty, s.protocol);
-        if local {
-            let fd = self
-                .shared
-                .sandbox_socket(
-                    domain,
-                    ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                    protocol,
-                )
-                .map_err(|e| Errno::of(&e))?;
-            io.set_nonblocking(fd.as_fd(), true)
-                .map_err(|e| Errno::of(&e))?;
-            self.socks
-                .replace_host_fd(self.io, &self.epoll, id, fd, Place::Sandbox)
-                .map_err(|e| Errno::of(&e))?;
-        } else if let Some(s) = self.socks.get_mut(&id) {
-            s.place = Place::Host;
-        }
-        Ok(())
-    }
-
     pub(crate) fn connect(&mut self, ch: u32, id: u32, tag: u32, addr: WireAddr, nonblock: bool) {
         if let Some(c @ (Conn::Failed | Conn::FailReported)) = self.socks.get(&id).map(|s| s.conn) {
             self.connect_after_failure(ch, id, tag, c == Conn::FailReported);
             return;
         }
-        if let Err(e) = self.route_connect(id, addr) {
+        if let Err(e) = self.placing().route_connect(id, addr) {
             self.done(ch, id, tag, e);
             return;
         }
@@ -487,56 +359,6 @@ impl Server {
         };
         let _ = io.connect_unspec(s.fd.as_fd());
         self.done(ch, id, tag, Errno(e));
-    }
-
-    /// Whether socket `id` may reach `dest` (`what`: a connect or a datagram), and from
-    /// where, as [`ferry_egress::admit`] decides: the host's own addresses are never
-    /// reachable from the host side; the policy. Then a socket bound to the wildcard in
-    /// the sandbox moves to the host for a peer outside it, a provisional one is placed;
-    /// a socket that keeps a port the program chose remembers the peer.
-    pub(crate) fn route_to(&mut self, id: u32, dest: WireAddr, what: What) -> Result<(), Errno> {
-        let to = dest.to_std();
-        let from = if self.on_host(id) {
-            Origin::Host
-        } else {
-            Origin::Sandbox
-        };
-        let local = match admit(&self.cfg.policy, what, from, to) {
-            Decision::Inside => true,
-            Decision::Outside => false,
-            Decision::Refused(Reason::HostLocal) => {
-                self.host_loopback_refused(id, what, dest);
-                return Err(Errno(libc::EACCES));
-            }
-            Decision::Refused(why) => {
-                warn!("socket {id}: {what} to {to} {why}");
-                self.stats.denied += 1;
-                return Err(Errno(libc::EACCES));
-            }
-        };
-        if !local {
-            self.move_to_host(id)?;
-        }
-        self.place_for(id, local)?;
-        if let Some(c) = self.socks.get_mut(&id).and_then(|s| s.contacted.as_mut()) {
-            remember(c, to);
-        }
-        Ok(())
-    }
-
-    /// [`Server::route_to`] for a connect: besides, a stream bound inside the sandbox has
-    /// no route out, and an egress bond picks the source.
-    fn route_connect(&mut self, id: u32, addr: WireAddr) -> Result<(), Errno> {
-        self.route_to(id, addr, What::Connect)?;
-        let s = self.socks.get_mut(&id).ok_or(Errno(libc::EBADF))?;
-        if s.place == Place::Sandbox
-            && !reach::is_local(addr.to_std().ip())
-            && s.ty == libc::SOCK_STREAM
-        {
-            // Bound inside the sandbox, now asked to leave it: the sandbox has no route.
-            return Err(Errno(libc::ENETUNREACH));
-        }
-        self.bond_source(id, addr.to_std())
     }
 
     /// Stream `id`'s connect in progress (to `to`, the program's end of the pair
@@ -609,7 +431,7 @@ impl Server {
                 return Err(Errno(libc::EACCES));
             }
         }
-        self.place_for(id, local)?;
+        self.placing().place_for(id, local)?;
         let wild = WireAddr::from(addr).is_unspecified().then_some(addr.port());
         let s = self.socks.get_mut(&id).ok_or(Errno(libc::EBADF))?;
         match io.bind(s.fd.as_fd(), &addr) {
@@ -648,14 +470,14 @@ impl Server {
 
     pub(crate) fn listen(&mut self, id: u32, backlog: i32) -> Result<(), Errno> {
         let io = self.io;
-        if self.on_host(id) {
+        if self.placing().on_host(id) {
             warn!(
                 "socket {id}: listen refused: the socket is bound to a host address, and only -p publishes a port"
             );
             self.stats.denied += 1;
             return Err(Errno(libc::EACCES));
         }
-        self.place_for(id, true)?;
+        self.placing().place_for(id, true)?;
         let shared = self.shared.clone();
         let s = self.socks.get_mut(&id).ok_or(Errno(libc::EBADF))?;
         match io.listen(s.fd.as_fd(), backlog) {

@@ -82,12 +82,12 @@ pub mod confine;
 mod connect;
 mod control;
 pub mod dns;
-mod egress;
 mod group;
 #[allow(unsafe_code)]
 mod hostio;
 mod modules;
 mod ops;
+mod place;
 mod published;
 mod recv_side;
 mod rx;

@@ -248,7 +248,7 @@ pub(crate) struct Sock {
     pub opts: Vec<(i32, i32, Vec<u8>)>,
     /// The port of the program's bind to the wildcard address (0.0.0.0 or ::), which put
     /// the socket in the sandbox: a client that then connects or sends elsewhere moves to
-    /// the host (`Server::move_to_host`).
+    /// the host (`Placing::move_to_host`).
     pub bound_wild: Option<u16>,
     /// A datagram socket that holds a port the program chose on the host: only the peers
     /// it sent to or connected to (the last few) may send to it (see `reach.rs`).

@@ -16,13 +16,18 @@ use ferry_sys::Epoll;
 
 use crate::channel::Channel;
 use crate::group::Msg;
-use crate::server::{
-    HELLO_TIMEOUT, MAX_PENDING_HELLO, Server, T_CTL, T_DOORBELL, T_HELLO, T_LISTEN, as_bytes,
-    descends_from, process_start, token,
-};
+use crate::procs::{descends_from, process_start};
+use crate::server::Server;
 use crate::sock::Owner;
 use crate::stats::ServerStats;
+use crate::token::{T_CTL, T_DOORBELL, T_HELLO, T_LISTEN, token};
 use crate::{Config, Error, LogThrottle};
+
+/// How long a control connection may take to say Hello before it is closed.
+pub(crate) const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Most control connections waiting for their Hello at once (the oldest gives way).
+pub(crate) const MAX_PENDING_HELLO: usize = 64;
 
 /// The control socket's side of a server (the first one's): the listener, who may
 /// open a channel, and the connections waiting for their Hello (at most
@@ -359,7 +364,7 @@ impl Server {
                 hello.version, self.shared.n
             );
             let reply = HelloReply::default();
-            let _ = ferry_sys::send_with_fds(fd.as_fd(), as_bytes(&reply), &[]);
+            let _ = ferry_sys::send_with_fds(fd.as_fd(), bytemuck::bytes_of(&reply), &[]);
             return;
         }
         if target == self.index {
@@ -397,7 +402,7 @@ impl Server {
         };
         let sent = self.io.ctl_send(
             ch.ctl.as_fd(),
-            as_bytes(&reply),
+            bytemuck::bytes_of(&reply),
             &[ch.region.fd(), ch.doorbell()],
         );
         if let Err(e) = sent {

@@ -88,6 +88,7 @@ mod hostio;
 mod modules;
 mod ops;
 mod place;
+mod procs;
 mod published;
 mod recv_side;
 mod rx;
@@ -98,6 +99,7 @@ mod sockopt;
 mod stats;
 mod table;
 pub mod testkit;
+mod token;
 mod tx;
 mod udp_publish;
 
@@ -106,7 +108,8 @@ pub use ferry_egress::{Bond, EgressStats, LogThrottle, Mode, Policy, Rule, TapHa
 pub use ferry_modules::{Interrupt as ModuleInterrupt, Limits as ModuleLimits};
 pub use group::{Accepted, Assign, Control, Handle, Servers, parse_server, server_name};
 pub use modules::{HIGH_WATER, ModuleConfig, ModuleError, ModuleRule, ModuleTarget};
-pub use server::{Server, descends_from};
+pub use procs::descends_from;
+pub use server::Server;
 pub use stats::{
     ChannelStats, FOLDED, MAX_LISTED, ServerStats, SocketStats, group_json, merge as merge_stats,
 };

@@ -15,10 +15,18 @@ use ferry_sys::Epoll;
 use tracing::{debug, warn};
 
 use crate::group::{Msg, Shared, lock};
-use crate::server::{MAX_WAITING, Server, T_PUBLISH, UNSERVED_GRACE, index_u32, token};
+use crate::server::Server;
 use crate::stats::ServerStats;
+use crate::token::{T_PUBLISH, index_u32, token};
 use crate::udp_publish::Flows;
 use crate::{Config, Error, LogThrottle};
+
+/// Most connections of one published port that wait for the sandbox to accept them;
+/// more are refused.
+pub(crate) const MAX_WAITING: usize = 8192;
+/// How long a connection to a published port waits for a listener in the sandbox when
+/// there is none (the program may still be starting) before it is refused.
+pub(crate) const UNSERVED_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A server's published ports: the host listeners (the first server's only) and the
 /// sandbox port each feeds, whether connections wait with no listener in the sandbox,

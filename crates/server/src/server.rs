@@ -17,48 +17,17 @@ use ferry_sys::{Epoll, Event};
 use tracing::{info, warn};
 
 use crate::channel::{Channels, Next};
-use crate::control::ControlConns;
+use crate::control::{ControlConns, HELLO_TIMEOUT};
 use crate::group::{Handle, Msg, Shared, server_name};
 use crate::published::PublishedPorts;
 use crate::seam::Io;
 use crate::stats::ServerStats;
 use crate::table::SockTable;
+use crate::token::{
+    T_CTL, T_DNS_IN, T_DNS_TCP, T_DNS_UP, T_DOORBELL, T_HELLO, T_HOST, T_INBOX, T_LISTEN, T_PAIR,
+    T_PUBLISH, T_UDP_FLOW, index_u32, token,
+};
 use crate::{Config, Error, LogThrottle, SandboxSocketFn};
-
-/// Epoll token kinds (top byte of the token; the low 32 bits carry an index).
-pub(crate) const T_LISTEN: u64 = 1;
-pub(crate) const T_CTL: u64 = 2;
-pub(crate) const T_DOORBELL: u64 = 3;
-pub(crate) const T_HOST: u64 = 4;
-pub(crate) const T_PAIR: u64 = 5;
-pub(crate) const T_PUBLISH: u64 = 6;
-pub(crate) const T_INBOX: u64 = 7;
-pub(crate) const T_HELLO: u64 = 8;
-pub(crate) const T_DNS_IN: u64 = 9;
-pub(crate) const T_DNS_UP: u64 = 10;
-pub(crate) const T_DNS_TCP: u64 = 11;
-pub(crate) const T_UDP_FLOW: u64 = 12;
-/// Most connections of one published port that wait for the sandbox to accept them;
-/// more are refused.
-pub(crate) const MAX_WAITING: usize = 8192;
-/// How long a connection to a published port waits for a listener in the sandbox when
-/// there is none (the program may still be starting) before it is refused.
-pub(crate) const UNSERVED_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// How long a control connection may take to say Hello before it is closed.
-pub(crate) const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Most control connections waiting for their Hello at once (the oldest gives way).
-pub(crate) const MAX_PENDING_HELLO: usize = 64;
-
-/// A small index (of a published port, a DNS socket) as an epoll token's index.
-pub(crate) fn index_u32(i: usize) -> u32 {
-    u32::try_from(i).unwrap_or(u32::MAX)
-}
-
-pub(crate) fn token(kind: u64, idx: u32) -> u64 {
-    kind << 56 | u64::from(idx)
-}
 
 /// A protocol server: one thread's event loop (one of a [`crate::Servers`] group, or a
 /// group of its own from [`Server::new`]).
@@ -541,61 +510,4 @@ impl Server {
         self.stats.channels.sort_by_key(|c| c.id);
         std::mem::take(&mut self.stats)
     }
-}
-
-/// What the loop watches on our end of a socket's readiness pair.
-pub(crate) fn pair_events(rx_pair: bool) -> u32 {
-    if rx_pair {
-        // Room in the pair resumes a pump that stopped on a full pair; bytes from the
-        // program's end are its writes the shim did not see.
-        (libc::EPOLLRDHUP | libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLET).cast_unsigned()
-    } else {
-        libc::EPOLLRDHUP as u32
-    }
-}
-
-pub(crate) fn host_events() -> u32 {
-    (libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET)
-        .cast_unsigned()
-}
-
-/// Whether `pid` is `ancestor` or one of its descendants (walking `/proc/PID/stat`).
-pub fn descends_from(mut pid: i32, ancestor: i32) -> bool {
-    for _ in 0..4096 {
-        if pid == ancestor {
-            return true;
-        }
-        if pid <= 1 {
-            return false;
-        }
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            return false;
-        };
-        // "pid (comm) state ppid …": comm may contain anything, so parse after the last ')'.
-        let Some(ppid) = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok())
-        else {
-            return false;
-        };
-        pid = ppid;
-    }
-    false
-}
-
-/// When process `pid` started (`/proc/PID/stat`'s `starttime`, in clock ticks since
-/// boot); `None` when it does not exist.
-pub(crate) fn process_start(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // "pid (comm) state ppid …": starttime is the 20th field after the comm.
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(19)?
-        .parse()
-        .ok()
-}
-
-pub(crate) fn as_bytes<T: bytemuck::Pod>(v: &T) -> &[u8] {
-    bytemuck::bytes_of(v)
 }

@@ -31,7 +31,7 @@ pub(crate) struct Owner {
 impl Owner {
     /// Whether this process still runs (its pid names a process of the same start).
     pub(crate) fn alive(&self) -> bool {
-        crate::server::process_start(self.pid) == Some(self.start)
+        crate::procs::process_start(self.pid) == Some(self.start)
     }
 }
 

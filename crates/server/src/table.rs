@@ -15,8 +15,9 @@ use crate::ops::{Errno, MAX_PARKED_PER_CHANNEL};
 use ferry_sys::Epoll;
 
 use crate::seam::Io;
-use crate::server::{Server, T_HOST, T_PAIR, host_events, pair_events, token};
+use crate::server::Server;
 use crate::sock::{Conn, NewPair, Owner, PairEnd, Parked, Place, Sock};
+use crate::token::{T_HOST, T_PAIR, host_events, pair_events, token};
 
 /// A server's sockets, by id, and the work noticed on them for later in the turn:
 /// sockets whose state changed (closing, a fence to pass: `settle_dirty`), sockets

@@ -717,7 +717,7 @@ fn this_process() -> Owner {
     let pid = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
     Owner {
         pid,
-        start: crate::server::process_start(pid).unwrap_or(0),
+        start: crate::procs::process_start(pid).unwrap_or(0),
     }
 }
 

@@ -246,7 +246,7 @@ impl PublishedPorts {
         if let Err(e) = epoll.add(
             f.fd.as_fd(),
             libc::EPOLLIN as u32,
-            crate::server::token(crate::server::T_UDP_FLOW, id),
+            crate::token::token(crate::token::T_UDP_FLOW, id),
         ) {
             self.flows.remove(id);
             self.flow_dropped(i, &format!("no flow for {client}: {e}"));

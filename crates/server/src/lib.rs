@@ -9,7 +9,7 @@
 //! receive path, moving a TCP socket's received bytes into its readiness pair), which
 //! socket options and control messages a sandbox may use (`sockopt.rs`,
 //! `ferry_proto::cmsg`: nothing that needs the server's privilege or points into its
-//! memory), binding a socket to its egress bond's source address (`egress.rs`),
+//! memory), binding a socket to its egress bond's source address (`place.rs`),
 //! published ports (TCP connections handed to the sandbox's listener; UDP datagrams
 //! forwarded through a flow per client, `udp_publish`), data-path modules bound to sockets (`modules`: the
 //! server half of `ferry-modules` — binding, feeding a module the program's sends,
@@ -21,14 +21,18 @@
 //!
 //! # Layout (docs/DESIGN.md, "Server core")
 //!
-//! `server.rs` is the event loop; `control.rs` the control connections, `published.rs`
-//! the published ports, `table.rs` the socket table; `channel.rs` the channel table
-//! (rings, backlog, back-pressure); `ops.rs` dispatches
-//! each typed request (`ferry_proto::Call`) and control message; `connect.rs` places and
-//! connects sockets, `tx.rs` is the way out, `rx.rs` the way in; `sock.rs` is one
-//! socket's state with its state tables; every call on a host socket or pair goes
-//! through the seam (`seam.rs`), so that [`testkit`] can run the real server over a
-//! scripted fake, in-process and deterministically.
+//! `Server` (`server.rs`: the event loop) coordinates parts that own their state:
+//! `ControlConns` (`control.rs`: the control socket, Hellos), `Channels` (`channel.rs`:
+//! rings, backlog, back-pressure), `SockTable` (`table.rs`: the sockets and the turn's
+//! work on them), `PublishedPorts` (`published.rs`, `udp_publish.rs`), `Modules`
+//! (`modules.rs`). `ops.rs` dispatches each typed request (`ferry_proto::Call`) and
+//! control message; `connect.rs` makes, accepts and connects sockets, `place.rs`
+//! places them (`Placing`), `tx.rs` is the way out, `rx.rs` the way in; `sock.rs` is
+//! one socket's state (`Conn`, `Token`, `PairEnd`, `Holders`) and `recv_side.rs` its
+//! receive side, each with its table of moves; `token.rs` and `procs.rs` are leaves.
+//! Every call on a host socket or pair goes through the seam (`seam.rs`), so that
+//! [`testkit`] can run the real server over a scripted fake, in-process and
+//! deterministically.
 //!
 //! # Theory of operation
 //!
@@ -55,7 +59,7 @@
 //! and sends it on the host socket (`Server::pair_input`); a filler starts with an
 //! out-of-band marker, where those reads stop. Whenever the server's own end
 //! hangs up by the server's doing, whether the program still holds the fd is asked of
-//! the pair's abstract name (`Server::app_alive`).
+//! the pair's abstract name (`SockTable::app_alive`).
 //!
 //! # What a sandbox can do to a server (docs/SECURITY.md)
 //!

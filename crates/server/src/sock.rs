@@ -171,7 +171,7 @@ pub(crate) enum Conn {
 /// | `Eof`  | `hup_due` (the host socket hung up), program's end open | publish the channel's completions; shut the read side too | `Hup` |
 ///
 /// In `Hup` both directions of the pair are shut, so our end reports `EPOLLHUP` while
-/// the program's end is still open (see `Server::app_alive`).
+/// the program's end is still open (see `SockTable::app_alive`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub(crate) enum PairEnd {
     #[default]

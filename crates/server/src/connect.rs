@@ -18,7 +18,7 @@ use crate::ops::reply;
 use crate::ops::{Errno, reply_id, would_block};
 use crate::recv_side::PathEvent;
 use crate::server::Server;
-use crate::sock::{Conn, Parked, Place};
+use crate::sock::{Conn, ConnEvent, Parked, Place, Sock};
 
 /// `a` as a socket of family `domain` shows it. A connection accepted on a dual-stack
 /// published port is an IPv6 socket on the host, handed to the sandbox's listener: for an
@@ -241,7 +241,7 @@ impl Server {
                 return;
             }
         };
-        sock.conn = Conn::Connected;
+        sock.conn_moves(ConnEvent::Connected);
         if self.channels.get(ch).is_some_and(|c| c.rx_pair) {
             sock.rx.move_path(PathEvent::ToPair);
         }
@@ -301,7 +301,7 @@ impl Server {
     }
 
     pub(crate) fn connect(&mut self, ch: u32, id: u32, tag: u32, addr: WireAddr, nonblock: bool) {
-        if let Some(c @ (Conn::Failed | Conn::FailReported)) = self.socks.get(&id).map(|s| s.conn) {
+        if let Some(c @ (Conn::Failed | Conn::FailReported)) = self.socks.get(&id).map(Sock::conn) {
             self.connect_after_failure(ch, id, tag, c == Conn::FailReported);
             return;
         }
@@ -316,12 +316,12 @@ impl Server {
         match self.io.connect(s.fd.as_fd(), &to) {
             Ok(()) => {
                 if s.is_stream() {
-                    s.conn = Conn::Connected;
+                    s.conn_moves(ConnEvent::Connected);
                 }
                 self.done(ch, id, tag, 0);
             }
             Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
-                s.conn = Conn::Connecting { to, filled: false };
+                s.conn_moves(ConnEvent::InProgress(to));
                 if nonblock {
                     self.done(ch, id, tag, Errno(libc::EINPROGRESS));
                 } else {
@@ -352,7 +352,7 @@ impl Server {
             self.complete(ch, c);
             return;
         }
-        s.conn = Conn::FailReported;
+        s.conn_moves(ConnEvent::Reported);
         let e = match std::mem::take(&mut s.so_error) {
             0 => libc::ECONNABORTED,
             e => e,
@@ -394,11 +394,11 @@ impl Server {
             let _ = io.connect_unspec(s.fd.as_fd());
         }
         s.so_error = if reported { 0 } else { err };
-        s.conn = if err == 0 {
-            Conn::Connected
+        s.conn_moves(if err == 0 {
+            ConnEvent::Succeeded
         } else {
-            Conn::Idle
-        };
+            ConnEvent::Refused
+        });
         let outcome = match err {
             0 => Ok(()),
             e => Err(Errno(e)),
@@ -488,7 +488,7 @@ impl Server {
                 {
                     s.published_listener = Some(a.port());
                 }
-                s.conn = Conn::Listening;
+                s.conn_moves(ConnEvent::Listen);
                 if self.has_published(id) {
                     self.host_event(id, libc::EPOLLIN as u32);
                 }

@@ -13,7 +13,7 @@ use tracing::{debug, warn};
 
 use crate::connect::in_family;
 use crate::server::Server;
-use crate::sock::{Conn, Token};
+use crate::sock::{ConnEvent, Token};
 
 /// Most operations one channel may have waiting on one socket (a shim has one).
 pub(crate) const MAX_PARKED_PER_CHANNEL: usize = 4;
@@ -391,9 +391,13 @@ impl Server {
     /// the pair, so that the fd polls unwritable while connecting, as the kernel's
     /// socket does. The filler goes when the connect ends (now, or at its completion).
     fn connect_filled(&mut self, id: u32, nonblock: bool) {
-        match self.socks.get_mut(&id).map(|s| &mut s.conn) {
-            Some(Conn::Connecting { filled, .. }) if nonblock => *filled = true,
-            _ => self.drain_filler(id),
+        let filled = nonblock
+            && self
+                .socks
+                .get_mut(&id)
+                .is_some_and(|s| s.conn_moves(ConnEvent::Filled));
+        if !filled {
+            self.drain_filler(id);
         }
     }
 

@@ -93,7 +93,7 @@ impl Placing<'_> {
         let Some(asked) = s.bound_wild else {
             return Ok(());
         };
-        if s.place != Place::Sandbox || s.conn != Conn::Idle {
+        if s.place != Place::Sandbox || s.conn() != Conn::Idle {
             return Ok(());
         }
         let had = io

@@ -41,7 +41,7 @@ const RX_PIPE: usize = 1 << 20;
 
 /// One splice of bulk stream `s`: host socket → `pipe` (read end, write end) → pair.
 /// What the pair does not take is read out of the pipe (through `buf`) into
-/// `s.rx_pending`, so the pipe is empty for the next socket; `true` when that failed
+/// `s.rx`'s pending bytes, so the pipe is empty for the next socket; `true` when that failed
 /// (not expected: the pipe holds those bytes) — the stream has lost them (`EIO`) and
 /// the pipe must not serve another.
 fn splice_bulk(
@@ -200,7 +200,7 @@ fn answer_recv(
     // `TokenDrained`'s re-check writes a fresh token. Short of the buffers lent, not of
     // the length asked for: a read of more than MAX_RECV_BUFS buffers (or with fewer
     // free) that fills them all may have left data behind, and the host socket,
-    // edge-triggered, brings no new edge for it. Nor after a hang-up (`rx_ending`): its
+    // edge-triggered, brings no new edge for it. Nor after a hang-up (`RecvSide::ending`): its
     // edge came before this read, and the end of the stream is still to read.
     let short = s.is_stream() && placed < room && !s.rx.ending();
     if short && flags & (libc::MSG_PEEK | libc::MSG_OOB) == 0 {
@@ -235,7 +235,7 @@ impl RxScratch {
     }
 
     /// One read of `s`'s host socket into its pair: spliced in bulk mode, else copied
-    /// (what the pair does not take is kept in `rx_pending`). `true` beside the result:
+    /// (what the pair does not take is kept in `s.rx`'s pending bytes). `true` beside the result:
     /// the pipe lost bytes and must serve no other stream.
     fn read_into_pair(&mut self, io: &dyn Io, s: &mut Sock) -> (io::Result<usize>, bool) {
         let buf = &mut self.buf;
@@ -548,7 +548,7 @@ impl Server {
             && s.rx.mark() + 1 < self.waits
             && !s.parked.iter().any(|p| matches!(p, Parked::Recv { .. }));
         let out = events & (libc::EPOLLOUT | libc::EPOLLERR | libc::EPOLLHUP) as u32 != 0;
-        if let Conn::Connecting { to, filled } = s.conn
+        if let Conn::Connecting { to, filled } = s.conn()
             && out
         {
             self.connect_ended(id, to, filled);

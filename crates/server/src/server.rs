@@ -49,7 +49,7 @@ pub struct Server {
     pub(crate) published: PublishedPorts,
     pub(crate) stats: ServerStats,
     /// `epoll_wait` calls returned so far: orders host events against receives (see
-    /// `Sock::recv_mark`).
+    /// `RecvSide::mark`).
     pub(crate) waits: u64,
     /// `rx_pair`: where host bytes land on their way into a pair.
     pub(crate) rx: crate::rx::RxScratch,

@@ -140,6 +140,10 @@ pub(crate) enum Token {
 /// | `FailReported`     | connect                                 | `ECONNABORTED` + `CMP_RENEW_PAIR`   | `FailReported`     |
 /// | `FailReported`     | `CtlKind::Renew`                        | a new pair                          | `Idle`             |
 /// | `Connected`        | accept made the socket                  |                                     | `Connected`        |
+///
+/// It moves only by [`Conn::next`] (through `Sock::conn_moves`), whose moves are those
+/// of this table as [`ConnEvent`]s (a failed connect with its pair filled goes by
+/// `Refused` and then `Detached`); the unit tests check every move against it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub(crate) enum Conn {
     /// Neither connected nor listening.
@@ -162,13 +166,54 @@ pub(crate) enum Conn {
     FailReported,
 }
 
+/// What moves a [`Conn`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ConnEvent {
+    /// A connect answered 0, or an accept made the socket.
+    Connected,
+    /// A connect answered `EINPROGRESS`.
+    InProgress(SocketAddr),
+    /// `REQ_FILLED` with a non-blocking connect.
+    Filled,
+    /// The connect in progress ended with `SO_ERROR` 0.
+    Succeeded,
+    /// It ended with an error.
+    Refused,
+    /// The pair was detached after a non-blocking connect failed.
+    Detached,
+    Listen,
+    /// A connect after the failure reported it.
+    Reported,
+    /// `CtlKind::Renew`: a new pair.
+    Renewed,
+}
+
+impl Conn {
+    /// The move `ev` makes from here; `None`: not a legal move.
+    pub(crate) fn next(self, ev: ConnEvent) -> Option<Conn> {
+        use Conn::*;
+        Some(match (self, ev) {
+            (Idle, ConnEvent::Connected) => Connected,
+            (Idle, ConnEvent::InProgress(to)) => Connecting { to, filled: false },
+            (Connecting { to, .. }, ConnEvent::Filled) => Connecting { to, filled: true },
+            (Connecting { .. }, ConnEvent::Succeeded) => Connected,
+            (Connecting { .. }, ConnEvent::Refused) => Idle,
+            (Idle, ConnEvent::Detached) => Failed,
+            (Idle | Listening, ConnEvent::Listen) => Listening,
+            (Failed, ConnEvent::Reported) => FailReported,
+            (FailReported, ConnEvent::Renewed) => Idle,
+            _ => return None,
+        })
+    }
+}
+
 /// How much of the host stream's ending the program's end of the pair shows. It only
 /// moves forward (a renewed pair starts `Open` again):
 ///
 /// | state  | event                                              | action                           | next  |
 /// |--------|----------------------------------------------------|----------------------------------|-------|
 /// | `Open` | the end of the stream is read (0, or the error kept for `SO_ERROR`), or a token check sees `POLLRDHUP` | shut the pair's write side (the program reads 0, polls `POLLRDHUP`) | `Eof` |
-/// | `Eof`  | `hup_due` (the host socket hung up), program's end open | publish the channel's completions; shut the read side too | `Hup` |
+/// | `Eof`  | `RecvSide::hup_due` (the host socket hung up), program's end open | publish the channel's completions; shut the read side too | `Hup` |
 ///
 /// In `Hup` both directions of the pair are shut, so our end reports `EPOLLHUP` while
 /// the program's end is still open (see `SockTable::app_alive`).
@@ -263,8 +308,8 @@ pub(crate) struct Sock {
     pub rx: RecvSide,
     pub parked: VecDeque<Parked>,
     pub txq: VecDeque<TxItem>,
-    /// Where the connection stands (see [`Conn`]).
-    pub conn: Conn,
+    /// Where the connection stands (see [`Conn`]; moved by [`Sock::conn_moves`]).
+    conn: Conn,
     /// Error left by the last connect, for `SO_ERROR`.
     pub so_error: i32,
     /// The program has closed its last reference.
@@ -403,6 +448,26 @@ impl Sock {
     /// The pair was detached after a failed non-blocking connect.
     pub(crate) fn pair_detached(&self) -> bool {
         matches!(self.conn, Conn::Failed | Conn::FailReported)
+    }
+
+    /// Where the connection stands.
+    pub(crate) fn conn(&self) -> Conn {
+        self.conn
+    }
+
+    /// Moves the connection by `ev` when [`Conn`]'s table allows it; false (and no
+    /// move) otherwise.
+    pub(crate) fn conn_moves(&mut self, ev: ConnEvent) -> bool {
+        match self.conn.next(ev) {
+            Some(c) => {
+                self.conn = c;
+                true
+            }
+            None => {
+                debug!("socket {}: {ev:?} refused in {:?}", self.id, self.conn);
+                false
+            }
+        }
     }
 
     pub(crate) fn listening(&self) -> bool {
@@ -591,6 +656,104 @@ mod tests {
 
     fn owner(pid: i32) -> Owner {
         Owner { pid, start: 1 }
+    }
+
+    fn to() -> SocketAddr {
+        "192.0.2.1:80".parse().unwrap()
+    }
+
+    /// [`Conn`]'s doc table as [`ConnEvent`]s, row by row.
+    fn conn_moves() -> Vec<(Conn, ConnEvent, Conn)> {
+        use Conn::*;
+        let (open, filled) = (
+            Connecting {
+                to: to(),
+                filled: false,
+            },
+            Connecting {
+                to: to(),
+                filled: true,
+            },
+        );
+        vec![
+            (Idle, ConnEvent::Connected, Connected),
+            (Idle, ConnEvent::InProgress(to()), open),
+            (Idle, ConnEvent::Listen, Listening),
+            (Listening, ConnEvent::Listen, Listening),
+            (open, ConnEvent::Filled, filled),
+            (filled, ConnEvent::Filled, filled),
+            (open, ConnEvent::Succeeded, Connected),
+            (filled, ConnEvent::Succeeded, Connected),
+            (open, ConnEvent::Refused, Idle),
+            (filled, ConnEvent::Refused, Idle),
+            (Idle, ConnEvent::Detached, Failed),
+            (Failed, ConnEvent::Reported, FailReported),
+            (FailReported, ConnEvent::Renewed, Idle),
+        ]
+    }
+
+    #[test]
+    fn conn_moves_exactly_as_its_table_says() {
+        let table = conn_moves();
+        let states = [
+            Conn::Idle,
+            Conn::Connecting {
+                to: to(),
+                filled: false,
+            },
+            Conn::Connecting {
+                to: to(),
+                filled: true,
+            },
+            Conn::Connected,
+            Conn::Listening,
+            Conn::Failed,
+            Conn::FailReported,
+        ];
+        let events = [
+            ConnEvent::Connected,
+            ConnEvent::InProgress(to()),
+            ConnEvent::Filled,
+            ConnEvent::Succeeded,
+            ConnEvent::Refused,
+            ConnEvent::Detached,
+            ConnEvent::Listen,
+            ConnEvent::Reported,
+            ConnEvent::Renewed,
+        ];
+        for s in states {
+            for ev in events {
+                let row = table
+                    .iter()
+                    .find(|(f, e, _)| *f == s && *e == ev)
+                    .map(|r| r.2);
+                assert_eq!(s.next(ev), row, "{s:?} on {ev:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_failed_connect_is_reported_once_then_needs_a_new_pair() {
+        let mut c = Conn::Idle;
+        for ev in [
+            ConnEvent::InProgress(to()),
+            ConnEvent::Filled,
+            ConnEvent::Refused,
+            ConnEvent::Detached,
+            ConnEvent::Reported,
+        ] {
+            c = c.next(ev).unwrap_or_else(|| panic!("{ev:?} from {c:?}"));
+        }
+        assert_eq!(c, Conn::FailReported);
+        assert_eq!(c.next(ConnEvent::Reported), None, "reported once");
+        assert_eq!(
+            c.next(ConnEvent::InProgress(to())),
+            None,
+            "no connect before renewal"
+        );
+        assert_eq!(c.next(ConnEvent::Renewed), Some(Conn::Idle));
+        assert_eq!(Conn::Connected.next(ConnEvent::Detached), None);
+        assert_eq!(Conn::Connected.next(ConnEvent::Listen), None);
     }
 
     #[test]

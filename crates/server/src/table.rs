@@ -16,7 +16,7 @@ use ferry_sys::Epoll;
 
 use crate::seam::Io;
 use crate::server::Server;
-use crate::sock::{Conn, NewPair, Owner, PairEnd, Parked, Place, Sock};
+use crate::sock::{Conn, ConnEvent, NewPair, Owner, PairEnd, Parked, Place, Sock};
 use crate::token::{T_HOST, T_PAIR, host_events, pair_events, token};
 
 /// A server's sockets, by id, and the work noticed on them for later in the turn:
@@ -194,7 +194,7 @@ impl SockTable {
         let Some(s) = self.socks.get(&id) else {
             return Err(Errno(libc::EBADF));
         };
-        if s.conn != Conn::FailReported || !s.is_stream() {
+        if s.conn() != Conn::FailReported || !s.is_stream() {
             return Err(Errno(libc::EINVAL));
         }
         let NewPair { ours, theirs, name } = io.new_pair(id).map_err(|e| Errno::of(&e))?;
@@ -204,7 +204,7 @@ impl SockTable {
         let s = self.socks.get_mut(&id).ok_or(Errno(libc::EBADF))?;
         s.pair = ours;
         s.name = name;
-        s.conn = Conn::Idle;
+        s.conn_moves(ConnEvent::Renewed);
         s.pair_end = PairEnd::Open;
         s.hup_reported = false;
         s.filler_due = false;
@@ -344,7 +344,7 @@ impl Server {
             return;
         };
         let _ = self.epoll.delete(s.pair.as_fd());
-        s.conn = Conn::Failed;
+        s.conn_moves(ConnEvent::Detached);
         drop(std::mem::replace(&mut s.pair, placeholder));
     }
 

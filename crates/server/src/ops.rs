@@ -13,7 +13,7 @@ use tracing::{debug, warn};
 
 use crate::connect::in_family;
 use crate::server::Server;
-use crate::sock::{ConnEvent, Token};
+use crate::sock::{ConnEvent, TokenEvent};
 
 /// Most operations one channel may have waiting on one socket (a shim has one).
 pub(crate) const MAX_PARKED_PER_CHANNEL: usize = 4;
@@ -352,8 +352,8 @@ impl Server {
                 });
                 self.done(ch, id, tag, res);
             }
-            Call::WantToken { .. } => self.token_moves(id, Token::Unwanted),
-            Call::TokenDrained { .. } => self.token_moves(id, Token::Out { extra: 0 }),
+            Call::WantToken { .. } => self.token_moves(id, TokenEvent::Want),
+            Call::TokenDrained { .. } => self.token_moves(id, TokenEvent::Drained),
             Call::WantRoom { returns_seen, .. } => self.want_room(ch, id, returns_seen),
             Call::Cancel { parked, .. } => self.cancel(ch, id, parked),
             // Taken by `handle` before it looks the socket up.
@@ -369,11 +369,9 @@ impl Server {
     /// `WantToken` (from `Unwanted`) or `TokenDrained` (from `Out`, whatever its extra
     /// count): socket `id`'s token is wanted and not in the pair; one is written if the
     /// host socket is readable (see [`Token`]).
-    fn token_moves(&mut self, id: u32, from: Token) {
-        if let Some(s) = self.socks.get_mut(&id)
-            && std::mem::discriminant(&s.token) == std::mem::discriminant(&from)
-        {
-            s.token = Token::Wanted;
+    fn token_moves(&mut self, id: u32, ev: TokenEvent) {
+        if let Some(s) = self.socks.get_mut(&id) {
+            s.token_moves(ev);
         }
         self.maybe_token(id);
     }

@@ -19,7 +19,7 @@ use crate::ops::{Errno, would_block};
 use crate::recv_side::{EndEvent, PathEvent, UrgentEvent};
 use crate::seam::Io;
 use crate::server::Server;
-use crate::sock::{Conn, PairEnd, Parked, Place, Sock, Token};
+use crate::sock::{Conn, PairEnd, Parked, Place, Sock, Token, TokenEvent};
 use crate::stats::ServerStats;
 
 /// Most buffers one receive fills.
@@ -263,7 +263,7 @@ impl RxScratch {
     /// The pump of [`Server::pump`] for stream `s`: host socket → pair.
     fn pump(&mut self, io: &dyn Io, s: &mut Sock, stats: &mut ServerStats) {
         let id = s.id;
-        if !s.reads_pair() || s.pair_end != PairEnd::Open {
+        if !s.reads_pair() || s.pair_end() != PairEnd::Open {
             return;
         }
         self.ready(io);
@@ -460,7 +460,7 @@ impl Server {
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
-        if s.token != Token::Wanted {
+        if s.token() != Token::Wanted {
             return;
         }
         let tracked = s.is_stream() && !s.listening() && !published;
@@ -479,7 +479,7 @@ impl Server {
             s.rx.found_empty();
         }
         if (readable || published) && io.send(s.pair.as_fd(), &[1]).is_ok() {
-            s.token = Token::Out { extra: 0 };
+            s.token_moves(TokenEvent::Written);
             s.stats.tokens += 1;
         }
         if rev & (libc::POLLRDHUP | libc::POLLHUP) != 0 && !s.listening() {
@@ -522,7 +522,7 @@ impl Server {
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
-        s.pair_end = PairEnd::Hup;
+        s.pair_end_moves(PairEnd::Hup);
         let _ = io.shutdown(s.pair.as_fd(), libc::SHUT_RD);
     }
 

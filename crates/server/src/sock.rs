@@ -113,6 +113,9 @@ pub(crate) enum Place {
 /// | `Out{n}`   | new-data edge, `n` < 8 (edge-triggered epoll) | write one more   | `Out{n+1}`   |
 /// | `Out{n}`   | a receive or accept found the socket empty   | `CMP_DRAIN_TOKEN` | `Out{n}`     |
 /// | `Out{n}`   | `TokenDrained` (the shim read them all)       | check the host    | `Wanted`/`Out` |
+///
+/// It moves only by [`Token::next`] (through `Sock::token_moves`): `Want` and
+/// `Drained` to `Wanted`, `Written` to `Out{0}`, `Edge` to `Out{n+1}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub(crate) enum Token {
     /// The shim has not asked: nothing is written.
@@ -122,6 +125,37 @@ pub(crate) enum Token {
     Wanted,
     /// A token is in the pair, with `extra` more written since (one per new-data edge).
     Out { extra: u8 },
+}
+
+/// What moves a [`Token`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TokenEvent {
+    /// `WantToken`: the shim polls the fd.
+    Want,
+    /// `TokenDrained`: the shim read every token.
+    Drained,
+    /// The server wrote a token (the host socket is readable).
+    Written,
+    /// The server wrote one more for a new-data edge.
+    Edge,
+}
+
+impl Token {
+    /// Most tokens written beyond the first between two drains.
+    pub(crate) const MAX_EXTRA: u8 = 8;
+
+    /// The move `ev` makes from here; `None`: not a legal move.
+    pub(crate) fn next(self, ev: TokenEvent) -> Option<Token> {
+        use Token::*;
+        Some(match (self, ev) {
+            (Unwanted, TokenEvent::Want) | (Out { .. }, TokenEvent::Drained) => Wanted,
+            (Wanted, TokenEvent::Written) => Out { extra: 0 },
+            (Out { extra }, TokenEvent::Edge) if extra < Token::MAX_EXTRA => {
+                Out { extra: extra + 1 }
+            }
+            _ => return None,
+        })
+    }
 }
 
 /// Where a socket's connection stands. A datagram socket stays `Idle` whatever it
@@ -215,6 +249,8 @@ impl Conn {
 /// | `Open` | the end of the stream is read (0, or the error kept for `SO_ERROR`), or a token check sees `POLLRDHUP` | shut the pair's write side (the program reads 0, polls `POLLRDHUP`) | `Eof` |
 /// | `Eof`  | `RecvSide::hup_due` (the host socket hung up), program's end open | publish the channel's completions; shut the read side too | `Hup` |
 ///
+/// It moves only by [`PairEnd::next`] (through `Sock::pair_end_moves`).
+///
 /// In `Hup` both directions of the pair are shut, so our end reports `EPOLLHUP` while
 /// the program's end is still open (see `SockTable::app_alive`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
@@ -225,6 +261,18 @@ pub(crate) enum PairEnd {
     Eof,
     /// The end of the stream and the hang-up are mirrored.
     Hup,
+}
+
+impl PairEnd {
+    /// The move to `to` from here: forward one step, or back to `Open` with a renewed
+    /// pair; `None`: not a legal move.
+    pub(crate) fn next(self, to: PairEnd) -> Option<PairEnd> {
+        use PairEnd::*;
+        match (self, to) {
+            (Open, Eof) | (Eof, Hup) | (_, Open) => Some(to),
+            _ => None,
+        }
+    }
 }
 
 /// An operation waiting for its host socket.
@@ -300,9 +348,9 @@ pub(crate) struct Sock {
     pub contacted: Option<Vec<SocketAddr>>,
     /// The readiness token: whether the shim polls this socket, and whether a token
     /// byte lies in the pair for it.
-    pub token: Token,
+    token: Token,
     /// How much of the host stream's ending the program's end of the pair shows.
-    pub pair_end: PairEnd,
+    pair_end: PairEnd,
     /// The receive side: the path its bytes take, the host stream's end, urgent data
     /// (see `recv_side.rs`).
     pub rx: RecvSide,
@@ -450,6 +498,27 @@ impl Sock {
         matches!(self.conn, Conn::Failed | Conn::FailReported)
     }
 
+    /// The readiness token's state.
+    pub(crate) fn token(&self) -> Token {
+        self.token
+    }
+
+    /// Moves the token by `ev` when [`Token`]'s table allows it; false (and no move)
+    /// otherwise.
+    pub(crate) fn token_moves(&mut self, ev: TokenEvent) -> bool {
+        self.token.next(ev).map(|t| self.token = t).is_some()
+    }
+
+    /// How far the host stream's ending reached the pair.
+    pub(crate) fn pair_end(&self) -> PairEnd {
+        self.pair_end
+    }
+
+    /// Moves the pair's end to `to` when [`PairEnd::next`] allows it; false otherwise.
+    pub(crate) fn pair_end_moves(&mut self, to: PairEnd) -> bool {
+        self.pair_end.next(to).map(|p| self.pair_end = p).is_some()
+    }
+
     /// Where the connection stands.
     pub(crate) fn conn(&self) -> Conn {
         self.conn
@@ -500,8 +569,7 @@ impl Sock {
     /// The end of the stream reaches the program's end of the pair (POLLIN|POLLRDHUP,
     /// then 0 from a read): the pair's write side is shut, once.
     pub(crate) fn mirror_eof(&mut self, io: &dyn Io) {
-        if self.pair_end == PairEnd::Open {
-            self.pair_end = PairEnd::Eof;
+        if self.pair_end_moves(PairEnd::Eof) {
             let _ = io.shutdown(std::os::fd::AsFd::as_fd(&self.pair), libc::SHUT_WR);
         }
     }
@@ -568,14 +636,14 @@ impl Sock {
     /// socket is already readable: adds a token byte per new-data edge (`events`), a
     /// few at most between two drains.
     pub(crate) fn edge_token(&mut self, io: &dyn Io, events: u32) {
-        let Token::Out { extra } = self.token else {
-            return;
-        };
-        if events & libc::EPOLLIN as u32 == 0 || self.listening() || extra >= 8 {
+        if self.token.next(TokenEvent::Edge).is_none()
+            || events & libc::EPOLLIN as u32 == 0
+            || self.listening()
+        {
             return;
         }
         if io.send(std::os::fd::AsFd::as_fd(&self.pair), &[1]).is_ok() {
-            self.token = Token::Out { extra: extra + 1 };
+            self.token_moves(TokenEvent::Edge);
             self.stats.tokens += 1;
         }
     }
@@ -754,6 +822,49 @@ mod tests {
         assert_eq!(c.next(ConnEvent::Renewed), Some(Conn::Idle));
         assert_eq!(Conn::Connected.next(ConnEvent::Detached), None);
         assert_eq!(Conn::Connected.next(ConnEvent::Listen), None);
+    }
+
+    #[test]
+    fn token_moves_exactly_as_its_table_says() {
+        use Token::*;
+        let out = |extra| Out { extra };
+        let table = [
+            (Unwanted, TokenEvent::Want, Wanted),
+            (Wanted, TokenEvent::Written, out(0)),
+            (out(0), TokenEvent::Edge, out(1)),
+            (out(7), TokenEvent::Edge, out(8)),
+            (out(0), TokenEvent::Drained, Wanted),
+            (out(7), TokenEvent::Drained, Wanted),
+            (out(8), TokenEvent::Drained, Wanted),
+        ];
+        let states = [Unwanted, Wanted, out(0), out(7), out(8)];
+        let events = [
+            TokenEvent::Want,
+            TokenEvent::Drained,
+            TokenEvent::Written,
+            TokenEvent::Edge,
+        ];
+        for s in states {
+            for ev in events {
+                let row = table
+                    .iter()
+                    .find(|(f, e, _)| *f == s && *e == ev)
+                    .map(|r| r.2);
+                assert_eq!(s.next(ev), row, "{s:?} on {ev:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_pairs_end_moves_forward_one_step_until_renewed() {
+        use PairEnd::*;
+        let all = [Open, Eof, Hup];
+        for from in all {
+            for to in all {
+                let legal = matches!((from, to), (Open, Eof) | (Eof, Hup) | (_, Open));
+                assert_eq!(from.next(to), legal.then_some(to), "{from:?} to {to:?}");
+            }
+        }
     }
 
     #[test]

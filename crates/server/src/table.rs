@@ -177,7 +177,7 @@ impl SockTable {
             && self
                 .socks
                 .get(&id)
-                .is_some_and(|s| s.pair_end == PairEnd::Hup || s.pair_detached())
+                .is_some_and(|s| s.pair_end() == PairEnd::Hup || s.pair_detached())
             && self.app_alive(io, id)
     }
 
@@ -205,7 +205,7 @@ impl SockTable {
         s.pair = ours;
         s.name = name;
         s.conn_moves(ConnEvent::Renewed);
-        s.pair_end = PairEnd::Open;
+        s.pair_end_moves(PairEnd::Open);
         s.hup_reported = false;
         s.filler_due = false;
         s.pair_reset = false;

@@ -525,7 +525,7 @@ mod tests {
     fn a_channel_parks_a_few_operations_per_socket_and_no_more() {
         let mut t = SockTable::default();
         t.insert(sock(1));
-        for tag in 0..MAX_PARKED_PER_CHANNEL as u32 {
+        for tag in 0..u32::try_from(MAX_PARKED_PER_CHANNEL).unwrap() {
             assert!(t.park(1, recv(1, tag)));
         }
         assert!(!t.park(1, recv(1, 99)), "one too many from channel 1");

@@ -10,8 +10,8 @@
 #
 # Targets: records binding cmsg ring modules server core frame dns (see fuzz/src/lib.rs).
 # `server` needs root (a network namespace of its own) and is skipped, saying so,
-# without it; `frame` (a NIC server on a socket pair, every flow denied) and `dns` (the
-# DNS forwarder over a scripted wire) need nothing.
+# without it; `frame` (a NIC server over the in-process harness, its flows carrying
+# data) and `dns` (the DNS forwarder over a scripted wire) need nothing.
 # Needs cargo-fuzz (scripts/install-deps.sh installs it) and a C++ compiler.
 # Environment: FUZZ_JOBS=N runs N targets at once (default 1); FUZZ_OUT=DIR keeps the
 # scratch corpora and logs there (default: a temporary directory, removed);

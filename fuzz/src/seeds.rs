@@ -483,8 +483,9 @@ pub(crate) fn frames() -> Seeds {
         (0, echo6.clone()),
         (0, spoofed),
         (1, fragment),
-        (2, b"short".to_vec()),
+        (0, b"short".to_vec()),
     ]);
+    let flows = flows_script(a4);
     vec![
         ("arp".into(), script(&[(1, arp)])),
         ("ndp".into(), script(&[(1, ndp)])),
@@ -495,6 +496,7 @@ pub(crate) fn frames() -> Seeds {
         ("echo4".into(), script(&[(1, echo4)])),
         ("echo6".into(), script(&[(1, echo6)])),
         ("session".into(), session),
+        ("flows".into(), flows),
         // The largest frames the sandbox's MTU (65,520) allows: lengths near 64 KiB (and
         // libFuzzer's input length limit raised to fit them).
         (
@@ -511,6 +513,42 @@ pub(crate) fn frames() -> Seeds {
             ]),
         ),
     ]
+}
+
+/// A `frame` script that moves data through every kind of flow: the sandbox's stack
+/// connects to an allowed address (the host connects later), each side writes, both
+/// close; a datagram and an echo request to allowed addresses, answered; a connection
+/// to the published port reaches a listener of the sandbox's, each side writes, both
+/// close; time passes.
+fn flows_script(me4: std::net::IpAddr) -> Vec<u8> {
+    use crate::frame::craft::{self, GATEWAY};
+    let mut v = Vec::new();
+    let mut rec = |flags: u8, bytes: &[u8]| {
+        v.push(flags);
+        v.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
+        v.extend_from_slice(bytes);
+    };
+    let allowed = std::net::IpAddr::from([198, 51, 100, 1]);
+    // Flags 7: an operation, then exchanges until nothing more happens; 5: a frame, the
+    // same. Host sockets by index: 0 the published listener, then in the order made.
+    rec(7, &[10, 0, 0]); // the sandbox connects to 198.51.100.1:1000 (under way)
+    rec(7, &[0, 1]); // host socket 1 connects
+    rec(7, b"\x0b\x00hello"); // the sandbox writes
+    rec(7, b"\x02\x01world"); // the host sends
+    rec(7, &[12, 0]); // the sandbox closes
+    rec(7, &[4, 1]); // the host's end of stream
+    rec(5, &craft::udp(GATEWAY, me4, allowed, (40001, 53), b"query"));
+    rec(7, b"\x03\x02answer"); // host socket 2 (UDP) answers
+    rec(5, &craft::echo(GATEWAY, me4, allowed, 7, 1, b"ping"));
+    rec(7, b"\x03\x03\x00\x00\x00\x00\x00\x00\x00\x01pong"); // the ping socket's reply
+    rec(7, &[14, 0]); // a listener on port 80 in the sandbox (its socket 1)
+    rec(7, &[9, 0, 0]); // a connection to the published port from 127.0.0.1:1024
+    rec(7, b"\x02\x04hi"); // host socket 4 (the accepted one) sends
+    rec(7, b"\x0b\x01yo"); // the sandbox answers on it
+    rec(7, &[12, 1]); // and closes
+    rec(7, &[4, 4]); // so does the client
+    rec(7, &[8, 200]); // 10 s pass
+    v
 }
 
 /// Scripts of the `dns` target (`fuzz/src/dns.rs` reads them): a query answered, a

@@ -1,8 +1,9 @@
 //! The flow table of datagram paths: flows by id (a server's event token) and by key
 //! (who talks to whom), with idle expiry and a cap per group, one type for every path
 //! that relays datagrams — socket mode's published UDP ports (a flow per client of a
-//! port, the port's flows one group) and nic mode's UDP and echo flows (a flow per
-//! sandbox end and destination).
+//! port, the port's flows one group) and nic mode's flows (a NIC server's one table: its
+//! UDP and echo flows, a flow per sandbox end and destination, expire when idle; its TCP
+//! flows, idle for ever ([`std::time::Duration::MAX`]), end with their connection).
 //!
 //! Bounds, since whoever sends the datagrams chooses the keys: a flow that carried
 //! nothing for its idle time ([`Limits::idle`]) is taken out by the next
@@ -153,6 +154,16 @@ impl<K: Hash + Eq + Clone, V> FlowTable<K, V> {
         self.flows.len()
     }
 
+    /// Every flow, with its id (in no order).
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &V)> {
+        self.flows.iter().map(|(id, e)| (*id, &e.value))
+    }
+
+    /// Every flow, with its id, to change (in no order; keys and idle times stay).
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (u64, &mut V)> {
+        self.flows.iter_mut().map(|(id, e)| (*id, &mut e.value))
+    }
+
     pub fn is_empty(&self) -> bool {
         self.flows.is_empty()
     }
@@ -213,6 +224,14 @@ mod tests {
         assert_eq!(t.find(&(0, 1)), Some(7));
         assert_eq!(t.get(9), Some(&"b"));
         assert!(t.contains(7) && !t.contains(8));
+        *t.get_mut(7).unwrap() = "a2";
+        let mut all: Vec<_> = t.iter().map(|(id, v)| (id, *v)).collect();
+        all.sort_unstable();
+        assert_eq!(all, [(7, "a2"), (9, "b")]);
+        for (_, v) in t.iter_mut() {
+            *v = "c";
+        }
+        assert_eq!((t.get(7), t.find(&(0, 2))), (Some(&"c"), Some(9)));
         *t.get_mut(7).unwrap() = "a2";
         assert_eq!(t.remove(7), Some(((0, 1), "a2")));
         assert_eq!(t.find(&(0, 1)), None);

@@ -16,7 +16,8 @@
 //!   ([`host_listener`]: `[::]` for both families, or 0.0.0.0 without IPv6), and the
 //!   hand-off of published connections from socket mode to nic mode ([`TapHandoff`]);
 //! * the flow table of datagram paths ([`FlowTable`], `flows.rs`: by id and key, idle
-//!   expiry, a cap per group with the idle-longest evicted).
+//!   expiry, a cap per group with the idle-longest evicted): socket mode's published UDP
+//!   flows, and a NIC server's one table of flows (its UDP and echo flows expire).
 //!
 //! It must not: do I/O beyond reading the host's addresses and making published ports'
 //! host sockets, know about channels, frames or a server's loop, or depend on a server

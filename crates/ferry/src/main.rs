@@ -59,6 +59,7 @@ pub(crate) fn log_nofile() {
 }
 
 fn main() -> ExitCode {
+    run::timing::started();
     let cli = Cli::parse();
     // Two descriptors per sandbox connection (host socket, pair end): raise the soft
     // limit to the hard one before anything opens. The program gets the limit ferry

@@ -20,11 +20,13 @@ mod dns;
 mod nic;
 mod serve;
 mod shim;
+pub mod timing;
 
 use dns::{dns_upstreams, start_dns};
 use nic::set_up_nic;
 use serve::{Serving, report, serve_admin};
 use shim::{Shim, find_shim, warn_if_static};
+use timing::Stages;
 
 /// Exit status when ferry itself fails before the program runs.
 pub const EXIT_SETUP: i32 = 125;
@@ -214,13 +216,18 @@ fn module_rules(a: &RunArgs) -> Result<Vec<ferry_server::ModuleRule>, String> {
 pub fn main(a: RunArgs) -> i32 {
     init_logging(a.verbose);
     crate::log_nofile();
-    match bond(&a).and_then(|bond| run(&a, bond)) {
+    let mut stages = Stages::from_env();
+    let code = match bond(&a).and_then(|bond| run(&a, bond, &mut stages)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("ferry: {e}");
             e.exit_code()
         }
-    }
+    };
+    // What `run` dropped on its way out: the sandbox, the directories.
+    stages.mark("cleanup");
+    stages.print();
+    code
 }
 
 /// Why `ferry run` failed before the program's status could be passed on: one variant
@@ -332,34 +339,42 @@ fn host_addresses() -> Result<Vec<(String, IpAddr)>, RunError> {
 /// directories → place the shim → configure and make the protocol servers → describe
 /// the sandbox → make it → set up nic mode → start DNS → let the program go → confine →
 /// serve → wait for the program → drain the servers → report. Returns the program's
-/// exit status.
-fn run(a: &RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, RunError> {
+/// exit status. `t` times each step (`FERRY_TIMING`).
+fn run(a: &RunArgs, bond: Option<Arc<Bond>>, t: &mut Stages) -> Result<i32, RunError> {
     let policy = policy(a).map_err(RunError::Plan)?;
     dns_upstreams(&a.dns, &[]).map_err(RunError::Plan)?; // refuse a malformed --dns first
+    t.mark("plan");
     let preload = find_shim(a)?;
     let dirs = RunDirs::make()?;
     let shim = preload
         .map(|p| Shim::place(&p, &dirs.sandbox))
         .transpose()?;
+    t.mark("shim+dirs");
     let plan = server_config(a, policy.clone(), &bond, &dirs)?;
     let (mut servers, factory) = make_servers(plan.cfg)?;
+    t.mark("servers");
     let spec = sandbox_spec(a, &dirs, shim.as_ref())?;
     let mut sandbox = make_sandbox(a, &spec, &factory)?;
     servers.first().restrict_to_descendants_of(sandbox.pid());
-    let nics = if a.net == Net::Socket {
-        Vec::new()
+    t.mark("sandbox");
+    let nic = if a.net == Net::Socket {
+        nic::Nic::default()
     } else {
         set_up_nic(a, &sandbox, &policy, &bond, &plan.nic_publish, plan.tap)?
     };
+    t.mark("nic");
     if let Err(e) = start_dns(servers.first(), &a.dns, &policy) {
         warn!("DNS forwarding is off: {e}");
     }
+    t.mark("dns");
     sandbox.start().map_err(RunError::Start)?;
     debug!("sandbox init pid {}", sandbox.pid());
     let admin = crate::ctl::listen(&dirs.run.join(crate::ctl::ADMIN_SOCKET))
         .map_err(|e| warn!("`ferry ctl` is off for this run: {e}"))
         .ok();
+    t.mark("start");
     confine(a)?;
+    t.mark("confine");
     // Ctrl-C and friends go to the program while it runs, and end ferry once it has
     // ended (`stop.rs`); the threads started from here on inherit the mask.
     let signals =
@@ -370,16 +385,21 @@ fn run(a: &RunArgs, bond: Option<Arc<Bond>>) -> Result<i32, RunError> {
             }
         })?;
     if let Some(admin) = admin {
-        serve_admin(admin, &servers, &nics, sandbox.pid());
+        serve_admin(admin, &servers, &nic.servers, sandbox.pid());
     }
-    let serving = Serving::start(servers, nics)?;
+    let serving = Serving::start(servers, nic.servers)?;
+    t.mark("serve");
     let code = sandbox.wait().map_err(RunError::Wait)?;
+    t.mark("wait");
     signals.stopping();
     let Some(drained) = serving.drain()? else {
         return Ok(code);
     };
+    t.mark("drain");
     signals.finish();
+    t.mark("signals");
     report(a, &drained, bond);
+    t.mark("report");
     Ok(code)
 }
 

@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::thread::JoinHandle;
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
@@ -32,7 +32,6 @@ const DONE: u8 = 2;
 #[derive(Debug)]
 pub struct Signals {
     phase: Arc<AtomicU8>,
-    thread: JoinHandle<()>,
 }
 
 impl Signals {
@@ -45,10 +44,11 @@ impl Signals {
         let _ = ferry_sys::block_signals(&SIGNALS);
         let phase = Arc::new(AtomicU8::new(RUNNING));
         let p = phase.clone();
-        let thread = std::thread::Builder::new()
+        // Not joined ([`Signals::finish`]).
+        std::thread::Builder::new()
             .name("ferry-signals".into())
             .spawn(move || take_signals(&p, &program, &dirs))?;
-        Ok(Signals { phase, thread })
+        Ok(Signals { phase })
     }
 
     /// The program has ended and the servers are stopping: a signal now ends ferry.
@@ -56,10 +56,11 @@ impl Signals {
         self.phase.store(STOPPING, Ordering::SeqCst);
     }
 
-    /// Ends the thread (within its 100 ms poll).
+    /// The servers have stopped: the thread ends at its next poll, or with the process,
+    /// which does not wait for it (a join would add up to the poll's 100 ms to every
+    /// run). A signal from here on ends ferry as while stopping.
     pub fn finish(self) {
         self.phase.store(DONE, Ordering::SeqCst);
-        let _ = self.thread.join();
     }
 }
 
@@ -82,21 +83,20 @@ fn take_signals(phase: &AtomicU8, program: &ferry_sandbox::Signaller, dirs: &[Pa
     }
 }
 
-/// Waits until `finished` says the server threads have all finished, or `grace` has
-/// passed; whether they finished.
-pub fn finished_within(grace: Duration, finished: impl Fn() -> bool) -> bool {
+/// Waits until `threads` server threads have each said on `ended` that they finished,
+/// or `grace` has passed; whether they all finished. Woken by the last one's message,
+/// not a poll: a run adds no wait of its own to the servers' stop.
+pub fn finished_within(grace: Duration, ended: &Receiver<()>, threads: usize) -> bool {
     let deadline = Instant::now() + grace;
-    loop {
-        if finished() {
-            return true;
-        }
-        if Instant::now() >= deadline {
+    for _ in 0..threads {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if ended.recv_timeout(left).is_err() {
             warn!(
                 "the servers did not stop within {} s: ferry exits without them (and without their counters)",
                 grace.as_secs()
             );
             return false;
         }
-        std::thread::sleep(Duration::from_millis(10));
     }
+    true
 }

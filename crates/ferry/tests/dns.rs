@@ -191,95 +191,14 @@ fn a_flood_at_the_nameserver_neither_stalls_the_server_nor_keeps_ferry_alive() {
     remote_echo(&r, 7301);
     let dir = TempDir::new("dnsflood");
     let stats = dir.path().join("stats.json");
-    let mut c = Command::new(env!("CARGO_BIN_EXE_ferry"));
-    c.arg("run")
-        .args(["--dns", &format!("{}:5353", r.remote_ip())])
-        .arg("--stats-json")
-        .arg(&stats)
-        .args(["--", "python3", "-c", PROGRAM])
-        .arg(r.remote_ip().to_string())
-        .args(["7301", FLOOD, &FLOOD_SECONDS.to_string()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut ferry = Guard(c.spawn().expect("spawn ferry"));
+    let mut ferry = spawn_flooding_program(&r, &stats);
     let pid = ferry.0.id();
     let out = lines(ferry.0.stdout.take().unwrap());
     let err = lines(ferry.0.stderr.take().unwrap());
-    let stderr = || err.try_iter().collect::<Vec<_>>().join("\n");
 
-    // The shimmed program's echoes were served during the flood, each promptly.
-    let limit = Duration::from_secs(u64::from(FLOOD_SECONDS) + 15);
-    let Ok(echoes) = out.recv_timeout(limit) else {
-        panic!(
-            "the shimmed program's echoes stalled during the flood (ferry at {} ticks of CPU): {}",
-            cpu_ticks(pid),
-            stderr()
-        );
-    };
-    let worst: f64 = echoes
-        .rsplit(' ')
-        .next()
-        .and_then(|w| w.parse().ok())
-        .unwrap_or(f64::MAX);
-    assert!(
-        echoes.starts_with("echoes ") && worst < 1.0,
-        "{echoes}: {}",
-        stderr()
-    );
-    let flood = out.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
-    let sent: u64 = flood
-        .strip_prefix("flood ")
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
-    assert!(
-        sent > 100_000,
-        "the flood was too thin to mean anything: {flood}"
-    );
-    assert_eq!(
-        out.recv_timeout(Duration::from_secs(5)).as_deref(),
-        Ok("idle")
-    );
-
-    // With the flood over, the server sleeps.
-    std::thread::sleep(Duration::from_millis(500));
-    let (t0, c0) = (Instant::now(), cpu_ticks(pid));
-    std::thread::sleep(Duration::from_secs(2));
-    let ticks_per_s = 100.0; // USER_HZ
-    let share = (cpu_ticks(pid) - c0) as f64 / ticks_per_s / t0.elapsed().as_secs_f64();
-    assert!(share < 0.25, "ferry used {share:.2} CPU after the flood");
-
-    // SIGTERM ends ferry (through the program) promptly, leaving nothing behind.
-    let left = descendants(pid);
-    assert!(!left.is_empty(), "the sandbox's processes are not there");
-    assert!(!ferry_dirs(pid).is_empty(), "ferry's directories not found");
-    // SAFETY: a signal to our own child, not reaped yet.
-    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    let t = Instant::now();
-    let status = loop {
-        if let Some(s) = ferry.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(3),
-            "ferry still runs {:?} after SIGTERM: {}",
-            t.elapsed(),
-            stderr()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    // (Reaped: the guard must not signal its pid again.)
-    std::mem::forget(ferry);
-    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{}", stderr());
-    let alive: Vec<u32> = left
-        .into_iter()
-        .filter(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
-        .collect();
-    assert!(alive.is_empty(), "left running: {alive:?}");
-    assert!(
-        ferry_dirs(pid).is_empty(),
-        "left behind: {:?}",
-        ferry_dirs(pid)
-    );
+    let (echoes, flood) = echoes_served_during_the_flood(&out, &err, pid);
+    let share = cpu_share_after_the_flood(pid);
+    let t = sigterm_ends_ferry_leaving_nothing(ferry, &err);
 
     // No response reached the upstream; queries did, and the forwarder counted what it
     // dropped and what it forgot to make room.
@@ -298,6 +217,124 @@ fn a_flood_at_the_nameserver_neither_stalls_the_server_nor_keeps_ferry_alive() {
         json["dns_evicted"],
         json["dns_queries"]
     );
+}
+
+/// ferry running [`PROGRAM`] (which starts [`FLOOD`]) with the remote's port 5353 as its
+/// DNS upstream and its counters written to `stats`; stdout and stderr piped.
+fn spawn_flooding_program(r: &Remote, stats: &std::path::Path) -> Guard {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ferry"));
+    c.arg("run")
+        .args(["--dns", &format!("{}:5353", r.remote_ip())])
+        .arg("--stats-json")
+        .arg(stats)
+        .args(["--", "python3", "-c", PROGRAM])
+        .arg(r.remote_ip().to_string())
+        .args(["7301", FLOOD, &FLOOD_SECONDS.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    Guard(c.spawn().expect("spawn ferry"))
+}
+
+/// What has come on ferry's stderr so far, for a failure's message.
+fn stderr_so_far(err: &mpsc::Receiver<String>) -> String {
+    err.try_iter().collect::<Vec<_>>().join("\n")
+}
+
+/// Checks that the shimmed program's echoes were served during the flood, each promptly,
+/// that the flood was thick and that the program went idle after it; returns the
+/// program's `echoes` and `flood` lines.
+fn echoes_served_during_the_flood(
+    out: &mpsc::Receiver<String>,
+    err: &mpsc::Receiver<String>,
+    pid: u32,
+) -> (String, String) {
+    let limit = Duration::from_secs(u64::from(FLOOD_SECONDS) + 15);
+    let Ok(echoes) = out.recv_timeout(limit) else {
+        panic!(
+            "the shimmed program's echoes stalled during the flood (ferry at {} ticks of CPU): {}",
+            cpu_ticks(pid),
+            stderr_so_far(err)
+        );
+    };
+    let worst: f64 = echoes
+        .rsplit(' ')
+        .next()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(f64::MAX);
+    assert!(
+        echoes.starts_with("echoes ") && worst < 1.0,
+        "{echoes}: {}",
+        stderr_so_far(err)
+    );
+    let flood = out.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
+    let sent: u64 = flood
+        .strip_prefix("flood ")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        sent > 100_000,
+        "the flood was too thin to mean anything: {flood}"
+    );
+    assert_eq!(
+        out.recv_timeout(Duration::from_secs(5)).as_deref(),
+        Ok("idle")
+    );
+    (echoes, flood)
+}
+
+/// With the flood over, the server sleeps: checks that ferry (`pid`) uses under a
+/// quarter of a CPU over 2 s, and returns the share it used.
+fn cpu_share_after_the_flood(pid: u32) -> f64 {
+    std::thread::sleep(Duration::from_millis(500));
+    let (t0, c0) = (Instant::now(), cpu_ticks(pid));
+    std::thread::sleep(Duration::from_secs(2));
+    let ticks_per_s = 100.0; // USER_HZ
+    let share = (cpu_ticks(pid) - c0) as f64 / ticks_per_s / t0.elapsed().as_secs_f64();
+    assert!(share < 0.25, "ferry used {share:.2} CPU after the flood");
+    share
+}
+
+/// SIGTERM ends ferry (through the program) promptly, leaving nothing behind: checks
+/// that, reaping ferry; returns when the signal went.
+fn sigterm_ends_ferry_leaving_nothing(mut ferry: Guard, err: &mpsc::Receiver<String>) -> Instant {
+    let pid = ferry.0.id();
+    let left = descendants(pid);
+    assert!(!left.is_empty(), "the sandbox's processes are not there");
+    assert!(!ferry_dirs(pid).is_empty(), "ferry's directories not found");
+    // SAFETY: a signal to our own child, not reaped yet.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = ferry.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "ferry still runs {:?} after SIGTERM: {}",
+            t.elapsed(),
+            stderr_so_far(err)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // (Reaped: the guard must not signal its pid again.)
+    std::mem::forget(ferry);
+    assert_eq!(
+        status.code(),
+        Some(128 + libc::SIGTERM),
+        "{}",
+        stderr_so_far(err)
+    );
+    let alive: Vec<u32> = left
+        .into_iter()
+        .filter(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
+        .collect();
+    assert!(alive.is_empty(), "left running: {alive:?}");
+    assert!(
+        ferry_dirs(pid).is_empty(),
+        "left behind: {:?}",
+        ferry_dirs(pid)
+    );
+    t
 }
 
 // ---- A server thread that never returns ---------------------------------------------

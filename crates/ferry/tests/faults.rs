@@ -86,48 +86,12 @@ fn stopped_reader(rx: &str) {
     let compare = stop >= Duration::from_secs(20) && have("iperf3");
     let r = remote(&format!("fault-{rx}"));
     let listen = format!("{}:{PORT}", r.remote_ip());
-    let mut verifier = Guard(
-        r.spawn(
-            Command::new(&bin)
-                .args(["verify", "--listen", &listen, "--progress", "60"])
-                .stdout(Stdio::piped()),
-        )
-        .unwrap(),
-    );
-    let vlines = Lines::new("verifier", verifier.0.stdout.take().unwrap());
-    vlines.wait_for("listening on", Duration::from_secs(10));
-    let _iperf = compare.then(|| {
-        let g = Guard(
-            quiet(&mut r.command("iperf3"))
-                .args(["-s", "-p", &IPERF_PORT.to_string()])
-                .spawn()
-                .unwrap(),
-        );
-        wait_port(r.remote_ip(), IPERF_PORT);
-        g
-    });
+    let (mut verifier, vlines) = remote_verifier(&r, &bin, &listen);
+    let _iperf = compare.then(|| remote_iperf_server(&r));
     let other_before = compare.then(|| other_sandbox(&r));
     let dir = TempDir::new(&format!("fault-{rx}"));
     let js = dir.path().join("stats.json");
-    let mut sandbox = Guard(
-        ferry()
-            .args([
-                "run",
-                "--rx",
-                rx,
-                "--stats-json",
-                js.to_str().unwrap(),
-                "--",
-            ])
-            .arg(&bin)
-            .args(["drive", "--connect", &listen, "--direction", "down"])
-            .args(["--bytes", "2G", "--parallel", "4", "--max-conn", "512Mi"])
-            .args(["--progress", "2", "--stall", "600"])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let out = Lines::new(&format!("driver {rx}"), sandbox.0.stdout.take().unwrap());
+    let (mut sandbox, out) = start_driver(&bin, rx, &listen, &js);
     let ferry_pid = sandbox.0.id();
     let program = find_descendant(ferry_pid, "ferry-soak", "drive");
     std::thread::sleep(Duration::from_secs(1));
@@ -136,34 +100,8 @@ fn stopped_reader(rx: &str) {
         "the transfer ended before the stop: make it longer"
     );
     let before = rss_kib(ferry_pid);
-    signal(program, "-STOP");
-    let stopped = Instant::now();
-    // The other sandbox runs in the middle of the stop, on a thread; ferry's memory is
-    // sampled meanwhile.
-    let during_other = compare.then(|| {
-        let r = &r;
-        std::thread::scope(|s| {
-            let t = s.spawn(move || {
-                std::thread::sleep(Duration::from_secs(2));
-                other_sandbox(r)
-            });
-            let rss = sample_until(ferry_pid, stopped + stop);
-            (t.join().unwrap(), rss)
-        })
-    });
-    let (other_during, samples) = match during_other {
-        Some((g, s)) => (Some(g), s),
-        None => (None, sample_until(ferry_pid, stopped + stop)),
-    };
-    signal(program, "-CONT");
-    let status = wait_until(&mut sandbox.0, Duration::from_secs(300)).expect("driver ends");
-    let summary = out.wait_for("soak: ", Duration::from_secs(5));
-    assert!(status.success(), "driver: {status}\n{}", out.all());
-    assert!(summary.starts_with("soak: OK "), "{summary}");
-    let v = wait_until(&mut verifier.0, Duration::from_secs(30)).expect("verifier ends");
-    assert!(v.success(), "verifier: {v}\n{}", vlines.all());
-    let stats = stats(&js);
-    assert_eq!(stat(&stats, "open_at_stop"), 0, "{stats}");
+    let (other_during, samples) = stop_program(program, ferry_pid, &r, stop, compare);
+    let summary = every_byte_arrived(&mut sandbox, &out, &mut verifier, &vlines, &js);
     let max = samples.iter().copied().max().unwrap_or(0);
     let last = samples.last().copied().unwrap_or(0);
     let other_after = compare.then(|| other_sandbox(&r));
@@ -182,6 +120,116 @@ fn stopped_reader(rx: &str) {
         "ferry's memory grew by {} KiB while the program was stopped",
         max - before
     );
+}
+
+/// The soak verifier listening on `listen` in the remote, once it listens, and its
+/// stdout.
+fn remote_verifier(r: &Remote, bin: &std::path::Path, listen: &str) -> (Guard, Lines) {
+    let mut verifier = Guard(
+        r.spawn(
+            Command::new(bin)
+                .args(["verify", "--listen", listen, "--progress", "60"])
+                .stdout(Stdio::piped()),
+        )
+        .unwrap(),
+    );
+    let vlines = Lines::new("verifier", verifier.0.stdout.take().unwrap());
+    vlines.wait_for("listening on", Duration::from_secs(10));
+    (verifier, vlines)
+}
+
+/// An iperf3 server on [`IPERF_PORT`] in the remote, once it listens.
+fn remote_iperf_server(r: &Remote) -> Guard {
+    let g = Guard(
+        quiet(&mut r.command("iperf3"))
+            .args(["-s", "-p", &IPERF_PORT.to_string()])
+            .spawn()
+            .unwrap(),
+    );
+    wait_port(r.remote_ip(), IPERF_PORT);
+    g
+}
+
+/// ferry (`--rx rx`, counters to `js`) running the soak driver, which receives 2 GB
+/// from the verifier at `listen`; and the driver's stdout.
+fn start_driver(
+    bin: &std::path::Path,
+    rx: &str,
+    listen: &str,
+    js: &std::path::Path,
+) -> (Guard, Lines) {
+    let mut sandbox = Guard(
+        ferry()
+            .args([
+                "run",
+                "--rx",
+                rx,
+                "--stats-json",
+                js.to_str().unwrap(),
+                "--",
+            ])
+            .arg(bin)
+            .args(["drive", "--connect", listen, "--direction", "down"])
+            .args(["--bytes", "2G", "--parallel", "4", "--max-conn", "512Mi"])
+            .args(["--progress", "2", "--stall", "600"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let out = Lines::new(&format!("driver {rx}"), sandbox.0.stdout.take().unwrap());
+    (sandbox, out)
+}
+
+/// Stops `program` for `stop`, then continues it. Returns the other sandbox's
+/// throughput in the middle of the stop (when `compare`) and ferry's memory sampled
+/// meanwhile.
+fn stop_program(
+    program: u32,
+    ferry_pid: u32,
+    r: &Remote,
+    stop: Duration,
+    compare: bool,
+) -> (Option<String>, Vec<u64>) {
+    signal(program, "-STOP");
+    let stopped = Instant::now();
+    // The other sandbox runs in the middle of the stop, on a thread; ferry's memory is
+    // sampled meanwhile.
+    let during_other = compare.then(|| {
+        std::thread::scope(|s| {
+            let t = s.spawn(move || {
+                std::thread::sleep(Duration::from_secs(2));
+                other_sandbox(r)
+            });
+            let rss = sample_until(ferry_pid, stopped + stop);
+            (t.join().unwrap(), rss)
+        })
+    });
+    let (other_during, samples) = match during_other {
+        Some((g, s)) => (Some(g), s),
+        None => (None, sample_until(ferry_pid, stopped + stop)),
+    };
+    signal(program, "-CONT");
+    (other_during, samples)
+}
+
+/// Checks that the driver and the verifier both end well (every byte arrived, checked)
+/// and that no connection was open at ferry's stop; returns the driver's summary.
+fn every_byte_arrived(
+    sandbox: &mut Guard,
+    out: &Lines,
+    verifier: &mut Guard,
+    vlines: &Lines,
+    js: &std::path::Path,
+) -> String {
+    let status = wait_until(&mut sandbox.0, Duration::from_secs(300)).expect("driver ends");
+    let summary = out.wait_for("soak: ", Duration::from_secs(5));
+    assert!(status.success(), "driver: {status}\n{}", out.all());
+    assert!(summary.starts_with("soak: OK "), "{summary}");
+    let v = wait_until(&mut verifier.0, Duration::from_secs(30)).expect("verifier ends");
+    assert!(v.success(), "verifier: {v}\n{}", vlines.all());
+    let stats = stats(js);
+    assert_eq!(stat(&stats, "open_at_stop"), 0, "{stats}");
+    summary
 }
 
 /// ferry's resident memory every 200 ms until `end`, KiB.

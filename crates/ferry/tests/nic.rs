@@ -220,43 +220,78 @@ fn one_gib_both_ways_is_byte_identical() {
     let dir = TempDir::new("gib");
     // socat parses its address itself: a path without quotes or parentheses.
     let file = std::env::temp_dir().join(format!("ferry-nic-gib-{}.bin", std::process::id()));
-    struct Remove(PathBuf);
-    impl Drop for Remove {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-    let _remove = Remove(file.clone());
-    // 1 GiB: a 1 MiB pattern repeated (sha256 over the stream catches any lost,
-    // repeated or reordered byte).
-    let mib = pattern(1 << 20, 77);
-    {
-        use std::io::Write;
-        let mut f = std::io::BufWriter::new(std::fs::File::create(&file).unwrap());
-        for _ in 0..1024 {
-            f.write_all(&mib).unwrap();
-        }
-    }
-    let sum = |o: &Output| {
-        String::from_utf8_lossy(&o.stdout)
-            .split_whitespace()
-            .next()
-            .unwrap_or("")
-            .to_string()
-    };
+    let _remove = RemoveFile(file.clone());
+    write_one_gib(&file);
     let native = Command::new("sha256sum").arg(&file).output().unwrap();
-    let want = sum(&native);
-    // Remote → sandbox: the remote sends the file to each connection.
+    let want = sha256_of(&native);
     let f = file.to_str().unwrap();
-    let _send = Guard(
+    let got_up = dir.path().join("up.sha");
+    let _remote_ends = remote_gib_ends(&r, f, &got_up);
+    wait_port(r.remote_ip(), 7001);
+    let ip = r.remote_ip();
+    let down = ferry_run(
+        &["--net", "nic"],
+        &["sh", "-c", &format!("socat -u TCP:{ip}:7001 - | sha256sum")],
+    );
+    assert!(down.status.success(), "download: {}", text(&down));
+    assert_eq!(
+        sha256_of(&down),
+        want,
+        "1 GiB remote → sandbox: {}",
+        text(&down)
+    );
+    let up = ferry_run(
+        &["--net", "nic"],
+        &[
+            "socat",
+            "-u",
+            &format!("FILE:{f}"),
+            &format!("TCP:{ip}:7002"),
+        ],
+    );
+    assert!(up.status.success(), "upload: {}", text(&up));
+    remote_hashed_the_upload(&got_up, &want);
+}
+
+/// A file removed when this is dropped.
+struct RemoveFile(PathBuf);
+
+impl Drop for RemoveFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Writes 1 GiB to `file`: a 1 MiB pattern repeated (sha256 over the stream catches any
+/// lost, repeated or reordered byte).
+fn write_one_gib(file: &std::path::Path) {
+    use std::io::Write;
+    let mib = pattern(1 << 20, 77);
+    let mut f = std::io::BufWriter::new(std::fs::File::create(file).unwrap());
+    for _ in 0..1024 {
+        f.write_all(&mib).unwrap();
+    }
+}
+
+/// The hash `sha256sum` printed first in `o`'s stdout.
+fn sha256_of(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .to_string()
+}
+
+/// The remote's two ends: on 7001 it sends file `f` to each connection (remote →
+/// sandbox); on 7002 it hashes what it receives into `got_up` (sandbox → remote).
+fn remote_gib_ends(r: &Remote, f: &str, got_up: &std::path::Path) -> [Guard; 2] {
+    let send = Guard(
         quiet(&mut r.command("socat"))
             .args(["TCP-LISTEN:7001,reuseaddr,fork", &format!("SYSTEM:cat {f}")])
             .spawn()
             .unwrap(),
     );
-    // Sandbox → remote: the remote hashes what it receives into a file.
-    let got_up = dir.path().join("up.sha");
-    let _recv = Guard(
+    let recv = Guard(
         quiet(&mut r.command("sh"))
             .args([
                 "-c",
@@ -268,27 +303,14 @@ fn one_gib_both_ways_is_byte_identical() {
             .spawn()
             .unwrap(),
     );
-    wait_port(r.remote_ip(), 7001);
-    let ip = r.remote_ip();
-    let down = ferry_run(
-        &["--net", "nic"],
-        &["sh", "-c", &format!("socat -u TCP:{ip}:7001 - | sha256sum")],
-    );
-    assert!(down.status.success(), "download: {}", text(&down));
-    assert_eq!(sum(&down), want, "1 GiB remote → sandbox: {}", text(&down));
-    let up = ferry_run(
-        &["--net", "nic"],
-        &[
-            "socat",
-            "-u",
-            &format!("FILE:{f}"),
-            &format!("TCP:{ip}:7002"),
-        ],
-    );
-    assert!(up.status.success(), "upload: {}", text(&up));
+    [send, recv]
+}
+
+/// Checks that the remote's hash of the upload (in `got_up`, within 20 s) is `want`.
+fn remote_hashed_the_upload(got_up: &std::path::Path, want: &str) {
     let t = Instant::now();
     loop {
-        let s = std::fs::read_to_string(&got_up).unwrap_or_default();
+        let s = std::fs::read_to_string(got_up).unwrap_or_default();
         if s.len() >= 64 {
             assert_eq!(&s[..64], want, "1 GiB sandbox → remote");
             break;
@@ -760,8 +782,15 @@ fn servers_the_shim_cannot_serve_are_published_with_p_in_both_mode() {
         std::fs::Permissions::from_mode(0o644),
     )
     .unwrap();
-    // A static server (busybox-static: not shimmed) in the default mode: the published
-    // port finds no listener of the shim's and goes to the TAP.
+    published_static_tcp_server_answers(&dir);
+    published_shimmed_server_stays_the_shims(&dir);
+    published_port_without_a_listener_resets_and_says_why(&dir);
+    published_static_udp_server_answers();
+}
+
+/// A static server (busybox-static: not shimmed) in the default mode: the published
+/// port finds no listener of the shim's and goes to the TAP.
+fn published_static_tcp_server_answers(dir: &TempDir) {
     let mut c = ferry();
     c.args(["run", "-p", "127.0.0.1:18394:8080", "--"])
         .args(["busybox", "httpd", "-f", "-p", "8080", "-h"])
@@ -771,8 +800,11 @@ fn servers_the_shim_cannot_serve_are_published_with_p_in_both_mode() {
     for _ in 0..3 {
         assert_eq!(curl("http://127.0.0.1:18394/index.html"), "static hello");
     }
-    // A shimmed server published the same way is still the shim's: once it listens, its
-    // clients keep their address (through the TAP they would be the gateway's).
+}
+
+/// A shimmed server published the same way is still the shim's: once it listens, its
+/// clients keep their address (through the TAP they would be the gateway's).
+fn published_shimmed_server_stays_the_shims(dir: &TempDir) {
     let log = dir.path().join("http.log");
     let mut c = ferry();
     c.args(["run", "-p", "127.0.0.1:18395:8000", "--"])
@@ -805,7 +837,10 @@ fn servers_the_shim_cannot_serve_are_published_with_p_in_both_mode() {
             "not through the shim: {l}\n{text}"
         );
     }
-    // Nothing listening at all: the client is reset after the grace, and told why.
+}
+
+/// Nothing listening at all: the client is reset after the grace, and told why.
+fn published_port_without_a_listener_resets_and_says_why(dir: &TempDir) {
     let log = dir.path().join("none.log");
     let mut c = ferry();
     c.args(["run", "-p", "127.0.0.1:18397:9999", "--", "sleep", "20"])
@@ -822,7 +857,10 @@ fn servers_the_shim_cannot_serve_are_published_with_p_in_both_mode() {
         text.contains("nothing in the sandbox listens on port 9999 (neither a listener of the shim's nor one on eth0)"),
         "{text}"
     );
-    // UDP: a static (Go) server, the same.
+}
+
+/// UDP: a static (Go) server, the same.
+fn published_static_udp_server_answers() {
     let go = netprobe();
     let mut c = ferry();
     c.args(["run", "-p", "127.0.0.1:18396:5353/udp", "--"])

@@ -408,8 +408,14 @@ fn hostile_frames_are_dropped_and_the_sandbox_keeps_working() {
     );
 
     std::thread::sleep(Duration::from_millis(300));
-    let seen = seen.lock().unwrap();
-    let host = IpAddr::V4(r.host_ip());
+    remote_saw_only_the_legit_traffic(&seen.lock().unwrap(), IpAddr::V4(r.host_ip()));
+    loopback_sentinels_were_not_reached(&lo_tcp, &lo_udp);
+    nic_counted_the_hostile_frames(&nic);
+}
+
+/// Checks that the remote saw the one fetch and the legitimate datagrams (and the one
+/// with wrong checksums), all from the `host` address, and no hostile datagram.
+fn remote_saw_only_the_legit_traffic(seen: &Seen, host: IpAddr) {
     assert_eq!(
         seen.conns.len(),
         1,
@@ -439,6 +445,10 @@ fn hostile_frames_are_dropped_and_the_sandbox_keeps_working() {
         !payloads.iter().any(|p| p.starts_with("hostile")),
         "hostile datagrams reached the remote: {payloads:?}"
     );
+}
+
+/// Checks that nothing reached the host's loopback sentinels.
+fn loopback_sentinels_were_not_reached(lo_tcp: &TcpListener, lo_udp: &UdpSocket) {
     match lo_tcp.accept() {
         Err(e) if e.kind() == ErrorKind::WouldBlock => {}
         other => panic!("the host's loopback listener was reached: {other:?}"),
@@ -448,21 +458,25 @@ fn hostile_frames_are_dropped_and_the_sandbox_keeps_working() {
         Err(e) if e.kind() == ErrorKind::WouldBlock => {}
         other => panic!("the host's loopback UDP socket was reached: {other:?}"),
     }
+}
 
+/// Checks the NIC server's counters: every kind of hostile frame counted, and flows
+/// opened only for the legitimate traffic.
+fn nic_counted_the_hostile_frames(nic: &serde_json::Value) {
     for key in ["malformed", "fragments", "unsupported", "spoofed", "denied"] {
-        assert!(count(&nic, key) > 0, "{key} is 0: {nic}");
+        assert!(count(nic, key) > 0, "{key} is 0: {nic}");
     }
-    assert!(count(&nic, "fragments") >= 3, "{nic}");
-    assert!(count(&nic, "spoofed") >= 10, "{nic}");
+    assert!(count(nic, "fragments") >= 3, "{nic}");
+    assert!(count(nic, "spoofed") >= 10, "{nic}");
     // The flood alone is 3,000 SYNs to a denied address (the TAP's queue may drop some
     // when the server falls behind: what the server saw is at least most of them).
-    assert!(count(&nic, "denied") >= 1000, "{nic}");
-    assert_eq!(count(&nic, "over_cap"), 0, "{nic}");
+    assert!(count(nic, "denied") >= 1000, "{nic}");
+    assert_eq!(count(nic, "over_cap"), 0, "{nic}");
     // The flows opened: the fetch; the kernel's datagram socket (legit-first and
     // legit-last) and the datagram with wrong checksums. Nothing hostile made one.
-    assert_eq!(count(&nic, "tcp_flows"), 1, "{nic}");
-    assert_eq!(count(&nic, "udp_flows"), 2, "{nic}");
-    assert_eq!(count(&nic, "connect_failed"), 0, "{nic}");
+    assert_eq!(count(nic, "tcp_flows"), 1, "{nic}");
+    assert_eq!(count(nic, "udp_flows"), 2, "{nic}");
+    assert_eq!(count(nic, "connect_failed"), 0, "{nic}");
 }
 
 #[test]
@@ -646,26 +660,11 @@ fn pending_connects_cost_nothing_and_end_with_the_program_s_sockets() {
     if !can_run(&["python3", "ss"]) {
         return;
     }
-    // The remote's answers to the host vanish: SYNs arrive, nothing comes back, and the
-    // host's connects wait (about two minutes: `tcp_syn_retries`).
     let r = remote("nic-pend");
-    let o = std::process::Command::new("ip")
-        .args(["-n", r.name(), "route", "add", "blackhole"])
-        .arg(format!("{}/32", r.host_ip()))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", texts(&o));
+    blackhole_the_remotes_answers(&r);
     let dir = TempDir::new("nic-pend");
     let js = dir.path().join("stats.json");
-    let mut cmd = ferry();
-    cmd.args(["run", "--net", "nic", "--stats-json"])
-        .arg(&js)
-        .args(["--", system_python(), "-c", PENDING_PY])
-        .args([r.remote_ip().to_string(), "80".into()])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let mut child = Guard(cmd.spawn().expect("spawn ferry"));
+    let mut child = spawn_pending_connects(&r, &js);
     let pid = child.0.id();
     let mut lines =
         std::io::BufRead::lines(std::io::BufReader::new(child.0.stdout.take().unwrap()));
@@ -674,32 +673,11 @@ fn pending_connects_cost_nothing_and_end_with_the_program_s_sockets() {
         let got = lines.next().and_then(Result::ok).unwrap_or_default();
         assert_eq!(got, want, "the program's step");
     };
-    // What the NIC server spends in 3 s with the flows waiting.
-    let busy = |flows: usize| {
-        // Let the sandbox's SYNs arrive and their host connects start.
-        let t = std::time::Instant::now();
-        while syn_sent_to(r.remote_ip()) < flows {
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "{flows} host connects never started ({} did)",
-                syn_sent_to(r.remote_ip())
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let before = thread_cpu(pid, "ferry-nic");
-        std::thread::sleep(Duration::from_secs(3));
-        let used = thread_cpu(pid, "ferry-nic") - before;
-        eprintln!("{flows} pending connects: the NIC server used {used:?} of CPU in 3 s");
-        assert!(
-            used < Duration::from_millis(300),
-            "with {flows} pending connects the NIC server used {used:?} of CPU in 3 s"
-        );
-    };
     next("1");
-    busy(1);
+    nic_server_idles_with_pending_connects(pid, r.remote_ip(), 1);
     writeln!(stdin, "go").unwrap();
     next("500");
-    busy(500);
+    nic_server_idles_with_pending_connects(pid, r.remote_ip(), 500);
     writeln!(stdin, "go").unwrap();
     // The program closed its sockets: the flows end, and their host connects with them,
     // while the sandbox still runs.
@@ -725,4 +703,52 @@ fn pending_connects_cost_nothing_and_end_with_the_program_s_sockets() {
     assert_eq!(count(nic, "tcp_flows"), 500, "{nic}");
     assert_eq!(count(nic, "abandoned"), 500, "{nic}");
     assert_eq!(count(nic, "open_at_stop"), 0, "{nic}");
+}
+
+/// The remote's answers to the host vanish: SYNs arrive, nothing comes back, and the
+/// host's connects wait (about two minutes: `tcp_syn_retries`).
+fn blackhole_the_remotes_answers(r: &Remote) {
+    let o = std::process::Command::new("ip")
+        .args(["-n", r.name(), "route", "add", "blackhole"])
+        .arg(format!("{}/32", r.host_ip()))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", texts(&o));
+}
+
+/// ferry (`--net nic`, counters to `js`) running [`PENDING_PY`] against the remote's
+/// port 80; stdin, stdout and stderr piped.
+fn spawn_pending_connects(r: &Remote, js: &std::path::Path) -> Guard {
+    let mut cmd = ferry();
+    cmd.args(["run", "--net", "nic", "--stats-json"])
+        .arg(js)
+        .args(["--", system_python(), "-c", PENDING_PY])
+        .args([r.remote_ip().to_string(), "80".into()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    Guard(cmd.spawn().expect("spawn ferry"))
+}
+
+/// What the NIC server (of ferry `pid`) spends in 3 s with `flows` connects to `ip`
+/// waiting: checks it is under 300 ms of CPU.
+fn nic_server_idles_with_pending_connects(pid: u32, ip: std::net::Ipv4Addr, flows: usize) {
+    // Let the sandbox's SYNs arrive and their host connects start.
+    let t = std::time::Instant::now();
+    while syn_sent_to(ip) < flows {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{flows} host connects never started ({} did)",
+            syn_sent_to(ip)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let before = thread_cpu(pid, "ferry-nic");
+    std::thread::sleep(Duration::from_secs(3));
+    let used = thread_cpu(pid, "ferry-nic") - before;
+    eprintln!("{flows} pending connects: the NIC server used {used:?} of CPU in 3 s");
+    assert!(
+        used < Duration::from_millis(300),
+        "with {flows} pending connects the NIC server used {used:?} of CPU in 3 s"
+    );
 }

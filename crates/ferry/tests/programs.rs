@@ -610,6 +610,14 @@ fn module_on_a_published_port_gzips_and_templates_a_programs_responses() {
         return;
     }
     let dir = TempDir::new("module");
+    gzip_module_compresses_each_response(&dir);
+    // template: {{name}} replaced on the way out, chunked.
+    template_module_fills_in_the_names(&dir);
+}
+
+/// gzip: [`RAW_SERVER`] answers three requests on a published port with a page, the
+/// gzip module compresses each; checks the bodies curl decompresses and the counters.
+fn gzip_module_compresses_each_response(dir: &TempDir) {
     let mut page = Vec::new();
     for i in 0..30_000 {
         page.extend_from_slice(format!("{i}: ferry carries the module's bytes\n").as_bytes());
@@ -617,28 +625,7 @@ fn module_on_a_published_port_gzips_and_templates_a_programs_responses() {
     let file = dir.path().join("page.txt");
     std::fs::write(&file, &page).unwrap();
     let stats = dir.path().join("stats.json");
-    let gz = format!(
-        "80={},http=1,content-type=text/plain",
-        example_module("gzip.wat")
-    );
-    let mut srv = ferry();
-    srv.args([
-        "run",
-        "-p",
-        "127.0.0.1:18281:80",
-        // Not a test of the callback deadline (the module tests are): a loaded
-        // machine must not stop the module.
-        "--module-deadline",
-        "1s",
-        "--module",
-        &gz,
-        "--stats-json",
-    ])
-    .arg(&stats)
-    .args(["--", "python3", "-c", RAW_SERVER])
-    .arg(&file)
-    .arg("3");
-    let mut srv = Guard(quiet(&mut srv).spawn().unwrap());
+    let mut srv = raw_server_behind_gzip(&file, &stats);
     // The published port listens at once; the sandbox's listener may come later.
     for i in 0..3 {
         let o = Command::new("curl")
@@ -672,8 +659,38 @@ fn module_on_a_published_port_gzips_and_templates_a_programs_responses() {
         wire > 0.0 && wire < page.len() as f64 / 3.0,
         "{wire} bytes on the wire"
     );
+}
 
-    // template: {{name}} replaced on the way out, chunked.
+/// ferry running [`RAW_SERVER`] (three requests for `file`) with its port 80 published
+/// on 127.0.0.1:18281 through the gzip module; counters to `stats`.
+fn raw_server_behind_gzip(file: &std::path::Path, stats: &std::path::Path) -> Guard {
+    let gz = format!(
+        "80={},http=1,content-type=text/plain",
+        example_module("gzip.wat")
+    );
+    let mut srv = ferry();
+    srv.args([
+        "run",
+        "-p",
+        "127.0.0.1:18281:80",
+        // Not a test of the callback deadline (the module tests are): a loaded
+        // machine must not stop the module.
+        "--module-deadline",
+        "1s",
+        "--module",
+        &gz,
+        "--stats-json",
+    ])
+    .arg(stats)
+    .args(["--", "python3", "-c", RAW_SERVER])
+    .arg(file)
+    .arg("3");
+    Guard(quiet(&mut srv).spawn().unwrap())
+}
+
+/// template: [`RAW_SERVER`] answers one request with a template, the template module
+/// fills in the names it was given and leaves the others; checks what curl gets.
+fn template_module_fills_in_the_names(dir: &TempDir) {
     let tpl = dir.path().join("page.tpl");
     std::fs::write(
         &tpl,

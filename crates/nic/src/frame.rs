@@ -208,6 +208,22 @@ pub fn offload_tcp(frame: &mut [u8]) -> Option<(u16, u16)> {
     Some((u16::try_from(start).ok()?, 16))
 }
 
+/// Completes a partial checksum as the receiver of a `NEEDS_CSUM` frame does: the
+/// ones' complement of the sum from `start` to the frame's end (the field at
+/// `start + offset` holding the pseudo-header's sum) goes into the field. Nothing when
+/// the offsets fall outside the frame.
+pub fn complete_partial(frame: &mut [u8], (start, offset): (u16, u16)) {
+    let (start, at) = (usize::from(start), usize::from(start) + usize::from(offset));
+    if start > frame.len() || at + 2 > frame.len() {
+        return;
+    }
+    let mut sum = sum16(&frame[start..]);
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    frame[at..at + 2].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+}
+
 /// The ones' complement sum (unfolded) of `b`'s 16-bit big-endian words.
 fn sum16(b: &[u8]) -> u32 {
     b.chunks(2)
@@ -227,7 +243,7 @@ pub struct Link {
 /// Writes into `out` a frame carrying an IP packet from `src` to `dst` whose payload
 /// (`payload_len` bytes) `fill` writes; returns the frame's length, or `None` when
 /// `out` is too small.
-fn ip_frame(
+pub(crate) fn ip_frame(
     out: &mut [u8],
     link: Link,
     src: IpAddr,

@@ -5,30 +5,41 @@
 //! under the same rules as socket mode, from `ferry-egress`: one admission function
 //! (`ferry_egress::admit`, as a link: the egress policy, never the host's loopback or an
 //! unspecified address, nor the sandbox's own subnets), inbound only through `-p` (its
-//! host listener), the egress bond, the flow table of UDP and echo flows; sources the
-//! sandbox owns only (docs/SECURITY.md, "nic mode"). It does not depend on
-//! `ferry-server`.
+//! host listener), the egress bond, the store of its flow table (UDP and echo flows' idle
+//! expiry); sources the sandbox owns only (docs/SECURITY.md, "nic mode"). It does not
+//! depend on `ferry-server`.
 //!
 //! ```text
 //!   sandbox kernel ── eth0 (TAP, one queue per NIC server, vnet header, csum offload)
-//!        │ frames
+//!        │ batches of frames (FrameDevice: TapQueue)
 //!   NIC server nic-K: frame::classify ─┬─ TCP  → smoltcp socket ⇄ host TCP socket
-//!                                      ├─ UDP  → flow table    ⇄ host UDP socket
-//!                                      ├─ echo → flow table    ⇄ host ping socket
-//!                                      └─ ARP/ND → smoltcp (answers as the gateway)
+//!                     (Gate::admit     ├─ UDP  → flow table    ⇄ host UDP socket
+//!                      for every new   ├─ echo → flow table    ⇄ host ping socket
+//!                      flow)           └─ ARP/ND → smoltcp (answers as the gateway)
+//!                                            host sockets through HostIo (Sys)
 //! ```
 //!
 //! It owns: the sandbox's addressing ([`Plan`]), setting up the TAP inside the sandbox's
-//! namespace ([`setup`]), the frame path ([`frame`]) and the NIC server loop
-//! ([`NicServer`]). It must not: parse command lines, know about the shim's channels, or
-//! trust any byte a frame carries (lengths are checked, checksums are not needed:
-//! whatever a frame says, a server neither crashes nor stalls nor holds memory for it
-//! beyond its caps).
+//! namespace ([`setup`]), the frame path ([`frame`]: pure functions), the frame device
+//! a server serves ([`device`]: the [`FrameDevice`](device::FrameDevice) trait, the TAP
+//! queue its first implementation), the host I/O seam ([`hostio`]: every call on a host
+//! socket), the NIC server loop ([`NicServer`]: one flow table, TCP, datagram, echo and
+//! published flows in files of their own, one admission check) and its in-process
+//! harness ([`testkit`]: the real server over a fake device, fake host sockets, a held
+//! clock; `tests/flows.rs`). It must not: parse command lines, know about the shim's
+//! channels, or trust any byte a frame carries (lengths are checked, checksums are not
+//! needed: whatever a frame says, a server neither crashes nor stalls nor holds memory
+//! for it beyond its caps).
 
+#![deny(unsafe_code)]
+
+pub mod device;
 pub mod frame;
+pub mod hostio;
 mod server;
 mod setup;
 mod stats;
+pub mod testkit;
 mod timing;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -38,7 +49,7 @@ use std::time::Duration;
 pub use server::{NicServer, StopHandle};
 pub use setup::{Tap, setup};
 pub use stats::{NicLive, NicStats, nic_json};
-pub use timing::{Stage, StageTotal};
+pub use timing::{Stage, StageTotal, Timing};
 
 /// The sandbox's addressing in nic mode: its interface, the gateway (ferry) beside it.
 #[derive(Clone, Debug, PartialEq, Eq)]

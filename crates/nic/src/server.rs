@@ -1,88 +1,89 @@
-//! A NIC server: one thread, one TAP queue, one user-space TCP/IP stack, its flows.
+//! A NIC server: one thread, one frame device (a TAP queue), one user-space TCP/IP
+//! stack, its flows.
 //!
-//! Theory of operation. Each turn of the loop reads up to [`BATCH`] frames from the
-//! queue (S1: many frames per wake-up) and sorts each ([`frame::classify`]):
+//! Theory of operation. Each turn of the loop reads a batch of up to [`BATCH`] frames
+//! from the device (S1: many frames per wake-up) and sorts each ([`frame::classify`]):
 //!
-//! * **TCP**: a SYN opening a flow the rules allow makes a host socket and starts a
-//!   non-blocking connect to the destination; the SYN waits beside it (a *pending*
-//!   flow: no stack socket, no timer, nothing due until the host socket reports). When
-//!   the connect succeeds, a stack socket listens on that destination and the SYN goes
-//!   to it (the SYN-ACK leaves at once); when it fails, the SYN goes to the stack with no
-//!   socket to take it (the sandbox gets a reset). A pending flow whose sandbox end is
-//!   gone (a reset from it, or the answer to a [`frame::probe`] every [`PROBE_EVERY`])
-//!   ends, and its host connect with it. A SYN the rules refuse goes to the stack with
-//!   no socket to take it: a reset at once.
-//!   Bytes then move between the stack socket's buffers and the host socket with no
-//!   other copy; a full buffer on either side stops reading the other (back-pressure
-//!   is the TCP window). An end of stream on one side is a FIN/shutdown on the other.
-//! * **UDP** and **echo** bypass the stack: each (source, destination) is a flow on a
-//!   connected host UDP socket or ping socket; answers are framed back here. A refused
-//!   datagram or echo gets "administratively prohibited" at once.
+//! * **TCP** (`pending.rs`, `tcp.rs`): a SYN opening a flow the rules allow makes a host
+//!   socket and starts a non-blocking connect; the SYN waits beside it (a *pending* flow:
+//!   no stack socket, nothing due) until the connect ends: replayed into a stack socket
+//!   listening on the destination (the SYN-ACK leaves), or into none (a reset). A SYN the
+//!   rules refuse goes to the stack with no socket to take it: a reset at once. Bytes
+//!   then move between the stack socket's buffers and the host socket, and the flow's
+//!   [`Phase`](phase::Phase) follows its ends.
+//! * **UDP** and **echo** (`dgram.rs`) bypass the stack: each (source, destination) is a
+//!   flow on a connected host UDP socket or ping socket; answers are framed back. A
+//!   refused datagram or echo gets "administratively prohibited" at once.
 //! * **ARP and neighbour discovery** go to the stack, which answers for the gateway.
 //!
-//! Published TCP connections (this server's own listeners in nic mode; in both mode,
-//! those the protocol server passes on through its [`TapHandoff`] when no listener of
-//! the shim's is on the port) become stack connections to the sandbox's address on the
-//! port; one the sandbox resets before answering (nothing listens yet) is asked again
-//! every 100 ms for 2 s (`published.rs`).
+//! Every flow is in one table (`flows.rs`), found by id (its epoll token) or by what the
+//! sandbox opened; one [`NicServer::reap`] ends those that are over. Every flow the
+//! sandbox opens passes one admission check, [`NicServer::admit`]. Published TCP
+//! connections (this server's own listeners in nic mode; in both mode, those the
+//! protocol server passes on through its [`TapHandoff`](ferry_egress::TapHandoff))
+//! become stack connections to the sandbox (`published.rs`).
 //!
 //! Then the server moves bytes of every flow (host ⇄ stack), lets the stack send what
-//! it can, and sleeps in epoll (TAP queue, host sockets, the stop eventfd, the stack's
-//! next timer) only after spinning [`NicConfig::spin`] with nothing to do (SBW).
+//! it can, and sleeps in epoll (device, host sockets, the stop eventfd, the stack's next
+//! timer) only after spinning [`NicConfig::spin`] with nothing to do (SBW). Frames to the
+//! sandbox are written in batches (`stack.rs`, [`Port`](stack::Port)).
+//!
+//! Seams: the device is a [`FrameDevice`], the host sockets are reached through
+//! [`HostIo`], time comes from a clock a test may hold: `testkit.rs` runs the real
+//! server over fakes of all three.
 //!
 //! Must not: block (every descriptor is non-blocking), hold memory per flow beyond the
 //! stack's two buffers (flows capped by [`NicConfig::max_flows`]), or let a frame from
 //! the sandbox choose a source other than the sandbox's own addresses.
 
-use std::collections::HashMap;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use ferry_egress::{FlowTable, Lease, Limits, LogThrottle, Origin, TapHandoff, What, admit};
-use ferry_sys::{Epoll, Event, tun};
-use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
-use smoltcp::phy::{self, DeviceCapabilities, Medium};
-use smoltcp::socket::tcp;
-use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr, IpListenEndpoint};
+use ferry_egress::{Bond, Lease, LogThrottle};
+use ferry_sys::{Epoll, Event};
+use smoltcp::wire::EthernetAddress;
 use tracing::{debug, warn};
 
+use crate::device::{FrameDevice, Frames, TapQueue};
 use crate::frame::{self, Inbound, Link, Why};
+use crate::hostio::{HostIo, Sys};
 use crate::stats::LIVE_EVERY;
-use crate::timing::{Stage, Timing};
+use crate::timing::Stage;
 use crate::{NicConfig, NicLive, NicPublish, NicStats};
-use published::Unanswered;
+use flows::{Flow, FlowTable, Key, Proto};
+use gate::Gate;
+use published::Published;
+use stack::{Port, Stack};
 
-/// Most frames read from the TAP per turn.
+mod dgram;
+mod flows;
+mod gate;
+mod pending;
+mod phase;
+mod published;
+mod stack;
+mod tcp;
+
+/// Most frames read from the device per turn.
 const BATCH: usize = 64;
-/// Most datagrams read from one host socket per turn.
-const DGRAM_BATCH: usize = 64;
-/// A UDP flow idle this long is closed.
-const UDP_IDLE: Duration = Duration::from_secs(60);
-/// An echo flow idle this long is closed.
-const ECHO_IDLE: Duration = Duration::from_secs(10);
-/// How often a pending TCP flow asks the sandbox's kernel whether its connect still
-/// waits ([`frame::probe`]).
-const PROBE_EVERY: Duration = Duration::from_secs(2);
-/// Largest SYN a pending flow keeps (options make ~80 bytes; only data in the SYN, which
-/// needs a Fast Open cookie ferry never gives, makes more): a larger one is reset.
-const SYN_MAX: usize = 1024;
-/// Largest frame (the TAP's MTU is at most 65535 plus the Ethernet header).
-const FRAME_MAX: usize = 65_536 + frame::ETH_LEN;
+/// How often pending flows are probed (idle datagram flows: the flow table's sweep).
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// Largest datagram or echo message relayed.
+const DGRAM_MAX: usize = 65_536 + frame::ETH_LEN;
 /// The gateway's hardware address (locally administered).
-const GATEWAY_MAC: EthernetAddress = EthernetAddress([0x02, 0x66, 0x65, 0x72, 0x72, 0x79]);
+pub(crate) const GATEWAY_MAC: EthernetAddress =
+    EthernetAddress([0x02, 0x66, 0x65, 0x72, 0x72, 0x79]);
 
-const TOKEN_TAP: u64 = 0;
+const TOKEN_DEVICE: u64 = 0;
 const TOKEN_STOP: u64 = 1;
 const TOKEN_HANDOFF: u64 = 2;
-/// Tokens of published listeners start here; flows' start at [`FIRST_FLOW`].
+/// Tokens of published listeners start here; flows' above [`FIRST_FLOW`].
 const TOKEN_LISTEN: u64 = 16;
 const FIRST_FLOW: u64 = 1 << 20;
-
-mod published;
 
 /// Longest a server drains its TCP flows after the sandbox's program has exited.
 pub const DRAIN_MAX: Duration = Duration::from_secs(5);
@@ -103,7 +104,7 @@ impl StopHandle {
     }
 
     /// Asks the server to stop once its TCP flows have ended (the sandbox's kernel
-    /// still sends what its exited programs wrote, and their FINs), the TAP is gone,
+    /// still sends what its exited programs wrote, and their FINs), the device is gone,
     /// or [`DRAIN_MAX`] has passed: what a program wrote before it exited arrives, as
     /// it would natively.
     pub fn drain(&self) {
@@ -112,232 +113,57 @@ impl StopHandle {
     }
 }
 
-/// What the TAP queue has sent, as counted by the device.
-#[derive(Debug, Default)]
-struct TxCount {
-    frames: u64,
-    bytes: u64,
-    full: u64,
+/// Where a server's time comes from: the monotonic clock, or a test's hand.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Clock {
+    Real,
+    Manual(Instant),
 }
 
-/// The TAP queue as smoltcp's device: it receives only the frame the server hands it.
-struct Device {
-    fd: OwnedFd,
-    rx: Vec<u8>,
-    rx_len: usize,
-    rx_ready: bool,
-    tx: Vec<u8>,
-    mtu: usize,
-    count: TxCount,
-    /// Per-stage timing (E5), off unless asked.
-    timing: Timing,
-}
-
-impl Device {
-    /// Reads one frame; `Ok(false)`: none waiting.
-    fn read(&mut self) -> io::Result<bool> {
-        let t0 = self.timing.start();
-        let r = ferry_sys::read(self.fd.as_fd(), &mut self.rx);
-        let stage = if r.is_ok() {
-            Stage::TapRead
-        } else {
-            Stage::TapReadEmpty
-        };
-        self.timing.end(stage, t0, r.is_ok());
-        match r {
-            Ok(n) => {
-                self.rx_len = n.saturating_sub(tun::VNET_HDR_LEN);
-                Ok(true)
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Where `part` (a slice of the frame just read) lies in the receive buffer, as
-    /// (start, length): what the frame's handlers keep while they borrow the server.
-    fn span(&self, part: &[u8]) -> (usize, usize) {
-        (
-            part.as_ptr() as usize - self.rx.as_ptr() as usize,
-            part.len(),
-        )
-    }
-
-    fn frame(&self) -> &[u8] {
-        &self.rx[tun::VNET_HDR_LEN..tun::VNET_HDR_LEN + self.rx_len]
-    }
-
-    /// Writes a frame we made: complete, or a TCP segment with its checksum left to the
-    /// offload ([`frame::offload_tcp`]).
-    fn write(fd: BorrowedFd<'_>, count: &mut TxCount, timing: &mut Timing, frame: &mut [u8]) {
-        let t0 = timing.start();
-        let mut hdr = [0u8; tun::VNET_HDR_LEN];
-        if let Some((start, offset)) = frame::offload_tcp(frame) {
-            hdr[0] = tun::VNET_NEEDS_CSUM;
-            hdr[6..8].copy_from_slice(&start.to_le_bytes());
-            hdr[8..10].copy_from_slice(&offset.to_le_bytes());
-        }
-        let r = tun::write2(fd, &hdr, frame);
-        timing.end(Stage::TapWrite, t0, r.is_ok());
-        match r {
-            Ok(_) => {
-                count.frames += 1;
-                count.bytes += frame.len() as u64;
-            }
-            // The queue towards the sandbox is full: the frame is lost, as on a wire
-            // (TCP retransmits).
-            Err(_) => count.full += 1,
+impl Clock {
+    pub(crate) fn now(&self) -> Instant {
+        match self {
+            Clock::Real => Instant::now(),
+            Clock::Manual(t) => *t,
         }
     }
 }
 
-struct Rx<'a>(&'a [u8]);
-
-struct Tx<'a> {
-    fd: BorrowedFd<'a>,
-    buf: &'a mut Vec<u8>,
-    count: &'a mut TxCount,
-    timing: &'a mut Timing,
-}
-
-impl phy::RxToken for Rx<'_> {
-    fn consume<R, F: FnOnce(&[u8]) -> R>(self, f: F) -> R {
-        f(self.0)
-    }
-}
-
-impl phy::TxToken for Tx<'_> {
-    fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
-        if self.buf.len() < len {
-            self.buf.resize(len, 0);
-        }
-        let r = f(&mut self.buf[..len]);
-        Device::write(self.fd, self.count, self.timing, &mut self.buf[..len]);
-        r
-    }
-}
-
-impl phy::Device for Device {
-    type RxToken<'a> = Rx<'a>;
-    type TxToken<'a> = Tx<'a>;
-
-    fn receive(
-        &mut self,
-        _: smoltcp::time::Instant,
-    ) -> Option<(Self::RxToken<'_>, Self::TxToken<'_>)> {
-        if !self.rx_ready {
-            return None;
-        }
-        self.rx_ready = false;
-        let frame = &self.rx[tun::VNET_HDR_LEN..tun::VNET_HDR_LEN + self.rx_len];
-        let tx = Tx {
-            fd: self.fd.as_fd(),
-            buf: &mut self.tx,
-            count: &mut self.count,
-            timing: &mut self.timing,
-        };
-        Some((Rx(frame), tx))
-    }
-
-    fn transmit(&mut self, _: smoltcp::time::Instant) -> Option<Self::TxToken<'_>> {
-        Some(Tx {
-            fd: self.fd.as_fd(),
-            buf: &mut self.tx,
-            count: &mut self.count,
-            timing: &mut self.timing,
-        })
-    }
-
-    fn capabilities(&self) -> DeviceCapabilities {
-        let mut c = DeviceCapabilities::default();
-        c.medium = Medium::Ethernet;
-        c.max_transmission_unit = self.mtu + frame::ETH_LEN;
-        // Nothing received is verified (`Tx`/`None`: see `frame`); sent as ferry's own.
-        c.checksum = frame::tx_checksums();
-        c
-    }
-}
-
-/// A TCP flow: a stack socket (the sandbox's end) and a host socket.
-struct TcpFlow {
-    handle: SocketHandle,
-    host: OwnedFd,
-    /// (sandbox, destination) of a flow the sandbox opened; `None` for published ones.
-    key: Option<(SocketAddr, SocketAddr)>,
-    /// A published connection whose handshake with the sandbox has not completed.
-    fresh: Option<Unanswered>,
-    readable: bool,
-    writable: bool,
-    host_eof: bool,
-    shut_wr: bool,
-    lease: Option<Lease>,
-    bytes_out: u64,
-    bytes_in: u64,
-}
-
-/// A TCP flow whose host connect is under way: the sandbox's SYN waits with it.
-struct Pending {
-    host: OwnedFd,
-    /// (sandbox, destination).
-    key: (SocketAddr, SocketAddr),
-    /// The SYN's frame (without its `virtio_net_hdr`), the latest the sandbox sent.
-    syn: Vec<u8>,
-    lease: Option<Lease>,
-    /// When the sandbox was last asked whether the connect still waits.
-    probed: Instant,
-}
-
-/// A UDP or echo flow.
-struct DgramFlow {
-    host: OwnedFd,
-    /// The sandbox's end (for echo: its address and the request's identifier as port).
-    sandbox: SocketAddr,
-    /// The destination (for echo: its address, port 0).
-    remote: SocketAddr,
-    echo: bool,
-    _lease: Option<Lease>,
-}
-
-/// Key of a datagram flow: (is echo, sandbox end, remote end).
-type DgramKey = (bool, SocketAddr, SocketAddr);
-
-/// How long a datagram flow may carry nothing.
-fn dgram_idle(key: &DgramKey) -> Duration {
-    if key.0 { ECHO_IDLE } else { UDP_IDLE }
+/// What a server is made of besides its configuration: its seams.
+pub(crate) struct Parts {
+    pub index: usize,
+    pub dev: Box<dyn FrameDevice>,
+    pub io: Arc<dyn HostIo>,
+    pub clock: Clock,
+    /// The stack's randomness (sequence numbers).
+    pub seed: u64,
 }
 
 /// One NIC server (see the module docs).
 pub struct NicServer {
     id: String,
     cfg: Arc<NicConfig>,
-    dev: Device,
-    iface: Interface,
-    sockets: SocketSet<'static>,
+    io: Arc<dyn HostIo>,
+    port: Port,
+    stack: Stack,
+    flows: FlowTable,
+    published: Published,
+    /// The batch of frames being handled.
+    rx: Frames,
     epoll: Epoll,
     events: Vec<Event>,
     stop: StopHandle,
-    tcp: HashMap<u64, TcpFlow>,
-    pending: HashMap<u64, Pending>,
-    /// Flows the sandbox opened, pending or not, by (sandbox, destination).
-    tcp_keys: HashMap<(SocketAddr, SocketAddr), u64>,
-    /// UDP and echo flows (by id and key, idle expiry).
-    dgram: FlowTable<DgramKey, DgramFlow>,
-    listeners: Vec<(OwnedFd, NicPublish)>,
-    /// Where socket mode passes published connections no listener of the shim's is on.
-    handoff: Option<Arc<TapHandoff>>,
-    /// Published connections to ask the sandbox again for, and when.
-    retry: Vec<(Instant, OwnedFd, Unanswered)>,
-    next_id: u64,
+    clock: Clock,
     link: Link,
-    out: Vec<u8>,
+    /// A datagram or echo message on its way.
     buf: Vec<u8>,
     stats: NicStats,
-    epoch: Instant,
-    last_sweep: Instant,
-    /// Log lines of refused flows, and of host sockets that could not be made.
-    refusals: LogThrottle,
+    next_sweep: Instant,
+    /// The admission of flows.
+    gate: Gate,
+    /// Log lines of host sockets that could not be made.
     failures: LogThrottle,
-    tap_gone: bool,
+    device_gone: bool,
     live: Arc<NicLive>,
 }
 
@@ -349,67 +175,117 @@ impl std::fmt::Debug for NicServer {
     }
 }
 
+/// Watches host socket `fd` of flow `id` (edge-triggered, both ways).
+fn watch(epoll: &Epoll, fd: BorrowedFd<'_>, id: u64) -> io::Result<()> {
+    let ev = libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET;
+    epoll.add(fd, ev as u32, id)
+}
+
+/// A host socket of type `ty` and protocol `proto` to `to` (non-blocking, bound to the
+/// bond's pick, if any), its connect started; whether the connect is done already.
+fn connect_host(
+    io: &dyn HostIo,
+    bond: Option<&Arc<Bond>>,
+    (ty, proto): (i32, i32),
+    to: SocketAddr,
+) -> io::Result<(OwnedFd, Option<Lease>, bool)> {
+    let domain = if to.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    let fd = io.socket(domain, ty, proto)?;
+    let lease = bond.and_then(|b| b.lease(to));
+    if let Some(l) = &lease {
+        io.bind(fd.as_fd(), &SocketAddr::new(l.addr(), 0))?;
+    }
+    let done = match io.connect(fd.as_fd(), &to) {
+        Ok(()) => true,
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => false,
+        Err(e) => return Err(e),
+    };
+    Ok((fd, lease, done))
+}
+
+/// Refreshes `live` from the counters (`stats`, and what the open flows hold).
+fn refresh_live(live: &NicLive, stats: &NicStats, flows: usize, open_bytes: (u64, u64)) {
+    let r = Ordering::Relaxed;
+    live.cpu.store(ferry_sys::current_cpu(), r);
+    live.flows.store(flows as u64, r);
+    live.frames.store(stats.frames_in, r);
+    live.bytes_out.store(stats.bytes_out + open_bytes.0, r);
+    live.bytes_in.store(stats.bytes_in + open_bytes.1, r);
+    live.sleeps.store(stats.sleeps, r);
+}
+
 impl NicServer {
     /// A NIC server `nic-{index}` on TAP queue `queue` (made non-blocking). `publish`: the
     /// published TCP ports this server listens for on the host (give them to one server).
     /// Any descriptor that carries one frame, behind its `virtio_net_hdr`, per `read` and
-    /// per write serves as the queue: tests and the `frame` fuzz target give it one end
-    /// of an `AF_UNIX` `SOCK_SEQPACKET` pair.
+    /// per write serves as the queue ([`TapQueue`]).
     pub fn new(
         index: usize,
         queue: OwnedFd,
         cfg: Arc<NicConfig>,
         publish: &[NicPublish],
     ) -> io::Result<NicServer> {
-        ferry_sys::set_nonblocking(queue.as_fd(), true)?;
-        let mtu = cfg.plan.mtu as usize;
-        let mut dev = Device {
-            fd: queue,
-            rx: vec![0; FRAME_MAX + tun::VNET_HDR_LEN],
-            rx_len: 0,
-            rx_ready: false,
-            tx: vec![0; mtu + frame::ETH_LEN],
-            mtu,
-            count: TxCount::default(),
-            timing: Timing::new(cfg.timing),
+        let dev = TapQueue::new(queue, cfg.plan.mtu as usize)?;
+        NicServer::with_device(index, Box::new(dev), cfg, publish)
+    }
+
+    /// A NIC server `nic-{index}` on frame device `dev`.
+    pub fn with_device(
+        index: usize,
+        dev: Box<dyn FrameDevice>,
+        cfg: Arc<NicConfig>,
+        publish: &[NicPublish],
+    ) -> io::Result<NicServer> {
+        let parts = Parts {
+            index,
+            dev,
+            io: Arc::new(Sys),
+            clock: Clock::Real,
+            seed: ferry_sys::random_u64().unwrap_or(0x0066_6572_7279),
         };
-        let mut config = Config::new(HardwareAddress::Ethernet(GATEWAY_MAC));
-        config.random_seed = ferry_sys::random_u64().unwrap_or(0x0066_6572_7279);
-        let epoch = Instant::now();
-        let mut iface = Interface::new(config, &mut dev, smoltcp::time::Instant::ZERO);
-        let plan = &cfg.plan;
-        iface.update_ip_addrs(|a| {
-            let _ = a.push(IpCidr::new(IpAddress::Ipv4(plan.gw4), plan.prefix4));
-            let _ = a.push(IpCidr::new(IpAddress::Ipv6(plan.gw6), plan.prefix6));
-        });
-        // Any destination is ours to answer for ("any IP" through a default route via
-        // our own address): the stack terminates every connection the sandbox opens.
-        iface.set_any_ip(true);
-        let _ = iface.routes_mut().add_default_ipv4_route(plan.gw4);
-        let _ = iface.routes_mut().add_default_ipv6_route(plan.gw6);
+        NicServer::build(parts, cfg, publish)
+    }
+
+    /// A NIC server over `parts`.
+    pub(crate) fn build(
+        parts: Parts,
+        cfg: Arc<NicConfig>,
+        publish: &[NicPublish],
+    ) -> io::Result<NicServer> {
+        let mut port = Port::new(parts.dev, cfg.timing);
+        let start = parts.clock.now();
+        let stack = Stack::new(
+            &mut port,
+            &cfg.plan,
+            GATEWAY_MAC,
+            parts.seed,
+            cfg.tcp_buffer,
+            start,
+        );
         let epoll = Epoll::new(256)?;
-        epoll.add(dev.fd.as_fd(), libc::EPOLLIN as u32, TOKEN_TAP)?;
+        epoll.add(port.wake_fd(), libc::EPOLLIN as u32, TOKEN_DEVICE)?;
         let efd = Arc::new(ferry_sys::eventfd()?);
         epoll.add(efd.as_fd(), libc::EPOLLIN as u32, TOKEN_STOP)?;
-        let mut listeners = Vec::new();
-        for (i, p) in publish.iter().enumerate() {
-            let (l, _) = ferry_egress::host_listener(p.host, false).map_err(|e| {
-                io::Error::new(e.kind(), format!("-p {}:{}: {e}", p.host, p.sandbox_port))
-            })?;
-            epoll.add(l.as_fd(), libc::EPOLLIN as u32, TOKEN_LISTEN + i as u64)?;
-            listeners.push((l, *p));
-        }
-        let id = format!("nic-{index}");
+        let id = format!("nic-{}", parts.index);
+        let published = Published::listen(&*parts.io, &epoll, publish, &id, &cfg.plan.ifname)?;
         Ok(NicServer {
             stats: NicStats {
                 id: id.clone(),
                 ..Default::default()
             },
+            gate: Gate::new(id.clone(), cfg.clone()),
+            published,
             id,
             cfg,
-            dev,
-            iface,
-            sockets: SocketSet::new(Vec::new()),
+            io: parts.io,
+            port,
+            stack,
+            flows: FlowTable::new(FIRST_FLOW),
+            rx: Frames::new(),
             epoll,
             events: Vec::with_capacity(256),
             stop: StopHandle {
@@ -417,25 +293,15 @@ impl NicServer {
                 drain: Arc::new(AtomicBool::new(false)),
                 efd,
             },
-            tcp: HashMap::new(),
-            pending: HashMap::new(),
-            tcp_keys: HashMap::new(),
-            dgram: FlowTable::new(Limits::uncapped(dgram_idle)),
-            listeners,
-            handoff: None,
-            retry: Vec::new(),
-            next_id: FIRST_FLOW,
+            clock: parts.clock,
             link: Link {
                 ours: GATEWAY_MAC,
                 theirs: EthernetAddress::BROADCAST,
             },
-            out: vec![0; FRAME_MAX],
-            buf: vec![0; FRAME_MAX],
-            epoch,
-            last_sweep: epoch,
-            refusals: LogThrottle::default(),
+            buf: vec![0; DGRAM_MAX],
+            next_sweep: start + SWEEP_EVERY,
             failures: LogThrottle::default(),
-            tap_gone: false,
+            device_gone: false,
             live: Arc::new(NicLive {
                 pinned: (-1).into(),
                 cpu: (-1).into(),
@@ -454,26 +320,9 @@ impl NicServer {
         self.live.clone()
     }
 
-    /// Refreshes the live counters.
-    fn publish_live(&self) {
-        let l = &self.live;
-        let r = Ordering::Relaxed;
-        l.cpu.store(ferry_sys::current_cpu(), r);
-        l.flows.store(self.flows() as u64, r);
-        l.frames.store(self.stats.frames_in, r);
-        let (out, inn) = self.open_bytes();
-        l.bytes_out.store(self.stats.bytes_out + out, r);
-        l.bytes_in.store(self.stats.bytes_in + inn, r);
-        l.sleeps.store(self.stats.sleeps, r);
-    }
-
     /// A handle that stops [`NicServer::run`].
     pub fn stop_handle(&self) -> StopHandle {
         self.stop.clone()
-    }
-
-    fn now(&self) -> smoltcp::time::Instant {
-        smoltcp::time::Instant::from_micros(self.epoch.elapsed().as_micros() as i64)
     }
 
     /// Serves until stopped; returns the counters.
@@ -483,47 +332,66 @@ impl NicServer {
             .store(ferry_sys::gettid().cast_signed(), Ordering::Release);
         let mut idle_since: Option<Instant> = None;
         let mut draining: Option<Instant> = None;
-        while !self.stop.flag.load(Ordering::SeqCst) {
-            if draining.is_none() && self.stop.drain.load(Ordering::SeqCst) {
-                draining = Some(Instant::now());
-            }
-            if let Some(t) = draining
-                && (self.tcp.is_empty() || self.tap_gone || t.elapsed() >= DRAIN_MAX)
-            {
-                break;
-            }
+        while !self.finished(&mut draining) {
             self.stats.turns += 1;
             if self.stats.turns.is_multiple_of(LIVE_EVERY) {
-                self.publish_live();
+                refresh_live(
+                    &self.live,
+                    &self.stats,
+                    self.held(),
+                    self.flows.open_bytes(),
+                );
             }
-            let busy = self.turn();
-            if busy {
+            if self.turn() {
                 idle_since = None;
                 continue;
             }
-            let since = *idle_since.get_or_insert_with(Instant::now);
-            let timeout = if since.elapsed() < self.cfg.spin {
-                self.stats.spin_turns += 1;
-                Duration::ZERO
-            } else {
-                self.stats.sleeps += 1;
-                self.publish_live();
-                let now = self.now();
-                self.iface
-                    .poll_delay(now, &self.sockets)
-                    .map(|d| Duration::from_micros(d.total_micros()))
-                    .unwrap_or(Duration::from_secs(1))
-                    .min(Duration::from_secs(1))
-                    .min(self.retry_delay().unwrap_or(Duration::MAX))
-            };
+            let timeout = self.idle_wait(&mut idle_since);
             if self.wait_events(timeout) {
                 idle_since = None;
             }
         }
-        if let Some(h) = &self.handoff {
-            h.set_open(false);
-        }
+        self.published.close();
         self.counters()
+    }
+
+    /// Whether [`NicServer::run`] ends now: stopped, or draining (since `draining`) and
+    /// every TCP flow ended, the device gone, or [`DRAIN_MAX`] passed.
+    pub(crate) fn finished(&mut self, draining: &mut Option<Instant>) -> bool {
+        if self.stop.flag.load(Ordering::SeqCst) {
+            return true;
+        }
+        let now = self.clock.now();
+        if draining.is_none() && self.stop.drain.load(Ordering::SeqCst) {
+            *draining = Some(now);
+        }
+        draining.is_some_and(|t| {
+            !self.flows.tcp_open() || self.device_gone || now.duration_since(t) >= DRAIN_MAX
+        })
+    }
+
+    /// How long to wait in epoll after a turn with nothing to do (idle since
+    /// `idle_since`): nothing while spinning, else until the stack's or a published
+    /// connection's next timer (at most a second).
+    fn idle_wait(&mut self, idle_since: &mut Option<Instant>) -> Duration {
+        let now = self.clock.now();
+        let since = *idle_since.get_or_insert(now);
+        if now.duration_since(since) < self.cfg.spin {
+            self.stats.spin_turns += 1;
+            return Duration::ZERO;
+        }
+        self.stats.sleeps += 1;
+        refresh_live(
+            &self.live,
+            &self.stats,
+            self.held(),
+            self.flows.open_bytes(),
+        );
+        self.stack
+            .delay(now)
+            .unwrap_or(Duration::from_secs(1))
+            .min(Duration::from_secs(1))
+            .min(self.published.delay(now).unwrap_or(Duration::MAX))
     }
 
     /// The counters as they stand (`open_at_stop`: the flows open now), as
@@ -531,33 +399,15 @@ impl NicServer {
     #[doc(hidden)]
     pub fn counters(&self) -> NicStats {
         let mut s = self.stats.clone();
-        s.open_at_stop = self.flows() as u64;
-        s.frames_out = self.dev.count.frames;
-        s.frame_bytes_out = self.dev.count.bytes;
-        s.tap_full = self.dev.count.full;
-        s.timing = self.dev.timing.totals();
-        let (out, inn) = self.open_bytes();
+        s.open_at_stop = self.held() as u64;
+        s.frames_out = self.port.count.frames;
+        s.frame_bytes_out = self.port.count.bytes;
+        s.tap_full = self.port.count.full;
+        s.timing = self.port.timing.totals();
+        let (out, inn) = self.flows.open_bytes();
         s.bytes_out += out;
         s.bytes_in += inn;
         s
-    }
-
-    /// Bytes the open TCP flows have moved (out, in): a flow's are added to the
-    /// server's counters when it closes.
-    fn open_bytes(&self) -> (u64, u64) {
-        self.tcp
-            .values()
-            .fold((0, 0), |(o, i), f| (o + f.bytes_out, i + f.bytes_in))
-    }
-
-    /// One turn of [`NicServer::run`] and the events already pending, never waiting;
-    /// whether anything happened. For tests and the `frame` fuzz target, which drive a
-    /// server step by step.
-    #[doc(hidden)]
-    pub fn step(&mut self) -> bool {
-        self.stats.turns += 1;
-        let busy = self.turn();
-        self.wait_events(Duration::ZERO) || busy
     }
 
     /// Waits up to `timeout` in epoll and handles what it reports; whether it reported
@@ -569,134 +419,149 @@ impl NicServer {
             warn!("{}: epoll: {e}", self.id);
         }
         if !events.is_empty() && !timeout.is_zero() {
-            self.dev.timing.woke();
+            self.port.timing.woke();
         }
         for ev in &events {
             self.on_event(*ev);
         }
+        self.port.flush();
         let any = !events.is_empty();
         self.events = events;
         any
     }
 
-    /// One turn: frames in, flows pumped, the stack's output out. Whether anything moved.
+    /// One turn: frames in, flows pumped, the stack's output out, flows that are over
+    /// ended. Whether anything moved.
     fn turn(&mut self) -> bool {
-        let mut busy = false;
-        for _ in 0..BATCH {
-            match self.dev.read() {
-                Ok(true) => {
-                    busy = true;
-                    let m = self.dev.timing.mark();
-                    self.on_frame();
-                    self.dev.timing.end_outer(Stage::Ingress, m, true);
-                }
-                Ok(false) => break,
-                Err(e) => {
-                    // The sandbox's namespace is gone (its device with it).
-                    if !self.tap_gone {
-                        debug!("{}: reading the TAP: {e}", self.id);
-                    }
-                    self.tap_gone = true;
-                    break;
-                }
-            }
+        let busy = self.ingress();
+        let busy = self.pump_and_send() || busy;
+        let now = self.clock.now();
+        self.reap(now);
+        for (host, u) in self.published.due(now) {
+            self.publish_conn(host, (u.client, u.port), u.since);
         }
-        // Move bytes and let the stack send until neither has more to do.
+        self.port.flush();
+        busy
+    }
+
+    /// Reads a batch of frames and handles each; whether there were any.
+    fn ingress(&mut self) -> bool {
+        let mut rx = std::mem::take(&mut self.rx);
+        rx.clear();
+        let n = match self.port.recv(&mut rx, BATCH) {
+            Ok(n) => n,
+            Err(e) => {
+                // The sandbox's namespace is gone (its device with it).
+                if !self.device_gone {
+                    debug!("{}: reading the device: {e}", self.id);
+                }
+                self.device_gone = true;
+                0
+            }
+        };
+        for i in 0..n {
+            let m = self.port.timing.mark();
+            if let Some(f) = rx.get(i) {
+                self.on_frame(f);
+            }
+            self.port.timing.end_outer(Stage::Ingress, m, true);
+        }
+        self.rx = rx;
+        self.port.flush();
+        n > 0
+    }
+
+    /// Moves bytes and lets the stack send until neither has more to do; whether
+    /// anything moved.
+    fn pump_and_send(&mut self) -> bool {
+        let mut busy = false;
         for _ in 0..64 {
-            let m = self.dev.timing.mark();
-            let moved = self.pump_tcp();
-            self.dev.timing.end_outer(Stage::Pump, m, moved);
-            let now = self.now();
-            let (m, frames) = (self.dev.timing.mark(), self.dev.count.frames);
-            let sent = self
-                .iface
-                .poll_egress(now, &mut self.dev, &mut self.sockets)
-                == smoltcp::iface::PollResult::SocketStateChanged;
-            let wrote = self.dev.count.frames != frames;
-            self.dev.timing.end_outer(Stage::Egress, m, wrote);
+            let m = self.port.timing.mark();
+            let moved = tcp::pump_all(
+                &mut self.flows,
+                &mut self.stack,
+                &*self.io,
+                &mut self.port.timing,
+            );
+            self.port.timing.end_outer(Stage::Pump, m, moved);
+            let now = self.clock.now();
+            let (m, frames) = (self.port.timing.mark(), self.port.count.frames);
+            let sent = self.stack.egress(&mut self.port, now);
+            self.port.flush();
+            let wrote = self.port.count.frames != frames;
+            self.port.timing.end_outer(Stage::Egress, m, wrote);
             busy |= moved || sent;
             if !moved && !sent {
                 break;
             }
         }
-        self.reap();
-        self.retry_published();
-        if self.last_sweep.elapsed() >= Duration::from_secs(1) {
-            self.sweep_dgram();
-            self.probe_pending();
-        }
         busy
+    }
+
+    /// Ends the flows that are over at `now`: TCP flows whose stack socket is done
+    /// (every turn), datagram flows idle past their time (the table sweeps at most once
+    /// a second). Every [`SWEEP_EVERY`], asks the sandbox about its pending connects.
+    fn reap(&mut self, now: Instant) {
+        let sweep = now >= self.next_sweep;
+        if sweep {
+            self.next_sweep = now + SWEEP_EVERY;
+        }
+        let stack = &self.stack;
+        for f in self.flows.reap(now, |h| tcp::done(stack.state(h))) {
+            self.end_flow(f);
+        }
+        if sweep {
+            let link = self.link;
+            for (from, to) in self.flows.probe_due(now) {
+                self.port.queue(|out| frame::probe(out, link, from, to));
+            }
+        }
     }
 
     fn on_event(&mut self, ev: Event) {
         match ev.token {
-            TOKEN_TAP | TOKEN_STOP => {}
-            TOKEN_HANDOFF => self.take_handoff(),
-            t if (TOKEN_LISTEN..FIRST_FLOW).contains(&t) => {
-                self.accept_published((t - TOKEN_LISTEN) as usize)
-            }
-            t => {
-                if let Some(f) = self.tcp.get_mut(&t) {
-                    if ev.events
-                        & (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR)
-                            as u32
-                        != 0
-                    {
-                        f.readable = true;
-                    }
-                    if ev.events & (libc::EPOLLOUT | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
-                        f.writable = true;
-                    }
-                } else if self.pending.contains_key(&t) {
-                    if ev.events & (libc::EPOLLOUT | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
-                        self.connected(t);
-                    }
-                } else if self.dgram.contains(t) {
-                    // Framing the datagrams counts as egress (no stack on this path).
-                    let (m, frames) = (self.dev.timing.mark(), self.dev.count.frames);
-                    self.host_dgram_ready(t);
-                    let wrote = self.dev.count.frames != frames;
-                    self.dev.timing.end_outer(Stage::Egress, m, wrote);
+            TOKEN_DEVICE | TOKEN_STOP => {}
+            TOKEN_HANDOFF => {
+                for (host, to) in self.published.take_handoff(&*self.io) {
+                    self.publish_conn(host, to, self.clock.now());
                 }
             }
+            t if (TOKEN_LISTEN..FIRST_FLOW).contains(&t) => {
+                let i = (t - TOKEN_LISTEN) as usize;
+                if let Some((host, to)) = self.published.accept(&*self.io, i) {
+                    self.publish_conn(host, to, self.clock.now());
+                }
+            }
+            t => self.flow_event(t, ev.events),
         }
     }
 
-    /// Whether the sandbox may reach `to` with `what` (docs/SECURITY.md, nic mode), as
-    /// [`ferry_egress::admit`] decides for a link: never a local address (the host's
-    /// own), the sandbox's own subnets (the gateway included), a multicast, broadcast
-    /// or IPv6 link-local one; the policy for the rest. A refusal is counted and
-    /// logged, at most once a second.
-    fn allowed(&mut self, what: What, to: SocketAddr) -> bool {
-        let from = Origin::Link(self.cfg.plan.own_link());
-        let ferry_egress::Decision::Refused(why) = admit(&self.cfg.policy, what, from, to) else {
-            return true;
-        };
-        self.stats.denied += 1;
-        if let Some(n) = self.refusals.tick() {
-            warn!(
-                "{}: {what} to {to} {why} ({n} since the last line)",
-                self.id
-            );
+    /// Flow `id`'s host socket reported `events`.
+    fn flow_event(&mut self, id: u64, events: u32) {
+        let input = (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR) as u32;
+        let output = (libc::EPOLLOUT | libc::EPOLLHUP | libc::EPOLLERR) as u32;
+        match self.flows.get_mut(id) {
+            Some(Flow::Tcp(f)) => {
+                f.readable |= events & input != 0;
+                f.writable |= events & output != 0;
+            }
+            Some(Flow::Pending(_)) if events & output != 0 => self.connected(id),
+            Some(Flow::Udp(_) | Flow::Echo(_)) => {
+                // Framing the datagrams counts as egress (no stack on this path).
+                let (m, frames) = (self.port.timing.mark(), self.port.count.frames);
+                self.host_dgram_ready(id);
+                self.port.flush();
+                let wrote = self.port.count.frames != frames;
+                self.port.timing.end_outer(Stage::Egress, m, wrote);
+            }
+            _ => {}
         }
-        false
     }
 
-    /// Hands the frame just read to the stack.
-    fn feed_stack(&mut self) {
-        self.dev.rx_ready = true;
-        let now = self.now();
-        let _ = self
-            .iface
-            .poll_ingress_single(now, &mut self.dev, &mut self.sockets);
-        self.dev.rx_ready = false;
-    }
-
-    fn on_frame(&mut self) {
+    fn on_frame(&mut self, frame: &[u8]) {
         self.stats.frames_in += 1;
-        self.stats.frame_bytes_in += self.dev.rx_len as u64;
-        // `classify` borrows the frame; copy out what the arms need first.
-        let inbound = frame::classify(self.dev.frame());
+        self.stats.frame_bytes_in += frame.len() as u64;
+        let inbound = frame::classify(frame);
         let src = match inbound {
             Inbound::Tcp { src, .. } | Inbound::Udp { src, .. } => Some(src.ip()),
             Inbound::Echo { src, .. } => Some(src),
@@ -709,619 +574,161 @@ impl NicServer {
                 self.stats.spoofed += 1;
                 return;
             }
-            if let Some(mac) = frame::source_mac(self.dev.frame()) {
+            if let Some(mac) = frame::source_mac(frame) {
                 self.link.theirs = mac;
             }
         }
         match inbound {
-            Inbound::Stack => self.feed_stack(),
-            Inbound::Tcp { src, dst, syn, rst } => match self.tcp_keys.get(&(src, dst)).copied() {
-                Some(id) if self.pending.contains_key(&id) => self.pending_segment(id, syn, rst),
-                Some(_) => self.feed_stack(),
-                // Held while the host connects, or refused: to the stack (a reset).
-                None if syn && self.open_tcp(src, dst) => {}
-                None => self.feed_stack(),
-            },
-            Inbound::Udp { src, dst, payload } => {
-                let (start, len) = self.dev.span(payload);
-                self.udp_out(src, dst, start, len);
-            }
+            Inbound::Stack => self.stack.feed(&mut self.port, frame, self.clock.now()),
+            Inbound::Tcp { src, dst, syn, rst } => self.tcp_segment((src, dst), syn, rst, frame),
+            Inbound::Udp { src, dst, payload } => self.udp_out(src, dst, payload, frame),
             Inbound::Echo {
                 src,
                 dst,
                 ident,
                 seq,
                 data,
-            } => {
-                let (start, len) = self.dev.span(data);
-                self.echo_out(src, dst, ident, seq, start, len);
-            }
+            } => self.echo_out((src, dst), (ident, seq), data, frame),
             Inbound::Drop(Why::Malformed) => self.stats.malformed += 1,
             Inbound::Drop(Why::Fragment) => self.stats.fragments += 1,
             Inbound::Drop(Why::Unsupported) => self.stats.unsupported += 1,
         }
     }
 
-    fn flows(&self) -> usize {
-        self.tcp.len() + self.pending.len() + self.dgram.len() + self.retry.len()
-    }
-
-    fn new_id(&mut self) -> u64 {
-        self.next_id += 1;
-        self.next_id
-    }
-
-    /// A host socket to `to` (non-blocking, bound to the bond's pick), connect started.
-    fn host_socket(
-        &self,
-        ty: i32,
-        proto: i32,
-        to: SocketAddr,
-    ) -> io::Result<(OwnedFd, Option<Lease>, bool)> {
-        let domain = if to.is_ipv4() {
-            libc::AF_INET
-        } else {
-            libc::AF_INET6
-        };
-        let fd = ferry_sys::socket(domain, ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, proto)?;
-        let lease = self.cfg.egress.as_ref().and_then(|b| b.lease(to));
-        if let Some(l) = &lease {
-            ferry_sys::bind(fd.as_fd(), &SocketAddr::new(l.addr(), 0))?;
-        }
-        let done = match ferry_sys::connect(fd.as_fd(), &to) {
-            Ok(()) => true,
-            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => false,
-            Err(e) => return Err(e),
-        };
-        Ok((fd, lease, done))
-    }
-
-    /// A SYN from the sandbox for a new flow (the frame just read): the host connect,
-    /// and the SYN kept until it ends. Whether the SYN was taken; `false`: it goes to
-    /// the stack now, to a stack socket when the connect has already succeeded, to none
-    /// when refused (the stack then resets the connection).
-    fn open_tcp(&mut self, src: SocketAddr, dst: SocketAddr) -> bool {
-        if !self.allowed(What::Connect, dst) {
-            return false;
-        }
-        if self.flows() >= self.cfg.max_flows {
-            self.stats.over_cap += 1;
-            return false;
-        }
-        if self.dev.frame().len() > SYN_MAX {
-            self.stats.malformed += 1;
-            return false;
-        }
-        let (host, lease, done) = match self.host_socket(libc::SOCK_STREAM, 0, dst) {
-            Ok(x) => x,
-            Err(e) => {
-                debug!("{}: connect to {dst}: {e}", self.id);
-                self.stats.connect_failed += 1;
-                return false;
-            }
-        };
-        let _ = ferry_sys::setsockopt(
-            host.as_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_NODELAY,
-            &1i32.to_ne_bytes(),
-        );
-        let id = self.new_id();
-        if self.watch(host.as_fd(), id).is_err() {
-            return false;
-        }
-        self.stats.tcp_flows += 1;
-        self.tcp_keys.insert((src, dst), id);
-        if done {
-            self.establish(id, (src, dst), host, lease);
-            return false;
-        }
-        let syn = self.dev.frame().to_vec();
-        self.pending.insert(
-            id,
-            Pending {
-                host,
-                key: (src, dst),
-                syn,
-                lease,
-                probed: Instant::now(),
-            },
-        );
-        true
-    }
-
-    /// Flow `id` (watched, keyed) connected on the host: a stack socket listening on
-    /// its destination carries it from now on. Whether it could be made.
-    fn establish(
+    /// A TCP segment from the sandbox (`frame`): to its pending flow, to the stack, or
+    /// (a SYN for a new flow) held while the host connects.
+    fn tcp_segment(
         &mut self,
-        id: u64,
-        key: (SocketAddr, SocketAddr),
-        host: OwnedFd,
-        lease: Option<Lease>,
-    ) -> bool {
-        let mut s = self.stack_socket();
-        let dst = key.1;
-        if s.listen(IpListenEndpoint {
-            addr: Some(dst.ip().into()),
-            port: dst.port(),
-        })
-        .is_err()
-        {
-            self.stats.malformed += 1;
-            self.forget(id, key, &host);
-            return false;
-        }
-        let handle = self.sockets.add(s);
-        self.tcp.insert(
-            id,
-            TcpFlow {
-                handle,
-                host,
-                key: Some(key),
-                fresh: None,
-                readable: true,
-                writable: true,
-                host_eof: false,
-                shut_wr: false,
-                lease,
-                bytes_out: 0,
-                bytes_in: 0,
-            },
-        );
-        true
-    }
-
-    /// Drops what the server keeps for flow `id` beside its host socket.
-    fn forget(&mut self, id: u64, key: (SocketAddr, SocketAddr), host: &OwnedFd) {
-        let _ = self.epoll.delete(host.as_fd());
-        if self.tcp_keys.get(&key) == Some(&id) {
-            self.tcp_keys.remove(&key);
-        }
-    }
-
-    /// A segment from the sandbox for pending flow `id` (the frame just read): a
-    /// retransmitted SYN replaces the one kept, a reset ends the flow (its host connect
-    /// with it); anything else has nothing to take it yet.
-    fn pending_segment(&mut self, id: u64, syn: bool, rst: bool) {
-        if rst {
-            if let Some(p) = self.pending.remove(&id) {
-                self.forget(id, p.key, &p.host);
-                self.stats.abandoned += 1;
-            }
-        } else if syn && self.dev.frame().len() <= SYN_MAX {
-            let frame = self.dev.frame().to_vec();
-            if let Some(p) = self.pending.get_mut(&id) {
-                p.syn = frame;
-            }
-        }
-    }
-
-    /// Asks the sandbox's kernel, for each pending flow not asked within
-    /// [`PROBE_EVERY`], whether its connect still waits: one bare segment each, which a
-    /// connect in progress drops and a closed one answers with a reset
-    /// ([`NicServer::pending_segment`]).
-    fn probe_pending(&mut self) {
-        let now = Instant::now();
-        let dev = &mut self.dev;
-        for p in self.pending.values_mut() {
-            if now.duration_since(p.probed) < PROBE_EVERY {
-                continue;
-            }
-            p.probed = now;
-            let (sandbox, remote) = p.key;
-            if let Some(n) = frame::probe(&mut self.out, self.link, remote, sandbox) {
-                Device::write(
-                    dev.fd.as_fd(),
-                    &mut dev.count,
-                    &mut dev.timing,
-                    &mut self.out[..n],
-                );
-            }
-        }
-    }
-
-    /// Hands `frame` (a SYN kept by a pending flow) to the stack as if just read.
-    fn replay(&mut self, frame: &[u8]) {
-        let at = tun::VNET_HDR_LEN;
-        self.dev.rx[at..at + frame.len()].copy_from_slice(frame);
-        self.dev.rx_len = frame.len();
-        self.feed_stack();
-    }
-
-    fn stack_socket(&self) -> tcp::Socket<'static> {
-        let n = self.cfg.tcp_buffer;
-        let mut s = tcp::Socket::new(
-            tcp::SocketBuffer::new(vec![0; n]),
-            tcp::SocketBuffer::new(vec![0; n]),
-        );
-        s.set_ack_delay(None);
-        s.set_nagle_enabled(false);
-        s
-    }
-
-    fn watch(&self, fd: BorrowedFd<'_>, id: u64) -> io::Result<()> {
-        let ev = libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET;
-        self.epoll.add(fd, ev as u32, id)
-    }
-
-    /// Pending flow `id`'s host connect has ended: its SYN goes to a stack socket (the
-    /// SYN-ACK leaves), or to none (the sandbox gets a reset).
-    fn connected(&mut self, id: u64) {
-        let Some(p) = self.pending.remove(&id) else {
-            return;
-        };
-        let err = ferry_sys::getsockopt_int(p.host.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
-            .unwrap_or(libc::EIO);
-        if err == 0 {
-            self.establish(id, p.key, p.host, p.lease);
-        } else {
-            debug!(
-                "{}: connect to {}: {}",
-                self.id,
-                p.key.1,
-                io::Error::from_raw_os_error(err)
-            );
-            self.stats.connect_failed += 1;
-            self.forget(id, p.key, &p.host);
-        }
-        self.replay(&p.syn);
-    }
-
-    /// Moves bytes between every open TCP flow's two sockets; whether any moved.
-    fn pump_tcp(&mut self) -> bool {
-        let mut moved = false;
-        for f in self.tcp.values_mut() {
-            let s = self.sockets.get_mut::<tcp::Socket>(f.handle);
-            moved |= pump(f, s, &mut self.dev.timing);
-        }
-        moved
-    }
-
-    /// Drops the flows whose stack socket has closed (or went back to listening).
-    fn reap(&mut self) {
-        let done: Vec<u64> = self
-            .tcp
-            .iter()
-            .filter(|(_, f)| {
-                let s = self.sockets.get::<tcp::Socket>(f.handle);
-                // Listen: the stack never took the sandbox's SYN, or the sandbox reset the
-                // handshake (smoltcp then listens again); nothing more will come of it.
-                matches!(
-                    s.state(),
-                    tcp::State::Closed | tcp::State::TimeWait | tcp::State::Listen
-                )
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        for id in done {
-            if let Some(mut f) = self.tcp.remove(&id) {
-                let _ = self.epoll.delete(f.host.as_fd());
-                let closed = matches!(
-                    self.sockets.get::<tcp::Socket>(f.handle).state(),
-                    tcp::State::Closed | tcp::State::Listen
-                );
-                self.sockets.remove(f.handle);
-                if let Some(u) = f.fresh {
-                    if let Some(host) = self.unanswered(f.host, u) {
-                        let _ = ferry_sys::linger_reset(host.as_fd());
-                    }
-                    continue;
-                }
-                // A reset from the sandbox (or one we sent) resets the host side too.
-                if closed && !(f.host_eof && f.shut_wr) {
-                    let _ = ferry_sys::linger_reset(f.host.as_fd());
-                }
-                if let Some(k) = f.key {
-                    self.tcp_keys.remove(&k);
-                }
-                if let Some(l) = f.lease.as_mut() {
-                    l.set_bytes(f.bytes_out, f.bytes_in);
-                }
-                self.stats.bytes_out += f.bytes_out;
-                self.stats.bytes_in += f.bytes_in;
-            }
-        }
-    }
-
-    /// The datagram flow for `key`, made (host socket connected to `remote`) if new and
-    /// allowed.
-    fn dgram_flow(&mut self, key: DgramKey) -> Option<u64> {
-        if let Some(id) = self.dgram.find(&key) {
-            return Some(id);
-        }
-        let (echo, sandbox, remote) = key;
-        if !self.allowed(if echo { What::Echo } else { What::Datagram }, remote) {
-            return None;
-        }
-        if self.flows() >= self.cfg.max_flows {
-            self.stats.over_cap += 1;
-            return None;
-        }
-        let (ty, proto) = match (echo, remote.is_ipv4()) {
-            (false, _) => (libc::SOCK_DGRAM, 0),
-            (true, true) => (libc::SOCK_DGRAM, libc::IPPROTO_ICMP),
-            (true, false) => (libc::SOCK_DGRAM, libc::IPPROTO_ICMPV6),
-        };
-        let (host, lease, _) = match self.host_socket(ty, proto, remote) {
-            Ok(x) => x,
-            Err(e) => {
-                if let Some(n) = self.failures.tick() {
-                    warn!(
-                        "{}: cannot open a {} socket to {remote}: {e}{} ({n} since the last line)",
-                        self.id,
-                        if echo { "ping" } else { "UDP" },
-                        if echo {
-                            " (the host's net.ipv4.ping_group_range must include ferry's group)"
-                        } else {
-                            ""
-                        }
-                    );
-                }
-                return None;
-            }
-        };
-        let id = self.new_id();
-        if self
-            .epoll
-            .add(host.as_fd(), libc::EPOLLIN as u32, id)
-            .is_err()
-        {
-            return None;
-        }
-        if echo {
-            self.stats.echo_flows += 1;
-        } else {
-            self.stats.udp_flows += 1;
-        }
-        let flow = DgramFlow {
-            host,
-            sandbox,
-            remote,
-            echo,
-            _lease: lease,
-        };
-        // No cap of the table's own (the server's covers every flow), ids never reused:
-        // nothing is displaced.
-        let _ = self.dgram.insert(id, key, flow, Instant::now());
-        Some(id)
-    }
-
-    /// Answers the frame just read with "administratively prohibited".
-    fn prohibit(&mut self, dst: IpAddr) {
-        let gw = self.cfg.plan.gateway_for(dst);
-        if let Some(n) = frame::prohibited(&mut self.out, self.link, gw, self.dev.frame()) {
-            let dev = &mut self.dev;
-            Device::write(
-                dev.fd.as_fd(),
-                &mut dev.count,
-                &mut dev.timing,
-                &mut self.out[..n],
-            );
-        }
-    }
-
-    /// A UDP datagram from the sandbox (payload at `rx[start..start + len]`).
-    fn udp_out(&mut self, src: SocketAddr, dst: SocketAddr, start: usize, len: usize) {
-        let Some(id) = self.dgram_flow((false, src, dst)) else {
-            self.prohibit(dst.ip());
-            return;
-        };
-        let f = self
-            .dgram
-            .active(id, Instant::now())
-            .expect("flow just found");
-        let t0 = self.dev.timing.start();
-        let sent = ferry_sys::send_nosignal(f.host.as_fd(), &self.dev.rx[start..start + len]);
-        self.dev.timing.end(Stage::HostSend, t0, sent.is_ok());
-        if sent.is_ok() {
-            self.stats.bytes_out += len as u64;
-        }
-    }
-
-    /// An echo request from the sandbox (data at `rx[start..start + len]`).
-    fn echo_out(
-        &mut self,
-        src: IpAddr,
-        dst: IpAddr,
-        ident: u16,
-        seq: u16,
-        start: usize,
-        len: usize,
+        (src, dst): (SocketAddr, SocketAddr),
+        syn: bool,
+        rst: bool,
+        frame: &[u8],
     ) {
-        let key = (true, SocketAddr::new(src, ident), SocketAddr::new(dst, 0));
-        let Some(id) = self.dgram_flow(key) else {
-            self.prohibit(dst);
-            return;
+        let key = Key {
+            proto: Proto::Tcp,
+            sandbox: src,
+            remote: dst,
         };
-        let f = self
-            .dgram
-            .active(id, Instant::now())
-            .expect("flow just found");
-        // The ping socket wants the ICMP message: type, code, checksum and identifier
-        // are the kernel's to fill in; the sequence number and data are the sandbox's.
-        let ty = if dst.is_ipv4() { 8 } else { 128 };
-        let msg = &mut self.buf[..8 + len];
-        msg[..8].copy_from_slice(&[ty, 0, 0, 0, 0, 0, (seq >> 8) as u8, seq as u8]);
-        msg[8..].copy_from_slice(&self.dev.rx[start..start + len]);
-        let t0 = self.dev.timing.start();
-        let sent = ferry_sys::send_nosignal(f.host.as_fd(), msg);
-        self.dev.timing.end(Stage::HostSend, t0, sent.is_ok());
+        let found = self.flows.find(&key);
+        let pending = found
+            .and_then(|id| self.flows.get(id))
+            .is_some_and(|f| matches!(f, Flow::Pending(_)));
+        match found.map(|id| (id, pending)) {
+            Some((id, true)) => self.pending_segment(id, syn, rst, frame),
+            // Held while the host connects.
+            None if syn && self.open_tcp(src, dst, frame) => {}
+            // A flow's, or refused (no socket takes it: a reset).
+            _ => self.stack.feed(&mut self.port, frame, self.clock.now()),
+        }
     }
 
-    /// Datagrams (or echo replies) arrived on flow `id`'s host socket: framed to the
-    /// sandbox.
-    fn host_dgram_ready(&mut self, id: u64) {
-        let Some(f) = self.dgram.get_mut(id) else {
-            return;
+    /// Ends `flow`, out of the table already: a TCP flow as [`NicServer::end_tcp`] says,
+    /// any other by dropping its host socket.
+    fn end_flow(&mut self, flow: Flow) {
+        match flow {
+            Flow::Tcp(f) => self.end_tcp(f),
+            f => {
+                let _ = self.epoll.delete(f.host());
+            }
+        }
+    }
+
+    /// Adds `flow` as `id`, active now; a flow it displaces (none when the key was
+    /// looked up first) is ended.
+    fn add_flow(&mut self, id: u64, flow: Flow) {
+        let now = self.clock.now();
+        for f in self.flows.insert(id, flow, now) {
+            self.end_flow(f);
+        }
+    }
+
+    /// Flows held: those in the table and published connections waiting to be asked
+    /// again.
+    fn held(&self) -> usize {
+        self.flows.len() + self.published.waiting()
+    }
+}
+
+/// A server as the in-process harness (`testkit.rs`) drives it: turns without
+/// waiting, host events delivered by descriptor, its clock moved by hand.
+#[derive(Debug)]
+pub(crate) struct InProcess {
+    srv: NicServer,
+    /// When the program exited (the server was asked to drain).
+    draining: Option<Instant>,
+}
+
+impl InProcess {
+    /// A server over `parts` (its clock should be [`Clock::Manual`]).
+    pub fn new(parts: Parts, cfg: Arc<NicConfig>, publish: &[NicPublish]) -> io::Result<InProcess> {
+        Ok(InProcess {
+            srv: NicServer::build(parts, cfg, publish)?,
+            draining: None,
+        })
+    }
+
+    /// One turn without waiting; whether anything moved.
+    pub fn step(&mut self) -> bool {
+        self.srv.stats.turns += 1;
+        self.srv.turn()
+    }
+
+    /// Host socket `fd` reports `events`, as epoll would; whether the server has it.
+    pub fn host_event(&mut self, fd: RawFd, events: u32) -> bool {
+        use std::os::fd::AsRawFd;
+        let srv = &mut self.srv;
+        let token = srv.flows.by_fd(fd).or_else(|| {
+            (0..)
+                .map_while(|i| srv.published.listener(i).map(|l| (i, l)))
+                .find(|(_, l)| l.as_raw_fd() == fd)
+                .map(|(i, _)| TOKEN_LISTEN + i as u64)
+        });
+        let Some(token) = token else {
+            return false;
         };
-        let mut got_any = false;
-        for _ in 0..DGRAM_BATCH {
-            let t0 = self.dev.timing.start();
-            let got = ferry_sys::recv(f.host.as_fd(), &mut self.buf, libc::MSG_DONTWAIT);
-            self.dev.timing.end(Stage::HostRecv, t0, got.is_ok());
-            let n = match got {
-                Ok(n) => n,
-                Err(_) => break,
-            };
-            got_any = true;
-            let framed = if f.echo {
-                let reply = if f.remote.is_ipv4() { 0 } else { 129 };
-                if n < 8 || self.buf[0] != reply {
-                    continue;
-                }
-                let seq = u16::from_be_bytes([self.buf[6], self.buf[7]]);
-                frame::echo_reply(
-                    &mut self.out,
-                    self.link,
-                    f.remote.ip(),
-                    f.sandbox.ip(),
-                    f.sandbox.port(),
-                    seq,
-                    &self.buf[8..n],
-                )
-            } else {
-                self.stats.bytes_in += n as u64;
-                frame::udp(
-                    &mut self.out,
-                    self.link,
-                    f.remote,
-                    f.sandbox,
-                    &self.buf[..n],
-                )
-            };
-            if let Some(len) = framed {
-                let dev = &mut self.dev;
-                Device::write(
-                    dev.fd.as_fd(),
-                    &mut dev.count,
-                    &mut dev.timing,
-                    &mut self.out[..len],
-                );
-            }
-        }
-        if got_any {
-            self.dgram.active(id, Instant::now());
+        srv.on_event(Event { token, events });
+        srv.port.flush();
+        true
+    }
+
+    /// Moves the held clock on by `by`.
+    pub fn advance(&mut self, by: Duration) {
+        if let Clock::Manual(t) = &mut self.srv.clock {
+            *t += by;
         }
     }
 
-    /// Closes idle datagram flows.
-    fn sweep_dgram(&mut self) {
-        let now = Instant::now();
-        self.last_sweep = now;
-        for (_, _, f) in self.dgram.expire(now) {
-            let _ = self.epoll.delete(f.host.as_fd());
-        }
+    pub fn now(&self) -> Instant {
+        self.srv.clock.now()
     }
-}
 
-/// What one move between a host socket and a stack socket's buffer did.
-enum Step {
-    /// `n` bytes moved (0: the host side's end of stream).
-    Moved(usize),
-    /// The host socket would block.
-    Blocked,
-    /// The host socket failed: the connection is reset.
-    Failed,
-    /// The stack socket takes or gives nothing now.
-    Stopped,
-}
+    /// Stack sockets open.
+    pub fn stack_sockets(&self) -> usize {
+        self.srv.stack.sockets()
+    }
 
-impl Step {
-    fn of<E>(r: Result<io::Result<usize>, E>) -> Step {
-        match r {
-            Ok(Ok(n)) => Step::Moved(n),
-            Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => Step::Blocked,
-            Ok(Err(_)) => Step::Failed,
-            Err(_) => Step::Stopped,
-        }
+    /// Flows held, and those of them pending.
+    pub fn flows(&self) -> (usize, usize) {
+        let pending = self
+            .srv
+            .flows
+            .values()
+            .filter(|f| matches!(f, Flow::Pending(_)))
+            .count();
+        (self.srv.held(), pending)
     }
-}
 
-/// A host call's result as what a stack buffer's closure returns: bytes taken or given.
-fn taken(r: io::Result<usize>) -> (usize, io::Result<usize>) {
-    (*r.as_ref().unwrap_or(&0), r)
-}
+    pub fn counters(&self) -> NicStats {
+        self.srv.counters()
+    }
 
-/// Moves what it can between flow `f`'s host socket and its stack socket `s`.
-fn pump(f: &mut TcpFlow, s: &mut tcp::Socket<'_>, timing: &mut Timing) -> bool {
-    let mut moved = false;
-    if f.fresh.is_some() && s.may_send() {
-        // The sandbox answered a published connection.
-        f.fresh = None;
+    /// The program has exited: drain.
+    pub fn drain(&self) {
+        self.srv.stop.drain();
     }
-    // Sandbox → host.
-    while f.writable && s.can_recv() {
-        let host = f.host.as_fd();
-        let sent = s.recv(|b| {
-            let t0 = timing.start();
-            let r = ferry_sys::send_nosignal(host, b);
-            timing.end(Stage::HostSend, t0, matches!(r, Ok(n) if n > 0));
-            taken(r)
-        });
-        match Step::of(sent) {
-            Step::Moved(n) => {
-                f.bytes_out += n as u64;
-                moved = true;
-            }
-            Step::Blocked => f.writable = false,
-            Step::Failed => {
-                s.abort();
-                return true;
-            }
-            Step::Stopped => break,
-        }
-    }
-    if !f.shut_wr
-        && !s.can_recv()
-        && matches!(
-            s.state(),
-            tcp::State::CloseWait
-                | tcp::State::LastAck
-                | tcp::State::Closing
-                | tcp::State::TimeWait
-        )
-    {
-        let _ = ferry_sys::shutdown(f.host.as_fd(), libc::SHUT_WR);
-        f.shut_wr = true;
-        moved = true;
-    }
-    // Host → sandbox.
-    while f.readable && !f.host_eof && s.can_send() {
-        let host = f.host.as_fd();
-        let got = s.send(|b| {
-            let t0 = timing.start();
-            let r = ferry_sys::recv(host, b, libc::MSG_DONTWAIT);
-            timing.end(Stage::HostRecv, t0, matches!(r, Ok(n) if n > 0));
-            taken(r)
-        });
-        match Step::of(got) {
-            Step::Moved(0) => {
-                f.host_eof = true;
-                s.close();
-                moved = true;
-            }
-            Step::Moved(n) => {
-                f.bytes_in += n as u64;
-                moved = true;
-            }
-            Step::Blocked => f.readable = false,
-            Step::Failed => {
-                s.abort();
-                return true;
-            }
-            Step::Stopped => break,
-        }
-    }
-    moved
-}
 
-/// A v4-mapped IPv6 address as IPv4.
-fn unmap(a: SocketAddr) -> SocketAddr {
-    match a {
-        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
-            Some(v4) => SocketAddr::new(IpAddr::V4(v4), v6.port()),
-            None => a,
-        },
-        a => a,
+    /// Whether the server's loop would end now.
+    pub fn finished(&mut self) -> bool {
+        self.srv.finished(&mut self.draining)
     }
 }

@@ -12,6 +12,8 @@ use crate::{read, syscall, write};
 
 /// `TUNSETIFF` (`_IOW('T', 202, int)`; the libc crate does not name the tun ioctls).
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+/// `TUNSETPERSIST` (`_IOW('T', 203, int)`).
+const TUNSETPERSIST: libc::c_ulong = 0x4004_54cb;
 /// `TUNSETOFFLOAD` (`_IOW('T', 208, unsigned int)`).
 const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
 /// `TUNSETVNETHDRSZ` (`_IOW('T', 216, int)`).
@@ -51,6 +53,21 @@ pub fn tap_attach(fd: BorrowedFd<'_>, name: &str, multi_queue: bool) -> io::Resu
     }
     r[16..18].copy_from_slice(&(flags as u16).to_ne_bytes());
     syscall!(libc::SYS_ioctl, fd.as_raw_fd(), TUNSETIFF, r.as_mut_ptr()).map(drop)
+}
+
+/// `TUNSETPERSIST`: whether the device outlives its last queue's descriptor. A
+/// persistent device is removed with its network namespace (by the kernel's namespace
+/// clean-up, after the namespace's last user is gone) instead of by the last `close`,
+/// which then need not wait for the device's unregistration (RCU grace periods, some
+/// 10–20 ms).
+pub fn tap_persist(fd: BorrowedFd<'_>, persist: bool) -> io::Result<()> {
+    syscall!(
+        libc::SYS_ioctl,
+        fd.as_raw_fd(),
+        TUNSETPERSIST,
+        libc::c_ulong::from(persist)
+    )
+    .map(drop)
 }
 
 /// `TUNSETOFFLOAD`: which offloads the reader of the TAP handles (`TUN_F_*`).

@@ -1,12 +1,24 @@
 //! `ferry run`'s nic mode: the sandbox's TAP and its NIC servers.
 
 use std::net::IpAddr;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use ferry_server::{Bond, Policy, Publish};
 use tracing::{debug, warn};
 
 use super::{Net, RunArgs, RunError};
+
+/// nic mode: the NIC servers and the TAP's first queue held by ferry itself.
+#[derive(Default)]
+pub(super) struct Nic {
+    /// One a queue (none without nic mode).
+    pub(super) servers: Vec<ferry_nic::NicServer>,
+    /// A second descriptor of the first queue, closed when ferry exits: the queue stays
+    /// attached for the whole run, so that nothing in the sandbox can attach to the
+    /// (persistent) device even if a NIC server ends early.
+    _held: Option<OwnedFd>,
+}
 
 /// nic mode's NIC servers (`--net nic|both`); the first takes the published
 /// connections handed over by the protocol servers (`tap`). With `--net both` a
@@ -18,17 +30,17 @@ pub(super) fn set_up_nic(
     bond: &Option<Arc<Bond>>,
     publish: &[Publish],
     tap: Option<Arc<ferry_server::TapHandoff>>,
-) -> Result<Vec<ferry_nic::NicServer>, RunError> {
+) -> Result<Nic, RunError> {
     match start_nic(a, sandbox, policy, bond.clone(), publish) {
-        Ok(mut nics) => {
-            if let (Some(tap), Some(first)) = (tap, nics.first_mut()) {
+        Ok(mut nic) => {
+            if let (Some(tap), Some(first)) = (tap, nic.servers.first_mut()) {
                 first.serve_handoff(tap).map_err(|e| {
                     RunError::Nic(format!(
                         "cannot hand published ports to the NIC server: {e}"
                     ))
                 })?;
             }
-            Ok(nics)
+            Ok(nic)
         }
         // The default: without a usable TAP (no /dev/net/tun, a kernel without tun)
         // the sandbox keeps the shim alone.
@@ -36,7 +48,7 @@ pub(super) fn set_up_nic(
             warn!(
                 "{e}: the sandbox has the socket shim only (programs it cannot serve see only lo)"
             );
-            Ok(Vec::new())
+            Ok(Nic::default())
         }
         Err(e) => Err(RunError::Nic(e)),
     }
@@ -50,7 +62,7 @@ fn start_nic(
     policy: &Policy,
     bond: Option<Arc<Bond>>,
     publish: &[Publish],
-) -> Result<Vec<ferry_nic::NicServer>, String> {
+) -> Result<Nic, String> {
     let host: Vec<IpAddr> = ferry_sys::interface_addresses()
         .map(|v| v.into_iter().map(|(_, ip)| ip).collect())
         .unwrap_or_default();
@@ -69,6 +81,16 @@ fn start_nic(
             a.net.name()
         )
     })?;
+    // Removed with the sandbox's namespace, not by the last close of its queues: that
+    // close would wait for the device's unregistration on ferry's way out (~17 ms of
+    // every run). The namespace lives only while the sandbox or ferry holds it; ferry
+    // holds the first queue until it exits (`Nic`).
+    let held = tap.queues.first().and_then(|q| q.try_clone().ok());
+    if let Some(q) = &held
+        && let Err(e) = ferry_sys::tun::tap_persist(q.as_fd(), true)
+    {
+        debug!("nic mode: the TAP is removed by ferry's exit (TUNSETPERSIST: {e})");
+    }
     debug!(
         "nic mode: {} at {}/{} via {}, {}/{} via {}, MTU {}",
         plan.ifname, plan.v4, plan.prefix4, plan.gw4, plan.v6, plan.prefix6, plan.gw6, plan.mtu
@@ -90,7 +112,8 @@ fn start_nic(
             sandbox_port: p.sandbox_port,
         })
         .collect();
-    tap.queues
+    let servers = tap
+        .queues
         .into_iter()
         .enumerate()
         .map(|(i, q)| {
@@ -98,5 +121,9 @@ fn start_nic(
             ferry_nic::NicServer::new(i, q, cfg.clone(), mine)
                 .map_err(|e| format!("cannot start NIC server {i}: {e}"))
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    Ok(Nic {
+        servers,
+        _held: held,
+    })
 }

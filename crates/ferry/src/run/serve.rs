@@ -2,6 +2,7 @@
 //! drain once the program has ended, the counters.
 
 use std::sync::Arc;
+use std::sync::mpsc::{Receiver, Sender, channel};
 
 use ferry_nic::NicStats;
 use ferry_server::{Bond, ServerStats, Servers};
@@ -30,6 +31,18 @@ pub(super) struct Serving {
     stop: ferry_server::Handle,
     servers: std::thread::JoinHandle<std::io::Result<Vec<ServerStats>>>,
     nics: Vec<(ferry_nic::StopHandle, std::thread::JoinHandle<NicStats>)>,
+    /// One message from each thread as it ends ([`Ended`]).
+    ended: Receiver<()>,
+}
+
+/// Says on its channel that the thread holding it has ended (returned or panicked), so
+/// that [`Serving::drain`] waits for exactly that, not a poll.
+struct Ended(Sender<()>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        let _ = self.0.send(());
+    }
 }
 
 impl Serving {
@@ -39,17 +52,26 @@ impl Serving {
         nics: Vec<ferry_nic::NicServer>,
     ) -> Result<Serving, RunError> {
         let thread = |what| move |source| RunError::Thread { what, source };
+        let (tx, ended) = channel();
         let stop = servers.stop_handle();
+        let done = Ended(tx.clone());
         let server_thread = std::thread::Builder::new()
             .name("ferry-servers".into())
-            .spawn(move || servers.run())
+            .spawn(move || {
+                let _done = done;
+                servers.run()
+            })
             .map_err(thread("protocol servers"))?;
         let mut nic_threads = Vec::new();
         for nic in nics {
             let stop = nic.stop_handle();
+            let done = Ended(tx.clone());
             let t = std::thread::Builder::new()
                 .name("ferry-nic".into())
-                .spawn(move || nic.run())
+                .spawn(move || {
+                    let _done = done;
+                    nic.run()
+                })
                 .map_err(thread("NIC servers"))?;
             nic_threads.push((stop, t));
         }
@@ -57,6 +79,7 @@ impl Serving {
             stop,
             servers: server_thread,
             nics: nic_threads,
+            ended,
         })
     }
 
@@ -68,9 +91,8 @@ impl Serving {
         for (stop, _) in &self.nics {
             stop.drain();
         }
-        let stopped = crate::stop::finished_within(crate::stop::STOP_GRACE, || {
-            self.servers.is_finished() && self.nics.iter().all(|(_, t)| t.is_finished())
-        });
+        let threads = 1 + self.nics.len();
+        let stopped = crate::stop::finished_within(crate::stop::STOP_GRACE, &self.ended, threads);
         if !stopped {
             return Ok(None);
         }

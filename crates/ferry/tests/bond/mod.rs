@@ -439,34 +439,7 @@ fn an_egress_address_gone_from_the_host_fails_that_connect() {
     let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
     assert!(made.success());
     let ready = t.dir.path().join("ready");
-    // The program (ferry has checked its --egress by then) says it runs, waits until the
-    // first address is gone, then connects twice (rr: the first connection is given
-    // that address, the second the other one).
-    let script = format!(
-        ": > '{}'; read go < '{}'; curl -sS -o /dev/null {url}; echo first=$?; curl -sS -o /dev/null {url}; echo second=$?",
-        ready.display(),
-        fifo.display(),
-        url = t.url()
-    );
-    let mut c = ferry();
-    c.args([
-        "run",
-        "--egress",
-        &t.addrs(),
-        "--bond",
-        "rr",
-        "--",
-        "bash",
-        "-c",
-        &script,
-    ]);
-    // Killed if the test fails before the program ends.
-    let mut child = Guard(
-        c.stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
+    let mut child = spawn_two_connects_on_go(&t, &ready, &fifo);
     let t0 = std::time::Instant::now();
     while !ready.exists() {
         assert!(t0.elapsed().as_secs() < 10, "the program never started");
@@ -481,15 +454,7 @@ fn an_egress_address_gone_from_the_host_fails_that_connect() {
         .open(&fifo)
         .unwrap();
     std::io::Write::write_all(&mut go, b"go\n").unwrap();
-    let status = child.0.wait().unwrap();
-    let mut o = std::process::Output {
-        status,
-        stdout: Vec::new(),
-        stderr: Vec::new(),
-    };
-    // A few lines each: they fit in the pipes, so reading after the wait is fine.
-    std::io::Read::read_to_end(&mut child.0.stdout.take().unwrap(), &mut o.stdout).unwrap();
-    std::io::Read::read_to_end(&mut child.0.stderr.take().unwrap(), &mut o.stderr).unwrap();
+    let o = output_once_ended(&mut child);
     let out = String::from_utf8_lossy(&o.stdout);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{}: {}", o.status, text(&o));
@@ -509,6 +474,56 @@ fn an_egress_address_gone_from_the_host_fails_that_connect() {
         "a log line says why: {}",
         text(&o)
     );
+}
+
+/// ferry (`--egress` both paths' addresses, `--bond rr`) running a program that (ferry
+/// has checked its --egress by then) creates `ready`, waits for a line on the FIFO
+/// `fifo` (sent once the first address is gone), then connects twice (rr: the first
+/// connection is given that address, the second the other one). Its stdout and stderr
+/// are piped; the guard kills it if the test fails before it ends.
+fn spawn_two_connects_on_go(
+    t: &TwoPaths,
+    ready: &std::path::Path,
+    fifo: &std::path::Path,
+) -> Guard {
+    let script = format!(
+        ": > '{}'; read go < '{}'; curl -sS -o /dev/null {url}; echo first=$?; curl -sS -o /dev/null {url}; echo second=$?",
+        ready.display(),
+        fifo.display(),
+        url = t.url()
+    );
+    let mut c = ferry();
+    c.args([
+        "run",
+        "--egress",
+        &t.addrs(),
+        "--bond",
+        "rr",
+        "--",
+        "bash",
+        "-c",
+        &script,
+    ]);
+    Guard(
+        c.stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// `child`'s status and output, once it ends.
+fn output_once_ended(child: &mut Guard) -> std::process::Output {
+    let status = child.0.wait().unwrap();
+    let mut o = std::process::Output {
+        status,
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+    };
+    // A few lines each: they fit in the pipes, so reading after the wait is fine.
+    std::io::Read::read_to_end(&mut child.0.stdout.take().unwrap(), &mut o.stdout).unwrap();
+    std::io::Read::read_to_end(&mut child.0.stderr.take().unwrap(), &mut o.stderr).unwrap();
+    o
 }
 
 #[test]

@@ -261,7 +261,7 @@ impl Server {
                 slot.keep();
                 let r = self.accept_reply(listener, new, peer);
                 if let Some(port) = published {
-                    self.apply_rule(new, ModuleTarget::Port(port));
+                    self.tx().apply_rule(new, ModuleTarget::Port(port));
                 }
                 self.channels.send_reply(self.io, ch, r, &[theirs.as_fd()]);
             }
@@ -306,7 +306,7 @@ impl Server {
             return;
         }
         if let Err(e) = self.placing().route_connect(id, addr) {
-            self.done(ch, id, tag, e);
+            self.tx().done(ch, id, tag, e);
             return;
         }
         let to = addr.to_std();
@@ -318,22 +318,22 @@ impl Server {
                 if s.is_stream() {
                     s.conn_moves(ConnEvent::Connected);
                 }
-                self.done(ch, id, tag, 0);
+                self.tx().done(ch, id, tag, 0);
             }
             Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
                 s.conn_moves(ConnEvent::InProgress(to));
                 if nonblock {
-                    self.done(ch, id, tag, Errno(libc::EINPROGRESS));
+                    self.tx().done(ch, id, tag, Errno(libc::EINPROGRESS));
                 } else {
                     if !self.socks.park(id, Parked::Connect { ch, tag }) {
                         self.bad_channel(ch, "too many blocking requests on one socket");
                     }
                 }
             }
-            Err(e) => self.done(ch, id, tag, Errno::of(&e)),
+            Err(e) => self.tx().done(ch, id, tag, Errno::of(&e)),
         }
         if self.modules.has_rules() {
-            self.apply_rule(id, ModuleTarget::Dest(to));
+            self.tx().apply_rule(id, ModuleTarget::Dest(to));
         }
     }
 
@@ -349,7 +349,7 @@ impl Server {
         if reported {
             let mut c = Cmp::new(CmpKind::Done, id, tag, Errno(libc::ECONNABORTED).wire());
             c.flags |= CMP_RENEW_PAIR;
-            self.complete(ch, c);
+            self.tx().complete(ch, c);
             return;
         }
         s.conn_moves(ConnEvent::Reported);
@@ -358,7 +358,7 @@ impl Server {
             e => e,
         };
         let _ = io.connect_unspec(s.fd.as_fd());
-        self.done(ch, id, tag, Errno(e));
+        self.tx().done(ch, id, tag, Errno(e));
     }
 
     /// Stream `id`'s connect in progress (to `to`, the program's end of the pair
@@ -404,14 +404,14 @@ impl Server {
             e => Err(Errno(e)),
         };
         for (ch, tag) in waiters {
-            self.done(ch, id, tag, outcome);
+            self.tx().done(ch, id, tag, outcome);
         }
         if filled && err != 0 && !reported {
             // A non-blocking connect failed: POLLERR|POLLHUP, as the kernel's.
-            self.detach_pair(id);
+            self.tx().detach_pair(id);
         } else if filled {
             // The connect has ended: the program's end polls writable again.
-            self.drain_filler(id);
+            self.tx().drain_filler(id);
         }
     }
 
@@ -460,7 +460,7 @@ impl Server {
             .collect();
         for id in open {
             if self.socks.app_gone(self.io, id) {
-                self.app_closed(id);
+                self.tx().app_closed(id);
             }
         }
         let before = self.socks.len();

@@ -471,7 +471,7 @@ impl Server {
             // Nobody is left to send through this channel: its waiters' fds become
             // writable again (another thread may still have room).
             for id in std::mem::take(&mut ch.room_wait) {
-                self.drain_filler(id);
+                self.tx().drain_filler(id);
             }
             // Parked operations of this channel have nobody to answer any more.
             self.socks.drop_parked_of(idx);
@@ -485,7 +485,7 @@ impl Server {
                 .collect();
             for id in detached {
                 if self.socks.app_gone(self.io, id) {
-                    self.app_closed(id);
+                    self.tx().app_closed(id);
                 }
             }
         }

@@ -418,7 +418,7 @@ impl Server {
         // Answer first: the program goes on while the output is written.
         self.channels.answer(self.io, ch, result);
         if result.is_ok() {
-            self.flush_tx(msg.sock);
+            self.tx().flush_tx(msg.sock);
         }
     }
 
@@ -487,16 +487,16 @@ impl Server {
             self.stats.module_refused += 1;
         }
         if tag != 0 {
-            self.done(ch, id, tag, result);
+            self.tx().done(ch, id, tag, result);
             // The program waits for this answer, not for the output: publish it now.
             if let Some(c) = self.channels.get_mut(ch) {
                 c.flush();
             }
         } else if let Err(e) = result {
-            self.done(ch, id, 0, e);
+            self.tx().done(ch, id, 0, e);
         }
         if result.is_ok() {
-            self.flush_tx(id);
+            self.tx().flush_tx(id);
         }
         Ok(())
     }
@@ -650,6 +650,20 @@ impl Modules {
             ModuleRef::Hash(h) => *self.by_hash.get(&h).ok_or(Errno(libc::ENOENT))?,
         };
         self.attach(a, id, module, &binding.props, files)
+    }
+
+    /// Binds the module a rule configures for `target` to socket `id` (just accepted
+    /// from a published port, or connecting to a destination); `None` if no rule names
+    /// the target.
+    pub(crate) fn attach_rule(
+        &mut self,
+        a: &mut Around<'_>,
+        id: u32,
+        target: ModuleTarget,
+    ) -> Option<Result<(), Errno>> {
+        let (_, module, props) = self.rules.iter().find(|(t, ..)| *t == target)?;
+        let (module, props) = (*module, props.clone());
+        Some(self.attach(a, id, module, &props, Vec::new()))
     }
 
     /// Starts module `module` on socket `id`. A failing `init` fails the socket.
@@ -926,24 +940,6 @@ impl Server {
             stats: &mut self.stats,
         };
         (&mut self.modules, around)
-    }
-
-    /// Socket `id` was just accepted from a published port or is connecting to a
-    /// destination (`target`): binds that target's configured module, if any.
-    pub(crate) fn apply_rule(&mut self, id: u32, target: ModuleTarget) {
-        let Some((_, module, props)) = self.modules.rules.iter().find(|(t, ..)| *t == target)
-        else {
-            return;
-        };
-        let (module, props) = (*module, props.clone());
-        let (m, mut a) = self.module_parts();
-        match m.attach(&mut a, id, module, &props, Vec::new()) {
-            Ok(()) => self.flush_tx(id),
-            Err(e) => warn!(
-                "socket {id}: configured module for {target} not bound (errno {})",
-                e.0
-            ),
-        }
     }
 }
 

@@ -85,34 +85,6 @@ pub(crate) fn would_block(e: &io::Error) -> bool {
 }
 
 impl Server {
-    /// Queues a completion on channel `ch` (dropped if the channel is gone). A buffer
-    /// coming back is room for the channel's next send: sockets waiting for it become
-    /// writable again.
-    pub(crate) fn complete(&mut self, ch: u32, c: Cmp) {
-        let Some(chan) = self.channels.get_mut(ch) else {
-            return;
-        };
-        chan.complete(c);
-        if c.kind == CmpKind::BufReturn as u16 && !chan.room_wait.is_empty() {
-            // Published before the fd turns writable: the woken program must find it.
-            chan.flush();
-            for id in std::mem::take(&mut chan.room_wait) {
-                self.drain_filler(id);
-            }
-        }
-    }
-
-    /// Answers request `tag` of socket `sock` with `result`; an untagged request's
-    /// error is reported on the program's next call (`AsyncError`).
-    pub(crate) fn done(&mut self, ch: u32, sock: u32, tag: u32, result: impl Into<Answer>) {
-        let Answer(result) = result.into();
-        if tag != 0 {
-            self.complete(ch, Cmp::new(CmpKind::Done, sock, tag, result));
-        } else if result < 0 {
-            self.complete(ch, Cmp::new(CmpKind::AsyncError, sock, 0, result));
-        }
-    }
-
     /// A control message (socket creation, accept, claim). Errors here go back to the
     /// shim. Descriptors a message does not carry are closed.
     pub(crate) fn control(&mut self, ch: u32, msg: Ctl, mut fds: Vec<OwnedFd>) {
@@ -239,7 +211,7 @@ impl Server {
             } => return self.send(ch, id, buf, offset, flags, dest),
             Call::Order { tag, .. } => {
                 self.take_earlier_records(ch);
-                self.done(ch, id, tag, 0);
+                self.tx().done(ch, id, tag, 0);
                 return Ok(());
             }
             Call::BindModule {
@@ -249,30 +221,30 @@ impl Server {
                 ..
             } => {
                 // Ordered with the sends before it; they go out before the module's output.
-                self.flush_pending();
+                self.tx().flush_pending();
                 return self.bind_module_req(ch, id, tag, binding, files);
             }
             _ => {}
         }
         // Program order across sockets: what this pass queued goes out before an
         // operation that may observe it (a recv on the loopback peer, a connect…).
-        self.flush_pending();
+        self.tx().flush_pending();
         if let Call::Release { tag, .. } = call {
             // Closed already, or closing now: either way `close` may return.
             if self.socks.app_gone(self.io, id) {
-                self.app_closed(id);
+                self.tx().app_closed(id);
                 self.settle_dirty();
             }
-            self.done(ch, id, tag, 0);
+            self.tx().done(ch, id, tag, 0);
             return Ok(());
         }
         if !self.may_use(ch, id) {
             self.not_holder(ch, id);
-            self.done(ch, id, call.tag(), Errno(libc::EBADF));
+            self.tx().done(ch, id, call.tag(), Errno(libc::EBADF));
             return Ok(());
         }
         let Some(s) = self.socks.get_mut(&id) else {
-            self.done(ch, id, call.tag(), Errno(libc::EBADF));
+            self.tx().done(ch, id, call.tag(), Errno(libc::EBADF));
             return Ok(());
         };
         s.stats.calls += 1;
@@ -280,7 +252,7 @@ impl Server {
         if !s.txq.is_empty() {
             // Operations on a socket happen in order: sends queued earlier in this pass
             // go out before, say, a getsockname that must see the port they bound.
-            self.flush_tx(id);
+            self.tx().flush_tx(id);
         }
         self.socket_call(ch, id, call);
         Ok(())
@@ -291,7 +263,8 @@ impl Server {
         match call {
             Call::Disconnect { tag, .. } => {
                 let res = self.socks.get(&id).map(|s| s.disconnect(self.io));
-                self.done(ch, id, tag, res.unwrap_or(Err(Errno(libc::EBADF))));
+                self.tx()
+                    .done(ch, id, tag, res.unwrap_or(Err(Errno(libc::EBADF))));
             }
             Call::Connect {
                 tag,
@@ -307,11 +280,11 @@ impl Server {
             }
             Call::Bind { tag, addr, .. } => {
                 let res = self.bind(id, addr.to_std());
-                self.done(ch, id, tag, res);
+                self.tx().done(ch, id, tag, res);
             }
             Call::Listen { tag, backlog, .. } => {
                 let res = self.listen(id, backlog);
-                self.done(ch, id, tag, res);
+                self.tx().done(ch, id, tag, res);
             }
             Call::Recv {
                 tag,
@@ -333,7 +306,8 @@ impl Server {
                     .socks
                     .get_mut(&id)
                     .map(|s| s.setopt(io, addrs, (level, name), value.as_bytes()));
-                self.done(ch, id, tag, res.unwrap_or(Err(Errno(libc::EBADF))));
+                self.tx()
+                    .done(ch, id, tag, res.unwrap_or(Err(Errno(libc::EBADF))));
             }
             Call::GetOpt {
                 tag,
@@ -350,11 +324,11 @@ impl Server {
                         .pending_bytes(s.fd.as_fd())
                         .map_err(|e| Errno::of(&e))
                 });
-                self.done(ch, id, tag, res);
+                self.tx().done(ch, id, tag, res);
             }
             Call::WantToken { .. } => self.token_moves(id, TokenEvent::Want),
             Call::TokenDrained { .. } => self.token_moves(id, TokenEvent::Drained),
-            Call::WantRoom { returns_seen, .. } => self.want_room(ch, id, returns_seen),
+            Call::WantRoom { returns_seen, .. } => self.tx().want_room(ch, id, returns_seen),
             Call::Cancel { parked, .. } => self.cancel(ch, id, parked),
             // Taken by `handle` before it looks the socket up.
             Call::Send { .. }
@@ -381,7 +355,7 @@ impl Server {
     fn cancel(&mut self, ch: u32, id: u32, parked: u32) {
         if let Some(p) = self.socks.unpark(id, |p| p.owner() == (ch, parked)) {
             debug!("socket {id}: cancelled {p:?}");
-            self.done(ch, id, parked, Errno(libc::EINTR));
+            self.tx().done(ch, id, parked, Errno(libc::EINTR));
         }
     }
 
@@ -395,7 +369,7 @@ impl Server {
                 .get_mut(&id)
                 .is_some_and(|s| s.conn_moves(ConnEvent::Filled));
         if !filled {
-            self.drain_filler(id);
+            self.tx().drain_filler(id);
         }
     }
 
@@ -406,7 +380,7 @@ impl Server {
         let module = self.modules.is_bound(id);
         if how != libc::SHUT_RD {
             // What the program wrote into the pair itself goes before the FIN.
-            self.pair_input(id);
+            self.tx().pair_input(id);
         }
         // Sends other threads queued before this call go out before the FIN.
         let fence = if how == libc::SHUT_RD {
@@ -415,7 +389,7 @@ impl Server {
             self.channels.fence(Some(ch))
         };
         let Some(s) = self.socks.get_mut(&id) else {
-            self.done(ch, id, tag, Errno(libc::EBADF));
+            self.tx().done(ch, id, tag, Errno(libc::EBADF));
             return;
         };
         let shut = |how| io.shutdown(s.fd.as_fd(), how).map_err(|e| Errno::of(&e));
@@ -437,9 +411,9 @@ impl Server {
         if fenced {
             self.socks.mark_dirty(id);
         }
-        self.done(ch, id, tag, res);
+        self.tx().done(ch, id, tag, res);
         if module {
-            self.flush_tx(id);
+            self.tx().flush_tx(id);
         }
     }
 
@@ -447,7 +421,7 @@ impl Server {
     /// family shows it.
     fn name(&mut self, ch: u32, id: u32, tag: u32, peer: bool) {
         let Some(s) = self.socks.get(&id) else {
-            self.done(ch, id, tag, Errno(libc::EBADF));
+            self.tx().done(ch, id, tag, Errno(libc::EBADF));
             return;
         };
         let c = match self.io.sock_addr(s.fd.as_fd(), peer) {
@@ -458,7 +432,7 @@ impl Server {
             Ok(None) => Cmp::new(CmpKind::Done, id, tag, Errno(libc::EINVAL).wire()),
             Err(e) => Cmp::new(CmpKind::Done, id, tag, Errno::of(&e).wire()),
         };
-        self.complete(ch, c);
+        self.tx().complete(ch, c);
     }
 
     /// A channel named a socket its process does not hold: refused (`EBADF`), logged.
@@ -475,7 +449,7 @@ impl Server {
     fn getopt(&mut self, ch: u32, id: u32, tag: u32, level: i32, name: i32, len: u32) {
         let io = self.io;
         let Some(s) = self.socks.get_mut(&id) else {
-            self.done(ch, id, tag, Errno(libc::EBADF));
+            self.tx().done(ch, id, tag, Errno(libc::EBADF));
             return;
         };
         if level == libc::SOL_SOCKET && name == libc::SO_ERROR {
@@ -489,14 +463,14 @@ impl Server {
                 io.getsockopt_int(s.fd.as_fd(), level, name).unwrap_or(0)
             };
             let c = Cmp::new(CmpKind::Done, id, tag, 0).with_bytes(&err.to_ne_bytes());
-            self.complete(ch, c);
+            self.tx().complete(ch, c);
             return;
         }
         let mut val = vec![0u8; (len as usize).clamp(1, 1024)];
         match io.getsockopt(s.fd.as_fd(), level, name, &mut val) {
             Ok(n) if n <= 32 => {
                 let c = Cmp::new(CmpKind::Done, id, tag, 0).with_bytes(&val[..n]);
-                self.complete(ch, c);
+                self.tx().complete(ch, c);
             }
             Ok(n) => {
                 // Too long for the record: lend a buffer (TCP_INFO and the like).
@@ -504,7 +478,7 @@ impl Server {
                     return;
                 };
                 let Some(b) = chan.ep.pool.alloc() else {
-                    self.done(ch, id, tag, Errno(libc::ENOBUFS));
+                    self.tx().done(ch, id, tag, Errno(libc::ENOBUFS));
                     return;
                 };
                 let span = chan.ep.bufs.span(
@@ -514,7 +488,7 @@ impl Server {
                 );
                 let Ok(span) = span else {
                     let _ = chan.ep.pool.free(b);
-                    self.done(ch, id, tag, Errno(libc::ENOBUFS));
+                    self.tx().done(ch, id, tag, Errno(libc::ENOBUFS));
                     return;
                 };
                 chan.ep.bufs.write(span, &val[..n]);
@@ -526,7 +500,7 @@ impl Server {
                 fin.a = u32::try_from(n).unwrap_or(u32::MAX);
                 chan.complete(fin);
             }
-            Err(e) => self.done(ch, id, tag, Errno::of(&e)),
+            Err(e) => self.tx().done(ch, id, tag, Errno::of(&e)),
         }
     }
 }

@@ -348,7 +348,7 @@ impl Server {
             && let Some(res) = self.socks.get_mut(&id).and_then(Sock::stream_end)
         {
             // The stream's bytes went through the pair: the shim asks only what ended it.
-            self.done(ch, id, tag, res);
+            self.tx().done(ch, id, tag, res);
             return;
         }
         match self.try_recv(ch, id, tag, len, flags) {
@@ -371,7 +371,7 @@ impl Server {
                 if would_block(&e) && self.socks.get(&id).is_some_and(Sock::token_out) {
                     c.flags |= CMP_DRAIN_TOKEN;
                 }
-                self.complete(ch, c);
+                self.tx().complete(ch, c);
             }
         }
     }
@@ -554,7 +554,7 @@ impl Server {
             self.connect_ended(id, to, filled);
         }
         if out {
-            self.flush_tx(id);
+            self.tx().flush_tx(id);
         }
         self.retry_parked(id);
         self.report_hangup(id, events);
@@ -593,7 +593,7 @@ impl Server {
         }
         s.hup_reported = true;
         let ch = s.last_ch;
-        self.complete(
+        self.tx().complete(
             ch,
             Cmp::new(CmpKind::AsyncError, id, 0, Errno(libc::EPIPE).wire()),
         );
@@ -620,7 +620,7 @@ impl Server {
                         self.socks.park_front(id, p);
                         return;
                     }
-                    Err(e) => self.done(ch, id, tag, Errno::of(&e)),
+                    Err(e) => self.tx().done(ch, id, tag, Errno::of(&e)),
                 },
                 Parked::Accept { ch } => match self.try_accept(id) {
                     Ok(a) => self.finish_accept(ch, id, a),

@@ -334,9 +334,9 @@ impl Server {
                 total += 1;
             }
         }
-        self.flush_pending();
+        self.tx().flush_pending();
         for id in self.socks.take_pair_resume() {
-            self.pair_input(id);
+            self.tx().pair_input(id);
         }
         total
     }
@@ -432,13 +432,13 @@ impl Server {
         if events & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0
             && !self.socks.pair_alive(self.io, id, events)
         {
-            self.app_closed(id);
+            self.tx().app_closed(id);
             return;
         }
         if events & libc::EPOLLIN as u32 != 0 {
             // (Sends the program queued before it wrote into the pair go first:
             // `pair_input` defers to the end of the next pass over the rings.)
-            self.pair_input(id);
+            self.tx().pair_input(id);
         }
         // Room in a pair: only a socket with bytes waiting for it needs a pump (the
         // others hear of new bytes from their host socket).
@@ -479,7 +479,7 @@ impl Server {
             self.drain_rings();
             let ids = self.socks.ids();
             for id in ids {
-                self.flush_tx(id);
+                self.tx().flush_tx(id);
             }
             std::thread::sleep(std::time::Duration::from_micros(200));
         }

@@ -321,67 +321,6 @@ impl Server {
         Ok(id)
     }
 
-    /// A non-blocking connect of socket `id` failed: the kernel's socket now reports
-    /// `POLLERR|POLLHUP` beside `POLLOUT` until `SO_ERROR` is read, then `POLLHUP`. A
-    /// unix socket reports `POLLERR` only when its peer went away with bytes unread, so
-    /// our end, still holding the shim's filler (`REQ_FILLED`), is closed: the program's
-    /// end gets `ECONNRESET` as its error (`POLLERR`, cleared by the shim when the
-    /// program reads `SO_ERROR`, which the host socket answers) and both directions shut
-    /// (`POLLHUP`). `POLLOUT` may come a moment later: the kernel wakes the program's
-    /// end before it frees the filler, which is what kept it unwritable (a program
-    /// polling then sees `POLLERR|POLLHUP` alone; taking the filler out first would
-    /// instead show `POLLOUT` alone for a moment, which looks like a connect that
-    /// succeeded). A placeholder whose peer is gone takes our end's place; from now on
-    /// the pair's name says whether the program still holds the fd (checked when it
-    /// closes one, when a channel goes, and at the end). A failed socket cannot connect
-    /// again (Linux says `ECONNABORTED`), so the pair is not needed any more.
-    pub(crate) fn detach_pair(&mut self, id: u32) {
-        let Ok(placeholder) = self.io.orphan() else {
-            self.drain_filler(id);
-            return;
-        };
-        let Some(s) = self.socks.get_mut(&id) else {
-            return;
-        };
-        let _ = self.epoll.delete(s.pair.as_fd());
-        s.conn_moves(ConnEvent::Detached);
-        drop(std::mem::replace(&mut s.pair, placeholder));
-    }
-
-    pub(crate) fn app_closed(&mut self, id: u32) {
-        let io = self.io;
-        if self.socks.get(&id).is_none_or(|s| s.app_closed) {
-            return;
-        }
-        // Sends another thread queued before the close are still to come.
-        let fence = self.channels.fence(None);
-        let Some(s) = self.socks.get_mut(&id) else {
-            return;
-        };
-        s.app_closed = true;
-        s.fence = fence;
-        let mut reset = false;
-        if s.rx.pair() && s.connected() {
-            // Closed with bytes unread (the kernel marks our end ECONNRESET when the
-            // program's end goes with data queued): the peer gets a reset, as from a
-            // kernel socket closed with unread data.
-            reset = s.pair_reset
-                || !s.rx.pending().is_empty()
-                || io
-                    .getsockopt_int(s.pair.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
-                    .is_ok_and(|e| e == libc::ECONNRESET);
-            if reset {
-                let _ = io.linger_reset(s.fd.as_fd());
-            }
-        }
-        let _ = self.epoll.delete(s.pair.as_fd());
-        self.socks.mark_dirty(id);
-        if !reset {
-            // What the program wrote into its end before closing it still goes out.
-            self.pair_input(id);
-        }
-    }
-
     /// Finishes state changes noticed during the turn: closes sockets whose program side
     /// is gone and whose sends are done, and shuts those down for writing whose
     /// `shutdown` waited for other threads' sends. A socket whose fence other channels
@@ -403,7 +342,7 @@ impl Server {
                 s.fence = Default::default();
                 // What they queued is sent (or waits for room), then a `SHUT_WR` that
                 // waited happens (`after_sends`).
-                self.flush_tx(id);
+                self.tx().flush_tx(id);
             }
             let Some(s) = self.socks.get(&id) else {
                 continue;

@@ -194,7 +194,8 @@ impl Server {
                 peer,
                 published: None,
             }),
-            Err(e) if would_block(&e) => match self.take_published(id) {
+            Err(e) if would_block(&e) => match self.socks.take_published(self.io, &self.shared, id)
+            {
                 // A published port listens on both families: an IPv4 client shows as
                 // ::ffff:a.b.c.d, which an IPv4 listener's program must see as a.b.c.d
                 // (`finish_accept` makes it so).
@@ -296,7 +297,7 @@ impl Server {
         if let Some(s) = self.socks.get_mut(&listener) {
             s.stats.calls += 1;
         }
-        r.c = self.drain_if_empty(listener);
+        r.c = self.rx().drain_if_empty(listener);
         r
     }
 
@@ -489,7 +490,7 @@ impl Server {
                     s.published_listener = Some(a.port());
                 }
                 s.conn_moves(ConnEvent::Listen);
-                if self.has_published(id) {
+                if self.socks.has_published(self.io, &self.shared, id) {
                     self.host_event(id, libc::EPOLLIN as u32);
                 }
                 Ok(())

@@ -444,7 +444,7 @@ impl Server {
                     }
                 }
                 Msg::Published(port) => {
-                    if let Some(id) = self.listener_for(port) {
+                    if let Some(id) = self.socks.listener_for(self.io, port) {
                         self.host_event(id, libc::EPOLLIN as u32);
                     }
                 }

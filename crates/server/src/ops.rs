@@ -292,7 +292,11 @@ impl Server {
                 flags,
                 nonblock,
                 ..
-            } => self.recv(ch, id, tag, max, flags, nonblock),
+            } => {
+                if !self.rx().recv(ch, id, tag, max, flags, nonblock) {
+                    self.bad_channel(ch, "too many blocking requests on one socket");
+                }
+            }
             Call::Shutdown { tag, how, .. } => self.shutdown_call(ch, id, tag, how),
             Call::SetOpt {
                 tag,
@@ -347,7 +351,7 @@ impl Server {
         if let Some(s) = self.socks.get_mut(&id) {
             s.token_moves(ev);
         }
-        self.maybe_token(id);
+        self.rx().maybe_token(id);
     }
 
     /// `Cancel`: the shim gave up the request `parked` of channel `ch` waits on socket

@@ -15,8 +15,10 @@ use ferry_sys::Epoll;
 use tracing::{debug, warn};
 
 use crate::group::{Msg, Shared, lock};
+use crate::seam::Io;
 use crate::server::Server;
 use crate::stats::ServerStats;
+use crate::table::SockTable;
 use crate::token::{T_PUBLISH, index_u32, token};
 use crate::udp_publish::Flows;
 use crate::{Config, Error, LogThrottle};
@@ -252,7 +254,7 @@ impl Server {
                 .accept(i, &self.cfg, &self.shared, self.index)
             {
                 Arrival::Waiting(port) => {
-                    if let Some(id) = self.listener_for(port) {
+                    if let Some(id) = self.socks.listener_for(self.io, port) {
                         self.host_event(id, libc::EPOLLIN as u32);
                     }
                 }
@@ -265,12 +267,13 @@ impl Server {
             }
         }
     }
+}
 
+/// Which sandbox listener a published port feeds, and the connections waiting for it.
+impl SockTable {
     /// The sandbox listener a published port feeds.
-    pub(crate) fn listener_for(&self, port: u16) -> Option<u32> {
-        let io = self.io;
-        self.socks
-            .values()
+    pub(crate) fn listener_for(&self, io: &dyn Io, port: u16) -> Option<u32> {
+        self.values()
             .find(|s| {
                 s.listening()
                     && io
@@ -283,23 +286,27 @@ impl Server {
     }
 
     /// A connection accepted on a published port that waits for `listener`.
-    pub(crate) fn take_published(&mut self, listener: u32) -> Option<(OwnedFd, u16)> {
-        let io = self.io;
+    pub(crate) fn take_published(
+        &self,
+        io: &dyn Io,
+        shared: &Shared,
+        listener: u32,
+    ) -> Option<(OwnedFd, u16)> {
         let port = io
-            .sock_addr(self.socks.get(&listener)?.fd.as_fd(), false)
+            .sock_addr(self.get(&listener)?.fd.as_fd(), false)
             .ok()
             .flatten()?
             .port();
-        Some((take_waiting(&self.shared, port)?, port))
+        Some((take_waiting(shared, port)?, port))
     }
 
-    pub(crate) fn has_published(&self, listener: u32) -> bool {
-        let io = self.io;
+    /// Whether a connection accepted on a published port waits for `listener`.
+    pub(crate) fn has_published(&self, io: &dyn Io, shared: &Shared, listener: u32) -> bool {
         // Asked on every token check: no getsockname when nothing is published.
-        if !self.shared.any_published {
+        if !shared.any_published {
             return false;
         }
-        let Some(s) = self.socks.get(&listener) else {
+        let Some(s) = self.get(&listener) else {
             return false;
         };
         let Some(port) = io
@@ -310,7 +317,7 @@ impl Server {
         else {
             return false;
         };
-        lock(&self.shared.published)
+        lock(&shared.published)
             .iter()
             .any(|(p, q)| *p == port && !q.is_empty())
     }

@@ -14,13 +14,20 @@ use ferry_ring::{BufId, BufSpan, Buffers};
 use ferry_sys::Received;
 use tracing::warn;
 
+use crate::Config;
 use crate::channel::Channel;
+use crate::channel::Channels;
+use crate::group::Shared;
+use crate::modules::Modules;
 use crate::ops::{Errno, would_block};
 use crate::recv_side::{EndEvent, PathEvent, UrgentEvent};
 use crate::seam::Io;
 use crate::server::Server;
 use crate::sock::{Conn, PairEnd, Parked, Place, Sock, Token, TokenEvent};
 use crate::stats::ServerStats;
+use crate::table::SockTable;
+use crate::tx::Tx;
+use ferry_sys::Epoll;
 
 /// Most buffers one receive fills.
 const MAX_RECV_BUFS: usize = 4;
@@ -334,7 +341,150 @@ fn pending_into_pair(io: &dyn Io, s: &mut Sock) -> bool {
     }
 }
 
+/// What the way in works on: the seam, the sockets, the channels (their buffers, the
+/// answers), the receive scratch, the policy (a datagram's sender is checked), the
+/// sandbox's shared state (published connections waiting), the wait count (see
+/// `RecvSide::mark`) and the counters; the event loop and the modules only for the
+/// answers' way out ([`Rx::tx`]). Borrowed from [`Server::rx`].
+pub(crate) struct Rx<'a> {
+    pub io: &'static dyn Io,
+    pub epoll: &'a Epoll,
+    pub socks: &'a mut SockTable,
+    pub channels: &'a mut Channels,
+    pub modules: &'a mut Modules,
+    pub stats: &'a mut ServerStats,
+    pub scratch: &'a mut RxScratch,
+    pub cfg: &'a Config,
+    pub shared: &'a Shared,
+    pub waits: u64,
+}
+
 impl Server {
+    /// The parts the way in works on.
+    pub(crate) fn rx(&mut self) -> Rx<'_> {
+        Rx {
+            io: self.io,
+            epoll: &self.epoll,
+            socks: &mut self.socks,
+            channels: &mut self.channels,
+            modules: &mut self.modules,
+            stats: &mut self.stats,
+            scratch: &mut self.scratch,
+            cfg: &self.cfg,
+            shared: &self.shared,
+            waits: self.waits,
+        }
+    }
+
+    /// Host readiness: finish connects, flush sends, retry parked operations, tokens.
+    pub(crate) fn host_event(&mut self, id: u32, events: u32) {
+        let Some(s) = self.socks.get_mut(&id) else {
+            return;
+        };
+        let input =
+            libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLRDHUP | libc::EPOLLERR | libc::EPOLLHUP;
+        if events & input.cast_unsigned() != 0 {
+            s.rx.input_edge();
+        }
+        if events & libc::EPOLLPRI as u32 != 0 && s.reads_pair() {
+            s.rx.urgent_moves(UrgentEvent::Edge);
+        }
+        // Plain new input that no receive can have taken: none since the wait before the
+        // one that reported it (an edge reported now may be that old), and no parked one
+        // will run before the token check.
+        let fresh_input = events
+            & (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLERR | libc::EPOLLHUP) as u32
+            == libc::EPOLLIN as u32
+            && s.rx.mark() + 1 < self.waits
+            && !s.parked.iter().any(|p| matches!(p, Parked::Recv { .. }));
+        let out = events & (libc::EPOLLOUT | libc::EPOLLERR | libc::EPOLLHUP) as u32 != 0;
+        if let Conn::Connecting { to, filled } = s.conn()
+            && out
+        {
+            self.connect_ended(id, to, filled);
+        }
+        if out {
+            self.tx().flush_tx(id);
+        }
+        self.retry_parked(id);
+        self.rx().report_hangup(id, events);
+        if let Some(s) = self.socks.get_mut(&id) {
+            s.edge_token(self.io, events);
+        }
+        if let Some(s) = self.socks.get_mut(&id)
+            && s.connected()
+            && events & (libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0
+        {
+            // (A stream not yet connected reports EPOLLHUP: that is not an ending.)
+            s.rx.end_moves(if events & libc::EPOLLHUP as u32 != 0 && s.reads_pair() {
+                EndEvent::HungUp
+            } else {
+                EndEvent::Ended
+            });
+        }
+        self.rx().mirror_hup(id);
+        self.rx().maybe_token_known(id, fresh_input);
+        if self.socks.get(&id).is_some_and(|s| s.app_closed) {
+            self.socks.mark_dirty(id);
+        }
+    }
+
+    fn retry_parked(&mut self, id: u32) {
+        loop {
+            let Some(s) = self.socks.get_mut(&id) else {
+                return;
+            };
+            let Some(p) = s.parked.pop_front() else {
+                return;
+            };
+            // Still waiting (would block): back to the front, the rest behind it.
+            match p {
+                Parked::Recv {
+                    ch,
+                    tag,
+                    len,
+                    flags,
+                } => match self.rx().try_recv(ch, id, tag, len, flags) {
+                    Ok(()) => continue,
+                    Err(e) if would_block(&e) => {
+                        self.socks.park_front(id, p);
+                        return;
+                    }
+                    Err(e) => self.tx().done(ch, id, tag, Errno::of(&e)),
+                },
+                Parked::Accept { ch } => match self.try_accept(id) {
+                    Ok(a) => self.finish_accept(ch, id, a),
+                    Err(e) if would_block(&e) => {
+                        self.socks.park_front(id, p);
+                        return;
+                    }
+                    Err(e) => self.channels.answer(self.io, ch, Errno::of(&e)),
+                },
+                Parked::Connect { .. } => {
+                    self.socks.park_front(id, p);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl Rx<'_> {
+    /// The way out, for answers.
+    pub(crate) fn tx(&mut self) -> Tx<'_> {
+        Tx {
+            io: self.io,
+            epoll: self.epoll,
+            socks: &mut *self.socks,
+            channels: &mut *self.channels,
+            modules: &mut *self.modules,
+            stats: &mut *self.stats,
+        }
+    }
+
+    /// A `Recv` from channel `ch` on socket `id`: answered now, or parked until the
+    /// host socket has input; `false` when the channel parked more blocking requests on
+    /// the socket than it may (it broke the protocol).
     pub(crate) fn recv(
         &mut self,
         ch: u32,
@@ -343,13 +493,13 @@ impl Server {
         len: u32,
         flags: i32,
         nonblock: bool,
-    ) {
+    ) -> bool {
         if flags & libc::MSG_OOB == 0
             && let Some(res) = self.socks.get_mut(&id).and_then(Sock::stream_end)
         {
             // The stream's bytes went through the pair: the shim asks only what ended it.
             self.tx().done(ch, id, tag, res);
-            return;
+            return true;
         }
         match self.try_recv(ch, id, tag, len, flags) {
             Ok(()) => {}
@@ -363,7 +513,7 @@ impl Server {
                         flags,
                     },
                 ) {
-                    self.bad_channel(ch, "too many blocking requests on one socket");
+                    return false;
                 }
             }
             Err(e) => {
@@ -374,6 +524,7 @@ impl Server {
                 self.tx().complete(ch, c);
             }
         }
+        true
     }
 
     /// One non-blocking receive into the channel's buffers; completes on success.
@@ -398,7 +549,7 @@ impl Server {
         let mut control = [0u8; cmsg::MAX_CONTROL];
         let arrivals = Arrivals {
             policy: &self.cfg.policy,
-            stats: &mut self.stats,
+            stats: &mut *self.stats,
         };
         match arrivals.recv(io, s, &chan.ep.bufs, &spans, flags, &mut control) {
             Ok(got) => {
@@ -430,7 +581,7 @@ impl Server {
     /// writes a fresh token.
     pub(crate) fn drain_if_empty(&mut self, listener: u32) -> i32 {
         let io = self.io;
-        let published = self.has_published(listener);
+        let published = self.socks.has_published(self.io, self.shared, listener);
         match self.socks.get(&listener) {
             Some(s)
                 if s.token_out()
@@ -456,7 +607,7 @@ impl Server {
             self.pump(id);
             return;
         }
-        let published = self.has_published(id);
+        let published = self.socks.has_published(self.io, self.shared, id);
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
@@ -497,7 +648,7 @@ impl Server {
     /// than [`SPLICE_MIN`]. A hang-up due follows the end of the stream ([`Server::mirror_hup`]).
     pub(crate) fn pump(&mut self, id: u32) {
         if let Some(s) = self.socks.get_mut(&id) {
-            self.rx.pump(self.io, s, &mut self.stats);
+            self.scratch.pump(self.io, s, self.stats);
         }
         self.mirror_hup(id);
     }
@@ -526,59 +677,6 @@ impl Server {
         let _ = io.shutdown(s.pair.as_fd(), libc::SHUT_RD);
     }
 
-    /// Host readiness: finish connects, flush sends, retry parked operations, tokens.
-    pub(crate) fn host_event(&mut self, id: u32, events: u32) {
-        let Some(s) = self.socks.get_mut(&id) else {
-            return;
-        };
-        let input =
-            libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLRDHUP | libc::EPOLLERR | libc::EPOLLHUP;
-        if events & input.cast_unsigned() != 0 {
-            s.rx.input_edge();
-        }
-        if events & libc::EPOLLPRI as u32 != 0 && s.reads_pair() {
-            s.rx.urgent_moves(UrgentEvent::Edge);
-        }
-        // Plain new input that no receive can have taken: none since the wait before the
-        // one that reported it (an edge reported now may be that old), and no parked one
-        // will run before the token check.
-        let fresh_input = events
-            & (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLERR | libc::EPOLLHUP) as u32
-            == libc::EPOLLIN as u32
-            && s.rx.mark() + 1 < self.waits
-            && !s.parked.iter().any(|p| matches!(p, Parked::Recv { .. }));
-        let out = events & (libc::EPOLLOUT | libc::EPOLLERR | libc::EPOLLHUP) as u32 != 0;
-        if let Conn::Connecting { to, filled } = s.conn()
-            && out
-        {
-            self.connect_ended(id, to, filled);
-        }
-        if out {
-            self.tx().flush_tx(id);
-        }
-        self.retry_parked(id);
-        self.report_hangup(id, events);
-        if let Some(s) = self.socks.get_mut(&id) {
-            s.edge_token(self.io, events);
-        }
-        if let Some(s) = self.socks.get_mut(&id)
-            && s.connected()
-            && events & (libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0
-        {
-            // (A stream not yet connected reports EPOLLHUP: that is not an ending.)
-            s.rx.end_moves(if events & libc::EPOLLHUP as u32 != 0 && s.reads_pair() {
-                EndEvent::HungUp
-            } else {
-                EndEvent::Ended
-            });
-        }
-        self.mirror_hup(id);
-        self.maybe_token_known(id, fresh_input);
-        if self.socks.get(&id).is_some_and(|s| s.app_closed) {
-            self.socks.mark_dirty(id);
-        }
-    }
-
     /// A reset or hang-up of a connected stream: the program's next send fails with
     /// EPIPE (as with the kernel), even when it has nothing queued right now.
     fn report_hangup(&mut self, id: u32, events: u32) {
@@ -597,44 +695,5 @@ impl Server {
             ch,
             Cmp::new(CmpKind::AsyncError, id, 0, Errno(libc::EPIPE).wire()),
         );
-    }
-
-    fn retry_parked(&mut self, id: u32) {
-        loop {
-            let Some(s) = self.socks.get_mut(&id) else {
-                return;
-            };
-            let Some(p) = s.parked.pop_front() else {
-                return;
-            };
-            // Still waiting (would block): back to the front, the rest behind it.
-            match p {
-                Parked::Recv {
-                    ch,
-                    tag,
-                    len,
-                    flags,
-                } => match self.try_recv(ch, id, tag, len, flags) {
-                    Ok(()) => continue,
-                    Err(e) if would_block(&e) => {
-                        self.socks.park_front(id, p);
-                        return;
-                    }
-                    Err(e) => self.tx().done(ch, id, tag, Errno::of(&e)),
-                },
-                Parked::Accept { ch } => match self.try_accept(id) {
-                    Ok(a) => self.finish_accept(ch, id, a),
-                    Err(e) if would_block(&e) => {
-                        self.socks.park_front(id, p);
-                        return;
-                    }
-                    Err(e) => self.channels.answer(self.io, ch, Errno::of(&e)),
-                },
-                Parked::Connect { .. } => {
-                    self.socks.park_front(id, p);
-                    return;
-                }
-            }
-        }
     }
 }

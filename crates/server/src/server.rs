@@ -52,7 +52,7 @@ pub struct Server {
     /// `RecvSide::mark`).
     pub(crate) waits: u64,
     /// `rx_pair`: where host bytes land on their way into a pair.
-    pub(crate) rx: crate::rx::RxScratch,
+    pub(crate) scratch: crate::rx::RxScratch,
     /// The sandbox's DNS forwarder, when enabled.
     pub(crate) dns: Option<crate::dns::Dns>,
     /// Data-path modules bound to sockets (`modules.rs`).
@@ -159,7 +159,7 @@ impl Server {
             published,
             stats,
             waits: 0,
-            rx: Default::default(),
+            scratch: Default::default(),
             dns: None,
             modules,
             host_addrs: Default::default(),
@@ -448,7 +448,7 @@ impl Server {
                 .get(&id)
                 .is_some_and(|s| !s.rx.pending().is_empty() || s.rx.urgent_held().is_some())
         {
-            self.pump(id);
+            self.rx().pump(id);
         }
     }
 

@@ -17,8 +17,23 @@ use crate::ModuleTarget;
 use crate::ops::reply;
 use crate::ops::{Errno, reply_id, would_block};
 use crate::recv_side::PathEvent;
+use std::sync::Arc;
+
+use ferry_egress::HostAddrs;
+use ferry_sys::Epoll;
+
+use crate::channel::Channels;
+use crate::group::{Msg, Shared};
+use crate::modules::Modules;
+use crate::place::Placing;
+use crate::seam::Io;
 use crate::server::Server;
 use crate::sock::{Conn, ConnEvent, Parked, Place, Sock};
+use crate::sock::{NewPair, Owner};
+use crate::stats::ServerStats;
+use crate::table::SockTable;
+use crate::tx::Tx;
+use crate::{Config, LogThrottle};
 
 /// `a` as a socket of family `domain` shows it. A connection accepted on a dual-stack
 /// published port is an IPv6 socket on the host, handed to the sandbox's listener: for an
@@ -80,7 +95,156 @@ impl Drop for SocketSlot {
     }
 }
 
+/// What making, accepting, placing and connecting a socket works on: the seam, the
+/// event loop (a new socket joins it), the sockets, the channels (owners, replies),
+/// the modules (a rule's module), the sandbox's shared state (ids, its socket count,
+/// other servers' inboxes, published connections), the configuration, the host's
+/// addresses and the counters; never the control connections, the published ports'
+/// listeners or the receive scratch. Borrowed from [`Server::connects`].
+pub(crate) struct Connects<'a> {
+    pub io: &'static dyn Io,
+    pub epoll: &'a Epoll,
+    pub socks: &'a mut SockTable,
+    pub channels: &'a mut Channels,
+    pub modules: &'a mut Modules,
+    pub stats: &'a mut ServerStats,
+    pub shared: &'a Arc<Shared>,
+    pub cfg: &'a Config,
+    pub host_addrs: &'a mut HostAddrs,
+    /// Log lines about refused sockets, at most one a second.
+    pub refusals: &'a mut LogThrottle,
+    /// This server's index in its group.
+    pub index: usize,
+}
+
 impl Server {
+    /// The parts making and connecting sockets work on.
+    pub(crate) fn connects(&mut self) -> Connects<'_> {
+        Connects {
+            io: self.io,
+            epoll: &self.epoll,
+            socks: &mut self.socks,
+            channels: &mut self.channels,
+            modules: &mut self.modules,
+            stats: &mut self.stats,
+            shared: &self.shared,
+            cfg: &self.cfg,
+            host_addrs: &mut self.host_addrs,
+            refusals: &mut self.refusals,
+            index: self.index,
+        }
+    }
+
+    pub(crate) fn accept(&mut self, ch: u32, id: u32, nonblock: bool) {
+        let Some(s) = self.socks.get_mut(&id) else {
+            self.channels.answer(self.io, ch, Errno(libc::EBADF));
+            return;
+        };
+        if !s.listening() {
+            self.channels.answer(self.io, ch, Errno(libc::EINVAL));
+            return;
+        }
+        match self.connects().try_accept(id) {
+            Ok(a) => self.connects().finish_accept(ch, id, a),
+            Err(e) if would_block(&e) && !nonblock => {
+                if !self.socks.park(id, Parked::Accept { ch }) {
+                    self.bad_channel(ch, "too many blocking requests on one socket");
+                }
+            }
+            Err(e) => {
+                let mut r = reply(Errno::of(&e));
+                if would_block(&e) {
+                    r.c = i32::from(
+                        self.socks
+                            .get(&id)
+                            .is_some_and(crate::sock::Sock::token_out),
+                    );
+                }
+                self.channels.send_reply(self.io, ch, r, &[]);
+            }
+        }
+    }
+
+    pub(crate) fn bind(&mut self, id: u32, addr: SocketAddr) -> Result<(), Errno> {
+        let io = self.io;
+        let local = reach::is_local(addr.ip());
+        if !local {
+            if !self.host_addrs.owns(addr.ip()) {
+                debug!("socket {id}: bind to {addr}: not an address of the host");
+                return Err(Errno(libc::EADDRNOTAVAIL));
+            }
+            if self.socks.get(&id).is_some_and(|s| !s.is_stream()) && addr.port() != 0 {
+                warn!(
+                    "socket {id}: bind to {addr} refused: a datagram socket with a fixed port on a host address would receive from the network (publish it with -p HOST_PORT:PORT/udp)"
+                );
+                self.stats.denied += 1;
+                return Err(Errno(libc::EACCES));
+            }
+        }
+        self.placing().place_for(id, local)?;
+        let wild = WireAddr::from(addr).is_unspecified().then_some(addr.port());
+        let s = self.socks.get_mut(&id).ok_or(Errno(libc::EBADF))?;
+        match io.bind(s.fd.as_fd(), &addr) {
+            Ok(()) => {
+                s.bound_wild = wild;
+                Ok(())
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) && self.reap_closed() > 0 => {
+                // A socket the sandbox already closed may still hold the port: the hang-up
+                // of its readiness pair was not processed yet. Now it is; try again.
+                let s = self.socks.get_mut(&id).ok_or(Errno(libc::EBADF))?;
+                io.bind(s.fd.as_fd(), &addr).map_err(|e| Errno::of(&e))
+            }
+            Err(e) => Err(Errno::of(&e)),
+        }
+    }
+
+    /// Closes, right now, every socket whose program side is gone (its readiness pair has
+    /// hung up) and whose sends are done; returns how many.
+    pub(crate) fn reap_closed(&mut self) -> usize {
+        let open: Vec<u32> = self
+            .socks
+            .values()
+            .filter(|s| !s.app_closed)
+            .map(|s| s.id)
+            .collect();
+        for id in open {
+            if self.socks.app_gone(self.io, id) {
+                self.tx().app_closed(id);
+            }
+        }
+        let before = self.socks.len();
+        self.settle_dirty();
+        before - self.socks.len()
+    }
+}
+
+impl Connects<'_> {
+    /// The way out, for answers and a rule's module.
+    pub(crate) fn tx(&mut self) -> Tx<'_> {
+        Tx {
+            io: self.io,
+            epoll: self.epoll,
+            socks: &mut *self.socks,
+            channels: &mut *self.channels,
+            modules: &mut *self.modules,
+            stats: &mut *self.stats,
+        }
+    }
+
+    /// The parts placing a socket works on.
+    pub(crate) fn placing(&mut self) -> Placing<'_> {
+        Placing {
+            io: self.io,
+            epoll: self.epoll,
+            socks: &mut *self.socks,
+            shared: self.shared,
+            cfg: self.cfg,
+            host_addrs: &mut *self.host_addrs,
+            stats: &mut *self.stats,
+        }
+    }
+
     /// The server a socket made through channel `ch` goes to (`key` for the hash mode).
     fn assign(&self, ch: u32, key: u64) -> usize {
         let routes = self.channels.get(ch).is_some_and(|c| c.routes);
@@ -151,36 +315,6 @@ impl Server {
         Err(Errno(libc::ENFILE))
     }
 
-    pub(crate) fn accept(&mut self, ch: u32, id: u32, nonblock: bool) {
-        let Some(s) = self.socks.get_mut(&id) else {
-            self.channels.answer(self.io, ch, Errno(libc::EBADF));
-            return;
-        };
-        if !s.listening() {
-            self.channels.answer(self.io, ch, Errno(libc::EINVAL));
-            return;
-        }
-        match self.try_accept(id) {
-            Ok(a) => self.finish_accept(ch, id, a),
-            Err(e) if would_block(&e) && !nonblock => {
-                if !self.socks.park(id, Parked::Accept { ch }) {
-                    self.bad_channel(ch, "too many blocking requests on one socket");
-                }
-            }
-            Err(e) => {
-                let mut r = reply(Errno::of(&e));
-                if would_block(&e) {
-                    r.c = i32::from(
-                        self.socks
-                            .get(&id)
-                            .is_some_and(crate::sock::Sock::token_out),
-                    );
-                }
-                self.channels.send_reply(self.io, ch, r, &[]);
-            }
-        }
-    }
-
     /// A connection waiting on listener `id`: one its host socket accepted, else one
     /// of a published port that feeds it (then the port comes too).
     pub(crate) fn try_accept(&mut self, id: u32) -> io::Result<Accepted> {
@@ -194,18 +328,19 @@ impl Server {
                 peer,
                 published: None,
             }),
-            Err(e) if would_block(&e) => match self.socks.take_published(self.io, &self.shared, id)
-            {
-                // A published port listens on both families: an IPv4 client shows as
-                // ::ffff:a.b.c.d, which an IPv4 listener's program must see as a.b.c.d
-                // (`finish_accept` makes it so).
-                Some((conn, port)) => Ok(Accepted {
-                    peer: self.io.sock_addr(conn.as_fd(), true).ok().flatten(),
-                    conn,
-                    published: Some(port),
-                }),
-                None => Err(e),
-            },
+            Err(e) if would_block(&e) => {
+                match self.socks.take_published(self.io, self.shared, id) {
+                    // A published port listens on both families: an IPv4 client shows as
+                    // ::ffff:a.b.c.d, which an IPv4 listener's program must see as a.b.c.d
+                    // (`finish_accept` makes it so).
+                    Some((conn, port)) => Ok(Accepted {
+                        peer: self.io.sock_addr(conn.as_fd(), true).ok().flatten(),
+                        conn,
+                        published: Some(port),
+                    }),
+                    None => Err(e),
+                }
+            }
             Err(e) => Err(e),
         }
     }
@@ -297,22 +432,33 @@ impl Server {
         if let Some(s) = self.socks.get_mut(&listener) {
             s.stats.calls += 1;
         }
-        r.c = self.rx().drain_if_empty(listener);
+        r.c = self.socks.drain_if_empty(self.io, self.shared, listener);
         r
     }
 
-    pub(crate) fn connect(&mut self, ch: u32, id: u32, tag: u32, addr: WireAddr, nonblock: bool) {
+    /// A `Connect` of socket `id` to `addr` (answered now, or parked until the host
+    /// socket says how it ended); `false` when the channel parked more blocking
+    /// requests on the socket than it may (it broke the protocol).
+    pub(crate) fn connect(
+        &mut self,
+        ch: u32,
+        id: u32,
+        tag: u32,
+        addr: WireAddr,
+        nonblock: bool,
+    ) -> bool {
         if let Some(c @ (Conn::Failed | Conn::FailReported)) = self.socks.get(&id).map(Sock::conn) {
             self.connect_after_failure(ch, id, tag, c == Conn::FailReported);
-            return;
+            return true;
         }
         if let Err(e) = self.placing().route_connect(id, addr) {
             self.tx().done(ch, id, tag, e);
-            return;
+            return true;
         }
         let to = addr.to_std();
+        let mut fits = true;
         let Some(s) = self.socks.get_mut(&id) else {
-            return;
+            return true;
         };
         match self.io.connect(s.fd.as_fd(), &to) {
             Ok(()) => {
@@ -326,9 +472,7 @@ impl Server {
                 if nonblock {
                     self.tx().done(ch, id, tag, Errno(libc::EINPROGRESS));
                 } else {
-                    if !self.socks.park(id, Parked::Connect { ch, tag }) {
-                        self.bad_channel(ch, "too many blocking requests on one socket");
-                    }
+                    fits = self.socks.park(id, Parked::Connect { ch, tag });
                 }
             }
             Err(e) => self.tx().done(ch, id, tag, Errno::of(&e)),
@@ -336,6 +480,7 @@ impl Server {
         if self.modules.has_rules() {
             self.tx().apply_rule(id, ModuleTarget::Dest(to));
         }
+        fits
     }
 
     /// A connect of stream `id` after a non-blocking one failed (see [`Conn`]): the
@@ -416,60 +561,9 @@ impl Server {
         }
     }
 
-    pub(crate) fn bind(&mut self, id: u32, addr: SocketAddr) -> Result<(), Errno> {
-        let io = self.io;
-        let local = reach::is_local(addr.ip());
-        if !local {
-            if !self.host_addrs.owns(addr.ip()) {
-                debug!("socket {id}: bind to {addr}: not an address of the host");
-                return Err(Errno(libc::EADDRNOTAVAIL));
-            }
-            if self.socks.get(&id).is_some_and(|s| !s.is_stream()) && addr.port() != 0 {
-                warn!(
-                    "socket {id}: bind to {addr} refused: a datagram socket with a fixed port on a host address would receive from the network (publish it with -p HOST_PORT:PORT/udp)"
-                );
-                self.stats.denied += 1;
-                return Err(Errno(libc::EACCES));
-            }
-        }
-        self.placing().place_for(id, local)?;
-        let wild = WireAddr::from(addr).is_unspecified().then_some(addr.port());
-        let s = self.socks.get_mut(&id).ok_or(Errno(libc::EBADF))?;
-        match io.bind(s.fd.as_fd(), &addr) {
-            Ok(()) => {
-                s.bound_wild = wild;
-                Ok(())
-            }
-            Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) && self.reap_closed() > 0 => {
-                // A socket the sandbox already closed may still hold the port: the hang-up
-                // of its readiness pair was not processed yet. Now it is; try again.
-                let s = self.socks.get_mut(&id).ok_or(Errno(libc::EBADF))?;
-                io.bind(s.fd.as_fd(), &addr).map_err(|e| Errno::of(&e))
-            }
-            Err(e) => Err(Errno::of(&e)),
-        }
-    }
-
-    /// Closes, right now, every socket whose program side is gone (its readiness pair has
-    /// hung up) and whose sends are done; returns how many.
-    pub(crate) fn reap_closed(&mut self) -> usize {
-        let open: Vec<u32> = self
-            .socks
-            .values()
-            .filter(|s| !s.app_closed)
-            .map(|s| s.id)
-            .collect();
-        for id in open {
-            if self.socks.app_gone(self.io, id) {
-                self.tx().app_closed(id);
-            }
-        }
-        let before = self.socks.len();
-        self.settle_dirty();
-        before - self.socks.len()
-    }
-
-    pub(crate) fn listen(&mut self, id: u32, backlog: i32) -> Result<(), Errno> {
+    /// A `Listen` on socket `id`; `Ok(true)` when connections of a published port
+    /// already wait for it (the caller runs its input event).
+    pub(crate) fn listen(&mut self, id: u32, backlog: i32) -> Result<bool, Errno> {
         let io = self.io;
         if self.placing().on_host(id) {
             warn!(
@@ -490,12 +584,41 @@ impl Server {
                     s.published_listener = Some(a.port());
                 }
                 s.conn_moves(ConnEvent::Listen);
-                if self.socks.has_published(self.io, &self.shared, id) {
-                    self.host_event(id, libc::EPOLLIN as u32);
-                }
-                Ok(())
+                Ok(self.socks.has_published(self.io, self.shared, id))
             }
             Err(e) => Err(Errno::of(&e)),
         }
+    }
+
+    /// A new socket served by server `server` (not registered anywhere yet), made by or
+    /// for `owner`; `kind` is (domain, type, protocol). Makes its readiness pair: the
+    /// program's end comes back beside the socket, for the reply that gives it to the
+    /// program.
+    pub(crate) fn new_sock(
+        &self,
+        server: usize,
+        fd: OwnedFd,
+        kind: (i32, i32, i32),
+        place: Place,
+        owner: Owner,
+    ) -> io::Result<(Sock, OwnedFd)> {
+        let id = self.shared.new_id(server);
+        let NewPair { ours, theirs, name } = self.io.new_pair(id)?;
+        let sock = Sock::new(id, kind, fd, place, (ours, name), owner);
+        Ok((sock, theirs))
+    }
+
+    /// Serves `sock` here, or hands it to its server; returns its id. The hand-over
+    /// happens before the caller tells the shim the id (see [`crate::group`]).
+    pub(crate) fn place_sock(&mut self, sock: Sock) -> io::Result<u32> {
+        let id = sock.id;
+        let server = ferry_proto::server_of(id);
+        if server == self.index {
+            self.socks.install(self.epoll, sock)?;
+        } else {
+            self.stats.sockets_handed += 1;
+            self.shared.inbox[server].send(Msg::Sock(Box::new(sock)));
+        }
+        Ok(id)
     }
 }

@@ -93,7 +93,7 @@ impl Server {
             return;
         };
         match kind {
-            CtlKind::Socket => match self.create_socket(ch, msg.a, msg.b, msg.c) {
+            CtlKind::Socket => match self.connects().create_socket(ch, msg.a, msg.b, msg.c) {
                 Ok((id, theirs)) => {
                     self.channels
                         .send_reply(self.io, ch, reply(reply_id(id)), &[theirs.as_fd()])
@@ -273,7 +273,9 @@ impl Server {
                 filled,
                 ..
             } => {
-                self.connect(ch, id, tag, addr, nonblock);
+                if !self.connects().connect(ch, id, tag, addr, nonblock) {
+                    self.bad_channel(ch, "too many blocking requests on one socket");
+                }
                 if filled {
                     self.connect_filled(id, nonblock);
                 }
@@ -283,8 +285,11 @@ impl Server {
                 self.tx().done(ch, id, tag, res);
             }
             Call::Listen { tag, backlog, .. } => {
-                let res = self.listen(id, backlog);
-                self.tx().done(ch, id, tag, res);
+                let res = self.connects().listen(id, backlog);
+                if matches!(res, Ok(true)) {
+                    self.host_event(id, libc::EPOLLIN as u32);
+                }
+                self.tx().done(ch, id, tag, res.map(|_| ()));
             }
             Call::Recv {
                 tag,

@@ -321,4 +321,23 @@ impl SockTable {
             .iter()
             .any(|(p, q)| *p == port && !q.is_empty())
     }
+
+    /// After a successful accept: whether the shim should take the listener's token
+    /// back (1) because no connection is left to accept. A token left behind would make
+    /// the next poll report a connection that is not there, and a blocking `accept`
+    /// after it would hang. If a connection arrives meanwhile, `TokenDrained`'s re-check
+    /// writes a fresh token.
+    pub(crate) fn drain_if_empty(&self, io: &dyn Io, shared: &Shared, listener: u32) -> i32 {
+        let published = self.has_published(io, shared, listener);
+        match self.get(&listener) {
+            Some(s)
+                if s.token_out()
+                    && !published
+                    && io.poll_now(s.fd.as_fd(), libc::POLLIN).unwrap_or(0) == 0 =>
+            {
+                1
+            }
+            _ => 0,
+        }
+    }
 }

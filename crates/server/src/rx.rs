@@ -401,7 +401,7 @@ impl Server {
         if let Conn::Connecting { to, filled } = s.conn()
             && out
         {
-            self.connect_ended(id, to, filled);
+            self.connects().connect_ended(id, to, filled);
         }
         if out {
             self.tx().flush_tx(id);
@@ -452,8 +452,8 @@ impl Server {
                     }
                     Err(e) => self.tx().done(ch, id, tag, Errno::of(&e)),
                 },
-                Parked::Accept { ch } => match self.try_accept(id) {
-                    Ok(a) => self.finish_accept(ch, id, a),
+                Parked::Accept { ch } => match self.connects().try_accept(id) {
+                    Ok(a) => self.connects().finish_accept(ch, id, a),
                     Err(e) if would_block(&e) => {
                         self.socks.park_front(id, p);
                         return;
@@ -571,26 +571,6 @@ impl Rx<'_> {
                 }
                 Err(e)
             }
-        }
-    }
-
-    /// After a successful accept: whether the shim should take the listener's token
-    /// back (1) because no connection is left to accept. A token left behind would make
-    /// the next poll report a connection that is not there, and a blocking `accept`
-    /// after it would hang. If a connection arrives meanwhile, `TokenDrained`'s re-check
-    /// writes a fresh token.
-    pub(crate) fn drain_if_empty(&mut self, listener: u32) -> i32 {
-        let io = self.io;
-        let published = self.socks.has_published(self.io, self.shared, listener);
-        match self.socks.get(&listener) {
-            Some(s)
-                if s.token_out()
-                    && !published
-                    && io.poll_now(s.fd.as_fd(), libc::POLLIN).unwrap_or(0) == 0 =>
-            {
-                1
-            }
-            _ => 0,
         }
     }
 

@@ -10,13 +10,12 @@ use std::os::fd::{AsFd, OwnedFd};
 
 use tracing::{debug, warn};
 
-use crate::group::Msg;
 use crate::ops::{Errno, MAX_PARKED_PER_CHANNEL};
 use ferry_sys::Epoll;
 
 use crate::seam::Io;
 use crate::server::Server;
-use crate::sock::{Conn, ConnEvent, NewPair, Owner, PairEnd, Parked, Place, Sock};
+use crate::sock::{Conn, ConnEvent, NewPair, PairEnd, Parked, Place, Sock};
 use crate::token::{T_HOST, T_PAIR, host_events, pair_events, token};
 
 /// A server's sockets, by id, and the work noticed on them for later in the turn:
@@ -289,38 +288,6 @@ impl SockTable {
 }
 
 impl Server {
-    /// A new socket served by server `server` (not registered anywhere yet), made by or
-    /// for `owner`; `kind` is (domain, type, protocol). Makes its readiness pair: the
-    /// program's end comes back beside the socket, for the reply that gives it to the
-    /// program.
-    pub(crate) fn new_sock(
-        &self,
-        server: usize,
-        fd: OwnedFd,
-        kind: (i32, i32, i32),
-        place: Place,
-        owner: Owner,
-    ) -> io::Result<(Sock, OwnedFd)> {
-        let id = self.shared.new_id(server);
-        let NewPair { ours, theirs, name } = self.io.new_pair(id)?;
-        let sock = Sock::new(id, kind, fd, place, (ours, name), owner);
-        Ok((sock, theirs))
-    }
-
-    /// Serves `sock` here, or hands it to its server; returns its id. The hand-over
-    /// happens before the caller tells the shim the id (see [`crate::group`]).
-    pub(crate) fn place_sock(&mut self, sock: Sock) -> io::Result<u32> {
-        let id = sock.id;
-        let server = ferry_proto::server_of(id);
-        if server == self.index {
-            self.socks.install(&self.epoll, sock)?;
-        } else {
-            self.stats.sockets_handed += 1;
-            self.shared.inbox[server].send(Msg::Sock(Box::new(sock)));
-        }
-        Ok(id)
-    }
-
     /// Finishes state changes noticed during the turn: closes sockets whose program side
     /// is gone and whose sends are done, and shuts those down for writing whose
     /// `shutdown` waited for other threads' sends. A socket whose fence other channels
@@ -378,6 +345,7 @@ mod tests {
     use std::os::unix::net::UnixStream;
 
     use super::*;
+    use crate::sock::Owner;
 
     fn sock(id: u32) -> Sock {
         let (a, b) = UnixStream::pair().expect("socketpair");

@@ -181,7 +181,7 @@ impl Server {
                 return Err(Errno(libc::EACCES));
             }
         }
-        self.placing().place_for(id, local)?;
+        self.connects().placing().place_for(id, local)?;
         let wild = WireAddr::from(addr).is_unspecified().then_some(addr.port());
         let s = self.socks.get_mut(&id).ok_or(Errno(libc::EBADF))?;
         match io.bind(s.fd.as_fd(), &addr) {

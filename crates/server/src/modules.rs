@@ -59,6 +59,7 @@ use crate::server::Server;
 use crate::sock::Parked;
 use crate::stats::ServerStats;
 use crate::table::SockTable;
+use crate::tx::Tx;
 
 /// Default of [`ModuleConfig::copy_max`].
 pub const DEFAULT_COPY_MAX: u64 = 4 << 20;
@@ -411,7 +412,7 @@ impl Server {
         // Program order: sends queued before the binding go out before the module's
         // output.
         self.drain_rings();
-        let result = self.bind_from_ctl(ch, &msg, inline, fds);
+        let result = self.tx().bind_from_ctl(ch, &msg, inline, fds);
         if result.is_err() {
             self.stats.module_refused += 1;
         }
@@ -421,8 +422,11 @@ impl Server {
             self.tx().flush_tx(msg.sock);
         }
     }
+}
 
-    fn bind_from_ctl(
+/// A binding's requests, answered through the way out.
+impl Tx<'_> {
+    pub(crate) fn bind_from_ctl(
         &mut self,
         ch: u32,
         msg: &Ctl,
@@ -472,7 +476,7 @@ impl Server {
         let fds = if nfiles == 0 {
             Vec::new()
         } else {
-            self.modules.take_files(&self.channels, ch)?
+            self.modules.take_files(self.channels, ch)?
         };
         let result = match self.socks.get_mut(&id) {
             None => Err(Errno(libc::EBADF)),
@@ -487,16 +491,16 @@ impl Server {
             self.stats.module_refused += 1;
         }
         if tag != 0 {
-            self.tx().done(ch, id, tag, result);
+            self.done(ch, id, tag, result);
             // The program waits for this answer, not for the output: publish it now.
             if let Some(c) = self.channels.get_mut(ch) {
                 c.flush();
             }
         } else if let Err(e) = result {
-            self.tx().done(ch, id, 0, e);
+            self.done(ch, id, 0, e);
         }
         if result.is_ok() {
-            self.tx().flush_tx(id);
+            self.flush_tx(id);
         }
         Ok(())
     }
@@ -930,18 +934,7 @@ impl Modules {
     }
 }
 
-impl Server {
-    /// The modules and the parts their data path works on.
-    pub(crate) fn module_parts(&mut self) -> (&mut Modules, Around<'_>) {
-        let around = Around {
-            io: self.io,
-            socks: &mut self.socks,
-            channels: &mut self.channels,
-            stats: &mut self.stats,
-        };
-        (&mut self.modules, around)
-    }
-}
+impl Server {}
 
 #[cfg(test)]
 mod tests {

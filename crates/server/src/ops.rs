@@ -14,6 +14,7 @@ use tracing::{debug, warn};
 use crate::connect::in_family;
 use crate::server::Server;
 use crate::sock::{ConnEvent, TokenEvent};
+use crate::tx::Tx;
 
 /// Most operations one channel may have waiting on one socket (a shim has one).
 pub(crate) const MAX_PARKED_PER_CHANNEL: usize = 4;
@@ -222,7 +223,7 @@ impl Server {
             } => {
                 // Ordered with the sends before it; they go out before the module's output.
                 self.tx().flush_pending();
-                return self.bind_module_req(ch, id, tag, binding, files);
+                return self.tx().bind_module_req(ch, id, tag, binding, files);
             }
             _ => {}
         }
@@ -277,7 +278,7 @@ impl Server {
                     self.bad_channel(ch, "too many blocking requests on one socket");
                 }
                 if filled {
-                    self.connect_filled(id, nonblock);
+                    self.tx().connect_filled(id, nonblock);
                 }
             }
             Call::Bind { tag, addr, .. } => {
@@ -302,7 +303,7 @@ impl Server {
                     self.bad_channel(ch, "too many blocking requests on one socket");
                 }
             }
-            Call::Shutdown { tag, how, .. } => self.shutdown_call(ch, id, tag, how),
+            Call::Shutdown { tag, how, .. } => self.tx().shutdown_call(ch, id, tag, how),
             Call::SetOpt {
                 tag,
                 level,
@@ -324,9 +325,9 @@ impl Server {
                 name,
                 len,
                 ..
-            } => self.getopt(ch, id, tag, level, name, len),
-            Call::SockName { tag, .. } => self.name(ch, id, tag, false),
-            Call::PeerName { tag, .. } => self.name(ch, id, tag, true),
+            } => self.tx().getopt(ch, id, tag, level, name, len),
+            Call::SockName { tag, .. } => self.tx().name(ch, id, tag, false),
+            Call::PeerName { tag, .. } => self.tx().name(ch, id, tag, true),
             Call::Pending { tag, .. } => {
                 let res = self.socks.get(&id).map_or(Err(Errno(libc::EBADF)), |s| {
                     self.io
@@ -335,10 +336,10 @@ impl Server {
                 });
                 self.tx().done(ch, id, tag, res);
             }
-            Call::WantToken { .. } => self.token_moves(id, TokenEvent::Want),
-            Call::TokenDrained { .. } => self.token_moves(id, TokenEvent::Drained),
+            Call::WantToken { .. } => self.rx().token_moves(id, TokenEvent::Want),
+            Call::TokenDrained { .. } => self.rx().token_moves(id, TokenEvent::Drained),
             Call::WantRoom { returns_seen, .. } => self.tx().want_room(ch, id, returns_seen),
-            Call::Cancel { parked, .. } => self.cancel(ch, id, parked),
+            Call::Cancel { parked, .. } => self.tx().cancel(ch, id, parked),
             // Taken by `handle` before it looks the socket up.
             Call::Send { .. }
             | Call::SendCtl { .. }
@@ -349,47 +350,51 @@ impl Server {
         }
     }
 
-    /// `WantToken` (from `Unwanted`) or `TokenDrained` (from `Out`, whatever its extra
-    /// count): socket `id`'s token is wanted and not in the pair; one is written if the
-    /// host socket is readable (see [`Token`]).
-    fn token_moves(&mut self, id: u32, ev: TokenEvent) {
-        if let Some(s) = self.socks.get_mut(&id) {
-            s.token_moves(ev);
+    /// A channel named a socket its process does not hold: refused (`EBADF`), logged.
+    pub(crate) fn not_holder(&mut self, ch: u32, id: u32) {
+        let pid = self.channels.get(ch).map_or(0, |c| c.owner.pid);
+        if let Some(n) = self.strangers.tick() {
+            warn!(
+                "socket {id}: pid {pid} does not hold it (never made, accepted or claimed it); refused ({n} such requests since the last line)"
+            );
         }
-        self.rx().maybe_token(id);
+        self.stats.denied += 1;
     }
+}
 
+/// A socket's requests that are answered at once, through the way out.
+impl Tx<'_> {
     /// `Cancel`: the shim gave up the request `parked` of channel `ch` waits on socket
     /// `id` for (a signal, a timeout); it is answered `EINTR` if it still waits.
-    fn cancel(&mut self, ch: u32, id: u32, parked: u32) {
+    pub(crate) fn cancel(&mut self, ch: u32, id: u32, parked: u32) {
         if let Some(p) = self.socks.unpark(id, |p| p.owner() == (ch, parked)) {
             debug!("socket {id}: cancelled {p:?}");
-            self.tx().done(ch, id, parked, Errno(libc::EINTR));
+            self.done(ch, id, parked, Errno(libc::EINTR));
         }
     }
 
     /// `REQ_FILLED` with a connect of socket `id`: the shim filled the program's end of
     /// the pair, so that the fd polls unwritable while connecting, as the kernel's
     /// socket does. The filler goes when the connect ends (now, or at its completion).
-    fn connect_filled(&mut self, id: u32, nonblock: bool) {
+    pub(crate) fn connect_filled(&mut self, id: u32, nonblock: bool) {
         let filled = nonblock
             && self
                 .socks
                 .get_mut(&id)
                 .is_some_and(|s| s.conn_moves(ConnEvent::Filled));
         if !filled {
-            self.tx().drain_filler(id);
+            self.drain_filler(id);
         }
     }
 
     /// `shutdown(how)` of socket `id`. Writing ends after what the program sent: its
     /// queued sends, its own bytes in the pair, a module's output (its input ends here).
-    fn shutdown_call(&mut self, ch: u32, id: u32, tag: u32, how: i32) {
+    pub(crate) fn shutdown_call(&mut self, ch: u32, id: u32, tag: u32, how: i32) {
         let io = self.io;
         let module = self.modules.is_bound(id);
         if how != libc::SHUT_RD {
             // What the program wrote into the pair itself goes before the FIN.
-            self.tx().pair_input(id);
+            self.pair_input(id);
         }
         // Sends other threads queued before this call go out before the FIN.
         let fence = if how == libc::SHUT_RD {
@@ -398,7 +403,7 @@ impl Server {
             self.channels.fence(Some(ch))
         };
         let Some(s) = self.socks.get_mut(&id) else {
-            self.tx().done(ch, id, tag, Errno(libc::EBADF));
+            self.done(ch, id, tag, Errno(libc::EBADF));
             return;
         };
         let shut = |how| io.shutdown(s.fd.as_fd(), how).map_err(|e| Errno::of(&e));
@@ -420,17 +425,17 @@ impl Server {
         if fenced {
             self.socks.mark_dirty(id);
         }
-        self.tx().done(ch, id, tag, res);
+        self.done(ch, id, tag, res);
         if module {
-            self.tx().flush_tx(id);
+            self.flush_tx(id);
         }
     }
 
     /// `getsockname` (`peer` false) or `getpeername` of socket `id`, as a socket of its
     /// family shows it.
-    fn name(&mut self, ch: u32, id: u32, tag: u32, peer: bool) {
+    pub(crate) fn name(&mut self, ch: u32, id: u32, tag: u32, peer: bool) {
         let Some(s) = self.socks.get(&id) else {
-            self.tx().done(ch, id, tag, Errno(libc::EBADF));
+            self.done(ch, id, tag, Errno(libc::EBADF));
             return;
         };
         let c = match self.io.sock_addr(s.fd.as_fd(), peer) {
@@ -441,24 +446,13 @@ impl Server {
             Ok(None) => Cmp::new(CmpKind::Done, id, tag, Errno(libc::EINVAL).wire()),
             Err(e) => Cmp::new(CmpKind::Done, id, tag, Errno::of(&e).wire()),
         };
-        self.tx().complete(ch, c);
+        self.complete(ch, c);
     }
 
-    /// A channel named a socket its process does not hold: refused (`EBADF`), logged.
-    pub(crate) fn not_holder(&mut self, ch: u32, id: u32) {
-        let pid = self.channels.get(ch).map_or(0, |c| c.owner.pid);
-        if let Some(n) = self.strangers.tick() {
-            warn!(
-                "socket {id}: pid {pid} does not hold it (never made, accepted or claimed it); refused ({n} such requests since the last line)"
-            );
-        }
-        self.stats.denied += 1;
-    }
-
-    fn getopt(&mut self, ch: u32, id: u32, tag: u32, level: i32, name: i32, len: u32) {
+    pub(crate) fn getopt(&mut self, ch: u32, id: u32, tag: u32, level: i32, name: i32, len: u32) {
         let io = self.io;
         let Some(s) = self.socks.get_mut(&id) else {
-            self.tx().done(ch, id, tag, Errno(libc::EBADF));
+            self.done(ch, id, tag, Errno(libc::EBADF));
             return;
         };
         if level == libc::SOL_SOCKET && name == libc::SO_ERROR {
@@ -472,14 +466,14 @@ impl Server {
                 io.getsockopt_int(s.fd.as_fd(), level, name).unwrap_or(0)
             };
             let c = Cmp::new(CmpKind::Done, id, tag, 0).with_bytes(&err.to_ne_bytes());
-            self.tx().complete(ch, c);
+            self.complete(ch, c);
             return;
         }
         let mut val = vec![0u8; (len as usize).clamp(1, 1024)];
         match io.getsockopt(s.fd.as_fd(), level, name, &mut val) {
             Ok(n) if n <= 32 => {
                 let c = Cmp::new(CmpKind::Done, id, tag, 0).with_bytes(&val[..n]);
-                self.tx().complete(ch, c);
+                self.complete(ch, c);
             }
             Ok(n) => {
                 // Too long for the record: lend a buffer (TCP_INFO and the like).
@@ -487,7 +481,7 @@ impl Server {
                     return;
                 };
                 let Some(b) = chan.ep.pool.alloc() else {
-                    self.tx().done(ch, id, tag, Errno(libc::ENOBUFS));
+                    self.done(ch, id, tag, Errno(libc::ENOBUFS));
                     return;
                 };
                 let span = chan.ep.bufs.span(
@@ -497,7 +491,7 @@ impl Server {
                 );
                 let Ok(span) = span else {
                     let _ = chan.ep.pool.free(b);
-                    self.tx().done(ch, id, tag, Errno(libc::ENOBUFS));
+                    self.done(ch, id, tag, Errno(libc::ENOBUFS));
                     return;
                 };
                 chan.ep.bufs.write(span, &val[..n]);
@@ -509,7 +503,7 @@ impl Server {
                 fin.a = u32::try_from(n).unwrap_or(u32::MAX);
                 chan.complete(fin);
             }
-            Err(e) => self.tx().done(ch, id, tag, Errno::of(&e)),
+            Err(e) => self.done(ch, id, tag, Errno::of(&e)),
         }
     }
 }

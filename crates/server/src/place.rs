@@ -267,17 +267,4 @@ impl Placing<'_> {
     }
 }
 
-impl Server {
-    /// The parts placing a socket works on.
-    pub(crate) fn placing(&mut self) -> Placing<'_> {
-        Placing {
-            io: self.io,
-            epoll: &self.epoll,
-            socks: &mut self.socks,
-            shared: &self.shared,
-            cfg: &self.cfg,
-            host_addrs: &mut self.host_addrs,
-            stats: &mut self.stats,
-        }
-    }
-}
+impl Server {}

@@ -676,4 +676,14 @@ impl Rx<'_> {
             Cmp::new(CmpKind::AsyncError, id, 0, Errno(libc::EPIPE).wire()),
         );
     }
+
+    /// `WantToken` (from `Unwanted`) or `TokenDrained` (from `Out`, whatever its extra
+    /// count): socket `id`'s token is wanted and not in the pair; one is written if the
+    /// host socket is readable (see [`Token`]).
+    pub(crate) fn token_moves(&mut self, id: u32, ev: TokenEvent) {
+        if let Some(s) = self.socks.get_mut(&id) {
+            s.token_moves(ev);
+        }
+        self.maybe_token(id);
+    }
 }

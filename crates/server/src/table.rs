@@ -319,7 +319,8 @@ impl Server {
             // first.
             let idle = s.app_closed && s.txq.is_empty() && !s.pair_in_wait && s.parked.is_empty();
             if idle && {
-                let (m, mut a) = self.module_parts();
+                let mut tx = self.tx();
+                let (m, mut a) = tx.module_parts();
                 m.settled(&mut a, id)
             } {
                 let s = self.socks.remove(&id).expect("just looked it up");

@@ -140,9 +140,11 @@ impl Server {
         };
         let to = to.filter(|_| !stream);
         let checked = match to {
-            Some(dest) => self
-                .placing()
-                .route_to(id, dest, ferry_egress::What::Datagram),
+            Some(dest) => {
+                self.connects()
+                    .placing()
+                    .route_to(id, dest, ferry_egress::What::Datagram)
+            }
             None => Ok(()),
         }
         .and_then(|()| self.send_control(id, stream, &ctl));
@@ -185,7 +187,7 @@ impl Server {
             warn!("socket {id}: datagram refused: {e}");
             Errno(e.errno())
         })?;
-        if let Some(why) = self.placing().source_refused(id, &control) {
+        if let Some(why) = self.connects().placing().source_refused(id, &control) {
             warn!("socket {id}: datagram refused: {why}");
             self.stats.denied += 1;
             return Err(Errno(libc::EPERM));

@@ -14,13 +14,18 @@ use tracing::{debug, warn};
 
 use ferry_sys::Epoll;
 
-use crate::channel::Channel;
+use crate::channel::{Channel, Channels};
 use crate::group::Msg;
+use crate::group::Shared;
+use crate::modules::Modules;
 use crate::procs::{descends_from, process_start};
+use crate::seam::Io;
 use crate::server::Server;
 use crate::sock::Owner;
 use crate::stats::ServerStats;
+use crate::table::SockTable;
 use crate::token::{T_CTL, T_DOORBELL, T_HELLO, T_LISTEN, token};
+use crate::tx::Tx;
 use crate::{Config, Error, LogThrottle};
 
 /// How long a control connection may take to say Hello before it is closed.
@@ -262,32 +267,47 @@ fn crowded_victim(pending: &HashMap<u32, (OwnedFd, Owner, Instant)>) -> Option<u
         .map(|(n, _)| *n)
 }
 
+/// What opening and closing channels works on: the seam, the event loop (a channel's
+/// doorbell and control socket join it), the control connections, the channels, the
+/// sockets and modules (a closed channel's waiters, parked operations and files), the
+/// sandbox's shared state (the channel count, other servers' inboxes), the
+/// configuration and the counters. Borrowed from [`Server::channel_life`].
+pub(crate) struct ChannelLife<'a> {
+    pub io: &'static dyn Io,
+    pub epoll: &'a Epoll,
+    pub control: &'a mut ControlConns,
+    pub channels: &'a mut Channels,
+    pub socks: &'a mut SockTable,
+    pub modules: &'a mut Modules,
+    pub shared: &'a Shared,
+    pub cfg: &'a Config,
+    pub stats: &'a mut ServerStats,
+    /// This server's index in its group.
+    pub index: usize,
+}
+
 impl Server {
+    /// The parts opening and closing channels work on.
+    pub(crate) fn channel_life(&mut self) -> ChannelLife<'_> {
+        ChannelLife {
+            io: self.io,
+            epoll: &self.epoll,
+            control: &mut self.control,
+            channels: &mut self.channels,
+            socks: &mut self.socks,
+            modules: &mut self.modules,
+            shared: &self.shared,
+            cfg: &self.cfg,
+            stats: &mut self.stats,
+            index: self.index,
+        }
+    }
     /// Accepts channels only from `init` and its descendants (the sandbox's processes:
     /// `init` is the sandbox's pid 1, so orphans inside are re-parented to it). The
     /// control socket must be reachable by every user inside the sandbox (programs drop
     /// privileges), so this is what keeps other host processes out.
     pub fn restrict_to_descendants_of(&mut self, init: i32) {
         self.control.restrict(init);
-    }
-
-    /// New connections on the control socket: each admitted one waits for its Hello
-    /// (when too many wait, those whose Hello has come are taken first).
-    pub(crate) fn accept_channels(&mut self) {
-        while let Some((fd, owner)) = self.control.accept() {
-            let open = self.shared.channels_open();
-            match self.control.admit(owner, open, self.cfg.max_channels) {
-                Admit::Refused => continue,
-                Admit::Yes => {}
-                Admit::Crowded => {
-                    for n in self.control.ready() {
-                        self.hello(n);
-                    }
-                    self.control.make_room(&self.epoll);
-                }
-            }
-            self.control.wait_for_hello(fd, owner, &self.epoll);
-        }
     }
 
     pub(crate) fn ctl_readable(&mut self, idx: u32, events: u32) {
@@ -302,7 +322,8 @@ impl Server {
                 // Take what the thread queued before it went away.
                 self.channels.going(idx);
                 self.drain_rings();
-                self.close_channel(idx, "closed by the sandbox");
+                self.channel_life()
+                    .close_channel(idx, "closed by the sandbox");
             }
             Ok((n, fds)) if n >= head => {
                 let msg: Ctl = bytemuck::pod_read_unaligned(&buf[..head]);
@@ -330,16 +351,79 @@ impl Server {
                 if events & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
                     self.channels.going(idx);
                     self.drain_rings();
-                    self.close_channel(idx, "hung up");
+                    self.channel_life().close_channel(idx, "hung up");
                 }
             }
-            Err(e) => self.close_channel(idx, &format!("control socket error: {e}")),
+            Err(e) => self
+                .channel_life()
+                .close_channel(idx, &format!("control socket error: {e}")),
         }
         self.modules.put_ctl_buf(buf);
     }
 
+    /// Takes what other servers handed this one.
+    pub(crate) fn drain_inbox(&mut self) {
+        for m in self.shared.inbox[self.index].take() {
+            match m {
+                Msg::Hello(fd, hello, owner) => self.channel_life().open_channel(fd, hello, owner),
+                Msg::Sock(s) => {
+                    let id = s.id;
+                    self.stats.sockets_adopted += 1;
+                    if let Err(e) = self.socks.install(&self.epoll, *s) {
+                        warn!("socket {id}: cannot take it over: {e}");
+                    }
+                }
+                Msg::Published(port) => {
+                    if let Some(id) = self.socks.listener_for(self.io, port) {
+                        self.host_event(id, libc::EPOLLIN as u32);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A channel's peer broke the protocol: close it, keep serving the others.
+    pub(crate) fn bad_channel(&mut self, idx: u32, why: &str) {
+        warn!("channel {idx}: malformed data from the sandbox ({why}); closing the channel");
+        self.stats.bad_channels += 1;
+        self.channel_life().close_channel(idx, "malformed data");
+    }
+}
+
+impl ChannelLife<'_> {
+    /// The way out, for a closed channel's waiters and closed sockets.
+    pub(crate) fn tx(&mut self) -> Tx<'_> {
+        Tx {
+            io: self.io,
+            epoll: self.epoll,
+            socks: &mut *self.socks,
+            channels: &mut *self.channels,
+            modules: &mut *self.modules,
+            stats: &mut *self.stats,
+        }
+    }
+
+    /// New connections on the control socket: each admitted one waits for its Hello
+    /// (when too many wait, those whose Hello has come are taken first).
+    pub(crate) fn accept_channels(&mut self) {
+        while let Some((fd, owner)) = self.control.accept() {
+            let open = self.shared.channels_open();
+            match self.control.admit(owner, open, self.cfg.max_channels) {
+                Admit::Refused => continue,
+                Admit::Yes => {}
+                Admit::Crowded => {
+                    for n in self.control.ready() {
+                        self.hello(n);
+                    }
+                    self.control.make_room(self.epoll);
+                }
+            }
+            self.control.wait_for_hello(fd, owner, self.epoll);
+        }
+    }
+
     pub(crate) fn hello(&mut self, n: u32) {
-        let Some((fd, owner)) = self.control.take(n, &self.epoll) else {
+        let Some((fd, owner)) = self.control.take(n, self.epoll) else {
             return;
         };
         let mut buf = [0u8; size_of::<Hello>()];
@@ -429,34 +513,6 @@ impl Server {
         ch.rx_pair = rx_pair;
         self.channels.put(idx, ch);
         self.shared.channel_opened();
-    }
-
-    /// Takes what other servers handed this one.
-    pub(crate) fn drain_inbox(&mut self) {
-        for m in self.shared.inbox[self.index].take() {
-            match m {
-                Msg::Hello(fd, hello, owner) => self.open_channel(fd, hello, owner),
-                Msg::Sock(s) => {
-                    let id = s.id;
-                    self.stats.sockets_adopted += 1;
-                    if let Err(e) = self.socks.install(&self.epoll, *s) {
-                        warn!("socket {id}: cannot take it over: {e}");
-                    }
-                }
-                Msg::Published(port) => {
-                    if let Some(id) = self.socks.listener_for(self.io, port) {
-                        self.host_event(id, libc::EPOLLIN as u32);
-                    }
-                }
-            }
-        }
-    }
-
-    /// A channel's peer broke the protocol: close it, keep serving the others.
-    pub(crate) fn bad_channel(&mut self, idx: u32, why: &str) {
-        warn!("channel {idx}: malformed data from the sandbox ({why}); closing the channel");
-        self.stats.bad_channels += 1;
-        self.close_channel(idx, "malformed data");
     }
 
     pub(crate) fn close_channel(&mut self, idx: u32, why: &str) {

@@ -101,7 +101,9 @@ impl Server {
                 }
                 Err(e) => self.channels.answer(self.io, ch, e),
             },
-            CtlKind::Accept if self.may_use(ch, msg.sock) => self.accept(ch, msg.sock, msg.a != 0),
+            CtlKind::Accept if self.socks.may_use(&self.channels, ch, msg.sock) => {
+                self.accept(ch, msg.sock, msg.a != 0)
+            }
             CtlKind::Accept => self.channels.answer(self.io, ch, Errno(libc::EBADF)),
             CtlKind::Claim => {
                 let result = match fds.pop() {
@@ -134,16 +136,6 @@ impl Server {
                 unreachable!("routed to the modules by ctl_readable")
             }
         }
-    }
-
-    /// Whether channel `ch`'s process may act on socket `id` (it made, accepted or
-    /// claimed it). An unknown socket counts as usable here: the operation then finds
-    /// no socket and says `EBADF` itself.
-    pub(crate) fn may_use(&self, ch: u32, id: u32) -> bool {
-        let (Some(c), Some(s)) = (self.channels.get(ch), self.socks.get(&id)) else {
-            return true;
-        };
-        s.holders.contains(c.owner)
     }
 
     /// `CtlKind::Claim`: channel `ch`'s process shows `fd` to prove it holds socket `id`.
@@ -239,7 +231,7 @@ impl Server {
             self.tx().done(ch, id, tag, 0);
             return Ok(());
         }
-        if !self.may_use(ch, id) {
+        if !self.socks.may_use(&self.channels, ch, id) {
             self.not_holder(ch, id);
             self.tx().done(ch, id, call.tag(), Errno(libc::EBADF));
             return Ok(());

@@ -686,4 +686,31 @@ impl Rx<'_> {
         }
         self.maybe_token(id);
     }
+
+    /// Our end of socket `id`'s readiness pair reported `events`: the program closed
+    /// its last descriptor (a hang-up not of our making), wrote into its end (input), or
+    /// made room (a pump with bytes waiting for it goes on).
+    pub(crate) fn pair_event(&mut self, id: u32, events: u32) {
+        if events & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0
+            && !self.socks.pair_alive(self.io, id, events)
+        {
+            self.tx().app_closed(id);
+            return;
+        }
+        if events & libc::EPOLLIN as u32 != 0 {
+            // (Sends the program queued before it wrote into the pair go first:
+            // `pair_input` defers to the end of the next pass over the rings.)
+            self.tx().pair_input(id);
+        }
+        // Room in a pair: only a socket with bytes waiting for it needs a pump (the
+        // others hear of new bytes from their host socket).
+        if events & libc::EPOLLOUT as u32 != 0
+            && self
+                .socks
+                .get(&id)
+                .is_some_and(|s| !s.rx.pending().is_empty() || s.rx.urgent_held().is_some())
+        {
+            self.pump(id);
+        }
+    }
 }

@@ -18,7 +18,7 @@ use tracing::{info, warn};
 
 use crate::channel::{Channels, Next};
 use crate::control::{ControlConns, HELLO_TIMEOUT};
-use crate::group::{Handle, Msg, Shared, server_name};
+use crate::group::{Handle, Live, Msg, Shared, server_name};
 use crate::published::PublishedPorts;
 use crate::seam::Io;
 use crate::stats::ServerStats;
@@ -263,7 +263,12 @@ impl Server {
                 self.modules.idle();
             }
             if self.stats.turns.is_multiple_of(64) {
-                self.publish_live();
+                publish_live(
+                    &self.shared.live[self.index],
+                    &self.socks,
+                    &self.channels,
+                    &self.stats,
+                );
                 self.control.expire(&self.epoll);
             }
             let busy = did > 0 || last_work.elapsed() < self.cfg.server_spin;
@@ -300,7 +305,12 @@ impl Server {
             1
         } else if self.channels.arm_all() {
             self.stats.sleeps += 1;
-            self.publish_live();
+            publish_live(
+                &self.shared.live[self.index],
+                &self.socks,
+                &self.channels,
+                &self.stats,
+            );
             -1
         } else {
             0
@@ -389,7 +399,7 @@ impl Server {
     fn dispatch(&mut self, ev: Event) {
         let idx = (ev.token & 0xffff_ffff) as u32;
         match ev.token >> 56 {
-            T_LISTEN => self.accept_channels(),
+            T_LISTEN => self.channel_life().accept_channels(),
             T_CTL => self.ctl_readable(idx, ev.events),
             T_DOORBELL => {
                 if let Some(ch) = self.channels.get_mut(idx) {
@@ -398,10 +408,10 @@ impl Server {
                 }
             }
             T_HOST => self.host_event(idx, ev.events),
-            T_PAIR => self.pair_event(idx, ev.events),
+            T_PAIR => self.rx().pair_event(idx, ev.events),
             T_PUBLISH => self.publish_event(idx as usize),
             T_UDP_FLOW => self.published.flow_event(idx),
-            T_HELLO => self.hello(idx),
+            T_HELLO => self.channel_life().hello(idx),
             T_DNS_IN => {
                 if let Some(d) = self.dns.as_mut() {
                     d.from_sandbox(idx as usize);
@@ -425,48 +435,6 @@ impl Server {
         }
     }
 
-    /// Our end of socket `id`'s readiness pair reported `events`: the program closed
-    /// its last descriptor (a hang-up not of our making), wrote into its end (input), or
-    /// made room (a pump with bytes waiting for it goes on).
-    pub(crate) fn pair_event(&mut self, id: u32, events: u32) {
-        if events & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0
-            && !self.socks.pair_alive(self.io, id, events)
-        {
-            self.tx().app_closed(id);
-            return;
-        }
-        if events & libc::EPOLLIN as u32 != 0 {
-            // (Sends the program queued before it wrote into the pair go first:
-            // `pair_input` defers to the end of the next pass over the rings.)
-            self.tx().pair_input(id);
-        }
-        // Room in a pair: only a socket with bytes waiting for it needs a pump (the
-        // others hear of new bytes from their host socket).
-        if events & libc::EPOLLOUT as u32 != 0
-            && self
-                .socks
-                .get(&id)
-                .is_some_and(|s| !s.rx.pending().is_empty() || s.rx.urgent_held().is_some())
-        {
-            self.rx().pump(id);
-        }
-    }
-
-    /// Copies this server's counters where the assigner and `ferry ctl` read them.
-    fn publish_live(&self) {
-        let live = &self.shared.live[self.index];
-        let outstanding = self.socks.outstanding();
-        let set = |a: &std::sync::atomic::AtomicU64, v: u64| a.store(v, Ordering::Relaxed);
-        set(&live.outstanding, outstanding as u64);
-        set(&live.sockets, self.socks.len() as u64);
-        set(&live.channels, self.channels.iter().count() as u64);
-        set(&live.requests, self.stats.requests);
-        set(&live.bytes_out, self.stats.bytes_out);
-        set(&live.bytes_in, self.stats.bytes_in);
-        set(&live.sleeps, self.stats.sleeps);
-        live.cpu.store(ferry_sys::current_cpu(), Ordering::Relaxed);
-    }
-
     fn shutdown(&mut self) {
         // Whatever the sandbox closed (or died holding) is released now; what is left open
         // after this is counted, so a leak shows in the stats.
@@ -484,7 +452,7 @@ impl Server {
             std::thread::sleep(std::time::Duration::from_micros(200));
         }
         for idx in 0..self.channels.slots() {
-            self.close_channel(idx, "server stopping");
+            self.channel_life().close_channel(idx, "server stopping");
         }
         // Sockets handed over but never taken (the stop came first) are closed here.
         for m in self.shared.inbox[self.index].take() {
@@ -510,4 +478,18 @@ impl Server {
         self.stats.channels.sort_by_key(|c| c.id);
         std::mem::take(&mut self.stats)
     }
+}
+
+/// Copies this server's counters where the assigner and `ferry ctl` read them.
+fn publish_live(live: &Live, socks: &SockTable, channels: &Channels, stats: &ServerStats) {
+    let outstanding = socks.outstanding();
+    let set = |a: &std::sync::atomic::AtomicU64, v: u64| a.store(v, Ordering::Relaxed);
+    set(&live.outstanding, outstanding as u64);
+    set(&live.sockets, socks.len() as u64);
+    set(&live.channels, channels.iter().count() as u64);
+    set(&live.requests, stats.requests);
+    set(&live.bytes_out, stats.bytes_out);
+    set(&live.bytes_in, stats.bytes_in);
+    set(&live.sleeps, stats.sleeps);
+    live.cpu.store(ferry_sys::current_cpu(), Ordering::Relaxed);
 }

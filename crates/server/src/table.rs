@@ -13,6 +13,7 @@ use tracing::{debug, warn};
 use crate::ops::{Errno, MAX_PARKED_PER_CHANNEL};
 use ferry_sys::Epoll;
 
+use crate::channel::Channels;
 use crate::seam::Io;
 use crate::server::Server;
 use crate::sock::{Conn, ConnEvent, NewPair, PairEnd, Parked, Place, Sock};
@@ -284,6 +285,16 @@ impl SockTable {
         let s = self.socks.get_mut(&id)?;
         let i = s.parked.iter().position(pred)?;
         s.parked.remove(i)
+    }
+
+    /// Whether channel `ch`'s process may act on socket `id` (it made, accepted or
+    /// claimed it). An unknown socket counts as usable here: the operation then finds
+    /// no socket and says `EBADF` itself.
+    pub(crate) fn may_use(&self, channels: &Channels, ch: u32, id: u32) -> bool {
+        let (Some(c), Some(s)) = (channels.get(ch), self.get(&id)) else {
+            return true;
+        };
+        s.holders.contains(c.owner)
     }
 }
 

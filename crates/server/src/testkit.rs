@@ -757,7 +757,9 @@ impl Harness {
             },
             ..Hello::default()
         };
-        self.srv.open_channel(ctl, hello, this_process());
+        self.srv
+            .channel_life()
+            .open_channel(ctl, hello, this_process());
         let idx = (0..self.srv.channels.slots())
             .find(|i| {
                 self.srv
@@ -973,7 +975,7 @@ impl Harness {
     /// The server's end of `id`'s pair reports `events`.
     pub fn pair_event(&mut self, id: u32, events: i32) {
         self.tick();
-        self.srv.pair_event(id, events.cast_unsigned());
+        self.srv.rx().pair_event(id, events.cast_unsigned());
         self.srv.drain_rings();
         self.end_turn();
     }

@@ -129,7 +129,7 @@ impl Server {
         let bufs = chan.ep.bufs.clone();
         let ctl = std::mem::take(&mut chan.send_ctl);
         let stream = match self.socks.get(&id) {
-            Some(s) if self.may_use(ch, id) => s.is_stream(),
+            Some(s) if self.socks.may_use(&self.channels, ch, id) => s.is_stream(),
             found => {
                 if found.is_some() {
                     self.not_holder(ch, id);

@@ -17,7 +17,7 @@ muts = [
  ("M3 BufReturn does not drain room waiters", "crates/server/src/FILE", "if c.kind == CmpKind::BufReturn as u16 && !chan.room_wait.is_empty() {", "if c.kind == CmpKind::BufReturn as u16 && !chan.room_wait.is_empty() && false {"),
  ("M4 WantRoom never drains at once", "crates/server/src/FILE", "if chan.returns != seen {", "if false {"),
  ("M5 filler_due ignored at the mark", "crates/server/src/FILE", "if std::mem::take(&mut s.filler_due) && marked {", "if std::mem::take(&mut s.filler_due) && marked && false {"),
- ("M6 accept never takes the token back", "crates/server/src/FILE", "r.c = self.drain_if_empty(listener);", "r.c = 0;"),
+ ("M6 accept never takes the token back", "crates/server/src/FILE", "r.c = self.socks.drain_if_empty(self.io, self.shared, listener);", "r.c = 0;"),
  ("M7 failed non-blocking connect keeps its pair", "crates/server/src/FILE", "if filled && err != 0 && !reported {", "if false {"),
  ("M8 failed blocking connect not dissolved", "crates/server/src/FILE", "        } else if reported {\n", "        } else if false {\n"),
  ("M9 hang-up mirrored before the end of stream", "crates/server/src/FILE", "self.rx.hup_due() && self.pair_end == PairEnd::Eof && !self.app_closed", "self.rx.hup_due() && self.pair_end != PairEnd::Hup && !self.app_closed"),

@@ -26,9 +26,11 @@
 //! rings, backlog, back-pressure), `SockTable` (`table.rs`: the sockets and the turn's
 //! work on them), `PublishedPorts` (`published.rs`, `udp_publish.rs`), `Modules`
 //! (`modules.rs`). `ops.rs` dispatches each typed request (`ferry_proto::Call`) and
-//! control message; `connect.rs` makes, accepts and connects sockets, `place.rs`
-//! places them (`Placing`), `tx.rs` is the way out, `rx.rs` the way in; `sock.rs` is
-//! one socket's state (`Conn`, `Token`, `PairEnd`, `Holders`) and `recv_side.rs` its
+//! control message. The data path's concerns are views borrowing only the fields they
+//! touch: `Tx` (`tx.rs`, the way out), `Rx` (`rx.rs`, the way in), `Connects`
+//! (`connect.rs`: make, accept and connect sockets; `Placing` in `place.rs` places
+//! them), `ChannelLife` (`control.rs`: open and close channels). `sock.rs` is one
+//! socket's state (`Conn`, `Token`, `PairEnd`, `Holders`) and `recv_side.rs` its
 //! receive side, each with its table of moves; `token.rs` and `procs.rs` are leaves.
 //! Every call on a host socket or pair goes through the seam (`seam.rs`), so that
 //! [`testkit`] can run the real server over a scripted fake, in-process and
@@ -56,7 +58,7 @@
 //! byte (POLLPRI, SIGURG, `recv(MSG_OOB)`), and a failed non-blocking connect closes the
 //! server's end with the shim's filler unread (POLLERR). In the other direction the
 //! server reads what the program wrote into its end itself (stdio, a shell's builtins)
-//! and sends it on the host socket (`Server::pair_input`); a filler starts with an
+//! and sends it on the host socket (`Tx::pair_input`); a filler starts with an
 //! out-of-band marker, where those reads stop. Whenever the server's own end
 //! hangs up by the server's doing, whether the program still holds the fd is asked of
 //! the pair's abstract name (`SockTable::app_alive`).

@@ -267,7 +267,7 @@ impl RxScratch {
         (got, false)
     }
 
-    /// The pump of [`Server::pump`] for stream `s`: host socket → pair.
+    /// The pump of [`Rx::pump`] for stream `s`: host socket → pair.
     fn pump(&mut self, io: &dyn Io, s: &mut Sock, stats: &mut ServerStats) {
         let id = s.id;
         if !s.reads_pair() || s.pair_end() != PairEnd::Open {
@@ -579,7 +579,7 @@ impl Rx<'_> {
         self.maybe_token_known(id, false);
     }
 
-    /// [`Server::maybe_token`]; `readable` = the host socket just reported input and
+    /// [`Rx::maybe_token`]; `readable` = the host socket just reported input and
     /// nothing has received since, so a stream needs no `ppoll` to know.
     fn maybe_token_known(&mut self, id: u32, readable: bool) {
         let io = self.io;
@@ -625,7 +625,7 @@ impl Rx<'_> {
     /// question) shuts the pair's write side. A stream whose last read filled the 64 KiB
     /// scratch buffer is moved with `splice` through the server's pipe instead (pages
     /// change hands, the bytes are not copied in the server) until a splice moves less
-    /// than [`SPLICE_MIN`]. A hang-up due follows the end of the stream ([`Server::mirror_hup`]).
+    /// than [`SPLICE_MIN`]. A hang-up due follows the end of the stream ([`Rx::mirror_hup`]).
     pub(crate) fn pump(&mut self, id: u32) {
         if let Some(s) = self.socks.get_mut(&id) {
             self.scratch.pump(self.io, s, self.stats);

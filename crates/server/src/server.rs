@@ -114,7 +114,7 @@ impl Server {
     }
 
     /// A server of its own group that serves channels opened in-process
-    /// ([`Server::open_channel`]) and makes every call through `io`: no control socket,
+    /// ([`ChannelLife::open_channel`](crate::control::ChannelLife::open_channel)) and makes every call through `io`: no control socket,
     /// no published ports (the harness of `testkit.rs`).
     pub(crate) fn in_process(mut cfg: Config, io: &'static dyn Io) -> Result<Server, Error> {
         cfg.servers = 1;

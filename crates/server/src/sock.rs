@@ -193,7 +193,7 @@ pub(crate) enum Conn {
     Connected,
     Listening,
     /// A non-blocking connect failed: our end of the pair was closed (see
-    /// `Server::detach_pair`), `pair` is a placeholder whose peer is gone.
+    /// `Tx::detach_pair`), `pair` is a placeholder whose peer is gone.
     Failed,
     /// `Failed`, and a later connect has reported the failure (and reset the host
     /// socket, as the kernel's does): the next one asks the shim to renew the pair.
@@ -374,7 +374,7 @@ pub(crate) struct Sock {
     /// until the socket goes).
     pub published_listener: Option<u16>,
     /// `rx_pair`: bytes the program wrote straight into the pair wait for room on the
-    /// host socket (or for the sends queued before them); see `Server::pair_input`.
+    /// host socket (or for the sends queued before them); see `Tx::pair_input`.
     pub pair_in_wait: bool,
     /// `rx_pair`: a read of our end found it reset (the program closed its end with
     /// bytes unread), an error the kernel reports once.
@@ -649,7 +649,7 @@ impl Sock {
     }
 
     /// Reads and discards the shim's filler in the pair (one read: see
-    /// `Server::drain_filler`).
+    /// `Tx::drain_filler`).
     pub(crate) fn drain_filler(&mut self, io: &dyn Io) {
         let mut buf = [0u8; 16 << 10];
         let _ = io.discard(std::os::fd::AsFd::as_fd(&self.pair), &mut buf);
@@ -712,7 +712,7 @@ impl Sock {
 
     /// The host socket's hang-up is due on the program's end of the pair and not there
     /// yet: it has been reported, and the end of the stream has reached the pair (see
-    /// `Server::mirror_hup`).
+    /// `Rx::mirror_hup`).
     pub(crate) fn hup_to_mirror(&self) -> bool {
         self.rx.hup_due() && self.pair_end == PairEnd::Eof && !self.app_closed
     }

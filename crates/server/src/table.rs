@@ -169,7 +169,7 @@ impl SockTable {
     /// Our end of socket `id`'s pair reported `events` with `EPOLLHUP` or `EPOLLERR`:
     /// whether the program's end is still open. The hang-up means the program has
     /// closed its last descriptor (the kernel shuts both of our directions then), unless
-    /// we shut both ourselves (`Server::mirror_hup`) or closed our end (`detach_pair`);
+    /// we shut both ourselves (`Rx::mirror_hup`) or closed our end (`detach_pair`);
     /// then the pair's name says. `EPOLLERR` (the program's end went with bytes unread)
     /// always means closed.
     pub(crate) fn pair_alive(&mut self, io: &dyn Io, id: u32, events: u32) -> bool {

@@ -331,7 +331,7 @@ impl Tx<'_> {
     /// Reads and discards the filler the shim wrote into socket `id`'s readiness pair,
     /// so that the program's end is writable again. On a connected stream of the pair
     /// path, the program's own bytes before the filler's marker go out first
-    /// ([`Server::pair_input`]), which drains the filler when it reaches the mark. One
+    /// ([`Tx::pair_input`]), which drains the filler when it reaches the mark. One
     /// read, larger than the filler the shim writes: a loop of reads could also take the
     /// filler of the program's *next* `EAGAIN` (written as soon as the first read makes
     /// the fd writable) and leave the fd writable with no room behind it (a read also

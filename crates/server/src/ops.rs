@@ -254,11 +254,7 @@ impl Server {
     /// A request about socket `id`, which channel `ch`'s process holds.
     fn socket_call(&mut self, ch: u32, id: u32, call: Call) {
         match call {
-            Call::Disconnect { tag, .. } => {
-                let res = self.socks.get(&id).map(|s| s.disconnect(self.io));
-                self.tx()
-                    .done(ch, id, tag, res.unwrap_or(Err(Errno(libc::EBADF))));
-            }
+            Call::Disconnect { tag, .. } => self.tx().disconnect(ch, id, tag),
             Call::Connect {
                 tag,
                 addr,
@@ -320,14 +316,7 @@ impl Server {
             } => self.tx().getopt(ch, id, tag, level, name, len),
             Call::SockName { tag, .. } => self.tx().name(ch, id, tag, false),
             Call::PeerName { tag, .. } => self.tx().name(ch, id, tag, true),
-            Call::Pending { tag, .. } => {
-                let res = self.socks.get(&id).map_or(Err(Errno(libc::EBADF)), |s| {
-                    self.io
-                        .pending_bytes(s.fd.as_fd())
-                        .map_err(|e| Errno::of(&e))
-                });
-                self.tx().done(ch, id, tag, res);
-            }
+            Call::Pending { tag, .. } => self.tx().pending(ch, id, tag),
             Call::WantToken { .. } => self.rx().token_moves(id, TokenEvent::Want),
             Call::TokenDrained { .. } => self.rx().token_moves(id, TokenEvent::Drained),
             Call::WantRoom { returns_seen, .. } => self.tx().want_room(ch, id, returns_seen),
@@ -356,6 +345,22 @@ impl Server {
 
 /// A socket's requests that are answered at once, through the way out.
 impl Tx<'_> {
+    /// `connect(AF_UNSPEC)` of socket `id`.
+    pub(crate) fn disconnect(&mut self, ch: u32, id: u32, tag: u32) {
+        let res = self.socks.get(&id).map(|s| s.disconnect(self.io));
+        self.done(ch, id, tag, res.unwrap_or(Err(Errno(libc::EBADF))));
+    }
+
+    /// `FIONREAD` of socket `id`: the bytes its host socket holds.
+    pub(crate) fn pending(&mut self, ch: u32, id: u32, tag: u32) {
+        let res = self.socks.get(&id).map_or(Err(Errno(libc::EBADF)), |s| {
+            self.io
+                .pending_bytes(s.fd.as_fd())
+                .map_err(|e| Errno::of(&e))
+        });
+        self.done(ch, id, tag, res);
+    }
+
     /// `Cancel`: the shim gave up the request `parked` of channel `ch` waits on socket
     /// `id` for (a signal, a timeout); it is answered `EINTR` if it still waits.
     pub(crate) fn cancel(&mut self, ch: u32, id: u32, parked: u32) {

@@ -12,11 +12,11 @@ import sys
 
 os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 muts = [
- ("M1 pair_input ignores queued sends", "crates/server/src/FILE", "            if !s.txq.is_empty() {\n                s.pair_in_wait = true;\n                return;\n            }\n            let n = match", "            let n = match"),
+ ("M1 pair_input ignores queued sends", "crates/server/src/FILE", "            if !s.txq.is_empty() {\n                s.send.moves(SendEvent::PairWaits);\n                return;\n            }\n            let n = match", "            let n = match"),
  ("M2 pair_input ignores records still in a ring", "crates/server/src/FILE", "if self.channels.rings_pending() {", "if false && self.channels.rings_pending() {"),
  ("M3 BufReturn does not drain room waiters", "crates/server/src/FILE", "if c.kind == CmpKind::BufReturn as u16 && !chan.room_wait.is_empty() {", "if c.kind == CmpKind::BufReturn as u16 && !chan.room_wait.is_empty() && false {"),
  ("M4 WantRoom never drains at once", "crates/server/src/FILE", "if chan.returns != seen {", "if false {"),
- ("M5 filler_due ignored at the mark", "crates/server/src/FILE", "if std::mem::take(&mut s.filler_due) && marked {", "if std::mem::take(&mut s.filler_due) && marked && false {"),
+ ("M5 filler_due ignored at the mark", "crates/server/src/FILE", "if s.send.moves(SendEvent::FillerReached) && marked {", "if s.send.moves(SendEvent::FillerReached) && marked && false {"),
  ("M6 accept never takes the token back", "crates/server/src/FILE", "r.c = self.socks.drain_if_empty(self.io, self.shared, listener);", "r.c = 0;"),
  ("M7 failed non-blocking connect keeps its pair", "crates/server/src/FILE", "if filled && err != 0 && !reported {", "if false {"),
  ("M8 failed blocking connect not dissolved", "crates/server/src/FILE", "        } else if reported {\n", "        } else if false {\n"),

@@ -30,8 +30,9 @@
 //! touch: `Tx` (`tx.rs`, the way out), `Rx` (`rx.rs`, the way in), `Connects`
 //! (`connect.rs`: make, accept and connect sockets; `Placing` in `place.rs` places
 //! them), `ChannelLife` (`control.rs`: open and close channels). `sock.rs` is one
-//! socket's state (`Conn`, `Token`, `PairEnd`, `Holders`) and `recv_side.rs` its
-//! receive side, each with its table of moves; `token.rs` and `procs.rs` are leaves.
+//! socket's state (`Conn`, `Token`, `PairEnd`, `Holders`), `recv_side.rs` its
+//! receive side and `send_side.rs` what waits on its way out, each with its table of
+//! moves; `token.rs` and `procs.rs` are leaves.
 //! Every call on a host socket or pair goes through the seam (`seam.rs`), so that
 //! [`testkit`] can run the real server over a scripted fake, in-process and
 //! deterministically.
@@ -99,6 +100,7 @@ mod published;
 mod recv_side;
 mod rx;
 mod seam;
+mod send_side;
 mod server;
 mod sock;
 mod sockopt;

@@ -55,6 +55,7 @@ use tracing::{debug, warn};
 use crate::channel::Channels;
 use crate::ops::Errno;
 use crate::seam::Io;
+use crate::send_side::SendEvent;
 use crate::server::Server;
 use crate::sock::Parked;
 use crate::stats::ServerStats;
@@ -809,7 +810,7 @@ impl Modules {
             }
             return Step::Again;
         }
-        if running && (s.shut_wr_pending || s.app_closed) {
+        if running && (s.send.shut_wr_pending() || s.app_closed) {
             return match inst.close() {
                 Ok(actions) => {
                     outbox.push(actions);
@@ -844,8 +845,7 @@ impl Modules {
         if !s.txq.is_empty() {
             return false;
         }
-        if s.shut_wr_pending {
-            s.shut_wr_pending = false;
+        if s.send.moves(SendEvent::ShutWrGoes) {
             let _ = a.io.shutdown(s.fd.as_fd(), libc::SHUT_WR);
         }
         if s.app_closed {
@@ -884,7 +884,7 @@ impl Modules {
         // Disconnecting a TCP socket sends a reset and keeps the descriptor (the program
         // still holds its socket; it is closed when the program closes it).
         let _ = io.connect_unspec(s.fd.as_fd());
-        s.shut_wr_pending = false;
+        s.send.moves(SendEvent::ShutWrGoes);
         s.hup_reported = true;
         let parked: Vec<Parked> = s.parked.drain(..).collect();
         let items: Vec<_> = s.txq.drain(..).collect();

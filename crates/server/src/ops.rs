@@ -12,6 +12,7 @@ use ferry_proto::{Call, Cmp, CmpKind, Ctl, CtlKind, ProtoError, WireAddr};
 use tracing::{debug, warn};
 
 use crate::connect::in_family;
+use crate::send_side::SendEvent;
 use crate::server::Server;
 use crate::sock::{ConnEvent, TokenEvent};
 use crate::tx::Tx;
@@ -408,9 +409,9 @@ impl Tx<'_> {
         if fenced {
             s.fence = fence;
         }
-        let writes_wait = !s.txq.is_empty() || s.pair_in_wait || module || fenced;
+        let writes_wait = !s.txq.is_empty() || s.send.pair_waits() || module || fenced;
         let res = if (how == libc::SHUT_WR || how == libc::SHUT_RDWR) && writes_wait {
-            s.shut_wr_pending = true;
+            s.send.moves(SendEvent::ShutWrWaits);
             if how == libc::SHUT_RDWR {
                 shut(libc::SHUT_RD)
             } else {

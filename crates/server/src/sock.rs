@@ -15,6 +15,7 @@ use tracing::{debug, warn};
 use crate::ops::Errno;
 use crate::recv_side::{RecvSide, UrgentEvent};
 use crate::seam::Io;
+use crate::send_side::SendSide;
 use crate::sockopt;
 use crate::stats::SocketStats;
 use ferry_egress::Lease;
@@ -362,8 +363,10 @@ pub(crate) struct Sock {
     pub so_error: i32,
     /// The program has closed its last reference.
     pub app_closed: bool,
-    /// A `SHUT_WR` waits for the send queue to empty.
-    pub shut_wr_pending: bool,
+    /// What waits on the way out: the program's bytes in the pair, the filler behind
+    /// them, a reset of the pair, a `SHUT_WR` (private flags, moved by
+    /// [`SendSide::moves`]).
+    pub send: SendSide,
     /// Records of other threads' channels that the program's `close` or `shutdown`
     /// of this socket came after: the host socket keeps them company until they are
     /// taken (see [`crate::channel::Fence`]).
@@ -373,15 +376,6 @@ pub(crate) struct Sock {
     /// The published TCP port this socket listens on (counted in `Shared`'s listeners
     /// until the socket goes).
     pub published_listener: Option<u16>,
-    /// `rx_pair`: bytes the program wrote straight into the pair wait for room on the
-    /// host socket (or for the sends queued before them); see `Tx::pair_input`.
-    pub pair_in_wait: bool,
-    /// `rx_pair`: a read of our end found it reset (the program closed its end with
-    /// bytes unread), an error the kernel reports once.
-    pub pair_reset: bool,
-    /// `rx_pair`: the filler is to be drained once the program's bytes before its
-    /// marker are out.
-    pub filler_due: bool,
     /// The channel that last used this socket (where unsolicited errors go).
     pub last_ch: u32,
     pub stats: SocketStats,
@@ -432,13 +426,10 @@ impl Sock {
             conn: Conn::Idle,
             so_error: 0,
             app_closed: false,
-            shut_wr_pending: false,
+            send: SendSide::default(),
             fence: Default::default(),
             hup_reported: false,
             published_listener: None,
-            pair_in_wait: false,
-            pair_reset: false,
-            filler_due: false,
             last_ch: 0,
             stats: crate::SocketStats {
                 id,

@@ -11,6 +11,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use tracing::{debug, warn};
 
 use crate::ops::{Errno, MAX_PARKED_PER_CHANNEL};
+use crate::send_side::SendEvent;
 use ferry_sys::Epoll;
 
 use crate::channel::Channels;
@@ -82,7 +83,7 @@ impl SockTable {
     pub(crate) fn sending(&self) -> bool {
         self.socks
             .values()
-            .any(|s| !s.txq.is_empty() || s.pair_in_wait)
+            .any(|s| !s.txq.is_empty() || s.send.pair_waits())
     }
 
     /// Socket `id`'s state changed: `settle_dirty` looks at it this turn.
@@ -207,8 +208,7 @@ impl SockTable {
         s.conn_moves(ConnEvent::Renewed);
         s.pair_end_moves(PairEnd::Open);
         s.hup_reported = false;
-        s.filler_due = false;
-        s.pair_reset = false;
+        s.send.moves(SendEvent::Renewed);
         s.so_error = 0;
         s.rx.renewed();
         debug!("socket {id}: readiness pair renewed to connect again");
@@ -328,7 +328,8 @@ impl Server {
             // A thread still blocked on the socket keeps it, as with the kernel (a close
             // in another thread does not end a blocked recv). A module writes its output
             // first.
-            let idle = s.app_closed && s.txq.is_empty() && !s.pair_in_wait && s.parked.is_empty();
+            let idle =
+                s.app_closed && s.txq.is_empty() && !s.send.pair_waits() && s.parked.is_empty();
             if idle && {
                 let mut tx = self.tx();
                 let (m, mut a) = tx.module_parts();
@@ -472,7 +473,7 @@ mod tests {
         assert_eq!(t.take_dirty(), [1]);
         assert!(t.take_tx_pending().is_empty() && t.take_pair_resume().is_empty());
         assert!(!t.sending());
-        t.get_mut(&1).unwrap().pair_in_wait = true;
+        t.get_mut(&1).unwrap().send.moves(SendEvent::PairWaits);
         assert!(t.sending(), "program bytes in the pair are still to send");
         assert!(t.contains(1) && !t.contains(2));
         assert_eq!(t.remove(&1).map(|s| s.id), Some(1));

@@ -13,6 +13,7 @@ use crate::channel::Channels;
 use crate::modules::{Around, ModuleTarget, Modules};
 use crate::ops::{Answer, Errno, would_block};
 use crate::seam::Io;
+use crate::send_side::SendEvent;
 use crate::server::Server;
 use crate::sock::ConnEvent;
 use crate::sock::{Sock, TxItem};
@@ -45,7 +46,9 @@ fn peek_program_bytes(io: &dyn Io, s: &mut Sock, buf: &mut Vec<u8>) -> Peeked {
         Ok(n) => n,
         Err(e) => {
             // Kept for `app_closed`, which would have read it as SO_ERROR.
-            s.pair_reset |= e.raw_os_error() == Some(libc::ECONNRESET);
+            if e.raw_os_error() == Some(libc::ECONNRESET) {
+                s.send.moves(SendEvent::PairReset);
+            }
             0
         }
     };
@@ -64,16 +67,20 @@ fn peek_program_bytes(io: &dyn Io, s: &mut Sock, buf: &mut Vec<u8>) -> Peeked {
 fn forward_program_bytes(io: &dyn Io, s: &mut Sock, bytes: &mut [u8]) -> (usize, bool) {
     let n = bytes.len();
     let pair = s.pair.as_fd();
-    s.pair_in_wait = false;
+    s.send.moves(SendEvent::PairGoes);
     match io.send(s.fd.as_fd(), bytes) {
         Ok(k) => {
             let _ = io.recv(pair, &mut bytes[..k], libc::MSG_DONTWAIT);
             s.stats.bytes_out += k as u64;
-            s.pair_in_wait = k < n;
+            s.send.moves(if k < n {
+                SendEvent::PairWaits
+            } else {
+                SendEvent::PairGoes
+            });
             (k, k == n)
         }
         Err(e) if would_block(&e) => {
-            s.pair_in_wait = true;
+            s.send.moves(SendEvent::PairWaits);
             (0, false)
         }
         Err(e) => {
@@ -280,7 +287,7 @@ impl Tx<'_> {
             // Closed with bytes unread (the kernel marks our end ECONNRESET when the
             // program's end goes with data queued): the peer gets a reset, as from a
             // kernel socket closed with unread data.
-            reset = s.pair_reset
+            reset = s.send.pair_reset()
                 || !s.rx.pending().is_empty()
                 || io
                     .getsockopt_int(s.pair.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
@@ -344,7 +351,7 @@ impl Tx<'_> {
         };
         if s.takes_pair_input(io) && !io.at_mark(s.pair.as_fd()).unwrap_or(false) {
             // The program's own bytes stand before the filler: they go first.
-            s.filler_due = true;
+            s.send.moves(SendEvent::FillerBehind);
             self.pair_input(id);
             return;
         }
@@ -427,7 +434,7 @@ impl Tx<'_> {
             }
         }
         match self.socks.get(&id) {
-            Some(s) if s.txq.is_empty() && s.pair_in_wait => {
+            Some(s) if s.txq.is_empty() && s.send.pair_waits() => {
                 // The program's own bytes in the pair came after these sends (once they
                 // are out, `pair_input` finishes what waited for them).
                 self.pair_input(id);
@@ -454,7 +461,7 @@ impl Tx<'_> {
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
-        if !s.txq.is_empty() || s.pair_in_wait {
+        if !s.txq.is_empty() || s.send.pair_waits() {
             return;
         }
         if !s.fence.is_clear() {
@@ -462,8 +469,7 @@ impl Tx<'_> {
             self.socks.mark_dirty(id);
             return;
         }
-        if s.shut_wr_pending {
-            s.shut_wr_pending = false;
+        if s.send.moves(SendEvent::ShutWrGoes) {
             let _ = io.shutdown(s.fd.as_fd(), libc::SHUT_WR);
         }
         if s.app_closed {
@@ -491,7 +497,7 @@ impl Tx<'_> {
                 return;
             }
             if !s.txq.is_empty() {
-                s.pair_in_wait = true;
+                s.send.moves(SendEvent::PairWaits);
                 return;
             }
             let n = match peek_program_bytes(io, s, &mut buf) {
@@ -500,8 +506,8 @@ impl Tx<'_> {
                 Peeked::Nothing { marked } => {
                     // At a filler's marker, or empty (then no filler is coming: a drain
                     // asked of an unfilled pair).
-                    let was_waiting = std::mem::take(&mut s.pair_in_wait);
-                    if std::mem::take(&mut s.filler_due) && marked {
+                    let was_waiting = s.send.moves(SendEvent::PairGoes);
+                    if s.send.moves(SendEvent::FillerReached) && marked {
                         s.drain_filler(io);
                     }
                     if was_waiting {
@@ -514,7 +520,7 @@ impl Tx<'_> {
             // is in a ring by now, and goes first (at the end of this pass over the
             // rings).
             if self.channels.rings_pending() {
-                s.pair_in_wait = true;
+                s.send.moves(SendEvent::PairWaits);
                 self.socks.resume_pair_input(id);
                 return;
             }

@@ -130,7 +130,9 @@ pub fn run(data: &[u8]) {
                         0 => h.peer(id).fin(),
                         1 => h.peer(id).reset(libc::ECONNRESET),
                         2 => h.peer(id).urgent(inp.u8()),
-                        _ => h.peer(id).connect_outcome(i32::from(inp.u8() % 4) * libc::ECONNREFUSED),
+                        _ => h
+                            .peer(id)
+                            .connect_outcome(i32::from(inp.u8() % 4) * libc::ECONNREFUSED),
                     }
                 }
             }
@@ -162,13 +164,15 @@ pub fn run(data: &[u8]) {
             13 => {
                 if let Some(id) = pick(&mut inp) {
                     let errno = [0, libc::EINPROGRESS, libc::ECONNREFUSED];
-                    h.peer(id).connect_result(errno[usize::from(inp.u8()) % errno.len()]);
+                    h.peer(id)
+                        .connect_result(errno[usize::from(inp.u8()) % errno.len()]);
                 }
             }
             14 => {
                 if let Some(id) = pick(&mut inp) {
                     let port = inp.u16();
-                    h.peer(id).connection(std::net::SocketAddr::from(([198, 51, 100, 1], port)));
+                    h.peer(id)
+                        .connection(std::net::SocketAddr::from(([198, 51, 100, 1], port)));
                 }
             }
             _ => {

@@ -164,6 +164,10 @@ pub struct NicServer {
     /// Log lines of host sockets that could not be made.
     failures: LogThrottle,
     device_gone: bool,
+    /// Whether the next turn reads the device: after a busy turn, or when epoll said it
+    /// is readable (a spinning turn that found nothing asks epoll first, one system call
+    /// instead of two).
+    device_due: bool,
     live: Arc<NicLive>,
 }
 
@@ -302,6 +306,7 @@ impl NicServer {
             next_sweep: start + SWEEP_EVERY,
             failures: LogThrottle::default(),
             device_gone: false,
+            device_due: true,
             live: Arc::new(NicLive {
                 pinned: (-1).into(),
                 cpu: (-1).into(),
@@ -344,9 +349,11 @@ impl NicServer {
             }
             if self.turn() {
                 idle_since = None;
+                self.device_due = true;
                 continue;
             }
             let timeout = self.idle_wait(&mut idle_since);
+            self.device_due = false;
             if self.wait_events(timeout) {
                 idle_since = None;
             }
@@ -444,8 +451,12 @@ impl NicServer {
         busy
     }
 
-    /// Reads a batch of frames and handles each; whether there were any.
+    /// Reads a batch of frames (when the device may have some) and handles each;
+    /// whether there were any.
     fn ingress(&mut self) -> bool {
+        if !self.device_due {
+            return false;
+        }
         let mut rx = std::mem::take(&mut self.rx);
         rx.clear();
         let n = match self.port.recv(&mut rx, BATCH) {
@@ -520,7 +531,8 @@ impl NicServer {
 
     fn on_event(&mut self, ev: Event) {
         match ev.token {
-            TOKEN_DEVICE | TOKEN_STOP => {}
+            TOKEN_DEVICE => self.device_due = true,
+            TOKEN_STOP => {}
             TOKEN_HANDOFF => {
                 for (host, to) in self.published.take_handoff(&*self.io) {
                     self.publish_conn(host, to, self.clock.now());

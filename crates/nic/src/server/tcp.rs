@@ -155,7 +155,9 @@ fn to_sandbox(
     let mut moved = false;
     while f.readable && !f.phase.host_done() && s.can_send() {
         let host = f.host.as_fd();
+        let mut room = 0;
         let got = s.send(|b| {
+            room = b.len();
             let t0 = timing.start();
             let r = io.recv(host, b);
             timing.end(Stage::HostRecv, t0, matches!(r, Ok(n) if n > 0));
@@ -170,6 +172,12 @@ fn to_sandbox(
             Step::Moved(n) => {
                 f.bytes_in += n as u64;
                 moved = true;
+                if n < room {
+                    // The host socket had no more just now: the stack sends these
+                    // bytes first; the next pump reads on (to its end of stream or
+                    // "would block"), after the frame has gone.
+                    break;
+                }
             }
             Step::Blocked => f.readable = false,
             Step::Failed => {

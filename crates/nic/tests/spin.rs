@@ -1,0 +1,72 @@
+//! The NIC server's real loop (`NicServer::run`, its thread, epoll) over a frame queue
+//! that is one end of an `AF_UNIX` `SOCK_SEQPACKET` pair, as a TAP queue carries frames:
+//! what spinning costs and that a frame is read whether the server spins or sleeps.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use ferry_nic::{NicConfig, NicServer, NicStats, Plan, Stage};
+
+/// A frame the server reads and drops as malformed: a `virtio_net_hdr` and too few bytes
+/// for an Ethernet header.
+const RUNT: [u8; 16] = [0; 16];
+
+/// Runs a server on a queue pair with `spin`; `during` gets the sandbox's end of the
+/// queue while the server runs; the server's counters once stopped.
+fn serve(spin: Duration, during: impl FnOnce(&OwnedFd)) -> NicStats {
+    let (queue, sandbox) = ferry_sys::socketpair(
+        libc::AF_UNIX,
+        libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+    )
+    .unwrap();
+    let mut cfg = NicConfig::new(Plan::avoiding(&[]));
+    cfg.spin = spin;
+    cfg.timing = true;
+    let srv = NicServer::new(0, queue, Arc::new(cfg), &[]).unwrap();
+    let stop = srv.stop_handle();
+    let t = thread::spawn(move || srv.run());
+    during(&sandbox);
+    stop.stop();
+    t.join().unwrap()
+}
+
+fn calls(s: &NicStats, stage: Stage) -> u64 {
+    let timing = s.timing.as_ref().expect("timing was on");
+    timing.iter().find(|(st, _)| *st == stage).unwrap().1.calls
+}
+
+#[test]
+fn a_spinning_server_asks_epoll_not_the_device_and_still_reads_a_frame() {
+    let s = serve(Duration::from_secs(5), |sandbox| {
+        thread::sleep(Duration::from_millis(30));
+        ferry_sys::send_nosignal(sandbox.as_fd(), &RUNT).unwrap();
+        thread::sleep(Duration::from_millis(30));
+    });
+    assert_eq!((s.frames_in, s.malformed), (1, 1), "{s:?}");
+    assert!(s.spin_turns > 20, "the server spun: {s:?}");
+    assert_eq!(s.sleeps, 0, "{s:?}");
+    // A read that finds nothing: the first turn's, the one that ends the frame's batch,
+    // the one after that busy turn. A spin turn does not read the device (before: one
+    // read a spin turn, as many as `spin_turns`).
+    let empty = calls(&s, Stage::TapReadEmpty);
+    assert!(
+        empty <= 4,
+        "{empty} empty reads over {} spins",
+        s.spin_turns
+    );
+    assert_eq!(calls(&s, Stage::TapRead), 1);
+}
+
+#[test]
+fn a_sleeping_server_wakes_for_a_frame() {
+    let s = serve(Duration::ZERO, |sandbox| {
+        thread::sleep(Duration::from_millis(30));
+        ferry_sys::send_nosignal(sandbox.as_fd(), &RUNT).unwrap();
+        thread::sleep(Duration::from_millis(30));
+    });
+    assert_eq!((s.frames_in, s.malformed), (1, 1), "{s:?}");
+    assert!(s.sleeps >= 2, "it slept before and after the frame: {s:?}");
+    assert!(calls(&s, Stage::TapReadEmpty) <= 4, "{s:?}");
+}

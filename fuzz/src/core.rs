@@ -121,16 +121,18 @@ pub fn run(data: &[u8]) {
             }
             8 => {
                 if let Some(id) = pick(&mut inp) {
-                    h.host_input(id, inp.bytes8());
+                    h.peer(id).input(inp.bytes8());
                 }
             }
             9 => {
                 if let Some(id) = pick(&mut inp) {
                     match inp.u8() % 4 {
-                        0 => h.host_fin(id),
-                        1 => h.host_reset(id, libc::ECONNRESET),
-                        2 => h.host_urgent(id, inp.u8()),
-                        _ => h.connect_outcome(id, i32::from(inp.u8() % 4) * libc::ECONNREFUSED),
+                        0 => h.peer(id).fin(),
+                        1 => h.peer(id).reset(libc::ECONNRESET),
+                        2 => h.peer(id).urgent(inp.u8()),
+                        _ => h
+                            .peer(id)
+                            .connect_outcome(i32::from(inp.u8() % 4) * libc::ECONNREFUSED),
                     }
                 }
             }
@@ -139,36 +141,38 @@ pub fn run(data: &[u8]) {
                     let room = inp.u8();
                     let room = (room != 255).then_some(usize::from(room) * 64);
                     if inp.u8() & 1 == 0 {
-                        h.host_room(id, room);
+                        h.peer(id).room(room);
                     } else {
-                        h.app_room(id, room);
+                        h.app(id).room(room);
                     }
                 }
             }
             11 => {
                 if let Some(id) = pick(&mut inp) {
                     if inp.u8() & 1 == 0 {
-                        h.app_write(id, inp.bytes8());
+                        h.app(id).write(inp.bytes8());
                     } else {
-                        h.app_filler(id);
+                        h.app(id).filler();
                     }
                 }
             }
             12 => {
                 if let Some(id) = pick(&mut inp) {
-                    h.app_close(id);
+                    h.app(id).close();
                 }
             }
             13 => {
                 if let Some(id) = pick(&mut inp) {
                     let errno = [0, libc::EINPROGRESS, libc::ECONNREFUSED];
-                    h.script_connect(id, errno[usize::from(inp.u8()) % errno.len()]);
+                    h.peer(id)
+                        .connect_result(errno[usize::from(inp.u8()) % errno.len()]);
                 }
             }
             14 => {
                 if let Some(id) = pick(&mut inp) {
                     let port = inp.u16();
-                    h.host_connection(id, std::net::SocketAddr::from(([198, 51, 100, 1], port)));
+                    h.peer(id)
+                        .connection(std::net::SocketAddr::from(([198, 51, 100, 1], port)));
                 }
             }
             _ => {

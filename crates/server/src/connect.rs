@@ -460,14 +460,24 @@ impl Connects<'_> {
         let Some(s) = self.socks.get_mut(&id) else {
             return true;
         };
-        match self.io.connect(s.fd.as_fd(), &to) {
+        let r = self.io.connect(s.fd.as_fd(), &to);
+        match r {
+            // The kernel gives the outcome of a connect in progress to whichever call
+            // asks first: this one reports it, as a waiter of that connect would.
+            Ok(()) | Err(_)
+                if let Conn::Connecting { to, filled } = s.conn()
+                    && !already(&r) =>
+            {
+                fits = self.socks.park(id, Parked::Connect { ch, tag });
+                self.end_connect(id, to, filled, r.err().map_or(0, |e| Errno::of(&e).0));
+            }
             Ok(()) => {
                 if s.is_stream() {
                     s.conn_moves(ConnEvent::Connected);
                 }
                 self.tx().done(ch, id, tag, 0);
             }
-            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
+            Err(ref e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
                 s.conn_moves(ConnEvent::InProgress(to));
                 if nonblock {
                     self.tx().done(ch, id, tag, Errno(libc::EINPROGRESS));
@@ -512,12 +522,27 @@ impl Connects<'_> {
     /// waits for it, else is kept for the program's `SO_ERROR`; see [`Conn`]'s table.
     pub(crate) fn connect_ended(&mut self, id: u32, to: SocketAddr, filled: bool) {
         let io = self.io;
+        let Some(s) = self.socks.get(&id) else {
+            return;
+        };
+        let err = match io.getsockopt_int(s.fd.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR) {
+            // No error kept is no proof of a connection: another call (a receive, a
+            // getsockopt) may have taken it. Only a peer is; without one the kernel's
+            // next connect says ECONNABORTED, and so does this one's outcome.
+            Ok(0) if !matches!(io.sock_addr(s.fd.as_fd(), true), Ok(Some(_))) => libc::ECONNABORTED,
+            Ok(e) => e,
+            Err(_) => libc::EIO,
+        };
+        self.end_connect(id, to, filled, err);
+    }
+
+    /// Stream `id`'s connect in progress has ended with `err` (0: connected): see
+    /// [`Self::connect_ended`].
+    fn end_connect(&mut self, id: u32, to: SocketAddr, filled: bool, err: i32) {
+        let io = self.io;
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
-        let err = io
-            .getsockopt_int(s.fd.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
-            .unwrap_or(libc::EIO);
         // The error is reported once: to the first waiter, else kept for SO_ERROR.
         let mut waiters = Vec::new();
         s.parked.retain(|p| match *p {
@@ -621,4 +646,10 @@ impl Connects<'_> {
         }
         Ok(id)
     }
+}
+
+/// The host's answer to a second connect while one is in progress says it still is.
+fn already(r: &std::io::Result<()>) -> bool {
+    r.as_ref()
+        .is_err_and(|e| matches!(e.raw_os_error(), Some(libc::EALREADY | libc::EINPROGRESS)))
 }

@@ -1074,7 +1074,21 @@ impl HostSide {
 
     /// A connect in progress ends: `SO_ERROR` becomes `errno` (0: connected).
     pub fn connect_outcome(&self, errno: i32) {
-        self.fake.with_host(self.fd, |h| h.so_error = errno);
+        self.fake.with_host(self.fd, |h| {
+            h.so_error = errno;
+            if errno != 0 {
+                h.peer = None;
+            }
+        });
+    }
+
+    /// A connect in progress failed, and another call took its error: `SO_ERROR` is
+    /// 0 but there is no peer.
+    pub fn connect_error_taken(&self) {
+        self.fake.with_host(self.fd, |h| {
+            h.so_error = 0;
+            h.peer = None;
+        });
     }
 
     /// A connection from `peer` waits on listener the socket's host socket.

@@ -319,6 +319,60 @@ fn a_refused_nonblocking_connect_detaches_the_pair_then_reports_then_renews() {
 }
 
 #[test]
+fn a_second_connect_that_takes_the_refusal_ends_the_one_in_progress() {
+    // The kernel reports a connect's outcome to whichever call asks first, and the
+    // socket is unconnected again. The server once kept the first connect "in
+    // progress", took a late writable event for its success, and parked the next
+    // blocking connect where nothing would answer it (the fuzz target's stall).
+    let mut h = Harness::new(true);
+    let ch = h.channel();
+    let id = h.socket(ch, libc::AF_INET, libc::SOCK_STREAM);
+    h.peer(id).connect_result(libc::EINPROGRESS);
+    let cs = h.call(ch, connect_req(id, 1, REQ_NONBLOCK));
+    assert_eq!(done(&cs, 1).result, -libc::EINPROGRESS);
+    h.peer(id).connect_result(libc::ECONNREFUSED);
+    let cs = h.call(ch, connect_req(id, 2, REQ_NONBLOCK));
+    assert_eq!(done(&cs, 2).result, -libc::ECONNREFUSED);
+    h.host_event(id, libc::EPOLLOUT);
+    h.peer(id).connect_result(libc::EINPROGRESS);
+    let cs = h.call(ch, connect_req(id, 3, 0));
+    assert!(
+        cs.iter().all(|c| c.tag != 3),
+        "answered in progress: {cs:?}"
+    );
+    h.peer(id).connect_outcome(0);
+    h.host_event(id, libc::EPOLLOUT);
+    let cs = h.completions(ch);
+    assert_eq!(
+        done(&cs, 3).result,
+        0,
+        "the blocking connect was never answered"
+    );
+}
+
+#[test]
+fn a_connect_whose_error_another_call_took_is_no_success() {
+    // SO_ERROR 0 when the connect ends, but no peer: it failed (a receive or a
+    // getsockopt took the error). It once counted as connected, and the program's
+    // next connect then parked for ever.
+    let mut h = Harness::new(true);
+    let ch = h.channel();
+    let id = h.socket(ch, libc::AF_INET, libc::SOCK_STREAM);
+    h.peer(id).connect_result(libc::EINPROGRESS);
+    h.app(id).filler();
+    let cs = h.call(ch, connect_req(id, 1, REQ_NONBLOCK | REQ_FILLED));
+    assert_eq!(done(&cs, 1).result, -libc::EINPROGRESS);
+    h.peer(id).connect_error_taken();
+    h.host_event(id, libc::EPOLLOUT | libc::EPOLLERR | libc::EPOLLHUP);
+    assert!(
+        h.app(id).view().detached,
+        "a failed connect counted as a connection"
+    );
+    let cs = h.call(ch, connect_req(id, 2, REQ_NONBLOCK));
+    assert_eq!(done(&cs, 2).result, -libc::ECONNABORTED);
+}
+
+#[test]
 fn a_nonblocking_connect_that_succeeds_drains_the_filler() {
     let mut h = Harness::new(true);
     let ch = h.channel();

@@ -991,6 +991,9 @@ fn hand_over_watch(mode: &watch::Mode, pair: RawFd) -> Result<(), CommandError> 
         // SAFETY: our copy (CLOEXEC, but no process of the sandbox may hold one: the
         // init's is the only listener).
         unsafe { libc::close(listener) };
+    } else if matches!(mode, watch::Mode::Guard(_)) {
+        // Handed-off host sockets without their guard: the command must not run.
+        return Err(CommandError::Watch);
     }
     // SAFETY: our end of the pair.
     unsafe { libc::close(pair) };

@@ -46,6 +46,7 @@
 
 mod factory;
 mod guard;
+mod host_guard;
 mod init;
 mod launch;
 mod mounts;

@@ -118,6 +118,9 @@ pub(crate) enum Mode {
     Tell(Vec<u8>),
     /// Make the command's raw ICMP sockets (raw_icmp.rs).
     RawIcmp,
+    /// Guard handed-off host sockets (host_guard.rs); with the shim's path, also tell
+    /// as [`Mode::Tell`] does (`None`: tell nothing).
+    Guard(Option<Vec<u8>>),
 }
 
 /// In the command's process, after no-new-privileges: installs `mode`'s filter on it
@@ -129,6 +132,7 @@ pub(crate) fn install(mode: &Mode) -> Option<RawFd> {
     match mode {
         Mode::Tell(_) => install_filter(&filter(arch)),
         Mode::RawIcmp => install_filter(&crate::raw_icmp::filter(arch)),
+        Mode::Guard(tell) => install_filter(&crate::host_guard::filter(arch, tell.is_some())),
     }
 }
 
@@ -399,6 +403,9 @@ pub(crate) struct Watch<'a> {
     listener: RawFd,
     /// Raw ICMP sockets are made here instead ([`Mode::RawIcmp`]): nothing is told.
     raw_icmp: bool,
+    /// [`Mode::Guard`]: calls other than `socket` go to host_guard.rs, with the
+    /// sandbox's namespace cookie.
+    guard: Option<Option<u64>>,
     shim: &'a [u8],
     seen: [Who; SEEN],
     next_seen: usize,
@@ -414,12 +421,14 @@ impl<'a> Watch<'a> {
     /// `listener` from [`install`] for `mode`.
     pub(crate) fn new(listener: RawFd, mode: &'a Mode) -> Self {
         let (raw_icmp, shim) = match mode {
-            Mode::Tell(shim) => (false, &shim[..]),
-            Mode::RawIcmp => (true, &[][..]),
+            Mode::Tell(shim) | Mode::Guard(Some(shim)) => (false, &shim[..]),
+            Mode::RawIcmp | Mode::Guard(None) => (true, &[][..]),
         };
+        let guard = matches!(mode, Mode::Guard(_)).then(crate::host_guard::own_netns_cookie);
         Self {
             listener,
             raw_icmp,
+            guard,
             shim,
             seen: [Who::NONE; SEEN],
             next_seen: 0,
@@ -475,6 +484,12 @@ impl<'a> Watch<'a> {
         // SAFETY: RECV fills req, a valid seccomp_notif. ENOENT: the caller died or was
         // interrupted before we took it; nothing to answer.
         if unsafe { libc::ioctl(self.listener, libc::SECCOMP_IOCTL_NOTIF_RECV, &mut req) } == -1 {
+            return;
+        }
+        if let Some(own) = self.guard
+            && req.data.nr & !(X32_SYSCALL_BIT as i32) != libc::SYS_socket as i32
+        {
+            crate::host_guard::answer(self.listener, &req, own);
             return;
         }
         if self.raw_icmp {

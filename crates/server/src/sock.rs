@@ -373,6 +373,9 @@ pub(crate) struct Sock {
     pub fence: crate::channel::Fence,
     /// A hang-up or reset has been reported to the program.
     pub hup_reported: bool,
+    /// Connected (or connecting) to a `--handoff` destination and out of the loop: the
+    /// program takes the host socket with `CtlKind::Handoff`.
+    pub handing_off: bool,
     /// The published TCP port this socket listens on (counted in `Shared`'s listeners
     /// until the socket goes).
     pub published_listener: Option<u16>,
@@ -429,6 +432,7 @@ impl Sock {
             send: SendSide::default(),
             fence: Default::default(),
             hup_reported: false,
+            handing_off: false,
             published_listener: None,
             last_ch: 0,
             stats: crate::SocketStats {

@@ -392,7 +392,12 @@ mod tests {
         // IPv4 link-local keeps its own rule.
         let meta = handoff(&[], &["169.254.0.0/16"]);
         assert_eq!(
-            admit(&meta, What::Connect, Origin::Sandbox, sa("169.254.169.254:80")),
+            admit(
+                &meta,
+                What::Connect,
+                Origin::Sandbox,
+                sa("169.254.169.254:80")
+            ),
             no(Reason::LinkLocalV4)
         );
     }

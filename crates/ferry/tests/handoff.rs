@@ -108,10 +108,7 @@ fn run_client(opts: &[&str], r: &Remote, port: u16) -> (bool, bool, String) {
         line.clear();
         if out.read_line(&mut line).unwrap() == 0 {
             let o = child.wait_with_output().unwrap();
-            panic!(
-                "no inodes: {lines}\n{}",
-                String::from_utf8_lossy(&o.stderr)
-            );
+            panic!("no inodes: {lines}\n{}", String::from_utf8_lossy(&o.stderr));
         }
         lines.push_str(&line);
         if let Some(rest) = line.strip_prefix("inodes ") {
@@ -122,8 +119,7 @@ fn run_client(opts: &[&str], r: &Remote, port: u16) -> (bool, bool, String) {
         }
     };
     let host = host_tcp_sockets();
-    let connected =
-        |ino: u64| host.contains(&(ino, r.remote_ip(), port));
+    let connected = |ino: u64| host.contains(&(ino, r.remote_ip(), port));
     let found = (connected(inodes[0]), connected(inodes[1]));
     child.stdin.take().unwrap().write_all(b"\n").unwrap();
     out.read_to_string(&mut lines).unwrap();

@@ -6,7 +6,9 @@ use std::ffi::{c_int, c_void};
 use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use ferry_proto::{CMP_HANDOFF, CMP_RENEW_PAIR, Call, Ctl, CtlKind, InlineBytes, MAX_SERVERS, server_of};
+use ferry_proto::{
+    CMP_HANDOFF, CMP_RENEW_PAIR, Call, Ctl, CtlKind, InlineBytes, MAX_SERVERS, server_of,
+};
 use libc::{sockaddr, socklen_t};
 
 use crate::addr::{family, read_sockaddr, write_sockaddr};

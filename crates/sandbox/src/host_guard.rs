@@ -270,7 +270,11 @@ fn their_fd(tid: u32, fd: c_int) -> Result<c_int, c_int> {
     // SAFETY: our pidfd, closed once.
     unsafe { libc::close(pidfd as c_int) };
     if dup < 0 {
-        return Err(if e == libc::EBADF { libc::EBADF } else { libc::EPERM });
+        return Err(if e == libc::EBADF {
+            libc::EBADF
+        } else {
+            libc::EPERM
+        });
     }
     Ok(dup as c_int)
 }
@@ -350,7 +354,11 @@ mod tests {
             assert_eq!(v(libc::SYS_sendto, [3, 0, 0, 0x40]), allow, "no fast open");
             assert_eq!(v(libc::SYS_sendmmsg, [3, 0, 0, fo | 0x40]), notify);
             assert_eq!(v(libc::SYS_sendmsg, [3, 0, fo, 0]), notify);
-            assert_eq!(v(libc::SYS_sendmsg, [3, 0, 0, fo]), allow, "flags are arg 2");
+            assert_eq!(
+                v(libc::SYS_sendmsg, [3, 0, 0, fo]),
+                allow,
+                "flags are arg 2"
+            );
             let ip = libc::IPPROTO_IP as u64;
             let ip6 = libc::IPPROTO_IPV6 as u64;
             let opt = |level: u64, name: c_int| v(libc::SYS_setsockopt, [3, level, name as u64, 0]);
@@ -389,7 +397,11 @@ mod tests {
         assert_eq!(classify(fd, own.map(|c| c + 1)), Verdict::Fail(libc::EPERM));
         let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
         let ufd = std::os::fd::AsRawFd::as_raw_fd(&a);
-        assert_eq!(classify(ufd, own.map(|c| c + 1)), Verdict::Continue, "not inet");
+        assert_eq!(
+            classify(ufd, own.map(|c| c + 1)),
+            Verdict::Continue,
+            "not inet"
+        );
         let f = std::fs::File::open("/dev/null").unwrap();
         let ffd = std::os::fd::AsRawFd::as_raw_fd(&f);
         assert_eq!(classify(ffd, own), Verdict::Fail(libc::ENOTSOCK));

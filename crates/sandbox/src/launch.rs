@@ -736,13 +736,13 @@ fn prepare(spec: &Spec) -> Result<Exec, Error> {
         guard: None,
         cwd: None,
         watch: match &spec.watch {
-            _ if spec.guard_host_sockets => Some(watch::Mode::Guard(spec.watch.as_ref().map(
-                |w| {
+            _ if spec.guard_host_sockets => {
+                Some(watch::Mode::Guard(spec.watch.as_ref().map(|w| {
                     w.shim
                         .as_ref()
                         .map_or_else(Vec::new, |s| s.as_bytes().to_vec())
-                },
-            ))),
+                })))
+            }
             Some(w) if kernel_at_least(5, 5) => Some(watch::Mode::Tell(
                 w.shim
                     .as_ref()

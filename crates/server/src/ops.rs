@@ -138,7 +138,9 @@ impl Server {
                     _ => Err(Errno(libc::EINVAL)),
                 };
                 match taken {
-                    Ok(host) => self.channels.send_reply(self.io, ch, reply(0), &[host.as_fd()]),
+                    Ok(host) => self
+                        .channels
+                        .send_reply(self.io, ch, reply(0), &[host.as_fd()]),
                     Err(e) => self.channels.answer(self.io, ch, e),
                 }
             }

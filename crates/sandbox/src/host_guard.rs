@@ -9,7 +9,9 @@
 //! through other hosts (`IP_OPTIONS`, `IPV6_RTHDR`). Options that need privilege over
 //! the host's network are checked against the user namespace that owns it, which the
 //! command's is not: they fail already. So the command's filter ([`filter`], in place of
-//! the socket watch's and with it) makes those calls user notifications, and the init
+//! the socket watch's and with it) fails fast-open sends and those two options with
+//! `EPERM` for every socket (rare, and no judgement to race), and makes `connect`,
+//! `bind` and `listen` user notifications; the init
 //! ([`answer`]) takes the caller's descriptor (`pidfd_getfd`) and asks the kernel which
 //! network namespace the socket is in (`SO_NETNS_COOKIE`): an inet socket of any
 //! namespace but the sandbox's gets `EPERM`; a descriptor that is no longer open gets
@@ -38,6 +40,7 @@ const PIDFD_THREAD: libc::c_uint = libc::O_EXCL as libc::c_uint;
 enum To {
     Allow,
     Notify,
+    Eperm,
     Enosys,
     Kill,
     /// The next instruction.
@@ -110,26 +113,26 @@ fn program(arch: u32, tell: bool) -> Vec<Op> {
         Op::Label(Flags3),
         Op::Load(arg(3)),
         Op::And(fastopen),
-        Op::Eq(0, To::Allow, To::Notify),
+        Op::Eq(0, To::Allow, To::Eperm),
         Op::Label(Flags2),
         Op::Load(arg(2)),
         Op::And(fastopen),
-        Op::Eq(0, To::Allow, To::Notify),
+        Op::Eq(0, To::Allow, To::Eperm),
         Op::Label(Setsockopt),
         Op::Load(arg(1)),
         Op::Eq(libc::IPPROTO_IPV6 as u32, To::Block(SetsockoptV6), To::Next),
         Op::Eq(libc::IPPROTO_IP as u32, To::Next, To::Allow),
         Op::Load(arg(2)),
-        Op::Eq(libc::IP_OPTIONS as u32, To::Notify, To::Allow),
+        Op::Eq(libc::IP_OPTIONS as u32, To::Eperm, To::Allow),
         Op::Label(SetsockoptV6),
         Op::Load(arg(2)),
-        Op::Eq(libc::IPV6_RTHDR as u32, To::Notify, To::Allow),
+        Op::Eq(libc::IPV6_RTHDR as u32, To::Eperm, To::Allow),
     ]);
     p
 }
 
 /// [`program`] for `arch` as BPF (labels resolved; jumps are forward and relative; the
-/// actions are the last four instructions).
+/// actions are the last five instructions).
 pub(crate) fn filter(arch: u32, tell: bool) -> Vec<sock_filter> {
     let ops: Vec<Op> = program(arch, tell);
     let code: Vec<Op> = ops
@@ -146,7 +149,7 @@ pub(crate) fn filter(arch: u32, tell: bool) -> Vec<sock_filter> {
             _ => n += 1,
         }
     }
-    let actions = [To::Allow, To::Notify, To::Enosys, To::Kill];
+    let actions = [To::Allow, To::Notify, To::Eperm, To::Enosys, To::Kill];
     let end = code.len();
     let index = |to: To, i: usize| -> usize {
         match to {
@@ -158,6 +161,7 @@ pub(crate) fn filter(arch: u32, tell: bool) -> Vec<sock_filter> {
     let ret = |to: To| match to {
         To::Allow => libc::SECCOMP_RET_ALLOW,
         To::Notify => libc::SECCOMP_RET_USER_NOTIF,
+        To::Eperm => libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
         To::Enosys => libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32,
         _ => libc::SECCOMP_RET_KILL_PROCESS,
     };
@@ -343,6 +347,7 @@ mod tests {
     fn re_aiming_calls_notify_and_the_data_path_does_not() {
         let notify = libc::SECCOMP_RET_USER_NOTIF;
         let allow = libc::SECCOMP_RET_ALLOW;
+        let eperm = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
         let fo = libc::MSG_FASTOPEN as u64;
         for tell in [false, true] {
             let v = |nr: i64, args: [u64; 4]| verdict(tell, X86_64, nr, args);
@@ -350,10 +355,10 @@ mod tests {
                 assert_eq!(v(nr, [3, 0, 0, 0]), notify, "{nr}");
                 assert_eq!(v(nr | i64::from(X32_SYSCALL_BIT), [3, 0, 0, 0]), notify);
             }
-            assert_eq!(v(libc::SYS_sendto, [3, 0, 0, fo]), notify);
+            assert_eq!(v(libc::SYS_sendto, [3, 0, 0, fo]), eperm);
             assert_eq!(v(libc::SYS_sendto, [3, 0, 0, 0x40]), allow, "no fast open");
-            assert_eq!(v(libc::SYS_sendmmsg, [3, 0, 0, fo | 0x40]), notify);
-            assert_eq!(v(libc::SYS_sendmsg, [3, 0, fo, 0]), notify);
+            assert_eq!(v(libc::SYS_sendmmsg, [3, 0, 0, fo | 0x40]), eperm);
+            assert_eq!(v(libc::SYS_sendmsg, [3, 0, fo, 0]), eperm);
             assert_eq!(
                 v(libc::SYS_sendmsg, [3, 0, 0, fo]),
                 allow,
@@ -362,8 +367,8 @@ mod tests {
             let ip = libc::IPPROTO_IP as u64;
             let ip6 = libc::IPPROTO_IPV6 as u64;
             let opt = |level: u64, name: c_int| v(libc::SYS_setsockopt, [3, level, name as u64, 0]);
-            assert_eq!(opt(ip, libc::IP_OPTIONS), notify);
-            assert_eq!(opt(ip6, libc::IPV6_RTHDR), notify);
+            assert_eq!(opt(ip, libc::IP_OPTIONS), eperm);
+            assert_eq!(opt(ip6, libc::IPV6_RTHDR), eperm);
             assert_eq!(opt(ip, libc::IP_TTL), allow);
             assert_eq!(opt(libc::SOL_SOCKET as u64, libc::IP_OPTIONS), allow);
             assert_eq!(

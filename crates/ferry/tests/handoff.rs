@@ -81,6 +81,13 @@ print("nonblocking", errno.errorcode.get(r, r), flush=True)
 select.select([], [b], [], 5)
 print("so_error", b.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR), flush=True)
 b.setblocking(True)
+# An epoll registration made before the connect still reports on the handed-off socket.
+c = socket.socket()
+c.setblocking(False)
+ep = select.epoll()
+ep.register(c.fileno(), select.EPOLLOUT)
+c.connect_ex((ip, port))
+print("epoll", [fd for fd, ev in ep.poll(5) if ev & select.EPOLLOUT] == [c.fileno()], flush=True)
 print("inodes", os.fstat(a.fileno()).st_ino, os.fstat(b.fileno()).st_ino, flush=True)
 sys.stdin.readline()
 print("peer", a.getpeername() == (ip, port), b.getpeername() == (ip, port), flush=True)
@@ -146,6 +153,7 @@ fn a_handed_off_connection_is_the_hosts_kernel_socket_and_carries_the_bytes() {
     for want in [
         "nonblocking EINPROGRESS",
         "so_error 0",
+        "epoll True",
         "peer True True",
         "echo True True",
     ] {

@@ -396,7 +396,8 @@ fn take_handoff(s: &Sock, result: i32, snd: u64) -> Res<()> {
     })
     .map_err(|e| e.down_as(libc::ECONNABORTED))?;
     let (rcv, _) = TABLE.timeouts(s.fd);
-    let carried = Carried::take(s.fd);
+    let epoll = crate::fdcalls::EPOLL_ADDED.load(std::sync::atomic::Ordering::Relaxed);
+    let carried = Carried::take_with(s.fd, epoll);
     // SAFETY: both are open descriptors of this process; the fd number stays the
     // program's (dup3 replaces what it names in one step).
     if unsafe { crate::real::dup3(host.as_raw_fd(), s.fd, carried.cloexec()) } < 0 {

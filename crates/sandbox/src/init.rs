@@ -882,6 +882,8 @@ enum CommandError {
     Guard(c_int),
     /// The socket watch's listener could not be handed to the init.
     Watch,
+    /// The guard of handed-off host sockets could not be installed (host_guard.rs).
+    HostGuard,
     /// The launcher gave up before letting the held command go.
     Gate,
     /// No candidate path exists.
@@ -898,6 +900,7 @@ impl CommandError {
             CommandError::Nest
             | CommandError::Guard(_)
             | CommandError::Watch
+            | CommandError::HostGuard
             | CommandError::CannotExec(_) => 126,
         }
     }
@@ -912,6 +915,11 @@ impl CommandError {
                 write_stderr(b"ferry: cannot keep set-id files out of the volumes: ");
                 write_stderr(errno_text(e));
                 write_stderr(b"\n");
+            }
+            CommandError::HostGuard => {
+                write_stderr(
+                    b"ferry: --handoff needs a seccomp filter with a listener (Linux 5.14, x86_64 or aarch64, no other listener on the process); the kernel refused it\n",
+                );
             }
             CommandError::Watch => {
                 write_stderr(b"ferry: cannot hand the socket watch to the sandbox's init\n");
@@ -993,7 +1001,7 @@ fn hand_over_watch(mode: &watch::Mode, pair: RawFd) -> Result<(), CommandError> 
         unsafe { libc::close(listener) };
     } else if matches!(mode, watch::Mode::Guard(_)) {
         // Handed-off host sockets without their guard: the command must not run.
-        return Err(CommandError::Watch);
+        return Err(CommandError::HostGuard);
     }
     // SAFETY: our end of the pair.
     unsafe { libc::close(pair) };

@@ -15,7 +15,9 @@
 //! threads). A command can be held before its `execve` until the caller is ready
 //! (`Spec::hold`, `Sandbox::start`), and watched: the init then says on stderr which of
 //! its processes make inet sockets through the kernel (`Spec::watch`), or given raw ICMP
-//! sockets its user namespace cannot make (`Spec::raw_icmp`, for busybox's `ping`).
+//! sockets its user namespace cannot make (`Spec::raw_icmp`, for busybox's `ping`), or
+//! kept from re-aiming the host sockets handed to it (`Spec::guard_host_sockets`,
+//! host_guard.rs, for ferry's `--handoff`).
 //!
 //! ```no_run
 //! let spec = ferry_sandbox::Spec {

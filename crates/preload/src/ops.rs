@@ -412,15 +412,14 @@ fn take_handoff(s: &Sock, result: i32, snd: u64) -> Res<()> {
             let _ = ferry_sys::setsockopt(fd.as_fd(), libc::SOL_SOCKET, name, &timeval(us));
         }
     }
-    if in_progress && !s.nonblock() {
-        finish_blocking_connect(fd.as_fd(), snd)?;
-    }
-    // The program's O_NONBLOCK (and O_ASYNC) replace the server's.
+    let outcome = match (in_progress, s.nonblock()) {
+        (false, _) => Ok(()),
+        (true, true) => Err(Errno(libc::EINPROGRESS)),
+        (true, false) => finish_blocking_connect(fd.as_fd(), snd),
+    };
+    // The program's O_NONBLOCK (and O_ASYNC) replace the server's, whatever the outcome.
     carried.give(s.fd);
-    if in_progress && s.nonblock() {
-        return Err(Errno(libc::EINPROGRESS));
-    }
-    Ok(())
+    outcome
 }
 
 /// `us` microseconds as a `timeval`'s bytes.

@@ -208,6 +208,14 @@ attempt("fastopen", lambda: s.sendto(b"x", socket.MSG_FASTOPEN, ("127.0.0.1", lp
 attempt("ip_options", lambda: s.setsockopt(socket.IPPROTO_IP, socket.IP_OPTIONS, b"\x01\x01\x01\x00"))
 attempt("send", lambda: s.sendall(b"still here"))
 print("echo", s.recv(100).decode())
+# A refused blocking connect leaves the socket the program's to connect again (natively
+# it may): the refusal is answered before any hand-off.
+r = socket.socket()
+for i in range(2):
+    attempt("refused", lambda: r.connect((ip, port + 1)))
+attempt("again", lambda: r.connect((ip, port)))
+attempt("send-again", lambda: r.sendall(b"again"))
+print("echo-again", r.recv(100).decode())
 "#;
 
 #[test]
@@ -233,12 +241,13 @@ fn a_handed_off_socket_cannot_be_re_aimed() {
         "{out}\n{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let eperm = libc::EPERM;
+    let (eperm, refused) = (libc::EPERM, libc::ECONNREFUSED);
     assert_eq!(
         out.trim(),
         format!(
             "unspec {eperm}\nloopback {eperm}\nbind {eperm}\nlisten {eperm}\nfastopen {eperm}\n\
-             ip_options {eperm}\nsend ok\necho still here"
+             ip_options {eperm}\nsend ok\necho still here\nrefused {refused}\nrefused {refused}\n\
+             again ok\nsend-again ok\necho-again again"
         )
     );
     std::thread::sleep(Duration::from_millis(200));

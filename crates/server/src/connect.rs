@@ -467,8 +467,12 @@ impl Connects<'_> {
         if handoff && tag != 0 {
             match connected {
                 Ok(()) => return self.hand_off(ch, id, tag, 0),
-                Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
+                Err(ref e) if e.raw_os_error() == Some(libc::EINPROGRESS) && nonblock => {
                     return self.hand_off(ch, id, tag, Errno(libc::EINPROGRESS).wire());
+                }
+                // Blocking: parked below, handed off once connected (`connect_ended`).
+                Err(ref e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
+                    s.handoff_when_connected = true;
                 }
                 Err(_) => {}
             }
@@ -599,6 +603,11 @@ impl Connects<'_> {
             0 => Ok(()),
             e => Err(Errno(e)),
         };
+        let handoff = std::mem::take(&mut s.handoff_when_connected) && reported && err == 0;
+        if handoff && let Some(&(ch, tag)) = waiters.first() {
+            self.hand_off(ch, id, tag, 0);
+            return;
+        }
         for (ch, tag) in waiters {
             self.tx().done(ch, id, tag, outcome);
         }

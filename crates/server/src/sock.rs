@@ -376,6 +376,10 @@ pub(crate) struct Sock {
     /// Connected (or connecting) to a `--handoff` destination and out of the loop: the
     /// program takes the host socket with `CtlKind::Handoff`.
     pub handing_off: bool,
+    /// A blocking connect to a `--handoff` destination is in progress: handed off if it
+    /// succeeds; a refusal is answered as any (the socket stays served, so the program
+    /// may connect again, as natively).
+    pub handoff_when_connected: bool,
     /// The published TCP port this socket listens on (counted in `Shared`'s listeners
     /// until the socket goes).
     pub published_listener: Option<u16>,
@@ -433,6 +437,7 @@ impl Sock {
             fence: Default::default(),
             hup_reported: false,
             handing_off: false,
+            handoff_when_connected: false,
             published_listener: None,
             last_ch: 0,
             stats: crate::SocketStats {

@@ -121,18 +121,16 @@ pub fn run(data: &[u8]) {
             }
             8 => {
                 if let Some(id) = pick(&mut inp) {
-                    h.peer(id).input(inp.bytes8());
+                    h.host_input(id, inp.bytes8());
                 }
             }
             9 => {
                 if let Some(id) = pick(&mut inp) {
                     match inp.u8() % 4 {
-                        0 => h.peer(id).fin(),
-                        1 => h.peer(id).reset(libc::ECONNRESET),
-                        2 => h.peer(id).urgent(inp.u8()),
-                        _ => h
-                            .peer(id)
-                            .connect_outcome(i32::from(inp.u8() % 4) * libc::ECONNREFUSED),
+                        0 => h.host_fin(id),
+                        1 => h.host_reset(id, libc::ECONNRESET),
+                        2 => h.host_urgent(id, inp.u8()),
+                        _ => h.connect_outcome(id, i32::from(inp.u8() % 4) * libc::ECONNREFUSED),
                     }
                 }
             }
@@ -141,38 +139,36 @@ pub fn run(data: &[u8]) {
                     let room = inp.u8();
                     let room = (room != 255).then_some(usize::from(room) * 64);
                     if inp.u8() & 1 == 0 {
-                        h.peer(id).room(room);
+                        h.host_room(id, room);
                     } else {
-                        h.app(id).room(room);
+                        h.app_room(id, room);
                     }
                 }
             }
             11 => {
                 if let Some(id) = pick(&mut inp) {
                     if inp.u8() & 1 == 0 {
-                        h.app(id).write(inp.bytes8());
+                        h.app_write(id, inp.bytes8());
                     } else {
-                        h.app(id).filler();
+                        h.app_filler(id);
                     }
                 }
             }
             12 => {
                 if let Some(id) = pick(&mut inp) {
-                    h.app(id).close();
+                    h.app_close(id);
                 }
             }
             13 => {
                 if let Some(id) = pick(&mut inp) {
                     let errno = [0, libc::EINPROGRESS, libc::ECONNREFUSED];
-                    h.peer(id)
-                        .connect_result(errno[usize::from(inp.u8()) % errno.len()]);
+                    h.script_connect(id, errno[usize::from(inp.u8()) % errno.len()]);
                 }
             }
             14 => {
                 if let Some(id) = pick(&mut inp) {
                     let port = inp.u16();
-                    h.peer(id)
-                        .connection(std::net::SocketAddr::from(([198, 51, 100, 1], port)));
+                    h.host_connection(id, std::net::SocketAddr::from(([198, 51, 100, 1], port)));
                 }
             }
             _ => {

@@ -685,20 +685,10 @@ fn ipv4_link_local_is_refused_unless_allowed_explicitly() {
     let (_r, ip, tport, uport) = link_local_remote("nicll");
     let ip = ip.to_string();
     let reach = |opts: &[&str]| {
+        let o = run_reach("nic", opts, &ip, tport, uport);
+        assert!(o.status.success(), "{opts:?}: {}", text(&o));
         let mut all = vec!["--net", "nic"];
         all.extend_from_slice(opts);
-        let o = ferry_run(
-            &all,
-            &[
-                system_python(),
-                "-c",
-                REACH_PY,
-                &ip,
-                &tport.to_string(),
-                &uport.to_string(),
-            ],
-        );
-        assert!(o.status.success(), "{opts:?}: {}", text(&o));
         let p = ferry_run(&all, &["ping", "-c", "1", "-W", "2", &ip]);
         let mut lines: Vec<String> = String::from_utf8_lossy(&o.stdout)
             .lines()

@@ -1017,19 +1017,7 @@ fn ipv4_link_local_is_refused_unless_allowed_explicitly() {
     let (_r, ip, tport, uport) = link_local_remote("secll");
     let ip = ip.to_string();
     let reach = |opts: &[&str]| {
-        let mut all = vec!["--net", "socket"];
-        all.extend_from_slice(opts);
-        let o = ferry_run(
-            &all,
-            &[
-                system_python(),
-                "-c",
-                REACH_PY,
-                &ip,
-                &tport.to_string(),
-                &uport.to_string(),
-            ],
-        );
+        let o = run_reach("socket", opts, &ip, tport, uport);
         assert!(
             o.status.success(),
             "{opts:?}: {}",

@@ -185,30 +185,8 @@ pub(crate) fn native_filter() -> Option<Vec<sock_filter>> {
 mod tests {
     use super::*;
 
-    /// Runs `prog` on (arch, nr, args) as the kernel would, for the instructions it uses.
     fn verdict(prog: &[sock_filter], arch: u32, nr: u32, args: [u64; 4]) -> u32 {
-        let mut data = [0u8; 64];
-        data[0..4].copy_from_slice(&nr.to_ne_bytes());
-        data[4..8].copy_from_slice(&arch.to_ne_bytes());
-        for (i, a) in args.iter().enumerate() {
-            data[16 + 8 * i..24 + 8 * i].copy_from_slice(&a.to_ne_bytes());
-        }
-        let (mut pc, mut acc) = (0, 0u32);
-        loop {
-            let ins = prog[pc];
-            pc += 1;
-            match ins.code {
-                LOAD => {
-                    let k = ins.k as usize;
-                    acc = u32::from_ne_bytes(data[k..k + 4].try_into().unwrap());
-                }
-                AND => acc &= ins.k,
-                JEQ => pc += usize::from(if acc == ins.k { ins.jt } else { ins.jf }),
-                JSET => pc += usize::from(if acc & ins.k != 0 { ins.jt } else { ins.jf }),
-                RET => return ins.k,
-                c => panic!("unexpected instruction {c:#x}"),
-            }
-        }
+        crate::bpf_test::verdict(prog, arch, nr, &args)
     }
 
     #[test]

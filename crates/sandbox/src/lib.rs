@@ -46,6 +46,8 @@
 //! them (ext4, xfs, btrfs, tmpfs from 6.3). Linux 5.12 or later (`mount_setattr`) is
 //! required for volumes, 5.3 (pidfd) otherwise.
 
+#[cfg(test)]
+mod bpf_test;
 mod factory;
 mod guard;
 mod host_guard;

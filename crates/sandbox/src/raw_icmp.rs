@@ -193,34 +193,8 @@ mod tests {
 
     const X86_64: u32 = 0xC000_003E;
 
-    /// Runs the filter on (arch, nr, args) as the kernel would: the few instructions it
-    /// uses (load word, and, jump if equal, return).
     fn verdict(arch: u32, nr: u32, args: [u64; 3]) -> u32 {
-        let mut data = [0u8; 64];
-        data[0..4].copy_from_slice(&nr.to_ne_bytes());
-        data[4..8].copy_from_slice(&arch.to_ne_bytes());
-        for (i, a) in args.iter().enumerate() {
-            data[16 + 8 * i..24 + 8 * i].copy_from_slice(&a.to_ne_bytes());
-        }
-        let prog = filter(X86_64);
-        let (mut pc, mut acc) = (0, 0u32);
-        loop {
-            let ins = prog[pc];
-            let code = u32::from(ins.code);
-            pc += 1;
-            if code == libc::BPF_LD | libc::BPF_W | libc::BPF_ABS {
-                let k = ins.k as usize;
-                acc = u32::from_ne_bytes(data[k..k + 4].try_into().unwrap());
-            } else if code == libc::BPF_ALU | libc::BPF_AND | libc::BPF_K {
-                acc &= ins.k;
-            } else if code == libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K {
-                pc += usize::from(if acc == ins.k { ins.jt } else { ins.jf });
-            } else if code == libc::BPF_RET | libc::BPF_K {
-                return ins.k;
-            } else {
-                panic!("unexpected instruction {code:#x}");
-            }
-        }
+        crate::bpf_test::verdict(&filter(X86_64), arch, nr, &args)
     }
 
     #[test]

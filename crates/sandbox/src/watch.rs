@@ -747,30 +747,8 @@ fn now_ms() -> u64 {
 mod tests {
     use super::*;
 
-    /// Runs the filter on (arch, nr, args[0]) as the kernel would: the few instructions
-    /// it uses (load word, jump if equal, return).
     fn verdict(arch: u32, nr: u32, family: u64) -> u32 {
-        let mut data = [0u8; 64];
-        data[0..4].copy_from_slice(&nr.to_ne_bytes());
-        data[4..8].copy_from_slice(&arch.to_ne_bytes());
-        data[16..24].copy_from_slice(&family.to_ne_bytes());
-        let prog = filter(0xC000_003E);
-        let (mut pc, mut acc) = (0, 0u32);
-        loop {
-            let ins = prog[pc];
-            let code = u32::from(ins.code);
-            pc += 1;
-            if code == libc::BPF_LD | libc::BPF_W | libc::BPF_ABS {
-                let k = ins.k as usize;
-                acc = u32::from_ne_bytes(data[k..k + 4].try_into().unwrap());
-            } else if code == libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K {
-                pc += usize::from(if acc == ins.k { ins.jt } else { ins.jf });
-            } else if code == libc::BPF_RET | libc::BPF_K {
-                return ins.k;
-            } else {
-                panic!("unexpected instruction {code:#x}");
-            }
-        }
+        crate::bpf_test::verdict(&filter(0xC000_003E), arch, nr, &[family])
     }
 
     #[test]

@@ -8,16 +8,13 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
-use ferry_proto::{Cmp, CmpKind, Ctl, ProtoError, Req, cmsg};
-use ferry_ring::BufId;
+use ferry_proto::{Cmp, CmpKind, Req};
 use ferry_ring::{Endpoint, Layout, Region, Side};
 use tracing::debug;
 
-use crate::ops::{Answer, reply};
-use crate::seam::Io;
 use crate::sock::Owner;
 use crate::stats::ChannelStats;
 
@@ -214,54 +211,6 @@ impl Fence {
 }
 
 impl Channels {
-    /// Answers a control request of channel `ch` with `reply` and, beside it, `fds`
-    /// (the program's end of a new socket's pair). A reply that cannot be sent loses the
-    /// descriptor: the program's end is then closed, and the socket goes with it as any
-    /// closed socket does.
-    pub(crate) fn send_reply(&self, io: &dyn Io, ch: u32, reply: Ctl, fds: &[BorrowedFd<'_>]) {
-        if let Some(c) = self.get(ch)
-            && let Err(e) = io.ctl_send(c.ctl.as_fd(), bytemuck::bytes_of(&reply), fds)
-        {
-            debug!("channel {ch}: control reply lost: {e}");
-        }
-    }
-
-    /// Answers a control request of channel `ch` with `result` (and no descriptors).
-    pub(crate) fn answer(&self, io: &dyn Io, ch: u32, result: impl Into<Answer>) {
-        self.send_reply(io, ch, reply(result), &[]);
-    }
-
-    /// `BufReturn`: the shim gives back server buffer `buf` of channel `ch`.
-    pub(crate) fn buffer_returned(&mut self, ch: u32, buf: u32) -> Result<(), ProtoError> {
-        match self.get_mut(ch) {
-            Some(chan) => chan
-                .ep
-                .pool
-                .free(BufId(buf))
-                .map_err(|_| ProtoError::BadBuffer(buf)),
-            None => Ok(()),
-        }
-    }
-
-    /// `SendCtl`: control bytes kept for the next `Send` from channel `ch` (the shim
-    /// sends them in a row, right before it).
-    pub(crate) fn send_ctl(
-        &mut self,
-        ch: u32,
-        offset: u32,
-        bytes: &[u8],
-    ) -> Result<(), ProtoError> {
-        let Some(chan) = self.get_mut(ch) else {
-            return Ok(());
-        };
-        let have = chan.send_ctl.len();
-        if offset as usize != have || have + bytes.len() > cmsg::MAX_CONTROL {
-            return Err(ProtoError::ControlOffset { offset, have });
-        }
-        chan.send_ctl.extend_from_slice(bytes);
-        Ok(())
-    }
-
     /// Channel `ch`, if it is open.
     pub(crate) fn get(&self, ch: u32) -> Option<&Channel> {
         self.slots.get(ch as usize).and_then(Option::as_ref)

@@ -8,32 +8,14 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 
-use ferry_proto::{CMP_HANDOFF, CMP_RENEW_PAIR, Cmp, CmpKind, Ctl, WireAddr};
+use ferry_proto::{CMP_HANDOFF, CMP_RENEW_PAIR, Cmp, CmpKind, Ctl, WireAddr, cmsg};
 use tracing::{debug, warn};
 
-use ferry_egress::reach;
+use ferry_egress::{Decision, Origin, Reason, What, admit, reach};
 
-use crate::ModuleTarget;
-use crate::ops::reply;
 use crate::ops::{Errno, reply_id, would_block};
-use crate::recv_side::PathEvent;
-use std::sync::Arc;
-
-use ferry_egress::HostAddrs;
-use ferry_sys::Epoll;
-
-use crate::channel::Channels;
-use crate::group::{Msg, Shared};
-use crate::modules::Modules;
-use crate::place::Placing;
-use crate::seam::Io;
 use crate::server::Server;
-use crate::sock::{Conn, ConnEvent, Parked, Place, Sock};
-use crate::sock::{NewPair, Owner};
-use crate::stats::ServerStats;
-use crate::table::SockTable;
-use crate::tx::Tx;
-use crate::{Config, LogThrottle};
+use crate::sock::{Conn, Parked, Place};
 
 /// `a` as a socket of family `domain` shows it. A connection accepted on a dual-stack
 /// published port is an IPv6 socket on the host, handed to the sandbox's listener: for an
@@ -51,6 +33,18 @@ pub(crate) fn in_family(domain: i32, a: SocketAddr) -> SocketAddr {
         }
         _ => a,
     }
+}
+
+/// Most peers a datagram socket with a chosen host port remembers (`Sock::contacted`).
+const CONTACTED: usize = 64;
+
+/// Adds `peer` to `list` (the most recent last), forgetting the oldest beyond [`CONTACTED`].
+fn remember(list: &mut Vec<SocketAddr>, peer: SocketAddr) {
+    list.retain(|p| *p != peer);
+    if list.len() >= CONTACTED {
+        list.remove(0);
+    }
+    list.push(peer);
 }
 
 /// A hash key for a peer address (the hash assignment of accepted connections).
@@ -95,159 +89,10 @@ impl Drop for SocketSlot {
     }
 }
 
-/// What making, accepting, placing and connecting a socket works on: the seam, the
-/// event loop (a new socket joins it), the sockets, the channels (owners, replies),
-/// the modules (a rule's module), the sandbox's shared state (ids, its socket count,
-/// other servers' inboxes, published connections), the configuration, the host's
-/// addresses and the counters; never the control connections, the published ports'
-/// listeners or the receive scratch. Borrowed from [`Server::connects`].
-pub(crate) struct Connects<'a> {
-    pub io: &'static dyn Io,
-    pub epoll: &'a Epoll,
-    pub socks: &'a mut SockTable,
-    pub channels: &'a mut Channels,
-    pub modules: &'a mut Modules,
-    pub stats: &'a mut ServerStats,
-    pub shared: &'a Arc<Shared>,
-    pub cfg: &'a Config,
-    pub host_addrs: &'a mut HostAddrs,
-    /// Log lines about refused sockets, at most one a second.
-    pub refusals: &'a mut LogThrottle,
-    /// This server's index in its group.
-    pub index: usize,
-}
-
 impl Server {
-    /// The parts making and connecting sockets work on.
-    pub(crate) fn connects(&mut self) -> Connects<'_> {
-        Connects {
-            io: self.io,
-            epoll: &self.epoll,
-            socks: &mut self.socks,
-            channels: &mut self.channels,
-            modules: &mut self.modules,
-            stats: &mut self.stats,
-            shared: &self.shared,
-            cfg: &self.cfg,
-            host_addrs: &mut self.host_addrs,
-            refusals: &mut self.refusals,
-            index: self.index,
-        }
-    }
-
-    pub(crate) fn accept(&mut self, ch: u32, id: u32, nonblock: bool) {
-        let Some(s) = self.socks.get_mut(&id) else {
-            self.channels.answer(self.io, ch, Errno(libc::EBADF));
-            return;
-        };
-        if !s.listening() {
-            self.channels.answer(self.io, ch, Errno(libc::EINVAL));
-            return;
-        }
-        match self.connects().try_accept(id) {
-            Ok(a) => self.connects().finish_accept(ch, id, a),
-            Err(e) if would_block(&e) && !nonblock => {
-                if !self.socks.park(id, Parked::Accept { ch }) {
-                    self.bad_channel(ch, "too many blocking requests on one socket");
-                }
-            }
-            Err(e) => {
-                let mut r = reply(Errno::of(&e));
-                if would_block(&e) {
-                    r.c = i32::from(
-                        self.socks
-                            .get(&id)
-                            .is_some_and(crate::sock::Sock::token_out),
-                    );
-                }
-                self.channels.send_reply(self.io, ch, r, &[]);
-            }
-        }
-    }
-
-    pub(crate) fn bind(&mut self, id: u32, addr: SocketAddr) -> Result<(), Errno> {
-        let io = self.io;
-        let local = reach::is_local(addr.ip());
-        if !local {
-            if !self.host_addrs.owns(addr.ip()) {
-                debug!("socket {id}: bind to {addr}: not an address of the host");
-                return Err(Errno(libc::EADDRNOTAVAIL));
-            }
-            if self.socks.get(&id).is_some_and(|s| !s.is_stream()) && addr.port() != 0 {
-                warn!(
-                    "socket {id}: bind to {addr} refused: a datagram socket with a fixed port on a host address would receive from the network (publish it with -p HOST_PORT:PORT/udp)"
-                );
-                self.stats.denied += 1;
-                return Err(Errno(libc::EACCES));
-            }
-        }
-        self.connects().placing().place_for(id, local)?;
-        let wild = WireAddr::from(addr).is_unspecified().then_some(addr.port());
-        let s = self.socks.get_mut(&id).ok_or(Errno(libc::EBADF))?;
-        match io.bind(s.fd.as_fd(), &addr) {
-            Ok(()) => {
-                s.bound_wild = wild;
-                Ok(())
-            }
-            Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) && self.reap_closed() > 0 => {
-                // A socket the sandbox already closed may still hold the port: the hang-up
-                // of its readiness pair was not processed yet. Now it is; try again.
-                let s = self.socks.get_mut(&id).ok_or(Errno(libc::EBADF))?;
-                io.bind(s.fd.as_fd(), &addr).map_err(|e| Errno::of(&e))
-            }
-            Err(e) => Err(Errno::of(&e)),
-        }
-    }
-
-    /// Closes, right now, every socket whose program side is gone (its readiness pair has
-    /// hung up) and whose sends are done; returns how many.
-    pub(crate) fn reap_closed(&mut self) -> usize {
-        let open: Vec<u32> = self
-            .socks
-            .values()
-            .filter(|s| !s.app_closed)
-            .map(|s| s.id)
-            .collect();
-        for id in open {
-            if self.socks.app_gone(self.io, id) {
-                self.tx().app_closed(id);
-            }
-        }
-        let before = self.socks.len();
-        self.settle_dirty();
-        before - self.socks.len()
-    }
-}
-
-impl Connects<'_> {
-    /// The way out, for answers and a rule's module.
-    pub(crate) fn tx(&mut self) -> Tx<'_> {
-        Tx {
-            io: self.io,
-            epoll: self.epoll,
-            socks: &mut *self.socks,
-            channels: &mut *self.channels,
-            modules: &mut *self.modules,
-            stats: &mut *self.stats,
-        }
-    }
-
-    /// The parts placing a socket works on.
-    pub(crate) fn placing(&mut self) -> Placing<'_> {
-        Placing {
-            io: self.io,
-            epoll: self.epoll,
-            socks: &mut *self.socks,
-            shared: self.shared,
-            cfg: self.cfg,
-            host_addrs: &mut *self.host_addrs,
-            stats: &mut *self.stats,
-        }
-    }
-
     /// The server a socket made through channel `ch` goes to (`key` for the hash mode).
     fn assign(&self, ch: u32, key: u64) -> usize {
-        let routes = self.channels.get(ch).is_some_and(|c| c.routes);
+        let routes = self.chan(ch).is_some_and(|c| c.routes);
         if routes {
             self.shared.pick(key)
         } else {
@@ -269,15 +114,14 @@ impl Connects<'_> {
         if ty != libc::SOCK_STREAM && ty != libc::SOCK_DGRAM {
             return Err(Errno(libc::EPROTONOSUPPORT));
         }
-        let owner = self.channels.get(ch).ok_or(Errno(libc::EBADF))?.owner;
+        let owner = self.chan(ch).ok_or(Errno(libc::EBADF))?.owner;
         let slot = self.socket_slot()?;
         let fd = self
             .io
             .socket(domain, ty, protocol)
             .map_err(|e| Errno::of(&e))?;
         let key = self
-            .channels
-            .get(ch)
+            .chan(ch)
             .map_or(0, |c| u64::from(c.stats.pid) << 32 | u64::from(c.stats.tid));
         let server = self.assign(ch, key);
         let (mut sock, theirs) = self
@@ -289,9 +133,7 @@ impl Connects<'_> {
                 owner,
             )
             .map_err(|e| Errno::of(&e))?;
-        if ty == libc::SOCK_STREAM && self.channels.get(ch).is_some_and(|c| c.rx_pair) {
-            sock.rx.move_path(PathEvent::ToPair);
-        }
+        sock.rx_pair = ty == libc::SOCK_STREAM && self.chan(ch).is_some_and(|c| c.rx_pair);
         let id = self.place_sock(sock).map_err(|e| Errno::of(&e))?;
         slot.keep();
         self.stats.sockets_created += 1;
@@ -315,6 +157,30 @@ impl Connects<'_> {
         Err(Errno(libc::ENFILE))
     }
 
+    pub(crate) fn accept(&mut self, ch: u32, id: u32, nonblock: bool) {
+        let Some(s) = self.sock(id) else {
+            self.ctl_reply(ch, Server::new_reply(Errno(libc::EBADF)));
+            return;
+        };
+        if !s.listening() {
+            self.ctl_reply(ch, Server::new_reply(Errno(libc::EINVAL)));
+            return;
+        }
+        match self.try_accept(id) {
+            Ok(a) => self.finish_accept(ch, id, a),
+            Err(e) if would_block(&e) && !nonblock => {
+                self.park(id, Parked::Accept { ch });
+            }
+            Err(e) => {
+                let mut r = Server::new_reply(Errno::of(&e));
+                if would_block(&e) {
+                    r.c = self.drain_token(id);
+                }
+                self.ctl_reply(ch, r);
+            }
+        }
+    }
+
     /// A connection waiting on listener `id`: one its host socket accepted, else one
     /// of a published port that feeds it (then the port comes too).
     pub(crate) fn try_accept(&mut self, id: u32) -> io::Result<Accepted> {
@@ -328,19 +194,17 @@ impl Connects<'_> {
                 peer,
                 published: None,
             }),
-            Err(e) if would_block(&e) => {
-                match self.socks.take_published(self.io, self.shared, id) {
-                    // A published port listens on both families: an IPv4 client shows as
-                    // ::ffff:a.b.c.d, which an IPv4 listener's program must see as a.b.c.d
-                    // (`finish_accept` makes it so).
-                    Some((conn, port)) => Ok(Accepted {
-                        peer: self.io.sock_addr(conn.as_fd(), true).ok().flatten(),
-                        conn,
-                        published: Some(port),
-                    }),
-                    None => Err(e),
-                }
-            }
+            Err(e) if would_block(&e) => match self.take_published(id) {
+                // A published port listens on both families: an IPv4 client shows as
+                // ::ffff:a.b.c.d, which an IPv4 listener's program must see as a.b.c.d
+                // (`finish_accept` makes it so).
+                Some((conn, port)) => Ok(Accepted {
+                    peer: self.io.sock_addr(conn.as_fd(), true).ok().flatten(),
+                    conn,
+                    published: Some(port),
+                }),
+                None => Err(e),
+            },
             Err(e) => Err(e),
         }
     }
@@ -356,7 +220,7 @@ impl Connects<'_> {
             None => (libc::AF_INET, Place::Sandbox),
         };
         let peer = peer.map(|p| in_family(domain, p));
-        let Some(owner) = self.channels.get(ch).map(|c| c.owner) else {
+        let Some(owner) = self.chan(ch).map(|c| c.owner) else {
             return;
         };
         let slot = match self.socket_slot() {
@@ -364,7 +228,7 @@ impl Connects<'_> {
             Err(e) => {
                 // The connection is dropped (its peer sees it closed), as when a
                 // program's accept fails for lack of descriptors.
-                self.channels.answer(self.io, ch, e);
+                self.ctl_reply(ch, Server::new_reply(e));
                 return;
             }
         };
@@ -373,14 +237,12 @@ impl Connects<'_> {
         let (mut sock, theirs) = match made {
             Ok(made) => made,
             Err(e) => {
-                self.channels.answer(self.io, ch, Errno::of(&e));
+                self.ctl_reply(ch, Server::new_reply(Errno::of(&e)));
                 return;
             }
         };
-        sock.conn_moves(ConnEvent::Connected);
-        if self.channels.get(ch).is_some_and(|c| c.rx_pair) {
-            sock.rx.move_path(PathEvent::ToPair);
-        }
+        sock.conn = Conn::Connected;
+        sock.rx_pair = self.chan(ch).is_some_and(|c| c.rx_pair);
         // An accepted socket has its listener's receive buffer (the kernel's rule).
         if let Some((_, _, v)) = self.socks.get(&listener).and_then(|l| {
             l.opts
@@ -397,11 +259,11 @@ impl Connects<'_> {
                 slot.keep();
                 let r = self.accept_reply(listener, new, peer);
                 if let Some(port) = published {
-                    self.tx().apply_rule(new, ModuleTarget::Port(port));
+                    self.module_on_accept(new, port);
                 }
-                self.channels.send_reply(self.io, ch, r, &[theirs.as_fd()]);
+                self.ctl_reply_fd(ch, r, theirs);
             }
-            Err(e) => self.channels.answer(self.io, ch, Errno::of(&e)),
+            Err(e) => self.ctl_reply(ch, Server::new_reply(Errno::of(&e))),
         }
     }
 
@@ -425,43 +287,146 @@ impl Connects<'_> {
     /// The reply to an accept on `listener` that made socket `new` for `peer`: its id,
     /// the peer's address, and whether the shim takes the listener's token back.
     fn accept_reply(&mut self, listener: u32, new: u32, peer: Option<SocketAddr>) -> Ctl {
-        let mut r = reply(reply_id(new));
+        let mut r = Server::new_reply(reply_id(new));
         if let Some(p) = peer {
             r.addr_len = u32::try_from(WireAddr::from(p).encode(&mut r.addr)).unwrap_or(0);
         }
-        if let Some(s) = self.socks.get_mut(&listener) {
+        if let Some(s) = self.sock(listener) {
             s.stats.calls += 1;
         }
-        r.c = self.socks.drain_if_empty(self.io, self.shared, listener);
+        r.c = self.drain_if_empty(listener);
         r
     }
 
-    /// A `Connect` of socket `id` to `addr` (answered now, or parked until the host
-    /// socket says how it ended); `false` when the channel parked more blocking
-    /// requests on the socket than it may (it broke the protocol).
-    pub(crate) fn connect(
-        &mut self,
-        ch: u32,
-        id: u32,
-        tag: u32,
-        addr: WireAddr,
-        nonblock: bool,
-    ) -> bool {
-        if let Some(c @ (Conn::Failed | Conn::FailReported)) = self.socks.get(&id).map(Sock::conn) {
-            self.connect_after_failure(ch, id, tag, c == Conn::FailReported);
-            return true;
+    /// Whether socket `id` lives on the host already (bound to a host address, or
+    /// connected or sent from before): local destinations would be the host's own.
+    pub(crate) fn on_host(&self, id: u32) -> bool {
+        self.socks.get(&id).is_some_and(|s| s.place == Place::Host)
+    }
+
+    pub(crate) fn host_loopback_refused(&mut self, id: u32, what: What, to: WireAddr) {
+        warn!(
+            "socket {id}: {what} to {} refused: the socket is on the host, where that address is the host's own (never reachable from a sandbox)",
+            to.to_std()
+        );
+        self.stats.denied += 1;
+    }
+
+    /// Why a datagram's control messages may not go out from socket `id`, if they may
+    /// not: on the host, a source must be one of the host's addresses, with no
+    /// interface chosen (`reach.rs`). Inside the sandbox its own kernel judges.
+    pub(crate) fn source_refused(&mut self, id: u32, control: &[u8]) -> Option<String> {
+        if control.is_empty() || self.socks.get(&id)?.place == Place::Sandbox {
+            return None;
         }
-        let handoff = match self.placing().route_connect(id, addr) {
+        cmsg::sources(control)
+            .find_map(|(index, ip)| reach::source_refused(&mut self.host_addrs, index, ip))
+    }
+
+    /// A socket the program bound to the wildcard address (so it was made in the sandbox)
+    /// and now connects or sends elsewhere — a client choosing its port, as `curl
+    /// --local-port`, dig, `nc -u -p` or libuv do — moves to the host: a host socket with
+    /// its options, bound to the wildcard and the same port (the port it had in the
+    /// sandbox when the program asked for any; another when the host has that one taken),
+    /// takes its place. A datagram socket that
+    /// keeps a port the program chose admits only the peers it contacts (it must not be
+    /// a way to publish a port). Nothing happens to other sockets, or once a socket has
+    /// a peer or listens.
+    pub(crate) fn move_to_host(&mut self, id: u32) -> Result<(), Errno> {
+        let io = self.io;
+        let Some(s) = self.socks.get(&id) else {
+            return Ok(());
+        };
+        let Some(asked) = s.bound_wild else {
+            return Ok(());
+        };
+        if s.place != Place::Sandbox || s.conn != Conn::Idle {
+            return Ok(());
+        }
+        let had = io
+            .sock_addr(s.fd.as_fd(), false)
+            .ok()
+            .flatten()
+            .map_or(0, |a| a.port());
+        let (domain, ty, protocol) = (s.domain, s.ty, s.protocol);
+        let fd = self
+            .io
+            .socket(domain, ty, protocol)
+            .map_err(|e| Errno::of(&e))?;
+        for (level, name, value) in &s.opts {
+            let _ = io.setsockopt(fd.as_fd(), *level, *name, value);
+        }
+        let any = |port| {
+            let ip: std::net::IpAddr = if domain == libc::AF_INET6 {
+                std::net::Ipv6Addr::UNSPECIFIED.into()
+            } else {
+                std::net::Ipv4Addr::UNSPECIFIED.into()
+            };
+            SocketAddr::new(ip, port)
+        };
+        // The port is free in the sandbox, where the program bound it, but may be taken on
+        // the host (by another program, or a connection in TIME_WAIT): the program cannot
+        // try another one now, as it would after a failed bind, so the host picks one.
+        let kept = io.bind(fd.as_fd(), &any(had)).is_ok();
+        if !kept {
+            io.bind(fd.as_fd(), &any(0)).map_err(|e| Errno::of(&e))?;
+            debug!("socket {id}: port {had} is taken on the host; another one is used");
+        }
+        self.replace_host_fd(id, fd, Place::Host)
+            .map_err(|e| Errno::of(&e))?;
+        let s = self.sock(id).ok_or(Errno(libc::EBADF))?;
+        s.bound_wild = None;
+        if !s.is_stream() && asked != 0 && kept {
+            s.contacted = Some(Vec::new());
+        }
+        debug!(
+            "socket {id}: bound to the wildcard, moved to the host for a peer outside the sandbox"
+        );
+        Ok(())
+    }
+
+    /// Moves a provisional socket to where `dest` says it belongs.
+    pub(crate) fn place_for(&mut self, id: u32, local: bool) -> Result<(), Errno> {
+        let io = self.io;
+        let s = self.socks.get(&id).ok_or(Errno(libc::EBADF))?;
+        if s.place != Place::Provisional {
+            return Ok(());
+        }
+        let (domain, ty, protocol) = (s.domain, s.ty, s.protocol);
+        if local {
+            let fd = self
+                .shared
+                .sandbox_socket(
+                    domain,
+                    ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                    protocol,
+                )
+                .map_err(|e| Errno::of(&e))?;
+            io.set_nonblocking(fd.as_fd(), true)
+                .map_err(|e| Errno::of(&e))?;
+            self.replace_host_fd(id, fd, Place::Sandbox)
+                .map_err(|e| Errno::of(&e))?;
+        } else if let Some(s) = self.sock(id) {
+            s.place = Place::Host;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn connect(&mut self, ch: u32, id: u32, tag: u32, addr: WireAddr, nonblock: bool) {
+        if let Some(Conn::Failed { reported }) = self.socks.get(&id).map(|s| s.conn) {
+            self.connect_after_failure(ch, id, tag, reported);
+            return;
+        }
+        let handoff = match self.route_connect(id, addr) {
             Ok(h) => h,
             Err(e) => {
-                self.tx().done(ch, id, tag, e);
-                return true;
+                self.done(ch, id, tag, e);
+                return;
             }
         };
         let to = addr.to_std();
-        let mut fits = true;
         let Some(s) = self.socks.get_mut(&id) else {
-            return true;
+            return;
         };
         let connected = self.io.connect(s.fd.as_fd(), &to);
         if handoff && tag != 0 {
@@ -480,30 +445,27 @@ impl Connects<'_> {
         match connected {
             Ok(()) => {
                 if s.is_stream() {
-                    s.conn_moves(ConnEvent::Connected);
+                    s.conn = Conn::Connected;
                 }
-                self.tx().done(ch, id, tag, 0);
+                self.done(ch, id, tag, 0);
             }
             Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
-                s.conn_moves(ConnEvent::InProgress(to));
+                s.conn = Conn::Connecting { to, filled: false };
                 if nonblock {
-                    self.tx().done(ch, id, tag, Errno(libc::EINPROGRESS));
+                    self.done(ch, id, tag, Errno(libc::EINPROGRESS));
                 } else {
-                    fits = self.socks.park(id, Parked::Connect { ch, tag });
+                    self.park(id, Parked::Connect { ch, tag });
                 }
             }
-            Err(e) => self.tx().done(ch, id, tag, Errno::of(&e)),
+            Err(e) => self.done(ch, id, tag, Errno::of(&e)),
         }
-        if self.modules.has_rules() {
-            self.tx().apply_rule(id, ModuleTarget::Dest(to));
-        }
-        fits
+        self.module_on_connect(id, to);
     }
 
     /// Stream `id`, connected or connecting (`result`: 0 or `-EINPROGRESS`) to a
     /// `--handoff` destination, leaves the loop; the connect is answered with
-    /// `CMP_HANDOFF`, and the program takes the host socket ([`Connects::take_handoff`]).
-    fn hand_off(&mut self, ch: u32, id: u32, tag: u32, result: i32) -> bool {
+    /// `CMP_HANDOFF`, and the program takes the host socket ([`Server::take_handoff`]).
+    fn hand_off(&mut self, ch: u32, id: u32, tag: u32, result: i32) {
         if let Some(s) = self.socks.get_mut(&id) {
             let _ = self.epoll.delete(s.fd.as_fd());
             s.handing_off = true;
@@ -511,8 +473,7 @@ impl Connects<'_> {
         }
         let mut c = Cmp::new(CmpKind::Done, id, tag, result);
         c.flags |= CMP_HANDOFF;
-        self.tx().complete(ch, c);
-        true
+        self.complete(ch, c);
     }
 
     /// `CtlKind::Handoff`: the host socket of stream `id` being handed off, for the
@@ -549,16 +510,70 @@ impl Connects<'_> {
         if reported {
             let mut c = Cmp::new(CmpKind::Done, id, tag, Errno(libc::ECONNABORTED).wire());
             c.flags |= CMP_RENEW_PAIR;
-            self.tx().complete(ch, c);
+            self.complete(ch, c);
             return;
         }
-        s.conn_moves(ConnEvent::Reported);
+        s.conn = Conn::Failed { reported: true };
         let e = match std::mem::take(&mut s.so_error) {
             0 => libc::ECONNABORTED,
             e => e,
         };
         let _ = io.connect_unspec(s.fd.as_fd());
-        self.tx().done(ch, id, tag, Errno(e));
+        self.done(ch, id, tag, Errno(e));
+    }
+
+    /// Whether socket `id` may reach `dest` (`what`: a connect or a datagram), and from
+    /// where, as [`ferry_egress::admit`] decides: the host's own addresses are never
+    /// reachable from the host side; the policy. Then a socket bound to the wildcard in
+    /// the sandbox moves to the host for a peer outside it, a provisional one is placed;
+    /// a socket that keeps a port the program chose remembers the peer. `Ok(true)`: the
+    /// connection is to be handed to the program ([`Decision::Handoff`]).
+    pub(crate) fn route_to(&mut self, id: u32, dest: WireAddr, what: What) -> Result<bool, Errno> {
+        let to = dest.to_std();
+        let from = if self.on_host(id) {
+            Origin::Host
+        } else {
+            Origin::Sandbox
+        };
+        let decision = admit(&self.cfg.policy, what, from, to);
+        let local = match decision {
+            Decision::Inside => true,
+            Decision::Outside | Decision::Handoff => false,
+            Decision::Refused(Reason::HostLocal) => {
+                self.host_loopback_refused(id, what, dest);
+                return Err(Errno(libc::EACCES));
+            }
+            Decision::Refused(why) => {
+                warn!("socket {id}: {what} to {to} {why}");
+                self.stats.denied += 1;
+                return Err(Errno(libc::EACCES));
+            }
+        };
+        if !local {
+            self.move_to_host(id)?;
+        }
+        self.place_for(id, local)?;
+        if let Some(c) = self.sock(id).and_then(|s| s.contacted.as_mut()) {
+            remember(c, to);
+        }
+        Ok(decision == Decision::Handoff)
+    }
+
+    /// [`Server::route_to`] for a connect: besides, a stream bound inside the sandbox has
+    /// no route out, and an egress bond picks the source. `Ok(true)`: hand the
+    /// connection to the program.
+    fn route_connect(&mut self, id: u32, addr: WireAddr) -> Result<bool, Errno> {
+        let handoff = self.route_to(id, addr, What::Connect)?;
+        let s = self.sock(id).ok_or(Errno(libc::EBADF))?;
+        if s.place == Place::Sandbox
+            && !reach::is_local(addr.to_std().ip())
+            && s.ty == libc::SOCK_STREAM
+        {
+            // Bound inside the sandbox, now asked to leave it: the sandbox has no route.
+            return Err(Errno(libc::ENETUNREACH));
+        }
+        self.bond_source(id, addr.to_std())?;
+        Ok(handoff && self.socks.get(&id).is_some_and(|s| s.is_stream()))
     }
 
     /// Stream `id`'s connect in progress (to `to`, the program's end of the pair
@@ -594,11 +609,11 @@ impl Connects<'_> {
             let _ = io.connect_unspec(s.fd.as_fd());
         }
         s.so_error = if reported { 0 } else { err };
-        s.conn_moves(if err == 0 {
-            ConnEvent::Succeeded
+        s.conn = if err == 0 {
+            Conn::Connected
         } else {
-            ConnEvent::Refused
-        });
+            Conn::Idle
+        };
         let outcome = match err {
             0 => Ok(()),
             e => Err(Errno(e)),
@@ -609,31 +624,82 @@ impl Connects<'_> {
             return;
         }
         for (ch, tag) in waiters {
-            self.tx().done(ch, id, tag, outcome);
+            self.done(ch, id, tag, outcome);
         }
         if filled && err != 0 && !reported {
             // A non-blocking connect failed: POLLERR|POLLHUP, as the kernel's.
-            self.tx().detach_pair(id);
+            self.detach_pair(id);
         } else if filled {
             // The connect has ended: the program's end polls writable again.
-            self.tx().drain_filler(id);
+            self.drain_filler(id);
         }
     }
 
-    /// A `Listen` on socket `id`; `Ok(true)` when connections of a published port
-    /// already wait for it (the caller runs its input event).
-    pub(crate) fn listen(&mut self, id: u32, backlog: i32) -> Result<bool, Errno> {
+    pub(crate) fn bind(&mut self, id: u32, addr: SocketAddr) -> Result<(), Errno> {
         let io = self.io;
-        if self.placing().on_host(id) {
+        let local = reach::is_local(addr.ip());
+        if !local {
+            if !self.host_addrs.owns(addr.ip()) {
+                debug!("socket {id}: bind to {addr}: not an address of the host");
+                return Err(Errno(libc::EADDRNOTAVAIL));
+            }
+            if self.socks.get(&id).is_some_and(|s| !s.is_stream()) && addr.port() != 0 {
+                warn!(
+                    "socket {id}: bind to {addr} refused: a datagram socket with a fixed port on a host address would receive from the network (publish it with -p HOST_PORT:PORT/udp)"
+                );
+                self.stats.denied += 1;
+                return Err(Errno(libc::EACCES));
+            }
+        }
+        self.place_for(id, local)?;
+        let wild = WireAddr::from(addr).is_unspecified().then_some(addr.port());
+        let s = self.sock(id).ok_or(Errno(libc::EBADF))?;
+        match io.bind(s.fd.as_fd(), &addr) {
+            Ok(()) => {
+                s.bound_wild = wild;
+                Ok(())
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) && self.reap_closed() > 0 => {
+                // A socket the sandbox already closed may still hold the port: the hang-up
+                // of its readiness pair was not processed yet. Now it is; try again.
+                let s = self.sock(id).ok_or(Errno(libc::EBADF))?;
+                io.bind(s.fd.as_fd(), &addr).map_err(|e| Errno::of(&e))
+            }
+            Err(e) => Err(Errno::of(&e)),
+        }
+    }
+
+    /// Closes, right now, every socket whose program side is gone (its readiness pair has
+    /// hung up) and whose sends are done; returns how many.
+    pub(crate) fn reap_closed(&mut self) -> usize {
+        let open: Vec<u32> = self
+            .socks
+            .values()
+            .filter(|s| !s.app_closed)
+            .map(|s| s.id)
+            .collect();
+        for id in open {
+            if self.app_gone(id) {
+                self.app_closed(id);
+            }
+        }
+        let before = self.socks.len();
+        self.settle_dirty();
+        before - self.socks.len()
+    }
+
+    pub(crate) fn listen(&mut self, id: u32, backlog: i32) -> Result<(), Errno> {
+        let io = self.io;
+        if self.on_host(id) {
             warn!(
                 "socket {id}: listen refused: the socket is bound to a host address, and only -p publishes a port"
             );
             self.stats.denied += 1;
             return Err(Errno(libc::EACCES));
         }
-        self.placing().place_for(id, true)?;
+        self.place_for(id, true)?;
         let shared = self.shared.clone();
-        let s = self.socks.get_mut(&id).ok_or(Errno(libc::EBADF))?;
+        let s = self.sock(id).ok_or(Errno(libc::EBADF))?;
         match io.listen(s.fd.as_fd(), backlog) {
             Ok(()) => {
                 if !s.listening()
@@ -642,42 +708,13 @@ impl Connects<'_> {
                 {
                     s.published_listener = Some(a.port());
                 }
-                s.conn_moves(ConnEvent::Listen);
-                Ok(self.socks.has_published(self.io, self.shared, id))
+                s.conn = Conn::Listening;
+                if self.has_published(id) {
+                    self.host_event(id, libc::EPOLLIN as u32);
+                }
+                Ok(())
             }
             Err(e) => Err(Errno::of(&e)),
         }
-    }
-
-    /// A new socket served by server `server` (not registered anywhere yet), made by or
-    /// for `owner`; `kind` is (domain, type, protocol). Makes its readiness pair: the
-    /// program's end comes back beside the socket, for the reply that gives it to the
-    /// program.
-    pub(crate) fn new_sock(
-        &self,
-        server: usize,
-        fd: OwnedFd,
-        kind: (i32, i32, i32),
-        place: Place,
-        owner: Owner,
-    ) -> io::Result<(Sock, OwnedFd)> {
-        let id = self.shared.new_id(server);
-        let NewPair { ours, theirs, name } = self.io.new_pair(id)?;
-        let sock = Sock::new(id, kind, fd, place, (ours, name), owner);
-        Ok((sock, theirs))
-    }
-
-    /// Serves `sock` here, or hands it to its server; returns its id. The hand-over
-    /// happens before the caller tells the shim the id (see [`crate::group`]).
-    pub(crate) fn place_sock(&mut self, sock: Sock) -> io::Result<u32> {
-        let id = sock.id;
-        let server = ferry_proto::server_of(id);
-        if server == self.index {
-            self.socks.install(self.epoll, sock)?;
-        } else {
-            self.stats.sockets_handed += 1;
-            self.shared.inbox[server].send(Msg::Sock(Box::new(sock)));
-        }
-        Ok(id)
     }
 }

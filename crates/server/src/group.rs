@@ -163,7 +163,7 @@ pub(crate) struct Shared {
     pub any_published: bool,
     /// Sockets of the sandbox listening (through ferry) on each published TCP port, on
     /// every server: a connection to a port with none waits a moment for one, then is
-    /// refused (`PublishedPorts::expire_unserved`).
+    /// refused (`Server::expire_unserved`).
     listeners: Vec<(u16, AtomicUsize)>,
     /// Channels open on every server of the sandbox (capped by `Config::max_channels`).
     channels_open: AtomicUsize,

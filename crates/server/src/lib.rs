@@ -9,7 +9,7 @@
 //! receive path, moving a TCP socket's received bytes into its readiness pair), which
 //! socket options and control messages a sandbox may use (`sockopt.rs`,
 //! `ferry_proto::cmsg`: nothing that needs the server's privilege or points into its
-//! memory), binding a socket to its egress bond's source address (`place.rs`),
+//! memory), binding a socket to its egress bond's source address (`egress.rs`),
 //! published ports (TCP connections handed to the sandbox's listener; UDP datagrams
 //! forwarded through a flow per client, `udp_publish`), data-path modules bound to sockets (`modules`: the
 //! server half of `ferry-modules` — binding, feeding a module the program's sends,
@@ -21,21 +21,14 @@
 //!
 //! # Layout (docs/DESIGN.md, "Server core")
 //!
-//! `Server` (`server.rs`: the event loop) coordinates parts that own their state:
-//! `ControlConns` (`control.rs`: the control socket, Hellos), `Channels` (`channel.rs`:
-//! rings, backlog, back-pressure), `SockTable` (`table.rs`: the sockets and the turn's
-//! work on them), `PublishedPorts` (`published.rs`, `udp_publish.rs`), `Modules`
-//! (`modules.rs`). `ops.rs` dispatches each typed request (`ferry_proto::Call`) and
-//! control message. The data path's concerns are views borrowing only the fields they
-//! touch: `Tx` (`tx.rs`, the way out), `Rx` (`rx.rs`, the way in), `Connects`
-//! (`connect.rs`: make, accept and connect sockets; `Placing` in `place.rs` places
-//! them), `ChannelLife` (`control.rs`: open and close channels). `sock.rs` is one
-//! socket's state (`Conn`, `Token`, `PairEnd`, `Holders`), `recv_side.rs` its
-//! receive side and `send_side.rs` what waits on its way out, each with its table of
-//! moves; `token.rs` and `procs.rs` are leaves.
-//! Every call on a host socket or pair goes through the seam (`seam.rs`), so that
-//! [`testkit`] can run the real server over a scripted fake, in-process and
-//! deterministically.
+//! `server.rs` is the event loop; `control.rs` the control connections, `published.rs`
+//! the published ports, `table.rs` the socket table; `channel.rs` the channel table
+//! (rings, backlog, back-pressure); `ops.rs` dispatches
+//! each typed request (`ferry_proto::Call`) and control message; `connect.rs` places and
+//! connects sockets, `tx.rs` is the way out, `rx.rs` the way in; `sock.rs` is one
+//! socket's state with its state tables; every call on a host socket or pair goes
+//! through the seam (`seam.rs`), so that [`testkit`] can run the real server over a
+//! scripted fake, in-process and deterministically.
 //!
 //! # Theory of operation
 //!
@@ -59,17 +52,17 @@
 //! byte (POLLPRI, SIGURG, `recv(MSG_OOB)`), and a failed non-blocking connect closes the
 //! server's end with the shim's filler unread (POLLERR). In the other direction the
 //! server reads what the program wrote into its end itself (stdio, a shell's builtins)
-//! and sends it on the host socket (`Tx::pair_input`); a filler starts with an
+//! and sends it on the host socket (`Server::pair_input`); a filler starts with an
 //! out-of-band marker, where those reads stop. Whenever the server's own end
 //! hangs up by the server's doing, whether the program still holds the fd is asked of
-//! the pair's abstract name (`SockTable::app_alive`).
+//! the pair's abstract name (`Server::app_alive`).
 //!
 //! # What a sandbox can do to a server (docs/SECURITY.md)
 //!
 //! The server makes every readiness pair and keeps its end to itself (non-blocking, never
 //! in the sandbox), names the program's end in its own network namespace, and answers a
 //! request about a socket only for a process that made, accepted or claimed it
-//! (`CtlKind::Claim`, the descriptor as proof; `sock::Holders`). Every queue a channel
+//! (`CtlKind::Claim`, the descriptor as proof; `Sock::holders`). Every queue a channel
 //! can fill is bounded: completions by back-pressure (the channel is not read while they
 //! back up), parked requests per channel and socket, control connections waiting for
 //! their Hello (2 s, 64 at most), channels and sockets per sandbox
@@ -89,25 +82,21 @@ pub mod confine;
 mod connect;
 mod control;
 pub mod dns;
+mod egress;
 mod group;
 #[allow(unsafe_code)]
 mod hostio;
 mod modules;
 mod ops;
-mod place;
-mod procs;
 mod published;
-mod recv_side;
 mod rx;
 mod seam;
-mod send_side;
 mod server;
 mod sock;
 mod sockopt;
 mod stats;
 mod table;
 pub mod testkit;
-mod token;
 mod tx;
 mod udp_publish;
 
@@ -116,8 +105,7 @@ pub use ferry_egress::{Bond, EgressStats, LogThrottle, Mode, Policy, Rule, TapHa
 pub use ferry_modules::{Interrupt as ModuleInterrupt, Limits as ModuleLimits};
 pub use group::{Accepted, Assign, Control, Handle, Servers, parse_server, server_name};
 pub use modules::{HIGH_WATER, ModuleConfig, ModuleError, ModuleRule, ModuleTarget};
-pub use procs::descends_from;
-pub use server::Server;
+pub use server::{Server, descends_from};
 pub use stats::{
     ChannelStats, FOLDED, MAX_LISTED, ServerStats, SocketStats, group_json, merge as merge_stats,
 };

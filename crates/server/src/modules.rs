@@ -52,15 +52,9 @@ use ferry_proto::{
 };
 use tracing::{debug, warn};
 
-use crate::channel::Channels;
 use crate::ops::Errno;
-use crate::seam::Io;
-use crate::send_side::SendEvent;
 use crate::server::Server;
 use crate::sock::Parked;
-use crate::stats::ServerStats;
-use crate::table::SockTable;
-use crate::tx::Tx;
 
 /// Default of [`ModuleConfig::copy_max`].
 pub const DEFAULT_COPY_MAX: u64 = 4 << 20;
@@ -330,11 +324,6 @@ impl Modules {
     }
 
     /// Whether socket `id` has a module (running, with output waiting, or failed).
-    /// Some module is configured for connections (by port or destination).
-    pub(crate) fn has_rules(&self) -> bool {
-        !self.rules.is_empty()
-    }
-
     pub(crate) fn is_bound(&self, id: u32) -> bool {
         self.bound.contains_key(&id)
     }
@@ -413,21 +402,18 @@ impl Server {
         // Program order: sends queued before the binding go out before the module's
         // output.
         self.drain_rings();
-        let result = self.tx().bind_from_ctl(ch, &msg, inline, fds);
+        let result = self.bind_from_ctl(ch, &msg, inline, fds);
         if result.is_err() {
             self.stats.module_refused += 1;
         }
         // Answer first: the program goes on while the output is written.
-        self.channels.answer(self.io, ch, result);
+        self.ctl_reply(ch, Server::new_reply(result));
         if result.is_ok() {
-            self.tx().flush_tx(msg.sock);
+            self.flush_tx(msg.sock);
         }
     }
-}
 
-/// A binding's requests, answered through the way out.
-impl Tx<'_> {
-    pub(crate) fn bind_from_ctl(
+    fn bind_from_ctl(
         &mut self,
         ch: u32,
         msg: &Ctl,
@@ -452,168 +438,13 @@ impl Tx<'_> {
             }
             inline.to_vec()
         };
-        let (m, mut a) = self.module_parts();
-        m.bind(&mut a, ch, id, &blob, usize::try_from(msg.b).ok(), fds)
-    }
-
-    /// An `Op::BindModule` record: the binding is in the lent buffer, the files came
-    /// just before on the control socket. `Err` means the channel broke the protocol.
-    pub(crate) fn bind_module_req(
-        &mut self,
-        ch: u32,
-        id: u32,
-        tag: u32,
-        binding: BufRef,
-        files: u32,
-    ) -> Result<(), ProtoError> {
-        let Some(chan) = self.channels.get_mut(ch) else {
-            return Ok(());
-        };
-        let span = chan.lent_span(binding.id, 0, binding.len)?;
-        let mut blob = vec![0u8; span.len() as usize];
-        chan.ep.bufs.read(span, &mut blob);
-        self.module_parts().1.give_back(ch, id, binding.id);
-        let nfiles = files as usize;
-        let fds = if nfiles == 0 {
-            Vec::new()
-        } else {
-            self.modules.take_files(self.channels, ch)?
-        };
-        let result = match self.socks.get_mut(&id) {
-            None => Err(Errno(libc::EBADF)),
-            Some(s) => {
-                s.last_ch = ch;
-                s.stats.calls += 1;
-                let (m, mut a) = self.module_parts();
-                m.bind(&mut a, ch, id, &blob, Some(nfiles), fds)
-            }
-        };
-        if result.is_err() {
-            self.stats.module_refused += 1;
-        }
-        if tag != 0 {
-            self.done(ch, id, tag, result);
-            // The program waits for this answer, not for the output: publish it now.
-            if let Some(c) = self.channels.get_mut(ch) {
-                c.flush();
-            }
-        } else if let Err(e) = result {
-            self.done(ch, id, 0, e);
-        }
-        if result.is_ok() {
-            self.flush_tx(id);
-        }
-        Ok(())
-    }
-}
-
-/// What a module's data path works on besides the modules: the seam, the sockets
-/// (their queued sends, their host sockets), the channels (answers, buffers given back)
-/// and the counters; never the event loop or the other servers.
-pub(crate) struct Around<'a> {
-    pub io: &'static dyn Io,
-    pub socks: &'a mut SockTable,
-    pub channels: &'a mut Channels,
-    pub stats: &'a mut ServerStats,
-}
-
-impl Around<'_> {
-    /// Completion `c` on channel `ch`, if it is open.
-    pub(crate) fn complete_on(&mut self, ch: u32, c: Cmp) {
-        if let Some(chan) = self.channels.get_mut(ch) {
-            chan.complete(c);
-        }
-    }
-
-    /// Shim buffer `buf` of channel `ch` goes back (socket `id`'s send is done with it).
-    pub(crate) fn give_back(&mut self, ch: u32, id: u32, buf: u32) {
-        let mut c = Cmp::new(CmpKind::BufReturn, id, 0, 0);
-        c.buf = buf;
-        self.complete_on(ch, c);
-    }
-}
-
-/// The module data path: bindings, sends fed to a bound socket's module, its output
-/// written, its end and its failure.
-impl Modules {
-    /// A `RegisterFile` control message of channel `ch`: checks the file once and
-    /// enters it in the channel's table; its handle.
-    pub(crate) fn register_file(&mut self, ch: u32, mut fds: Vec<OwnedFd>) -> Result<i32, Errno> {
-        match (fds.pop(), fds.is_empty()) {
-            (Some(f), true) => check_file(&f).and_then(|()| {
-                self.registered
-                    .entry(ch)
-                    .or_default()
-                    .insert(f)
-                    .map(u32::cast_signed)
-            }),
-            _ => Err(Errno(libc::EINVAL)),
-        }
-    }
-
-    /// An `UnregisterFile` control message of channel `ch` (`handle`). Bindings the
-    /// channel queued on its ring before it still see the file (the caller takes them
-    /// first); instances already started keep it open.
-    pub(crate) fn unregister_file(
-        &mut self,
-        ch: u32,
-        handle: i32,
-        fds: &[OwnedFd],
-    ) -> Result<(), Errno> {
-        if !fds.is_empty() {
-            return Err(Errno(libc::EINVAL));
-        }
-        let known = u32::try_from(handle)
-            .is_ok_and(|h| self.registered.get_mut(&ch).is_some_and(|t| t.remove(h)));
-        if self.registered.get(&ch).is_some_and(FileTable::is_empty) {
-            self.registered.remove(&ch);
-        }
-        if known {
-            Ok(())
-        } else {
-            Err(Errno(libc::EBADF))
-        }
-    }
-
-    /// A `Files` control packet of channel `ch` read before its ring record: kept for
-    /// the record; false when the channel sent more than a few without their bindings.
-    pub(crate) fn stash_files(&mut self, ch: u32, fds: Vec<OwnedFd>) -> bool {
-        let q = self.files.entry(ch).or_default();
-        if q.len() >= 4 {
-            return false;
-        }
-        q.push_back(fds);
-        true
-    }
-
-    /// The files of channel `ch`'s next ring binding: stashed by `ctl_readable`, or the
-    /// next control packet (sent before the record, so already queued).
-    fn take_files(&mut self, channels: &Channels, ch: u32) -> Result<Vec<OwnedFd>, ProtoError> {
-        if let Some(f) = self.files.get_mut(&ch).and_then(VecDeque::pop_front) {
-            return Ok(f);
-        }
-        let Some(chan) = channels.get(ch) else {
-            return Err(ProtoError::MissingFiles);
-        };
-        let mut buf = [0u8; size_of::<Ctl>()];
-        match ferry_sys::recv_with_fds(chan.ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
-            Ok((n, fds)) if n == buf.len() => {
-                let msg: Ctl = bytemuck::pod_read_unaligned(&buf);
-                if msg.kind() == Some(CtlKind::Files) {
-                    Ok(fds)
-                } else {
-                    Err(ProtoError::CtlKind(msg.kind))
-                }
-            }
-            _ => Err(ProtoError::MissingFiles),
-        }
+        self.bind_blob(ch, id, &blob, usize::try_from(msg.b).ok(), fds)
     }
 
     /// A binding of channel `ch` and its files, whichever way they came. The module's
     /// files are the passed ones, then the registered ones the binding names.
-    pub(crate) fn bind(
+    fn bind_blob(
         &mut self,
-        a: &mut Around<'_>,
         ch: u32,
         id: u32,
         blob: &[u8],
@@ -633,7 +464,7 @@ impl Modules {
         let mut files: Vec<Arc<OwnedFd>> = Vec::with_capacity(fds.len() + binding.handles.len());
         files.extend(fds.into_iter().map(Arc::new));
         if !binding.handles.is_empty() {
-            let table = self.registered.get(&ch);
+            let table = self.modules.registered.get(&ch);
             for &h in &binding.handles {
                 let f = table.and_then(|t| t.get(h)).ok_or_else(|| {
                     debug!("socket {id}: binding names unregistered file {h}");
@@ -644,43 +475,162 @@ impl Modules {
         }
         let module = match binding.module {
             ModuleRef::Bytes(b) => {
-                let before = self.by_hash.len();
-                let m = self.load(b).map_err(|e| {
+                let before = self.modules.by_hash.len();
+                let m = self.modules.load(b).map_err(|e| {
                     warn!("socket {id}: module refused: {e}");
                     bind_errno(&e)
                 })?;
-                a.stats.modules_loaded += (self.by_hash.len() - before) as u64;
+                self.stats.modules_loaded += (self.modules.by_hash.len() - before) as u64;
                 m
             }
-            ModuleRef::Hash(h) => *self.by_hash.get(&h).ok_or(Errno(libc::ENOENT))?,
+            ModuleRef::Hash(h) => *self.modules.by_hash.get(&h).ok_or(Errno(libc::ENOENT))?,
         };
-        self.attach(a, id, module, &binding.props, files)
+        self.attach(id, module, &binding.props, files)
     }
 
-    /// Binds the module a rule configures for `target` to socket `id` (just accepted
-    /// from a published port, or connecting to a destination); `None` if no rule names
-    /// the target.
-    pub(crate) fn attach_rule(
+    /// A `RegisterFile` control message: checks the file once and enters it in channel
+    /// `ch`'s table. Answers with the handle or a negated errno.
+    pub(crate) fn register_file_ctl(&mut self, ch: u32, mut fds: Vec<OwnedFd>) {
+        let result = match (fds.pop(), fds.is_empty()) {
+            (Some(f), true) => check_file(&f).and_then(|()| {
+                self.modules
+                    .registered
+                    .entry(ch)
+                    .or_default()
+                    .insert(f)
+                    .map(u32::cast_signed)
+            }),
+            _ => Err(Errno(libc::EINVAL)),
+        };
+        self.ctl_reply(ch, Server::new_reply(result));
+    }
+
+    /// An `UnregisterFile` control message (`a` = handle). Bindings this channel queued on
+    /// its ring before it still see the file; instances already started keep it open.
+    pub(crate) fn unregister_file_ctl(&mut self, ch: u32, msg: Ctl, fds: Vec<OwnedFd>) {
+        self.drain_rings();
+        if !fds.is_empty() {
+            self.ctl_reply(ch, Server::new_reply(Errno(libc::EINVAL)));
+            return;
+        }
+        let known = u32::try_from(msg.a).is_ok_and(|h| {
+            self.modules
+                .registered
+                .get_mut(&ch)
+                .is_some_and(|t| t.remove(h))
+        });
+        if self
+            .modules
+            .registered
+            .get(&ch)
+            .is_some_and(FileTable::is_empty)
+        {
+            self.modules.registered.remove(&ch);
+        }
+        let result = if known {
+            Ok(())
+        } else {
+            Err(Errno(libc::EBADF))
+        };
+        self.ctl_reply(ch, Server::new_reply(result));
+    }
+
+    /// An `Op::BindModule` record: the binding is in the lent buffer, the files came
+    /// just before on the control socket. `Err` means the channel broke the protocol.
+    pub(crate) fn bind_module_req(
         &mut self,
-        a: &mut Around<'_>,
+        ch: u32,
         id: u32,
-        target: ModuleTarget,
-    ) -> Option<Result<(), Errno>> {
-        let (_, module, props) = self.rules.iter().find(|(t, ..)| *t == target)?;
-        let (module, props) = (*module, props.clone());
-        Some(self.attach(a, id, module, &props, Vec::new()))
+        tag: u32,
+        binding: BufRef,
+        files: u32,
+    ) -> Result<(), ProtoError> {
+        let Some(chan) = self.chan_mut(ch) else {
+            return Ok(());
+        };
+        let span = chan.lent_span(binding.id, 0, binding.len)?;
+        let mut blob = vec![0u8; span.len() as usize];
+        chan.ep.bufs.read(span, &mut blob);
+        self.give_back(ch, id, binding.id);
+        let nfiles = files as usize;
+        let fds = if nfiles == 0 {
+            Vec::new()
+        } else {
+            self.take_files(ch)?
+        };
+        let result = match self.socks.get_mut(&id) {
+            None => Err(Errno(libc::EBADF)),
+            Some(s) => {
+                s.last_ch = ch;
+                s.stats.calls += 1;
+                self.bind_blob(ch, id, &blob, Some(nfiles), fds)
+            }
+        };
+        if result.is_err() {
+            self.stats.module_refused += 1;
+        }
+        if tag != 0 {
+            self.done(ch, id, tag, result);
+            // The program waits for this answer, not for the output: publish it now.
+            if let Some(c) = self.chan_mut(ch) {
+                c.flush();
+            }
+        } else if let Err(e) = result {
+            self.done(ch, id, 0, e);
+        }
+        if result.is_ok() {
+            self.flush_tx(id);
+        }
+        Ok(())
+    }
+
+    /// The files of channel `ch`'s next ring binding: stashed by `ctl_readable`, or the
+    /// next control packet (sent before the record, so already queued).
+    fn take_files(&mut self, ch: u32) -> Result<Vec<OwnedFd>, ProtoError> {
+        if let Some(f) = self
+            .modules
+            .files
+            .get_mut(&ch)
+            .and_then(VecDeque::pop_front)
+        {
+            return Ok(f);
+        }
+        let Some(chan) = self.chan(ch) else {
+            return Err(ProtoError::MissingFiles);
+        };
+        let mut buf = [0u8; size_of::<Ctl>()];
+        match ferry_sys::recv_with_fds(chan.ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
+            Ok((n, fds)) if n == buf.len() => {
+                let msg: Ctl = bytemuck::pod_read_unaligned(&buf);
+                if msg.kind() == Some(CtlKind::Files) {
+                    Ok(fds)
+                } else {
+                    Err(ProtoError::CtlKind(msg.kind))
+                }
+            }
+            _ => Err(ProtoError::MissingFiles),
+        }
+    }
+
+    /// A `Files` control packet read before its ring record: keep it for the record.
+    pub(crate) fn stash_files(&mut self, ch: u32, fds: Vec<OwnedFd>) {
+        let q = self.modules.files.entry(ch).or_default();
+        if q.len() >= 4 {
+            self.bad_channel(ch, "module files without their bindings");
+            return;
+        }
+        q.push_back(fds);
     }
 
     /// Starts module `module` on socket `id`. A failing `init` fails the socket.
-    pub(crate) fn attach<K: AsRef<str>, V: AsRef<str>>(
+    fn attach<K: AsRef<str>, V: AsRef<str>>(
         &mut self,
-        a: &mut Around<'_>,
         id: u32,
         module: ModuleId,
         props: &[(K, V)],
         files: Vec<Arc<OwnedFd>>,
     ) -> Result<(), Errno> {
-        let Some(s) = a.socks.get(&id) else {
+        let Some(s) = self.socks.get(&id) else {
             return Err(Errno(libc::EBADF));
         };
         if !s.is_stream() || s.listening() {
@@ -691,37 +641,37 @@ impl Modules {
         }
         // A module that has finished but whose output is still going out is followed
         // by the new one (its output queues behind); a running one is not replaced.
-        let pending = match self.bound.get_mut(&id) {
+        let pending = match self.modules.bound.get_mut(&id) {
             None => Outbox::new(),
             Some(Bound::Live { inst, outbox }) if inst.is_finished() => std::mem::take(outbox),
             Some(_) => return Err(Errno(libc::EBUSY)),
         };
-        let host = Arc::clone(self.host().map_err(|e| bind_errno(&e))?);
+        let host = Arc::clone(self.modules.host().map_err(|e| bind_errno(&e))?);
         match host.start_shared(module, props, files) {
             Ok((inst, actions)) => {
                 let (make, init) = inst.start_timing();
-                a.stats.module_start_ns += nanos(make);
-                a.stats.module_init_ns += nanos(init);
+                self.stats.module_start_ns += nanos(make);
+                self.stats.module_init_ns += nanos(init);
                 let mut outbox = pending;
-                outbox.set_copy_max(self.cfg.copy_max);
+                outbox.set_copy_max(self.modules.cfg.copy_max);
                 outbox.push(actions);
                 let inst = Box::new(inst);
-                self.bound.insert(id, Bound::Live { inst, outbox });
-                a.stats.modules_started += 1;
-                if !self.hot.contains(&module) {
-                    self.hot.push(module);
+                self.modules.bound.insert(id, Bound::Live { inst, outbox });
+                self.stats.modules_started += 1;
+                if !self.modules.hot.contains(&module) {
+                    self.modules.hot.push(module);
                 }
                 Ok(())
             }
             Err(e @ ferry_modules::Error::NoCapacity(_)) => {
                 warn!("socket {id}: module not started: {e}");
-                if let Some(Bound::Live { outbox, .. }) = self.bound.get_mut(&id) {
+                if let Some(Bound::Live { outbox, .. }) = self.modules.bound.get_mut(&id) {
                     *outbox = pending;
                 }
                 Err(bind_errno(&e))
             }
             Err(e) => {
-                self.failed(a, id, &e.to_string());
+                self.module_failed(id, &e.to_string());
                 Err(Errno(libc::EIO))
             }
         }
@@ -729,12 +679,12 @@ impl Modules {
 
     /// Sends of a module-bound socket: feeds them to the module and writes its output.
     /// Returns false when the socket is (now) a plain socket: the caller sends its queue.
-    pub(crate) fn flush(&mut self, a: &mut Around<'_>, id: u32) -> bool {
+    pub(crate) fn module_flush(&mut self, id: u32) -> bool {
         loop {
-            let step = match self.bound.get(&id) {
+            let step = match self.modules.bound.get(&id) {
                 None => return false,
-                Some(Bound::Failed) => return self.fail_sends(a, id),
-                Some(Bound::Live { .. }) => self.step(a, id),
+                Some(Bound::Failed) => return self.fail_module_sends(id),
+                Some(Bound::Live { .. }) => self.module_step(id),
             };
             if let Step::Stop(handled) = step {
                 return handled;
@@ -744,16 +694,16 @@ impl Modules {
 
     /// Socket `id`'s module failed (reset already): the sends queued for it give their
     /// buffers back, and the program hears `EIO` once.
-    fn fail_sends(&mut self, a: &mut Around<'_>, id: u32) -> bool {
-        let Some(s) = a.socks.get_mut(&id) else {
+    fn fail_module_sends(&mut self, id: u32) -> bool {
+        let Some(s) = self.socks.get_mut(&id) else {
             return false;
         };
         let items: Vec<_> = s.txq.drain(..).collect();
         let ch = s.last_ch;
         for (i, item) in items.into_iter().enumerate() {
-            a.give_back(item.ch, id, item.span.id().0);
+            self.give_back(item.ch, id, item.span.id().0);
             if i == 0 {
-                a.complete_on(
+                self.complete_on(
                     ch,
                     Cmp::new(CmpKind::AsyncError, id, 0, Errno(libc::EIO).wire()),
                 );
@@ -764,9 +714,9 @@ impl Modules {
 
     /// One step of socket `id`'s live module: write what its outbox holds, then feed
     /// it the next send, or end its input, or notice that it has finished.
-    fn step(&mut self, a: &mut Around<'_>, id: u32) -> Step {
+    fn module_step(&mut self, id: u32) -> Step {
         let (Some(s), Some(Bound::Live { inst, outbox })) =
-            (a.socks.get_mut(&id), self.bound.get_mut(&id))
+            (self.socks.get_mut(&id), self.modules.bound.get_mut(&id))
         else {
             return Step::Stop(false);
         };
@@ -775,24 +725,24 @@ impl Modules {
         }
         let t = std::time::Instant::now();
         let written = outbox.advance(s.fd.as_fd());
-        a.stats.module_write_ns += nanos(t.elapsed());
+        self.stats.module_write_ns += nanos(t.elapsed());
         match written {
             Ok(n) => {
                 s.stats.bytes_out += n;
-                a.stats.module_bytes_out += n;
+                self.stats.module_bytes_out += n;
                 if n > 0 {
-                    a.stats.data_syscalls += 1;
+                    self.stats.data_syscalls += 1;
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                self.failed(a, id, &format!("writing its output: {e}"));
+                self.module_failed(id, &format!("writing its output: {e}"));
                 return Step::Stop(true);
             }
             Err(e) => {
                 // The connection broke (the peer reset it): not the module's fault.
                 // Drop the module; the plain path reports the error to the program.
                 debug!("socket {id}: module output not written: {e}");
-                self.bound.remove(&id);
+                self.modules.bound.remove(&id);
                 return Step::Stop(false);
             }
         }
@@ -803,21 +753,21 @@ impl Modules {
         let running = !inst.is_finished();
         if running && let Some(item) = s.txq.pop_front() {
             let fed = feed_item(inst, outbox, &item);
-            a.give_back(item.ch, id, item.span.id().0);
+            self.give_back(item.ch, id, item.span.id().0);
             if let Err(why) = fed {
-                self.failed(a, id, &why);
+                self.module_failed(id, &why);
                 return Step::Stop(true);
             }
             return Step::Again;
         }
-        if running && (s.send.shut_wr_pending() || s.app_closed) {
+        if running && (s.shut_wr_pending || s.app_closed) {
             return match inst.close() {
                 Ok(actions) => {
                     outbox.push(actions);
                     Step::Again
                 }
                 Err(e) => {
-                    self.failed(a, id, &e.to_string());
+                    self.module_failed(id, &e.to_string());
                     Step::Stop(true)
                 }
             };
@@ -825,193 +775,153 @@ impl Modules {
         if running || !outbox.is_empty() {
             return Step::Stop(true);
         }
-        Step::Stop(self.finished(a, id))
+        Step::Stop(self.module_finished(id))
     }
 
     /// Socket `id`'s module has finished and its output is written: the socket is a
     /// plain socket again. The instance is dropped when the loop is idle (returning its
     /// slot costs microseconds). Whether the socket's sends were all handled.
-    fn finished(&mut self, a: &mut Around<'_>, id: u32) -> bool {
-        if let Some(Bound::Live { inst, .. }) = self.bound.remove(&id) {
-            if self.spent.len() >= MAX_SPENT {
-                self.spent.remove(0);
+    fn module_finished(&mut self, id: u32) -> bool {
+        if let Some(Bound::Live { inst, .. }) = self.modules.bound.remove(&id) {
+            if self.modules.spent.len() >= MAX_SPENT {
+                self.modules.spent.remove(0);
             }
-            self.spent.push(*inst);
+            self.modules.spent.push(*inst);
         }
         debug!("socket {id}: module finished");
-        let Some(s) = a.socks.get_mut(&id) else {
+        let Some(s) = self.socks.get_mut(&id) else {
             return true;
         };
         if !s.txq.is_empty() {
             return false;
         }
-        if s.send.moves(SendEvent::ShutWrGoes) {
-            let _ = a.io.shutdown(s.fd.as_fd(), libc::SHUT_WR);
+        if s.shut_wr_pending {
+            s.shut_wr_pending = false;
+            let _ = self.io.shutdown(s.fd.as_fd(), libc::SHUT_WR);
         }
         if s.app_closed {
-            a.socks.mark_dirty(id);
+            self.dirty.push(id);
         }
         true
     }
 
     /// Whether closed socket `id` may go: its module (if any) is done. Ends the module's
     /// input first.
-    pub(crate) fn settled(&mut self, a: &mut Around<'_>, id: u32) -> bool {
-        match self.bound.get(&id) {
+    pub(crate) fn module_settled(&mut self, id: u32) -> bool {
+        match self.modules.bound.get(&id) {
             None => true,
             Some(Bound::Failed) => {
-                self.bound.remove(&id);
+                self.modules.bound.remove(&id);
                 true
             }
             Some(Bound::Live { .. }) => {
-                self.flush(a, id);
-                !self.is_bound(id)
+                self.module_flush(id);
+                !self.modules.is_bound(id)
             }
         }
     }
 
     /// A module failed: stop it, reset its connection, fail the program's operations on
     /// the socket with `EIO`. Nothing else is touched.
-    fn failed(&mut self, a: &mut Around<'_>, id: u32, why: &str) {
-        let io = a.io;
+    fn module_failed(&mut self, id: u32, why: &str) {
+        let io = self.io;
         warn!("socket {id}: module stopped ({why}); resetting the connection");
-        a.stats.modules_failed += 1;
-        self.bound.insert(id, Bound::Failed);
-        let Some(s) = a.socks.get_mut(&id) else {
+        self.stats.modules_failed += 1;
+        self.modules.bound.insert(id, Bound::Failed);
+        let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
         let _ = io.linger_reset(s.fd.as_fd());
         // Disconnecting a TCP socket sends a reset and keeps the descriptor (the program
         // still holds its socket; it is closed when the program closes it).
         let _ = io.connect_unspec(s.fd.as_fd());
-        s.send.moves(SendEvent::ShutWrGoes);
+        s.shut_wr_pending = false;
         s.hup_reported = true;
         let parked: Vec<Parked> = s.parked.drain(..).collect();
         let items: Vec<_> = s.txq.drain(..).collect();
         let ch = s.last_ch;
         s.mirror_eof(io);
         for item in items {
-            a.give_back(item.ch, id, item.span.id().0);
+            self.give_back(item.ch, id, item.span.id().0);
         }
         let mut reported = false;
         for p in parked {
             match p {
                 Parked::Recv { ch, tag, .. } | Parked::Connect { ch, tag } => {
                     reported = true;
-                    a.complete_on(
+                    self.complete_on(
                         ch,
                         Cmp::new(CmpKind::Done, id, tag, Errno(libc::EIO).wire()),
                     );
                 }
                 Parked::Accept { ch, .. } => {
-                    a.channels.answer(a.io, ch, Errno(libc::EIO));
+                    self.ctl_reply(ch, Server::new_reply(Errno(libc::EIO)));
                 }
             }
         }
         if !reported {
-            a.complete_on(
+            self.complete_on(
                 ch,
                 Cmp::new(CmpKind::AsyncError, id, 0, Errno(libc::EIO).wire()),
             );
         }
-        if a.socks.get(&id).is_some_and(|s| s.app_closed) {
-            a.socks.mark_dirty(id);
+        if self.socks.get(&id).is_some_and(|s| s.app_closed) {
+            self.dirty.push(id);
+        }
+    }
+
+    fn complete_on(&mut self, ch: u32, c: Cmp) {
+        if let Some(chan) = self.chan_mut(ch) {
+            chan.complete(c);
+        }
+    }
+
+    fn give_back(&mut self, ch: u32, id: u32, buf: u32) {
+        let mut c = Cmp::new(CmpKind::BufReturn, id, 0, 0);
+        c.buf = buf;
+        self.complete_on(ch, c);
+    }
+
+    /// Socket `id` was just accepted from published port `port`: bind the port's
+    /// configured module, if any.
+    pub(crate) fn module_on_accept(&mut self, id: u32, port: u16) {
+        self.apply_rule(id, ModuleTarget::Port(port));
+    }
+
+    /// Socket `id` is connecting (or connected) to `to`: bind the configured module of
+    /// that destination, if any.
+    pub(crate) fn module_on_connect(&mut self, id: u32, to: SocketAddr) {
+        if !self.modules.rules.is_empty() {
+            self.apply_rule(id, ModuleTarget::Dest(to));
+        }
+    }
+
+    fn apply_rule(&mut self, id: u32, target: ModuleTarget) {
+        let Some((_, module, props)) = self.modules.rules.iter().find(|(t, ..)| *t == target)
+        else {
+            return;
+        };
+        let (module, props) = (*module, props.clone());
+        match self.attach(id, module, &props, Vec::new()) {
+            Ok(()) => self.flush_tx(id),
+            Err(e) => warn!(
+                "socket {id}: configured module for {target} not bound (errno {})",
+                e.0
+            ),
         }
     }
 
     /// A turn of the loop without requests: drop one finished instance, keep spares of
     /// the modules in use (a little work per idle turn, none on the request path).
-    pub(crate) fn idle(&mut self) {
-        self.spent.pop();
-        let Some(host) = self.host.clone() else {
+    pub(crate) fn module_idle(&mut self) {
+        self.modules.spent.pop();
+        let Some(host) = self.modules.host.clone() else {
             return;
         };
-        for &m in &self.hot {
-            if let Err(e) = host.prewarm(m, self.cfg.spares) {
+        for &m in &self.modules.hot {
+            if let Err(e) = host.prewarm(m, self.modules.cfg.spares) {
                 debug!("prewarm of module {m:?}: {e}");
             }
         }
-    }
-}
-
-impl Server {}
-
-#[cfg(test)]
-mod tests {
-    use std::fs::File;
-    use std::os::unix::net::UnixStream;
-
-    use super::*;
-
-    fn file() -> OwnedFd {
-        File::open("/proc/self/exe").expect("a regular file").into()
-    }
-
-    #[test]
-    fn a_channels_registered_files_take_the_lowest_free_handle_and_go_with_it() {
-        let mut m = Modules::new(ModuleConfig::default()).expect("no modules configured");
-        assert_eq!(m.register_file(1, vec![file()]), Ok(0));
-        assert_eq!(m.register_file(1, vec![file()]), Ok(1));
-        assert_eq!(
-            m.register_file(2, vec![file()]),
-            Ok(0),
-            "a table per channel"
-        );
-        assert_eq!(m.unregister_file(1, 0, &[]), Ok(()));
-        assert_eq!(
-            m.unregister_file(1, 0, &[]),
-            Err(Errno(libc::EBADF)),
-            "once"
-        );
-        assert_eq!(
-            m.register_file(1, vec![file()]),
-            Ok(0),
-            "the freed handle again"
-        );
-        assert_eq!(m.unregister_file(1, -1, &[]), Err(Errno(libc::EBADF)));
-        m.channel_closed(2);
-        assert_eq!(
-            m.unregister_file(2, 0, &[]),
-            Err(Errno(libc::EBADF)),
-            "dropped with it"
-        );
-    }
-
-    #[test]
-    fn only_one_readable_regular_file_is_registered() {
-        let mut m = Modules::new(ModuleConfig::default()).expect("no modules configured");
-        assert_eq!(m.register_file(1, vec![]), Err(Errno(libc::EINVAL)));
-        assert_eq!(
-            m.register_file(1, vec![file(), file()]),
-            Err(Errno(libc::EINVAL))
-        );
-        let (sock, _peer) = UnixStream::pair().expect("socketpair");
-        assert_eq!(
-            m.register_file(1, vec![sock.into()]),
-            Err(Errno(libc::EINVAL))
-        );
-        let path = std::env::temp_dir().join(format!("ferry-wo-{}", std::process::id()));
-        let wo = File::create(&path).expect("create");
-        let _ = std::fs::remove_file(&path);
-        assert_eq!(m.register_file(1, vec![wo.into()]), Err(Errno(libc::EBADF)));
-        assert!(m.registered.is_empty(), "nothing refused is kept");
-        assert_eq!(m.unregister_file(1, 0, &[file()]), Err(Errno(libc::EINVAL)));
-    }
-
-    #[test]
-    fn a_channel_may_stash_a_few_files_ahead_of_their_bindings_not_more() {
-        let mut m = Modules::new(ModuleConfig::default()).expect("no modules configured");
-        for _ in 0..4 {
-            assert!(m.stash_files(3, vec![file()]));
-        }
-        assert!(!m.stash_files(3, vec![file()]));
-        assert!(m.stash_files(4, vec![file()]), "another channel's own");
-        let channels = Channels::default();
-        assert_eq!(m.take_files(&channels, 3).map(|f| f.len()).ok(), Some(1));
-        m.channel_closed(3);
-        assert!(
-            matches!(m.take_files(&channels, 3), Err(ProtoError::MissingFiles)),
-            "stashed files go with their channel"
-        );
     }
 }

@@ -8,14 +8,14 @@
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 
-use ferry_proto::{Call, Cmp, CmpKind, Ctl, CtlKind, ProtoError, WireAddr};
+use ferry_proto::{Call, Cmp, CmpKind, Ctl, CtlKind, ProtoError, WireAddr, cmsg};
+use ferry_ring::BufId;
 use tracing::{debug, warn};
 
 use crate::connect::in_family;
-use crate::send_side::SendEvent;
 use crate::server::Server;
-use crate::sock::{ConnEvent, TokenEvent};
-use crate::tx::Tx;
+use crate::sock::{Conn, Place, Token};
+use crate::sockopt;
 
 /// Most operations one channel may have waiting on one socket (a shim has one).
 pub(crate) const MAX_PARKED_PER_CHANNEL: usize = 4;
@@ -70,14 +70,6 @@ impl From<Result<i32, Errno>> for Answer {
 /// A socket id as a control reply's result (`>= 0`). Ids fit until 2^27 sockets have
 /// been made; past that the socket is refused (`ENFILE`) rather than answered with a
 /// negative number the shim would read as an error code.
-/// The reply to a control request: `result` (0, a value, or a negated errno).
-pub(crate) fn reply(result: impl Into<Answer>) -> Ctl {
-    Ctl {
-        result: result.into().0,
-        ..Ctl::new(ferry_proto::CtlKind::Reply, 0)
-    }
-}
-
 pub(crate) fn reply_id(id: u32) -> Result<i32, Errno> {
     i32::try_from(id).map_err(|_| Errno(libc::ENFILE))
 }
@@ -87,6 +79,34 @@ pub(crate) fn would_block(e: &io::Error) -> bool {
 }
 
 impl Server {
+    /// Queues a completion on channel `ch` (dropped if the channel is gone). A buffer
+    /// coming back is room for the channel's next send: sockets waiting for it become
+    /// writable again.
+    pub(crate) fn complete(&mut self, ch: u32, c: Cmp) {
+        let Some(chan) = self.chan_mut(ch) else {
+            return;
+        };
+        chan.complete(c);
+        if c.kind == CmpKind::BufReturn as u16 && !chan.room_wait.is_empty() {
+            // Published before the fd turns writable: the woken program must find it.
+            chan.flush();
+            for id in std::mem::take(&mut chan.room_wait) {
+                self.drain_filler(id);
+            }
+        }
+    }
+
+    /// Answers request `tag` of socket `sock` with `result`; an untagged request's
+    /// error is reported on the program's next call (`AsyncError`).
+    pub(crate) fn done(&mut self, ch: u32, sock: u32, tag: u32, result: impl Into<Answer>) {
+        let Answer(result) = result.into();
+        if tag != 0 {
+            self.complete(ch, Cmp::new(CmpKind::Done, sock, tag, result));
+        } else if result < 0 {
+            self.complete(ch, Cmp::new(CmpKind::AsyncError, sock, 0, result));
+        }
+    }
+
     /// A control message (socket creation, accept, claim). Errors here go back to the
     /// shim. Descriptors a message does not carry are closed.
     pub(crate) fn control(&mut self, ch: u32, msg: Ctl, mut fds: Vec<OwnedFd>) {
@@ -95,53 +115,43 @@ impl Server {
             return;
         };
         match kind {
-            CtlKind::Socket => match self.connects().create_socket(ch, msg.a, msg.b, msg.c) {
-                Ok((id, theirs)) => {
-                    self.channels
-                        .send_reply(self.io, ch, reply(reply_id(id)), &[theirs.as_fd()])
-                }
-                Err(e) => self.channels.answer(self.io, ch, e),
+            CtlKind::Socket => match self.create_socket(ch, msg.a, msg.b, msg.c) {
+                Ok((id, theirs)) => self.ctl_reply_fd(ch, Server::new_reply(reply_id(id)), theirs),
+                Err(e) => self.ctl_reply(ch, Server::new_reply(e)),
             },
-            CtlKind::Accept if self.socks.may_use(&self.channels, ch, msg.sock) => {
-                self.accept(ch, msg.sock, msg.a != 0)
-            }
-            CtlKind::Accept => self.channels.answer(self.io, ch, Errno(libc::EBADF)),
+            CtlKind::Accept if self.may_use(ch, msg.sock) => self.accept(ch, msg.sock, msg.a != 0),
+            CtlKind::Accept => self.ctl_reply(ch, Server::new_reply(Errno(libc::EBADF))),
             CtlKind::Claim => {
                 let result = match fds.pop() {
                     Some(fd) if fds.is_empty() => self.claim(ch, msg.sock, fd),
                     _ => Err(Errno(libc::EINVAL)),
                 };
-                self.channels.answer(self.io, ch, result);
+                self.ctl_reply(ch, Server::new_reply(result));
             }
             CtlKind::Renew => {
                 let renewed = match fds.pop() {
                     Some(fd) if fds.is_empty() => match self.claim(ch, msg.sock, fd) {
-                        Ok(()) => self.socks.renew_pair(self.io, &self.epoll, msg.sock),
+                        Ok(()) => self.renew_pair(msg.sock),
                         Err(e) => Err(e),
                     },
                     _ => Err(Errno(libc::EINVAL)),
                 };
                 match renewed {
-                    Ok(theirs) => {
-                        self.channels
-                            .send_reply(self.io, ch, reply(0), &[theirs.as_fd()])
-                    }
-                    Err(e) => self.channels.answer(self.io, ch, e),
+                    Ok(theirs) => self.ctl_reply_fd(ch, Server::new_reply(0), theirs),
+                    Err(e) => self.ctl_reply(ch, Server::new_reply(e)),
                 }
             }
             CtlKind::Handoff => {
                 let taken = match fds.pop() {
                     Some(fd) if fds.is_empty() => match self.claim(ch, msg.sock, fd) {
-                        Ok(()) => self.connects().take_handoff(msg.sock),
+                        Ok(()) => self.take_handoff(msg.sock),
                         Err(e) => Err(e),
                     },
                     _ => Err(Errno(libc::EINVAL)),
                 };
                 match taken {
-                    Ok(host) => self
-                        .channels
-                        .send_reply(self.io, ch, reply(0), &[host.as_fd()]),
-                    Err(e) => self.channels.answer(self.io, ch, e),
+                    Ok(host) => self.ctl_reply_fd(ch, Server::new_reply(0), host),
+                    Err(e) => self.ctl_reply(ch, Server::new_reply(e)),
                 }
             }
             CtlKind::Reply => self.bad_channel(ch, "reply sent by the sandbox"),
@@ -154,6 +164,16 @@ impl Server {
         }
     }
 
+    /// Whether channel `ch`'s process may act on socket `id` (it made, accepted or
+    /// claimed it). An unknown socket counts as usable here: the operation then finds
+    /// no socket and says `EBADF` itself.
+    pub(crate) fn may_use(&self, ch: u32, id: u32) -> bool {
+        let (Some(c), Some(s)) = (self.chan(ch), self.socks.get(&id)) else {
+            return true;
+        };
+        s.held_by(c.owner)
+    }
+
     /// `CtlKind::Claim`: channel `ch`'s process shows `fd` to prove it holds socket `id`.
     /// The proof holds when `fd` is a unix stream socket of the server's own network
     /// namespace (the sandbox cannot make one) bound to the socket's name (which only
@@ -161,7 +181,7 @@ impl Server {
     /// may act on the socket from now on.
     fn claim(&mut self, ch: u32, id: u32, fd: OwnedFd) -> Result<(), Errno> {
         let io = self.io;
-        let Some(owner) = self.channels.get(ch).map(|c| c.owner) else {
+        let Some(owner) = self.chan(ch).map(|c| c.owner) else {
             return Err(Errno(libc::EBADF));
         };
         let Some(s) = self.socks.get_mut(&id) else {
@@ -192,21 +212,21 @@ impl Server {
             self.stats.denied += 1;
             return Err(Errno(libc::EBADF));
         }
-        s.holders.add(owner);
+        s.add_holder(owner);
         Ok(())
     }
 
     /// One decoded ring request. `Err` means the channel broke the protocol.
     pub(crate) fn handle(&mut self, ch: u32, call: Call) -> Result<(), ProtoError> {
         match call {
-            Call::BufReturn { buf, .. } => return self.channels.buffer_returned(ch, buf),
+            Call::BufReturn { buf, .. } => return self.buffer_returned(ch, buf),
             Call::SendCtl { offset, bytes, .. } => {
-                return self.channels.send_ctl(ch, offset, bytes.as_bytes());
+                return self.send_ctl(ch, offset, bytes.as_bytes());
             }
             _ => {}
         }
         let id = call.sock();
-        if !self.socks.contains(id) && ferry_proto::server_of(id) == self.index {
+        if !self.socks.contains_key(&id) && ferry_proto::server_of(id) == self.index {
             // Handed over by another server, maybe not taken yet.
             self.drain_inbox();
         }
@@ -220,7 +240,7 @@ impl Server {
             } => return self.send(ch, id, buf, offset, flags, dest),
             Call::Order { tag, .. } => {
                 self.take_earlier_records(ch);
-                self.tx().done(ch, id, tag, 0);
+                self.done(ch, id, tag, 0);
                 return Ok(());
             }
             Call::BindModule {
@@ -230,30 +250,30 @@ impl Server {
                 ..
             } => {
                 // Ordered with the sends before it; they go out before the module's output.
-                self.tx().flush_pending();
-                return self.tx().bind_module_req(ch, id, tag, binding, files);
+                self.flush_pending();
+                return self.bind_module_req(ch, id, tag, binding, files);
             }
             _ => {}
         }
         // Program order across sockets: what this pass queued goes out before an
         // operation that may observe it (a recv on the loopback peer, a connect…).
-        self.tx().flush_pending();
+        self.flush_pending();
         if let Call::Release { tag, .. } = call {
             // Closed already, or closing now: either way `close` may return.
-            if self.socks.app_gone(self.io, id) {
-                self.tx().app_closed(id);
+            if self.app_gone(id) {
+                self.app_closed(id);
                 self.settle_dirty();
             }
-            self.tx().done(ch, id, tag, 0);
+            self.done(ch, id, tag, 0);
             return Ok(());
         }
-        if !self.socks.may_use(&self.channels, ch, id) {
+        if !self.may_use(ch, id) {
             self.not_holder(ch, id);
-            self.tx().done(ch, id, call.tag(), Errno(libc::EBADF));
+            self.done(ch, id, call.tag(), Errno(libc::EBADF));
             return Ok(());
         }
-        let Some(s) = self.socks.get_mut(&id) else {
-            self.tx().done(ch, id, call.tag(), Errno(libc::EBADF));
+        let Some(s) = self.sock(id) else {
+            self.done(ch, id, call.tag(), Errno(libc::EBADF));
             return Ok(());
         };
         s.stats.calls += 1;
@@ -261,7 +281,7 @@ impl Server {
         if !s.txq.is_empty() {
             // Operations on a socket happen in order: sends queued earlier in this pass
             // go out before, say, a getsockname that must see the port they bound.
-            self.tx().flush_tx(id);
+            self.flush_tx(id);
         }
         self.socket_call(ch, id, call);
         Ok(())
@@ -270,7 +290,10 @@ impl Server {
     /// A request about socket `id`, which channel `ch`'s process holds.
     fn socket_call(&mut self, ch: u32, id: u32, call: Call) {
         match call {
-            Call::Disconnect { tag, .. } => self.tx().disconnect(ch, id, tag),
+            Call::Disconnect { tag, .. } => {
+                let res = self.disconnect(id);
+                self.done(ch, id, tag, res);
+            }
             Call::Connect {
                 tag,
                 addr,
@@ -278,23 +301,18 @@ impl Server {
                 filled,
                 ..
             } => {
-                if !self.connects().connect(ch, id, tag, addr, nonblock) {
-                    self.bad_channel(ch, "too many blocking requests on one socket");
-                }
+                self.connect(ch, id, tag, addr, nonblock);
                 if filled {
-                    self.tx().connect_filled(id, nonblock);
+                    self.connect_filled(id, nonblock);
                 }
             }
             Call::Bind { tag, addr, .. } => {
                 let res = self.bind(id, addr.to_std());
-                self.tx().done(ch, id, tag, res);
+                self.done(ch, id, tag, res);
             }
             Call::Listen { tag, backlog, .. } => {
-                let res = self.connects().listen(id, backlog);
-                if matches!(res, Ok(true)) {
-                    self.host_event(id, libc::EPOLLIN as u32);
-                }
-                self.tx().done(ch, id, tag, res.map(|_| ()));
+                let res = self.listen(id, backlog);
+                self.done(ch, id, tag, res);
             }
             Call::Recv {
                 tag,
@@ -302,12 +320,8 @@ impl Server {
                 flags,
                 nonblock,
                 ..
-            } => {
-                if !self.rx().recv(ch, id, tag, max, flags, nonblock) {
-                    self.bad_channel(ch, "too many blocking requests on one socket");
-                }
-            }
-            Call::Shutdown { tag, how, .. } => self.tx().shutdown_call(ch, id, tag, how),
+            } => self.recv(ch, id, tag, max, flags, nonblock),
+            Call::Shutdown { tag, how, .. } => self.shutdown_call(ch, id, tag, how),
             Call::SetOpt {
                 tag,
                 level,
@@ -315,13 +329,8 @@ impl Server {
                 value,
                 ..
             } => {
-                let (io, addrs) = (self.io, &mut self.host_addrs);
-                let res = self
-                    .socks
-                    .get_mut(&id)
-                    .map(|s| s.setopt(io, addrs, (level, name), value.as_bytes()));
-                self.tx()
-                    .done(ch, id, tag, res.unwrap_or(Err(Errno(libc::EBADF))));
+                let res = self.setopt(id, level, name, value.as_bytes());
+                self.done(ch, id, tag, res);
             }
             Call::GetOpt {
                 tag,
@@ -329,14 +338,21 @@ impl Server {
                 name,
                 len,
                 ..
-            } => self.tx().getopt(ch, id, tag, level, name, len),
-            Call::SockName { tag, .. } => self.tx().name(ch, id, tag, false),
-            Call::PeerName { tag, .. } => self.tx().name(ch, id, tag, true),
-            Call::Pending { tag, .. } => self.tx().pending(ch, id, tag),
-            Call::WantToken { .. } => self.rx().token_moves(id, TokenEvent::Want),
-            Call::TokenDrained { .. } => self.rx().token_moves(id, TokenEvent::Drained),
-            Call::WantRoom { returns_seen, .. } => self.tx().want_room(ch, id, returns_seen),
-            Call::Cancel { parked, .. } => self.tx().cancel(ch, id, parked),
+            } => self.getopt(ch, id, tag, level, name, len),
+            Call::SockName { tag, .. } => self.name(ch, id, tag, false),
+            Call::PeerName { tag, .. } => self.name(ch, id, tag, true),
+            Call::Pending { tag, .. } => {
+                let res = self.socks.get(&id).map_or(Err(Errno(libc::EBADF)), |s| {
+                    self.io
+                        .pending_bytes(s.fd.as_fd())
+                        .map_err(|e| Errno::of(&e))
+                });
+                self.done(ch, id, tag, res);
+            }
+            Call::WantToken { .. } => self.token_moves(id, Token::Unwanted),
+            Call::TokenDrained { .. } => self.token_moves(id, Token::Out { extra: 0 }),
+            Call::WantRoom { returns_seen, .. } => self.want_room(ch, id, returns_seen),
+            Call::Cancel { parked, .. } => self.cancel(ch, id, parked),
             // Taken by `handle` before it looks the socket up.
             Call::Send { .. }
             | Call::SendCtl { .. }
@@ -347,62 +363,79 @@ impl Server {
         }
     }
 
-    /// A channel named a socket its process does not hold: refused (`EBADF`), logged.
-    pub(crate) fn not_holder(&mut self, ch: u32, id: u32) {
-        let pid = self.channels.get(ch).map_or(0, |c| c.owner.pid);
-        if let Some(n) = self.strangers.tick() {
-            warn!(
-                "socket {id}: pid {pid} does not hold it (never made, accepted or claimed it); refused ({n} such requests since the last line)"
-            );
+    /// `WantToken` (from `Unwanted`) or `TokenDrained` (from `Out`, whatever its extra
+    /// count): socket `id`'s token is wanted and not in the pair; one is written if the
+    /// host socket is readable (see [`Token`]).
+    fn token_moves(&mut self, id: u32, from: Token) {
+        if let Some(s) = self.sock(id)
+            && std::mem::discriminant(&s.token) == std::mem::discriminant(&from)
+        {
+            s.token = Token::Wanted;
         }
-        self.stats.denied += 1;
-    }
-}
-
-/// A socket's requests that are answered at once, through the way out.
-impl Tx<'_> {
-    /// `connect(AF_UNSPEC)` of socket `id`.
-    pub(crate) fn disconnect(&mut self, ch: u32, id: u32, tag: u32) {
-        let res = self.socks.get(&id).map(|s| s.disconnect(self.io));
-        self.done(ch, id, tag, res.unwrap_or(Err(Errno(libc::EBADF))));
-    }
-
-    /// `FIONREAD` of socket `id`: the bytes its host socket holds.
-    pub(crate) fn pending(&mut self, ch: u32, id: u32, tag: u32) {
-        let res = self.socks.get(&id).map_or(Err(Errno(libc::EBADF)), |s| {
-            self.io
-                .pending_bytes(s.fd.as_fd())
-                .map_err(|e| Errno::of(&e))
-        });
-        self.done(ch, id, tag, res);
+        self.maybe_token(id);
     }
 
     /// `Cancel`: the shim gave up the request `parked` of channel `ch` waits on socket
     /// `id` for (a signal, a timeout); it is answered `EINTR` if it still waits.
-    pub(crate) fn cancel(&mut self, ch: u32, id: u32, parked: u32) {
-        if let Some(p) = self.socks.unpark(id, |p| p.owner() == (ch, parked)) {
+    fn cancel(&mut self, ch: u32, id: u32, parked: u32) {
+        if let Some(p) = self.unpark(id, |p| p.owner() == (ch, parked)) {
             debug!("socket {id}: cancelled {p:?}");
             self.done(ch, id, parked, Errno(libc::EINTR));
+        }
+    }
+
+    /// `BufReturn`: the shim gives back server buffer `buf` of channel `ch`.
+    fn buffer_returned(&mut self, ch: u32, buf: u32) -> Result<(), ProtoError> {
+        match self.chan_mut(ch) {
+            Some(chan) => chan
+                .ep
+                .pool
+                .free(BufId(buf))
+                .map_err(|_| ProtoError::BadBuffer(buf)),
+            None => Ok(()),
+        }
+    }
+
+    /// `SendCtl`: control bytes kept for the next `Send` from channel `ch` (the shim
+    /// sends them in a row, right before it).
+    fn send_ctl(&mut self, ch: u32, offset: u32, bytes: &[u8]) -> Result<(), ProtoError> {
+        let Some(chan) = self.chan_mut(ch) else {
+            return Ok(());
+        };
+        let have = chan.send_ctl.len();
+        if offset as usize != have || have + bytes.len() > cmsg::MAX_CONTROL {
+            return Err(ProtoError::ControlOffset { offset, have });
+        }
+        chan.send_ctl.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    /// `connect(AF_UNSPEC)` on socket `id`: a datagram socket's association dissolves;
+    /// a stream cannot (`EAFNOSUPPORT`, as the kernel's TCP says).
+    fn disconnect(&mut self, id: u32) -> Result<(), Errno> {
+        match self.socks.get(&id) {
+            Some(s) if !s.is_stream() => self
+                .io
+                .connect_unspec(s.fd.as_fd())
+                .map_err(|e| Errno::of(&e)),
+            Some(_) => Err(Errno(libc::EAFNOSUPPORT)),
+            None => Err(Errno(libc::EBADF)),
         }
     }
 
     /// `REQ_FILLED` with a connect of socket `id`: the shim filled the program's end of
     /// the pair, so that the fd polls unwritable while connecting, as the kernel's
     /// socket does. The filler goes when the connect ends (now, or at its completion).
-    pub(crate) fn connect_filled(&mut self, id: u32, nonblock: bool) {
-        let filled = nonblock
-            && self
-                .socks
-                .get_mut(&id)
-                .is_some_and(|s| s.conn_moves(ConnEvent::Filled));
-        if !filled {
-            self.drain_filler(id);
+    fn connect_filled(&mut self, id: u32, nonblock: bool) {
+        match self.socks.get_mut(&id).map(|s| &mut s.conn) {
+            Some(Conn::Connecting { filled, .. }) if nonblock => *filled = true,
+            _ => self.drain_filler(id),
         }
     }
 
     /// `shutdown(how)` of socket `id`. Writing ends after what the program sent: its
     /// queued sends, its own bytes in the pair, a module's output (its input ends here).
-    pub(crate) fn shutdown_call(&mut self, ch: u32, id: u32, tag: u32, how: i32) {
+    fn shutdown_call(&mut self, ch: u32, id: u32, tag: u32, how: i32) {
         let io = self.io;
         let module = self.modules.is_bound(id);
         if how != libc::SHUT_RD {
@@ -423,10 +456,11 @@ impl Tx<'_> {
         let fenced = !fence.is_clear();
         if fenced {
             s.fence = fence;
+            self.dirty.push(id);
         }
-        let writes_wait = !s.txq.is_empty() || s.send.pair_waits() || module || fenced;
+        let writes_wait = !s.txq.is_empty() || s.pair_in_wait || module || fenced;
         let res = if (how == libc::SHUT_WR || how == libc::SHUT_RDWR) && writes_wait {
-            s.send.moves(SendEvent::ShutWrWaits);
+            s.shut_wr_pending = true;
             if how == libc::SHUT_RDWR {
                 shut(libc::SHUT_RD)
             } else {
@@ -435,18 +469,54 @@ impl Tx<'_> {
         } else {
             shut(how)
         };
-        if fenced {
-            self.socks.mark_dirty(id);
-        }
         self.done(ch, id, tag, res);
         if module {
             self.flush_tx(id);
         }
     }
 
+    /// `setsockopt` on socket `id`: refused (`EPERM`) where it would let the sandbox
+    /// reach what it may not (`sockopt.rs`, `reach.rs`); a value set is kept for a move.
+    fn setopt(&mut self, id: u32, level: i32, name: i32, value: &[u8]) -> Result<(), Errno> {
+        let Some(s) = self.socks.get_mut(&id) else {
+            return Err(Errno(libc::EBADF));
+        };
+        let sticky_source =
+            (level, name) == (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) && s.place != Place::Sandbox;
+        let refused = sockopt::refused(level, name, value).map(str::to_owned);
+        let refused = match cmsg::in6_pktinfo(value).filter(|_| sticky_source) {
+            Some((index, ip)) if refused.is_none() => {
+                ferry_egress::reach::source_refused(&mut self.host_addrs, index, ip)
+            }
+            _ => refused,
+        };
+        if let Some(why) = refused {
+            if (level, name) == (libc::SOL_SOCKET, libc::SO_BINDTODEVICE) {
+                // Tried by every `curl --interface` (it falls back to the interface's
+                // address, as for an unprivileged user): refused quietly.
+                debug!("socket {id}: SO_BINDTODEVICE refused: {why}");
+            } else {
+                warn!("socket {id}: setsockopt({level}, {name}) refused: {why}");
+            }
+            return Err(Errno(libc::EPERM));
+        }
+        match self.io.setsockopt(s.fd.as_fd(), level, name, value) {
+            Ok(()) => {
+                // Kept for a move (one value per option: bounded).
+                s.opts.retain(|(l, n, _)| (*l, *n) != (level, name));
+                s.opts.push((level, name, value.to_vec()));
+                if (level, name) == (libc::SOL_SOCKET, libc::SO_RCVBUF) {
+                    bound_pair(self.io, s, value);
+                }
+                Ok(())
+            }
+            Err(e) => Err(Errno::of(&e)),
+        }
+    }
+
     /// `getsockname` (`peer` false) or `getpeername` of socket `id`, as a socket of its
     /// family shows it.
-    pub(crate) fn name(&mut self, ch: u32, id: u32, tag: u32, peer: bool) {
+    fn name(&mut self, ch: u32, id: u32, tag: u32, peer: bool) {
         let Some(s) = self.socks.get(&id) else {
             self.done(ch, id, tag, Errno(libc::EBADF));
             return;
@@ -462,7 +532,18 @@ impl Tx<'_> {
         self.complete(ch, c);
     }
 
-    pub(crate) fn getopt(&mut self, ch: u32, id: u32, tag: u32, level: i32, name: i32, len: u32) {
+    /// A channel named a socket its process does not hold: refused (`EBADF`), logged.
+    pub(crate) fn not_holder(&mut self, ch: u32, id: u32) {
+        let pid = self.chan(ch).map_or(0, |c| c.owner.pid);
+        if let Some(n) = self.strangers.tick() {
+            warn!(
+                "socket {id}: pid {pid} does not hold it (never made, accepted or claimed it); refused ({n} such requests since the last line)"
+            );
+        }
+        self.stats.denied += 1;
+    }
+
+    fn getopt(&mut self, ch: u32, id: u32, tag: u32, level: i32, name: i32, len: u32) {
         let io = self.io;
         let Some(s) = self.socks.get_mut(&id) else {
             self.done(ch, id, tag, Errno(libc::EBADF));
@@ -490,7 +571,7 @@ impl Tx<'_> {
             }
             Ok(n) => {
                 // Too long for the record: lend a buffer (TCP_INFO and the like).
-                let Some(chan) = self.channels.get_mut(ch) else {
+                let Some(chan) = self.chan_mut(ch) else {
                     return;
                 };
                 let Some(b) = chan.ep.pool.alloc() else {
@@ -528,7 +609,7 @@ impl Tx<'_> {
 /// and a sender's writes meet the back-pressure (or the reset of a receiver that closes
 /// with bytes unread) as early as they would.
 pub(crate) fn bound_pair(io: &dyn crate::seam::Io, s: &crate::sock::Sock, value: &[u8]) {
-    if s.rx.pair() && value.len() >= 4 {
+    if s.rx_pair && value.len() >= 4 {
         let _ = io.setsockopt(
             s.pair.as_fd(),
             libc::SOL_SOCKET,

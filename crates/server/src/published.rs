@@ -8,60 +8,19 @@
 //! sandbox, `connect.rs`, or a NIC server's flow).
 
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::time::Instant;
 
 use ferry_sys::Epoll;
 use tracing::{debug, warn};
 
-use crate::group::{Msg, Shared, lock};
-use crate::seam::Io;
-use crate::server::Server;
-use crate::stats::ServerStats;
-use crate::table::SockTable;
-use crate::token::{T_PUBLISH, index_u32, token};
-use crate::udp_publish::Flows;
-use crate::{Config, Error, LogThrottle};
+use crate::group::{Msg, lock};
+use crate::server::{MAX_WAITING, Server, T_PUBLISH, UNSERVED_GRACE, index_u32, token};
+use crate::{Config, Error};
 
-/// Most connections of one published port that wait for the sandbox to accept them;
-/// more are refused.
-pub(crate) const MAX_WAITING: usize = 8192;
-/// How long a connection to a published port waits for a listener in the sandbox when
-/// there is none (the program may still be starting) before it is refused.
-pub(crate) const UNSERVED_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// A server's published ports: the host listeners (the first server's only) and the
-/// sandbox port each feeds, whether connections wait with no listener in the sandbox,
-/// the flows of the UDP ones (`udp_publish.rs`), and their counters.
-#[derive(Debug, Default)]
-pub(crate) struct PublishedPorts {
-    listeners: Vec<(OwnedFd, u16)>,
-    /// Connections wait with no listener in the sandbox ([`PublishedPorts::expire_unserved`]).
-    unserved: bool,
-    /// Flows of the published UDP ports.
-    pub(crate) flows: Flows,
-    /// Log lines about refused connections and dropped datagrams, at most one a second.
-    pub(crate) refusals: LogThrottle,
-    /// Connections refused (too many waiting, no listener in time, the listener went).
-    refused: u64,
-}
-
-/// What one accept on a published port's host listener came to.
-pub(crate) enum Arrival {
-    /// A connection now waits for the sandbox's listener on this port.
-    Waiting(u16),
-    /// None for the shim (refused, or handed to the TAP): try the next.
-    Gone,
-    /// None left for now.
-    Empty,
-    /// The port is a UDP one: its datagrams are read instead.
-    Datagrams,
-}
-
-impl PublishedPorts {
-    /// Binds the host listeners of `cfg`'s published ports and adds them to `epoll`.
-    pub(crate) fn bind(cfg: &Config, epoll: &Epoll) -> Result<PublishedPorts, Error> {
-        let mut listeners = Vec::new();
+impl Server {
+    pub(crate) fn publish_ports(cfg: &Config, epoll: &Epoll) -> Result<Vec<(OwnedFd, u16)>, Error> {
+        let mut published = Vec::new();
         for (i, p) in cfg.publish.iter().enumerate() {
             let (fd, _) =
                 ferry_egress::host_listener(p.host, p.udp).map_err(|source| Error::Publish {
@@ -75,99 +34,118 @@ impl PublishedPorts {
                     token(T_PUBLISH, index_u32(i)),
                 )
                 .map_err(Error::EventLoop)?;
-            listeners.push((fd, p.sandbox_port));
+            published.push((fd, p.sandbox_port));
         }
-        Ok(PublishedPorts {
-            listeners,
-            ..PublishedPorts::default()
-        })
+        Ok(published)
     }
 
-    /// Takes one connection from published port `i`'s host listener: it waits in
-    /// `shared`'s queue for the sandbox's listener (the servers other than `me` hear of
-    /// it), goes to the TAP, or is refused when too many wait.
-    pub(crate) fn accept(&mut self, i: usize, cfg: &Config, shared: &Shared, me: usize) -> Arrival {
-        let (fd, port) = &self.listeners[i];
-        let port = *port;
-        let conn = match ferry_sys::accept4(fd.as_fd(), libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) {
-            Ok((conn, peer)) => {
-                debug!("published port {port}: connection from {peer:?}");
-                conn
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Arrival::Empty,
-            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => return Arrival::Datagrams,
-            Err(e) => {
-                // Out of descriptors, say: the connection stays queued. The listener is
-                // level-triggered, so the next turn tries again; the log says so once a
-                // second at most.
-                if let Some(n) = self.refusals.tick() {
-                    warn!("published port {port}: accept: {e} ({n} since the last line)");
+    pub(crate) fn publish_event(&mut self, i: usize) {
+        loop {
+            let (fd, port) = &self.published[i];
+            match ferry_sys::accept4(fd.as_fd(), libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) {
+                Ok((conn, peer)) => {
+                    debug!("published port {port}: connection from {peer:?}");
+                    let port = *port;
+                    let Some(conn) = self.hand_to_tap(conn, port) else {
+                        continue;
+                    };
+                    if !self.shared.has_listener(port) {
+                        // Nothing in the sandbox listens there through ferry (yet): the
+                        // connection waits at most `UNSERVED_GRACE` for a listener.
+                        self.unserved = true;
+                    }
+                    let mut queue = lock(&self.shared.published);
+                    match queue.iter_mut().find(|(p, _)| *p == port) {
+                        Some(q) if q.1.len() >= MAX_WAITING => {
+                            drop(queue);
+                            let _ = ferry_sys::linger_reset(conn.as_fd());
+                            self.stats.published_refused += 1;
+                            if let Some(n) = self.refusals.tick() {
+                                warn!(
+                                    "published port {port}: {MAX_WAITING} connections already wait for the sandbox to accept them: one more refused ({n} since the last line)"
+                                );
+                            }
+                            continue;
+                        }
+                        Some(q) => q.1.push_back((conn, Instant::now())),
+                        None => {}
+                    }
+                    drop(queue);
+                    // The sandbox's listener may be served by any server.
+                    for (k, inbox) in self.shared.inbox.iter().enumerate() {
+                        if k != self.index {
+                            inbox.send(Msg::Published(port));
+                        }
+                    }
+                    if let Some(id) = self.listener_for(port) {
+                        self.host_event(id, libc::EPOLLIN as u32);
+                    }
                 }
-                return Arrival::Empty;
-            }
-        };
-        let Some(conn) = hand_to_tap(cfg, shared, conn, port) else {
-            return Arrival::Gone;
-        };
-        if !shared.has_listener(port) {
-            // Nothing in the sandbox listens there through ferry (yet): the connection
-            // waits at most `UNSERVED_GRACE` for a listener.
-            self.unserved = true;
-        }
-        let mut queue = lock(&shared.published);
-        match queue.iter_mut().find(|(p, _)| *p == port) {
-            Some(q) if q.1.len() >= MAX_WAITING => {
-                drop(queue);
-                let _ = ferry_sys::linger_reset(conn.as_fd());
-                self.refused += 1;
-                if let Some(n) = self.refusals.tick() {
-                    warn!(
-                        "published port {port}: {MAX_WAITING} connections already wait for the sandbox to accept them: one more refused ({n} since the last line)"
-                    );
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                    self.published_datagrams(i);
+                    return;
                 }
-                return Arrival::Gone;
+                Err(e) => {
+                    // Out of descriptors, say: the connection stays queued. The
+                    // listener is level-triggered, so the next turn tries again; the
+                    // log says so once a second at most.
+                    if let Some(n) = self.refusals.tick() {
+                        warn!("published port {port}: accept: {e} ({n} since the last line)");
+                    }
+                    return;
+                }
             }
-            Some(q) => q.1.push_back((conn, Instant::now())),
-            None => {}
         }
-        drop(queue);
-        // The sandbox's listener may be served by any server.
-        for (k, inbox) in shared.inbox.iter().enumerate() {
-            if k != me {
-                inbox.send(Msg::Published(port));
+    }
+
+    /// Hands `conn` to nic mode's TAP when no listener of the shim's is on `port` and no
+    /// module is bound to it (modules sit on the shim's path); gives it back otherwise.
+    fn hand_to_tap(&self, conn: OwnedFd, port: u16) -> Option<OwnedFd> {
+        let Some(tap) = self.cfg.tap.as_ref() else {
+            return Some(conn);
+        };
+        let moduled = self
+            .cfg
+            .modules
+            .rules
+            .iter()
+            .any(|r| matches!(r.target, crate::ModuleTarget::Port(p) if p == port));
+        if moduled || self.shared.has_listener(port) {
+            return Some(conn);
+        }
+        match tap.send(conn, port) {
+            Ok(()) => {
+                debug!("published port {port}: no listener of the shim's there: to the TAP");
+                None
             }
+            Err(conn) => Some(conn),
         }
-        Arrival::Waiting(port)
     }
 
     /// The last listener on published `port` went: the connections waiting for it are
     /// reset (the kernel does the same to a closed listener's queue).
-    pub(crate) fn refuse_waiting(&mut self, shared: &Shared, port: u16) {
-        let waiting: Vec<(OwnedFd, Instant)> = lock(&shared.published)
+    pub(crate) fn refuse_waiting(&mut self, port: u16) {
+        let waiting: Vec<(OwnedFd, Instant)> = lock(&self.shared.published)
             .iter_mut()
             .filter(|(p, _)| *p == port)
             .flat_map(|(_, q)| q.drain(..))
             .collect();
         for (conn, _) in waiting {
             let _ = ferry_sys::linger_reset(conn.as_fd());
-            self.refused += 1;
+            self.stats.published_refused += 1;
         }
-    }
-
-    /// Connections wait on a published port with no listener in the sandbox.
-    pub(crate) fn unserved(&self) -> bool {
-        self.unserved
     }
 
     /// Resets connections that waited [`UNSERVED_GRACE`] on a published port where
     /// nothing in the sandbox listens through ferry (a program ferry cannot serve may
     /// listen there: the client gets a refusal instead of a connection that hangs).
-    pub(crate) fn expire_unserved(&mut self, shared: &Shared) {
+    pub(crate) fn expire_unserved(&mut self) {
         let now = Instant::now();
         let mut refused = Vec::new();
         let mut still = false;
-        for (port, q) in lock(&shared.published).iter_mut() {
-            if q.is_empty() || shared.has_listener(*port) {
+        for (port, q) in lock(&self.shared.published).iter_mut() {
+            if q.is_empty() || self.shared.has_listener(*port) {
                 continue;
             }
             while let Some((_, at)) = q.front() {
@@ -183,7 +161,7 @@ impl PublishedPorts {
         for (port, conn) in refused {
             let peer = ferry_sys::sock_addr(conn.as_fd(), true).ok().flatten();
             let _ = ferry_sys::linger_reset(conn.as_fd());
-            self.refused += 1;
+            self.stats.published_refused += 1;
             if let Some(n) = self.refusals.tick() {
                 warn!(
                     "published port {port}: nothing in the sandbox listens on port {port} through ferry (a program the shim cannot serve, static or Go, is reachable with --net nic or both): connection from {} refused ({n} since the last line)",
@@ -194,86 +172,20 @@ impl PublishedPorts {
     }
 
     /// The host socket of published port `i`.
-    pub(crate) fn fd(&self, i: usize) -> BorrowedFd<'_> {
-        self.listeners[i].0.as_fd()
+    pub(crate) fn published_fd(&self, i: usize) -> std::os::fd::BorrowedFd<'_> {
+        self.published[i].0.as_fd()
     }
 
     /// The sandbox port published port `i` feeds.
-    pub(crate) fn port(&self, i: usize) -> u16 {
-        self.listeners[i].1
+    pub(crate) fn published_port(&self, i: usize) -> u16 {
+        self.published[i].1
     }
 
-    /// Adds this part's counters to `stats`.
-    pub(crate) fn count_into(&self, stats: &mut ServerStats) {
-        stats.published_refused += self.refused;
-        stats.udp_published_in = self.flows.inbound;
-        stats.udp_published_out = self.flows.outbound;
-        stats.udp_published_dropped = self.flows.dropped;
-    }
-}
-
-/// Hands `conn` to nic mode's TAP when no listener of the shim's is on `port` and no
-/// module is bound to it (modules sit on the shim's path); gives it back otherwise.
-fn hand_to_tap(cfg: &Config, shared: &Shared, conn: OwnedFd, port: u16) -> Option<OwnedFd> {
-    let Some(tap) = cfg.tap.as_ref() else {
-        return Some(conn);
-    };
-    let moduled = cfg
-        .modules
-        .rules
-        .iter()
-        .any(|r| matches!(r.target, crate::ModuleTarget::Port(p) if p == port));
-    if moduled || shared.has_listener(port) {
-        return Some(conn);
-    }
-    match tap.send(conn, port) {
-        Ok(()) => {
-            debug!("published port {port}: no listener of the shim's there: to the TAP");
-            None
-        }
-        Err(conn) => Some(conn),
-    }
-}
-
-/// A connection that waits on published `port` for the sandbox's listener, taken.
-fn take_waiting(shared: &Shared, port: u16) -> Option<OwnedFd> {
-    lock(&shared.published)
-        .iter_mut()
-        .find(|(p, q)| *p == port && !q.is_empty())?
-        .1
-        .pop_front()
-        .map(|(fd, _)| fd)
-}
-
-impl Server {
-    /// Published port `i`'s host listener is readable.
-    pub(crate) fn publish_event(&mut self, i: usize) {
-        loop {
-            match self
-                .published
-                .accept(i, &self.cfg, &self.shared, self.index)
-            {
-                Arrival::Waiting(port) => {
-                    if let Some(id) = self.socks.listener_for(self.io, port) {
-                        self.host_event(id, libc::EPOLLIN as u32);
-                    }
-                }
-                Arrival::Gone => {}
-                Arrival::Empty => return,
-                Arrival::Datagrams => {
-                    self.published.datagrams(i, &self.epoll, &self.shared);
-                    return;
-                }
-            }
-        }
-    }
-}
-
-/// Which sandbox listener a published port feeds, and the connections waiting for it.
-impl SockTable {
     /// The sandbox listener a published port feeds.
-    pub(crate) fn listener_for(&self, io: &dyn Io, port: u16) -> Option<u32> {
-        self.values()
+    pub(crate) fn listener_for(&self, port: u16) -> Option<u32> {
+        let io = self.io;
+        self.socks
+            .values()
             .find(|s| {
                 s.listening()
                     && io
@@ -286,27 +198,29 @@ impl SockTable {
     }
 
     /// A connection accepted on a published port that waits for `listener`.
-    pub(crate) fn take_published(
-        &self,
-        io: &dyn Io,
-        shared: &Shared,
-        listener: u32,
-    ) -> Option<(OwnedFd, u16)> {
+    pub(crate) fn take_published(&mut self, listener: u32) -> Option<(OwnedFd, u16)> {
+        let io = self.io;
         let port = io
-            .sock_addr(self.get(&listener)?.fd.as_fd(), false)
+            .sock_addr(self.socks.get(&listener)?.fd.as_fd(), false)
             .ok()
             .flatten()?
             .port();
-        Some((take_waiting(shared, port)?, port))
+        let conn = lock(&self.shared.published)
+            .iter_mut()
+            .find(|(p, q)| *p == port && !q.is_empty())?
+            .1
+            .pop_front()
+            .map(|(fd, _)| fd)?;
+        Some((conn, port))
     }
 
-    /// Whether a connection accepted on a published port waits for `listener`.
-    pub(crate) fn has_published(&self, io: &dyn Io, shared: &Shared, listener: u32) -> bool {
+    pub(crate) fn has_published(&self, listener: u32) -> bool {
+        let io = self.io;
         // Asked on every token check: no getsockname when nothing is published.
-        if !shared.any_published {
+        if !self.shared.any_published {
             return false;
         }
-        let Some(s) = self.get(&listener) else {
+        let Some(s) = self.socks.get(&listener) else {
             return false;
         };
         let Some(port) = io
@@ -317,27 +231,8 @@ impl SockTable {
         else {
             return false;
         };
-        lock(&shared.published)
+        lock(&self.shared.published)
             .iter()
             .any(|(p, q)| *p == port && !q.is_empty())
-    }
-
-    /// After a successful accept: whether the shim should take the listener's token
-    /// back (1) because no connection is left to accept. A token left behind would make
-    /// the next poll report a connection that is not there, and a blocking `accept`
-    /// after it would hang. If a connection arrives meanwhile, `TokenDrained`'s re-check
-    /// writes a fresh token.
-    pub(crate) fn drain_if_empty(&self, io: &dyn Io, shared: &Shared, listener: u32) -> i32 {
-        let published = self.has_published(io, shared, listener);
-        match self.get(&listener) {
-            Some(s)
-                if s.token_out()
-                    && !published
-                    && io.poll_now(s.fd.as_fd(), libc::POLLIN).unwrap_or(0) == 0 =>
-            {
-                1
-            }
-            _ => 0,
-        }
     }
 }

@@ -14,20 +14,11 @@ use ferry_ring::{BufId, BufSpan, Buffers};
 use ferry_sys::Received;
 use tracing::warn;
 
-use crate::Config;
 use crate::channel::Channel;
-use crate::channel::Channels;
-use crate::group::Shared;
-use crate::modules::Modules;
-use crate::ops::{Errno, would_block};
-use crate::recv_side::{EndEvent, PathEvent, UrgentEvent};
+use crate::ops::{Errno, MAX_PARKED_PER_CHANNEL, would_block};
 use crate::seam::Io;
 use crate::server::Server;
-use crate::sock::{Conn, PairEnd, Parked, Place, Sock, Token, TokenEvent};
-use crate::stats::ServerStats;
-use crate::table::SockTable;
-use crate::tx::Tx;
-use ferry_sys::Epoll;
+use crate::sock::{Conn, PairEnd, Parked, Place, Sock, Token};
 
 /// Most buffers one receive fills.
 const MAX_RECV_BUFS: usize = 4;
@@ -48,7 +39,7 @@ const RX_PIPE: usize = 1 << 20;
 
 /// One splice of bulk stream `s`: host socket → `pipe` (read end, write end) → pair.
 /// What the pair does not take is read out of the pipe (through `buf`) into
-/// `s.rx`'s pending bytes, so the pipe is empty for the next socket; `true` when that failed
+/// `s.rx_pending`, so the pipe is empty for the next socket; `true` when that failed
 /// (not expected: the pipe holds those bytes) — the stream has lost them (`EIO`) and
 /// the pipe must not serve another.
 fn splice_bulk(
@@ -66,17 +57,13 @@ fn splice_bulk(
     while rest > 0 {
         match io.read(pr.as_fd(), &mut buf[..rest.min(RX_SCRATCH)]) {
             Ok(k @ 1..) => {
-                s.rx.pending_mut().extend_from_slice(&buf[..k]);
+                s.rx_pending.extend_from_slice(&buf[..k]);
                 rest -= k;
             }
             _ => return (Err(io::Error::from_raw_os_error(libc::EIO)), true),
         }
     }
-    s.rx.move_path(if n >= SPLICE_MIN {
-        PathEvent::FullRead
-    } else {
-        PathEvent::ShortRead
-    });
+    s.rx_bulk = n >= SPLICE_MIN;
     (r, false)
 }
 
@@ -207,11 +194,11 @@ fn answer_recv(
     // `TokenDrained`'s re-check writes a fresh token. Short of the buffers lent, not of
     // the length asked for: a read of more than MAX_RECV_BUFS buffers (or with fewer
     // free) that fills them all may have left data behind, and the host socket,
-    // edge-triggered, brings no new edge for it. Nor after a hang-up (`RecvSide::ending`): its
+    // edge-triggered, brings no new edge for it. Nor after a hang-up (`rx_ending`): its
     // edge came before this read, and the end of the stream is still to read.
-    let short = s.is_stream() && placed < room && !s.rx.ending();
+    let short = s.is_stream() && placed < room && !s.rx_ending;
     if short && flags & (libc::MSG_PEEK | libc::MSG_OOB) == 0 {
-        s.rx.found_empty();
+        s.rx_maybe = false;
     }
     if s.token_out()
         && flags & libc::MSG_PEEK == 0
@@ -242,249 +229,42 @@ impl RxScratch {
     }
 
     /// One read of `s`'s host socket into its pair: spliced in bulk mode, else copied
-    /// (what the pair does not take is kept in `s.rx`'s pending bytes). `true` beside the result:
+    /// (what the pair does not take is kept in `rx_pending`). `true` beside the result:
     /// the pipe lost bytes and must serve no other stream.
     fn read_into_pair(&mut self, io: &dyn Io, s: &mut Sock) -> (io::Result<usize>, bool) {
         let buf = &mut self.buf;
-        if let Some(pipe) = self.pipe.as_ref().filter(|_| s.rx.bulk()) {
+        if let Some(pipe) = self.pipe.as_ref().filter(|_| s.rx_bulk) {
             return splice_bulk(io, s, pipe, buf);
         }
         let got = io.recv(s.fd.as_fd(), buf, libc::MSG_DONTWAIT);
         if let Ok(n @ 1..) = got {
             let sent = io.send(s.pair.as_fd(), &buf[..n]).unwrap_or(0);
-            s.rx.pending_mut().extend_from_slice(&buf[sent..n]);
+            s.rx_pending.extend_from_slice(&buf[sent..n]);
             // A splice into a socket blocks unless the socket's own file is
             // non-blocking: the server's end of the pair becomes so.
-            let full = n == RX_SCRATCH
+            s.rx_bulk = n == RX_SCRATCH
                 && self.pipe.is_some()
                 && io.set_nonblocking(s.pair.as_fd(), true).is_ok();
-            s.rx.move_path(if full {
-                PathEvent::FullRead
-            } else {
-                PathEvent::ShortRead
-            });
         }
         (got, false)
-    }
-
-    /// The pump of [`Rx::pump`] for stream `s`: host socket → pair.
-    fn pump(&mut self, io: &dyn Io, s: &mut Sock, stats: &mut ServerStats) {
-        let id = s.id;
-        if !s.reads_pair() || s.pair_end() != PairEnd::Open {
-            return;
-        }
-        self.ready(io);
-        loop {
-            if !pending_into_pair(io, s) || !s.urgent_first(io) {
-                return;
-            }
-            if !s.rx.maybe() {
-                // No input edge since the queue was found empty (e.g. an edge that only
-                // said the socket is writable again): nothing to read.
-                return;
-            }
-            let (got, pipe_broken) = self.read_into_pair(io, s);
-            match got {
-                Ok(0) => {
-                    s.mirror_eof(io);
-                    return;
-                }
-                Ok(n) => {
-                    s.stats.bytes_in += n as u64;
-                    stats.bytes_in += n as u64;
-                    stats.data_syscalls += 1;
-                    // A read that did not fill the buffer emptied the queue: bytes that
-                    // come later bring a new edge (the host socket is edge-triggered),
-                    // so the read that would say EAGAIN is skipped, unless the end has
-                    // been reported (it brings no further edge).
-                    // (A read also stops short at an urgent mark.)
-                    let drained =
-                        !s.rx.bulk() && n < RX_SCRATCH && !s.rx.ending() && !s.rx.urgent_due();
-                    if drained {
-                        s.rx.found_empty();
-                    }
-                    if !s.rx.pending().is_empty() || drained {
-                        return;
-                    }
-                }
-                Err(e) if would_block(&e) => {
-                    s.rx.found_empty();
-                    stats.empty_reads += 1;
-                    return;
-                }
-                Err(e) => {
-                    s.so_error = e.raw_os_error().unwrap_or(libc::EIO);
-                    s.mirror_eof(io);
-                    if pipe_broken {
-                        warn!("socket {id}: the receive pipe lost bytes; the stream ends with EIO");
-                        let _ = io.linger_reset(s.fd.as_fd());
-                        self.pipe = None;
-                    }
-                    return;
-                }
-            }
-        }
     }
 }
 
 /// Moves what `s`'s pair did not take before into it; false while some is left.
 fn pending_into_pair(io: &dyn Io, s: &mut Sock) -> bool {
-    if s.rx.pending().is_empty() {
+    if s.rx_pending.is_empty() {
         return true;
     }
-    match io.send(s.pair.as_fd(), s.rx.pending()) {
+    match io.send(s.pair.as_fd(), &s.rx_pending) {
         Ok(n) => {
-            s.rx.pending_mut().drain(..n);
-            s.rx.pending().is_empty()
+            s.rx_pending.drain(..n);
+            s.rx_pending.is_empty()
         }
         Err(_) => false,
     }
 }
 
-/// What the way in works on: the seam, the sockets, the channels (their buffers, the
-/// answers), the receive scratch, the policy (a datagram's sender is checked), the
-/// sandbox's shared state (published connections waiting), the wait count (see
-/// `RecvSide::mark`) and the counters; the event loop and the modules only for the
-/// answers' way out ([`Rx::tx`]). Borrowed from [`Server::rx`].
-pub(crate) struct Rx<'a> {
-    pub io: &'static dyn Io,
-    pub epoll: &'a Epoll,
-    pub socks: &'a mut SockTable,
-    pub channels: &'a mut Channels,
-    pub modules: &'a mut Modules,
-    pub stats: &'a mut ServerStats,
-    pub scratch: &'a mut RxScratch,
-    pub cfg: &'a Config,
-    pub shared: &'a Shared,
-    pub waits: u64,
-}
-
 impl Server {
-    /// The parts the way in works on.
-    pub(crate) fn rx(&mut self) -> Rx<'_> {
-        Rx {
-            io: self.io,
-            epoll: &self.epoll,
-            socks: &mut self.socks,
-            channels: &mut self.channels,
-            modules: &mut self.modules,
-            stats: &mut self.stats,
-            scratch: &mut self.scratch,
-            cfg: &self.cfg,
-            shared: &self.shared,
-            waits: self.waits,
-        }
-    }
-
-    /// Host readiness: finish connects, flush sends, retry parked operations, tokens.
-    pub(crate) fn host_event(&mut self, id: u32, events: u32) {
-        let Some(s) = self.socks.get_mut(&id) else {
-            return;
-        };
-        let input =
-            libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLRDHUP | libc::EPOLLERR | libc::EPOLLHUP;
-        if events & input.cast_unsigned() != 0 {
-            s.rx.input_edge();
-        }
-        if events & libc::EPOLLPRI as u32 != 0 && s.reads_pair() {
-            s.rx.urgent_moves(UrgentEvent::Edge);
-        }
-        // Plain new input that no receive can have taken: none since the wait before the
-        // one that reported it (an edge reported now may be that old), and no parked one
-        // will run before the token check.
-        let fresh_input = events
-            & (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLERR | libc::EPOLLHUP) as u32
-            == libc::EPOLLIN as u32
-            && s.rx.mark() + 1 < self.waits
-            && !s.parked.iter().any(|p| matches!(p, Parked::Recv { .. }));
-        let out = events & (libc::EPOLLOUT | libc::EPOLLERR | libc::EPOLLHUP) as u32 != 0;
-        if let Conn::Connecting { to, filled } = s.conn()
-            && out
-        {
-            self.connects().connect_ended(id, to, filled);
-        }
-        if out {
-            self.tx().flush_tx(id);
-        }
-        self.retry_parked(id);
-        self.rx().report_hangup(id, events);
-        if let Some(s) = self.socks.get_mut(&id) {
-            s.edge_token(self.io, events);
-        }
-        if let Some(s) = self.socks.get_mut(&id)
-            && s.connected()
-            && events & (libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0
-        {
-            // (A stream not yet connected reports EPOLLHUP: that is not an ending.)
-            s.rx.end_moves(if events & libc::EPOLLHUP as u32 != 0 && s.reads_pair() {
-                EndEvent::HungUp
-            } else {
-                EndEvent::Ended
-            });
-        }
-        self.rx().mirror_hup(id);
-        self.rx().maybe_token_known(id, fresh_input);
-        if self.socks.get(&id).is_some_and(|s| s.app_closed) {
-            self.socks.mark_dirty(id);
-        }
-    }
-
-    fn retry_parked(&mut self, id: u32) {
-        loop {
-            let Some(s) = self.socks.get_mut(&id) else {
-                return;
-            };
-            let Some(p) = s.parked.pop_front() else {
-                return;
-            };
-            // Still waiting (would block): back to the front, the rest behind it.
-            match p {
-                Parked::Recv {
-                    ch,
-                    tag,
-                    len,
-                    flags,
-                } => match self.rx().try_recv(ch, id, tag, len, flags) {
-                    Ok(()) => continue,
-                    Err(e) if would_block(&e) => {
-                        self.socks.park_front(id, p);
-                        return;
-                    }
-                    Err(e) => self.tx().done(ch, id, tag, Errno::of(&e)),
-                },
-                Parked::Accept { ch } => match self.connects().try_accept(id) {
-                    Ok(a) => self.connects().finish_accept(ch, id, a),
-                    Err(e) if would_block(&e) => {
-                        self.socks.park_front(id, p);
-                        return;
-                    }
-                    Err(e) => self.channels.answer(self.io, ch, Errno::of(&e)),
-                },
-                Parked::Connect { .. } => {
-                    self.socks.park_front(id, p);
-                    return;
-                }
-            }
-        }
-    }
-}
-
-impl Rx<'_> {
-    /// The way out, for answers.
-    pub(crate) fn tx(&mut self) -> Tx<'_> {
-        Tx {
-            io: self.io,
-            epoll: self.epoll,
-            socks: &mut *self.socks,
-            channels: &mut *self.channels,
-            modules: &mut *self.modules,
-            stats: &mut *self.stats,
-        }
-    }
-
-    /// A `Recv` from channel `ch` on socket `id`: answered now, or parked until the
-    /// host socket has input; `false` when the channel parked more blocking requests on
-    /// the socket than it may (it broke the protocol).
     pub(crate) fn recv(
         &mut self,
         ch: u32,
@@ -493,18 +273,18 @@ impl Rx<'_> {
         len: u32,
         flags: i32,
         nonblock: bool,
-    ) -> bool {
+    ) {
         if flags & libc::MSG_OOB == 0
-            && let Some(res) = self.socks.get_mut(&id).and_then(Sock::stream_end)
+            && let Some(res) = self.pair_stream_end(id)
         {
             // The stream's bytes went through the pair: the shim asks only what ended it.
-            self.tx().done(ch, id, tag, res);
-            return true;
+            self.done(ch, id, tag, res);
+            return;
         }
         match self.try_recv(ch, id, tag, len, flags) {
             Ok(()) => {}
             Err(e) if would_block(&e) && !nonblock => {
-                if !self.socks.park(
+                self.park(
                     id,
                     Parked::Recv {
                         ch,
@@ -512,19 +292,16 @@ impl Rx<'_> {
                         len,
                         flags,
                     },
-                ) {
-                    return false;
-                }
+                );
             }
             Err(e) => {
                 let mut c = Cmp::new(CmpKind::Done, id, tag, Errno::of(&e).wire());
-                if would_block(&e) && self.socks.get(&id).is_some_and(Sock::token_out) {
+                if would_block(&e) && self.drain_token(id) != 0 {
                     c.flags |= CMP_DRAIN_TOKEN;
                 }
-                self.tx().complete(ch, c);
+                self.complete(ch, c);
             }
         }
-        true
     }
 
     /// One non-blocking receive into the channel's buffers; completes on success.
@@ -544,12 +321,12 @@ impl Rx<'_> {
             return Err(io::Error::from(io::ErrorKind::WouldBlock));
         }
         let spans: Vec<BufSpan> = lent.iter().map(|(_, sp)| *sp).collect();
-        s.rx.set_mark(self.waits);
+        s.recv_mark = self.waits;
         // A datagram's control messages (those its options ask for) go to the shim.
         let mut control = [0u8; cmsg::MAX_CONTROL];
         let arrivals = Arrivals {
             policy: &self.cfg.policy,
-            stats: &mut *self.stats,
+            stats: &mut self.stats,
         };
         match arrivals.recv(io, s, &chan.ep.bufs, &spans, flags, &mut control) {
             Ok(got) => {
@@ -566,11 +343,39 @@ impl Rx<'_> {
                 } else {
                     self.stats.empty_reads += 1;
                     if flags & (libc::MSG_PEEK | libc::MSG_OOB) == 0 {
-                        s.rx.found_empty();
+                        s.rx_maybe = false;
                     }
                 }
                 Err(e)
             }
+        }
+    }
+
+    /// After a successful accept: whether the shim should take the listener's token
+    /// back (1) because no connection is left to accept. A token left behind would make
+    /// the next poll report a connection that is not there, and a blocking `accept`
+    /// after it would hang. If a connection arrives meanwhile, `TokenDrained`'s re-check
+    /// writes a fresh token.
+    pub(crate) fn drain_if_empty(&mut self, listener: u32) -> i32 {
+        let io = self.io;
+        let published = self.has_published(listener);
+        match self.socks.get(&listener) {
+            Some(s)
+                if s.token_out()
+                    && !published
+                    && io.poll_now(s.fd.as_fd(), libc::POLLIN).unwrap_or(0) == 0 =>
+            {
+                1
+            }
+            _ => 0,
+        }
+    }
+
+    /// Whether the shim should drain its token now (1) or not (0).
+    pub(crate) fn drain_token(&mut self, id: u32) -> i32 {
+        match self.sock(id) {
+            Some(s) if s.token_out() => 1,
+            _ => 0,
         }
     }
 
@@ -579,7 +384,7 @@ impl Rx<'_> {
         self.maybe_token_known(id, false);
     }
 
-    /// [`Rx::maybe_token`]; `readable` = the host socket just reported input and
+    /// [`Server::maybe_token`]; `readable` = the host socket just reported input and
     /// nothing has received since, so a stream needs no `ppoll` to know.
     fn maybe_token_known(&mut self, id: u32, readable: bool) {
         let io = self.io;
@@ -587,16 +392,16 @@ impl Rx<'_> {
             self.pump(id);
             return;
         }
-        let published = self.socks.has_published(self.io, self.shared, id);
+        let published = self.has_published(id);
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
-        if s.token() != Token::Wanted {
+        if s.token != Token::Wanted {
             return;
         }
         let tracked = s.is_stream() && !s.listening() && !published;
         // An ended stream stays readable (0, or the error) with no edge to come: ask.
-        if tracked && !s.rx.maybe() && !s.rx.ending() {
+        if tracked && !s.rx_maybe && !s.rx_ending {
             return;
         }
         let rev = if tracked && readable {
@@ -607,15 +412,29 @@ impl Rx<'_> {
         };
         let readable = rev & (libc::POLLIN | libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0;
         if tracked && !readable {
-            s.rx.found_empty();
+            s.rx_maybe = false;
         }
         if (readable || published) && io.send(s.pair.as_fd(), &[1]).is_ok() {
-            s.token_moves(TokenEvent::Written);
+            s.token = Token::Out { extra: 0 };
             s.stats.tokens += 1;
         }
         if rev & (libc::POLLRDHUP | libc::POLLHUP) != 0 && !s.listening() {
             s.mirror_eof(io);
         }
+    }
+
+    /// With `rx_pair`, the answer to a receive on a connected stream whose bytes go
+    /// through the pair: how the stream ended (0, or the error that ended it, reported
+    /// once) or `EAGAIN` while it has not. `None`: not such a socket.
+    fn pair_stream_end(&mut self, id: u32) -> Option<Result<(), Errno>> {
+        let s = self.socks.get_mut(&id).filter(|s| s.reads_pair())?;
+        if s.pair_end == PairEnd::Open {
+            return Some(Err(Errno(libc::EAGAIN)));
+        }
+        Some(match std::mem::take(&mut s.so_error) {
+            0 => Ok(()),
+            e => Err(Errno(e)),
+        })
     }
 
     /// With `rx_pair`: moves what the host socket has received into the readiness pair
@@ -625,11 +444,9 @@ impl Rx<'_> {
     /// question) shuts the pair's write side. A stream whose last read filled the 64 KiB
     /// scratch buffer is moved with `splice` through the server's pipe instead (pages
     /// change hands, the bytes are not copied in the server) until a splice moves less
-    /// than [`SPLICE_MIN`]. A hang-up due follows the end of the stream ([`Rx::mirror_hup`]).
+    /// than [`SPLICE_MIN`]. A hang-up due follows the end of the stream ([`Server::mirror_hup`]).
     pub(crate) fn pump(&mut self, id: u32) {
-        if let Some(s) = self.socks.get_mut(&id) {
-            self.scratch.pump(self.io, s, self.stats);
-        }
+        self.pump_pair(id);
         self.mirror_hup(id);
     }
 
@@ -647,14 +464,124 @@ impl Rx<'_> {
             return;
         };
         let ch = s.last_ch;
-        if let Some(c) = self.channels.get_mut(ch) {
+        if let Some(c) = self.chan_mut(ch) {
             c.flush();
         }
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
-        s.pair_end_moves(PairEnd::Hup);
+        s.pair_end = PairEnd::Hup;
         let _ = io.shutdown(s.pair.as_fd(), libc::SHUT_RD);
+    }
+
+    fn pump_pair(&mut self, id: u32) {
+        let io = self.io;
+        let Some(s) = self.socks.get_mut(&id) else {
+            return;
+        };
+        if !s.reads_pair() || s.pair_end != PairEnd::Open {
+            return;
+        }
+        self.rx.ready(io);
+        loop {
+            if !pending_into_pair(io, s) || !s.urgent_first(io) {
+                return;
+            }
+            if !s.rx_maybe {
+                // No input edge since the queue was found empty (e.g. an edge that only
+                // said the socket is writable again): nothing to read.
+                return;
+            }
+            let (got, pipe_broken) = self.rx.read_into_pair(io, s);
+            match got {
+                Ok(0) => {
+                    s.mirror_eof(io);
+                    return;
+                }
+                Ok(n) => {
+                    s.stats.bytes_in += n as u64;
+                    self.stats.bytes_in += n as u64;
+                    self.stats.data_syscalls += 1;
+                    // A read that did not fill the buffer emptied the queue: bytes that
+                    // come later bring a new edge (the host socket is edge-triggered),
+                    // so the read that would say EAGAIN is skipped, unless the end has
+                    // been reported (it brings no further edge).
+                    // (A read also stops short at an urgent mark.)
+                    let drained = !s.rx_bulk && n < RX_SCRATCH && !s.rx_ending && !s.oob_due;
+                    if drained {
+                        s.rx_maybe = false;
+                    }
+                    if !s.rx_pending.is_empty() || drained {
+                        return;
+                    }
+                }
+                Err(e) if would_block(&e) => {
+                    s.rx_maybe = false;
+                    self.stats.empty_reads += 1;
+                    return;
+                }
+                Err(e) => {
+                    s.so_error = e.raw_os_error().unwrap_or(libc::EIO);
+                    s.mirror_eof(io);
+                    if pipe_broken {
+                        warn!("socket {id}: the receive pipe lost bytes; the stream ends with EIO");
+                        let _ = io.linger_reset(s.fd.as_fd());
+                        self.rx.pipe = None;
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Host readiness: finish connects, flush sends, retry parked operations, tokens.
+    pub(crate) fn host_event(&mut self, id: u32, events: u32) {
+        let Some(s) = self.socks.get_mut(&id) else {
+            return;
+        };
+        let input =
+            libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLRDHUP | libc::EPOLLERR | libc::EPOLLHUP;
+        if events & input.cast_unsigned() != 0 {
+            s.rx_maybe = true;
+        }
+        if events & libc::EPOLLPRI as u32 != 0 && s.reads_pair() {
+            s.oob_due = true;
+        }
+        // Plain new input that no receive can have taken: none since the wait before the
+        // one that reported it (an edge reported now may be that old), and no parked one
+        // will run before the token check.
+        let fresh_input = events
+            & (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLERR | libc::EPOLLHUP) as u32
+            == libc::EPOLLIN as u32
+            && s.recv_mark + 1 < self.waits
+            && !s.parked.iter().any(|p| matches!(p, Parked::Recv { .. }));
+        let out = events & (libc::EPOLLOUT | libc::EPOLLERR | libc::EPOLLHUP) as u32 != 0;
+        if let Conn::Connecting { to, filled } = s.conn
+            && out
+        {
+            self.connect_ended(id, to, filled);
+        }
+        if out {
+            self.flush_tx(id);
+        }
+        self.retry_parked(id);
+        self.report_hangup(id, events);
+        self.edge_token(id, events);
+        if let Some(s) = self.socks.get_mut(&id)
+            && s.connected()
+            && events & (libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0
+        {
+            // (A stream not yet connected reports EPOLLHUP: that is not an ending.)
+            s.rx_ending = true;
+            if events & libc::EPOLLHUP as u32 != 0 && s.reads_pair() {
+                s.hup_due = true;
+            }
+        }
+        self.mirror_hup(id);
+        self.maybe_token_known(id, fresh_input);
+        if self.socks.get(&id).is_some_and(|s| s.app_closed) {
+            self.dirty.push(id);
+        }
     }
 
     /// A reset or hang-up of a connected stream: the program's next send fails with
@@ -671,46 +598,90 @@ impl Rx<'_> {
         }
         s.hup_reported = true;
         let ch = s.last_ch;
-        self.tx().complete(
+        self.complete(
             ch,
             Cmp::new(CmpKind::AsyncError, id, 0, Errno(libc::EPIPE).wire()),
         );
     }
 
-    /// `WantToken` (from `Unwanted`) or `TokenDrained` (from `Out`, whatever its extra
-    /// count): socket `id`'s token is wanted and not in the pair; one is written if the
-    /// host socket is readable (see [`Token`]).
-    pub(crate) fn token_moves(&mut self, id: u32, ev: TokenEvent) {
-        if let Some(s) = self.socks.get_mut(&id) {
-            s.token_moves(ev);
-        }
-        self.maybe_token(id);
-    }
-
-    /// Our end of socket `id`'s readiness pair reported `events`: the program closed
-    /// its last descriptor (a hang-up not of our making), wrote into its end (input), or
-    /// made room (a pump with bytes waiting for it goes on).
-    pub(crate) fn pair_event(&mut self, id: u32, events: u32) {
-        if events & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0
-            && !self.socks.pair_alive(self.io, id, events)
-        {
-            self.tx().app_closed(id);
+    /// Edge-triggered epoll wants an edge for every arrival of new data, even while the
+    /// socket is already readable: add a token byte per new-data edge (a few at most
+    /// between two drains).
+    fn edge_token(&mut self, id: u32, events: u32) {
+        let io = self.io;
+        let Some(s) = self.socks.get_mut(&id) else {
+            return;
+        };
+        let Token::Out { extra } = s.token else {
+            return;
+        };
+        if events & libc::EPOLLIN as u32 == 0 || s.listening() || extra >= 8 {
             return;
         }
-        if events & libc::EPOLLIN as u32 != 0 {
-            // (Sends the program queued before it wrote into the pair go first:
-            // `pair_input` defers to the end of the next pass over the rings.)
-            self.tx().pair_input(id);
+        if io.send(s.pair.as_fd(), &[1]).is_ok() {
+            s.token = Token::Out { extra: extra + 1 };
+            s.stats.tokens += 1;
         }
-        // Room in a pair: only a socket with bytes waiting for it needs a pump (the
-        // others hear of new bytes from their host socket).
-        if events & libc::EPOLLOUT as u32 != 0
-            && self
-                .socks
-                .get(&id)
-                .is_some_and(|s| !s.rx.pending().is_empty() || s.rx.urgent_held().is_some())
-        {
-            self.pump(id);
+    }
+
+    fn retry_parked(&mut self, id: u32) {
+        loop {
+            let Some(s) = self.socks.get_mut(&id) else {
+                return;
+            };
+            let Some(p) = s.parked.pop_front() else {
+                return;
+            };
+            // Still waiting (would block): back to the front, the rest behind it.
+            match p {
+                Parked::Recv {
+                    ch,
+                    tag,
+                    len,
+                    flags,
+                } => match self.try_recv(ch, id, tag, len, flags) {
+                    Ok(()) => continue,
+                    Err(e) if would_block(&e) => {
+                        self.park_front(id, p);
+                        return;
+                    }
+                    Err(e) => self.done(ch, id, tag, Errno::of(&e)),
+                },
+                Parked::Accept { ch } => match self.try_accept(id) {
+                    Ok(a) => self.finish_accept(ch, id, a),
+                    Err(e) if would_block(&e) => {
+                        self.park_front(id, p);
+                        return;
+                    }
+                    Err(e) => self.ctl_reply(ch, Server::new_reply(Errno::of(&e))),
+                },
+                Parked::Connect { .. } => {
+                    self.park_front(id, p);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Parks a blocking operation of socket `id` until its host socket is ready. A
+    /// shim's thread has one request in flight at a time: a channel with more than a
+    /// few parked on one socket breaks the protocol (and would grow the queue without
+    /// bound), so it is closed.
+    pub(crate) fn park(&mut self, id: u32, p: Parked) {
+        let ch = p.owner().0;
+        let Some(s) = self.sock(id) else {
+            return;
+        };
+        if s.parked.iter().filter(|q| q.owner().0 == ch).count() >= MAX_PARKED_PER_CHANNEL {
+            self.bad_channel(ch, "too many blocking requests on one socket");
+            return;
+        }
+        s.parked.push_back(p);
+    }
+
+    fn park_front(&mut self, id: u32, p: Parked) {
+        if let Some(s) = self.sock(id) {
+            s.parked.push_front(p);
         }
     }
 }

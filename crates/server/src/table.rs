@@ -4,153 +4,116 @@
 //! descriptor (the pair's hang-up, its name), and closing what is done. Must not: answer
 //! requests (`ops.rs`) or move data (`tx.rs`, `rx.rs`).
 
-use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 
 use tracing::{debug, warn};
 
-use crate::ops::{Errno, MAX_PARKED_PER_CHANNEL};
-use crate::send_side::SendEvent;
-use ferry_sys::Epoll;
+use crate::group::Msg;
+use crate::ops::Errno;
+use crate::server::{Server, T_HOST, T_PAIR, host_events, pair_events, token};
+use crate::sock::{Conn, NewPair, Owner, PairEnd, Place, Sock};
 
-use crate::channel::Channels;
-use crate::seam::Io;
-use crate::server::Server;
-use crate::sock::{Conn, ConnEvent, NewPair, PairEnd, Parked, Place, Sock};
-use crate::token::{T_HOST, T_PAIR, host_events, pair_events, token};
-
-/// A server's sockets, by id, and the work noticed on them for later in the turn:
-/// sockets whose state changed (closing, a fence to pass: `settle_dirty`), sockets
-/// with sends queued during this pass of the rings (`flush_pending`), and sockets
-/// whose program-written pair bytes wait for the end of the pass (`pair_input`).
-/// Each list holds ids only; a socket gone meanwhile is skipped.
-#[derive(Debug, Default)]
-pub(crate) struct SockTable {
-    socks: HashMap<u32, Sock>,
-    dirty: Vec<u32>,
-    tx_pending: Vec<u32>,
-    pair_resume: Vec<u32>,
-    /// An unbound unix socket of the server's namespace: binding it to a pair's name
-    /// tells whether the program's end is still open (see `app_alive`).
-    probe: Option<OwnedFd>,
-}
-
-impl SockTable {
-    pub(crate) fn get(&self, id: &u32) -> Option<&Sock> {
-        self.socks.get(id)
-    }
-
-    pub(crate) fn get_mut(&mut self, id: &u32) -> Option<&mut Sock> {
-        self.socks.get_mut(id)
-    }
-
-    pub(crate) fn contains(&self, id: u32) -> bool {
-        self.socks.contains_key(&id)
-    }
-
-    #[cfg(test)]
-    pub(crate) fn insert(&mut self, sock: Sock) {
-        self.socks.insert(sock.id, sock);
-    }
-
-    pub(crate) fn remove(&mut self, id: &u32) -> Option<Sock> {
-        self.socks.remove(id)
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.socks.len()
-    }
-
-    pub(crate) fn values(&self) -> impl Iterator<Item = &Sock> {
-        self.socks.values()
-    }
-
-    /// The ids of every socket, in no order.
-    pub(crate) fn ids(&self) -> Vec<u32> {
-        self.socks.keys().copied().collect()
-    }
-
-    /// Operations waiting for their host sockets: parked ones and queued sends.
-    pub(crate) fn outstanding(&self) -> usize {
-        self.socks
-            .values()
-            .map(|s| s.parked.len() + s.txq.len())
-            .sum()
-    }
-
-    /// Some socket still has bytes of the program's to send.
-    pub(crate) fn sending(&self) -> bool {
-        self.socks
-            .values()
-            .any(|s| !s.txq.is_empty() || s.send.pair_waits())
-    }
-
-    /// Socket `id`'s state changed: `settle_dirty` looks at it this turn.
-    pub(crate) fn mark_dirty(&mut self, id: u32) {
-        self.dirty.push(id);
-    }
-
-    pub(crate) fn take_dirty(&mut self) -> Vec<u32> {
-        std::mem::take(&mut self.dirty)
-    }
-
-    /// Socket `id` has sends queued in this pass of the rings.
-    pub(crate) fn queue_tx(&mut self, id: u32) {
-        self.tx_pending.push(id);
-    }
-
-    pub(crate) fn take_tx_pending(&mut self) -> Vec<u32> {
-        std::mem::take(&mut self.tx_pending)
-    }
-
-    /// Socket `id`'s pair bytes go out at the end of this pass of the rings.
-    pub(crate) fn resume_pair_input(&mut self, id: u32) {
-        self.pair_resume.push(id);
-    }
-
-    pub(crate) fn take_pair_resume(&mut self) -> Vec<u32> {
-        std::mem::take(&mut self.pair_resume)
-    }
-
-    /// Channel `ch` closed: its parked operations have nobody to answer any more (a
-    /// closed socket that waited only for them can go).
-    pub(crate) fn drop_parked_of(&mut self, ch: u32) {
-        for s in self.socks.values_mut() {
-            let before = s.parked.len();
-            s.parked.retain(|p| p.owner().0 != ch);
-            if s.app_closed && s.parked.len() != before {
-                self.dirty.push(s.id);
-            }
-        }
+impl Server {
+    /// A new socket served by server `server` (not registered anywhere yet), made by or
+    /// for `owner`; `kind` is (domain, type, protocol). Makes its readiness pair: the
+    /// program's end comes back beside the socket, for the reply that gives it to the
+    /// program.
+    pub(crate) fn new_sock(
+        &self,
+        server: usize,
+        fd: OwnedFd,
+        kind: (i32, i32, i32),
+        place: Place,
+        owner: Owner,
+    ) -> io::Result<(Sock, OwnedFd)> {
+        let (domain, ty, protocol) = kind;
+        let id = self.shared.new_id(server);
+        let NewPair { ours, theirs, name } = self.io.new_pair(id)?;
+        let sock = Sock {
+            id,
+            domain,
+            ty,
+            protocol,
+            fd,
+            place,
+            pair: ours,
+            name,
+            holders: vec![owner],
+            prune_at: 8,
+            opts: Vec::new(),
+            bound_wild: None,
+            contacted: None,
+            token: crate::sock::Token::Unwanted,
+            pair_end: crate::sock::PairEnd::Open,
+            rx_maybe: true,
+            rx_ending: false,
+            rx_pair: false,
+            rx_pending: Vec::new(),
+            rx_bulk: false,
+            recv_mark: 0,
+            parked: Default::default(),
+            txq: Default::default(),
+            conn: crate::sock::Conn::Idle,
+            so_error: 0,
+            app_closed: false,
+            shut_wr_pending: false,
+            fence: Default::default(),
+            hup_reported: false,
+            handing_off: false,
+            handoff_when_connected: false,
+            hup_due: false,
+            published_listener: None,
+            oob_due: false,
+            oob_byte: None,
+            pair_in_wait: false,
+            pair_reset: false,
+            filler_due: false,
+            last_ch: 0,
+            stats: crate::SocketStats {
+                id,
+                ..Default::default()
+            },
+            egress: None,
+        };
+        Ok((sock, theirs))
     }
 
     /// Registers a socket of this server: its host socket and readiness pair join the
     /// event loop.
-    pub(crate) fn install(&mut self, epoll: &Epoll, sock: Sock) -> io::Result<()> {
+    pub(crate) fn install(&mut self, sock: Sock) -> io::Result<()> {
         let id = sock.id;
-        epoll.add(sock.fd.as_fd(), host_events(), token(T_HOST, id))?;
-        if let Err(e) = epoll.add(
+        self.epoll
+            .add(sock.fd.as_fd(), host_events(), token(T_HOST, id))?;
+        if let Err(e) = self.epoll.add(
             sock.pair.as_fd(),
-            pair_events(sock.rx.pair()),
+            pair_events(sock.rx_pair),
             token(T_PAIR, id),
         ) {
-            let _ = epoll.delete(sock.fd.as_fd());
+            let _ = self.epoll.delete(sock.fd.as_fd());
             return Err(e);
         }
         self.socks.insert(id, sock);
         Ok(())
     }
 
+    /// Serves `sock` here, or hands it to its server; returns its id. The hand-over
+    /// happens before the caller tells the shim the id (see [`crate::group`]).
+    pub(crate) fn place_sock(&mut self, sock: Sock) -> io::Result<u32> {
+        let id = sock.id;
+        let server = ferry_proto::server_of(id);
+        if server == self.index {
+            self.install(sock)?;
+        } else {
+            self.stats.sockets_handed += 1;
+            self.shared.inbox[server].send(Msg::Sock(Box::new(sock)));
+        }
+        Ok(id)
+    }
+
     /// Replaces a socket's host socket (provisional → host or sandbox namespace).
-    pub(crate) fn replace_host_fd(
-        &mut self,
-        io: &dyn Io,
-        epoll: &Epoll,
-        id: u32,
-        fd: OwnedFd,
-        place: Place,
-    ) -> io::Result<()> {
+    pub(crate) fn replace_host_fd(&mut self, id: u32, fd: OwnedFd, place: Place) -> io::Result<()> {
+        let io = self.io;
         let Some(s) = self.socks.get_mut(&id) else {
             return Err(io::Error::from_raw_os_error(libc::EBADF));
         };
@@ -159,70 +122,97 @@ impl SockTable {
                 debug!("socket {id}: replaying option {level}/{name}: {e}");
             }
         }
-        let _ = epoll.delete(s.fd.as_fd());
-        epoll.add(fd.as_fd(), host_events(), token(T_HOST, id))?;
+        let _ = self.epoll.delete(s.fd.as_fd());
+        self.epoll
+            .add(fd.as_fd(), host_events(), token(T_HOST, id))?;
         s.fd = fd;
         s.place = place;
-        s.rx.input_edge();
+        s.rx_maybe = true;
         Ok(())
     }
 
     /// Our end of socket `id`'s pair reported `events` with `EPOLLHUP` or `EPOLLERR`:
     /// whether the program's end is still open. The hang-up means the program has
     /// closed its last descriptor (the kernel shuts both of our directions then), unless
-    /// we shut both ourselves (`Rx::mirror_hup`) or closed our end (`detach_pair`);
+    /// we shut both ourselves (`Server::mirror_hup`) or closed our end (`detach_pair`);
     /// then the pair's name says. `EPOLLERR` (the program's end went with bytes unread)
     /// always means closed.
-    pub(crate) fn pair_alive(&mut self, io: &dyn Io, id: u32, events: u32) -> bool {
+    pub(crate) fn pair_alive(&mut self, id: u32, events: u32) -> bool {
         events & libc::EPOLLERR as u32 == 0
             && self
                 .socks
                 .get(&id)
-                .is_some_and(|s| s.pair_end() == PairEnd::Hup || s.pair_detached())
-            && self.app_alive(io, id)
+                .is_some_and(|s| s.pair_end == PairEnd::Hup || s.pair_detached())
+            && self.app_alive(id)
+    }
+
+    /// A non-blocking connect of socket `id` failed: the kernel's socket now reports
+    /// `POLLERR|POLLHUP` beside `POLLOUT` until `SO_ERROR` is read, then `POLLHUP`. A
+    /// unix socket reports `POLLERR` only when its peer went away with bytes unread, so
+    /// our end, still holding the shim's filler (`REQ_FILLED`), is closed: the program's
+    /// end gets `ECONNRESET` as its error (`POLLERR`, cleared by the shim when the
+    /// program reads `SO_ERROR`, which the host socket answers) and both directions shut
+    /// (`POLLHUP`). `POLLOUT` may come a moment later: the kernel wakes the program's
+    /// end before it frees the filler, which is what kept it unwritable (a program
+    /// polling then sees `POLLERR|POLLHUP` alone; taking the filler out first would
+    /// instead show `POLLOUT` alone for a moment, which looks like a connect that
+    /// succeeded). A placeholder whose peer is gone takes our end's place; from now on
+    /// the pair's name says whether the program still holds the fd (checked when it
+    /// closes one, when a channel goes, and at the end). A failed socket cannot connect
+    /// again (Linux says `ECONNABORTED`), so the pair is not needed any more.
+    pub(crate) fn detach_pair(&mut self, id: u32) {
+        let Ok(placeholder) = self.io.orphan() else {
+            self.drain_filler(id);
+            return;
+        };
+        let Some(s) = self.socks.get_mut(&id) else {
+            return;
+        };
+        let _ = self.epoll.delete(s.pair.as_fd());
+        s.conn = Conn::Failed { reported: false };
+        drop(std::mem::replace(&mut s.pair, placeholder));
     }
 
     /// `CtlKind::Renew`: stream `id`, whose pair was detached when a non-blocking
     /// connect failed and which the kernel has reset since, connects again: it gets a
     /// new pair (a new name), joins the loop as a new socket's does, and starts over
     /// as unconnected. Returns the program's end.
-    pub(crate) fn renew_pair(
-        &mut self,
-        io: &dyn Io,
-        epoll: &Epoll,
-        id: u32,
-    ) -> Result<OwnedFd, Errno> {
+    pub(crate) fn renew_pair(&mut self, id: u32) -> Result<OwnedFd, Errno> {
         let Some(s) = self.socks.get(&id) else {
             return Err(Errno(libc::EBADF));
         };
-        if s.conn() != Conn::FailReported || !s.is_stream() {
+        if s.conn != (Conn::Failed { reported: true }) || !s.is_stream() {
             return Err(Errno(libc::EINVAL));
         }
-        let NewPair { ours, theirs, name } = io.new_pair(id).map_err(|e| Errno::of(&e))?;
-        epoll
-            .add(ours.as_fd(), pair_events(s.rx.pair()), token(T_PAIR, id))
+        let NewPair { ours, theirs, name } = self.io.new_pair(id).map_err(|e| Errno::of(&e))?;
+        self.epoll
+            .add(ours.as_fd(), pair_events(s.rx_pair), token(T_PAIR, id))
             .map_err(|e| Errno::of(&e))?;
         let s = self.socks.get_mut(&id).ok_or(Errno(libc::EBADF))?;
         s.pair = ours;
         s.name = name;
-        s.conn_moves(ConnEvent::Renewed);
-        s.pair_end_moves(PairEnd::Open);
+        s.conn = Conn::Idle;
+        s.hup_due = false;
+        s.pair_end = PairEnd::Open;
         s.hup_reported = false;
-        s.send.moves(SendEvent::Renewed);
+        s.rx_ending = false;
+        s.filler_due = false;
+        s.pair_reset = false;
         s.so_error = 0;
-        s.rx.renewed();
+        s.rx_maybe = true;
         debug!("socket {id}: readiness pair renewed to connect again");
         Ok(theirs)
     }
 
     /// Whether the program has closed its last descriptor of socket `id`, asked now
     /// (our end of the pair has hung up, and not by our own doing).
-    pub(crate) fn app_gone(&mut self, io: &dyn Io, id: u32) -> bool {
+    pub(crate) fn app_gone(&mut self, id: u32) -> bool {
+        let io = self.io;
         let Some(s) = self.socks.get(&id) else {
             return false;
         };
         let rev = u32::from(io.poll_now(s.pair.as_fd(), 0).unwrap_or(0).cast_unsigned());
-        rev & (libc::POLLHUP | libc::POLLERR) as u32 != 0 && !self.pair_alive(io, id, rev)
+        rev & (libc::POLLHUP | libc::POLLERR) as u32 != 0 && !self.pair_alive(id, rev)
     }
 
     /// Whether the program's end of socket `id`'s pair is still open, from its name in
@@ -230,13 +220,13 @@ impl SockTable {
     /// while any process holds that end (the name goes with its last descriptor, and
     /// names are never used twice). When the probe cannot be made or bound, the end
     /// counts as open: the socket is then released when the sandbox ends, not before.
-    fn app_alive(&mut self, io: &dyn Io, id: u32) -> bool {
+    fn app_alive(&mut self, id: u32) -> bool {
         let Some(name) = self.socks.get(&id).map(|s| s.name) else {
             return false;
         };
-        let probe = match self.probe.take() {
+        let probe = match self.name_probe.take() {
             Some(p) => p,
-            None => match io.unix_socket() {
+            None => match self.io.unix_socket() {
                 Ok(p) => p,
                 Err(e) => {
                     warn!("socket {id}: cannot make a name probe: {e}");
@@ -244,67 +234,59 @@ impl SockTable {
                 }
             },
         };
-        match io.bind_abstract(probe.as_fd(), &name) {
+        match self.io.bind_abstract(probe.as_fd(), &name) {
             // The name was free: the end is gone (dropping the probe frees it again).
             Ok(()) => false,
             Err(e) => {
                 if e.raw_os_error() != Some(libc::EADDRINUSE) {
                     warn!("socket {id}: name probe: {e}");
                 }
-                self.probe = Some(probe);
+                self.name_probe = Some(probe);
                 true
             }
         }
     }
 
-    /// Parks a blocking operation of socket `id` until its host socket is ready. A
-    /// shim's thread has one request in flight at a time: a channel with more than a
-    /// few parked on one socket breaks the protocol (and would grow the queue without
-    /// bound); false then, and nothing is parked.
-    pub(crate) fn park(&mut self, id: u32, p: Parked) -> bool {
-        let ch = p.owner().0;
+    pub(crate) fn app_closed(&mut self, id: u32) {
+        let io = self.io;
+        if self.socks.get(&id).is_none_or(|s| s.app_closed) {
+            return;
+        }
+        // Sends another thread queued before the close are still to come.
+        let fence = self.channels.fence(None);
         let Some(s) = self.socks.get_mut(&id) else {
-            return true;
+            return;
         };
-        if s.parked.iter().filter(|q| q.owner().0 == ch).count() >= MAX_PARKED_PER_CHANNEL {
-            return false;
+        s.app_closed = true;
+        s.fence = fence;
+        let mut reset = false;
+        if s.rx_pair && s.connected() {
+            // Closed with bytes unread (the kernel marks our end ECONNRESET when the
+            // program's end goes with data queued): the peer gets a reset, as from a
+            // kernel socket closed with unread data.
+            reset = s.pair_reset
+                || !s.rx_pending.is_empty()
+                || io
+                    .getsockopt_int(s.pair.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
+                    .is_ok_and(|e| e == libc::ECONNRESET);
+            if reset {
+                let _ = io.linger_reset(s.fd.as_fd());
+            }
         }
-        s.parked.push_back(p);
-        true
-    }
-
-    /// Puts back an operation that still waits, ahead of the others.
-    pub(crate) fn park_front(&mut self, id: u32, p: Parked) {
-        if let Some(s) = self.socks.get_mut(&id) {
-            s.parked.push_front(p);
+        let _ = self.epoll.delete(s.pair.as_fd());
+        self.dirty.push(id);
+        if !reset {
+            // What the program wrote into its end before closing it still goes out.
+            self.pair_input(id);
         }
     }
 
-    /// Takes socket `id`'s first parked operation matching `pred`.
-    pub(crate) fn unpark(&mut self, id: u32, pred: impl Fn(&Parked) -> bool) -> Option<Parked> {
-        let s = self.socks.get_mut(&id)?;
-        let i = s.parked.iter().position(pred)?;
-        s.parked.remove(i)
-    }
-
-    /// Whether channel `ch`'s process may act on socket `id` (it made, accepted or
-    /// claimed it). An unknown socket counts as usable here: the operation then finds
-    /// no socket and says `EBADF` itself.
-    pub(crate) fn may_use(&self, channels: &Channels, ch: u32, id: u32) -> bool {
-        let (Some(c), Some(s)) = (channels.get(ch), self.get(&id)) else {
-            return true;
-        };
-        s.holders.contains(c.owner)
-    }
-}
-
-impl Server {
     /// Finishes state changes noticed during the turn: closes sockets whose program side
     /// is gone and whose sends are done, and shuts those down for writing whose
     /// `shutdown` waited for other threads' sends. A socket whose fence other channels
     /// have not passed yet is looked at again after the next pass over the rings.
     pub(crate) fn settle_dirty(&mut self) {
-        let dirty = self.socks.take_dirty();
+        let dirty = std::mem::take(&mut self.dirty);
         let mut fenced = Vec::new();
         for id in dirty {
             let Some(s) = self.socks.get_mut(&id) else {
@@ -320,7 +302,7 @@ impl Server {
                 s.fence = Default::default();
                 // What they queued is sent (or waits for room), then a `SHUT_WR` that
                 // waited happens (`after_sends`).
-                self.tx().flush_tx(id);
+                self.flush_tx(id);
             }
             let Some(s) = self.socks.get(&id) else {
                 continue;
@@ -328,155 +310,20 @@ impl Server {
             // A thread still blocked on the socket keeps it, as with the kernel (a close
             // in another thread does not end a blocked recv). A module writes its output
             // first.
-            let idle =
-                s.app_closed && s.txq.is_empty() && !s.send.pair_waits() && s.parked.is_empty();
-            if idle && {
-                let mut tx = self.tx();
-                let (m, mut a) = tx.module_parts();
-                m.settled(&mut a, id)
-            } {
+            let idle = s.app_closed && s.txq.is_empty() && !s.pair_in_wait && s.parked.is_empty();
+            if idle && self.module_settled(id) {
                 let s = self.socks.remove(&id).expect("just looked it up");
                 self.shared.socket_closed();
                 if let Some(port) = s.published_listener
                     && self.shared.listener_down(port) == 0
                 {
-                    self.published.refuse_waiting(&self.shared, port);
+                    self.refuse_waiting(port);
                 }
                 let _ = self.epoll.delete(s.fd.as_fd());
                 self.stats.closed_socket(s.stats);
                 debug!("socket {id}: closed");
             }
         }
-        for id in fenced {
-            self.socks.mark_dirty(id);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::os::unix::net::UnixStream;
-
-    use super::*;
-    use crate::sock::Owner;
-
-    fn sock(id: u32) -> Sock {
-        let (a, b) = UnixStream::pair().expect("socketpair");
-        let owner = Owner { pid: 1, start: 1 };
-        let kind = (libc::AF_INET, libc::SOCK_STREAM, 0);
-        Sock::new(
-            id,
-            kind,
-            a.into(),
-            Place::Host,
-            (b.into(), ([0; ferry_proto::PAIR_NAME_MAX], 0)),
-            owner,
-        )
-    }
-
-    fn recv(ch: u32, tag: u32) -> Parked {
-        Parked::Recv {
-            ch,
-            tag,
-            len: 1,
-            flags: 0,
-        }
-    }
-
-    #[test]
-    fn a_closed_channels_parked_operations_go_and_only_closed_sockets_settle() {
-        let mut t = SockTable::default();
-        let (mut closed, mut open) = (sock(1), sock(2));
-        closed.app_closed = true;
-        closed
-            .parked
-            .extend([recv(1, 10), recv(2, 20), recv(1, 11)]);
-        open.parked.extend([recv(1, 30)]);
-        t.insert(closed);
-        t.insert(open);
-        let untouched = sock(3);
-        t.insert(untouched);
-        assert_eq!(t.outstanding(), 4);
-        t.drop_parked_of(1);
-        assert_eq!(t.outstanding(), 1);
-        let left: Vec<_> = t
-            .get(&1)
-            .unwrap()
-            .parked
-            .iter()
-            .map(Parked::owner)
-            .collect();
-        assert_eq!(left, [(2, 20)], "the other channel's operation stays");
-        assert!(t.get(&2).unwrap().parked.is_empty());
-        assert_eq!(
-            t.take_dirty(),
-            [1],
-            "only the closed socket that lost some settles"
-        );
-        assert!(t.take_dirty().is_empty(), "taken once");
-    }
-
-    #[test]
-    fn unpark_takes_the_first_match_and_keeps_the_rest_in_order() {
-        let mut t = SockTable::default();
-        let mut s = sock(5);
-        s.parked.extend([
-            recv(1, 1),
-            Parked::Connect { ch: 1, tag: 2 },
-            recv(1, 3),
-            recv(1, 4),
-        ]);
-        t.insert(s);
-        let got = t.unpark(5, |p| matches!(p, Parked::Recv { tag, .. } if *tag > 1));
-        assert!(matches!(got, Some(Parked::Recv { tag: 3, .. })), "{got:?}");
-        let tags: Vec<_> = t
-            .get(&5)
-            .unwrap()
-            .parked
-            .iter()
-            .map(|p| p.owner().1)
-            .collect();
-        assert_eq!(tags, [1, 2, 4]);
-        assert!(t.unpark(5, |p| p.owner().0 == 9).is_none());
-        assert!(t.unpark(6, |_| true).is_none(), "no such socket");
-    }
-
-    #[test]
-    fn a_channel_parks_a_few_operations_per_socket_and_no_more() {
-        let mut t = SockTable::default();
-        t.insert(sock(1));
-        for tag in 0..u32::try_from(MAX_PARKED_PER_CHANNEL).unwrap() {
-            assert!(t.park(1, recv(1, tag)));
-        }
-        assert!(!t.park(1, recv(1, 99)), "one too many from channel 1");
-        assert!(t.park(1, recv(2, 0)), "channel 2 has its own few");
-        t.park_front(1, recv(2, 7));
-        let first = t.get(&1).unwrap().parked.front().map(Parked::owner);
-        assert_eq!(
-            first,
-            Some((2, 7)),
-            "a retried operation keeps its place first"
-        );
-        assert_eq!(t.outstanding(), MAX_PARKED_PER_CHANNEL + 2);
-        assert!(t.park(9, recv(1, 0)), "no such socket: nothing to refuse");
-    }
-
-    #[test]
-    fn the_turns_work_lists_are_handed_out_once_each() {
-        let mut t = SockTable::default();
-        t.insert(sock(1));
-        t.queue_tx(1);
-        t.resume_pair_input(1);
-        t.mark_dirty(1);
-        assert_eq!(t.take_tx_pending(), [1]);
-        assert_eq!(t.take_pair_resume(), [1]);
-        assert_eq!(t.take_dirty(), [1]);
-        assert!(t.take_tx_pending().is_empty() && t.take_pair_resume().is_empty());
-        assert!(!t.sending());
-        t.get_mut(&1).unwrap().send.moves(SendEvent::PairWaits);
-        assert!(t.sending(), "program bytes in the pair are still to send");
-        assert!(t.contains(1) && !t.contains(2));
-        assert_eq!(t.remove(&1).map(|s| s.id), Some(1));
-        assert_eq!(t.len(), 0);
+        self.dirty.extend(fenced);
     }
 }

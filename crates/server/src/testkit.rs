@@ -717,7 +717,7 @@ fn this_process() -> Owner {
     let pid = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
     Owner {
         pid,
-        start: crate::procs::process_start(pid).unwrap_or(0),
+        start: crate::server::process_start(pid).unwrap_or(0),
     }
 }
 
@@ -757,9 +757,7 @@ impl Harness {
             },
             ..Hello::default()
         };
-        self.srv
-            .channel_life()
-            .open_channel(ctl, hello, this_process());
+        self.srv.open_channel(ctl, hello, this_process());
         let idx = (0..self.srv.channels.slots())
             .find(|i| {
                 self.srv
@@ -819,7 +817,7 @@ impl Harness {
 
     /// The ids of the sockets the server has now, in order.
     pub fn sockets(&self) -> Vec<u32> {
-        let mut ids: Vec<u32> = self.srv.socks.ids();
+        let mut ids: Vec<u32> = self.srv.socks.keys().copied().collect();
         ids.sort_unstable();
         ids
     }
@@ -827,7 +825,7 @@ impl Harness {
     /// Whether channel `ch` is still open (the server closes a channel that breaks the
     /// protocol).
     pub fn channel_open(&self, ch: u32) -> bool {
-        self.srv.channels.get(ch).is_some()
+        self.srv.chan(ch).is_some()
     }
 
     /// Pushes a request record into channel `ch`'s ring (not taken yet).
@@ -849,8 +847,7 @@ impl Harness {
     /// Records still waiting in channel `ch`'s request ring.
     pub fn ring_waiting(&mut self, ch: u32) -> usize {
         self.srv
-            .channels
-            .get_mut(ch)
+            .chan_mut(ch)
             .map_or(0, |c| c.ep.rx.available().unwrap_or(0))
     }
 
@@ -863,7 +860,7 @@ impl Harness {
 
     fn end_turn(&mut self) {
         self.srv.settle_dirty();
-        self.srv.channels.flush_all();
+        self.srv.flush_all();
     }
 
     /// Pushes `req` and runs a turn; the completions channel `ch` then has.
@@ -887,7 +884,7 @@ impl Harness {
 
     /// Completions the server holds back for channel `ch` (its ring was full).
     pub fn backlog(&self, ch: u32) -> usize {
-        self.srv.channels.get(ch).map_or(0, |c| c.backlog.len())
+        self.srv.chan(ch).map_or(0, |c| c.backlog.len())
     }
 
     /// Times the server stopped taking a channel's requests because its completions
@@ -975,7 +972,7 @@ impl Harness {
     /// The server's end of `id`'s pair reports `events`.
     pub fn pair_event(&mut self, id: u32, events: i32) {
         self.tick();
-        self.srv.rx().pair_event(id, events.cast_unsigned());
+        self.srv.pair_event(id, events.cast_unsigned());
         self.srv.drain_rings();
         self.end_turn();
     }
@@ -1000,96 +997,71 @@ impl Harness {
 
     /// Whether the server still has socket `id`.
     pub fn has_socket(&self, id: u32) -> bool {
-        self.srv.socks.contains(id)
+        self.srv.socks.contains_key(&id)
     }
 
-    /// Socket `id`'s host side, to script (the peer, the host kernel's socket) and to
-    /// look at.
-    pub fn peer(&self, id: u32) -> HostSide {
-        HostSide {
-            fake: self.fake,
-            fd: self.host_fd(id),
-        }
-    }
-
-    /// The program's side of socket `id`'s pair, to act as the program and to look at.
-    pub fn app(&self, id: u32) -> AppSide {
-        AppSide {
-            fake: self.fake,
-            fd: self.pair_fd(id),
-        }
-    }
-}
-
-/// A harness socket's host side ([`Harness::peer`]): what the peer and the host
-/// kernel's socket do next, scripted, and what the server did there.
-#[derive(Debug)]
-pub struct HostSide {
-    fake: &'static Fake,
-    fd: RawFd,
-}
-
-impl HostSide {
-    /// Bytes arrive on the socket's host socket (no event yet).
-    pub fn input(&self, bytes: &[u8]) {
+    /// Bytes arrive on `id`'s host socket (no event yet).
+    pub fn host_input(&mut self, id: u32, bytes: &[u8]) {
         self.fake
-            .with_host(self.fd, |h| h.rx.extend(bytes.iter().copied()));
+            .with_host(self.host_fd(id), |h| h.rx.extend(bytes.iter().copied()));
     }
 
-    /// A datagram from `from` arrives on the socket's host socket (no event yet).
-    pub fn datagram(&self, bytes: &[u8], from: SocketAddr) {
-        self.fake
-            .with_host(self.fd, |h| h.dgrams.push_back((bytes.to_vec(), from)));
+    /// A datagram from `from` arrives on `id`'s host socket (no event yet).
+    pub fn host_datagram(&mut self, id: u32, bytes: &[u8], from: SocketAddr) {
+        self.fake.with_host(self.host_fd(id), |h| {
+            h.dgrams.push_back((bytes.to_vec(), from))
+        });
     }
 
     /// Urgent data: `byte` arrives after the bytes queued so far.
-    pub fn urgent(&self, byte: u8) {
+    pub fn host_urgent(&mut self, id: u32, byte: u8) {
         self.fake
-            .with_host(self.fd, |h| h.urgent = Some((h.rx.len(), byte)));
+            .with_host(self.host_fd(id), |h| h.urgent = Some((h.rx.len(), byte)));
     }
 
     /// The peer's end of stream arrives after the queued bytes.
-    pub fn fin(&self) {
-        self.fake.with_host(self.fd, |h| h.fin = true);
+    pub fn host_fin(&mut self, id: u32) {
+        self.fake.with_host(self.host_fd(id), |h| h.fin = true);
     }
 
     /// The peer resets the connection (`errno`, e.g. `ECONNRESET`).
-    pub fn reset(&self, errno: i32) {
-        self.fake.with_host(self.fd, |h| {
+    pub fn host_reset(&mut self, id: u32, errno: i32) {
+        self.fake.with_host(self.host_fd(id), |h| {
             h.error = Some(errno);
             h.send_error = Some(libc::EPIPE);
         });
     }
 
     /// The host socket takes at most `bytes` more from sends (`None`: any number).
-    pub fn room(&self, bytes: Option<usize>) {
-        self.fake.with_host(self.fd, |h| h.room = bytes);
+    pub fn host_room(&mut self, id: u32, bytes: Option<usize>) {
+        self.fake.with_host(self.host_fd(id), |h| h.room = bytes);
     }
 
-    /// The next connect of the socket fails with `errno` (`EINPROGRESS`: in progress).
-    pub fn connect_result(&self, errno: i32) {
+    /// The next connect of `id` fails with `errno` (`EINPROGRESS`: in progress).
+    pub fn script_connect(&mut self, id: u32, errno: i32) {
         self.fake
-            .with_host(self.fd, |h| h.connect_result = Some(errno));
+            .with_host(self.host_fd(id), |h| h.connect_result = Some(errno));
     }
 
     /// A connect in progress ends: `SO_ERROR` becomes `errno` (0: connected).
-    pub fn connect_outcome(&self, errno: i32) {
-        self.fake.with_host(self.fd, |h| h.so_error = errno);
+    pub fn connect_outcome(&mut self, id: u32, errno: i32) {
+        self.fake
+            .with_host(self.host_fd(id), |h| h.so_error = errno);
     }
 
-    /// A connection from `peer` waits on listener the socket's host socket.
-    pub fn connection(&self, peer: SocketAddr) {
+    /// A connection from `peer` waits on listener `id`'s host socket.
+    pub fn host_connection(&mut self, id: u32, peer: SocketAddr) {
         let conn = self
             .fake
             .socket(libc::AF_INET, libc::SOCK_STREAM, 0)
             .expect("fake fd");
         self.fake
-            .with_host(self.fd, |h| h.backlog.push_back((conn, peer)));
+            .with_host(self.host_fd(id), |h| h.backlog.push_back((conn, peer)));
     }
 
-    /// What the server did on the socket's host socket so far.
-    pub fn view(&self) -> HostView {
-        self.fake.with_host(self.fd, |h| HostView {
+    /// What the server did on `id`'s host socket so far.
+    pub fn host(&self, id: u32) -> HostView {
+        self.fake.with_host(self.host_fd(id), |h| HostView {
             sent: h.sent.clone(),
             datagrams: h.sent_dgrams.clone(),
             connects: h.connects.clone(),
@@ -1099,43 +1071,33 @@ impl HostSide {
             lingered: h.lingered,
         })
     }
-}
 
-/// A harness socket's program side ([`Harness::app`]): what the program does with its
-/// end of the pair, and what the server did to the pair.
-#[derive(Debug)]
-pub struct AppSide {
-    fake: &'static Fake,
-    fd: RawFd,
-}
-
-impl AppSide {
-    /// The program writes `bytes` straight into its end of the socket's pair (a `write` the
+    /// The program writes `bytes` straight into its end of `id`'s pair (a `write` the
     /// shim cannot see).
-    pub fn write(&self, bytes: &[u8]) {
-        self.fake.with_pair(self.fd, |p| {
+    pub fn app_write(&mut self, id: u32, bytes: &[u8]) {
+        self.fake.with_pair(self.pair_fd(id), |p| {
             p.from_app.extend(bytes.iter().map(|b| Seg::Byte(*b)));
         });
     }
 
-    /// The shim fills the program's end of the socket's pair (`WantRoom`, `REQ_FILLED`): the
+    /// The shim fills the program's end of `id`'s pair (`WantRoom`, `REQ_FILLED`): the
     /// out-of-band marker, then filler bytes.
-    pub fn filler(&self) {
-        self.fake.with_pair(self.fd, |p| {
+    pub fn app_filler(&mut self, id: u32) {
+        self.fake.with_pair(self.pair_fd(id), |p| {
             p.from_app.push_back(Seg::Mark);
             p.from_app.extend(std::iter::repeat_n(Seg::Byte(0), 4096));
         });
     }
 
-    /// The program's end of the socket's pair has room for `bytes` more (`None`: any number).
-    pub fn room(&self, bytes: Option<usize>) {
-        self.fake.with_pair(self.fd, |p| p.room = bytes);
+    /// The program's end of `id`'s pair has room for `bytes` more (`None`: any number).
+    pub fn app_room(&mut self, id: u32, bytes: Option<usize>) {
+        self.fake.with_pair(self.pair_fd(id), |p| p.room = bytes);
     }
 
-    /// The program closes its last descriptor of the socket (with unread bytes: `reset`). The
+    /// The program closes its last descriptor of `id` (with unread bytes: `reset`). The
     /// event that tells the server is the caller's to deliver.
-    pub fn close(&self) {
-        let fd = self.fd;
+    pub fn app_close(&mut self, id: u32) {
+        let fd = self.pair_fd(id);
         let name = self.fake.with_pair(fd, |p| {
             p.reset = !p.to_app.is_empty();
             p.app_closed = true;
@@ -1144,9 +1106,9 @@ impl AppSide {
         self.fake.st().names.insert(name, false);
     }
 
-    /// What the server did to the socket's pair so far.
-    pub fn view(&self) -> PairView {
-        self.fake.with_pair(self.fd, |p| PairView {
+    /// What the server did to `id`'s pair so far.
+    pub fn pair(&self, id: u32) -> PairView {
+        self.fake.with_pair(self.pair_fd(id), |p| PairView {
             to_app: p.to_app.clone(),
             oob: p.oob_to_app.clone(),
             eof: p.shut_wr,
@@ -1157,10 +1119,10 @@ impl AppSide {
         })
     }
 
-    /// Takes what the server wrote to the program through the socket's pair (the program
+    /// Takes what the server wrote to the program through `id`'s pair (the program
     /// reads it): the room it used is free again.
-    pub fn take_output(&self) -> Vec<u8> {
-        self.fake.with_pair(self.fd, |p| {
+    pub fn take_pair_output(&mut self, id: u32) -> Vec<u8> {
+        self.fake.with_pair(self.pair_fd(id), |p| {
             let out = std::mem::take(&mut p.to_app);
             if let Some(r) = p.room.as_mut() {
                 *r += out.len();

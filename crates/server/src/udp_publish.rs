@@ -21,11 +21,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use ferry_egress::{FlowTable, Limits};
-use ferry_sys::Epoll;
 use tracing::{debug, warn};
-
-use crate::group::Shared;
-use crate::published::PublishedPorts;
 
 /// Most flows per published port.
 pub const MAX_FLOWS: usize = 256;
@@ -40,7 +36,7 @@ const MAX_DATAGRAM: usize = 65_535;
 /// One client of a published UDP port.
 #[derive(Debug)]
 pub(crate) struct Flow {
-    /// Index of the published port (`PublishedPorts::fd`).
+    /// Index of the published port (`Server::published`).
     pub port: usize,
     pub client: SocketAddr,
     /// The flow's socket in the sandbox's namespace.
@@ -134,54 +130,54 @@ impl Flows {
     }
 }
 
-impl PublishedPorts {
+impl crate::server::Server {
     /// Datagrams on published UDP port `i`: each goes into the sandbox through its
     /// client's flow (made on its first datagram).
-    pub(crate) fn datagrams(&mut self, i: usize, epoll: &Epoll, shared: &Shared) {
-        self.sweep_flows(epoll);
-        let mut buf = self.flows.take_buf();
-        self.datagrams_in(i, &mut buf, epoll, shared);
-        self.flows.put_buf(buf);
+    pub(crate) fn published_datagrams(&mut self, i: usize) {
+        self.sweep_flows();
+        let mut buf = self.udp_flows.take_buf();
+        self.datagrams_in(i, &mut buf);
+        self.udp_flows.put_buf(buf);
     }
 
-    fn datagrams_in(&mut self, i: usize, buf: &mut [u8], epoll: &Epoll, shared: &Shared) {
+    fn datagrams_in(&mut self, i: usize, buf: &mut [u8]) {
         for _ in 0..BATCH {
-            let (n, from) = match ferry_sys::recv_from(self.fd(i), buf) {
+            let (n, from) = match ferry_sys::recv_from(self.published_fd(i), buf) {
                 Ok((n, Some(from))) => (n, from),
                 Ok((_, None)) => continue,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
                 Err(e) => {
                     // An ICMP error for an earlier answer, say: nothing to take.
-                    debug!("published port {}/udp: {e}", self.port(i));
+                    debug!("published port {}/udp: {e}", self.published_port(i));
                     continue;
                 }
             };
-            let flow = match self.flows.find(i, from) {
+            let flow = match self.udp_flows.find(i, from) {
                 Some(id) => Some(id),
-                None => self.new_flow(i, from, epoll, shared),
+                None => self.new_flow(i, from),
             };
             let sent = flow
-                .and_then(|id| self.flows.get(id))
+                .and_then(|id| self.udp_flows.get(id))
                 .map(|f| ferry_sys::send_nosignal(f.fd.as_fd(), &buf[..n]));
             match sent {
-                Some(Ok(_)) => self.flows.inbound += 1,
+                Some(Ok(_)) => self.udp_flows.inbound += 1,
                 // ECONNREFUSED: an earlier datagram found nothing on the port.
                 Some(Err(e)) => self.flow_dropped(i, &e.to_string()),
-                None => self.flows.dropped += 1,
+                None => self.udp_flows.dropped += 1,
             }
         }
     }
 
     /// A flow's socket is readable: the program's answers go to the flow's client.
     pub(crate) fn flow_event(&mut self, id: u32) {
-        let mut buf = self.flows.take_buf();
+        let mut buf = self.udp_flows.take_buf();
         self.datagrams_out(id, &mut buf);
-        self.flows.put_buf(buf);
+        self.udp_flows.put_buf(buf);
     }
 
     fn datagrams_out(&mut self, id: u32, buf: &mut [u8]) {
         for _ in 0..BATCH {
-            let Some(f) = self.flows.get(id) else {
+            let Some(f) = self.udp_flows.get(id) else {
                 return;
             };
             let (port, client) = (f.port, f.client);
@@ -194,9 +190,9 @@ impl PublishedPorts {
                     continue;
                 }
             };
-            self.flows.active(id);
-            match ferry_sys::send_to(self.fd(port), &buf[..n], &client) {
-                Ok(_) => self.flows.outbound += 1,
+            self.udp_flows.active(id);
+            match ferry_sys::send_to(self.published_fd(port), &buf[..n], &client) {
+                Ok(_) => self.udp_flows.outbound += 1,
                 Err(e) => self.flow_dropped(port, &format!("to {client}: {e}")),
             }
         }
@@ -204,15 +200,10 @@ impl PublishedPorts {
 
     /// A flow for `client` of published UDP port `i`: a UDP socket in the sandbox,
     /// bound to its loopback and connected to the port there.
-    fn new_flow(
-        &mut self,
-        i: usize,
-        client: SocketAddr,
-        epoll: &Epoll,
-        shared: &Shared,
-    ) -> Option<u32> {
-        let port = self.port(i);
-        let made = shared
+    fn new_flow(&mut self, i: usize, client: SocketAddr) -> Option<u32> {
+        let port = self.published_port(i);
+        let made = self
+            .shared
             .sandbox_socket(
                 libc::AF_INET,
                 libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
@@ -238,17 +229,17 @@ impl PublishedPorts {
             client,
             fd,
         };
-        let (id, evicted) = self.flows.add(flow);
+        let (id, evicted) = self.udp_flows.add(flow);
         for old in evicted {
-            let _ = epoll.delete(old.fd.as_fd());
+            let _ = self.epoll.delete(old.fd.as_fd());
         }
-        let f = self.flows.get(id).expect("just added");
-        if let Err(e) = epoll.add(
+        let f = self.udp_flows.get(id).expect("just added");
+        if let Err(e) = self.epoll.add(
             f.fd.as_fd(),
             libc::EPOLLIN as u32,
-            crate::token::token(crate::token::T_UDP_FLOW, id),
+            crate::server::token(crate::server::T_UDP_FLOW, id),
         ) {
-            self.flows.remove(id);
+            self.udp_flows.remove(id);
             self.flow_dropped(i, &format!("no flow for {client}: {e}"));
             return None;
         }
@@ -257,21 +248,21 @@ impl PublishedPorts {
     }
 
     /// Closes flows idle for [`FLOW_IDLE`].
-    fn sweep_flows(&mut self, epoll: &Epoll) {
-        if self.flows.table.is_empty() {
+    fn sweep_flows(&mut self) {
+        if self.udp_flows.table.is_empty() {
             return;
         }
-        for f in self.flows.expired(Instant::now()) {
-            let _ = epoll.delete(f.fd.as_fd());
+        for f in self.udp_flows.expired(Instant::now()) {
+            let _ = self.epoll.delete(f.fd.as_fd());
         }
     }
 
     fn flow_dropped(&mut self, i: usize, why: &str) {
-        self.flows.dropped += 1;
+        self.udp_flows.dropped += 1;
         if let Some(n) = self.refusals.tick() {
             warn!(
                 "published port {}/udp: datagram dropped: {why} ({n} since the last line)",
-                self.port(i)
+                self.published_port(i)
             );
         }
     }

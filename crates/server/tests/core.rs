@@ -66,7 +66,7 @@ fn shim_sends(h: &mut Harness, ch: u32, id: u32, data: &[u8]) -> Vec<Cmp> {
 /// The shim found no free buffer after taking `seen` BufReturns: it fills `id`'s pair
 /// (marker and filler) and says `WantRoom`.
 fn shim_wants_room(h: &mut Harness, ch: u32, id: u32, seen: u32) {
-    h.app(id).filler();
+    h.app_filler(id);
     let call = Call::WantRoom {
         sock: id,
         returns_seen: seen,
@@ -81,20 +81,20 @@ fn shim_wants_room(h: &mut Harness, ch: u32, id: u32, seen: u32) {
 fn pair_input_waits_for_sends_queued_before_it() {
     let (mut h, ch, id) = connected_stream(true);
     // The host socket is full: the ring send waits in the socket's queue.
-    h.peer(id).room(Some(0));
+    h.host_room(id, Some(0));
     shim_sends(&mut h, ch, id, b"ring-1 ");
     // Room comes back, but the pair's input event is seen before the host's EPOLLOUT.
-    h.peer(id).room(None);
-    h.app(id).write(b"pair-2");
+    h.host_room(id, None);
+    h.app_write(id, b"pair-2");
     h.pair_event(id, libc::EPOLLIN);
     assert_eq!(
-        h.peer(id).view().sent,
+        h.host(id).sent,
         b"",
         "the pair's bytes jumped the queued send"
     );
     h.host_event(id, libc::EPOLLOUT);
-    assert_eq!(h.peer(id).view().sent, b"ring-1 pair-2");
-    assert_eq!(h.app(id).view().unread, 0);
+    assert_eq!(h.host(id).sent, b"ring-1 pair-2");
+    assert_eq!(h.pair(id).unread, 0);
 }
 
 #[test]
@@ -104,9 +104,9 @@ fn pair_input_waits_for_sends_still_in_the_ring() {
     // pair's event comes before the server has taken the ring's record.
     let req = h.send_req(ch, id, b"ring-1 ");
     h.push(ch, req);
-    h.app(id).write(b"pair-2");
+    h.app_write(id, b"pair-2");
     h.pair_event(id, libc::EPOLLIN);
-    assert_eq!(h.peer(id).view().sent, b"ring-1 pair-2");
+    assert_eq!(h.host(id).sent, b"ring-1 pair-2");
 }
 
 // Rule: partial sends. A send the host socket takes in part keeps its place and its
@@ -115,19 +115,19 @@ fn pair_input_waits_for_sends_still_in_the_ring() {
 #[test]
 fn a_partial_send_keeps_its_buffer_and_its_place() {
     let (mut h, ch, id) = connected_stream(false);
-    h.peer(id).room(Some(3));
+    h.host_room(id, Some(3));
     let a = h.send_req(ch, id, b"abcdef");
     h.push(ch, a);
     let b = h.send_req(ch, id, b"ghi");
     let cs = h.call(ch, b);
-    assert_eq!(h.peer(id).view().sent, b"abc");
+    assert_eq!(h.host(id).sent, b"abc");
     assert!(
         cs.iter().all(|c| kind(c) != CmpKind::BufReturn),
         "a buffer came back before its bytes were out: {cs:?}"
     );
-    h.peer(id).room(None);
+    h.host_room(id, None);
     h.host_event(id, libc::EPOLLOUT);
-    assert_eq!(h.peer(id).view().sent, b"abcdefghi");
+    assert_eq!(h.host(id).sent, b"abcdefghi");
     let returned = h
         .completions(ch)
         .iter()
@@ -143,15 +143,15 @@ fn a_partial_send_keeps_its_buffer_and_its_place() {
 #[test]
 fn want_room_drains_the_filler_at_the_next_buffer_return() {
     let (mut h, ch, id) = connected_stream(false);
-    h.peer(id).room(Some(0));
+    h.host_room(id, Some(0));
     shim_sends(&mut h, ch, id, b"x");
     // The shim has taken 0 BufReturns when it finds no buffer.
     shim_wants_room(&mut h, ch, id, 0);
-    assert!(h.app(id).view().unread > 0, "drained with no buffer back");
-    h.peer(id).room(None);
+    assert!(h.pair(id).unread > 0, "drained with no buffer back");
+    h.host_room(id, None);
     h.host_event(id, libc::EPOLLOUT);
     assert_eq!(
-        h.app(id).view().unread,
+        h.pair(id).unread,
         0,
         "the buffer came back, the filler stayed"
     );
@@ -165,11 +165,7 @@ fn want_room_after_a_buffer_came_back_drains_at_once() {
     shim_sends(&mut h, ch, id, b"x");
     // A BufReturn is in the ring; the shim looked before taking it (it saw 0).
     shim_wants_room(&mut h, ch, id, 0);
-    assert_eq!(
-        h.app(id).view().unread,
-        0,
-        "a wake-up was lost: the filler stays"
-    );
+    assert_eq!(h.pair(id).unread, 0, "a wake-up was lost: the filler stays");
 }
 
 // Rule: filler drain. On a stream of the pair path, the program's own bytes in front
@@ -179,15 +175,15 @@ fn want_room_after_a_buffer_came_back_drains_at_once() {
 #[test]
 fn the_programs_bytes_before_a_filler_go_out_then_the_filler_is_drained() {
     let (mut h, ch, id) = connected_stream(true);
-    h.peer(id).room(Some(0));
+    h.host_room(id, Some(0));
     shim_sends(&mut h, ch, id, b"ring ");
-    h.app(id).write(b"own");
+    h.app_write(id, b"own");
     shim_wants_room(&mut h, ch, id, 0);
-    assert_eq!(h.peer(id).view().sent, b"");
-    h.peer(id).room(None);
+    assert_eq!(h.host(id).sent, b"");
+    h.host_room(id, None);
     h.host_event(id, libc::EPOLLOUT);
-    assert_eq!(h.peer(id).view().sent, b"ring own");
-    assert_eq!(h.app(id).view().unread, 0, "the filler was not drained");
+    assert_eq!(h.host(id).sent, b"ring own");
+    assert_eq!(h.pair(id).unread, 0, "the filler was not drained");
 }
 
 // Rule: token take-back after accept. A listener's readiness token goes back when the
@@ -208,11 +204,7 @@ fn listener(h: &mut Harness, ch: u32) -> u32 {
     };
     assert_eq!(done(&h.call(ch, listen), 2).result, 0);
     h.call(ch, Req::new(Op::WantToken, id));
-    assert_eq!(
-        h.app(id).view().to_app,
-        b"",
-        "a token with nothing to accept"
-    );
+    assert_eq!(h.pair(id).to_app, b"", "a token with nothing to accept");
     id
 }
 
@@ -230,13 +222,9 @@ fn the_accept_of_the_last_connection_takes_the_token_back() {
     let mut h = Harness::new(false);
     let ch = h.channel();
     let id = listener(&mut h, ch);
-    h.peer(id).connection("198.51.100.1:5000".parse().unwrap());
+    h.host_connection(id, "198.51.100.1:5000".parse().unwrap());
     h.host_event(id, libc::EPOLLIN);
-    assert_eq!(
-        h.app(id).view().to_app,
-        [1],
-        "no token for a waiting connection"
-    );
+    assert_eq!(h.pair(id).to_app, [1], "no token for a waiting connection");
     let r = accept(&mut h, ch, id);
     assert!(r.result > 0, "accept failed: {r:?}");
     assert_eq!(r.c, 1, "the token stays with nothing left to accept");
@@ -247,8 +235,8 @@ fn the_token_stays_while_connections_wait() {
     let mut h = Harness::new(false);
     let ch = h.channel();
     let id = listener(&mut h, ch);
-    h.peer(id).connection("198.51.100.1:5000".parse().unwrap());
-    h.peer(id).connection("198.51.100.2:5000".parse().unwrap());
+    h.host_connection(id, "198.51.100.1:5000".parse().unwrap());
+    h.host_connection(id, "198.51.100.2:5000".parse().unwrap());
     h.host_event(id, libc::EPOLLIN);
     let r = accept(&mut h, ch, id);
     assert!(r.result > 0);
@@ -270,22 +258,22 @@ fn a_refused_blocking_connect_fails_and_resets_the_socket() {
     let ch = h.channel();
     let id = h.socket(ch, libc::AF_INET, libc::SOCK_STREAM);
     // The connect is in progress (the request parks), then refused.
-    h.peer(id).connect_result(libc::EINPROGRESS);
+    h.script_connect(id, libc::EINPROGRESS);
     let cs = h.call(ch, connect_req(id, 5, 0));
     assert!(
         cs.iter().all(|c| c.tag != 5),
         "answered while in progress: {cs:?}"
     );
-    h.peer(id).connect_outcome(libc::ECONNREFUSED);
+    h.connect_outcome(id, libc::ECONNREFUSED);
     h.host_event(id, libc::EPOLLOUT | libc::EPOLLERR | libc::EPOLLHUP);
     let cs = h.completions(ch);
     assert_eq!(done(&cs, 5).result, -libc::ECONNREFUSED);
     assert_eq!(
-        h.peer(id).view().unspecs,
+        h.host(id).unspecs,
         1,
         "the socket was not put back to unconnected"
     );
-    assert!(!h.app(id).view().detached);
+    assert!(!h.pair(id).detached);
 }
 
 #[test]
@@ -293,24 +281,24 @@ fn a_refused_nonblocking_connect_detaches_the_pair_then_reports_then_renews() {
     let mut h = Harness::new(true);
     let ch = h.channel();
     let id = h.socket(ch, libc::AF_INET, libc::SOCK_STREAM);
-    h.peer(id).connect_result(libc::EINPROGRESS);
-    h.app(id).filler();
+    h.script_connect(id, libc::EINPROGRESS);
+    h.app_filler(id);
     let cs = h.call(ch, connect_req(id, 1, REQ_NONBLOCK | REQ_FILLED));
     assert_eq!(done(&cs, 1).result, -libc::EINPROGRESS);
     assert!(
-        h.app(id).view().unread > 0,
+        h.pair(id).unread > 0,
         "the filler went before the connect ended"
     );
-    h.peer(id).connect_outcome(libc::ECONNREFUSED);
+    h.connect_outcome(id, libc::ECONNREFUSED);
     h.host_event(id, libc::EPOLLOUT | libc::EPOLLERR | libc::EPOLLHUP);
     assert!(
-        h.app(id).view().detached,
+        h.pair(id).detached,
         "the program's fd would not poll POLLERR|POLLHUP"
     );
     // The next connect reports the failure and resets the socket.
     let cs = h.call(ch, connect_req(id, 2, REQ_NONBLOCK));
     assert_eq!(done(&cs, 2).result, -libc::ECONNREFUSED);
-    assert_eq!(h.peer(id).view().unspecs, 1);
+    assert_eq!(h.host(id).unspecs, 1);
     // The one after asks the shim to renew the pair first.
     let cs = h.call(ch, connect_req(id, 3, REQ_NONBLOCK));
     let d = done(&cs, 3);
@@ -323,17 +311,13 @@ fn a_nonblocking_connect_that_succeeds_drains_the_filler() {
     let mut h = Harness::new(true);
     let ch = h.channel();
     let id = h.socket(ch, libc::AF_INET, libc::SOCK_STREAM);
-    h.peer(id).connect_result(libc::EINPROGRESS);
-    h.app(id).filler();
+    h.script_connect(id, libc::EINPROGRESS);
+    h.app_filler(id);
     h.call(ch, connect_req(id, 1, REQ_NONBLOCK | REQ_FILLED));
-    h.peer(id).connect_outcome(0);
+    h.connect_outcome(id, 0);
     h.host_event(id, libc::EPOLLOUT);
-    assert!(!h.app(id).view().detached);
-    assert_eq!(
-        h.app(id).view().unread,
-        0,
-        "still unwritable after the connect"
-    );
+    assert!(!h.pair(id).detached);
+    assert_eq!(h.pair(id).unread, 0, "still unwritable after the connect");
 }
 
 // Rule: hang-up mirroring. The host socket's hang-up reaches the program's end only
@@ -343,14 +327,14 @@ fn a_nonblocking_connect_that_succeeds_drains_the_filler() {
 #[test]
 fn a_hang_up_is_mirrored_only_after_the_bytes_before_it() {
     let (mut h, ch, id) = connected_stream(true);
-    h.app(id).room(Some(0));
-    h.peer(id).input(b"bye");
-    h.peer(id).fin();
+    h.app_room(id, Some(0));
+    h.host_input(id, b"bye");
+    h.host_fin(id);
     h.host_event(
         id,
         libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLHUP,
     );
-    let p = h.app(id).view();
+    let p = h.pair(id);
     assert!(!p.eof && !p.hup, "ended before its bytes: {p:?}");
     let cs = h.completions(ch);
     assert!(
@@ -358,9 +342,9 @@ fn a_hang_up_is_mirrored_only_after_the_bytes_before_it() {
             .any(|c| kind(c) == CmpKind::AsyncError && c.result == -libc::EPIPE),
         "the hang-up's EPIPE is not reported: {cs:?}"
     );
-    h.app(id).room(None);
+    h.app_room(id, None);
     h.pair_event(id, libc::EPOLLOUT);
-    let p = h.app(id).view();
+    let p = h.pair(id);
     assert_eq!(p.to_app, b"bye");
     assert!(p.eof && p.hup, "{p:?}");
 }
@@ -369,11 +353,11 @@ fn a_hang_up_is_mirrored_only_after_the_bytes_before_it() {
 fn the_hang_ups_error_is_published_before_the_hang_up_is_mirrored() {
     let (mut h, ch, id) = connected_stream(true);
     h.completions(ch);
-    h.peer(id).fin();
+    h.host_fin(id);
     // The program looks at its ring the moment its fd reports POLLHUP, before the
     // server's turn ends.
     h.host_event_only(id, libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLHUP);
-    assert!(h.app(id).view().hup);
+    assert!(h.pair(id).hup);
     let cs = h.completions(ch);
     assert!(
         cs.iter()
@@ -389,10 +373,10 @@ fn the_hang_ups_error_is_published_before_the_hang_up_is_mirrored() {
 #[test]
 fn the_end_of_a_stream_reaches_the_pair_and_its_error_is_reported_once() {
     let (mut h, ch, id) = connected_stream(true);
-    h.peer(id).input(b"last");
-    h.peer(id).reset(libc::ECONNRESET);
+    h.host_input(id, b"last");
+    h.host_reset(id, libc::ECONNRESET);
     h.host_event(id, libc::EPOLLIN | libc::EPOLLERR | libc::EPOLLHUP);
-    let p = h.app(id).view();
+    let p = h.pair(id);
     assert_eq!(p.to_app, b"last");
     assert!(p.eof, "the end did not reach the pair: {p:?}");
     let recv = |tag| Req {
@@ -410,9 +394,9 @@ fn the_end_of_a_stream_reaches_the_pair_and_its_error_is_reported_once() {
 fn an_ended_stream_keeps_its_token() {
     let (mut h, ch, id) = connected_stream(false);
     h.call(ch, Req::new(Op::WantToken, id));
-    h.peer(id).input(b"abc");
+    h.host_input(id, b"abc");
     h.host_event(id, libc::EPOLLIN);
-    assert_eq!(h.app(id).take_output(), [1]);
+    assert_eq!(h.take_pair_output(id), [1]);
     let recv = |tag| Req {
         tag,
         a: 100,
@@ -427,15 +411,15 @@ fn an_ended_stream_keeps_its_token() {
         "an empty socket kept its token"
     );
     h.call(ch, Req::new(Op::TokenDrained, id));
-    assert_eq!(h.app(id).take_output(), b"", "a token for an empty socket");
-    h.peer(id).fin();
+    assert_eq!(h.take_pair_output(id), b"", "a token for an empty socket");
+    h.host_fin(id);
     h.host_event(id, libc::EPOLLIN | libc::EPOLLRDHUP);
     assert_eq!(
-        h.app(id).take_output(),
+        h.take_pair_output(id),
         [1],
         "no token for the end of the stream"
     );
-    assert!(h.app(id).view().eof);
+    assert!(h.pair(id).eof);
     let cs = h.call(ch, recv(2));
     let d = done(&cs, 2);
     assert_eq!(d.result, 0);
@@ -455,9 +439,9 @@ fn an_ended_stream_keeps_its_token() {
 fn the_token_goes_into_the_pair_before_the_end_of_the_stream() {
     let (mut h, ch, id) = connected_stream(false);
     h.call(ch, Req::new(Op::WantToken, id));
-    h.peer(id).fin();
+    h.host_fin(id);
     h.host_event(id, libc::EPOLLIN | libc::EPOLLRDHUP);
-    let p = h.app(id).view();
+    let p = h.pair(id);
     assert_eq!(p.to_app, [1], "no token for the end of the stream");
     assert_eq!(p.eof_after, Some(1), "the end came before the token: {p:?}");
 }
@@ -468,11 +452,11 @@ fn the_token_goes_into_the_pair_before_the_end_of_the_stream() {
 #[test]
 fn urgent_data_reaches_the_pair_at_its_mark() {
     let (mut h, _, id) = connected_stream(true);
-    h.peer(id).input(b"ab");
-    h.peer(id).urgent(b'!');
-    h.peer(id).input(b"cd");
+    h.host_input(id, b"ab");
+    h.host_urgent(id, b'!');
+    h.host_input(id, b"cd");
     h.host_event(id, libc::EPOLLIN | libc::EPOLLPRI);
-    let p = h.app(id).view();
+    let p = h.pair(id);
     assert_eq!(p.to_app, b"abcd");
     assert_eq!(
         p.oob,
@@ -541,8 +525,8 @@ fn harnesses_leave_no_descriptors_behind() {
         h.call(ch, Req::new(Op::Bind, l).with_addr(&WireAddr::from(local)));
         h.call(ch, Req::new(Op::Listen, l));
         // One connection accepted, one left waiting when the harness goes.
-        h.peer(l).connection("198.51.100.1:5000".parse().unwrap());
-        h.peer(l).connection("198.51.100.2:5000".parse().unwrap());
+        h.host_connection(l, "198.51.100.1:5000".parse().unwrap());
+        h.host_connection(l, "198.51.100.2:5000".parse().unwrap());
         let msg = Ctl {
             sock: l,
             a: 1,

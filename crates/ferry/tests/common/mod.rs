@@ -444,3 +444,20 @@ attempt("tcp", tcp)
 attempt("udp", udp)
 attempt("sendto", sendto)
 "#;
+
+/// Runs [`REACH_PY`] under `ferry run --net NET OPTS` against `ip`'s ports.
+pub fn run_reach(net: &str, opts: &[&str], ip: &str, tport: u16, uport: u16) -> Output {
+    let mut all = vec!["--net", net];
+    all.extend_from_slice(opts);
+    ferry_run(
+        &all,
+        &[
+            system_python(),
+            "-c",
+            REACH_PY,
+            ip,
+            &tport.to_string(),
+            &uport.to_string(),
+        ],
+    )
+}

@@ -588,6 +588,10 @@ fn sandbox_spec(a: &RunArgs, dirs: &RunDirs, shim: Option<&Shim>) -> Result<Spec
     if let Some(shim) = shim {
         env.push(("LD_PRELOAD".into(), shim.preload.clone().into_os_string()));
     }
+    if !a.handoff.is_empty() {
+        // The shim opens its channels so that the hand-off guard never stands in for it.
+        env.push(("FERRY_GUARDED".into(), "1".into()));
+    }
     let spec = Spec {
         program: a.cmd[0].clone(),
         args: a.cmd[1..].to_vec(),

@@ -728,10 +728,14 @@ fn serve(chan: RawFd, sigfd: RawFd, cmd: pid_t, mut watch: Option<Watch>) -> ! {
         events: libc::POLLIN,
         revents: 0,
     };
-    // A negative fd (no watch) is skipped by poll.
-    let mut fds = [pollfd(chan), pollfd(sigfd), pollfd(-1)];
+    // A negative fd (no watch, no kept call) is skipped by poll.
+    let mut fds = [pollfd(-1); 3 + crate::host_guard::PENDING];
+    (fds[0].fd, fds[1].fd) = (chan, sigfd);
     loop {
         fds[2].fd = watch.as_ref().map_or(-1, Watch::fd);
+        if let Some(w) = watch.as_ref() {
+            w.kept_fds(&mut fds[3..]);
+        }
         let timeout = watch.as_ref().map_or(-1, Watch::timeout);
         // SAFETY: fds is a valid array of pollfds.
         let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
@@ -740,6 +744,7 @@ fn serve(chan: RawFd, sigfd: RawFd, cmd: pid_t, mut watch: Option<Watch>) -> ! {
         }
         if let Some(w) = watch.as_mut() {
             // Before the signals: a caller waits for this answer.
+            w.serve_kept(&fds[3..]);
             w.serve(fds[2].revents);
         }
         if fds[1].revents != 0

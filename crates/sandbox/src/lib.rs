@@ -56,6 +56,7 @@ mod launch;
 mod mounts;
 mod raw_icmp;
 mod reach;
+mod stand_in;
 mod sys;
 pub mod testbed;
 mod volume;

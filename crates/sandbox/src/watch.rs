@@ -403,9 +403,8 @@ pub(crate) struct Watch<'a> {
     listener: RawFd,
     /// Raw ICMP sockets are made here instead ([`Mode::RawIcmp`]): nothing is told.
     raw_icmp: bool,
-    /// [`Mode::Guard`]: calls other than `socket` go to host_guard.rs, with the
-    /// sandbox's namespace cookie.
-    guard: Option<Option<u64>>,
+    /// [`Mode::Guard`]: calls other than `socket` go to host_guard.rs.
+    guard: Option<crate::host_guard::Guard>,
     shim: &'a [u8],
     seen: [Who; SEEN],
     next_seen: usize,
@@ -424,7 +423,7 @@ impl<'a> Watch<'a> {
             Mode::Tell(shim) | Mode::Guard(Some(shim)) => (false, &shim[..]),
             Mode::RawIcmp | Mode::Guard(None) => (true, &[][..]),
         };
-        let guard = matches!(mode, Mode::Guard(_)).then(crate::host_guard::own_netns_cookie);
+        let guard = matches!(mode, Mode::Guard(_)).then(crate::host_guard::Guard::new);
         Self {
             listener,
             raw_icmp,
@@ -449,9 +448,30 @@ impl<'a> Watch<'a> {
         self.listener
     }
 
-    /// The `poll` timeout the watch needs (to write the count of lines not shown).
+    /// The `poll` timeout the watch needs (to write the count of lines not shown; to
+    /// drop the guard's kept calls whose caller has gone).
     pub(crate) fn timeout(&self) -> c_int {
-        self.throttle.timeout(now_ms())
+        let t = self.throttle.timeout(now_ms());
+        if self.guard.as_ref().is_some_and(|g| g.waiting()) && !(0..1000).contains(&t) {
+            1000
+        } else {
+            t
+        }
+    }
+
+    /// The guard's kept calls' fds for `poll` (host_guard.rs; all -1 without a guard).
+    pub(crate) fn kept_fds(&self, out: &mut [libc::pollfd]) {
+        match &self.guard {
+            Some(g) => g.poll_fds(out),
+            None => out.iter_mut().for_each(|p| p.fd = -1),
+        }
+    }
+
+    /// After `poll`: answers the guard's kept calls that have ended.
+    pub(crate) fn serve_kept(&mut self, fds: &[libc::pollfd]) {
+        if let Some(g) = self.guard.as_mut() {
+            g.serve_pending(self.listener, fds);
+        }
     }
 
     /// After every `poll`: answers a notification if `revents` says one is waiting, and
@@ -486,10 +506,10 @@ impl<'a> Watch<'a> {
         if unsafe { libc::ioctl(self.listener, libc::SECCOMP_IOCTL_NOTIF_RECV, &mut req) } == -1 {
             return;
         }
-        if let Some(own) = self.guard
+        if let Some(guard) = self.guard.as_mut()
             && req.data.nr & !(X32_SYSCALL_BIT as i32) != libc::SYS_socket as i32
         {
-            crate::host_guard::answer(self.listener, &req, own);
+            guard.answer(self.listener, &req);
             return;
         }
         if self.raw_icmp {
@@ -585,7 +605,7 @@ fn status(tid: u32) -> Option<Who> {
 }
 
 /// Opens `/proc/PID{file}` and reads the start of it into `buf`.
-fn read_proc(pid: u32, file: &[u8], buf: &mut [u8]) -> Option<usize> {
+pub(crate) fn read_proc(pid: u32, file: &[u8], buf: &mut [u8]) -> Option<usize> {
     let fd = open_proc(pid, file)?;
     let mut have = 0;
     while have < buf.len() {
@@ -601,7 +621,7 @@ fn read_proc(pid: u32, file: &[u8], buf: &mut [u8]) -> Option<usize> {
     Some(have)
 }
 
-fn open_proc(pid: u32, file: &[u8]) -> Option<RawFd> {
+pub(crate) fn open_proc(pid: u32, file: &[u8]) -> Option<RawFd> {
     let mut path = [0u8; 48];
     let mut at = put(&mut path, 0, b"/proc/");
     at = put_num(&mut path, at, u64::from(pid));

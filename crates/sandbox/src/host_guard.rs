@@ -10,20 +10,43 @@
 //! the host's network are checked against the user namespace that owns it, which the
 //! command's is not: they fail already. So the command's filter ([`filter`], in place of
 //! the socket watch's and with it) fails fast-open sends and those two options with
-//! `EPERM` for every socket (rare, and no judgement to race), and makes `connect`,
-//! `bind` and `listen` user notifications; the init
-//! ([`answer`]) takes the caller's descriptor (`pidfd_getfd`) and asks the kernel which
-//! network namespace the socket is in (`SO_NETNS_COOKIE`): an inet socket of any
-//! namespace but the sandbox's gets `EPERM`; a descriptor that is no longer open gets
-//! `EBADF`, one that is not a socket `ENOTSOCK`; the rest proceed in the kernel. The
-//! filter also fails `io_uring_setup` (`ENOSYS`: io_uring's connect, bind and listen
-//! bypass seccomp) and kills a process that makes a system call of another
-//! architecture (a 32-bit program's `socketcall` would name none of the calls above).
+//! `EPERM` for every socket (no judgement, nothing to race), fails `io_uring_setup`
+//! (`ENOSYS`: io_uring's connect, bind and listen bypass seccomp) and `clone3`
+//! (`ENOSYS`: libc falls back to `clone`), refuses a `clone` that would share a
+//! descriptor table between two processes (`CLONE_FILES` without `CLONE_THREAD`),
+//! kills a process that makes a system call of another architecture (a 32-bit
+//! program's `socketcall` would name none of these calls), and makes `connect`, `bind`
+//! and `listen` user notifications, which the init answers ([`Guard::answer`]).
 //!
-//! Known hole (docs/DESIGN.md): "proceed" is `SECCOMP_USER_NOTIF_FLAG_CONTINUE`; a
-//! thread that `dup2`s a handed-off socket onto the fd number between the init's look
-//! and the kernel's call re-aims it. The fix is to make the call in the init on its
-//! duplicate of the file instead of continuing.
+//! The init never judges a descriptor number or an address and then lets the kernel
+//! look again (`SECCOMP_USER_NOTIF_FLAG_CONTINUE` would: another thread could `dup2` a
+//! handed-off socket onto the number, or rewrite the address, in between). It takes
+//! the caller's file (`pidfd_getfd`: a copy of the descriptor, the same open file)
+//! and asks the kernel what it is:
+//!
+//! - an inet socket of another network namespace than the sandbox's
+//!   (`SO_NETNS_COOKIE`): a handed-off one, `EPERM`; not a socket: `ENOTSOCK`; gone:
+//!   `EBADF`;
+//! - an inet socket of the sandbox: the init makes the call itself, on its copy, with
+//!   the address it read once from the caller (`process_vm_readv`); the result is the
+//!   answer. A port below `ip_unprivileged_port_start` is refused as the kernel would
+//!   refuse the command (which has no privilege over the sandbox's namespace, the
+//!   init's). A blocking connect is begun without waiting (`O_NONBLOCK` for the call)
+//!   and kept in a table of [`PENDING`] until the copy polls writable; then finished
+//!   as the kernel would finish it (`SO_ERROR`, one more `connect`). `SO_SNDTIMEO` is
+//!   not honoured for it. A full table answers `EAGAIN`;
+//! - a socket of another family (unix, netlink, …): never a host socket. If no other
+//!   task shares the caller's descriptor table ([`private_table`]: none of its threads
+//!   does, by `kcmp`, and no other process can, by the filter), nobody can change what
+//!   the number names before the kernel makes the call, and whatever address the
+//!   kernel then reads is for that socket: the call proceeds. Otherwise a stand-in
+//!   (stand_in.rs) makes it on the copy in the caller's view, and its result is the
+//!   answer.
+//!
+//! So every answer is about the file the init judged, and every address the kernel
+//! uses on a sandbox inet socket is the one the init read: no swap or rewrite changes a
+//! decision. Kept calls whose caller stops waiting (killed, or interrupted by a
+//! signal: the kernel then makes the call again, judged anew) are dropped.
 
 use libc::{c_int, sock_filter};
 

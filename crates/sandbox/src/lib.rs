@@ -17,7 +17,9 @@
 //! its processes make inet sockets through the kernel (`Spec::watch`), or given raw ICMP
 //! sockets its user namespace cannot make (`Spec::raw_icmp`, for busybox's `ping`), or
 //! kept from re-aiming the host sockets handed to it (`Spec::guard_host_sockets`,
-//! host_guard.rs, for ferry's `--handoff`).
+//! host_guard.rs, for ferry's `--handoff`: the init makes the command's `connect`,
+//! `bind` and `listen` itself, or has a stand-in make them in the command's view,
+//! stand_in.rs).
 //!
 //! ```no_run
 //! let spec = ferry_sandbox::Spec {

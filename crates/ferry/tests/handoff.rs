@@ -208,6 +208,9 @@ attempt("fastopen", lambda: s.sendto(b"x", socket.MSG_FASTOPEN, ("127.0.0.1", lp
 attempt("ip_options", lambda: s.setsockopt(socket.IPPROTO_IP, socket.IP_OPTIONS, b"\x01\x01\x01\x00"))
 attempt("send", lambda: s.sendall(b"still here"))
 print("echo", s.recv(100).decode())
+# An address on a send of a connected TCP socket is ignored: the bytes go to the peer.
+attempt("sendto", lambda: s.sendto(b"to the peer", ("127.0.0.1", lport)))
+print("echo", s.recv(100).decode())
 # A refused blocking connect leaves the socket the program's to connect again (natively
 # it may): the refusal is answered before any hand-off.
 r = socket.socket()
@@ -246,7 +249,8 @@ fn a_handed_off_socket_cannot_be_re_aimed() {
         out.trim(),
         format!(
             "unspec {eperm}\nloopback {eperm}\nbind {eperm}\nlisten {eperm}\nfastopen {eperm}\n\
-             ip_options {eperm}\nsend ok\necho still here\nrefused {refused}\nrefused {refused}\n\
+             ip_options {eperm}\nsend ok\necho still here\nsendto ok\necho to the peer\n\
+             refused {refused}\nrefused {refused}\n\
              again ok\nsend-again ok\necho-again again"
         )
     );

@@ -485,7 +485,7 @@ impl Guard {
             None if blocking => return Verdict::Done(-i64::from(libc::EAGAIN)),
             None => 0,
         };
-        let r = connect_without_waiting(fd, &addr, blocking.then_some(flags));
+        let r = connect_without_waiting(fd, &addr);
         let waits = r == -i64::from(libc::EINPROGRESS) || r == -i64::from(libc::EALREADY);
         if !(blocking && waits) {
             return Verdict::Done(r);
@@ -572,12 +572,10 @@ fn finish(p: &Pending) -> i64 {
     match p.wait {
         Wait::Connect => {
             let err = int_opt(p.fd, libc::SO_ERROR).unwrap_or(libc::EIO);
-            // SAFETY: fcntl(2) with integer arguments on our descriptor.
-            let flags = unsafe { libc::fcntl(p.fd, libc::F_GETFL) };
             // The kernel's side of the connect ends with one more call, as for the
             // caller's own blocking connect: connected (`EISCONN` next time), or back to
             // unconnected after a failure (so that the program may connect again).
-            let again = connect_without_waiting(p.fd, &p.addr, (flags >= 0).then_some(flags));
+            let again = connect_without_waiting(p.fd, &p.addr);
             match err {
                 0 if again == 0 || again == -i64::from(libc::EISCONN) => 0,
                 0 => again,
@@ -608,17 +606,19 @@ fn release(p: &Pending) {
     unsafe { libc::close(p.fd) };
 }
 
-/// `connect` on `fd` with `addr`, never waiting: when `flags` (the file's, without
-/// `O_NONBLOCK`) are given, `O_NONBLOCK` is set for the call and cleared after. The
-/// file is the caller's too: another thread of it that reads the flags meanwhile sees
-/// `O_NONBLOCK` (a few µs).
-fn connect_without_waiting(fd: c_int, addr: &Addr, flags: Option<c_int>) -> i64 {
-    if let Some(f) = flags {
-        // SAFETY: fcntl(2) with integer arguments on our descriptor.
-        unsafe { libc::fcntl(fd, libc::F_SETFL, f | libc::O_NONBLOCK) };
+/// `connect` on `fd` with `addr`, never waiting: on a blocking file `O_NONBLOCK` is set
+/// for the call and cleared after. The file is the caller's too: another thread of it
+/// that reads the flags meanwhile sees `O_NONBLOCK` (a few µs).
+fn connect_without_waiting(fd: c_int, addr: &Addr) -> i64 {
+    // SAFETY: fcntl(2) with integer arguments on our descriptor.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    let toggle = flags >= 0 && flags & libc::O_NONBLOCK == 0;
+    if toggle {
+        // SAFETY: as above.
+        unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) };
     }
     let r = make(Call::Connect, fd, addr, 0);
-    if flags.is_some() {
+    if toggle {
         // SAFETY: as above.
         unsafe {
             let now = libc::fcntl(fd, libc::F_GETFL);

@@ -23,8 +23,9 @@
 //! the caller's). ferry's own shim makes its control connections from a thread with a
 //! descriptor table of its own, so they never need a stand-in.
 //!
-//! The stand-in cannot be ptraced or read by the command: it is not dumpable (the
-//! init's flag, kept), and its memory belongs to the init's user namespace.
+//! The stand-in keeps only the copy and its pipe (it closes the init's other fds) and
+//! cannot be ptraced or read by the command: it is not dumpable (the init's flag,
+//! kept), and its memory belongs to the init's user namespace.
 
 use libc::c_int;
 
@@ -60,6 +61,7 @@ pub(crate) fn start(
         }
     };
     if pid == 0 {
+        keep_only(fd, pipe[1]);
         let r = match enter(tid) {
             Ok(()) => make(call, fd, addr, backlog),
             Err(e) => -i64::from(e),
@@ -84,6 +86,22 @@ pub(crate) fn start(
         return Err(libc::EAGAIN);
     }
     Ok((pipe[0], pidfd as c_int))
+}
+
+/// In the stand-in: closes every fd of the init's but `a` and `b` (stdio too: the
+/// stand-in holds nothing of the init's it does not need).
+fn keep_only(a: c_int, b: c_int) {
+    let (lo, hi) = (a.min(b) as u32, a.max(b) as u32);
+    for (first, last) in [
+        (0, lo.wrapping_sub(1)),
+        (lo + 1, hi - 1),
+        (hi + 1, u32::MAX),
+    ] {
+        if first <= last && first != lo && last != hi {
+            // SAFETY: close_range(2) with integer arguments, in the stand-in only.
+            unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) };
+        }
+    }
 }
 
 /// The stand-in's result from its pipe `fd` (`EIO` if it died first).

@@ -1240,8 +1240,7 @@ pub fn close_quiet(fd: OwnedFd) {
     let _ = ferry_sys::close_raw(fd.into_raw_fd());
 }
 
-/// The control socket, connected to the server's socket at `path`.
-/// The control socket, connected to `path`. Under the hand-off guard
+/// The control socket, connected to the server's socket at `path`. Under the hand-off guard
 /// ([`config::guarded`]) the connect is made by a thread with a descriptor table of its
 /// own (a copy: the socket is in both, one open file): the guard lets such a call
 /// proceed as made, whereas from a table other threads share it would have a stand-in

@@ -492,3 +492,57 @@ fn unix_sockets_and_the_sandboxs_own_sockets_work_under_the_guard_as_without_it(
     );
     assert_eq!(guarded, run(&[]), "differs from the run without --handoff");
 }
+
+/// A process whose threads share its descriptor table before the shim opens its first
+/// channel: the server must see the process itself at the other end (its pid, in
+/// `--stats`), not a stand-in of the guard's (the shim connects from a thread with a
+/// table of its own).
+const CHANNEL_PY: &str = r#"
+import socket, sys, threading, time
+threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+print("ready", flush=True)
+sys.stdin.readline()
+"#;
+
+#[test]
+fn the_shims_channel_is_the_programs_own_under_the_guard() {
+    if !can_run(&["python3"]) {
+        return;
+    }
+    let marker = "handoff-channel-owner-marker";
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["run", "--stats", "--handoff=192.0.2.0/24", "--"])
+        .args([system_python(), "-c", CHANNEL_PY, marker])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    // The program's pid on the host: the python whose arguments end with the marker.
+    let python = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
+            args.first().is_some_and(|a| a.ends_with(b"python3"))
+                && args.contains(&marker.as_bytes())
+        })
+        .expect("the program's process");
+    child.stdin.take().unwrap().write_all(b"\n").unwrap();
+    let o = child.wait_with_output().unwrap();
+    let stats = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stats}");
+    let pids: Vec<&str> = stats
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("channel ")?.split("(pid ").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .collect();
+    assert_eq!(pids, [python.to_string()], "{stats}");
+}

@@ -18,6 +18,13 @@
 //! | IPv4 link-local | an allow of its own, else [`Reason::LinkLocalV4`] | same | same |
 //! | anything else | policy: [`Decision::Outside`] or [`Reason::Policy`] | same | same |
 //!
+//! Hand-off (`--handoff`, issue 26 item 2): a [`What::Connect`] from a socket the shim
+//! serves ([`Origin::Sandbox`], [`Origin::Host`]) that the table admits to the outside
+//! is [`Decision::Handoff`] when a hand-off rule of the policy matches `to`
+//! ([`Policy::hands_off`]): the program gets the host's connected socket itself. A
+//! hand-off rule never admits what the table refuses, never applies to datagrams,
+//! multicast or broadcast, nor to a link (it carries frames, not sockets).
+//!
 //! A socket the shim serves may send multicast or broadcast, or name an IPv6 link-local
 //! peer: the host's kernel then asks what it asks of any socket (`SO_BROADCAST`, a scope
 //! id). A link carries the sandbox's frames, not its sockets: it has no such options to
@@ -76,12 +83,16 @@ pub enum Decision {
     Outside,
     /// The sandbox's own machine: served inside its network namespace.
     Inside,
+    /// Reached from the host, and the connected host socket is handed to the program
+    /// (a `--handoff` destination). A path that cannot hand off treats it as
+    /// [`Decision::Outside`].
+    Handoff,
     /// Refused.
     Refused(Reason),
 }
 
 impl Decision {
-    /// Whether it may go ahead (inside or outside).
+    /// Whether it may go ahead (inside, outside or handed off).
     pub fn admitted(self) -> bool {
         !matches!(self, Decision::Refused(_))
     }
@@ -162,10 +173,19 @@ pub fn admit(policy: &Policy, what: What, from: Origin, to: SocketAddr) -> Decis
         return Decision::Refused(why);
     }
     match policy.check_sandbox(&to) {
+        Verdict::Allow if hand_off(policy, what, from, class, to) => Decision::Handoff,
         Verdict::Allow => Decision::Outside,
         Verdict::Deny if class == Class::LinkLocalV4 => Decision::Refused(Reason::LinkLocalV4),
         Verdict::Deny => Decision::Refused(Reason::Policy),
     }
+}
+
+/// Whether an admitted `what` to `to` (of `class`) is handed off (the module's docs).
+fn hand_off(policy: &Policy, what: What, from: Origin, class: Class, to: SocketAddr) -> bool {
+    what == What::Connect
+        && !matches!(from, Origin::Link(_))
+        && !matches!(class, Class::Multicast | Class::Broadcast)
+        && policy.hands_off(&to)
 }
 
 /// What a link refuses besides what every path does.
@@ -323,6 +343,62 @@ mod tests {
         assert_eq!(
             admit(&none, What::Connect, Origin::Host, sa("127.0.0.1:1")),
             no(Reason::HostLocal)
+        );
+    }
+
+    #[test]
+    fn a_handoff_rule_changes_the_path_of_admitted_connects_only() {
+        let handoff = |rules: &[(Verdict, &str)], h: &[&str]| {
+            policy(rules).with_handoff(
+                h.iter()
+                    .map(|s| Rule::parse(Verdict::Allow, s).unwrap())
+                    .collect(),
+            )
+        };
+        let p = handoff(
+            &[(Verdict::Deny, "192.0.2.9/32")],
+            &["192.0.2.0/24", "[2001:db8::/32]:443", "224.0.0.0/4"],
+        );
+        let hand = Decision::Handoff;
+        for from in [Origin::Sandbox, Origin::Host] {
+            let c = |to: &str| admit(&p, What::Connect, from, sa(to));
+            assert_eq!(c("192.0.2.7:80"), hand, "{from:?}");
+            assert_eq!(c("[::ffff:192.0.2.7]:80"), hand, "mapped");
+            assert_eq!(c("[2001:db8::1]:443"), hand);
+            assert_eq!(c("[2001:db8::1]:80"), OUT, "another port: served");
+            assert_eq!(c("198.51.100.1:80"), OUT, "no rule: served");
+            assert_eq!(c("192.0.2.9:80"), no(Reason::Policy), "a deny still wins");
+            assert_eq!(c("224.0.0.1:80"), OUT, "never multicast");
+            for what in [What::Datagram, What::Echo, What::Arrival] {
+                assert_eq!(admit(&p, what, from, sa("192.0.2.7:80")), OUT, "{what}");
+            }
+        }
+        assert_eq!(
+            admit(&p, What::Connect, Origin::Sandbox, sa("127.0.0.1:80")),
+            IN,
+            "local stays inside"
+        );
+        assert_eq!(
+            admit(&p, What::Connect, link(), sa("192.0.2.7:80")),
+            OUT,
+            "a link has no socket to hand over"
+        );
+        // An allow-list without the destination refuses it, hand-off rule or not.
+        let listed = handoff(&[(Verdict::Allow, "198.51.100.0/24")], &["192.0.2.0/24"]);
+        assert_eq!(
+            admit(&listed, What::Connect, Origin::Sandbox, sa("192.0.2.7:80")),
+            no(Reason::Policy)
+        );
+        // IPv4 link-local keeps its own rule.
+        let meta = handoff(&[], &["169.254.0.0/16"]);
+        assert_eq!(
+            admit(
+                &meta,
+                What::Connect,
+                Origin::Sandbox,
+                sa("169.254.169.254:80")
+            ),
+            no(Reason::LinkLocalV4)
         );
     }
 

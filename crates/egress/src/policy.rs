@@ -126,16 +126,40 @@ fn split_port(s: &str) -> Result<(&str, Option<u16>), RuleError> {
     }
 }
 
-/// An ordered rule list.
+/// An ordered rule list, and the hand-off rules (`--handoff`).
 #[derive(Clone, Debug, Default)]
 pub struct Policy {
     rules: Vec<Rule>,
+    handoff: Vec<Rule>,
 }
 
 impl Policy {
     /// A policy from rules in command-line order.
     pub fn new(rules: Vec<Rule>) -> Policy {
-        Policy { rules }
+        Policy {
+            rules,
+            handoff: Vec::new(),
+        }
+    }
+
+    /// This policy with `--handoff` rules (their verdicts are not read): a connect the
+    /// rules admit to a destination one of them matches is handed off
+    /// ([`crate::Decision::Handoff`]).
+    pub fn with_handoff(mut self, handoff: Vec<Rule>) -> Policy {
+        self.handoff = handoff;
+        self
+    }
+
+    /// Whether a hand-off rule matches `dest` (whether the policy admits it is
+    /// [`Policy::check_sandbox`]'s question).
+    pub fn hands_off(&self, dest: &SocketAddr) -> bool {
+        self.handoff.iter().any(|r| r.matches(dest))
+    }
+
+    /// Whether any hand-off rule is given (the command's filter then guards handed-off
+    /// sockets).
+    pub fn has_handoff(&self) -> bool {
+        !self.handoff.is_empty()
     }
 
     /// The verdict for a (non-loopback) destination.

@@ -57,6 +57,12 @@ pub struct RunArgs {
     /// Deny egress to CIDR[:PORT].
     #[arg(long, value_name = "CIDR[:PORT]")]
     pub deny: Vec<String>,
+    /// Hand TCP connections to CIDR[:PORT] (that the policy admits) to the program as
+    /// the host's own connected socket: kernel speed, but no per-byte mediation, modules
+    /// or per-byte counters for them (docs/SECURITY.md, "Hand-off"). Programs the shim
+    /// serves only, for now.
+    #[arg(long, value_name = "CIDR[:PORT]")]
+    pub handoff: Vec<String>,
     /// DNS for the sandbox's resolver: `auto` (forward to the host's nameservers), `off`,
     /// or upstream servers `IP[:PORT],…` to forward to instead.
     #[arg(long, value_name = "auto|off|IP[:PORT],…", default_value = "auto")]
@@ -177,7 +183,8 @@ pub fn init_logging(verbose: u8) {
         .try_init();
 }
 
-/// Builds the policy from `--allow`/`--deny` in command-line order.
+/// Builds the policy from `--allow`/`--deny` in command-line order, with the
+/// `--handoff` rules.
 fn policy(a: &RunArgs) -> Result<Policy, String> {
     // clap keeps each option's values in order but not their interleaving; deny rules go
     // first so that a deny inside an allowed range wins.
@@ -188,7 +195,12 @@ fn policy(a: &RunArgs) -> Result<Policy, String> {
     for al in &a.allow {
         rules.push(Rule::parse(Verdict::Allow, al).map_err(|e| format!("--allow {al}: {e}"))?);
     }
-    Ok(Policy::new(rules))
+    let handoff = a
+        .handoff
+        .iter()
+        .map(|h| Rule::parse(Verdict::Allow, h).map_err(|e| format!("--handoff {h}: {e}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Policy::new(rules).with_handoff(handoff))
 }
 
 /// Reads the `--module` files and checks their targets.
@@ -576,6 +588,10 @@ fn sandbox_spec(a: &RunArgs, dirs: &RunDirs, shim: Option<&Shim>) -> Result<Spec
     if let Some(shim) = shim {
         env.push(("LD_PRELOAD".into(), shim.preload.clone().into_os_string()));
     }
+    if !a.handoff.is_empty() {
+        // The shim opens its channels so that the hand-off guard never stands in for it.
+        env.push(("FERRY_GUARDED".into(), "1".into()));
+    }
     let spec = Spec {
         program: a.cmd[0].clone(),
         args: a.cmd[1..].to_vec(),
@@ -590,7 +606,9 @@ fn sandbox_spec(a: &RunArgs, dirs: &RunDirs, shim: Option<&Shim>) -> Result<Spec
         }),
         volumes: a.volumes.clone(),
         // With a TAP, a raw ICMP socket (busybox's ping) is relayed like any echo.
-        raw_icmp: a.net != Net::Socket,
+        raw_icmp: a.net != Net::Socket && a.handoff.is_empty(),
+        // Handed-off sockets are the host's: the command may not re-aim them.
+        guard_host_sockets: !a.handoff.is_empty(),
     };
     // What the sandbox's root will find closed (root's files), said once, up front.
     for line in ferry_sandbox::reach_advice(&spec) {

@@ -37,6 +37,10 @@ fn bad_values_are_refused_with_their_reason() {
             vec!["run", "--deny", "10.0.0.0/40", "--", "true"],
             "prefix /40",
         ),
+        (
+            vec!["run", "--handoff", "10.0.0.0/8:http", "--", "true"],
+            "--handoff 10.0.0.0/8:http: `http` is not a port number",
+        ),
     ] {
         let o = ferry().args(&args).output().unwrap();
         assert_ne!(o.status.code(), Some(0), "{args:?}");

@@ -98,6 +98,41 @@ fn a_static_go_program_fetches_the_same_bytes_as_natively() {
     );
 }
 
+/// Under `--handoff` every `connect`, `bind` and `listen` of the command is the guard's
+/// to make (host_guard.rs): a static Go program (non-blocking connects, epoll, threads)
+/// and busybox's `wget` (a blocking connect, kept by the guard until it completes) still
+/// fetch the same bytes through nic mode (nic mode hands nothing off).
+#[test]
+fn static_programs_fetch_the_same_bytes_under_the_handoff_guard() {
+    if !can_run(&["go", "busybox", "nginx", "ip"]) {
+        return;
+    }
+    let files = [("small.bin", 1_000usize), ("large.bin", 8 << 20)];
+    let (r, _dir, _nginx) = remote_files("guarded", 8080, &files);
+    let urls: Vec<String> = files
+        .iter()
+        .map(|(n, _)| format!("http://{}:8080/{n}", r.remote_ip()))
+        .collect();
+    let go = netprobe();
+    let mut args = vec![go.to_str().unwrap(), "get"];
+    args.extend(urls.iter().map(String::as_str));
+    let rule = format!("--handoff={}/32", r.remote_ip());
+    let o = ferry_run(&["--net", "nic", &rule], &args);
+    assert!(o.status.success(), "go: {}", text(&o));
+    let want: Vec<u8> = [pattern(1_000, 1), pattern(8 << 20, 2)].concat();
+    assert!(o.stdout == want, "go got {} bytes", o.stdout.len());
+    let o = ferry_run(
+        &["--net", "nic", &rule],
+        &["busybox", "wget", "-q", "-O", "-", &urls[1]],
+    );
+    assert!(o.status.success(), "busybox wget: {}", text(&o));
+    assert!(
+        o.stdout == pattern(8 << 20, 2),
+        "wget got {} bytes",
+        o.stdout.len()
+    );
+}
+
 #[test]
 fn busybox_static_wget_and_ping_work_in_nic_mode() {
     if !can_run(&["busybox", "nginx", "ip", "ping"]) {

@@ -119,6 +119,12 @@ impl Carried {
     /// of those epoll sets (a registration belongs to the old file: it must not report
     /// that file's hang-up with the program's user data once the fd names another).
     pub fn take(fd: RawFd) -> Carried {
+        Carried::take_with(fd, true)
+    }
+
+    /// [`Carried::take`], looking for epoll registrations only when `epoll` (the scan of
+    /// `/proc/self/fd` costs more than the rest together).
+    pub fn take_with(fd: RawFd, epoll: bool) -> Carried {
         let mut owner = OwnerEx::default();
         // SAFETY: integer commands on the program's fd; F_GETOWN_EX writes one
         // `f_owner_ex` into `owner`, a live local.
@@ -130,8 +136,9 @@ impl Carried {
                 crate::real::fcntl(fd, F_GETSIG, 0),
             )
         };
-        let epoll = inode(fd)
-            .map(|ino| registrations(fd, ino))
+        let epoll = epoll
+            .then(|| inode(fd).map(|ino| registrations(fd, ino)))
+            .flatten()
             .unwrap_or_default();
         for r in &epoll {
             // SAFETY: integers; EPOLL_CTL_DEL ignores the event pointer.

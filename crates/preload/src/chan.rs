@@ -1240,17 +1240,43 @@ pub fn close_quiet(fd: OwnedFd) {
     let _ = ferry_sys::close_raw(fd.into_raw_fd());
 }
 
-/// The control socket, connected to the server's socket at `path`.
+/// The control socket, connected to the server's socket at `path`. Under the hand-off guard
+/// ([`config::guarded`]) the connect is made by a thread with a descriptor table of its
+/// own (a copy: the socket is in both, one open file): the guard lets such a call
+/// proceed as made, whereas from a table other threads share it would have a stand-in
+/// make it, and the server would see the stand-in's pid, not this process's.
 fn connect_ctl(path: &Path) -> Result<OwnedFd, OpenError> {
     let ctl = ferry_sys::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0)
         .map_err(|e| OpenError::Io("socket", e))?;
-    loop {
-        match ferry_sys::connect_unix(ctl.as_fd(), path) {
-            Ok(()) => return Ok(ctl),
+    let connect = |fd: BorrowedFd<'_>| loop {
+        match ferry_sys::connect_unix(fd, path) {
+            Ok(()) => return Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(OpenError::Io("connect", e)),
         }
+    };
+    if !config::guarded() {
+        connect(ctl.as_fd())?;
+        return Ok(ctl);
     }
+    let raw = ctl.as_raw_fd();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: unshare with an integer flag; it affects this thread only.
+            if unsafe { libc::unshare(libc::CLONE_FILES) } != 0 {
+                return Err(OpenError::Io("unshare", std::io::Error::last_os_error()));
+            }
+            // SAFETY: `raw` names the same open socket in this thread's copy of the
+            // table, which lives until the thread ends, after the connect.
+            connect(unsafe { BorrowedFd::borrow_raw(raw) })
+        })
+        .join()
+        .unwrap_or(Err(OpenError::Io(
+            "connect",
+            std::io::ErrorKind::Other.into(),
+        )))
+    })?;
+    Ok(ctl)
 }
 
 /// Says `Hello` on `ctl` to protocol server `server`, for this thread.

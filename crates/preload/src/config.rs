@@ -1,6 +1,7 @@
 //! Process-wide configuration, read from the environment once: `FERRY_SOCKET` (the
-//! server's control socket; unset = the shim is inert and passes everything through) and
-//! `FERRY_LOG` (log internal errors to stderr).
+//! server's control socket; unset = the shim is inert and passes everything through),
+//! `FERRY_LOG` (log internal errors to stderr) and `FERRY_GUARDED` (the hand-off guard
+//! watches the program's calls: see `chan::connect_ctl`).
 
 use std::ffi::OsString;
 use std::sync::OnceLock;
@@ -41,6 +42,12 @@ pub fn active() -> bool {
 pub fn socket_path() -> Option<&'static OsString> {
     init();
     PATH.get().and_then(Option::as_ref)
+}
+
+/// Whether `FERRY_GUARDED` says the hand-off guard watches this process's calls.
+pub fn guarded() -> bool {
+    static GUARDED: OnceLock<bool> = OnceLock::new();
+    *GUARDED.get_or_init(|| std::env::var_os("FERRY_GUARDED").is_some_and(|v| v == "1"))
 }
 
 /// Whether `FERRY_LOG` asks for log lines.

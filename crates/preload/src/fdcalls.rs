@@ -451,6 +451,13 @@ unsafe fn after_poll(fds: *mut pollfd, n: nfds_t, r: c_int) -> c_int {
 /// reused descriptor costs only a spin.
 static EPOLL_FERRY: [AtomicU64; 1024] = [const { AtomicU64::new(0) }; 1024];
 
+/// Whether this process (or the one it forked from) ever added a ferry socket to an
+/// epoll set: without that, a hand-off (`ops::take_handoff`) skips the scan of
+/// `/proc/self/fd` for registrations to carry. (A set inherited across `exec` with a
+/// registration made before it is not seen; `renew_pair` always scans.)
+pub(crate) static EPOLL_ADDED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 fn epoll_bit(ep: c_int) -> Option<(usize, u64)> {
     let i = usize::try_from(ep)
         .ok()
@@ -836,6 +843,9 @@ pub unsafe extern "C" fn pselect(
 /// readable `epoll_event`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
+    if config::active() && op == libc::EPOLL_CTL_ADD && lookup(fd).is_some() {
+        EPOLL_ADDED.store(true, Ordering::Relaxed);
+    }
     if config::active() && (op == libc::EPOLL_CTL_ADD || op == libc::EPOLL_CTL_MOD) && !ev.is_null()
     {
         // SAFETY: non-null (checked), so a readable epoll_event (# Safety); the field is

@@ -6,7 +6,9 @@ use std::ffi::{c_int, c_void};
 use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use ferry_proto::{CMP_RENEW_PAIR, Call, Ctl, CtlKind, InlineBytes, MAX_SERVERS, server_of};
+use ferry_proto::{
+    CMP_HANDOFF, CMP_RENEW_PAIR, Call, Ctl, CtlKind, InlineBytes, MAX_SERVERS, server_of,
+};
 use libc::{sockaddr, socklen_t};
 
 use crate::addr::{family, read_sockaddr, write_sockaddr};
@@ -326,6 +328,9 @@ pub unsafe fn connect(s: Sock, addr: *const sockaddr, len: socklen_t) -> Res<()>
                 renew_pair(&s)?;
                 renewed = true;
             }
+            done if done.flags & CMP_HANDOFF != 0 => {
+                return take_handoff(&s, done.result, snd);
+            }
             done => break Errno::check(done.result).map(drop),
         }
     };
@@ -365,6 +370,86 @@ fn renew_pair(s: &Sock) -> Res<()> {
         Ok(())
     })
     .map_err(|e| e.down_as(libc::ECONNABORTED))
+}
+
+/// After a connect answered with `CMP_HANDOFF` (`result` 0 or `-EINPROGRESS`): takes
+/// stream `s`'s host socket from the server (its end of the pair is the proof) and puts
+/// it in the fd's place, carrying the fd's flags, signal owner and epoll registrations
+/// (`carry`); from then on the fd is the kernel's socket and the shim leaves it alone.
+/// A blocking connect still in progress waits here (within `SO_SNDTIMEO`, `snd` µs),
+/// as the kernel's does. Other descriptors of the socket (dups made before the
+/// connect, a fork's) keep the old pair, which the server no longer serves.
+fn take_handoff(s: &Sock, result: i32, snd: u64) -> Res<()> {
+    let in_progress = match Errno::check(result) {
+        Ok(_) => false,
+        Err(Errno(libc::EINPROGRESS)) => true,
+        Err(e) => return Err(e),
+    };
+    let host = with_channel_to(server_of(s.id), |ch| {
+        ch.room_for_fd()?;
+        // SAFETY: the program's end of `s`, borrowed as the proof for this request only
+        // (crate docs, Borrowed descriptors).
+        let proof = unsafe { ferry_sys::borrow(s.fd) };
+        let (reply, host) = ch.ctl_call(&Ctl::new(CtlKind::Handoff, s.id), Some(proof))?;
+        Errno::check(reply.result)?;
+        delivered(host)
+    })
+    .map_err(|e| e.down_as(libc::ECONNABORTED))?;
+    let (rcv, _) = TABLE.timeouts(s.fd);
+    let epoll = crate::fdcalls::EPOLL_ADDED.load(std::sync::atomic::Ordering::Relaxed);
+    let carried = Carried::take_with(s.fd, epoll);
+    // SAFETY: both are open descriptors of this process; the fd number stays the
+    // program's (dup3 replaces what it names in one step).
+    if unsafe { crate::real::dup3(host.as_raw_fd(), s.fd, carried.cloexec()) } < 0 {
+        return Err(Errno::from_io(&std::io::Error::last_os_error()));
+    }
+    drop(host);
+    TABLE.set(s.fd, Entry::Other);
+    // SAFETY: `s.fd` is open (just made by dup3) and stays open for this call.
+    let fd = unsafe { ferry_sys::borrow(s.fd) };
+    for (name, us) in [(libc::SO_RCVTIMEO, rcv), (libc::SO_SNDTIMEO, snd)] {
+        if us != 0 {
+            let _ = ferry_sys::setsockopt(fd.as_fd(), libc::SOL_SOCKET, name, &timeval(us));
+        }
+    }
+    let outcome = match (in_progress, s.nonblock()) {
+        (false, _) => Ok(()),
+        (true, true) => Err(Errno(libc::EINPROGRESS)),
+        (true, false) => finish_blocking_connect(fd.as_fd(), snd),
+    };
+    // The program's O_NONBLOCK (and O_ASYNC) replace the server's, whatever the outcome.
+    carried.give(s.fd);
+    outcome
+}
+
+/// `us` microseconds as a `timeval`'s bytes.
+fn timeval(us: u64) -> [u8; std::mem::size_of::<libc::timeval>()] {
+    let tv = libc::timeval {
+        tv_sec: libc::time_t::try_from(us / 1_000_000).unwrap_or(libc::time_t::MAX),
+        tv_usec: libc::suseconds_t::try_from(us % 1_000_000).unwrap_or(0),
+    };
+    // SAFETY: timeval is plain integers; its bytes are what setsockopt reads.
+    unsafe { std::mem::transmute(tv) }
+}
+
+/// A blocking connect on a handed-off socket still in progress: waits for it to end
+/// (`snd` µs at most, 0 = for ever; `EINPROGRESS` past that, as the kernel says) and
+/// returns its outcome (`SO_ERROR`).
+fn finish_blocking_connect(fd: std::os::fd::BorrowedFd<'_>, snd: u64) -> Res<()> {
+    let ms = if snd == 0 {
+        -1
+    } else {
+        i32::try_from(snd.div_ceil(1000)).unwrap_or(i32::MAX)
+    };
+    let rev = ferry_sys::poll_wait(fd, libc::POLLOUT, ms).map_err(|e| Errno::from_io(&e))?;
+    if rev == 0 {
+        return Err(Errno(libc::EINPROGRESS));
+    }
+    match ferry_sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR) {
+        Ok(0) => Ok(()),
+        Ok(e) => Err(Errno(e)),
+        Err(e) => Err(Errno::from_io(&e)),
+    }
 }
 
 /// `bind()`.

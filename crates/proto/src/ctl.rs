@@ -10,8 +10,9 @@ use bytemuck::{Pod, Zeroable};
 /// 4: registered files, and the binding layout `FMB2` that names them; 5: received
 /// bytes through the readiness pair; 6: `REQ_FILLED` on a non-blocking connect; 7:
 /// `Op::Disconnect`; 8: control messages, `Op::SendCtl` and `CmpKind::Control`; 9: the
-/// server makes readiness pairs and names them, `CtlKind::Claim`).
-pub const PROTO_VERSION: u32 = 10;
+/// server makes readiness pairs and names them, `CtlKind::Claim`; 11: `CMP_HANDOFF`,
+/// `CtlKind::Handoff`).
+pub const PROTO_VERSION: u32 = 11;
 
 /// Low bits of a socket id that name the protocol server serving the socket (S4: a
 /// socket is assigned to one server at creation and every later call goes there).
@@ -117,6 +118,12 @@ pub enum CtlKind {
     /// (`result` 0, or `-EINVAL` when the socket's pair is not gone, `-EBADF` when the
     /// proof fails) carries the program's end of the new pair.
     Renew = 9,
+    /// Program → server: give me stream `sock`'s host socket (after a `Connect`
+    /// answered with [`crate::CMP_HANDOFF`]; the program's end of the pair is the
+    /// proof, riding along as for `Claim`). The reply (`result` 0, or `-EINVAL` when the
+    /// socket is not one being handed off, `-EBADF` when the proof fails) carries the
+    /// connected (or connecting) host socket; the server forgets the socket id.
+    Handoff = 10,
 }
 
 /// A control message.
@@ -165,6 +172,7 @@ impl Ctl {
             7 => Some(CtlKind::UnregisterFile),
             8 => Some(CtlKind::Claim),
             9 => Some(CtlKind::Renew),
+            10 => Some(CtlKind::Handoff),
             _ => None,
         }
     }

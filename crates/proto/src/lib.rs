@@ -131,6 +131,11 @@ pub const CMP_DRAIN_TOKEN: u16 = 1;
 /// back to unconnected since (the connect after the failure reported it). Renew the
 /// pair ([`CtlKind::Renew`]), put its program end in the fd's place, and connect again.
 pub const CMP_RENEW_PAIR: u16 = 2;
+/// Completion flag (`Connect` of a stream, result 0 or `-EINPROGRESS`): the destination
+/// is one to hand off (`--handoff`). The server has connected the host socket (or begun
+/// to) and serves it no more; take it with [`CtlKind::Handoff`] and put it in the fd's
+/// place.
+pub const CMP_HANDOFF: u16 = 4;
 
 /// Operations carried on the request ring.
 #[repr(u16)]

@@ -34,6 +34,7 @@ fn main() {
         watch: Some(SocketWatch::default()),
         volumes: Vec::new(),
         raw_icmp: false,
+        guard_host_sockets: false,
     };
     if factory_check {
         if let Err(e) = check_factory() {
@@ -71,6 +72,7 @@ fn check_factory() -> std::io::Result<()> {
         watch: None,
         volumes: Vec::new(),
         raw_icmp: false,
+        guard_host_sockets: false,
     };
     let sandbox = launch(&spec).map_err(std::io::Error::other)?;
     let sandbox = &sandbox;

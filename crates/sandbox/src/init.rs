@@ -728,10 +728,14 @@ fn serve(chan: RawFd, sigfd: RawFd, cmd: pid_t, mut watch: Option<Watch>) -> ! {
         events: libc::POLLIN,
         revents: 0,
     };
-    // A negative fd (no watch) is skipped by poll.
-    let mut fds = [pollfd(chan), pollfd(sigfd), pollfd(-1)];
+    // A negative fd (no watch, no kept call) is skipped by poll.
+    let mut fds = [pollfd(-1); 3 + crate::host_guard::PENDING];
+    (fds[0].fd, fds[1].fd) = (chan, sigfd);
     loop {
         fds[2].fd = watch.as_ref().map_or(-1, Watch::fd);
+        if let Some(w) = watch.as_ref() {
+            w.kept_fds(&mut fds[3..]);
+        }
         let timeout = watch.as_ref().map_or(-1, Watch::timeout);
         // SAFETY: fds is a valid array of pollfds.
         let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
@@ -740,6 +744,7 @@ fn serve(chan: RawFd, sigfd: RawFd, cmd: pid_t, mut watch: Option<Watch>) -> ! {
         }
         if let Some(w) = watch.as_mut() {
             // Before the signals: a caller waits for this answer.
+            w.serve_kept(&fds[3..]);
             w.serve(fds[2].revents);
         }
         if fds[1].revents != 0
@@ -882,6 +887,8 @@ enum CommandError {
     Guard(c_int),
     /// The socket watch's listener could not be handed to the init.
     Watch,
+    /// The guard of handed-off host sockets could not be installed (host_guard.rs).
+    HostGuard,
     /// The launcher gave up before letting the held command go.
     Gate,
     /// No candidate path exists.
@@ -898,6 +905,7 @@ impl CommandError {
             CommandError::Nest
             | CommandError::Guard(_)
             | CommandError::Watch
+            | CommandError::HostGuard
             | CommandError::CannotExec(_) => 126,
         }
     }
@@ -912,6 +920,11 @@ impl CommandError {
                 write_stderr(b"ferry: cannot keep set-id files out of the volumes: ");
                 write_stderr(errno_text(e));
                 write_stderr(b"\n");
+            }
+            CommandError::HostGuard => {
+                write_stderr(
+                    b"ferry: --handoff needs a seccomp filter with a listener (Linux 5.14, x86_64 or aarch64, no other listener on the process); the kernel refused it\n",
+                );
             }
             CommandError::Watch => {
                 write_stderr(b"ferry: cannot hand the socket watch to the sandbox's init\n");
@@ -991,6 +1004,9 @@ fn hand_over_watch(mode: &watch::Mode, pair: RawFd) -> Result<(), CommandError> 
         // SAFETY: our copy (CLOEXEC, but no process of the sandbox may hold one: the
         // init's is the only listener).
         unsafe { libc::close(listener) };
+    } else if matches!(mode, watch::Mode::Guard(_)) {
+        // Handed-off host sockets without their guard: the command must not run.
+        return Err(CommandError::HostGuard);
     }
     // SAFETY: our end of the pair.
     unsafe { libc::close(pair) };

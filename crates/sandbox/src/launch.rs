@@ -58,6 +58,13 @@ pub struct Spec {
     /// (`IP_HDRINCL`) stay refused. Needs Linux 5.14 and x86_64 or aarch64; ignored with
     /// [`Spec::watch`] (one listener per process), which tells of ICMP sockets instead.
     pub raw_icmp: bool,
+    /// Guard the host sockets handed to the command (ferry's `--handoff`): its
+    /// `connect`, `bind`, `listen`, fast-open sends and source-routing options on an
+    /// inet socket of another network namespace than the sandbox's fail with `EPERM`
+    /// (host_guard.rs). Replaces [`Spec::raw_icmp`] (one listener per process); keeps
+    /// [`Spec::watch`]'s telling. Needs Linux 5.14 and x86_64 or aarch64; the command
+    /// does not run without it.
+    pub guard_host_sockets: bool,
 }
 
 /// What the socket watch needs to know ([`Spec::watch`]).
@@ -729,6 +736,13 @@ fn prepare(spec: &Spec) -> Result<Exec, Error> {
         guard: None,
         cwd: None,
         watch: match &spec.watch {
+            _ if spec.guard_host_sockets => {
+                Some(watch::Mode::Guard(spec.watch.as_ref().map(|w| {
+                    w.shim
+                        .as_ref()
+                        .map_or_else(Vec::new, |s| s.as_bytes().to_vec())
+                })))
+            }
             Some(w) if kernel_at_least(5, 5) => Some(watch::Mode::Tell(
                 w.shim
                     .as_ref()

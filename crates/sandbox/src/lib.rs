@@ -15,7 +15,11 @@
 //! threads). A command can be held before its `execve` until the caller is ready
 //! (`Spec::hold`, `Sandbox::start`), and watched: the init then says on stderr which of
 //! its processes make inet sockets through the kernel (`Spec::watch`), or given raw ICMP
-//! sockets its user namespace cannot make (`Spec::raw_icmp`, for busybox's `ping`).
+//! sockets its user namespace cannot make (`Spec::raw_icmp`, for busybox's `ping`), or
+//! kept from re-aiming the host sockets handed to it (`Spec::guard_host_sockets`,
+//! host_guard.rs, for ferry's `--handoff`: the init makes the command's `connect`,
+//! `bind` and `listen` itself, or has a stand-in make them in the command's view,
+//! stand_in.rs).
 //!
 //! ```no_run
 //! let spec = ferry_sandbox::Spec {
@@ -48,11 +52,13 @@
 mod bpf_test;
 mod factory;
 mod guard;
+mod host_guard;
 mod init;
 mod launch;
 mod mounts;
 mod raw_icmp;
 mod reach;
+mod stand_in;
 mod sys;
 pub mod testbed;
 mod volume;

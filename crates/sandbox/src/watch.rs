@@ -118,6 +118,9 @@ pub(crate) enum Mode {
     Tell(Vec<u8>),
     /// Make the command's raw ICMP sockets (raw_icmp.rs).
     RawIcmp,
+    /// Guard handed-off host sockets (host_guard.rs); with the shim's path, also tell
+    /// as [`Mode::Tell`] does (`None`: tell nothing).
+    Guard(Option<Vec<u8>>),
 }
 
 /// In the command's process, after no-new-privileges: installs `mode`'s filter on it
@@ -129,6 +132,7 @@ pub(crate) fn install(mode: &Mode) -> Option<RawFd> {
     match mode {
         Mode::Tell(_) => install_filter(&filter(arch)),
         Mode::RawIcmp => install_filter(&crate::raw_icmp::filter(arch)),
+        Mode::Guard(tell) => install_filter(&crate::host_guard::filter(arch, tell.is_some())),
     }
 }
 
@@ -399,6 +403,8 @@ pub(crate) struct Watch<'a> {
     listener: RawFd,
     /// Raw ICMP sockets are made here instead ([`Mode::RawIcmp`]): nothing is told.
     raw_icmp: bool,
+    /// [`Mode::Guard`]: calls other than `socket` go to host_guard.rs.
+    guard: Option<crate::host_guard::Guard>,
     shim: &'a [u8],
     seen: [Who; SEEN],
     next_seen: usize,
@@ -414,12 +420,14 @@ impl<'a> Watch<'a> {
     /// `listener` from [`install`] for `mode`.
     pub(crate) fn new(listener: RawFd, mode: &'a Mode) -> Self {
         let (raw_icmp, shim) = match mode {
-            Mode::Tell(shim) => (false, &shim[..]),
-            Mode::RawIcmp => (true, &[][..]),
+            Mode::Tell(shim) | Mode::Guard(Some(shim)) => (false, &shim[..]),
+            Mode::RawIcmp | Mode::Guard(None) => (true, &[][..]),
         };
+        let guard = matches!(mode, Mode::Guard(_)).then(crate::host_guard::Guard::new);
         Self {
             listener,
             raw_icmp,
+            guard,
             shim,
             seen: [Who::NONE; SEEN],
             next_seen: 0,
@@ -440,9 +448,30 @@ impl<'a> Watch<'a> {
         self.listener
     }
 
-    /// The `poll` timeout the watch needs (to write the count of lines not shown).
+    /// The `poll` timeout the watch needs (to write the count of lines not shown; to
+    /// drop the guard's kept calls whose caller has gone).
     pub(crate) fn timeout(&self) -> c_int {
-        self.throttle.timeout(now_ms())
+        let t = self.throttle.timeout(now_ms());
+        if self.guard.as_ref().is_some_and(|g| g.waiting()) && !(0..1000).contains(&t) {
+            1000
+        } else {
+            t
+        }
+    }
+
+    /// The guard's kept calls' fds for `poll` (host_guard.rs; all -1 without a guard).
+    pub(crate) fn kept_fds(&self, out: &mut [libc::pollfd]) {
+        match &self.guard {
+            Some(g) => g.poll_fds(out),
+            None => out.iter_mut().for_each(|p| p.fd = -1),
+        }
+    }
+
+    /// After `poll`: answers the guard's kept calls that have ended.
+    pub(crate) fn serve_kept(&mut self, fds: &[libc::pollfd]) {
+        if let Some(g) = self.guard.as_mut() {
+            g.serve_pending(self.listener, fds);
+        }
     }
 
     /// After every `poll`: answers a notification if `revents` says one is waiting, and
@@ -475,6 +504,12 @@ impl<'a> Watch<'a> {
         // SAFETY: RECV fills req, a valid seccomp_notif. ENOENT: the caller died or was
         // interrupted before we took it; nothing to answer.
         if unsafe { libc::ioctl(self.listener, libc::SECCOMP_IOCTL_NOTIF_RECV, &mut req) } == -1 {
+            return;
+        }
+        if let Some(guard) = self.guard.as_mut()
+            && req.data.nr & !(X32_SYSCALL_BIT as i32) != libc::SYS_socket as i32
+        {
+            guard.answer(self.listener, &req);
             return;
         }
         if self.raw_icmp {
@@ -570,7 +605,7 @@ fn status(tid: u32) -> Option<Who> {
 }
 
 /// Opens `/proc/PID{file}` and reads the start of it into `buf`.
-fn read_proc(pid: u32, file: &[u8], buf: &mut [u8]) -> Option<usize> {
+pub(crate) fn read_proc(pid: u32, file: &[u8], buf: &mut [u8]) -> Option<usize> {
     let fd = open_proc(pid, file)?;
     let mut have = 0;
     while have < buf.len() {
@@ -586,7 +621,7 @@ fn read_proc(pid: u32, file: &[u8], buf: &mut [u8]) -> Option<usize> {
     Some(have)
 }
 
-fn open_proc(pid: u32, file: &[u8]) -> Option<RawFd> {
+pub(crate) fn open_proc(pid: u32, file: &[u8]) -> Option<RawFd> {
     let mut path = [0u8; 48];
     let mut at = put(&mut path, 0, b"/proc/");
     at = put_num(&mut path, at, u64::from(pid));

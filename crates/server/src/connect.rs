@@ -8,7 +8,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 
-use ferry_proto::{CMP_RENEW_PAIR, Cmp, CmpKind, Ctl, WireAddr};
+use ferry_proto::{CMP_HANDOFF, CMP_RENEW_PAIR, Cmp, CmpKind, Ctl, WireAddr};
 use tracing::{debug, warn};
 
 use ferry_egress::reach;
@@ -28,7 +28,7 @@ use crate::modules::Modules;
 use crate::place::Placing;
 use crate::seam::Io;
 use crate::server::Server;
-use crate::sock::{Conn, ConnEvent, Parked, Place, Sock};
+use crate::sock::{Conn, ConnEvent, Handoff, Parked, Place, Sock};
 use crate::sock::{NewPair, Owner};
 use crate::stats::ServerStats;
 use crate::table::SockTable;
@@ -451,16 +451,36 @@ impl Connects<'_> {
             self.connect_after_failure(ch, id, tag, c == Conn::FailReported);
             return true;
         }
-        if let Err(e) = self.placing().route_connect(id, addr) {
-            self.tx().done(ch, id, tag, e);
-            return true;
-        }
+        let handoff = match self.placing().route_connect(id, addr) {
+            Ok(h) => h,
+            Err(e) => {
+                self.tx().done(ch, id, tag, e);
+                return true;
+            }
+        };
         let to = addr.to_std();
         let mut fits = true;
         let Some(s) = self.socks.get_mut(&id) else {
             return true;
         };
         let r = self.io.connect(s.fd.as_fd(), &to);
+        if handoff && tag != 0 {
+            match r {
+                Ok(()) => {
+                    self.hand_off(ch, id, tag, 0);
+                    return true;
+                }
+                Err(ref e) if e.raw_os_error() == Some(libc::EINPROGRESS) && nonblock => {
+                    self.hand_off(ch, id, tag, Errno(libc::EINPROGRESS).wire());
+                    return true;
+                }
+                // Blocking: parked below, handed off once connected (`end_connect`).
+                Err(ref e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
+                    s.handoff = Handoff::WhenConnected;
+                }
+                Err(_) => {}
+            }
+        }
         match r {
             // The kernel gives the outcome of a connect in progress to whichever call
             // asks first: this one reports it, as a waiter of that connect would.
@@ -491,6 +511,37 @@ impl Connects<'_> {
             self.tx().apply_rule(id, ModuleTarget::Dest(to));
         }
         fits
+    }
+
+    /// Stream `id`, connected or connecting (`result`: 0 or `-EINPROGRESS`) to a
+    /// `--handoff` destination, leaves the loop; the connect is answered with
+    /// `CMP_HANDOFF`, and the program takes the host socket ([`Connects::take_handoff`]).
+    fn hand_off(&mut self, ch: u32, id: u32, tag: u32, result: i32) {
+        if let Some(s) = self.socks.get_mut(&id) {
+            let _ = self.epoll.delete(s.fd.as_fd());
+            s.handoff = Handoff::Handing;
+            debug!("socket {id}: handed off");
+        }
+        let mut c = Cmp::new(CmpKind::Done, id, tag, result);
+        c.flags |= CMP_HANDOFF;
+        self.tx().complete(ch, c);
+    }
+
+    /// `CtlKind::Handoff`: the host socket of stream `id` being handed off, for the
+    /// program (the proof of holding it was checked); the server forgets the socket.
+    pub(crate) fn take_handoff(&mut self, id: u32) -> Result<OwnedFd, Errno> {
+        let s = self.socks.get(&id).ok_or(Errno(libc::EBADF))?;
+        if s.handoff != Handoff::Handing {
+            return Err(Errno(libc::EINVAL));
+        }
+        let host = s.fd.try_clone().map_err(|e| Errno::of(&e))?;
+        let s = self.socks.remove(&id).ok_or(Errno(libc::EBADF))?;
+        let _ = self.epoll.delete(s.pair.as_fd());
+        self.shared.socket_closed();
+        self.stats.closed_socket(s.stats);
+        // Dropping `s` closes our copy (and its pair end); a bond's lease counts the
+        // connection as ended (its bytes are the kernel's now).
+        Ok(host)
     }
 
     /// A connect of stream `id` after a non-blocking one failed (see [`Conn`]): the
@@ -574,6 +625,14 @@ impl Connects<'_> {
             0 => Ok(()),
             e => Err(Errno(e)),
         };
+        let handing = std::mem::take(&mut s.handoff) == Handoff::WhenConnected;
+        if handing
+            && err == 0
+            && let Some(&(ch, tag)) = waiters.first()
+        {
+            self.hand_off(ch, id, tag, 0);
+            return;
+        }
         for (ch, tag) in waiters {
             self.tx().done(ch, id, tag, outcome);
         }

@@ -171,17 +171,19 @@ impl Placing<'_> {
     /// where, as [`ferry_egress::admit`] decides: the host's own addresses are never
     /// reachable from the host side; the policy. Then a socket bound to the wildcard in
     /// the sandbox moves to the host for a peer outside it, a provisional one is placed;
-    /// a socket that keeps a port the program chose remembers the peer.
-    pub(crate) fn route_to(&mut self, id: u32, dest: WireAddr, what: What) -> Result<(), Errno> {
+    /// a socket that keeps a port the program chose remembers the peer. `Ok(true)`: the
+    /// connection is to be handed to the program ([`Decision::Handoff`]).
+    pub(crate) fn route_to(&mut self, id: u32, dest: WireAddr, what: What) -> Result<bool, Errno> {
         let to = dest.to_std();
         let from = if self.on_host(id) {
             Origin::Host
         } else {
             Origin::Sandbox
         };
-        let local = match admit(&self.cfg.policy, what, from, to) {
+        let decision = admit(&self.cfg.policy, what, from, to);
+        let local = match decision {
             Decision::Inside => true,
-            Decision::Outside => false,
+            Decision::Outside | Decision::Handoff => false,
             Decision::Refused(Reason::HostLocal) => {
                 self.host_loopback_refused(id, what, dest);
                 return Err(Errno(libc::EACCES));
@@ -199,13 +201,14 @@ impl Placing<'_> {
         if let Some(c) = self.socks.get_mut(&id).and_then(|s| s.contacted.as_mut()) {
             remember(c, to);
         }
-        Ok(())
+        Ok(decision == Decision::Handoff)
     }
 
     /// [`Placing::route_to`] for a connect: besides, a stream bound inside the sandbox has
-    /// no route out, and an egress bond picks the source.
-    pub(crate) fn route_connect(&mut self, id: u32, addr: WireAddr) -> Result<(), Errno> {
-        self.route_to(id, addr, What::Connect)?;
+    /// no route out, and an egress bond picks the source. `Ok(true)`: the connection is
+    /// to be handed to the program ([`Decision::Handoff`]).
+    pub(crate) fn route_connect(&mut self, id: u32, addr: WireAddr) -> Result<bool, Errno> {
+        let handoff = self.route_to(id, addr, What::Connect)?;
         let s = self.socks.get_mut(&id).ok_or(Errno(libc::EBADF))?;
         if s.place == Place::Sandbox
             && !reach::is_local(addr.to_std().ip())
@@ -214,7 +217,8 @@ impl Placing<'_> {
             // Bound inside the sandbox, now asked to leave it: the sandbox has no route.
             return Err(Errno(libc::ENETUNREACH));
         }
-        self.bond_source(id, addr.to_std())
+        self.bond_source(id, addr.to_std())?;
+        Ok(handoff && self.socks.get(&id).is_some_and(|s| s.is_stream()))
     }
 
     /// Before connecting host socket `id` to `dst`: when there is a bond and the

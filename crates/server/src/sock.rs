@@ -381,6 +381,22 @@ pub(crate) struct Sock {
     pub stats: SocketStats,
     /// The bond's source address this socket was bound to (egress bonding).
     pub egress: Option<Lease>,
+    /// Whether the connection goes to the program (`--handoff`).
+    pub handoff: Handoff,
+}
+
+/// A stream connecting to a `--handoff` destination.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub(crate) enum Handoff {
+    #[default]
+    No,
+    /// A blocking connect is in progress: handed off if it succeeds; a refusal is
+    /// answered as any (the socket stays served, so the program may connect again, as
+    /// natively).
+    WhenConnected,
+    /// Connected (or connecting) and out of the loop: the program takes the host socket
+    /// with `CtlKind::Handoff`.
+    Handing,
 }
 
 impl Drop for Sock {
@@ -426,6 +442,7 @@ impl Sock {
             conn: Conn::Idle,
             so_error: 0,
             app_closed: false,
+            handoff: Handoff::No,
             send: SendSide::default(),
             fence: Default::default(),
             hup_reported: false,

@@ -151,6 +151,7 @@ impl Server {
                 self.connects()
                     .placing()
                     .route_to(id, dest, ferry_egress::What::Datagram)
+                    .map(drop)
             }
             None => Ok(()),
         }

@@ -76,6 +76,9 @@ fn cases(s: &Settings, ready: &[Config]) -> Vec<Case> {
     // The ring receive path (`--rx ring`) beside the default pair path, in the same run.
     if let Some(at) = configs.iter().position(|c| c.name == "ferry") {
         configs.insert(at + 1, Config::ferry_args("ferry-ring", &["--rx", "ring"]));
+        // The hand-off: TCP to the remote gets the host's own socket (kernel speed).
+        let handoff = format!("--handoff={}", s.remote);
+        configs.insert(at + 1, Config::ferry_args("ferry-handoff", &[&handoff]));
         if s.unconfined_too {
             // The servers without their seccomp filter and with their capabilities.
             configs.insert(

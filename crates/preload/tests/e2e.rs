@@ -813,6 +813,47 @@ fn retried_sends_without_room_ask_for_room_once() {
     );
 }
 
+/// A control call spins for its reply (S0's SBW) before it sleeps in `poll`: `socket()`
+/// used to sleep there every time, a wake-up per socket (the largest part of a short
+/// connection's extra cost). Counted with strace, with a spin span long enough that a
+/// loaded machine still answers within it: the old shim made one `ppoll` per socket.
+#[test]
+fn socket_calls_spin_for_the_reply_instead_of_sleeping() {
+    if !need_python() || !have("strace") {
+        eprintln!("skipped: needs python3 and strace");
+        return;
+    }
+    let _g = serial();
+    let srv = Running::start_with("ctlspin", |cfg| {
+        cfg.shim_spin = Duration::from_millis(20);
+    });
+    let trace = std::env::temp_dir().join(format!("ferry-ctlspin-{}", std::process::id()));
+    let sockets = 200;
+    let mut c = shimmed("strace", Some(&srv.path));
+    c.args(["-f", "-c", "-e", "trace=ppoll,poll", "-o"])
+        .arg(&trace)
+        .arg(python().unwrap())
+        .args([
+            "-c",
+            "import socket\nfor _ in range(200): socket.socket().close()\nprint('ok')",
+        ]);
+    let out = run(c, Duration::from_secs(60));
+    let summary = std::fs::read_to_string(&trace).unwrap_or_default();
+    let _ = std::fs::remove_file(&trace);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n", "{summary}");
+    let sleeps: u64 = summary
+        .lines()
+        .filter(|l| l.trim_end().ends_with("poll"))
+        .filter_map(|l| l.split_whitespace().nth(3)?.parse::<u64>().ok())
+        .sum();
+    assert!(
+        sleeps < sockets / 4,
+        "{sleeps} sleeps in poll for {sockets} sockets:\n{summary}"
+    );
+    let stats = srv.stop();
+    assert!(stats.sockets_created >= sockets, "{stats:?}");
+}
+
 const DETAILS: &str = r#"
 import errno, os, select, socket, sys, time
 port = int(sys.argv[1])

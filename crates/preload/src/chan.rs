@@ -854,11 +854,34 @@ impl Channel {
         if let Err(e) = ferry_sys::send_with_fds(self.ctl.as_fd(), bytemuck::bytes_of(msg), fds) {
             return Err(self.fail(format_args!("control send: {e}")));
         }
+        if let Some(reply) = self.ctl_spin()? {
+            return Ok(reply);
+        }
         loop {
             self.ctl_readable()?;
             if let Some(reply) = self.ctl_reply()? {
                 return Ok(reply);
             }
+        }
+    }
+
+    /// S0's SBW for a control call: tries to take the reply for the channel's spin
+    /// span before [`Channel::ctl_readable`] sleeps. A `socket`'s pair comes back from
+    /// a spinning server in microseconds, and a sleep in `poll` costs a wake-up (tens
+    /// of µs on a VM): short connections paid one per `socket`.
+    fn ctl_spin(&mut self) -> Res<Option<(Ctl, Option<OwnedFd>)>> {
+        let mut failed = None;
+        let got = spin_for(self.spin, self.spin.span, || match self.ctl_reply() {
+            Ok(None) => None,
+            Ok(Some(reply)) => Some(Some(reply)),
+            Err(e) => {
+                failed = Some(e);
+                Some(None)
+            }
+        });
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(got.flatten()),
         }
     }
 

@@ -752,6 +752,108 @@ fn back_pressure_blocks_then_would_block() {
     assert_eq!(sink.join().unwrap(), n);
 }
 
+const RETRY_WITHOUT_POLL: &str = r#"
+import select, socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.setblocking(False)
+# Until the peer's and the host socket's buffers are full, then as many sends in a row
+# as told, each refused: a writer that retries before it polls (iperf3 tries up to ten
+# writes per select).
+n = 0
+refused = 0
+while refused < int(sys.argv[2]):
+    try:
+        n += s.send(b"w" * 65536)
+        refused = 0
+    except BlockingIOError:
+        refused += 1
+# Still woken when room comes back, and sends go on.
+r, w, x = select.select([], [s], [], 10)
+assert w, "never writable again"
+n += s.send(b"w" * 65536)
+s.setblocking(True)
+s.close()
+print(n)
+"#;
+
+/// A non-blocking send that finds no room leaves a filler in the pair (the fd polls
+/// unwritable) and asks the server for room (`WantRoom`); one that finds no room again
+/// while that filler is still there must say `EAGAIN` without a second filler and
+/// request (each cost ~7 system calls and a request record: iperf3's client made ~4 per
+/// `select`), and the writer is still woken when room comes back, with every byte sent
+/// delivered. On the old shim the server counted a request per retry (> 2,000 here).
+#[test]
+fn retried_sends_without_room_ask_for_room_once() {
+    if !need_python() {
+        return;
+    }
+    let _g = serial();
+    let srv = Running::start("retry", 1);
+    let (port, sink) = host_peer(|mut c| {
+        use std::io::Read;
+        std::thread::sleep(Duration::from_millis(700));
+        let mut all = Vec::new();
+        c.read_to_end(&mut all).unwrap();
+        assert!(all.iter().all(|&b| b == b'w'));
+        all.len()
+    });
+    let retries = 3_000;
+    let out = py(
+        RETRY_WITHOUT_POLL,
+        Some(&srv.path),
+        &[port.to_string(), retries.to_string()],
+    );
+    let n: usize = out.trim().parse().unwrap();
+    assert_eq!(sink.join().unwrap(), n);
+    let stats = srv.stop();
+    assert!(
+        stats.requests < retries,
+        "{} requests for {retries} retried sends: each asked for room again",
+        stats.requests
+    );
+}
+
+/// A control call spins for its reply (S0's SBW) before it sleeps in `poll`: `socket()`
+/// used to sleep there every time, a wake-up per socket (the largest part of a short
+/// connection's extra cost). Counted with strace, with a spin span long enough that a
+/// loaded machine still answers within it: the old shim made one `ppoll` per socket.
+#[test]
+fn socket_calls_spin_for_the_reply_instead_of_sleeping() {
+    if !need_python() || !have("strace") {
+        eprintln!("skipped: needs python3 and strace");
+        return;
+    }
+    let _g = serial();
+    let srv = Running::start_with("ctlspin", |cfg| {
+        cfg.shim_spin = Duration::from_millis(20);
+    });
+    let trace = std::env::temp_dir().join(format!("ferry-ctlspin-{}", std::process::id()));
+    let sockets = 200;
+    let mut c = shimmed("strace", Some(&srv.path));
+    c.args(["-f", "-c", "-e", "trace=ppoll,poll", "-o"])
+        .arg(&trace)
+        .arg(python().unwrap())
+        .args([
+            "-c",
+            "import socket\nfor _ in range(200): socket.socket().close()\nprint('ok')",
+        ]);
+    let out = run(c, Duration::from_secs(60));
+    let summary = std::fs::read_to_string(&trace).unwrap_or_default();
+    let _ = std::fs::remove_file(&trace);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n", "{summary}");
+    let sleeps: u64 = summary
+        .lines()
+        .filter(|l| l.trim_end().ends_with("poll"))
+        .filter_map(|l| l.split_whitespace().nth(3)?.parse::<u64>().ok())
+        .sum();
+    assert!(
+        sleeps < sockets / 4,
+        "{sleeps} sleeps in poll for {sockets} sockets:\n{summary}"
+    );
+    let stats = srv.stop();
+    assert!(stats.sockets_created >= sockets, "{stats:?}");
+}
+
 const DETAILS: &str = r#"
 import errno, os, select, socket, sys, time
 port = int(sys.argv[1])

@@ -517,17 +517,22 @@ fn a_dead_server_fails_calls_instead_of_hanging() {
     let silent = tcp_silent();
     let mut c = shimmed(python().unwrap(), Some(&srv.path));
     c.arg("-c").arg(SERVER_DIES).arg(silent.port().to_string());
-    let child = c
+    let mut child = c
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(700));
+    // The server stops once the program is connected (however long a loaded machine
+    // takes to get there) and in its receive.
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut stdout = String::new();
+    std::io::BufRead::read_line(&mut lines, &mut stdout).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
     let t0 = Instant::now();
     srv.stop();
+    std::io::Read::read_to_string(&mut lines, &mut stdout).unwrap();
     let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         stdout,
         "connected\nECONNRESET\n",

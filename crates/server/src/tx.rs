@@ -147,12 +147,11 @@ impl Server {
         };
         let to = to.filter(|_| !stream);
         let checked = match to {
-            Some(dest) => {
-                self.connects()
-                    .placing()
-                    .route_to(id, dest, ferry_egress::What::Datagram)
-                    .map(drop)
-            }
+            Some(dest) => self
+                .connects()
+                .placing()
+                .route_to(id, dest, ferry_egress::What::Datagram)
+                .map(drop),
             None => Ok(()),
         }
         .and_then(|()| self.send_control(id, stream, &ctl));

@@ -346,6 +346,88 @@ pub fn proc_stat_busy(stat: &str) -> Result<u64, String> {
     Ok(f[0] + f[1] + f[2] + f[5] + f[6])
 }
 
+/// A process's own CPU time (user + system, all its threads) in clock ticks, from its
+/// `/proc/<pid>/stat` line (the command name in parentheses may hold spaces and
+/// parentheses: the fields are counted after the last `)`).
+pub fn proc_pid_cpu_ticks(stat: &str) -> Result<u64, String> {
+    let (_, rest) = stat
+        .rsplit_once(')')
+        .ok_or("/proc/<pid>/stat has no `)` after the command name")?;
+    // After the name: state(3) ppid … utime(14) stime(15), numbered from 1 over the line.
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let num = |i: usize| {
+        f.get(i)
+            .ok_or_else(|| format!("/proc/<pid>/stat has {} fields after the name", f.len()))?
+            .parse::<u64>()
+            .map_err(|_| format!("/proc/<pid>/stat: bad number {:?}", f[i]))
+    };
+    Ok(num(11)? + num(12)?)
+}
+
+/// System calls by command name from `perf report --stdio --sort comm -F sample,comm`
+/// (one `COUNT COMM` line each). Fails when perf says it lost samples: the counts
+/// would be short.
+pub fn perf_comm_counts(report: &str) -> Result<Vec<(String, u64)>, String> {
+    let lost = report
+        .lines()
+        .find_map(|l| l.strip_prefix("# Total Lost Samples:"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    if lost > 0 {
+        return Err(format!(
+            "perf lost {lost} samples: the counts would be short"
+        ));
+    }
+    let mut out = Vec::new();
+    for l in report.lines() {
+        let l = l.trim();
+        if l.is_empty() || l.starts_with('#') {
+            continue;
+        }
+        let (n, comm) = l
+            .split_once(char::is_whitespace)
+            .ok_or_else(|| format!("perf report: unexpected line {l:?}"))?;
+        let n = n
+            .parse()
+            .map_err(|_| format!("perf report: bad count in {l:?}"))?;
+        out.push((comm.trim().to_owned(), n));
+    }
+    Ok(out)
+}
+
+/// Connections completed and seconds spent, from `ferry-shortconn client`'s last line
+/// (`connections N seconds S`).
+pub fn shortconn(out: &str) -> Result<(u64, f64), String> {
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("connections "))
+        .ok_or("ferry-shortconn printed no `connections` line")?;
+    let w: Vec<&str> = line.split_whitespace().collect();
+    match w.as_slice() {
+        ["connections", n, "seconds", s] => {
+            let n: u64 = n.parse().map_err(|_| format!("bad count in {line:?}"))?;
+            let s: f64 = s.parse().map_err(|_| format!("bad seconds in {line:?}"))?;
+            if n == 0 || s <= 0.0 {
+                return Err(format!("no connection completed: {line:?}"));
+            }
+            Ok((n, s))
+        }
+        _ => Err(format!("unexpected line {line:?}")),
+    }
+}
+
+/// Requests wrk completed (`N requests in …`).
+pub fn wrk_requests(out: &str) -> Result<u64, String> {
+    out.lines()
+        .find_map(|l| {
+            let (n, rest) = l.trim().split_once(' ')?;
+            rest.starts_with("requests in ").then(|| n.parse().ok())?
+        })
+        .filter(|n| *n > 0)
+        .ok_or_else(|| "wrk printed no `N requests in` line".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -456,5 +538,41 @@ sockperf: ---> percentile 50.000 =   10.609
         assert!(proc_stat_busy("intr 1 2 3\n").is_err());
         assert!(proc_stat_busy("cpu 1 2 x 4 5 6 7\n").is_err());
         assert!(proc_stat_busy("cpu 1 2 3\n").is_err());
+    }
+
+    #[test]
+    fn pid_cpu_counts_fields_after_the_name() {
+        let stat = "4242 (a (b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 37 5 6 20 0 3 0 99";
+        assert_eq!(proc_pid_cpu_ticks(stat), Ok(287));
+        assert!(proc_pid_cpu_ticks("4242 (x) S 1 2").is_err());
+        assert!(proc_pid_cpu_ticks("no name here").is_err());
+    }
+
+    #[test]
+    fn perf_counts_by_command() {
+        let r = "# Total Lost Samples: 0\n#\n# Samples: 365  of event 'raw_syscalls:sys_enter'\n\
+                 #\n#      Samples  Command\n# ............  .......\n#\n\
+                 \x20          118  cat    \n           147  ferry-servers\n\n#\n";
+        assert_eq!(
+            perf_comm_counts(r),
+            Ok(vec![("cat".into(), 118), ("ferry-servers".into(), 147)])
+        );
+        let lost = "# Total Lost Samples: 12\n           118  cat\n";
+        assert!(perf_comm_counts(lost).unwrap_err().contains("lost 12"));
+        assert!(perf_comm_counts("  x cat\n").is_err());
+    }
+
+    #[test]
+    fn shortconn_and_wrk_counts() {
+        assert_eq!(
+            shortconn("warming\nconnections 11767 seconds 1.000061\n"),
+            Ok((11767, 1.000061))
+        );
+        assert!(shortconn("connections 0 seconds 1.0\n").is_err());
+        assert!(shortconn("ferry-shortconn client: connect: refused\n").is_err());
+        let wrk = "Running 3s test @ http://10.0.0.2/index.html\n  1 threads and 4 connections\n\
+                   \x20 24853 requests in 3.00s, 29.80MB read\nRequests/sec:   8284.21\n";
+        assert_eq!(wrk_requests(wrk), Ok(24853));
+        assert!(wrk_requests("Requests/sec: 1\n").is_err());
     }
 }

@@ -27,7 +27,7 @@ pub struct BenchArgs {
     /// seccomp filter and dropped capabilities cost, in the same run).
     #[arg(long)]
     pub unconfined_too: bool,
-    /// R1 and E2 also run ferry from another build (its `ferry` binary, with
+    /// R1, R2 and E2 also run ferry from another build (its `ferry` binary, with
     /// libferry_preload.so beside it) as `ferry-base`, alternating with this one: a
     /// before/after comparison of a change in the same run.
     #[arg(long, value_name = "FERRY")]

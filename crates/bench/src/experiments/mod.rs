@@ -149,7 +149,7 @@ pub struct Settings {
     pub e6_dir: PathBuf,
     /// R1 also runs `ferry-unconfined` (`--unconfined`).
     pub unconfined_too: bool,
-    /// R1 and E2 also run ferry from this other build (`ferry-base`), alternating with
+    /// R1, R2 and E2 also run ferry from this other build (`ferry-base`), alternating with
     /// the one measured: a before/after comparison in one run.
     pub baseline: Option<PathBuf>,
 }

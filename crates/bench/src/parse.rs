@@ -346,22 +346,15 @@ pub fn proc_stat_busy(stat: &str) -> Result<u64, String> {
     Ok(f[0] + f[1] + f[2] + f[5] + f[6])
 }
 
-/// A process's own CPU time (user + system, all its threads) in clock ticks, from its
-/// `/proc/<pid>/stat` line (the command name in parentheses may hold spaces and
-/// parentheses: the fields are counted after the last `)`).
-pub fn proc_pid_cpu_ticks(stat: &str) -> Result<u64, String> {
-    let (_, rest) = stat
-        .rsplit_once(')')
-        .ok_or("/proc/<pid>/stat has no `)` after the command name")?;
-    // After the name: state(3) ppid … utime(14) stime(15), numbered from 1 over the line.
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let num = |i: usize| {
-        f.get(i)
-            .ok_or_else(|| format!("/proc/<pid>/stat has {} fields after the name", f.len()))?
-            .parse::<u64>()
-            .map_err(|_| format!("/proc/<pid>/stat: bad number {:?}", f[i]))
-    };
-    Ok(num(11)? + num(12)?)
+/// A thread's time on a CPU in nanoseconds, from its `/proc/<pid>/task/<tid>/schedstat`
+/// (`run_ns wait_ns timeslices`).
+pub fn schedstat_run_ns(schedstat: &str) -> Result<u64, String> {
+    let v = schedstat
+        .split_whitespace()
+        .next()
+        .ok_or("schedstat is empty")?;
+    v.parse()
+        .map_err(|_| format!("schedstat: bad number {v:?}"))
 }
 
 /// System calls by command name from `perf report --stdio --sort comm -F sample,comm`
@@ -541,11 +534,10 @@ sockperf: ---> percentile 50.000 =   10.609
     }
 
     #[test]
-    fn pid_cpu_counts_fields_after_the_name() {
-        let stat = "4242 (a (b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 37 5 6 20 0 3 0 99";
-        assert_eq!(proc_pid_cpu_ticks(stat), Ok(287));
-        assert!(proc_pid_cpu_ticks("4242 (x) S 1 2").is_err());
-        assert!(proc_pid_cpu_ticks("no name here").is_err());
+    fn schedstat_is_run_time_first() {
+        assert_eq!(schedstat_run_ns("130594 765744 2\n"), Ok(130_594));
+        assert!(schedstat_run_ns("").is_err());
+        assert!(schedstat_run_ns("x 1 2").is_err());
     }
 
     #[test]

@@ -207,18 +207,22 @@ impl Testbed {
     }
 
     /// CPU time used so far by the servers on `ports` (each with its child processes,
-    /// e.g. nginx's worker), from `/proc/<pid>/stat`; None when one cannot be read.
+    /// e.g. nginx's worker, and every thread), from the nanosecond run times of
+    /// `/proc/<pid>/task/*/schedstat`; None when a server or its times cannot be read.
     pub fn cpu_of(&self, ports: &[u16]) -> Option<Duration> {
-        let hz = rustix::param::clock_ticks_per_second();
-        let mut ticks = 0;
+        let mut ns = 0;
         for port in ports {
             let (_, d) = self.servers.iter().find(|(p, _)| p == port)?;
             for pid in crate::exec::with_descendants(d.pid()) {
-                let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-                ticks += crate::parse::proc_pid_cpu_ticks(&stat).ok()?;
+                for task in fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+                    // A thread that ended between the listing and the read counts 0.
+                    if let Ok(s) = fs::read_to_string(task.path().join("schedstat")) {
+                        ns += crate::parse::schedstat_run_ns(&s).ok()?;
+                    }
+                }
             }
         }
-        (hz > 0).then(|| Duration::from_secs_f64(ticks as f64 / hz as f64))
+        Some(Duration::from_nanos(ns))
     }
 
     fn write_site(&self) -> Result<(), TopologyError> {

@@ -71,8 +71,8 @@ pub fn us_per(cpu: Option<Duration>, requests: f64, what: &str) -> Result<f64, S
     Ok(cpu.as_secs_f64() * 1e6 / requests)
 }
 
-/// Markdown: every (test, metric) that native measured, one column per configuration:
-/// the median and its ratio to native's median (`×`).
+/// Markdown: every (test, metric) measured, one column per configuration: the median
+/// and, where native measured it too, its ratio to native's median (`×`).
 pub fn ratio_table(rows: &[Row]) -> String {
     let mut configs: Vec<&str> = Vec::new();
     let mut groups: Vec<(&str, &str, &str)> = Vec::new();
@@ -81,7 +81,7 @@ pub fn ratio_table(rows: &[Row]) -> String {
             configs.push(&r.config);
         }
         let g = (r.param.label.as_str(), r.metric.as_str(), r.unit.as_str());
-        if r.config == "native" && !groups.contains(&g) {
+        if r.median().is_some() && !groups.contains(&g) {
             groups.push(g);
         }
     }
@@ -218,7 +218,13 @@ mod tests {
             t.contains("| short | rate | conn/s | 11000 | 5500 (0.50×) | – |"),
             "{t}"
         );
-        // A test native did not run has no line: there is nothing to compare to.
-        assert!(!t.contains("only ferry"), "{t}");
+        // What native did not measure (ferry's servers' calls) has its value, no ratio.
+        assert!(
+            t.contains("| only ferry | rate | conn/s | – | 1.00 | – |"),
+            "{t}"
+        );
+        // A metric nobody measured has no line.
+        let none = ratio_table(&[row("native", "dead", "rate", &[])]);
+        assert!(!none.contains("| dead |"), "{none}");
     }
 }

@@ -79,18 +79,20 @@ impl Experiment for R2 {
     fn summary(&self, rows: &[Row]) -> String {
         format!(
             "Medians of the rounds (configurations alternating), with the ratio to native's \
-             median. CPU per request: `client side` is every process the harness reaped \
-             during the run (the program; ferry with its servers and sandbox; slirp4netns; \
-             pasta with `runuser`), from getrusage; `server side` is the remote's server \
-             (ferry-shortconn, nginx with its worker, redis-server) from /proc/PID/stat \
-             (10 ms ticks). System calls: a separate short run of the same client under \
-             `perf record -e raw_syscalls:sys_enter`; `other` is wrappers and start-up \
-             (runuser, unshare, ferry's main thread, the sandbox's init). Start-up: each \
-             round times {{10 quick, 30 full}} runs of `CMD -- true` and keeps their p50 and \
-             p90; native is `unshare -rn true`; both pastas run through `runuser -u \
-             ferrytest` (pasta refuses root; runuser alone takes a few ms). Under pasta the \
-             program's own system calls escape perf's inheritance and are not counted: only \
-             pasta's are shown.\n\n{}\n",
+             median where native has the metric. CPU per request: `client side` is every \
+             process the harness reaped during the run (the program; ferry with its servers \
+             and sandbox; slirp4netns; pasta with `runuser`), from getrusage; `server side` \
+             is the remote's server (ferry-shortconn, nginx with its worker, redis-server), \
+             from its threads' run times in /proc (ns). System calls: a separate short run \
+             of the same client under `perf record -e raw_syscalls:sys_enter`, split into \
+             the program, ferry's server threads and the peer (pasta, slirp4netns); `total` \
+             is their sum; `other` (wrappers and start-up: runuser, unshare, ferry's main \
+             thread, the sandbox's init) is in results.csv. Under pasta the program's own \
+             calls escape perf's inheritance and are not counted: only pasta's are shown. \
+             Start-up: each round times 30 runs of `CMD -- true` (10 with --runs 2 or \
+             fewer) and keeps their p50 and p90; native is `unshare -rn true`; both pastas \
+             run through `runuser -u ferrytest` (pasta refuses root; runuser alone takes a \
+             few ms).\n\n{}\n",
             ratio_table(rows)
         )
     }

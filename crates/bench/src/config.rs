@@ -122,6 +122,9 @@ fn perf_record(file: &Path) -> Vec<OsString> {
         "perf",
         "record",
         "-q",
+        // No build-id pass over the data at the end (it only slows the run's end).
+        "--no-buildid",
+        "--no-buildid-cache",
         "-m",
         "16M",
         "-e",

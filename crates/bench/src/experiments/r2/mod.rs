@@ -373,7 +373,8 @@ fn cases(s: &Settings, ready: &[Config]) -> Vec<Case> {
                 config: if t.traced { c.traced() } else { c.clone() },
                 param: Param::new(t.label, i as f64),
                 client: t.client.clone(),
-                timeout: s.timeout(t.secs),
+                // Slack for a loaded machine: pasta alone takes ~0.2 s to start.
+                timeout: s.timeout(t.secs + 10),
                 pin: None,
                 servers: t.servers.clone(),
                 extract: Box::new(move |r: &RunOut| ex(r)),

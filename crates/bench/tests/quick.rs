@@ -144,7 +144,7 @@ fn quick_r2_measures_every_row() {
     let csv = std::fs::read_to_string(out.0.join("results.csv")).expect("results.csv");
     let has = |config: &str, param: &str, metric: &str| {
         csv.lines().any(|l| {
-            let c: Vec<&str> = l.split(',').collect();
+            let c = csv_fields(l);
             c.len() >= 9
                 && c[1] == config
                 && c[2] == param
@@ -189,4 +189,29 @@ fn quick_r2_measures_every_row() {
     );
     let png = std::fs::read(out.0.join("r2.png")).expect("r2.png");
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "r2.png is not a PNG");
+}
+
+/// The fields of a CSV line (a field in double quotes may hold commas; `""` is a quote).
+fn csv_fields(line: &str) -> Vec<String> {
+    let mut out = vec![String::new()];
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(ch) = chars.next() {
+        match (ch, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                chars.next();
+                if let Some(f) = out.last_mut() {
+                    f.push('"');
+                }
+            }
+            ('"', _) => quoted = !quoted,
+            (',', false) => out.push(String::new()),
+            (ch, _) => {
+                if let Some(f) = out.last_mut() {
+                    f.push(ch);
+                }
+            }
+        }
+    }
+    out
 }

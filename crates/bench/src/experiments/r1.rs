@@ -475,6 +475,14 @@ pub(super) fn relative_plot(
             if let Some(p) = pt {
                 ymax = ymax.max(p.max * 1.15);
             }
+            // A case that succeeded without this metric (pasta's program's system
+            // calls are not seen) has no bar; "failed" is for cases that never succeeded.
+            let ran = r
+                .iter()
+                .any(|x| x.config == *c && x.param.label == g.0 && !x.samples.is_empty());
+            if pt.is_none() && ran {
+                continue;
+            }
             let text = pt.map(|p| format!("{:.2}", p.med)).unwrap_or_default();
             items.push((x, w, pt, COLORS[ci % COLORS.len()], text));
         }

@@ -19,9 +19,11 @@ PACKAGES=(
     iperf3 sockperf nginx-light redis-server redis-tools slirp4netns passt wrk hyperfine
     uidmap curl iproute2 procps fonts-dejavu-core python3 gzip g++ iputils-ping
     bind9-dnsutils socat netcat-openbsd nodejs golang-go busybox-static git openssh-client
-    libpython3.11-testsuite
+    libpython3.11-testsuite linux-perf make
 )
 SERVICES=(redis-server nginx iperf3)
+# linux-perf: `ferry bench R2` counts system calls per request with perf record; make:
+# scripts/build-peers.sh builds the newest pasta from a source tree.
 # libpython3.11-testsuite: CPython's own regression tests for Debian's python3
 # (scripts/cpython-suites.py runs its network suites natively and through ferry).
 # The fuzz targets' runner (scripts/fuzz.sh); libfuzzer-sys builds with g++.

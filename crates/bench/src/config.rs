@@ -2,7 +2,9 @@
 //! namespace), `ferry` (`ferry run -- client`, with its knobs), `ferry-nic`
 //! (`ferry run --net nic -- client`: a TAP served by ferry's NIC servers), `slirp4netns` (its own
 //! user+net namespace, `slirp4netns --configure --mtu=65520`), `pasta`
-//! (`pasta --config-net -- client`, as the unprivileged `ferrytest` user).
+//! (`pasta --config-net -- client`, as the unprivileged `ferrytest` user) and
+//! `pasta-2026` (the same with the newest pasta, built by scripts/build-peers.sh).
+//! A configuration can be traced: its runs' system calls counted by `perf record`.
 //!
 //! Each configuration turns a client argv into a run; [`Config::check`] is the smoke
 //! check (reach redis on the remote, read the sandbox's MTU) that decides whether the
@@ -10,6 +12,7 @@
 
 use std::ffi::OsString;
 use std::fs;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -40,8 +43,11 @@ pub enum Kind {
     },
     /// User+net namespace with slirp4netns on a tap device.
     Slirp,
-    /// `pasta --config-net`.
-    Pasta,
+    /// `pasta --config-net`: Debian's (`bin` None, from PATH) or another build.
+    Pasta {
+        /// Another pasta binary (e.g. the newest, built by scripts/build-peers.sh).
+        bin: Option<PathBuf>,
+    },
 }
 
 /// A named configuration.
@@ -51,6 +57,10 @@ pub struct Config {
     pub name: String,
     /// How it runs.
     pub kind: Kind,
+    /// Each run is recorded by `perf record -e raw_syscalls:sys_enter` (the
+    /// configuration's every process, slirp4netns too): [`RunOut::syscalls`] says who
+    /// made how many system calls. Costs time: only for runs that count, not time.
+    pub trace: bool,
 }
 
 /// What every configuration needs to run a client.
@@ -75,6 +85,16 @@ pub struct RunOut {
     /// client, ferry's server or a peer, the remote's server, softirq), when
     /// `/proc/stat` could be read.
     pub cpu_busy: Option<Duration>,
+    /// CPU time of every process of the run the harness reaped while it lasted
+    /// (`getrusage(RUSAGE_CHILDREN)`: the client, ferry with its servers and its
+    /// sandbox, slirp4netns, pasta; not the remote's servers).
+    pub cpu_children: Option<Duration>,
+    /// CPU time of the remote's servers the case talks to, over the run (filled by
+    /// the plan from `/proc/<pid>/stat`).
+    pub server_cpu: Option<Duration>,
+    /// System calls by command name (`comm`) over the run, when the configuration was
+    /// [`traced`](Config::traced); an error says why they could not be counted.
+    pub syscalls: Option<Result<Vec<(String, u64)>, String>>,
 }
 
 impl RunOut {
@@ -83,6 +103,73 @@ impl RunOut {
         let busy = self.cpu_busy.ok_or("no CPU time (/proc/stat unreadable)")?;
         Ok(busy.as_secs_f64() * 1e6 / ops)
     }
+}
+
+/// User + system CPU time of this process's reaped descendants so far.
+fn children_cpu() -> Option<Duration> {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let u = getrusage(UsageWho::RUSAGE_CHILDREN).ok()?;
+    let tv = |t: nix::sys::time::TimeVal| {
+        Duration::from_secs(u64::try_from(t.tv_sec()).ok()?)
+            .checked_add(Duration::from_micros(u64::try_from(t.tv_usec()).ok()?))
+    };
+    tv(u.user_time())?.checked_add(tv(u.system_time())?)
+}
+
+/// `perf record` of every system call entry of what follows, into `file`.
+fn perf_record(file: &Path) -> Vec<OsString> {
+    let mut v: Vec<OsString> = [
+        "perf",
+        "record",
+        "-q",
+        // No build-id pass over the data at the end (it only slows the run's end).
+        "--no-buildid",
+        "--no-buildid-cache",
+        "-m",
+        "16M",
+        "-e",
+        "raw_syscalls:sys_enter",
+        "-o",
+    ]
+    .map(OsString::from)
+    .into();
+    v.push(file.into());
+    v.push("--".into());
+    v
+}
+
+/// System calls by command name in the perf data files that exist (removed after).
+fn syscall_counts(files: &[PathBuf]) -> Result<Vec<(String, u64)>, String> {
+    let mut all: Vec<(String, u64)> = Vec::new();
+    for f in files.iter().filter(|f| f.is_file()) {
+        let out = Command::new("perf")
+            .args([
+                "report",
+                "--stdio",
+                "--sort",
+                "comm",
+                "-F",
+                "sample,comm",
+                "-i",
+            ])
+            .arg(f)
+            .output();
+        let _ = fs::remove_file(f);
+        let out = out.map_err(|e| format!("perf report: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "perf report failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        all.extend(parse::perf_comm_counts(&String::from_utf8_lossy(
+            &out.stdout,
+        ))?);
+    }
+    if all.is_empty() {
+        return Err("perf recorded nothing".into());
+    }
+    Ok(all)
 }
 
 /// The machine's busy CPU time so far (see [`parse::proc_stat_busy`]).
@@ -118,6 +205,7 @@ impl Config {
         Config {
             name: "native".into(),
             kind: Kind::Native,
+            trace: false,
         }
     }
 
@@ -136,6 +224,7 @@ impl Config {
                 extra: Vec::new(),
                 bin: None,
             },
+            trace: false,
         }
     }
 
@@ -149,6 +238,7 @@ impl Config {
                 extra: extra.iter().map(|s| (*s).to_owned()).collect(),
                 bin: None,
             },
+            trace: false,
         }
     }
 
@@ -163,6 +253,7 @@ impl Config {
                 extra: Vec::new(),
                 bin: Some(bin.to_owned()),
             },
+            trace: false,
         }
     }
 
@@ -179,14 +270,35 @@ impl Config {
         Config {
             name: "slirp4netns".into(),
             kind: Kind::Slirp,
+            trace: false,
         }
     }
 
-    /// pasta.
+    /// pasta (Debian's, from PATH).
     pub fn pasta() -> Config {
         Config {
             name: "pasta".into(),
-            kind: Kind::Pasta,
+            kind: Kind::Pasta { bin: None },
+            trace: false,
+        }
+    }
+
+    /// pasta from another build (`bin`), with the same options as [`Config::pasta`].
+    pub fn pasta_build(name: &str, bin: &Path) -> Config {
+        Config {
+            name: name.into(),
+            kind: Kind::Pasta {
+                bin: Some(bin.to_owned()),
+            },
+            trace: false,
+        }
+    }
+
+    /// The same configuration with its runs' system calls counted (see [`Config::trace`]).
+    pub fn traced(&self) -> Config {
+        Config {
+            trace: true,
+            ..self.clone()
         }
     }
 
@@ -205,20 +317,19 @@ impl Config {
         }
     }
 
-    /// Runs `client` in this configuration, killed after `timeout`. `pin` runs the
-    /// whole configuration (client, ferry's server, slirp4netns, pasta) on one CPU.
-    pub fn run(
+    /// The argv that runs `client` in this configuration (`stats`: ferry's
+    /// `--stats-json` file), without the slirp4netns helper and the tracer.
+    fn argv(
         &self,
         client: &[String],
-        timeout: Duration,
         pin: Option<usize>,
+        stats: Option<&Path>,
         env: &Env,
-    ) -> Result<RunOut, ExecError> {
+    ) -> Vec<OsString> {
         let mut argv: Vec<OsString> = Vec::new();
         if let Some(cpu) = pin {
             argv.extend(["taskset".into(), "-c".into(), cpu.to_string().into()]);
         }
-        let stats_file = self.is_ferry().then(|| stats_path(&env.runs_dir));
         match &self.kind {
             Kind::Native => {}
             Kind::Ferry {
@@ -229,8 +340,9 @@ impl Config {
             } => {
                 argv.push(bin.as_ref().unwrap_or(&env.ferry).clone().into());
                 argv.push("run".into());
-                argv.push("--stats-json".into());
-                argv.push(stats_file.clone().unwrap_or_default().into());
+                if let Some(f) = stats {
+                    argv.extend(["--stats-json".into(), f.into()]);
+                }
                 if let Some(s) = spin {
                     argv.extend(["--spin".into(), s.into()]);
                 }
@@ -246,18 +358,44 @@ impl Config {
                 );
                 argv.extend(["sh".into(), "-c".into(), WAIT_TAP.into(), "sh".into()]);
             }
-            Kind::Pasta => {
+            Kind::Pasta { bin } => {
                 argv.extend(["runuser", "-u", PASTA_USER, "--"].map(OsString::from));
-                argv.extend(["pasta", "--config-net", "-q", "--"].map(OsString::from));
+                argv.push(bin.as_ref().map_or_else(|| "pasta".into(), |b| b.into()));
+                argv.extend(["--config-net", "-q", "--"].map(OsString::from));
             }
         }
         argv.extend(client.iter().map(OsString::from));
+        argv
+    }
+
+    /// Runs `client` in this configuration, killed after `timeout`. `pin` runs the
+    /// whole configuration (client, ferry's server, slirp4netns, pasta) on one CPU.
+    pub fn run(
+        &self,
+        client: &[String],
+        timeout: Duration,
+        pin: Option<usize>,
+        env: &Env,
+    ) -> Result<RunOut, ExecError> {
+        let stats_file = self
+            .is_ferry()
+            .then(|| stats_path(&env.runs_dir, "stats", "json"));
+        let trace_files = self.trace.then(|| {
+            let f = stats_path(&env.runs_dir, "syscalls", "data");
+            (f.clone(), f.with_extension("slirp.data"))
+        });
+        let mut argv = self.argv(client, pin, stats_file.as_deref(), env);
+        if let Some((f, _)) = &trace_files {
+            argv.splice(0..0, perf_record(f));
+        }
         let mut cmd = Command::new(&argv[0]);
         cmd.args(&argv[1..]);
         let busy_before = machine_busy();
+        let children_before = children_cpu();
         let outcome = if self.kind == Kind::Slirp {
+            let slirp_trace = trace_files.as_ref().map(|(_, s)| s.clone());
             exec::run_with(&mut cmd, timeout, &env.stop, |pid| {
-                start_slirp(pid, pin, &env.stop)
+                start_slirp(pid, pin, slirp_trace.as_deref(), &env.stop)
             })?
         } else {
             exec::run(&mut cmd, timeout, &env.stop)?
@@ -267,14 +405,104 @@ impl Config {
             let _ = fs::remove_file(&f);
             s.and_then(|s| parse::ferry_stats(&s).ok())
         });
+        let syscalls = trace_files.map(|(main, slirp)| syscall_counts(&[main, slirp]));
         let cpu_busy = busy_before
             .zip(machine_busy())
+            .map(|(a, b)| b.saturating_sub(a));
+        let cpu_children = children_before
+            .zip(children_cpu())
             .map(|(a, b)| b.saturating_sub(a));
         Ok(RunOut {
             outcome,
             stats,
             cpu_busy,
+            cpu_children,
+            server_cpu: None,
+            syscalls,
         })
+    }
+
+    /// Wall time of one run of `client` (start-up: `true`) in this configuration, timed
+    /// more finely than [`Config::run`] (a blocking wait, no output captured). Fails
+    /// when the run fails or lasts beyond `timeout`.
+    pub fn time_once(
+        &self,
+        client: &[String],
+        timeout: Duration,
+        env: &Env,
+    ) -> Result<Duration, String> {
+        let argv = self.argv(client, None, None, env);
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .process_group(0);
+        let start = Instant::now();
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {:?}: {e}", argv[0]))?;
+        let mut group = exec::Group::new(&child);
+        let _slirp = (self.kind == Kind::Slirp)
+            .then(|| start_slirp(child.id(), None, None, &env.stop))
+            .flatten();
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(s)) => break Ok(s),
+                Ok(None) if start.elapsed() < timeout && !env.stop.is_set() => {
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                Ok(None) => break Err("timed out or interrupted".to_owned()),
+                Err(e) => break Err(format!("wait: {e}")),
+            }
+        };
+        let took = start.elapsed();
+        group.kill_now();
+        let status = status?;
+        if status.success() {
+            return Ok(took);
+        }
+        let mut err = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            use std::io::Read as _;
+            let _ = e.read_to_string(&mut err);
+        }
+        let last = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        Err(format!("{status}: {}", last.trim()))
+    }
+
+    /// What this configuration lacks beyond the common tools: its pasta binary, or
+    /// `perf` when traced; (why, how to fix).
+    fn missing_tool(&self) -> Option<(String, &'static str)> {
+        if let Kind::Pasta { bin } = &self.kind {
+            let found = match bin {
+                Some(b) => b.is_file(),
+                None => which("pasta").is_some(),
+            };
+            if !found {
+                return Some(match bin {
+                    Some(b) => (
+                        format!("{} not found", b.display()),
+                        "FERRY_PASTA_SRC=DIR scripts/build-peers.sh (DIR: a passt source tree)",
+                    ),
+                    None => (
+                        "`pasta` not found in PATH".to_owned(),
+                        "scripts/install-deps.sh (or: apt-get install passt)",
+                    ),
+                });
+            }
+        }
+        if self.trace && which("perf").is_none() {
+            return Some((
+                "`perf` not found (system calls are counted with perf record)".into(),
+                "scripts/install-deps.sh (or: apt-get install linux-perf)",
+            ));
+        }
+        None
     }
 
     /// Smoke check: the tools exist, the client reaches redis on the remote
@@ -297,13 +525,15 @@ impl Config {
             Kind::Native => &["redis-cli"],
             Kind::Ferry { .. } => &["redis-cli"],
             Kind::Slirp => &["redis-cli", "slirp4netns", "unshare", "ip"],
-            Kind::Pasta => &["redis-cli", "pasta", "runuser", "ip"],
+            Kind::Pasta { .. } => &["redis-cli", "runuser", "ip"],
         };
+        if let Some((why, fix)) = self.missing_tool() {
+            return skip(why, fix);
+        }
         for t in tools {
             if which(t).is_none() {
                 let fix = match *t {
                     "slirp4netns" => "scripts/install-deps.sh (or: apt-get install slirp4netns)",
-                    "pasta" => "scripts/install-deps.sh (or: apt-get install passt)",
                     _ => "scripts/install-deps.sh",
                 };
                 return skip(format!("`{t}` not found in PATH"), fix);
@@ -315,7 +545,7 @@ impl Config {
                 "cargo build --release --workspace",
             );
         }
-        if self.kind == Kind::Pasta {
+        if matches!(self.kind, Kind::Pasta { .. }) {
             let user_ok = Command::new("id")
                 .arg(PASTA_USER)
                 .output()
@@ -336,7 +566,9 @@ impl Config {
         if !out.success() || !out.stdout.contains("PONG") {
             let fix = match self.kind {
                 Kind::Slirp => "scripts/install-deps.sh; unprivileged user namespaces must work",
-                Kind::Pasta => "scripts/install-deps.sh (makes /dev/net/tun 0666, adds ferrytest)",
+                Kind::Pasta { .. } => {
+                    "scripts/install-deps.sh (makes /dev/net/tun 0666, adds ferrytest)"
+                }
                 _ => "see the error; scripts/install-deps.sh",
             };
             let why = if out.success() {
@@ -373,27 +605,37 @@ const WAIT_TAP: &str = "i=0; while ! ip -o -4 addr show dev tap0 2>/dev/null | g
     sleep 0.01; done; exec \"$@\"";
 
 /// Starts slirp4netns for the namespace of `pid` (the `unshare` process) once it exists.
-fn start_slirp(pid: u32, pin: Option<usize>, stop: &Interrupt) -> Option<Daemon> {
+/// `trace`: recorded by `perf record` into that file.
+fn start_slirp(
+    pid: u32,
+    pin: Option<usize>,
+    trace: Option<&Path>,
+    stop: &Interrupt,
+) -> Option<Daemon> {
     let me = fs::read_link("/proc/self/ns/net").ok()?;
     let end = Instant::now() + Duration::from_secs(5);
-    loop {
-        match fs::read_link(format!("/proc/{pid}/ns/net")) {
-            Ok(ns) if ns != me => break,
-            Ok(_) if Instant::now() < end && !stop.is_set() => {
+    // The run's first process in a namespace of its own (`unshare`, or its child when
+    // `perf record` runs it).
+    let pid = loop {
+        let inside = exec::with_descendants(pid)
+            .into_iter()
+            .find(|p| fs::read_link(format!("/proc/{p}/ns/net")).is_ok_and(|ns| ns != me));
+        match inside {
+            Some(p) => break p,
+            None if Instant::now() < end && !stop.is_set() => {
                 std::thread::sleep(Duration::from_millis(2));
             }
-            _ => return None,
+            None => return None,
         }
-    }
-    let mut cmd = match pin {
-        Some(cpu) => {
-            let mut c = Command::new("taskset");
-            c.args(["-c", &cpu.to_string(), "slirp4netns"]);
-            c
-        }
-        None => Command::new("slirp4netns"),
     };
-    cmd.args(["--configure", "--mtu=65520", "--disable-host-loopback"])
+    let mut argv: Vec<OsString> = trace.map(perf_record).unwrap_or_default();
+    if let Some(cpu) = pin {
+        argv.extend(["taskset".into(), "-c".into(), cpu.to_string().into()]);
+    }
+    argv.push("slirp4netns".into());
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..])
+        .args(["--configure", "--mtu=65520", "--disable-host-loopback"])
         .arg(pid.to_string())
         .arg("tap0")
         .stdout(std::process::Stdio::null())
@@ -401,10 +643,14 @@ fn start_slirp(pid: u32, pin: Option<usize>, stop: &Interrupt) -> Option<Daemon>
     Daemon::spawn("slirp4netns", &mut cmd).ok()
 }
 
-fn stats_path(dir: &Path) -> PathBuf {
+/// A fresh file name in `dir`: `{prefix}-{n}.{ext}`.
+fn stats_path(dir: &Path, prefix: &str, ext: &str) -> PathBuf {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
-    dir.join(format!("stats-{}.json", N.fetch_add(1, Ordering::Relaxed)))
+    dir.join(format!(
+        "{prefix}-{}.{ext}",
+        N.fetch_add(1, Ordering::Relaxed)
+    ))
 }
 
 /// The full path of `program` in PATH (plus the sbin directories).

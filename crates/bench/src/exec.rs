@@ -372,6 +372,26 @@ impl Drop for Daemon {
     }
 }
 
+/// `pid` and every process below it (`/proc/<pid>/task/*/children`).
+pub fn with_descendants(pid: u32) -> Vec<u32> {
+    let mut all = vec![pid];
+    let mut i = 0;
+    while i < all.len() && all.len() < 256 {
+        let p = all[i];
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
+            for t in tasks.flatten() {
+                let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+                all.extend(
+                    kids.split_whitespace()
+                        .filter_map(|k| k.parse::<u32>().ok()),
+                );
+            }
+        }
+        i += 1;
+    }
+    all
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

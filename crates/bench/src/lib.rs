@@ -1,17 +1,20 @@
 //! `ferry bench`: ferry's benchmark harness. It owns the benchmark topology (a "remote"
 //! namespace over two veth pairs with iperf3, sockperf (TCP and UDP), redis and nginx
 //! servers), the configurations that run the same client binary (native, ferry with its
-//! knobs, ferry in nic mode, slirp4netns, pasta) and their smoke checks, the experiments
+//! knobs, ferry in nic mode, slirp4netns, Debian's pasta and the newest one built by
+//! scripts/build-peers.sh) and their smoke checks, the experiments
 //! of the team's BENCHMARKS.md (E1 bandwidth vs buffer size, E2 RTT and wakes vs spin
 //! span, E3 CPU interference, E4 batching, E5 nic mode's per-packet overhead by stage,
 //! its MTU and its NIC servers, E6 file → socket with data-path modules, E7 several
-//! protocol servers and paths, R1 real clients, nic mode among them; one file each behind
+//! protocol servers and paths, R1 real clients, nic mode among them, R2 short
+//! connections, CPU and system calls per request, start-up; one file each behind
 //! the [`Experiment`] trait), the method (warm-up, alternating
 //! repetitions, medians with min/max, per-run timeouts, failures recorded and shown),
 //! and the outputs: terminal table, `results.csv`, one PNG per experiment, `report.md`.
 //!
 //! It measures and reports; it never asserts a time. The `ferry-burner` binary (the
-//! FLOPS process of E3) lives here too. The CLI front end is `ferry bench` in
+//! FLOPS process of E3) lives here too, and R2's C client (`c/shortconn.c`, compiled
+//! when R2 runs). The CLI front end is `ferry bench` in
 //! `crates/ferry`.
 #![deny(unsafe_code)]
 
@@ -55,8 +58,11 @@ pub struct Options {
     /// R1 also runs ferry with `--unconfined` beside it (the cost of the servers'
     /// seccomp filter and dropped capabilities).
     pub unconfined_too: bool,
-    /// R1 and E2 also run ferry from another build (`ferry-base`): before/after.
+    /// R1, R2 and E2 also run ferry from another build (`ferry-base`): before/after.
     pub baseline: Option<PathBuf>,
+    /// The newest pasta (scripts/build-peers.sh), run as `pasta-2026` beside Debian's
+    /// `pasta`; None: that configuration is skipped, and the report says how to build it.
+    pub pasta_2026: Option<PathBuf>,
 }
 
 /// Why the harness stopped.
@@ -171,7 +177,11 @@ fn run_all(o: &Options) -> Result<Summary, Error> {
         bed.host_ip(),
         bed.mtu
     );
-    let (ready, skipped) = check_all(&remote, bed.mtu, &env)?;
+    let pasta_2026 = match &o.pasta_2026 {
+        Some(p) => Some(copy_exec(p, &bed.scratch().join("bin").join("pasta-2026"))?),
+        None => None,
+    };
+    let (ready, skipped) = check_all(&remote, bed.mtu, pasta_2026.as_deref(), &env)?;
     let settings = experiments::Settings {
         quick: o.quick,
         remote,
@@ -180,6 +190,7 @@ fn run_all(o: &Options) -> Result<Summary, Error> {
         host_ip: bed.host_ip().to_string(),
         burner: env.ferry.with_file_name("ferry-burner"),
         e6_bin: env.ferry.with_file_name("ferry-e6"),
+        shortconn: env.ferry.with_file_name("ferry-shortconn"),
         e6_dir: bed.scratch().join("e6"),
         unconfined_too: o.unconfined_too,
         baseline: o.baseline.clone(),
@@ -300,6 +311,15 @@ fn snapshot(ferry: &Path, dir: &Path) -> Result<(PathBuf, String), Error> {
     Ok((dir.join("ferry"), line))
 }
 
+/// Copies the executable `from` to `to` (mode 0755: pasta runs it as an unprivileged
+/// user, who may not reach the build tree).
+fn copy_exec(from: &Path, to: &Path) -> Result<PathBuf, Error> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::copy(from, to).map_err(output_err(to))?;
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o755)).map_err(output_err(to))?;
+    Ok(to.to_owned())
+}
+
 /// `YYYY-MM-DD HH:MM UTC` of a Unix time (civil-from-days, proleptic Gregorian).
 fn utc(secs: u64) -> String {
     let days = (secs / 86_400) as i64;
@@ -325,18 +345,41 @@ pub fn say(bar: &ProgressBar, msg: &str) {
     }
 }
 
-/// Smoke-checks native, ferry (socket and nic mode), slirp4netns and pasta; prints each
-/// verdict.
-fn check_all(remote: &str, mtu: u32, env: &Env) -> Result<(Vec<Ready>, Vec<Skipped>), Error> {
+/// Smoke-checks native, ferry (socket and nic mode), slirp4netns, pasta and the newest
+/// pasta (`pasta_2026`: skipped, saying how to build it, when None); prints each verdict.
+fn check_all(
+    remote: &str,
+    mtu: u32,
+    pasta_2026: Option<&Path>,
+    env: &Env,
+) -> Result<(Vec<Ready>, Vec<Skipped>), Error> {
     let mut ready = Vec::new();
     let mut skipped = Vec::new();
-    for c in [
+    let mut configs = vec![
         Config::native(),
         Config::ferry(),
         Config::ferry_nic("ferry-nic", &[]),
         Config::slirp(),
         Config::pasta(),
-    ] {
+    ];
+    match pasta_2026 {
+        Some(p) => configs.push(Config::pasta_build("pasta-2026", p)),
+        None => {
+            let s = Skipped {
+                name: "pasta-2026".into(),
+                reason: "no newest pasta built (target/peers/pasta beside target/release, or \
+                         FERRY_PASTA_2026 / --pasta-2026)"
+                    .into(),
+                fix: "FERRY_PASTA_SRC=DIR scripts/build-peers.sh, DIR a passt source tree".into(),
+            };
+            println!(
+                "configuration {:<12} SKIPPED: {} (fix: {})",
+                s.name, s.reason, s.fix
+            );
+            skipped.push(s);
+        }
+    }
+    for c in configs {
         match c.check(remote, mtu, env)? {
             Ok(r) => {
                 println!("configuration {:<12} ready ({})", r.config.name, r.mtu);

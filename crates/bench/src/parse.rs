@@ -346,6 +346,81 @@ pub fn proc_stat_busy(stat: &str) -> Result<u64, String> {
     Ok(f[0] + f[1] + f[2] + f[5] + f[6])
 }
 
+/// A thread's time on a CPU in nanoseconds, from its `/proc/<pid>/task/<tid>/schedstat`
+/// (`run_ns wait_ns timeslices`).
+pub fn schedstat_run_ns(schedstat: &str) -> Result<u64, String> {
+    let v = schedstat
+        .split_whitespace()
+        .next()
+        .ok_or("schedstat is empty")?;
+    v.parse()
+        .map_err(|_| format!("schedstat: bad number {v:?}"))
+}
+
+/// System calls by command name from `perf report --stdio --sort comm -F sample,comm`
+/// (one `COUNT COMM` line each). Fails when perf says it lost samples: the counts
+/// would be short.
+pub fn perf_comm_counts(report: &str) -> Result<Vec<(String, u64)>, String> {
+    let lost = report
+        .lines()
+        .find_map(|l| l.strip_prefix("# Total Lost Samples:"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    if lost > 0 {
+        return Err(format!(
+            "perf lost {lost} samples: the counts would be short"
+        ));
+    }
+    let mut out = Vec::new();
+    for l in report.lines() {
+        let l = l.trim();
+        if l.is_empty() || l.starts_with('#') {
+            continue;
+        }
+        let (n, comm) = l
+            .split_once(char::is_whitespace)
+            .ok_or_else(|| format!("perf report: unexpected line {l:?}"))?;
+        let n = n
+            .parse()
+            .map_err(|_| format!("perf report: bad count in {l:?}"))?;
+        out.push((comm.trim().to_owned(), n));
+    }
+    Ok(out)
+}
+
+/// Connections completed and seconds spent, from `ferry-shortconn client`'s last line
+/// (`connections N seconds S`).
+pub fn shortconn(out: &str) -> Result<(u64, f64), String> {
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("connections "))
+        .ok_or("ferry-shortconn printed no `connections` line")?;
+    let w: Vec<&str> = line.split_whitespace().collect();
+    match w.as_slice() {
+        ["connections", n, "seconds", s] => {
+            let n: u64 = n.parse().map_err(|_| format!("bad count in {line:?}"))?;
+            let s: f64 = s.parse().map_err(|_| format!("bad seconds in {line:?}"))?;
+            if n == 0 || s <= 0.0 {
+                return Err(format!("no connection completed: {line:?}"));
+            }
+            Ok((n, s))
+        }
+        _ => Err(format!("unexpected line {line:?}")),
+    }
+}
+
+/// Requests wrk completed (`N requests in …`).
+pub fn wrk_requests(out: &str) -> Result<u64, String> {
+    out.lines()
+        .find_map(|l| {
+            let (n, rest) = l.trim().split_once(' ')?;
+            rest.starts_with("requests in ").then(|| n.parse().ok())?
+        })
+        .filter(|n| *n > 0)
+        .ok_or_else(|| "wrk printed no `N requests in` line".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -456,5 +531,40 @@ sockperf: ---> percentile 50.000 =   10.609
         assert!(proc_stat_busy("intr 1 2 3\n").is_err());
         assert!(proc_stat_busy("cpu 1 2 x 4 5 6 7\n").is_err());
         assert!(proc_stat_busy("cpu 1 2 3\n").is_err());
+    }
+
+    #[test]
+    fn schedstat_is_run_time_first() {
+        assert_eq!(schedstat_run_ns("130594 765744 2\n"), Ok(130_594));
+        assert!(schedstat_run_ns("").is_err());
+        assert!(schedstat_run_ns("x 1 2").is_err());
+    }
+
+    #[test]
+    fn perf_counts_by_command() {
+        let r = "# Total Lost Samples: 0\n#\n# Samples: 365  of event 'raw_syscalls:sys_enter'\n\
+                 #\n#      Samples  Command\n# ............  .......\n#\n\
+                 \x20          118  cat    \n           147  ferry-servers\n\n#\n";
+        assert_eq!(
+            perf_comm_counts(r),
+            Ok(vec![("cat".into(), 118), ("ferry-servers".into(), 147)])
+        );
+        let lost = "# Total Lost Samples: 12\n           118  cat\n";
+        assert!(perf_comm_counts(lost).unwrap_err().contains("lost 12"));
+        assert!(perf_comm_counts("  x cat\n").is_err());
+    }
+
+    #[test]
+    fn shortconn_and_wrk_counts() {
+        assert_eq!(
+            shortconn("warming\nconnections 11767 seconds 1.000061\n"),
+            Ok((11767, 1.000061))
+        );
+        assert!(shortconn("connections 0 seconds 1.0\n").is_err());
+        assert!(shortconn("ferry-shortconn client: connect: refused\n").is_err());
+        let wrk = "Running 3s test @ http://10.0.0.2/index.html\n  1 threads and 4 connections\n\
+                   \x20 24853 requests in 3.00s, 29.80MB read\nRequests/sec:   8284.21\n";
+        assert_eq!(wrk_requests(wrk), Ok(24853));
+        assert!(wrk_requests("Requests/sec: 1\n").is_err());
     }
 }

@@ -292,9 +292,13 @@ fn status(bar: &ProgressBar, msg: String) {
 
 /// One run of a case: metrics, or (why it failed, whether it timed out).
 fn run_once(b: &mut Bench<'_>, case: &Case) -> Result<RunResult, ExecError> {
-    let out = case
+    let server_before = b.bed.cpu_of(&case.servers);
+    let mut out = case
         .config
         .run(&case.client, case.timeout, case.pin, b.env)?;
+    out.server_cpu = server_before
+        .zip(b.bed.cpu_of(&case.servers))
+        .map(|(a, z)| z.saturating_sub(a));
     let result = if out.outcome.success() {
         (case.extract)(&out).map_err(|e| (e, false))
     } else {

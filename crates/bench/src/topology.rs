@@ -40,6 +40,8 @@ pub const HTTP_PORT: u16 = 80;
 pub const HTTP_FILE: &str = "file-16k.bin";
 /// E6's requester (`ferry-e6 requester`), started only for E6.
 pub const E6_PORT: u16 = 5300;
+/// R2's short-connection server (`ferry-shortconn server`), started only for R2.
+pub const SHORTCONN_PORT: u16 = 5400;
 
 /// Why the testbed could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +82,8 @@ pub struct Testbed {
     pub mtu: u32,
     /// `ferry-e6`, once E6's requester was started.
     e6_bin: Option<PathBuf>,
+    /// `ferry-shortconn`, once R2's server was started.
+    shortconn_bin: Option<PathBuf>,
 }
 
 /// A scratch directory under the system temp dir (so nginx's unprivileged workers can
@@ -125,6 +129,7 @@ impl Testbed {
             scratch,
             mtu,
             e6_bin: None,
+            shortconn_bin: None,
         };
         bed.write_site()?;
         for port in [
@@ -193,6 +198,31 @@ impl Testbed {
     pub fn start_e6(&mut self, bin: &Path) -> Result<(), TopologyError> {
         self.e6_bin = Some(bin.to_owned());
         self.start(E6_PORT)
+    }
+
+    /// Starts R2's short-connection server (`bin server`) in the remote namespace.
+    pub fn start_shortconn(&mut self, bin: &Path) -> Result<(), TopologyError> {
+        self.shortconn_bin = Some(bin.to_owned());
+        self.start(SHORTCONN_PORT)
+    }
+
+    /// CPU time used so far by the servers on `ports` (each with its child processes,
+    /// e.g. nginx's worker, and every thread), from the nanosecond run times of
+    /// `/proc/<pid>/task/*/schedstat`; None when a server or its times cannot be read.
+    pub fn cpu_of(&self, ports: &[u16]) -> Option<Duration> {
+        let mut ns = 0;
+        for port in ports {
+            let (_, d) = self.servers.iter().find(|(p, _)| p == port)?;
+            for pid in crate::exec::with_descendants(d.pid()) {
+                for task in fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+                    // A thread that ended between the listing and the read counts 0.
+                    if let Ok(s) = fs::read_to_string(task.path().join("schedstat")) {
+                        ns += crate::parse::schedstat_run_ns(&s).ok()?;
+                    }
+                }
+            }
+        }
+        Some(Duration::from_nanos(ns))
     }
 
     fn write_site(&self) -> Result<(), TopologyError> {
@@ -282,6 +312,15 @@ impl Testbed {
                 c.args(["--appendonly", "no", "--protected-mode", "no"]);
                 c.arg("--dir").arg(&dir);
                 ("redis-server", c)
+            }
+            SHORTCONN_PORT => {
+                let bin = self
+                    .shortconn_bin
+                    .clone()
+                    .unwrap_or_else(|| "ferry-shortconn".into());
+                let mut c = self.remote.command(&bin.to_string_lossy());
+                c.args(["server", &ip, &port.to_string()]);
+                ("ferry-shortconn server", c)
             }
             E6_PORT => {
                 let bin = self.e6_bin.clone().unwrap_or_else(|| "ferry-e6".into());

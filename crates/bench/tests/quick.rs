@@ -112,3 +112,106 @@ fn quick_e1_e2_writes_every_output() {
         assert!(report.contains(needle), "report.md lacks {needle}");
     }
 }
+
+/// R2 end to end: the C client is built and its server started, every configuration
+/// that is ready gets its rates, CPU per request, start-up and (with perf) system calls
+/// per request, and the report has the table of ratios to native.
+#[test]
+fn quick_r2_measures_every_row() {
+    if !is_root() {
+        eprintln!("SKIP quick_r2_measures_every_row: needs root (remote namespace)");
+        return;
+    }
+    let Some(ferry) = ferry_binary() else {
+        eprintln!(
+            "SKIP quick_r2_measures_every_row: target/release/ferry missing (cargo build --release --workspace)"
+        );
+        return;
+    };
+    let out =
+        TempOut(std::env::temp_dir().join(format!("ferry-bench-r2-test-{}", std::process::id())));
+    let run = Command::new(&ferry)
+        .args(["bench", "--quick", "--runs", "1", "R2", "--out"])
+        .arg(&out.0)
+        .output()
+        .expect("run ferry bench");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "ferry bench failed\n{stdout}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let csv = std::fs::read_to_string(out.0.join("results.csv")).expect("results.csv");
+    let has = |config: &str, param: &str, metric: &str| {
+        csv.lines().any(|l| {
+            let c = csv_fields(l);
+            c.len() >= 9
+                && c[1] == config
+                && c[2] == param
+                && c[3] == metric
+                && c[5].parse::<f64>().is_ok_and(|v| v > 0.0)
+        })
+    };
+    let perf = Command::new("perf").arg("--version").output().is_ok();
+    for config in ["native", "ferry"] {
+        for (param, metric) in [
+            ("short conn (C)", "rate"),
+            ("short conn (C)", "CPU/req client side"),
+            ("short conn (C)", "CPU/req server side"),
+            ("wrk Connection: close", "rate"),
+            ("redis GET -P 1", "CPU/req total"),
+            ("start-up", "p50"),
+            ("start-up", "p90"),
+        ] {
+            assert!(
+                has(config, param, metric),
+                "no {config} {param} {metric}\n{csv}"
+            );
+        }
+        if perf {
+            assert!(
+                has(config, "redis GET -P 1, syscalls", "syscalls/req program"),
+                "no {config} system calls\n{csv}"
+            );
+        }
+    }
+    if perf {
+        assert!(has(
+            "ferry",
+            "short conn (C), syscalls",
+            "syscalls/req ferry servers"
+        ));
+    }
+    let report = std::fs::read_to_string(out.0.join("report.md")).expect("report.md");
+    assert!(
+        report.contains("| test | metric | unit | native | ferry |"),
+        "{report}"
+    );
+    let png = std::fs::read(out.0.join("r2.png")).expect("r2.png");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "r2.png is not a PNG");
+}
+
+/// The fields of a CSV line (a field in double quotes may hold commas; `""` is a quote).
+fn csv_fields(line: &str) -> Vec<String> {
+    let mut out = vec![String::new()];
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(ch) = chars.next() {
+        match (ch, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                chars.next();
+                if let Some(f) = out.last_mut() {
+                    f.push('"');
+                }
+            }
+            ('"', _) => quoted = !quoted,
+            (',', false) => out.push(String::new()),
+            (ch, _) => {
+                if let Some(f) = out.last_mut() {
+                    f.push(ch);
+                }
+            }
+        }
+    }
+    out
+}

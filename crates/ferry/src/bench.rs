@@ -10,7 +10,8 @@ pub struct BenchArgs {
     /// Experiments to run: E1 (bandwidth vs buffer size), E2 (RTT and wakes vs spin),
     /// E3 (CPU interference), E4 (batching), E5 (nic mode: per-packet overhead by stage,
     /// MTU, NIC servers), E6 (file → socket: read/write vs sendfile vs module), E7
-    /// (several servers and paths), R1 (real clients, nic mode among them). Default: all.
+    /// (several servers and paths), R1 (real clients, nic mode among them), R2 (short
+    /// connections, CPU and system calls per request, start-up). Default: all.
     #[arg(value_name = "EXPERIMENT", value_parser = experiments::parse)]
     pub experiments: Vec<&'static dyn Experiment>,
     /// Short runs and few points (a few minutes); 2 runs unless --runs is given.
@@ -26,11 +27,34 @@ pub struct BenchArgs {
     /// seccomp filter and dropped capabilities cost, in the same run).
     #[arg(long)]
     pub unconfined_too: bool,
-    /// R1 and E2 also run ferry from another build (its `ferry` binary, with
+    /// R1, R2 and E2 also run ferry from another build (its `ferry` binary, with
     /// libferry_preload.so beside it) as `ferry-base`, alternating with this one: a
     /// before/after comparison of a change in the same run.
     #[arg(long, value_name = "FERRY")]
     pub baseline: Option<PathBuf>,
+    /// The newest pasta, run as `pasta-2026` beside Debian's `pasta` (default:
+    /// $FERRY_PASTA_2026, else ../peers/pasta next to this ferry's directory, where
+    /// `FERRY_PASTA_SRC=DIR scripts/build-peers.sh` puts it; skipped when none).
+    #[arg(long = "pasta-2026", value_name = "PASTA")]
+    pub pasta_2026: Option<PathBuf>,
+}
+
+/// The newest pasta: the flag, else $FERRY_PASTA_2026, else `../peers/pasta` beside
+/// ferry's directory (target/peers/pasta for target/release/ferry), if it is a file.
+fn newest_pasta(flag: Option<PathBuf>, ferry: &std::path::Path) -> Result<Option<PathBuf>, String> {
+    let given = flag.or_else(|| std::env::var_os("FERRY_PASTA_2026").map(PathBuf::from));
+    if let Some(p) = given {
+        return match p.canonicalize() {
+            Ok(c) if c.is_file() => Ok(Some(c)),
+            Ok(c) => Err(format!("pasta {}: not a file", c.display())),
+            Err(e) => Err(format!("pasta {}: {e}", p.display())),
+        };
+    }
+    let near = ferry
+        .parent()
+        .and_then(|d| d.parent())
+        .map(|t| t.join("peers/pasta"));
+    Ok(near.filter(|p| p.is_file()))
 }
 
 pub fn main(a: BenchArgs) -> i32 {
@@ -54,6 +78,13 @@ pub fn main(a: BenchArgs) -> i32 {
         }
     };
     let ferry = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("ferry"));
+    let pasta_2026 = match newest_pasta(a.pasta_2026, &ferry) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("ferry bench: --pasta-2026 / FERRY_PASTA_2026: {e}");
+            return 2;
+        }
+    };
     let options = Options {
         experiments,
         quick: a.quick,
@@ -63,6 +94,7 @@ pub fn main(a: BenchArgs) -> i32 {
         command: std::env::args().collect::<Vec<_>>().join(" "),
         unconfined_too: a.unconfined_too,
         baseline,
+        pasta_2026,
     };
     match ferry_bench::run(&options) {
         Ok(s) => {

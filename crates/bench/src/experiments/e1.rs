@@ -66,7 +66,14 @@ impl Experiment for E1 {
 fn cases(s: &Settings, ready: &[Config]) -> Vec<Case> {
     let mut configs = pick(
         ready,
-        &["native", "ferry", "ferry-nic", "slirp4netns", "pasta"],
+        &[
+            "native",
+            "ferry",
+            "ferry-nic",
+            "slirp4netns",
+            "pasta",
+            "pasta-2026",
+        ],
     );
     configs.extend(ferry_variant(ready, "ferry-spin0", Some("0"), None));
     configs.extend(ferry_variant(ready, "ferry-spin1ms", Some("1ms"), None));

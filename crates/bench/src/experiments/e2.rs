@@ -71,7 +71,10 @@ fn cases(s: &Settings, ready: &[Config]) -> Vec<Case> {
     let spins: &[u32] = if s.quick { &[0, 50, 200] } else { &SPINS_US };
     // nic mode is a reference line like the peers (its NIC server's spin is
     // `--server-spin`, not the shim's `--spin`).
-    let mut plain = pick(ready, &["native", "ferry-nic", "slirp4netns", "pasta"]);
+    let mut plain = pick(
+        ready,
+        &["native", "ferry-nic", "slirp4netns", "pasta", "pasta-2026"],
+    );
     if let Some(base) = s
         .baseline
         .as_ref()

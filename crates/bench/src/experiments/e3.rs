@@ -93,7 +93,7 @@ fn cases(s: &Settings, ready: &[Config]) -> Vec<Case> {
     let mut configs = pick(ready, &["native", "ferry"]);
     configs.extend(ferry_variant(ready, "ferry-spin0", Some("0"), None));
     configs.extend(ferry_variant(ready, "ferry-spin1ms", Some("1ms"), None));
-    configs.extend(pick(ready, &["slirp4netns", "pasta"]));
+    configs.extend(pick(ready, &["slirp4netns", "pasta", "pasta-2026"]));
     for c in configs {
         out.push(Case {
             config: c,

@@ -5,7 +5,8 @@
 //! round trip vs spin span, E3 CPU interference, E4 batching, E5 nic mode's per-packet
 //! overhead by stage (and its MTU, and 2 NIC servers vs 1), E6 file → socket
 //! (read/write vs sendfile vs a module), E7 distribution over several protocol servers
-//! and paths, R1 real clients (nic mode among the configurations). Every case of an
+//! and paths, R1 real clients (nic mode among the configurations), R2 short
+//! connections, CPU and system calls per request, start-up. Every case of an
 //! experiment runs the same client binary. The harness, the report and the plots know
 //! an experiment only through the trait: [`ALL`] lists them, and each is given only its
 //! own rows.
@@ -28,6 +29,7 @@ pub mod e5;
 pub mod e6;
 pub mod e7;
 pub mod r1;
+pub mod r2;
 
 pub use e1::E1;
 pub use e2::E2;
@@ -37,6 +39,7 @@ pub use e5::E5;
 pub use e6::E6;
 pub use e7::E7;
 pub use r1::R1;
+pub use r2::R2;
 
 /// One experiment: what it measures, what it derives, how it is reported and drawn.
 /// Every method that takes rows is given the experiment's own rows only.
@@ -112,15 +115,15 @@ pub struct Headline {
 }
 
 /// Every experiment available, in order.
-pub static ALL: [&dyn Experiment; 8] = [&E1, &E2, &E3, &E4, &E5, &E6, &E7, &R1];
+pub static ALL: [&dyn Experiment; 9] = [&E1, &E2, &E3, &E4, &E5, &E6, &E7, &R1, &R2];
 
-/// Parses "E1" … "R1" (any case).
+/// Parses "E1" … "R2" (any case).
 pub fn parse(s: &str) -> Result<&'static dyn Experiment, String> {
     let up = s.to_ascii_uppercase();
     ALL.iter()
         .copied()
         .find(|e| e.id() == up)
-        .ok_or_else(|| format!("unknown experiment `{s}` (E1, E2, E3, E4, E5, E6, E7, R1)"))
+        .ok_or_else(|| format!("unknown experiment `{s}` (E1, E2, E3, E4, E5, E6, E7, R1, R2)"))
 }
 
 /// Durations and sizes: full, or `--quick`.
@@ -140,11 +143,13 @@ pub struct Settings {
     pub burner: PathBuf,
     /// The ferry-e6 binary.
     pub e6_bin: PathBuf,
+    /// R2's short-connection client and server (`ferry-shortconn`, compiled by R2).
+    pub shortconn: PathBuf,
     /// Where E6's files are (see [`E6_SIZES`]).
     pub e6_dir: PathBuf,
     /// R1 also runs `ferry-unconfined` (`--unconfined`).
     pub unconfined_too: bool,
-    /// R1 and E2 also run ferry from this other build (`ferry-base`), alternating with
+    /// R1, R2 and E2 also run ferry from this other build (`ferry-base`), alternating with
     /// the one measured: a before/after comparison in one run.
     pub baseline: Option<PathBuf>,
 }

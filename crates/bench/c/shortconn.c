@@ -1,0 +1,133 @@
+/* ferry-shortconn: short connections, one after another (R2 of `ferry bench`).
+ *
+ *   ferry-shortconn server IP PORT
+ *       accepts, reads the 1-byte request, answers 1 byte, closes; forever.
+ *   ferry-shortconn client IP PORT SECONDS
+ *       connect, send 1 byte, read the 1-byte reply, close, in a loop for SECONDS;
+ *       prints `connections N seconds S`. Exits 1 on the first failure.
+ *
+ * Built from this file by `ferry bench` (cc -O2) when R2 runs; plain libc, nothing
+ * else, so every configuration runs the same client binary. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+static int addr_of(const char *ip, const char *port, struct sockaddr_in *sa)
+{
+	char *end;
+	long p = strtol(port, &end, 10);
+
+	memset(sa, 0, sizeof(*sa));
+	sa->sin_family = AF_INET;
+	if (*end || p <= 0 || p > 65535 || inet_pton(AF_INET, ip, &sa->sin_addr) != 1) {
+		fprintf(stderr, "ferry-shortconn: bad address %s:%s\n", ip, port);
+		return -1;
+	}
+	sa->sin_port = htons((unsigned short)p);
+	return 0;
+}
+
+static double now(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static int serve(const struct sockaddr_in *sa)
+{
+	int one = 1, l = socket(AF_INET, SOCK_STREAM, 0);
+
+	if (l < 0 || setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) ||
+	    bind(l, (const struct sockaddr *)sa, sizeof(*sa)) || listen(l, 4096)) {
+		perror("ferry-shortconn server: listen");
+		return 1;
+	}
+	for (;;) {
+		char b;
+		int c = accept(l, NULL, NULL);
+
+		if (c < 0) {
+			if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE)
+				continue;
+			perror("ferry-shortconn server: accept");
+			return 1;
+		}
+		if (read(c, &b, 1) == 1 && write(c, &b, 1) != 1)
+			perror("ferry-shortconn server: write");
+		close(c);
+	}
+}
+
+static int one_connection(const struct sockaddr_in *sa)
+{
+	char b = 'x';
+	int s = socket(AF_INET, SOCK_STREAM, 0);
+
+	if (s < 0) {
+		perror("ferry-shortconn client: socket");
+		return -1;
+	}
+	if (connect(s, (const struct sockaddr *)sa, sizeof(*sa))) {
+		perror("ferry-shortconn client: connect");
+		close(s);
+		return -1;
+	}
+	if (write(s, &b, 1) != 1 || read(s, &b, 1) != 1) {
+		perror("ferry-shortconn client: request/reply");
+		close(s);
+		return -1;
+	}
+	close(s);
+	return 0;
+}
+
+static int client(const struct sockaddr_in *sa, const char *secs)
+{
+	char *end;
+	double span = strtod(secs, &end), start, t;
+	unsigned long n = 0;
+
+	if (*end || span <= 0) {
+		fprintf(stderr, "ferry-shortconn: bad seconds %s\n", secs);
+		return 2;
+	}
+	start = now();
+	do {
+		if (one_connection(sa))
+			return 1;
+		n++;
+		t = now() - start;
+	} while (t < span);
+	printf("connections %lu seconds %.6f\n", n, t);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct sockaddr_in sa;
+
+	signal(SIGPIPE, SIG_IGN);
+	if (argc == 4 && !strcmp(argv[1], "server")) {
+		if (addr_of(argv[2], argv[3], &sa))
+			return 2;
+		return serve(&sa);
+	}
+	if (argc == 5 && !strcmp(argv[1], "client")) {
+		if (addr_of(argv[2], argv[3], &sa))
+			return 2;
+		return client(&sa, argv[4]);
+	}
+	fprintf(stderr, "usage: ferry-shortconn server IP PORT | client IP PORT SECONDS\n");
+	return 2;
+}

@@ -330,7 +330,8 @@ fn wrk_close(s: &Settings, secs: u32) -> Test {
     }
 }
 
-/// R2's configurations: those of R1 (the baseline build among them) and both pastas.
+/// R2's configurations: those of R1 (the baseline build and the hand-off among them)
+/// and both pastas.
 fn configs(s: &Settings, ready: &[Config]) -> Vec<Config> {
     let mut configs = pick(
         ready,
@@ -344,6 +345,11 @@ fn configs(s: &Settings, ready: &[Config]) -> Vec<Config> {
         ],
     );
     let at = configs.iter().position(|c| c.name == "ferry");
+    if let Some(at) = at {
+        // The hand-off: TCP to the remote gets the host's own socket.
+        let handoff = format!("--handoff={}", s.remote);
+        configs.insert(at + 1, Config::ferry_args("ferry-handoff", &[&handoff]));
+    }
     if let (Some(base), Some(at)) = (&s.baseline, at) {
         configs.insert(at + 1, Config::ferry_build("ferry-base", base));
     }

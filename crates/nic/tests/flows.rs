@@ -738,3 +738,28 @@ fn a_flood_of_refused_frames_gets_no_more_back_than_it_sends() {
     assert!(h.host().all().is_empty());
     assert_eq!(h.stack_sockets(), 0);
 }
+
+// Rule: a flow's stack socket is reused once the flow is gone (its buffers are not
+// zeroed again), and the next flow sees none of the last one's bytes or state.
+
+#[test]
+fn a_reused_socket_carries_the_next_flow_afresh() {
+    let mut h = Harness::new();
+    for round in 0..3u8 {
+        let to = addr(&format!("198.51.100.7:{}", 80 + u16::from(round)));
+        let (c, s) = established(&mut h, to);
+        let ask = [b'a' + round; 5];
+        assert_eq!(h.write(c, &ask), 5);
+        h.host().data(s, &[b'x' + round; 7]);
+        h.run();
+        assert_eq!(h.host().view(s).sent, ask, "round {round}");
+        assert_eq!(h.read(c), [b'x' + round; 7], "round {round}");
+        // Bytes left unread on either side when the flow ends must not reach the next.
+        h.host().data(s, b"stale");
+        h.write(c, b"stale");
+        h.abort(c);
+        h.run();
+        assert_eq!(h.flows(), (0, 0), "round {round}");
+        assert_eq!(h.stack_sockets(), 0, "round {round}");
+    }
+}

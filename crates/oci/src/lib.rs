@@ -10,7 +10,7 @@
 //! * [`spec`]: the bundle's `config.json` rewritten for the real runtime: the
 //!   container's processes join the sandbox's network namespace (lo + the TAP), the
 //!   sandbox's directory is mounted read-only at [`spec::MOUNT`] (control socket and
-//!   shim), the shim preloaded where the image has glibc, and the engine's network
+//!   shim), the shim preloaded where the image has its libraries, and the engine's network
 //!   hooks see the namespace the engine gave the container (where the servers run);
 //! * [`state`]: container ids, the per-container state directory and the record of
 //!   its network side (pid and start time, so a recycled pid is never signalled);

@@ -212,18 +212,26 @@ pub fn hook_state(state: &[u8], pid: u32) -> Result<Vec<u8>, SpecError> {
     serde_json::to_vec(&v).map_err(|_| SpecError::Malformed("hook state"))
 }
 
-/// Whether the root filesystem has glibc for this architecture (the shim needs it);
-/// looks only at names inside `rootfs` (an absolute link is not followed to the host).
-pub fn has_glibc(rootfs: &Path) -> bool {
+/// The libraries the shim needs (its `DT_NEEDED` besides the loader).
+pub const SHIM_NEEDS: [&str; 2] = ["libc.so.6", "libgcc_s.so.1"];
+
+/// Whether the root filesystem has the shim's libraries ([`SHIM_NEEDS`]: glibc for this
+/// architecture, and libgcc's unwinder, as every Debian-based image has) in a
+/// directory glibc's loader searches; looks only at names inside `rootfs` (an
+/// absolute link is not followed to the host's files). A glibc older than the one the
+/// shim was built against is not detected (the program would not start).
+pub fn can_load_shim(rootfs: &Path) -> bool {
     let triple = format!("{}-linux-gnu", std::env::consts::ARCH);
-    [
-        format!("lib/{triple}/libc.so.6"),
-        format!("usr/lib/{triple}/libc.so.6"),
-        "lib64/libc.so.6".into(),
-        "usr/lib64/libc.so.6".into(),
-    ]
-    .iter()
-    .any(|p| inside(rootfs, Path::new(p)))
+    let dirs = [
+        format!("lib/{triple}"),
+        format!("usr/lib/{triple}"),
+        "lib64".into(),
+        "usr/lib64".into(),
+    ];
+    SHIM_NEEDS.iter().all(|lib| {
+        dirs.iter()
+            .any(|d| inside(rootfs, &Path::new(d).join(lib)))
+    })
 }
 
 /// Whether `rel` names a file under `root`, following relative links of its
@@ -352,19 +360,23 @@ mod tests {
     }
 
     #[test]
-    fn glibc_found_through_relative_links_only() {
+    fn shim_libraries_found_through_relative_links_only() {
         let d = std::env::temp_dir().join(format!("ferry-oci-glibc-{}", std::process::id()));
         let triple = format!("{}-linux-gnu", std::env::consts::ARCH);
-        std::fs::create_dir_all(d.join("usr/lib").join(&triple)).unwrap();
-        assert!(!has_glibc(&d));
+        let libs = d.join("usr/lib").join(&triple);
+        std::fs::create_dir_all(&libs).unwrap();
+        assert!(!can_load_shim(&d));
         std::os::unix::fs::symlink("usr/lib", d.join("lib")).unwrap();
-        std::fs::write(d.join("usr/lib").join(&triple).join("libc.so.6"), b"").unwrap();
-        assert!(has_glibc(&d));
+        std::fs::write(libs.join("libc.so.6"), b"").unwrap();
+        // glibc without libgcc's unwinder: the shim would not load.
+        assert!(!can_load_shim(&d));
+        std::os::unix::fs::symlink("libgcc_s.so.1.real", libs.join("libgcc_s.so.1")).unwrap();
+        assert!(can_load_shim(&d));
         let musl = d.with_extension("musl");
         std::fs::create_dir_all(&musl).unwrap();
         // An absolute link would name the host's libc: not the image's.
         std::os::unix::fs::symlink("/usr/lib", musl.join("lib")).unwrap();
-        assert!(!has_glibc(&musl));
+        assert!(!can_load_shim(&musl));
         std::fs::remove_dir_all(&d).unwrap();
         std::fs::remove_dir_all(&musl).unwrap();
     }

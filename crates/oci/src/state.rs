@@ -10,6 +10,22 @@ use std::path::{Path, PathBuf};
 /// Where state lives without `--root`.
 pub const DEFAULT_BASE: &str = "/run/ferry-oci";
 
+/// Where the network sides make their run's directories (the control socket's path
+/// must be short: a container id alone is 64 characters).
+pub const NET_BASE: &str = "/run/ferry-oci/net";
+
+/// The run's directories of a network side whose sandbox directory is `sandbox` (as
+/// it said), if that is one a network side makes: `NET_BASE/ferry-…` and
+/// `NET_BASE/ferry-….sandbox`. Anything else is `None` (never removed).
+pub fn net_dirs(sandbox: &Path) -> Option<[PathBuf; 2]> {
+    let name = sandbox.file_name()?.to_str()?;
+    let stem = name.strip_suffix(".sandbox")?;
+    let plain = stem.starts_with("ferry-")
+        && stem[6..].bytes().all(|b| b.is_ascii_digit() || b == b'-')
+        && sandbox.parent() == Some(Path::new(NET_BASE));
+    plain.then(|| [sandbox.with_extension(""), sandbox.to_path_buf()])
+}
+
 /// A container id runc would refuse.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error(
@@ -106,6 +122,24 @@ mod tests {
             PathBuf::from("/run/docker/runtime-runc/moby.ferry/c1")
         );
         assert_eq!(dir(None, "c1"), PathBuf::from("/run/ferry-oci/c1"));
+    }
+
+    #[test]
+    fn only_network_sides_dirs_are_named_for_removal() {
+        let ok = Path::new("/run/ferry-oci/net/ferry-12-345.sandbox");
+        assert_eq!(
+            net_dirs(ok),
+            Some([PathBuf::from("/run/ferry-oci/net/ferry-12-345"), ok.to_path_buf()])
+        );
+        for bad in [
+            "/run/ferry-oci/net/ferry-12-345",
+            "/etc.sandbox",
+            "/run/ferry-oci/net/../ferry-1.sandbox",
+            "/run/ferry-oci/ferry-1-2.sandbox",
+            "/run/ferry-oci/net/ferry-1/x.sandbox",
+        ] {
+            assert_eq!(net_dirs(Path::new(bad)), None, "{bad}");
+        }
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::Path;
+use std::time::Duration;
 
 fn cvt(r: libc::c_long) -> io::Result<libc::c_long> {
     if r == -1 {
@@ -52,8 +53,9 @@ pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-/// Waits until one of `fds` is readable (or hung up); returns its index.
-pub fn wait_any(fds: &[BorrowedFd<'_>]) -> io::Result<usize> {
+/// Waits until one of `fds` is readable (or hung up), at most `timeout` (`None`:
+/// forever); returns its index, `None` on the timeout.
+pub fn wait_any(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> io::Result<Option<usize>> {
     let mut polls: Vec<libc::pollfd> = fds
         .iter()
         .map(|f| libc::pollfd {
@@ -62,25 +64,31 @@ pub fn wait_any(fds: &[BorrowedFd<'_>]) -> io::Result<usize> {
             revents: 0,
         })
         .collect();
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: t.as_secs() as libc::time_t,
+        tv_nsec: libc::c_long::from(t.subsec_nanos()),
+    });
+    let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
     loop {
-        // SAFETY: polls is a valid array of polls.len() entries; no timeout, no mask.
+        // SAFETY: polls is a valid array of polls.len() entries; ts_ptr is null or
+        // points at `ts`, which outlives the call; no signal mask.
         let r = unsafe {
             libc::ppoll(
                 polls.as_mut_ptr(),
                 polls.len() as libc::nfds_t,
-                std::ptr::null(),
+                ts_ptr,
                 std::ptr::null(),
             )
         };
-        if r == -1 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
+        match r {
+            -1 => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
             }
-            return Err(e);
-        }
-        if let Some(i) = polls.iter().position(|p| p.revents != 0) {
-            return Ok(i);
+            0 => return Ok(None),
+            _ => return Ok(polls.iter().position(|p| p.revents != 0)),
         }
     }
 }
@@ -109,6 +117,12 @@ mod tests {
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let fd = pidfd_open(child.id()).unwrap();
         child.wait().unwrap();
-        assert_eq!(wait_any(&[fd.as_fd()]).unwrap(), 0);
+        assert_eq!(wait_any(&[fd.as_fd()], None).unwrap(), Some(0));
+        let mut sleeper = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let fd = pidfd_open(sleeper.id()).unwrap();
+        assert_eq!(wait_any(&[fd.as_fd()], Some(Duration::from_millis(20))).unwrap(), None);
+        pidfd_signal(fd.as_fd(), libc::SIGKILL).unwrap();
+        assert_eq!(wait_any(&[fd.as_fd()], None).unwrap(), Some(0));
+        sleeper.wait().unwrap();
     }
 }

@@ -321,7 +321,8 @@ pub(crate) trait Workload {
 
     /// The sandbox, its TAP and DNS are ready in `dirs`: let the workload go. Returns
     /// the pid whose descendants may open channels to the servers.
-    fn go(&mut self, sandbox: &mut ferry_sandbox::Sandbox, dirs: &RunDirs) -> Result<i32, RunError>;
+    fn go(&mut self, sandbox: &mut ferry_sandbox::Sandbox, dirs: &RunDirs)
+    -> Result<i32, RunError>;
 
     /// The servers serve.
     fn serving(&mut self) {}
@@ -428,7 +429,10 @@ fn run(
     // workload can open one before the restriction is in place.
     let owner = work.go(&mut sandbox, &dirs)?;
     servers.first().restrict_to_descendants_of(owner);
-    debug!("sandbox init pid {}, channels for descendants of {owner}", sandbox.pid());
+    debug!(
+        "sandbox init pid {}, channels for descendants of {owner}",
+        sandbox.pid()
+    );
     let admin = crate::ctl::listen(&dirs.run.join(crate::ctl::ADMIN_SOCKET))
         .map_err(|e| warn!("`ferry ctl` is off for this run: {e}"))
         .ok();

@@ -51,7 +51,10 @@ fn leftovers() -> Leftovers {
         };
         let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
         let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-        if args.len() > 2 && args[0] == FERRY.as_bytes() && args[1] == b"oci" && args[2] == b"_serve"
+        if args.len() > 2
+            && args[0] == FERRY.as_bytes()
+            && args[1] == b"oci"
+            && args[2] == b"_serve"
         {
             sides.push(pid);
         }
@@ -61,7 +64,10 @@ fn leftovers() -> Leftovers {
     let parent = |pid: u32| {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         let after = stat.rfind(')').map_or("", |i| &stat[i + 1..]);
-        after.split_whitespace().nth(1).and_then(|p| p.parse::<u32>().ok())
+        after
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse::<u32>().ok())
     };
     let all = sides.clone();
     sides.retain(|&p| parent(p).is_none_or(|pp| !all.contains(&pp)));
@@ -84,7 +90,10 @@ fn assert_clean(before: &Leftovers, what: &str) {
         if &now == before {
             return;
         }
-        assert!(t.elapsed() < Duration::from_secs(3), "{what} left {now:?} (before: {before:?})");
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "{what} left {now:?} (before: {before:?})"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -108,7 +117,11 @@ fn bundle(dir: &Path, args: &[&str], edit: impl FnOnce(&mut Value)) -> PathBuf {
         .status()
         .unwrap();
     assert!(st.success());
-    let st = Command::new("runc").arg("spec").current_dir(&b).status().unwrap();
+    let st = Command::new("runc")
+        .arg("spec")
+        .current_dir(&b)
+        .status()
+        .unwrap();
     assert!(st.success());
     let path = b.join("config.json");
     let mut spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
@@ -161,7 +174,16 @@ fn refused(dir: &Path, bundle: &Path, runtime: &[&str], want: &str) {
     let b = bundle.to_str().unwrap();
     let l = log.to_str().unwrap();
     let c = id("bad");
-    args.extend(["--log", l, "--log-format", "json", "create", "--bundle", b, &c]);
+    args.extend([
+        "--log",
+        l,
+        "--log-format",
+        "json",
+        "create",
+        "--bundle",
+        b,
+        &c,
+    ]);
     let out = oci(&root, &args);
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
@@ -185,9 +207,19 @@ fn bad_input_is_refused_clearly_and_leaves_nothing() {
     let b = bundle(d, &["true"], annotate("ferry.bogus", "1"));
     refused(d, &b, &[], "annotation ferry.bogus: unknown ferry option");
     let b = bundle(d, &["true"], annotate("ferry.net", "wifi"));
-    refused(d, &b, &[], "annotation ferry.net=wifi: invalid value 'wifi'");
+    refused(
+        d,
+        &b,
+        &[],
+        "annotation ferry.net=wifi: invalid value 'wifi'",
+    );
     let b = bundle(d, &["true"], annotate("ferry.allow", "300.1.1.1/8"));
-    refused(d, &b, &[], "annotation ferry.allow=300.1.1.1/8: --allow 300.1.1.1/8");
+    refused(
+        d,
+        &b,
+        &[],
+        "annotation ferry.allow=300.1.1.1/8: --allow 300.1.1.1/8",
+    );
     let b = bundle(d, &["true"], annotate("ferry.publish", "auto"));
     refused(d, &b, &[], "not implemented yet");
     let b = bundle(d, &["true"], |s| {
@@ -196,22 +228,65 @@ fn bad_input_is_refused_clearly_and_leaves_nothing() {
     });
     refused(d, &b, &[], "no network namespace");
     let b = bundle(d, &["true"], |_| {});
-    refused(d, &b, &["--runtime", "/nonexistent/runc"], "/nonexistent/runc does not exist");
+    refused(
+        d,
+        &b,
+        &["--runtime", "/nonexistent/runc"],
+        "/nonexistent/runc does not exist",
+    );
     // A preset is checked like an annotation.
-    refused(d, &b, &["--preset", "ferry.spin=fast"], "preset ferry.spin=fast");
+    refused(
+        d,
+        &b,
+        &["--preset", "ferry.spin=fast"],
+        "preset ferry.spin=fast",
+    );
     // Without runc in PATH.
     let root = d.join("root");
     let out = Command::new(FERRY)
-        .args(["oci", "--root", root.to_str().unwrap(), "create", "--bundle"])
+        .args([
+            "oci",
+            "--root",
+            root.to_str().unwrap(),
+            "create",
+            "--bundle",
+        ])
         .arg(&b)
         .arg(id("bad"))
         .env("PATH", "/nonexistent")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("no runc in PATH"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("no runc in PATH"),
+        "{}",
+        text(&out.stderr)
+    );
     let out = oci(&root, &["create", "--bundle", b.to_str().unwrap(), "../x"]);
-    assert!(text(&out.stderr).contains("invalid container id"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("invalid container id"),
+        "{}",
+        text(&out.stderr)
+    );
+    // The real runtime refuses (no such program): its status and word, nothing of
+    // ferry's left (the network side had made its directories: they went with it).
+    let before = leftovers();
+    let b = bundle(d, &["/nonexistent"], |_| {});
+    let out = oci(
+        &root,
+        &["create", "--bundle", b.to_str().unwrap(), &id("noexec")],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("/nonexistent"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        !d.join("root.ferry").join(id("noexec")).exists(),
+        "state left"
+    );
+    assert_clean(&before, "a create the real runtime refused");
 }
 
 /// Deletes a container (`ferry oci delete --force`) on drop, so that a failed check
@@ -241,11 +316,18 @@ fn same_id_twice_is_refused_and_delete_cleans_up() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let _gone = Deleted(root.clone(), c.clone());
     assert!(d.join("root.ferry").join(&c).join("network.pid").exists());
-    assert_eq!(leftovers().sides.len(), before.sides.len() + 1, "one network side");
+    assert_eq!(
+        leftovers().sides.len(),
+        before.sides.len() + 1,
+        "one network side"
+    );
     let again = oci(&root, &["create", "--bundle", bs, &c]);
     assert_eq!(again.status.code(), Some(1));
     let said = text(&again.stderr);
-    assert!(said.contains(&format!("container {c} already exists")), "{said}");
+    assert!(
+        said.contains(&format!("container {c} already exists")),
+        "{said}"
+    );
     // The first is untouched: it runs, and exits with its own status.
     let state = oci(&root, &["state", &c]);
     let state: Value = serde_json::from_slice(&state.stdout).unwrap();
@@ -271,7 +353,13 @@ struct Net {
 
 impl Net {
     fn make(tag: &str, www: &Path) -> Net {
-        let used = text(&Command::new("ip").args(["-o", "-4", "addr"]).output().unwrap().stdout);
+        let used = text(
+            &Command::new("ip")
+                .args(["-o", "-4", "addr"])
+                .output()
+                .unwrap()
+                .stdout,
+        );
         let third = (200..250)
             .find(|t| !used.contains(&format!("172.31.{t}.")))
             .expect("a free 172.31.x.0/24");
@@ -291,13 +379,32 @@ impl Net {
         ip(&["link", "set", &b, "up"]);
         ip(&["netns", "add", &r]);
         let veth = format!("{tag}v");
-        ip(&["link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &r]);
+        ip(&[
+            "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &r,
+        ]);
         ip(&["link", "set", &veth, "master", &b, "up"]);
-        ip(&["-n", &r, "addr", "add", &format!("{p}.254/24"), "dev", "eth0"]);
+        ip(&[
+            "-n",
+            &r,
+            "addr",
+            "add",
+            &format!("{p}.254/24"),
+            "dev",
+            "eth0",
+        ]);
         ip(&["-n", &r, "link", "set", "eth0", "up"]);
         ip(&["-n", &r, "link", "set", "lo", "up"]);
         let http = Command::new("ip")
-            .args(["netns", "exec", &r, "python3", "-m", "http.server", "8000", "--bind"])
+            .args([
+                "netns",
+                "exec",
+                &r,
+                "python3",
+                "-m",
+                "http.server",
+                "8000",
+                "--bind",
+            ])
             .arg(net.remote_ip())
             .current_dir(www)
             .stdout(Stdio::null())
@@ -317,8 +424,12 @@ impl Net {
 impl Drop for Net {
     fn drop(&mut self) {
         self._http = None;
-        let _ = Command::new("ip").args(["link", "del", &self.bridge]).status();
-        let _ = Command::new("ip").args(["netns", "del", &self.remote]).status();
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.bridge])
+            .status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.remote])
+            .status();
     }
 }
 
@@ -339,9 +450,27 @@ impl Docker {
         let p = |n: &str| dir.join(n).to_str().unwrap().to_owned();
         let daemon = Command::new("unshare")
             .args(["-m", "--propagation", "private", "--", "dockerd"])
-            .args(["--data-root", &p("data"), "--exec-root", &p("exec"), "--pidfile", &p("pid")])
-            .args(["-H", &format!("unix://{}", p("sock")), "--config-file", &p("daemon.json")])
-            .args(["--bridge", bridge, "--iptables=false", "--ip-forward=false", "--ip-masq=false"])
+            .args([
+                "--data-root",
+                &p("data"),
+                "--exec-root",
+                &p("exec"),
+                "--pidfile",
+                &p("pid"),
+            ])
+            .args([
+                "-H",
+                &format!("unix://{}", p("sock")),
+                "--config-file",
+                &p("daemon.json"),
+            ])
+            .args([
+                "--bridge",
+                bridge,
+                "--iptables=false",
+                "--ip-forward=false",
+                "--ip-masq=false",
+            ])
             .stdout(std::fs::File::create(dir.join("dockerd.log")).unwrap())
             .stderr(Stdio::inherit())
             .spawn()
@@ -352,7 +481,10 @@ impl Docker {
         };
         let t = Instant::now();
         while !docker.cmd(&["info"]).status.success() {
-            assert!(t.elapsed() < Duration::from_secs(30), "dockerd did not come up");
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "dockerd did not come up"
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
         docker
@@ -374,7 +506,15 @@ impl Docker {
         let root = self.dir.join(format!("img-{kind}"));
         let sock = format!("unix://{}", self.dir.join("sock").display());
         let st = Command::new(script("oci-image.sh"))
-            .args([kind, root.to_str().unwrap(), "docker", "-H", &sock, "import", "-"])
+            .args([
+                kind,
+                root.to_str().unwrap(),
+                "docker",
+                "-H",
+                &sock,
+                "import",
+                "-",
+            ])
             .arg(format!("ferry-{kind}"))
             .stdout(Stdio::null())
             .status()
@@ -417,7 +557,9 @@ impl Drop for Docker {
 
 #[test]
 fn docker_runs_containers_on_ferry() {
-    if !can_run(&["dockerd", "docker", "runc", "unshare", "busybox", "curl", "python3"]) {
+    if !can_run(&[
+        "dockerd", "docker", "runc", "unshare", "busybox", "curl", "python3",
+    ]) {
         return;
     }
     let _one = serial();
@@ -463,22 +605,38 @@ fn fetches_like_native(docker: &Docker, url: &str, blob: &[u8]) {
     let ifs = docker.run("ferry", "ferry-busybox", &["cat", "/proc/net/dev"]);
     let ifs = text(&ifs.stdout);
     assert!(ifs.contains("eth0") && ifs.contains("lo:"), "{ifs}");
-    let env = docker.run("ferry", "ferry-glibc", &["sh", "-c", "echo $LD_PRELOAD $FERRY_SOCKET"]);
+    let env = docker.run(
+        "ferry",
+        "ferry-glibc",
+        &["sh", "-c", "echo $LD_PRELOAD $FERRY_SOCKET"],
+    );
     assert_eq!(
         text(&env.stdout).trim(),
         "/.ferry/libferry_preload.so /.ferry/ctl.sock"
     );
     // busybox is static: no preload.
-    let env = docker.run("ferry", "ferry-busybox", &["sh", "-c", "echo \"[$LD_PRELOAD]\""]);
+    let env = docker.run(
+        "ferry",
+        "ferry-busybox",
+        &["sh", "-c", "echo \"[$LD_PRELOAD]\""],
+    );
     assert_eq!(text(&env.stdout).trim(), "[]");
 }
 
 /// A runtime whose preset denies the remote: refused for the shim's and the TAP's
 /// programs, while the default runtime reaches it.
 fn denied_destination_refused(docker: &Docker, url: &str) {
-    let runc = docker.run("runc", "ferry-glibc", &["curl", "-sS", "-o", "/dev/null", url]);
+    let runc = docker.run(
+        "runc",
+        "ferry-glibc",
+        &["curl", "-sS", "-o", "/dev/null", url],
+    );
     assert!(runc.status.success(), "runc: {}", text(&runc.stderr));
-    let shim = docker.run("ferry-deny", "ferry-glibc", &["curl", "-sS", "--max-time", "5", url]);
+    let shim = docker.run(
+        "ferry-deny",
+        "ferry-glibc",
+        &["curl", "-sS", "--max-time", "5", url],
+    );
     assert_eq!(shim.status.code(), Some(7), "curl: {}", text(&shim.stderr));
     assert!(shim.stdout.is_empty());
     let host = url.split('/').nth(2).unwrap().replace(":8000", "");
@@ -486,18 +644,32 @@ fn denied_destination_refused(docker: &Docker, url: &str) {
     let tap = docker.run("ferry-deny", "ferry-busybox", &["sh", "-c", &probe]);
     assert_eq!(text(&tap.stdout).trim(), "refused");
     let tap = docker.run("ferry", "ferry-busybox", &["sh", "-c", &probe]);
-    assert!(text(&tap.stdout).contains("reached"), "{}", text(&tap.stdout));
+    assert!(
+        text(&tap.stdout).contains("reached"),
+        "{}",
+        text(&tap.stdout)
+    );
 }
 
+/// The container's status, as with runc (a child killed by a signal included).
 fn exit_codes_passed_through(docker: &Docker) {
     for (args, code) in [
         (&["sh", "-c", "exit 42"][..], 42),
         (&["false"][..], 1),
         (&["true"][..], 0),
-        (&["sh", "-c", "kill -9 $$"][..], 137),
+        (&["sh", "-c", "exit 255"][..], 255),
+        (&["sh", "-c", "sleep 5 & kill -9 $!; wait $!"][..], 137),
+        (&["/nonexistent"][..], 127),
     ] {
-        let out = docker.run("ferry", "ferry-busybox", args);
-        assert_eq!(out.status.code(), Some(code), "{args:?}: {}", text(&out.stderr));
+        for runtime in ["runc", "ferry"] {
+            let out = docker.run(runtime, "ferry-busybox", args);
+            assert_eq!(
+                out.status.code(),
+                Some(code),
+                "{runtime} {args:?}: {}",
+                text(&out.stderr)
+            );
+        }
     }
 }
 
@@ -512,14 +684,27 @@ fn published_port_reaches_the_container(docker: &Docker) {
     let publish = format!("127.0.0.1:{port}:8080");
     let serve = "mkdir /tmp/w && echo served-by-the-container > /tmp/w/index.html && exec httpd -f -p 8080 -h /tmp/w";
     let out = docker.cmd(&[
-        "run", "-d", "--name", "web", "--runtime", "ferry-pub", "-p", &publish, "ferry-busybox",
-        "sh", "-c", serve,
+        "run",
+        "-d",
+        "--name",
+        "web",
+        "--runtime",
+        "ferry-pub",
+        "-p",
+        &publish,
+        "ferry-busybox",
+        "sh",
+        "-c",
+        serve,
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let url = format!("http://127.0.0.1:{port}/");
     let t = Instant::now();
     let body = loop {
-        let got = Command::new("curl").args(["-sS", "--max-time", "2", &url]).output().unwrap();
+        let got = Command::new("curl")
+            .args(["-sS", "--max-time", "2", &url])
+            .output()
+            .unwrap();
         if got.status.success() || t.elapsed() > Duration::from_secs(10) {
             break text(&got.stdout);
         }
@@ -533,7 +718,15 @@ fn published_port_reaches_the_container(docker: &Docker) {
 /// The network side killed (SIGKILL) under a running container, and a container's
 /// first process killed: `docker rm` leaves nothing.
 fn kill_9_in_between_leaves_nothing(docker: &Docker) {
-    let out = docker.cmd(&["run", "-d", "--runtime", "ferry", "ferry-busybox", "sleep", "60"]);
+    let out = docker.cmd(&[
+        "run",
+        "-d",
+        "--runtime",
+        "ferry",
+        "ferry-busybox",
+        "sleep",
+        "60",
+    ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let id = text(&out.stdout).trim().to_owned();
     let record = std::fs::read_to_string(docker.state(&id).join("network.pid")).unwrap();
@@ -545,7 +738,15 @@ fn kill_9_in_between_leaves_nothing(docker: &Docker) {
     assert!(docker.cmd(&["rm", "-f", &id]).status.success());
     assert!(!docker.state(&id).exists(), "state left");
 
-    let out = docker.cmd(&["run", "-d", "--runtime", "ferry", "ferry-busybox", "sleep", "60"]);
+    let out = docker.cmd(&[
+        "run",
+        "-d",
+        "--runtime",
+        "ferry",
+        "ferry-busybox",
+        "sleep",
+        "60",
+    ]);
     let id = text(&out.stdout).trim().to_owned();
     assert!(docker.cmd(&["kill", "-s", "KILL", &id]).status.success());
     let waited = docker.cmd(&["wait", &id]);

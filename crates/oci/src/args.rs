@@ -13,7 +13,9 @@ pub enum ArgsError {
     #[error("option {0} needs a value")]
     MissingValue(String),
     /// A global option neither runc nor ferry knows.
-    #[error("unknown global option {0} (runc's: --root, --log, --log-format, --systemd-cgroup, --debug, --criu, --rootless; ferry's: --runtime, --preset)")]
+    #[error(
+        "unknown global option {0} (runc's: --root, --log, --log-format, --systemd-cgroup, --debug, --criu, --rootless; ferry's: --runtime, --preset)"
+    )]
     UnknownGlobal(String),
     /// An option of `create`/`delete` that is not runc's.
     #[error("{command}: unknown option {option}")]
@@ -103,7 +105,9 @@ pub fn parse(argv: &[String]) -> Result<Invocation, ArgsError> {
             "runtime" => inv.globals.runtime = Some(value("runtime")?.into()),
             "preset" => {
                 let v = value("preset")?;
-                let (k, val) = v.split_once('=').ok_or_else(|| ArgsError::Preset(v.clone()))?;
+                let (k, val) = v
+                    .split_once('=')
+                    .ok_or_else(|| ArgsError::Preset(v.clone()))?;
                 inv.globals.presets.push((k.to_owned(), val.to_owned()));
             }
             n if RUNC_FLAGS.contains(&n) => inv.globals.forward.push(format!("--{n}")),

@@ -170,7 +170,10 @@ mod tests {
     #[test]
     fn unknown_empty_and_unsupported_are_refused() {
         let e = flags(&[], &kv(&[("ferry.alow", "1.2.3.4/32")])).unwrap_err();
-        assert!(e.to_string().contains("annotation ferry.alow: unknown ferry option"));
+        assert!(
+            e.to_string()
+                .contains("annotation ferry.alow: unknown ferry option")
+        );
         assert!(e.to_string().contains("ferry.allow"));
         assert_eq!(
             flags(&kv(&[("ferry.net", " ")]), &[]),

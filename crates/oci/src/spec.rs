@@ -203,8 +203,8 @@ fn wrap_hooks(spec: &mut Value, ferry: &Path, pid: u32) -> Result<(), SpecError>
 
 /// A hook's state (on its stdin) with `pid` replaced ([`wrap_hooks`]).
 pub fn hook_state(state: &[u8], pid: u32) -> Result<Vec<u8>, SpecError> {
-    let mut v: Value =
-        serde_json::from_slice(state).map_err(|_| SpecError::Malformed("hook state is not JSON"))?;
+    let mut v: Value = serde_json::from_slice(state)
+        .map_err(|_| SpecError::Malformed("hook state is not JSON"))?;
     let obj = v
         .as_object_mut()
         .ok_or(SpecError::Malformed("hook state is not an object"))?;
@@ -228,10 +228,9 @@ pub fn can_load_shim(rootfs: &Path) -> bool {
         "lib64".into(),
         "usr/lib64".into(),
     ];
-    SHIM_NEEDS.iter().all(|lib| {
-        dirs.iter()
-            .any(|d| inside(rootfs, &Path::new(d).join(lib)))
-    })
+    SHIM_NEEDS
+        .iter()
+        .all(|lib| dirs.iter().any(|d| inside(rootfs, &Path::new(d).join(lib))))
 }
 
 /// Whether `rel` names a file under `root`, following relative links of its
@@ -286,11 +285,20 @@ mod tests {
         assert_eq!(engine_netns(&docker_like()), Ok(EngineNetns::New));
         let mut s = docker_like();
         s["linux"]["namespaces"][1]["path"] = json!("/run/netns/cni-1");
-        assert_eq!(engine_netns(&s), Ok(EngineNetns::Join("/run/netns/cni-1".into())));
+        assert_eq!(
+            engine_netns(&s),
+            Ok(EngineNetns::Join("/run/netns/cni-1".into()))
+        );
         s["linux"]["namespaces"] = json!([{"type": "pid"}]);
         assert_eq!(engine_netns(&s), Err(SpecError::NoNetworkNamespace));
-        assert!(matches!(engine_netns(&json!({})), Err(SpecError::Malformed(_))));
-        assert_eq!(annotations(&docker_like()), [("ferry.net".into(), "nic".into())]);
+        assert!(matches!(
+            engine_netns(&json!({})),
+            Err(SpecError::Malformed(_))
+        ));
+        assert_eq!(
+            annotations(&docker_like()),
+            [("ferry.net".into(), "nic".into())]
+        );
     }
 
     #[test]
@@ -311,7 +319,12 @@ mod tests {
         );
         assert_eq!(s["mounts"][1]["destination"], MOUNT);
         assert_eq!(s["mounts"][1]["source"], "/state/net");
-        assert!(s["mounts"][1]["options"].as_array().unwrap().contains(&json!("ro")));
+        assert!(
+            s["mounts"][1]["options"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("ro"))
+        );
         let env: Vec<&str> = s["process"]["env"]
             .as_array()
             .unwrap()
@@ -330,7 +343,18 @@ mod tests {
         assert_eq!(hook["path"], "/usr/bin/ferry");
         assert_eq!(
             hook["args"],
-            json!(["ferry", "oci", "hook", "--pid", "7", "--", "/usr/bin/dockerd", "libnetwork-setkey", "-exec-root=/r", "id"])
+            json!([
+                "ferry",
+                "oci",
+                "hook",
+                "--pid",
+                "7",
+                "--",
+                "/usr/bin/dockerd",
+                "libnetwork-setkey",
+                "-exec-root=/r",
+                "id"
+            ])
         );
     }
 
@@ -352,7 +376,11 @@ mod tests {
 
     #[test]
     fn hook_state_pid_replaced() {
-        let s = hook_state(br#"{"ociVersion":"1.0.2","id":"c","pid":99,"bundle":"/b"}"#, 5).unwrap();
+        let s = hook_state(
+            br#"{"ociVersion":"1.0.2","id":"c","pid":99,"bundle":"/b"}"#,
+            5,
+        )
+        .unwrap();
         let v: Value = serde_json::from_slice(&s).unwrap();
         assert_eq!(v["pid"], 5);
         assert_eq!(v["id"], "c");

@@ -42,7 +42,11 @@ pub fn check_id(id: &str) -> Result<(), IdError> {
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"_+-.".contains(&b));
-    if ok { Ok(()) } else { Err(IdError(id.to_owned())) }
+    if ok {
+        Ok(())
+    } else {
+        Err(IdError(id.to_owned()))
+    }
 }
 
 /// The state directory of container `id` (checked) under the runtime's `root`.
@@ -129,7 +133,10 @@ mod tests {
         let ok = Path::new("/run/ferry-oci/net/ferry-12-345.sandbox");
         assert_eq!(
             net_dirs(ok),
-            Some([PathBuf::from("/run/ferry-oci/net/ferry-12-345"), ok.to_path_buf()])
+            Some([
+                PathBuf::from("/run/ferry-oci/net/ferry-12-345"),
+                ok.to_path_buf()
+            ])
         );
         for bad in [
             "/run/ferry-oci/net/ferry-12-345",
@@ -144,15 +151,27 @@ mod tests {
 
     #[test]
     fn records() {
-        let r = Record { pid: 42, start: 12345 };
+        let r = Record {
+            pid: 42,
+            start: 12345,
+        };
         assert_eq!(Record::decode(&r.encode()), Some(r));
         assert_eq!(Record::decode("1 5"), None);
         assert_eq!(Record::decode("42"), None);
         assert_eq!(Record::decode("42 5 6"), None);
         let me = std::process::id();
-        let mine = Record { pid: me, start: start_time(me).unwrap() };
+        let mine = Record {
+            pid: me,
+            start: start_time(me).unwrap(),
+        };
         assert!(mine.alive());
-        assert!(!Record { start: mine.start + 1, ..mine }.alive());
+        assert!(
+            !Record {
+                start: mine.start + 1,
+                ..mine
+            }
+            .alive()
+        );
     }
 
     #[test]

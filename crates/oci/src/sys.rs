@@ -31,7 +31,9 @@ pub fn new_netns() -> io::Result<()> {
 
 fn loopback_up() -> io::Result<()> {
     // SAFETY: plain socket(2) call.
-    let fd = cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) }.into())?;
+    let fd = cvt(
+        unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) }.into(),
+    )?;
     // SAFETY: socket returned a fresh descriptor that nothing else owns.
     let sock = unsafe { OwnedFd::from_raw_fd(fd as i32) };
     // SAFETY: ifreq is plain data; zeroed is a valid value.
@@ -68,7 +70,9 @@ pub fn wait_any(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> io::Result
         tv_sec: t.as_secs() as libc::time_t,
         tv_nsec: libc::c_long::from(t.subsec_nanos()),
     });
-    let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    let ts_ptr = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
     loop {
         // SAFETY: polls is a valid array of polls.len() entries; ts_ptr is null or
         // points at `ts`, which outlives the call; no signal mask.
@@ -118,9 +122,15 @@ mod tests {
         let fd = pidfd_open(child.id()).unwrap();
         child.wait().unwrap();
         assert_eq!(wait_any(&[fd.as_fd()], None).unwrap(), Some(0));
-        let mut sleeper = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
         let fd = pidfd_open(sleeper.id()).unwrap();
-        assert_eq!(wait_any(&[fd.as_fd()], Some(Duration::from_millis(20))).unwrap(), None);
+        assert_eq!(
+            wait_any(&[fd.as_fd()], Some(Duration::from_millis(20))).unwrap(),
+            None
+        );
         pidfd_signal(fd.as_fd(), libc::SIGKILL).unwrap();
         assert_eq!(wait_any(&[fd.as_fd()], None).unwrap(), Some(0));
         sleeper.wait().unwrap();

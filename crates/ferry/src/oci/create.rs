@@ -148,7 +148,10 @@ fn place_shim(dir: &Path) -> Result<(), OciError> {
     let to = dir.join(spec::SHIM);
     std::fs::copy(&shim, &to)
         .and_then(|_| ferry_sys::chmod(&to, 0o644))
-        .map_err(OciError::io(format!("copying {} for the container", shim.display())))
+        .map_err(OciError::io(format!(
+            "copying {} for the container",
+            shim.display()
+        )))
 }
 
 /// Writes the rewritten bundle into the state directory; returns its path.
@@ -163,7 +166,9 @@ fn write_bundle(dir: &Path, spec: &Value) -> Result<PathBuf, OciError> {
 
 /// The container's pid, as the real runtime wrote it.
 fn read_pid(path: &Path) -> Result<u32, OciError> {
-    let text =
-        std::fs::read_to_string(path).map_err(OciError::io(format!("reading {}", path.display())))?;
-    text.trim().parse().map_err(|_| OciError::Side(format!("{} holds no pid", path.display())))
+    let text = std::fs::read_to_string(path)
+        .map_err(OciError::io(format!("reading {}", path.display())))?;
+    text.trim()
+        .parse()
+        .map_err(|_| OciError::Side(format!("{} holds no pid", path.display())))
 }

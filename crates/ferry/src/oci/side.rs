@@ -13,8 +13,8 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::{Path, PathBuf};
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
@@ -64,6 +64,8 @@ pub(super) struct Side {
     stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
     log: PathBuf,
+    /// The sandbox's directory, once it said "ready".
+    made: Option<PathBuf>,
     kept: bool,
 }
 
@@ -77,10 +79,15 @@ pub(super) struct Ready {
 
 impl Side {
     /// Starts the network side for the container whose state is in `dir`.
-    pub(super) fn spawn(dir: &Path, engine: &EngineNetns, flags: &[String]) -> Result<Side, OciError> {
+    pub(super) fn spawn(
+        dir: &Path,
+        engine: &EngineNetns,
+        flags: &[String],
+    ) -> Result<Side, OciError> {
         let exe = std::env::current_exe().map_err(OciError::io("locating the ferry binary"))?;
         let log = dir.join(LOG);
-        let log_file = std::fs::File::create(&log).map_err(OciError::io(format!("creating {}", log.display())))?;
+        let log_file = std::fs::File::create(&log)
+            .map_err(OciError::io(format!("creating {}", log.display())))?;
         let netns = match engine {
             EngineNetns::Join(p) => p.clone(),
             EngineNetns::New => PathBuf::from("new"),
@@ -108,6 +115,7 @@ impl Side {
             stdin: Some(stdin),
             stdout: BufReader::new(stdout),
             log,
+            made: None,
             kept: false,
         })
     }
@@ -117,10 +125,13 @@ impl Side {
         let line = self.line()?;
         let mut it = line.split_whitespace();
         match (it.next(), it.next().and_then(|p| p.parse().ok()), it.next()) {
-            (Some("ready"), Some(holder), Some(dir)) => Ok(Ready {
-                holder,
-                dir: dir.into(),
-            }),
+            (Some("ready"), Some(holder), Some(dir)) => {
+                self.made = Some(dir.into());
+                Ok(Ready {
+                    holder,
+                    dir: dir.into(),
+                })
+            }
             _ => Err(self.failed()),
         }
     }
@@ -182,10 +193,16 @@ impl Side {
 }
 
 impl Drop for Side {
+    /// Not kept (`create` failed): killed, and the directories it made removed (a
+    /// killed process removes nothing).
     fn drop(&mut self) {
         if !self.kept {
             let _ = self.child.kill();
             let _ = self.child.wait();
+            let made = self.made.as_deref().and_then(state::net_dirs);
+            for d in made.into_iter().flatten() {
+                super::remove_state(&d);
+            }
         }
     }
 }
@@ -195,7 +212,11 @@ impl Drop for Side {
 pub(super) fn stop(dir: &Path) {
     signal_out(dir);
     let made = std::fs::read_to_string(dir.join(NET_DIR)).ok();
-    for d in made.and_then(|m| state::net_dirs(Path::new(m.trim()))).into_iter().flatten() {
+    for d in made
+        .and_then(|m| state::net_dirs(Path::new(m.trim())))
+        .into_iter()
+        .flatten()
+    {
         super::remove_state(&d);
     }
 }
@@ -276,7 +297,11 @@ impl Workload for Container {
         PathBuf::from(state::NET_BASE)
     }
 
-    fn go(&mut self, sandbox: &mut ferry_sandbox::Sandbox, dirs: &RunDirs) -> Result<i32, RunError> {
+    fn go(
+        &mut self,
+        sandbox: &mut ferry_sandbox::Sandbox,
+        dirs: &RunDirs,
+    ) -> Result<i32, RunError> {
         let gone = |what: &str| RunError::Workload(format!("the container's runtime {what}"));
         let mut out = std::io::stdout().lock();
         writeln!(out, "ready {} {}", sandbox.pid(), dirs.sandbox.display())

@@ -141,7 +141,8 @@ fn report(g: &Globals, msg: &str) {
     }
 }
 
-/// The real runtime: `--runtime`, `FERRY_OCI_RUNTIME`, else `runc` in `PATH`.
+/// The real runtime: `--runtime`, `FERRY_OCI_RUNTIME`, else `runc` in `PATH` or the
+/// usual system directories.
 pub(crate) fn real_runtime(g: &Globals) -> Result<PathBuf, OciError> {
     let named = g
         .runtime
@@ -158,14 +159,24 @@ pub(crate) fn real_runtime(g: &Globals) -> Result<PathBuf, OciError> {
         };
     }
     let me = std::env::current_exe().and_then(|p| p.canonicalize()).ok();
+    // Engines may run their runtime with a short PATH (conmon): the usual places too.
+    let usual = [
+        "/usr/local/sbin",
+        "/usr/local/bin",
+        "/usr/sbin",
+        "/usr/bin",
+        "/sbin",
+        "/bin",
+    ];
     std::env::var_os("PATH")
         .iter()
         .flat_map(std::env::split_paths)
+        .chain(usual.iter().map(PathBuf::from))
         .map(|d| d.join("runc"))
         .find(|c| c.is_file() && c.canonicalize().ok() != me)
         .ok_or_else(|| {
             OciError::Runtime(
-                "cannot find the real OCI runtime: no runc in PATH (install runc, or name it with --runtime PATH or FERRY_OCI_RUNTIME)".into(),
+                "cannot find the real OCI runtime: no runc in PATH or /usr/sbin, /usr/bin, /usr/local/… (install runc, or name it with --runtime PATH or FERRY_OCI_RUNTIME)".into(),
             )
         })
 }

@@ -241,27 +241,21 @@ fn bad_input_is_refused_clearly_and_leaves_nothing() {
         &["--preset", "ferry.spin=fast"],
         "preset ferry.spin=fast",
     );
-    // Without runc in PATH.
+    // Named by the environment.
     let root = d.join("root");
     let out = Command::new(FERRY)
-        .args([
-            "oci",
-            "--root",
-            root.to_str().unwrap(),
-            "create",
-            "--bundle",
-        ])
+        .arg("oci")
+        .arg("--root")
+        .arg(&root)
+        .args(["create", "--bundle"])
         .arg(&b)
         .arg(id("bad"))
-        .env("PATH", "/nonexistent")
+        .env("FERRY_OCI_RUNTIME", "/nonexistent/crun")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("no runc in PATH"),
-        "{}",
-        text(&out.stderr)
-    );
+    let said = text(&out.stderr);
+    assert!(said.contains("/nonexistent/crun does not exist"), "{said}");
     let out = oci(&root, &["create", "--bundle", b.to_str().unwrap(), "../x"]);
     assert!(
         text(&out.stderr).contains("invalid container id"),
@@ -583,10 +577,182 @@ fn docker_runs_containers_on_ferry() {
     assert_clean(&before, "docker run --rm / rm -f");
     kill_9_in_between_leaves_nothing(&docker);
     assert_clean(&before, "kill -9 and docker rm");
+    containerd_ctr_runs_with_ferry_oci(&docker, dir.path());
+    assert_clean(&before, "ctr run --rm");
+    if common::have("podman") {
+        podman_runs_containers_on_ferry(&net, dir.path(), &url, &blob);
+        assert_clean(&before, "podman run --rm");
+    } else {
+        eprintln!("podman: skipped (not installed; scripts/install-deps.sh installs it)");
+    }
     start_up(&docker);
     drop(docker);
     drop(net);
     assert_clean(&before, "the docker test");
+}
+
+/// `ferry-oci`, a link to ferry: what engines that take one path run.
+fn ferry_oci_link(dir: &Path) -> PathBuf {
+    let link = dir.join("ferry-oci");
+    if !link.exists() {
+        std::os::unix::fs::symlink(FERRY, &link).unwrap();
+    }
+    link
+}
+
+/// containerd (dockerd's own) with `ctr run --runtime io.containerd.runc.v2
+/// --runc-binary ferry-oci` (the Kubernetes RuntimeClass path): a new namespace of the
+/// runtime's (no path in the spec), the TAP in it, the status passed on.
+fn containerd_ctr_runs_with_ferry_oci(docker: &Docker, dir: &Path) {
+    let sock = docker.dir.join("exec/containerd/containerd.sock");
+    let ctr = || {
+        let mut c = Command::new("ctr");
+        c.arg("-a").arg(&sock).args(["-n", "ferrytest"]);
+        c
+    };
+    let mut save = docker.command();
+    let save = save
+        .args(["save", "ferry-busybox"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let st = ctr()
+        .args(["images", "import", "-"])
+        .stdin(save.stdout.unwrap())
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success(), "ctr images import");
+    let link = ferry_oci_link(dir);
+    let out = ctr()
+        .args([
+            "run",
+            "--rm",
+            "--runtime",
+            "io.containerd.runc.v2",
+            "--runc-binary",
+        ])
+        .arg(&link)
+        .args([
+            "docker.io/library/ferry-busybox:latest",
+            &format!("ctr-{}", std::process::id()),
+        ])
+        .args(["sh", "-c", "grep -c eth0 /proc/net/dev; exit 5"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "1", "the TAP in the container");
+}
+
+/// Podman (rootful, its own storage, inside a mount namespace of its own) with
+/// `--runtime ferry-oci` and `--network ns:PATH`: a namespace the engine names (the
+/// CNI/Kubernetes case), annotations, the shim's and the TAP's fetches.
+fn podman_runs_containers_on_ferry(net: &Net, dir: &Path, url: &str, blob: &[u8]) {
+    let ns = format!("{}p", net.remote);
+    let veth = format!("{}p", net.bridge);
+    let ip = |args: &[&str]| assert!(Command::new("ip").args(args).status().unwrap().success());
+    ip(&["netns", "add", &ns]);
+    let _ns = NetnsGone(ns.clone());
+    ip(&[
+        "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns,
+    ]);
+    ip(&["link", "set", &veth, "master", &net.bridge, "up"]);
+    ip(&[
+        "-n",
+        &ns,
+        "addr",
+        "add",
+        &format!("{}.10/24", net.prefix),
+        "dev",
+        "eth0",
+    ]);
+    ip(&["-n", &ns, "link", "set", "eth0", "up"]);
+    // Podman wants a run root of at most 50 characters.
+    let pm = TempDir::new("pm");
+    let pm = pm.path();
+    let link = ferry_oci_link(dir);
+    let podman = |args: &[&str]| {
+        let mut c = Command::new("unshare");
+        c.args(["-m", "--propagation", "private", "--", "podman"])
+            .arg("--root")
+            .arg(pm.join("root"))
+            .arg("--runroot")
+            .arg(pm.join("run"))
+            .args(["--storage-driver", "vfs", "--cgroup-manager", "cgroupfs"])
+            .args(["--events-backend", "file"])
+            .args(args)
+            .stdin(Stdio::null());
+        c
+    };
+    for kind in ["glibc", "busybox"] {
+        let tar = Command::new("tar")
+            .arg("-C")
+            .arg(dir.join(format!("img-{kind}")))
+            .args(["-c", "."])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = podman(&["import", "-", &format!("ferry-{kind}")])
+            .stdin(tar.stdout.unwrap())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "podman import {kind}: {}",
+            text(&out.stderr)
+        );
+    }
+    let netns = format!("ns:/run/netns/{ns}");
+    let rt = link.to_str().unwrap();
+    // This root lacks CAP_SYS_RESOURCE: podman's default limits (above the hard ones)
+    // could not be set; these can.
+    let run = |extra: &[&str], image: &str, cmd: &[&str]| {
+        let mut args = vec!["run", "--rm", "--network", &netns, "--runtime", rt];
+        args.extend([
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+        ]);
+        args.extend(extra);
+        args.push(image);
+        args.extend(cmd);
+        podman(&args).output().unwrap()
+    };
+    let shim = run(&[], "ferry-glibc", &["curl", "-sS", url]);
+    assert!(shim.stdout == blob, "podman curl: {}", text(&shim.stderr));
+    let tap = run(&[], "ferry-busybox", &["wget", "-O", "-", url]);
+    assert!(tap.stdout == blob, "podman wget: {}", text(&tap.stderr));
+    let remote = url.split('/').nth(2).unwrap().replace(":8000", "");
+    let deny = format!("ferry.deny={remote}/32");
+    let denied = run(
+        &["--annotation", &deny],
+        "ferry-glibc",
+        &["curl", "-sS", url],
+    );
+    assert_eq!(denied.status.code(), Some(7), "{}", text(&denied.stderr));
+    let bad = run(
+        &["--annotation", "ferry.bogus=1"],
+        "ferry-busybox",
+        &["true"],
+    );
+    assert_ne!(bad.status.code(), Some(0));
+    let said = text(&bad.stderr);
+    assert!(
+        said.contains("annotation ferry.bogus: unknown ferry option"),
+        "{said}"
+    );
+    let code = run(&[], "ferry-busybox", &["sh", "-c", "exit 9"]);
+    assert_eq!(code.status.code(), Some(9), "{}", text(&code.stderr));
+}
+
+/// Removes a network namespace on drop.
+struct NetnsGone(String);
+
+impl Drop for NetnsGone {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
 }
 
 /// glibc's curl (the shim) and static busybox's wget (the TAP) fetch the remote's

@@ -435,12 +435,34 @@ struct Docker {
 
 impl Docker {
     fn start(dir: &Path, bridge: &str, remote_ip: &str) -> Docker {
-        let config = json!({"runtimes": {
-            "ferry": {"path": FERRY, "runtimeArgs": ["oci"]},
-            "ferry-deny": {"path": FERRY, "runtimeArgs": ["oci", "--preset", format!("ferry.deny={remote_ip}/32")]},
-            "ferry-pub": {"path": FERRY, "runtimeArgs": ["oci", "--preset", "ferry.publish=8080:8080"]},
-        }});
-        std::fs::write(dir.join("daemon.json"), config.to_string()).unwrap();
+        // Registered as users would: `ferry oci install --docker`, into a daemon.json
+        // that has something of its own already.
+        let config = dir.join("daemon.json");
+        std::fs::write(&config, r#"{"debug": false}"#).unwrap();
+        let deny = format!("ferry.deny={remote_ip}/32");
+        for (name, preset) in [
+            ("ferry", None),
+            ("ferry-deny", Some(deny.as_str())),
+            ("ferry-pub", Some("ferry.publish=8080:8080")),
+        ] {
+            let mut c = Command::new(FERRY);
+            c.arg("oci");
+            if let Some(p) = preset {
+                c.args(["--preset", p]);
+            }
+            let out = c
+                .args(["install", "--docker", "--name", name, "--config"])
+                .arg(&config)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "install: {}", text(&out.stderr));
+        }
+        let written: Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+        assert_eq!(written["debug"], false);
+        assert_eq!(
+            written["runtimes"]["ferry-pub"]["runtimeArgs"][2],
+            "ferry.publish=8080:8080"
+        );
         let p = |n: &str| dir.join(n).to_str().unwrap().to_owned();
         let daemon = Command::new("unshare")
             .args(["-m", "--propagation", "private", "--", "dockerd"])
@@ -465,8 +487,8 @@ impl Docker {
                 "--ip-forward=false",
                 "--ip-masq=false",
             ])
-            .stdout(std::fs::File::create(dir.join("dockerd.log")).unwrap())
-            .stderr(Stdio::inherit())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("dockerd.log")).unwrap())
             .spawn()
             .unwrap();
         let docker = Docker {
@@ -671,8 +693,18 @@ fn podman_runs_containers_on_ferry(net: &Net, dir: &Path, url: &str, blob: &[u8]
     let pm = TempDir::new("pm");
     let pm = pm.path();
     let link = ferry_oci_link(dir);
+    let conf = dir.join("containers.conf");
+    let out = Command::new(FERRY)
+        .args(["oci", "install", "--podman", "--config"])
+        .arg(&conf)
+        .arg("--link")
+        .arg(&link)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "install: {}", text(&out.stderr));
     let podman = |args: &[&str]| {
         let mut c = Command::new("unshare");
+        c.env("CONTAINERS_CONF", &conf);
         c.args(["-m", "--propagation", "private", "--", "podman"])
             .arg("--root")
             .arg(pm.join("root"))
@@ -703,7 +735,8 @@ fn podman_runs_containers_on_ferry(net: &Net, dir: &Path, url: &str, blob: &[u8]
         );
     }
     let netns = format!("ns:/run/netns/{ns}");
-    let rt = link.to_str().unwrap();
+    // The name `ferry oci install --podman` registered.
+    let rt = "ferry";
     // This root lacks CAP_SYS_RESOURCE: podman's default limits (above the hard ones)
     // could not be set; these can.
     let run = |extra: &[&str], image: &str, cmd: &[&str]| {

@@ -12,6 +12,9 @@
 //!   sandbox's directory is mounted read-only at [`spec::MOUNT`] (control socket and
 //!   shim), the shim preloaded where the image has its libraries, and the engine's network
 //!   hooks see the namespace the engine gave the container (where the servers run);
+//! * [`install`]: the engines' registrations of ferry (Docker's `daemon.json`, a
+//!   Podman `containers.conf` drop-in, containerd's CRI table and a Kubernetes
+//!   RuntimeClass), as text;
 //! * [`state`]: container ids, the per-container state directory and the record of
 //!   its network side (pid and start time, so a recycled pid is never signalled);
 //! * [`sys`]: the few system calls this needs (entering or making a network namespace,
@@ -21,6 +24,7 @@
 //! processes other than the ones its caller asks for.
 
 pub mod args;
+pub mod install;
 pub mod options;
 pub mod spec;
 pub mod state;

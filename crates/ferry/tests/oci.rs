@@ -197,7 +197,7 @@ fn refused(dir: &Path, bundle: &Path, runtime: &[&str], want: &str) {
 }
 
 #[test]
-fn bad_input_is_refused_clearly_and_leaves_nothing() {
+fn bad_options_are_refused_clearly_and_leave_nothing() {
     if !can_run(&["runc", "busybox"]) {
         return;
     }
@@ -228,18 +228,29 @@ fn bad_input_is_refused_clearly_and_leaves_nothing() {
     });
     refused(d, &b, &[], "no network namespace");
     let b = bundle(d, &["true"], |_| {});
-    refused(
-        d,
-        &b,
-        &["--runtime", "/nonexistent/runc"],
-        "/nonexistent/runc does not exist",
-    );
     // A preset is checked like an annotation.
     refused(
         d,
         &b,
         &["--preset", "ferry.spin=fast"],
         "preset ferry.spin=fast",
+    );
+}
+
+#[test]
+fn a_missing_runtime_a_bad_id_and_a_refused_create_leave_nothing() {
+    if !can_run(&["runc", "busybox"]) {
+        return;
+    }
+    let _one = serial();
+    let dir = TempDir::new("oci-bad2");
+    let d = dir.path();
+    let b = bundle(d, &["true"], |_| {});
+    refused(
+        d,
+        &b,
+        &["--runtime", "/nonexistent/runc"],
+        "/nonexistent/runc does not exist",
     );
     // Named by the environment.
     let root = d.join("root");
@@ -633,17 +644,18 @@ fn containerd_ctr_runs_with_ferry_oci(docker: &Docker, dir: &Path) {
         c
     };
     let mut save = docker.command();
-    let save = save
+    let mut save = save
         .args(["save", "ferry-busybox"])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     let st = ctr()
         .args(["images", "import", "-"])
-        .stdin(save.stdout.unwrap())
+        .stdin(save.stdout.take().unwrap())
         .stdout(Stdio::null())
         .status()
         .unwrap();
+    assert!(save.wait().unwrap().success(), "docker save");
     assert!(st.success(), "ctr images import");
     let link = ferry_oci_link(dir);
     let out = ctr()
@@ -666,46 +678,37 @@ fn containerd_ctr_runs_with_ferry_oci(docker: &Docker, dir: &Path) {
     assert_eq!(text(&out.stdout).trim(), "1", "the TAP in the container");
 }
 
-/// Podman (rootful, its own storage, inside a mount namespace of its own) with
-/// `--runtime ferry-oci` and `--network ns:PATH`: a namespace the engine names (the
-/// CNI/Kubernetes case), annotations, the shim's and the TAP's fetches.
-fn podman_runs_containers_on_ferry(net: &Net, dir: &Path, url: &str, blob: &[u8]) {
-    let ns = format!("{}p", net.remote);
-    let veth = format!("{}p", net.bridge);
-    let ip = |args: &[&str]| assert!(Command::new("ip").args(args).status().unwrap().success());
-    ip(&["netns", "add", &ns]);
-    let _ns = NetnsGone(ns.clone());
-    ip(&[
-        "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns,
-    ]);
-    ip(&["link", "set", &veth, "master", &net.bridge, "up"]);
-    ip(&[
-        "-n",
-        &ns,
-        "addr",
-        "add",
-        &format!("{}.10/24", net.prefix),
-        "dev",
-        "eth0",
-    ]);
-    ip(&["-n", &ns, "link", "set", "eth0", "up"]);
-    // Podman wants a run root of at most 50 characters.
-    let pm = TempDir::new("pm");
-    let pm = pm.path();
-    let link = ferry_oci_link(dir);
-    let conf = dir.join("containers.conf");
-    let out = Command::new(FERRY)
-        .args(["oci", "install", "--podman", "--config"])
-        .arg(&conf)
-        .arg("--link")
-        .arg(&link)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "install: {}", text(&out.stderr));
-    let podman = |args: &[&str]| {
+/// Podman, rootful, with its own storage and configuration, each call inside a mount
+/// namespace of its own.
+struct Podman {
+    /// Its storage (a run root of at most 50 characters: a short scratch directory).
+    store: TempDir,
+    /// The configuration `ferry oci install --podman` wrote.
+    conf: PathBuf,
+}
+
+impl Podman {
+    fn new(dir: &Path) -> Podman {
+        let conf = dir.join("containers.conf");
+        let out = Command::new(FERRY)
+            .args(["oci", "install", "--podman", "--config"])
+            .arg(&conf)
+            .arg("--link")
+            .arg(ferry_oci_link(dir))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "install: {}", text(&out.stderr));
+        Podman {
+            store: TempDir::new("pm"),
+            conf,
+        }
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let pm = self.store.path();
         let mut c = Command::new("unshare");
-        c.env("CONTAINERS_CONF", &conf);
-        c.args(["-m", "--propagation", "private", "--", "podman"])
+        c.env("CONTAINERS_CONF", &self.conf)
+            .args(["-m", "--propagation", "private", "--", "podman"])
             .arg("--root")
             .arg(pm.join("root"))
             .arg("--runroot")
@@ -715,32 +718,35 @@ fn podman_runs_containers_on_ferry(net: &Net, dir: &Path, url: &str, blob: &[u8]
             .args(args)
             .stdin(Stdio::null());
         c
-    };
-    for kind in ["glibc", "busybox"] {
-        let tar = Command::new("tar")
+    }
+
+    /// Imports the rootfs the Docker test built as `ferry-KIND`.
+    fn import(&self, dir: &Path, kind: &str) {
+        let mut tar = Command::new("tar")
             .arg("-C")
             .arg(dir.join(format!("img-{kind}")))
             .args(["-c", "."])
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        let out = podman(&["import", "-", &format!("ferry-{kind}")])
-            .stdin(tar.stdout.unwrap())
+        let out = self
+            .cmd(&["import", "-", &format!("ferry-{kind}")])
+            .stdin(tar.stdout.take().unwrap())
             .output()
             .unwrap();
+        assert!(tar.wait().unwrap().success(), "tar {kind}");
         assert!(
             out.status.success(),
             "podman import {kind}: {}",
             text(&out.stderr)
         );
     }
-    let netns = format!("ns:/run/netns/{ns}");
-    // The name `ferry oci install --podman` registered.
-    let rt = "ferry";
-    // This root lacks CAP_SYS_RESOURCE: podman's default limits (above the hard ones)
-    // could not be set; these can.
-    let run = |extra: &[&str], image: &str, cmd: &[&str]| {
-        let mut args = vec!["run", "--rm", "--network", &netns, "--runtime", rt];
+
+    /// `podman run --rm --network NETNS --runtime ferry EXTRA… IMAGE CMD…`, with limits
+    /// this root can set (it lacks CAP_SYS_RESOURCE: podman's defaults are above the
+    /// hard limits, with runc as with ferry).
+    fn run(&self, netns: &str, extra: &[&str], image: &str, cmd: &[&str]) -> Output {
+        let mut args = vec!["run", "--rm", "--network", netns, "--runtime", "ferry"];
         args.extend([
             "--ulimit",
             "nofile=1024:1024",
@@ -750,8 +756,20 @@ fn podman_runs_containers_on_ferry(net: &Net, dir: &Path, url: &str, blob: &[u8]
         args.extend(extra);
         args.push(image);
         args.extend(cmd);
-        podman(&args).output().unwrap()
-    };
+        self.cmd(&args).output().unwrap()
+    }
+}
+
+/// Podman with the runtime `ferry oci install --podman` registered and `--network
+/// ns:PATH`: a namespace the engine names (the CNI/Kubernetes case), annotations, the
+/// shim's and the TAP's fetches, a refusal, the status.
+fn podman_runs_containers_on_ferry(net: &Net, dir: &Path, url: &str, blob: &[u8]) {
+    let ns = engine_netns(net);
+    let netns = format!("ns:/run/netns/{}", ns.0);
+    let podman = Podman::new(dir);
+    podman.import(dir, "glibc");
+    podman.import(dir, "busybox");
+    let run = |extra: &[&str], image: &str, cmd: &[&str]| podman.run(&netns, extra, image, cmd);
     let shim = run(&[], "ferry-glibc", &["curl", "-sS", url]);
     assert!(shim.stdout == blob, "podman curl: {}", text(&shim.stderr));
     let tap = run(&[], "ferry-busybox", &["wget", "-O", "-", url]);
@@ -777,6 +795,24 @@ fn podman_runs_containers_on_ferry(net: &Net, dir: &Path, url: &str, blob: &[u8]
     );
     let code = run(&[], "ferry-busybox", &["sh", "-c", "exit 9"]);
     assert_eq!(code.status.code(), Some(9), "{}", text(&code.stderr));
+}
+
+/// A namespace as an engine's network plugin would make it: on the test's bridge, at
+/// PREFIX.10.
+fn engine_netns(net: &Net) -> NetnsGone {
+    let ns = format!("{}p", net.remote);
+    let veth = format!("{}p", net.bridge);
+    let ip = |args: &[&str]| assert!(Command::new("ip").args(args).status().unwrap().success());
+    ip(&["netns", "add", &ns]);
+    let gone = NetnsGone(ns.clone());
+    let addr = format!("{}.10/24", net.prefix);
+    ip(&[
+        "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns,
+    ]);
+    ip(&["link", "set", &veth, "master", &net.bridge, "up"]);
+    ip(&["-n", &ns, "addr", "add", &addr, "dev", "eth0"]);
+    ip(&["-n", &ns, "link", "set", "eth0", "up"]);
+    gone
 }
 
 /// Removes a network namespace on drop.

@@ -1,14 +1,14 @@
 //! A container's state directory and the record of its network side.
 //!
 //! The directory is `<root>.ferry/<id>` beside the real runtime's `--root` (so that
-//! engines with their own roots never meet), or `/run/ferry-oci/<id>`. It holds the
+//! engines with their own roots never meet), or `/run/ferry-oci/containers/<id>`. It holds the
 //! rewritten bundle, the sandbox's directory (mounted into the container), the network
 //! side's log and its record ([`Record`]); `delete` removes it.
 
 use std::path::{Path, PathBuf};
 
 /// Where state lives without `--root`.
-pub const DEFAULT_BASE: &str = "/run/ferry-oci";
+pub const DEFAULT_BASE: &str = "/run/ferry-oci/containers";
 
 /// Where the network sides make their run's directories (the control socket's path
 /// must be short: a container id alone is 64 characters).
@@ -125,7 +125,7 @@ mod tests {
             dir(Some(Path::new("/run/docker/runtime-runc/moby")), "c1"),
             PathBuf::from("/run/docker/runtime-runc/moby.ferry/c1")
         );
-        assert_eq!(dir(None, "c1"), PathBuf::from("/run/ferry-oci/c1"));
+        assert_eq!(dir(None, "net"), PathBuf::from("/run/ferry-oci/containers/net"));
     }
 
     #[test]

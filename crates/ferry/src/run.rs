@@ -471,7 +471,8 @@ fn run(
 /// The run's private directory (the admin socket: this user only) and, beside it, the
 /// sandbox's (its control socket); both are removed when this is dropped.
 pub(crate) struct RunDirs {
-    run: PathBuf,
+    /// The run's private directory (the admin socket).
+    pub(crate) run: PathBuf,
     /// The sandbox's directory: its control socket (and, for a container, the shim).
     pub(crate) sandbox: PathBuf,
     _cleanup: [RemoveDir; 2],

@@ -964,6 +964,22 @@ fn kill_9_in_between_leaves_nothing(docker: &Docker) {
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let id = text(&out.stdout).trim().to_owned();
+    // `ferry ctl` finds the container's servers by its id.
+    let list = common::ferry().args(["ctl", "list"]).output().unwrap();
+    assert!(
+        text(&list.stdout).contains(&format!("container {id}")),
+        "{}",
+        text(&list.stdout)
+    );
+    let stats = common::ferry()
+        .args(["ctl", "--run", &id[..12], "stats"])
+        .output()
+        .unwrap();
+    assert!(
+        text(&stats.stdout).contains("nic-0"),
+        "{}",
+        text(&stats.stderr)
+    );
     let record = std::fs::read_to_string(docker.state(&id).join("network.pid")).unwrap();
     let side: i32 = record.split_whitespace().next().unwrap().parse().unwrap();
     // SAFETY: kill with integer arguments.

@@ -125,7 +125,10 @@ mod tests {
             dir(Some(Path::new("/run/docker/runtime-runc/moby")), "c1"),
             PathBuf::from("/run/docker/runtime-runc/moby.ferry/c1")
         );
-        assert_eq!(dir(None, "net"), PathBuf::from("/run/ferry-oci/containers/net"));
+        assert_eq!(
+            dir(None, "net"),
+            PathBuf::from("/run/ferry-oci/containers/net")
+        );
     }
 
     #[test]

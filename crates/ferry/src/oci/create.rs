@@ -29,7 +29,7 @@ pub(super) fn create(inv: &Invocation) -> Result<i32, OciError> {
     let preload = net != Net::Nic && spec::can_load_shim(&spec::rootfs(&spec, &bundle)?);
     let dir = StateDir::make(inv.globals.root.as_deref(), &c.id)?;
     let flat: Vec<String> = flags.into_iter().flat_map(|f| f.args).collect();
-    let mut side = Side::spawn(&dir.0, &engine, &flat)?;
+    let mut side = Side::spawn(&dir.0, &c.id, &engine, &flat)?;
     let ready = side.ready()?;
     if preload {
         place_shim(&ready.dir)?;

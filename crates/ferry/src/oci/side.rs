@@ -81,6 +81,7 @@ impl Side {
     /// Starts the network side for the container whose state is in `dir`.
     pub(super) fn spawn(
         dir: &Path,
+        id: &str,
         engine: &EngineNetns,
         flags: &[String],
     ) -> Result<Side, OciError> {
@@ -93,7 +94,7 @@ impl Side {
             EngineNetns::New => PathBuf::from("new"),
         };
         let mut child = Command::new(exe)
-            .args(["oci", SERVE, "--netns"])
+            .args(["oci", SERVE, "--id", id, "--netns"])
             .arg(netns)
             .arg("--")
             .args(flags)
@@ -246,10 +247,14 @@ fn signal_out(dir: &Path) {
     }
 }
 
-/// `ferry oci _serve --netns PATH|new -- FLAGS…`: the network side.
+/// `ferry oci _serve --id ID --netns PATH|new -- FLAGS…`: the network side.
 pub(super) fn serve(argv: &[String]) -> i32 {
-    let (netns, flags) = match argv {
-        [n, netns, dashes, flags @ ..] if n == "--netns" && dashes == "--" => (netns, flags),
+    let (id, netns, flags) = match argv {
+        [i, id, n, netns, dashes, flags @ ..]
+            if i == "--id" && n == "--netns" && dashes == "--" =>
+        {
+            (id, netns, flags)
+        }
         _ => {
             eprintln!("ferry oci: {SERVE} is started by `ferry oci create`");
             return 2;
@@ -276,7 +281,10 @@ pub(super) fn serve(argv: &[String]) -> i32 {
         eprintln!("ferry oci: creating {}: {e}", state::NET_BASE);
         return 125;
     }
-    let mut work = Container { pidfd: None };
+    let mut work = Container {
+        id: id.clone(),
+        pidfd: None,
+    };
     match run::serve_workload(&a, &mut work) {
         Ok(_) => 0,
         Err(e) => {
@@ -288,6 +296,8 @@ pub(super) fn serve(argv: &[String]) -> i32 {
 
 /// The container, as `ferry run`'s steps serve it.
 struct Container {
+    /// Its id (written beside the admin socket, for `ferry ctl list`).
+    id: String,
     /// Its first process, once created.
     pidfd: Option<OwnedFd>,
 }
@@ -303,6 +313,9 @@ impl Workload for Container {
         dirs: &RunDirs,
     ) -> Result<i32, RunError> {
         let gone = |what: &str| RunError::Workload(format!("the container's runtime {what}"));
+        if let Err(e) = std::fs::write(dirs.run.join(crate::ctl::CONTAINER), &self.id) {
+            tracing::warn!("`ferry ctl list` will not name this container: {e}");
+        }
         let mut out = std::io::stdout().lock();
         writeln!(out, "ready {} {}", sandbox.pid(), dirs.sandbox.display())
             .and_then(|()| out.flush())

@@ -19,11 +19,13 @@ PACKAGES=(
     iperf3 sockperf nginx-light redis-server redis-tools slirp4netns passt wrk hyperfine
     uidmap curl iproute2 procps fonts-dejavu-core python3 gzip g++ iputils-ping
     bind9-dnsutils socat netcat-openbsd nodejs golang-go busybox-static git openssh-client
-    libpython3.11-testsuite linux-perf make
+    libpython3.11-testsuite linux-perf make docker.io podman
 )
-SERVICES=(redis-server nginx iperf3)
+SERVICES=(redis-server nginx iperf3 docker containerd)
 # linux-perf: `ferry bench R2` counts system calls per request with perf record; make:
 # scripts/build-peers.sh builds the newest pasta from a source tree.
+# docker.io (with containerd, runc) and podman: `ferry oci`'s tests start their own
+# dockerd (no service is started here) and run podman with their own storage.
 # libpython3.11-testsuite: CPython's own regression tests for Debian's python3
 # (scripts/cpython-suites.py runs its network suites natively and through ferry).
 # The fuzz targets' runner (scripts/fuzz.sh); libfuzzer-sys builds with g++.
@@ -99,6 +101,11 @@ for s in "${SERVICES[@]}"; do
     fi
     say "service $s stopped and disabled"
 done
+# A system dockerd would change the firewall (FORWARD DROP) and make docker0 under the
+# other tests: its socket activation is off too.
+if [ "$systemd_running" = 1 ] && [ -e /lib/systemd/system/docker.socket ]; then
+    systemctl disable --now docker.socket >/dev/null 2>&1 || true
+fi
 # A daemon the packages started that the service command did not stop is killed by
 # the pid in its pidfile (never by name: hand-started instances are left alone).
 for pidfile in /run/redis/redis-server.pid /run/nginx.pid /run/iperf3.pid; do

@@ -20,11 +20,15 @@ use ferry_server::{Control, parse_server, server_name};
 /// File name of the admin socket in a run's directory.
 pub const ADMIN_SOCKET: &str = "admin.sock";
 
+/// Beside the admin socket of a container's network side (`ferry oci`): its id.
+pub const CONTAINER: &str = "container";
+
 #[derive(Debug, Args)]
 pub struct CtlArgs {
-    /// The run to talk to: the process id of its `ferry run`, or its admin socket path
-    /// (default: the only run of this user).
-    #[arg(long, value_name = "PID|PATH")]
+    /// The run to talk to: the process id of its `ferry run`, its admin socket path, or
+    /// (a prefix of) the id of a container run by `ferry oci` (default: the only run of
+    /// this user).
+    #[arg(long, value_name = "PID|PATH|CONTAINER")]
     pub run: Option<String>,
     #[command(subcommand)]
     pub what: CtlCommand,
@@ -136,13 +140,13 @@ fn handle(line: &str, control: &Control, nics: &Nics) -> String {
     }
 }
 
-/// Admin sockets of this user's runs whose `ferry run` is alive, with its pid.
+/// Admin sockets of this user's runs whose `ferry run` is alive, with its pid: those
+/// in the temporary directory, and the network sides of containers (`ferry oci`).
 fn runs() -> Vec<(u32, PathBuf)> {
-    let Ok(dir) = std::fs::read_dir(std::env::temp_dir()) else {
-        return Vec::new();
-    };
-    let mut out: Vec<(u32, PathBuf)> = dir
-        .flatten()
+    let mut out: Vec<(u32, PathBuf)> = [std::env::temp_dir(), ferry_oci::state::NET_BASE.into()]
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flat_map(|dir| dir.flatten())
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
             let pid: u32 = name
@@ -159,10 +163,22 @@ fn runs() -> Vec<(u32, PathBuf)> {
     out
 }
 
+/// The container a run serves (`ferry oci`), if it is one.
+fn container(sock: &Path) -> Option<String> {
+    std::fs::read_to_string(sock.with_file_name(CONTAINER)).ok()
+}
+
 fn pick_run(run: Option<&str>) -> Result<PathBuf, String> {
     let all = runs();
     match run {
         Some(r) if r.contains('/') => Ok(PathBuf::from(r)),
+        Some(r) if r.parse::<u32>().is_err() => all
+            .into_iter()
+            .find(|(_, s)| container(s).is_some_and(|c| c.starts_with(r)))
+            .map(|(_, s)| s)
+            .ok_or_else(|| {
+                format!("--run: `{r}` is not a process id, a path or a running container's id")
+            }),
         Some(r) => {
             let pid: u32 = r
                 .parse()
@@ -204,7 +220,10 @@ pub fn request(sock: &Path, line: &str) -> Result<String, String> {
 pub fn main(a: CtlArgs) -> i32 {
     if let CtlCommand::List = a.what {
         for (pid, sock) in runs() {
-            println!("{pid}\t{}", sock.display());
+            match container(&sock) {
+                Some(id) => println!("{pid}\t{}\tcontainer {id}", sock.display()),
+                None => println!("{pid}\t{}", sock.display()),
+            }
         }
         return 0;
     }

@@ -8,6 +8,7 @@ mod args;
 mod bench;
 mod ctl;
 mod demo;
+mod oci;
 mod run;
 mod stop;
 
@@ -37,6 +38,25 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Talk to a running `ferry run`: live per-server counters, move a server to a CPU.
     Ctl(ctl::CtlArgs),
+    /// Be an OCI runtime for container engines (runc's command line, delegating to the
+    /// real runc): the container's processes get ferry's sandbox network. `ferry oci
+    /// --help` says more; also run as `ferry-oci` (a link so named).
+    Oci {
+        /// runc's arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+/// `ferry oci ARGS…` or `ferry-oci ARGS…`: runc's command line, which clap does not
+/// parse (its global options come before the command).
+fn oci_argv() -> Option<Vec<String>> {
+    let mut argv = std::env::args_os().map(|a| a.to_string_lossy().into_owned());
+    let name = argv.next()?;
+    if std::path::Path::new(&name).file_name()? == "ferry-oci" {
+        return Some(argv.collect());
+    }
+    (argv.next()? == "oci").then(|| argv.collect())
 }
 
 /// `RLIMIT_NOFILE`'s soft limit when ferry started and after [`ferry_sys::raise_nofile_limit`]
@@ -60,14 +80,23 @@ pub(crate) fn log_nofile() {
 
 fn main() -> ExitCode {
     run::timing::started();
-    let cli = Cli::parse();
+    let oci = oci_argv();
+    let cli = match oci {
+        Some(_) => None,
+        None => Some(Cli::parse()),
+    };
     // Two descriptors per sandbox connection (host socket, pair end): raise the soft
     // limit to the hard one before anything opens. The program gets the limit ferry
     // was started with back (`run`).
     let _ = NOFILE.set(ferry_sys::raise_nofile_limit().ok());
     // The server writes to sockets the sandbox may have closed: it must get EPIPE.
     let _ = ferry_sys::ignore_sigpipe();
+    let Some(cli) = cli else {
+        let code = oci::main(oci.unwrap_or_default());
+        return ExitCode::from(code.clamp(0, 255) as u8);
+    };
     let code = match cli.command {
+        Command::Oci { args } => oci::main(args),
         Command::Run(a) => run::main(*a),
         Command::Demo(a) => demo::main(a),
         Command::Bench(a) => bench::main(a),

@@ -25,6 +25,7 @@ pub mod timing;
 use dns::{dns_upstreams, start_dns};
 use nic::set_up_nic;
 use serve::{Serving, report, serve_admin};
+pub(crate) use shim::find_preload;
 use shim::{Shim, find_shim, warn_if_static};
 use timing::Stages;
 
@@ -203,6 +204,14 @@ fn policy(a: &RunArgs) -> Result<Policy, String> {
     Ok(Policy::new(rules).with_handoff(handoff))
 }
 
+/// The checks `ferry run` makes of its options before anything starts (`--allow`,
+/// `--deny`, `--dns`), for `ferry oci create` to refuse a bad option up front.
+pub(crate) fn check_plan(a: &RunArgs) -> Result<(), String> {
+    policy(a)?;
+    dns_upstreams(&a.dns, &[])?;
+    Ok(())
+}
+
 /// Reads the `--module` files and checks their targets.
 fn module_rules(a: &RunArgs) -> Result<Vec<ferry_server::ModuleRule>, String> {
     let mut rules = Vec::new();
@@ -229,7 +238,7 @@ pub fn main(a: RunArgs) -> i32 {
     init_logging(a.verbose);
     crate::log_nofile();
     let mut stages = Stages::from_env();
-    let code = match bond(&a).and_then(|bond| run(&a, bond, &mut stages)) {
+    let code = match bond(&a).and_then(|bond| run(&a, bond, &mut Program, &mut stages)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("ferry: {e}");
@@ -294,6 +303,9 @@ pub enum RunError {
     /// A server thread panicked or failed: the message says which.
     #[error("{0}")]
     Drain(String),
+    /// The workload's own step (`ferry oci`: the container's runtime, its pid).
+    #[error("{0}")]
+    Workload(String),
 }
 
 impl RunError {
@@ -307,6 +319,48 @@ impl RunError {
             _ => EXIT_SETUP,
         }
     }
+}
+
+/// What [`run`] serves: `ferry run`'s program, held in the sandbox until the servers
+/// are ready ([`Program`]), or (`ferry oci`) a container whose processes join the
+/// sandbox's network namespace. The seam between the steps that are the same for both
+/// (servers, sandbox, TAP, DNS, confinement, drain) and those that are not.
+pub(crate) trait Workload {
+    /// Where the run's directories are made.
+    fn dirs_base(&self) -> PathBuf {
+        std::env::temp_dir()
+    }
+
+    /// The sandbox, its TAP and DNS are ready in `dirs`: let the workload go. Returns
+    /// the pid whose descendants may open channels to the servers.
+    fn go(&mut self, sandbox: &mut ferry_sandbox::Sandbox, dirs: &RunDirs)
+    -> Result<i32, RunError>;
+
+    /// The servers serve.
+    fn serving(&mut self) {}
+
+    /// Waits for the workload's end: the status to pass on.
+    fn wait(&mut self, sandbox: &mut ferry_sandbox::Sandbox) -> Result<i32, RunError>;
+}
+
+/// `ferry run`'s workload: the command, held until [`Workload::go`].
+struct Program;
+
+impl Workload for Program {
+    fn go(&mut self, sandbox: &mut ferry_sandbox::Sandbox, _: &RunDirs) -> Result<i32, RunError> {
+        sandbox.start().map_err(RunError::Start)?;
+        Ok(sandbox.pid())
+    }
+
+    fn wait(&mut self, sandbox: &mut ferry_sandbox::Sandbox) -> Result<i32, RunError> {
+        sandbox.wait().map_err(RunError::Wait)
+    }
+}
+
+/// Serves `work` with `ferry run`'s options `a` (`ferry oci`'s network side).
+pub(crate) fn serve_workload(a: &RunArgs, work: &mut dyn Workload) -> Result<i32, RunError> {
+    let mut stages = Stages::from_env();
+    bond(a).and_then(|bond| run(a, bond, work, &mut stages))
 }
 
 /// Builds the bond from `--egress`/`--bond`; every address must be on this host.
@@ -352,12 +406,17 @@ fn host_addresses() -> Result<Vec<(String, IpAddr)>, RunError> {
 /// the sandbox → make it → set up nic mode → start DNS → let the program go → confine →
 /// serve → wait for the program → drain the servers → report. Returns the program's
 /// exit status. `t` times each step (`FERRY_TIMING`).
-fn run(a: &RunArgs, bond: Option<Arc<Bond>>, t: &mut Stages) -> Result<i32, RunError> {
+fn run(
+    a: &RunArgs,
+    bond: Option<Arc<Bond>>,
+    work: &mut dyn Workload,
+    t: &mut Stages,
+) -> Result<i32, RunError> {
     let policy = policy(a).map_err(RunError::Plan)?;
     dns_upstreams(&a.dns, &[]).map_err(RunError::Plan)?; // refuse a malformed --dns first
     t.mark("plan");
     let preload = find_shim(a)?;
-    let dirs = RunDirs::make()?;
+    let dirs = RunDirs::make(&work.dirs_base())?;
     let shim = preload
         .map(|p| Shim::place(&p, &dirs.sandbox))
         .transpose()?;
@@ -367,7 +426,6 @@ fn run(a: &RunArgs, bond: Option<Arc<Bond>>, t: &mut Stages) -> Result<i32, RunE
     t.mark("servers");
     let spec = sandbox_spec(a, &dirs, shim.as_ref())?;
     let mut sandbox = make_sandbox(a, &spec, &factory)?;
-    servers.first().restrict_to_descendants_of(sandbox.pid());
     t.mark("sandbox");
     let nic = if a.net == Net::Socket {
         nic::Nic::default()
@@ -379,8 +437,14 @@ fn run(a: &RunArgs, bond: Option<Arc<Bond>>, t: &mut Stages) -> Result<i32, RunE
         warn!("DNS forwarding is off: {e}");
     }
     t.mark("dns");
-    sandbox.start().map_err(RunError::Start)?;
-    debug!("sandbox init pid {}", sandbox.pid());
+    // The servers accept channels only once they serve, below: no process of the
+    // workload can open one before the restriction is in place.
+    let owner = work.go(&mut sandbox, &dirs)?;
+    servers.first().restrict_to_descendants_of(owner);
+    debug!(
+        "sandbox init pid {}, channels for descendants of {owner}",
+        sandbox.pid()
+    );
     let admin = crate::ctl::listen(&dirs.run.join(crate::ctl::ADMIN_SOCKET))
         .map_err(|e| warn!("`ferry ctl` is off for this run: {e}"))
         .ok();
@@ -400,8 +464,9 @@ fn run(a: &RunArgs, bond: Option<Arc<Bond>>, t: &mut Stages) -> Result<i32, RunE
         serve_admin(admin, &servers, &nic.servers, sandbox.pid());
     }
     let serving = Serving::start(servers, nic.servers)?;
+    work.serving();
     t.mark("serve");
-    let code = sandbox.wait().map_err(RunError::Wait)?;
+    let code = work.wait(&mut sandbox)?;
     t.mark("wait");
     signals.stopping();
     let Some(drained) = serving.drain()? else {
@@ -417,15 +482,17 @@ fn run(a: &RunArgs, bond: Option<Arc<Bond>>, t: &mut Stages) -> Result<i32, RunE
 
 /// The run's private directory (the admin socket: this user only) and, beside it, the
 /// sandbox's (its control socket); both are removed when this is dropped.
-struct RunDirs {
-    run: PathBuf,
-    sandbox: PathBuf,
+pub(crate) struct RunDirs {
+    /// The run's private directory (the admin socket).
+    pub(crate) run: PathBuf,
+    /// The sandbox's directory: its control socket (and, for a container, the shim).
+    pub(crate) sandbox: PathBuf,
     _cleanup: [RemoveDir; 2],
 }
 
 impl RunDirs {
-    fn make() -> Result<RunDirs, RunError> {
-        let run = std::env::temp_dir().join(format!("ferry-{}-{}", std::process::id(), nanos()));
+    fn make(base: &Path) -> Result<RunDirs, RunError> {
+        let run = base.join(format!("ferry-{}-{}", std::process::id(), nanos()));
         let sandbox = run.with_extension("sandbox");
         let mkdir = |d: &Path, mode| {
             std::fs::create_dir(d)

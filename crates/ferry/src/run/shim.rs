@@ -36,7 +36,7 @@ impl Shim {
 }
 
 /// Where the shim library is: `FERRY_PRELOAD`, or next to the ferry binary.
-fn find_preload() -> Result<PathBuf, String> {
+pub(crate) fn find_preload() -> Result<PathBuf, String> {
     if let Some(p) = std::env::var_os("FERRY_PRELOAD") {
         return Ok(PathBuf::from(p));
     }

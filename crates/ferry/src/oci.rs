@@ -1,0 +1,271 @@
+//! `ferry oci`: ferry as an OCI runtime for container engines (also run as `ferry-oci`,
+//! a link named so, for engines that take one path: containerd, Podman).
+//!
+//! It speaks runc's command line and delegates to the real runtime (runc, found in
+//! `PATH` or named by `--runtime`/`FERRY_OCI_RUNTIME`) after rewriting the bundle
+//! (`ferry_oci::spec`). `create` first starts the container's network side
+//! (`side.rs`): `ferry run`'s servers, sandbox, TAP and DNS, in the network namespace
+//! the engine gave the container, for the container's lifetime; the container's
+//! processes join the sandbox's namespace. `delete` stops the network side (if the
+//! container's end has not already) and removes the container's state. Every other
+//! command goes to the real runtime unchanged. Errors go to stderr and, as runc's do,
+//! to the engine's `--log` (JSON with `--log-format json`), where engines read them.
+
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ferry_oci::args::{self, Globals, Invocation};
+use ferry_oci::state;
+
+mod create;
+mod install;
+mod side;
+
+/// Why `ferry oci` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OciError {
+    /// A bad command line.
+    #[error(transparent)]
+    Args(#[from] args::ArgsError),
+    /// An unknown option key.
+    #[error(transparent)]
+    Options(#[from] ferry_oci::options::OptionError),
+    /// A bundle ferry cannot run.
+    #[error(transparent)]
+    Spec(#[from] ferry_oci::spec::SpecError),
+    /// A bad container id.
+    #[error(transparent)]
+    Id(#[from] state::IdError),
+    /// A bad option value (`source` names the annotation or preset).
+    #[error("{origin}: {message}")]
+    Value {
+        /// Where it came from.
+        origin: String,
+        /// What `ferry run`'s parser said.
+        message: String,
+    },
+    /// The real runtime cannot be found.
+    #[error("{0}")]
+    Runtime(String),
+    /// A container with this id exists already.
+    #[error("container {0} already exists")]
+    Exists(String),
+    /// A file or process operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was done.
+        what: String,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// The network side failed to start: what it said.
+    #[error("the container's network side failed: {0}")]
+    Side(String),
+    /// The real runtime failed with this status (it said why itself).
+    #[error("the real runtime exited with status {0}")]
+    Failed(i32),
+}
+
+impl OciError {
+    fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> OciError {
+        let what = what.into();
+        move |source| OciError::Io { what, source }
+    }
+}
+
+/// `ferry oci ARGS…` (or `ferry-oci ARGS…`); returns the exit status.
+pub fn main(argv: Vec<String>) -> i32 {
+    let inv = match args::parse(&argv) {
+        Ok(inv) => inv,
+        Err(e) => {
+            eprintln!("ferry oci: {e}");
+            return 2;
+        }
+    };
+    if inv.version {
+        return version(&inv.globals);
+    }
+    let Some(command) = inv.command.clone() else {
+        print!("{USAGE}");
+        return if inv.help { 0 } else { 2 };
+    };
+    let result = match command.as_str() {
+        "create" => create::create(&inv),
+        "delete" => delete(&inv),
+        "hook" => hook(&inv.args),
+        side::SERVE => return side::serve(&inv.args),
+        "install" => install::install(&inv),
+        _ => passthrough(&inv, &command),
+    };
+    match result {
+        Ok(code) => code,
+        Err(OciError::Failed(code)) => code,
+        Err(e) => {
+            report(&inv.globals, &e.to_string());
+            1
+        }
+    }
+}
+
+const USAGE: &str = "\
+ferry oci: ferry as an OCI runtime (runc's command line; the real runtime does the rest)
+
+usage: ferry oci [GLOBAL…] COMMAND [OPTION…] ID
+  commands: create start state kill delete exec ps features pause resume events update
+            (all but create and delete go to the real runtime unchanged), install
+  runc's globals: --root DIR --log FILE --log-format text|json --systemd-cgroup --debug
+  ferry's globals: --runtime PATH (the real runtime; default runc in PATH, or
+            FERRY_OCI_RUNTIME), --preset KEY=VALUE (a ferry.* option for every container)
+  container options (annotations): ferry.allow ferry.deny ferry.net ferry.servers
+            ferry.nic-servers ferry.spin ferry.server-spin ferry.dns ferry.mtu ferry.publish
+  install: ferry oci install --docker|--podman|--containerd [--name NAME] [--preset K=V…]
+";
+
+/// Says `msg` on stderr and in the engine's log (where engines read a runtime's error).
+fn report(g: &Globals, msg: &str) {
+    eprintln!("ferry oci: {msg}");
+    let Some(log) = &g.log else { return };
+    let line = if g.log_json {
+        serde_json::json!({"level": "error", "msg": format!("ferry oci: {msg}")}).to_string()
+    } else {
+        format!("level=error msg=\"ferry oci: {}\"", msg.replace('"', "'"))
+    };
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+    {
+        let _ = writeln!(f, "{line}");
+    }
+}
+
+/// The real runtime: `--runtime`, `FERRY_OCI_RUNTIME`, else `runc` in `PATH` or the
+/// usual system directories.
+pub(crate) fn real_runtime(g: &Globals) -> Result<PathBuf, OciError> {
+    let named = g
+        .runtime
+        .clone()
+        .or_else(|| std::env::var_os("FERRY_OCI_RUNTIME").map(PathBuf::from));
+    if let Some(p) = named {
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(OciError::Runtime(format!(
+                "the real OCI runtime {} does not exist (--runtime or FERRY_OCI_RUNTIME)",
+                p.display()
+            )))
+        };
+    }
+    let me = std::env::current_exe().and_then(|p| p.canonicalize()).ok();
+    // Engines may run their runtime with a short PATH (conmon): the usual places too.
+    let usual = [
+        "/usr/local/sbin",
+        "/usr/local/bin",
+        "/usr/sbin",
+        "/usr/bin",
+        "/sbin",
+        "/bin",
+    ];
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .chain(usual.iter().map(PathBuf::from))
+        .map(|d| d.join("runc"))
+        .find(|c| c.is_file() && c.canonicalize().ok() != me)
+        .ok_or_else(|| {
+            OciError::Runtime(
+                "cannot find the real OCI runtime: no runc in PATH or /usr/sbin, /usr/bin, /usr/local/… (install runc, or name it with --runtime PATH or FERRY_OCI_RUNTIME)".into(),
+            )
+        })
+}
+
+/// The real runtime with the engine's global options.
+pub(crate) fn runtime_command(g: &Globals) -> Result<Command, OciError> {
+    let mut cmd = Command::new(real_runtime(g)?);
+    cmd.args(&g.forward);
+    Ok(cmd)
+}
+
+/// Runs `command` on the real runtime in this process's place.
+fn passthrough(inv: &Invocation, command: &str) -> Result<i32, OciError> {
+    let mut cmd = runtime_command(&inv.globals)?;
+    let e = cmd.arg(command).args(&inv.args).exec();
+    Err(OciError::io("starting the real runtime")(e))
+}
+
+/// `--version`: ferry's, then the real runtime's.
+fn version(g: &Globals) -> i32 {
+    println!("ferry oci version {}", env!("CARGO_PKG_VERSION"));
+    println!("spec: 1.0.2");
+    if let Ok(mut cmd) = runtime_command(g) {
+        let _ = std::io::stdout().flush();
+        let _ = cmd.arg("--version").status();
+    }
+    0
+}
+
+/// `delete [--force] ID`: the real runtime's delete, then the network side stopped and
+/// the container's state removed (whatever the runtime said).
+fn delete(inv: &Invocation) -> Result<i32, OciError> {
+    let (force, id) = args::parse_delete(&inv.args)?;
+    state::check_id(&id)?;
+    let mut cmd = runtime_command(&inv.globals)?;
+    cmd.arg("delete");
+    if force {
+        cmd.arg("--force");
+    }
+    let status = cmd
+        .arg(&id)
+        .status()
+        .map_err(OciError::io("running the real runtime's delete"))?;
+    let dir = state::dir(inv.globals.root.as_deref(), &id);
+    side::stop(&dir);
+    remove_state(&dir);
+    match status.code() {
+        Some(0) => Ok(0),
+        Some(c) => Err(OciError::Failed(c)),
+        None => Err(OciError::Failed(1)),
+    }
+}
+
+/// Removes a container's state directory (made by `create`; never a mount point).
+pub(crate) fn remove_state(dir: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(dir)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!("cannot remove {}: {e}", dir.display());
+    }
+}
+
+/// `hook --pid PID -- PATH ARGV…`: runs an engine's hook with the state it reads on
+/// stdin showing `PID` (the network side) as the container's process.
+fn hook(argv: &[String]) -> Result<i32, OciError> {
+    let bad = || OciError::Runtime("hook: expected --pid PID -- PATH [ARGV…]".into());
+    let (pid, rest) = match argv {
+        [flag, pid, dashes, rest @ ..] if flag == "--pid" && dashes == "--" => (pid, rest),
+        _ => return Err(bad()),
+    };
+    let pid: u32 = pid.parse().map_err(|_| bad())?;
+    let (path, hook_argv) = rest.split_first().ok_or_else(bad)?;
+    let mut state = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::stdin(), &mut state)
+        .map_err(OciError::io("hook: reading the state"))?;
+    let state = ferry_oci::spec::hook_state(&state, pid)?;
+    let mut cmd = Command::new(path);
+    if let Some((arg0, args)) = hook_argv.split_first() {
+        cmd.arg0(arg0).args(args);
+    }
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .map_err(OciError::io(format!("hook: starting {path}")))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(&state);
+    }
+    let status = child
+        .wait()
+        .map_err(OciError::io(format!("hook: waiting for {path}")))?;
+    Ok(status.code().unwrap_or(1))
+}

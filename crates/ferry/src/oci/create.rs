@@ -1,0 +1,174 @@
+//! `ferry oci create`: check the container's options → make its state directory →
+//! start its network side → place the shim → rewrite the bundle → the real runtime's
+//! create (into the sandbox's namespace) → give the network side the container's pid.
+//! Any failure leaves nothing: the network side is killed and the state removed.
+
+use std::path::{Path, PathBuf};
+
+use ferry_oci::args::{self, Invocation};
+use ferry_oci::options::{self, Flag};
+use ferry_oci::spec::{self, Rewrite};
+use ferry_oci::state;
+use serde_json::Value;
+
+use super::side::{self, Side};
+use super::{OciError, remove_state, runtime_command};
+use crate::run::{self, Net};
+
+/// `create [OPTION…] ID`.
+pub(super) fn create(inv: &Invocation) -> Result<i32, OciError> {
+    let c = args::parse_create(&inv.args)?;
+    state::check_id(&c.id)?;
+    let mut runtime = runtime_command(&inv.globals)?;
+    let bundle = std::path::absolute(&c.bundle)
+        .map_err(OciError::io(format!("bundle {}", c.bundle.display())))?;
+    let spec = read_spec(&bundle)?;
+    let engine = spec::engine_netns(&spec)?;
+    let flags = options::flags(&inv.globals.presets, &spec::annotations(&spec))?;
+    let net = check(&flags)?;
+    let preload = net != Net::Nic && spec::can_load_shim(&spec::rootfs(&spec, &bundle)?);
+    let dir = StateDir::make(inv.globals.root.as_deref(), &c.id)?;
+    let flat: Vec<String> = flags.into_iter().flat_map(|f| f.args).collect();
+    let mut side = Side::spawn(&dir.0, &c.id, &engine, &flat)?;
+    let ready = side.ready()?;
+    if preload {
+        place_shim(&ready.dir)?;
+    }
+    side.record(&dir.0, &ready)?;
+    let ferry = std::env::current_exe().map_err(OciError::io("locating the ferry binary"))?;
+    let spec = spec::rewrite(
+        spec,
+        &Rewrite {
+            netns: PathBuf::from(format!("/proc/{}/ns/net", ready.holder)),
+            dir: &ready.dir,
+            preload,
+            ferry: &ferry,
+            hook_pid: side.pid(),
+            bundle: &bundle,
+        },
+    )?;
+    let ours = write_bundle(&dir.0, &spec)?;
+    let pid_file = c
+        .pid_file
+        .clone()
+        .unwrap_or_else(|| dir.0.join("container.pid"));
+    let status = runtime
+        .arg("create")
+        .arg("--bundle")
+        .arg(&ours)
+        .arg("--pid-file")
+        .arg(&pid_file)
+        .args(&c.forward)
+        .arg(&c.id)
+        .status()
+        .map_err(OciError::io("running the real runtime's create"))?;
+    if !status.success() {
+        return Err(OciError::Failed(status.code().unwrap_or(1)));
+    }
+    side.container(read_pid(&pid_file)?)?;
+    side.keep();
+    dir.keep();
+    Ok(0)
+}
+
+fn read_spec(bundle: &Path) -> Result<Value, OciError> {
+    let path = bundle.join("config.json");
+    let text = std::fs::read(&path).map_err(OciError::io(format!("reading {}", path.display())))?;
+    serde_json::from_slice(&text).map_err(|e| OciError::Io {
+        what: format!("parsing {}", path.display()),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+    })
+}
+
+/// Checks the options as `ferry run` would (its parser, its policy and DNS checks);
+/// a refused one is named by its source. Returns the network mode.
+fn check(flags: &[Flag]) -> Result<Net, OciError> {
+    for f in flags {
+        if let Err(message) = side::parse_run(&f.args).and_then(|a| run::check_plan(&a)) {
+            return Err(OciError::Value {
+                origin: f.source.clone(),
+                message,
+            });
+        }
+    }
+    let all: Vec<String> = flags.iter().flat_map(|f| f.args.clone()).collect();
+    let together = |message| OciError::Value {
+        origin: "the container's ferry options together".into(),
+        message,
+    };
+    let a = side::parse_run(&all).map_err(together)?;
+    run::check_plan(&a).map_err(together)?;
+    Ok(a.net)
+}
+
+/// The container's state directory: removed when dropped unless [`StateDir::keep`].
+struct StateDir(PathBuf, bool);
+
+impl StateDir {
+    fn make(root: Option<&Path>, id: &str) -> Result<StateDir, OciError> {
+        let dir = state::dir(root, id);
+        let runtime_state = root.unwrap_or(Path::new("/run/runc")).join(id);
+        if runtime_state.exists() {
+            return Err(OciError::Exists(id.to_owned()));
+        }
+        if let Some(parent) = dir.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(OciError::io(format!("creating {}", parent.display())))?;
+        }
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(OciError::Exists(id.to_owned()));
+            }
+            Err(e) => return Err(OciError::io(format!("creating {}", dir.display()))(e)),
+        }
+        let made = StateDir(dir, false);
+        // The sandbox's directory inside must be reachable by the container's users.
+        ferry_sys::chmod(&made.0, 0o711)
+            .map_err(OciError::io(format!("chmod {}", made.0.display())))?;
+        Ok(made)
+    }
+
+    fn keep(mut self) {
+        self.1 = true;
+    }
+}
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        if !self.1 {
+            remove_state(&self.0);
+        }
+    }
+}
+
+/// Copies the shim into the sandbox's directory (mounted into the container).
+fn place_shim(dir: &Path) -> Result<(), OciError> {
+    let shim = run::find_preload().map_err(OciError::Runtime)?;
+    let to = dir.join(spec::SHIM);
+    std::fs::copy(&shim, &to)
+        .and_then(|_| ferry_sys::chmod(&to, 0o644))
+        .map_err(OciError::io(format!(
+            "copying {} for the container",
+            shim.display()
+        )))
+}
+
+/// Writes the rewritten bundle into the state directory; returns its path.
+fn write_bundle(dir: &Path, spec: &Value) -> Result<PathBuf, OciError> {
+    let bundle = dir.join("bundle");
+    let path = bundle.join("config.json");
+    std::fs::create_dir(&bundle)
+        .and_then(|()| std::fs::write(&path, spec.to_string()))
+        .map_err(OciError::io(format!("writing {}", path.display())))?;
+    Ok(bundle)
+}
+
+/// The container's pid, as the real runtime wrote it.
+fn read_pid(path: &Path) -> Result<u32, OciError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(OciError::io(format!("reading {}", path.display())))?;
+    text.trim()
+        .parse()
+        .map_err(|_| OciError::Side(format!("{} holds no pid", path.display())))
+}

@@ -1,0 +1,350 @@
+//! A container's network side: the process `create` starts, in the network namespace
+//! the engine gave the container, that runs `ferry run`'s steps (servers, sandbox,
+//! TAP, DNS) for the container instead of a program ([`Container`], a
+//! [`Workload`](crate::run::Workload)).
+//!
+//! Its talk with `create`, one line each on its stdin and stdout: "ready HOLDER DIR"
+//! (the sandbox is made: its namespace is `/proc/HOLDER/ns/net`, its directory DIR) →
+//! the container's pid (the real runtime has created it) → "serving". It ends when the
+//! container's first process ends (a pidfd), when `delete` stops it (SIGTERM goes to the
+//! sandbox, which then ends), or when `create` gives up (stdin closed). Its sandbox's
+//! held command never runs: it holds the namespace, and exits when the network side
+//! does, however that ends (its gate closes).
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+use clap::Parser;
+use ferry_oci::spec::EngineNetns;
+use ferry_oci::state::{self, Record};
+use ferry_oci::sys;
+
+use super::OciError;
+use crate::run::{self, RunArgs, RunDirs, RunError, Workload};
+
+/// The network side's command (hidden: `create` starts it).
+pub(super) const SERVE: &str = "_serve";
+/// The sandbox's held command: never run.
+const HOLDER: &str = "ferry-oci-holder";
+/// The network side's log, in the container's state directory.
+const LOG: &str = "network.log";
+/// Its record (pid, start time).
+const RECORD: &str = "network.pid";
+/// The sandbox's directory it made (removed by `delete` if it could not).
+const NET_DIR: &str = "network.dir";
+
+/// `ferry run`'s options, parsed as `ferry run` would.
+#[derive(Debug, Parser)]
+#[command(name = "ferry oci", no_binary_name = true)]
+struct RunCli {
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+/// Parses `flags` (from `ferry_oci::options`) as `ferry run`'s.
+pub(super) fn parse_run(flags: &[String]) -> Result<RunArgs, String> {
+    let argv = flags.iter().map(String::as_str).chain(["--", HOLDER]);
+    match RunCli::try_parse_from(argv) {
+        Ok(c) => Ok(c.run),
+        Err(e) => {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or("invalid value");
+            Err(first.trim_start_matches("error: ").to_owned())
+        }
+    }
+}
+
+/// The network side, seen from `create`: killed when dropped unless [`Side::keep`].
+pub(super) struct Side {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    log: PathBuf,
+    /// The sandbox's directory, once it said "ready".
+    made: Option<PathBuf>,
+    kept: bool,
+}
+
+/// What "ready" says.
+pub(super) struct Ready {
+    /// The process holding the sandbox's network namespace.
+    pub(super) holder: u32,
+    /// The sandbox's directory (control socket, shim).
+    pub(super) dir: PathBuf,
+}
+
+impl Side {
+    /// Starts the network side for the container whose state is in `dir`.
+    pub(super) fn spawn(
+        dir: &Path,
+        id: &str,
+        engine: &EngineNetns,
+        flags: &[String],
+    ) -> Result<Side, OciError> {
+        let exe = std::env::current_exe().map_err(OciError::io("locating the ferry binary"))?;
+        let log = dir.join(LOG);
+        let log_file = std::fs::File::create(&log)
+            .map_err(OciError::io(format!("creating {}", log.display())))?;
+        let netns = match engine {
+            EngineNetns::Join(p) => p.clone(),
+            EngineNetns::New => PathBuf::from("new"),
+        };
+        let mut child = Command::new(exe)
+            .args(["oci", SERVE, "--id", id, "--netns"])
+            .arg(netns)
+            .arg("--")
+            .args(flags)
+            .env("NO_COLOR", "1")
+            .current_dir("/")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log_file)
+            // Out of the engine's process group: its signals to the runtime are not ours.
+            .process_group(0)
+            .spawn()
+            .map_err(OciError::io("starting the network side"))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            return Err(OciError::Side("no pipes".into()));
+        };
+        Ok(Side {
+            child,
+            stdin: Some(stdin),
+            stdout: BufReader::new(stdout),
+            log,
+            made: None,
+            kept: false,
+        })
+    }
+
+    /// Waits for "ready".
+    pub(super) fn ready(&mut self) -> Result<Ready, OciError> {
+        let line = self.line()?;
+        let mut it = line.split_whitespace();
+        match (it.next(), it.next().and_then(|p| p.parse().ok()), it.next()) {
+            (Some("ready"), Some(holder), Some(dir)) => {
+                self.made = Some(dir.into());
+                Ok(Ready {
+                    holder,
+                    dir: dir.into(),
+                })
+            }
+            _ => Err(self.failed()),
+        }
+    }
+
+    /// Writes its record and its sandbox's directory into the state directory `dir`.
+    pub(super) fn record(&self, dir: &Path, ready: &Ready) -> Result<(), OciError> {
+        let pid = self.child.id();
+        let start = state::start_time(pid).ok_or_else(|| OciError::Side("it exited".into()))?;
+        let write = |name: &str, text: String| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).map_err(OciError::io(format!("writing {}", path.display())))
+        };
+        write(RECORD, Record { pid, start }.encode())?;
+        write(NET_DIR, ready.dir.display().to_string())
+    }
+
+    /// The pid the hooks see: the network side's.
+    pub(super) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Tells it the container's pid; waits for "serving".
+    pub(super) fn container(&mut self, pid: u32) -> Result<(), OciError> {
+        if let Some(mut stdin) = self.stdin.take() {
+            writeln!(stdin, "{pid}").map_err(|_| self.failed())?;
+        }
+        match self.line()?.trim() {
+            "serving" => Ok(()),
+            _ => Err(self.failed()),
+        }
+    }
+
+    /// Leaves it running (the container is created).
+    pub(super) fn keep(mut self) {
+        self.kept = true;
+    }
+
+    fn line(&mut self) -> Result<String, OciError> {
+        let mut line = String::new();
+        match self.stdout.read_line(&mut line) {
+            Ok(n) if n > 0 => Ok(line),
+            _ => Err(self.failed()),
+        }
+    }
+
+    /// The error for a network side that did not say what it should: its log's end.
+    fn failed(&mut self) -> OciError {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(5).collect();
+        let said: Vec<&str> = tail.into_iter().rev().collect();
+        OciError::Side(if said.is_empty() {
+            "it exited without a word".into()
+        } else {
+            said.join("; ")
+        })
+    }
+}
+
+impl Drop for Side {
+    /// Not kept (`create` failed): killed, and the directories it made removed (a
+    /// killed process removes nothing).
+    fn drop(&mut self) {
+        if !self.kept {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            let made = self.made.as_deref().and_then(state::net_dirs);
+            for d in made.into_iter().flatten() {
+                super::remove_state(&d);
+            }
+        }
+    }
+}
+
+/// Stops the network side of the container whose state is in `dir`, if it still runs
+/// ([`signal_out`]), and removes the directories it made if it could not.
+pub(super) fn stop(dir: &Path) {
+    signal_out(dir);
+    let made = std::fs::read_to_string(dir.join(NET_DIR)).ok();
+    for d in made
+        .and_then(|m| state::net_dirs(Path::new(m.trim())))
+        .into_iter()
+        .flatten()
+    {
+        super::remove_state(&d);
+    }
+}
+
+/// SIGTERM (its sandbox ends, its servers drain), SIGKILL after a second.
+fn signal_out(dir: &Path) {
+    let Some(rec) = std::fs::read_to_string(dir.join(RECORD))
+        .ok()
+        .and_then(|t| Record::decode(&t))
+    else {
+        return;
+    };
+    let Ok(pidfd) = sys::pidfd_open(rec.pid) else {
+        return;
+    };
+    // Checked after the pidfd is open: it then names the recorded process or none.
+    if !rec.alive() {
+        return;
+    }
+    for (sig, wait) in [(libc::SIGTERM, 1000), (libc::SIGKILL, 1000)] {
+        if sys::pidfd_signal(pidfd.as_fd(), sig).is_err() {
+            return;
+        }
+        if let Ok(Some(_)) = sys::wait_any(&[pidfd.as_fd()], Some(Duration::from_millis(wait))) {
+            return;
+        }
+    }
+}
+
+/// `ferry oci _serve --id ID --netns PATH|new -- FLAGS…`: the network side.
+pub(super) fn serve(argv: &[String]) -> i32 {
+    let (id, netns, flags) = match argv {
+        [i, id, n, netns, dashes, flags @ ..]
+            if i == "--id" && n == "--netns" && dashes == "--" =>
+        {
+            (id, netns, flags)
+        }
+        _ => {
+            eprintln!("ferry oci: {SERVE} is started by `ferry oci create`");
+            return 2;
+        }
+    };
+    // Before any thread: every thread started later is in this namespace.
+    let entered = match netns.as_str() {
+        "new" => sys::new_netns(),
+        p => sys::enter_netns(Path::new(p)),
+    };
+    if let Err(e) = entered {
+        eprintln!("ferry oci: entering the container's network namespace {netns}: {e}");
+        return 125;
+    }
+    let a = match parse_run(flags) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("ferry oci: {e}");
+            return 2;
+        }
+    };
+    run::init_logging(a.verbose);
+    if let Err(e) = std::fs::create_dir_all(state::NET_BASE) {
+        eprintln!("ferry oci: creating {}: {e}", state::NET_BASE);
+        return 125;
+    }
+    let mut work = Container {
+        id: id.clone(),
+        pidfd: None,
+    };
+    match run::serve_workload(&a, &mut work) {
+        Ok(_) => 0,
+        Err(e) => {
+            eprintln!("ferry oci: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+/// The container, as `ferry run`'s steps serve it.
+struct Container {
+    /// Its id (written beside the admin socket, for `ferry ctl list`).
+    id: String,
+    /// Its first process, once created.
+    pidfd: Option<OwnedFd>,
+}
+
+impl Workload for Container {
+    fn dirs_base(&self) -> PathBuf {
+        PathBuf::from(state::NET_BASE)
+    }
+
+    fn go(
+        &mut self,
+        sandbox: &mut ferry_sandbox::Sandbox,
+        dirs: &RunDirs,
+    ) -> Result<i32, RunError> {
+        let gone = |what: &str| RunError::Workload(format!("the container's runtime {what}"));
+        if let Err(e) = std::fs::write(dirs.run.join(crate::ctl::CONTAINER), &self.id) {
+            tracing::warn!("`ferry ctl list` will not name this container: {e}");
+        }
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "ready {} {}", sandbox.pid(), dirs.sandbox.display())
+            .and_then(|()| out.flush())
+            .map_err(|_| gone("went away"))?;
+        let mut line = String::new();
+        std::io::stdin()
+            .read_line(&mut line)
+            .map_err(|_| gone("went away"))?;
+        let pid: u32 = line
+            .trim()
+            .parse()
+            .map_err(|_| gone("gave up before the container was created"))?;
+        let pidfd = sys::pidfd_open(pid)
+            .map_err(|e| RunError::Workload(format!("the container's process {pid}: {e}")))?;
+        self.pidfd = Some(pidfd);
+        i32::try_from(pid).map_err(|_| gone("named a bad pid"))
+    }
+
+    fn serving(&mut self) {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "serving").and_then(|()| out.flush());
+    }
+
+    fn wait(&mut self, sandbox: &mut ferry_sandbox::Sandbox) -> Result<i32, RunError> {
+        if let Some(pidfd) = &self.pidfd {
+            // The container's end, or the sandbox's (a SIGTERM from `delete`).
+            let _ = sys::wait_any(&[pidfd.as_fd(), sandbox.pidfd()], None);
+        }
+        let _ = sandbox.signal(libc::SIGKILL);
+        sandbox.wait().map_err(RunError::Wait)
+    }
+}

@@ -1,0 +1,1025 @@
+//! `ferry oci` as a container runtime: with Docker (Debian's docker.io, a dockerd of
+//! the test's own in a private mount namespace, its containers on a bridge of the
+//! test's with a "remote" namespace on it) and with runc alone (bad input).
+//!
+//! Images are built from this machine's packages by scripts/oci-image.sh (glibc + curl:
+//! the shim's case; static busybox: the TAP's). No registry is reached. dockerd runs
+//! with `--iptables=false --ip-forward=false --ip-masq=false` and a bridge the test
+//! makes and removes, so the host's firewall, forwarding and docker0 stay as they were;
+//! it is stopped (with every container) even when a check fails.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::{TempDir, can_run};
+use serde_json::{Value, json};
+
+/// The tests here compare the machine's ferry-oci leftovers before and after: one at a
+/// time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
+const NET_BASE: &str = "/run/ferry-oci/net";
+
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../scripts")
+        .join(name)
+}
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What a container run leaves on the machine: network sides of this ferry, their
+/// directories.
+#[derive(Debug, PartialEq, Eq)]
+struct Leftovers {
+    sides: Vec<u32>,
+    net_dirs: Vec<String>,
+}
+
+fn leftovers() -> Leftovers {
+    let mut sides = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        if args.len() > 2
+            && args[0] == FERRY.as_bytes()
+            && args[1] == b"oci"
+            && args[2] == b"_serve"
+        {
+            sides.push(pid);
+        }
+    }
+    // The sandbox's init and held command are forks of a network side (same command
+    // line): a side is one whose parent is not one.
+    let parent = |pid: u32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let after = stat.rfind(')').map_or("", |i| &stat[i + 1..]);
+        after
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse::<u32>().ok())
+    };
+    let all = sides.clone();
+    sides.retain(|&p| parent(p).is_none_or(|pp| !all.contains(&pp)));
+    let mut net_dirs: Vec<String> = std::fs::read_dir(NET_BASE)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    net_dirs.sort();
+    Leftovers { sides, net_dirs }
+}
+
+/// Waits up to 3 s for the leftovers to be `before` again.
+fn assert_clean(before: &Leftovers, what: &str) {
+    let t = Instant::now();
+    loop {
+        let now = leftovers();
+        if &now == before {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "{what} left {now:?} (before: {before:?})"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+// ---------------------------------------------------------------------------------
+// Bad input, with runc alone.
+
+/// A bundle of the static busybox image with `runc spec`'s config, the process
+/// `args`, and `edit` applied to the config.
+fn bundle(dir: &Path, args: &[&str], edit: impl FnOnce(&mut Value)) -> PathBuf {
+    let b = dir.join("bundle");
+    let _ = std::fs::remove_dir_all(&b);
+    std::fs::create_dir_all(&b).unwrap();
+    let st = Command::new(script("oci-image.sh"))
+        .arg("busybox")
+        .arg(b.join("rootfs"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let st = Command::new("runc")
+        .arg("spec")
+        .current_dir(&b)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let path = b.join("config.json");
+    let mut spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    spec["process"]["terminal"] = json!(false);
+    spec["process"]["args"] = json!(args);
+    edit(&mut spec);
+    std::fs::write(&path, spec.to_string()).unwrap();
+    b
+}
+
+/// `ferry oci --root ROOT ARGS…`. Its output goes through files: a created
+/// container's stdio is the runtime's, and would hold pipes open until it ends.
+fn oci(root: &Path, args: &[&str]) -> Output {
+    let out = root.with_extension(format!("out-{}", args.len()));
+    let err = root.with_extension(format!("err-{}", args.len()));
+    let status = Command::new(FERRY)
+        .arg("oci")
+        .arg("--root")
+        .arg(root)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .status()
+        .unwrap();
+    Output {
+        status,
+        stdout: std::fs::read(&out).unwrap(),
+        stderr: std::fs::read(&err).unwrap(),
+    }
+}
+
+/// A container id of this test process's own (runc names the cgroup after it).
+fn id(tag: &str) -> String {
+    format!("ferry-{tag}-{}", std::process::id())
+}
+
+fn annotate(key: &'static str, value: &'static str) -> impl FnOnce(&mut Value) {
+    move |s| s["annotations"] = json!({ key: value })
+}
+
+/// A refused `create`: status 1, `want` in its error (stderr and the JSON log),
+/// nothing left behind.
+fn refused(dir: &Path, bundle: &Path, runtime: &[&str], want: &str) {
+    let before = leftovers();
+    let root = dir.join("root");
+    let log = dir.join("log.json");
+    let _ = std::fs::remove_file(&log);
+    let mut args = runtime.to_vec();
+    let b = bundle.to_str().unwrap();
+    let l = log.to_str().unwrap();
+    let c = id("bad");
+    args.extend([
+        "--log",
+        l,
+        "--log-format",
+        "json",
+        "create",
+        "--bundle",
+        b,
+        &c,
+    ]);
+    let out = oci(&root, &args);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(want), "wanted {want:?} in: {err}");
+    let line: Value = serde_json::from_str(std::fs::read_to_string(&log).unwrap().trim()).unwrap();
+    assert_eq!(line["level"], "error");
+    assert!(line["msg"].as_str().unwrap().contains(want));
+    assert!(!dir.join("root.ferry").join(&c).exists(), "state left");
+    assert!(!root.join(&c).exists(), "runc's state left");
+    assert_clean(&before, "a refused create");
+}
+
+#[test]
+fn bad_options_are_refused_clearly_and_leave_nothing() {
+    if !can_run(&["runc", "busybox"]) {
+        return;
+    }
+    let _one = serial();
+    let dir = TempDir::new("oci-bad");
+    let d = dir.path();
+    let b = bundle(d, &["true"], annotate("ferry.bogus", "1"));
+    refused(d, &b, &[], "annotation ferry.bogus: unknown ferry option");
+    let b = bundle(d, &["true"], annotate("ferry.net", "wifi"));
+    refused(
+        d,
+        &b,
+        &[],
+        "annotation ferry.net=wifi: invalid value 'wifi'",
+    );
+    let b = bundle(d, &["true"], annotate("ferry.allow", "300.1.1.1/8"));
+    refused(
+        d,
+        &b,
+        &[],
+        "annotation ferry.allow=300.1.1.1/8: --allow 300.1.1.1/8",
+    );
+    let b = bundle(d, &["true"], annotate("ferry.publish", "auto"));
+    refused(d, &b, &[], "not implemented yet");
+    let b = bundle(d, &["true"], |s| {
+        let ns = s["linux"]["namespaces"].as_array_mut().unwrap();
+        ns.retain(|n| n["type"] != "network");
+    });
+    refused(d, &b, &[], "no network namespace");
+    let b = bundle(d, &["true"], |_| {});
+    // A preset is checked like an annotation.
+    refused(
+        d,
+        &b,
+        &["--preset", "ferry.spin=fast"],
+        "preset ferry.spin=fast",
+    );
+}
+
+#[test]
+fn a_missing_runtime_a_bad_id_and_a_refused_create_leave_nothing() {
+    if !can_run(&["runc", "busybox"]) {
+        return;
+    }
+    let _one = serial();
+    let dir = TempDir::new("oci-bad2");
+    let d = dir.path();
+    let b = bundle(d, &["true"], |_| {});
+    refused(
+        d,
+        &b,
+        &["--runtime", "/nonexistent/runc"],
+        "/nonexistent/runc does not exist",
+    );
+    // Named by the environment.
+    let root = d.join("root");
+    let out = Command::new(FERRY)
+        .arg("oci")
+        .arg("--root")
+        .arg(&root)
+        .args(["create", "--bundle"])
+        .arg(&b)
+        .arg(id("bad"))
+        .env("FERRY_OCI_RUNTIME", "/nonexistent/crun")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let said = text(&out.stderr);
+    assert!(said.contains("/nonexistent/crun does not exist"), "{said}");
+    let out = oci(&root, &["create", "--bundle", b.to_str().unwrap(), "../x"]);
+    assert!(
+        text(&out.stderr).contains("invalid container id"),
+        "{}",
+        text(&out.stderr)
+    );
+    // The real runtime refuses (no such program): its status and word, nothing of
+    // ferry's left (the network side had made its directories: they went with it).
+    let before = leftovers();
+    let b = bundle(d, &["/nonexistent"], |_| {});
+    let out = oci(
+        &root,
+        &["create", "--bundle", b.to_str().unwrap(), &id("noexec")],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("/nonexistent"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        !d.join("root.ferry").join(id("noexec")).exists(),
+        "state left"
+    );
+    assert_clean(&before, "a create the real runtime refused");
+}
+
+/// Deletes a container (`ferry oci delete --force`) on drop, so that a failed check
+/// leaves none.
+struct Deleted(PathBuf, String);
+
+impl Drop for Deleted {
+    fn drop(&mut self) {
+        let _ = oci(&self.0, &["delete", "--force", &self.1]);
+    }
+}
+
+#[test]
+fn same_id_twice_is_refused_and_delete_cleans_up() {
+    if !can_run(&["runc", "busybox"]) {
+        return;
+    }
+    let _one = serial();
+    let before = leftovers();
+    let dir = TempDir::new("oci-twice");
+    let d = dir.path();
+    let root = d.join("root");
+    let b = bundle(d, &["sh", "-c", "exit 3"], |_| {});
+    let bs = b.to_str().unwrap();
+    let c = id("twice");
+    let out = oci(&root, &["create", "--bundle", bs, &c]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let _gone = Deleted(root.clone(), c.clone());
+    assert!(d.join("root.ferry").join(&c).join("network.pid").exists());
+    assert_eq!(
+        leftovers().sides.len(),
+        before.sides.len() + 1,
+        "one network side"
+    );
+    let again = oci(&root, &["create", "--bundle", bs, &c]);
+    assert_eq!(again.status.code(), Some(1));
+    let said = text(&again.stderr);
+    assert!(
+        said.contains(&format!("container {c} already exists")),
+        "{said}"
+    );
+    // The first is untouched: it runs, and exits with its own status.
+    let state = oci(&root, &["state", &c]);
+    let state: Value = serde_json::from_slice(&state.stdout).unwrap();
+    assert_eq!(state["status"], "created");
+    assert!(oci(&root, &["start", &c]).status.success());
+    let out = oci(&root, &["delete", "--force", &c]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!d.join("root.ferry").join(&c).exists(), "state left");
+    assert_clean(&before, "create + delete");
+}
+
+// ---------------------------------------------------------------------------------
+// Docker.
+
+/// The test's network: a bridge (the engine's containers and the host on it) and a
+/// "remote" namespace on it too, serving HTTP.
+struct Net {
+    bridge: String,
+    remote: String,
+    prefix: String,
+    _http: Option<common::Guard>,
+}
+
+impl Net {
+    fn make(tag: &str, www: &Path) -> Net {
+        let used = text(
+            &Command::new("ip")
+                .args(["-o", "-4", "addr"])
+                .output()
+                .unwrap()
+                .stdout,
+        );
+        let third = (200..250)
+            .find(|t| !used.contains(&format!("172.31.{t}.")))
+            .expect("a free 172.31.x.0/24");
+        let mut net = Net {
+            bridge: format!("{tag}b"),
+            remote: format!("{tag}r"),
+            prefix: format!("172.31.{third}"),
+            _http: None,
+        };
+        let ip = |args: &[&str]| {
+            let st = Command::new("ip").args(args).status().unwrap();
+            assert!(st.success(), "ip {args:?}");
+        };
+        let (b, r, p) = (net.bridge.clone(), net.remote.clone(), net.prefix.clone());
+        ip(&["link", "add", &b, "type", "bridge"]);
+        ip(&["addr", "add", &format!("{p}.1/24"), "dev", &b]);
+        ip(&["link", "set", &b, "up"]);
+        ip(&["netns", "add", &r]);
+        let veth = format!("{tag}v");
+        ip(&[
+            "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &r,
+        ]);
+        ip(&["link", "set", &veth, "master", &b, "up"]);
+        ip(&[
+            "-n",
+            &r,
+            "addr",
+            "add",
+            &format!("{p}.254/24"),
+            "dev",
+            "eth0",
+        ]);
+        ip(&["-n", &r, "link", "set", "eth0", "up"]);
+        ip(&["-n", &r, "link", "set", "lo", "up"]);
+        let http = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &r,
+                "python3",
+                "-m",
+                "http.server",
+                "8000",
+                "--bind",
+            ])
+            .arg(net.remote_ip())
+            .current_dir(www)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        net._http = Some(common::Guard(http));
+        common::wait_port(net.remote_ip().parse().unwrap(), 8000);
+        net
+    }
+
+    fn remote_ip(&self) -> String {
+        format!("{}.254", self.prefix)
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        self._http = None;
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.bridge])
+            .status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.remote])
+            .status();
+    }
+}
+
+/// A dockerd of the test's own (in a private mount namespace), with ferry's runtimes.
+struct Docker {
+    dir: PathBuf,
+    daemon: Child,
+}
+
+impl Docker {
+    fn start(dir: &Path, bridge: &str, remote_ip: &str) -> Docker {
+        // Registered as users would: `ferry oci install --docker`, into a daemon.json
+        // that has something of its own already.
+        let config = dir.join("daemon.json");
+        std::fs::write(&config, r#"{"debug": false}"#).unwrap();
+        let deny = format!("ferry.deny={remote_ip}/32");
+        for (name, preset) in [
+            ("ferry", None),
+            ("ferry-deny", Some(deny.as_str())),
+            ("ferry-pub", Some("ferry.publish=8080:8080")),
+        ] {
+            let mut c = Command::new(FERRY);
+            c.arg("oci");
+            if let Some(p) = preset {
+                c.args(["--preset", p]);
+            }
+            let out = c
+                .args(["install", "--docker", "--name", name, "--config"])
+                .arg(&config)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "install: {}", text(&out.stderr));
+        }
+        let written: Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+        assert_eq!(written["debug"], false);
+        assert_eq!(
+            written["runtimes"]["ferry-pub"]["runtimeArgs"][2],
+            "ferry.publish=8080:8080"
+        );
+        let p = |n: &str| dir.join(n).to_str().unwrap().to_owned();
+        let daemon = Command::new("unshare")
+            .args(["-m", "--propagation", "private", "--", "dockerd"])
+            .args([
+                "--data-root",
+                &p("data"),
+                "--exec-root",
+                &p("exec"),
+                "--pidfile",
+                &p("pid"),
+            ])
+            .args([
+                "-H",
+                &format!("unix://{}", p("sock")),
+                "--config-file",
+                &p("daemon.json"),
+            ])
+            .args([
+                "--bridge",
+                bridge,
+                "--iptables=false",
+                "--ip-forward=false",
+                "--ip-masq=false",
+            ])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("dockerd.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let docker = Docker {
+            dir: dir.to_path_buf(),
+            daemon,
+        };
+        let t = Instant::now();
+        while !docker.cmd(&["info"]).status.success() {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "dockerd did not come up"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        docker
+    }
+
+    fn command(&self) -> Command {
+        let mut c = Command::new("docker");
+        c.arg("-H")
+            .arg(format!("unix://{}", self.dir.join("sock").display()))
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn cmd(&self, args: &[&str]) -> Output {
+        self.command().args(args).output().unwrap()
+    }
+
+    fn import(&self, kind: &str) {
+        let root = self.dir.join(format!("img-{kind}"));
+        let sock = format!("unix://{}", self.dir.join("sock").display());
+        let st = Command::new(script("oci-image.sh"))
+            .args([
+                kind,
+                root.to_str().unwrap(),
+                "docker",
+                "-H",
+                &sock,
+                "import",
+                "-",
+            ])
+            .arg(format!("ferry-{kind}"))
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(st.success(), "importing {kind}");
+    }
+
+    /// `docker run --rm --runtime RUNTIME IMAGE ARGS…`.
+    fn run(&self, runtime: &str, image: &str, args: &[&str]) -> Output {
+        let mut all = vec!["run", "--rm", "--runtime", runtime, image];
+        all.extend(args);
+        self.cmd(&all)
+    }
+
+    /// The state directory of the runtime for container `id`.
+    fn state(&self, id: &str) -> PathBuf {
+        self.dir.join("exec/runtime-runc/moby.ferry").join(id)
+    }
+}
+
+impl Drop for Docker {
+    fn drop(&mut self) {
+        let ids = self.cmd(&["ps", "-aq"]);
+        for id in text(&ids.stdout).split_whitespace() {
+            let _ = self.cmd(&["rm", "-f", id]);
+        }
+        // SAFETY: a signal to our own unreaped child.
+        unsafe { libc::kill(self.daemon.id() as i32, libc::SIGTERM) };
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(15) {
+            if matches!(self.daemon.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.daemon.kill();
+        let _ = self.daemon.wait();
+    }
+}
+
+#[test]
+fn docker_runs_containers_on_ferry() {
+    if !can_run(&[
+        "dockerd", "docker", "runc", "unshare", "busybox", "curl", "python3",
+    ]) {
+        return;
+    }
+    let _one = serial();
+    let before = leftovers();
+    let dir = TempDir::new("oci-docker");
+    let www = dir.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    let blob = common::pattern(3 << 20, 27);
+    std::fs::write(www.join("blob"), &blob).unwrap();
+    let net = Net::make(&format!("fo{}", std::process::id() % 100_000), &www);
+    let docker = Docker::start(dir.path(), &net.bridge, &net.remote_ip());
+    docker.import("glibc");
+    docker.import("busybox");
+    let url = format!("http://{}:8000/blob", net.remote_ip());
+
+    fetches_like_native(&docker, &url, &blob);
+    assert_clean(&before, "docker run --rm");
+    denied_destination_refused(&docker, &url);
+    exit_codes_passed_through(&docker);
+    published_port_reaches_the_container(&docker);
+    assert_clean(&before, "docker run --rm / rm -f");
+    kill_9_in_between_leaves_nothing(&docker);
+    assert_clean(&before, "kill -9 and docker rm");
+    containerd_ctr_runs_with_ferry_oci(&docker, dir.path());
+    assert_clean(&before, "ctr run --rm");
+    if common::have("podman") {
+        podman_runs_containers_on_ferry(&net, dir.path(), &url, &blob);
+        assert_clean(&before, "podman run --rm");
+    } else {
+        eprintln!("podman: skipped (not installed; scripts/install-deps.sh installs it)");
+    }
+    start_up(&docker);
+    drop(docker);
+    drop(net);
+    assert_clean(&before, "the docker test");
+}
+
+/// `ferry-oci`, a link to ferry: what engines that take one path run.
+fn ferry_oci_link(dir: &Path) -> PathBuf {
+    let link = dir.join("ferry-oci");
+    if !link.exists() {
+        std::os::unix::fs::symlink(FERRY, &link).unwrap();
+    }
+    link
+}
+
+/// containerd (dockerd's own) with `ctr run --runtime io.containerd.runc.v2
+/// --runc-binary ferry-oci` (the Kubernetes RuntimeClass path): a new namespace of the
+/// runtime's (no path in the spec), the TAP in it, the status passed on.
+fn containerd_ctr_runs_with_ferry_oci(docker: &Docker, dir: &Path) {
+    let sock = docker.dir.join("exec/containerd/containerd.sock");
+    let ctr = || {
+        let mut c = Command::new("ctr");
+        c.arg("-a").arg(&sock).args(["-n", "ferrytest"]);
+        c
+    };
+    let mut save = docker.command();
+    let mut save = save
+        .args(["save", "ferry-busybox"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let st = ctr()
+        .args(["images", "import", "-"])
+        .stdin(save.stdout.take().unwrap())
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(save.wait().unwrap().success(), "docker save");
+    assert!(st.success(), "ctr images import");
+    let link = ferry_oci_link(dir);
+    let out = ctr()
+        .args([
+            "run",
+            "--rm",
+            "--runtime",
+            "io.containerd.runc.v2",
+            "--runc-binary",
+        ])
+        .arg(&link)
+        .args([
+            "docker.io/library/ferry-busybox:latest",
+            &format!("ctr-{}", std::process::id()),
+        ])
+        .args(["sh", "-c", "grep -c eth0 /proc/net/dev; exit 5"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "1", "the TAP in the container");
+}
+
+/// Podman, rootful, with its own storage and configuration, each call inside a mount
+/// namespace of its own.
+struct Podman {
+    /// Its storage (a run root of at most 50 characters: a short scratch directory).
+    store: TempDir,
+    /// The configuration `ferry oci install --podman` wrote.
+    conf: PathBuf,
+}
+
+impl Podman {
+    fn new(dir: &Path) -> Podman {
+        let conf = dir.join("containers.conf");
+        let out = Command::new(FERRY)
+            .args(["oci", "install", "--podman", "--config"])
+            .arg(&conf)
+            .arg("--link")
+            .arg(ferry_oci_link(dir))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "install: {}", text(&out.stderr));
+        Podman {
+            store: TempDir::new("pm"),
+            conf,
+        }
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let pm = self.store.path();
+        let mut c = Command::new("unshare");
+        c.env("CONTAINERS_CONF", &self.conf)
+            .args(["-m", "--propagation", "private", "--", "podman"])
+            .arg("--root")
+            .arg(pm.join("root"))
+            .arg("--runroot")
+            .arg(pm.join("run"))
+            .args(["--storage-driver", "vfs", "--cgroup-manager", "cgroupfs"])
+            .args(["--events-backend", "file"])
+            .args(args)
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// Imports the rootfs the Docker test built as `ferry-KIND`.
+    fn import(&self, dir: &Path, kind: &str) {
+        let mut tar = Command::new("tar")
+            .arg("-C")
+            .arg(dir.join(format!("img-{kind}")))
+            .args(["-c", "."])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = self
+            .cmd(&["import", "-", &format!("ferry-{kind}")])
+            .stdin(tar.stdout.take().unwrap())
+            .output()
+            .unwrap();
+        assert!(tar.wait().unwrap().success(), "tar {kind}");
+        assert!(
+            out.status.success(),
+            "podman import {kind}: {}",
+            text(&out.stderr)
+        );
+    }
+
+    /// `podman run --rm --network NETNS --runtime ferry EXTRA… IMAGE CMD…`, with limits
+    /// this root can set (it lacks CAP_SYS_RESOURCE: podman's defaults are above the
+    /// hard limits, with runc as with ferry).
+    fn run(&self, netns: &str, extra: &[&str], image: &str, cmd: &[&str]) -> Output {
+        let mut args = vec!["run", "--rm", "--network", netns, "--runtime", "ferry"];
+        args.extend([
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+        ]);
+        args.extend(extra);
+        args.push(image);
+        args.extend(cmd);
+        self.cmd(&args).output().unwrap()
+    }
+}
+
+/// Podman with the runtime `ferry oci install --podman` registered and `--network
+/// ns:PATH`: a namespace the engine names (the CNI/Kubernetes case), annotations, the
+/// shim's and the TAP's fetches, a refusal, the status.
+fn podman_runs_containers_on_ferry(net: &Net, dir: &Path, url: &str, blob: &[u8]) {
+    let ns = engine_netns(net);
+    let netns = format!("ns:/run/netns/{}", ns.0);
+    let podman = Podman::new(dir);
+    podman.import(dir, "glibc");
+    podman.import(dir, "busybox");
+    let run = |extra: &[&str], image: &str, cmd: &[&str]| podman.run(&netns, extra, image, cmd);
+    let shim = run(&[], "ferry-glibc", &["curl", "-sS", url]);
+    assert!(shim.stdout == blob, "podman curl: {}", text(&shim.stderr));
+    let tap = run(&[], "ferry-busybox", &["wget", "-O", "-", url]);
+    assert!(tap.stdout == blob, "podman wget: {}", text(&tap.stderr));
+    let remote = url.split('/').nth(2).unwrap().replace(":8000", "");
+    let deny = format!("ferry.deny={remote}/32");
+    let denied = run(
+        &["--annotation", &deny],
+        "ferry-glibc",
+        &["curl", "-sS", url],
+    );
+    assert_eq!(denied.status.code(), Some(7), "{}", text(&denied.stderr));
+    let bad = run(
+        &["--annotation", "ferry.bogus=1"],
+        "ferry-busybox",
+        &["true"],
+    );
+    assert_ne!(bad.status.code(), Some(0));
+    let said = text(&bad.stderr);
+    assert!(
+        said.contains("annotation ferry.bogus: unknown ferry option"),
+        "{said}"
+    );
+    let code = run(&[], "ferry-busybox", &["sh", "-c", "exit 9"]);
+    assert_eq!(code.status.code(), Some(9), "{}", text(&code.stderr));
+}
+
+/// A namespace as an engine's network plugin would make it: on the test's bridge, at
+/// PREFIX.10.
+fn engine_netns(net: &Net) -> NetnsGone {
+    let ns = format!("{}p", net.remote);
+    let veth = format!("{}p", net.bridge);
+    let ip = |args: &[&str]| assert!(Command::new("ip").args(args).status().unwrap().success());
+    ip(&["netns", "add", &ns]);
+    let gone = NetnsGone(ns.clone());
+    let addr = format!("{}.10/24", net.prefix);
+    ip(&[
+        "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns,
+    ]);
+    ip(&["link", "set", &veth, "master", &net.bridge, "up"]);
+    ip(&["-n", &ns, "addr", "add", &addr, "dev", "eth0"]);
+    ip(&["-n", &ns, "link", "set", "eth0", "up"]);
+    gone
+}
+
+/// Removes a network namespace on drop.
+struct NetnsGone(String);
+
+impl Drop for NetnsGone {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// glibc's curl (the shim) and static busybox's wget (the TAP) fetch the remote's
+/// bytes, as the host does natively.
+fn fetches_like_native(docker: &Docker, url: &str, blob: &[u8]) {
+    let native = Command::new("curl").args(["-sS", url]).output().unwrap();
+    assert_eq!(native.stdout, blob, "native fetch");
+    let shim = docker.run("ferry", "ferry-glibc", &["curl", "-sS", url]);
+    assert!(shim.status.success(), "{}", text(&shim.stderr));
+    assert_eq!(shim.stdout.len(), blob.len());
+    assert!(shim.stdout == blob, "curl through ferry: other bytes");
+    let tap = docker.run("ferry", "ferry-busybox", &["wget", "-O", "-", url]);
+    assert!(tap.status.success(), "{}", text(&tap.stderr));
+    assert!(tap.stdout == blob, "wget through ferry's TAP: other bytes");
+    // The container's processes are in ferry's sandbox network: lo and its TAP.
+    let ifs = docker.run("ferry", "ferry-busybox", &["cat", "/proc/net/dev"]);
+    let ifs = text(&ifs.stdout);
+    assert!(ifs.contains("eth0") && ifs.contains("lo:"), "{ifs}");
+    let env = docker.run(
+        "ferry",
+        "ferry-glibc",
+        &["sh", "-c", "echo $LD_PRELOAD $FERRY_SOCKET"],
+    );
+    assert_eq!(
+        text(&env.stdout).trim(),
+        "/.ferry/libferry_preload.so /.ferry/ctl.sock"
+    );
+    // busybox is static: no preload.
+    let env = docker.run(
+        "ferry",
+        "ferry-busybox",
+        &["sh", "-c", "echo \"[$LD_PRELOAD]\""],
+    );
+    assert_eq!(text(&env.stdout).trim(), "[]");
+}
+
+/// A runtime whose preset denies the remote: refused for the shim's and the TAP's
+/// programs, while the default runtime reaches it.
+fn denied_destination_refused(docker: &Docker, url: &str) {
+    let runc = docker.run(
+        "runc",
+        "ferry-glibc",
+        &["curl", "-sS", "-o", "/dev/null", url],
+    );
+    assert!(runc.status.success(), "runc: {}", text(&runc.stderr));
+    let shim = docker.run(
+        "ferry-deny",
+        "ferry-glibc",
+        &["curl", "-sS", "--max-time", "5", url],
+    );
+    assert_eq!(shim.status.code(), Some(7), "curl: {}", text(&shim.stderr));
+    assert!(shim.stdout.is_empty());
+    let host = url.split('/').nth(2).unwrap().replace(":8000", "");
+    let probe = format!("echo GET | nc -w 3 {host} 8000 && echo reached || echo refused");
+    let tap = docker.run("ferry-deny", "ferry-busybox", &["sh", "-c", &probe]);
+    assert_eq!(text(&tap.stdout).trim(), "refused");
+    let tap = docker.run("ferry", "ferry-busybox", &["sh", "-c", &probe]);
+    assert!(
+        text(&tap.stdout).contains("reached"),
+        "{}",
+        text(&tap.stdout)
+    );
+}
+
+/// The container's status, as with runc (a child killed by a signal included).
+fn exit_codes_passed_through(docker: &Docker) {
+    for (args, code) in [
+        (&["sh", "-c", "exit 42"][..], 42),
+        (&["false"][..], 1),
+        (&["true"][..], 0),
+        (&["sh", "-c", "exit 255"][..], 255),
+        (&["sh", "-c", "sleep 5 & kill -9 $!; wait $!"][..], 137),
+        (&["/nonexistent"][..], 127),
+    ] {
+        for runtime in ["runc", "ferry"] {
+            let out = docker.run(runtime, "ferry-busybox", args);
+            assert_eq!(
+                out.status.code(),
+                Some(code),
+                "{runtime} {args:?}: {}",
+                text(&out.stderr)
+            );
+        }
+    }
+}
+
+/// Docker's `-p` arrives at the engine's namespace, where ferry publishes the
+/// container's port (preset `ferry.publish`): the static busybox httpd answers.
+fn published_port_reaches_the_container(docker: &Docker) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let publish = format!("127.0.0.1:{port}:8080");
+    let serve = "mkdir /tmp/w && echo served-by-the-container > /tmp/w/index.html && exec httpd -f -p 8080 -h /tmp/w";
+    let out = docker.cmd(&[
+        "run",
+        "-d",
+        "--name",
+        "web",
+        "--runtime",
+        "ferry-pub",
+        "-p",
+        &publish,
+        "ferry-busybox",
+        "sh",
+        "-c",
+        serve,
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let url = format!("http://127.0.0.1:{port}/");
+    let t = Instant::now();
+    let body = loop {
+        let got = Command::new("curl")
+            .args(["-sS", "--max-time", "2", &url])
+            .output()
+            .unwrap();
+        if got.status.success() || t.elapsed() > Duration::from_secs(10) {
+            break text(&got.stdout);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let rm = docker.cmd(&["rm", "-f", "web"]);
+    assert!(rm.status.success());
+    assert_eq!(body.trim(), "served-by-the-container");
+}
+
+/// The network side killed (SIGKILL) under a running container, and a container's
+/// first process killed: `docker rm` leaves nothing.
+fn kill_9_in_between_leaves_nothing(docker: &Docker) {
+    let out = docker.cmd(&[
+        "run",
+        "-d",
+        "--runtime",
+        "ferry",
+        "ferry-busybox",
+        "sleep",
+        "60",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_owned();
+    // `ferry ctl` finds the container's servers by its id.
+    let list = common::ferry().args(["ctl", "list"]).output().unwrap();
+    assert!(
+        text(&list.stdout).contains(&format!("container {id}")),
+        "{}",
+        text(&list.stdout)
+    );
+    let stats = common::ferry()
+        .args(["ctl", "--run", &id[..12], "stats"])
+        .output()
+        .unwrap();
+    assert!(
+        text(&stats.stdout).contains("nic-0"),
+        "{}",
+        text(&stats.stderr)
+    );
+    let record = std::fs::read_to_string(docker.state(&id).join("network.pid")).unwrap();
+    let side: i32 = record.split_whitespace().next().unwrap().parse().unwrap();
+    // SAFETY: kill with integer arguments.
+    assert_eq!(unsafe { libc::kill(side, libc::SIGKILL) }, 0);
+    let running = docker.cmd(&["inspect", "-f", "{{.State.Running}}", &id]);
+    assert_eq!(text(&running.stdout).trim(), "true");
+    assert!(docker.cmd(&["rm", "-f", &id]).status.success());
+    assert!(!docker.state(&id).exists(), "state left");
+
+    let out = docker.cmd(&[
+        "run",
+        "-d",
+        "--runtime",
+        "ferry",
+        "ferry-busybox",
+        "sleep",
+        "60",
+    ]);
+    let id = text(&out.stdout).trim().to_owned();
+    assert!(docker.cmd(&["kill", "-s", "KILL", &id]).status.success());
+    let waited = docker.cmd(&["wait", &id]);
+    assert_eq!(text(&waited.stdout).trim(), "137");
+    assert!(docker.cmd(&["rm", &id]).status.success());
+    assert!(!docker.state(&id).exists(), "state left");
+}
+
+/// `docker run --rm IMAGE true`, 5 each with runc and ferry: the medians, printed.
+fn start_up(docker: &Docker) {
+    let median = |runtime: &str| {
+        let mut t: Vec<Duration> = (0..5)
+            .map(|_| {
+                let t0 = Instant::now();
+                let out = docker.run(runtime, "ferry-busybox", &["true"]);
+                assert!(out.status.success(), "{}", text(&out.stderr));
+                t0.elapsed()
+            })
+            .collect();
+        t.sort();
+        t[2]
+    };
+    let (runc, ferry) = (median("runc"), median("ferry"));
+    eprintln!("docker run --rm ferry-busybox true: runc {runc:?}, ferry {ferry:?} (median of 5)");
+}

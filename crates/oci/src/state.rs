@@ -1,0 +1,186 @@
+//! A container's state directory and the record of its network side.
+//!
+//! The directory is `<root>.ferry/<id>` beside the real runtime's `--root` (so that
+//! engines with their own roots never meet), or `/run/ferry-oci/containers/<id>`. It holds the
+//! rewritten bundle, the sandbox's directory (mounted into the container), the network
+//! side's log and its record ([`Record`]); `delete` removes it.
+
+use std::path::{Path, PathBuf};
+
+/// Where state lives without `--root`.
+pub const DEFAULT_BASE: &str = "/run/ferry-oci/containers";
+
+/// Where the network sides make their run's directories (the control socket's path
+/// must be short: a container id alone is 64 characters).
+pub const NET_BASE: &str = "/run/ferry-oci/net";
+
+/// The run's directories of a network side whose sandbox directory is `sandbox` (as
+/// it said), if that is one a network side makes: `NET_BASE/ferry-…` and
+/// `NET_BASE/ferry-….sandbox`. Anything else is `None` (never removed).
+pub fn net_dirs(sandbox: &Path) -> Option<[PathBuf; 2]> {
+    let name = sandbox.file_name()?.to_str()?;
+    let stem = name.strip_suffix(".sandbox")?;
+    let plain = stem.starts_with("ferry-")
+        && stem[6..].bytes().all(|b| b.is_ascii_digit() || b == b'-')
+        && sandbox.parent() == Some(Path::new(NET_BASE));
+    plain.then(|| [sandbox.with_extension(""), sandbox.to_path_buf()])
+}
+
+/// A container id runc would refuse.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "invalid container id {0:?}: expected 1–1024 characters of letters, digits, '_', '+', '-' and '.', not \".\" or \"..\""
+)]
+pub struct IdError(pub String);
+
+/// Checks a container id as runc does.
+pub fn check_id(id: &str) -> Result<(), IdError> {
+    let ok = !id.is_empty()
+        && id.len() <= 1024
+        && id != "."
+        && id != ".."
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_+-.".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(IdError(id.to_owned()))
+    }
+}
+
+/// The state directory of container `id` (checked) under the runtime's `root`.
+pub fn dir(root: Option<&Path>, id: &str) -> PathBuf {
+    let base = match root {
+        Some(r) => {
+            let mut s = r.as_os_str().to_owned();
+            s.push(".ferry");
+            PathBuf::from(s)
+        }
+        None => PathBuf::from(DEFAULT_BASE),
+    };
+    base.join(id)
+}
+
+/// The network side's process: its pid and start time (`/proc/PID/stat` field 22),
+/// so that a pid the kernel gave to another process since is never signalled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record {
+    /// Its pid.
+    pub pid: u32,
+    /// Its start time in clock ticks after boot.
+    pub start: u64,
+}
+
+impl Record {
+    /// The file's text.
+    pub fn encode(&self) -> String {
+        format!("{} {}\n", self.pid, self.start)
+    }
+
+    /// Parses [`Record::encode`]'s text.
+    pub fn decode(text: &str) -> Option<Record> {
+        let mut it = text.split_whitespace();
+        let rec = Record {
+            pid: it.next()?.parse().ok()?,
+            start: it.next()?.parse().ok()?,
+        };
+        (it.next().is_none() && rec.pid > 1).then_some(rec)
+    }
+
+    /// Whether the process is still the one recorded.
+    pub fn alive(&self) -> bool {
+        start_time(self.pid) == Some(self.start)
+    }
+}
+
+/// A process's start time, from `/proc/PID/stat`.
+pub fn start_time(pid: u32) -> Option<u64> {
+    parse_start(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Field 22 of a `/proc/PID/stat` line (the name in parentheses may hold anything).
+fn parse_start(stat: &str) -> Option<u64> {
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids() {
+        for ok in ["a", "abc-1.2_x+y", &"f".repeat(64)] {
+            assert_eq!(check_id(ok), Ok(()));
+        }
+        for bad in ["", ".", "..", "a/b", "a b", "../x", &"f".repeat(1025)] {
+            assert!(check_id(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn dirs() {
+        assert_eq!(
+            dir(Some(Path::new("/run/docker/runtime-runc/moby")), "c1"),
+            PathBuf::from("/run/docker/runtime-runc/moby.ferry/c1")
+        );
+        assert_eq!(
+            dir(None, "net"),
+            PathBuf::from("/run/ferry-oci/containers/net")
+        );
+    }
+
+    #[test]
+    fn only_network_sides_dirs_are_named_for_removal() {
+        let ok = Path::new("/run/ferry-oci/net/ferry-12-345.sandbox");
+        assert_eq!(
+            net_dirs(ok),
+            Some([
+                PathBuf::from("/run/ferry-oci/net/ferry-12-345"),
+                ok.to_path_buf()
+            ])
+        );
+        for bad in [
+            "/run/ferry-oci/net/ferry-12-345",
+            "/etc.sandbox",
+            "/run/ferry-oci/net/../ferry-1.sandbox",
+            "/run/ferry-oci/ferry-1-2.sandbox",
+            "/run/ferry-oci/net/ferry-1/x.sandbox",
+        ] {
+            assert_eq!(net_dirs(Path::new(bad)), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn records() {
+        let r = Record {
+            pid: 42,
+            start: 12345,
+        };
+        assert_eq!(Record::decode(&r.encode()), Some(r));
+        assert_eq!(Record::decode("1 5"), None);
+        assert_eq!(Record::decode("42"), None);
+        assert_eq!(Record::decode("42 5 6"), None);
+        let me = std::process::id();
+        let mine = Record {
+            pid: me,
+            start: start_time(me).unwrap(),
+        };
+        assert!(mine.alive());
+        assert!(
+            !Record {
+                start: mine.start + 1,
+                ..mine
+            }
+            .alive()
+        );
+    }
+
+    #[test]
+    fn stat_with_odd_names() {
+        let line = "7 (a) b) c) S 1 7 7 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 987 0 0";
+        assert_eq!(parse_start(line), Some(987));
+        assert_eq!(parse_start("garbage"), None);
+    }
+}

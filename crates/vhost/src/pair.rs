@@ -1,0 +1,386 @@
+//! [`VirtioPair`]: one virtio-net queue pair as a NIC server's
+//! [`FrameDevice`]. The guest's transmit ring (queue 2K+1) is read into a batch of
+//! frames; frames are written into its receive ring (queue 2K), a frame over as many
+//! merged buffers as it needs (`MRG_RXBUF`). Each chain is completed at once; the call
+//! eventfd is written only when the guest asked for it (event-idx). Frames the guest has
+//! posted no room for wait in a bounded backlog until it does (its kick wakes the
+//! server), then are lost.
+//!
+//! Every descriptor, length and address comes from the guest: a chain is read or
+//! written only through the memory table's bounds (`virtio-queue`'s `Reader`/`Writer`);
+//! one that fails is completed empty and counted.
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use ferry_nic::device::{DeviceCaps, FRAME_MAX, FrameDevice, Frames, Partial, Sent};
+use ferry_nic::{Stage, Timing};
+use vhost_user_backend::{VringMutex, VringState, VringT};
+use virtio_queue::QueueT;
+use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
+
+use crate::backend::{Counters, Inner, feature};
+use crate::csum;
+
+/// The header in front of every frame on the rings (`virtio_net_hdr_v1`): 12 bytes with
+/// `VERSION_1` or `MRG_RXBUF`, else 10.
+const HDR_LONG: usize = 12;
+const HDR_SHORT: usize = 10;
+const NEEDS_CSUM: u8 = 1;
+/// Most frames (and bytes) waiting for the guest's receive buffers.
+const BACKLOG_FRAMES: usize = 512;
+
+/// One queue pair (see the module's header).
+#[derive(Debug)]
+pub struct VirtioPair {
+    inner: Arc<Inner>,
+    index: usize,
+    mtu: usize,
+    /// Frames that found no receive buffer yet.
+    backlog: Frames,
+    spare: Frames,
+}
+
+/// Why a chain was refused.
+#[derive(Debug)]
+enum Refused {
+    Unreadable,
+    Short,
+    Long,
+}
+
+impl VirtioPair {
+    pub(crate) fn new(inner: Arc<Inner>, index: usize, mtu: usize) -> VirtioPair {
+        VirtioPair {
+            inner,
+            index,
+            mtu,
+            backlog: Frames::new(),
+            spare: Frames::new(),
+        }
+    }
+
+    fn hdr_len(&self) -> usize {
+        let acked = self.inner.acked.load(Ordering::Relaxed);
+        if acked & (feature::VERSION_1 | feature::NET_MRG_RXBUF) != 0 {
+            HDR_LONG
+        } else {
+            HDR_SHORT
+        }
+    }
+
+    fn acked(&self, bit: u64) -> bool {
+        self.inner.acked.load(Ordering::Relaxed) & bit != 0
+    }
+
+    /// Ring `q` of this pair (0: receive, 1: transmit), once the frontend set it up.
+    fn ring(&self, q: usize) -> Option<&VringMutex> {
+        self.inner.vrings.get()?.get(2 * self.index + q)
+    }
+
+    /// Empties the wake eventfd (level-triggered in the server's epoll).
+    fn drain_wake(&self) {
+        if let Some(w) = self.inner.wakes.get(self.index) {
+            let _ = w.read();
+        }
+    }
+
+    /// Tells the guest about used buffers of `st`, if it asked to be told.
+    fn notify(&self, st: &mut VringState) {
+        if st.needs_notification().unwrap_or(true) && st.signal_used_queue().is_err() {
+            Counters::add(&self.inner.counters.bad_ring, 1);
+        }
+    }
+
+    /// Completes chain `head` with `len` bytes written.
+    fn complete(&self, st: &mut VringState, head: u16, len: u32) {
+        if st.add_used(head, len).is_err() {
+            Counters::add(&self.inner.counters.bad_ring, 1);
+        }
+    }
+
+    /// Reads up to `max` frames from the transmit ring into `into`.
+    fn read_tx(&self, into: &mut Frames, max: usize, timing: &mut Timing) -> usize {
+        let Some(ring) = self.ring(1) else { return 0 };
+        let mut st = ring.get_mut();
+        if !st.is_enabled() || !st.get_queue().ready() {
+            return 0;
+        }
+        let mem = self.inner.mem.memory();
+        let hdr = self.hdr_len();
+        let (mut n, mut used) = (0, false);
+        loop {
+            let _ = st.disable_notification();
+            while n < max && !into.full() {
+                let t0 = timing.start();
+                let Some(chain) = st.get_queue_mut().pop_descriptor_chain(mem.clone()) else {
+                    break;
+                };
+                let head = chain.head_index();
+                let got = chain
+                    .reader(&*mem)
+                    .map_err(|_| Refused::Unreadable)
+                    .and_then(|r| read_frame(r, hdr, into));
+                timing.end(Stage::TapRead, t0, got.is_ok());
+                match got {
+                    Ok(()) => n += 1,
+                    Err(why) => {
+                        tracing::debug!("vhost-user: tx chain {head} refused: {why:?}");
+                        Counters::add(&self.inner.counters.bad_tx, 1);
+                    }
+                }
+                self.complete(&mut st, head, 0);
+                used = true;
+            }
+            if n >= max || into.full() {
+                // More may wait: come back without a kick.
+                self.inner.wake(self.index);
+                break;
+            }
+            // Re-armed; a chain that came in meanwhile is read now.
+            match st.enable_notification() {
+                Ok(true) => continue,
+                _ => break,
+            }
+        }
+        if used {
+            self.notify(&mut st);
+        }
+        Counters::add(&self.inner.counters.tx_frames, n as u64);
+        n
+    }
+
+    /// Writes `frames` into the receive ring, in order, from the `skip`-th; how many went
+    /// (the rest found no room).
+    fn write_rx(&self, frames: &Frames, skip: usize, timing: &mut Timing) -> usize {
+        let Some(ring) = self.ring(0) else { return 0 };
+        let mut st = ring.get_mut();
+        if !st.is_enabled() || !st.get_queue().ready() {
+            return 0;
+        }
+        let mem = self.inner.mem.memory();
+        let rx = RxParams {
+            hdr: self.hdr_len(),
+            mrg: self.acked(feature::NET_MRG_RXBUF),
+            partial: self.acked(feature::NET_GUEST_CSUM),
+        };
+        let mut done = 0;
+        let mut frame = Vec::new();
+        for (f, csum) in frames.iter().skip(skip) {
+            let t0 = timing.start();
+            let placed = put_frame(&mut st, &mem, f, csum, rx, &mut frame, &self.inner.counters);
+            timing.end(Stage::TapWrite, t0, placed);
+            if !placed {
+                break;
+            }
+            done += 1;
+        }
+        if done > 0 {
+            self.notify(&mut st);
+            Counters::add(&self.inner.counters.rx_frames, done as u64);
+        }
+        done
+    }
+
+    /// Writes what waits in the backlog; keeps what still finds no room.
+    fn flush_backlog(&mut self, timing: &mut Timing) {
+        if self.backlog.is_empty() {
+            return;
+        }
+        let went = self.write_rx(&self.backlog, 0, timing);
+        if went == 0 {
+            return;
+        }
+        self.spare.clear();
+        for (f, csum) in self.backlog.iter().skip(went) {
+            self.spare.push(f);
+            if let Some((_, c)) = self.spare.last_mut() {
+                *c = csum;
+            }
+        }
+        std::mem::swap(&mut self.backlog, &mut self.spare);
+    }
+
+    /// Keeps the frames of `frames` from the `from`-th for later; how many were lost.
+    fn keep(&mut self, frames: &Frames, from: usize) -> u64 {
+        let mut lost = 0;
+        for (f, csum) in frames.iter().skip(from) {
+            if self.backlog.len() >= BACKLOG_FRAMES || self.backlog.full() {
+                lost += 1;
+                continue;
+            }
+            self.backlog.push(f);
+            if let Some((_, c)) = self.backlog.last_mut() {
+                *c = csum;
+            }
+        }
+        Counters::add(&self.inner.counters.rx_lost, lost);
+        lost
+    }
+}
+
+/// How frames are written to the receive ring (from the features the guest acked).
+#[derive(Clone, Copy, Debug)]
+struct RxParams {
+    hdr: usize,
+    mrg: bool,
+    partial: bool,
+}
+
+/// Reads one frame (behind its `hdr`-byte header) from a transmit chain into `into`.
+fn read_frame(
+    mut r: virtio_queue::Reader<'_>,
+    hdr: usize,
+    into: &mut Frames,
+) -> Result<(), Refused> {
+    let total = r.available_bytes();
+    if total < hdr {
+        return Err(Refused::Short);
+    }
+    let len = total - hdr;
+    if len > FRAME_MAX {
+        return Err(Refused::Long);
+    }
+    let mut h = [0u8; HDR_LONG];
+    r.read_exact(&mut h[..hdr])
+        .map_err(|_| Refused::Unreadable)?;
+    // The guest's partial checksum (NEEDS_CSUM) is not completed: the servers verify no
+    // checksum (nic's frame path), as with the TAP's offload.
+    let mut ok = false;
+    into.push_with(len, |b| {
+        ok = r.read_exact(b).is_ok();
+        ok.then_some((0, len))
+    });
+    if ok { Ok(()) } else { Err(Refused::Unreadable) }
+}
+
+/// The header in front of a frame written to the guest.
+fn rx_header(csum: Option<Partial>, num_buffers: u16) -> [u8; HDR_LONG] {
+    let mut h = [0u8; HDR_LONG];
+    if let Some((start, offset)) = csum {
+        h[0] = NEEDS_CSUM;
+        h[6..8].copy_from_slice(&start.to_le_bytes());
+        h[8..10].copy_from_slice(&offset.to_le_bytes());
+    }
+    h[10..12].copy_from_slice(&num_buffers.to_le_bytes());
+    h
+}
+
+/// Writes one frame (and its header) into the receive ring's next chains: as many as
+/// it needs with `MRG_RXBUF`, else one that holds it. Whether it was placed; if not,
+/// the ring is as it was (the chains stay the guest's).
+fn put_frame(
+    st: &mut VringState,
+    mem: &vm_memory::GuestMemoryLoadGuard<GuestMemoryMmap>,
+    frame: &[u8],
+    csum: Option<Partial>,
+    rx: RxParams,
+    scratch: &mut Vec<u8>,
+    counters: &Counters,
+) -> bool {
+    let need = rx.hdr + frame.len();
+    let start = st.get_queue().next_avail();
+    let mut chains = Vec::new();
+    let mut room = 0usize;
+    while room < need {
+        let Some(chain) = st.get_queue_mut().pop_descriptor_chain(mem.clone()) else {
+            st.get_queue_mut().set_next_avail(start);
+            return false;
+        };
+        let head = chain.head_index();
+        let w = chain.writer(&**mem).ok();
+        let cap = w.as_ref().map_or(0, |w| w.available_bytes());
+        if cap == 0 {
+            Counters::add(&counters.bad_rx, 1);
+        }
+        room += cap;
+        chains.push((head, w));
+        if !rx.mrg && room < need {
+            // One chain must hold the frame: it does not fit (an MTU the guest's
+            // buffers were not sized for).
+            st.get_queue_mut().set_next_avail(start);
+            return false;
+        }
+    }
+    // The frame as the guest gets it: header, then the frame, its checksum complete
+    // unless the guest completes it.
+    scratch.clear();
+    let num = u16::try_from(chains.len()).unwrap_or(u16::MAX);
+    let offload = if rx.partial { csum } else { None };
+    scratch.extend_from_slice(&rx_header(offload, num)[..rx.hdr]);
+    scratch.extend_from_slice(frame);
+    if !rx.partial
+        && let Some(p) = csum
+    {
+        csum::complete(&mut scratch[rx.hdr..], p);
+    }
+    let mut at = 0;
+    for (head, w) in chains {
+        let wrote = match w {
+            Some(mut w) => {
+                let n = w.available_bytes().min(scratch.len() - at);
+                match w.write_all(&scratch[at..at + n]) {
+                    Ok(()) => n,
+                    Err(_) => {
+                        Counters::add(&counters.bad_rx, 1);
+                        0
+                    }
+                }
+            }
+            None => 0,
+        };
+        at += wrote;
+        if st.add_used(head, wrote as u32).is_err() {
+            Counters::add(&counters.bad_ring, 1);
+        }
+    }
+    true
+}
+
+impl FrameDevice for VirtioPair {
+    fn caps(&self) -> DeviceCaps {
+        DeviceCaps {
+            mtu: self.mtu,
+            partial_csum: true,
+        }
+    }
+
+    fn wake_fd(&self) -> BorrowedFd<'_> {
+        let fd = self.inner.wakes[self.index].as_raw_fd();
+        // SAFETY: the eventfd is owned by `inner`, which this pair holds for as long as
+        // the borrow lives.
+        unsafe { BorrowedFd::borrow_raw(fd) }
+    }
+
+    fn recv(&mut self, into: &mut Frames, max: usize, timing: &mut Timing) -> io::Result<usize> {
+        self.drain_wake();
+        if self.inner.gone.load(Ordering::SeqCst) {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the VM's frontend has gone",
+            ));
+        }
+        self.flush_backlog(timing);
+        Ok(self.read_tx(into, max, timing))
+    }
+
+    fn send(&mut self, frames: &Frames, timing: &mut Timing) -> Sent {
+        self.flush_backlog(timing);
+        // In order: nothing overtakes the backlog.
+        let went = if self.backlog.is_empty() {
+            self.write_rx(frames, 0, timing)
+        } else {
+            0
+        };
+        // Kept frames count as sent; those the full backlog cannot take are the last.
+        let lost = self.keep(frames, went);
+        let kept = frames.len() - lost as usize;
+        Sent {
+            frames: kept as u64,
+            bytes: frames.iter().take(kept).map(|(f, _)| f.len() as u64).sum(),
+            lost,
+        }
+    }
+}

@@ -19,11 +19,13 @@ PACKAGES=(
     iperf3 sockperf nginx-light redis-server redis-tools slirp4netns passt wrk hyperfine
     uidmap curl iproute2 procps fonts-dejavu-core python3 gzip g++ iputils-ping
     bind9-dnsutils socat netcat-openbsd nodejs golang-go busybox-static git openssh-client
-    libpython3.11-testsuite
+    libpython3.11-testsuite qemu-system-x86 cpio
 )
 SERVICES=(redis-server nginx iperf3)
 # libpython3.11-testsuite: CPython's own regression tests for Debian's python3
 # (scripts/cpython-suites.py runs its network suites natively and through ferry).
+# qemu-system-x86, cpio: `ferry vm`'s tests boot a guest (scripts/guest-image.sh builds
+# it from Debian's cloud kernel package and busybox-static) under QEMU's TCG.
 # The fuzz targets' runner (scripts/fuzz.sh); libfuzzer-sys builds with g++.
 CARGO_FUZZ_VERSION=0.13.1
 TEST_USER=ferrytest

@@ -113,11 +113,13 @@ impl VirtioPair {
         let (mut n, mut used) = (0, false);
         loop {
             let _ = st.disable_notification();
+            let mut popped_any = false;
             while n < max && !into.full() {
                 let t0 = timing.start();
                 let Some(chain) = st.get_queue_mut().pop_descriptor_chain(mem.clone()) else {
                     break;
                 };
+                popped_any = true;
                 let head = chain.head_index();
                 let got = chain
                     .reader(&*mem)
@@ -139,9 +141,10 @@ impl VirtioPair {
                 self.inner.wake(self.index);
                 break;
             }
-            // Re-armed; a chain that came in meanwhile is read now.
+            // Re-armed; a chain that came in meanwhile is read now. A ring that says
+            // chains wait but yields none (an available index beyond the ring) is left.
             match st.enable_notification() {
-                Ok(true) => continue,
+                Ok(true) if popped_any => continue,
                 _ => break,
             }
         }
@@ -382,5 +385,237 @@ impl FrameDevice for VirtioPair {
             bytes: frames.iter().take(kept).map(|(f, _)| f.len() as u64).sum(),
             lost,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The rings as a hostile guest fills them: descriptor tables, available and used
+    //! rings written into real (anonymous) guest memory, read by the real queue code.
+
+    use super::*;
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic};
+
+    const SIZE: u16 = 16;
+    const NEXT: u16 = 1;
+    const WRITE: u16 = 2;
+    const INDIRECT: u16 = 4;
+    /// Per queue q: descriptor table, available ring, used ring; buffers from `BUF`.
+    const fn desc(q: u64) -> u64 {
+        0x1000 + q * 0x4000
+    }
+    const fn avail(q: u64) -> u64 {
+        0x2000 + q * 0x4000
+    }
+    const fn used(q: u64) -> u64 {
+        0x3000 + q * 0x4000
+    }
+    const BUF: u64 = 0x10_0000;
+
+    struct Rig {
+        backend: crate::Backend,
+        pair: VirtioPair,
+        mem: GuestMemoryMmap,
+        /// Next free descriptor and avail index per queue.
+        next: [u16; 2],
+        posted: [u16; 2],
+    }
+
+    impl Rig {
+        fn new() -> Rig {
+            let (backend, mut pairs) = crate::backend(1, 65520).unwrap();
+            let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap();
+            backend.inner().mem.lock().unwrap().replace(mem.clone());
+            let vrings: Vec<VringMutex> = (0..2u64)
+                .map(|q| {
+                    let v = <VringMutex as VringT<GuestMemoryAtomic<GuestMemoryMmap>>>::new(
+                        backend.memory(),
+                        SIZE,
+                    )
+                    .unwrap();
+                    v.set_queue_size(SIZE);
+                    v.set_queue_info(desc(q), avail(q), used(q)).unwrap();
+                    v.set_queue_ready(true);
+                    v.set_enabled(true);
+                    v
+                })
+                .collect();
+            assert!(backend.inner().vrings.set(vrings).is_ok());
+            backend.inner().acked.store(
+                feature::VERSION_1 | feature::NET_MRG_RXBUF | feature::NET_GUEST_CSUM,
+                Ordering::SeqCst,
+            );
+            Rig {
+                backend,
+                pair: pairs.remove(0),
+                mem,
+                next: [0; 2],
+                posted: [0; 2],
+            }
+        }
+
+        /// Writes descriptor `(addr, len, flags, next)` at index `i` of queue `q`.
+        fn put_desc(&self, q: u64, i: u16, (addr, len, flags, next): (u64, u32, u16, u16)) {
+            let at = desc(q) + 16 * u64::from(i);
+            self.mem.write_obj(addr, GuestAddress(at)).unwrap();
+            self.mem.write_obj(len, GuestAddress(at + 8)).unwrap();
+            self.mem.write_obj(flags, GuestAddress(at + 12)).unwrap();
+            self.mem.write_obj(next, GuestAddress(at + 14)).unwrap();
+        }
+
+        /// Offers chain `head` on queue `q`'s available ring.
+        fn offer(&mut self, q: usize, head: u16) {
+            let a = avail(q as u64);
+            let slot = GuestAddress(a + 4 + 2 * u64::from(self.posted[q] % SIZE));
+            self.mem.write_obj(head, slot).unwrap();
+            self.posted[q] = self.posted[q].wrapping_add(1);
+            self.mem
+                .write_obj(self.posted[q], GuestAddress(a + 2))
+                .unwrap();
+        }
+
+        /// A one-descriptor chain on queue `q` (a fresh index), offered.
+        fn chain(&mut self, q: usize, addr: u64, len: u32, flags: u16) -> u16 {
+            let i = self.next[q];
+            self.next[q] += 1;
+            self.put_desc(q as u64, i, (addr, len, flags, 0));
+            self.offer(q, i);
+            i
+        }
+
+        /// A frame the guest sends: header then `payload`, at `addr`.
+        fn tx_frame(&mut self, addr: u64, payload: &[u8]) {
+            let mut b = vec![0u8; HDR_LONG];
+            b.extend_from_slice(payload);
+            self.mem.write_slice(&b, GuestAddress(addr)).unwrap();
+            self.chain(1, addr, b.len() as u32, 0);
+        }
+
+        fn used_idx(&self, q: u64) -> u16 {
+            self.mem.read_obj(GuestAddress(used(q) + 2)).unwrap()
+        }
+
+        /// Used element `n` of queue `q`: (id, len).
+        fn used_elem(&self, q: u64, n: u16) -> (u32, u32) {
+            let at = used(q) + 4 + 8 * u64::from(n);
+            (
+                self.mem.read_obj(GuestAddress(at)).unwrap(),
+                self.mem.read_obj(GuestAddress(at + 4)).unwrap(),
+            )
+        }
+
+        fn recv(&mut self) -> Frames {
+            let mut f = Frames::new();
+            let n = self.pair.recv(&mut f, 64, &mut Timing::new(false)).unwrap();
+            assert_eq!(n, f.len());
+            f
+        }
+    }
+
+    #[test]
+    fn a_frame_the_guest_sends_arrives_and_its_chain_is_completed() {
+        let mut r = Rig::new();
+        r.tx_frame(BUF, b"an ethernet frame");
+        let f = r.recv();
+        assert_eq!(f.get(0), Some(&b"an ethernet frame"[..]));
+        assert_eq!(r.used_idx(1), 1);
+        assert_eq!(r.used_elem(1, 0), (0, 0));
+    }
+
+    #[test]
+    fn hostile_transmit_chains_are_refused_counted_and_do_not_stall_the_ring() {
+        let mut r = Rig::new();
+        // Outside guest memory; shorter than the header; longer than a frame.
+        r.chain(1, 0xffff_0000_0000, 100, 0);
+        r.chain(1, BUF, 4, 0);
+        r.chain(1, BUF, (HDR_LONG + FRAME_MAX + 1) as u32, 0);
+        // A loop: a descriptor that is its own next. The chain ends after as many
+        // descriptors as the ring holds (virtio-queue's bound): a frame of garbage, as
+        // any guest may send, not a stall.
+        let i = r.next[1];
+        r.next[1] += 1;
+        r.put_desc(1, i, (BUF, 64, NEXT, i));
+        r.offer(1, i);
+        // An indirect table outside guest memory.
+        r.chain(1, 0xffff_0000_0000, 16 * 4, INDIRECT);
+        // A length that overflows when summed: two descriptors of 4 GiB - 1.
+        let i = r.next[1];
+        r.next[1] += 2;
+        r.put_desc(1, i, (BUF, u32::MAX, NEXT, i + 1));
+        r.put_desc(1, i + 1, (BUF, u32::MAX, 0, 0));
+        r.offer(1, i);
+        // Then an honest frame.
+        r.tx_frame(BUF + 0x1000, b"still served");
+        let f = r.recv();
+        assert_eq!(f.len(), 2, "the loop's bounded frame and the honest one");
+        assert_eq!(
+            f.get(0).map(<[u8]>::len),
+            Some(usize::from(SIZE) * 64 - HDR_LONG)
+        );
+        assert_eq!(f.get(1), Some(&b"still served"[..]));
+        assert_eq!(r.backend.counters().bad_tx, 5);
+        assert_eq!(r.used_idx(1), 7, "every chain given back");
+    }
+
+    #[test]
+    fn an_available_index_beyond_the_ring_reads_nothing() {
+        let mut r = Rig::new();
+        r.mem
+            .write_obj(1000u16, GuestAddress(avail(1) + 2))
+            .unwrap();
+        assert!(r.recv().is_empty());
+        assert_eq!(r.used_idx(1), 0);
+    }
+
+    /// Frames of `lens` bytes, for sending.
+    fn frames(lens: &[usize]) -> Frames {
+        let mut f = Frames::new();
+        for (k, &n) in lens.iter().enumerate() {
+            f.push(&vec![k as u8 + 1; n]);
+        }
+        f
+    }
+
+    #[test]
+    fn a_frame_spans_merged_buffers_and_waits_for_room_when_there_is_none() {
+        let mut r = Rig::new();
+        for k in 0..3 {
+            r.chain(0, BUF + 0x1000 * k, 100, WRITE);
+        }
+        let sent = r.pair.send(&frames(&[250]), &mut Timing::new(false));
+        assert_eq!((sent.frames, sent.lost), (1, 0));
+        assert_eq!(r.used_idx(0), 3);
+        let lens: Vec<u32> = (0..3).map(|n| r.used_elem(0, n).1).collect();
+        assert_eq!(lens, [100, 100, 62], "12-byte header + 250 bytes");
+        let num_buffers: u16 = r.mem.read_obj(GuestAddress(BUF + 10)).unwrap();
+        assert_eq!(num_buffers, 3);
+        let mut tail = [0u8; 62];
+        r.mem
+            .read_slice(&mut tail, GuestAddress(BUF + 0x2000))
+            .unwrap();
+        assert!(tail.iter().all(|&b| b == 1));
+        // No buffers: the frame waits (counted as sent), and goes once the guest posts one.
+        let sent = r.pair.send(&frames(&[40]), &mut Timing::new(false));
+        assert_eq!((sent.frames, sent.lost), (1, 0));
+        assert_eq!(r.used_idx(0), 3);
+        r.chain(0, BUF + 0x8000, 100, WRITE);
+        assert!(r.recv().is_empty());
+        assert_eq!(r.used_idx(0), 4);
+        assert_eq!(r.used_elem(0, 3).1, 52);
+        assert_eq!(r.backend.counters().rx_frames, 2);
+    }
+
+    #[test]
+    fn receive_buffers_outside_memory_are_counted_and_a_full_backlog_loses_frames() {
+        let mut r = Rig::new();
+        r.chain(0, 0xffff_0000_0000, 100, WRITE);
+        let sent = r.pair.send(&frames(&[50]), &mut Timing::new(false));
+        assert_eq!(sent.lost, 0);
+        assert!(r.backend.counters().bad_rx >= 1);
+        // Far more than the backlog holds: the rest is lost, and counted.
+        let many = frames(&vec![60; BACKLOG_FRAMES + 10]);
+        let sent = r.pair.send(&many, &mut Timing::new(false));
+        assert!(sent.lost >= 10, "{sent:?}");
+        assert_eq!(r.backend.counters().rx_lost, sent.lost);
     }
 }

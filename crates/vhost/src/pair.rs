@@ -171,14 +171,27 @@ impl VirtioPair {
         };
         let mut done = 0;
         let mut frame = Vec::new();
-        for (f, csum) in frames.iter().skip(skip) {
-            let t0 = timing.start();
-            let placed = put_frame(&mut st, &mem, f, csum, rx, &mut frame, &self.inner.counters);
-            timing.end(Stage::TapWrite, t0, placed);
-            if !placed {
+        let mut retried = false;
+        loop {
+            for (f, csum) in frames.iter().skip(skip + done) {
+                let t0 = timing.start();
+                let placed =
+                    put_frame(&mut st, &mem, f, csum, rx, &mut frame, &self.inner.counters);
+                timing.end(Stage::TapWrite, t0, placed);
+                if !placed {
+                    break;
+                }
+                done += 1;
+            }
+            if skip + done >= frames.len() || retried {
                 break;
             }
-            done += 1;
+            // Out of room: the guest's next buffer must kick (event-idx: the available
+            // event moves to here); buffers posted meanwhile are tried once more.
+            retried = true;
+            if !matches!(st.enable_notification(), Ok(true)) {
+                break;
+            }
         }
         if done > 0 {
             self.notify(&mut st);

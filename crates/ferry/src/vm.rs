@@ -21,10 +21,6 @@ pub struct VmArgs {
     /// -netdev vhost-user,id=n,chardev=c` with shared guest memory).
     #[arg(long, value_name = "SOCKET")]
     pub vhost_user: PathBuf,
-    /// Virtio queue pairs, one NIC server (thread) each (QEMU: `queues=N` and
-    /// `mq=on`); the guest's kernel spreads its flows over them.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
-    pub nic_servers: u16,
     /// The guest interface's MTU (the guest sets it; frames up to it are carried).
     #[arg(long, value_name = "BYTES", default_value_t = ferry_nic::DEFAULT_MTU, value_parser = clap::value_parser!(u32).range(1280..=65520))]
     pub mtu: u32,
@@ -108,9 +104,11 @@ fn vm(a: &VmArgs) -> Result<(), RunError> {
     cfg.spin = a.server_spin;
     cfg.max_flows = a.max_flows;
     let cfg = Arc::new(cfg);
-    let pairs = usize::from(a.nic_servers);
+    // One queue pair: with several, the guest moves a flow between transmit queues (its
+    // SYN on one, the rest on another) and the second NIC server, not knowing the flow,
+    // resets it; steering frames to the flow's server comes first (docs/DESIGN.md).
     let (backend, devices) =
-        ferry_vhost::backend(pairs, a.mtu as usize).map_err(|e| RunError::Nic(e.to_string()))?;
+        ferry_vhost::backend(1, a.mtu as usize).map_err(|e| RunError::Nic(e.to_string()))?;
     let published: Vec<ferry_nic::NicPublish> = a
         .publish
         .iter()

@@ -21,6 +21,11 @@ pub struct VmArgs {
     /// -netdev vhost-user,id=n,chardev=c` with shared guest memory).
     #[arg(long, value_name = "SOCKET")]
     pub vhost_user: PathBuf,
+    /// Virtio queue pairs, one NIC server (thread) each (QEMU: `queues=N` on the netdev,
+    /// `mq=on,vectors=2N+2` on the device); a frame goes to its flow's server whatever
+    /// queue the guest sent it on.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub nic_servers: u16,
     /// The guest interface's MTU (the guest sets it; frames up to it are carried).
     #[arg(long, value_name = "BYTES", default_value_t = ferry_nic::DEFAULT_MTU, value_parser = clap::value_parser!(u32).range(1280..=65520))]
     pub mtu: u32,
@@ -104,11 +109,10 @@ fn vm(a: &VmArgs) -> Result<(), RunError> {
     cfg.spin = a.server_spin;
     cfg.max_flows = a.max_flows;
     let cfg = Arc::new(cfg);
-    // One queue pair: with several, the guest moves a flow between transmit queues (its
-    // SYN on one, the rest on another) and the second NIC server, not knowing the flow,
-    // resets it; steering frames to the flow's server comes first (docs/DESIGN.md).
+    let ports: Vec<u16> = a.publish.iter().map(|p| p.sandbox_port).collect();
     let (backend, devices) =
-        ferry_vhost::backend(1, a.mtu as usize).map_err(|e| RunError::Nic(e.to_string()))?;
+        ferry_vhost::backend(usize::from(a.nic_servers), a.mtu as usize, &ports)
+            .map_err(|e| RunError::Nic(e.to_string()))?;
     let published: Vec<ferry_nic::NicPublish> = a
         .publish
         .iter()
@@ -157,11 +161,13 @@ fn report(a: &VmArgs, stats: &[ferry_nic::NicStats], dev: ferry_vhost::CountersS
     }
     if let Some(path) = &a.stats_json {
         let json = format!(
-            "{{\"nic\":{},\"vhost\":{{\"tx_frames\":{},\"rx_frames\":{},\"rx_lost\":{},\"bad_tx\":{},\"bad_rx\":{},\"bad_ring\":{}}}}}\n",
+            "{{\"nic\":{},\"vhost\":{{\"tx_frames\":{},\"rx_frames\":{},\"rx_lost\":{},\"steered\":{},\"steer_lost\":{},\"bad_tx\":{},\"bad_rx\":{},\"bad_ring\":{}}}}}\n",
             ferry_nic::nic_json(stats),
             dev.tx_frames,
             dev.rx_frames,
             dev.rx_lost,
+            dev.steered,
+            dev.steer_lost,
             dev.bad_tx,
             dev.bad_rx,
             dev.bad_ring

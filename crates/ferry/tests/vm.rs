@@ -72,7 +72,8 @@ fn ferry_vm(sock: &Path, opts: &[&str]) -> (Guard, String, String) {
     (Guard(child), ip, gw)
 }
 
-/// QEMU (TCG) with a virtio-net device on `sock`, booting the guest that runs `script`.
+/// QEMU (TCG, 2 vCPUs) with a virtio-net device of 2 queue pairs on `sock`, booting the
+/// guest that runs `script`.
 fn qemu(sock: &Path, ip: &str, gw: &str, script: &str) -> Command {
     use std::io::Write;
     let (kernel, initrd) = guest_image().unwrap();
@@ -89,31 +90,23 @@ fn qemu(sock: &Path, ip: &str, gw: &str, script: &str) -> Command {
         .unwrap();
     let run = String::from_utf8(b64.wait_with_output().unwrap().stdout).unwrap();
     let mut c = Command::new(QEMU);
-    c.args([
-        "-accel",
-        "tcg",
-        "-m",
-        "256",
-        "-nodefaults",
-        "-display",
-        "none",
-    ])
-    .args(["-serial", "stdio", "-no-reboot"])
-    .args(["-object", "memory-backend-memfd,id=mem,size=256M,share=on"])
-    .args(["-numa", "node,memdev=mem"])
-    .arg("-chardev")
-    .arg(format!("socket,id=c0,path={}", sock.display()))
-    .args(["-netdev", "vhost-user,id=n0,chardev=c0"])
-    .args(["-device", "virtio-net-pci,netdev=n0"])
-    .arg("-kernel")
-    .arg(kernel)
-    .arg("-initrd")
-    .arg(initrd)
-    .arg("-append")
-    .arg(format!(
-        "console=ttyS0 quiet ferry.ip={ip} ferry.gw={gw} ferry.mtu=65520 ferry.run={run}"
-    ))
-    .stdin(Stdio::null());
+    c.args(["-accel", "tcg", "-smp", "2", "-m", "256", "-nodefaults"])
+        .args(["-display", "none", "-serial", "stdio", "-no-reboot"])
+        .args(["-object", "memory-backend-memfd,id=mem,size=256M,share=on"])
+        .args(["-numa", "node,memdev=mem"])
+        .arg("-chardev")
+        .arg(format!("socket,id=c0,path={}", sock.display()))
+        .args(["-netdev", "vhost-user,id=n0,chardev=c0,queues=2"])
+        .args(["-device", "virtio-net-pci,netdev=n0,mq=on,vectors=6"])
+        .arg("-kernel")
+        .arg(kernel)
+        .arg("-initrd")
+        .arg(initrd)
+        .arg("-append")
+        .arg(format!(
+            "console=ttyS0 quiet ferry.ip={ip} ferry.gw={gw} ferry.mtu=65520 ferry.run={run}"
+        ))
+        .stdin(Stdio::null());
     c
 }
 
@@ -134,7 +127,7 @@ fn md5(path: &Path) -> String {
 }
 
 #[test]
-fn a_guest_fetches_through_ferry_and_is_refused_a_denied_address_at_once() {
+fn a_guest_fetches_through_ferry_over_two_queue_pairs_and_is_refused_a_denied_address() {
     if !can_boot() {
         return;
     }
@@ -147,11 +140,15 @@ fn a_guest_fetches_through_ferry_and_is_refused_a_denied_address_at_once() {
     let _nginx = remote_nginx(&remote, dir.path(), &root, 8080);
     let sock = dir.path().join("vu.sock");
     // 192.0.2.1 (TEST-NET-1) leads nowhere: only ferry's refusal answers at once.
-    let (mut ferry, ip, gw) = ferry_vm(&sock, &["--deny", "192.0.2.1/32", "--stats"]);
+    let opts = ["--deny", "192.0.2.1/32", "--stats", "--nic-servers", "2"];
+    let (mut ferry, ip, gw) = ferry_vm(&sock, &opts);
     let r = remote.remote_ip();
     let script = format!(
         "up() {{ cut -d' ' -f1 /proc/uptime; }}\n\
          echo SMALL $(wget -q -O - http://{r}:8080/small | md5sum | cut -d' ' -f1)\n\
+         n=0; for i in 1 2 3 4 5 6 7 8; do for c in 1 2; do\n\
+           taskset $c wget -q -O /dev/null http://{r}:8080/small && n=$((n + 1)); done; done\n\
+         echo FETCHED $n\n\
          t0=$(up); nc -w 5 192.0.2.1 80 </dev/null; rc=$?; t1=$(up)\n\
          echo DENIED $rc $(awk \"BEGIN {{ print int(($t1 - $t0) * 1000) }}\")\n\
          t0=$(up); echo BIG $(wget -q -O - http://{r}:8080/big | md5sum | cut -d' ' -f1)\n\
@@ -193,6 +190,20 @@ fn a_guest_fetches_through_ferry_and_is_refused_a_denied_address_at_once() {
     assert_eq!(code, Some(0), "ferry vm's exit: {err}");
     assert!(err.contains("denied 1"), "the refusal is counted: {err}");
     assert!(err.contains("refused: tx chains 0, rx chains 0"), "{err}");
+    // 19 flows from two vCPUs: each queue pair's server carried some (a flow's frames go
+    // to its server whatever queue the guest sends them on; a frame on the wrong server
+    // would reset its flow, and FETCHED would fall short).
+    assert_eq!(said(&console, "FETCHED"), Some("16"));
+    for id in ["nic-0", "nic-1"] {
+        let flows: u64 = err
+            .lines()
+            .find(|l| l.starts_with(&format!("server {id}:")))
+            .and_then(|l| l.split("tcp flows ").nth(1))
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no counters of {id}: {err}"));
+        assert!(flows >= 1, "{id} carried a flow: {err}");
+    }
     assert!(!sock.exists(), "the socket is removed");
 }
 

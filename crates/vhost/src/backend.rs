@@ -46,6 +46,9 @@ pub struct Counters {
     pub bad_ring: AtomicU64,
     /// Frames towards the guest lost because it posted no room for them in time.
     pub rx_lost: AtomicU64,
+    /// Frames another pair's server took for this one, and those its full inbox lost.
+    pub steered: AtomicU64,
+    pub steer_lost: AtomicU64,
     /// Frames the guest sent, and frames written to it.
     pub tx_frames: AtomicU64,
     pub rx_frames: AtomicU64,
@@ -58,6 +61,8 @@ pub struct CountersSnapshot {
     pub bad_rx: u64,
     pub bad_ring: u64,
     pub rx_lost: u64,
+    pub steered: u64,
+    pub steer_lost: u64,
     pub tx_frames: u64,
     pub rx_frames: u64,
 }
@@ -71,6 +76,8 @@ impl Counters {
             bad_rx: self.bad_rx.load(r),
             bad_ring: self.bad_ring.load(r),
             rx_lost: self.rx_lost.load(r),
+            steered: self.steered.load(r),
+            steer_lost: self.steer_lost.load(r),
             tx_frames: self.tx_frames.load(r),
             rx_frames: self.rx_frames.load(r),
         }
@@ -85,8 +92,15 @@ impl std::fmt::Display for CountersSnapshot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "vhost-user: frames from the guest {}, to it {}, lost towards it {}; refused: tx chains {}, rx chains {}, ring updates {}",
-            self.tx_frames, self.rx_frames, self.rx_lost, self.bad_tx, self.bad_rx, self.bad_ring
+            "vhost-user: frames from the guest {}, to it {}, lost towards it {}, steered to another server {} (lost {}); refused: tx chains {}, rx chains {}, ring updates {}",
+            self.tx_frames,
+            self.rx_frames,
+            self.rx_lost,
+            self.steered,
+            self.steer_lost,
+            self.bad_tx,
+            self.bad_rx,
+            self.bad_ring
         )
     }
 }
@@ -104,6 +118,11 @@ pub(crate) struct Inner {
     /// The frontend has gone.
     pub(crate) gone: AtomicBool,
     pub(crate) counters: Counters,
+    /// Frames the guest sent on another pair's queue, for this pair's server
+    /// (`steer.rs`), one inbox a pair.
+    pub(crate) inboxes: Vec<std::sync::Mutex<ferry_nic::device::Frames>>,
+    /// The guest's published TCP ports (their flows are the first server's).
+    pub(crate) published: Vec<u16>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -131,8 +150,9 @@ pub struct Backend {
 }
 
 impl Backend {
-    /// A device of `pairs` queue pairs (at least one).
-    pub(crate) fn new(pairs: usize) -> Result<Backend, Error> {
+    /// A device of `pairs` queue pairs (at least one); `published`: the guest's
+    /// published TCP ports.
+    pub(crate) fn new(pairs: usize, published: &[u16]) -> Result<Backend, Error> {
         let pairs = pairs.max(1);
         let wakes = (0..pairs)
             .map(|_| EventFd::new(EFD_NONBLOCK).map_err(Error::EventFd))
@@ -147,6 +167,8 @@ impl Backend {
                 event_idx: AtomicBool::new(false),
                 gone: AtomicBool::new(false),
                 counters: Counters::default(),
+                inboxes: (0..pairs).map(|_| Default::default()).collect(),
+                published: published.to_vec(),
             }),
         })
     }

@@ -27,6 +27,7 @@ mod backend;
 mod csum;
 mod pair;
 mod relay;
+mod steer;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -114,9 +115,14 @@ impl Drop for PrivateDir {
     }
 }
 
-/// A backend of `pairs` queue pairs and the NIC servers' devices over them.
-pub fn backend(pairs: usize, mtu: usize) -> Result<(Backend, Vec<VirtioPair>), Error> {
-    let backend = Backend::new(pairs)?;
+/// A backend of `pairs` queue pairs and the NIC servers' devices over them;
+/// `published`: the guest's TCP ports published on the host (the first server's).
+pub fn backend(
+    pairs: usize,
+    mtu: usize,
+    published: &[u16],
+) -> Result<(Backend, Vec<VirtioPair>), Error> {
+    let backend = Backend::new(pairs, published)?;
     let devices = (0..pairs)
         .map(|i| VirtioPair::new(Arc::clone(backend.inner()), i, mtu))
         .collect();

@@ -23,6 +23,7 @@ use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 
 use crate::backend::{Counters, Inner, feature};
 use crate::csum;
+use crate::steer::{self, Owner};
 
 /// The header in front of every frame on the rings (`virtio_net_hdr_v1`): 12 bytes with
 /// `VERSION_1` or `MRG_RXBUF`, else 10.
@@ -41,6 +42,8 @@ pub struct VirtioPair {
     /// Frames that found no receive buffer yet.
     backlog: Frames,
     spare: Frames,
+    /// Frames read from this pair's transmit ring, before steering.
+    read: Frames,
 }
 
 /// Why a chain was refused.
@@ -59,6 +62,7 @@ impl VirtioPair {
             mtu,
             backlog: Frames::new(),
             spare: Frames::new(),
+            read: Frames::new(),
         }
     }
 
@@ -217,6 +221,38 @@ impl VirtioPair {
             }
         }
         std::mem::swap(&mut self.backlog, &mut self.spare);
+    }
+
+    /// Moves the frames other pairs' servers steered here into `into`; how many.
+    fn take_inbox(&self, into: &mut Frames) -> usize {
+        let Some(inbox) = self.inner.inboxes.get(self.index) else {
+            return 0;
+        };
+        let mut inbox = inbox.lock().unwrap_or_else(|e| e.into_inner());
+        let n = inbox.len();
+        for (f, _) in inbox.iter() {
+            into.push(f);
+        }
+        inbox.clear();
+        n
+    }
+
+    /// Hands frame `f` to pair `k`'s server (its inbox, bounded like the backlog).
+    fn give(&self, k: usize, f: &[u8]) {
+        let Some(inbox) = self.inner.inboxes.get(k) else {
+            return;
+        };
+        let c = &self.inner.counters;
+        {
+            let mut inbox = inbox.lock().unwrap_or_else(|e| e.into_inner());
+            if inbox.len() >= BACKLOG_FRAMES || inbox.full() {
+                Counters::add(&c.steer_lost, 1);
+                return;
+            }
+            inbox.push(f);
+        }
+        Counters::add(&c.steered, 1);
+        self.inner.wake(k);
     }
 
     /// Keeps the frames of `frames` from the `from`-th for later; how many were lost.
@@ -379,7 +415,31 @@ impl FrameDevice for VirtioPair {
             ));
         }
         self.flush_backlog(timing);
-        Ok(self.read_tx(into, max, timing))
+        if self.inner.pairs == 1 {
+            return Ok(self.read_tx(into, max, timing));
+        }
+        let mut n = self.take_inbox(into);
+        let mut read = std::mem::take(&mut self.read);
+        read.clear();
+        self.read_tx(&mut read, max.saturating_sub(n).max(1), timing);
+        for (f, _) in read.iter() {
+            match steer::owner(f, self.inner.pairs, &self.inner.published) {
+                Owner::One(k) if k == self.index => {
+                    into.push(f);
+                    n += 1;
+                }
+                Owner::One(k) => self.give(k, f),
+                Owner::All => {
+                    into.push(f);
+                    n += 1;
+                    for k in (0..self.inner.pairs).filter(|&k| k != self.index) {
+                        self.give(k, f);
+                    }
+                }
+            }
+        }
+        self.read = read;
+        Ok(n)
     }
 
     fn send(&mut self, frames: &Frames, timing: &mut Timing) -> Sent {
@@ -436,7 +496,7 @@ mod tests {
 
     impl Rig {
         fn new() -> Rig {
-            let (backend, mut pairs) = crate::backend(1, 65520).unwrap();
+            let (backend, mut pairs) = crate::backend(1, 65520, &[]).unwrap();
             let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap();
             backend.inner().mem.lock().unwrap().replace(mem.clone());
             let vrings: Vec<VringMutex> = (0..2u64)

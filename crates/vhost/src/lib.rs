@@ -54,9 +54,6 @@ pub fn serve(backend: &Backend, socket: &Path) -> Result<(), Error> {
     use std::os::unix::net::{UnixListener, UnixStream};
     use vhost_user_backend::VhostUserDaemon;
     let daemon_err = |e: &dyn std::fmt::Display| Error::Daemon(e.to_string());
-    let private = PrivateDir::make().map_err(|e| daemon_err(&e))?;
-    let inner_path = private.0.join("backend.sock");
-    let inner = UnixListener::bind(&inner_path).map_err(|e| daemon_err(&e))?;
     if let Ok(meta) = std::fs::symlink_metadata(socket)
         && std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type())
     {
@@ -67,14 +64,24 @@ pub fn serve(backend: &Backend, socket: &Path) -> Result<(), Error> {
     let (front, _) = listener.accept().map_err(|e| daemon_err(&e))?;
     drop(listener);
     let _ = std::fs::remove_file(socket);
+    // The daemon's side, on a path of its own only until it has connected.
+    let private = PrivateDir::make().map_err(|e| daemon_err(&e))?;
+    let inner_path = private.0.join("backend.sock");
+    let inner = UnixListener::bind(&inner_path).map_err(|e| daemon_err(&e))?;
     let mut daemon = VhostUserDaemon::new("ferry-vhost".into(), backend.clone(), backend.memory())
         .map_err(|e| daemon_err(&e))?;
     let path = inner_path.to_string_lossy().into_owned();
     let connect = std::thread::spawn(move || inner.accept().map(|(s, _)| s));
     let started = daemon.start_client(&path).map_err(|e| daemon_err(&e));
+    if started.is_err() {
+        // Unblocks the accept.
+        let _ = UnixStream::connect(&inner_path);
+    }
     let back: std::io::Result<UnixStream> = connect
         .join()
         .unwrap_or_else(|_| Err(std::io::Error::other("accept panicked")));
+    // Connected (or failed): the private path is not needed, even if ferry is killed.
+    drop(private);
     let result = started.and_then(|()| {
         let back = back.map_err(|e| daemon_err(&e))?;
         let relayed = relay::relay(front, back);

@@ -25,6 +25,8 @@
 
 mod backend;
 mod csum;
+#[doc(hidden)]
+pub mod fuzzing;
 mod pair;
 mod relay;
 mod steer;

@@ -17,7 +17,9 @@
 //! [`FrameDevice`](ferry_nic::device::FrameDevice): the guest's transmit ring read into
 //! batches of frames, frames written into its receive ring, merged buffers, event-idx
 //! notification suppression, a bounded backlog while the guest has posted no buffers),
-//! [`Counters`] (what a hostile or slow guest was refused), and [`serve`] (one frontend
+//! [`Counters`] (what a hostile or slow guest was refused), steering each frame to its
+//! flow's NIC server whatever queue carried it (`steer.rs`), the relay in front of the
+//! daemon (`relay.rs`: QEMU's early ring enable), and [`serve`] (one frontend
 //! connection, served until it ends). It must not: trust any descriptor, length or
 //! address the guest or frontend passes (every access goes through the memory table's
 //! bounds; a bad chain is completed empty and counted, never a panic or a stall), or

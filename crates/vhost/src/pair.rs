@@ -190,10 +190,10 @@ impl VirtioPair {
             if skip + done >= frames.len() || retried {
                 break;
             }
-            // Out of room: the guest's next buffer must kick (event-idx: the available
-            // event moves to here); buffers posted meanwhile are tried once more.
+            // Out of room: the guest's next buffer must kick; buffers posted meanwhile
+            // are tried once more.
             retried = true;
-            if !matches!(st.enable_notification(), Ok(true)) {
+            if !arm_kick(&mut st, &mem) {
                 break;
             }
         }
@@ -271,6 +271,23 @@ impl VirtioPair {
         Counters::add(&self.inner.counters.rx_lost, lost);
         lost
     }
+}
+
+/// Asks the guest to kick when it posts its next receive buffer; whether buffers came
+/// meanwhile. With event-idx the available event must be the ring's available index, not
+/// this side's position: a frame too large for the buffers posted leaves them in the ring
+/// (its position before them), and an event there, already passed, would never kick.
+fn arm_kick(st: &mut VringState, mem: &vm_memory::GuestMemoryLoadGuard<GuestMemoryMmap>) -> bool {
+    let q = st.get_queue_mut();
+    let Ok(avail) = q.avail_idx(&**mem, std::sync::atomic::Ordering::Acquire) else {
+        return false;
+    };
+    let at = q.next_avail();
+    q.set_next_avail(avail.0);
+    let more = q.enable_notification(&**mem);
+    q.set_next_avail(at);
+    // More than those that did not suffice: worth another try.
+    matches!(more, Ok(true))
 }
 
 /// How frames are written to the receive ring (from the features the guest acked).

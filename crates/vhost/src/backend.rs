@@ -44,8 +44,10 @@ pub struct Counters {
     pub bad_rx: AtomicU64,
     /// Used-ring updates or notifications that failed (a ring outside guest memory).
     pub bad_ring: AtomicU64,
-    /// Frames towards the guest lost because it posted no room for them in time.
+    /// Frames towards the guest lost because it posted no room for them in time, and
+    /// those that waited for room (the backlog).
     pub rx_lost: AtomicU64,
+    pub rx_waited: AtomicU64,
     /// Frames another pair's server took for this one, and those its full inbox lost.
     pub steered: AtomicU64,
     pub steer_lost: AtomicU64,
@@ -61,6 +63,7 @@ pub struct CountersSnapshot {
     pub bad_rx: u64,
     pub bad_ring: u64,
     pub rx_lost: u64,
+    pub rx_waited: u64,
     pub steered: u64,
     pub steer_lost: u64,
     pub tx_frames: u64,
@@ -76,6 +79,7 @@ impl Counters {
             bad_rx: self.bad_rx.load(r),
             bad_ring: self.bad_ring.load(r),
             rx_lost: self.rx_lost.load(r),
+            rx_waited: self.rx_waited.load(r),
             steered: self.steered.load(r),
             steer_lost: self.steer_lost.load(r),
             tx_frames: self.tx_frames.load(r),
@@ -92,9 +96,10 @@ impl std::fmt::Display for CountersSnapshot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "vhost-user: frames from the guest {}, to it {}, lost towards it {}, steered to another server {} (lost {}); refused: tx chains {}, rx chains {}, ring updates {}",
+            "vhost-user: frames from the guest {}, to it {} ({} waited for room), lost towards it {}, steered to another server {} (lost {}); refused: tx chains {}, rx chains {}, ring updates {}",
             self.tx_frames,
             self.rx_frames,
+            self.rx_waited,
             self.rx_lost,
             self.steered,
             self.steer_lost,

@@ -269,6 +269,8 @@ impl VirtioPair {
             }
         }
         Counters::add(&self.inner.counters.rx_lost, lost);
+        let waited = (frames.len() - from) as u64 - lost;
+        Counters::add(&self.inner.counters.rx_waited, waited);
         lost
     }
 }

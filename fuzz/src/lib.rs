@@ -29,7 +29,7 @@ pub mod modules;
 #[allow(unsafe_code)]
 mod netns;
 pub mod records;
-pub mod rings;
 pub mod ring;
+pub mod rings;
 pub mod seeds;
 pub mod server;

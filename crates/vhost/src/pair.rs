@@ -176,6 +176,7 @@ impl VirtioPair {
         let mut done = 0;
         let mut frame = Vec::new();
         let mut retried = false;
+        let old = st.get_queue().next_used();
         loop {
             for (f, csum) in frames.iter().skip(skip + done) {
                 let t0 = timing.start();
@@ -198,7 +199,9 @@ impl VirtioPair {
             }
         }
         if done > 0 {
-            self.notify(&mut st);
+            if wants_call(st.get_queue(), &mem, old) && st.signal_used_queue().is_err() {
+                Counters::add(&self.inner.counters.bad_ring, 1);
+            }
             Counters::add(&self.inner.counters.rx_frames, done as u64);
         }
         done
@@ -388,6 +391,7 @@ fn put_frame(
         csum::complete(&mut scratch[rx.hdr..], p);
     }
     let mut at = 0;
+    let mut used = Vec::with_capacity(chains.len());
     for (head, w) in chains {
         let wrote = match w {
             Some(mut w) => {
@@ -403,11 +407,64 @@ fn put_frame(
             None => 0,
         };
         at += wrote;
-        if st.add_used(head, wrote as u32).is_err() {
-            Counters::add(&counters.bad_ring, 1);
-        }
+        used.push((head, wrote as u32));
+    }
+    if publish_used(st.get_queue_mut(), &**mem, &used).is_err() {
+        Counters::add(&counters.bad_ring, 1);
     }
     true
+}
+
+/// Puts a frame's chains (`(head, bytes written)`) on the used ring and only then moves
+/// the used index past all of them: a guest that saw the first before the rest (its
+/// `num_buffers` saying more) would drop the frame ("buffers missing"), as
+/// `Queue::add_used`, which moves the index each time, let it.
+fn publish_used(
+    q: &mut virtio_queue::Queue,
+    mem: &GuestMemoryMmap,
+    used: &[(u16, u32)],
+) -> Result<(), ()> {
+    use vm_memory::{Bytes, GuestAddress};
+    let size = q.size();
+    if size == 0 || used.iter().any(|&(head, _)| head >= size) {
+        return Err(());
+    }
+    let mut next = q.next_used();
+    for &(head, len) in used {
+        let slot = u64::from(next % size);
+        let at = q.used_ring().checked_add(4 + 8 * slot).ok_or(())?;
+        let mut elem = [0u8; 8];
+        elem[..4].copy_from_slice(&u32::from(head).to_le_bytes());
+        elem[4..].copy_from_slice(&len.to_le_bytes());
+        mem.write_slice(&elem, GuestAddress(at)).map_err(|_| ())?;
+        next = next.wrapping_add(1);
+    }
+    let idx = q.used_ring().checked_add(2).ok_or(())?;
+    mem.store(next.to_le(), GuestAddress(idx), Ordering::Release)
+        .map_err(|_| ())?;
+    q.set_next_used(next);
+    Ok(())
+}
+
+/// Whether the guest wants to hear of the used buffers from `old` on (event-idx: its
+/// used event lies among them; else unless it set `NO_INTERRUPT`).
+fn wants_call(q: &virtio_queue::Queue, mem: &GuestMemoryMmap, old: u16) -> bool {
+    use vm_memory::{Bytes, GuestAddress};
+    std::sync::atomic::fence(Ordering::SeqCst);
+    let new = q.next_used();
+    if q.event_idx_enabled() {
+        let at = q.avail_ring() + 4 + 2 * u64::from(q.size());
+        let Ok(event) = mem.load::<u16>(GuestAddress(at), Ordering::Acquire) else {
+            return true;
+        };
+        let event = u16::from_le(event);
+        new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
+    } else {
+        match mem.load::<u16>(GuestAddress(q.avail_ring()), Ordering::Acquire) {
+            Ok(flags) => u16::from_le(flags) & 1 == 0,
+            Err(_) => true,
+        }
+    }
 }
 
 impl FrameDevice for VirtioPair {

@@ -409,7 +409,7 @@ fn put_frame(
         at += wrote;
         used.push((head, wrote as u32));
     }
-    if publish_used(st.get_queue_mut(), &**mem, &used).is_err() {
+    if publish_used(st.get_queue_mut(), mem, &used).is_err() {
         Counters::add(&counters.bad_ring, 1);
     }
     true

@@ -19,7 +19,7 @@ PACKAGES=(
     iperf3 sockperf nginx-light redis-server redis-tools slirp4netns passt wrk hyperfine
     uidmap curl iproute2 procps fonts-dejavu-core python3 gzip g++ iputils-ping
     bind9-dnsutils socat netcat-openbsd nodejs golang-go busybox-static git openssh-client
-    libpython3.11-testsuite linux-perf make docker.io podman
+    libpython3.11-testsuite linux-perf make docker.io podman qemu-system-x86 cpio
 )
 SERVICES=(redis-server nginx iperf3 docker containerd)
 # linux-perf: `ferry bench R2` counts system calls per request with perf record; make:
@@ -28,6 +28,8 @@ SERVICES=(redis-server nginx iperf3 docker containerd)
 # dockerd (no service is started here) and run podman with their own storage.
 # libpython3.11-testsuite: CPython's own regression tests for Debian's python3
 # (scripts/cpython-suites.py runs its network suites natively and through ferry).
+# qemu-system-x86, cpio: `ferry vm`'s tests boot a guest (scripts/guest-image.sh builds
+# it from Debian's cloud kernel package and busybox-static) under QEMU's TCG.
 # The fuzz targets' runner (scripts/fuzz.sh); libfuzzer-sys builds with g++.
 CARGO_FUZZ_VERSION=0.13.1
 TEST_USER=ferrytest
@@ -64,8 +66,25 @@ else
     export DEBIAN_FRONTEND=noninteractive
     say "apt-get update"
     apt-get update
-    say "apt-get install -y --no-install-recommends ${PACKAGES[*]}"
-    apt-get install -y --no-install-recommends "${PACKAGES[@]}"
+    # QEMU's packages must be of one version: where qemu-utils came from backports
+    # (as on machines with a newer qemu-img), the system emulator comes from there too,
+    # or apt would pick the release's and refuse the pair ("Breaks").
+    wanted=() later=()
+    utils=$(dpkg-query -W -f='${Status} ${Version}' qemu-utils 2>/dev/null \
+        | sed -n 's/^install ok installed //p')
+    for p in "${PACKAGES[@]}"; do
+        case "$p:$utils" in
+            qemu-system-x86:*bpo*) later+=("$p") ;;
+            *) wanted+=("$p") ;;
+        esac
+    done
+    say "apt-get install -y --no-install-recommends ${wanted[*]}"
+    apt-get install -y --no-install-recommends "${wanted[@]}"
+    if [ "${#later[@]}" -gt 0 ]; then
+        suite="$(. /etc/os-release && echo "$VERSION_CODENAME")-backports"
+        say "apt-get install -t $suite ${later[*]} (qemu-utils $utils is from there)"
+        apt-get install -y --no-install-recommends -t "$suite" "${later[@]}"
+    fi
     if [ "$own_policy" = 1 ]; then
         rm -f "$policy"
         own_policy=0

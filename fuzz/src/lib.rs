@@ -13,6 +13,7 @@
 //! | [`core`] | the server's socket logic in-process, every event's order and content chosen |
 //! | [`frame`] | a NIC server (nic mode) fed hostile frames on its queue; the frame functions |
 //! | [`dns`] | the DNS forwarder's UDP handling: datagrams from the sandbox and from upstream |
+//! | [`rings`] | a VM guest's virtio rings (`ferry vm`): descriptors, rings and buffers the guest wrote |
 //!
 //! Every target must never panic, hang or grow memory without bound. `seeds` writes the
 //! starting corpus (`cargo run --example seeds`).
@@ -29,5 +30,6 @@ pub mod modules;
 mod netns;
 pub mod records;
 pub mod ring;
+pub mod rings;
 pub mod seeds;
 pub mod server;

@@ -11,6 +11,7 @@ mod demo;
 mod oci;
 mod run;
 mod stop;
+mod vm;
 
 use std::process::ExitCode;
 
@@ -36,6 +37,9 @@ enum Command {
     /// Measure ferry against native sockets and its peers (slirp4netns, pasta) on a
     /// remote namespace: experiments E1–E4, E7 and R1, with CSV, plots and a report (root).
     Bench(bench::BenchArgs),
+    /// Serve a VM guest's network: ferry is its vhost-user-net backend, each queue pair
+    /// served by a NIC server under the same rules as `ferry run`'s TAP.
+    Vm(vm::VmArgs),
     /// Talk to a running `ferry run`: live per-server counters, move a server to a CPU.
     Ctl(ctl::CtlArgs),
     /// Be an OCI runtime for container engines (runc's command line, delegating to the
@@ -101,6 +105,7 @@ fn main() -> ExitCode {
         Command::Demo(a) => demo::main(a),
         Command::Bench(a) => bench::main(a),
         Command::Ctl(a) => ctl::main(a),
+        Command::Vm(a) => vm::main(a),
     };
     ExitCode::from(code.clamp(0, 255) as u8)
 }

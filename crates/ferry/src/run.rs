@@ -187,17 +187,26 @@ pub fn init_logging(verbose: u8) {
 /// Builds the policy from `--allow`/`--deny` in command-line order, with the
 /// `--handoff` rules.
 fn policy(a: &RunArgs) -> Result<Policy, String> {
+    policy_of(&a.allow, &a.deny, &a.handoff)
+}
+
+/// The policy of `--allow` rules `allow`, `--deny` rules `deny` and `--handoff` rules
+/// `handoff` (`ferry run`, `ferry vm`).
+pub(crate) fn policy_of(
+    allow: &[String],
+    deny: &[String],
+    handoff: &[String],
+) -> Result<Policy, String> {
     // clap keeps each option's values in order but not their interleaving; deny rules go
     // first so that a deny inside an allowed range wins.
     let mut rules = Vec::new();
-    for d in &a.deny {
+    for d in deny {
         rules.push(Rule::parse(Verdict::Deny, d).map_err(|e| format!("--deny {d}: {e}"))?);
     }
-    for al in &a.allow {
+    for al in allow {
         rules.push(Rule::parse(Verdict::Allow, al).map_err(|e| format!("--allow {al}: {e}"))?);
     }
-    let handoff = a
-        .handoff
+    let handoff = handoff
         .iter()
         .map(|h| Rule::parse(Verdict::Allow, h).map_err(|e| format!("--handoff {h}: {e}")))
         .collect::<Result<Vec<_>, _>>()?;
@@ -365,17 +374,20 @@ pub(crate) fn serve_workload(a: &RunArgs, work: &mut dyn Workload) -> Result<i32
 
 /// Builds the bond from `--egress`/`--bond`; every address must be on this host.
 fn bond(a: &RunArgs) -> Result<Option<Arc<Bond>>, RunError> {
-    if a.egress.is_empty() {
+    bond_of(&a.egress, a.bond.as_deref())
+}
+
+/// The bond of `--egress` sources `egress` spread by `--bond` mode `mode` (`ferry run`,
+/// `ferry vm`).
+pub(crate) fn bond_of(
+    egress: &[String],
+    mode: Option<&str>,
+) -> Result<Option<Arc<Bond>>, RunError> {
+    if egress.is_empty() {
         return Ok(None);
     }
-    let mode: Mode = a
-        .bond
-        .as_deref()
-        .unwrap_or("rr")
-        .parse()
-        .map_err(RunError::Usage)?;
-    let addrs =
-        crate::args::egress_sources(&a.egress, &host_addresses()?).map_err(RunError::Usage)?;
+    let mode: Mode = mode.unwrap_or("rr").parse().map_err(RunError::Usage)?;
+    let addrs = crate::args::egress_sources(egress, &host_addresses()?).map_err(RunError::Usage)?;
     Ok(Some(Arc::new(Bond::new(mode, addrs))))
 }
 

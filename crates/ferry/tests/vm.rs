@@ -1,0 +1,289 @@
+//! VM guests (`ferry vm`): a QEMU guest (TCG) whose virtio-net device is ferry's
+//! vhost-user backend fetches files from a remote namespace through ferry's NIC server
+//! (bytes compared with the files), is refused a denied address at once; and a frontend
+//! that dies leaves ferry clean. The guest is scripts/guest-image.sh's (a Debian cloud
+//! kernel, a busybox initramfs), built once into the target directory.
+
+mod common;
+use common::*;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+const QEMU: &str = "qemu-system-x86_64";
+
+/// The guest's kernel and initramfs (`None`, said why, when they cannot be built here).
+fn guest_image() -> Option<&'static (PathBuf, PathBuf)> {
+    static IMAGE: OnceLock<Option<(PathBuf, PathBuf)>> = OnceLock::new();
+    IMAGE
+        .get_or_init(|| {
+            let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("guest");
+            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/guest-image.sh");
+            let o = Command::new("bash").arg(script).arg(&dir).output().ok()?;
+            if !o.status.success() {
+                eprintln!(
+                    "skipped: scripts/guest-image.sh failed: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
+                return None;
+            }
+            Some((dir.join("vmlinuz"), dir.join("initrd.img")))
+        })
+        .as_ref()
+}
+
+/// Whether a guest can run here (root, QEMU, the image); says why not.
+fn can_boot() -> bool {
+    can_run(&[QEMU, "busybox", "nginx", "md5sum"]) && guest_image().is_some()
+}
+
+/// `ferry vm` serving `sock` with `opts`, and the guest addressing it announced
+/// (`ip=…`, `gw=…`), once the socket listens.
+fn ferry_vm(sock: &Path, opts: &[&str]) -> (Guard, String, String) {
+    let mut c = ferry();
+    c.args(["vm", "--vhost-user"])
+        .arg(sock)
+        .args(opts)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().expect("spawn ferry vm");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let field = |k: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .unwrap_or_else(|| panic!("no {k} in {line:?}"))
+            .to_string()
+    };
+    let (ip, gw) = (field("ip="), field("gw="));
+    let t = Instant::now();
+    while !sock.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{} never came up",
+            sock.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (Guard(child), ip, gw)
+}
+
+/// QEMU (TCG, 2 vCPUs) with a virtio-net device of 2 queue pairs on `sock`, booting the
+/// guest that runs `script`.
+fn qemu(sock: &Path, ip: &str, gw: &str, script: &str) -> Command {
+    use std::io::Write;
+    let (kernel, initrd) = guest_image().unwrap();
+    let mut b64 = Command::new("base64")
+        .arg("-w0")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    b64.stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let run = String::from_utf8(b64.wait_with_output().unwrap().stdout).unwrap();
+    let mut c = Command::new(QEMU);
+    c.args(["-accel", "tcg", "-smp", "2", "-m", "256", "-nodefaults"])
+        .args(["-display", "none", "-serial", "stdio", "-no-reboot"])
+        .args(["-object", "memory-backend-memfd,id=mem,size=256M,share=on"])
+        .args(["-numa", "node,memdev=mem"])
+        .arg("-chardev")
+        .arg(format!("socket,id=c0,path={}", sock.display()))
+        .args(["-netdev", "vhost-user,id=n0,chardev=c0,queues=2"])
+        .args(["-device", "virtio-net-pci,netdev=n0,mq=on,vectors=6"])
+        .arg("-kernel")
+        .arg(kernel)
+        .arg("-initrd")
+        .arg(initrd)
+        .arg("-append")
+        .arg(format!(
+            "console=ttyS0 quiet ferry.ip={ip} ferry.gw={gw} ferry.mtu=65520 ferry.run={run}"
+        ))
+        .stdin(Stdio::null());
+    c
+}
+
+/// The value after `key ` on the guest's console.
+fn said<'a>(console: &'a str, key: &str) -> Option<&'a str> {
+    console
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(key)?.strip_prefix(' '))
+}
+
+fn md5(path: &Path) -> String {
+    let o = Command::new("md5sum").arg(path).output().unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn a_guest_fetches_through_ferry_over_two_queue_pairs_and_is_refused_a_denied_address() {
+    if !can_boot() {
+        return;
+    }
+    let remote = remote("vm");
+    let dir = TempDir::new("vm");
+    let root = dir.path().join("www");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("small"), pattern(100_000, 7)).unwrap();
+    std::fs::write(root.join("big"), pattern(16 << 20, 8)).unwrap();
+    let _nginx = remote_nginx(&remote, dir.path(), &root, 8080);
+    let sock = dir.path().join("vu.sock");
+    // 192.0.2.1 (TEST-NET-1) leads nowhere: only ferry's refusal answers at once.
+    let opts = ["--deny", "192.0.2.1/32", "--stats", "--nic-servers", "2"];
+    let (mut ferry, ip, gw) = ferry_vm(&sock, &opts);
+    let r = remote.remote_ip();
+    let script = format!(
+        "up() {{ cut -d' ' -f1 /proc/uptime; }}\n\
+         echo SMALL $(wget -q -O - http://{r}:8080/small | md5sum | cut -d' ' -f1)\n\
+         n=0; for i in 1 2 3 4 5 6 7 8; do for c in 1 2; do\n\
+           taskset $c wget -q -O /dev/null http://{r}:8080/small && n=$((n + 1)); done; done\n\
+         echo FETCHED $n\n\
+         t0=$(up); nc -w 5 192.0.2.1 80 </dev/null; rc=$?; t1=$(up)\n\
+         echo DENIED $rc $(awk \"BEGIN {{ print int(($t1 - $t0) * 1000) }}\")\n\
+         t0=$(up); echo BIG $(wget -q -O - http://{r}:8080/big | md5sum | cut -d' ' -f1)\n\
+         t1=$(up); echo BIGMS $(awk \"BEGIN {{ print int(($t1 - $t0) * 1000) }}\")\n\
+         echo RXERR $(sed -n 's/.*eth0://p' /proc/net/dev | awk '{{ print $3 + $4 + $6 }}')\n"
+    );
+    let t = Instant::now();
+    let out = output_within(qemu(&sock, &ip, &gw, &script), Duration::from_secs(120));
+    let console = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("guest ran {:?}:\n{console}", t.elapsed());
+    assert!(
+        said(&console, "FERRY-GUEST-EXIT").is_some(),
+        "the guest did not finish"
+    );
+    assert_eq!(
+        said(&console, "SMALL"),
+        Some(md5(&root.join("small")).as_str())
+    );
+    assert_eq!(said(&console, "BIG"), Some(md5(&root.join("big")).as_str()));
+    let denied: Vec<u64> = said(&console, "DENIED")
+        .expect("the denied connect's result")
+        .split(' ')
+        .map(|v| v.parse().unwrap())
+        .collect();
+    assert_ne!(denied[0], 0, "a connect to a denied address failed");
+    assert!(
+        denied[1] < 1000,
+        "refused at once, not by a timeout: {denied:?}"
+    );
+    // Frames over several merged buffers reach the guest whole: none dropped as
+    // malformed (a used index moved before all of a frame's buffers were there did).
+    assert_eq!(
+        said(&console, "RXERR"),
+        Some("0"),
+        "the guest's receive errors"
+    );
+    let ms: u64 = said(&console, "BIGMS").unwrap().parse().unwrap();
+    eprintln!(
+        "16 MiB guest fetch through ferry vm (TCG): {} ms, {:.0} Mbit/s",
+        ms,
+        (16u64 << 23) as f64 / ms.max(1) as f64 / 1000.0
+    );
+    // The guest powered off: QEMU closed the connection, ferry reports and exits.
+    let code = wait_exit(&mut ferry.0, Duration::from_secs(5));
+    let mut err = String::new();
+    std::io::Read::read_to_string(ferry.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(code, Some(0), "ferry vm's exit: {err}");
+    assert!(err.contains("denied 1"), "the refusal is counted: {err}");
+    assert!(err.contains("refused: tx chains 0, rx chains 0"), "{err}");
+    // 19 flows from two vCPUs: each queue pair's server carried some (a flow's frames go
+    // to its server whatever queue the guest sends them on; a frame on the wrong server
+    // would reset its flow, and FETCHED would fall short).
+    assert_eq!(said(&console, "FETCHED"), Some("16"));
+    for id in ["nic-0", "nic-1"] {
+        let flows: u64 = err
+            .lines()
+            .find(|l| l.starts_with(&format!("server {id}:")))
+            .and_then(|l| l.split("tcp flows ").nth(1))
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no counters of {id}: {err}"));
+        assert!(flows >= 1, "{id} carried a flow: {err}");
+    }
+    assert!(!sock.exists(), "the socket is removed");
+}
+
+/// Waits up to `limit` for `child` to exit; its status code.
+fn wait_exit(child: &mut std::process::Child, limit: Duration) -> Option<i32> {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if let Ok(Some(s)) = child.try_wait() {
+            return s.code();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+#[test]
+fn a_frontend_killed_leaves_ferry_clean_within_a_second() {
+    if !can_run(&[QEMU]) {
+        return;
+    }
+    let dir = TempDir::new("vm-kill");
+    let sock = dir.path().join("vu.sock");
+    let (mut ferry, ..) = ferry_vm(&sock, &[]);
+    // QEMU connects and sets the device up at start, before its guest runs (-S).
+    let mut q = Command::new(QEMU);
+    q.args([
+        "-accel",
+        "tcg",
+        "-m",
+        "64",
+        "-nodefaults",
+        "-display",
+        "none",
+        "-S",
+    ])
+    .args(["-object", "memory-backend-memfd,id=mem,size=64M,share=on"])
+    .args(["-numa", "node,memdev=mem"])
+    .arg("-chardev")
+    .arg(format!("socket,id=c0,path={}", sock.display()))
+    .args(["-netdev", "vhost-user,id=n0,chardev=c0"])
+    .args(["-device", "virtio-net-pci,netdev=n0"]);
+    let mut qemu = q
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while sock.exists() {
+        // ferry removes the path once the frontend is connected.
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "QEMU never connected"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        ferry.0.try_wait().unwrap().is_none(),
+        "ferry serves while QEMU lives"
+    );
+    qemu.kill().unwrap();
+    let _ = qemu.wait();
+    let t = Instant::now();
+    let code = wait_exit(&mut ferry.0, Duration::from_secs(3));
+    assert_eq!(
+        code,
+        Some(0),
+        "ferry vm ends cleanly when its frontend dies"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "within a second: {:?}",
+        t.elapsed()
+    );
+}

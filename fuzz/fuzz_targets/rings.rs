@@ -1,0 +1,4 @@
+//! See `ferry_fuzz::rings`.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| ferry_fuzz::rings::run(data));

@@ -23,7 +23,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ALL=(records binding cmsg ring modules server core frame dns)
+ALL=(records binding cmsg ring modules server core frame dns rings)
 SMOKE_SECONDS=8
 
 say() { printf 'fuzz: %s\n' "$*"; }

@@ -221,6 +221,18 @@ attempt("send-again", lambda: r.sendall(b"again"))
 print("echo-again", r.recv(100).decode())
 "#;
 
+/// `script` run by Python under `ferry run --handoff=<r's address>/32`, with the remote's
+/// address and `ports` as its arguments.
+fn python_under_handoff(r: &Remote, script: &str, ports: &[u16]) -> std::process::Output {
+    let rule = format!("--handoff={}/32", r.remote_ip());
+    Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["run", &rule, "--", system_python(), "-c", script])
+        .arg(r.remote_ip().to_string())
+        .args(ports.iter().map(u16::to_string))
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn a_handed_off_socket_cannot_be_re_aimed() {
     if !can_run(&["python3"]) {
@@ -230,14 +242,7 @@ fn a_handed_off_socket_cannot_be_re_aimed() {
     let port = 5302;
     remote_echo(&r, port);
     let (lport, hits) = host_loopback();
-    let rule = format!("--handoff={}/32", r.remote_ip());
-    let o = Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args(["run", &rule, "--", system_python(), "-c", RE_AIM])
-        .arg(r.remote_ip().to_string())
-        .arg(port.to_string())
-        .arg(lport.to_string())
-        .output()
-        .unwrap();
+    let o = python_under_handoff(&r, RE_AIM, &[port, lport]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
         o.status.success(),
@@ -299,13 +304,7 @@ fn racing_the_guard_with_dup2_does_not_disconnect_a_handed_off_socket() {
     let r = remote("handoff-race");
     let port = 5303;
     remote_echo(&r, port);
-    let rule = format!("--handoff={}/32", r.remote_ip());
-    let o = Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args(["run", &rule, "--", system_python(), "-c", RACE])
-        .arg(r.remote_ip().to_string())
-        .arg(port.to_string())
-        .output()
-        .unwrap();
+    let o = python_under_handoff(&r, RACE, &[port]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert_eq!(
         out.trim(),
@@ -381,14 +380,7 @@ fn racing_each_re_aiming_call_against_the_guard_never_moves_a_handed_off_socket(
     let port = 5304;
     remote_echo(&r, port);
     let (lport, hits) = host_loopback();
-    let rule = format!("--handoff={}/32", r.remote_ip());
-    let o = Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args(["run", &rule, "--", system_python(), "-c", RACE_EACH])
-        .arg(r.remote_ip().to_string())
-        .arg(port.to_string())
-        .arg(lport.to_string())
-        .output()
-        .unwrap();
+    let o = python_under_handoff(&r, RACE_EACH, &[port, lport]);
     let out = String::from_utf8_lossy(&o.stdout);
     let mut want = String::new();
     for decoy in ["unix", "inet"] {

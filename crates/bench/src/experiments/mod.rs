@@ -19,7 +19,7 @@ use crate::exec::ExecError;
 use crate::parse;
 use crate::plan::{self, Bench, Case, Extract, Row};
 use crate::plot::Area;
-use crate::topology::{SOCKPERF_PORT, Testbed};
+use crate::topology::{REDIS_PORT, SOCKPERF_PORT, Testbed};
 
 pub mod e1;
 pub mod e2;
@@ -200,6 +200,34 @@ impl Settings {
 
 fn strings(s: &[&str]) -> Vec<String> {
     s.iter().map(|x| (*x).to_owned()).collect()
+}
+
+/// `redis-benchmark` against the remote's redis: `tests` (e.g. `get,set`), `n` requests,
+/// `pipeline` deep, CSV out (R1, R2).
+fn redis_benchmark(s: &Settings, tests: &str, n: &str, pipeline: &str) -> Vec<String> {
+    let port = REDIS_PORT.to_string();
+    strings(&[
+        "redis-benchmark",
+        "-h",
+        &s.remote,
+        "-p",
+        &port,
+        "-t",
+        tests,
+        "-n",
+        n,
+        "-P",
+        pipeline,
+        "--csv",
+        "-q",
+    ])
+}
+
+/// The hand-off (`--handoff` for the remote: TCP to it gets the host's own socket, at
+/// the kernel's speed), inserted at `at` (R1, R2).
+fn insert_handoff(configs: &mut Vec<Config>, at: usize, s: &Settings) {
+    let handoff = format!("--handoff={}", s.remote);
+    configs.insert(at, Config::ferry_args("ferry-handoff", &[&handoff]));
 }
 
 /// The configurations of an experiment, by name, among those that passed their check.

@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use super::{Experiment, Headline, Settings, pick, strings};
+use super::{Experiment, Headline, Settings, insert_handoff, pick, redis_benchmark, strings};
 use crate::config::{Config, RunOut};
 use crate::parse;
 use crate::plan::{Case, Extract, Param, Row, median};
@@ -83,9 +83,7 @@ fn cases(s: &Settings, ready: &[Config]) -> Vec<Case> {
     // The ring receive path (`--rx ring`) beside the default pair path, in the same run.
     if let Some(at) = configs.iter().position(|c| c.name == "ferry") {
         configs.insert(at + 1, Config::ferry_args("ferry-ring", &["--rx", "ring"]));
-        // The hand-off: TCP to the remote gets the host's own socket (kernel speed).
-        let handoff = format!("--handoff={}", s.remote);
-        configs.insert(at + 1, Config::ferry_args("ferry-handoff", &[&handoff]));
+        insert_handoff(&mut configs, at + 1, s);
         if s.unconfined_too {
             // The servers without their seccomp filter and with their capabilities.
             configs.insert(
@@ -105,18 +103,7 @@ fn cases(s: &Settings, ready: &[Config]) -> Vec<Case> {
         ("100000", "1000000")
     };
     let url = format!("http://{}:{HTTP_PORT}/{HTTP_FILE}", s.remote);
-    let redis = |n: &str, p: &str| {
-        strings(&[
-            "redis-benchmark",
-            "-h",
-            &s.remote,
-            "-p",
-            &REDIS_PORT.to_string(),
-        ])
-        .into_iter()
-        .chain(strings(&["-t", "get,set", "-n", n, "-P", p, "--csv", "-q"]))
-        .collect::<Vec<_>>()
-    };
+    let redis = |n: &str, p: &str| redis_benchmark(s, "get,set", n, p);
     // Requests per second of GET and SET, and the whole machine's busy CPU µs per
     // request (both tests): on 2 CPUs that both of them saturate, throughput follows it.
     let redis_extract = |p: &'static str, n: &str| -> Extract {

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use super::{Experiment, Settings, pick, strings};
+use super::{Experiment, Settings, insert_handoff, pick, redis_benchmark, strings};
 use crate::config::{Config, RunOut};
 use crate::exec::ExecError;
 use crate::parse;
@@ -246,18 +246,7 @@ fn shortconn_tests(s: &Settings, secs: u32, trace_secs: &str) -> Vec<Test> {
 }
 
 fn redis_tests(s: &Settings) -> Vec<Test> {
-    let redis = |n: &str, p: &str| {
-        strings(&[
-            "redis-benchmark",
-            "-h",
-            &s.remote,
-            "-p",
-            &REDIS_PORT.to_string(),
-        ])
-        .into_iter()
-        .chain(strings(&["-t", "get", "-n", n, "-P", p, "--csv", "-q"]))
-        .collect::<Vec<_>>()
-    };
+    let redis = |n: &str, p: &str| redis_benchmark(s, "get", n, p);
     let rate_cpu = |n: &str| -> Extract {
         let requests: f64 = n.parse().unwrap_or(f64::NAN);
         Box::new(move |r: &RunOut| {
@@ -346,9 +335,7 @@ fn configs(s: &Settings, ready: &[Config]) -> Vec<Config> {
     );
     let at = configs.iter().position(|c| c.name == "ferry");
     if let Some(at) = at {
-        // The hand-off: TCP to the remote gets the host's own socket.
-        let handoff = format!("--handoff={}", s.remote);
-        configs.insert(at + 1, Config::ferry_args("ferry-handoff", &[&handoff]));
+        insert_handoff(&mut configs, at + 1, s);
     }
     if let (Some(base), Some(at)) = (&s.baseline, at) {
         configs.insert(at + 1, Config::ferry_build("ferry-base", base));

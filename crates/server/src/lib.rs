@@ -28,9 +28,10 @@
 //! (`modules.rs`). `ops.rs` dispatches each typed request (`ferry_proto::Call`) and
 //! control message. The data path's concerns are views borrowing only the fields they
 //! touch: `Tx` (`tx.rs`, the way out), `Rx` (`rx.rs`, the way in), `Connects`
-//! (`connect.rs`: make, accept and connect sockets; `Placing` in `place.rs` places
-//! them), `ChannelLife` (`control.rs`: open and close channels). `sock.rs` is one
-//! socket's state (`Conn`, `Token`, `PairEnd`, `Holders`), `recv_side.rs` its
+//! (`connect.rs`: make, accept and connect sockets, and hand a `--handoff` connection's
+//! host socket to the program; `Placing` in `place.rs` places them), `ChannelLife`
+//! (`control.rs`: open and close channels). `sock.rs` is one socket's state (`Conn`,
+//! `Token`, `PairEnd`, `Holders`, `Handoff`), `recv_side.rs` its
 //! receive side and `send_side.rs` what waits on its way out, each with its table of
 //! moves; `token.rs` and `procs.rs` are leaves.
 //! Every call on a host socket or pair goes through the seam (`seam.rs`), so that

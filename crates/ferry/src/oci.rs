@@ -21,6 +21,7 @@ use ferry_oci::state;
 
 mod create;
 mod install;
+mod report;
 mod side;
 
 /// Why `ferry oci` failed.

@@ -16,6 +16,7 @@ use ferry_sandbox::{SocketFactory, SocketWatch, Spec, UserNs};
 use ferry_server::{Accepted, Assign, Bond, Config, Mode, Policy, Publish, Rule, Servers, Verdict};
 use tracing::{debug, warn};
 
+mod autopub;
 mod dns;
 mod nic;
 mod serve;
@@ -81,6 +82,11 @@ pub struct RunArgs {
     /// address of both families.
     #[arg(short = 'p', long = "publish", value_name = "[IP:]HOST_PORT:PORT[/udp]", value_parser = crate::args::publish)]
     pub publish: Vec<Publish>,
+    /// Publish where ferry runs every TCP port a program in the sandbox listens on (on
+    /// the wildcard or the TAP's address; not loopback), while it listens, on every
+    /// address of both families (`ferry oci`'s default). Needs the TAP (--net nic|both).
+    #[arg(long, conflicts_with = "publish")]
+    pub publish_auto: bool,
     /// Protocol servers (threads) serving the sandbox, each with its own channels and
     /// sockets (S4); new sockets are spread over them by --assign.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=ferry_proto::MAX_SERVERS as i64))]
@@ -168,17 +174,21 @@ pub struct RunArgs {
     pub cmd: Vec<OsString>,
 }
 
-/// Sets up logging to stderr at the level `-v` asks for (`FERRY_LOG` overrides).
-pub fn init_logging(verbose: u8) {
+/// The log's filter for `-v` (`FERRY_LOG` overrides).
+pub(crate) fn log_filter(verbose: u8) -> tracing_subscriber::EnvFilter {
     let level = match verbose {
         0 => "warn",
         1 => "info",
         _ => "debug",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("FERRY_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    tracing_subscriber::EnvFilter::try_from_env("FERRY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level))
+}
+
+/// Sets up logging to stderr at the level `-v` asks for (`FERRY_LOG` overrides).
+pub fn init_logging(verbose: u8) {
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(log_filter(verbose))
         .with_writer(std::io::stderr)
         .with_target(false)
         .try_init();
@@ -217,6 +227,11 @@ pub(crate) fn policy_of(
 /// `--deny`, `--dns`), for `ferry oci create` to refuse a bad option up front.
 pub(crate) fn check_plan(a: &RunArgs) -> Result<(), String> {
     policy(a)?;
+    if a.publish_auto && a.net == Net::Socket {
+        return Err(
+            "--publish-auto publishes through the TAP: it needs --net nic or both".into(),
+        );
+    }
     dns_upstreams(&a.dns, &[])?;
     Ok(())
 }
@@ -424,8 +439,8 @@ fn run(
     work: &mut dyn Workload,
     t: &mut Stages,
 ) -> Result<i32, RunError> {
+    check_plan(a).map_err(RunError::Plan)?;
     let policy = policy(a).map_err(RunError::Plan)?;
-    dns_upstreams(&a.dns, &[]).map_err(RunError::Plan)?; // refuse a malformed --dns first
     t.mark("plan");
     let preload = find_shim(a)?;
     let dirs = RunDirs::make(&work.dirs_base())?;
@@ -439,11 +454,15 @@ fn run(
     let spec = sandbox_spec(a, &dirs, shim.as_ref())?;
     let mut sandbox = make_sandbox(a, &spec, &factory)?;
     t.mark("sandbox");
+    let auto_tap = plan.tap.clone().filter(|_| a.publish_auto);
     let nic = if a.net == Net::Socket {
         nic::Nic::default()
     } else {
         set_up_nic(a, &sandbox, &policy, &bond, &plan.nic_publish, plan.tap)?
     };
+    let auto_tap = auto_tap
+        .filter(|_| !nic.servers.is_empty())
+        .map(|t| (t, nic.addrs.clone()));
     t.mark("nic");
     if let Err(e) = start_dns(servers.first(), &a.dns, &policy) {
         warn!("DNS forwarding is off: {e}");
@@ -462,6 +481,7 @@ fn run(
         .ok();
     t.mark("start");
     confine(a)?;
+    let _auto = auto_publish(a, &sandbox, auto_tap);
     t.mark("confine");
     // Ctrl-C and friends go to the program while it runs, and end ferry once it has
     // ended (`stop.rs`); the threads started from here on inherit the mask.
@@ -571,7 +591,8 @@ fn server_config(
     let (nic_publish, publish): (Vec<Publish>, Vec<Publish>) =
         a.publish.iter().partition(|p| a.net == Net::Nic && !p.udp);
     cfg.publish = publish;
-    let tap = if a.net == Net::Both && cfg.publish.iter().any(|p| !p.udp) {
+    let auto = a.publish_auto && a.net != Net::Socket;
+    let tap = if auto || a.net == Net::Both && cfg.publish.iter().any(|p| !p.udp) {
         let h = ferry_server::TapHandoff::new().map_err(|e| {
             RunError::Servers(format!("cannot set up the published ports' handoff: {e}"))
         })?;
@@ -738,9 +759,41 @@ fn confine(a: &RunArgs) -> Result<(), RunError> {
         );
         return Ok(());
     }
-    let n = ferry_server::confine::confine().map_err(RunError::Confine)?;
+    // `--publish-auto` binds the ports it publishes once confined, 80 and 443 included.
+    let keep: &[u32] = if a.publish_auto {
+        &[CAP_NET_BIND_SERVICE]
+    } else {
+        &[]
+    };
+    let n = ferry_server::confine::confine_keeping(keep).map_err(RunError::Confine)?;
     debug!("servers confined: {n} system calls allowed");
     Ok(())
+}
+
+/// `CAP_NET_BIND_SERVICE` (linux/capability.h).
+const CAP_NET_BIND_SERVICE: u32 = 10;
+
+/// `--publish-auto`'s thread, publishing the listeners on the sandbox's TAP addresses
+/// through its handoff `tap` (none: no TAP, said once).
+fn auto_publish(
+    a: &RunArgs,
+    sandbox: &ferry_sandbox::Sandbox,
+    tap: Option<(Arc<ferry_server::TapHandoff>, Vec<IpAddr>)>,
+) -> Option<autopub::AutoPublish> {
+    if !a.publish_auto {
+        return None;
+    }
+    let Some((tap, addrs)) = tap else {
+        warn!("--publish-auto: the sandbox has no TAP: no port is published");
+        return None;
+    };
+    let ty = libc::SOCK_RAW | libc::SOCK_CLOEXEC;
+    sandbox
+        .factory()
+        .socket(libc::AF_NETLINK, ty, autopub::NETLINK_SOCK_DIAG)
+        .and_then(|diag| autopub::AutoPublish::start(diag, addrs, tap))
+        .map_err(|e| warn!("--publish-auto: {e}: no port is published"))
+        .ok()
 }
 
 fn nanos() -> u32 {

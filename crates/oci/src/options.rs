@@ -6,10 +6,12 @@
 //! container cannot lift its runtime's deny), `ferry.net` (socket|nic|both),
 //! `ferry.servers`, `ferry.nic-servers`, `ferry.spin`, `ferry.server-spin`,
 //! `ferry.dns`, `ferry.mtu` (a container's value replaces the preset's) and
-//! `ferry.publish` (comma-separated `[IP:]HOST_PORT:PORT[/udp]`, published in the
-//! namespace the engine gave the container). Any other `ferry.*` key is an error; other
-//! annotations are the engine's and ignored. Values are checked by `ferry run`'s own
-//! parser; [`Flag::source`] names where a refused value came from.
+//! `ferry.publish`: `auto` (the default unless `ferry.net=socket`: every TCP port a
+//! process of the container listens on is published in the namespace the engine gave
+//! the container, `ferry run --publish-auto`), `none`, or comma-separated
+//! `[IP:]HOST_PORT:PORT[/udp]` (published there; auto is then off). Any other `ferry.*`
+//! key is an error; other annotations are the engine's and ignored. Values are checked
+//! by `ferry run`'s own parser; [`Flag::source`] names where a refused value came from.
 
 /// One option's flags and where it came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,17 +33,16 @@ pub enum OptionError {
         /// The key.
         key: String,
     },
-    /// A value ferry parses but does not support yet.
-    #[error("{origin} {key}={value}: {why}")]
-    Unsupported {
-        /// "annotation" or "preset".
-        origin: &'static str,
-        /// The key.
-        key: String,
-        /// The value.
-        value: String,
-        /// Why.
-        why: &'static str,
+    /// `ferry.publish` values that contradict each other (`auto` or `none` beside
+    /// ports, or `auto` beside `none`), from presets and annotations together.
+    #[error(
+        "{first} and {second}: ferry.publish is auto, none or a list of ports, not both (explicit ports turn auto off)"
+    )]
+    PublishConflict {
+        /// One source ("preset ferry.publish=auto").
+        first: String,
+        /// The other.
+        second: String,
     },
     /// An empty value.
     #[error("{origin} {key}: empty value")]
@@ -86,7 +87,75 @@ pub fn flags(
             out.push((key.clone(), flag));
         }
     }
+    publish_mode(&mut out)?;
     Ok(out.into_iter().map(|(_, f)| f).collect())
+}
+
+/// What a `ferry.publish` value asks for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PublishKind {
+    Auto,
+    None,
+    Ports,
+}
+
+fn publish_kind(f: &Flag) -> PublishKind {
+    match f.args.first().map(String::as_str) {
+        Some(AUTO_FLAG) => PublishKind::Auto,
+        None => PublishKind::None,
+        _ => PublishKind::Ports,
+    }
+}
+
+/// `ferry run`'s flag for `ferry.publish=auto`.
+const AUTO_FLAG: &str = "--publish-auto";
+
+/// Checks the `ferry.publish` values of `out` against each other, keeps one `auto`, and
+/// adds the default (`auto`) when none is given and the container has a TAP (not
+/// `ferry.net=socket`, where auto has nothing to publish through).
+fn publish_mode(out: &mut Vec<(String, Flag)>) -> Result<(), OptionError> {
+    let publish: Vec<&Flag> = out
+        .iter()
+        .filter(|(k, _)| k == "ferry.publish")
+        .map(|(_, f)| f)
+        .collect();
+    if let Some((a, b)) = publish.iter().enumerate().find_map(|(i, a)| {
+        let b = publish[i + 1..]
+            .iter()
+            .find(|b| publish_kind(a) != publish_kind(b))?;
+        Some((a, b))
+    }) {
+        return Err(OptionError::PublishConflict {
+            first: a.source.clone(),
+            second: b.source.clone(),
+        });
+    }
+    if publish.is_empty() {
+        let socket_only = out
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "ferry.net")
+            .is_some_and(|(_, f)| f.args.get(1).map(String::as_str) == Some("socket"));
+        if !socket_only {
+            out.push((
+                "ferry.publish".into(),
+                Flag {
+                    source: "the default ferry.publish=auto".into(),
+                    args: vec![AUTO_FLAG.into()],
+                },
+            ));
+        }
+        return Ok(());
+    }
+    // `auto` given twice (a preset's and an annotation's) is one flag.
+    let mut seen = false;
+    out.retain(|(k, f)| {
+        let auto = k == "ferry.publish" && publish_kind(f) == PublishKind::Auto;
+        let keep = !(auto && seen);
+        seen |= auto;
+        keep
+    });
+    Ok(())
 }
 
 fn flag(origin: &'static str, key: &str, value: &str) -> Result<Flag, OptionError> {
@@ -103,21 +172,16 @@ fn flag(origin: &'static str, key: &str, value: &str) -> Result<Flag, OptionErro
             key: key.to_owned(),
         });
     }
-    if key == "ferry.publish" && value == "auto" {
-        return Err(OptionError::Unsupported {
-            origin,
-            key: key.to_owned(),
-            value: value.to_owned(),
-            why: "publishing every listening port is not implemented yet; name the ports ([IP:]HOST_PORT:PORT,…)",
-        });
-    }
     let mut args = Vec::new();
-    if LISTS.contains(&key) {
-        for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            args.extend([name.to_string(), item.to_owned()]);
+    match (key, value) {
+        ("ferry.publish", "auto") => args.push(AUTO_FLAG.to_owned()),
+        ("ferry.publish", "none") => {}
+        _ if LISTS.contains(&key) => {
+            for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                args.extend([name.to_string(), item.to_owned()]);
+            }
         }
-    } else {
-        args.extend([name.to_string(), value.to_owned()]);
+        _ => args.extend([name.to_string(), value.to_owned()]),
     }
     Ok(Flag {
         source: format!("{origin} {key}={value}"),
@@ -161,14 +225,42 @@ mod tests {
                 "--deny",
                 "198.51.100.0/24",
                 "--net",
-                "both"
+                "both",
+                "--publish-auto"
             ]
         );
         assert_eq!(f[2].source, "annotation ferry.net=both");
+        assert_eq!(f[3].source, "the default ferry.publish=auto");
     }
 
     #[test]
-    fn unknown_empty_and_unsupported_are_refused() {
+    fn publish_is_auto_by_default_and_off_with_ports_none_or_socket() {
+        let a = |p: &[(&str, &str)], an: &[(&str, &str)]| flags(&kv(p), &kv(an)).map(|f| args(&f));
+        assert_eq!(a(&[], &[]).unwrap(), ["--publish-auto"]);
+        assert_eq!(
+            a(&[("ferry.publish", "auto")], &[("ferry.publish", "auto")]).unwrap(),
+            ["--publish-auto"]
+        );
+        assert!(a(&[], &[("ferry.publish", "none")]).unwrap().is_empty());
+        assert_eq!(
+            a(&[("ferry.publish", "8080:80")], &[]).unwrap(),
+            ["--publish", "8080:80"]
+        );
+        assert_eq!(
+            a(&[("ferry.net", "socket")], &[]).unwrap(),
+            ["--net", "socket"]
+        );
+        // The container's ports beside its runtime's auto (or none) contradict it.
+        let e = a(&[("ferry.publish", "auto")], &[("ferry.publish", "80:80")]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "preset ferry.publish=auto and annotation ferry.publish=80:80: ferry.publish is auto, none or a list of ports, not both (explicit ports turn auto off)"
+        );
+        assert!(a(&[], &[("ferry.publish", "none"), ("ferry.publish", "auto")]).is_err());
+    }
+
+    #[test]
+    fn unknown_and_empty_are_refused() {
         let e = flags(&[], &kv(&[("ferry.alow", "1.2.3.4/32")])).unwrap_err();
         assert!(
             e.to_string()
@@ -182,9 +274,5 @@ mod tests {
                 key: "ferry.net".into()
             })
         );
-        assert!(matches!(
-            flags(&[], &kv(&[("ferry.publish", "auto")])),
-            Err(OptionError::Unsupported { .. })
-        ));
     }
 }

@@ -72,6 +72,12 @@ pub fn annotations(spec: &Value) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
+/// Whether the container's process has a terminal (its output then goes to a console,
+/// not to the runtime's stdio).
+pub fn terminal(spec: &Value) -> bool {
+    spec.pointer("/process/terminal").and_then(Value::as_bool) == Some(true)
+}
+
 /// The container's root filesystem on the host (`root.path` against the bundle).
 pub fn rootfs(spec: &Value, bundle: &Path) -> Result<PathBuf, SpecError> {
     let root = spec

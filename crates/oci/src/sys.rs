@@ -13,6 +13,15 @@ fn cvt(r: libc::c_long) -> io::Result<libc::c_long> {
     }
 }
 
+/// A duplicate of `fd` that a program this process starts inherits (not close-on-exec),
+/// numbered 3 or above.
+pub fn inheritable_dup(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    // SAFETY: fcntl on a descriptor we borrow; no memory is passed.
+    let r = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD, 3) } as libc::c_long)?;
+    // SAFETY: the kernel just returned this descriptor; it is ours alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
+}
+
 /// Moves the calling thread into the network namespace at `path` (call it before any
 /// other thread starts: threads started later inherit it).
 pub fn enter_netns(path: &Path) -> io::Result<()> {

@@ -251,7 +251,14 @@ pub fn filters() -> Result<[BpfProgram; 2], ConfineError> {
 /// threads), no new privileges and the seccomp filters on every thread. Returns how many
 /// system calls stay allowed.
 pub fn confine() -> Result<usize, ConfineError> {
-    ferry_sys::drop_capabilities(&[CAP_KILL]).map_err(ConfineError::Capabilities)?;
+    confine_keeping(&[])
+}
+
+/// [`confine`], keeping the capabilities `extra` beside `CAP_KILL` (`ferry run
+/// --publish-auto` keeps `CAP_NET_BIND_SERVICE`: it binds the ports it publishes later).
+pub fn confine_keeping(extra: &[u32]) -> Result<usize, ConfineError> {
+    let keep: Vec<u32> = std::iter::once(CAP_KILL).chain(extra.iter().copied()).collect();
+    ferry_sys::drop_capabilities(&keep).map_err(ConfineError::Capabilities)?;
     install(&filters()?)?;
     Ok(ALLOWED.len())
 }

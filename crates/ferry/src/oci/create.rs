@@ -3,6 +3,7 @@
 //! create (into the sandbox's namespace) → give the network side the container's pid.
 //! Any failure leaves nothing: the network side is killed and the state removed.
 
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use ferry_oci::args::{self, Invocation};
@@ -11,6 +12,7 @@ use ferry_oci::spec::{self, Rewrite};
 use ferry_oci::state;
 use serde_json::Value;
 
+use super::report;
 use super::side::{self, Side};
 use super::{OciError, remove_state, runtime_command};
 use crate::run::{self, Net};
@@ -29,7 +31,13 @@ pub(super) fn create(inv: &Invocation) -> Result<i32, OciError> {
     let preload = net != Net::Nic && spec::can_load_shim(&spec::rootfs(&spec, &bundle)?);
     let dir = StateDir::make(inv.globals.root.as_deref(), &c.id)?;
     let flat: Vec<String> = flags.into_iter().flat_map(|f| f.args).collect();
-    let mut side = Side::spawn(&dir.0, &c.id, &engine, &flat)?;
+    let stderr = (!spec::terminal(&spec)).then(inheritable_stderr).flatten();
+    let targets = report::Targets {
+        stderr_fd: stderr.as_ref().map(AsRawFd::as_raw_fd),
+        log: inv.globals.log.clone().map(|l| (l, inv.globals.log_json)),
+    };
+    let mut side = Side::spawn(&dir.0, &c.id, &engine, &targets, &flat)?;
+    drop(stderr);
     let ready = side.ready()?;
     if preload {
         place_shim(&ready.dir)?;
@@ -140,6 +148,13 @@ impl Drop for StateDir {
             remove_state(&self.0);
         }
     }
+}
+
+/// A copy of this process's stderr — the container's, as the engine gave it to the
+/// runtime — that the network side inherits (not close-on-exec), for its lines
+/// (`report.rs`); none when stderr is closed.
+fn inheritable_stderr() -> Option<OwnedFd> {
+    ferry_oci::sys::inheritable_dup(std::io::stderr().as_fd()).ok()
 }
 
 /// Copies the shim into the sandbox's directory (mounted into the container).

@@ -23,7 +23,7 @@ use ferry_oci::spec::EngineNetns;
 use ferry_oci::state::{self, Record};
 use ferry_oci::sys;
 
-use super::OciError;
+use super::{OciError, report};
 use crate::run::{self, RunArgs, RunDirs, RunError, Workload};
 
 /// The network side's command (hidden: `create` starts it).
@@ -83,6 +83,7 @@ impl Side {
         dir: &Path,
         id: &str,
         engine: &EngineNetns,
+        report: &report::Targets,
         flags: &[String],
     ) -> Result<Side, OciError> {
         let exe = std::env::current_exe().map_err(OciError::io("locating the ferry binary"))?;
@@ -96,6 +97,7 @@ impl Side {
         let mut child = Command::new(exe)
             .args(["oci", SERVE, "--id", id, "--netns"])
             .arg(netns)
+            .args(report.args())
             .arg("--")
             .args(flags)
             .env("NO_COLOR", "1")
@@ -247,21 +249,35 @@ fn signal_out(dir: &Path) {
     }
 }
 
-/// `ferry oci _serve --id ID --netns PATH|new -- FLAGS…`: the network side.
+/// `_serve`'s command line: the container's id, the namespace, where lines go, and
+/// `ferry run`'s flags.
+fn parse_serve(argv: &[String]) -> Option<(&str, &str, report::Targets, &[String])> {
+    let [i, id, n, netns, rest @ ..] = argv else {
+        return None;
+    };
+    if i != "--id" || n != "--netns" {
+        return None;
+    }
+    let dashes = rest.iter().position(|a| a == "--")?;
+    let mut targets = report::Targets::default();
+    let mut it = rest[..dashes].iter();
+    while let Some(name) = it.next() {
+        if !targets.parse(name, &mut it).ok()? {
+            return None;
+        }
+    }
+    Some((id, netns, targets, &rest[dashes + 1..]))
+}
+
+/// `ferry oci _serve --id ID --netns PATH|new [--stderr-fd N] [--log PATH
+/// [--log-json]] -- FLAGS…`: the network side.
 pub(super) fn serve(argv: &[String]) -> i32 {
-    let (id, netns, flags) = match argv {
-        [i, id, n, netns, dashes, flags @ ..]
-            if i == "--id" && n == "--netns" && dashes == "--" =>
-        {
-            (id, netns, flags)
-        }
-        _ => {
-            eprintln!("ferry oci: {SERVE} is started by `ferry oci create`");
-            return 2;
-        }
+    let Some((id, netns, targets, flags)) = parse_serve(argv) else {
+        eprintln!("ferry oci: {SERVE} is started by `ferry oci create`");
+        return 2;
     };
     // Before any thread: every thread started later is in this namespace.
-    let entered = match netns.as_str() {
+    let entered = match netns {
         "new" => sys::new_netns(),
         p => sys::enter_netns(Path::new(p)),
     };
@@ -276,13 +292,13 @@ pub(super) fn serve(argv: &[String]) -> i32 {
             return 2;
         }
     };
-    run::init_logging(a.verbose);
+    init_logging(a.verbose, report::Sink::open(&targets));
     if let Err(e) = std::fs::create_dir_all(state::NET_BASE) {
         eprintln!("ferry oci: creating {}: {e}", state::NET_BASE);
         return 125;
     }
     let mut work = Container {
-        id: id.clone(),
+        id: id.to_owned(),
         pidfd: None,
     };
     match run::serve_workload(&a, &mut work) {
@@ -292,6 +308,31 @@ pub(super) fn serve(argv: &[String]) -> i32 {
             e.exit_code()
         }
     }
+}
+
+/// The network side's log: everything at `-v`'s level on its stderr (`network.log`),
+/// and its warnings through `sink` too (the container's stderr, the runtime's log).
+fn init_logging(verbose: u8, sink: Option<report::Sink>) {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let own = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_filter(run::log_filter(verbose));
+    let theirs = sink.map(|s| {
+        tracing_subscriber::fmt::layer()
+            .without_time()
+            .with_level(false)
+            .with_target(false)
+            .with_ansi(false)
+            .with_writer(s)
+            .with_filter(tracing_subscriber::filter::LevelFilter::WARN)
+    });
+    let _ = tracing_subscriber::registry()
+        .with(own)
+        .with(theirs)
+        .try_init();
 }
 
 /// The container, as `ferry run`'s steps serve it.

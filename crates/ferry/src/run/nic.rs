@@ -14,6 +14,8 @@ use super::{Net, RunArgs, RunError};
 pub(super) struct Nic {
     /// One a queue (none without nic mode).
     pub(super) servers: Vec<ferry_nic::NicServer>,
+    /// The sandbox's addresses on the TAP.
+    pub(super) addrs: Vec<IpAddr>,
     /// A second descriptor of the first queue, closed when ferry exits: the queue stays
     /// attached for the whole run, so that nothing in the sandbox can attach to the
     /// (persistent) device even if a NIC server ends early.
@@ -124,6 +126,7 @@ fn start_nic(
         .collect::<Result<_, _>>()?;
     Ok(Nic {
         servers,
+        addrs: vec![cfg.plan.v4.into(), cfg.plan.v6.into()],
         _held: held,
     })
 }

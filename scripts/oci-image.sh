@@ -6,9 +6,9 @@
 #
 # busybox: a static busybox (busybox-static) with its applets as links: the "static /
 #          musl / Go" case, which only the TAP serves.
-# glibc:   dash, curl, sha256sum, cat, sleep, true and false with the libraries they
-#          load (found with ldd), and libgcc_s (in every Debian-based image; the shim
-#          needs it): the case the shim serves.
+# glibc:   dash, curl, sha256sum, cat, sleep, true, false and nginx with the libraries
+#          they load (found with ldd), and libgcc_s (in every Debian-based image; the
+#          shim needs it): the case the shim serves.
 # The rootfs is written to ROOTFS_DIR (which must not exist); with IMPORT_CMD, it is
 # piped as a tar to IMPORT_CMD (e.g. `docker -H unix:///x.sock import - ferry-glibc`).
 set -euo pipefail
@@ -35,7 +35,8 @@ busybox)
     done
     ;;
 glibc)
-    progs=(sh curl sha256sum cat sleep true false)
+    progs=(sh curl sha256sum cat sleep true false nginx)
+    mkdir -p "$root"/var/{lib,log}/nginx
     gcc_s=$(ldconfig -p | grep -o '/[^ ]*/libgcc_s.so.1$' | head -1)
     [ -n "$gcc_s" ] || die "libgcc_s.so.1 not found"
     mkdir -p "$root$(dirname "$gcc_s")"

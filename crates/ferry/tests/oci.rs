@@ -220,8 +220,22 @@ fn bad_options_are_refused_clearly_and_leave_nothing() {
         &[],
         "annotation ferry.allow=300.1.1.1/8: --allow 300.1.1.1/8",
     );
-    let b = bundle(d, &["true"], annotate("ferry.publish", "auto"));
-    refused(d, &b, &[], "not implemented yet");
+    // Auto (the default) beside ports contradicts them.
+    let b = bundle(d, &["true"], annotate("ferry.publish", "8080:80"));
+    refused(
+        d,
+        &b,
+        &["--preset", "ferry.publish=auto"],
+        "preset ferry.publish=auto and annotation ferry.publish=8080:80: ferry.publish is auto, none or a list of ports",
+    );
+    // Auto publishes through the TAP, which socket mode has not.
+    let b = bundle(d, &["true"], annotate("ferry.net", "socket"));
+    refused(
+        d,
+        &b,
+        &["--preset", "ferry.publish=auto"],
+        "--publish-auto publishes through the TAP",
+    );
     let b = bundle(d, &["true"], |s| {
         let ns = s["linux"]["namespaces"].as_array_mut().unwrap();
         ns.retain(|n| n["type"] != "network");
@@ -455,6 +469,7 @@ impl Docker {
             ("ferry", None),
             ("ferry-deny", Some(deny.as_str())),
             ("ferry-pub", Some("ferry.publish=8080:8080")),
+            ("ferry-nopub", Some("ferry.publish=none")),
         ] {
             let mut c = Command::new(FERRY);
             c.arg("oci");
@@ -1022,4 +1037,193 @@ fn start_up(docker: &Docker) {
     };
     let (runc, ferry) = (median("runc"), median("ferry"));
     eprintln!("docker run --rm ferry-busybox true: runc {runc:?}, ferry {ferry:?} (median of 5)");
+}
+
+// ---------------------------------------------------------------------------------
+// Docker: what containers listen on, what ferry refuses, what a container cannot do.
+
+#[test]
+fn docker_publishes_listeners_logs_refusals_and_keeps_containers_in() {
+    if !can_run(&[
+        "dockerd", "docker", "runc", "unshare", "busybox", "curl", "python3", "nginx",
+    ]) {
+        return;
+    }
+    let _one = serial();
+    let before = leftovers();
+    let dir = TempDir::new("oci-docker2");
+    let www = dir.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    std::fs::write(www.join("hello"), b"hello from the remote\n").unwrap();
+    let net = Net::make(&format!("fp{}", std::process::id() % 100_000), &www);
+    let docker = Docker::start(dir.path(), &net.bridge, &net.remote_ip());
+    docker.import("glibc");
+    docker.import("busybox");
+    let url = format!("http://{}:8000/hello", net.remote_ip());
+
+    listeners_are_published_without_p(&docker);
+    assert_clean(&before, "auto-published containers removed");
+    refusals_reach_docker_logs(&docker, &url, &net.remote_ip());
+    assert_clean(&before, "refused containers removed");
+    drop(docker);
+    drop(net);
+    assert_clean(&before, "the docker test");
+}
+
+/// `docker inspect`'s address of a container.
+fn container_ip(docker: &Docker, name: &str) -> String {
+    let out = docker.cmd(&[
+        "inspect",
+        "-f",
+        "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+        name,
+    ]);
+    let ip = text(&out.stdout).trim().to_owned();
+    if ip.is_empty() {
+        let logs = docker.cmd(&["logs", name]);
+        let state = docker.cmd(&["inspect", "-f", "{{json .State}}", name]);
+        panic!(
+            "no address for {name}: {} {} {}",
+            text(&state.stdout),
+            text(&logs.stdout),
+            text(&logs.stderr)
+        );
+    }
+    ip
+}
+
+/// curl's exit status and body for `url` (2 s at most).
+fn curl(url: &str) -> (Option<i32>, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "2", url])
+        .output()
+        .unwrap();
+    (out.status.code(), text(&out.stdout))
+}
+
+/// Asks `url` until it answers (10 s at most): its body.
+fn reach(url: &str) -> String {
+    let t = Instant::now();
+    loop {
+        let (code, body) = curl(url);
+        if code == Some(0) || t.elapsed() > Duration::from_secs(10) {
+            assert_eq!(code, Some(0), "{url} never answered");
+            return body;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits until `docker logs NAME` says `word` (10 s at most).
+fn logs_say(docker: &Docker, name: &str, word: &str) -> String {
+    let t = Instant::now();
+    loop {
+        let out = docker.cmd(&["logs", name]);
+        let all = text(&out.stdout) + &text(&out.stderr);
+        if all.contains(word) {
+            return all;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "{name} never said {word:?}: {all}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+const NGINX: &str = "echo served-by-nginx > /tmp/index.html && \
+    echo 'user root; daemon off; error_log stderr; pid /tmp/nginx.pid; events {} http { access_log off; client_body_temp_path /tmp; proxy_temp_path /tmp; fastcgi_temp_path /tmp; server { listen 80; root /tmp; } }' > /tmp/n.conf && \
+    exec nginx -c /tmp/n.conf -e stderr";
+
+/// busybox's httpd on 8080 (the TAP's case) for 8 s, one on loopback's 8082 (never
+/// published), then nothing on 8080.
+const HTTPD: &str = "mkdir -p /tmp/w; echo served-by-busybox > /tmp/w/index.html; \
+    httpd -f -p 127.0.0.1:8082 -h /tmp/w & httpd -f -p 8080 -h /tmp/w & pid=$!; \
+    echo up; sleep 8; kill $pid; echo down; sleep 60";
+
+/// Without `-p`: nginx (the shim's) and busybox httpd (the TAP's) are reached at the
+/// container's address from the host, as with runc; a loopback listener is not; a
+/// port is withdrawn when its server closes; `ferry.publish=none` publishes nothing.
+fn listeners_are_published_without_p(docker: &Docker) {
+    for (name, runtime, image, cmd) in [
+        ("ngx", "ferry", "ferry-glibc", NGINX),
+        ("bb", "ferry", "ferry-busybox", HTTPD),
+        ("ngx-none", "ferry-nopub", "ferry-glibc", NGINX),
+    ] {
+        let out = docker.cmd(&[
+            "run", "-d", "--name", name, "--runtime", runtime, image, "sh", "-c", cmd,
+        ]);
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+    }
+    let ngx = container_ip(docker, "ngx");
+    assert_eq!(reach(&format!("http://{ngx}/")).trim(), "served-by-nginx");
+    let bb = container_ip(docker, "bb");
+    assert_eq!(reach(&format!("http://{bb}:8080/")).trim(), "served-by-busybox");
+    // Nothing publishes a loopback listener: refused at once, as with runc.
+    assert_eq!(curl(&format!("http://{bb}:8082/")).0, Some(7));
+    // httpd ends after 4 s: its port is withdrawn (refused, not reset after a wait).
+    logs_say(docker, "bb", "down");
+    let t = Instant::now();
+    let withdrawn = loop {
+        let (code, _) = curl(&format!("http://{bb}:8080/"));
+        if code == Some(7) || t.elapsed() > Duration::from_secs(3) {
+            break code;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(withdrawn, Some(7), "port 8080 still published after httpd ended");
+    // ferry.publish=none: nginx serves inside, nothing outside.
+    let none = container_ip(docker, "ngx-none");
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(curl(&format!("http://{none}/")).0, Some(7));
+    for name in ["ngx", "bb", "ngx-none"] {
+        assert!(docker.cmd(&["rm", "-f", name]).status.success());
+    }
+}
+
+/// A connection the policy refuses is said on the container's stderr — `docker logs`
+/// for a detached container, `docker run`'s stderr otherwise — for the shim's curl and
+/// the TAP's busybox nc alike, and in the runtime's JSON log.
+fn refusals_reach_docker_logs(docker: &Docker, url: &str, remote: &str) {
+    let said = format!("to {remote}:8000 denied by policy");
+    let shim = docker.run("ferry-deny", "ferry-glibc", &["curl", "-sS", "--max-time", "5", url]);
+    assert_eq!(shim.status.code(), Some(7));
+    let err = text(&shim.stderr);
+    assert!(err.contains("ferry: ") && err.contains(&said), "docker run's stderr: {err}");
+    let probe = format!("echo GET | nc -w 3 {remote} 8000; echo finished; sleep 30");
+    let out = docker.cmd(&[
+        "run", "-d", "--name", "nc", "--runtime", "ferry-deny", "ferry-busybox", "sh", "-c", &probe,
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_owned();
+    let logs = logs_say(docker, "nc", "finished");
+    let line = logs
+        .lines()
+        .find(|l| l.starts_with("ferry: ") && l.contains(&said))
+        .unwrap_or_else(|| panic!("no refusal in docker logs: {logs}"));
+    assert!(line.contains("nic-0"), "{line}");
+    // The runtime's log (containerd's shim gives runc --log BUNDLE/log.json).
+    let log = find_file(&docker.dir.join("exec"), &id, "log.json").expect("the runtime's log");
+    let json = std::fs::read_to_string(&log).unwrap();
+    let entry = json
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["msg"].as_str().is_some_and(|m| m.contains(&said)))
+        .unwrap_or_else(|| panic!("no refusal in {}: {json}", log.display()));
+    assert_eq!(entry["level"], "warning");
+    assert!(docker.cmd(&["rm", "-f", "nc"]).status.success());
+}
+
+/// A file named `name` under a directory named `id` below `root`.
+fn find_file(root: &Path, id: &str, name: &str) -> Option<PathBuf> {
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+            if is_dir {
+                stack.push(p);
+            } else if e.file_name() == name && d.file_name().is_some_and(|n| n == id) {
+                return Some(p);
+            }
+        }
+    }
+    None
 }

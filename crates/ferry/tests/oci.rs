@@ -1065,6 +1065,8 @@ fn docker_publishes_listeners_logs_refusals_and_keeps_containers_in() {
     assert_clean(&before, "auto-published containers removed");
     refusals_reach_docker_logs(&docker, &url, &net.remote_ip());
     assert_clean(&before, "refused containers removed");
+    escapes_fail_inside_a_container(&docker, &url, &net.remote_ip());
+    assert_clean(&before, "probing containers removed");
     drop(docker);
     drop(net);
     assert_clean(&before, "the docker test");
@@ -1226,4 +1228,77 @@ fn find_file(root: &Path, id: &str, name: &str) -> Option<PathBuf> {
         }
     }
     None
+}
+
+/// Each probe prints `NAME ok` when it worked and `NAME no` when it did not. Arguments:
+/// the remote's address, a host-loopback TCP port, a host abstract socket's name.
+const PROBES: &str = r#"
+t() { if (eval "$2") >/dev/null 2>&1; then echo "$1 ok"; else echo "$1 no"; fi; }
+t remote-tcp "timeout 5 wget -q -O - http://$1:8000/hello | grep -q remote"
+t remote-raw-icmp "ping -c 1 -W 2 $1"
+t host-loopback "timeout 3 wget -q -O - http://127.0.0.1:$2/"
+t host-abstract "grep -q @$3 /proc/net/unix"
+t unshare-net "unshare -n true"
+t setns-init "nsenter -t 1 -n true"
+t write-ferry-dir "echo x > /.ferry/new"
+t replace-shim "echo x > /.ferry/libferry_preload.so"
+t ferry-visible "cat /proc/[0-9]*/comm | grep -q ferry"
+"#;
+
+/// The security tests' escapes and bypasses, from inside `docker run --runtime ferry`:
+/// a static program (no shim) and a raw ICMP socket reach the remote only where the
+/// policy admits it; the host's loopback, its abstract sockets, ferry's processes and
+/// the engine's namespace stay out of reach; `/.ferry` is read-only; glibc's curl with
+/// the shim turned off is refused like with it; ferry's admin socket is unreachable.
+fn escapes_fail_inside_a_container(docker: &Docker, url: &str, remote: &str) {
+    let lo = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    lo.set_nonblocking(true).unwrap();
+    let lo_port = lo.local_addr().unwrap().port().to_string();
+    use std::os::linux::net::SocketAddrExt;
+    let name = format!("ferry-probe-{}", std::process::id());
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let abstract_host = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    abstract_host.set_nonblocking(true).unwrap();
+    let host_unix = std::fs::read_to_string("/proc/net/unix").unwrap();
+    assert!(host_unix.contains(&format!("@{name}")), "the probe's own check");
+    let probe = |runtime: &str| {
+        let args = ["sh", "-c", PROBES, "sh", remote, &lo_port, &name];
+        let out = docker.run(runtime, "ferry-busybox", &args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let closed = "host-loopback no\nhost-abstract no\nunshare-net no\nsetns-init no\n\
+                  write-ferry-dir no\nreplace-shim no\nferry-visible no\n";
+    // Admitted: the probes can succeed (the TAP carries TCP and raw ICMP).
+    assert_eq!(
+        probe("ferry"),
+        format!("remote-tcp ok\nremote-raw-icmp ok\n{closed}")
+    );
+    assert_eq!(
+        probe("ferry-deny"),
+        format!("remote-tcp no\nremote-raw-icmp no\n{closed}")
+    );
+    assert!(
+        lo.accept().is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock),
+        "a container reached the host's loopback"
+    );
+    assert!(abstract_host.accept().is_err(), "a container reached the host's abstract socket");
+    // glibc's curl without the shim goes through the TAP, under the same policy; ferry's
+    // admin socket is out of reach (`ferry-attack`, mounted into the container).
+    let attack = common::sandbox_exe("ferry-attack");
+    let mount = format!("{}:/attack:ro", attack.display());
+    let script = format!(
+        "/attack admin; LD_PRELOAD= curl -sS --max-time 5 -o /dev/null {url}; echo \"no-shim $?\""
+    );
+    for (runtime, curl) in [("ferry", 0), ("ferry-deny", 7)] {
+        let out = docker.cmd(&[
+            "run", "--rm", "--runtime", runtime, "-v", &mount, "ferry-glibc", "sh", "-c", &script,
+        ]);
+        assert_eq!(
+            text(&out.stdout),
+            format!("admin unreachable\nno-shim {curl}\n"),
+            "{runtime}: {}",
+            text(&out.stderr)
+        );
+    }
 }

@@ -278,7 +278,7 @@ pub(super) fn serve(argv: &[String]) -> i32 {
     };
     // Before any thread: every thread started later is in this namespace.
     let entered = match netns {
-        "new" => sys::new_netns(),
+        "new" => sys::new_netns().map(|()| allow_ping()),
         p => sys::enter_netns(Path::new(p)),
     };
     if let Err(e) = entered {
@@ -307,6 +307,17 @@ pub(super) fn serve(argv: &[String]) -> i32 {
             eprintln!("ferry oci: {e}");
             e.exit_code()
         }
+    }
+}
+
+/// In a network namespace of its own (nothing else lives there), lets the network side
+/// open ping sockets, through which the NIC servers carry the container's echo
+/// requests: a new namespace allows no group (`net.ipv4.ping_group_range` "1 0"). An
+/// engine's namespace is left as the engine set it.
+fn allow_ping() {
+    let path = "/proc/sys/net/ipv4/ping_group_range";
+    if let Err(e) = std::fs::write(path, "0 0") {
+        eprintln!("ferry oci: {path}: {e}: the container's pings will be refused");
     }
 }
 

@@ -120,7 +120,8 @@ usage: ferry oci [GLOBAL…] COMMAND [OPTION…] ID
   ferry's globals: --runtime PATH (the real runtime; default runc in PATH, or
             FERRY_OCI_RUNTIME), --preset KEY=VALUE (a ferry.* option for every container)
   container options (annotations): ferry.allow ferry.deny ferry.net ferry.servers
-            ferry.nic-servers ferry.spin ferry.server-spin ferry.dns ferry.mtu ferry.publish
+            ferry.nic-servers ferry.spin ferry.server-spin ferry.dns ferry.mtu
+            ferry.publish (auto: the default, none, or [IP:]HOST_PORT:PORT,…)
   install: ferry oci install --docker|--podman|--containerd [--name NAME] [--preset K=V…]
 ";
 

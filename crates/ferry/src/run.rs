@@ -228,9 +228,7 @@ pub(crate) fn policy_of(
 pub(crate) fn check_plan(a: &RunArgs) -> Result<(), String> {
     policy(a)?;
     if a.publish_auto && a.net == Net::Socket {
-        return Err(
-            "--publish-auto publishes through the TAP: it needs --net nic or both".into(),
-        );
+        return Err("--publish-auto publishes through the TAP: it needs --net nic or both".into());
     }
     dns_upstreams(&a.dns, &[])?;
     Ok(())

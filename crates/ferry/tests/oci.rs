@@ -1067,6 +1067,8 @@ fn docker_publishes_listeners_logs_refusals_and_keeps_containers_in() {
     assert_clean(&before, "refused containers removed");
     escapes_fail_inside_a_container(&docker, &url, &net.remote_ip());
     assert_clean(&before, "probing containers removed");
+    exec_gets_the_tap_under_the_policy(&docker, &url);
+    assert_clean(&before, "exec'd containers removed");
     drop(docker);
     drop(net);
     assert_clean(&before, "the docker test");
@@ -1125,7 +1127,10 @@ fn logs_say(docker: &Docker, name: &str, word: &str) -> String {
         if all.contains(word) {
             return all;
         }
-        assert!(t.elapsed() < Duration::from_secs(10), "{name} never said {word:?}: {all}");
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{name} never said {word:?}: {all}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -1150,14 +1155,26 @@ fn listeners_are_published_without_p(docker: &Docker) {
         ("ngx-none", "ferry-nopub", "ferry-glibc", NGINX),
     ] {
         let out = docker.cmd(&[
-            "run", "-d", "--name", name, "--runtime", runtime, image, "sh", "-c", cmd,
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--runtime",
+            runtime,
+            image,
+            "sh",
+            "-c",
+            cmd,
         ]);
         assert!(out.status.success(), "{name}: {}", text(&out.stderr));
     }
     let ngx = container_ip(docker, "ngx");
     assert_eq!(reach(&format!("http://{ngx}/")).trim(), "served-by-nginx");
     let bb = container_ip(docker, "bb");
-    assert_eq!(reach(&format!("http://{bb}:8080/")).trim(), "served-by-busybox");
+    assert_eq!(
+        reach(&format!("http://{bb}:8080/")).trim(),
+        "served-by-busybox"
+    );
     // Nothing publishes a loopback listener: refused at once, as with runc.
     assert_eq!(curl(&format!("http://{bb}:8082/")).0, Some(7));
     // httpd ends after 4 s: its port is withdrawn (refused, not reset after a wait).
@@ -1170,7 +1187,11 @@ fn listeners_are_published_without_p(docker: &Docker) {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    assert_eq!(withdrawn, Some(7), "port 8080 still published after httpd ended");
+    assert_eq!(
+        withdrawn,
+        Some(7),
+        "port 8080 still published after httpd ended"
+    );
     // ferry.publish=none: nginx serves inside, nothing outside.
     let none = container_ip(docker, "ngx-none");
     std::thread::sleep(Duration::from_secs(1));
@@ -1185,13 +1206,29 @@ fn listeners_are_published_without_p(docker: &Docker) {
 /// the TAP's busybox nc alike, and in the runtime's JSON log.
 fn refusals_reach_docker_logs(docker: &Docker, url: &str, remote: &str) {
     let said = format!("to {remote}:8000 denied by policy");
-    let shim = docker.run("ferry-deny", "ferry-glibc", &["curl", "-sS", "--max-time", "5", url]);
+    let shim = docker.run(
+        "ferry-deny",
+        "ferry-glibc",
+        &["curl", "-sS", "--max-time", "5", url],
+    );
     assert_eq!(shim.status.code(), Some(7));
     let err = text(&shim.stderr);
-    assert!(err.contains("ferry: ") && err.contains(&said), "docker run's stderr: {err}");
+    assert!(
+        err.contains("ferry: ") && err.contains(&said),
+        "docker run's stderr: {err}"
+    );
     let probe = format!("echo GET | nc -w 3 {remote} 8000; echo finished; sleep 30");
     let out = docker.cmd(&[
-        "run", "-d", "--name", "nc", "--runtime", "ferry-deny", "ferry-busybox", "sh", "-c", &probe,
+        "run",
+        "-d",
+        "--name",
+        "nc",
+        "--runtime",
+        "ferry-deny",
+        "ferry-busybox",
+        "sh",
+        "-c",
+        &probe,
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let id = text(&out.stdout).trim().to_owned();
@@ -1260,7 +1297,10 @@ fn escapes_fail_inside_a_container(docker: &Docker, url: &str, remote: &str) {
     let abstract_host = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
     abstract_host.set_nonblocking(true).unwrap();
     let host_unix = std::fs::read_to_string("/proc/net/unix").unwrap();
-    assert!(host_unix.contains(&format!("@{name}")), "the probe's own check");
+    assert!(
+        host_unix.contains(&format!("@{name}")),
+        "the probe's own check"
+    );
     let probe = |runtime: &str| {
         let args = ["sh", "-c", PROBES, "sh", remote, &lo_port, &name];
         let out = docker.run(runtime, "ferry-busybox", &args);
@@ -1279,10 +1319,14 @@ fn escapes_fail_inside_a_container(docker: &Docker, url: &str, remote: &str) {
         format!("remote-tcp no\nremote-raw-icmp no\n{closed}")
     );
     assert!(
-        lo.accept().is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock),
+        lo.accept()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock),
         "a container reached the host's loopback"
     );
-    assert!(abstract_host.accept().is_err(), "a container reached the host's abstract socket");
+    assert!(
+        abstract_host.accept().is_err(),
+        "a container reached the host's abstract socket"
+    );
     // glibc's curl without the shim goes through the TAP, under the same policy; ferry's
     // admin socket is out of reach (`ferry-attack`, mounted into the container).
     let attack = common::sandbox_exe("ferry-attack");
@@ -1292,7 +1336,16 @@ fn escapes_fail_inside_a_container(docker: &Docker, url: &str, remote: &str) {
     );
     for (runtime, curl) in [("ferry", 0), ("ferry-deny", 7)] {
         let out = docker.cmd(&[
-            "run", "--rm", "--runtime", runtime, "-v", &mount, "ferry-glibc", "sh", "-c", &script,
+            "run",
+            "--rm",
+            "--runtime",
+            runtime,
+            "-v",
+            &mount,
+            "ferry-glibc",
+            "sh",
+            "-c",
+            &script,
         ]);
         assert_eq!(
             text(&out.stdout),
@@ -1300,5 +1353,52 @@ fn escapes_fail_inside_a_container(docker: &Docker, url: &str, remote: &str) {
             "{runtime}: {}",
             text(&out.stderr)
         );
+    }
+}
+
+/// `docker exec`: the process joins the container's namespaces, so the sandbox's
+/// network (the TAP) serves it under the container's policy; it has no shim (Docker
+/// gives it the image's environment, and the servers take channels only from the first
+/// process's descendants).
+fn exec_gets_the_tap_under_the_policy(docker: &Docker, url: &str) {
+    for (runtime, code) in [("ferry", 0), ("ferry-deny", 7)] {
+        let out = docker.cmd(&[
+            "run",
+            "-d",
+            "--name",
+            "ex",
+            "--runtime",
+            runtime,
+            "ferry-glibc",
+            "sleep",
+            "60",
+        ]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let env = docker.cmd(&["exec", "ex", "sh", "-c", "echo \"[$LD_PRELOAD]\""]);
+        assert_eq!(text(&env.stdout).trim(), "[]");
+        let got = docker.cmd(&[
+            "exec",
+            "ex",
+            "curl",
+            "-sS",
+            "--max-time",
+            "5",
+            "-o",
+            "/dev/null",
+            url,
+        ]);
+        assert_eq!(
+            got.status.code(),
+            Some(code),
+            "{runtime}: {}",
+            text(&got.stderr)
+        );
+        // The first process's environment still names the shim.
+        let first = docker.cmd(&["exec", "ex", "cat", "/proc/1/environ"]);
+        assert!(
+            text(&first.stdout).contains("LD_PRELOAD=/.ferry/"),
+            "{runtime}"
+        );
+        assert!(docker.cmd(&["rm", "-f", "ex"]).status.success());
     }
 }

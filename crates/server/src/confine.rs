@@ -257,7 +257,9 @@ pub fn confine() -> Result<usize, ConfineError> {
 /// [`confine`], keeping the capabilities `extra` beside `CAP_KILL` (`ferry run
 /// --publish-auto` keeps `CAP_NET_BIND_SERVICE`: it binds the ports it publishes later).
 pub fn confine_keeping(extra: &[u32]) -> Result<usize, ConfineError> {
-    let keep: Vec<u32> = std::iter::once(CAP_KILL).chain(extra.iter().copied()).collect();
+    let keep: Vec<u32> = std::iter::once(CAP_KILL)
+        .chain(extra.iter().copied())
+        .collect();
     ferry_sys::drop_capabilities(&keep).map_err(ConfineError::Capabilities)?;
     install(&filters()?)?;
     Ok(ALLOWED.len())

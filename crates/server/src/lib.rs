@@ -113,7 +113,9 @@ mod tx;
 mod udp_publish;
 
 pub use ferry_counters::{Counters, LiveStats};
-pub use ferry_egress::{Bond, EgressStats, LogThrottle, Mode, Policy, Rule, TapHandoff, Verdict, host_listener};
+pub use ferry_egress::{
+    Bond, EgressStats, LogThrottle, Mode, Policy, Rule, TapHandoff, Verdict, host_listener,
+};
 pub use ferry_modules::{Interrupt as ModuleInterrupt, Limits as ModuleLimits};
 pub use group::{Accepted, Assign, Control, Handle, Servers, parse_server, server_name};
 pub use modules::{HIGH_WATER, ModuleConfig, ModuleError, ModuleRule, ModuleTarget};

@@ -205,7 +205,9 @@ fn reopen_nonblocking(fd: RawFd) -> Option<File> {
     // `create` passed it for this use alone: nothing else here owns it.
     let _ = ferry_sys::close_raw(fd);
     opened
-        .map_err(|e| tracing::debug!("the container's stderr: {e}: ferry's lines stay in its own log"))
+        .map_err(|e| {
+            tracing::debug!("the container's stderr: {e}: ferry's lines stay in its own log")
+        })
         .ok()
 }
 
@@ -273,8 +275,7 @@ mod tests {
 
     #[test]
     fn log_lines_as_runc_writes_them() {
-        let j: serde_json::Value =
-            serde_json::from_str(&log_line("ferry: a \"b\"", true)).unwrap();
+        let j: serde_json::Value = serde_json::from_str(&log_line("ferry: a \"b\"", true)).unwrap();
         assert_eq!(j["level"], "warning");
         assert_eq!(j["msg"], "ferry: a \"b\"");
         assert_eq!(

@@ -199,9 +199,7 @@ impl AutoPublish {
             full: false,
             refusals: ferry_server::LogThrottle::default(),
         };
-        ports
-            .epoll
-            .add(stop.as_fd(), libc::EPOLLIN as u32, STOP)?;
+        ports.epoll.add(stop.as_fd(), libc::EPOLLIN as u32, STOP)?;
         let thread = std::thread::Builder::new()
             .name("ferry-autopub".into())
             .spawn(move || ports.run())?;
@@ -249,7 +247,10 @@ impl Ports {
                 next = now + SCAN_EVERY;
             }
             events.clear();
-            if let Err(e) = self.epoll.wait_for(next.saturating_duration_since(Instant::now()), &mut events) {
+            if let Err(e) = self
+                .epoll
+                .wait_for(next.saturating_duration_since(Instant::now()), &mut events)
+            {
                 warn!("--publish-auto: {e}: ports are no longer published");
                 return;
             }
@@ -287,7 +288,9 @@ impl Ports {
         }
         let left = want.len() - want.iter().filter(|p| self.open.contains_key(p)).count();
         if left > self.skip.len() && !std::mem::replace(&mut self.full, true) {
-            warn!("--publish-auto: the sandbox listens on more than {MAX_PORTS} ports: only {MAX_PORTS} are published");
+            warn!(
+                "--publish-auto: the sandbox listens on more than {MAX_PORTS} ports: only {MAX_PORTS} are published"
+            );
         }
     }
 
@@ -320,7 +323,9 @@ impl Ports {
             if let Err(conn) = self.tap.send(conn, port) {
                 let _ = ferry_sys::linger_reset(conn.as_fd());
                 if let Some(n) = self.refusals.tick() {
-                    warn!("--publish-auto: port {port}: the NIC server takes no more connections now: one reset ({n} since the last line)");
+                    warn!(
+                        "--publish-auto: port {port}: the NIC server takes no more connections now: one reset ({n} since the last line)"
+                    );
                 }
             }
         }
@@ -380,7 +385,10 @@ mod tests {
         assert_eq!(parse(&buf, 7, &tap, &mut ports).unwrap(), Part::More);
         assert_eq!(ports.into_iter().collect::<Vec<_>>(), [80, 443, 8080]);
         let mut ports = BTreeSet::new();
-        assert_eq!(parse(&done(7, NLMSG_DONE, 0), 7, &tap, &mut ports).unwrap(), Part::Done);
+        assert_eq!(
+            parse(&done(7, NLMSG_DONE, 0), 7, &tap, &mut ports).unwrap(),
+            Part::Done
+        );
         let e = parse(&done(7, NLMSG_ERROR, -libc::EPERM), 7, &tap, &mut ports).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EPERM));
     }
@@ -418,7 +426,11 @@ mod tests {
     /// on loopback is not.
     #[test]
     fn the_kernel_lists_its_listeners() {
-        let diag = match ferry_sys::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, NETLINK_SOCK_DIAG) {
+        let diag = match ferry_sys::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            NETLINK_SOCK_DIAG,
+        ) {
             Ok(d) => d,
             Err(e) => {
                 eprintln!("skipped: no NETLINK_SOCK_DIAG here: {e}");

@@ -35,6 +35,11 @@ pub struct VmArgs {
     /// Deny egress to CIDR[:PORT].
     #[arg(long, value_name = "CIDR[:PORT]")]
     pub deny: Vec<String>,
+    /// DNS for the guest: its NIC servers answer on the gateway's port 53 (UDP) by
+    /// relaying to `auto` (the host's nameservers), upstream servers `IP[:PORT],…`, or
+    /// nothing (`off`); the announced `dns=` is the address to give the guest's resolver.
+    #[arg(long, value_name = "auto|off|IP[:PORT],…", default_value = "auto")]
+    pub dns: String,
     /// Egress bonding: new outgoing connections leave from these host source addresses.
     #[arg(long, value_name = "ADDR|IF[,…]", value_delimiter = ',')]
     pub egress: Vec<String>,
@@ -72,10 +77,16 @@ pub fn main(a: VmArgs) -> i32 {
     }
 }
 
-/// The guest's addressing, one line on stdout (for scripts: `key=value` pairs).
-fn announce(plan: &ferry_nic::Plan, socket: &std::path::Path) {
+/// The guest's addressing, one line on stdout (for scripts: `key=value` pairs; `dns=`
+/// the resolver's address, or `off`).
+fn announce(plan: &ferry_nic::Plan, dns: bool, socket: &std::path::Path) {
+    let resolver = if dns {
+        plan.gw4.to_string()
+    } else {
+        "off".into()
+    };
     println!(
-        "ferry vm: guest ip={}/{} gw={} ip6={}/{} gw6={} mtu={} socket={}",
+        "ferry vm: guest ip={}/{} gw={} ip6={}/{} gw6={} dns={resolver} mtu={} socket={}",
         plan.v4,
         plan.prefix4,
         plan.gw4,
@@ -109,6 +120,7 @@ fn vm(a: &VmArgs) -> Result<(), RunError> {
     cfg.egress = bond;
     cfg.spin = a.server_spin;
     cfg.max_flows = a.max_flows;
+    cfg.dns = guest_dns(&a.dns, &cfg.policy)?;
     let cfg = Arc::new(cfg);
     let ports: Vec<u16> = a.publish.iter().map(|p| p.sandbox_port).collect();
     let (backend, devices) =
@@ -137,7 +149,7 @@ fn vm(a: &VmArgs) -> Result<(), RunError> {
             })?;
         threads.push((stop, t));
     }
-    announce(&plan, &a.vhost_user);
+    announce(&plan, !cfg.dns.is_empty(), &a.vhost_user);
     let served = ferry_vhost::serve(&backend, &a.vhost_user);
     info!("the VM's frontend has gone");
     let mut stats = Vec::new();
@@ -150,6 +162,23 @@ fn vm(a: &VmArgs) -> Result<(), RunError> {
     }
     report(a, &stats, backend.counters());
     served.map_err(|e| RunError::Nic(e.to_string()))
+}
+
+/// The upstreams of `--dns` the policy allows (none: off). A malformed `--dns` is
+/// refused; upstreams that cannot be had (none in resolv.conf, all denied) leave the
+/// guest without a resolver, said once, as `ferry run` does.
+fn guest_dns(
+    mode: &str,
+    policy: &ferry_server::Policy,
+) -> Result<Vec<std::net::SocketAddr>, RunError> {
+    crate::run::dns_upstreams(mode, &[]).map_err(RunError::Usage)?;
+    match crate::run::allowed_upstreams(mode, policy) {
+        Ok((up, _)) => Ok(up.unwrap_or_default()),
+        Err(e) => {
+            warn!("DNS forwarding is off: {e}");
+            Ok(Vec::new())
+        }
+    }
 }
 
 /// `--stats` (text on stderr) and `--stats-json FILE`.

@@ -42,6 +42,21 @@ fn can_boot() -> bool {
 /// `ferry vm` serving `sock` with `opts`, and the guest addressing it announced
 /// (`ip=…`, `gw=…`), once the socket listens.
 fn ferry_vm(sock: &Path, opts: &[&str]) -> (Guard, String, String) {
+    let (ferry, line) = ferry_vm_line(sock, opts);
+    (ferry, field(&line, "ip="), field(&line, "gw="))
+}
+
+/// The value of `key` (`ip=`, say) in `ferry vm`'s announcement `line`.
+fn field(line: &str, key: &str) -> String {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key))
+        .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+        .to_string()
+}
+
+/// `ferry vm` serving `sock` with `opts`, and the line it announced the guest with,
+/// once the socket listens.
+fn ferry_vm_line(sock: &Path, opts: &[&str]) -> (Guard, String) {
     let mut c = ferry();
     c.args(["vm", "--vhost-user"])
         .arg(sock)
@@ -53,13 +68,6 @@ fn ferry_vm(sock: &Path, opts: &[&str]) -> (Guard, String, String) {
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let field = |k: &str| {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(k))
-            .unwrap_or_else(|| panic!("no {k} in {line:?}"))
-            .to_string()
-    };
-    let (ip, gw) = (field("ip="), field("gw="));
     let t = Instant::now();
     while !sock.exists() {
         assert!(
@@ -69,7 +77,7 @@ fn ferry_vm(sock: &Path, opts: &[&str]) -> (Guard, String, String) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    (Guard(child), ip, gw)
+    (Guard(child), line)
 }
 
 /// QEMU (TCG, 2 vCPUs) with a virtio-net device of 2 queue pairs on `sock`, booting the
@@ -286,4 +294,88 @@ fn a_frontend_killed_leaves_ferry_clean_within_a_second() {
         "within a second: {:?}",
         t.elapsed()
     );
+}
+
+/// The addresses `nslookup NAME SERVER` printed in `console` after `key` (busybox's
+/// `Address: IP` lines; the server's own line carries `:53`).
+const LOOKUP: &str = "nslookup $1 $2 2>&1 | sed -n 's/^Address: *\\([0-9.]*\\)$/\\1/p' | head -n1";
+
+#[test]
+fn a_guest_resolves_through_the_gateway_and_a_denied_upstream_is_left_out() {
+    if !can_boot() {
+        return;
+    }
+    let remote = remote("vmdns");
+    remote_nameserver(&remote);
+    let r = remote.remote_ip();
+    let dir = TempDir::new("vm-dns");
+    let sock = dir.path().join("vu.sock");
+    // Two upstreams, one the policy denies: it is left out, the other answers.
+    let dns = format!("{r},192.0.2.9");
+    let opts = [
+        "--dns",
+        &dns,
+        "--deny",
+        "192.0.2.9/32",
+        "--stats",
+        "--nic-servers",
+        "2",
+    ];
+    let (mut ferry, line) = ferry_vm_line(&sock, &opts);
+    let (ip, gw) = (field(&line, "ip="), field(&line, "gw="));
+    assert_eq!(
+        field(&line, "dns="),
+        gw,
+        "the resolver is announced: {line}"
+    );
+    // Two lookups (A and AAAA queries each, from several ports: both servers relay).
+    let script = format!(
+        "look() {{ {LOOKUP}; }}\n\
+         echo RESOLVED $(look vm.ferry.test {gw})\n\
+         echo AGAIN $(look again.ferry.test {gw})\n"
+    );
+    let out = output_within(qemu(&sock, &ip, &gw, &script), Duration::from_secs(120));
+    let console = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("guest:\n{console}");
+    let code = wait_exit(&mut ferry.0, Duration::from_secs(5));
+    let mut err = String::new();
+    std::io::Read::read_to_string(ferry.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    let r = r.to_string();
+    assert_eq!(said(&console, "RESOLVED"), Some(r.as_str()), "{err}");
+    assert_eq!(said(&console, "AGAIN"), Some(r.as_str()), "{err}");
+    assert_eq!(code, Some(0), "ferry vm's exit: {err}");
+    let count = |key: &str| -> u64 {
+        err.lines()
+            .filter_map(|l| l.split(&format!("{key} ")).nth(1))
+            .filter_map(|v| v.split(',').next()?.trim().parse::<u64>().ok())
+            .sum()
+    };
+    assert!(count("dns answers") >= 2, "{err}");
+    assert_eq!(count("dns dropped") + count("dns stray"), 0, "{err}");
+}
+
+#[test]
+fn with_every_upstream_denied_the_guest_has_no_resolver_and_is_told() {
+    let dir = TempDir::new("vm-dns-off");
+    let sock = dir.path().join("vu.sock");
+    let opts = ["--dns", "192.0.2.9:53", "--deny", "192.0.2.9/32"];
+    let (mut vm, line) = ferry_vm_line(&sock, &opts);
+    assert_eq!(field(&line, "dns="), "off", "{line}");
+    let _ = vm.0.kill();
+    let _ = vm.0.wait();
+    let mut err = String::new();
+    std::io::Read::read_to_string(vm.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(
+        err.contains("DNS forwarding is off: the egress policy denies every upstream nameserver"),
+        "{err}"
+    );
+    // A malformed --dns is refused before anything starts.
+    let o = ferry()
+        .args(["vm", "--vhost-user"])
+        .arg(&sock)
+        .args(["--dns", "nameserver"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--dns: `nameserver` is not IP[:PORT]"));
 }

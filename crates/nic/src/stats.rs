@@ -63,6 +63,14 @@ ferry_counters::counters! {
         spin_turns: "idle spins",
         /// Sleeps in epoll.
         sleeps: "sleeps",
+        /// A guest's DNS queries relayed upstream (`ferry vm --dns`), answers returned,
+        /// datagrams dropped (not a query), queries evicted (too many in flight), and
+        /// datagrams from upstream that answered no query in flight.
+        dns_queries: "dns queries",
+        dns_answers: "dns answers",
+        dns_dropped: "dns dropped",
+        dns_evicted: "dns evicted",
+        dns_stray: "dns stray",
         /// Flows still open when the server stopped.
         open_at_stop: "left open",
     }

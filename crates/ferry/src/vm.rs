@@ -2,11 +2,14 @@
 //! vhost-user-net backend (`ferry-vhost`); each virtio queue pair is the frame device of
 //! one NIC server, which serves it exactly as it serves a sandbox's TAP queue (the same
 //! egress policy and address rules, `-p` publishing, bonding, counters). Serves one
-//! frontend connection, then reports and exits.
+//! frontend connection, then reports and exits: 0 when the frontend went, 128 + N on
+//! signal N (SIGINT, SIGTERM, SIGHUP, SIGQUIT end the wait for a frontend or its
+//! connection the same way, the socket file removed; a second one ends ferry at once).
 
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 use clap::Args;
@@ -68,13 +71,57 @@ pub struct VmArgs {
 
 pub fn main(a: VmArgs) -> i32 {
     init_logging(a.verbose);
-    match vm(&a) {
+    // Before any thread starts: every thread inherits the mask, the signal thread takes them.
+    let _ = ferry_sys::block_signals(&crate::stop::SIGNALS);
+    let stop = ferry_vhost::Stop::default();
+    let signalled = Arc::new(AtomicI32::new(0));
+    if let Err(e) = take_signals(stop.clone(), signalled.clone()) {
+        eprintln!("ferry vm: cannot start the signal thread: {e}");
+        return crate::run::EXIT_SETUP;
+    }
+    let r = vm(&a, &stop);
+    let sig = signalled.load(Ordering::SeqCst);
+    if sig != 0 {
+        eprintln!("ferry vm: signal {sig}: stopped");
+        return 128 + sig;
+    }
+    match r {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("ferry vm: {e}");
             e.exit_code()
         }
     }
+}
+
+/// The signal thread: the first signal of [`SIGNALS`](crate::stop::SIGNALS) stops
+/// serving (`stop`) and is kept in `signalled`; a second one, should stopping hang,
+/// removes the socket file ferry still listens on and exits at once.
+fn take_signals(stop: ferry_vhost::Stop, signalled: Arc<AtomicI32>) -> std::io::Result<()> {
+    let thread = move || {
+        loop {
+            let Ok(Some(sig)) =
+                ferry_sys::wait_signal(&crate::stop::SIGNALS, Duration::from_secs(1))
+            else {
+                continue;
+            };
+            if signalled.swap(sig, Ordering::SeqCst) == 0 {
+                info!("signal {sig}: stopping");
+                stop.stop();
+                continue;
+            }
+            if let Some(path) = stop.listening() {
+                let _ = std::fs::remove_file(path);
+            }
+            eprintln!("ferry vm: signal {sig} while stopping: exiting now");
+            std::process::exit(128 + sig);
+        }
+    };
+    // Not joined: it ends with the process.
+    std::thread::Builder::new()
+        .name("ferry-signals".into())
+        .spawn(thread)
+        .map(drop)
 }
 
 /// The guest's addressing, one line on stdout (for scripts: `key=value` pairs; `dns=`
@@ -100,7 +147,7 @@ fn announce(plan: &ferry_nic::Plan, dns: bool, socket: &std::path::Path) {
 
 /// `ferry vm`'s steps: the plan → the device and its NIC servers → serve the frontend's
 /// connection → stop the servers → report.
-fn vm(a: &VmArgs) -> Result<(), RunError> {
+fn vm(a: &VmArgs, stop: &ferry_vhost::Stop) -> Result<(), RunError> {
     if let Some(p) = a.publish.iter().find(|p| p.udp) {
         return Err(RunError::Usage(format!(
             "-p {}:{}/udp: ferry vm publishes TCP ports only",
@@ -150,7 +197,7 @@ fn vm(a: &VmArgs) -> Result<(), RunError> {
         threads.push((stop, t));
     }
     announce(&plan, !cfg.dns.is_empty(), &a.vhost_user);
-    let served = ferry_vhost::serve(&backend, &a.vhost_user);
+    let served = ferry_vhost::serve(&backend, &a.vhost_user, stop);
     info!("the VM's frontend has gone");
     let mut stats = Vec::new();
     for (stop, t) in threads {

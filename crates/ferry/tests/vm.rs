@@ -243,38 +243,7 @@ fn a_frontend_killed_leaves_ferry_clean_within_a_second() {
     let dir = TempDir::new("vm-kill");
     let sock = dir.path().join("vu.sock");
     let (mut ferry, ..) = ferry_vm(&sock, &[]);
-    // QEMU connects and sets the device up at start, before its guest runs (-S).
-    let mut q = Command::new(QEMU);
-    q.args([
-        "-accel",
-        "tcg",
-        "-m",
-        "64",
-        "-nodefaults",
-        "-display",
-        "none",
-        "-S",
-    ])
-    .args(["-object", "memory-backend-memfd,id=mem,size=64M,share=on"])
-    .args(["-numa", "node,memdev=mem"])
-    .arg("-chardev")
-    .arg(format!("socket,id=c0,path={}", sock.display()))
-    .args(["-netdev", "vhost-user,id=n0,chardev=c0"])
-    .args(["-device", "virtio-net-pci,netdev=n0"]);
-    let mut qemu = q
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    while sock.exists() {
-        // ferry removes the path once the frontend is connected.
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "QEMU never connected"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut qemu = qemu_connected(&sock);
     std::thread::sleep(Duration::from_millis(300));
     assert!(
         ferry.0.try_wait().unwrap().is_none(),
@@ -293,6 +262,103 @@ fn a_frontend_killed_leaves_ferry_clean_within_a_second() {
         t.elapsed() < Duration::from_secs(1),
         "within a second: {:?}",
         t.elapsed()
+    );
+}
+
+/// QEMU with a virtio-net device on `sock`, its guest not started (-S: QEMU connects
+/// and sets the device up at start), once ferry has taken the connection (it removes
+/// the socket file then).
+fn qemu_connected(sock: &Path) -> std::process::Child {
+    let mut q = Command::new(QEMU);
+    q.args([
+        "-accel",
+        "tcg",
+        "-m",
+        "64",
+        "-nodefaults",
+        "-display",
+        "none",
+        "-S",
+    ])
+    .args(["-object", "memory-backend-memfd,id=mem,size=64M,share=on"])
+    .args(["-numa", "node,memdev=mem"])
+    .arg("-chardev")
+    .arg(format!("socket,id=c0,path={}", sock.display()))
+    .args(["-netdev", "vhost-user,id=n0,chardev=c0"])
+    .args(["-device", "virtio-net-pci,netdev=n0"]);
+    let qemu = q
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while sock.exists() {
+        // ferry removes the path once the frontend is connected.
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "QEMU never connected"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    qemu
+}
+
+/// Sends `sig` to `ferry vm`; its exit code within a second (`None`: still running),
+/// and what it wrote on stderr.
+fn signal_and_wait(ferry: &mut Guard, sig: i32) -> (Option<i32>, Duration, String) {
+    let pid = i32::try_from(ferry.0.id()).unwrap();
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+    let t = Instant::now();
+    let code = wait_exit(&mut ferry.0, Duration::from_secs(3));
+    let took = t.elapsed();
+    let mut err = String::new();
+    if code.is_some() {
+        std::io::Read::read_to_string(ferry.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    }
+    (code, took, err)
+}
+
+#[test]
+fn a_signal_before_the_frontend_connects_ends_ferry_and_removes_its_socket() {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        let dir = TempDir::new("vm-sig");
+        let sock = dir.path().join("vu.sock");
+        let (mut ferry, _) = ferry_vm_line(&sock, &["--stats"]);
+        let (code, took, err) = signal_and_wait(&mut ferry, sig);
+        assert_eq!(code, Some(128 + sig), "signal {sig}: {err}");
+        assert!(took < Duration::from_secs(1), "at once: {took:?}");
+        assert!(!sock.exists(), "the socket file is removed");
+        assert!(
+            err.contains(&format!("ferry vm: signal {sig}: stopped")),
+            "{err}"
+        );
+        assert!(
+            err.contains("server nic-0:"),
+            "the counters are reported: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_signal_while_a_frontend_is_served_ends_the_connection_and_ferry() {
+    if !can_run(&[QEMU]) {
+        return;
+    }
+    let dir = TempDir::new("vm-sig-serving");
+    let sock = dir.path().join("vu.sock");
+    let (mut ferry, _) = ferry_vm_line(&sock, &["--stats"]);
+    let mut qemu = qemu_connected(&sock);
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, took, err) = signal_and_wait(&mut ferry, libc::SIGTERM);
+    let _ = qemu.kill();
+    let _ = qemu.wait();
+    assert_eq!(code, Some(128 + libc::SIGTERM), "{err}");
+    assert!(took < Duration::from_secs(1), "at once: {took:?}");
+    assert!(!sock.exists());
+    assert!(
+        err.contains("server nic-0:"),
+        "the counters are reported: {err}"
     );
 }
 

@@ -57,8 +57,14 @@ fn field(line: &str, key: &str) -> String {
 /// `ferry vm` serving `sock` with `opts`, and the line it announced the guest with,
 /// once the socket listens.
 fn ferry_vm_line(sock: &Path, opts: &[&str]) -> (Guard, String) {
+    ferry_vm_on("--vhost-user", sock, opts)
+}
+
+/// `ferry vm DEVICE sock` (`--vhost-user`, `--stream`) with `opts`, and its
+/// announcement, once the socket listens.
+fn ferry_vm_on(device: &str, sock: &Path, opts: &[&str]) -> (Guard, String) {
     let mut c = ferry();
-    c.args(["vm", "--vhost-user"])
+    c.args(["vm", device])
         .arg(sock)
         .args(opts)
         .stdout(Stdio::piped())
@@ -83,6 +89,24 @@ fn ferry_vm_line(sock: &Path, opts: &[&str]) -> (Guard, String) {
 /// QEMU (TCG, 2 vCPUs) with a virtio-net device of 2 queue pairs on `sock`, booting the
 /// guest that runs `script`.
 fn qemu(sock: &Path, ip: &str, gw: &str, script: &str) -> Command {
+    let net = [
+        "-object".to_string(),
+        "memory-backend-memfd,id=mem,size=256M,share=on".into(),
+        "-numa".into(),
+        "node,memdev=mem".into(),
+        "-chardev".into(),
+        format!("socket,id=c0,path={}", sock.display()),
+        "-netdev".into(),
+        "vhost-user,id=n0,chardev=c0,queues=2".into(),
+        "-device".into(),
+        "virtio-net-pci,netdev=n0,mq=on,vectors=6".into(),
+    ];
+    guest(&net, ip, gw, script)
+}
+
+/// QEMU (TCG, 2 vCPUs) with the network arguments `net` (a device `n0`), booting the
+/// guest that runs `script`.
+fn guest(net: &[String], ip: &str, gw: &str, script: &str) -> Command {
     use std::io::Write;
     let (kernel, initrd) = guest_image().unwrap();
     let mut b64 = Command::new("base64")
@@ -100,12 +124,7 @@ fn qemu(sock: &Path, ip: &str, gw: &str, script: &str) -> Command {
     let mut c = Command::new(QEMU);
     c.args(["-accel", "tcg", "-smp", "2", "-m", "256", "-nodefaults"])
         .args(["-display", "none", "-serial", "stdio", "-no-reboot"])
-        .args(["-object", "memory-backend-memfd,id=mem,size=256M,share=on"])
-        .args(["-numa", "node,memdev=mem"])
-        .arg("-chardev")
-        .arg(format!("socket,id=c0,path={}", sock.display()))
-        .args(["-netdev", "vhost-user,id=n0,chardev=c0,queues=2"])
-        .args(["-device", "virtio-net-pci,netdev=n0,mq=on,vectors=6"])
+        .args(net)
         .arg("-kernel")
         .arg(kernel)
         .arg("-initrd")
@@ -444,4 +463,92 @@ fn with_every_upstream_denied_the_guest_has_no_resolver_and_is_told() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2), "{o:?}");
     assert!(String::from_utf8_lossy(&o.stderr).contains("--dns: `nameserver` is not IP[:PORT]"));
+}
+
+#[test]
+fn a_guest_on_qemus_stream_netdev_fetches_through_ferry() {
+    if !can_boot() {
+        return;
+    }
+    let remote = remote("vmstream");
+    let dir = TempDir::new("vm-stream");
+    let root = dir.path().join("www");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("small"), pattern(100_000, 9)).unwrap();
+    std::fs::write(root.join("big"), pattern(8 << 20, 10)).unwrap();
+    let _nginx = remote_nginx(&remote, dir.path(), &root, 8080);
+    let sock = dir.path().join("stream.sock");
+    let (mut ferry, line) = ferry_vm_on("--stream", &sock, &["--stats", "--deny", "192.0.2.1/32"]);
+    let (ip, gw) = (field(&line, "ip="), field(&line, "gw="));
+    let r = remote.remote_ip();
+    let script = format!(
+        "echo SMALL $(wget -q -O - http://{r}:8080/small | md5sum | cut -d' ' -f1)\n\
+         nc -w 5 192.0.2.1 80 </dev/null; echo DENIED $?\n\
+         echo BIG $(wget -q -O - http://{r}:8080/big | md5sum | cut -d' ' -f1)\n"
+    );
+    let net = [
+        "-netdev".to_string(),
+        format!(
+            "stream,id=n0,server=off,addr.type=unix,addr.path={}",
+            sock.display()
+        ),
+        "-device".into(),
+        "virtio-net-pci,netdev=n0".into(),
+    ];
+    let t = Instant::now();
+    let out = output_within(guest(&net, &ip, &gw, &script), Duration::from_secs(120));
+    let console = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("guest ran {:?}:\n{console}", t.elapsed());
+    let code = wait_exit(&mut ferry.0, Duration::from_secs(5));
+    let mut err = String::new();
+    if code.is_some() {
+        std::io::Read::read_to_string(ferry.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    }
+    assert_eq!(
+        said(&console, "SMALL"),
+        Some(md5(&root.join("small")).as_str()),
+        "{err}"
+    );
+    assert_eq!(
+        said(&console, "BIG"),
+        Some(md5(&root.join("big")).as_str()),
+        "{err}"
+    );
+    assert_ne!(said(&console, "DENIED"), Some("0"), "{err}");
+    assert_eq!(code, Some(0), "ferry vm ends with its peer: {err}");
+    assert!(err.contains("denied 1"), "{err}");
+    assert!(
+        err.contains("stream: refused lengths 0 (0 bytes skipped), lost towards the peer"),
+        "{err}"
+    );
+    assert!(!sock.exists());
+}
+
+#[test]
+fn a_stream_peer_with_hostile_lengths_is_refused_counted_and_its_end_ends_ferry() {
+    use std::io::Write;
+    let dir = TempDir::new("vm-stream-hostile");
+    let sock = dir.path().join("stream.sock");
+    let (mut ferry, _) = ferry_vm_on("--stream", &sock, &["--stats"]);
+    let mut peer = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    // A zero length; a length of 4 GiB - 1 followed by 100,000 bytes (skipped as they
+    // come: the skip is still under way when the peer goes).
+    let mut bytes = vec![0, 0, 0, 0];
+    bytes.extend_from_slice(&u32::MAX.to_be_bytes());
+    bytes.extend_from_slice(&vec![0xab; 100_000]);
+    peer.write_all(&bytes).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(ferry.0.try_wait().unwrap().is_none(), "ferry serves on");
+    drop(peer);
+    let t = Instant::now();
+    let code = wait_exit(&mut ferry.0, Duration::from_secs(3));
+    let mut err = String::new();
+    std::io::Read::read_to_string(ferry.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    assert!(
+        err.contains("stream: refused lengths 2 (100000 bytes skipped)"),
+        "{err}"
+    );
+    assert!(!sock.exists());
 }

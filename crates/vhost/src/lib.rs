@@ -109,9 +109,11 @@ pub fn serve(backend: &Backend, socket: &Path, stop: &Stop) -> Result<(), Error>
     result
 }
 
-/// The frontend's connection (`None`: stopped before one came); the socket file is
-/// removed either way.
-fn accept_frontend(
+/// Listens on `socket` (an existing socket file there is replaced) for one frontend's
+/// connection (`None`: `stop` ended the wait); the socket file is removed either way,
+/// and `stop` shuts the connection down from then on. [`serve`]'s first step, and
+/// `ferry vm --stream`'s (QEMU's stream netdev connects the same way).
+pub fn accept_frontend(
     socket: &Path,
     stop: &Stop,
 ) -> Result<Option<std::os::unix::net::UnixStream>, Error> {

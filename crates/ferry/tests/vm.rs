@@ -435,8 +435,8 @@ fn a_guest_resolves_through_the_gateway_and_a_denied_upstream_is_left_out() {
             .filter_map(|v| v.split(',').next()?.trim().parse::<u64>().ok())
             .sum()
     };
-    assert!(count("dns answers") >= 2, "{err}");
-    assert_eq!(count("dns dropped") + count("dns stray"), 0, "{err}");
+    assert!(count("DNS answers") >= 2, "{err}");
+    assert_eq!(count("DNS dropped") + count("DNS stray"), 0, "{err}");
 }
 
 #[test]

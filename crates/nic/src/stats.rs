@@ -66,11 +66,11 @@ ferry_counters::counters! {
         /// A guest's DNS queries relayed upstream (`ferry vm --dns`), answers returned,
         /// datagrams dropped (not a query), queries evicted (too many in flight), and
         /// datagrams from upstream that answered no query in flight.
-        dns_queries: "dns queries",
-        dns_answers: "dns answers",
-        dns_dropped: "dns dropped",
-        dns_evicted: "dns evicted",
-        dns_stray: "dns stray",
+        dns_queries: "DNS queries",
+        dns_answers: "DNS answers",
+        dns_dropped: "DNS dropped",
+        dns_evicted: "DNS evicted",
+        dns_stray: "DNS stray",
         /// Flows still open when the server stopped.
         open_at_stop: "left open",
     }

@@ -385,6 +385,10 @@ fn a_signal_while_a_frontend_is_served_ends_the_connection_and_ferry() {
 /// `Address: IP` lines; the server's own line carries `:53`).
 const LOOKUP: &str = "nslookup $1 $2 2>&1 | sed -n 's/^Address: *\\([0-9.]*\\)$/\\1/p' | head -n1";
 
+/// A DNS-over-TCP query for `vm.ferry.test` (A), behind its 2-byte length, for the
+/// guest's `printf` (octal escapes): 31 bytes; the test's nameserver answers 47.
+const TCP_QUERY: &str = "\\000\\037\\022\\064\\001\\000\\000\\001\\000\\000\\000\\000\\000\\000\\002vm\\005ferry\\004test\\000\\000\\001\\000\\001";
+
 #[test]
 fn a_guest_resolves_through_the_gateway_and_a_denied_upstream_is_left_out() {
     if !can_boot() {
@@ -417,7 +421,8 @@ fn a_guest_resolves_through_the_gateway_and_a_denied_upstream_is_left_out() {
     let script = format!(
         "look() {{ {LOOKUP}; }}\n\
          echo RESOLVED $(look vm.ferry.test {gw})\n\
-         echo AGAIN $(look again.ferry.test {gw})\n"
+         echo AGAIN $(look again.ferry.test {gw})\n\
+         printf '{TCP_QUERY}' | timeout 5 nc {gw} 53 >/tcp.out; echo TCP $(wc -c </tcp.out)\n"
     );
     let out = output_within(qemu(&sock, &ip, &gw, &script), Duration::from_secs(120));
     let console = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -428,6 +433,11 @@ fn a_guest_resolves_through_the_gateway_and_a_denied_upstream_is_left_out() {
     let r = r.to_string();
     assert_eq!(said(&console, "RESOLVED"), Some(r.as_str()), "{err}");
     assert_eq!(said(&console, "AGAIN"), Some(r.as_str()), "{err}");
+    assert_eq!(
+        said(&console, "TCP"),
+        Some("49"),
+        "an answer over TCP: {err}"
+    );
     assert_eq!(code, Some(0), "ferry vm's exit: {err}");
     let count = |key: &str| -> u64 {
         err.lines()

@@ -141,3 +141,34 @@ fn without_a_resolver_the_gateways_port_53_is_refused_at_once() {
     assert!(h.host().all().is_empty());
     assert_eq!(h.counters().dns_queries, 0);
 }
+
+/// DNS over TCP to the gateway's port 53 is relayed to the upstream byte for byte (a
+/// TCP flow whose host side connects to the upstream); without a resolver the same
+/// connect is refused at once (a reset).
+#[test]
+fn dns_over_tcp_to_the_gateway_reaches_the_upstream() {
+    use smoltcp::socket::tcp::State;
+    let mut h = with_resolver();
+    let gw = gw53(&h);
+    let c = h.connect(gw);
+    h.run();
+    let s = h.host().to(upstream()).expect("a connect to the upstream");
+    assert_eq!(h.host().view(s).kind.1, libc::SOCK_STREAM);
+    h.host().connect_done(s, 0);
+    h.run();
+    assert_eq!(h.state(c), State::Established);
+    let q = msg(9, false);
+    let mut framed = u16::try_from(q.len()).unwrap().to_be_bytes().to_vec();
+    framed.extend_from_slice(&q);
+    h.write(c, &framed);
+    h.run();
+    assert_eq!(h.host().view(s).sent, framed, "unchanged, its id too");
+    h.host().data(s, b"\x00\x02ok");
+    h.run();
+    assert_eq!(h.read(c), b"\x00\x02ok");
+    let mut off = Harness::new();
+    let c = off.connect(gw);
+    off.run();
+    assert_eq!(off.state(c), State::Closed, "refused at once");
+    assert!(off.host().all().is_empty());
+}

@@ -5,12 +5,14 @@
 //! [`MAX_PENDING`](ferry_egress::dns::MAX_PENDING) in flight, only queries up and only
 //! answers under an id in flight back) and relayed from the host's namespace to every
 //! upstream nameserver on a connected UDP socket of its own; an answer goes back to the
-//! guest as a datagram from the gateway. The same bounds as socket mode's forwarder,
+//! guest as a datagram from the gateway. DNS over TCP to the gateway's port 53 is a TCP
+//! flow like any other whose host connection goes to the first upstream (`pending.rs`;
+//! the flow cap applies). The same bounds as socket mode's forwarder,
 //! whatever the guest sends: the core's table, one datagram per frame (the device's
 //! batch bounds a turn), at most a batch of answers read per event.
 //!
 //! Owns: the upstream sockets and the [`Wire`] over them and the port. Must not: relay
-//! anything but a datagram to the gateway's port 53, or keep state beyond the core's.
+//! anything but DNS to the gateway's port 53, or keep state beyond the core's.
 
 use std::io;
 use std::net::SocketAddr;
@@ -59,6 +61,11 @@ impl GuestDns {
     /// The upstream sockets, for the server's epoll.
     pub fn sockets(&self) -> impl Iterator<Item = std::os::fd::BorrowedFd<'_>> {
         self.upstream.iter().map(|(fd, _)| fd.as_fd())
+    }
+
+    /// The upstream DNS over TCP goes to (the first).
+    pub fn tcp_upstream(&self) -> Option<SocketAddr> {
+        self.upstream.first().map(|(_, a)| *a)
     }
 
     /// Whether `fd` is one of the upstream sockets.
@@ -122,6 +129,15 @@ impl NicServer {
         self.dns.is_some()
             && dst.port() == DNS_PORT
             && dst.ip() == self.cfg.plan.gateway_for(dst.ip())
+    }
+
+    /// Where a TCP connection to `dst` goes instead, when `dst` is the guest's resolver
+    /// (DNS over TCP, relayed byte for byte as any TCP flow: to the first upstream).
+    pub(super) fn tcp_resolver(&self, dst: SocketAddr) -> Option<SocketAddr> {
+        if !self.is_resolver(dst) {
+            return None;
+        }
+        self.dns.as_ref()?.tcp_upstream()
     }
 
     /// A datagram from the guest's `src` to its resolver: relayed upstream if a query.

@@ -18,6 +18,9 @@
 //! * the flow table of datagram paths ([`FlowTable`], `flows.rs`: by id and key, idle
 //!   expiry, a cap per group with the idle-longest evicted): socket mode's published UDP
 //!   flows, and a NIC server's one table of flows (its UDP and echo flows expire).
+//! * the DNS forwarder's pure core ([`dns::Forwarder`], `dns.rs`: query ids rewritten,
+//!   queries in flight bounded), which socket mode's forwarder and a NIC server's (for
+//!   a VM guest) drive through their own sockets.
 //!
 //! It must not: do I/O beyond reading the host's addresses and making published ports'
 //! host sockets, know about channels, frames or a server's loop, or depend on a server
@@ -31,6 +34,7 @@
 
 mod admit;
 mod bond;
+pub mod dns;
 pub mod flows;
 mod policy;
 mod published;

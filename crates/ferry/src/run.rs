@@ -23,7 +23,8 @@ mod serve;
 mod shim;
 pub mod timing;
 
-use dns::{dns_upstreams, start_dns};
+use dns::start_dns;
+pub(crate) use dns::{allowed_upstreams, dns_upstreams};
 use nic::set_up_nic;
 use serve::{Serving, report, serve_admin};
 pub(crate) use shim::find_preload;

@@ -42,8 +42,29 @@ fn can_boot() -> bool {
 /// `ferry vm` serving `sock` with `opts`, and the guest addressing it announced
 /// (`ip=…`, `gw=…`), once the socket listens.
 fn ferry_vm(sock: &Path, opts: &[&str]) -> (Guard, String, String) {
+    let (ferry, line) = ferry_vm_line(sock, opts);
+    (ferry, field(&line, "ip="), field(&line, "gw="))
+}
+
+/// The value of `key` (`ip=`, say) in `ferry vm`'s announcement `line`.
+fn field(line: &str, key: &str) -> String {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key))
+        .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+        .to_string()
+}
+
+/// `ferry vm` serving `sock` with `opts`, and the line it announced the guest with,
+/// once the socket listens.
+fn ferry_vm_line(sock: &Path, opts: &[&str]) -> (Guard, String) {
+    ferry_vm_on("--vhost-user", sock, opts)
+}
+
+/// `ferry vm DEVICE sock` (`--vhost-user`, `--stream`) with `opts`, and its
+/// announcement, once the socket listens.
+fn ferry_vm_on(device: &str, sock: &Path, opts: &[&str]) -> (Guard, String) {
     let mut c = ferry();
-    c.args(["vm", "--vhost-user"])
+    c.args(["vm", device])
         .arg(sock)
         .args(opts)
         .stdout(Stdio::piped())
@@ -53,13 +74,6 @@ fn ferry_vm(sock: &Path, opts: &[&str]) -> (Guard, String, String) {
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let field = |k: &str| {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(k))
-            .unwrap_or_else(|| panic!("no {k} in {line:?}"))
-            .to_string()
-    };
-    let (ip, gw) = (field("ip="), field("gw="));
     let t = Instant::now();
     while !sock.exists() {
         assert!(
@@ -69,12 +83,30 @@ fn ferry_vm(sock: &Path, opts: &[&str]) -> (Guard, String, String) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    (Guard(child), ip, gw)
+    (Guard(child), line)
 }
 
 /// QEMU (TCG, 2 vCPUs) with a virtio-net device of 2 queue pairs on `sock`, booting the
 /// guest that runs `script`.
 fn qemu(sock: &Path, ip: &str, gw: &str, script: &str) -> Command {
+    let net = [
+        "-object".to_string(),
+        "memory-backend-memfd,id=mem,size=256M,share=on".into(),
+        "-numa".into(),
+        "node,memdev=mem".into(),
+        "-chardev".into(),
+        format!("socket,id=c0,path={}", sock.display()),
+        "-netdev".into(),
+        "vhost-user,id=n0,chardev=c0,queues=2".into(),
+        "-device".into(),
+        "virtio-net-pci,netdev=n0,mq=on,vectors=6".into(),
+    ];
+    guest(&net, ip, gw, script)
+}
+
+/// QEMU (TCG, 2 vCPUs) with the network arguments `net` (a device `n0`), booting the
+/// guest that runs `script`.
+fn guest(net: &[String], ip: &str, gw: &str, script: &str) -> Command {
     use std::io::Write;
     let (kernel, initrd) = guest_image().unwrap();
     let mut b64 = Command::new("base64")
@@ -92,12 +124,7 @@ fn qemu(sock: &Path, ip: &str, gw: &str, script: &str) -> Command {
     let mut c = Command::new(QEMU);
     c.args(["-accel", "tcg", "-smp", "2", "-m", "256", "-nodefaults"])
         .args(["-display", "none", "-serial", "stdio", "-no-reboot"])
-        .args(["-object", "memory-backend-memfd,id=mem,size=256M,share=on"])
-        .args(["-numa", "node,memdev=mem"])
-        .arg("-chardev")
-        .arg(format!("socket,id=c0,path={}", sock.display()))
-        .args(["-netdev", "vhost-user,id=n0,chardev=c0,queues=2"])
-        .args(["-device", "virtio-net-pci,netdev=n0,mq=on,vectors=6"])
+        .args(net)
         .arg("-kernel")
         .arg(kernel)
         .arg("-initrd")
@@ -235,38 +262,7 @@ fn a_frontend_killed_leaves_ferry_clean_within_a_second() {
     let dir = TempDir::new("vm-kill");
     let sock = dir.path().join("vu.sock");
     let (mut ferry, ..) = ferry_vm(&sock, &[]);
-    // QEMU connects and sets the device up at start, before its guest runs (-S).
-    let mut q = Command::new(QEMU);
-    q.args([
-        "-accel",
-        "tcg",
-        "-m",
-        "64",
-        "-nodefaults",
-        "-display",
-        "none",
-        "-S",
-    ])
-    .args(["-object", "memory-backend-memfd,id=mem,size=64M,share=on"])
-    .args(["-numa", "node,memdev=mem"])
-    .arg("-chardev")
-    .arg(format!("socket,id=c0,path={}", sock.display()))
-    .args(["-netdev", "vhost-user,id=n0,chardev=c0"])
-    .args(["-device", "virtio-net-pci,netdev=n0"]);
-    let mut qemu = q
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    while sock.exists() {
-        // ferry removes the path once the frontend is connected.
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "QEMU never connected"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut qemu = qemu_connected(&sock);
     std::thread::sleep(Duration::from_millis(300));
     assert!(
         ferry.0.try_wait().unwrap().is_none(),
@@ -286,4 +282,283 @@ fn a_frontend_killed_leaves_ferry_clean_within_a_second() {
         "within a second: {:?}",
         t.elapsed()
     );
+}
+
+/// QEMU with a virtio-net device on `sock`, its guest not started (-S: QEMU connects
+/// and sets the device up at start), once ferry has taken the connection (it removes
+/// the socket file then).
+fn qemu_connected(sock: &Path) -> std::process::Child {
+    let mut q = Command::new(QEMU);
+    q.args([
+        "-accel",
+        "tcg",
+        "-m",
+        "64",
+        "-nodefaults",
+        "-display",
+        "none",
+        "-S",
+    ])
+    .args(["-object", "memory-backend-memfd,id=mem,size=64M,share=on"])
+    .args(["-numa", "node,memdev=mem"])
+    .arg("-chardev")
+    .arg(format!("socket,id=c0,path={}", sock.display()))
+    .args(["-netdev", "vhost-user,id=n0,chardev=c0"])
+    .args(["-device", "virtio-net-pci,netdev=n0"]);
+    let qemu = q
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while sock.exists() {
+        // ferry removes the path once the frontend is connected.
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "QEMU never connected"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    qemu
+}
+
+/// Sends `sig` to `ferry vm`; its exit code within a second (`None`: still running),
+/// and what it wrote on stderr.
+fn signal_and_wait(ferry: &mut Guard, sig: i32) -> (Option<i32>, Duration, String) {
+    let pid = i32::try_from(ferry.0.id()).unwrap();
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+    let t = Instant::now();
+    let code = wait_exit(&mut ferry.0, Duration::from_secs(3));
+    let took = t.elapsed();
+    let mut err = String::new();
+    if code.is_some() {
+        std::io::Read::read_to_string(ferry.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    }
+    (code, took, err)
+}
+
+#[test]
+fn a_signal_before_the_frontend_connects_ends_ferry_and_removes_its_socket() {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        let dir = TempDir::new("vm-sig");
+        let sock = dir.path().join("vu.sock");
+        let (mut ferry, _) = ferry_vm_line(&sock, &["--stats"]);
+        let (code, took, err) = signal_and_wait(&mut ferry, sig);
+        assert_eq!(code, Some(128 + sig), "signal {sig}: {err}");
+        assert!(took < Duration::from_secs(1), "at once: {took:?}");
+        assert!(!sock.exists(), "the socket file is removed");
+        assert!(
+            err.contains(&format!("ferry vm: signal {sig}: stopped")),
+            "{err}"
+        );
+        assert!(
+            err.contains("server nic-0:"),
+            "the counters are reported: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_signal_while_a_frontend_is_served_ends_the_connection_and_ferry() {
+    if !can_run(&[QEMU]) {
+        return;
+    }
+    let dir = TempDir::new("vm-sig-serving");
+    let sock = dir.path().join("vu.sock");
+    let (mut ferry, _) = ferry_vm_line(&sock, &["--stats"]);
+    let mut qemu = qemu_connected(&sock);
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, took, err) = signal_and_wait(&mut ferry, libc::SIGTERM);
+    let _ = qemu.kill();
+    let _ = qemu.wait();
+    assert_eq!(code, Some(128 + libc::SIGTERM), "{err}");
+    assert!(took < Duration::from_secs(1), "at once: {took:?}");
+    assert!(!sock.exists());
+    assert!(
+        err.contains("server nic-0:"),
+        "the counters are reported: {err}"
+    );
+}
+
+/// The addresses `nslookup NAME SERVER` printed in `console` after `key` (busybox's
+/// `Address: IP` lines; the server's own line carries `:53`).
+const LOOKUP: &str = "nslookup $1 $2 2>&1 | sed -n 's/^Address: *\\([0-9.]*\\)$/\\1/p' | head -n1";
+
+/// A DNS-over-TCP query for `vm.ferry.test` (A), behind its 2-byte length, for the
+/// guest's `printf` (octal escapes): 31 bytes; the test's nameserver answers 47.
+const TCP_QUERY: &str = "\\000\\037\\022\\064\\001\\000\\000\\001\\000\\000\\000\\000\\000\\000\\002vm\\005ferry\\004test\\000\\000\\001\\000\\001";
+
+#[test]
+fn a_guest_resolves_through_the_gateway_and_a_denied_upstream_is_left_out() {
+    if !can_boot() {
+        return;
+    }
+    let remote = remote("vmdns");
+    remote_nameserver(&remote);
+    let r = remote.remote_ip();
+    let dir = TempDir::new("vm-dns");
+    let sock = dir.path().join("vu.sock");
+    // Two upstreams, one the policy denies: it is left out, the other answers.
+    let dns = format!("{r},192.0.2.9");
+    let opts = [
+        "--dns",
+        &dns,
+        "--deny",
+        "192.0.2.9/32",
+        "--stats",
+        "--nic-servers",
+        "2",
+    ];
+    let (mut ferry, line) = ferry_vm_line(&sock, &opts);
+    let (ip, gw) = (field(&line, "ip="), field(&line, "gw="));
+    assert_eq!(
+        field(&line, "dns="),
+        gw,
+        "the resolver is announced: {line}"
+    );
+    // Two lookups (A and AAAA queries each, from several ports: both servers relay).
+    let script = format!(
+        "look() {{ {LOOKUP}; }}\n\
+         echo RESOLVED $(look vm.ferry.test {gw})\n\
+         echo AGAIN $(look again.ferry.test {gw})\n\
+         printf '{TCP_QUERY}' | timeout 5 nc {gw} 53 >/tcp.out; echo TCP $(wc -c </tcp.out)\n"
+    );
+    let out = output_within(qemu(&sock, &ip, &gw, &script), Duration::from_secs(120));
+    let console = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("guest:\n{console}");
+    let code = wait_exit(&mut ferry.0, Duration::from_secs(5));
+    let mut err = String::new();
+    std::io::Read::read_to_string(ferry.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    let r = r.to_string();
+    assert_eq!(said(&console, "RESOLVED"), Some(r.as_str()), "{err}");
+    assert_eq!(said(&console, "AGAIN"), Some(r.as_str()), "{err}");
+    assert_eq!(
+        said(&console, "TCP"),
+        Some("49"),
+        "an answer over TCP: {err}"
+    );
+    assert_eq!(code, Some(0), "ferry vm's exit: {err}");
+    let count = |key: &str| -> u64 {
+        err.lines()
+            .filter_map(|l| l.split(&format!("{key} ")).nth(1))
+            .filter_map(|v| v.split(',').next()?.trim().parse::<u64>().ok())
+            .sum()
+    };
+    assert!(count("DNS answers") >= 2, "{err}");
+    assert_eq!(count("DNS dropped") + count("DNS stray"), 0, "{err}");
+}
+
+#[test]
+fn with_every_upstream_denied_the_guest_has_no_resolver_and_is_told() {
+    let dir = TempDir::new("vm-dns-off");
+    let sock = dir.path().join("vu.sock");
+    let opts = ["--dns", "192.0.2.9:53", "--deny", "192.0.2.9/32"];
+    let (mut vm, line) = ferry_vm_line(&sock, &opts);
+    assert_eq!(field(&line, "dns="), "off", "{line}");
+    let _ = vm.0.kill();
+    let _ = vm.0.wait();
+    let mut err = String::new();
+    std::io::Read::read_to_string(vm.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(
+        err.contains("DNS forwarding is off: the egress policy denies every upstream nameserver"),
+        "{err}"
+    );
+    // A malformed --dns is refused before anything starts.
+    let o = ferry()
+        .args(["vm", "--vhost-user"])
+        .arg(&sock)
+        .args(["--dns", "nameserver"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--dns: `nameserver` is not IP[:PORT]"));
+}
+
+#[test]
+fn a_guest_on_qemus_stream_netdev_fetches_through_ferry() {
+    if !can_boot() {
+        return;
+    }
+    let remote = remote("vmstream");
+    let dir = TempDir::new("vm-stream");
+    let root = dir.path().join("www");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("small"), pattern(100_000, 9)).unwrap();
+    std::fs::write(root.join("big"), pattern(8 << 20, 10)).unwrap();
+    let _nginx = remote_nginx(&remote, dir.path(), &root, 8080);
+    let sock = dir.path().join("stream.sock");
+    let (mut ferry, line) = ferry_vm_on("--stream", &sock, &["--stats", "--deny", "192.0.2.1/32"]);
+    let (ip, gw) = (field(&line, "ip="), field(&line, "gw="));
+    let r = remote.remote_ip();
+    let script = format!(
+        "echo SMALL $(wget -q -O - http://{r}:8080/small | md5sum | cut -d' ' -f1)\n\
+         nc -w 5 192.0.2.1 80 </dev/null; echo DENIED $?\n\
+         echo BIG $(wget -q -O - http://{r}:8080/big | md5sum | cut -d' ' -f1)\n"
+    );
+    let net = [
+        "-netdev".to_string(),
+        format!(
+            "stream,id=n0,server=off,addr.type=unix,addr.path={}",
+            sock.display()
+        ),
+        "-device".into(),
+        "virtio-net-pci,netdev=n0".into(),
+    ];
+    let t = Instant::now();
+    let out = output_within(guest(&net, &ip, &gw, &script), Duration::from_secs(120));
+    let console = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("guest ran {:?}:\n{console}", t.elapsed());
+    let code = wait_exit(&mut ferry.0, Duration::from_secs(5));
+    let mut err = String::new();
+    if code.is_some() {
+        std::io::Read::read_to_string(ferry.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    }
+    assert_eq!(
+        said(&console, "SMALL"),
+        Some(md5(&root.join("small")).as_str()),
+        "{err}"
+    );
+    assert_eq!(
+        said(&console, "BIG"),
+        Some(md5(&root.join("big")).as_str()),
+        "{err}"
+    );
+    assert_ne!(said(&console, "DENIED"), Some("0"), "{err}");
+    assert_eq!(code, Some(0), "ferry vm ends with its peer: {err}");
+    assert!(err.contains("denied 1"), "{err}");
+    assert!(
+        err.contains("stream: refused lengths 0 (0 bytes skipped), lost towards the peer"),
+        "{err}"
+    );
+    assert!(!sock.exists());
+}
+
+#[test]
+fn a_stream_peer_with_hostile_lengths_is_refused_counted_and_its_end_ends_ferry() {
+    use std::io::Write;
+    let dir = TempDir::new("vm-stream-hostile");
+    let sock = dir.path().join("stream.sock");
+    let (mut ferry, _) = ferry_vm_on("--stream", &sock, &["--stats"]);
+    let mut peer = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    // A zero length; a length of 4 GiB - 1 followed by 100,000 bytes (skipped as they
+    // come: the skip is still under way when the peer goes).
+    let mut bytes = vec![0, 0, 0, 0];
+    bytes.extend_from_slice(&u32::MAX.to_be_bytes());
+    bytes.extend_from_slice(&vec![0xab; 100_000]);
+    peer.write_all(&bytes).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(ferry.0.try_wait().unwrap().is_none(), "ferry serves on");
+    drop(peer);
+    let t = Instant::now();
+    let code = wait_exit(&mut ferry.0, Duration::from_secs(3));
+    let mut err = String::new();
+    std::io::Read::read_to_string(ferry.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    assert!(
+        err.contains("stream: refused lengths 2 (100000 bytes skipped)"),
+        "{err}"
+    );
+    assert!(!sock.exists());
 }

@@ -3,8 +3,9 @@
 //! to wait on, what the device can do); the server knows nothing else of it.
 //! [`TapQueue`] is the first device: one queue of the sandbox's TAP (or any descriptor
 //! carrying one frame per message behind a `virtio_net_hdr`, such as one end of an
-//! `AF_UNIX` `SOCK_SEQPACKET` pair). Another device — a VM's virtio queue, a QEMU stream
-//! socket — is another implementation in a file of its own.
+//! `AF_UNIX` `SOCK_SEQPACKET` pair); [`StreamDevice`] is QEMU's `-netdev stream` socket
+//! (frames behind a 4-byte length, `stream.rs`). Another device — a VM's virtio queue
+//! (`ferry-vhost`) — is another implementation in a file (or crate) of its own.
 //!
 //! Owns: [`Frames`], a batch of frames in one buffer (each with its checksum offload),
 //! and the device trait. Must not: interpret a frame (that is `frame.rs`), or hold more
@@ -17,8 +18,10 @@ use std::os::fd::BorrowedFd;
 use crate::frame;
 use crate::timing::Timing;
 
+mod stream;
 mod tap;
 
+pub use stream::{Deframer, StreamCounters, StreamDevice};
 pub use tap::TapQueue;
 
 /// Largest frame a device carries: an IP packet of up to 64 KiB and its Ethernet header.

@@ -26,7 +26,9 @@
 //! socket), the NIC server loop ([`NicServer`]: one flow table, TCP, datagram, echo and
 //! published flows in files of their own, one admission check) and its in-process
 //! harness ([`testkit`]: the real server over a fake device, fake host sockets, a held
-//! clock; `tests/flows.rs`). It must not: parse command lines, know about the shim's
+//! clock; `tests/flows.rs`), and a VM guest's resolver on the gateway (`server/dns.rs`:
+//! the DNS forwarder's core from `ferry-egress` over upstream sockets of the server's
+//! own; [`NicConfig::dns`]). It must not: parse command lines, know about the shim's
 //! channels, or trust any byte a frame carries (lengths are checked, checksums are not
 //! needed: whatever a frame says, a server neither crashes nor stalls nor holds memory
 //! for it beyond its caps).
@@ -159,6 +161,9 @@ pub struct NicConfig {
     pub max_flows: usize,
     /// Each TCP flow's buffer in the stack, each way (bounds the memory a flow holds).
     pub tcp_buffer: usize,
+    /// Upstream nameservers a guest's queries to the gateway's port 53 are relayed to
+    /// (`ferry vm --dns`; empty: none, the port is refused as any on the gateway is).
+    pub dns: Vec<SocketAddr>,
     /// Per-stage timing of the frame path (`ferry bench E5`; [`Stage`]), in the
     /// counters: two clock reads per stage when on.
     pub timing: bool,
@@ -166,7 +171,7 @@ pub struct NicConfig {
 
 impl NicConfig {
     /// Defaults for `plan`: no policy rules, no bond, 200 µs spin, 4,096 flows a server,
-    /// 512 KiB a TCP direction, no timing.
+    /// 512 KiB a TCP direction, no timing, no resolver.
     pub fn new(plan: Plan) -> NicConfig {
         NicConfig {
             plan,
@@ -176,6 +181,7 @@ impl NicConfig {
             max_flows: 4096,
             tcp_buffer: 512 * 1024,
             timing: false,
+            dns: Vec::new(),
         }
     }
 }

@@ -15,6 +15,8 @@
 //!   flow on a connected host UDP socket or ping socket; answers are framed back. A
 //!   refused datagram or echo gets "administratively prohibited" at once.
 //! * **ARP and neighbour discovery** go to the stack, which answers for the gateway.
+//! * **DNS** to the gateway's port 53, when [`NicConfig::dns`] names upstreams (a VM
+//!   guest's resolver, `dns.rs`): relayed by the forwarder's core, not a flow.
 //!
 //! Every flow is in one table (`flows.rs`), found by id (its epoll token) or by what the
 //! sandbox opened; one [`NicServer::reap`] ends those that are over. Every flow the
@@ -60,6 +62,7 @@ use published::Published;
 use stack::{Port, Stack};
 
 mod dgram;
+mod dns;
 mod flows;
 mod gate;
 mod pending;
@@ -81,6 +84,8 @@ pub(crate) const GATEWAY_MAC: EthernetAddress =
 const TOKEN_DEVICE: u64 = 0;
 const TOKEN_STOP: u64 = 1;
 const TOKEN_HANDOFF: u64 = 2;
+/// The guest resolver's upstream sockets (`dns.rs`).
+const TOKEN_DNS: u64 = 3;
 /// Tokens of published listeners start here; flows' above [`FIRST_FLOW`].
 const TOKEN_LISTEN: u64 = 16;
 const FIRST_FLOW: u64 = 1 << 20;
@@ -161,6 +166,8 @@ pub struct NicServer {
     next_sweep: Instant,
     /// The admission of flows.
     gate: Gate,
+    /// The guest's resolver, when [`NicConfig::dns`] names upstreams.
+    dns: Option<dns::GuestDns>,
     /// Log lines of host sockets that could not be made.
     failures: LogThrottle,
     device_gone: bool,
@@ -276,12 +283,18 @@ impl NicServer {
         epoll.add(efd.as_fd(), libc::EPOLLIN as u32, TOKEN_STOP)?;
         let id = format!("nic-{}", parts.index);
         let published = Published::listen(&*parts.io, &epoll, publish, &id, &cfg.plan.ifname)?;
+        let [a, b, ..] = parts.seed.to_le_bytes();
+        let dns = dns::GuestDns::new(&*parts.io, &cfg.dns, u16::from_le_bytes([a, b]))?;
+        for fd in dns.iter().flat_map(dns::GuestDns::sockets) {
+            epoll.add(fd, libc::EPOLLIN as u32, TOKEN_DNS)?;
+        }
         Ok(NicServer {
             stats: NicStats {
                 id: id.clone(),
                 ..Default::default()
             },
             gate: Gate::new(id.clone(), cfg.clone()),
+            dns,
             published,
             id,
             cfg,
@@ -411,6 +424,9 @@ impl NicServer {
         s.frame_bytes_out = self.port.count.bytes;
         s.tap_full = self.port.count.full;
         s.timing = self.port.timing.totals();
+        if let Some(d) = &self.dns {
+            d.count_into(&mut s);
+        }
         let (out, inn) = self.flows.open_bytes();
         s.bytes_out += out;
         s.bytes_in += inn;
@@ -533,6 +549,10 @@ impl NicServer {
         match ev.token {
             TOKEN_DEVICE => self.device_due = true,
             TOKEN_STOP => {}
+            TOKEN_DNS => {
+                self.dns_answers();
+                self.port.flush();
+            }
             TOKEN_HANDOFF => {
                 for (host, to) in self.published.take_handoff(&*self.io) {
                     self.publish_conn(host, to, self.clock.now());
@@ -694,6 +714,12 @@ impl InProcess {
                 .map_while(|i| srv.published.listener(i).map(|l| (i, l)))
                 .find(|(_, l)| l.as_raw_fd() == fd)
                 .map(|(i, _)| TOKEN_LISTEN + i as u64)
+        });
+        let token = token.or_else(|| {
+            srv.dns
+                .as_ref()
+                .is_some_and(|d| d.has(fd))
+                .then_some(TOKEN_DNS)
         });
         let Some(token) = token else {
             return false;

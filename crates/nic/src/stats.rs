@@ -63,6 +63,14 @@ ferry_counters::counters! {
         spin_turns: "idle spins",
         /// Sleeps in epoll.
         sleeps: "sleeps",
+        /// A guest's DNS queries relayed upstream (`ferry vm --dns`), answers returned,
+        /// datagrams dropped (not a query), queries evicted (too many in flight), and
+        /// datagrams from upstream that answered no query in flight.
+        dns_queries: "DNS queries",
+        dns_answers: "DNS answers",
+        dns_dropped: "DNS dropped",
+        dns_evicted: "DNS evicted",
+        dns_stray: "DNS stray",
         /// Flows still open when the server stopped.
         open_at_stop: "left open",
     }

@@ -8,7 +8,7 @@
 //! from the host namespace to the upstream servers (the same nameservers, or `--dns`),
 //! with the query id rewritten so answers find their way back; a query that gets no
 //! answer is forgotten after [`QUERY_TTL`]. What a datagram becomes is decided by
-//! [`Forwarder`] (`forward.rs`), a pure core behind the [`Wire`] seam; this file owns the
+//! [`Forwarder`] (`ferry-egress`'s `dns.rs`), a pure core behind the [`Wire`] seam; this file owns the
 //! sockets and the TCP relays.
 //!
 //! DNS over TCP (glibc retries a truncated UDP answer over TCP, and `options use-vc`
@@ -27,7 +27,8 @@
 //! Must not: keep state per query without bound, loop on anything the sandbox fills, or
 //! let an answer reach anyone but the socket that asked.
 
-pub mod forward;
+/// The forwarder's pure core, shared with nic mode's guests (`ferry-egress`).
+pub use ferry_egress::dns as forward;
 
 use std::hash::BuildHasher;
 use std::io;
@@ -39,12 +40,10 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
-pub use forward::{Counts, Forwarder, MAX_PENDING, QUERY_TTL, Wire};
+pub use forward::{Counts, Forwarder, MAX_MSG, MAX_PENDING, QUERY_TTL, Wire};
 
 use crate::{LogThrottle, ServerStats};
 
-/// Largest DNS message over UDP ferry relays (EDNS0 sizes included).
-pub const MAX_MSG: usize = 4096;
 /// Most DNS-over-TCP connections relayed at once; more are closed at once.
 pub const MAX_TCP: usize = 16;
 /// Most connections one call accepts (the rest wait for the next turn).

@@ -50,14 +50,74 @@ pub enum Error {
     EventFd(#[source] std::io::Error),
 }
 
+/// Ends [`serve`] from another thread (a signal's): before a frontend has connected,
+/// the wait for one ends (the socket file removed); while one is served, its connection
+/// is shut down, as if the frontend had gone. Cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct Stop {
+    state: Arc<std::sync::Mutex<StopState>>,
+}
+
+#[derive(Debug, Default)]
+struct StopState {
+    stopped: bool,
+    /// The socket [`serve`] waits on for a frontend.
+    listening: Option<std::path::PathBuf>,
+    /// The frontend's connection while it is served.
+    front: Option<std::os::unix::net::UnixStream>,
+}
+
+impl Stop {
+    fn state(&self) -> std::sync::MutexGuard<'_, StopState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Ends [`serve`] (see the type's header); idempotent.
+    pub fn stop(&self) {
+        let mut st = self.state();
+        st.stopped = true;
+        if let Some(path) = &st.listening {
+            // Wakes the accept, which then finds `stopped`.
+            let _ = std::os::unix::net::UnixStream::connect(path);
+        }
+        if let Some(front) = &st.front {
+            let _ = front.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Whether [`Stop::stop`] was called.
+    pub fn stopped(&self) -> bool {
+        self.state().stopped
+    }
+
+    /// The socket file [`serve`] is waiting on, if it is.
+    pub fn listening(&self) -> Option<std::path::PathBuf> {
+        self.state().listening.clone()
+    }
+}
+
 /// Listens on `socket` (a unix socket path; an existing socket file there is replaced),
-/// serves one frontend connection until it ends (the VM exits, or its socket breaks),
-/// then tells every queue pair's NIC server that the device is gone. The connection is
-/// relayed to the daemon through a private socket (`relay.rs` says why).
-pub fn serve(backend: &Backend, socket: &Path) -> Result<(), Error> {
-    use std::os::unix::net::{UnixListener, UnixStream};
-    use vhost_user_backend::VhostUserDaemon;
-    let daemon_err = |e: &dyn std::fmt::Display| Error::Daemon(e.to_string());
+/// serves one frontend connection until it ends (the VM exits, or its socket breaks) or
+/// `stop` ends it, then tells every queue pair's NIC server that the device is gone. The
+/// socket file is removed once a frontend has connected, or when stopped before. The
+/// connection is relayed to the daemon through a private socket (`relay.rs` says why).
+pub fn serve(backend: &Backend, socket: &Path, stop: &Stop) -> Result<(), Error> {
+    let result = serve_one(backend, socket, stop);
+    backend.disconnect();
+    result
+}
+
+/// Listens on `socket` (an existing socket file there is replaced) for one frontend's
+/// connection (`None`: `stop` ended the wait); the socket file is removed either way,
+/// and `stop` shuts the connection down from then on. [`serve`]'s first step, and
+/// `ferry vm --stream`'s (QEMU's stream netdev connects the same way).
+pub fn accept_frontend(
+    socket: &Path,
+    stop: &Stop,
+) -> Result<Option<std::os::unix::net::UnixStream>, Error> {
+    use std::os::unix::net::UnixListener;
     if let Ok(meta) = std::fs::symlink_metadata(socket)
         && std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type())
     {
@@ -65,9 +125,36 @@ pub fn serve(backend: &Backend, socket: &Path) -> Result<(), Error> {
     }
     let listener = UnixListener::bind(socket)
         .map_err(|e| Error::Daemon(format!("cannot listen on {}: {e}", socket.display())))?;
-    let (front, _) = listener.accept().map_err(|e| daemon_err(&e))?;
+    {
+        let mut st = stop.state();
+        if st.stopped {
+            drop(listener);
+            let _ = std::fs::remove_file(socket);
+            return Ok(None);
+        }
+        st.listening = Some(socket.to_path_buf());
+    }
+    let accepted = listener.accept();
+    let mut st = stop.state();
+    st.listening = None;
     drop(listener);
     let _ = std::fs::remove_file(socket);
+    let (front, _) = accepted.map_err(|e| Error::Daemon(e.to_string()))?;
+    if st.stopped {
+        return Ok(None);
+    }
+    st.front = front.try_clone().ok();
+    Ok(Some(front))
+}
+
+/// [`serve`]'s steps: the frontend → the daemon on a private socket → the relay.
+fn serve_one(backend: &Backend, socket: &Path, stop: &Stop) -> Result<(), Error> {
+    use std::os::unix::net::{UnixListener, UnixStream};
+    use vhost_user_backend::VhostUserDaemon;
+    let daemon_err = |e: &dyn std::fmt::Display| Error::Daemon(e.to_string());
+    let Some(front) = accept_frontend(socket, stop)? else {
+        return Ok(());
+    };
     // The daemon's side, on a path of its own only until it has connected.
     let private = PrivateDir::make().map_err(|e| daemon_err(&e))?;
     let inner_path = private.0.join("backend.sock");
@@ -99,7 +186,7 @@ pub fn serve(backend: &Backend, socket: &Path) -> Result<(), Error> {
         relayed.map_err(|e| daemon_err(&e)).and(waited)
     });
     drop(daemon);
-    backend.disconnect();
+    stop.state().front = None;
     result
 }
 

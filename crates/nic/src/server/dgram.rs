@@ -141,6 +141,11 @@ impl NicServer {
         payload: &[u8],
         frame: &[u8],
     ) {
+        if self.is_resolver(dst) {
+            let now = self.clock.now();
+            self.dns_query(src, payload, now);
+            return;
+        }
         let key = Key {
             proto: Proto::Udp,
             sandbox: src,

@@ -45,10 +45,16 @@ impl NicServer {
     /// stack now, to a stack socket when the connect has already succeeded, to none when
     /// refused (the stack then resets the connection).
     pub(super) fn open_tcp(&mut self, src: SocketAddr, dst: SocketAddr, frame: &[u8]) -> bool {
-        if !self
-            .gate
-            .admit(What::Connect, dst, self.held(), &mut self.stats)
-        {
+        // DNS over TCP to the guest's resolver goes to the first upstream (checked
+        // against the policy at start); its flow is the gateway's port as the guest sees it.
+        let resolver = self.tcp_resolver(dst);
+        let admitted = if resolver.is_some() {
+            self.gate.room(self.held(), &mut self.stats)
+        } else {
+            self.gate
+                .admit(What::Connect, dst, self.held(), &mut self.stats)
+        };
+        if !admitted {
             return false;
         }
         if frame.len() > SYN_MAX {
@@ -56,7 +62,8 @@ impl NicServer {
             return false;
         }
         let bond = self.cfg.egress.as_ref();
-        let (host, lease, done) = match connect_host(&*self.io, bond, (libc::SOCK_STREAM, 0), dst) {
+        let to = resolver.unwrap_or(dst);
+        let (host, lease, done) = match connect_host(&*self.io, bond, (libc::SOCK_STREAM, 0), to) {
             Ok(x) => x,
             Err(e) => {
                 debug!("{}: connect to {dst}: {e}", self.id);

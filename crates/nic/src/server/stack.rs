@@ -65,15 +65,15 @@ impl Port {
 
     /// Queues a frame `fill` writes into an MTU's room (its length; `None`: nothing).
     /// A TCP segment's checksum is left to the offload, or completed here for a device
-    /// without one.
-    pub fn queue(&mut self, fill: impl FnOnce(&mut [u8]) -> Option<usize>) {
+    /// without one. Whether there was a frame.
+    pub fn queue(&mut self, fill: impl FnOnce(&mut [u8]) -> Option<usize>) -> bool {
         let room = self.caps.mtu + frame::ETH_LEN;
         if self
             .tx
             .push_with(room, |b| fill(b).map(|n| (0, n)))
             .is_none()
         {
-            return;
+            return false;
         }
         if let Some((f, csum)) = self.tx.last_mut()
             && let Some(p) = frame::offload_tcp(f)
@@ -85,6 +85,7 @@ impl Port {
             }
         }
         self.flush_if_full();
+        true
     }
 
     /// Queues a frame the stack makes (`len` bytes, written by `f`): its checksums are

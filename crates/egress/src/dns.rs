@@ -1,7 +1,9 @@
 //! The UDP half of the DNS forwarder without I/O: which queries are in flight under which
 //! id, and what each datagram from the sandbox or from an upstream becomes. It reads and
-//! sends through a [`Wire`] (the real one is the shell's, `dns.rs`; the `dns` fuzz target
-//! and the tests script one) and takes the time as an argument.
+//! sends through a [`Wire`] (the real ones are the protocol server's, `ferry-server`'s
+//! `dns.rs`, and a NIC server's for a VM guest, `ferry-nic`'s `server/dns.rs`; the `dns`
+//! fuzz target and the tests script one) and takes the time as an argument. Both paths
+//! share it, so they share its bounds.
 //!
 //! Bounds, whatever the sandbox sends: at most [`MAX_PENDING`] queries are in flight
 //! (a new one evicts the oldest, counted); finding a free id takes at most
@@ -21,6 +23,8 @@ pub const MAX_PENDING: usize = 4096;
 pub const QUERY_TTL: Duration = Duration::from_secs(10);
 /// Most datagrams one call reads from one socket.
 pub const BATCH: usize = 64;
+/// Largest DNS message over UDP ferry relays (EDNS0 sizes included).
+pub const MAX_MSG: usize = 4096;
 /// A DNS header: id, flags, four counts.
 pub const HEADER: usize = 12;
 
@@ -131,14 +135,14 @@ impl Forwarder {
     /// under a fresh id. Reads at most [`BATCH`]; returns how many it read.
     pub fn from_sandbox(&mut self, wire: &mut impl Wire, inside: usize, now: Instant) -> usize {
         self.expire(now);
-        let mut buf = [0u8; super::MAX_MSG];
+        let mut buf = [0u8; MAX_MSG];
         let mut read = 0;
         while read < BATCH {
             let Some((n, client)) = wire.recv_inside(inside, &mut buf) else {
                 break;
             };
             read += 1;
-            let msg = &mut buf[..n.min(super::MAX_MSG)];
+            let msg = &mut buf[..n.min(MAX_MSG)];
             let Some(id) = self.query(Asker { inside, client }, msg, now) else {
                 continue;
             };
@@ -154,14 +158,14 @@ impl Forwarder {
     /// Datagrams waiting on the upstream socket: each answer goes back to the client
     /// that asked. Reads at most [`BATCH`]; returns how many it read.
     pub fn from_upstream(&mut self, wire: &mut impl Wire) -> usize {
-        let mut buf = [0u8; super::MAX_MSG];
+        let mut buf = [0u8; MAX_MSG];
         let mut read = 0;
         while read < BATCH {
             let Some((n, from)) = wire.recv_upstream(&mut buf) else {
                 break;
             };
             read += 1;
-            let msg = &mut buf[..n.min(super::MAX_MSG)];
+            let msg = &mut buf[..n.min(MAX_MSG)];
             if let Some(to) = self.answer(from, msg)
                 && wire.send_inside(to.inside, msg, &to.client)
             {

@@ -19,6 +19,10 @@ use crate::exec::{Daemon, with_descendants};
 const IMAGE_SCRIPT: &str = include_str!("../../../../../scripts/oci-image.sh");
 /// The image's name in both engines.
 pub const IMAGE: &str = "ferry-bench";
+/// The runtime name of ferry with [`PUBLISH`] as a preset.
+pub const PUBLISHING: &str = "ferry-pub";
+/// ferry's option publishing nginx's port (8080) in the engine's namespace.
+pub const PUBLISH: &str = "ferry.publish=8080:8080";
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).trim().to_owned()
@@ -132,9 +136,17 @@ impl Docker {
         fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let config = dir.join("daemon.json");
         fs::write(&config, "{}").map_err(|e| format!("{}: {e}", config.display()))?;
-        let mut install = Command::new(ferry);
-        install.args(["oci", "install", "--docker", "--name", "ferry", "--config"]);
-        output(install.arg(&config), "ferry oci install --docker")?;
+        // `ferry`: its defaults; `ferry-pub`: nginx's port published too (Debian's
+        // dockerd speaks API 1.41: no `--annotation`, so a preset).
+        for (name, preset) in [("ferry", None), (PUBLISHING, Some(PUBLISH))] {
+            let mut install = Command::new(ferry);
+            install.arg("oci");
+            if let Some(p) = preset {
+                install.args(["--preset", p]);
+            }
+            install.args(["install", "--docker", "--name", name, "--config"]);
+            output(install.arg(&config), "ferry oci install --docker")?;
+        }
         let p = |n: &str| dir.join(n).to_string_lossy().into_owned();
         let log = fs::File::create(dir.join("dockerd.log")).map_err(|e| e.to_string())?;
         let daemon = Command::new("unshare")
@@ -182,7 +194,8 @@ impl Docker {
         c
     }
 
-    /// A long-lived container running [`RUNNER`] with `docker run -d OPTS…`, its
+    /// A long-lived container running [`RUNNER`] with `docker run -d OPTS…` (its
+    /// network served by ferry when OPTS name a ferry runtime), its
     /// directory in `dir`.
     pub fn container(&self, name: &str, opts: &[&str], dir: &Path) -> Result<Ctr, String> {
         let mount = runner_dir(dir)?;
@@ -192,7 +205,7 @@ impl Docker {
         let id = output(&mut self.command(&args), &format!("{name}: docker run"))?;
         let inspect = ["inspect", "-f", "{{.State.Pid}}", &id];
         let pid = output(&mut self.command(&inspect), "docker inspect")?;
-        let helper = if opts.contains(&"ferry") {
+        let helper = if opts.contains(&"ferry") || opts.contains(&PUBLISHING) {
             Helper::FerrySide(id.clone())
         } else {
             Helper::None
@@ -296,9 +309,16 @@ impl Podman {
 
     /// A long-lived container running [`RUNNER`] on `--network NET` (slirp4netns,
     /// pasta), its directory in `dir`.
-    pub fn container(&self, name: &str, network: &str, dir: &Path) -> Result<Ctr, String> {
+    pub fn container(
+        &self,
+        name: &str,
+        network: &str,
+        opts: &[&str],
+        dir: &Path,
+    ) -> Result<Ctr, String> {
         let mount = runner_dir(dir)?;
         let mut args = vec!["run", "-d", "-v", &mount, "--network", network];
+        args.extend(opts);
         // This root lacks CAP_SYS_RESOURCE: podman's default limits are above the hard ones.
         args.extend([
             "--ulimit",
@@ -342,6 +362,28 @@ enum Helper {
 /// as the container's own processes are (ferry's servers refuse `docker exec`'s).
 pub const RUNNER: &str = "while true; do read -r cmd < /c/in || exit 1; \
     sh -c \"$cmd\" > /c/out 2> /c/err; echo $? > /c/rc; done";
+
+/// nginx's configuration in a container: listening on `port`, serving `/c/www`,
+/// daemonised (the runner goes on), its temporary files in `/tmp`.
+pub fn nginx_conf(port: u16) -> String {
+    format!(
+        "worker_processes 1;\nuser root;\npid /tmp/nginx.pid;\nerror_log /c/nginx-error.log;\n\
+         events {{ worker_connections 1024; }}\n\
+         http {{\n  access_log off;\n  sendfile on;\n  keepalive_requests 1000000;\n\
+         \x20 client_body_temp_path /tmp/b;\n  proxy_temp_path /tmp/p;\n  fastcgi_temp_path /tmp/f;\n\
+         \x20 uwsgi_temp_path /tmp/u;\n  scgi_temp_path /tmp/s;\n\
+         \x20 default_type application/octet-stream;\n\
+         \x20 server {{ listen {port}; root /c/www; }}\n}}\n"
+    )
+}
+
+/// A free TCP port on the host's loopback (for a published port).
+pub fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free port: {e}"))
+}
 
 /// Makes `dir` with the runner's FIFO; its `-v` argument.
 fn runner_dir(dir: &Path) -> Result<String, String> {
@@ -391,6 +433,28 @@ impl Ctr {
             cpu_file,
             helper,
         })
+    }
+
+    /// Starts nginx in the container on `port`, serving `files` (name, length).
+    pub fn start_nginx(&self, port: u16, files: &[(&str, usize)]) -> Result<(), String> {
+        let www = self.dir.join("www");
+        fs::create_dir_all(&www).map_err(|e| format!("{}: {e}", www.display()))?;
+        for (name, len) in files {
+            let body: Vec<u8> = (0..*len).map(|i| b'a' + (i % 26) as u8).collect();
+            fs::write(www.join(name), body).map_err(|e| format!("{name}: {e}"))?;
+        }
+        let conf = self.dir.join("nginx.conf");
+        fs::write(&conf, nginx_conf(port)).map_err(|e| format!("nginx.conf: {e}"))?;
+        let argv = ["nginx", "-c", "/c/nginx.conf", "-e", "/c/nginx-error.log"].map(str::to_owned);
+        let ran = self.run(&argv, Instant::now() + Duration::from_secs(20), &|| false)?;
+        if ran.code != Some(0) {
+            return Err(format!(
+                "nginx in the container: {:?} {}",
+                ran.code,
+                ran.stderr.trim()
+            ));
+        }
+        Ok(())
     }
 
     /// Runs `argv` in the container; waits for its end until `deadline` or `stop`.

@@ -2,7 +2,8 @@
 //! containers of the bench's own engines (a dockerd with `ferry oci` registered, and
 //! rootful Podman), started by the container's first process (a runner reading command
 //! lines from a FIFO), against servers in the remote namespace, which
-//! C1 puts on the engines' bridge: iperf3 both ways and `redis-benchmark GET -P 1`.
+//! C1 puts on the engines' bridge: iperf3 both ways and `redis-benchmark GET -P 1`;
+//! and `wrk` on the host against nginx in the container, published with `-p`.
 //! Configurations, alternating: `docker --runtime ferry` (default options), runc on
 //! Docker's default bridge, `--network host`, Podman with `--network slirp4netns` and
 //! `--network pasta` (user-mode networking, where this Podman has it), and `ferry run`
@@ -19,10 +20,10 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use self::core::{
-    BRIDGE, DOWN, FERRY, FERRY_RUN, HOST, PASTA, REDIS, SLIRP, STARTUP, UP, derived, goals,
+    BRIDGE, DOWN, FERRY, FERRY_RUN, HOST, PASTA, REDIS, SLIRP, STARTUP, UP, WRK, derived, goals,
     goals_table, startup_stats,
 };
-use self::engine::{Ctr, Docker, IMAGE, Lan, Podman, Redis};
+use self::engine::{Ctr, Docker, IMAGE, Lan, PUBLISH, PUBLISHING, Podman, Redis, free_port};
 use super::{Experiment, Settings, pick, strings};
 use crate::config::{Config, RunOut, which};
 use crate::exec::ExecError;
@@ -33,6 +34,12 @@ use crate::topology::IPERF_PORT;
 
 /// In clients' argv: the remote's address on C1's bridge (known once it is made).
 const REMOTE: &str = "{remote}";
+/// In clients' argv: the host port where the configuration's nginx is reached.
+const PORT: &str = "{port}";
+/// nginx's port in the containers (published with `-p 127.0.0.1:FREE:NGINX_PORT`).
+const NGINX_PORT: u16 = 8080;
+/// The file wrk fetches.
+const WRK_FILE: (&str, usize) = ("file-16k.bin", 16 << 10);
 /// C1's redis-server (the testbed's binds its veth address only).
 const REDIS_PORT: u16 = 6380;
 /// Start-up runs per configuration per round (the 20).
@@ -90,7 +97,15 @@ impl Experiment for C1 {
              are (`docker exec`'s processes are refused by ferry's servers: not in the \
              sandbox); the image is scripts/oci-image.sh's `bench` (Debian's iperf3, \
              redis-benchmark, nginx). Servers \
-             outside: the remote's iperf3 and a redis-server of C1's on the bridge. CPU \
+             outside: the remote's iperf3 and a redis-server of C1's on the bridge. `wrk` \
+             (1 thread, 4 connections, 16 KiB file) runs on the host against nginx in the \
+             container, published with `-p 127.0.0.1:PORT:8080` (Docker's userland proxy, \
+             `--iptables=false`; Podman's rootlessport); ferry's container runs under the \
+             runtime `{PUBLISHING}`: ferry with the preset `{PUBLISH}` (ferry publishes the \
+             port in the engine's namespace; Debian's dockerd has no `--annotation`), its \
+             defaults otherwise; on the host network nginx listens on the host port itself; its \
+             CPU per request is the container's side only (nginx and what serves its \
+             network, not wrk nor the engines' proxies). CPU \
              per request is the client side: the container's cgroup (cpuacct) plus what \
              serves its network from outside it (ferry's network side with its servers, \
              slirp4netns, pasta; runc's bridge and host network: the kernel only); \
@@ -163,6 +178,9 @@ struct Test {
     extract: fn(&RunOut, f64) -> Result<Metrics, String>,
     requests: f64,
     secs: u32,
+    /// The client runs on the host against the container's published port (its
+    /// server is in the container); only the containers run it.
+    on_host: bool,
 }
 
 fn iperf(r: &RunOut, _: f64) -> Result<Metrics, String> {
@@ -177,6 +195,16 @@ fn redis(r: &RunOut, n: f64) -> Result<Metrics, String> {
     if let Some(server) = r.server_cpu {
         v.push(("CPU/req server", "us", server.as_secs_f64() * 1e6 / n));
     }
+    Ok(v)
+}
+
+fn wrk(r: &RunOut, _: f64) -> Result<Metrics, String> {
+    let n = parse::wrk_requests(&r.outcome.stdout)? as f64;
+    let mut v = vec![("rate", "req/s", parse::wrk_rps(&r.outcome.stdout)?)];
+    let server = r
+        .cpu_children
+        .ok_or("no CPU time of the container's side")?;
+    v.push(("CPU/req", "us", server.as_secs_f64() * 1e6 / n));
     Ok(v)
 }
 
@@ -217,6 +245,7 @@ fn tests(s: &Settings) -> Vec<Test> {
             extract: iperf,
             requests: 0.0,
             secs,
+            on_host: false,
         },
         Test {
             label: DOWN,
@@ -224,6 +253,7 @@ fn tests(s: &Settings) -> Vec<Test> {
             extract: iperf,
             requests: 0.0,
             secs,
+            on_host: false,
         },
         Test {
             label: REDIS,
@@ -231,6 +261,26 @@ fn tests(s: &Settings) -> Vec<Test> {
             extract: redis,
             requests: n.parse().unwrap_or(f64::NAN),
             secs: 30,
+            on_host: false,
+        },
+        Test {
+            label: WRK,
+            client: strings(&[
+                "wrk",
+                "-t",
+                "1",
+                "-c",
+                "4",
+                "-d",
+                &format!("{secs}s"),
+                "--timeout",
+                "5s",
+                &format!("http://127.0.0.1:{PORT}/{}", WRK_FILE.0),
+            ]),
+            extract: wrk,
+            requests: 0.0,
+            secs,
+            on_host: true,
         },
     ]
 }
@@ -249,7 +299,11 @@ fn cases(s: &Settings, ready: &[Config]) -> Vec<Case> {
     let mut out = Vec::new();
     for (i, t) in tests(s).into_iter().enumerate() {
         let (extract, n) = (t.extract, t.requests);
-        for c in &configs {
+        let containers_only = t.on_host;
+        for c in configs
+            .iter()
+            .filter(|c| !containers_only || CONTAINERS.contains(&c.name.as_str()))
+        {
             out.push(Case {
                 config: c.clone(),
                 param: Param::new(t.label, i as f64),
@@ -280,6 +334,8 @@ fn cases(s: &Settings, ready: &[Config]) -> Vec<Case> {
 /// (containers, engines, redis, the bridge).
 struct Setup {
     containers: BTreeMap<&'static str, Result<Ctr, String>>,
+    /// Where each container's nginx is reached on the host, or why not.
+    nginx: BTreeMap<&'static str, Result<u16, String>>,
     _podman: Result<Podman, String>,
     docker: Result<Docker, String>,
     redis: Result<Redis, String>,
@@ -313,32 +369,63 @@ impl Setup {
             Some(_) => Podman::start(&dir.join("pm")),
         };
         let mut containers = BTreeMap::new();
-        for (name, opts) in [
-            (FERRY, &["--runtime", "ferry"][..]),
-            (BRIDGE, &[][..]),
-            (HOST, &["--network", "host"][..]),
-        ] {
+        let mut ports = BTreeMap::new();
+        for name in CONTAINERS {
+            let port = free_port();
             let at = dir.join(name);
-            let c = docker
+            let publish = port
                 .as_ref()
-                .map_err(Clone::clone)
-                .and_then(|d| d.container(name, opts, &at));
+                .map(|p| format!("127.0.0.1:{p}:{NGINX_PORT}"))
+                .unwrap_or_default();
+            let c = match name {
+                SLIRP | PASTA => podman.as_ref().map_err(Clone::clone).and_then(|p| {
+                    let net = if name == SLIRP {
+                        "slirp4netns"
+                    } else {
+                        "pasta"
+                    };
+                    p.container(name, net, &["-p", &publish], &at)
+                        .map_err(|e| format!("{} ({net}): {e}", p.version()))
+                }),
+                _ => {
+                    let opts = match name {
+                        // ferry publishes the port in the engine's namespace.
+                        FERRY => vec!["--runtime", PUBLISHING, "-p", &publish],
+                        HOST => vec!["--network", "host"],
+                        _ => vec!["-p", &publish],
+                    };
+                    docker
+                        .as_ref()
+                        .map_err(Clone::clone)
+                        .and_then(|d| d.container(name, &opts, &at))
+                }
+            };
+            // On the host's network nginx listens on the free port itself.
+            let inner = if name == HOST {
+                port.clone().unwrap_or(NGINX_PORT)
+            } else {
+                NGINX_PORT
+            };
+            let served = match (&c, &port) {
+                (Ok(ctr), Ok(p)) => ctr.start_nginx(inner, &[WRK_FILE]).map(|()| *p),
+                (Err(e), _) | (_, Err(e)) => Err(e.clone()),
+            };
             containers.insert(name, c);
-        }
-        for (name, net) in [(SLIRP, "slirp4netns"), (PASTA, "pasta")] {
-            let c = podman.as_ref().map_err(Clone::clone).and_then(|p| {
-                p.container(name, net, &dir.join(name))
-                    .map_err(|e| format!("{} ({}): {e}", p.version(), net))
-            });
-            containers.insert(name, c);
+            ports.insert(name, served);
         }
         for (name, c) in &containers {
             if let Err(e) = c {
                 crate::say(b.bar, &format!("C1: {name} is left out: {e}"));
             }
         }
+        for (name, p) in &ports {
+            if let (Err(e), Some(Ok(_))) = (p, containers.get(name)) {
+                crate::say(b.bar, &format!("C1: {name}'s nginx is left out: {e}"));
+            }
+        }
         Setup {
             containers,
+            nginx: ports,
             _podman: podman,
             docker,
             redis,
@@ -354,10 +441,16 @@ fn once(
     case: &Case,
     setup: &Setup,
 ) -> Result<Result<Metrics, String>, ExecError> {
+    let on_host = case.param.label == WRK;
+    let port = match setup.nginx.get(case.config.name.as_str()) {
+        Some(Ok(p)) => p.to_string(),
+        Some(Err(e)) if on_host => return Ok(Err(e.clone())),
+        _ => String::new(),
+    };
     let client: Vec<String> = case
         .client
         .iter()
-        .map(|a| a.replace(REMOTE, &setup.remote))
+        .map(|a| a.replace(REMOTE, &setup.remote).replace(PORT, &port))
         .collect();
     let ctr = match setup.containers.get(case.config.name.as_str()) {
         Some(Ok(c)) => Some(c),
@@ -371,6 +464,10 @@ fn once(
     let server0 = redis.cpu();
     let cpu0 = ctr.and_then(Ctr::cpu);
     let mut out = match ctr {
+        Some(_) if on_host => RunOut {
+            cpu_children: None,
+            ..case.config.run(&client, case.timeout, None, b.env)?
+        },
         Some(c) => {
             let out = in_container(c, &client, case.timeout, b)?;
             RunOut {
@@ -380,6 +477,9 @@ fn once(
         }
         None => case.config.run(&client, case.timeout, None, b.env)?,
     };
+    if let (Some(c), true) = (ctr, on_host) {
+        out.cpu_children = cpu0.zip(c.cpu()).map(|(a, z)| z.saturating_sub(a));
+    }
     out.server_cpu = Some(redis.cpu().saturating_sub(server0));
     if !out.outcome.success() {
         // An iperf3 server whose client was killed can stay busy: a fresh one.

@@ -7,7 +7,9 @@
 //! span, E3 CPU interference, E4 batching, E5 nic mode's per-packet overhead by stage,
 //! its MTU and its NIC servers, E6 file → socket with data-path modules, E7 several
 //! protocol servers and paths, R1 real clients, nic mode among them, R2 short
-//! connections, CPU and system calls per request, start-up; one file each behind
+//! connections, CPU and system calls per request, start-up, C1 containers (ferry as
+//! Docker's runtime against runc, the host network, Podman's slirp4netns; its own
+//! dockerd and Podman, on a bridge of its own); one file each behind
 //! the [`Experiment`] trait), the method (warm-up, alternating
 //! repetitions, medians with min/max, per-run timeouts, failures recorded and shown),
 //! and the outputs: terminal table, `results.csv`, one PNG per experiment, `report.md`.

@@ -6,7 +6,8 @@
 //! overhead by stage (and its MTU, and 2 NIC servers vs 1), E6 file → socket
 //! (read/write vs sendfile vs a module), E7 distribution over several protocol servers
 //! and paths, R1 real clients (nic mode among the configurations), R2 short
-//! connections, CPU and system calls per request, start-up. Every case of an
+//! connections, CPU and system calls per request, start-up, C1 containers (ferry as
+//! Docker's runtime against runc, slirp4netns and `ferry run`). Every case of an
 //! experiment runs the same client binary. The harness, the report and the plots know
 //! an experiment only through the trait: [`ALL`] lists them, and each is given only its
 //! own rows.
@@ -21,6 +22,7 @@ use crate::plan::{self, Bench, Case, Extract, Row};
 use crate::plot::Area;
 use crate::topology::{REDIS_PORT, SOCKPERF_PORT, Testbed};
 
+pub mod c1;
 pub mod e1;
 pub mod e2;
 pub mod e3;
@@ -31,6 +33,7 @@ pub mod e7;
 pub mod r1;
 pub mod r2;
 
+pub use c1::C1;
 pub use e1::E1;
 pub use e2::E2;
 pub use e3::E3;
@@ -115,7 +118,7 @@ pub struct Headline {
 }
 
 /// Every experiment available, in order.
-pub static ALL: [&dyn Experiment; 9] = [&E1, &E2, &E3, &E4, &E5, &E6, &E7, &R1, &R2];
+pub static ALL: [&dyn Experiment; 10] = [&E1, &E2, &E3, &E4, &E5, &E6, &E7, &R1, &R2, &C1];
 
 /// Parses "E1" … "R2" (any case).
 pub fn parse(s: &str) -> Result<&'static dyn Experiment, String> {
@@ -123,7 +126,7 @@ pub fn parse(s: &str) -> Result<&'static dyn Experiment, String> {
     ALL.iter()
         .copied()
         .find(|e| e.id() == up)
-        .ok_or_else(|| format!("unknown experiment `{s}` (E1, E2, E3, E4, E5, E6, E7, R1, R2)"))
+        .ok_or_else(|| format!("unknown experiment `{s}` (E1, E2, E3, E4, E5, E6, E7, R1, R2, C1)"))
 }
 
 /// Durations and sizes: full, or `--quick`.

@@ -270,10 +270,14 @@ fn start(o: &Opts, sock: &Path) -> Result<Started, String> {
 /// Nanoseconds of CPU time (`/proc/<pid>/task/*/schedstat`) of the tasks `pid`'s
 /// `which` selects.
 fn cpu_ns(which: &Cpu, qemu: u32) -> u64 {
-    let (pid, pick): (u32, &dyn Fn(u32, &str) -> bool) = match which {
-        Cpu::All(p) => (*p, &|_, _| true),
-        Cpu::Main => (qemu, &|tid, _| tid == qemu),
-        Cpu::Vhost => (qemu, &|_, comm| comm.starts_with("vhost-")),
+    let pid = match which {
+        Cpu::All(p) => *p,
+        Cpu::Main | Cpu::Vhost => qemu,
+    };
+    let pick = |tid: u32, comm: &str| match which {
+        Cpu::All(_) => true,
+        Cpu::Main => tid == qemu,
+        Cpu::Vhost => comm.starts_with("vhost-"),
     };
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return 0;
@@ -382,10 +386,11 @@ pub fn metrics(text: &str, marks: &[(String, u64)]) -> Vec<(&'static str, f64)> 
         };
         v.push((key, kbps / 1e6));
         let bytes = kbps * 1000.0 / 8.0 * secs;
-        if let (Some(a), Some(b)) = (mark(t), mark(&format!("{t}."))) {
-            if bytes > 0.0 && b >= a {
-                v.push((cpu, (b - a) as f64 / bytes));
-            }
+        if let (Some(a), Some(b)) = (mark(t), mark(&format!("{t}.")))
+            && bytes > 0.0
+            && b >= a
+        {
+            v.push((cpu, (b - a) as f64 / bytes));
         }
     }
     for (p, key) in [("50.000", "rtt50"), ("99.000", "rtt99")] {

@@ -3,7 +3,9 @@
 //! and four), sockperf's 64 B TCP ping-pong and an ICMP ping against the remote's
 //! servers, its virtio-net device served by `ferry vm --vhost-user` (1 queue pair, and
 //! 2 over 2 NIC servers), passt 2026 `--vhost-user`, QEMU's `-netdev user` (libslirp)
-//! and a TAP with the kernel's vhost-net (the limit; only where /dev/vhost-net exists).
+//! and a TAP with the kernel's vhost-net (the limit; where /dev/vhost-net is missing,
+//! the same TAP with QEMU's own virtio-net code, `tap-qemu`, in its place). The TAP
+//! and its QEMU are in the remote namespace: the kernel alone carries the frames.
 //! Each run boots its own guest (the `ferry-e8` helper, [`run`]); the accelerator (KVM
 //! where a guest boots under it, TCG otherwise) is every row's parameter, and the
 //! backend's own CPU time per byte (its process's threads; QEMU's main thread for the
@@ -132,7 +134,9 @@ fn prepare_guest() -> Result<Prep, String> {
     if !Path::new("/dev/vhost-net").exists() {
         notes.push(
             "tap-vhost-net (the kernel's limit) skipped: /dev/vhost-net is missing \
-             (modprobe vhost_net where the kernel has it)"
+             (modprobe vhost_net where the kernel has it); `tap-qemu` runs in its place: \
+             the same TAP in the remote namespace, its frames moved by QEMU's own \
+             virtio-net code (backend CPU: QEMU's main thread)"
                 .to_owned(),
         );
     }
@@ -161,6 +165,8 @@ fn configs(s: &Settings, ready: &[Config], p: &mut Prep) -> Vec<(String, &'stati
     v.push(("qemu-user".to_owned(), "user", 1));
     if Path::new("/dev/vhost-net").exists() {
         v.push(("tap-vhost-net".to_owned(), "tap-vhost", 1));
+    } else {
+        v.push(("tap-qemu".to_owned(), "tap", 1));
     }
     let _ = s;
     v
@@ -332,8 +338,8 @@ fn summary(rows: &[Row]) -> String {
                  TCG the guest's CPU is emulated: it bounds every configuration's rate and \
                  RTT far below what the backends can do, so the rates rank the backends \
                  only loosely; the backend's own CPU time per byte moved (`backend CPU`, \
-                 ns/B: its process's threads, QEMU's main thread for `qemu-user`, QEMU's \
-                 vhost threads for vhost-net) is what TCG does not distort. Guest MTU \
+                 ns/B: its process's threads, QEMU's main thread for `qemu-user` and \
+                 `tap-qemu`, QEMU's vhost threads for vhost-net) is what TCG does not distort. Guest MTU \
                  65520 (qemu-user: 1500, libslirp's). Each run boots its own guest.\n",
                 p.accel.name(),
                 p.accel_why

@@ -10,7 +10,8 @@
 //! where a guest boots under it, TCG otherwise) is every row's parameter, and the
 //! backend's own CPU time per byte (its process's threads; QEMU's main thread for the
 //! user-mode stack, its vhost threads for vhost-net) stands beside the rates: an
-//! emulated guest CPU bounds every rate under TCG, not what the backend costs.
+//! emulated guest CPU bounds every rate under TCG, not what the backend costs. The
+//! guest runs are scheduled normally (`chrt --other`) even under a real-time harness.
 
 pub mod run;
 
@@ -149,7 +150,7 @@ fn prepare_guest() -> Result<Prep, String> {
 }
 
 /// The configurations: (name, backend, queues, binary).
-fn configs(s: &Settings, ready: &[Config], p: &mut Prep) -> Vec<(String, &'static str, u16)> {
+fn configs(ready: &[Config], p: &mut Prep) -> Vec<(String, &'static str, u16)> {
     let mut v = vec![
         ("ferry-vm".to_owned(), "ferry", 1),
         ("ferry-vm-2q".to_owned(), "ferry", 2),
@@ -168,13 +169,12 @@ fn configs(s: &Settings, ready: &[Config], p: &mut Prep) -> Vec<(String, &'stati
     } else {
         v.push(("tap-qemu".to_owned(), "tap", 1));
     }
-    let _ = s;
     v
 }
 
 fn cases(s: &Settings, ready: &[Config], p: &Prep) -> Vec<Case> {
     let mut p = p.clone();
-    let list = configs(s, ready, &mut p);
+    let list = configs(ready, &mut p);
     if let Ok(mut slot) = PREP.lock() {
         *slot = Some(Ok(p.clone()));
     }
@@ -188,7 +188,11 @@ fn cases(s: &Settings, ready: &[Config], p: &Prep) -> Vec<Case> {
     };
     list.into_iter()
         .map(|(name, backend, queues)| {
-            let mut client = vec![helper.to_string_lossy().into_owned()];
+            // The guest's whole run at the normal policy: under `chrt -f`, TCG's vCPU
+            // threads at a real-time priority never yield to the backend (or the
+            // harness) at the same priority, and the run livelocks.
+            let mut client = strings(&["chrt", "--other", "0"]);
+            client.push(helper.to_string_lossy().into_owned());
             client.extend(strings(&[
                 "--backend",
                 backend,
@@ -340,7 +344,10 @@ fn summary(rows: &[Row]) -> String {
                  only loosely; the backend's own CPU time per byte moved (`backend CPU`, \
                  ns/B: its process's threads, QEMU's main thread for `qemu-user` and \
                  `tap-qemu`, QEMU's vhost threads for vhost-net) is what TCG does not distort. Guest MTU \
-                 65520 (qemu-user: 1500, libslirp's). Each run boots its own guest.\n",
+                 65520 (qemu-user: 1500, libslirp's). Each run boots its own guest. The guest's \
+                 run (QEMU and the backend) is scheduled normally even when the harness \
+                 runs under `chrt -f`: TCG's vCPU threads at a real-time priority starve \
+                 the backend at the same priority.\n",
                 p.accel.name(),
                 p.accel_why
             );

@@ -2,12 +2,15 @@
 # Builds the small VM guest ferry's VM tests and benchmarks boot (`ferry vm`): a Debian
 # cloud kernel taken from its Debian package, and a busybox-static initramfs whose init
 # loads virtio-net (a module in that kernel, with what it depends on), configures eth0
-# and runs the commands the kernel command line carries, on the serial console.
+# and runs the commands the kernel command line carries, on the serial console. The
+# host's iperf3 and sockperf (`ferry bench` E8's clients) are copied in with the shared
+# libraries they load, when the host has them.
 #
 #   scripts/guest-image.sh OUTDIR
 #
-# Writes OUTDIR/vmlinuz and OUTDIR/initrd.img (reused when both exist). Needs: apt-get
-# (the kernel package is downloaded from the configured Debian mirror, a package
+# Writes OUTDIR/vmlinuz, OUTDIR/initrd.img and OUTDIR/stamp (the script's own checksum:
+# the image is reused while it matches, rebuilt when this script changed). Needs:
+# apt-get (the kernel package is downloaded from the configured Debian mirror, a package
 # registry), dpkg-deb, cpio, gzip, busybox-static (scripts/install-deps.sh).
 #
 # The guest's init reads from the kernel command line:
@@ -24,11 +27,12 @@ die() { printf 'guest-image: error: %s\n' "$*" >&2; exit 1; }
 out=$1
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-if [ -s "$out/vmlinuz" ] && [ -s "$out/initrd.img" ]; then
+stamp=$(sha256sum "$0" | cut -d' ' -f1)
+if [ -s "$out/vmlinuz" ] && [ -s "$out/initrd.img" ] && [ "$(cat "$out/stamp" 2>/dev/null)" = "$stamp" ]; then
     say "reusing $out/vmlinuz and $out/initrd.img"
     exit 0
 fi
-for p in apt-get dpkg-deb cpio gzip; do
+for p in apt-get dpkg-deb cpio gzip sha256sum; do
     command -v "$p" >/dev/null || die "$p not found (run scripts/install-deps.sh)"
 done
 busybox=/bin/busybox
@@ -81,6 +85,21 @@ done
 say "modules: $(tr '\n' ' ' <"$root/mods/order")"
 
 cp "$busybox" "$root/bin/busybox"
+
+# A dynamically linked host program and every shared library it loads (ldd's paths,
+# the loader's included), at the same paths in the guest.
+add_program() {
+    local bin lib
+    bin=$(command -v "$1") || { say "no $1 on this host: the guest has none"; return 0; }
+    cp "$bin" "$root/bin/$1"
+    for lib in $(ldd "$bin" | grep -o '/[^ ]*' | sort -u); do
+        mkdir -p "$root$(dirname "$lib")"
+        cp -L "$lib" "$root$lib"
+    done
+    say "added $1 and $(ldd "$bin" | grep -c '/') libraries"
+}
+add_program iperf3
+add_program sockperf
 cat >"$root/init" <<'EOF'
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -108,4 +127,5 @@ chmod 0755 "$root/init"
 cp "$work/kernel/boot/vmlinuz-$kver" "$work/vmlinuz"
 mv "$work/initrd.img" "$out/initrd.img"
 mv "$work/vmlinuz" "$out/vmlinuz"
+echo "$stamp" >"$out/stamp"
 say "wrote $out/vmlinuz ($kver) and $out/initrd.img"

@@ -6,7 +6,8 @@
 //! of the team's BENCHMARKS.md (E1 bandwidth vs buffer size, E2 RTT and wakes vs spin
 //! span, E3 CPU interference, E4 batching, E5 nic mode's per-packet overhead by stage,
 //! its MTU and its NIC servers, E6 file → socket with data-path modules, E7 several
-//! protocol servers and paths, R1 real clients, nic mode among them, R2 short
+//! protocol servers and paths, E8 VM guests (scripts/guest-image.sh's, booted by the
+//! `ferry-e8` helper), R1 real clients, nic mode among them, R2 short
 //! connections, CPU and system calls per request, start-up, C1 containers (ferry as
 //! Docker's runtime against runc, the host network, Podman's slirp4netns; its own
 //! dockerd and Podman, on a bridge of its own); one file each behind
@@ -23,6 +24,7 @@
 pub mod config;
 pub mod exec;
 pub mod experiments;
+pub mod guest;
 pub mod parse;
 pub mod plan;
 pub mod plot;
@@ -273,7 +275,13 @@ fn snapshot(ferry: &Path, dir: &Path) -> Result<(PathBuf, String), Error> {
     std::fs::create_dir_all(dir).map_err(output_err(dir))?;
     let src = ferry.parent().unwrap_or(Path::new("."));
     let mut parts = Vec::new();
-    for name in ["ferry", "libferry_preload.so", "ferry-burner", "ferry-e6"] {
+    for name in [
+        "ferry",
+        "libferry_preload.so",
+        "ferry-burner",
+        "ferry-e6",
+        "ferry-e8",
+    ] {
         let from = if name == "ferry" {
             ferry.to_owned()
         } else {

@@ -10,9 +10,10 @@ pub struct BenchArgs {
     /// Experiments to run: E1 (bandwidth vs buffer size), E2 (RTT and wakes vs spin),
     /// E3 (CPU interference), E4 (batching), E5 (nic mode: per-packet overhead by stage,
     /// MTU, NIC servers), E6 (file → socket: read/write vs sendfile vs module), E7
-    /// (several servers and paths), R1 (real clients, nic mode among them), R2 (short
-    /// connections, CPU and system calls per request, start-up), C1 (containers: ferry
-    /// as Docker's runtime vs runc, host network, slirp4netns, `ferry run`). Default: all.
+    /// (several servers and paths), E8 (VM guests), R1 (real clients, nic mode among
+    /// them), R2 (short connections, CPU and system calls per request, start-up), C1
+    /// (containers: ferry as Docker's runtime vs runc, host network, slirp4netns,
+    /// `ferry run`). Default: all.
     #[arg(value_name = "EXPERIMENT", value_parser = experiments::parse)]
     pub experiments: Vec<&'static dyn Experiment>,
     /// Short runs and few points (a few minutes); 2 runs unless --runs is given.

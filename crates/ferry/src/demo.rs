@@ -1,6 +1,8 @@
 //! `ferry demo`: a "remote" host in its own network namespace serves a file over HTTP;
 //! the same client (curl) fetches it natively and through `ferry run`, and the demo
-//! prints both results side by side with ferry's counters.
+//! prints both results side by side with ferry's counters. With `--vm`, a QEMU guest
+//! (scripts/guest-image.sh's) fetches it too, its network served by `ferry vm`, and
+//! the bytes it got (size and SHA-256) are compared with the file's.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -17,6 +19,14 @@ pub struct DemoArgs {
     /// Size of the file the remote serves, in MiB.
     #[arg(long, default_value_t = 64)]
     pub size_mb: usize,
+    /// Also fetch it from a VM guest whose network `ferry vm` serves (needs QEMU and
+    /// the guest image scripts/guest-image.sh builds).
+    #[arg(long)]
+    pub vm: bool,
+    /// The guest image's directory (vmlinuz, initrd.img; default: `guest/` in the
+    /// target directory of this binary).
+    #[arg(long, value_name = "DIR", requires = "vm")]
+    pub guest: Option<std::path::PathBuf>,
 }
 
 /// A deterministic body, so both fetches can be compared byte for byte.
@@ -49,12 +59,13 @@ fn reply(mut conn: TcpStream, body: &[u8]) -> std::io::Result<()> {
     conn.write_all(body)
 }
 
-struct Fetch {
-    ok: bool,
-    bytes: u64,
-    secs: f64,
-    same: bool,
-    stderr: String,
+#[derive(Clone, Debug)]
+pub(crate) struct Fetch {
+    pub(crate) ok: bool,
+    pub(crate) bytes: u64,
+    pub(crate) secs: f64,
+    pub(crate) same: bool,
+    pub(crate) stderr: String,
 }
 
 fn fetch(cmd: &mut Command, want: &[u8]) -> Fetch {
@@ -94,12 +105,25 @@ enum DemoError {
     Remote(#[source] std::io::Error),
     #[error("cannot listen in the remote namespace: {0}")]
     Listen(#[source] std::io::Error),
+    #[error("--vm: {0}")]
+    Vm(String),
 }
 
 /// The demo's steps: check the tools → make the remote host and serve the file → fetch
 /// it natively, through ferry and through nic mode → print the results.
 pub fn main(a: DemoArgs) -> i32 {
     crate::run::init_logging(0);
+    let vm_image = if a.vm {
+        match crate::demo_vm::image(a.guest.as_deref()) {
+            Ok(i) => Some(i),
+            Err(e) => {
+                eprintln!("ferry demo: {}", DemoError::Vm(e));
+                return EXIT_SETUP;
+            }
+        }
+    } else {
+        None
+    };
     let remote = match check_tools().and_then(|()| RemoteHost::start(a.size_mb)) {
         Ok(r) => r,
         Err(e) => {
@@ -107,18 +131,29 @@ pub fn main(a: DemoArgs) -> i32 {
             return EXIT_SETUP;
         }
     };
-    let results = fetch_three_ways(&remote);
+    let mut results = fetch_three_ways(&remote).to_vec();
+    if let Some(image) = &vm_image {
+        results.push((
+            "ferry-vm",
+            crate::demo_vm::fetch(image, &remote.url, &remote.data),
+        ));
+    }
     print_results(&results);
-    let [n, f, c] = &results;
-    let (n, f, c) = (&n.1, &f.1, &c.1);
-    if n.ok && f.ok && f.same && c.ok && c.same {
+    let vm_ok = results.get(3).is_none_or(|(_, v)| v.ok && v.same);
+    let (n, f, c) = (&results[0].1, &results[1].1, &results[2].1);
+    if n.ok && f.ok && f.same && c.ok && c.same && vm_ok {
         println!(
             "\nferry served the sandboxed curl from outside its sandbox (requests over shared memory, received bytes through its socket fd), and again through nic mode (a TAP served by a NIC server: what static and Go programs use): same bytes as native."
         );
+        if vm_image.is_some() {
+            println!(
+                "A VM guest fetched it too, its virtio-net device served by `ferry vm` (vhost-user, the same NIC servers): same size and SHA-256."
+            );
+        }
         0
     } else {
         eprintln!(
-            "\nferry demo: a sandboxed fetch failed or differed (native ok: {}, nic mode ok: {}, same: {})",
+            "\nferry demo: a sandboxed fetch failed or differed (native ok: {}, nic mode ok: {}, same: {}, guest ok and same: {vm_ok})",
             n.ok, c.ok, c.same
         );
         1
@@ -189,8 +224,9 @@ fn fetch_three_ways(remote: &RemoteHost) -> [(&'static str, Fetch); 3] {
     ]
 }
 
-/// The table of the three fetches, then ferry's counters for the sandboxed one.
-fn print_results(results: &[(&str, Fetch); 3]) {
+/// The table of the fetches, then ferry's counters for the sandboxed one (and the
+/// guest's failure, if it failed).
+fn print_results(results: &[(&str, Fetch)]) {
     println!(
         "\n{:<10} {:>10} {:>10} {:>12} {:>10}",
         "client", "ok", "bytes", "MB/s", "identical"
@@ -209,4 +245,7 @@ fn print_results(results: &[(&str, Fetch); 3]) {
         "\nferry's counters for the sandboxed curl:\n{}",
         results[1].1.stderr.trim_end()
     );
+    if let Some((_, v)) = results.get(3).filter(|(_, v)| !v.ok) {
+        println!("\nthe guest's fetch: {}", v.stderr.trim_end());
+    }
 }

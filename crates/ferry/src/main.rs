@@ -8,6 +8,7 @@ mod args;
 mod bench;
 mod ctl;
 mod demo;
+mod demo_vm;
 mod oci;
 mod run;
 mod stop;

@@ -5,9 +5,10 @@
 //! round trip vs spin span, E3 CPU interference, E4 batching, E5 nic mode's per-packet
 //! overhead by stage (and its MTU, and 2 NIC servers vs 1), E6 file → socket
 //! (read/write vs sendfile vs a module), E7 distribution over several protocol servers
-//! and paths, R1 real clients (nic mode among the configurations), R2 short
-//! connections, CPU and system calls per request, start-up, C1 containers (ferry as
-//! Docker's runtime against runc, slirp4netns and `ferry run`). Every case of an
+//! and paths, E8 VM guests (ferry vm against passt, QEMU user and vhost-net), R1 real
+//! clients (nic mode among the configurations), R2 short connections, CPU and system
+//! calls per request, start-up, C1 containers (ferry as Docker's runtime against runc,
+//! slirp4netns and `ferry run`). Every case of an
 //! experiment runs the same client binary. The harness, the report and the plots know
 //! an experiment only through the trait: [`ALL`] lists them, and each is given only its
 //! own rows.
@@ -30,6 +31,7 @@ pub mod e4;
 pub mod e5;
 pub mod e6;
 pub mod e7;
+pub mod e8;
 pub mod r1;
 pub mod r2;
 
@@ -41,6 +43,7 @@ pub use e4::E4;
 pub use e5::E5;
 pub use e6::E6;
 pub use e7::E7;
+pub use e8::E8;
 pub use r1::R1;
 pub use r2::R2;
 
@@ -118,15 +121,14 @@ pub struct Headline {
 }
 
 /// Every experiment available, in order.
-pub static ALL: [&dyn Experiment; 10] = [&E1, &E2, &E3, &E4, &E5, &E6, &E7, &R1, &R2, &C1];
+pub static ALL: [&dyn Experiment; 11] = [&E1, &E2, &E3, &E4, &E5, &E6, &E7, &E8, &R1, &R2, &C1];
 
 /// Parses "E1" … "R2" (any case).
 pub fn parse(s: &str) -> Result<&'static dyn Experiment, String> {
     let up = s.to_ascii_uppercase();
-    ALL.iter()
-        .copied()
-        .find(|e| e.id() == up)
-        .ok_or_else(|| format!("unknown experiment `{s}` (E1, E2, E3, E4, E5, E6, E7, R1, R2, C1)"))
+    ALL.iter().copied().find(|e| e.id() == up).ok_or_else(|| {
+        format!("unknown experiment `{s}` (E1, E2, E3, E4, E5, E6, E7, E8, R1, R2, C1)")
+    })
 }
 
 /// Durations and sizes: full, or `--quick`.

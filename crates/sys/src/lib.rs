@@ -161,13 +161,15 @@ pub fn dup_above(fd: BorrowedFd<'_>, min: RawFd) -> io::Result<OwnedFd> {
 
 /// Sets or clears `O_NONBLOCK`.
 pub fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
-    let fl = syscall!(libc::SYS_fcntl, fd.as_raw_fd(), libc::F_GETFL)? as i32;
-    let fl = if on {
-        fl | libc::O_NONBLOCK
-    } else {
-        fl & !libc::O_NONBLOCK
-    };
-    syscall!(libc::SYS_fcntl, fd.as_raw_fd(), libc::F_SETFL, fl).map(drop)
+    // `FIONBIO` sets or clears `O_NONBLOCK` in one call (`F_GETFL` + `F_SETFL` take two).
+    let mut on = libc::c_int::from(on);
+    syscall!(
+        libc::SYS_ioctl,
+        fd.as_raw_fd(),
+        libc::FIONBIO,
+        std::ptr::addr_of_mut!(on)
+    )
+    .map(drop)
 }
 
 /// `eventfd(2)`, non-blocking and close-on-exec.

@@ -209,8 +209,8 @@ impl Server {
             .map(|s| s.id)
             .collect();
         for id in open {
-            if self.socks.app_gone(self.io, id) {
-                self.tx().app_closed(id);
+            if let Some(how) = self.socks.app_gone(self.io, id) {
+                self.tx().app_closed(id, how);
             }
         }
         let before = self.socks.len();

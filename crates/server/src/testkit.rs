@@ -404,6 +404,9 @@ impl Io for Fake {
 
     fn pending_bytes(&self, fd: BorrowedFd<'_>) -> io::Result<i32> {
         let mut st = self.st();
+        if let Some(p) = st.pair(fd) {
+            return Ok(i32::try_from(p.from_app.len()).unwrap_or(i32::MAX));
+        }
         let h = st.host(fd)?;
         Ok(i32::try_from(h.rx.len()).unwrap_or(i32::MAX))
     }

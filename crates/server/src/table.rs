@@ -321,6 +321,12 @@ impl Server {
     pub(crate) fn settle_dirty(&mut self) {
         let dirty = self.socks.take_dirty();
         let mut fenced = Vec::new();
+        // Sockets the program closed that stay for now: their pair leaves the loop.
+        let unlisted: Vec<u32> = dirty
+            .iter()
+            .copied()
+            .filter(|id| self.socks.get(id).is_some_and(|s| s.pair_listed))
+            .collect();
         for id in dirty {
             let Some(s) = self.socks.get_mut(&id) else {
                 continue;
@@ -366,6 +372,13 @@ impl Server {
         }
         for id in fenced {
             self.socks.mark_dirty(id);
+        }
+        for id in unlisted {
+            if let Some(s) = self.socks.get_mut(&id)
+                && std::mem::take(&mut s.pair_listed)
+            {
+                let _ = self.epoll.delete(s.pair.as_fd());
+            }
         }
     }
 }

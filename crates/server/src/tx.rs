@@ -305,7 +305,8 @@ impl Tx<'_> {
                 let _ = io.linger_reset(s.fd.as_fd());
             }
         }
-        let _ = self.epoll.delete(s.pair.as_fd());
+        // Out of the event loop at the end of this turn (or by its close, sooner).
+        s.pair_listed = true;
         self.socks.mark_dirty(id);
         if !reset {
             // What the program wrote into its end before closing it still goes out.

@@ -845,6 +845,17 @@ impl Channel {
         msg: &Ctl,
         fd: Option<BorrowedFd<'_>>,
     ) -> Res<(Ctl, Option<OwnedFd>)> {
+        self.ctl_call_as(msg, fd, true)
+    }
+
+    /// [`Channel::ctl_call`], the descriptor received close-on-exec or not (`cloexec`:
+    /// a `socket()` without `SOCK_CLOEXEC` takes its fd as it is to stay).
+    pub fn ctl_call_as(
+        &mut self,
+        msg: &Ctl,
+        fd: Option<BorrowedFd<'_>>,
+        cloexec: bool,
+    ) -> Res<(Ctl, Option<OwnedFd>)> {
         self.usable()?;
         self.flush();
         let fds: &[BorrowedFd<'_>] = match &fd {
@@ -854,12 +865,12 @@ impl Channel {
         if let Err(e) = ferry_sys::send_with_fds(self.ctl.as_fd(), bytemuck::bytes_of(msg), fds) {
             return Err(self.fail(format_args!("control send: {e}")));
         }
-        if let Some(reply) = self.ctl_spin()? {
+        if let Some(reply) = self.ctl_spin(cloexec)? {
             return Ok(reply);
         }
         loop {
             self.ctl_readable()?;
-            if let Some(reply) = self.ctl_reply()? {
+            if let Some(reply) = self.ctl_reply(cloexec)? {
                 return Ok(reply);
             }
         }
@@ -869,14 +880,16 @@ impl Channel {
     /// span before [`Channel::ctl_readable`] sleeps. A `socket`'s pair comes back from
     /// a spinning server in microseconds, and a sleep in `poll` costs a wake-up (tens
     /// of µs on a VM): short connections paid one per `socket`.
-    fn ctl_spin(&mut self) -> Res<Option<(Ctl, Option<OwnedFd>)>> {
+    fn ctl_spin(&mut self, cloexec: bool) -> Res<Option<(Ctl, Option<OwnedFd>)>> {
         let mut failed = None;
-        let got = spin_for(self.spin, self.spin.span, || match self.ctl_reply() {
-            Ok(None) => None,
-            Ok(Some(reply)) => Some(Some(reply)),
-            Err(e) => {
-                failed = Some(e);
-                Some(None)
+        let got = spin_for(self.spin, self.spin.span, || {
+            match self.ctl_reply(cloexec) {
+                Ok(None) => None,
+                Ok(Some(reply)) => Some(Some(reply)),
+                Err(e) => {
+                    failed = Some(e);
+                    Some(None)
+                }
             }
         });
         match failed {
@@ -904,9 +917,11 @@ impl Channel {
 
     /// Reads the control reply, with the first descriptor it carries (any others are
     /// closed); `None` when there was nothing to read after all.
-    fn ctl_reply(&mut self) -> Res<Option<(Ctl, Option<OwnedFd>)>> {
+    fn ctl_reply(&mut self, cloexec: bool) -> Res<Option<(Ctl, Option<OwnedFd>)>> {
         let mut buf = [0u8; size_of::<Ctl>()];
-        match ferry_sys::recv_with_fds_cut(self.ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
+        let got =
+            ferry_sys::recv_with_fds_as(self.ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT, cloexec);
+        match got {
             Ok((n, mut fds, _)) if n == buf.len() => {
                 let c: Ctl = bytemuck::pod_read_unaligned(&buf);
                 if c.kind() != Some(CtlKind::Reply) {

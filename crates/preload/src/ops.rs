@@ -80,10 +80,19 @@ pub fn socket(domain: c_int, ty: c_int, protocol: c_int) -> Res<c_int> {
     with_channel(|ch| {
         let mut msg = Ctl::new(CtlKind::Socket, 0);
         (msg.a, msg.b, msg.c) = (domain, base, protocol);
-        ch.room_for_fd()?;
-        let (reply, prog) = ch.ctl_call(&msg, None)?;
+        // No `room_for_fd` first: at the descriptor limit the pair's end does not
+        // arrive (the kernel closes it, the server hears the socket go) and this says
+        // EMFILE all the same; a full table is rare, the check cost 2 calls a socket.
+        // The end arrives close-on-exec only if asked, so no F_SETFD clears it.
+        let cloexec = ty & libc::SOCK_CLOEXEC != 0;
+        let (reply, prog) = ch.ctl_call_as(&msg, None, cloexec)?;
         let id = Errno::check(reply.result)?;
-        adopt(delivered(prog)?, id, ty, new_flags(domain, base))
+        adopt(
+            delivered(prog)?,
+            id,
+            ty | libc::SOCK_CLOEXEC,
+            new_flags(domain, base),
+        )
     })
     .map_err(|e| e.down_as(libc::ENETDOWN))
 }

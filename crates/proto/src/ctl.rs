@@ -34,7 +34,7 @@ pub const PAIR_NAME_PREFIX: &[u8] = b"ferry:";
 pub const PAIR_NAME_MAX: usize = 6 + 10 + 1 + 16;
 
 /// The abstract unix name (without the leading NUL) the server binds the program's end
-/// of socket `id`'s readiness pair to, with `nonce` (random, so that names of several
+/// of socket `id`'s readiness pair to, with `nonce` (unpredictable, so that names of several
 /// runs sharing the server's network namespace never meet, and no one can take a name
 /// before its socket: `"ferry:<id>:<nonce, 16 hex digits>"`. It tells a process that
 /// inherited or received the fd which socket it is, and the server whether that end is

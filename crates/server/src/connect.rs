@@ -209,8 +209,8 @@ impl Server {
             .map(|s| s.id)
             .collect();
         for id in open {
-            if self.socks.app_gone(self.io, id) {
-                self.tx().app_closed(id);
+            if let Some(how) = self.socks.app_gone(self.io, id) {
+                self.tx().app_closed(id, how);
             }
         }
         let before = self.socks.len();
@@ -463,6 +463,11 @@ impl Connects<'_> {
         let Some(s) = self.socks.get_mut(&id) else {
             return true;
         };
+        if s.is_stream() && s.conn() == Conn::Idle {
+            // An unconnected stream has nothing to read (its first edge said EPOLLHUP):
+            // input comes with an edge once it connects.
+            s.rx.found_empty();
+        }
         let r = self.io.connect(s.fd.as_fd(), &to);
         if handoff && tag != 0 {
             match r {
@@ -485,11 +490,11 @@ impl Connects<'_> {
             // The kernel gives the outcome of a connect in progress to whichever call
             // asks first: this one reports it, as a waiter of that connect would.
             Ok(()) | Err(_)
-                if let Conn::Connecting { to, filled } = s.conn()
+                if let Conn::Connecting { filled, .. } = s.conn()
                     && !already(&r) =>
             {
                 fits = self.socks.park(id, Parked::Connect { ch, tag });
-                self.end_connect(id, to, filled, r.err().map_or(0, |e| Errno::of(&e).0));
+                self.end_connect(id, filled, r.err().map_or(0, |e| Errno::of(&e).0));
             }
             Ok(()) => {
                 if s.is_stream() {
@@ -569,28 +574,44 @@ impl Connects<'_> {
     }
 
     /// Stream `id`'s connect in progress (to `to`, the program's end of the pair
-    /// `filled` meanwhile) has ended: its outcome (`SO_ERROR`) goes to the connect that
-    /// waits for it, else is kept for the program's `SO_ERROR`; see [`Conn`]'s table.
+    /// `filled` meanwhile) has ended: its outcome goes to the connect that waits for it,
+    /// else is kept for the program's `SO_ERROR`; see [`Conn`]'s table.
     pub(crate) fn connect_ended(&mut self, id: u32, to: SocketAddr, filled: bool) {
         let io = self.io;
         let Some(s) = self.socks.get(&id) else {
             return;
         };
-        let err = match io.getsockopt_int(s.fd.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR) {
-            // No error kept is no proof of a connection: another call (a receive, a
-            // getsockopt) may have taken it. Only a peer is; without one the kernel's
-            // next connect says ECONNABORTED, and so does this one's outcome.
-            Ok(0) if !matches!(io.sock_addr(s.fd.as_fd(), true), Ok(Some(_))) => libc::ECONNABORTED,
-            Ok(e) => e,
-            Err(_) => libc::EIO,
+        let waited = s.parked.iter().any(|p| matches!(p, Parked::Connect { .. }));
+        let err = if waited {
+            // A blocking connect waits: one more connect gives its outcome and finishes
+            // the kernel's side as the program's own call would (a second connect then
+            // says EISCONN; a failed one leaves the socket unconnected, to connect
+            // again), in one call where SO_ERROR, getpeername and a connect took three.
+            match io.connect(s.fd.as_fd(), &to) {
+                // An edge from before the connect: the next one ends it.
+                ref r if already(r) => return,
+                Ok(()) => 0,
+                Err(e) => Errno::of(&e).0,
+            }
+        } else {
+            match io.getsockopt_int(s.fd.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR) {
+                // No error kept is no proof of a connection: another call (a receive, a
+                // getsockopt) may have taken it. Only a peer is; without one the
+                // kernel's next connect says ECONNABORTED, and so does this one's outcome.
+                Ok(0) if !matches!(io.sock_addr(s.fd.as_fd(), true), Ok(Some(_))) => {
+                    libc::ECONNABORTED
+                }
+                Ok(e) => e,
+                Err(_) => libc::EIO,
+            }
         };
-        self.end_connect(id, to, filled, err);
+        self.end_connect(id, filled, err);
     }
 
-    /// Stream `id`'s connect in progress has ended with `err` (0: connected): see
+    /// Stream `id`'s connect in progress has ended with `err` (0: connected), the
+    /// kernel's side finished by the connect call that said so when one waits: see
     /// [`Self::connect_ended`].
-    fn end_connect(&mut self, id: u32, to: SocketAddr, filled: bool, err: i32) {
-        let io = self.io;
+    fn end_connect(&mut self, id: u32, filled: bool, err: i32) {
         let Some(s) = self.socks.get_mut(&id) else {
             return;
         };
@@ -604,17 +625,6 @@ impl Connects<'_> {
             _ => true,
         });
         let reported = !waiters.is_empty();
-        if reported && err == 0 {
-            // The program's connect blocked until done: finish the kernel's side too, so
-            // that a second connect says EISCONN (after EINPROGRESS the kernel wants one
-            // more connect call).
-            let _ = io.connect(s.fd.as_fd(), &to);
-        } else if reported {
-            // A blocking connect failed: the kernel puts the program's socket back to
-            // unconnected, so that it may connect again (ours, connected without
-            // blocking, would say ECONNABORTED): dissolve it.
-            let _ = io.connect_unspec(s.fd.as_fd());
-        }
         s.so_error = if reported { 0 } else { err };
         s.conn_moves(if err == 0 {
             ConnEvent::Succeeded

@@ -540,8 +540,8 @@ impl ChannelLife<'_> {
                 .map(|s| s.id)
                 .collect();
             for id in detached {
-                if self.socks.app_gone(self.io, id) {
-                    self.tx().app_closed(id);
+                if let Some(how) = self.socks.app_gone(self.io, id) {
+                    self.tx().app_closed(id, how);
                 }
             }
         }

@@ -240,8 +240,8 @@ impl Server {
         self.tx().flush_pending();
         if let Call::Release { tag, .. } = call {
             // Closed already, or closing now: either way `close` may return.
-            if self.socks.app_gone(self.io, id) {
-                self.tx().app_closed(id);
+            if let Some(how) = self.socks.app_gone(self.io, id) {
+                self.tx().app_closed(id, how);
                 self.settle_dirty();
             }
             self.tx().done(ch, id, tag, 0);

@@ -692,9 +692,9 @@ impl Rx<'_> {
     /// made room (a pump with bytes waiting for it goes on).
     pub(crate) fn pair_event(&mut self, id: u32, events: u32) {
         if events & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0
-            && !self.socks.pair_alive(self.io, id, events)
+            && let Some(how) = self.socks.gone_by(self.io, id, events)
         {
-            self.tx().app_closed(id);
+            self.tx().app_closed(id, how);
             return;
         }
         if events & libc::EPOLLIN as u32 != 0 {

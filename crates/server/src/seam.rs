@@ -16,9 +16,12 @@
 //! it is not socket logic.
 
 use std::collections::vec_deque;
+use std::hash::{BuildHasher, RandomState};
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use ferry_ring::{BufSpan, Buffers};
 use ferry_sys::Received;
@@ -109,6 +112,16 @@ pub(crate) trait Io: Send + Sync + std::fmt::Debug {
     fn ctl_send(&self, fd: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()>;
 }
 
+/// A pair name's nonce without a system call per pair: a keyed hash (SipHash, its key
+/// drawn from the kernel's random source once per process) of a counter, so nonces
+/// never repeat within a run and cannot be guessed from those seen before.
+fn pair_nonce() -> u64 {
+    static KEY: OnceLock<RandomState> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    KEY.get_or_init(RandomState::new)
+        .hash_one(NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
 /// The real [`Io`]: the system calls, through `ferry-sys`.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct SysIo;
@@ -129,11 +142,11 @@ impl Io for SysIo {
         let (ours, theirs) =
             ferry_sys::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC)?;
         ferry_sys::set_nonblocking(ours.as_fd(), true)?;
-        // A random part makes names of concurrent runs distinct; a name taken anyway (by
-        // a process of the host) is tried again with another.
+        // An unpredictable part makes names of concurrent runs distinct; a name taken
+        // anyway (by a process of the host) is tried again with another.
         let mut tries = 0;
         loop {
-            let name = ferry_proto::pair_name(id, ferry_sys::random_u64()?);
+            let name = ferry_proto::pair_name(id, pair_nonce());
             match ferry_sys::bind_abstract(theirs.as_fd(), &name.0[..name.1]) {
                 Ok(()) => return Ok(NewPair { ours, theirs, name }),
                 Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) && tries < 4 => tries += 1,

@@ -363,6 +363,10 @@ pub(crate) struct Sock {
     pub so_error: i32,
     /// The program has closed its last reference.
     pub app_closed: bool,
+    /// Since `app_closed`, our end of the pair is still in the event loop: a socket
+    /// that closes in the same turn leaves it by closing; one that stays is taken out
+    /// at the end of the turn (`Server::settle_dirty`).
+    pub pair_listed: bool,
     /// What waits on the way out: the program's bytes in the pair, the filler behind
     /// them, a reset of the pair, a `SHUT_WR` (private flags, moved by
     /// [`SendSide::moves`]).
@@ -442,6 +446,7 @@ impl Sock {
             conn: Conn::Idle,
             so_error: 0,
             app_closed: false,
+            pair_listed: false,
             handoff: Handoff::No,
             send: SendSide::default(),
             fence: Default::default(),

@@ -20,6 +20,16 @@ use crate::server::Server;
 use crate::sock::{Conn, ConnEvent, NewPair, PairEnd, Parked, Place, Sock};
 use crate::token::{T_HOST, T_PAIR, host_events, pair_events, token};
 
+/// How the program's end of a pair was found closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Gone {
+    /// The hang-up seen was the program's close; `reset`: our end's error was set with
+    /// it (`POLLERR`: the end went with bytes unread), read from the same readiness.
+    Seen { reset: bool },
+    /// The name probe said so (our own hang-up came first): the error is to be asked.
+    Probed,
+}
+
 /// A server's sockets, by id, and the work noticed on them for later in the turn:
 /// sockets whose state changed (closing, a fence to pass: `settle_dirty`), sockets
 /// with sends queued during this pass of the rings (`flush_pending`), and sockets
@@ -172,16 +182,20 @@ impl SockTable {
     /// closed its last descriptor (the kernel shuts both of our directions then), unless
     /// we shut both ourselves (`Rx::mirror_hup`) or closed our end (`detach_pair`);
     /// then the pair's name says. `EPOLLERR` (the program's end went with bytes unread)
-    /// always means closed.
-    pub(crate) fn pair_alive(&mut self, io: &dyn Io, id: u32, events: u32) -> bool {
-        events & libc::EPOLLERR as u32 == 0
-            && self
-                .socks
-                .get(&id)
-                .is_some_and(|s| s.pair_end() == PairEnd::Hup || s.pair_detached())
-            && self.app_alive(io, id)
+    /// always means closed. `None` while it is open, else how it was found gone.
+    pub(crate) fn gone_by(&mut self, io: &dyn Io, id: u32, events: u32) -> Option<Gone> {
+        if events & libc::EPOLLERR as u32 != 0 {
+            return Some(Gone::Seen { reset: true });
+        }
+        let ours = self
+            .socks
+            .get(&id)
+            .is_some_and(|s| s.pair_end() == PairEnd::Hup || s.pair_detached());
+        if !ours {
+            return Some(Gone::Seen { reset: false });
+        }
+        (!self.app_alive(io, id)).then_some(Gone::Probed)
     }
-
     /// `CtlKind::Renew`: stream `id`, whose pair was detached when a non-blocking
     /// connect failed and which the kernel has reset since, connects again: it gets a
     /// new pair (a new name), joins the loop as a new socket's does, and starts over
@@ -217,12 +231,13 @@ impl SockTable {
 
     /// Whether the program has closed its last descriptor of socket `id`, asked now
     /// (our end of the pair has hung up, and not by our own doing).
-    pub(crate) fn app_gone(&mut self, io: &dyn Io, id: u32) -> bool {
-        let Some(s) = self.socks.get(&id) else {
-            return false;
-        };
+    pub(crate) fn app_gone(&mut self, io: &dyn Io, id: u32) -> Option<Gone> {
+        let s = self.socks.get(&id)?;
         let rev = u32::from(io.poll_now(s.pair.as_fd(), 0).unwrap_or(0).cast_unsigned());
-        rev & (libc::POLLHUP | libc::POLLERR) as u32 != 0 && !self.pair_alive(io, id, rev)
+        if rev & (libc::POLLHUP | libc::POLLERR) as u32 == 0 {
+            return None;
+        }
+        self.gone_by(io, id, rev)
     }
 
     /// Whether the program's end of socket `id`'s pair is still open, from its name in
@@ -306,6 +321,12 @@ impl Server {
     pub(crate) fn settle_dirty(&mut self) {
         let dirty = self.socks.take_dirty();
         let mut fenced = Vec::new();
+        // Sockets the program closed that stay for now: their pair leaves the loop.
+        let unlisted: Vec<u32> = dirty
+            .iter()
+            .copied()
+            .filter(|id| self.socks.get(id).is_some_and(|s| s.pair_listed))
+            .collect();
         for id in dirty {
             let Some(s) = self.socks.get_mut(&id) else {
                 continue;
@@ -342,13 +363,22 @@ impl Server {
                 {
                     self.published.refuse_waiting(&self.shared, port);
                 }
-                let _ = self.epoll.delete(s.fd.as_fd());
+                // Dropping `s` closes the host socket, its only descriptor (a handed-off
+                // one left the table before), which takes it out of the event loop: no
+                // EPOLL_CTL_DEL.
                 self.stats.closed_socket(s.stats);
                 debug!("socket {id}: closed");
             }
         }
         for id in fenced {
             self.socks.mark_dirty(id);
+        }
+        for id in unlisted {
+            if let Some(s) = self.socks.get_mut(&id)
+                && std::mem::take(&mut s.pair_listed)
+            {
+                let _ = self.epoll.delete(s.pair.as_fd());
+            }
         }
     }
 }

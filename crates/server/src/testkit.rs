@@ -64,6 +64,9 @@ struct Host {
     connect_result: Option<i32>,
     connects: Vec<SocketAddr>,
     unspecs: usize,
+    /// A connect is in progress (`None`), or has ended (`Some`: `connect_outcome` or
+    /// `connect_error_taken`, its outcome in `so_error`), until the next connect asks.
+    connecting: Option<bool>,
     local: Option<SocketAddr>,
     peer: Option<SocketAddr>,
     listening: bool,
@@ -321,10 +324,31 @@ impl Io for Fake {
             return Ok(());
         };
         h.connects.push(*addr);
-        h.peer = Some(*addr);
-        match h.connect_result.take() {
-            None => Ok(()),
-            Some(e) => err(e),
+        if let Some(e) = h.connect_result.take() {
+            // A scripted answer; `EINPROGRESS` starts a connect.
+            h.peer = Some(*addr);
+            h.connecting = (e == libc::EINPROGRESS).then_some(false);
+            return err(e);
+        }
+        match h.connecting.take() {
+            // As the kernel's: a connect while one is in progress says so, and the one
+            // after it ended gives the outcome (a failure disconnects the socket).
+            Some(false) => {
+                h.connecting = Some(false);
+                err(libc::EALREADY)
+            }
+            Some(true) => match std::mem::take(&mut h.so_error) {
+                0 if h.peer.is_some() => Ok(()),
+                e => {
+                    h.unspecs += 1;
+                    h.peer = None;
+                    err(if e == 0 { libc::ECONNABORTED } else { e })
+                }
+            },
+            None => {
+                h.peer = Some(*addr);
+                Ok(())
+            }
         }
     }
 
@@ -380,6 +404,9 @@ impl Io for Fake {
 
     fn pending_bytes(&self, fd: BorrowedFd<'_>) -> io::Result<i32> {
         let mut st = self.st();
+        if let Some(p) = st.pair(fd) {
+            return Ok(i32::try_from(p.from_app.len()).unwrap_or(i32::MAX));
+        }
         let h = st.host(fd)?;
         Ok(i32::try_from(h.rx.len()).unwrap_or(i32::MAX))
     }
@@ -660,7 +687,8 @@ pub struct HostView {
     /// Datagrams sent.
     pub datagrams: Vec<(Vec<u8>, Option<SocketAddr>)>,
     pub connects: Vec<SocketAddr>,
-    /// `connect(AF_UNSPEC)` calls.
+    /// `connect(AF_UNSPEC)` calls, and connects that reported a failure (the kernel
+    /// puts the socket back to unconnected then).
     pub unspecs: usize,
     pub shut_rd: bool,
     pub shut_wr: bool,
@@ -1079,6 +1107,9 @@ impl HostSide {
             if errno != 0 {
                 h.peer = None;
             }
+            if h.connecting.is_some() {
+                h.connecting = Some(true);
+            }
         });
     }
 
@@ -1088,6 +1119,9 @@ impl HostSide {
         self.fake.with_host(self.fd, |h| {
             h.so_error = 0;
             h.peer = None;
+            if h.connecting.is_some() {
+                h.connecting = Some(true);
+            }
         });
     }
 

@@ -18,7 +18,7 @@ use crate::server::Server;
 use crate::sock::ConnEvent;
 use crate::sock::{Sock, TxItem};
 use crate::stats::ServerStats;
-use crate::table::SockTable;
+use crate::table::{Gone, SockTable};
 use ferry_sys::Epoll;
 
 /// Most bytes the program wrote into its pair that one host send takes.
@@ -37,6 +37,11 @@ enum Peeked {
 /// Peeks at what the program wrote into `s`'s pair, up to the next filler marker.
 fn peek_program_bytes(io: &dyn Io, s: &mut Sock, buf: &mut Vec<u8>) -> Peeked {
     let pair = s.pair.as_fd();
+    if io.pending_bytes(pair).is_ok_and(|n| n == 0) {
+        // Nothing queued (a close with nothing written, most often): no mark, no bytes,
+        // in one call (a pending error stays for `app_closed`'s question).
+        return Peeked::Nothing { marked: false };
+    }
     let at_mark = |fd| io.at_mark(fd).unwrap_or(false);
     if at_mark(pair) {
         return Peeked::Nothing { marked: true };
@@ -270,7 +275,7 @@ impl Tx<'_> {
         drop(std::mem::replace(&mut s.pair, placeholder));
     }
 
-    pub(crate) fn app_closed(&mut self, id: u32) {
+    pub(crate) fn app_closed(&mut self, id: u32, how: Gone) {
         let io = self.io;
         if self.socks.get(&id).is_none_or(|s| s.app_closed) {
             return;
@@ -289,14 +294,19 @@ impl Tx<'_> {
             // kernel socket closed with unread data.
             reset = s.send.pair_reset()
                 || !s.rx.pending().is_empty()
-                || io
-                    .getsockopt_int(s.pair.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
-                    .is_ok_and(|e| e == libc::ECONNRESET);
+                || match how {
+                    // The readiness that showed the close showed the error too.
+                    Gone::Seen { reset } => reset,
+                    Gone::Probed => io
+                        .getsockopt_int(s.pair.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR)
+                        .is_ok_and(|e| e == libc::ECONNRESET),
+                };
             if reset {
                 let _ = io.linger_reset(s.fd.as_fd());
             }
         }
-        let _ = self.epoll.delete(s.pair.as_fd());
+        // Out of the event loop at the end of this turn (or by its close, sooner).
+        s.pair_listed = true;
         self.socks.mark_dirty(id);
         if !reset {
             // What the program wrote into its end before closing it still goes out.

@@ -351,6 +351,32 @@ fn a_second_connect_that_takes_the_refusal_ends_the_one_in_progress() {
 }
 
 #[test]
+fn a_writable_edge_from_before_a_blocking_connect_does_not_end_it() {
+    // The host socket's first edge (writable, hung up: not connected yet) may be read
+    // after the connect started. The waiting connect's outcome comes from the kernel's
+    // next connect, which says EALREADY then: it stays parked until the real edge.
+    let mut h = Harness::new(true);
+    let ch = h.channel();
+    let id = h.socket(ch, libc::AF_INET, libc::SOCK_STREAM);
+    h.peer(id).connect_result(libc::EINPROGRESS);
+    let cs = h.call(ch, connect_req(id, 4, 0));
+    assert!(
+        cs.iter().all(|c| c.tag != 4),
+        "answered in progress: {cs:?}"
+    );
+    h.host_event(id, libc::EPOLLOUT | libc::EPOLLHUP);
+    let cs = h.completions(ch);
+    assert!(
+        cs.iter().all(|c| c.tag != 4),
+        "a stale edge ended the connect: {cs:?}"
+    );
+    h.peer(id).connect_outcome(0);
+    h.host_event(id, libc::EPOLLOUT);
+    let cs = h.completions(ch);
+    assert_eq!(done(&cs, 4).result, 0);
+}
+
+#[test]
 fn a_connect_whose_error_another_call_took_is_no_success() {
     // SO_ERROR 0 when the connect ends, but no peer: it failed (a receive or a
     // getsockopt took the error). It once counted as connected, and the program's

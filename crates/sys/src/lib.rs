@@ -161,13 +161,15 @@ pub fn dup_above(fd: BorrowedFd<'_>, min: RawFd) -> io::Result<OwnedFd> {
 
 /// Sets or clears `O_NONBLOCK`.
 pub fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
-    let fl = syscall!(libc::SYS_fcntl, fd.as_raw_fd(), libc::F_GETFL)? as i32;
-    let fl = if on {
-        fl | libc::O_NONBLOCK
-    } else {
-        fl & !libc::O_NONBLOCK
-    };
-    syscall!(libc::SYS_fcntl, fd.as_raw_fd(), libc::F_SETFL, fl).map(drop)
+    // `FIONBIO` sets or clears `O_NONBLOCK` in one call (`F_GETFL` + `F_SETFL` take two).
+    let mut on = libc::c_int::from(on);
+    syscall!(
+        libc::SYS_ioctl,
+        fd.as_raw_fd(),
+        libc::FIONBIO,
+        std::ptr::addr_of_mut!(on)
+    )
+    .map(drop)
 }
 
 /// `eventfd(2)`, non-blocking and close-on-exec.
@@ -324,6 +326,22 @@ pub fn recv_with_fds_cut(
     buf: &mut [u8],
     flags: i32,
 ) -> io::Result<(usize, Vec<OwnedFd>, bool)> {
+    recv_with_fds_as(sock, buf, flags, true)
+}
+
+/// [`recv_with_fds_cut`], the descriptors close-on-exec or not (`cloexec`): one that
+/// is to stay open across `exec` needs no `F_SETFD` after.
+pub fn recv_with_fds_as(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+    flags: i32,
+    cloexec: bool,
+) -> io::Result<(usize, Vec<OwnedFd>, bool)> {
+    let flags = if cloexec {
+        flags | libc::MSG_CMSG_CLOEXEC
+    } else {
+        flags
+    };
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -340,7 +358,7 @@ pub fn recv_with_fds_cut(
             libc::SYS_recvmsg,
             sock.as_raw_fd(),
             &mut msg as *mut libc::msghdr,
-            flags | libc::MSG_CMSG_CLOEXEC
+            flags
         ) {
             Ok(n) => break n as usize,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,

@@ -558,7 +558,9 @@ fn names_resolve_through_the_dns_forwarder() {
             text(&o)
         );
         let json = std::fs::read_to_string(&stats).unwrap();
-        assert!(!json.contains(&format!("\"{counter}\":0,")), "{json}");
+        // The protocol servers' total (the NIC servers have DNS counters of their own).
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert!(v[counter].as_u64().unwrap_or(0) > 0, "{json}");
     };
     resolves(&[], "web.ferry.test", "dns_answers");
     // A real client by name, end to end.

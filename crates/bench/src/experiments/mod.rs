@@ -170,16 +170,7 @@ impl Settings {
     }
 
     fn iperf3(&self, port: u16, secs: u32, extra: &[&str]) -> Vec<String> {
-        let mut v = strings(&["iperf3", "-c", &self.remote, "-p", &port.to_string()]);
-        v.extend(strings(&[
-            "-t",
-            &secs.to_string(),
-            "-J",
-            "--connect-timeout",
-            "3000",
-        ]));
-        v.extend(strings(extra));
-        v
+        iperf3_to(&self.remote, port, secs, extra)
     }
 
     /// sockperf over UDP against the remote's UDP server on `port`.
@@ -203,6 +194,20 @@ impl Settings {
     }
 }
 
+/// An iperf3 client of `host:port` for `secs`, JSON out (C1 gives its own `host`).
+fn iperf3_to(host: &str, port: u16, secs: u32, extra: &[&str]) -> Vec<String> {
+    let mut v = strings(&["iperf3", "-c", host, "-p", &port.to_string()]);
+    v.extend(strings(&[
+        "-t",
+        &secs.to_string(),
+        "-J",
+        "--connect-timeout",
+        "3000",
+    ]));
+    v.extend(strings(extra));
+    v
+}
+
 fn strings(s: &[&str]) -> Vec<String> {
     s.iter().map(|x| (*x).to_owned()).collect()
 }
@@ -210,11 +215,16 @@ fn strings(s: &[&str]) -> Vec<String> {
 /// `redis-benchmark` against the remote's redis: `tests` (e.g. `get,set`), `n` requests,
 /// `pipeline` deep, CSV out (R1, R2).
 fn redis_benchmark(s: &Settings, tests: &str, n: &str, pipeline: &str) -> Vec<String> {
-    let port = REDIS_PORT.to_string();
+    redis_benchmark_to(&s.remote, REDIS_PORT, tests, n, pipeline)
+}
+
+/// [`redis_benchmark`] against `host:port` (C1 runs a redis of its own).
+fn redis_benchmark_to(host: &str, port: u16, tests: &str, n: &str, pipeline: &str) -> Vec<String> {
+    let port = port.to_string();
     strings(&[
         "redis-benchmark",
         "-h",
-        &s.remote,
+        host,
         "-p",
         &port,
         "-t",

@@ -210,34 +210,9 @@ fn wrk(r: &RunOut, _: f64) -> Result<Metrics, String> {
 
 fn tests(s: &Settings) -> Vec<Test> {
     let secs = s.secs(5);
-    let iperf3 = |extra: &[&str]| {
-        let mut v = strings(&["iperf3", "-c", REMOTE, "-p", &IPERF_PORT.to_string()]);
-        v.extend(strings(&[
-            "-t",
-            &secs.to_string(),
-            "-J",
-            "--connect-timeout",
-            "3000",
-        ]));
-        v.extend(strings(extra));
-        v
-    };
+    let iperf3 = |extra: &[&str]| super::iperf3_to(REMOTE, IPERF_PORT, secs, extra);
     let n = if s.quick { "20000" } else { "100000" };
-    let redis_client = strings(&[
-        "redis-benchmark",
-        "-h",
-        REMOTE,
-        "-p",
-        &REDIS_PORT.to_string(),
-        "-t",
-        "get",
-        "-n",
-        n,
-        "-P",
-        "1",
-        "--csv",
-        "-q",
-    ]);
+    let redis_client = super::redis_benchmark_to(REMOTE, REDIS_PORT, "get", n, "1");
     vec![
         Test {
             label: UP,

@@ -4,25 +4,7 @@
 
 mod common;
 use common::*;
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
-
-/// scripts/guest-image.sh's image in the target directory (`None`, said why, when it
-/// cannot be built here).
-fn guest_dir() -> Option<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("guest");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/guest-image.sh");
-    let o = Command::new("bash").arg(script).arg(&dir).output().ok()?;
-    if !o.status.success() {
-        eprintln!(
-            "skipped: scripts/guest-image.sh failed: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        return None;
-    }
-    Some(dir)
-}
 
 #[test]
 fn the_demo_fetches_the_same_bytes_from_a_guest_through_ferry_vm() {

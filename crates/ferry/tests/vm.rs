@@ -18,19 +18,7 @@ const QEMU: &str = "qemu-system-x86_64";
 fn guest_image() -> Option<&'static (PathBuf, PathBuf)> {
     static IMAGE: OnceLock<Option<(PathBuf, PathBuf)>> = OnceLock::new();
     IMAGE
-        .get_or_init(|| {
-            let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("guest");
-            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/guest-image.sh");
-            let o = Command::new("bash").arg(script).arg(&dir).output().ok()?;
-            if !o.status.success() {
-                eprintln!(
-                    "skipped: scripts/guest-image.sh failed: {}",
-                    String::from_utf8_lossy(&o.stderr)
-                );
-                return None;
-            }
-            Some((dir.join("vmlinuz"), dir.join("initrd.img")))
-        })
+        .get_or_init(|| guest_dir().map(|dir| (dir.join("vmlinuz"), dir.join("initrd.img"))))
         .as_ref()
 }
 

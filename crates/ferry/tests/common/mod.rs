@@ -461,3 +461,19 @@ pub fn run_reach(net: &str, opts: &[&str], ip: &str, tport: u16, uport: u16) -> 
         ],
     )
 }
+
+/// scripts/guest-image.sh's image in the target directory (`None`, said why, when it
+/// cannot be built here).
+pub fn guest_dir() -> Option<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("guest");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/guest-image.sh");
+    let o = Command::new("bash").arg(script).arg(&dir).output().ok()?;
+    if !o.status.success() {
+        eprintln!(
+            "skipped: scripts/guest-image.sh failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        return None;
+    }
+    Some(dir)
+}

@@ -583,17 +583,7 @@ impl Drop for Docker {
         for id in text(&ids.stdout).split_whitespace() {
             let _ = self.cmd(&["rm", "-f", id]);
         }
-        // SAFETY: a signal to our own unreaped child.
-        unsafe { libc::kill(self.daemon.id() as i32, libc::SIGTERM) };
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(15) {
-            if matches!(self.daemon.try_wait(), Ok(Some(_))) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.daemon.kill();
-        let _ = self.daemon.wait();
+        ferry_sandbox::testbed::terminate(&mut self.daemon, Duration::from_secs(15));
     }
 }
 

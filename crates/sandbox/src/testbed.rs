@@ -4,6 +4,7 @@
 //! The caller picks the namespace name and the addresses (so parallel tests can use
 //! disjoint subnets); [`free_subnet`] picks an unused /30 for callers that do not care.
 //! Interface names derive from the namespace name. Everything is deleted on drop.
+//! [`terminate`] ends a daemon the caller started (dockerd, for tests and C1).
 
 use std::ffi::CString;
 use std::fs::File;
@@ -15,6 +16,23 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use tracing::{debug, warn};
+
+/// Ends `child` (a daemon the caller started and has not reaped): SIGTERM, up to `grace`
+/// for it to exit, then SIGKILL; reaped either way.
+pub fn terminate(child: &mut Child, grace: std::time::Duration) {
+    // SAFETY: kill with integer arguments; the child is ours and not yet reaped, so its
+    // pid is not reused.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let t = std::time::Instant::now();
+    while t.elapsed() < grace {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
 
 /// Whether the effective uid is 0.
 pub fn is_root() -> bool {

@@ -270,17 +270,7 @@ impl Drop for Docker {
                 let _ = output(&mut self.command(&["rm", "-f", id]), "docker rm");
             }
         }
-        let pid = rustix::process::Pid::from_child(&self.daemon);
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(15) {
-            if matches!(self.daemon.try_wait(), Ok(Some(_))) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.daemon.kill();
-        let _ = self.daemon.wait();
+        ferry_sandbox::testbed::terminate(&mut self.daemon, Duration::from_secs(15));
     }
 }
 

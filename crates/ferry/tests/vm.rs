@@ -173,7 +173,11 @@ fn a_guest_fetches_through_ferry_over_two_queue_pairs_and_is_refused_a_denied_ad
     let t = Instant::now();
     let out = output_within(qemu(&sock, &ip, &gw, &script), Duration::from_secs(120));
     let console = String::from_utf8_lossy(&out.stdout).into_owned();
-    eprintln!("guest ran {:?}:\n{console}", t.elapsed());
+    eprintln!(
+        "guest ran {:?}:\n{console}\nQEMU said: {}",
+        t.elapsed(),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         said(&console, "FERRY-GUEST-EXIT").is_some(),
         "the guest did not finish"
@@ -496,7 +500,11 @@ fn a_guest_on_qemus_stream_netdev_fetches_through_ferry() {
     let t = Instant::now();
     let out = output_within(guest(&net, &ip, &gw, &script), Duration::from_secs(120));
     let console = String::from_utf8_lossy(&out.stdout).into_owned();
-    eprintln!("guest ran {:?}:\n{console}", t.elapsed());
+    eprintln!(
+        "guest ran {:?}:\n{console}\nQEMU said: {}",
+        t.elapsed(),
+        String::from_utf8_lossy(&out.stderr)
+    );
     let code = wait_exit(&mut ferry.0, Duration::from_secs(5));
     let mut err = String::new();
     if code.is_some() {

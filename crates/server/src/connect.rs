@@ -532,21 +532,21 @@ impl Connects<'_> {
         self.tx().complete(ch, c);
     }
 
-    /// `CtlKind::Handoff`: the host socket of stream `id` being handed off, for the
-    /// program (the proof of holding it was checked); the server forgets the socket.
-    pub(crate) fn take_handoff(&mut self, id: u32) -> Result<OwnedFd, Errno> {
+    /// `CtlKind::Handoff`: stream `id` being handed off (the proof of holding it was
+    /// checked), out of the server's table: its `fd` is the host socket for the program.
+    /// The caller sends that fd itself (no copy of it is made) and then drops the
+    /// socket, which closes the server's descriptor and its pair end; a bond's lease
+    /// counts the connection as ended (its bytes are the kernel's now).
+    pub(crate) fn take_handoff(&mut self, id: u32) -> Result<Sock, Errno> {
         let s = self.socks.get(&id).ok_or(Errno(libc::EBADF))?;
         if s.handoff != Handoff::Handing {
             return Err(Errno(libc::EINVAL));
         }
-        let host = s.fd.try_clone().map_err(|e| Errno::of(&e))?;
         let s = self.socks.remove(&id).ok_or(Errno(libc::EBADF))?;
         let _ = self.epoll.delete(s.pair.as_fd());
         self.shared.socket_closed();
         self.stats.closed_socket(s.stats);
-        // Dropping `s` closes our copy (and its pair end); a bond's lease counts the
-        // connection as ended (its bytes are the kernel's now).
-        Ok(host)
+        Ok(s)
     }
 
     /// A connect of stream `id` after a non-blocking one failed (see [`Conn`]): the

@@ -140,7 +140,7 @@ impl Server {
                 match taken {
                     Ok(host) => self
                         .channels
-                        .send_reply(self.io, ch, reply(0), &[host.as_fd()]),
+                        .send_reply(self.io, ch, reply(0), &[host.fd.as_fd()]),
                     Err(e) => self.channels.answer(self.io, ch, e),
                 }
             }

@@ -245,12 +245,17 @@ impl Config {
     /// ferry at its defaults from another build (`ferry` binary, with its shim beside
     /// it), named `name`: the "before" of a before/after comparison in the same run.
     pub fn ferry_build(name: &str, bin: &std::path::Path) -> Config {
+        Config::ferry_build_args(name, bin, &[])
+    }
+
+    /// [`Config::ferry_build`] with more `ferry run` options (the baseline's hand-off).
+    pub fn ferry_build_args(name: &str, bin: &std::path::Path, extra: &[&str]) -> Config {
         Config {
             name: name.into(),
             kind: Kind::Ferry {
                 spin: None,
                 batch: None,
-                extra: Vec::new(),
+                extra: extra.iter().map(|s| (*s).to_owned()).collect(),
                 bin: Some(bin.to_owned()),
             },
             trace: false,

@@ -154,8 +154,9 @@ pub struct Settings {
     pub e6_dir: PathBuf,
     /// R1 also runs `ferry-unconfined` (`--unconfined`).
     pub unconfined_too: bool,
-    /// R1, R2 and E2 also run ferry from this other build (`ferry-base`), alternating with
-    /// the one measured: a before/after comparison in one run.
+    /// R1, R2 and E2 also run ferry from this other build (`ferry-base`; R1 and R2 its
+    /// hand-off too, `ferry-base-handoff`), alternating with the one measured: a
+    /// before/after comparison in one run.
     pub baseline: Option<PathBuf>,
 }
 
@@ -239,9 +240,14 @@ fn redis_benchmark_to(host: &str, port: u16, tests: &str, n: &str, pipeline: &st
 }
 
 /// The hand-off (`--handoff` for the remote: TCP to it gets the host's own socket, at
-/// the kernel's speed), inserted at `at` (R1, R2).
+/// the kernel's speed), inserted at `at` (R1, R2); with `--baseline`, the baseline
+/// build's hand-off (`ferry-base-handoff`) right after it.
 fn insert_handoff(configs: &mut Vec<Config>, at: usize, s: &Settings) {
     let handoff = format!("--handoff={}", s.remote);
+    if let Some(base) = &s.baseline {
+        let c = Config::ferry_build_args("ferry-base-handoff", base, &[&handoff]);
+        configs.insert(at, c);
+    }
     configs.insert(at, Config::ferry_args("ferry-handoff", &[&handoff]));
 }
 

@@ -865,12 +865,28 @@ impl Channel {
         if let Err(e) = ferry_sys::send_with_fds(self.ctl.as_fd(), bytemuck::bytes_of(msg), fds) {
             return Err(self.fail(format_args!("control send: {e}")));
         }
-        if let Some(reply) = self.ctl_spin(cloexec)? {
+        self.ctl_take(cloexec, Expect::Reply)
+    }
+
+    /// The host socket of stream `id` that the server sends on this channel right
+    /// after answering its `Connect` with `CMP_HANDOFF` (`CtlKind::Handoff`): waits for
+    /// it, as for a reply. `None` when this process is out of descriptors (the kernel
+    /// then closes it).
+    pub fn take_handed_off(&mut self, id: u32) -> Res<Option<OwnedFd>> {
+        self.usable()?;
+        let (msg, fd) = self.ctl_take(true, Expect::Handoff(id))?;
+        Errno::check(msg.result)?;
+        Ok(fd)
+    }
+
+    /// Waits for the control message `expect` names (spinning first, then sleeping).
+    fn ctl_take(&mut self, cloexec: bool, expect: Expect) -> Res<(Ctl, Option<OwnedFd>)> {
+        if let Some(reply) = self.ctl_spin(cloexec, expect)? {
             return Ok(reply);
         }
         loop {
             self.ctl_readable()?;
-            if let Some(reply) = self.ctl_reply(cloexec)? {
+            if let Some(reply) = self.ctl_reply(cloexec, expect)? {
                 return Ok(reply);
             }
         }
@@ -880,10 +896,10 @@ impl Channel {
     /// span before [`Channel::ctl_readable`] sleeps. A `socket`'s pair comes back from
     /// a spinning server in microseconds, and a sleep in `poll` costs a wake-up (tens
     /// of µs on a VM): short connections paid one per `socket`.
-    fn ctl_spin(&mut self, cloexec: bool) -> Res<Option<(Ctl, Option<OwnedFd>)>> {
+    fn ctl_spin(&mut self, cloexec: bool, expect: Expect) -> Res<Option<(Ctl, Option<OwnedFd>)>> {
         let mut failed = None;
         let got = spin_for(self.spin, self.spin.span, || {
-            match self.ctl_reply(cloexec) {
+            match self.ctl_reply(cloexec, expect) {
                 Ok(None) => None,
                 Ok(Some(reply)) => Some(Some(reply)),
                 Err(e) => {
@@ -915,21 +931,32 @@ impl Channel {
         }
     }
 
-    /// Reads the control reply, with the first descriptor it carries (any others are
-    /// closed); `None` when there was nothing to read after all.
-    fn ctl_reply(&mut self, cloexec: bool) -> Res<Option<(Ctl, Option<OwnedFd>)>> {
+    /// Reads the control message `expect` names, with the first descriptor it carries
+    /// (any others are closed); `None` when there was nothing to read after all, or
+    /// only a hand-off nobody waits for any more (a `Connect` given up at its
+    /// `SO_SNDTIMEO`: its host socket is closed).
+    fn ctl_reply(&mut self, cloexec: bool, expect: Expect) -> Res<Option<(Ctl, Option<OwnedFd>)>> {
         let mut buf = [0u8; size_of::<Ctl>()];
         let got =
             ferry_sys::recv_with_fds_as(self.ctl.as_fd(), &mut buf, libc::MSG_DONTWAIT, cloexec);
         match got {
             Ok((n, mut fds, _)) if n == buf.len() => {
                 let c: Ctl = bytemuck::pod_read_unaligned(&buf);
-                if c.kind() != Some(CtlKind::Reply) {
-                    return Err(self.fail(ProtoError::CtlKind(c.kind)));
-                }
+                let wanted = match (c.kind(), expect) {
+                    (Some(CtlKind::Reply), Expect::Reply) => true,
+                    (Some(CtlKind::Handoff), Expect::Handoff(id)) => c.sock == id,
+                    (Some(CtlKind::Handoff), Expect::Reply) => false,
+                    _ => return Err(self.fail(ProtoError::CtlKind(c.kind))),
+                };
                 let first = fds.pop();
                 for f in fds {
                     close_quiet(f);
+                }
+                if !wanted {
+                    if let Some(f) = first {
+                        close_quiet(f);
+                    }
+                    return Ok(None);
                 }
                 Ok(Some((c, first)))
             }
@@ -939,6 +966,15 @@ impl Channel {
             Err(e) => Err(self.fail(format_args!("control receive: {e}"))),
         }
     }
+}
+
+/// The control message a channel waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Expect {
+    /// The reply to its request.
+    Reply,
+    /// The host socket of stream `id`, handed off (`CtlKind::Handoff`).
+    Handoff(u32),
 }
 
 // The channel's waits: one loop (`Channel::wait_until`), and what ends each kind of wait

@@ -291,6 +291,21 @@ fn simple_cmp(s: &Sock, call: Call, w: Wait) -> Res<ferry_proto::Cmp> {
     .map_err(|e| e.down_as(libc::ECONNRESET))
 }
 
+/// A `Connect` request and its completion; for one answered with `CMP_HANDOFF`, the
+/// host socket the server sends right after on the same channel (one round trip).
+fn connect_cmp(s: &Sock, call: Call, w: Wait) -> Res<(ferry_proto::Cmp, Option<OwnedFd>)> {
+    with_channel_to(server_of(call.sock()), |ch| {
+        claimed(ch, *s)?;
+        let done = ch.call(call, w, &mut |_, _| {})?;
+        if done.flags & CMP_HANDOFF == 0 {
+            return Ok((done, None));
+        }
+        let host = delivered(ch.take_handed_off(s.id)?)?;
+        Ok((done, Some(host)))
+    })
+    .map_err(|e| e.down_as(libc::ECONNRESET))
+}
+
 /// `connect()`.
 ///
 /// # Safety
@@ -332,15 +347,13 @@ pub unsafe fn connect(s: Sock, addr: *const sockaddr, len: socklen_t) -> Res<()>
             filled,
         };
         let w = Wait::after(snd, Errno(libc::EINPROGRESS));
-        match simple_cmp(&s, req, w)? {
-            done if done.flags & CMP_RENEW_PAIR != 0 && !renewed => {
+        match connect_cmp(&s, req, w)? {
+            (done, _) if done.flags & CMP_RENEW_PAIR != 0 && !renewed => {
                 renew_pair(&s)?;
                 renewed = true;
             }
-            done if done.flags & CMP_HANDOFF != 0 => {
-                return take_handoff(&s, done.result, snd);
-            }
-            done => break Errno::check(done.result).map(drop),
+            (done, Some(host)) => return take_handoff(&s, done.result, snd, host),
+            (done, None) => break Errno::check(done.result).map(drop),
         }
     };
     match r {
@@ -381,29 +394,19 @@ fn renew_pair(s: &Sock) -> Res<()> {
     .map_err(|e| e.down_as(libc::ECONNABORTED))
 }
 
-/// After a connect answered with `CMP_HANDOFF` (`result` 0 or `-EINPROGRESS`): takes
-/// stream `s`'s host socket from the server (its end of the pair is the proof) and puts
-/// it in the fd's place, carrying the fd's flags, signal owner and epoll registrations
-/// (`carry`); from then on the fd is the kernel's socket and the shim leaves it alone.
-/// A blocking connect still in progress waits here (within `SO_SNDTIMEO`, `snd` µs),
-/// as the kernel's does. Other descriptors of the socket (dups made before the
-/// connect, a fork's) keep the old pair, which the server no longer serves.
-fn take_handoff(s: &Sock, result: i32, snd: u64) -> Res<()> {
+/// After a connect answered with `CMP_HANDOFF` (`result` 0 or `-EINPROGRESS`): puts
+/// stream `s`'s host socket (`host`, sent by the server with the answer) in the fd's
+/// place, carrying the fd's flags, signal owner and epoll registrations (`carry`);
+/// from then on the fd is the kernel's socket and the shim leaves it alone. A blocking
+/// connect still in progress waits here (within `SO_SNDTIMEO`, `snd` µs), as the
+/// kernel's does. Other descriptors of the socket (dups made before the connect, a
+/// fork's) keep the old pair, which the server no longer serves.
+fn take_handoff(s: &Sock, result: i32, snd: u64, host: OwnedFd) -> Res<()> {
     let in_progress = match Errno::check(result) {
         Ok(_) => false,
         Err(Errno(libc::EINPROGRESS)) => true,
         Err(e) => return Err(e),
     };
-    let host = with_channel_to(server_of(s.id), |ch| {
-        ch.room_for_fd()?;
-        // SAFETY: the program's end of `s`, borrowed as the proof for this request only
-        // (crate docs, Borrowed descriptors).
-        let proof = unsafe { ferry_sys::borrow(s.fd) };
-        let (reply, host) = ch.ctl_call(&Ctl::new(CtlKind::Handoff, s.id), Some(proof))?;
-        Errno::check(reply.result)?;
-        delivered(host)
-    })
-    .map_err(|e| e.down_as(libc::ECONNABORTED))?;
     let (rcv, _) = TABLE.timeouts(s.fd);
     let epoll = crate::fdcalls::EPOLL_ADDED.load(std::sync::atomic::Ordering::Relaxed);
     let carried = Carried::take_with(s.fd, epoll);

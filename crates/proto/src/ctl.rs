@@ -11,8 +11,9 @@ use bytemuck::{Pod, Zeroable};
 /// bytes through the readiness pair; 6: `REQ_FILLED` on a non-blocking connect; 7:
 /// `Op::Disconnect`; 8: control messages, `Op::SendCtl` and `CmpKind::Control`; 9: the
 /// server makes readiness pairs and names them, `CtlKind::Claim`; 11: `CMP_HANDOFF`,
-/// `CtlKind::Handoff`).
-pub const PROTO_VERSION: u32 = 11;
+/// `CtlKind::Handoff`; 12: the server sends `CtlKind::Handoff` unasked, with the
+/// `CMP_HANDOFF` answer).
+pub const PROTO_VERSION: u32 = 12;
 
 /// Low bits of a socket id that name the protocol server serving the socket (S4: a
 /// socket is assigned to one server at creation and every later call goes there).
@@ -118,11 +119,11 @@ pub enum CtlKind {
     /// (`result` 0, or `-EINVAL` when the socket's pair is not gone, `-EBADF` when the
     /// proof fails) carries the program's end of the new pair.
     Renew = 9,
-    /// Program → server: give me stream `sock`'s host socket (after a `Connect`
-    /// answered with [`crate::CMP_HANDOFF`]; the program's end of the pair is the
-    /// proof, riding along as for `Claim`). The reply (`result` 0, or `-EINVAL` when the
-    /// socket is not one being handed off, `-EBADF` when the proof fails) carries the
-    /// connected (or connecting) host socket; the server forgets the socket id.
+    /// Server → program, unasked: stream `sock`'s connected (or connecting) host
+    /// socket (`result` 0), sent on the control socket of the channel whose `Connect`
+    /// was just answered with [`crate::CMP_HANDOFF`], right after that answer; the
+    /// server has forgotten the socket id. A program that gave up waiting for the
+    /// answer closes it when it comes. Never sent by the program.
     Handoff = 10,
 }
 

@@ -133,8 +133,8 @@ pub const CMP_DRAIN_TOKEN: u16 = 1;
 pub const CMP_RENEW_PAIR: u16 = 2;
 /// Completion flag (`Connect` of a stream, result 0 or `-EINPROGRESS`): the destination
 /// is one to hand off (`--handoff`). The server has connected the host socket (or begun
-/// to) and serves it no more; take it with [`CtlKind::Handoff`] and put it in the fd's
-/// place.
+/// to) and serves it no more; the host socket follows on the channel's control socket
+/// ([`CtlKind::Handoff`]): take it and put it in the fd's place.
 pub const CMP_HANDOFF: u16 = 4;
 
 /// Operations carried on the request ring.

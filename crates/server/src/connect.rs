@@ -8,7 +8,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 
-use ferry_proto::{CMP_HANDOFF, CMP_RENEW_PAIR, Cmp, CmpKind, Ctl, WireAddr};
+use ferry_proto::{CMP_HANDOFF, CMP_RENEW_PAIR, Cmp, CmpKind, Ctl, CtlKind, WireAddr};
 use tracing::{debug, warn};
 
 use ferry_egress::reach;
@@ -519,34 +519,27 @@ impl Connects<'_> {
     }
 
     /// Stream `id`, connected or connecting (`result`: 0 or `-EINPROGRESS`) to a
-    /// `--handoff` destination, leaves the loop; the connect is answered with
-    /// `CMP_HANDOFF`, and the program takes the host socket ([`Connects::take_handoff`]).
+    /// `--handoff` destination, leaves the server: the connect is answered with
+    /// `CMP_HANDOFF`, and the host socket follows at once on the control socket of the
+    /// same channel (`CtlKind::Handoff`; that channel's process holds the socket: it
+    /// made the connect, `may_use`), where the shim takes it — one round trip. The
+    /// server forgets the socket id; dropping it closes the server's descriptor and its
+    /// pair end, and a bond's lease counts the connection as ended (its bytes are the
+    /// kernel's now).
     fn hand_off(&mut self, ch: u32, id: u32, tag: u32, result: i32) {
-        if let Some(s) = self.socks.get_mut(&id) {
-            let _ = self.epoll.delete(s.fd.as_fd());
-            s.handoff = Handoff::Handing;
-            debug!("socket {id}: handed off");
-        }
         let mut c = Cmp::new(CmpKind::Done, id, tag, result);
         c.flags |= CMP_HANDOFF;
         self.tx().complete(ch, c);
-    }
-
-    /// `CtlKind::Handoff`: stream `id` being handed off (the proof of holding it was
-    /// checked), out of the server's table: its `fd` is the host socket for the program.
-    /// The caller sends that fd itself (no copy of it is made) and then drops the
-    /// socket, which closes the server's descriptor and its pair end; a bond's lease
-    /// counts the connection as ended (its bytes are the kernel's now).
-    pub(crate) fn take_handoff(&mut self, id: u32) -> Result<Sock, Errno> {
-        let s = self.socks.get(&id).ok_or(Errno(libc::EBADF))?;
-        if s.handoff != Handoff::Handing {
-            return Err(Errno(libc::EINVAL));
-        }
-        let s = self.socks.remove(&id).ok_or(Errno(libc::EBADF))?;
+        let Some(s) = self.socks.remove(&id) else {
+            return;
+        };
+        let _ = self.epoll.delete(s.fd.as_fd());
         let _ = self.epoll.delete(s.pair.as_fd());
         self.shared.socket_closed();
         self.stats.closed_socket(s.stats);
-        Ok(s)
+        debug!("socket {id}: handed off");
+        let msg = Ctl::new(CtlKind::Handoff, id);
+        self.channels.send_reply(self.io, ch, msg, &[s.fd.as_fd()]);
     }
 
     /// A connect of stream `id` after a non-blocking one failed (see [`Conn`]): the

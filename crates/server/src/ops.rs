@@ -129,21 +129,7 @@ impl Server {
                     Err(e) => self.channels.answer(self.io, ch, e),
                 }
             }
-            CtlKind::Handoff => {
-                let taken = match fds.pop() {
-                    Some(fd) if fds.is_empty() => match self.claim(ch, msg.sock, fd) {
-                        Ok(()) => self.connects().take_handoff(msg.sock),
-                        Err(e) => Err(e),
-                    },
-                    _ => Err(Errno(libc::EINVAL)),
-                };
-                match taken {
-                    Ok(host) => self
-                        .channels
-                        .send_reply(self.io, ch, reply(0), &[host.fd.as_fd()]),
-                    Err(e) => self.channels.answer(self.io, ch, e),
-                }
-            }
+            CtlKind::Handoff => self.bad_channel(ch, "hand-off sent by the sandbox"),
             CtlKind::Reply => self.bad_channel(ch, "reply sent by the sandbox"),
             CtlKind::BindModule
             | CtlKind::Files

@@ -398,9 +398,6 @@ pub(crate) enum Handoff {
     /// answered as any (the socket stays served, so the program may connect again, as
     /// natively).
     WhenConnected,
-    /// Connected (or connecting) and out of the loop: the program takes the host socket
-    /// with `CtlKind::Handoff`.
-    Handing,
 }
 
 impl Drop for Sock {

@@ -546,3 +546,57 @@ fn native_client_keeps_the_ring_receive_path_when_the_server_offers_the_pair() {
     }
     assert!(got == data, "echoed bytes differ");
 }
+
+/// This host's address toward its default route (not loopback, which is never handed
+/// off); `None` on a machine without one.
+fn host_address() -> Option<std::net::IpAddr> {
+    let probe = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    probe.connect("192.0.2.1:9").ok()?;
+    let ip = probe.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+#[test]
+fn a_connect_the_policy_would_hand_off_stays_served_for_a_client_that_cannot_take_it() {
+    // The native client has no descriptor to put a host socket at: it does not say
+    // HELLO_TAKES_HANDOFF, so the server serves the connection as any (before, the
+    // connect got a CMP_HANDOFF answer and an unasked host socket it could not use).
+    let Some(ip) = host_address() else {
+        eprintln!("skipped: this machine has no non-loopback address");
+        return;
+    };
+    let l = TcpListener::bind((ip, 0)).unwrap();
+    let to = l.local_addr().unwrap();
+    let peer = std::thread::spawn(move || {
+        let (mut c, _) = l.accept().unwrap();
+        let mut buf = [0u8; 5];
+        c.read_exact(&mut buf).unwrap();
+        c.write_all(&buf).unwrap();
+    });
+    let rule = Rule::parse(Verdict::Allow, &format!("{ip}/32")).unwrap();
+    let srv = start("nohandoff", Policy::default().with_handoff(vec![rule]));
+    let mut c = Client::connect(&srv.path).unwrap();
+    let s = c.socket(libc::AF_INET, libc::SOCK_STREAM).unwrap();
+    c.connect_to(&s, to).unwrap();
+    c.send(&s, b"hello").unwrap();
+    let mut got = [0u8; 5];
+    let mut n = 0;
+    while n < got.len() {
+        let k = c.recv(&s, &mut got[n..]).unwrap();
+        assert!(k > 0, "early EOF");
+        n += k;
+    }
+    assert_eq!(&got, b"hello");
+    peer.join().unwrap();
+    drop(s);
+    drop(c);
+    std::thread::sleep(Duration::from_millis(100));
+    let stats = srv.stop();
+    assert!(
+        stats
+            .sockets
+            .iter()
+            .any(|x| x.bytes_out == 5 && x.bytes_in == 5),
+        "the connection was not served by the server"
+    );
+}

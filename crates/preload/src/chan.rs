@@ -1361,7 +1361,10 @@ fn say_hello(ctl: &OwnedFd, server: usize) -> Result<(), OpenError> {
         version: PROTO_VERSION,
         pid,
         tid: ferry_sys::gettid(),
-        server: server as u32 | HELLO_ROUTES | ferry_proto::HELLO_READS_PAIR,
+        server: server as u32
+            | HELLO_ROUTES
+            | ferry_proto::HELLO_READS_PAIR
+            | ferry_proto::HELLO_TAKES_HANDOFF,
     };
     ferry_sys::send_with_fds(ctl.as_fd(), bytemuck::bytes_of(&hello), &[])
         .map_err(|e| OpenError::Io("hello", e))

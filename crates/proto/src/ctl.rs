@@ -73,6 +73,12 @@ pub const HELLO_ROUTES: u32 = 1 << 31;
 /// receives through the ring, does not set it.
 pub const HELLO_READS_PAIR: u32 = 1 << 30;
 
+/// [`Hello::server`] flag: this endpoint takes a connected host socket for a `Connect`
+/// the policy hands off (`CMP_HANDOFF` and the `CtlKind::Handoff` that follows). The
+/// native client, which has no descriptor to put it at, does not set it: its sockets to
+/// hand-off destinations stay served.
+pub const HELLO_TAKES_HANDOFF: u32 = 1 << 29;
+
 /// Kinds of [`Ctl`] messages.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -43,9 +43,9 @@ mod module;
 pub use addr::{AddrError, WireAddr};
 pub use call::{BufRef, Call, InlineBytes};
 pub use ctl::{
-    Ctl, CtlKind, HELLO_READS_PAIR, HELLO_ROUTES, HELLO_RX_PAIR, Hello, HelloReply, MAX_SERVERS,
-    PAIR_NAME_MAX, PAIR_NAME_PREFIX, PROTO_VERSION, SERVER_BITS, pair_name, parse_pair_name,
-    server_of,
+    Ctl, CtlKind, HELLO_READS_PAIR, HELLO_ROUTES, HELLO_RX_PAIR, HELLO_TAKES_HANDOFF, Hello,
+    HelloReply, MAX_SERVERS, PAIR_NAME_MAX, PAIR_NAME_PREFIX, PROTO_VERSION, SERVER_BITS,
+    pair_name, parse_pair_name, server_of,
 };
 pub use error::ProtoError;
 pub use module::{

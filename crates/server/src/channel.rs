@@ -39,6 +39,9 @@ pub(crate) struct Channel {
     /// The shim routes each socket's calls to the socket's server, so sockets created
     /// through this channel may be assigned to any server.
     pub routes: bool,
+    /// The endpoint takes handed-off host sockets (`HELLO_TAKES_HANDOFF`): without it a
+    /// connect the policy would hand off is served as any.
+    pub takes_handoff: bool,
     /// Sockets created or accepted through this channel take the pair receive path
     /// (`Config::rx_pair`, and the shim reads the pair).
     pub rx_pair: bool,
@@ -82,6 +85,7 @@ impl Channel {
             throttled: false,
             going: false,
             routes: false,
+            takes_handoff: false,
             rx_pair: false,
             returns: 0,
             room_wait: Vec::new(),

@@ -451,8 +451,9 @@ impl Connects<'_> {
             self.connect_after_failure(ch, id, tag, c == Conn::FailReported);
             return true;
         }
+        let takes = self.channels.get(ch).is_some_and(|c| c.takes_handoff);
         let handoff = match self.placing().route_connect(id, addr) {
-            Ok(h) => h,
+            Ok(h) => h && takes,
             Err(e) => {
                 self.tx().done(ch, id, tag, e);
                 return true;

@@ -510,6 +510,7 @@ impl ChannelLife<'_> {
         );
         let mut ch = ch;
         ch.routes = hello.server & HELLO_ROUTES != 0;
+        ch.takes_handoff = hello.server & ferry_proto::HELLO_TAKES_HANDOFF != 0;
         ch.rx_pair = rx_pair;
         self.channels.put(idx, ch);
         self.shared.channel_opened();

@@ -88,6 +88,35 @@ fn parallel_downloads_fast_and_slow_readers_get_every_byte() {
 }
 
 #[test]
+fn a_download_after_one_killed_with_bytes_in_the_servers_pipe_gets_every_byte() {
+    // What a bulk stream's fd does not take waits in the server's one pipe, which is
+    // that stream's until it is through. A slow reader killed meanwhile leaves its bytes
+    // there: they belong to no one, and the next bulk stream must get only its own.
+    if !can_run(&["curl", "nginx", "ip", "sh", "timeout"]) {
+        return;
+    }
+    let r = remote("held");
+    let dir = TempDir::new("held");
+    let root = dir.path().join("www");
+    std::fs::create_dir_all(&root).unwrap();
+    let data = pattern(24 << 20, 5);
+    std::fs::write(root.join("big.bin"), &data).unwrap();
+    let _nginx = remote_nginx(&r, dir.path(), &root, 8080);
+    let url = format!("http://{}:8080/big.bin", r.remote_ip());
+    let got = dir.path().join("got");
+    let script = format!(
+        "timeout -s KILL 2 curl -sS --limit-rate 2M -o /dev/null {url}; \
+         curl -sS --fail -m 60 -o '{g}' {url}",
+        g = got.display(),
+    );
+    let ferry = ferry_run(&[], &["sh", "-c", &script]);
+    assert!(ferry.status.success(), "{}", text(&ferry));
+    let got = std::fs::read(got).unwrap();
+    assert_eq!(got.len(), data.len());
+    assert!(got == data, "the second download's bytes differ");
+}
+
+#[test]
 fn denied_destination_gets_a_clear_error() {
     if !can_run(&["curl", "nginx", "ip"]) {
         return;

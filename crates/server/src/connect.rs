@@ -387,7 +387,7 @@ impl Connects<'_> {
                 .iter()
                 .find(|(lv, n, _)| (*lv, *n) == (libc::SOL_SOCKET, libc::SO_RCVBUF))
         }) {
-            crate::ops::bound_pair(self.io, &sock, v);
+            crate::ops::bound_pair(self.io, &mut sock, v);
         }
         if server == self.index {
             sock.last_ch = ch;

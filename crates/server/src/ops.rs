@@ -513,8 +513,10 @@ impl Tx<'_> {
 /// same size. A receiver that made its buffer small then holds as little as natively,
 /// and a sender's writes meet the back-pressure (or the reset of a receiver that closes
 /// with bytes unread) as early as they would.
-pub(crate) fn bound_pair(io: &dyn crate::seam::Io, s: &crate::sock::Sock, value: &[u8]) {
+/// (A pair so bounded is not widened for bulk: `rx.rs`'s `widen_pair`.)
+pub(crate) fn bound_pair(io: &dyn crate::seam::Io, s: &mut crate::sock::Sock, value: &[u8]) {
     if s.rx.pair() && value.len() >= 4 {
+        s.rx.bound();
         let _ = io.setsockopt(
             s.pair.as_fd(),
             libc::SOL_SOCKET,

@@ -151,6 +151,11 @@ pub(crate) struct RecvSide {
     maybe: bool,
     /// The pair path: received bytes the pair has not taken yet (at most one read).
     pending: Vec<u8>,
+    /// The pair path in bulk mode: bytes of this stream the pair has not taken yet that
+    /// wait in the server's pipe (never beside `pending`: see `rx.rs`'s `RxScratch`).
+    piped: usize,
+    /// The program bounded the pair's buffer (its `SO_RCVBUF`, or its listener's).
+    bounded: bool,
     /// `Server::waits` at the last receive: an input event reported by a later wait
     /// than the next one cannot be older than that receive.
     mark: u64,
@@ -234,6 +239,29 @@ impl RecvSide {
 
     pub(crate) fn pending_mut(&mut self) -> &mut Vec<u8> {
         &mut self.pending
+    }
+
+    /// Bytes of this stream waiting in the server's pipe for room in the pair.
+    pub(crate) fn piped(&self) -> usize {
+        self.piped
+    }
+
+    pub(crate) fn set_piped(&mut self, n: usize) {
+        self.piped = n;
+    }
+
+    /// The program bounded the pair's buffer (see `ops::bound_pair`).
+    pub(crate) fn bound(&mut self) {
+        self.bounded = true;
+    }
+
+    pub(crate) fn bounded(&self) -> bool {
+        self.bounded
+    }
+
+    /// Received bytes the pair has not taken yet, copied or in the pipe.
+    pub(crate) fn queued(&self) -> bool {
+        !self.pending.is_empty() || self.piped > 0
     }
 
     /// The wait count at the last receive.

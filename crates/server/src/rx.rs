@@ -12,7 +12,6 @@ use ferry_egress::{Origin, What, admit};
 use ferry_proto::{CMP_DRAIN_TOKEN, Cmp, CmpKind, NO_BUF, WireAddr, cmsg};
 use ferry_ring::{BufId, BufSpan, Buffers};
 use ferry_sys::Received;
-use tracing::warn;
 
 use crate::Config;
 use crate::channel::Channel;
@@ -35,9 +34,15 @@ const MAX_RECV_BUFS: usize = 4;
 /// `rx_pair`: the server's buffer for host bytes on their way into a pair.
 const RX_SCRATCH: usize = 64 * 1024;
 
-/// `rx_pair`: bytes per splice of a bulk stream (host socket → pipe → pair). Not more
-/// than a pair usually takes at once: what it does not take is copied out of the pipe.
-const RX_SPLICE: usize = 64 * 1024;
+/// `rx_pair`: bytes per splice of a bulk stream (host socket → pipe → pair). What the
+/// pair does not take waits in the pipe (see [`RxScratch`]).
+const RX_SPLICE: usize = 256 * 1024;
+
+/// `rx_pair`: the send buffer asked for a bulk stream's pair (its end's `SO_SNDBUF`,
+/// which bounds a unix stream; the kernel caps it at `net.core.wmem_max` and doubles
+/// it). The default (`wmem_default`, 208 KiB) holds about three 64 KiB splices: the
+/// pair filled up after most splices, and the program got less per read.
+const RX_PAIR_BULK: i32 = 1 << 20;
 
 /// `rx_pair`: a splice that moves less than this ends a stream's bulk mode.
 const SPLICE_MIN: usize = 16 * 1024;
@@ -46,38 +51,31 @@ const SPLICE_MIN: usize = 16 * 1024;
 /// many small segments).
 const RX_PIPE: usize = 1 << 20;
 
-/// One splice of bulk stream `s`: host socket → `pipe` (read end, write end) → pair.
-/// What the pair does not take is read out of the pipe (through `buf`) into
-/// `s.rx`'s pending bytes, so the pipe is empty for the next socket; `true` when that failed
-/// (not expected: the pipe holds those bytes) — the stream has lost them (`EIO`) and
-/// the pipe must not serve another.
-fn splice_bulk(
-    io: &dyn Io,
-    s: &mut Sock,
-    (pr, pw): &(OwnedFd, OwnedFd),
-    buf: &mut [u8],
-) -> (io::Result<usize>, bool) {
+/// One splice of bulk stream `s`: host socket → the pipe (read end, write end) → pair.
+/// What the pair does not take stays in the pipe for the next pump (`s.rx`'s piped
+/// bytes): the pipe is then `s`'s until they are through.
+fn splice_bulk(io: &dyn Io, s: &mut Sock, (pr, pw): &(OwnedFd, OwnedFd)) -> io::Result<usize> {
     let r = io.splice(s.fd.as_fd(), pw.as_fd(), RX_SPLICE);
     let Ok(n @ 1..) = r else {
-        return (r, false);
+        return r;
     };
     let moved = io.splice(pr.as_fd(), s.pair.as_fd(), n).unwrap_or(0);
-    let mut rest = n - moved.min(n);
-    while rest > 0 {
-        match io.read(pr.as_fd(), &mut buf[..rest.min(RX_SCRATCH)]) {
-            Ok(k @ 1..) => {
-                s.rx.pending_mut().extend_from_slice(&buf[..k]);
-                rest -= k;
-            }
-            _ => return (Err(io::Error::from_raw_os_error(libc::EIO)), true),
-        }
-    }
+    s.rx.set_piped(n - moved.min(n));
     s.rx.move_path(if n >= SPLICE_MIN {
         PathEvent::FullRead
     } else {
         PathEvent::ShortRead
     });
-    (r, false)
+    r
+}
+
+/// A stream turns bulk: its pair may hold more (see [`RX_PAIR_BULK`]), unless the
+/// program bounded it.
+fn widen_pair(io: &dyn Io, s: &Sock) {
+    if !s.rx.bounded() {
+        let v = RX_PAIR_BULK.to_ne_bytes();
+        let _ = io.setsockopt(s.pair.as_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, &v);
+    }
 }
 
 /// Buffers of `chan` lent to one receive of `len` bytes: up to [`MAX_RECV_BUFS`] for a
@@ -224,31 +222,80 @@ fn answer_recv(
 }
 
 /// Where host bytes land on their way into pairs (the pair path): the server's buffer,
-/// and the pipe bulk streams are spliced through (empty between calls of the pump).
-/// Made at the first pump.
+/// and the pipe bulk streams are spliced through. Made at the first pump.
+///
+/// The pipe holds at most one stream's bytes, those its pair did not take (`held`:
+/// the socket and their count, the same as its `rx.piped()`); the next pumps of that
+/// stream move them on before it reads again, and other bulk streams are copied
+/// meanwhile. A holder that went (its count no longer matches) leaves its bytes to
+/// no one: the pipe is closed and made anew.
 #[derive(Debug, Default)]
 pub(crate) struct RxScratch {
     buf: Vec<u8>,
     pipe: Option<(OwnedFd, OwnedFd)>,
+    held: Option<(u32, usize)>,
 }
 
 impl RxScratch {
     fn ready(&mut self, io: &dyn Io) {
         if self.buf.is_empty() {
             self.buf = vec![0u8; RX_SCRATCH];
+        }
+        if self.pipe.is_none() {
             // Without a pipe (out of descriptors), bulk streams are copied too.
             self.pipe = io.rx_pipe(RX_PIPE);
         }
     }
 
-    /// One read of `s`'s host socket into its pair: spliced in bulk mode, else copied
-    /// (what the pair does not take is kept in `s.rx`'s pending bytes). `true` beside the result:
-    /// the pipe lost bytes and must serve no other stream.
-    fn read_into_pair(&mut self, io: &dyn Io, s: &mut Sock) -> (io::Result<usize>, bool) {
-        let buf = &mut self.buf;
-        if let Some(pipe) = self.pipe.as_ref().filter(|_| s.rx.bulk()) {
-            return splice_bulk(io, s, pipe, buf);
+    /// Forgets the pipe's bytes when their stream is gone (see the type).
+    fn check_holder(&mut self, socks: &SockTable) {
+        if let Some((id, n)) = self.held
+            && socks.get(&id).is_none_or(|s| s.rx.piped() != n)
+        {
+            self.held = None;
+            self.pipe = None;
         }
+    }
+
+    /// Moves `s`'s bytes waiting in the pipe into its pair; false while some are left.
+    fn pipe_into_pair(&mut self, io: &dyn Io, s: &mut Sock) -> bool {
+        let n = s.rx.piped();
+        if n == 0 {
+            return true;
+        }
+        let Some((pr, _)) = self.pipe.as_ref() else {
+            // (Not expected: the pipe goes only with its holder.) The bytes are lost:
+            // the stream ends with EIO.
+            s.rx.set_piped(0);
+            s.so_error = libc::EIO;
+            s.mirror_eof(io);
+            return false;
+        };
+        let moved = io.splice(pr.as_fd(), s.pair.as_fd(), n).unwrap_or(0);
+        s.rx.set_piped(n - moved.min(n));
+        self.note(s);
+        s.rx.piped() == 0
+    }
+
+    /// Records who holds the pipe after a splice of `s`.
+    fn note(&mut self, s: &Sock) {
+        self.held = (s.rx.piped() > 0).then_some((s.id, s.rx.piped()));
+    }
+
+    /// One read of `s`'s host socket into its pair: spliced in bulk mode while the pipe
+    /// is free, else copied (what the pair does not take is kept in `s.rx`'s pending
+    /// bytes).
+    fn read_into_pair(&mut self, io: &dyn Io, s: &mut Sock) -> io::Result<usize> {
+        if let Some(pipe) = self
+            .pipe
+            .as_ref()
+            .filter(|_| s.rx.bulk() && self.held.is_none())
+        {
+            let r = splice_bulk(io, s, pipe);
+            self.note(s);
+            return r;
+        }
+        let buf = &mut self.buf;
         let got = io.recv(s.fd.as_fd(), buf, libc::MSG_DONTWAIT);
         if let Ok(n @ 1..) = got {
             let sent = io.send(s.pair.as_fd(), &buf[..n]).unwrap_or(0);
@@ -258,24 +305,26 @@ impl RxScratch {
             let full = n == RX_SCRATCH
                 && self.pipe.is_some()
                 && io.set_nonblocking(s.pair.as_fd(), true).is_ok();
+            if full && !s.rx.bulk() {
+                widen_pair(io, s);
+            }
             s.rx.move_path(if full {
                 PathEvent::FullRead
             } else {
                 PathEvent::ShortRead
             });
         }
-        (got, false)
+        got
     }
 
     /// The pump of [`Rx::pump`] for stream `s`: host socket → pair.
     fn pump(&mut self, io: &dyn Io, s: &mut Sock, stats: &mut ServerStats) {
-        let id = s.id;
         if !s.reads_pair() || s.pair_end() != PairEnd::Open {
             return;
         }
         self.ready(io);
         loop {
-            if !pending_into_pair(io, s) || !s.urgent_first(io) {
+            if !pending_into_pair(io, s) || !self.pipe_into_pair(io, s) || !s.urgent_first(io) {
                 return;
             }
             if !s.rx.maybe() {
@@ -283,8 +332,7 @@ impl RxScratch {
                 // said the socket is writable again): nothing to read.
                 return;
             }
-            let (got, pipe_broken) = self.read_into_pair(io, s);
-            match got {
+            match self.read_into_pair(io, s) {
                 Ok(0) => {
                     s.mirror_eof(io);
                     return;
@@ -303,7 +351,7 @@ impl RxScratch {
                     if drained {
                         s.rx.found_empty();
                     }
-                    if !s.rx.pending().is_empty() || drained {
+                    if s.rx.queued() || drained {
                         return;
                     }
                 }
@@ -315,11 +363,6 @@ impl RxScratch {
                 Err(e) => {
                     s.so_error = e.raw_os_error().unwrap_or(libc::EIO);
                     s.mirror_eof(io);
-                    if pipe_broken {
-                        warn!("socket {id}: the receive pipe lost bytes; the stream ends with EIO");
-                        let _ = io.linger_reset(s.fd.as_fd());
-                        self.pipe = None;
-                    }
                     return;
                 }
             }
@@ -627,6 +670,7 @@ impl Rx<'_> {
     /// change hands, the bytes are not copied in the server) until a splice moves less
     /// than [`SPLICE_MIN`]. A hang-up due follows the end of the stream ([`Rx::mirror_hup`]).
     pub(crate) fn pump(&mut self, id: u32) {
+        self.scratch.check_holder(self.socks);
         if let Some(s) = self.socks.get_mut(&id) {
             self.scratch.pump(self.io, s, self.stats);
         }
@@ -708,7 +752,7 @@ impl Rx<'_> {
             && self
                 .socks
                 .get(&id)
-                .is_some_and(|s| !s.rx.pending().is_empty() || s.rx.urgent_held().is_some())
+                .is_some_and(|s| s.rx.queued() || s.rx.urgent_held().is_some())
         {
             self.pump(id);
         }

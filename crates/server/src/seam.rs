@@ -91,8 +91,6 @@ pub(crate) trait Io: Send + Sync + std::fmt::Debug {
     fn rx_pipe(&self, size: usize) -> Option<(OwnedFd, OwnedFd)>;
     /// `splice` up to `len` bytes (non-blocking).
     fn splice(&self, from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize) -> io::Result<usize>;
-    /// `read`.
-    fn read(&self, fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize>;
     /// Sends the unsent parts of queued items in one call (see `hostio::send_items`).
     fn send_items(
         &self,
@@ -281,10 +279,6 @@ impl Io for SysIo {
 
     fn splice(&self, from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
         ferry_sys::splice(from, to, len)
-    }
-
-    fn read(&self, fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
-        ferry_sys::read(fd, buf)
     }
 
     fn send_items(

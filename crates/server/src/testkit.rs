@@ -566,10 +566,6 @@ impl Io for Fake {
         err(libc::EINVAL)
     }
 
-    fn read(&self, _: BorrowedFd<'_>, _: &mut [u8]) -> io::Result<usize> {
-        err(libc::EINVAL)
-    }
-
     fn send_items(
         &self,
         fd: BorrowedFd<'_>,

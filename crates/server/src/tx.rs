@@ -293,7 +293,7 @@ impl Tx<'_> {
             // program's end goes with data queued): the peer gets a reset, as from a
             // kernel socket closed with unread data.
             reset = s.send.pair_reset()
-                || !s.rx.pending().is_empty()
+                || s.rx.queued()
                 || match how {
                     // The readiness that showed the close showed the error too.
                     Gone::Seen { reset } => reset,

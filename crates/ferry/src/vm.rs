@@ -135,8 +135,8 @@ fn take_signals(stop: ferry_vhost::Stop, signalled: Arc<AtomicI32>) -> std::io::
         .map(drop)
 }
 
-/// The guest's addressing, one line on stdout (for scripts: `key=value` pairs; `dns=`
-/// the resolver's address, or `off`).
+/// The guest's addressing, one line on stdout once the socket listens (for scripts:
+/// `key=value` pairs; `dns=` the resolver's address, or `off`): start the frontend after it.
 fn announce(plan: &ferry_nic::Plan, dns: bool, socket: &std::path::Path) {
     let resolver = if dns {
         plan.gw4.to_string()
@@ -251,8 +251,9 @@ fn serve_vhost(
         let mine = if i == 0 { published } else { &[] };
         threads.push(start_server(i, Box::new(dev), cfg, mine)?);
     }
-    announce(&cfg.plan, !cfg.dns.is_empty(), socket);
-    let served = ferry_vhost::serve(&backend, socket, stop);
+    let served = ferry_vhost::serve(&backend, socket, stop, || {
+        announce(&cfg.plan, !cfg.dns.is_empty(), socket);
+    });
     info!("the VM's frontend has gone");
     let stats = join_servers(threads);
     let dev = backend.counters();
@@ -274,9 +275,10 @@ fn serve_stream(
             "--stream carries one queue: one NIC server (no --nic-servers)".into(),
         ));
     }
-    announce(&cfg.plan, !cfg.dns.is_empty(), socket);
-    let conn =
-        ferry_vhost::accept_frontend(socket, stop).map_err(|e| RunError::Nic(e.to_string()))?;
+    let conn = ferry_vhost::accept_frontend(socket, stop, || {
+        announce(&cfg.plan, !cfg.dns.is_empty(), socket);
+    })
+    .map_err(|e| RunError::Nic(e.to_string()))?;
     let Some(conn) = conn else {
         report(a, &[], "stream: no peer came", "{}");
         return Ok(());

@@ -103,19 +103,29 @@ impl Stop {
 /// `stop` ends it, then tells every queue pair's NIC server that the device is gone. The
 /// socket file is removed once a frontend has connected, or when stopped before. The
 /// connection is relayed to the daemon through a private socket (`relay.rs` says why).
-pub fn serve(backend: &Backend, socket: &Path, stop: &Stop) -> Result<(), Error> {
-    let result = serve_one(backend, socket, stop);
+/// `listening` is called once the socket listens: a frontend that connects from then on
+/// is taken (before, it could find the file and be refused).
+pub fn serve(
+    backend: &Backend,
+    socket: &Path,
+    stop: &Stop,
+    listening: impl FnOnce(),
+) -> Result<(), Error> {
+    let result = serve_one(backend, socket, stop, listening);
     backend.disconnect();
     result
 }
 
 /// Listens on `socket` (an existing socket file there is replaced) for one frontend's
 /// connection (`None`: `stop` ended the wait); the socket file is removed either way,
-/// and `stop` shuts the connection down from then on. [`serve`]'s first step, and
-/// `ferry vm --stream`'s (QEMU's stream netdev connects the same way).
+/// and `stop` shuts the connection down from then on. `listening` is called once the
+/// socket listens (the file exists a moment before: a frontend told of the socket only
+/// then is never refused). [`serve`]'s first step, and `ferry vm --stream`'s (QEMU's
+/// stream netdev connects the same way).
 pub fn accept_frontend(
     socket: &Path,
     stop: &Stop,
+    listening: impl FnOnce(),
 ) -> Result<Option<std::os::unix::net::UnixStream>, Error> {
     use std::os::unix::net::UnixListener;
     if let Ok(meta) = std::fs::symlink_metadata(socket)
@@ -134,6 +144,7 @@ pub fn accept_frontend(
         }
         st.listening = Some(socket.to_path_buf());
     }
+    listening();
     let accepted = listener.accept();
     let mut st = stop.state();
     st.listening = None;
@@ -148,11 +159,16 @@ pub fn accept_frontend(
 }
 
 /// [`serve`]'s steps: the frontend → the daemon on a private socket → the relay.
-fn serve_one(backend: &Backend, socket: &Path, stop: &Stop) -> Result<(), Error> {
+fn serve_one(
+    backend: &Backend,
+    socket: &Path,
+    stop: &Stop,
+    listening: impl FnOnce(),
+) -> Result<(), Error> {
     use std::os::unix::net::{UnixListener, UnixStream};
     use vhost_user_backend::VhostUserDaemon;
     let daemon_err = |e: &dyn std::fmt::Display| Error::Daemon(e.to_string());
-    let Some(front) = accept_frontend(socket, stop)? else {
+    let Some(front) = accept_frontend(socket, stop, listening)? else {
         return Ok(());
     };
     // The daemon's side, on a path of its own only until it has connected.

@@ -75,6 +75,10 @@ pub struct VmArgs {
     /// Write the NIC servers' counters as JSON to FILE when the guest has gone.
     #[arg(long, value_name = "FILE")]
     pub stats_json: Option<PathBuf>,
+    /// Leave the backend and NIC servers unconfined: they keep this process's
+    /// capabilities and may make any system call (see docs/SECURITY.md). For debugging.
+    #[arg(long)]
+    pub unconfined: bool,
     /// More log output (-v info, -vv debug).
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,
@@ -105,11 +109,19 @@ pub fn main(a: VmArgs) -> i32 {
     }
 }
 
+/// `CAP_KILL` (linux/capability.h), the one capability a confined ferry keeps.
+const CAP_KILL: u32 = 5;
+
 /// The signal thread: the first signal of [`SIGNALS`](crate::stop::SIGNALS) stops
 /// serving (`stop`) and is kept in `signalled`; a second one, should stopping hang,
 /// removes the socket file ferry still listens on and exits at once.
 fn take_signals(stop: ferry_vhost::Stop, signalled: Arc<AtomicI32>) -> std::io::Result<()> {
+    let (dropped, done) = std::sync::mpsc::channel();
     let thread = move || {
+        // It needs none of the process's capabilities (CAP_KILL kept as `confine` keeps
+        // it): the servers' confinement would not reach this thread, started before.
+        // Dropped before `take_signals` returns (the filter refuses `capset` after).
+        let _ = dropped.send(ferry_sys::drop_capabilities(&[CAP_KILL]));
         loop {
             let Ok(Some(sig)) =
                 ferry_sys::wait_signal(&crate::stop::SIGNALS, Duration::from_secs(1))
@@ -131,12 +143,15 @@ fn take_signals(stop: ferry_vhost::Stop, signalled: Arc<AtomicI32>) -> std::io::
     // Not joined: it ends with the process.
     std::thread::Builder::new()
         .name("ferry-signals".into())
-        .spawn(thread)
-        .map(drop)
+        .spawn(thread)?;
+    if let Ok(Err(e)) = done.recv() {
+        warn!("the signal thread keeps its capabilities: {e}");
+    }
+    Ok(())
 }
 
-/// The guest's addressing, one line on stdout (for scripts: `key=value` pairs; `dns=`
-/// the resolver's address, or `off`).
+/// The guest's addressing, one line on stdout once the socket listens (for scripts:
+/// `key=value` pairs; `dns=` the resolver's address, or `off`): start the frontend after it.
 fn announce(plan: &ferry_nic::Plan, dns: bool, socket: &std::path::Path) {
     let resolver = if dns {
         plan.gw4.to_string()
@@ -201,15 +216,31 @@ type ServerThread = (
     std::thread::JoinHandle<ferry_nic::NicStats>,
 );
 
-/// Starts NIC server `i` on `dev` in a thread of its own.
-fn start_server(
+/// NIC server `i` on `dev`, set up (its published listeners bound), not yet running.
+fn make_server(
     i: usize,
     dev: Box<dyn ferry_nic::device::FrameDevice>,
     cfg: &Arc<ferry_nic::NicConfig>,
     published: &[ferry_nic::NicPublish],
-) -> Result<ServerThread, RunError> {
-    let server = ferry_nic::NicServer::with_device(i, dev, cfg.clone(), published)
-        .map_err(|e| RunError::Nic(format!("cannot start NIC server {i}: {e}")))?;
+) -> Result<ferry_nic::NicServer, RunError> {
+    ferry_nic::NicServer::with_device(i, dev, cfg.clone(), published)
+        .map_err(|e| RunError::Nic(format!("cannot start NIC server {i}: {e}")))
+}
+
+/// Set-up is done: from here on the process keeps only what serving needs (the
+/// servers' threads start after, with no more), unless `--unconfined`.
+fn confine(a: &VmArgs) -> Result<(), RunError> {
+    if a.unconfined {
+        warn!("--unconfined: the backend and NIC servers may make any system call");
+        return Ok(());
+    }
+    let n = ferry_server::confine::confine().map_err(RunError::Confine)?;
+    tracing::debug!("ferry vm confined: {n} system calls allowed");
+    Ok(())
+}
+
+/// Runs `server` in a thread of its own.
+fn start_server(server: ferry_nic::NicServer) -> Result<ServerThread, RunError> {
     let stop = server.stop_handle();
     let t = std::thread::Builder::new()
         .name("ferry-nic".into())
@@ -246,13 +277,22 @@ fn serve_vhost(
     let (backend, devices) =
         ferry_vhost::backend(usize::from(a.nic_servers), a.mtu as usize, &ports)
             .map_err(|e| RunError::Nic(e.to_string()))?;
-    let mut threads = Vec::new();
+    let mut servers = Vec::new();
     for (i, dev) in devices.into_iter().enumerate() {
         let mine = if i == 0 { published } else { &[] };
-        threads.push(start_server(i, Box::new(dev), cfg, mine)?);
+        servers.push(make_server(i, Box::new(dev), cfg, mine)?);
     }
-    announce(&cfg.plan, !cfg.dns.is_empty(), socket);
-    let served = ferry_vhost::serve(&backend, socket, stop);
+    let mut threads = Vec::new();
+    // Listening, set up: confined, the servers run, the guest is announced.
+    let ready = || -> Result<(), String> {
+        confine(a).map_err(|e| e.to_string())?;
+        for server in servers {
+            threads.push(start_server(server).map_err(|e| e.to_string())?);
+        }
+        announce(&cfg.plan, !cfg.dns.is_empty(), socket);
+        Ok(())
+    };
+    let served = ferry_vhost::serve(&backend, socket, stop, ready);
     info!("the VM's frontend has gone");
     let stats = join_servers(threads);
     let dev = backend.counters();
@@ -274,9 +314,11 @@ fn serve_stream(
             "--stream carries one queue: one NIC server (no --nic-servers)".into(),
         ));
     }
-    announce(&cfg.plan, !cfg.dns.is_empty(), socket);
-    let conn =
-        ferry_vhost::accept_frontend(socket, stop).map_err(|e| RunError::Nic(e.to_string()))?;
+    let conn = ferry_vhost::accept_frontend(socket, stop, || {
+        announce(&cfg.plan, !cfg.dns.is_empty(), socket);
+        Ok(())
+    })
+    .map_err(|e| RunError::Nic(e.to_string()))?;
     let Some(conn) = conn else {
         report(a, &[], "stream: no peer came", "{}");
         return Ok(());
@@ -287,7 +329,9 @@ fn serve_stream(
     let dev = ferry_nic::device::StreamDevice::new(conn.into(), a.mtu as usize)
         .map_err(|e| RunError::Nic(format!("the stream: {e}")))?;
     let counters = dev.counters();
-    let thread = start_server(0, Box::new(dev), cfg, published)?;
+    let server = make_server(0, Box::new(dev), cfg, published)?;
+    confine(a)?;
+    let thread = start_server(server)?;
     // Until the peer has closed its end (or the connection was shut down).
     let gone = libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL;
     loop {

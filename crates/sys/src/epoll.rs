@@ -19,6 +19,14 @@ pub struct Epoll {
     buf: Vec<libc::epoll_event>,
 }
 
+impl std::os::fd::AsFd for Epoll {
+    /// The instance itself: it polls readable while any registered descriptor is ready
+    /// (an epoll inside another's).
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 impl Epoll {
     /// Creates an instance (close-on-exec) that returns at most `max_events` per wait.
     pub fn new(max_events: usize) -> io::Result<Epoll> {

@@ -48,6 +48,9 @@ pub enum Error {
     /// An eventfd could not be made.
     #[error("cannot make an eventfd: {0}")]
     EventFd(#[source] std::io::Error),
+    /// The caller's step once the socket listened failed (confining the process, say).
+    #[error("{0}")]
+    Ready(String),
 }
 
 /// Ends [`serve`] from another thread (a signal's): before a frontend has connected,
@@ -103,19 +106,30 @@ impl Stop {
 /// `stop` ends it, then tells every queue pair's NIC server that the device is gone. The
 /// socket file is removed once a frontend has connected, or when stopped before. The
 /// connection is relayed to the daemon through a private socket (`relay.rs` says why).
-pub fn serve(backend: &Backend, socket: &Path, stop: &Stop) -> Result<(), Error> {
-    let result = serve_one(backend, socket, stop);
+/// `ready` is called once the socket listens and the backend's own set-up is done (what
+/// follows is serving the frontend: the caller confines the process there); a frontend
+/// that connects from then on is taken (before, it could find the file and be refused).
+pub fn serve(
+    backend: &Backend,
+    socket: &Path,
+    stop: &Stop,
+    ready: impl FnOnce() -> Result<(), String>,
+) -> Result<(), Error> {
+    let result = serve_one(backend, socket, stop, ready);
     backend.disconnect();
     result
 }
 
 /// Listens on `socket` (an existing socket file there is replaced) for one frontend's
 /// connection (`None`: `stop` ended the wait); the socket file is removed either way,
-/// and `stop` shuts the connection down from then on. [`serve`]'s first step, and
-/// `ferry vm --stream`'s (QEMU's stream netdev connects the same way).
+/// and `stop` shuts the connection down from then on. `ready` is called once the socket
+/// listens (the file exists a moment before: a frontend told of the socket only then is
+/// never refused); its error ends the wait. [`serve`]'s first step, and `ferry vm
+/// --stream`'s (QEMU's stream netdev connects the same way).
 pub fn accept_frontend(
     socket: &Path,
     stop: &Stop,
+    ready: impl FnOnce() -> Result<(), String>,
 ) -> Result<Option<std::os::unix::net::UnixStream>, Error> {
     use std::os::unix::net::UnixListener;
     if let Ok(meta) = std::fs::symlink_metadata(socket)
@@ -134,6 +148,12 @@ pub fn accept_frontend(
         }
         st.listening = Some(socket.to_path_buf());
     }
+    if let Err(e) = ready() {
+        stop.state().listening = None;
+        drop(listener);
+        let _ = std::fs::remove_file(socket);
+        return Err(Error::Ready(e));
+    }
     let accepted = listener.accept();
     let mut st = stop.state();
     st.listening = None;
@@ -148,17 +168,23 @@ pub fn accept_frontend(
 }
 
 /// [`serve`]'s steps: the frontend → the daemon on a private socket → the relay.
-fn serve_one(backend: &Backend, socket: &Path, stop: &Stop) -> Result<(), Error> {
+fn serve_one(
+    backend: &Backend,
+    socket: &Path,
+    stop: &Stop,
+    ready: impl FnOnce() -> Result<(), String>,
+) -> Result<(), Error> {
     use std::os::unix::net::{UnixListener, UnixStream};
     use vhost_user_backend::VhostUserDaemon;
     let daemon_err = |e: &dyn std::fmt::Display| Error::Daemon(e.to_string());
-    let Some(front) = accept_frontend(socket, stop)? else {
-        return Ok(());
-    };
-    // The daemon's side, on a path of its own only until it has connected.
+    // The daemon's side, on a path of its own only until it has connected (made before
+    // `ready`: a confined process makes no directory).
     let private = PrivateDir::make().map_err(|e| daemon_err(&e))?;
     let inner_path = private.0.join("backend.sock");
     let inner = UnixListener::bind(&inner_path).map_err(|e| daemon_err(&e))?;
+    let Some(front) = accept_frontend(socket, stop, ready)? else {
+        return Ok(());
+    };
     let mut daemon = VhostUserDaemon::new("ferry-vhost".into(), backend.clone(), backend.memory())
         .map_err(|e| daemon_err(&e))?;
     let path = inner_path.to_string_lossy().into_owned();

@@ -111,7 +111,12 @@ pub(crate) fn relay(front: UnixStream, back: UnixStream) -> io::Result<()> {
     let _ = front.shutdown(std::net::Shutdown::Both);
     let _ = back.shutdown(std::net::Shutdown::Both);
     let _ = replies.join();
-    r
+    match r {
+        // A frontend killed while messages were under way (its unread data resets the
+        // connection): the end of a VM, as a close is.
+        Err(e) if e.kind() == io::ErrorKind::ConnectionReset => Ok(()),
+        r => r,
+    }
 }
 
 #[cfg(test)]

@@ -70,6 +70,11 @@ impl Drop for Guard {
     /// SIGTERM first, so that a master (nginx) takes its workers along and ferry cleans
     /// up its sandbox; SIGKILL after 2 s.
     fn drop(&mut self) {
+        // A child already reaped (a test waited for it) is not signalled: its pid may be
+        // another process's by now.
+        if !matches!(self.0.try_wait(), Ok(None)) {
+            return;
+        }
         // SAFETY: a signal to our own child, which is not reaped yet.
         unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
         let until = Instant::now() + Duration::from_secs(2);
@@ -211,7 +216,18 @@ pub fn output_within(mut cmd: Command, limit: Duration) -> Output {
         Err(_) => {
             // SAFETY: kill with integer arguments; our unreaped child.
             unsafe { libc::kill(pid, libc::SIGKILL) };
-            panic!("{cmd:?} ran longer than {limit:?}");
+            // What it said until then, to tell why it hung.
+            let said = rx
+                .recv_timeout(Duration::from_secs(5))
+                .ok()
+                .and_then(Result::ok);
+            let (out, err) = said.map_or_else(Default::default, |o| {
+                (
+                    String::from_utf8_lossy(&o.stdout).into_owned(),
+                    String::from_utf8_lossy(&o.stderr).into_owned(),
+                )
+            });
+            panic!("{cmd:?} ran longer than {limit:?}; its stdout:\n{out}\nits stderr:\n{err}");
         }
     }
 }

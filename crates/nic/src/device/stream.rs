@@ -7,10 +7,13 @@
 //! `2 × (4 + the largest frame)` bytes; a length of 0 or beyond the largest frame the
 //! interface carries is refused, counted, and its bytes skipped as they come (never
 //! buffered), so the stream stays in step; a partial frame waits for its rest. Writing:
-//! a frame the socket takes only in part leaves its rest in a tail of at most one frame,
-//! written first on the next call; while a tail waits, further frames are lost and
-//! counted (a peer that never reads costs one frame's bytes, and the server never
-//! blocks).
+//! what the socket does not take (the rest of a frame, the frames after it) waits in a
+//! bounded queue ([`PENDING_MAX`] bytes past the first frame), written first on the next
+//! call and as soon as the socket is writable again (the device's wake descriptor is an
+//! epoll of the socket, which adds writability while bytes wait); frames beyond the bound
+//! are lost and counted. A peer that reads slowly (a TCG guest's QEMU under load) is
+//! waited for, not made to lose frames whose retransmission would stall its TCP; one that
+//! never reads costs the bound's bytes, and the server never blocks.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -125,19 +128,26 @@ impl Deframer {
     }
 }
 
-/// A frame's rest the socket did not take yet.
+/// Most bytes of frames waiting for the peer to read, past the first one.
+pub const PENDING_MAX: usize = 4 << 20;
+
+/// Framed bytes the socket did not take yet (`bytes[at..]`), in order.
 #[derive(Debug, Default)]
-struct Tail {
+struct Pending {
     bytes: Vec<u8>,
     at: usize,
 }
 
-impl Tail {
+impl Pending {
     fn is_empty(&self) -> bool {
         self.at >= self.bytes.len()
     }
 
-    /// Writes what is left with `write`; whether all of it went.
+    fn len(&self) -> usize {
+        self.bytes.len() - self.at
+    }
+
+    /// Writes what waits with `write`; whether all of it went.
     fn flush(&mut self, write: &mut impl FnMut(&[u8], &[u8]) -> io::Result<usize>) -> bool {
         while !self.is_empty() {
             match write(&self.bytes[self.at..], &[]) {
@@ -145,34 +155,54 @@ impl Tail {
                 Ok(n) => self.at += n,
             }
         }
+        self.bytes.clear();
+        self.at = 0;
         true
+    }
+
+    /// Queues `hdr` then `frame`, from their `from`-th byte on.
+    fn keep(&mut self, hdr: &[u8], frame: &[u8], from: usize) {
+        if self.at > 0 && self.at >= self.bytes.len() / 2 {
+            self.bytes.drain(..self.at);
+            self.at = 0;
+        }
+        if let Some(h) = hdr.get(from..) {
+            self.bytes.extend_from_slice(h);
+            self.bytes.extend_from_slice(frame);
+        } else {
+            self.bytes
+                .extend_from_slice(frame.get(from - hdr.len()..).unwrap_or_default());
+        }
     }
 }
 
 /// Writes `frame` behind its length with `write` (a gather write of two slices; its
-/// count of bytes taken), after any `tail`; a part the socket did not take becomes the
-/// tail. Whether the frame went (in whole or with its rest in the tail): `false`, lost.
+/// count of bytes taken), after what is `pending`; what the socket does not take waits
+/// there. Whether the frame went or waits: `false`, lost (the queue is full, or the
+/// socket failed).
 fn send_frame(
-    tail: &mut Tail,
+    pending: &mut Pending,
     frame: &[u8],
     write: &mut impl FnMut(&[u8], &[u8]) -> io::Result<usize>,
 ) -> bool {
-    if !tail.flush(write) {
-        return false;
-    }
     let Ok(len) = u32::try_from(frame.len()) else {
         return false;
     };
     let hdr = len.to_be_bytes();
+    if !pending.flush(write) {
+        if pending.len() + LEN + frame.len() > PENDING_MAX {
+            return false;
+        }
+        pending.keep(&hdr, frame, 0);
+        return true;
+    }
     let n = match write(&hdr, frame) {
         Ok(n) => n,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
         Err(_) => return false,
     };
     if n < LEN + frame.len() {
-        tail.bytes.clear();
-        tail.bytes.extend_from_slice(&hdr);
-        tail.bytes.extend_from_slice(frame);
-        tail.at = n;
+        pending.keep(&hdr, frame, n);
     }
     true
 }
@@ -181,9 +211,13 @@ fn send_frame(
 #[derive(Debug)]
 pub struct StreamDevice {
     fd: OwnedFd,
+    /// The wake descriptor: the socket's readability, and its writability while bytes
+    /// are pending (`out`).
+    poll: ferry_sys::Epoll,
+    out: bool,
     mtu: usize,
     rx: Deframer,
-    tail: Tail,
+    pending: Pending,
     counters: Arc<StreamCounters>,
 }
 
@@ -191,13 +225,40 @@ impl StreamDevice {
     /// The connection `fd` (made non-blocking) of an interface whose MTU is `mtu`.
     pub fn new(fd: OwnedFd, mtu: usize) -> io::Result<StreamDevice> {
         ferry_sys::set_nonblocking(fd.as_fd(), true)?;
+        let poll = ferry_sys::Epoll::new(1)?;
+        poll.add(fd.as_fd(), libc::EPOLLIN as u32, 0)?;
         Ok(StreamDevice {
             fd,
+            poll,
+            out: false,
             mtu,
             rx: Deframer::new(mtu + frame::ETH_LEN),
-            tail: Tail::default(),
+            pending: Pending::default(),
             counters: Arc::default(),
         })
+    }
+
+    /// Writes what is pending; watches for writability while some still is.
+    fn flush(&mut self) {
+        let fd = self.fd.as_fd();
+        let mut write = |a: &[u8], b: &[u8]| ferry_sys::tun::write2(fd, a, b);
+        self.pending.flush(&mut write);
+        self.watch_out(!self.pending.is_empty());
+    }
+
+    fn watch_out(&mut self, out: bool) {
+        if out == self.out {
+            return;
+        }
+        let events = if out {
+            libc::EPOLLIN | libc::EPOLLOUT
+        } else {
+            libc::EPOLLIN
+        };
+        // Failing, the next frame or kick still flushes: only the wake is late.
+        if self.poll.modify(self.fd.as_fd(), events as u32, 0).is_ok() {
+            self.out = out;
+        }
     }
 
     /// What the peer was refused or lost (shared: read it while the server runs).
@@ -215,10 +276,13 @@ impl FrameDevice for StreamDevice {
     }
 
     fn wake_fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+        self.poll.as_fd()
     }
 
     fn recv(&mut self, into: &mut Frames, max: usize, timing: &mut Timing) -> io::Result<usize> {
+        if self.out {
+            self.flush();
+        }
         let mut n = 0;
         while n < max && !into.full() {
             if let Some(f) = self.rx.next(&self.counters) {
@@ -254,10 +318,22 @@ impl FrameDevice for StreamDevice {
     fn send(&mut self, frames: &Frames, timing: &mut Timing) -> Sent {
         let mut sent = Sent::default();
         let fd = self.fd.as_fd();
-        let mut write = |a: &[u8], b: &[u8]| ferry_sys::tun::write2(fd, a, b);
+        // Once the socket is full, the batch's other frames queue without a write each.
+        let mut full = false;
+        let mut write = |a: &[u8], b: &[u8]| {
+            if full {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let r = ferry_sys::tun::write2(fd, a, b);
+            full = match &r {
+                Ok(n) => *n < a.len() + b.len(),
+                Err(e) => e.kind() == io::ErrorKind::WouldBlock,
+            };
+            r
+        };
         for (frame, _) in frames.iter() {
             let t0 = timing.start();
-            let ok = send_frame(&mut self.tail, frame, &mut write);
+            let ok = send_frame(&mut self.pending, frame, &mut write);
             timing.end(Stage::TapWrite, t0, ok);
             if ok {
                 sent.frames += 1;
@@ -267,6 +343,8 @@ impl FrameDevice for StreamDevice {
                 StreamCounters::add(&self.counters.lost, 1);
             }
         }
+        let waiting = !self.pending.is_empty();
+        self.watch_out(waiting);
         sent
     }
 }
@@ -333,8 +411,8 @@ mod tests {
     }
 
     #[test]
-    fn a_peer_that_does_not_read_costs_one_frame_and_loses_the_rest() {
-        let mut tail = Tail::default();
+    fn a_slow_peer_is_waited_for_in_step_and_one_that_never_reads_costs_the_bound() {
+        let mut pending = Pending::default();
         let wire = std::cell::RefCell::new(Vec::new());
         let room = std::cell::Cell::new(6usize);
         let mut write = |a: &[u8], b: &[u8]| -> io::Result<usize> {
@@ -350,23 +428,25 @@ mod tests {
             room.set(room.get() - n);
             Ok(n)
         };
-        assert!(
-            send_frame(&mut tail, b"hello", &mut write),
-            "part went, the rest waits"
-        );
-        assert!(
-            !send_frame(&mut tail, b"lost", &mut write),
-            "lost while the tail waits"
-        );
-        assert_eq!(tail.bytes.len() - tail.at, 3);
+        assert!(send_frame(&mut pending, b"hello", &mut write), "part went");
+        assert!(send_frame(&mut pending, b"waits", &mut write), "queued");
+        assert_eq!(pending.len(), 3 + LEN + 5);
         room.set(100);
-        assert!(send_frame(&mut tail, b"next", &mut write));
+        assert!(send_frame(&mut pending, b"next", &mut write));
         assert_eq!(
             *wire.borrow(),
-            framed(&[b"hello", b"next"]),
-            "the stream stays in step"
+            framed(&[b"hello", b"waits", b"next"]),
+            "nothing lost, the stream in step"
         );
-        assert!(tail.is_empty());
+        assert!(pending.is_empty());
+        // A peer that never reads: frames queue up to the bound, then are lost.
+        room.set(0);
+        let big = vec![1u8; 60_000];
+        let queued = (0..200)
+            .filter(|_| send_frame(&mut pending, &big, &mut write))
+            .count();
+        assert_eq!(queued, PENDING_MAX / (LEN + big.len()));
+        assert!(pending.len() <= PENDING_MAX);
     }
 
     #[test]
@@ -393,5 +473,50 @@ mod tests {
         assert_eq!(&buf[..n], &framed(&[b"back"])[..]);
         drop(b);
         assert!(dev.recv(&mut f, 64, &mut t).is_err(), "the peer gone");
+    }
+
+    #[test]
+    fn frames_a_full_socket_does_not_take_wait_and_its_room_wakes_the_server() {
+        let (a, b) = ferry_sys::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        let mut dev = StreamDevice::new(a, 65520).unwrap();
+        let mut t = Timing::new(false);
+        let mut out = Frames::new();
+        for k in 0..40u8 {
+            out.push(&vec![k; 60_000]);
+        }
+        let sent = dev.send(&out, &mut t);
+        assert_eq!(
+            (sent.frames, sent.lost),
+            (40, 0),
+            "2.4 MB: more than the socket holds"
+        );
+        assert!(!dev.pending.is_empty());
+        let ready = |d: &StreamDevice| ferry_sys::poll_wait(d.wake_fd(), libc::POLLIN, 0).unwrap();
+        assert_eq!(
+            ready(&dev) & libc::POLLIN,
+            0,
+            "nothing to do while the peer reads nothing"
+        );
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 1 << 16];
+        while got.len() < 40 * (LEN + 60_000) {
+            match ferry_sys::recv(b.as_fd(), &mut buf, libc::MSG_DONTWAIT) {
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(_) => {
+                    assert_ne!(ready(&dev) & libc::POLLIN, 0, "room wakes the server");
+                    let mut f = Frames::new();
+                    dev.recv(&mut f, 64, &mut t).unwrap();
+                }
+            }
+        }
+        let want: Vec<Vec<u8>> = (0..40u8).map(|k| vec![k; 60_000]).collect();
+        let want: Vec<&[u8]> = want.iter().map(Vec::as_slice).collect();
+        assert!(got == framed(&want), "every frame, in order");
+        assert!(dev.pending.is_empty());
+        assert_eq!(ready(&dev) & libc::POLLIN, 0, "no wake once all went");
     }
 }

@@ -49,6 +49,64 @@ pub(crate) struct WaitCell {
     pub(crate) sleeping: AtomicU32,
 }
 
+/// Paces the yields of a spin's yielding phase. S0's SBW yields every turn, for the
+/// thread waited for may need this very CPU; but a `sched_yield` that comes back at once
+/// found nothing else to run here (the thread waited for runs on another CPU), and
+/// yielding again at once only adds a system call and delays noticing the answer. So
+/// after such a quick yield the spin checks without yielding for [`YieldPacer::CALM`],
+/// then yields again; a yield that took longer (another thread ran) keeps the spin
+/// yielding every turn. Bounded like the spin it paces: a thread that becomes runnable
+/// on this CPU in the calm window waits at most that window.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct YieldPacer {
+    /// Until when turns do not yield (a quick yield was seen).
+    calm_until: Option<Instant>,
+    /// Yields made.
+    yields: u64,
+}
+
+impl YieldPacer {
+    /// A yield shorter than this ran nothing else.
+    pub const QUICK: Duration = Duration::from_micros(2);
+    /// How long turns go without yielding after a quick yield.
+    pub const CALM: Duration = Duration::from_micros(5);
+
+    /// A fresh pacer: its first pause yields.
+    pub const fn new() -> YieldPacer {
+        YieldPacer {
+            calm_until: None,
+            yields: 0,
+        }
+    }
+
+    /// One idle turn of a spin: inside a calm window, `spins` busy-wait hints; else a
+    /// `sched_yield`, timed. True when it yielded.
+    pub fn pause(&mut self, spins: u32) -> bool {
+        if let Some(until) = self.calm_until {
+            if Instant::now() < until {
+                for _ in 0..spins.max(1) {
+                    spin_hint();
+                }
+                return false;
+            }
+            self.calm_until = None;
+        }
+        let t0 = Instant::now();
+        yield_now();
+        self.yields += 1;
+        let back = Instant::now();
+        if back.saturating_duration_since(t0) < Self::QUICK {
+            self.calm_until = back.checked_add(Self::CALM);
+        }
+        true
+    }
+
+    /// Yields made so far.
+    pub fn yields(&self) -> u64 {
+        self.yields
+    }
+}
+
 /// How long to spin before sleeping.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SpinPolicy {
@@ -236,10 +294,11 @@ pub(crate) fn wait_until<P: Park>(
     let deadline = timeout.and_then(|t| start.checked_add(t));
     if !policy.span.is_zero() {
         let mut yielding = policy.pure_spin.is_zero();
+        let mut pacer = YieldPacer::new();
         let mut n: u32 = 0;
         loop {
             if yielding {
-                yield_now();
+                pacer.pause(4);
             } else {
                 spin_hint();
             }
@@ -324,6 +383,30 @@ mod tests {
     use super::*;
     use std::sync::Arc;
     use std::sync::atomic::AtomicBool;
+
+    #[test]
+    fn a_pacer_never_goes_longer_than_its_calm_window_without_yielding() {
+        let mut pacer = YieldPacer::new();
+        let start = Instant::now();
+        let mut last_yield: Option<Instant> = None;
+        let (mut pauses, mut calm) = (0u64, 0u64);
+        while start.elapsed() < Duration::from_millis(5) {
+            let before = Instant::now();
+            pauses += 1;
+            if pacer.pause(1) {
+                last_yield = Some(Instant::now());
+            } else {
+                calm += 1;
+                let since = last_yield.map(|t| before.saturating_duration_since(t));
+                assert!(
+                    since.is_some_and(|d| d < YieldPacer::CALM),
+                    "a turn without a yield {since:?} after the last yield"
+                );
+            }
+        }
+        assert_eq!(pacer.yields(), pauses - calm);
+        assert!(pacer.yields() >= 1);
+    }
 
     #[test]
     fn ready_at_once_counts_as_ready_in_spin() {

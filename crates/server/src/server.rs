@@ -13,6 +13,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use ferry_proto::{Call, ProtoError};
+use ferry_ring::YieldPacer;
 use ferry_sys::{Epoll, Event};
 use tracing::{info, warn};
 
@@ -28,6 +29,10 @@ use crate::token::{
     T_PUBLISH, T_UDP_FLOW, index_u32, token,
 };
 use crate::{Config, Error, LogThrottle, SandboxSocketFn};
+
+/// Busy-wait hints in an idle spin turn that does not yield: about as long as a
+/// `sched_yield` with nothing else to run.
+const SERVER_GAP_SPINS: u32 = 32;
 
 /// A protocol server: one thread's event loop (one of a [`crate::Servers`] group, or a
 /// group of its own from [`Server::new`]).
@@ -253,6 +258,7 @@ impl Server {
     pub fn run(mut self) -> ServerStats {
         let mut events = Vec::with_capacity(256);
         let mut last_work = Instant::now();
+        let mut pacer = YieldPacer::new();
         self.shared.live[self.index]
             .tid
             .store(ferry_sys::gettid().cast_signed(), Ordering::Release);
@@ -277,7 +283,9 @@ impl Server {
                 self.stats.spin_turns += 1;
                 // S0's SBW polls with schedule(): on a machine with few cores the thread
                 // we wait for (the program, the peer, softirq) may need this very CPU.
-                std::thread::yield_now();
+                // A yield that ran nothing else is followed by a few turns without
+                // (`YieldPacer`): the thread waited for runs on the other CPU.
+                pacer.pause(SERVER_GAP_SPINS);
             } else {
                 last_work = Instant::now();
             }

@@ -1425,7 +1425,7 @@ pub fn spin_policy_of(span: Duration) -> SpinPolicy {
 
 /// Busy-wait hints between two tries of [`spin_for`] when it does not yield: about
 /// half a microsecond, what a `sched_yield` with nothing else to run costs.
-const PROBE_GAP_SPINS: u32 = 32;
+const PROBE_GAP_SPINS: u32 = 10;
 
 /// S0's spin for a wait the kernel does (a receive, `poll`, `epoll_wait`…): tries `f`
 /// until it gives an answer or `limit` has passed (`None`), spinning purely for the

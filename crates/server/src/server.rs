@@ -32,7 +32,7 @@ use crate::{Config, Error, LogThrottle, SandboxSocketFn};
 
 /// Busy-wait hints in an idle spin turn that does not yield: about as long as a
 /// `sched_yield` with nothing else to run.
-const SERVER_GAP_SPINS: u32 = 32;
+const SERVER_GAP_SPINS: u32 = 10;
 
 /// A protocol server: one thread's event loop (one of a [`crate::Servers`] group, or a
 /// group of its own from [`Server::new`]).

@@ -109,7 +109,7 @@ mod loom_tests;
 
 pub use error::Error;
 pub use layout::{Layout, MAGIC, Side, VERSION};
-pub use wait::{SpinPolicy, WaitResult, WaitStats, YieldPacer};
+pub use wait::{AdaptiveSpin, SpinPolicy, WaitResult, WaitStats, YieldPacer};
 
 #[cfg(not(loom))]
 pub use consumer::Consumer;

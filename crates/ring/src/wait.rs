@@ -49,6 +49,47 @@ pub(crate) struct WaitCell {
     pub(crate) sleeping: AtomicU32,
 }
 
+/// A spin budget that follows the waits it serves, as Linux's adaptive halt-polling
+/// does: a wait that outlasted the whole span (`max`) burnt it for nothing, so the
+/// budget halves (to none after a few such waits, and an idle wait then costs a sleep,
+/// not the span); a wait that ended within the span but after the budget would have
+/// been caught by a longer spin, so the budget doubles back (from `max / 8`). Waits
+/// that end within the budget leave it as it is. Pure: the caller measures its waits.
+#[derive(Clone, Copy, Debug)]
+pub struct AdaptiveSpin {
+    max: Duration,
+    budget: Duration,
+}
+
+impl AdaptiveSpin {
+    /// A budget of `max` at first.
+    pub const fn new(max: Duration) -> AdaptiveSpin {
+        AdaptiveSpin { max, budget: max }
+    }
+
+    /// The span it never exceeds.
+    pub fn max(&self) -> Duration {
+        self.max
+    }
+
+    /// How long the next wait may spin.
+    pub fn budget(&self) -> Duration {
+        self.budget
+    }
+
+    /// A wait lasted `d` in all (its spin, and its sleep if it came to one).
+    pub fn waited(&mut self, d: Duration) {
+        if d > self.max {
+            self.budget /= 2;
+            if self.budget < self.max / 16 {
+                self.budget = Duration::ZERO;
+            }
+        } else if d > self.budget {
+            self.budget = (self.budget * 2).max(self.max / 8).min(self.max);
+        }
+    }
+}
+
 /// Paces the yields of a spin's yielding phase. S0's SBW yields every turn, for the
 /// thread waited for may need this very CPU; but a `sched_yield` that comes back at once
 /// found nothing else to run here (the thread waited for runs on another CPU), and
@@ -383,6 +424,34 @@ mod tests {
     use super::*;
     use std::sync::Arc;
     use std::sync::atomic::AtomicBool;
+
+    #[test]
+    fn a_spin_budget_shrinks_on_idle_waits_and_grows_back_on_short_ones() {
+        let us = Duration::from_micros;
+        let mut a = AdaptiveSpin::new(us(200));
+        a.waited(us(30));
+        assert_eq!(
+            a.budget(),
+            us(200),
+            "a wait the spin catches changes nothing"
+        );
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            a.waited(Duration::from_millis(5));
+            seen.push(a.budget().as_micros());
+        }
+        assert_eq!(seen, [100u128, 50, 25, 12, 0, 0]);
+        assert_eq!(a.budget(), Duration::ZERO, "idle waits end the spinning");
+        let mut back = Vec::new();
+        for _ in 0..5 {
+            a.waited(us(150));
+            back.push(a.budget().as_micros());
+        }
+        assert_eq!(back, [25u128, 50, 100, 200, 200]);
+        let mut none = AdaptiveSpin::new(Duration::ZERO);
+        none.waited(us(1));
+        assert_eq!(none.budget(), Duration::ZERO, "no span, no spin");
+    }
 
     #[test]
     fn a_pacer_never_goes_longer_than_its_calm_window_without_yielding() {

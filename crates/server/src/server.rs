@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use ferry_proto::{Call, ProtoError};
-use ferry_ring::YieldPacer;
+use ferry_ring::{AdaptiveSpin, YieldPacer};
 use ferry_sys::{Epoll, Event};
 use tracing::{info, warn};
 
@@ -259,6 +259,8 @@ impl Server {
         let mut events = Vec::with_capacity(256);
         let mut last_work = Instant::now();
         let mut pacer = YieldPacer::new();
+        let mut spin = AdaptiveSpin::new(self.cfg.server_spin);
+        let mut idled = false;
         self.shared.live[self.index]
             .tid
             .store(ferry_sys::gettid().cast_signed(), Ordering::Release);
@@ -277,9 +279,10 @@ impl Server {
                 );
                 self.control.expire(&self.epoll);
             }
-            let busy = did > 0 || last_work.elapsed() < self.cfg.server_spin;
+            let busy = did > 0 || last_work.elapsed() < spin.budget();
             self.wait_events(busy, &mut events);
             if did == 0 && events.is_empty() {
+                idled = true;
                 self.stats.spin_turns += 1;
                 // S0's SBW polls with schedule(): on a machine with few cores the thread
                 // we wait for (the program, the peer, softirq) may need this very CPU.
@@ -287,7 +290,12 @@ impl Server {
                 // (`YieldPacer`): the thread waited for runs on the other CPU.
                 pacer.pause(SERVER_GAP_SPINS);
             } else {
-                last_work = Instant::now();
+                let now = Instant::now();
+                if std::mem::take(&mut idled) {
+                    // How long this server waited for work: its spin budget follows.
+                    spin.waited(now.saturating_duration_since(last_work));
+                }
+                last_work = now;
             }
             for ev in events.drain(..) {
                 self.dispatch(ev);

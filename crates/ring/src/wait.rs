@@ -1,7 +1,7 @@
 //! Spin-then-sleep waiting (paper S0, "SBW") and the sleep/wake handshake.
 //!
 //! A waiter spins for a bounded span (pure `spin_loop` first, then `sched_yield` between
-//! checks), and only then announces that it sleeps and blocks on a futex word. A waker
+//! checks, paced by `YieldPacer`), and only then announces that it sleeps and blocks on a futex word. A waker
 //! issues the (costly) wake only when the announcement says someone sleeps, so while both
 //! sides are busy no system call is made at all.
 //!

@@ -24,6 +24,7 @@
 //! `SA_RESTART` and the socket no timeout: then the wait simply goes on, as the
 //! kernel's restart would. A receive or send timeout cancels it the same way.
 
+use std::cell::Cell;
 use std::ffi::c_int;
 use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, IntoRawFd, OwnedFd};
@@ -35,7 +36,10 @@ use ferry_proto::demux::{Demux, Event};
 use ferry_proto::{
     Call, Cmp, Ctl, CtlKind, HELLO_ROUTES, Hello, HelloReply, PROTO_VERSION, ProtoError, Req,
 };
-use ferry_ring::{BufId, BufSpan, Buffers, Endpoint, Region, Side, SpinPolicy, WaitResult};
+use ferry_ring::{
+    AdaptiveSpin, BufId, BufSpan, Buffers, Endpoint, Region, Side, SpinPolicy, WaitResult,
+    YieldPacer,
+};
 
 use crate::errno::{Errno, Res};
 use crate::fdtable::TABLE;
@@ -1460,11 +1464,62 @@ pub fn spin_policy_of(span: Duration) -> SpinPolicy {
     SpinPolicy::new(span, span.min(Duration::from_micros(2)))
 }
 
+thread_local! {
+    // Const-initialised and without a destructor: plain thread-local memory, safe to
+    // touch from a signal handler (one that waits meanwhile only skews the estimate).
+    /// The spin budget of this thread's waits on the kernel (a pair receive, `poll`,
+    /// `select`, `epoll_wait`): they wait for the network, which may be idle for long.
+    static KERNEL_SPIN: Cell<Option<AdaptiveSpin>> = const { Cell::new(None) };
+    /// When this thread's wait on the kernel that went to sleep began.
+    static SLEPT_FROM: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// How long this thread's next wait on the kernel may spin, of the server's `span`
+/// ([`AdaptiveSpin`]: none after waits that outlasted the span, so an idle program
+/// sleeps at once instead of burning the span on every wait).
+pub fn kernel_budget(span: Duration) -> Duration {
+    KERNEL_SPIN.with(|k| {
+        k.get()
+            .filter(|a| a.max() == span)
+            .map_or(span, |a| a.budget())
+    })
+}
+
+/// This thread's wait on the kernel that began at `t0` has ended (in its spin).
+pub fn kernel_waited(span: Duration, t0: Instant) {
+    KERNEL_SPIN.with(|k| {
+        let mut a = k
+            .get()
+            .filter(|a| a.max() == span)
+            .unwrap_or(AdaptiveSpin::new(span));
+        a.waited(t0.elapsed());
+        k.set(Some(a));
+    });
+}
+
+/// This thread's wait on the kernel that began at `t0` goes to sleep now: [`kernel_woke`]
+/// after the sleeping call counts how long it lasted.
+pub fn kernel_sleeps(t0: Instant) {
+    SLEPT_FROM.with(|s| s.set(Some(t0)));
+}
+
+/// The sleeping call after [`kernel_sleeps`] returned (a no-op when none slept).
+pub fn kernel_woke() {
+    if let Some(t0) = SLEPT_FROM.with(Cell::take) {
+        kernel_waited(config::spin(), t0);
+    }
+}
+
+/// Busy-wait hints between two tries of [`spin_for`] when it does not yield: about
+/// half a microsecond, what a `sched_yield` with nothing else to run costs.
+const PROBE_GAP_SPINS: u32 = 10;
+
 /// S0's spin for a wait the kernel does (a receive, `poll`, `epoll_wait`…): tries `f`
 /// until it gives an answer or `limit` has passed (`None`), spinning purely for the
 /// policy's first part and yielding between tries after it.
 pub fn spin_for<T>(p: SpinPolicy, limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let t0 = Instant::now();
+    let mut pacer = YieldPacer::new();
     loop {
         if let Some(v) = f() {
             return Some(v);
@@ -1474,7 +1529,9 @@ pub fn spin_for<T>(p: SpinPolicy, limit: Duration, mut f: impl FnMut() -> Option
             return None;
         }
         if spent >= p.pure_spin {
-            std::thread::yield_now();
+            // `f` is a system call: between tries in a calm window, a pause about as
+            // long as a yield instead of the yield.
+            pacer.pause(PROBE_GAP_SPINS);
         } else {
             std::hint::spin_loop();
         }

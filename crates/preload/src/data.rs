@@ -8,12 +8,13 @@
 //! touches the rings itself.
 
 use std::ffi::c_int;
+use std::time::Instant;
 
 use ferry_proto::{BufRef, CMP_DRAIN_TOKEN, Call, Cmp, WireAddr, cmsg, server_of};
 use libc::{off_t, sockaddr, socklen_t};
 
 use crate::addr::read_sockaddr;
-use crate::chan::{Channel, Slot, Wait, spin_for};
+use crate::chan::{Channel, Slot, Wait, kernel_budget, kernel_waited, spin_for};
 use crate::errno::{Errno, Res};
 use crate::fdtable::{F_SHUT_WR, Sock, TABLE};
 use crate::iov::{IoCursor, MAX_RW};
@@ -686,21 +687,28 @@ fn pair_read(
     kflags: c_int,
 ) -> Res<usize> {
     let (iov, n) = cur.untouched().ok_or(Errno::EINVAL)?;
-    if !nonblock {
-        if kflags & libc::MSG_WAITALL == 0 {
-            // SAFETY: `iov` names the program's `n` buffers, untouched so far and
-            // writable (`IoCursor::new`'s contract), as `pair_spin` asks.
-            if let Some(k) = unsafe { pair_spin(ch, fd, iov, n, kflags) }? {
-                return Ok(k);
-            }
-        }
-        // Asleep in the kernel until the server writes: counted for the server's wake
-        // statistics (it cannot see this wake-up).
-        ch.count_kernel_sleep();
+    if nonblock {
+        // SAFETY: `iov` names the program's `n` buffers, untouched so far and writable
+        // (`IoCursor::new`'s contract).
+        return unsafe { crate::sys::recv_iov(fd, iov, n, kflags) };
     }
+    let t0 = Instant::now();
+    if kflags & libc::MSG_WAITALL == 0 {
+        // SAFETY: `iov` names the program's `n` buffers, untouched so far and
+        // writable (`IoCursor::new`'s contract), as `pair_spin` asks.
+        if let Some(k) = unsafe { pair_spin(ch, fd, iov, n, kflags) }? {
+            kernel_waited(ch.spin_policy().span, t0);
+            return Ok(k);
+        }
+    }
+    // Asleep in the kernel until the server writes: counted for the server's wake
+    // statistics (it cannot see this wake-up).
+    ch.count_kernel_sleep();
     // SAFETY: `iov` names the program's `n` buffers, untouched so far and writable
     // (`IoCursor::new`'s contract).
-    unsafe { crate::sys::recv_iov(fd, iov, n, kflags) }
+    let got = unsafe { crate::sys::recv_iov(fd, iov, n, kflags) };
+    kernel_waited(ch.spin_policy().span, t0);
+    got
 }
 
 /// The end of an `rx_pair` stream: asks the server how it ended (a `Recv` of `max` 0:
@@ -751,7 +759,7 @@ unsafe fn pair_spin(
     kflags: c_int,
 ) -> Res<Option<usize>> {
     let p = ch.spin_policy();
-    spin_for(p, p.span, || {
+    spin_for(p, kernel_budget(p.span), || {
         // SAFETY: `iov` names `n` writable buffers (# Safety), as `recv_iov` asks.
         match unsafe { crate::sys::recv_iov(fd, iov, n, kflags | libc::MSG_DONTWAIT) } {
             Err(Errno::EAGAIN) => None,

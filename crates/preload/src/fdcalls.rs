@@ -21,7 +21,9 @@ use libc::{
     FILE, epoll_event, fd_set, iovec, nfds_t, pollfd, sigset_t, size_t, ssize_t, timespec, timeval,
 };
 
-use crate::chan::{spin_for, spin_policy_of};
+use crate::chan::{
+    kernel_budget, kernel_sleeps, kernel_waited, kernel_woke, spin_for, spin_policy_of,
+};
 use crate::errno::{Errno, errno, set_errno};
 use crate::exports::{boundary, recv_one};
 use crate::fdtable::{Entry, Sock, TABLE};
@@ -519,6 +521,13 @@ const ZERO_TS: timespec = timespec {
     tv_nsec: 0,
 };
 
+/// The answer of a wait's sleeping call, after telling this thread's spin budget how
+/// long the wait lasted when [`spin_wait`] sent it to sleep ([`kernel_woke`]).
+fn woke(r: c_int) -> c_int {
+    kernel_woke();
+    r
+}
+
 /// S0's spin-before-sleep for `poll`/`select`/`epoll_wait` (and kin) on ferry sockets: their readiness comes
 /// from the server's writes into their pairs, which usually land within the spin span,
 /// while a program asleep in the kernel pays a wake-up (dear on VMs). `probe` is the
@@ -532,9 +541,10 @@ fn spin_wait(timeout: Option<Duration>, mut probe: impl FnMut() -> c_int) -> Spu
     if timeout.is_some_and(|t| t.is_zero()) || p.span.is_zero() {
         return Spun::Sleep(timeout);
     }
-    let limit = timeout.map_or(p.span, |t| t.min(p.span));
-    let seen = signals::counts();
     let t0 = Instant::now();
+    let budget = kernel_budget(p.span);
+    let limit = timeout.map_or(budget, |t| t.min(budget));
+    let seen = signals::counts();
     let answer = spin_for(p, limit, || match probe() {
         0 if signals::counts() != seen => {
             set_errno(libc::EINTR);
@@ -544,10 +554,12 @@ fn spin_wait(timeout: Option<Duration>, mut probe: impl FnMut() -> c_int) -> Spu
         r => Some(r),
     });
     if let Some(r) = answer {
+        kernel_waited(p.span, t0);
         return Spun::Done(r);
     }
     let Some(t) = timeout else {
         ops::count_kernel_sleep();
+        kernel_sleeps(t0);
         return Spun::Sleep(None);
     };
     let left = t.saturating_sub(t0.elapsed());
@@ -555,6 +567,7 @@ fn spin_wait(timeout: Option<Duration>, mut probe: impl FnMut() -> c_int) -> Spu
         return Spun::Done(0);
     }
     ops::count_kernel_sleep();
+    kernel_sleeps(t0);
     Spun::Sleep(Some(left))
 }
 
@@ -638,7 +651,7 @@ pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_
         if before_poll(fds, n) {
             match spin_wait(from_ms(timeout), || real::poll(fds, n, 0)) {
                 Spun::Done(r) => r,
-                Spun::Sleep(t) => real::poll(fds, n, to_ms(t)),
+                Spun::Sleep(t) => woke(real::poll(fds, n, to_ms(t))),
             }
         } else {
             real::poll(fds, n, timeout)
@@ -667,8 +680,8 @@ pub unsafe extern "C" fn ppoll(
         {
             match spin_wait(timeout, || real::ppoll(fds, n, &ZERO_TS, mask)) {
                 Spun::Done(r) => r,
-                Spun::Sleep(Some(t)) => real::ppoll(fds, n, &to_timespec(t), mask),
-                Spun::Sleep(None) => real::ppoll(fds, n, ts, mask),
+                Spun::Sleep(Some(t)) => woke(real::ppoll(fds, n, &to_timespec(t), mask)),
+                Spun::Sleep(None) => woke(real::ppoll(fds, n, ts, mask)),
             }
         } else {
             real::ppoll(fds, n, ts, mask)
@@ -696,7 +709,7 @@ pub unsafe extern "C" fn __poll_chk(
         if fits && before_poll(fds, n) {
             match spin_wait(from_ms(timeout), || real::__poll_chk(fds, n, 0, fdslen)) {
                 Spun::Done(r) => r,
-                Spun::Sleep(t) => real::__poll_chk(fds, n, to_ms(t), fdslen),
+                Spun::Sleep(t) => woke(real::__poll_chk(fds, n, to_ms(t), fdslen)),
             }
         } else {
             real::__poll_chk(fds, n, timeout, fdslen)
@@ -732,8 +745,10 @@ pub unsafe extern "C" fn __ppoll_chk(
             let probe = || real::__ppoll_chk(fds, n, &ZERO_TS, mask, fdslen);
             match spin_wait(timeout, probe) {
                 Spun::Done(r) => r,
-                Spun::Sleep(Some(t)) => real::__ppoll_chk(fds, n, &to_timespec(t), mask, fdslen),
-                Spun::Sleep(None) => real::__ppoll_chk(fds, n, ts, mask, fdslen),
+                Spun::Sleep(Some(t)) => {
+                    woke(real::__ppoll_chk(fds, n, &to_timespec(t), mask, fdslen))
+                }
+                Spun::Sleep(None) => woke(real::__ppoll_chk(fds, n, ts, mask, fdslen)),
             }
         } else {
             real::__ppoll_chk(fds, n, ts, mask, fdslen)
@@ -796,7 +811,7 @@ pub unsafe extern "C" fn select(
                 }
             }
         }
-        real::select(n, r, w, e, tv)
+        woke(real::select(n, r, w, e, tv))
     }
 }
 
@@ -829,12 +844,12 @@ pub unsafe extern "C" fn pselect(
                 Spun::Sleep(left) => {
                     sets.restore();
                     if let Some(t) = left {
-                        return real::pselect(n, r, w, e, &to_timespec(t), mask);
+                        return woke(real::pselect(n, r, w, e, &to_timespec(t), mask));
                     }
                 }
             }
         }
-        real::pselect(n, r, w, e, ts, mask)
+        woke(real::pselect(n, r, w, e, ts, mask))
     }
 }
 
@@ -892,7 +907,7 @@ pub unsafe extern "C" fn epoll_wait(
         }
     }
     // SAFETY: `evs` writable for `max` entries (# Safety), passed on unchanged.
-    unsafe { real::epoll_wait(ep, evs, max, timeout) }
+    woke(unsafe { real::epoll_wait(ep, evs, max, timeout) })
 }
 
 /// # Safety
@@ -920,7 +935,7 @@ pub unsafe extern "C" fn epoll_pwait(
         }
     }
     // SAFETY: `evs` and `mask` valid (# Safety), passed on unchanged.
-    unsafe { real::epoll_pwait(ep, evs, max, timeout, mask) }
+    woke(unsafe { real::epoll_pwait(ep, evs, max, timeout, mask) })
 }
 
 /// # Safety
@@ -947,7 +962,7 @@ pub unsafe extern "C" fn epoll_pwait2(
                 match spin_wait(timeout, probe) {
                     Spun::Done(r) => return r,
                     Spun::Sleep(Some(t)) => {
-                        return real::epoll_pwait2(ep, evs, max, &to_timespec(t), mask);
+                        return woke(real::epoll_pwait2(ep, evs, max, &to_timespec(t), mask));
                     }
                     Spun::Sleep(None) => {}
                 }
@@ -955,5 +970,5 @@ pub unsafe extern "C" fn epoll_pwait2(
         }
     }
     // SAFETY: `evs`, `ts` and `mask` valid (# Safety), passed on unchanged.
-    unsafe { real::epoll_pwait2(ep, evs, max, ts, mask) }
+    woke(unsafe { real::epoll_pwait2(ep, evs, max, ts, mask) })
 }

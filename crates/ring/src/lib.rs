@@ -36,7 +36,8 @@
 //! the caller validates a stable copy.
 //!
 //! **Sleep/wake protocol** (paper S0, "SBW"). A waiter spins for [`SpinPolicy::span`]
-//! (busy for `pure_spin`, then `sched_yield` between checks); then it reads its futex
+//! (busy for `pure_spin`, then `sched_yield` between checks, paced by [`YieldPacer`];
+//! [`AdaptiveSpin`] is the budget a caller gives a span of waits that may be idle); then it reads its futex
 //! word, sets its "sleeping" flag, issues `fence(SeqCst)`, re-checks and only then blocks
 //! in `FUTEX_WAIT` (not private, so it works across processes). A waker, after
 //! publishing, issues `fence(SeqCst)` and reads the flag: only if it is set does it bump
@@ -109,7 +110,7 @@ mod loom_tests;
 
 pub use error::Error;
 pub use layout::{Layout, MAGIC, Side, VERSION};
-pub use wait::{SpinPolicy, WaitResult, WaitStats};
+pub use wait::{AdaptiveSpin, SpinPolicy, WaitResult, WaitStats, YieldPacer};
 
 #[cfg(not(loom))]
 pub use consumer::Consumer;

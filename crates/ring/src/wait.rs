@@ -1,7 +1,7 @@
 //! Spin-then-sleep waiting (paper S0, "SBW") and the sleep/wake handshake.
 //!
 //! A waiter spins for a bounded span (pure `spin_loop` first, then `sched_yield` between
-//! checks), and only then announces that it sleeps and blocks on a futex word. A waker
+//! checks, paced by `YieldPacer`), and only then announces that it sleeps and blocks on a futex word. A waker
 //! issues the (costly) wake only when the announcement says someone sleeps, so while both
 //! sides are busy no system call is made at all.
 //!
@@ -47,6 +47,105 @@ pub(crate) struct WaitCell {
     /// `AWAKE`, `SLEEP_FUTEX` or `SLEEP_DOORBELL`, written by the waiter only. Any other
     /// value (a misbehaving peer) is treated like `SLEEP_FUTEX`: at worst a spare wake.
     pub(crate) sleeping: AtomicU32,
+}
+
+/// A spin budget that follows the waits it serves, as Linux's adaptive halt-polling
+/// does: a wait that outlasted the whole span (`max`) burnt it for nothing, so the
+/// budget halves (to none after a few such waits, and an idle wait then costs a sleep,
+/// not the span); a wait that ended within the span but after the budget would have
+/// been caught by a longer spin, so the budget doubles back (from `max / 8`). Waits
+/// that end within the budget leave it as it is. Pure: the caller measures its waits.
+#[derive(Clone, Copy, Debug)]
+pub struct AdaptiveSpin {
+    max: Duration,
+    budget: Duration,
+}
+
+impl AdaptiveSpin {
+    /// A budget of `max` at first.
+    pub const fn new(max: Duration) -> AdaptiveSpin {
+        AdaptiveSpin { max, budget: max }
+    }
+
+    /// The span it never exceeds.
+    pub fn max(&self) -> Duration {
+        self.max
+    }
+
+    /// How long the next wait may spin.
+    pub fn budget(&self) -> Duration {
+        self.budget
+    }
+
+    /// A wait lasted `d` in all (its spin, and its sleep if it came to one).
+    pub fn waited(&mut self, d: Duration) {
+        if d > self.max {
+            self.budget /= 2;
+            if self.budget < self.max / 16 {
+                self.budget = Duration::ZERO;
+            }
+        } else if d > self.budget {
+            self.budget = (self.budget * 2).max(self.max / 8).min(self.max);
+        }
+    }
+}
+
+/// Paces the yields of a spin's yielding phase. S0's SBW yields every turn, for the
+/// thread waited for may need this very CPU; but a `sched_yield` that comes back at once
+/// found nothing else to run here (the thread waited for runs on another CPU), and
+/// yielding again at once only adds a system call and delays noticing the answer. So
+/// after such a quick yield the spin checks without yielding for [`YieldPacer::CALM`],
+/// then yields again; a yield that took longer (another thread ran) keeps the spin
+/// yielding every turn. Bounded like the spin it paces: a thread that becomes runnable
+/// on this CPU in the calm window waits at most that window.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct YieldPacer {
+    /// Until when turns do not yield (a quick yield was seen).
+    calm_until: Option<Instant>,
+    /// Yields made.
+    yields: u64,
+}
+
+impl YieldPacer {
+    /// A yield shorter than this ran nothing else.
+    pub const QUICK: Duration = Duration::from_micros(2);
+    /// How long turns go without yielding after a quick yield.
+    pub const CALM: Duration = Duration::from_micros(5);
+
+    /// A fresh pacer: its first pause yields.
+    pub const fn new() -> YieldPacer {
+        YieldPacer {
+            calm_until: None,
+            yields: 0,
+        }
+    }
+
+    /// One idle turn of a spin: inside a calm window, `spins` busy-wait hints; else a
+    /// `sched_yield`, timed. True when it yielded.
+    pub fn pause(&mut self, spins: u32) -> bool {
+        if let Some(until) = self.calm_until {
+            if Instant::now() < until {
+                for _ in 0..spins.max(1) {
+                    spin_hint();
+                }
+                return false;
+            }
+            self.calm_until = None;
+        }
+        let t0 = Instant::now();
+        yield_now();
+        self.yields += 1;
+        let back = Instant::now();
+        if back.saturating_duration_since(t0) < Self::QUICK {
+            self.calm_until = back.checked_add(Self::CALM);
+        }
+        true
+    }
+
+    /// Yields made so far.
+    pub fn yields(&self) -> u64 {
+        self.yields
+    }
 }
 
 /// How long to spin before sleeping.
@@ -236,10 +335,11 @@ pub(crate) fn wait_until<P: Park>(
     let deadline = timeout.and_then(|t| start.checked_add(t));
     if !policy.span.is_zero() {
         let mut yielding = policy.pure_spin.is_zero();
+        let mut pacer = YieldPacer::new();
         let mut n: u32 = 0;
         loop {
             if yielding {
-                yield_now();
+                pacer.pause(4);
             } else {
                 spin_hint();
             }
@@ -324,6 +424,58 @@ mod tests {
     use super::*;
     use std::sync::Arc;
     use std::sync::atomic::AtomicBool;
+
+    #[test]
+    fn a_spin_budget_shrinks_on_idle_waits_and_grows_back_on_short_ones() {
+        let us = Duration::from_micros;
+        let mut a = AdaptiveSpin::new(us(200));
+        a.waited(us(30));
+        assert_eq!(
+            a.budget(),
+            us(200),
+            "a wait the spin catches changes nothing"
+        );
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            a.waited(Duration::from_millis(5));
+            seen.push(a.budget().as_micros());
+        }
+        assert_eq!(seen, [100u128, 50, 25, 12, 0, 0]);
+        assert_eq!(a.budget(), Duration::ZERO, "idle waits end the spinning");
+        let mut back = Vec::new();
+        for _ in 0..5 {
+            a.waited(us(150));
+            back.push(a.budget().as_micros());
+        }
+        assert_eq!(back, [25u128, 50, 100, 200, 200]);
+        let mut none = AdaptiveSpin::new(Duration::ZERO);
+        none.waited(us(1));
+        assert_eq!(none.budget(), Duration::ZERO, "no span, no spin");
+    }
+
+    #[test]
+    fn a_pacer_never_goes_longer_than_its_calm_window_without_yielding() {
+        let mut pacer = YieldPacer::new();
+        let start = Instant::now();
+        let mut last_yield: Option<Instant> = None;
+        let (mut pauses, mut calm) = (0u64, 0u64);
+        while start.elapsed() < Duration::from_millis(5) {
+            let before = Instant::now();
+            pauses += 1;
+            if pacer.pause(1) {
+                last_yield = Some(Instant::now());
+            } else {
+                calm += 1;
+                let since = last_yield.map(|t| before.saturating_duration_since(t));
+                assert!(
+                    since.is_some_and(|d| d < YieldPacer::CALM),
+                    "a turn without a yield {since:?} after the last yield"
+                );
+            }
+        }
+        assert_eq!(pacer.yields(), pauses - calm);
+        assert!(pacer.yields() >= 1);
+    }
 
     #[test]
     fn ready_at_once_counts_as_ready_in_spin() {

@@ -13,6 +13,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use ferry_proto::{Call, ProtoError};
+use ferry_ring::{AdaptiveSpin, YieldPacer};
 use ferry_sys::{Epoll, Event};
 use tracing::{info, warn};
 
@@ -28,6 +29,10 @@ use crate::token::{
     T_PUBLISH, T_UDP_FLOW, index_u32, token,
 };
 use crate::{Config, Error, LogThrottle, SandboxSocketFn};
+
+/// Busy-wait hints in an idle spin turn that does not yield: about as long as a
+/// `sched_yield` with nothing else to run.
+const SERVER_GAP_SPINS: u32 = 10;
 
 /// A protocol server: one thread's event loop (one of a [`crate::Servers`] group, or a
 /// group of its own from [`Server::new`]).
@@ -253,6 +258,9 @@ impl Server {
     pub fn run(mut self) -> ServerStats {
         let mut events = Vec::with_capacity(256);
         let mut last_work = Instant::now();
+        let mut pacer = YieldPacer::new();
+        let mut spin = AdaptiveSpin::new(self.cfg.server_spin);
+        let mut idled = false;
         self.shared.live[self.index]
             .tid
             .store(ferry_sys::gettid().cast_signed(), Ordering::Release);
@@ -271,15 +279,23 @@ impl Server {
                 );
                 self.control.expire(&self.epoll);
             }
-            let busy = did > 0 || last_work.elapsed() < self.cfg.server_spin;
+            let busy = did > 0 || last_work.elapsed() < spin.budget();
             self.wait_events(busy, &mut events);
             if did == 0 && events.is_empty() {
+                idled = true;
                 self.stats.spin_turns += 1;
                 // S0's SBW polls with schedule(): on a machine with few cores the thread
                 // we wait for (the program, the peer, softirq) may need this very CPU.
-                std::thread::yield_now();
+                // A yield that ran nothing else is followed by a few turns without
+                // (`YieldPacer`): the thread waited for runs on the other CPU.
+                pacer.pause(SERVER_GAP_SPINS);
             } else {
-                last_work = Instant::now();
+                let now = Instant::now();
+                if std::mem::take(&mut idled) {
+                    // How long this server waited for work: its spin budget follows.
+                    spin.waited(now.saturating_duration_since(last_work));
+                }
+                last_work = now;
             }
             for ev in events.drain(..) {
                 self.dispatch(ev);

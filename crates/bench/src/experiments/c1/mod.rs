@@ -116,8 +116,10 @@ impl Experiment for C1 {
              serves its network from outside it (ferry's network side with its servers, \
              slirp4netns, pasta; runc's bridge and host network: the kernel only); \
              `ferry` and `native` run on the host, CPU by getrusage as \
-             in R2. Start-up: per round {STARTUP_RUNS} `docker run --rm {IMAGE} true` per \
-             runtime, alternating; p50, min and max.\n\n\
+             in R2. Every process of C1 (clients, servers, engines, ferry) runs at the \
+             normal scheduling policy whatever the bench's: an engine's cgroup refuses a \
+             real-time container. Start-up: per round {STARTUP_RUNS} `docker run --rm \
+             {IMAGE} true` per runtime, alternating; p50, min and max.\n\n\
              Goals (issue 27):\n\n{}\n",
             goals_table(&goals(rows))
         )

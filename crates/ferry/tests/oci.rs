@@ -769,7 +769,7 @@ impl Podman {
 /// ns:PATH`: a namespace the engine names (the CNI/Kubernetes case), annotations, the
 /// shim's and the TAP's fetches, a refusal, the status.
 fn podman_runs_containers_on_ferry(net: &Net, dir: &Path, url: &str, blob: &[u8]) {
-    let ns = engine_netns(net);
+    let ns = engine_netns(net, "p", 10);
     let netns = format!("ns:/run/netns/{}", ns.0);
     let podman = Podman::new(dir);
     podman.import(dir, "glibc");
@@ -803,14 +803,14 @@ fn podman_runs_containers_on_ferry(net: &Net, dir: &Path, url: &str, blob: &[u8]
 }
 
 /// A namespace as an engine's network plugin would make it: on the test's bridge, at
-/// PREFIX.10.
-fn engine_netns(net: &Net) -> NetnsGone {
-    let ns = format!("{}p", net.remote);
-    let veth = format!("{}p", net.bridge);
+/// PREFIX.`host` (`tag` names it and its veth apart from the others').
+fn engine_netns(net: &Net, tag: &str, host: u8) -> NetnsGone {
+    let ns = format!("{}{tag}", net.remote);
+    let veth = format!("{}{tag}", net.bridge);
     let ip = |args: &[&str]| assert!(Command::new("ip").args(args).status().unwrap().success());
     ip(&["netns", "add", &ns]);
     let gone = NetnsGone(ns.clone());
-    let addr = format!("{}.10/24", net.prefix);
+    let addr = format!("{}.{host}/24", net.prefix);
     ip(&[
         "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns,
     ]);
@@ -1569,7 +1569,7 @@ fn ctr_publishes_udp_and_tcp(docker: &Docker, net: &Net, dir: &Path, np: &Path) 
         .unwrap();
     assert!(save.wait().unwrap().success(), "docker save");
     assert!(st.success(), "ctr images import");
-    let ns = engine_netns(net);
+    let ns = engine_netns(net, "c", 11);
     // dockerd's containerd lives in a private mount namespace made before the
     // namespace's /run/netns mount: name it by a process of its inside instead.
     let mut holder = Command::new("ip")
@@ -1604,7 +1604,7 @@ fn ctr_publishes_udp_and_tcp(docker: &Docker, net: &Net, dir: &Path, np: &Path) 
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    probe_servers_answer(run, &format!("{}.10", net.prefix), "ctr");
+    probe_servers_answer(run, &format!("{}.11", net.prefix), "ctr");
     let _ = holder.kill();
     let _ = holder.wait();
     drop(ns);
@@ -1612,7 +1612,7 @@ fn ctr_publishes_udp_and_tcp(docker: &Docker, net: &Net, dir: &Path, np: &Path) 
 
 /// Podman (`--network ns:PATH`, the runtime `ferry oci install --podman` registered).
 fn podman_publishes_udp_and_tcp(net: &Net, dir: &Path, np: &Path) {
-    let ns = engine_netns(net);
+    let ns = engine_netns(net, "q", 12);
     let podman = Podman::new(dir);
     podman.import(dir, "busybox");
     let mount = format!("{}:/np:ro", np.display());
@@ -1640,7 +1640,7 @@ fn podman_publishes_udp_and_tcp(net: &Net, dir: &Path, np: &Path) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    probe_servers_answer(run, &format!("{}.10", net.prefix), "podman");
+    probe_servers_answer(run, &format!("{}.12", net.prefix), "podman");
     drop(ns);
 }
 

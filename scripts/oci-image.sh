@@ -6,7 +6,7 @@
 #
 # busybox: a static busybox (busybox-static) with its applets as links: the "static /
 #          musl / Go" case, which only the TAP serves.
-# glibc:   dash, curl, sha256sum, cat, sleep, true, false and nginx with the libraries
+# glibc:   dash, curl, sha256sum, cat, sleep, true, false, nginx and socat with the libraries
 #          they load (found with ldd), and libgcc_s (in every Debian-based image; the
 #          shim needs it): the case the shim serves.
 # bench:   glibc's programs plus iperf3 and redis-benchmark: the clients and server of
@@ -55,7 +55,7 @@ busybox)
     done
     ;;
 glibc)
-    glibc_progs sh curl sha256sum cat sleep true false nginx
+    glibc_progs sh curl sha256sum cat sleep true false nginx socat
     mkdir -p "$root"/var/{lib,log}/nginx
     ;;
 bench)

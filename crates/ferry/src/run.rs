@@ -17,6 +17,7 @@ use ferry_server::{Accepted, Assign, Bond, Config, Mode, Policy, Publish, Rule, 
 use tracing::{debug, warn};
 
 mod autopub;
+mod autopub_udp;
 mod dns;
 mod nic;
 mod serve;
@@ -790,7 +791,7 @@ fn auto_publish(
     sandbox
         .factory()
         .socket(libc::AF_NETLINK, ty, autopub::NETLINK_SOCK_DIAG)
-        .and_then(|diag| autopub::AutoPublish::start(diag, addrs, tap))
+        .and_then(|diag| autopub::AutoPublish::start(diag, addrs, tap, sandbox.factory()))
         .map_err(|e| warn!("--publish-auto: {e}: no port is published"))
         .ok()
 }

@@ -769,7 +769,7 @@ impl Podman {
 /// ns:PATH`: a namespace the engine names (the CNI/Kubernetes case), annotations, the
 /// shim's and the TAP's fetches, a refusal, the status.
 fn podman_runs_containers_on_ferry(net: &Net, dir: &Path, url: &str, blob: &[u8]) {
-    let ns = engine_netns(net);
+    let ns = engine_netns(net, "p", 10);
     let netns = format!("ns:/run/netns/{}", ns.0);
     let podman = Podman::new(dir);
     podman.import(dir, "glibc");
@@ -803,14 +803,14 @@ fn podman_runs_containers_on_ferry(net: &Net, dir: &Path, url: &str, blob: &[u8]
 }
 
 /// A namespace as an engine's network plugin would make it: on the test's bridge, at
-/// PREFIX.10.
-fn engine_netns(net: &Net) -> NetnsGone {
-    let ns = format!("{}p", net.remote);
-    let veth = format!("{}p", net.bridge);
+/// PREFIX.`host` (`tag` names it and its veth apart from the others').
+fn engine_netns(net: &Net, tag: &str, host: u8) -> NetnsGone {
+    let ns = format!("{}{tag}", net.remote);
+    let veth = format!("{}{tag}", net.bridge);
     let ip = |args: &[&str]| assert!(Command::new("ip").args(args).status().unwrap().success());
     ip(&["netns", "add", &ns]);
     let gone = NetnsGone(ns.clone());
-    let addr = format!("{}.10/24", net.prefix);
+    let addr = format!("{}.{host}/24", net.prefix);
     ip(&[
         "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns,
     ]);
@@ -1390,5 +1390,315 @@ fn exec_gets_the_tap_under_the_policy(docker: &Docker, url: &str) {
             "{runtime}"
         );
         assert!(docker.cmd(&["rm", "-f", "ex"]).status.success());
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// ferry.publish=auto's UDP ports, with each engine.
+
+/// The Go test program (tests/go/netprobe.go) built into `dir`, static (`CGO_ENABLED=0`):
+/// the TAP's case in any image, bind-mounted into the containers.
+fn netprobe(dir: &Path) -> PathBuf {
+    let exe = dir.join("netprobe");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/go/netprobe.go");
+    let out = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&exe)
+        .arg(src)
+        .env("CGO_ENABLED", "0")
+        .env("GOCACHE", dir.join("gocache"))
+        .env("GOPATH", dir.join("gopath"))
+        .env("GO111MODULE", "off")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "go build: {}", text(&out.stderr));
+    exe
+}
+
+/// Sends `msg` to UDP `addr` from the host until an answer comes (20 s at most, a
+/// datagram every 0.3 s): the answer, or None.
+fn udp_echo(addr: &str, msg: &str, within: Duration) -> Option<String> {
+    let sock = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let t = Instant::now();
+    let mut buf = [0u8; 512];
+    while t.elapsed() < within {
+        sock.send_to(msg.as_bytes(), addr).unwrap();
+        if let Ok((n, _)) = sock.recv_from(&mut buf) {
+            return Some(text(&buf[..n]));
+        }
+    }
+    None
+}
+
+/// What the containers of [`engines_publish_udp_and_tcp_ports_without_p`] run:
+/// netprobe's UDP echo on 5354 and its HTTP server on 8081 (static: the TAP's), for 30 s.
+const PROBE_SERVERS: &str =
+    "/np udpecho 0.0.0.0:5354 & /np serve 0.0.0.0:8081 served-by-go & sleep 30";
+
+/// Without `-p`, a container's UDP receivers (socat through the shim; a static Go
+/// program through the TAP) answer at its address from the host as with runc, with
+/// Docker, with containerd's `ctr` (`--runc-binary ferry-oci`, the namespace a CNI
+/// plugin would make) and with Podman (`--network ns:PATH`); `ferry.publish=none`
+/// publishes none.
+#[test]
+fn engines_publish_udp_and_tcp_ports_without_p() {
+    if !can_run(&[
+        "dockerd", "docker", "runc", "unshare", "busybox", "curl", "python3", "socat", "go", "ctr",
+    ]) {
+        return;
+    }
+    let _one = serial();
+    let before = leftovers();
+    let dir = TempDir::new("oci-udp");
+    let www = dir.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    let net = Net::make(&format!("fu{}", std::process::id() % 100_000), &www);
+    let docker = Docker::start(dir.path(), &net.bridge, &net.remote_ip());
+    docker.import("glibc");
+    docker.import("busybox");
+    let np = netprobe(dir.path());
+
+    docker_publishes_udp(&docker, &np);
+    assert_clean(&before, "docker's UDP containers removed");
+    ctr_publishes_udp_and_tcp(&docker, &net, dir.path(), &np);
+    assert_clean(&before, "ctr's container removed");
+    if common::have("podman") {
+        podman_publishes_udp_and_tcp(&net, dir.path(), &np);
+        assert_clean(&before, "podman's container removed");
+    } else {
+        eprintln!("podman: skipped (not installed; scripts/install-deps.sh installs it)");
+    }
+    drop(docker);
+    drop(net);
+    assert_clean(&before, "the UDP test");
+}
+
+fn docker_publishes_udp(docker: &Docker, np: &Path) {
+    let mount = format!("{}:/np:ro", np.display());
+    let socat = "socat UDP-RECVFROM:5353,fork EXEC:cat";
+    for (name, runtime, image, cmd) in [
+        ("u-shim", "ferry", "ferry-glibc", socat),
+        ("u-tap", "ferry", "ferry-busybox", PROBE_SERVERS),
+        ("u-none", "ferry-nopub", "ferry-busybox", PROBE_SERVERS),
+    ] {
+        let out = docker.cmd(&[
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--runtime",
+            runtime,
+            "-v",
+            &mount,
+            image,
+            "sh",
+            "-c",
+            cmd,
+        ]);
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+    }
+    let long = Duration::from_secs(20);
+    let shim = container_ip(docker, "u-shim");
+    assert_eq!(
+        udp_echo(&format!("{shim}:5353"), "via-shim", long).as_deref(),
+        Some("via-shim")
+    );
+    let tap = container_ip(docker, "u-tap");
+    assert_eq!(
+        udp_echo(&format!("{tap}:5354"), "via-tap", long).as_deref(),
+        Some("via-tap")
+    );
+    // ferry.publish=none: the same server answers nothing from outside.
+    let none = container_ip(docker, "u-none");
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        udp_echo(&format!("{none}:5354"), "x", Duration::from_secs(2)),
+        None
+    );
+    for name in ["u-shim", "u-tap", "u-none"] {
+        assert!(docker.cmd(&["rm", "-f", name]).status.success());
+    }
+}
+
+/// [`PROBE_SERVERS`] in the container `run` (the engine's command, its stderr piped)
+/// reached at `ip` from the host: UDP and TCP; then the container's end.
+fn probe_servers_answer(mut run: std::process::Child, ip: &str, engine: &str) {
+    let long = Duration::from_secs(20);
+    let echo = udp_echo(&format!("{ip}:5354"), engine, long);
+    if echo.is_none() {
+        let _ = run.kill();
+        let out = run.wait_with_output().unwrap();
+        panic!(
+            "{engine}: no UDP answer; {}: {}",
+            out.status,
+            text(&out.stderr)
+        );
+    }
+    assert_eq!(echo.as_deref(), Some(engine), "{engine}: UDP");
+    assert_eq!(
+        reach(&format!("http://{ip}:8081/")).trim(),
+        "served-by-go",
+        "{engine}: TCP"
+    );
+    let out = run.wait_with_output().unwrap();
+    assert!(out.status.success(), "{engine} run: {}", text(&out.stderr));
+}
+
+/// `ctr run --runc-binary ferry-oci --with-ns network:PATH`: the namespace a CNI plugin
+/// made (Kubernetes' case), the servers published at its address.
+fn ctr_publishes_udp_and_tcp(docker: &Docker, net: &Net, dir: &Path, np: &Path) {
+    let sock = docker.dir.join("exec/containerd/containerd.sock");
+    let ctr = || {
+        let mut c = Command::new("ctr");
+        c.arg("-a").arg(&sock).args(["-n", "ferrytest"]);
+        c
+    };
+    let mut save = docker.command();
+    let mut save = save
+        .args(["save", "ferry-busybox"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let st = ctr()
+        .args(["images", "import", "-"])
+        .stdin(save.stdout.take().unwrap())
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(save.wait().unwrap().success(), "docker save");
+    assert!(st.success(), "ctr images import");
+    let ns = engine_netns(net, "c", 11);
+    // dockerd's containerd lives in a private mount namespace made before the
+    // namespace's /run/netns mount: name it by a process of its inside instead.
+    let mut holder = Command::new("ip")
+        .args(["netns", "exec", &ns.0, "sleep", "120"])
+        .spawn()
+        .unwrap();
+    let path = format!("/proc/{}/ns/net", holder.id());
+    let t = Instant::now();
+    let ino = |p: &str| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(p).map(|m| m.ino()).ok()
+    };
+    while ino(&path).is_none() || ino(&path) != ino(&format!("/run/netns/{}", ns.0)) {
+        assert!(t.elapsed() < Duration::from_secs(5), "ip netns exec");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mount = format!("type=bind,src={},dst=/np,options=rbind:ro", np.display());
+    let run = ctr()
+        .args(["run", "--rm", "--runtime", "io.containerd.runc.v2"])
+        .arg("--runc-binary")
+        .arg(ferry_oci_link(dir))
+        .args(["--with-ns", &format!("network:{path}")])
+        .args(["--mount", &mount])
+        .args([
+            "docker.io/library/ferry-busybox:latest",
+            &format!("ctru-{}", std::process::id()),
+            "sh",
+            "-c",
+            PROBE_SERVERS,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    probe_servers_answer(run, &format!("{}.11", net.prefix), "ctr");
+    let _ = holder.kill();
+    let _ = holder.wait();
+    drop(ns);
+}
+
+/// Podman (`--network ns:PATH`, the runtime `ferry oci install --podman` registered).
+fn podman_publishes_udp_and_tcp(net: &Net, dir: &Path, np: &Path) {
+    let ns = engine_netns(net, "q", 12);
+    let podman = Podman::new(dir);
+    podman.import(dir, "busybox");
+    let mount = format!("{}:/np:ro", np.display());
+    let netns = format!("ns:/run/netns/{}", ns.0);
+    let run = podman
+        .cmd(&[
+            "run",
+            "--rm",
+            "--network",
+            &netns,
+            "--runtime",
+            "ferry",
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+            "-v",
+            &mount,
+            "ferry-busybox",
+            "sh",
+            "-c",
+            PROBE_SERVERS,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    probe_servers_answer(run, &format!("{}.12", net.prefix), "podman");
+    drop(ns);
+}
+
+// ---------------------------------------------------------------------------------
+// Rootless Podman's user namespace.
+
+/// Inside rootless Podman's user namespace (`podman unshare`, where a rootless engine
+/// runs its runtime), ferry is root of a namespace that maps only the user's own id
+/// and its subordinate ids: its sandbox maps those (not root's ranges of the host,
+/// which the kernel refuses there with EPERM), and both the TAP and the shim fetch.
+#[test]
+fn rootless_podmans_namespace_runs_ferry() {
+    if !can_run(&["podman", "runuser", "python3"]) || !common::have_test_user() {
+        return;
+    }
+    let subuid = std::fs::read_to_string("/etc/subuid").unwrap_or_default();
+    if !subuid.lines().any(|l| l.starts_with("ferrytest:")) {
+        eprintln!("skipped: ferrytest has no range in /etc/subuid (podman unshare needs one)");
+        return;
+    }
+    let _one = serial();
+    let bin = TempDir::new("oci-rootless-bin");
+    let exe = common::ferry_for_any_user(bin.path());
+    let dir = TempDir::new("oci-rootless");
+    let www = dir.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    std::fs::write(www.join("hello"), b"hello rootless\n").unwrap();
+    let net = Net::make(&format!("fr{}", std::process::id() % 100_000), &www);
+    let url = format!("http://{}:8000/hello", net.remote_ip());
+    let home = TempDir::new("oci-home");
+    assert!(
+        Command::new("chown")
+            .args(["-R", "ferrytest:"])
+            .arg(home.path())
+            .status()
+            .unwrap()
+            .success()
+    );
+    for (net_mode, fetch) in [
+        ("nic", ["busybox", "wget", "-qO-"]),
+        ("both", ["curl", "-sS", "--max-time"]),
+    ] {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "ferrytest", "--", "env"])
+            .arg(format!("HOME={}", home.path().display()))
+            .args(["podman", "unshare"])
+            .arg(&exe)
+            .args(["run", "--net", net_mode, "--"])
+            .args(fetch);
+        if net_mode == "both" {
+            c.arg("10");
+        }
+        let out = c.arg(&url).current_dir("/").output().unwrap();
+        assert_eq!(
+            text(&out.stdout),
+            "hello rootless\n",
+            "--net {net_mode}: {}",
+            text(&out.stderr)
+        );
     }
 }

@@ -134,11 +134,61 @@ fn parse_subordinate(text: &str, user: &str, id: u32) -> Option<IdRange> {
 }
 
 /// The (uid, gid) ranges a sandbox launched by root maps: root's subordinate ids, else
-/// [`FALLBACK_IDS`].
+/// [`FALLBACK_IDS`]. Root of a user namespace other than the host's (`podman
+/// unshare`, a rootless engine's runtime) may map only the ids its own namespace has:
+/// there the largest range of them other than its 0 (the user who made it), as
+/// [`nested_ids`] picks from `/proc/self/uid_map` and `gid_map`.
 pub fn root_sandbox_ids() -> (IdRange, IdRange) {
-    let uids = subordinate_ids("/etc/subuid", "root", 0).unwrap_or(FALLBACK_IDS);
-    let gids = subordinate_ids("/etc/subgid", "root", 0).unwrap_or(FALLBACK_IDS);
+    let nested = |file: &str| {
+        let text = std::fs::read_to_string(file).ok()?;
+        (!is_initial_map(&text)).then(|| nested_ids(&text))
+    };
+    let uids = nested("/proc/self/uid_map")
+        .unwrap_or_else(|| subordinate_ids("/etc/subuid", "root", 0).unwrap_or(FALLBACK_IDS));
+    let gids = nested("/proc/self/gid_map")
+        .unwrap_or_else(|| subordinate_ids("/etc/subgid", "root", 0).unwrap_or(FALLBACK_IDS));
     (uids, gids)
+}
+
+/// Whether an id map (`/proc/self/uid_map`'s text) is the initial namespace's: every
+/// id, unchanged.
+fn is_initial_map(text: &str) -> bool {
+    let lines: Vec<Vec<u64>> = text
+        .lines()
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect()
+        })
+        .filter(|v: &Vec<u64>| !v.is_empty())
+        .collect();
+    lines.len() == 1 && lines[0] == [0, 0, u64::from(u32::MAX)]
+}
+
+/// The ids (of this namespace) a sandbox made by this namespace's root maps, from its
+/// id map's `text` (lines `INSIDE OUTSIDE COUNT`): the largest range of mapped ids
+/// without 0, or 0 alone where nothing else is mapped (`unshare -r`: the sandbox's
+/// root is then the user who made the namespace, as for an ordinary user).
+pub fn nested_ids(text: &str) -> IdRange {
+    let mut best = IdRange { base: 0, count: 1 };
+    for line in text.lines() {
+        let v: Vec<u32> = line
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        let &[inside, _, count] = v.as_slice() else {
+            continue;
+        };
+        let (base, count) = if inside == 0 {
+            (1, count.saturating_sub(1))
+        } else {
+            (inside, count)
+        };
+        if count > best.count || best.base == 0 && count > 0 {
+            best = IdRange { base, count };
+        }
+    }
+    best
 }
 
 /// Failures of [`launch`] and of [`Sandbox`] operations.
@@ -852,6 +902,31 @@ mod tests {
         );
         assert_eq!(parse_subordinate("root:5:0\n", "root", 0), None);
         assert_eq!(parse_subordinate("alice:5:5\n", "root", 0), None);
+    }
+
+    #[test]
+    fn nested_namespaces_map_their_own_ids() {
+        assert!(is_initial_map("         0          0 4294967295\n"));
+        let podman = "0 1001 1\n1 100000 65536\n";
+        assert!(!is_initial_map(podman));
+        assert_eq!(
+            nested_ids(podman),
+            IdRange {
+                base: 1,
+                count: 65536
+            }
+        );
+        // One range from 0: its ids but 0.
+        assert_eq!(
+            nested_ids("0 100000 65536\n"),
+            IdRange {
+                base: 1,
+                count: 65535
+            }
+        );
+        // `unshare -r`: 0 alone.
+        assert_eq!(nested_ids("0 1000 1\n"), IdRange { base: 0, count: 1 });
+        assert_eq!(nested_ids(""), IdRange { base: 0, count: 1 });
     }
 
     #[test]

@@ -282,7 +282,14 @@ pub(super) fn serve(argv: &[String]) -> i32 {
         p => sys::enter_netns(Path::new(p)),
     };
     if let Err(e) = entered {
-        eprintln!("ferry oci: entering the container's network namespace {netns}: {e}");
+        // EINVAL: the path is no namespace here, e.g. a `/run/netns` mount made after
+        // the engine's mount namespace was (a private one does not see it).
+        let hint = if e.raw_os_error() == Some(libc::EINVAL) {
+            " (not a network namespace in the runtime's mount namespace)"
+        } else {
+            ""
+        };
+        eprintln!("ferry oci: entering the container's network namespace {netns}: {e}{hint}");
         return 125;
     }
     let a = match parse_run(flags) {

@@ -1,18 +1,19 @@
 //! `--publish-auto` (`ferry oci`'s default, `ferry.publish=auto`): every TCP port a
-//! program in the sandbox listens on — on the wildcard or the TAP's address, never on
-//! loopback — is published where ferry runs (the host for `ferry run`, the namespace
+//! program in the sandbox listens on, and every UDP port it receives on — on the
+//! wildcard or the TAP's address, never on loopback — is published where ferry runs (the host for `ferry run`, the namespace
 //! the engine gave a container: the pod IP), for as long as something listens there,
 //! as pasta's `-t auto` does.
 //!
 //! A thread ([`AutoPublish`]) asks the sandbox's network namespace for its TCP
-//! listeners every [`SCAN_EVERY`] (`NETLINK_SOCK_DIAG`, listening sockets only: the
+//! listeners and bound, unconnected UDP sockets every [`SCAN_EVERY`] (`NETLINK_SOCK_DIAG`, listening sockets only: the
 //! kernel walks its listening table, so the cost grows with listeners, not with
 //! connections), binds a host listener ([`ferry_server::host_listener`], both families)
 //! for each port new since, closes the host listener of a port nothing listens on any
 //! more, and passes each connection to the first NIC server ([`TapHandoff`]), which
 //! connects it to the sandbox's address on the TAP from the client's address: a server
 //! of the shim's (its socket is bound to the wildcard in the sandbox's namespace) and a
-//! static or Go one alike. At most [`MAX_PORTS`] ports; a port the host side has in use
+//! static or Go one alike. UDP ports are `autopub_udp.rs`'s (datagrams through one flow
+//! per client). At most [`MAX_PORTS`] ports of each; a port the host side has in use
 //! already is left out with a log line. Must not: serve a connection (the NIC server
 //! does) or publish a loopback listener (the sandbox's own, as with runc).
 
@@ -27,6 +28,8 @@ use std::time::{Duration, Instant};
 use ferry_server::TapHandoff;
 use tracing::{debug, warn};
 
+use super::autopub_udp::{self, UdpPorts};
+
 /// How often the sandbox's listeners are looked at.
 pub(crate) const SCAN_EVERY: Duration = Duration::from_millis(250);
 /// Most ports published at once.
@@ -37,7 +40,27 @@ pub(crate) const NETLINK_SOCK_DIAG: i32 = 4;
 /// `SOCK_DIAG_BY_FAMILY` (linux/sock_diag.h).
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
 /// `TCP_LISTEN` (linux/tcp_states.h).
-const TCP_LISTEN: u32 = 10;
+const TCP_LISTEN: u8 = 10;
+/// `TCP_CLOSE` (linux/tcp_states.h): a UDP socket not connected (bound: receiving).
+const TCP_CLOSE: u8 = 7;
+
+/// What a scan looks for: a protocol's sockets in one state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Kind {
+    protocol: u8,
+    state: u8,
+}
+
+/// TCP listeners.
+pub(crate) const TCP: Kind = Kind {
+    protocol: libc::IPPROTO_TCP as u8,
+    state: TCP_LISTEN,
+};
+/// UDP sockets bound and not connected.
+pub(crate) const UDP: Kind = Kind {
+    protocol: libc::IPPROTO_UDP as u8,
+    state: TCP_CLOSE,
+};
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
 /// `struct nlmsghdr`'s size.
@@ -48,8 +71,8 @@ const REQ_LEN: usize = 56;
 /// The epoll token of the stop eventfd (ports are `u16`).
 const STOP: u64 = 1 << 32;
 
-/// The `SOCK_DIAG_BY_FAMILY` dump request for the TCP listeners of `family`.
-pub(crate) fn request(family: u8, seq: u32) -> [u8; NLMSG_HDR + REQ_LEN] {
+/// The `SOCK_DIAG_BY_FAMILY` dump request for the sockets of `kind` of `family`.
+pub(crate) fn request(family: u8, kind: Kind, seq: u32) -> [u8; NLMSG_HDR + REQ_LEN] {
     let mut m = [0u8; NLMSG_HDR + REQ_LEN];
     let flags = (libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16;
     m[0..4].copy_from_slice(&((NLMSG_HDR + REQ_LEN) as u32).to_ne_bytes());
@@ -58,8 +81,8 @@ pub(crate) fn request(family: u8, seq: u32) -> [u8; NLMSG_HDR + REQ_LEN] {
     m[8..12].copy_from_slice(&seq.to_ne_bytes());
     // inet_diag_req_v2: family, protocol, ext, pad, states, then a zero socket id.
     m[16] = family;
-    m[17] = libc::IPPROTO_TCP as u8;
-    m[20..24].copy_from_slice(&(1u32 << TCP_LISTEN).to_ne_bytes());
+    m[17] = kind.protocol;
+    m[20..24].copy_from_slice(&(1u32 << kind.state).to_ne_bytes());
     m
 }
 
@@ -72,15 +95,17 @@ pub(crate) enum Part {
     Done,
 }
 
-/// Adds to `out` the ports of the listeners in `buf` (messages of the dump answer
-/// `seq`) that are bound to the wildcard or one of `tap` (the sandbox's addresses on
-/// its TAP): not loopback, nor ferry's DNS forwarder on the nameservers' addresses.
-/// Malformed input ends the dump with an error; nothing is trusted beyond `buf`.
+/// Adds to `out` the ports (with the address each is bound to) of the sockets in state
+/// `state` in `buf` (messages of the dump answer `seq`) that are bound to the wildcard
+/// or one of `tap` (the sandbox's addresses on its TAP): not loopback, nor ferry's DNS
+/// forwarder on the nameservers' addresses. Malformed input ends the dump with an
+/// error; nothing is trusted beyond `buf`.
 pub(crate) fn parse(
     buf: &[u8],
     seq: u32,
+    state: u8,
     tap: &[IpAddr],
-    out: &mut BTreeSet<u16>,
+    out: &mut BTreeMap<u16, IpAddr>,
 ) -> io::Result<Part> {
     let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("sock_diag: {what}"));
     let mut at = 0;
@@ -107,8 +132,8 @@ pub(crate) fn parse(
                 return Err(io::Error::from_raw_os_error(-errno));
             }
             SOCK_DIAG_BY_FAMILY => {
-                if let Some(port) = listener(body, tap) {
-                    out.insert(port);
+                if let Some((port, ip)) = listener(body, state, tap) {
+                    out.entry(port).or_insert(ip);
                 }
             }
             _ => {}
@@ -117,8 +142,9 @@ pub(crate) fn parse(
     Ok(Part::More)
 }
 
-/// The port of an `inet_diag_msg` for a listener bound to the wildcard or one of `tap`.
-fn listener(msg: &[u8], tap: &[IpAddr]) -> Option<u16> {
+/// The port and address of an `inet_diag_msg` for a socket in `state` bound to the
+/// wildcard or one of `tap`.
+fn listener(msg: &[u8], state: u8, tap: &[IpAddr]) -> Option<(u16, IpAddr)> {
     // family, state, timer, retrans, then the socket id: sport, dport (big-endian),
     // src (16 bytes).
     let src = msg.get(8..24)?;
@@ -132,20 +158,25 @@ fn listener(msg: &[u8], tap: &[IpAddr]) -> Option<u16> {
         _ => return None,
     };
     let ours = ip.is_unspecified() || tap.contains(&ip);
-    (msg.get(1) == Some(&(TCP_LISTEN as u8)) && ours && port != 0).then_some(port)
+    (msg.get(1) == Some(&state) && ours && port != 0).then_some((port, ip))
 }
 
-/// The sandbox's TCP listening ports on the wildcard or `tap`, asked on `diag` (a
-/// `NETLINK_SOCK_DIAG` socket made in its namespace).
-fn listening(diag: &OwnedFd, tap: &[IpAddr], seq: &mut u32) -> io::Result<BTreeSet<u16>> {
-    let mut ports = BTreeSet::new();
+/// The sandbox's ports of `kind` on the wildcard or `tap` (with the address each is
+/// bound to), asked on `diag` (a `NETLINK_SOCK_DIAG` socket made in its namespace).
+fn listening(
+    diag: &OwnedFd,
+    kind: Kind,
+    tap: &[IpAddr],
+    seq: &mut u32,
+) -> io::Result<BTreeMap<u16, IpAddr>> {
+    let mut ports = BTreeMap::new();
     let mut buf = vec![0u8; 32 << 10];
     for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
         *seq = seq.wrapping_add(1);
-        ferry_sys::write(diag.as_fd(), &request(family, *seq))?;
+        ferry_sys::write(diag.as_fd(), &request(family, kind, *seq))?;
         loop {
             let n = ferry_sys::recv(diag.as_fd(), &mut buf, 0)?;
-            if n == 0 || parse(&buf[..n], *seq, tap, &mut ports)? == Part::Done {
+            if n == 0 || parse(&buf[..n], *seq, kind.state, tap, &mut ports)? == Part::Done {
                 break;
             }
         }
@@ -180,11 +211,12 @@ pub(crate) struct AutoPublish {
 impl AutoPublish {
     /// Starts publishing the listeners `diag` finds on the wildcard or `addrs` (the
     /// sandbox's on its TAP; see the module's header) through `tap` (open: a NIC server
-    /// takes its connections).
+    /// takes its connections), and the UDP ports through flows `factory` makes.
     pub(crate) fn start(
         diag: OwnedFd,
         addrs: Vec<IpAddr>,
         tap: Arc<TapHandoff>,
+        factory: ferry_sandbox::SocketFactory,
     ) -> io::Result<AutoPublish> {
         let stop = Arc::new(ferry_sys::eventfd()?);
         let mut ports = Ports {
@@ -194,6 +226,8 @@ impl AutoPublish {
             epoll: ferry_sys::Epoll::new(64)?,
             open: BTreeMap::new(),
             skip: BTreeSet::new(),
+            udp: UdpPorts::new(factory),
+            udp_skip: BTreeSet::new(),
             seq: 0,
             scan_failed: false,
             full: false,
@@ -228,6 +262,9 @@ struct Ports {
     epoll: ferry_sys::Epoll,
     open: BTreeMap<u16, OwnedFd>,
     skip: BTreeSet<u16>,
+    /// The UDP ports and their flows, and the UDP ports left out.
+    udp: UdpPorts,
+    udp_skip: BTreeSet<u16>,
     seq: u32,
     /// A scan failed (said once).
     scan_failed: bool,
@@ -255,24 +292,65 @@ impl Ports {
                 return;
             }
             for ev in &events {
-                match u16::try_from(ev.token) {
-                    Ok(port) => self.accept(port),
-                    Err(_) => return,
+                if ev.token == STOP {
+                    return;
+                }
+                match autopub_udp::Token::of(ev.token) {
+                    Some(autopub_udp::Token::Port(port)) => self.udp.inbound(&self.epoll, port),
+                    Some(autopub_udp::Token::Flow(id)) => self.udp.outbound(id),
+                    None => {
+                        if let Ok(port) = u16::try_from(ev.token) {
+                            self.accept(port);
+                        }
+                    }
                 }
             }
         }
     }
 
-    /// Follows the sandbox's listeners.
+    /// Follows the sandbox's listeners and UDP receivers.
     fn scan(&mut self) {
-        let want = match listening(&self.diag, &self.addrs, &mut self.seq) {
-            Ok(w) => w,
+        self.scan_tcp();
+        self.scan_udp();
+    }
+
+    /// The sandbox's sockets of `kind` (said once when they cannot be listed).
+    fn scan_of(&mut self, kind: Kind) -> Option<BTreeMap<u16, IpAddr>> {
+        match listening(&self.diag, kind, &self.addrs, &mut self.seq) {
+            Ok(w) => Some(w),
             Err(e) => {
                 if !std::mem::replace(&mut self.scan_failed, true) {
                     warn!("--publish-auto: cannot list the sandbox's listeners: {e}");
                 }
-                return;
+                None
             }
+        }
+    }
+
+    fn scan_udp(&mut self) {
+        let Some(want) = self.scan_of(UDP) else {
+            return;
+        };
+        self.udp.sweep(&self.epoll);
+        self.udp_skip.retain(|p| want.contains_key(p));
+        let have: BTreeSet<u16> = self.udp.ports().collect();
+        let keys: BTreeSet<u16> = want.keys().copied().collect();
+        let (publish, withdraw) = changes(&have, &keys, &self.udp_skip);
+        for port in withdraw {
+            self.udp.withdraw(&self.epoll, port);
+        }
+        for port in publish {
+            let to = autopub_udp::target(want[&port], port);
+            if !self.udp.publish(&self.epoll, port, to) {
+                self.udp_skip.insert(port);
+            }
+        }
+    }
+
+    fn scan_tcp(&mut self) {
+        let want: BTreeSet<u16> = match self.scan_of(TCP) {
+            Some(w) => w.into_keys().collect(),
+            None => return,
         };
         self.skip.retain(|p| want.contains(p));
         let have: BTreeSet<u16> = self.open.keys().copied().collect();
@@ -381,31 +459,37 @@ mod tests {
         buf.extend(msg(6, v4, 10, 1, &[0, 0, 0, 0]));
         buf.extend(msg(7, v4, 1, 2, &[0, 0, 0, 0]));
         let tap: [IpAddr; 1] = [Ipv4Addr::new(10, 0, 2, 100).into()];
-        let mut ports = BTreeSet::new();
-        assert_eq!(parse(&buf, 7, &tap, &mut ports).unwrap(), Part::More);
-        assert_eq!(ports.into_iter().collect::<Vec<_>>(), [80, 443, 8080]);
-        let mut ports = BTreeSet::new();
+        let mut ports = BTreeMap::new();
+        assert_eq!(parse(&buf, 7, 10, &tap, &mut ports).unwrap(), Part::More);
+        assert_eq!(ports.keys().copied().collect::<Vec<_>>(), [80, 443, 8080]);
+        assert_eq!(ports[&8080], tap[0]);
+        assert_eq!(ports[&443], IpAddr::from(Ipv6Addr::UNSPECIFIED));
+        // The same messages asked for UDP's receivers (state 7): none is in that state.
+        let mut udp = BTreeMap::new();
+        parse(&buf, 7, UDP.state, &tap, &mut udp).unwrap();
+        assert!(udp.is_empty());
+        let mut ports = BTreeMap::new();
         assert_eq!(
-            parse(&done(7, NLMSG_DONE, 0), 7, &tap, &mut ports).unwrap(),
+            parse(&done(7, NLMSG_DONE, 0), 7, 10, &tap, &mut ports).unwrap(),
             Part::Done
         );
-        let e = parse(&done(7, NLMSG_ERROR, -libc::EPERM), 7, &tap, &mut ports).unwrap_err();
+        let e = parse(&done(7, NLMSG_ERROR, -libc::EPERM), 7, 10, &tap, &mut ports).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EPERM));
     }
 
     #[test]
     fn malformed_answers_are_errors_not_panics() {
-        let mut ports = BTreeSet::new();
+        let mut ports = BTreeMap::new();
         let mut m = msg(1, libc::AF_INET as u8, 10, 80, &[0; 4]);
         m[0..4].copy_from_slice(&1000u32.to_ne_bytes());
-        assert!(parse(&m, 1, &[], &mut ports).is_err());
+        assert!(parse(&m, 1, 10, &[], &mut ports).is_err());
         m[0..4].copy_from_slice(&3u32.to_ne_bytes());
-        assert!(parse(&m, 1, &[], &mut ports).is_err());
+        assert!(parse(&m, 1, 10, &[], &mut ports).is_err());
         // A message too short for a socket id: ignored.
         let mut short = done(1, SOCK_DIAG_BY_FAMILY, 0);
         short.truncate(20);
-        assert_eq!(parse(&short, 1, &[], &mut ports).unwrap(), Part::More);
-        assert!(parse(&[1, 2, 3], 1, &[], &mut ports).is_ok());
+        assert_eq!(parse(&short, 1, 10, &[], &mut ports).unwrap(), Part::More);
+        assert!(parse(&[1, 2, 3], 1, 10, &[], &mut ports).is_ok());
         assert!(ports.is_empty());
     }
 
@@ -422,8 +506,8 @@ mod tests {
         assert!(p.is_empty(), "no room beyond the cap");
     }
 
-    /// The real kernel's answer: a listener of this test's on the wildcard is found, one
-    /// on loopback is not.
+    /// The real kernel's answer: a listener (and a UDP socket) of this test's on the
+    /// wildcard is found, one on loopback is not; a connected UDP socket is not.
     #[test]
     fn the_kernel_lists_its_listeners() {
         let diag = match ferry_sys::socket(
@@ -439,9 +523,20 @@ mod tests {
         };
         let any = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
         let lo = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let udp_any = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        let udp_lo = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let udp_conn = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        udp_conn.connect("192.0.2.1:9").unwrap();
         let mut seq = 0;
-        let ports = listening(&diag, &[], &mut seq).unwrap();
-        assert!(ports.contains(&any.local_addr().unwrap().port()));
-        assert!(!ports.contains(&lo.local_addr().unwrap().port()));
+        let ports = listening(&diag, TCP, &[], &mut seq).unwrap();
+        assert!(ports.contains_key(&any.local_addr().unwrap().port()));
+        assert!(!ports.contains_key(&lo.local_addr().unwrap().port()));
+        assert!(!ports.contains_key(&udp_any.local_addr().unwrap().port()));
+        let udp = listening(&diag, UDP, &[], &mut seq).unwrap();
+        let port = |s: &std::net::UdpSocket| s.local_addr().unwrap().port();
+        assert!(udp.contains_key(&port(&udp_any)));
+        assert!(!udp.contains_key(&port(&udp_lo)));
+        assert!(!udp.contains_key(&port(&udp_conn)));
+        assert!(!udp.contains_key(&any.local_addr().unwrap().port()));
     }
 }

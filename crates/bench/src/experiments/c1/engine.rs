@@ -48,10 +48,9 @@ fn output(cmd: &mut Command, what: &str) -> Result<String, String> {
 /// podman's layer applier) starve the processes they wait for on a small machine.
 const OTHER: [&str; 3] = ["chrt", "-o", "0"];
 
-/// The bench's real-time policy (`chrt`'s flag and priority), if it has one.
-fn rt_policy() -> Option<(&'static str, String)> {
-    let me = std::process::id().to_string();
-    let out = Command::new("chrt").args(["-p", &me]).output().ok()?;
+/// A thread's or process's real-time policy (`chrt`'s flag and priority), if it has one.
+fn rt_policy_of(id: &str) -> Option<(&'static str, String)> {
+    let out = Command::new("chrt").args(["-p", id]).output().ok()?;
     let t = String::from_utf8_lossy(&out.stdout);
     let flag = if t.contains("SCHED_FIFO") {
         "-f"
@@ -64,26 +63,68 @@ fn rt_policy() -> Option<(&'static str, String)> {
     Some((flag, prio.trim().to_owned()))
 }
 
-/// Gives `pids` (every thread) the bench's real-time policy, if it has one: what is
-/// measured runs as the host's configurations do, the engines not. All or none: the
-/// first (the container's runner) is tried first, and if it cannot be lifted (an
-/// engine's cgroup without real-time runtime refuses it) nothing is, because ferry's
-/// spinning servers at a real-time priority would starve a client left at the normal
-/// one on a small machine (measured: redis -P 1 from a container 41k req/s against
-/// 59–63k with neither lifted).
-fn lift(pids: &[u32]) {
-    let Some((flag, prio)) = rt_policy() else {
-        return;
-    };
-    for (i, pid) in pids.iter().enumerate() {
-        let ok = Command::new("chrt")
-            .args(["-a", flag, "-p", &prio, &pid.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok && i == 0 {
-            return;
+/// `chrt [-a] ARGS… -p PRIO ID`; whether it worked.
+fn chrt(all: bool, flag: &str, prio: &str, id: &str) -> bool {
+    let mut c = Command::new("chrt");
+    if all {
+        c.arg("-a");
+    }
+    c.args([flag, "-p", prio, id])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// C1 at the normal scheduling policy, whatever the bench's (`chrt -f 10 ferry bench`):
+/// an engine's cgroup refuses real-time tasks, so a container's client cannot have the
+/// bench's policy, and a real-time server outside it (C1's redis-server, the remote's
+/// iperf3) or a real-time `ferry run` beside it would not be measured alike (measured:
+/// redis -P 1 from ferry's container 0.64× `ferry run` under the bench's policy, alike
+/// by hand at the normal one). While it lives, the thread that made it (whose children
+/// C1 spawns) and the remote namespace's processes run at the normal policy; dropped,
+/// they get the bench's back.
+#[derive(Debug)]
+pub struct NormalPolicy {
+    /// The thread's id and policy before.
+    thread: Option<(String, &'static str, String)>,
+    /// The remote namespace's processes lowered, with their policy before.
+    remote: Vec<(String, &'static str, String)>,
+}
+
+impl NormalPolicy {
+    /// Lowers this thread and the processes of network namespace `remote_ns`.
+    pub fn enter(remote_ns: &str) -> NormalPolicy {
+        let tid = fs::read_link("/proc/thread-self")
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+        let thread = tid.and_then(|t| {
+            let (flag, prio) = rt_policy_of(&t)?;
+            chrt(false, "-o", "0", &t).then_some((t, flag, prio))
+        });
+        let pids = Command::new("ip")
+            .args(["netns", "pids", remote_ns])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let remote = pids
+            .split_whitespace()
+            .filter_map(|pid| {
+                let (flag, prio) = rt_policy_of(pid)?;
+                chrt(true, "-o", "0", pid).then(|| (pid.to_owned(), flag, prio))
+            })
+            .collect();
+        NormalPolicy { thread, remote }
+    }
+}
+
+impl Drop for NormalPolicy {
+    fn drop(&mut self) {
+        for (pid, flag, prio) in &self.remote {
+            chrt(true, flag, prio, pid);
+        }
+        if let Some((tid, flag, prio)) = &self.thread {
+            chrt(false, flag, prio, tid);
         }
     }
 }
@@ -473,10 +514,6 @@ impl Ctr {
             cpu_file,
             helper,
         };
-        // The runner (its clients inherit) and what serves the network.
-        let mut measured = vec![pid];
-        measured.extend(ctr.helpers());
-        lift(&measured);
         Ok(ctr)
     }
 

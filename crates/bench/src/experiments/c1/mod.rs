@@ -23,7 +23,9 @@ use self::core::{
     BRIDGE, DOWN, FERRY, FERRY_RUN, HOST, PASTA, REDIS, SLIRP, STARTUP, UP, WRK, derived, goals,
     goals_table, startup_stats,
 };
-use self::engine::{Ctr, Docker, IMAGE, Lan, PUBLISH, PUBLISHING, Podman, Redis, free_port};
+use self::engine::{
+    Ctr, Docker, IMAGE, Lan, NormalPolicy, PUBLISH, PUBLISHING, Podman, Redis, free_port,
+};
 use super::{Experiment, Settings, pick, strings};
 use crate::config::{Config, RunOut, which};
 use crate::exec::ExecError;
@@ -74,10 +76,14 @@ impl Experiment for C1 {
             .position(|c| c.param.label == STARTUP)
             .unwrap_or(cases.len());
         let (timed, start) = cases.split_at(at);
+        // Every configuration at the same (normal) policy: containers cannot have the
+        // bench's real-time one.
+        let normal = NormalPolicy::enter(bench.bed.name());
         let setup = Setup::up(bench);
         let mut rows = measure(bench, timed, &setup)?;
         rows.extend(startup(bench, start, &setup)?);
         drop(setup);
+        drop(normal);
         rows.extend(derived(&rows));
         Ok(rows)
     }
@@ -110,8 +116,10 @@ impl Experiment for C1 {
              serves its network from outside it (ferry's network side with its servers, \
              slirp4netns, pasta; runc's bridge and host network: the kernel only); \
              `ferry` and `native` run on the host, CPU by getrusage as \
-             in R2. Start-up: per round {STARTUP_RUNS} `docker run --rm {IMAGE} true` per \
-             runtime, alternating; p50, min and max.\n\n\
+             in R2. Every process of C1 (clients, servers, engines, ferry) runs at the \
+             normal scheduling policy whatever the bench's: an engine's cgroup refuses a \
+             real-time container. Start-up: per round {STARTUP_RUNS} `docker run --rm \
+             {IMAGE} true` per runtime, alternating; p50, min and max.\n\n\
              Goals (issue 27):\n\n{}\n",
             goals_table(&goals(rows))
         )

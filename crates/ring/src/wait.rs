@@ -54,17 +54,41 @@ pub(crate) struct WaitCell {
 /// budget halves (to none after a few such waits, and an idle wait then costs a sleep,
 /// not the span); a wait that ended within the span but after the budget would have
 /// been caught by a longer spin, so the budget doubles back (from `max / 8`). Waits
-/// that end within the budget leave it as it is. Pure: the caller measures its waits.
+/// that end within the budget leave it as it is. A patient budget
+/// ([`AdaptiveSpin::patient`]) shrinks only after several such waits in a row and is
+/// whole again after one the span would have caught: for a program's waits, where an
+/// event loop's long waits come between bursts of short ones. Pure: the caller measures
+/// its waits.
 #[derive(Clone, Copy, Debug)]
 pub struct AdaptiveSpin {
     max: Duration,
     budget: Duration,
+    /// Waits that outlasted the span in a row before the budget shrinks.
+    patience: u8,
+    /// Such waits in a row so far.
+    streak: u8,
 }
 
 impl AdaptiveSpin {
-    /// A budget of `max` at first.
+    /// A budget of `max` at first, halved by every wait that outlasts it.
     pub const fn new(max: Duration) -> AdaptiveSpin {
-        AdaptiveSpin { max, budget: max }
+        AdaptiveSpin {
+            max,
+            budget: max,
+            patience: 1,
+            streak: 0,
+        }
+    }
+
+    /// A budget of `max` at first, halved only after `patience` waits in a row that
+    /// outlasted the span, and back to `max` after a wait the span would have caught.
+    pub const fn patient(max: Duration, patience: u8) -> AdaptiveSpin {
+        AdaptiveSpin {
+            max,
+            budget: max,
+            patience: if patience == 0 { 1 } else { patience },
+            streak: 0,
+        }
     }
 
     /// The span it never exceeds.
@@ -80,12 +104,23 @@ impl AdaptiveSpin {
     /// A wait lasted `d` in all (its spin, and its sleep if it came to one).
     pub fn waited(&mut self, d: Duration) {
         if d > self.max {
+            self.streak = self.streak.saturating_add(1);
+            if self.streak < self.patience {
+                return;
+            }
             self.budget /= 2;
             if self.budget < self.max / 16 {
                 self.budget = Duration::ZERO;
             }
-        } else if d > self.budget {
-            self.budget = (self.budget * 2).max(self.max / 8).min(self.max);
+            return;
+        }
+        self.streak = 0;
+        if d > self.budget {
+            self.budget = if self.patience > 1 {
+                self.max
+            } else {
+                (self.budget * 2).max(self.max / 8).min(self.max)
+            };
         }
     }
 }
@@ -448,6 +483,27 @@ mod tests {
             back.push(a.budget().as_micros());
         }
         assert_eq!(back, [25u128, 50, 100, 200, 200]);
+        let mut p = AdaptiveSpin::patient(us(200), 4);
+        let mut seen = Vec::new();
+        for i in 0..9 {
+            // Three long waits, then a short one the span catches: never shrinks.
+            p.waited(if i % 4 == 3 {
+                us(30)
+            } else {
+                Duration::from_millis(5)
+            });
+            seen.push(p.budget().as_micros());
+        }
+        assert_eq!(seen, [200u128; 9], "a patient budget waits for a streak");
+        // The ninth wait began a streak: three more reach four in a row.
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            p.waited(Duration::from_millis(5));
+            seen.push(p.budget().as_micros());
+        }
+        assert_eq!(seen, [200u128, 200, 100, 50, 25], "four in a row halve it");
+        p.waited(us(150));
+        assert_eq!(p.budget(), us(200), "one caught by the span restores it");
         let mut none = AdaptiveSpin::new(Duration::ZERO);
         none.waited(us(1));
         assert_eq!(none.budget(), Duration::ZERO, "no span, no spin");

@@ -638,23 +638,24 @@ fn ferry_oci_link(dir: &Path) -> PathBuf {
     link
 }
 
-/// containerd (dockerd's own) with `ctr run --runtime io.containerd.runc.v2
-/// --runc-binary ferry-oci` (the Kubernetes RuntimeClass path): a new namespace of the
-/// runtime's (no path in the spec), the TAP in it, the status passed on.
-fn containerd_ctr_runs_with_ferry_oci(docker: &Docker, dir: &Path) {
-    let sock = docker.dir.join("exec/containerd/containerd.sock");
-    let ctr = || {
-        let mut c = Command::new("ctr");
-        c.arg("-a").arg(&sock).args(["-n", "ferrytest"]);
-        c
-    };
+/// `ctr` on dockerd's own containerd, in the tests' namespace.
+fn ctr_command(docker: &Docker) -> Command {
+    let mut c = Command::new("ctr");
+    c.arg("-a")
+        .arg(docker.dir.join("exec/containerd/containerd.sock"))
+        .args(["-n", "ferrytest"]);
+    c
+}
+
+/// Docker's `ferry-busybox` image, saved and imported into containerd.
+fn ctr_imports_busybox(docker: &Docker) {
     let mut save = docker.command();
     let mut save = save
         .args(["save", "ferry-busybox"])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let st = ctr()
+    let st = ctr_command(docker)
         .args(["images", "import", "-"])
         .stdin(save.stdout.take().unwrap())
         .stdout(Stdio::null())
@@ -662,6 +663,14 @@ fn containerd_ctr_runs_with_ferry_oci(docker: &Docker, dir: &Path) {
         .unwrap();
     assert!(save.wait().unwrap().success(), "docker save");
     assert!(st.success(), "ctr images import");
+}
+
+/// containerd (dockerd's own) with `ctr run --runtime io.containerd.runc.v2
+/// --runc-binary ferry-oci` (the Kubernetes RuntimeClass path): a new namespace of the
+/// runtime's (no path in the spec), the TAP in it, the status passed on.
+fn containerd_ctr_runs_with_ferry_oci(docker: &Docker, dir: &Path) {
+    let ctr = || ctr_command(docker);
+    ctr_imports_busybox(docker);
     let link = ferry_oci_link(dir);
     let out = ctr()
         .args([
@@ -1549,26 +1558,8 @@ fn probe_servers_answer(mut run: std::process::Child, ip: &str, engine: &str) {
 /// `ctr run --runc-binary ferry-oci --with-ns network:PATH`: the namespace a CNI plugin
 /// made (Kubernetes' case), the servers published at its address.
 fn ctr_publishes_udp_and_tcp(docker: &Docker, net: &Net, dir: &Path, np: &Path) {
-    let sock = docker.dir.join("exec/containerd/containerd.sock");
-    let ctr = || {
-        let mut c = Command::new("ctr");
-        c.arg("-a").arg(&sock).args(["-n", "ferrytest"]);
-        c
-    };
-    let mut save = docker.command();
-    let mut save = save
-        .args(["save", "ferry-busybox"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let st = ctr()
-        .args(["images", "import", "-"])
-        .stdin(save.stdout.take().unwrap())
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(save.wait().unwrap().success(), "docker save");
-    assert!(st.success(), "ctr images import");
+    let ctr = || ctr_command(docker);
+    ctr_imports_busybox(docker);
     let ns = engine_netns(net, "c", 11);
     // dockerd's containerd lives in a private mount namespace made before the
     // namespace's /run/netns mount: name it by a process of its inside instead.

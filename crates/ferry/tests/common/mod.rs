@@ -493,3 +493,30 @@ pub fn guest_dir() -> Option<PathBuf> {
     }
     Some(dir)
 }
+
+/// Per thread of process `pid`: (name, NoNewPrivs, Seccomp mode, CapEff).
+pub fn thread_confinement(pid: u32) -> Vec<(String, String, String, u64)> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+        let field = |k: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(k))
+                .unwrap_or("")
+                .trim()
+                .to_owned()
+        };
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        out.push((
+            comm.trim().to_owned(),
+            field("NoNewPrivs:"),
+            field("Seccomp:"),
+            u64::from_str_radix(&field("CapEff:"), 16).unwrap_or(u64::MAX),
+        ));
+    }
+    out
+}

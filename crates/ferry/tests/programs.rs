@@ -1418,3 +1418,52 @@ fn a_published_port_that_nothing_in_the_sandbox_serves_refuses_instead_of_hangin
         "{log}"
     );
 }
+
+/// A sender whose peer stops reading (inside the sandbox, both ends served by ferry):
+/// how many bytes `send` with a 10 ms timeout accepts before it times out.
+const STALLED_PEER: &str = r#"
+import socket, threading, time
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
+def peer():
+    c, _ = srv.accept(); c.recv(88192); time.sleep(1.5); c.close()
+t = threading.Thread(target=peer); t.start()
+s = socket.create_connection(srv.getsockname()); s.settimeout(0.01)
+total, chunk = 0, b"x" * 65536
+try:
+    while total < 64 << 20:
+        total += s.send(chunk)
+    print("none", total)
+except TimeoutError:
+    print("timeout", total)
+t.join()
+"#;
+
+#[test]
+fn a_peer_that_stops_reading_stops_a_sender_before_ten_mib() {
+    // CPython's SendfileUsingSendTest.testWithTimeoutTriggeredSend sends 10 MiB with a
+    // 10 ms timeout to a peer that reads 88 KiB and sleeps: natively the send times out
+    // after ~3 MiB. ferry's path holds more (the thread's ring, the pair), but it must
+    // stay well below the 10 MiB: a pair widened for bulk before its program read
+    // anything let 8–13.5 MiB through (against 6.3 before), and the test failed.
+    if !can_run(&[]) {
+        return;
+    }
+    for _ in 0..3 {
+        let out = ferry_run(&[], &[system_python(), "-c", STALLED_PEER]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut it = text.split_whitespace();
+        let (how, total) = (it.next(), it.next().and_then(|t| t.parse::<u64>().ok()));
+        assert_eq!(how, Some("timeout"), "the send never stalled: {text}");
+        let total = total.expect("a count");
+        assert!(
+            total < 8 << 20,
+            "{} KiB accepted before the stall",
+            total >> 10
+        );
+    }
+}

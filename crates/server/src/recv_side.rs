@@ -156,6 +156,8 @@ pub(crate) struct RecvSide {
     piped: usize,
     /// The program bounded the pair's buffer (its `SO_RCVBUF`, or its listener's).
     bounded: bool,
+    /// The pair's buffer was widened for bulk (once; see `rx.rs`'s `widen_pair`).
+    widened: bool,
     /// `Server::waits` at the last receive: an input event reported by a later wait
     /// than the next one cannot be older than that receive.
     mark: u64,
@@ -255,8 +257,16 @@ impl RecvSide {
         self.bounded = true;
     }
 
-    pub(crate) fn bounded(&self) -> bool {
-        self.bounded
+    /// Whether the pair's buffer is to be widened now: a bulk stream whose program
+    /// took bytes the full pair had kept waiting (it reads, and a larger pair saves it
+    /// reads), once, and never one the program bounded. A program that does not read
+    /// keeps the default pair, so the bytes ferry holds for it stay near the kernel's.
+    pub(crate) fn widen_due(&mut self) -> bool {
+        if self.bounded || self.widened || !self.bulk() {
+            return false;
+        }
+        self.widened = true;
+        true
     }
 
     /// Received bytes the pair has not taken yet, copied or in the pipe.

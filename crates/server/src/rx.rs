@@ -69,10 +69,10 @@ fn splice_bulk(io: &dyn Io, s: &mut Sock, (pr, pw): &(OwnedFd, OwnedFd)) -> io::
     r
 }
 
-/// A stream turns bulk: its pair may hold more (see [`RX_PAIR_BULK`]), unless the
-/// program bounded it.
-fn widen_pair(io: &dyn Io, s: &Sock) {
-    if !s.rx.bounded() {
+/// A bulk stream's program reads what its full pair kept waiting: the pair may hold
+/// more (see [`RX_PAIR_BULK`] and `RecvSide::widen_due`).
+fn widen_pair(io: &dyn Io, s: &mut Sock) {
+    if s.rx.widen_due() {
         let v = RX_PAIR_BULK.to_ne_bytes();
         let _ = io.setsockopt(s.pair.as_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, &v);
     }
@@ -305,9 +305,6 @@ impl RxScratch {
             let full = n == RX_SCRATCH
                 && self.pipe.is_some()
                 && io.set_nonblocking(s.pair.as_fd(), true).is_ok();
-            if full && !s.rx.bulk() {
-                widen_pair(io, s);
-            }
             s.rx.move_path(if full {
                 PathEvent::FullRead
             } else {
@@ -324,7 +321,15 @@ impl RxScratch {
         }
         self.ready(io);
         loop {
-            if !pending_into_pair(io, s) || !self.pipe_into_pair(io, s) || !s.urgent_first(io) {
+            let waiting = s.rx.queued();
+            if !pending_into_pair(io, s) || !self.pipe_into_pair(io, s) {
+                return;
+            }
+            if waiting {
+                // The pair took what it had kept waiting: the program reads.
+                widen_pair(io, s);
+            }
+            if !s.urgent_first(io) {
                 return;
             }
             if !s.rx.maybe() {

@@ -931,21 +931,10 @@ fn every_thread_of_the_servers_is_confined() {
     };
     let threads = confined(&[]);
     assert!(threads.len() >= 3, "{threads:?}");
-    for (name, nnp, seccomp, caps) in &threads {
-        // Filter mode, no new privileges, at most CAP_KILL (1 << 5).
-        assert_eq!(
-            (nnp.as_str(), seccomp.as_str()),
-            ("1", "2"),
-            "{name}: {threads:?}"
-        );
-        assert_eq!(caps & !(1 << 5), 0, "{name}: capabilities {caps:#x}");
-    }
+    assert_confined(&threads);
     // The opt-out really is one (as root, every capability stays).
     let open = confined(&["--unconfined"]);
-    assert!(
-        open.iter().all(|(_, _, seccomp, _)| seccomp == "0"),
-        "{open:?}"
-    );
+    assert_unconfined(&open);
 }
 
 /// The tests' own scratch directories are removed without reaching through a mount

@@ -294,20 +294,9 @@ fn every_thread_of_ferry_vm_serving_a_frontend_is_confined() {
     let threads = serving(&[]);
     // The main thread, the signal thread, two NIC servers, the daemon's and the relay's.
     assert!(threads.len() >= 5, "{threads:?}");
-    for (name, nnp, seccomp, caps) in &threads {
-        // Filter mode, no new privileges, at most CAP_KILL (1 << 5).
-        assert_eq!(
-            (nnp.as_str(), seccomp.as_str()),
-            ("1", "2"),
-            "{name}: {threads:?}"
-        );
-        assert_eq!(caps & !(1 << 5), 0, "{name}: capabilities {caps:#x}");
-    }
+    assert_confined(&threads);
     let open = serving(&["--unconfined"]);
-    assert!(
-        open.iter().all(|(_, _, seccomp, _)| seccomp == "0"),
-        "{open:?}"
-    );
+    assert_unconfined(&open);
 }
 
 /// QEMU with a virtio-net device on `sock`, its guest not started (-S: QEMU connects

@@ -520,3 +520,24 @@ pub fn thread_confinement(pid: u32) -> Vec<(String, String, String, u64)> {
     }
     out
 }
+
+/// Every thread of [`thread_confinement`]'s list in seccomp filter mode, with no new
+/// privileges and at most CAP_KILL (1 << 5).
+pub fn assert_confined(threads: &[(String, String, String, u64)]) {
+    for (name, nnp, seccomp, caps) in threads {
+        assert_eq!(
+            (nnp.as_str(), seccomp.as_str()),
+            ("1", "2"),
+            "{name}: {threads:?}"
+        );
+        assert_eq!(caps & !(1 << 5), 0, "{name}: capabilities {caps:#x}");
+    }
+}
+
+/// No thread of [`thread_confinement`]'s list under a seccomp filter (`--unconfined`).
+pub fn assert_unconfined(threads: &[(String, String, String, u64)]) {
+    assert!(
+        threads.iter().all(|(_, _, seccomp, _)| seccomp == "0"),
+        "{threads:?}"
+    );
+}

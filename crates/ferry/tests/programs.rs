@@ -442,6 +442,21 @@ fn published_nginx_and_redis_inside_the_sandbox_serve_the_host() {
     let _redis = Guard(quiet(&mut redis).spawn().unwrap());
     wait_port("127.0.0.1".parse().unwrap(), 18181);
     wait_port("127.0.0.1".parse().unwrap(), 16399);
+    // The host port listens at once; until redis's own listener reaches ferry, a
+    // connection goes to the TAP (`--net both`'s hand-off of ports the shim does not
+    // serve) and arrives from the gateway, which redis's protected mode refuses
+    // ("DENIED"). Wait for redis itself to answer through the port.
+    let t = std::time::Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        let ping = Command::new("redis-cli")
+            .args(["-p", "16399", "ping"])
+            .output()
+            .unwrap();
+        if String::from_utf8_lossy(&ping.stdout).trim() == "PONG" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
     for _ in 0..3 {
         let o = Command::new("curl")
             .args([

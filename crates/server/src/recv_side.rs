@@ -5,6 +5,11 @@
 //! beside it; the unit tests check every move against it). Must not: make system calls
 //! (the pump in `rx.rs` does; this says what it found).
 
+/// Bytes a bulk stream's program reads out of a full pair before its pair is widened
+/// (`RecvSide::widen_due`): four default pairs (`wmem_default`, 208 KiB), a few
+/// hundred microseconds of a bulk reader's time.
+pub(crate) const WIDEN_AFTER: usize = 1 << 20;
+
 /// Which way a socket's received bytes go. Legal moves:
 ///
 /// | state  | event        | next   |
@@ -158,6 +163,8 @@ pub(crate) struct RecvSide {
     bounded: bool,
     /// The pair's buffer was widened for bulk (once; see `rx.rs`'s `widen_pair`).
     widened: bool,
+    /// Bytes the program read while the pair kept more waiting (up to [`WIDEN_AFTER`]).
+    read_full: usize,
     /// `Server::waits` at the last receive: an input event reported by a later wait
     /// than the next one cannot be older than that receive.
     mark: u64,
@@ -257,12 +264,20 @@ impl RecvSide {
         self.bounded = true;
     }
 
+    /// The program read `n` bytes that the full pair had kept waiting.
+    pub(crate) fn took_waiting(&mut self, n: usize) {
+        self.read_full = self.read_full.saturating_add(n).min(WIDEN_AFTER);
+    }
+
     /// Whether the pair's buffer is to be widened now: a bulk stream whose program
-    /// took bytes the full pair had kept waiting (it reads, and a larger pair saves it
-    /// reads), once, and never one the program bounded. A program that does not read
-    /// keeps the default pair, so the bytes ferry holds for it stay near the kernel's.
+    /// has read [`WIDEN_AFTER`] bytes that the full pair had kept waiting (it keeps
+    /// reading, and a larger pair saves it reads), once, and never one the program
+    /// bounded. A program that reads once and stops (CPython's
+    /// `testWithTimeoutTriggeredSend` reads 88 KiB, then sleeps while its peer sends
+    /// 10 MiB with a 10 ms timeout) keeps the default pair, so the bytes ferry holds
+    /// for it stay near the kernel's.
     pub(crate) fn widen_due(&mut self) -> bool {
-        if self.bounded || self.widened || !self.bulk() {
+        if self.bounded || self.widened || !self.bulk() || self.read_full < WIDEN_AFTER {
             return false;
         }
         self.widened = true;
@@ -271,7 +286,12 @@ impl RecvSide {
 
     /// Received bytes the pair has not taken yet, copied or in the pipe.
     pub(crate) fn queued(&self) -> bool {
-        !self.pending.is_empty() || self.piped > 0
+        self.queued_len() > 0
+    }
+
+    /// How many received bytes the pair has not taken yet (see [`RecvSide::queued`]).
+    pub(crate) fn queued_len(&self) -> usize {
+        self.pending.len() + self.piped
     }
 
     /// The wait count at the last receive.
@@ -427,5 +447,25 @@ mod tests {
         assert!(r.urgent_moves(UrgentEvent::Through));
         assert_eq!(r.urgent_held(), None);
         assert!(r.urgent_due(), "the later urgent data is still to read");
+    }
+
+    #[test]
+    fn a_pair_is_widened_once_for_a_program_that_keeps_reading_and_never_for_one_read() {
+        let mut r = RecvSide::new();
+        assert!(r.move_path(PathEvent::ToPair) && r.move_path(PathEvent::FullRead));
+        r.took_waiting(88_192);
+        assert!(!r.widen_due(), "one read, then a sleep: the default pair");
+        r.took_waiting(WIDEN_AFTER - 88_193);
+        assert!(!r.widen_due());
+        r.took_waiting(1);
+        assert!(r.widen_due(), "a reader");
+        r.took_waiting(WIDEN_AFTER);
+        assert!(!r.widen_due(), "once");
+
+        let mut bounded = RecvSide::new();
+        assert!(bounded.move_path(PathEvent::ToPair) && bounded.move_path(PathEvent::FullRead));
+        bounded.bound();
+        bounded.took_waiting(usize::MAX);
+        assert!(!bounded.widen_due(), "the program chose its buffer");
     }
 }

@@ -69,8 +69,8 @@ fn splice_bulk(io: &dyn Io, s: &mut Sock, (pr, pw): &(OwnedFd, OwnedFd)) -> io::
     r
 }
 
-/// A bulk stream's program reads what its full pair kept waiting: the pair may hold
-/// more (see [`RX_PAIR_BULK`] and `RecvSide::widen_due`).
+/// A bulk stream's program has read enough of what its full pair kept waiting: the
+/// pair may hold more (see [`RX_PAIR_BULK`] and `RecvSide::widen_due`).
 fn widen_pair(io: &dyn Io, s: &mut Sock) {
     if s.rx.widen_due() {
         let v = RX_PAIR_BULK.to_ne_bytes();
@@ -321,13 +321,13 @@ impl RxScratch {
         }
         self.ready(io);
         loop {
-            let waiting = s.rx.queued();
-            if !pending_into_pair(io, s) || !self.pipe_into_pair(io, s) {
+            let waiting = s.rx.queued_len();
+            let all = pending_into_pair(io, s) && self.pipe_into_pair(io, s);
+            // What the pair took of what it had kept waiting, the program read.
+            s.rx.took_waiting(waiting - s.rx.queued_len());
+            widen_pair(io, s);
+            if !all {
                 return;
-            }
-            if waiting {
-                // The pair took what it had kept waiting: the program reads.
-                widen_pair(io, s);
             }
             if !s.urgent_first(io) {
                 return;

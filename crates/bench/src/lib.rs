@@ -62,7 +62,8 @@ pub struct Options {
     /// R1 also runs ferry with `--unconfined` beside it (the cost of the servers'
     /// seccomp filter and dropped capabilities).
     pub unconfined_too: bool,
-    /// R1, R2 and E2 also run ferry from another build (`ferry-base`): before/after.
+    /// R1, R2 and E2 also run ferry from another build (`ferry-base`; E8 its `ferry vm`,
+    /// `ferry-vm-base`): before/after.
     pub baseline: Option<PathBuf>,
     /// The newest pasta (scripts/build-peers.sh), run as `pasta-2026` beside Debian's
     /// `pasta`; None: that configuration is skipped, and the report says how to build it.

@@ -155,8 +155,8 @@ pub struct Settings {
     /// R1 also runs `ferry-unconfined` (`--unconfined`).
     pub unconfined_too: bool,
     /// R1, R2 and E2 also run ferry from this other build (`ferry-base`; R1 and R2 its
-    /// hand-off too, `ferry-base-handoff`), alternating with the one measured: a
-    /// before/after comparison in one run.
+    /// hand-off too, `ferry-base-handoff`; E8 its `ferry vm`, `ferry-vm-base`),
+    /// alternating with the one measured: a before/after comparison in one run.
     pub baseline: Option<PathBuf>,
 }
 

@@ -149,45 +149,72 @@ fn prepare_guest() -> Result<Prep, String> {
     })
 }
 
-/// The configurations: (name, backend, queues, binary).
-fn configs(ready: &[Config], p: &mut Prep) -> Vec<(String, &'static str, u16)> {
-    let mut v = vec![
-        ("ferry-vm".to_owned(), "ferry", 1),
-        ("ferry-vm-2q".to_owned(), "ferry", 2),
-    ];
+/// One guest configuration: its name, the helper's backend, queue pairs, and the
+/// backend's binary (ferry's or passt's; QEMU's own for the others).
+struct GuestConfig {
+    name: &'static str,
+    backend: &'static str,
+    queues: u16,
+    bin: Option<PathBuf>,
+}
+
+impl GuestConfig {
+    fn new(name: &'static str, backend: &'static str, queues: u16) -> GuestConfig {
+        GuestConfig {
+            name,
+            backend,
+            queues,
+            bin: None,
+        }
+    }
+
+    fn with_bin(self, bin: PathBuf) -> GuestConfig {
+        GuestConfig {
+            bin: Some(bin),
+            ..self
+        }
+    }
+}
+
+/// The configurations; with `--baseline`, that build's `ferry vm` (`ferry-vm-base`,
+/// one queue pair) right after the measured one's: a before/after in one run.
+fn configs(s: &Settings, ready: &[Config], p: &mut Prep) -> Vec<GuestConfig> {
+    // The harness's copies: ferry's, and the newest pasta (passt and pasta are one
+    // binary).
+    let ferry = s.e6_bin.with_file_name("ferry");
+    let mut v = vec![GuestConfig::new("ferry-vm", "ferry", 1).with_bin(ferry.clone())];
+    if let Some(base) = &s.baseline {
+        v.push(GuestConfig::new("ferry-vm-base", "ferry", 1).with_bin(base.clone()));
+    }
+    v.push(GuestConfig::new("ferry-vm-2q", "ferry", 2).with_bin(ferry));
     if ready.iter().any(|c| c.name == "pasta-2026") {
-        v.push(("passt-2026".to_owned(), "passt", 1));
+        let passt = s.e6_bin.with_file_name("pasta-2026");
+        v.push(GuestConfig::new("passt-2026", "passt", 1).with_bin(passt));
     } else if !p.notes.iter().any(|n| n.starts_with("passt-2026")) {
         p.notes.push(
             "passt-2026 skipped: no newest pasta/passt (FERRY_PASTA_SRC=DIR scripts/build-peers.sh)"
                 .to_owned(),
         );
     }
-    v.push(("qemu-user".to_owned(), "user", 1));
+    v.push(GuestConfig::new("qemu-user", "user", 1));
     if Path::new("/dev/vhost-net").exists() {
-        v.push(("tap-vhost-net".to_owned(), "tap-vhost", 1));
+        v.push(GuestConfig::new("tap-vhost-net", "tap-vhost", 1));
     } else {
-        v.push(("tap-qemu".to_owned(), "tap", 1));
+        v.push(GuestConfig::new("tap-qemu", "tap", 1));
     }
     v
 }
 
 fn cases(s: &Settings, ready: &[Config], p: &Prep) -> Vec<Case> {
     let mut p = p.clone();
-    let list = configs(ready, &mut p);
+    let list = configs(s, ready, &mut p);
     if let Ok(mut slot) = PREP.lock() {
         *slot = Some(Ok(p.clone()));
     }
     let secs: u32 = if s.quick { 2 } else { 5 };
     let helper = s.e6_bin.with_file_name("ferry-e8");
-    let bin_of = |backend: &str| match backend {
-        "ferry" => Some(s.e6_bin.with_file_name("ferry")),
-        // passt and pasta are one binary (the harness's copy of the newest pasta).
-        "passt" => Some(s.e6_bin.with_file_name("pasta-2026")),
-        _ => None,
-    };
     list.into_iter()
-        .map(|(name, backend, queues)| {
+        .map(|g| {
             // The guest's whole run at the normal policy: under `chrt -f`, TCG's vCPU
             // threads at a real-time priority never yield to the backend (or the
             // harness) at the same priority, and the run livelocks.
@@ -195,9 +222,9 @@ fn cases(s: &Settings, ready: &[Config], p: &Prep) -> Vec<Case> {
             client.push(helper.to_string_lossy().into_owned());
             client.extend(strings(&[
                 "--backend",
-                backend,
+                g.backend,
                 "--queues",
-                &queues.to_string(),
+                &g.queues.to_string(),
                 "--remote",
                 &s.remote,
                 "--remote-ns",
@@ -211,13 +238,13 @@ fn cases(s: &Settings, ready: &[Config], p: &Prep) -> Vec<Case> {
             client.push(p.image.kernel.to_string_lossy().into_owned());
             client.push("--initrd".into());
             client.push(p.image.initrd.to_string_lossy().into_owned());
-            if let Some(b) = bin_of(backend) {
+            if let Some(b) = &g.bin {
                 client.push("--bin".into());
                 client.push(b.to_string_lossy().into_owned());
             }
             Case {
                 config: Config {
-                    name,
+                    name: g.name.to_owned(),
                     kind: Kind::Native,
                     trace: false,
                 },

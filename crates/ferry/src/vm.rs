@@ -75,6 +75,11 @@ pub struct VmArgs {
     /// Write the NIC servers' counters as JSON to FILE when the guest has gone.
     #[arg(long, value_name = "FILE")]
     pub stats_json: Option<PathBuf>,
+    /// Time the NIC servers' stages (descriptor reads as `tap_read`, the stack, host
+    /// sockets, descriptor writes as `tap_write`, wake) into the counters: for
+    /// `ferry bench E8`'s per-packet costs.
+    #[arg(long, hide = true)]
+    pub nic_timing: bool,
     /// Leave the backend and NIC servers unconfined: they keep this process's
     /// capabilities and may make any system call (see docs/SECURITY.md). For debugging.
     #[arg(long)]
@@ -193,6 +198,7 @@ fn vm(a: &VmArgs, stop: &ferry_vhost::Stop) -> Result<(), RunError> {
     cfg.egress = bond;
     cfg.spin = a.server_spin;
     cfg.max_flows = a.max_flows;
+    cfg.timing = a.nic_timing;
     cfg.dns = guest_dns(&a.dns, &cfg.policy)?;
     let cfg = Arc::new(cfg);
     let published: Vec<ferry_nic::NicPublish> = a

@@ -6,6 +6,8 @@
 //! a TAP in the remote namespace), boots the guest, which runs iperf3 both ways (one
 //! stream and four), sockperf's 64 B ping-pong and a ping against the remote, and prints
 //! one `E8 KEY VALUE` line per metric (the backend's CPU time per byte among them).
+//! `--timed` (ferry only): the ping-pong alone, ferry's NIC servers timing their stages;
+//! `E8 stage:NAME µs` and `E8 calls:NAME n` per round trip.
 
 use std::path::PathBuf;
 
@@ -13,7 +15,7 @@ use ferry_bench::experiments::e8::run::{Backend, Opts, run};
 use ferry_bench::guest::{Accel, Image};
 
 const USAGE: &str = "usage: ferry-e8 --backend ferry|passt|user|tap-vhost|tap [--bin PATH] \
-    [--queues N] --remote IP --remote-ns NS --accel kvm|tcg --kernel FILE --initrd FILE --secs N";
+    [--queues N] [--timed] --remote IP --remote-ns NS --accel kvm|tcg --kernel FILE --initrd FILE --secs N";
 
 fn arg<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
     args.windows(2)
@@ -45,6 +47,7 @@ fn opts(args: &[String]) -> Result<Opts, String> {
             initrd: need(args, "--initrd")?.into(),
         },
         secs: number("--secs", 2)?,
+        timed: args.iter().any(|a| a == "--timed"),
     })
 }
 

@@ -12,6 +12,9 @@
 //! user-mode stack, its vhost threads for vhost-net) stands beside the rates: an
 //! emulated guest CPU bounds every rate under TCG, not what the backend costs. The
 //! guest runs are scheduled normally (`chrt --other`) even under a real-time harness.
+//! `ferry-vm-timed` runs the ping-pong alone with its NIC server timing its stages
+//! (`ferry vm --nic-timing`): the per-packet cost by stage, as E5 has it for the TAP.
+//! With `--baseline`, that build's `ferry vm` runs as `ferry-vm-base`.
 
 pub mod run;
 
@@ -22,6 +25,7 @@ use std::time::Duration;
 
 use plotters::prelude::SeriesLabelPosition;
 
+use super::e5::E5_STAGES;
 use super::{Experiment, Settings, strings};
 use crate::config::{Config, Kind, RunOut, which};
 use crate::guest::{Accel, Image, QEMU};
@@ -156,6 +160,8 @@ struct GuestConfig {
     backend: &'static str,
     queues: u16,
     bin: Option<PathBuf>,
+    /// The ping-pong alone, ferry's stages timed (`ferry-e8 --timed`).
+    timed: bool,
 }
 
 impl GuestConfig {
@@ -165,6 +171,7 @@ impl GuestConfig {
             backend,
             queues,
             bin: None,
+            timed: false,
         }
     }
 
@@ -186,7 +193,11 @@ fn configs(s: &Settings, ready: &[Config], p: &mut Prep) -> Vec<GuestConfig> {
     if let Some(base) = &s.baseline {
         v.push(GuestConfig::new("ferry-vm-base", "ferry", 1).with_bin(base.clone()));
     }
-    v.push(GuestConfig::new("ferry-vm-2q", "ferry", 2).with_bin(ferry));
+    v.push(GuestConfig::new("ferry-vm-2q", "ferry", 2).with_bin(ferry.clone()));
+    v.push(GuestConfig {
+        timed: true,
+        ..GuestConfig::new("ferry-vm-timed", "ferry", 1).with_bin(ferry)
+    });
     if ready.iter().any(|c| c.name == "pasta-2026") {
         let passt = s.e6_bin.with_file_name("pasta-2026");
         v.push(GuestConfig::new("passt-2026", "passt", 1).with_bin(passt));
@@ -242,6 +253,9 @@ fn cases(s: &Settings, ready: &[Config], p: &Prep) -> Vec<Case> {
                 client.push("--bin".into());
                 client.push(b.to_string_lossy().into_owned());
             }
+            if g.timed {
+                client.push("--timed".into());
+            }
             Case {
                 config: Config {
                     name: g.name.to_owned(),
@@ -259,6 +273,21 @@ fn cases(s: &Settings, ready: &[Config], p: &Prep) -> Vec<Case> {
         .collect()
 }
 
+/// A helper key's metric: [`METRICS`]', or a timed run's stage (`stage:NAME`, µs per
+/// round trip; `calls:NAME`, calls per round trip; E5's metric names).
+fn metric_of(key: &str) -> Option<(&'static str, &'static str)> {
+    if let Some((_, name, unit)) = METRICS.iter().find(|(k, ..)| *k == key) {
+        return Some((name, unit));
+    }
+    let (kind, stage) = key.split_once(':')?;
+    let st = E5_STAGES.iter().find(|s| s.name == stage)?;
+    match kind {
+        "stage" => Some((st.us, "us/RT")),
+        "calls" => Some((st.calls, "per RT")),
+        _ => None,
+    }
+}
+
 /// The helper's `E8 KEY VALUE` lines, as metrics.
 fn extract(r: &RunOut) -> Result<crate::plan::Metrics, String> {
     let mut v = Vec::new();
@@ -270,11 +299,11 @@ fn extract(r: &RunOut) -> Result<crate::plan::Metrics, String> {
         let (Some(key), Some(val)) = (w.next(), w.next()) else {
             continue;
         };
-        let Some((_, name, unit)) = METRICS.iter().find(|(k, ..)| *k == key) else {
+        let Some((name, unit)) = metric_of(key) else {
             continue;
         };
         let x: f64 = val.parse().map_err(|_| format!("bad value in {line:?}"))?;
-        v.push((*name, *unit, x));
+        v.push((name, unit, x));
     }
     if v.is_empty() {
         return Err("the guest reported no metric".into());
@@ -390,6 +419,55 @@ fn summary(rows: &[Row]) -> String {
         None => {}
     }
     out.push_str(&goals(rows));
+    out.push_str(&stages(rows));
+    out
+}
+
+/// `ferry-vm-timed`'s per-packet cost by stage (µs per 64 B round trip; E5's stages,
+/// the vhost-user queue's descriptor reads and writes in the TAP's rows), beside the
+/// papers' figures.
+fn stages(rows: &[Row]) -> String {
+    const CONFIG: &str = "ferry-vm-timed";
+    let Some(param) = rows
+        .iter()
+        .find(|r| r.config == CONFIG)
+        .map(|r| r.param.label.clone())
+    else {
+        return String::new();
+    };
+    let mut out = String::from(
+        "### Per packet, by stage (`ferry-vm-timed`)\n\n\
+         The guest's 64 B TCP ping-pong alone, its NIC server timing its stages \
+         (`ferry vm --nic-timing`, two clock reads a stage): µs per round trip (median of \
+         the runs), calls per round trip. The vhost-user queue stands in for the TAP: its \
+         descriptor reads are `TAP read`, its descriptor writes (and the guest's \
+         notification) `TAP write`. Papers: S2 (a pseudo-NIC) adds 11.98 µs per packet \
+         sent and 9.9 µs received over the host's path; S1 (batched I/O) cut the switches \
+         per operation 5.5× (docs/SEEDS.md); E5 has the TAP's figures.\n\n\
+         | stage | direction | µs per RT | calls per RT |\n|---|---|--:|--:|\n",
+    );
+    let mut total = 0.0;
+    for st in E5_STAGES {
+        let us = median(rows, CONFIG, &param, st.us);
+        let calls = median(rows, CONFIG, &param, st.calls);
+        total += us.unwrap_or(0.0);
+        let cell = |v: Option<f64>| v.map_or("–".to_owned(), |x| crate::report::num(Some(x)));
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} |",
+            st.label,
+            st.dir,
+            cell(us),
+            cell(calls)
+        );
+    }
+    let rtt = median(rows, CONFIG, &param, "RTT p50 64 B");
+    let _ = writeln!(
+        out,
+        "| **all stages** | | {} | |\n| RTT p50 (timed) | | {} | |\n",
+        crate::report::num(Some(total)),
+        crate::report::num(rtt)
+    );
     out
 }
 
@@ -542,5 +620,31 @@ mod tests {
         assert!(g.contains("| 2.00× | ≥ 3× | **no** |"), "{g}");
         assert!(g.contains("| 1.50× | > 1× | yes |"), "{g}");
         assert!(g.contains("not measured"), "{g}");
+    }
+
+    #[test]
+    fn a_timed_runs_stages_become_e5s_metrics_and_a_table() {
+        assert_eq!(metric_of("send"), Some(("TCP send", "Gbit/s")));
+        assert_eq!(
+            metric_of("stage:tap_write"),
+            Some(("stage tap_write", "us/RT"))
+        );
+        assert_eq!(metric_of("calls:wake"), Some(("calls wake", "per RT")));
+        assert_eq!(metric_of("stage:nonsense"), None);
+        assert_eq!(metric_of("nonsense:tap_write"), None);
+        assert!(stages(&[row("ferry-vm", "TCP send", 1.0)]).is_empty());
+        let rows = vec![
+            row("ferry-vm-timed", "stage tap_write", 2.5),
+            row("ferry-vm-timed", "stage host_recv", 1.5),
+            row("ferry-vm-timed", "calls tap_write", 1.0),
+            row("ferry-vm-timed", "RTT p50 64 B", 300.0),
+        ];
+        let t = stages(&rows);
+        assert!(
+            t.contains("| TAP write (syscall) | rx | 2.50 | 1.00 |"),
+            "{t}"
+        );
+        assert!(t.contains("| **all stages** | | 4.00 | |"), "{t}");
+        assert!(t.contains("| RTT p50 (timed) | | 300.0 | |"), "{t}");
     }
 }

@@ -60,6 +60,9 @@ pub struct Opts {
     pub image: Image,
     /// Seconds per test.
     pub secs: u32,
+    /// Only the ping-pong, with ferry's NIC servers timing their stages
+    /// (`ferry vm --nic-timing`): the per-packet cost by stage.
+    pub timed: bool,
 }
 
 /// Whose CPU time is the backend's.
@@ -73,15 +76,23 @@ enum Cpu {
     Vhost,
 }
 
+/// The ping-pong's lines the guest prints (`PP `): the percentiles and the totals.
+const PP_LINES: &str = "grep -E 'percentile (50|99)\\.000 |Total Run'|sed 's/^/PP /'";
+
 /// The guest's script: four iperf3 tests (each bracketed by `MARK` lines), sockperf's
-/// 64 B ping-pong and an ICMP ping.
-fn script(remote: &str, secs: u32) -> String {
+/// 64 B ping-pong and an ICMP ping; `timed`: the ping-pong alone.
+fn script(remote: &str, secs: u32, timed: bool) -> String {
+    if timed {
+        return format!(
+            "sockperf ping-pong --tcp -i {remote} -p {SOCKPERF_PORT} -t {secs} -m 64 --full-rtt 2>&1|{PP_LINES}\n"
+        );
+    }
     format!(
         "r={remote};t={secs}\n\
          m(){{ echo MARK $1; }}\n\
          b(){{ m $1;iperf3 -c $r -p {IPERF_PORT} -t $t -f k --connect-timeout 3000 $2 2>&1|grep -E 'receiver|error'|tail -1|sed \"s/^/IPERF $1 /\";m $1.; }}\n\
          b s \"\";b r -R;b s4 \"-P 4\";b r4 \"-R -P 4\"\n\
-         sockperf ping-pong --tcp -i $r -p {SOCKPERF_PORT} -t $t -m 64 --full-rtt 2>&1|grep -E 'percentile (50|99)\\.000 '|sed 's/^/PP /'\n\
+         sockperf ping-pong --tcp -i $r -p {SOCKPERF_PORT} -t $t -m 64 --full-rtt 2>&1|{PP_LINES}\n\
          ping -c 5 -i 0.2 -W 2 $r|sed -n 's/.*= [0-9.]*\\/\\([0-9.]*\\)\\/.*/PING \\1/p'\n"
     )
 }
@@ -137,15 +148,26 @@ fn wait_socket(sock: &Path, child: &mut Child) -> Result<(), String> {
     Ok(())
 }
 
+/// Where a timed run's `ferry vm` writes its counters (beside the socket).
+fn stats_file(sock: &Path) -> PathBuf {
+    sock.with_file_name("stats.json")
+}
+
 fn start_ferry(o: &Opts, bin: &Path, sock: &Path) -> Result<Started, String> {
-    let mut child = Command::new(bin)
-        .args([
-            "vm",
-            "--mtu",
-            "65520",
-            "--nic-servers",
-            &o.queues.to_string(),
-        ])
+    let mut cmd = Command::new(bin);
+    cmd.args([
+        "vm",
+        "--mtu",
+        "65520",
+        "--nic-servers",
+        &o.queues.to_string(),
+    ]);
+    if o.timed {
+        cmd.arg("--nic-timing")
+            .arg("--stats-json")
+            .arg(stats_file(sock));
+    }
+    let mut child = cmd
         .arg("--vhost-user")
         .arg(sock)
         .stdin(Stdio::null())
@@ -309,7 +331,7 @@ fn boot(o: &Opts, s: &Started, dir: &Path) -> Result<Console, String> {
         net: s.net.clone(),
         addr: Some(s.addr.clone()),
         mtu: Some(s.mtu),
-        script: script(&o.remote, o.secs),
+        script: script(&o.remote, o.secs, o.timed),
         mem_mb: 256,
         smp: 2,
     };
@@ -423,7 +445,11 @@ fn run_in(o: &Opts, dir: &Path) -> Result<String, String> {
     let sock = dir.join("vu.sock");
     let started = start(o, &sock)?;
     let console = boot(o, &started, dir)?;
+    // (ferry vm writes its counters as it stops.)
     drop(started);
+    if o.timed {
+        return timed_metrics(&console.text, &stats_file(&sock));
+    }
     let mut m = metrics(&console.text, &console.marks);
     if let Some(b) = console.boot {
         m.push(("boot", b.as_secs_f64()));
@@ -448,6 +474,41 @@ fn run_in(o: &Opts, dir: &Path) -> Result<String, String> {
             .unwrap_or("no iperf3 result on the console");
         Err(format!("the guest measured nothing: {err}"))
     }
+}
+
+/// A timed run's lines: the RTT, and each stage of ferry's NIC servers per round trip
+/// (`E8 stage:NAME µs`, `E8 calls:NAME n`; round trips: every message sockperf
+/// received, its warm-up included, as the counters are).
+fn timed_metrics(console: &str, stats: &Path) -> Result<String, String> {
+    let pp: String = console
+        .lines()
+        .filter_map(|l| l.strip_prefix("PP "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let p = crate::parse::sockperf_pp(&pp).map_err(|e| format!("the guest's ping-pong: {e}"))?;
+    let json = std::fs::read_to_string(stats)
+        .map_err(|e| format!("ferry vm's counters ({}): {e}", stats.display()))?;
+    let nic = crate::parse::ferry_stats(&json)?
+        .nic
+        .filter(|n| !n.stages.is_empty())
+        .ok_or("ferry vm's counters have no stage timing")?;
+    Ok(stage_lines(p.p50, p.p99, p.total_received, &nic))
+}
+
+/// [`timed_metrics`]' lines from the ping-pong's figures and the servers' counters.
+fn stage_lines(p50: f64, p99: f64, rts: u64, nic: &crate::parse::NicCounters) -> String {
+    let rts = rts.max(1) as f64;
+    let mut out = format!("E8 rtt50 {p50}\nE8 rtt99 {p99}\n");
+    for st in crate::experiments::e5::E5_STAGES {
+        let c = nic.stage(st.name);
+        out.push_str(&format!(
+            "E8 stage:{} {}\n",
+            st.name,
+            c.ns as f64 / 1e3 / rts
+        ));
+        out.push_str(&format!("E8 calls:{} {}\n", st.name, c.calls as f64 / rts));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -485,5 +546,27 @@ mod tests {
         assert_eq!(get("rtt50"), Some(245.689));
         assert_eq!(get("rtt99"), Some(3972.794));
         assert!((get("ping").unwrap() - 1739.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_timed_run_reports_each_stage_per_round_trip() {
+        let nic = crate::parse::NicCounters {
+            stages: vec![(
+                "tap_write".to_owned(),
+                crate::parse::StageCount {
+                    calls: 2000,
+                    hits: 1000,
+                    ns: 3_000_000,
+                },
+            )],
+            ..Default::default()
+        };
+        let out = stage_lines(250.0, 900.0, 1000, &nic);
+        assert!(out.starts_with("E8 rtt50 250\nE8 rtt99 900\n"), "{out}");
+        assert!(out.contains("E8 stage:tap_write 3\n"), "{out}");
+        assert!(out.contains("E8 calls:tap_write 2\n"), "{out}");
+        assert!(out.contains("E8 stage:wake 0\n"), "{out}");
+        assert!(script("10.0.0.2", 2, true).starts_with("sockperf ping-pong"));
+        assert!(script("10.0.0.2", 2, false).contains("iperf3"));
     }
 }

@@ -263,6 +263,13 @@ impl FerryStats {
     }
 }
 
+/// The NIC servers' counters of `ferry vm --stats-json` output (no channels there).
+pub fn nic_stats(json: &str) -> Result<NicCounters, String> {
+    let v: Value =
+        serde_json::from_str(json.trim()).map_err(|e| format!("ferry stats are not JSON ({e})"))?;
+    nic_counters(&v).ok_or_else(|| "ferry stats have no NIC servers".into())
+}
+
 /// Parses `ferry run --stats-json` output.
 pub fn ferry_stats(json: &str) -> Result<FerryStats, String> {
     let v: Value =

@@ -77,7 +77,7 @@ enum Cpu {
 }
 
 /// The ping-pong's lines the guest prints (`PP `): the percentiles and the totals.
-const PP_LINES: &str = "grep -E 'percentile (50|99)\\.000 |Total Run'|sed 's/^/PP /'";
+const PP_LINES: &str = "grep -E 'percentile (50|99)\\.000 |Total '|sed 's/^/PP /'";
 
 /// The guest's script: four iperf3 tests (each bracketed by `MARK` lines), sockperf's
 /// 64 B ping-pong and an ICMP ping; `timed`: the ping-pong alone.
@@ -488,10 +488,10 @@ fn timed_metrics(console: &str, stats: &Path) -> Result<String, String> {
     let p = crate::parse::sockperf_pp(&pp).map_err(|e| format!("the guest's ping-pong: {e}"))?;
     let json = std::fs::read_to_string(stats)
         .map_err(|e| format!("ferry vm's counters ({}): {e}", stats.display()))?;
-    let nic = crate::parse::ferry_stats(&json)?
-        .nic
-        .filter(|n| !n.stages.is_empty())
-        .ok_or("ferry vm's counters have no stage timing")?;
+    let nic = crate::parse::nic_stats(&json)?;
+    if nic.stages.is_empty() {
+        return Err("ferry vm's counters have no stage timing".into());
+    }
     Ok(stage_lines(p.p50, p.p99, p.total_received, &nic))
 }
 

@@ -132,11 +132,7 @@ impl AdaptiveSpin {
 /// after such a quick yield the spin checks without yielding for [`YieldPacer::CALM`],
 /// then yields again; a yield that took longer (another thread ran) keeps the spin
 /// yielding every turn. Bounded like the spin it paces: a thread that becomes runnable
-/// on this CPU in the calm window waits at most that window. Not under a real-time
-/// policy ([`realtime`]): there a thread of the same priority woken on this CPU runs
-/// only when the spinner yields (no wake-up preemption), and a calm window made every
-/// wake-up of a short connection's peer wait for it (7% fewer connections a second
-/// under `chrt -f`, the bench's policy).
+/// on this CPU in the calm window waits at most that window.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct YieldPacer {
     /// Until when turns do not yield (a quick yield was seen).
@@ -175,7 +171,7 @@ impl YieldPacer {
         yield_now();
         self.yields += 1;
         let back = Instant::now();
-        if back.saturating_duration_since(t0) < Self::QUICK && !realtime() {
+        if back.saturating_duration_since(t0) < Self::QUICK {
             self.calm_until = back.checked_add(Self::CALM);
         }
         true
@@ -185,43 +181,6 @@ impl YieldPacer {
     pub fn yields(&self) -> u64 {
         self.yields
     }
-}
-
-/// Calls of [`realtime`] between two look-ups of the thread's policy.
-#[cfg(not(loom))]
-const POLICY_RECHECK: u16 = 1024;
-
-#[cfg(not(loom))]
-thread_local! {
-    // Const-initialised, no destructor: plain thread-local memory (the shim's threads
-    // use it too, signal handlers included).
-    /// This thread's policy as last looked up (0 not yet, 1 normal, 2 real-time) and the
-    /// calls since.
-    static POLICY: std::cell::Cell<(u8, u16)> = const { std::cell::Cell::new((0, 0)) };
-}
-
-/// Whether this thread runs under a real-time policy (`SCHED_FIFO`, `SCHED_RR`), looked
-/// up once every [`POLICY_RECHECK`] calls (a program may change it).
-#[cfg(not(loom))]
-pub fn realtime() -> bool {
-    POLICY.with(|c| {
-        let (known, calls) = c.get();
-        if known != 0 && calls < POLICY_RECHECK {
-            c.set((known, calls + 1));
-            return known == 2;
-        }
-        // SAFETY: no memory is passed; 0 is the calling thread.
-        let p = unsafe { libc::sched_getscheduler(0) } & !libc::SCHED_RESET_ON_FORK;
-        let rt = p == libc::SCHED_FIFO || p == libc::SCHED_RR;
-        c.set((if rt { 2 } else { 1 }, 0));
-        rt
-    })
-}
-
-/// Under loom no thread is real-time.
-#[cfg(loom)]
-pub fn realtime() -> bool {
-    false
 }
 
 /// How long to spin before sleeping.
@@ -572,33 +531,6 @@ mod tests {
         }
         assert_eq!(pacer.yields(), pauses - calm);
         assert!(pacer.yields() >= 1);
-    }
-
-    /// Sets the calling thread's policy; whether it could.
-    fn set_policy(policy: i32, priority: i32) -> bool {
-        let p = libc::sched_param {
-            sched_priority: priority,
-        };
-        // SAFETY: `p` is a valid sched_param for the call; 0 is the calling thread.
-        unsafe { libc::sched_setscheduler(0, policy, &p) == 0 }
-    }
-
-    #[test]
-    fn a_real_time_pacer_yields_every_turn() {
-        if !set_policy(libc::SCHED_FIFO, 1) {
-            eprintln!("skipped: cannot run this thread at SCHED_FIFO (needs CAP_SYS_NICE)");
-            return;
-        }
-        let mut pacer = YieldPacer::new();
-        let turns = 2000;
-        let yielded = (0..turns).filter(|_| pacer.pause(1)).count();
-        let rt = realtime();
-        assert!(
-            set_policy(libc::SCHED_OTHER, 0),
-            "back to the normal policy"
-        );
-        assert!(rt, "a SCHED_FIFO thread is seen real-time");
-        assert_eq!(yielded, turns, "every turn of a real-time spin yields");
     }
 
     #[test]

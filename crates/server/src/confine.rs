@@ -111,7 +111,6 @@ pub const ALLOWED: &[Allowed] = &[
     (libc::SYS_set_robust_list, None),
     (libc::SYS_rseq, None),
     (libc::SYS_sched_yield, None),
-    (libc::SYS_sched_getscheduler, None), // a spin's pacing (ferry_ring::realtime)
     (libc::SYS_sched_getaffinity, None),
     (libc::SYS_sched_setaffinity, None),
     (libc::SYS_getcpu, None),

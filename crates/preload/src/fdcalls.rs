@@ -149,7 +149,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
             let r = unsafe { real::close(fd) };
             if r == 0 {
                 let e = errno();
-                ops::release(s.id);
+                ops::release(&s);
                 set_errno(e);
             }
             return r;

@@ -797,18 +797,28 @@ pub fn want_tokens(socks: &[Sock]) {
     }
 }
 
-/// After the program closed an fd of socket `id`: lets the server close the host socket
+/// After the program closed an fd of socket `s`: lets the server close the host socket
 /// now if that was the last reference, so that `close` frees a port as the kernel's does.
-/// Uses this thread's channel to the socket's server only if it has one (never opens one
-/// just for this).
-pub fn release(id: u32) {
+/// A connected stream's port stays taken after the kernel's `close` too (the connection
+/// ends after it), so its `close` does not wait for the server's: the request goes out
+/// (the doorbell rung), unanswered, behind the socket's sends. Uses this thread's
+/// channel to the socket's server only if it has one (never opens one just for this).
+pub fn release(s: &Sock) {
+    let id = s.id;
     if PENDING.has(id) && !TABLE.names(id) {
         // No descriptor can report it any more.
         PENDING.forget(id);
     }
+    let connected = s.typed() && !s.dgram() && s.has_peer();
     let r = catch_unwind(AssertUnwindSafe(|| {
         with_open_channels(Some(server_of(id)), |ch| {
             let req = Call::Release { sock: id, tag: 0 };
+            if connected {
+                if ch.push(req).is_ok() {
+                    ch.flush();
+                }
+                return;
+            }
             let _ = ch.call(req, Wait::FOREVER, &mut |_, _| {});
         })
     }));

@@ -95,6 +95,72 @@ impl Drop for SocketSlot {
     }
 }
 
+/// A TCP socket made ahead for this server: its id, its host socket (provisional) and
+/// its readiness pair, none of it given to any program yet.
+#[derive(Debug)]
+pub(crate) struct Spare {
+    domain: i32,
+    id: u32,
+    fd: OwnedFd,
+    pair: NewPair,
+}
+
+/// The socket a server makes ahead, in a turn with nothing to do, for the next TCP
+/// `socket()` of the family its channels asked for last: a program that opens one
+/// connection after another then waits for no `socket`, `socketpair`, `FIONBIO` or
+/// `bind` of the pair's name (they were made while it waited for its peer). Only the
+/// server's own sockets (an id it serves); at most one; nothing is made before a
+/// program asked for a TCP socket, and a spare counts against `--max-sockets` only
+/// once a program takes it.
+#[derive(Debug, Default)]
+pub(crate) struct Spares {
+    /// The family of the last TCP socket made here: the next spare's.
+    wanted: Option<i32>,
+    ready: Option<Spare>,
+}
+
+impl Spares {
+    /// Whether an idle turn should make one ([`Spares::make`]).
+    pub(crate) fn missing(&self) -> bool {
+        self.wanted.is_some() && self.ready.is_none()
+    }
+
+    /// Makes the spare `missing` says is missing, for server `index`. A failure (out of
+    /// descriptors…) is not retried before a program makes another TCP socket.
+    pub(crate) fn make(&mut self, io: &dyn Io, shared: &Shared, index: usize) {
+        let Some(domain) = self.wanted.take() else {
+            return;
+        };
+        let Ok(fd) = io.socket(domain, libc::SOCK_STREAM, 0) else {
+            return;
+        };
+        let id = shared.new_id(index);
+        if let Ok(pair) = io.new_pair(id) {
+            self.ready = Some(Spare {
+                domain,
+                id,
+                fd,
+                pair,
+            });
+            self.wanted = Some(domain);
+        }
+    }
+
+    /// The spare for a TCP socket of `domain`, if one is ready; the next one is wanted,
+    /// of `domain` (one of the other family is closed).
+    fn take(&mut self, domain: i32) -> Option<Spare> {
+        self.wanted = Some(domain);
+        self.ready.take().filter(|s| s.domain == domain)
+    }
+}
+
+/// Whether `socket(domain, ty, protocol)` (`ty` without its flags) makes a TCP socket.
+fn is_tcp(domain: i32, ty: i32, protocol: i32) -> bool {
+    (domain == libc::AF_INET || domain == libc::AF_INET6)
+        && ty == libc::SOCK_STREAM
+        && (protocol == 0 || protocol == libc::IPPROTO_TCP)
+}
+
 /// What making, accepting, placing and connecting a socket works on: the seam, the
 /// event loop (a new socket joins it), the sockets, the channels (owners, replies),
 /// the modules (a rule's module), the sandbox's shared state (ids, its socket count,
@@ -111,6 +177,8 @@ pub(crate) struct Connects<'a> {
     pub shared: &'a Arc<Shared>,
     pub cfg: &'a Config,
     pub host_addrs: &'a mut HostAddrs,
+    /// The socket made ahead for the next TCP `socket()`.
+    pub spares: &'a mut Spares,
     /// Log lines about refused sockets, at most one a second.
     pub refusals: &'a mut LogThrottle,
     /// This server's index in its group.
@@ -130,6 +198,7 @@ impl Server {
             shared: &self.shared,
             cfg: &self.cfg,
             host_addrs: &mut self.host_addrs,
+            spares: &mut self.spares,
             refusals: &mut self.refusals,
             index: self.index,
         }
@@ -215,6 +284,8 @@ impl Server {
         }
         let before = self.socks.len();
         self.settle_dirty();
+        // A port must be free now: nothing closed waits for an idle turn.
+        self.closing.close_all();
         before - self.socks.len()
     }
 }
@@ -271,24 +342,33 @@ impl Connects<'_> {
         }
         let owner = self.channels.get(ch).ok_or(Errno(libc::EBADF))?.owner;
         let slot = self.socket_slot()?;
-        let fd = self
-            .io
-            .socket(domain, ty, protocol)
-            .map_err(|e| Errno::of(&e))?;
         let key = self
             .channels
             .get(ch)
             .map_or(0, |c| u64::from(c.stats.pid) << 32 | u64::from(c.stats.tid));
         let server = self.assign(ch, key);
-        let (mut sock, theirs) = self
-            .new_sock(
-                server,
-                fd,
-                (domain, ty, protocol),
-                Place::Provisional,
-                owner,
-            )
-            .map_err(|e| Errno::of(&e))?;
+        let kind = (domain, ty, protocol);
+        let spare = if server == self.index && is_tcp(domain, ty, protocol) {
+            self.spares.take(domain)
+        } else {
+            None
+        };
+        let (mut sock, theirs) = match spare {
+            Some(Spare { id, fd, pair, .. }) => {
+                self.stats.sockets_made_ahead += 1;
+                let NewPair { ours, theirs, name } = pair;
+                let sock = Sock::new(id, kind, fd, Place::Provisional, (ours, name), owner);
+                (sock, theirs)
+            }
+            None => {
+                let fd = self
+                    .io
+                    .socket(domain, ty, protocol)
+                    .map_err(|e| Errno::of(&e))?;
+                self.new_sock(server, fd, kind, Place::Provisional, owner)
+                    .map_err(|e| Errno::of(&e))?
+            }
+        };
         if ty == libc::SOCK_STREAM && self.channels.get(ch).is_some_and(|c| c.rx_pair) {
             sock.rx.move_path(PathEvent::ToPair);
         }

@@ -10,7 +10,7 @@ use std::io;
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ferry_proto::{Call, ProtoError};
 use ferry_ring::{AdaptiveSpin, YieldPacer};
@@ -33,6 +33,12 @@ use crate::{Config, Error, LogThrottle, SandboxSocketFn};
 /// Busy-wait hints in an idle spin turn that does not yield: about as long as a
 /// `sched_yield` with nothing else to run.
 const SERVER_GAP_SPINS: u32 = 10;
+
+/// How long a server is idle before it does the work it put off (closing what
+/// `table.rs`'s `Closing` holds, making `connect.rs`'s spare TCP socket): longer than a
+/// program takes to send the request that follows an answer (a `connect` after its
+/// `socket`), so that work does not delay that request.
+const PUT_OFF: Duration = Duration::from_micros(10);
 
 /// A protocol server: one thread's event loop (one of a [`crate::Servers`] group, or a
 /// group of its own from [`Server::new`]).
@@ -70,6 +76,10 @@ pub struct Server {
     pub(crate) taking_earlier: bool,
     /// Log lines about requests for sockets a process does not hold, likewise.
     pub(crate) strangers: LogThrottle,
+    /// The TCP socket made ahead in an idle turn (`connect.rs`).
+    pub(crate) spares: crate::connect::Spares,
+    /// Connected streams closed in an idle turn (`table.rs`).
+    pub(crate) closing: crate::table::Closing,
 }
 
 impl std::fmt::Debug for Server {
@@ -171,6 +181,8 @@ impl Server {
             refusals: LogThrottle::default(),
             taking_earlier: false,
             strangers: LogThrottle::default(),
+            spares: Default::default(),
+            closing: Default::default(),
         })
     }
 
@@ -280,15 +292,26 @@ impl Server {
                 self.control.expire(&self.epoll);
             }
             let busy = did > 0 || last_work.elapsed() < spin.budget();
+            if !busy {
+                // About to sleep: what was put off is done now.
+                self.closing.close_all();
+                self.put_off_work();
+            }
             self.wait_events(busy, &mut events);
             if did == 0 && events.is_empty() {
                 idled = true;
                 self.stats.spin_turns += 1;
-                // S0's SBW polls with schedule(): on a machine with few cores the thread
-                // we wait for (the program, the peer, softirq) may need this very CPU.
-                // A yield that ran nothing else is followed by a few turns without
-                // (`YieldPacer`): the thread waited for runs on the other CPU.
-                pacer.pause(SERVER_GAP_SPINS);
+                if (self.closing.any() || self.spares.missing()) && last_work.elapsed() >= PUT_OFF {
+                    // Nothing to do for a while: what was put off is done now, off the
+                    // way of requests.
+                    self.put_off_work();
+                } else {
+                    // S0's SBW polls with schedule(): on a machine with few cores the
+                    // thread we wait for (the program, the peer, softirq) may need this
+                    // very CPU. A yield that ran nothing else is followed by a few turns
+                    // without (`YieldPacer`): the thread waited for runs on the other CPU.
+                    pacer.pause(SERVER_GAP_SPINS);
+                }
             } else {
                 let now = Instant::now();
                 if std::mem::take(&mut idled) {
@@ -303,9 +326,24 @@ impl Server {
             self.drain_rings();
             self.settle_dirty();
             self.channels.flush_all();
+            if self.closing.overdue() {
+                self.closing.close_all();
+            }
         }
         self.shutdown();
         self.collect_stats()
+    }
+
+    /// One piece of the work put off for a turn with nothing to do (so that an event
+    /// waits for one piece at most): making the spare TCP socket (`Spares`: the next
+    /// `socket()` waits for it), else closing a connected stream the program closed
+    /// (`Closing`).
+    pub(crate) fn put_off_work(&mut self) {
+        if self.spares.missing() {
+            self.spares.make(self.io, &self.shared, self.index);
+        } else if self.closing.any() {
+            self.closing.close_one();
+        }
     }
 
     /// Asks epoll for events: without waiting while `busy` (work done, or the spin span

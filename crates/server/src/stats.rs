@@ -92,6 +92,8 @@ ferry_counters::counters! {
         bytes_in: "bytes in",
         /// Sockets created through this server's channels (wherever they were assigned).
         sockets_created: "sockets created",
+        /// Of those, sockets that were made ahead, in an idle turn (`connect.rs`, `Spares`).
+        sockets_made_ahead: "sockets made ahead",
         /// Sockets this server created or accepted and handed to another server.
         sockets_handed: "sockets handed over",
         /// Sockets another server handed to this one.

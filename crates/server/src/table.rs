@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
+use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
@@ -313,6 +314,62 @@ impl SockTable {
     }
 }
 
+/// Connected streams the program closed, done with, whose closing (the host socket's
+/// `close(2)`, where the kernel sends the FIN or reset and tears the connection down,
+/// tens of µs; and the pair's) waits for a turn with nothing to do: it then costs no
+/// request its time (a program of short connections asks for its next socket right
+/// after its close). Their pairs have left the event loop; their host sockets stay in it
+/// until closed, and an event of one finds no socket and is ignored. Bounded: closed
+/// once [`Closing::MAX_HELD`] wait or the oldest has waited [`Closing::MAX_WAIT`], at a
+/// bind's `EADDRINUSE` and when the server stops. Only connected streams: a port such a
+/// socket holds stays taken after the kernel's `close` too (the connection ends after
+/// it), where a listener's or a bound socket's is free when `close` returns.
+#[derive(Debug, Default)]
+pub(crate) struct Closing {
+    socks: Vec<Sock>,
+    /// When the oldest came.
+    since: Option<Instant>,
+}
+
+impl Closing {
+    /// Sockets held at most.
+    pub(crate) const MAX_HELD: usize = 64;
+    /// How long the oldest waits at most.
+    pub(crate) const MAX_WAIT: Duration = Duration::from_micros(200);
+
+    fn hold(&mut self, s: Sock) {
+        self.since.get_or_insert_with(Instant::now);
+        self.socks.push(s);
+    }
+
+    /// Whether sockets wait.
+    pub(crate) fn any(&self) -> bool {
+        !self.socks.is_empty()
+    }
+
+    /// Whether they may wait no longer.
+    pub(crate) fn overdue(&self) -> bool {
+        self.socks.len() >= Self::MAX_HELD
+            || self.since.is_some_and(|t| t.elapsed() >= Self::MAX_WAIT)
+    }
+
+    /// Closes the oldest.
+    pub(crate) fn close_one(&mut self) {
+        if !self.socks.is_empty() {
+            drop(self.socks.remove(0));
+        }
+        if self.socks.is_empty() {
+            self.since = None;
+        }
+    }
+
+    /// Closes them all.
+    pub(crate) fn close_all(&mut self) {
+        self.socks.clear();
+        self.since = None;
+    }
+}
+
 impl Server {
     /// Finishes state changes noticed during the turn: closes sockets whose program side
     /// is gone and whose sends are done, and shuts those down for writing whose
@@ -363,11 +420,17 @@ impl Server {
                 {
                     self.published.refuse_waiting(&self.shared, port);
                 }
-                // Dropping `s` closes the host socket, its only descriptor (a handed-off
-                // one left the table before), which takes it out of the event loop: no
-                // EPOLL_CTL_DEL.
                 self.stats.closed_socket(s.stats);
                 debug!("socket {id}: closed");
+                if s.is_stream() && s.connected() {
+                    // Closed in a turn with nothing to do (`Closing`); its pair's hang-up
+                    // would wake every wait meanwhile.
+                    let _ = self.epoll.delete(s.pair.as_fd());
+                    self.closing.hold(s);
+                }
+                // Else dropping `s` closes the host socket, its only descriptor (a
+                // handed-off one left the table before), which takes it out of the event
+                // loop: no EPOLL_CTL_DEL.
             }
         }
         for id in fenced {
@@ -411,6 +474,54 @@ mod tests {
             len: 1,
             flags: 0,
         }
+    }
+
+    /// Whether the unix socket at the other end of `s`'s host socket is still open.
+    fn host_open(peer: &UnixStream) -> bool {
+        peer.set_nonblocking(true).expect("nonblocking");
+        let mut b = [0u8; 1];
+        matches!(
+            std::io::Read::read(&mut &*peer, &mut b),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock
+        )
+    }
+
+    #[test]
+    fn closing_holds_sockets_in_order_and_is_overdue_when_full() {
+        let mut c = Closing::default();
+        assert!(!c.any() && !c.overdue());
+        let mut peers = Vec::new();
+        for id in 0..u32::try_from(Closing::MAX_HELD).expect("small") {
+            let (host, peer) = UnixStream::pair().expect("socketpair");
+            let mut s = sock(id);
+            s.fd = host.into();
+            peers.push(peer);
+            c.hold(s);
+        }
+        // (Overdue by count; it may be by time as well on a slow machine.)
+        assert!(c.overdue());
+        assert!(
+            peers.iter().all(host_open),
+            "held sockets are not closed yet"
+        );
+        c.close_one();
+        assert!(
+            !host_open(&peers[0]) && host_open(&peers[1]),
+            "the oldest goes first"
+        );
+        c.close_all();
+        assert!(!c.any() && c.since.is_none());
+        assert!(!peers.iter().any(host_open));
+    }
+
+    #[test]
+    fn closing_is_overdue_once_the_oldest_waited_long_enough() {
+        let mut c = Closing::default();
+        c.hold(sock(1));
+        std::thread::sleep(Closing::MAX_WAIT);
+        assert!(c.overdue());
+        c.close_one();
+        assert!(!c.any() && !c.overdue());
     }
 
     #[test]

@@ -885,9 +885,22 @@ impl Harness {
         self.end_turn();
     }
 
+    /// A turn with nothing to do: one piece of the work the server put off
+    /// (`Server::put_off_work`: the spare TCP socket, then closing what waits).
+    pub fn idle(&mut self) {
+        self.srv.put_off_work();
+    }
+
+    /// Sockets this server's `socket()`s took from what it made ahead.
+    pub fn sockets_made_ahead(&self) -> u64 {
+        self.srv.stats.sockets_made_ahead
+    }
+
     fn end_turn(&mut self) {
         self.srv.settle_dirty();
         self.srv.channels.flush_all();
+        // The harness has no idle turns: what a server closes in one is closed here.
+        self.srv.closing.close_all();
     }
 
     /// Pushes `req` and runs a turn; the completions channel `ch` then has.

@@ -642,3 +642,43 @@ fn harnesses_leave_no_descriptors_behind() {
         "{before} descriptors before, {after} after 50 harnesses"
     );
 }
+
+/// A spare TCP socket is made in a turn with nothing to do, once a program asked for a
+/// TCP socket, and only a TCP socket of its family takes it; the socket it becomes works
+/// as one made at the call.
+#[test]
+fn a_tcp_socket_after_an_idle_turn_is_the_spare_made_in_it() {
+    let mut h = Harness::new(true);
+    let ch = h.channel();
+    h.idle();
+    let first = connected(&mut h, ch);
+    assert_eq!(
+        h.sockets_made_ahead(),
+        0,
+        "nothing is made before a TCP socket"
+    );
+    h.idle();
+    let udp = h.socket(ch, libc::AF_INET, libc::SOCK_DGRAM);
+    assert_eq!(
+        h.sockets_made_ahead(),
+        0,
+        "a datagram socket leaves the spare"
+    );
+    let second = connected(&mut h, ch);
+    assert_eq!(h.sockets_made_ahead(), 1);
+    assert!(second > first && h.has_socket(second));
+    shim_sends(&mut h, ch, second, b"hello");
+    assert_eq!(h.peer(second).view().sent, b"hello");
+    h.idle();
+    let v6 = h.socket(ch, libc::AF_INET6, libc::SOCK_STREAM);
+    assert_eq!(h.sockets_made_ahead(), 1, "an IPv4 spare is no IPv6 socket");
+    h.idle();
+    let v6b = h.socket(ch, libc::AF_INET6, libc::SOCK_STREAM);
+    assert_eq!(
+        h.sockets_made_ahead(),
+        2,
+        "after an IPv6 socket, an IPv6 spare"
+    );
+    let ids = [first, udp, second, v6, v6b];
+    assert!(ids.iter().all(|id| h.has_socket(*id)), "{ids:?}");
+}

@@ -222,6 +222,7 @@ impl SockTable {
         s.conn_moves(ConnEvent::Renewed);
         s.pair_end_moves(PairEnd::Open);
         s.hup_reported = false;
+        s.pair_room_watched = false;
         s.send.moves(SendEvent::Renewed);
         s.so_error = 0;
         s.rx.renewed();

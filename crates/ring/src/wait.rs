@@ -294,7 +294,7 @@ pub(crate) fn claim_sleeper(cell: &WaitCell) -> u32 {
     // read could be satisfied before the store is visible and a waiter that re-checked
     // in between would sleep with nobody to wake it.
     fence(Ordering::SeqCst);
-    cell.sleeping.swap(AWAKE, Ordering::Relaxed)
+    cell.sleeping.swap(AWAKE, Ordering::AcqRel)
 }
 
 /// Wake a sleeper found by [`claim_sleeper`] on the futex word.
@@ -326,7 +326,10 @@ pub(crate) fn announce(
     how: u32,
     check: &mut impl FnMut() -> Result<Option<WaitResult>, Error>,
 ) -> Result<Option<WaitResult>, Error> {
-    cell.sleeping.store(how, Ordering::Relaxed);
+    // An exchange, not a store: wakers claim the flag with exchanges too
+    // ([`claim_sleeper`]), and the flag's changes are then one chain that each party
+    // reads the newest of (the fences below order the rest).
+    cell.sleeping.swap(how, Ordering::AcqRel);
     // [F1] Dekker: the flag store must be visible before we re-read the peer's index;
     // pairs with [F2] in `claim_sleeper`. Either the waker sees our flag or we see its index.
     fence(Ordering::SeqCst);

@@ -11,16 +11,18 @@
 //! ```text
 //! waiter                                  waker
 //! seq0 = seq.load(Acquire)                publish (tail or head store, Release)
-//! sleeping.store(1)                       fence(SeqCst)          [F2]
-//! fence(SeqCst)                 [F1]      if sleeping.load() != 0 {
+//! sleeping.swap(1)                        fence(SeqCst)          [F2]
+//! fence(SeqCst)                 [F1]      if sleeping.swap(0) != 0 {
 //! if condition() { clear; return }            seq.fetch_add(1, Release)
 //! futex_wait(seq, seq0)                       futex_wake(seq)
 //! sleeping.store(0)                       }
 //! ```
 //!
-//! The wakers of a ring's records and of its space claim the wake
-//! ([`claim_sleeper`]: `sleeping.swap(0)` instead of the load), so one sleep costs one
-//! wake however many publishes come before the sleeper is back.
+//! The waker claims the wake ([`claim_sleeper`]: the swap leaves the flag clear), so
+//! one sleep costs one wake however many publishes come before the sleeper is back.
+//! Both parties change the flag with exchanges: one chain of read-modify-writes, each
+//! reading the newest (loom, whose model keeps concurrent relaxed stores unordered,
+//! found a lost wake-up with a plain store on the waiter's side).
 //!
 //! The two SeqCst fences are totally ordered. If F1 comes first, the waker's flag load
 //! sees 1 and it wakes; if F2 comes first, the waiter's re-check sees the published

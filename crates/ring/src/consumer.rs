@@ -101,7 +101,7 @@ impl<T: Pod> Consumer<T> {
             return;
         }
         let cell = &ctl.prod_wait.0;
-        if wait::sleeper(cell) == AWAKE {
+        if wait::claim_sleeper(cell) == AWAKE {
             self.stats.wakes_avoided += 1;
         } else {
             self.stats.wakes_sent += 1;

@@ -276,4 +276,45 @@ mod tests {
         assert_eq!(count(), 1, "close rings the doorbell");
         assert!(!b.rx.arm_sleep().unwrap(), "closed: not armed");
     }
+
+    #[test]
+    fn doorbell_rings_once_per_sleep() {
+        let (_r, mut a, mut b) = pair(4);
+        // SAFETY: integers only (initial value and flags); the result is checked before
+        // it is owned.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        assert!(efd >= 0);
+        // SAFETY: eventfd returned a fresh descriptor that nothing else owns.
+        let efd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(efd) };
+        let reader = efd.try_clone().unwrap();
+        a.tx.set_doorbell(Some(efd));
+        let count = || {
+            let mut v = 0u64;
+            // SAFETY: reads 8 bytes into a local u64.
+            let n = unsafe {
+                libc::read(
+                    std::os::fd::AsRawFd::as_raw_fd(&reader),
+                    (&raw mut v).cast(),
+                    8,
+                )
+            };
+            if n == 8 { v } else { 0 }
+        };
+        // A burst of sends to one sleep: the first rings, the rest find the wake claimed.
+        assert!(b.rx.arm_sleep().unwrap());
+        for v in 1..=3u64 {
+            a.tx.push(&[v; 4]).unwrap();
+            assert_eq!(a.tx.send(), v == 1, "send {v}");
+        }
+        assert_eq!(count(), 1);
+        b.rx.disarm();
+        for v in 1..=3u64 {
+            assert_eq!(b.rx.pop().unwrap(), Some([v; 4]));
+        }
+        // The next sleep is rung again.
+        assert!(b.rx.arm_sleep().unwrap());
+        a.tx.push(&[4; 4]).unwrap();
+        assert!(a.tx.send());
+        assert_eq!(count(), 1);
+    }
 }

@@ -40,7 +40,8 @@
 //! [`AdaptiveSpin`] is the budget a caller gives a span of waits that may be idle); then it reads its futex
 //! word, sets its "sleeping" flag, issues `fence(SeqCst)`, re-checks and only then blocks
 //! in `FUTEX_WAIT` (not private, so it works across processes). A waker, after
-//! publishing, issues `fence(SeqCst)` and reads the flag: only if it is set does it bump
+//! publishing, issues `fence(SeqCst)` and takes the flag (an exchange that leaves it
+//! clear, so one sleep costs one wake however many publishes follow): only if it was set does it bump
 //! the futex word and `FUTEX_WAKE` (or write the consumer's doorbell eventfd, for a
 //! consumer that sleeps in epoll: [`Consumer::arm_sleep`]); otherwise it counts a wake
 //! avoided. The fences make this Dekker's handshake: either the waiter's re-check sees

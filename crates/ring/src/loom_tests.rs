@@ -129,7 +129,7 @@ fn loom_no_lost_wakeup_for_records() {
                 assert!(push(&mut p, &r2, v));
                 p.commit(&r2.ctl);
                 let cell = &r2.ctl.cons_wait.0;
-                if wait::sleeper(cell) != AWAKE {
+                if wait::claim_sleeper(cell) != AWAKE {
                     wait::wake(cell, &*p2);
                 }
             }
@@ -168,7 +168,7 @@ fn loom_no_lost_wakeup_for_space() {
             assert_eq!(pop(&mut c, &r2), Some(1));
             c.release(&r2.ctl);
             let cell = &r2.ctl.prod_wait.0;
-            if wait::sleeper(cell) != AWAKE {
+            if wait::claim_sleeper(cell) != AWAKE {
                 wait::wake(cell, &*p2);
             }
         });

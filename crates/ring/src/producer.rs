@@ -111,7 +111,7 @@ impl<T: Pod> Producer<T> {
     pub fn notify(&mut self) -> bool {
         let ctl = self.region.ring_ctl(self.side);
         let cell = &ctl.cons_wait.0;
-        match wait::sleeper(cell) {
+        match wait::claim_sleeper(cell) {
             AWAKE => {
                 self.stats.wakes_avoided += 1;
                 false

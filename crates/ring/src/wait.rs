@@ -11,12 +11,18 @@
 //! ```text
 //! waiter                                  waker
 //! seq0 = seq.load(Acquire)                publish (tail or head store, Release)
-//! sleeping.store(1)                       fence(SeqCst)          [F2]
-//! fence(SeqCst)                 [F1]      if sleeping.load() != 0 {
+//! sleeping.swap(1)                        fence(SeqCst)          [F2]
+//! fence(SeqCst)                 [F1]      if sleeping.swap(0) != 0 {
 //! if condition() { clear; return }            seq.fetch_add(1, Release)
 //! futex_wait(seq, seq0)                       futex_wake(seq)
 //! sleeping.store(0)                       }
 //! ```
+//!
+//! The waker claims the wake ([`claim_sleeper`]: the swap leaves the flag clear), so
+//! one sleep costs one wake however many publishes come before the sleeper is back.
+//! Both parties change the flag with exchanges: one chain of read-modify-writes, each
+//! reading the newest (loom, whose model keeps concurrent relaxed stores unordered,
+//! found a lost wake-up with a plain store on the waiter's side).
 //!
 //! The two SeqCst fences are totally ordered. If F1 comes first, the waker's flag load
 //! sees 1 and it wakes; if F2 comes first, the waiter's re-check sees the published
@@ -44,7 +50,8 @@ pub(crate) const SLEEP_DOORBELL: u32 = 2;
 pub(crate) struct WaitCell {
     /// The futex word: bumped by every wake so a sleeper that raced with it returns.
     pub(crate) seq: AtomicU32,
-    /// `AWAKE`, `SLEEP_FUTEX` or `SLEEP_DOORBELL`, written by the waiter only. Any other
+    /// `AWAKE`, `SLEEP_FUTEX` or `SLEEP_DOORBELL`, set by the waiter (a waker claiming
+    /// the wake puts `AWAKE` back: [`claim_sleeper`]). Any other
     /// value (a misbehaving peer) is treated like `SLEEP_FUTEX`: at worst a spare wake.
     pub(crate) sleeping: AtomicU32,
 }
@@ -277,17 +284,22 @@ pub(crate) trait Park {
 }
 
 /// The waker's check: after publishing, is the peer asleep? Returns its `sleeping`
-/// value (`AWAKE` = no wake needed).
-pub(crate) fn sleeper(cell: &WaitCell) -> u32 {
+/// value (`AWAKE` = no wake needed) and claims the wake: the flag is swapped back to
+/// `AWAKE`, so the waker's further publishes before the sleeper announces again find
+/// it awake and make no system call (a burst of sends to a sleeping server rang its
+/// doorbell once per send). The sleeper cannot miss the one wake it gets: the swap
+/// reads the flag as a load would, and the sleeper re-announces before every block
+/// and re-checks after every wake.
+pub(crate) fn claim_sleeper(cell: &WaitCell) -> u32 {
     // [F2] Dekker: orders our publish (the Release store of tail/head just before) with
-    // the load of the waiter's flag; pairs with [F1] in `sleep_once`. Without it the
-    // load could be satisfied before the store is visible and a waiter that re-checked
+    // the read of the waiter's flag; pairs with [F1] in `sleep_once`. Without it the
+    // read could be satisfied before the store is visible and a waiter that re-checked
     // in between would sleep with nobody to wake it.
     fence(Ordering::SeqCst);
-    cell.sleeping.load(Ordering::Relaxed)
+    cell.sleeping.swap(AWAKE, Ordering::AcqRel)
 }
 
-/// Wake a sleeper found by [`sleeper`] on the futex word.
+/// Wake a sleeper found by [`claim_sleeper`] on the futex word.
 pub(crate) fn wake<P: Park>(cell: &WaitCell, park: &P) {
     bump(cell);
     park.unpark(&cell.seq);
@@ -316,9 +328,12 @@ pub(crate) fn announce(
     how: u32,
     check: &mut impl FnMut() -> Result<Option<WaitResult>, Error>,
 ) -> Result<Option<WaitResult>, Error> {
-    cell.sleeping.store(how, Ordering::Relaxed);
+    // An exchange, not a store: wakers claim the flag with exchanges too
+    // ([`claim_sleeper`]), and the flag's changes are then one chain that each party
+    // reads the newest of (the fences below order the rest).
+    cell.sleeping.swap(how, Ordering::AcqRel);
     // [F1] Dekker: the flag store must be visible before we re-read the peer's index;
-    // pairs with [F2] in `sleeper`. Either the waker sees our flag or we see its index.
+    // pairs with [F2] in `claim_sleeper`. Either the waker sees our flag or we see its index.
     fence(Ordering::SeqCst);
     let settled = check();
     if !matches!(settled, Ok(None)) {
@@ -580,11 +595,11 @@ mod tests {
             std::thread::yield_now();
         }
         flag.store(true, Ordering::Release);
-        assert_eq!(sleeper(&cell), SLEEP_FUTEX);
+        assert_eq!(claim_sleeper(&cell), SLEEP_FUTEX);
         wake(&cell, &Futex);
         let (r, st) = t.join().unwrap();
         assert_eq!(r, WaitResult::Ready);
         assert!(st.sleeps >= 1);
-        assert_eq!(sleeper(&cell), AWAKE);
+        assert_eq!(claim_sleeper(&cell), AWAKE);
     }
 }

@@ -25,8 +25,10 @@ use crate::server::Server;
 use crate::sock::{Conn, PairEnd, Parked, Place, Sock, Token, TokenEvent};
 use crate::stats::ServerStats;
 use crate::table::SockTable;
+use crate::token::{T_PAIR, pair_room_events, token};
 use crate::tx::Tx;
 use ferry_sys::Epoll;
+use tracing::debug;
 
 /// Most buffers one receive fills.
 const MAX_RECV_BUFS: usize = 4;
@@ -375,6 +377,20 @@ impl RxScratch {
     }
 }
 
+/// After a pump of `s`: bytes (or an urgent byte) left waiting for room in the pair
+/// need its `EPOLLOUT`, watched from now on (see `token::pair_events`). Changing the
+/// registration polls the pair at once, so room made before the change is reported too.
+fn watch_room(epoll: &Epoll, s: &mut Sock) {
+    if s.pair_room_watched || !(s.rx.queued() || s.rx.urgent_held().is_some()) {
+        return;
+    }
+    match epoll.modify(s.pair.as_fd(), pair_room_events(), token(T_PAIR, s.id)) {
+        Ok(()) => s.pair_room_watched = true,
+        // Not in the loop (the program closed it): nobody reads the pair any more.
+        Err(e) => debug!("socket {}: watching room in the pair: {e}", s.id),
+    }
+}
+
 /// Moves what `s`'s pair did not take before into it; false while some is left.
 fn pending_into_pair(io: &dyn Io, s: &mut Sock) -> bool {
     if s.rx.pending().is_empty() {
@@ -678,6 +694,7 @@ impl Rx<'_> {
         self.scratch.check_holder(self.socks);
         if let Some(s) = self.socks.get_mut(&id) {
             self.scratch.pump(self.io, s, self.stats);
+            watch_room(self.epoll, s);
         }
         self.mirror_hup(id);
     }

@@ -367,6 +367,9 @@ pub(crate) struct Sock {
     /// that closes in the same turn leaves it by closing; one that stays is taken out
     /// at the end of the turn (`Server::settle_dirty`).
     pub pair_listed: bool,
+    /// Our end of the pair is watched for room (`EPOLLOUT`): set once a pump stopped on
+    /// a full pair (`Rx::pump`), kept until the pair is renewed.
+    pub pair_room_watched: bool,
     /// What waits on the way out: the program's bytes in the pair, the filler behind
     /// them, a reset of the pair, a `SHUT_WR` (private flags, moved by
     /// [`SendSide::moves`]).
@@ -444,6 +447,7 @@ impl Sock {
             so_error: 0,
             app_closed: false,
             pair_listed: false,
+            pair_room_watched: false,
             handoff: Handoff::No,
             send: SendSide::default(),
             fence: Default::default(),

@@ -1035,6 +1035,23 @@ impl Harness {
             .as_raw_fd()
     }
 
+    /// The events the server's epoll watches on its end of `id`'s pair, as the kernel
+    /// holds them (`/proc/self/fdinfo` of the epoll descriptor); `None` when the pair
+    /// is not in the loop.
+    pub fn pair_watch(&self, id: u32) -> Option<u32> {
+        use std::os::fd::AsFd;
+        let epfd = self.srv.epoll.as_fd().as_raw_fd();
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{epfd}")).ok()?;
+        let tfd = self.pair_fd(id);
+        info.lines().find_map(|l| {
+            let mut words = l.split_whitespace();
+            (words.next() == Some("tfd:") && words.next()?.parse::<RawFd>().ok()? == tfd)
+                .then_some(())?;
+            let events = words.skip_while(|w| *w != "events:").nth(1)?;
+            u32::from_str_radix(events, 16).ok()
+        })
+    }
+
     /// Whether the server still has socket `id`.
     pub fn has_socket(&self, id: u32) -> bool {
         self.srv.socks.contains(id)

@@ -25,15 +25,22 @@ pub(crate) fn token(kind: u64, idx: u32) -> u64 {
     kind << 56 | u64::from(idx)
 }
 
-/// What the loop watches on our end of a socket's readiness pair.
+/// What the loop watches on our end of a socket's readiness pair. Bytes from the
+/// program's end are its writes the shim did not see. Room in the pair is watched
+/// (`EPOLLOUT`, [`pair_room_events`]) only from the first pump that stopped on a full
+/// pair: every read by the program makes room, and a request/response stream's
+/// readings would each report it to the loop (and wake a sleeping server) for nothing.
 pub(crate) fn pair_events(rx_pair: bool) -> u32 {
     if rx_pair {
-        // Room in the pair resumes a pump that stopped on a full pair; bytes from the
-        // program's end are its writes the shim did not see.
-        (libc::EPOLLRDHUP | libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLET).cast_unsigned()
+        (libc::EPOLLRDHUP | libc::EPOLLIN | libc::EPOLLET).cast_unsigned()
     } else {
         libc::EPOLLRDHUP as u32
     }
+}
+
+/// [`pair_events`] with room in the pair watched: a pump waits for it.
+pub(crate) fn pair_room_events() -> u32 {
+    pair_events(true) | libc::EPOLLOUT.cast_unsigned()
 }
 
 pub(crate) fn host_events() -> u32 {

@@ -416,6 +416,34 @@ fn a_nonblocking_connect_that_succeeds_drains_the_filler() {
     );
 }
 
+// Rule: room in a pair is watched only once a pump waits for it. The program's every
+// read makes room, and a pair watched for it from the start reported each read of a
+// request/response stream to the loop (and woke a sleeping server) for nothing.
+
+#[test]
+fn room_in_the_pair_is_watched_only_once_a_pump_waits_for_it() {
+    let out = libc::EPOLLOUT.cast_unsigned();
+    let (mut h, _ch, id) = connected_stream(true);
+    h.peer(id).input(b"ping");
+    h.host_event(id, libc::EPOLLIN);
+    assert_eq!(h.app(id).view().to_app, b"ping");
+    let watched = h.pair_watch(id).expect("the pair is in the loop");
+    assert_eq!(watched & out, 0, "watched for room at once: {watched:#x}");
+    h.app(id).room(Some(0));
+    h.peer(id).input(b"pong");
+    h.host_event(id, libc::EPOLLIN);
+    assert_eq!(h.app(id).view().to_app, b"ping", "the full pair took bytes");
+    let watched = h.pair_watch(id).expect("the pair is in the loop");
+    assert_ne!(
+        watched & out,
+        0,
+        "a pump waits, room unwatched: {watched:#x}"
+    );
+    h.app(id).room(None);
+    h.pair_event(id, libc::EPOLLOUT);
+    assert_eq!(h.app(id).view().to_app, b"pingpong");
+}
+
 // Rule: hang-up mirroring. The host socket's hang-up reaches the program's end only
 // after the end of the stream has, and the channel's completions (the EPIPE it
 // reports) are published first.

@@ -228,14 +228,6 @@ fn bad_options_are_refused_clearly_and_leave_nothing() {
         &["--preset", "ferry.publish=auto"],
         "preset ferry.publish=auto and annotation ferry.publish=8080:80: ferry.publish is auto, none or a list of ports",
     );
-    // Auto publishes through the TAP, which socket mode has not.
-    let b = bundle(d, &["true"], annotate("ferry.net", "socket"));
-    refused(
-        d,
-        &b,
-        &["--preset", "ferry.publish=auto"],
-        "--publish-auto publishes through the TAP",
-    );
     let b = bundle(d, &["true"], |s| {
         let ns = s["linux"]["namespaces"].as_array_mut().unwrap();
         ns.retain(|n| n["type"] != "network");

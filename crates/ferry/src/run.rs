@@ -382,7 +382,9 @@ impl Workload for Program {
 /// Serves `work` with `ferry run`'s options `a` (`ferry oci`'s network side).
 pub(crate) fn serve_workload(a: &RunArgs, work: &mut dyn Workload) -> Result<i32, RunError> {
     let mut stages = Stages::from_env();
-    bond(a).and_then(|bond| run(a, bond, work, &mut stages))
+    let r = bond(a).and_then(|bond| run(a, bond, work, &mut stages));
+    stages.print();
+    r
 }
 
 /// Builds the bond from `--egress`/`--bond`; every address must be on this host.

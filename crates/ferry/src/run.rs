@@ -353,6 +353,12 @@ pub(crate) trait Workload {
         std::env::temp_dir()
     }
 
+    /// The sandbox's namespace exists (its TAP and DNS come next): a workload that
+    /// joins it may start joining beside them (`ferry oci`: the real runtime's create).
+    fn made(&mut self, _: &ferry_sandbox::Sandbox, _: &RunDirs) -> Result<(), RunError> {
+        Ok(())
+    }
+
     /// The sandbox, its TAP and DNS are ready in `dirs`: let the workload go. Returns
     /// the pid whose descendants may open channels to the servers.
     fn go(&mut self, sandbox: &mut ferry_sandbox::Sandbox, dirs: &RunDirs)
@@ -453,6 +459,7 @@ fn run(
     t.mark("servers");
     let spec = sandbox_spec(a, &dirs, shim.as_ref())?;
     let mut sandbox = make_sandbox(a, &spec, &factory)?;
+    work.made(&sandbox, &dirs)?;
     t.mark("sandbox");
     let auto_tap = plan.tap.clone().filter(|_| a.publish_auto);
     let nic = if a.net == Net::Socket {

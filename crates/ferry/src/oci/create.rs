@@ -90,7 +90,13 @@ fn create_timed(inv: &Invocation, t: &mut Stages) -> Result<i32, OciError> {
         return Err(OciError::Failed(status.code().unwrap_or(1)));
     }
     t.mark("runtime");
-    side.container(read_pid(&pid_file)?)?;
+    if let Err(e) = read_pid(&pid_file).and_then(|pid| side.container(pid)) {
+        // The network side failed beside the runtime's create (its TAP, say): the
+        // created container goes too.
+        let _ = runtime_command(&inv.globals)
+            .map(|mut d| d.args(["delete", "--force", &c.id]).status());
+        return Err(e);
+    }
     t.mark("serving");
     side.keep();
     dir.keep();

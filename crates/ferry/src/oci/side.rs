@@ -4,7 +4,8 @@
 //! [`Workload`](crate::run::Workload)).
 //!
 //! Its talk with `create`, one line each on its stdin and stdout: "ready HOLDER DIR"
-//! (the sandbox is made: its namespace is `/proc/HOLDER/ns/net`, its directory DIR) →
+//! (the sandbox's namespace exists: `/proc/HOLDER/ns/net`, its directory DIR; its TAP
+//! and DNS are set up while the real runtime creates the container) →
 //! the container's pid (the real runtime has created it) → "serving". It ends when the
 //! container's first process ends (a pidfd), when `delete` stops it (SIGTERM goes to the
 //! sandbox, which then ends), or when `create` gives up (stdin closed). Its sandbox's
@@ -353,6 +354,11 @@ fn init_logging(verbose: u8, sink: Option<report::Sink>) {
         .try_init();
 }
 
+/// The error for a runtime that broke the talk: `what` it did.
+fn gone(what: &str) -> RunError {
+    RunError::Workload(format!("the container's runtime {what}"))
+}
+
 /// The container, as `ferry run`'s steps serve it.
 struct Container {
     /// Its id (written beside the admin socket, for `ferry ctl list`).
@@ -366,19 +372,20 @@ impl Workload for Container {
         PathBuf::from(state::NET_BASE)
     }
 
-    fn go(
-        &mut self,
-        sandbox: &mut ferry_sandbox::Sandbox,
-        dirs: &RunDirs,
-    ) -> Result<i32, RunError> {
-        let gone = |what: &str| RunError::Workload(format!("the container's runtime {what}"));
+    /// Says "ready" as soon as the namespace exists: the real runtime's create (tens of
+    /// milliseconds) joins it while the TAP and DNS are set up; the container's
+    /// processes run only at `start`, after "serving".
+    fn made(&mut self, sandbox: &ferry_sandbox::Sandbox, dirs: &RunDirs) -> Result<(), RunError> {
         if let Err(e) = std::fs::write(dirs.run.join(crate::ctl::CONTAINER), &self.id) {
             tracing::warn!("`ferry ctl list` will not name this container: {e}");
         }
         let mut out = std::io::stdout().lock();
         writeln!(out, "ready {} {}", sandbox.pid(), dirs.sandbox.display())
             .and_then(|()| out.flush())
-            .map_err(|_| gone("went away"))?;
+            .map_err(|_| gone("went away"))
+    }
+
+    fn go(&mut self, _: &mut ferry_sandbox::Sandbox, _: &RunDirs) -> Result<i32, RunError> {
         let mut line = String::new();
         std::io::stdin()
             .read_line(&mut line)

@@ -73,6 +73,15 @@ pub fn annotations(spec: &Value) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
+/// Whether the container's processes may hold `CAP_SYS_ADMIN` (in their bounding
+/// set): they could remount a read-only bind mount read-write, so the installed shim is
+/// not bind-mounted into such a container (it gets a copy).
+pub fn may_remount(spec: &Value) -> bool {
+    spec.pointer("/process/capabilities/bounding")
+        .and_then(Value::as_array)
+        .is_some_and(|caps| caps.iter().any(|c| c == "CAP_SYS_ADMIN"))
+}
+
 /// Whether the container's process has a terminal (its output then goes to a console,
 /// not to the runtime's stdio).
 pub fn terminal(spec: &Value) -> bool {
@@ -407,6 +416,16 @@ mod tests {
         assert!(!env.iter().any(|e| e.as_str().unwrap().contains(SHIM)));
         // No shim mounted either.
         assert_eq!(s["mounts"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn sys_admin_in_the_bounding_set_may_remount() {
+        let mut s = docker_like();
+        assert!(!may_remount(&s));
+        s["process"]["capabilities"] = json!({"bounding": ["CAP_CHOWN", "CAP_NET_RAW"]});
+        assert!(!may_remount(&s));
+        s["process"]["capabilities"]["bounding"][1] = json!("CAP_SYS_ADMIN");
+        assert!(may_remount(&s));
     }
 
     #[test]

@@ -51,7 +51,7 @@ fn create_timed(inv: &Invocation, t: &mut Stages) -> Result<i32, OciError> {
     let ready = side.ready()?;
     t.mark("side");
     let shim = if preload {
-        place_shim(&ready.dir)?
+        place_shim(&ready.dir, !spec::may_remount(&spec))?
     } else {
         None
     };
@@ -183,15 +183,18 @@ fn inheritable_stderr() -> Option<OwnedFd> {
 
 /// Places the shim in the sandbox's directory (mounted into the container): an empty
 /// file there, over which the real runtime bind-mounts the installed shim read-only
-/// (returned), when anyone may read that; else a copy (6 MB, on `create`'s critical
-/// path).
-fn place_shim(dir: &Path) -> Result<Option<PathBuf>, OciError> {
+/// (returned), when anyone may read that and `share` (the container cannot remount
+/// it read-write: no `CAP_SYS_ADMIN`); else a copy (6 MB, on `create`'s critical path).
+fn place_shim(dir: &Path, share: bool) -> Result<Option<PathBuf>, OciError> {
     use std::os::unix::fs::PermissionsExt;
     let shim = run::find_preload().map_err(OciError::Runtime)?;
     let to = dir.join(spec::SHIM);
-    let readable = shim.canonicalize().ok().filter(|p| {
-        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o004 != 0)
-    });
+    let readable = share
+        .then(|| shim.canonicalize().ok())
+        .flatten()
+        .filter(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o004 != 0)
+        });
     if let Some(full) = readable {
         std::fs::File::create(&to)
             .and_then(|_| ferry_sys::chmod(&to, 0o644))

@@ -139,7 +139,9 @@ struct StateDir(PathBuf, bool);
 impl StateDir {
     fn make(root: Option<&Path>, id: &str) -> Result<StateDir, OciError> {
         let dir = state::dir(root, id);
-        let runtime_state = root.unwrap_or(Path::new("/run/runc")).join(id);
+        let runtime_state = root
+            .map_or_else(state::runtime_default_root, Path::to_path_buf)
+            .join(id);
         if runtime_state.exists() {
             return Err(OciError::Exists(id.to_owned()));
         }

@@ -301,8 +301,8 @@ pub(super) fn serve(argv: &[String]) -> i32 {
         }
     };
     init_logging(a.verbose, report::Sink::open(&targets));
-    if let Err(e) = std::fs::create_dir_all(state::NET_BASE) {
-        eprintln!("ferry oci: creating {}: {e}", state::NET_BASE);
+    if let Err(e) = std::fs::create_dir_all(state::net_base()) {
+        eprintln!("ferry oci: creating {}: {e}", state::net_base().display());
         return 125;
     }
     let mut work = Container {
@@ -369,7 +369,7 @@ struct Container {
 
 impl Workload for Container {
     fn dirs_base(&self) -> PathBuf {
-        PathBuf::from(state::NET_BASE)
+        state::net_base()
     }
 
     /// Says "ready" as soon as the namespace exists: the real runtime's create (tens of

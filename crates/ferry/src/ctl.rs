@@ -143,7 +143,7 @@ fn handle(line: &str, control: &Control, nics: &Nics) -> String {
 /// Admin sockets of this user's runs whose `ferry run` is alive, with its pid: those
 /// in the temporary directory, and the network sides of containers (`ferry oci`).
 fn runs() -> Vec<(u32, PathBuf)> {
-    let mut out: Vec<(u32, PathBuf)> = [std::env::temp_dir(), ferry_oci::state::NET_BASE.into()]
+    let mut out: Vec<(u32, PathBuf)> = [std::env::temp_dir(), ferry_oci::state::net_base()]
         .iter()
         .filter_map(|d| std::fs::read_dir(d).ok())
         .flat_map(|dir| dir.flatten())

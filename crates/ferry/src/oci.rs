@@ -218,13 +218,18 @@ fn delete(inv: &Invocation) -> Result<i32, OciError> {
     if force {
         cmd.arg("--force");
     }
+    let mut t = crate::run::timing::Stages::from_env();
     let status = cmd
         .arg(&id)
         .status()
         .map_err(OciError::io("running the real runtime's delete"))?;
+    t.mark("runtime");
     let dir = state::dir(inv.globals.root.as_deref(), &id);
     side::stop(&dir);
+    t.mark("side");
     remove_state(&dir);
+    t.mark("state");
+    t.print();
     match status.code() {
         Some(0) => Ok(0),
         Some(c) => Err(OciError::Failed(c)),

@@ -86,7 +86,8 @@ pub struct RunArgs {
     pub publish: Vec<Publish>,
     /// Publish where ferry runs every TCP port a program in the sandbox listens on (on
     /// the wildcard or the TAP's address; not loopback), while it listens, on every
-    /// address of both families (`ferry oci`'s default). Needs the TAP (--net nic|both).
+    /// address of both families (`ferry oci`'s default). With --net socket, the ports
+    /// the shim's listeners are on (a static program's needs the TAP).
     #[arg(long, conflicts_with = "publish")]
     pub publish_auto: bool,
     /// Protocol servers (threads) serving the sandbox, each with its own channels and
@@ -229,9 +230,6 @@ pub(crate) fn policy_of(
 /// `--deny`, `--dns`), for `ferry oci create` to refuse a bad option up front.
 pub(crate) fn check_plan(a: &RunArgs) -> Result<(), String> {
     policy(a)?;
-    if a.publish_auto && a.net == Net::Socket {
-        return Err("--publish-auto publishes through the TAP: it needs --net nic or both".into());
-    }
     dns_upstreams(&a.dns, &[])?;
     Ok(())
 }
@@ -355,6 +353,12 @@ pub(crate) trait Workload {
         std::env::temp_dir()
     }
 
+    /// The sandbox's namespace exists (its TAP and DNS come next): a workload that
+    /// joins it may start joining beside them (`ferry oci`: the real runtime's create).
+    fn made(&mut self, _: &ferry_sandbox::Sandbox, _: &RunDirs) -> Result<(), RunError> {
+        Ok(())
+    }
+
     /// The sandbox, its TAP and DNS are ready in `dirs`: let the workload go. Returns
     /// the pid whose descendants may open channels to the servers.
     fn go(&mut self, sandbox: &mut ferry_sandbox::Sandbox, dirs: &RunDirs)
@@ -384,7 +388,9 @@ impl Workload for Program {
 /// Serves `work` with `ferry run`'s options `a` (`ferry oci`'s network side).
 pub(crate) fn serve_workload(a: &RunArgs, work: &mut dyn Workload) -> Result<i32, RunError> {
     let mut stages = Stages::from_env();
-    bond(a).and_then(|bond| run(a, bond, work, &mut stages))
+    let r = bond(a).and_then(|bond| run(a, bond, work, &mut stages));
+    stages.print();
+    r
 }
 
 /// Builds the bond from `--egress`/`--bond`; every address must be on this host.
@@ -453,6 +459,7 @@ fn run(
     t.mark("servers");
     let spec = sandbox_spec(a, &dirs, shim.as_ref())?;
     let mut sandbox = make_sandbox(a, &spec, &factory)?;
+    work.made(&sandbox, &dirs)?;
     t.mark("sandbox");
     let auto_tap = plan.tap.clone().filter(|_| a.publish_auto);
     let nic = if a.net == Net::Socket {
@@ -460,9 +467,11 @@ fn run(
     } else {
         set_up_nic(a, &sandbox, &policy, &bond, &plan.nic_publish, plan.tap)?
     };
-    let auto_tap = auto_tap
-        .filter(|_| !nic.servers.is_empty())
-        .map(|t| (t, nic.addrs.clone()));
+    let auto_sink = match auto_tap {
+        _ if a.net == Net::Socket => Some((autopub::Sink::Servers(servers.inbound()), vec![])),
+        Some(t) if !nic.servers.is_empty() => Some((autopub::Sink::Tap(t), nic.addrs.clone())),
+        _ => None,
+    };
     t.mark("nic");
     if let Err(e) = start_dns(servers.first(), &a.dns, &policy) {
         warn!("DNS forwarding is off: {e}");
@@ -481,7 +490,7 @@ fn run(
         .ok();
     t.mark("start");
     confine(a)?;
-    let _auto = auto_publish(a, &sandbox, auto_tap);
+    let _auto = auto_publish(a, &sandbox, auto_sink);
     t.mark("confine");
     // Ctrl-C and friends go to the program while it runs, and end ferry once it has
     // ended (`stop.rs`); the threads started from here on inherit the mask.
@@ -592,6 +601,10 @@ fn server_config(
         a.publish.iter().partition(|p| a.net == Net::Nic && !p.udp);
     cfg.publish = publish;
     let auto = a.publish_auto && a.net != Net::Socket;
+    // In socket mode the servers take the connections to the ports it publishes.
+    if a.publish_auto && a.net == Net::Socket {
+        cfg.auto_publish = autopub::MAX_PORTS;
+    }
     let tap = if auto || a.net == Net::Both && cfg.publish.iter().any(|p| !p.udp) {
         let h = ferry_server::TapHandoff::new().map_err(|e| {
             RunError::Servers(format!("cannot set up the published ports' handoff: {e}"))
@@ -773,17 +786,18 @@ fn confine(a: &RunArgs) -> Result<(), RunError> {
 /// `CAP_NET_BIND_SERVICE` (linux/capability.h).
 const CAP_NET_BIND_SERVICE: u32 = 10;
 
-/// `--publish-auto`'s thread, publishing the listeners on the sandbox's TAP addresses
-/// through its handoff `tap` (none: no TAP, said once).
+/// `--publish-auto`'s thread, publishing the listeners on the wildcard (and the
+/// sandbox's TAP addresses `addrs`) through `sink`: the TAP's handoff, or in socket
+/// mode the protocol servers (none: the TAP could not be made, said once).
 fn auto_publish(
     a: &RunArgs,
     sandbox: &ferry_sandbox::Sandbox,
-    tap: Option<(Arc<ferry_server::TapHandoff>, Vec<IpAddr>)>,
+    sink: Option<(autopub::Sink, Vec<IpAddr>)>,
 ) -> Option<autopub::AutoPublish> {
     if !a.publish_auto {
         return None;
     }
-    let Some((tap, addrs)) = tap else {
+    let Some((sink, addrs)) = sink else {
         warn!("--publish-auto: the sandbox has no TAP: no port is published");
         return None;
     };
@@ -791,7 +805,7 @@ fn auto_publish(
     sandbox
         .factory()
         .socket(libc::AF_NETLINK, ty, autopub::NETLINK_SOCK_DIAG)
-        .and_then(|diag| autopub::AutoPublish::start(diag, addrs, tap, sandbox.factory()))
+        .and_then(|diag| autopub::AutoPublish::start(diag, addrs, sink, sandbox.factory()))
         .map_err(|e| warn!("--publish-auto: {e}: no port is published"))
         .ok()
 }

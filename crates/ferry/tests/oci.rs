@@ -228,14 +228,6 @@ fn bad_options_are_refused_clearly_and_leave_nothing() {
         &["--preset", "ferry.publish=auto"],
         "preset ferry.publish=auto and annotation ferry.publish=8080:80: ferry.publish is auto, none or a list of ports",
     );
-    // Auto publishes through the TAP, which socket mode has not.
-    let b = bundle(d, &["true"], annotate("ferry.net", "socket"));
-    refused(
-        d,
-        &b,
-        &["--preset", "ferry.publish=auto"],
-        "--publish-auto publishes through the TAP",
-    );
     let b = bundle(d, &["true"], |s| {
         let ns = s["linux"]["namespaces"].as_array_mut().unwrap();
         ns.retain(|n| n["type"] != "network");
@@ -1691,5 +1683,146 @@ fn rootless_podmans_namespace_runs_ferry() {
             "--net {net_mode}: {}",
             text(&out.stderr)
         );
+    }
+}
+
+/// `podman --runtime ferry-oci run` as an ordinary user (rootless Podman runs its
+/// runtime in its user namespace, as that namespace's root, with no `--root`: ferry's
+/// state goes to `$XDG_RUNTIME_DIR/ferry-oci`, where `/run` is not writable): a static
+/// busybox fetches through the TAP and glibc's curl through the shim from a remote, the
+/// same bytes as with runc; an annotation's deny is refused; nothing is left behind.
+#[test]
+fn rootless_podman_runs_containers_on_ferry() {
+    if !can_run(&["podman", "runuser", "python3", "slirp4netns"]) || !common::have_test_user() {
+        return;
+    }
+    let subuid = std::fs::read_to_string("/etc/subuid").unwrap_or_default();
+    if !subuid.lines().any(|l| l.starts_with("ferrytest:")) {
+        eprintln!("skipped: ferrytest has no range in /etc/subuid (rootless Podman needs one)");
+        return;
+    }
+    let _one = serial();
+    let bin = TempDir::new("oci-rootless-podman-bin");
+    let exe = common::ferry_for_any_user(bin.path());
+    let link = bin.path().join("ferry-oci");
+    std::os::unix::fs::symlink(&exe, &link).unwrap();
+    let dir = TempDir::new("oci-rootless-podman");
+    let www = dir.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    std::fs::write(www.join("hello"), b"hello rootless podman\n").unwrap();
+    let net = Net::make(&format!("fp{}", std::process::id() % 100_000), &www);
+    let url = format!("http://{}:8000/hello", net.remote_ip());
+    let home = TempDir::new("oci-rootless-podman-home");
+    // Short, as /run/user/UID is: the control socket's path lives under it.
+    let run_dir = TempDir::new("r");
+    let run = run_dir.path().to_path_buf();
+    let owned = Command::new("chown")
+        .args(["-R", "ferrytest:"])
+        .arg(home.path())
+        .arg(&run)
+        .status()
+        .unwrap();
+    assert!(owned.success());
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let _pause = PauseGone(run.join("libpod/tmp/pause.pid"));
+    let user = |args: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = ["runuser", "-u", "ferrytest", "--", "env"]
+            .map(String::from)
+            .to_vec();
+        v.push(format!("HOME={}", home.path().display()));
+        v.push(format!("XDG_RUNTIME_DIR={}", run.display()));
+        v.extend(args.iter().map(|s| s.to_string()));
+        v
+    };
+    for kind in ["busybox", "glibc"] {
+        let name = format!("ferry-{kind}");
+        let st = Command::new(script("oci-image.sh"))
+            .arg(kind)
+            .arg(dir.path().join(format!("img-{kind}")))
+            .args(user(&["podman", "import", "-", &name]))
+            .current_dir("/")
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(st.success(), "importing {kind} as ferrytest");
+    }
+    let podman = |runtime: Option<&Path>, args: &[&str]| -> Output {
+        let mut all = vec!["podman"];
+        let rt = runtime.map(|r| r.to_str().unwrap().to_owned());
+        if let Some(r) = &rt {
+            all.extend(["--runtime", r]);
+        }
+        all.extend(["run", "--rm"]);
+        all.extend(args);
+        let argv = user(&all);
+        Command::new(&argv[0])
+            .args(&argv[1..])
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let native = podman(None, &["ferry-glibc", "curl", "-sS", "-m", "10", &url]);
+    assert_eq!(
+        text(&native.stdout),
+        "hello rootless podman\n",
+        "runc: {}",
+        text(&native.stderr)
+    );
+    for (image, fetch) in [
+        ("ferry-busybox", &["wget", "-qO-"][..]),
+        ("ferry-glibc", &["curl", "-sS", "-m", "10"][..]),
+    ] {
+        let mut args = vec![image];
+        args.extend(fetch);
+        args.push(&url);
+        let out = podman(Some(&link), &args);
+        assert_eq!(
+            out.stdout,
+            native.stdout,
+            "{image} through ferry: {}",
+            text(&out.stderr)
+        );
+    }
+    let deny = format!("ferry.deny={}/32", net.remote_ip());
+    let out = podman(
+        Some(&link),
+        &[
+            "--annotation",
+            &deny,
+            "ferry-glibc",
+            "curl",
+            "-sS",
+            "-m",
+            "10",
+            &url,
+        ],
+    );
+    assert!(!out.status.success(), "a denied fetch succeeded");
+    assert!(
+        text(&out.stderr).contains("denied by policy"),
+        "{}",
+        text(&out.stderr)
+    );
+    for left in ["ferry-oci/containers", "ferry-oci/net"] {
+        let n = std::fs::read_dir(run.join(left)).map_or(0, |d| d.count());
+        assert_eq!(n, 0, "{left} has something left");
+    }
+}
+
+/// Ends rootless Podman's pause process (it holds the user's namespace and outlives
+/// every `podman` command), named by its pid file, when dropped.
+struct PauseGone(PathBuf);
+
+impl Drop for PauseGone {
+    fn drop(&mut self) {
+        let pid = std::fs::read_to_string(&self.0)
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok());
+        if let Some(pid) = pid.filter(|p| *p > 1) {
+            // SAFETY: a signal to the pause process this test's podman started.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
     }
 }

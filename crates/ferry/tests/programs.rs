@@ -1433,3 +1433,143 @@ fn a_published_port_that_nothing_in_the_sandbox_serves_refuses_instead_of_hangin
         "{log}"
     );
 }
+
+/// A python HTTP server that also listens on loopback (private): serves until a line on
+/// stdin, closes its listener, and exits at a second line. Arguments: root, port,
+/// loopback port.
+const HTTP_SERVER: &str = r#"
+import functools, http.server, socket, sys, threading
+root, port, lo = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+h = functools.partial(http.server.SimpleHTTPRequestHandler, directory=root)
+srv = http.server.ThreadingHTTPServer(("", port), h)
+private = socket.socket()
+private.bind(("127.0.0.1", lo))
+private.listen()
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+print("up", flush=True)
+sys.stdin.readline()
+srv.shutdown()
+srv.server_close()
+print("closed", flush=True)
+sys.stdin.readline()
+"#;
+
+/// GET `path` from the host's loopback on `port`: the body, or why not.
+fn http_get(port: u16, path: &str) -> Result<Vec<u8>, String> {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(c, "GET {path} HTTP/1.0\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut all = Vec::new();
+    c.read_to_end(&mut all).map_err(|e| e.to_string())?;
+    let at = all
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| format!("no header in {} bytes", all.len()))?;
+    if !all.starts_with(b"HTTP/1.0 200") {
+        return Err(String::from_utf8_lossy(&all[..at]).into_owned());
+    }
+    Ok(all[at + 4..].to_vec())
+}
+
+/// A TCP port nothing on the host listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("0.0.0.0:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The server's stdout's next line (its own, not ferry's).
+fn next_line(r: &mut impl std::io::BufRead) -> String {
+    let mut l = String::new();
+    r.read_line(&mut l).unwrap();
+    l.trim().to_owned()
+}
+
+/// Runs [`HTTP_SERVER`] under `pre` (empty: natively): fetches `/blob` from the host
+/// once it is up, then checks that the loopback port is reachable only natively and,
+/// after the server closed its listener, that the port is withdrawn (refused within
+/// 3 s).
+fn serve_and_withdraw(pre: &[&str], root: &std::path::Path) -> Vec<u8> {
+    use std::io::{BufReader, Write};
+    use std::process::Stdio;
+    let (port, lo) = (free_port(), free_port());
+    let mut cmd: Vec<String> = pre.iter().map(|s| s.to_string()).collect();
+    let py = [system_python(), "-c", HTTP_SERVER];
+    cmd.extend(py.iter().map(|s| s.to_string()));
+    cmd.extend([root.display().to_string(), port.to_string(), lo.to_string()]);
+    let child = Command::new(&cmd[0])
+        .args(&cmd[1..])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut server = Guard(child);
+    let mut out = BufReader::new(server.0.stdout.take().unwrap());
+    assert_eq!(next_line(&mut out), "up", "{cmd:?}");
+    let t0 = std::time::Instant::now();
+    let body = loop {
+        match http_get(port, "/blob") {
+            Ok(b) => break b,
+            Err(e) if t0.elapsed() > Duration::from_secs(10) => {
+                panic!("{cmd:?}: port {port} never served from the host: {e}")
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
+    // Published within a scan: a loopback listener would have been too by now.
+    std::thread::sleep(Duration::from_millis(600));
+    let private = std::net::TcpStream::connect(("127.0.0.1", lo)).map(|_| ());
+    if pre.is_empty() {
+        private.unwrap();
+    } else {
+        let e = private.unwrap_err();
+        assert_eq!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionRefused,
+            "{cmd:?}: loopback port {lo}"
+        );
+    }
+    let mut stdin = server.0.stdin.take().unwrap();
+    writeln!(stdin).unwrap();
+    assert_eq!(next_line(&mut out), "closed");
+    let t0 = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "{cmd:?}: port {port} still published 3 s after its listener closed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    writeln!(stdin).unwrap();
+    let status = server.0.wait().unwrap();
+    assert!(status.success(), "{cmd:?}: {status}");
+    body
+}
+
+/// `--net socket --publish-auto`: the port a shim's listener is on (python's http.server
+/// on the wildcard) is served from the host as natively, a loopback listener is not
+/// published, and the port is withdrawn once the listener closes.
+#[test]
+fn socket_mode_publishes_what_python_listens_on_and_withdraws_it() {
+    if !can_run(&["ip"]) {
+        return;
+    }
+    let dir = TempDir::new("autopub-socket");
+    let blob = pattern(300_000, 7);
+    std::fs::write(dir.path().join("blob"), &blob).unwrap();
+    let native = serve_and_withdraw(&[], dir.path());
+    assert_eq!(native, blob);
+    let ferry = env!("CARGO_BIN_EXE_ferry");
+    let through = serve_and_withdraw(
+        &[ferry, "run", "--net", "socket", "--publish-auto", "--"],
+        dir.path(),
+    );
+    assert_eq!(through.len(), native.len());
+    assert!(
+        through == native,
+        "the bytes through ferry differ from native"
+    );
+}

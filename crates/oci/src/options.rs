@@ -6,7 +6,7 @@
 //! container cannot lift its runtime's deny), `ferry.net` (socket|nic|both),
 //! `ferry.servers`, `ferry.nic-servers`, `ferry.spin`, `ferry.server-spin`,
 //! `ferry.dns`, `ferry.mtu` (a container's value replaces the preset's) and
-//! `ferry.publish`: `auto` (the default unless `ferry.net=socket`: every TCP port a
+//! `ferry.publish`: `auto` (the default: every TCP port a
 //! process of the container listens on is published in the namespace the engine gave
 //! the container, `ferry run --publish-auto`), `none`, or comma-separated
 //! `[IP:]HOST_PORT:PORT[/udp]` (published there; auto is then off). Any other `ferry.*`
@@ -111,8 +111,7 @@ fn publish_kind(f: &Flag) -> PublishKind {
 const AUTO_FLAG: &str = "--publish-auto";
 
 /// Checks the `ferry.publish` values of `out` against each other, keeps one `auto`, and
-/// adds the default (`auto`) when none is given and the container has a TAP (not
-/// `ferry.net=socket`, where auto has nothing to publish through).
+/// adds the default (`auto`) when none is given.
 fn publish_mode(out: &mut Vec<(String, Flag)>) -> Result<(), OptionError> {
     let publish: Vec<&Flag> = out
         .iter()
@@ -131,20 +130,13 @@ fn publish_mode(out: &mut Vec<(String, Flag)>) -> Result<(), OptionError> {
         });
     }
     if publish.is_empty() {
-        let socket_only = out
-            .iter()
-            .rev()
-            .find(|(k, _)| k == "ferry.net")
-            .is_some_and(|(_, f)| f.args.get(1).map(String::as_str) == Some("socket"));
-        if !socket_only {
-            out.push((
-                "ferry.publish".into(),
-                Flag {
-                    source: "the default ferry.publish=auto".into(),
-                    args: vec![AUTO_FLAG.into()],
-                },
-            ));
-        }
+        out.push((
+            "ferry.publish".into(),
+            Flag {
+                source: "the default ferry.publish=auto".into(),
+                args: vec![AUTO_FLAG.into()],
+            },
+        ));
         return Ok(());
     }
     // `auto` given twice (a preset's and an annotation's) is one flag.
@@ -234,7 +226,7 @@ mod tests {
     }
 
     #[test]
-    fn publish_is_auto_by_default_and_off_with_ports_none_or_socket() {
+    fn publish_is_auto_by_default_and_off_with_ports_or_none() {
         let a = |p: &[(&str, &str)], an: &[(&str, &str)]| flags(&kv(p), &kv(an)).map(|f| args(&f));
         assert_eq!(a(&[], &[]).unwrap(), ["--publish-auto"]);
         assert_eq!(
@@ -248,7 +240,7 @@ mod tests {
         );
         assert_eq!(
             a(&[("ferry.net", "socket")], &[]).unwrap(),
-            ["--net", "socket"]
+            ["--net", "socket", "--publish-auto"]
         );
         // The container's ports beside its runtime's auto (or none) contradict it.
         let e = a(&[("ferry.publish", "auto")], &[("ferry.publish", "80:80")]).unwrap_err();

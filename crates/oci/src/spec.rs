@@ -3,7 +3,8 @@
 //!
 //! What changes: the network namespace becomes the sandbox's (`/proc/PID/ns/net` of
 //! the process holding it: lo + the TAP); the sandbox's directory is bind-mounted
-//! read-only at [`MOUNT`] (the servers' control socket, the shim) and the process gets
+//! read-only at [`MOUNT`] (the servers' control socket, the shim: a copy, or the
+//! installed file bind-mounted read-only over a placeholder) and the process gets
 //! `FERRY_SOCKET` and, where the image can load it, `LD_PRELOAD`; `root.path` becomes
 //! absolute (the rewritten file lives in another directory); the `prestart` and
 //! `createRuntime` hooks — where engines configure the container's network (Docker's
@@ -72,6 +73,15 @@ pub fn annotations(spec: &Value) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
+/// Whether the container's processes may hold `CAP_SYS_ADMIN` (in their bounding
+/// set): they could remount a read-only bind mount read-write, so the installed shim is
+/// not bind-mounted into such a container (it gets a copy).
+pub fn may_remount(spec: &Value) -> bool {
+    spec.pointer("/process/capabilities/bounding")
+        .and_then(Value::as_array)
+        .is_some_and(|caps| caps.iter().any(|c| c == "CAP_SYS_ADMIN"))
+}
+
 /// Whether the container's process has a terminal (its output then goes to a console,
 /// not to the runtime's stdio).
 pub fn terminal(spec: &Value) -> bool {
@@ -96,6 +106,10 @@ pub struct Rewrite<'a> {
     pub dir: &'a Path,
     /// Whether to preload the shim.
     pub preload: bool,
+    /// The installed shim, bind-mounted read-only over the sandbox directory's
+    /// [`SHIM`] (an empty file) so that nothing is copied; `None`: the directory holds
+    /// a copy (or no shim).
+    pub shim: Option<&'a Path>,
     /// The ferry binary, which runs the engine's network hooks.
     pub ferry: &'a Path,
     /// The pid the hooks see: ferry's network side, in the engine's namespace.
@@ -114,15 +128,25 @@ pub fn rewrite(mut spec: Value, r: &Rewrite) -> Result<Value, SpecError> {
         .ok_or(SpecError::Malformed("not an object"))?
         .entry("mounts")
         .or_insert_with(|| json!([]));
-    mounts
+    let mounts = mounts
         .as_array_mut()
-        .ok_or(SpecError::Malformed("mounts is not a list"))?
-        .push(json!({
-            "destination": MOUNT,
+        .ok_or(SpecError::Malformed("mounts is not a list"))?;
+    let options = json!(["bind", "ro", "nosuid", "nodev"]);
+    mounts.push(json!({
+        "destination": MOUNT,
+        "type": "bind",
+        "source": r.dir,
+        "options": options,
+    }));
+    if let Some(shim) = r.shim.filter(|_| r.preload) {
+        // After the directory's mount, over its placeholder.
+        mounts.push(json!({
+            "destination": format!("{MOUNT}/{SHIM}"),
             "type": "bind",
-            "source": r.dir,
-            "options": ["bind", "ro", "nosuid", "nodev"],
+            "source": shim,
+            "options": options,
         }));
+    }
     add_env(&mut spec, r.preload)?;
     wrap_hooks(&mut spec, r.ferry, r.hook_pid)?;
     Ok(spec)
@@ -313,6 +337,7 @@ mod tests {
             netns: "/proc/42/ns/net".into(),
             dir: Path::new("/state/net"),
             preload: true,
+            shim: Some(Path::new("/usr/lib/ferry/libferry_preload.so")),
             ferry: Path::new("/usr/bin/ferry"),
             hook_pid: 7,
             bundle: Path::new("/bundles/c1"),
@@ -330,6 +355,16 @@ mod tests {
                 .as_array()
                 .unwrap()
                 .contains(&json!("ro"))
+        );
+        // The shim over its placeholder, read-only, after the directory.
+        assert_eq!(
+            s["mounts"][2],
+            json!({
+                "destination": "/.ferry/libferry_preload.so",
+                "type": "bind",
+                "source": "/usr/lib/ferry/libferry_preload.so",
+                "options": ["bind", "ro", "nosuid", "nodev"],
+            })
         );
         let env: Vec<&str> = s["process"]["env"]
             .as_array()
@@ -370,6 +405,7 @@ mod tests {
             netns: "/proc/1/ns/net".into(),
             dir: Path::new("/d"),
             preload: false,
+            shim: Some(Path::new("/s.so")),
             ferry: Path::new("/f"),
             hook_pid: 1,
             bundle: Path::new("/b"),
@@ -378,6 +414,18 @@ mod tests {
         let env = s["process"]["env"].as_array().unwrap();
         assert!(env.contains(&json!("LD_PRELOAD=/x.so")));
         assert!(!env.iter().any(|e| e.as_str().unwrap().contains(SHIM)));
+        // No shim mounted either.
+        assert_eq!(s["mounts"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn sys_admin_in_the_bounding_set_may_remount() {
+        let mut s = docker_like();
+        assert!(!may_remount(&s));
+        s["process"]["capabilities"] = json!({"bounding": ["CAP_CHOWN", "CAP_NET_RAW"]});
+        assert!(!may_remount(&s));
+        s["process"]["capabilities"]["bounding"][1] = json!("CAP_SYS_ADMIN");
+        assert!(may_remount(&s));
     }
 
     #[test]

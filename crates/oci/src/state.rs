@@ -1,28 +1,65 @@
 //! A container's state directory and the record of its network side.
 //!
 //! The directory is `<root>.ferry/<id>` beside the real runtime's `--root` (so that
-//! engines with their own roots never meet), or `/run/ferry-oci/containers/<id>`. It holds the
+//! engines with their own roots never meet), or [`default_base`]`/<id>`. It holds the
 //! rewritten bundle, the sandbox's directory (mounted into the container), the network
 //! side's log and its record ([`Record`]); `delete` removes it.
 
 use std::path::{Path, PathBuf};
 
-/// Where state lives without `--root`.
-pub const DEFAULT_BASE: &str = "/run/ferry-oci/containers";
+/// Where state lives without `--root`, and the network sides' directories: under
+/// `/run/ferry-oci`, or, in a user namespace of an ordinary user (a rootless engine runs
+/// its runtime there, as root of a namespace that may not write `/run`), under
+/// `$XDG_RUNTIME_DIR/ferry-oci` (as runc's rootless default is `$XDG_RUNTIME_DIR/runc`).
+pub fn base() -> &'static Path {
+    static BASE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BASE.get_or_init(|| {
+        let uid_map = std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default();
+        match std::env::var_os("XDG_RUNTIME_DIR") {
+            Some(d) if rootless(&uid_map) && !d.is_empty() => PathBuf::from(d).join("ferry-oci"),
+            _ => PathBuf::from("/run/ferry-oci"),
+        }
+    })
+}
 
-/// Where the network sides make their run's directories (the control socket's path
-/// must be short: a container id alone is 64 characters).
-pub const NET_BASE: &str = "/run/ferry-oci/net";
+/// Whether `uid_map` (`/proc/self/uid_map`) is a user namespace's that does not map
+/// the host's root (the initial namespace maps all ids from 0).
+pub fn rootless(uid_map: &str) -> bool {
+    !uid_map.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() == 3 && f[1] == "0"
+    })
+}
+
+/// Where state lives without `--root`: [`base`]`/containers`.
+pub fn default_base() -> PathBuf {
+    base().join("containers")
+}
+
+/// Where the network sides make their run's directories: [`base`]`/net` (the control
+/// socket's path must be short: a container id alone is 64 characters).
+pub fn net_base() -> PathBuf {
+    base().join("net")
+}
+
+/// The real runtime's state without `--root`: runc's default, `/run/runc`, or rootless
+/// `$XDG_RUNTIME_DIR/runc`.
+pub fn runtime_default_root() -> PathBuf {
+    match base().parent() {
+        Some(p) if p != Path::new("/run") => p.join("runc"),
+        _ => PathBuf::from("/run/runc"),
+    }
+}
 
 /// The run's directories of a network side whose sandbox directory is `sandbox` (as
-/// it said), if that is one a network side makes: `NET_BASE/ferry-…` and
-/// `NET_BASE/ferry-….sandbox`. Anything else is `None` (never removed).
+/// it said), if that is one a network side makes: `net_base()/ferry-…` and
+/// `net_base()/ferry-….sandbox`. Anything else is `None` (never removed).
 pub fn net_dirs(sandbox: &Path) -> Option<[PathBuf; 2]> {
     let name = sandbox.file_name()?.to_str()?;
     let stem = name.strip_suffix(".sandbox")?;
     let plain = stem.starts_with("ferry-")
         && stem[6..].bytes().all(|b| b.is_ascii_digit() || b == b'-')
-        && sandbox.parent() == Some(Path::new(NET_BASE));
+        && sandbox.parent() == Some(net_base().as_path());
     plain.then(|| [sandbox.with_extension(""), sandbox.to_path_buf()])
 }
 
@@ -57,7 +94,7 @@ pub fn dir(root: Option<&Path>, id: &str) -> PathBuf {
             s.push(".ferry");
             PathBuf::from(s)
         }
-        None => PathBuf::from(DEFAULT_BASE),
+        None => default_base(),
     };
     base.join(id)
 }
@@ -129,6 +166,17 @@ mod tests {
             dir(None, "net"),
             PathBuf::from("/run/ferry-oci/containers/net")
         );
+    }
+
+    #[test]
+    fn a_namespace_that_does_not_map_the_hosts_root_is_rootless() {
+        assert!(!rootless("         0          0 4294967295\n"));
+        // A rootless engine's namespace: its root is the user, the rest subordinate ids.
+        assert!(rootless(
+            "         0       1001          1\n         1     100000      65536\n"
+        ));
+        // Root's sandbox namespace maps host root too (`--userns never` aside).
+        assert!(!rootless("0 0 1\n1 2000000000 65536\n"));
     }
 
     #[test]

@@ -747,9 +747,10 @@ impl Connects<'_> {
             Ok(()) => {
                 if !s.listening()
                     && let Ok(Some(a)) = io.sock_addr(s.fd.as_fd(), false)
-                    && shared.listener_up(a.port())
                 {
-                    s.published_listener = Some(a.port());
+                    let wildcard = a.ip().is_unspecified();
+                    shared.listener_up(a.port(), wildcard);
+                    s.listens_on = Some((a.port(), wildcard));
                 }
                 s.conn_moves(ConnEvent::Listen);
                 Ok(self.socks.has_published(self.io, self.shared, id))

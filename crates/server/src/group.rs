@@ -22,7 +22,7 @@
 //! Must not: share a socket table or channel between servers (a socket has one server;
 //! a hand-over moves it whole), or take a lock on a server's hot path but the inboxes'.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -142,6 +142,14 @@ pub struct Live {
     pub pinned: AtomicI32,
 }
 
+/// How many sockets of the sandbox listen on one port.
+#[derive(Debug, Default)]
+pub(crate) struct Listening {
+    all: usize,
+    /// Those bound to the wildcard address.
+    wildcard: usize,
+}
+
 /// Connections accepted on a published port, each with the time it came, that wait for
 /// the sandbox's listener.
 pub(crate) type Waiting = VecDeque<(OwnedFd, Instant)>;
@@ -161,10 +169,16 @@ pub(crate) struct Shared {
     /// sandbox port.
     pub published: Mutex<Vec<(u16, Waiting)>>,
     pub any_published: bool,
-    /// Sockets of the sandbox listening (through ferry) on each published TCP port, on
-    /// every server: a connection to a port with none waits a moment for one, then is
-    /// refused (`PublishedPorts::expire_unserved`).
-    listeners: Vec<(u16, AtomicUsize)>,
+    /// The ports [`crate::Inbound`] published while the sandbox runs (`published` has
+    /// their queues), at most [`Config::auto_publish`].
+    pub auto: Mutex<Vec<u16>>,
+    /// [`Config::auto_publish`].
+    pub auto_max: usize,
+    /// Sockets of the sandbox listening (through ferry) on each port, on every server:
+    /// (all, those bound to the wildcard). A connection to a published port with none
+    /// waits a moment for one, then is refused (`PublishedPorts::expire_unserved`);
+    /// `--publish-auto` publishes the ports with one on the wildcard ([`crate::Inbound`]).
+    listeners: Mutex<BTreeMap<u16, Listening>>,
     /// Channels open on every server of the sandbox (capped by `Config::max_channels`).
     channels_open: AtomicUsize,
     /// Sockets open on every server of the sandbox (capped by `Config::max_sockets`).
@@ -214,44 +228,51 @@ impl Shared {
             stop: AtomicBool::new(false),
             factory: Mutex::new(factory),
             published: Mutex::new(published),
-            any_published: !cfg.publish.is_empty(),
-            listeners: cfg
-                .publish
-                .iter()
-                .filter(|p| !p.udp)
-                .map(|p| (p.sandbox_port, AtomicUsize::new(0)))
-                .collect(),
+            any_published: !cfg.publish.is_empty() || cfg.auto_publish > 0,
+            auto: Mutex::new(Vec::new()),
+            auto_max: cfg.auto_publish,
+            listeners: Mutex::new(BTreeMap::new()),
             channels_open: AtomicUsize::new(0),
             sockets_open: AtomicUsize::new(0),
         })
     }
 
-    /// The count of the sandbox's listeners on published TCP port `port` (`None`: not
-    /// a published port).
-    fn listeners_on(&self, port: u16) -> Option<&AtomicUsize> {
-        self.listeners
-            .iter()
-            .find(|(p, _)| *p == port)
-            .map(|(_, n)| n)
+    /// A socket of the sandbox started listening on `port` (`wildcard`: bound to the
+    /// wildcard address).
+    pub(crate) fn listener_up(&self, port: u16, wildcard: bool) {
+        let mut all = lock(&self.listeners);
+        let n = all.entry(port).or_default();
+        n.all += 1;
+        n.wildcard += usize::from(wildcard);
     }
 
-    /// A socket of the sandbox started listening on `port`; whether it is published.
-    pub(crate) fn listener_up(&self, port: u16) -> bool {
-        self.listeners_on(port)
-            .map(|n| n.fetch_add(1, Ordering::SeqCst))
-            .is_some()
+    /// A socket listening on `port` went; returns how many are left there.
+    pub(crate) fn listener_down(&self, port: u16, wildcard: bool) -> usize {
+        let mut all = lock(&self.listeners);
+        let Some(n) = all.get_mut(&port) else {
+            return 0;
+        };
+        n.all = n.all.saturating_sub(1);
+        n.wildcard = n.wildcard.saturating_sub(usize::from(wildcard));
+        let left = n.all;
+        if left == 0 {
+            all.remove(&port);
+        }
+        left
     }
 
-    /// A socket listening on published `port` went; returns how many are left.
-    pub(crate) fn listener_down(&self, port: u16) -> usize {
-        self.listeners_on(port)
-            .map_or(0, |n| n.fetch_sub(1, Ordering::SeqCst).saturating_sub(1))
-    }
-
-    /// Whether anything in the sandbox listens (through ferry) on published `port`.
+    /// Whether anything in the sandbox listens (through ferry) on `port`.
     pub(crate) fn has_listener(&self, port: u16) -> bool {
-        self.listeners_on(port)
-            .is_none_or(|n| n.load(Ordering::SeqCst) > 0)
+        lock(&self.listeners).contains_key(&port)
+    }
+
+    /// The ports something in the sandbox listens on (through ferry) on the wildcard.
+    pub(crate) fn wildcard_listeners(&self) -> Vec<u16> {
+        lock(&self.listeners)
+            .iter()
+            .filter(|(_, n)| n.wildcard > 0)
+            .map(|(p, _)| *p)
+            .collect()
     }
 
     /// Channels open on every server.
@@ -456,6 +477,12 @@ impl Servers {
     /// The first server (control socket, published ports, DNS).
     pub fn first(&mut self) -> &mut Server {
         &mut self.servers[0]
+    }
+
+    /// The handle that publishes ports while the sandbox runs (`--publish-auto` in
+    /// socket mode), within [`Config::auto_publish`].
+    pub fn inbound(&self) -> crate::Inbound {
+        crate::Inbound::new(self.shared.clone())
     }
 
     /// A handle that stops every server.

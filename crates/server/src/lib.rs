@@ -120,6 +120,7 @@ pub use ferry_modules::{Interrupt as ModuleInterrupt, Limits as ModuleLimits};
 pub use group::{Accepted, Assign, Control, Handle, Servers, parse_server, server_name};
 pub use modules::{HIGH_WATER, ModuleConfig, ModuleError, ModuleRule, ModuleTarget};
 pub use procs::descends_from;
+pub use published::{Inbound, Refused};
 pub use server::Server;
 pub use stats::{
     ChannelStats, FOLDED, MAX_LISTED, ServerStats, SocketStats, group_json, merge as merge_stats,
@@ -173,6 +174,9 @@ pub struct Config {
     /// With a TAP beside the shim (`--net both`): where connections to a published TCP
     /// port that no listener of the shim's is on go (nic mode's NIC server).
     pub tap: Option<Arc<TapHandoff>>,
+    /// Most ports [`Inbound`] may publish while the sandbox runs (`--publish-auto` in
+    /// socket mode); 0: none.
+    pub auto_publish: usize,
     /// Egress bonding: source addresses for new outgoing connections (shared by every
     /// server of the sandbox).
     pub egress: Option<Arc<Bond>>,
@@ -214,6 +218,7 @@ impl Config {
             policy: Policy::default(),
             publish: Vec::new(),
             tap: None,
+            auto_publish: 0,
             egress: None,
             layout: default_layout(),
             servers: 1,

@@ -4,7 +4,10 @@
 //! listener of the sandbox a port feeds. With a TAP beside the shim (`--net both`), a
 //! connection to a port no listener of the shim's is on goes to nic mode instead
 //! ([`ferry_egress::TapHandoff`]): a server the shim cannot serve (static, Go) is
-//! published too. Must not: serve the connection (it becomes an accepted socket of the
+//! published too. Ports published while the sandbox runs (`--publish-auto` in socket
+//! mode) come and go through [`Inbound`], at most [`Config::auto_publish`]; every
+//! connection to any published port is admitted by [`Shared::admit`] alone. Must not:
+//! serve the connection (it becomes an accepted socket of the
 //! sandbox, `connect.rs`, or a NIC server's flow).
 
 use std::io;
@@ -114,10 +117,9 @@ impl PublishedPorts {
             // waits at most `UNSERVED_GRACE` for a listener.
             self.unserved = true;
         }
-        let mut queue = lock(&shared.published);
-        match queue.iter_mut().find(|(p, _)| *p == port) {
-            Some(q) if q.1.len() >= MAX_WAITING => {
-                drop(queue);
+        match shared.admit(port, conn, Some(me)) {
+            Ok(()) => {}
+            Err(Refused::Full(conn)) => {
                 let _ = ferry_sys::linger_reset(conn.as_fd());
                 self.refused += 1;
                 if let Some(n) = self.refusals.tick() {
@@ -127,15 +129,8 @@ impl PublishedPorts {
                 }
                 return Arrival::Gone;
             }
-            Some(q) => q.1.push_back((conn, Instant::now())),
-            None => {}
-        }
-        drop(queue);
-        // The sandbox's listener may be served by any server.
-        for (k, inbox) in shared.inbox.iter().enumerate() {
-            if k != me {
-                inbox.send(Msg::Published(port));
-            }
+            // A UDP port's listener accepts nothing; a TCP one's queue is always there.
+            Err(Refused::NotPublished(_)) => return Arrival::Gone,
         }
         Arrival::Waiting(port)
     }
@@ -209,6 +204,118 @@ impl PublishedPorts {
         stats.udp_published_in = self.flows.inbound;
         stats.udp_published_out = self.flows.outbound;
         stats.udp_published_dropped = self.flows.dropped;
+    }
+}
+
+/// Why [`Shared::admit`] gave a connection back.
+#[derive(Debug)]
+pub enum Refused {
+    /// [`MAX_WAITING`] connections already wait on the port.
+    Full(OwnedFd),
+    /// The port is not published (any more).
+    NotPublished(OwnedFd),
+}
+
+impl Refused {
+    /// The connection given back.
+    pub fn into_conn(self) -> OwnedFd {
+        match self {
+            Refused::Full(c) | Refused::NotPublished(c) => c,
+        }
+    }
+}
+
+impl Shared {
+    /// The one way in for a connection to a published port, `-p`'s and those
+    /// [`Inbound`] publishes alike: `conn` waits on sandbox port `port`'s queue for the
+    /// sandbox's listener, and the servers other than `me` hear of it; given back when
+    /// `port` is not published or too many wait.
+    pub(crate) fn admit(&self, port: u16, conn: OwnedFd, me: Option<usize>) -> Result<(), Refused> {
+        let mut queue = lock(&self.published);
+        match queue.iter_mut().find(|(p, _)| *p == port) {
+            Some(q) if q.1.len() >= MAX_WAITING => return Err(Refused::Full(conn)),
+            Some(q) => q.1.push_back((conn, Instant::now())),
+            None => return Err(Refused::NotPublished(conn)),
+        }
+        drop(queue);
+        // The sandbox's listener may be served by any server.
+        for (k, inbox) in self.inbox.iter().enumerate() {
+            if Some(k) != me {
+                inbox.send(Msg::Published(port));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Publishes TCP ports while the sandbox runs (`--publish-auto` in socket mode: a port
+/// a program listens on): the host listener is its owner's, each connection it accepts
+/// comes in through [`Inbound::admit`] as a `-p` port's does. At most
+/// [`Config::auto_publish`] ports: a hostile sandbox cannot make the servers hold more.
+/// Must not: bind host sockets or decide which ports a sandbox may publish.
+#[derive(Clone)]
+pub struct Inbound {
+    shared: std::sync::Arc<Shared>,
+}
+
+impl std::fmt::Debug for Inbound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inbound").finish_non_exhaustive()
+    }
+}
+
+impl Inbound {
+    pub(crate) fn new(shared: std::sync::Arc<Shared>) -> Inbound {
+        Inbound { shared }
+    }
+
+    /// Publishes sandbox TCP port `port` (a `-p` port is already: nothing changes);
+    /// false when [`Config::auto_publish`] ports are published already.
+    pub fn open(&self, port: u16) -> bool {
+        // Lock order: `published`, then `auto`.
+        let mut queues = lock(&self.shared.published);
+        let mut auto = lock(&self.shared.auto);
+        if queues.iter().any(|(p, _)| *p == port) {
+            return true;
+        }
+        if auto.len() >= self.shared.auto_max {
+            return false;
+        }
+        auto.push(port);
+        queues.push((port, std::collections::VecDeque::new()));
+        true
+    }
+
+    /// Withdraws port `port` if [`Inbound::open`] published it (a `-p` port stays):
+    /// the connections waiting on it are reset, as a closed listener's queue is.
+    pub fn close(&self, port: u16) {
+        let mut queues = lock(&self.shared.published);
+        let mut auto = lock(&self.shared.auto);
+        let Some(at) = auto.iter().position(|p| *p == port) else {
+            return;
+        };
+        auto.swap_remove(at);
+        drop(auto);
+        let waiting = queues
+            .iter()
+            .position(|(p, _)| *p == port)
+            .map(|i| queues.swap_remove(i).1);
+        drop(queues);
+        for (conn, _) in waiting.into_iter().flatten() {
+            let _ = ferry_sys::linger_reset(conn.as_fd());
+        }
+    }
+
+    /// The ports a program of the sandbox listens on through ferry on the wildcard
+    /// address (not loopback: the sandbox's own, as with runc).
+    pub fn listening(&self) -> Vec<u16> {
+        self.shared.wildcard_listeners()
+    }
+
+    /// `conn`, accepted on published `port`'s host listener, waits for the sandbox's
+    /// listener ([`Shared::admit`]).
+    pub fn admit(&self, port: u16, conn: OwnedFd) -> Result<(), Refused> {
+        self.shared.admit(port, conn, None)
     }
 }
 
@@ -339,5 +446,76 @@ impl SockTable {
             }
             _ => 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn inbound(max: usize, publish: &[u16]) -> (Inbound, Arc<Shared>) {
+        let mut cfg = Config::new("/nonexistent".into());
+        cfg.servers = 2;
+        cfg.auto_publish = max;
+        cfg.publish = publish
+            .iter()
+            .map(|p| crate::Publish {
+                host: std::net::SocketAddr::from(([127, 0, 0, 1], *p)),
+                sandbox_port: *p,
+                udp: false,
+            })
+            .collect();
+        let shared = Arc::new(Shared::new(&cfg, Box::new(ferry_sys::socket)).unwrap());
+        (Inbound::new(shared.clone()), shared)
+    }
+
+    fn conn() -> OwnedFd {
+        ferry_sys::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0).unwrap()
+    }
+
+    #[test]
+    fn only_open_ports_admit_and_at_most_the_configured_number() {
+        let (inb, shared) = inbound(2, &[80]);
+        assert!(shared.any_published);
+        assert!(matches!(
+            inb.admit(8080, conn()),
+            Err(Refused::NotPublished(_))
+        ));
+        assert!(inb.open(8080));
+        assert!(inb.open(8081));
+        assert!(inb.open(8080), "open twice is one port");
+        assert!(!inb.open(8082), "beyond the bound");
+        // A `-p` port is published already and takes no room.
+        assert!(inb.open(80));
+        inb.admit(8080, conn()).unwrap();
+        // Every server but none hears of it (the caller is no server).
+        for i in &shared.inbox {
+            assert!(matches!(i.take()[..], [Msg::Published(8080)]));
+        }
+        // Closing resets the waiting connection and frees the room; `-p` stays.
+        inb.close(8080);
+        inb.close(80);
+        assert!(matches!(
+            inb.admit(8080, conn()),
+            Err(Refused::NotPublished(_))
+        ));
+        assert!(inb.admit(80, conn()).is_ok());
+        assert!(inb.open(8082));
+        assert!(!inb.open(8083));
+    }
+
+    #[test]
+    fn wildcard_listeners_are_the_ones_listed() {
+        let (inb, shared) = inbound(1, &[]);
+        shared.listener_up(8080, true);
+        shared.listener_up(8080, false);
+        shared.listener_up(9000, false);
+        assert_eq!(inb.listening(), [8080]);
+        assert!(shared.has_listener(9000));
+        assert_eq!(shared.listener_down(8080, true), 1);
+        assert!(inb.listening().is_empty());
+        assert_eq!(shared.listener_down(8080, false), 0);
+        assert!(!shared.has_listener(8080));
     }
 }

@@ -380,9 +380,9 @@ pub(crate) struct Sock {
     pub fence: crate::channel::Fence,
     /// A hang-up or reset has been reported to the program.
     pub hup_reported: bool,
-    /// The published TCP port this socket listens on (counted in `Shared`'s listeners
-    /// until the socket goes).
-    pub published_listener: Option<u16>,
+    /// The port this socket listens on, and whether on the wildcard (counted in
+    /// `Shared`'s listeners until the socket goes).
+    pub listens_on: Option<(u16, bool)>,
     /// The channel that last used this socket (where unsolicited errors go).
     pub last_ch: u32,
     pub stats: SocketStats,
@@ -452,7 +452,7 @@ impl Sock {
             send: SendSide::default(),
             fence: Default::default(),
             hup_reported: false,
-            published_listener: None,
+            listens_on: None,
             last_ch: 0,
             stats: crate::SocketStats {
                 id,

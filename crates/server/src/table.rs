@@ -441,8 +441,8 @@ impl Server {
             } {
                 let s = self.socks.remove(&id).expect("just looked it up");
                 self.shared.socket_closed();
-                if let Some(port) = s.published_listener
-                    && self.shared.listener_down(port) == 0
+                if let Some((port, wildcard)) = s.listens_on
+                    && self.shared.listener_down(port, wildcard) == 0
                 {
                     self.published.refuse_waiting(&self.shared, port);
                 }

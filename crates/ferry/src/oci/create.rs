@@ -15,10 +15,19 @@ use serde_json::Value;
 use super::report;
 use super::side::{self, Side};
 use super::{OciError, remove_state, runtime_command};
+use crate::run::timing::Stages;
 use crate::run::{self, Net};
 
 /// `create [OPTION…] ID`.
 pub(super) fn create(inv: &Invocation) -> Result<i32, OciError> {
+    let mut t = Stages::from_env();
+    let r = create_timed(inv, &mut t);
+    t.print();
+    r
+}
+
+/// [`create`]'s steps, each timed in `t` (`FERRY_TIMING`).
+fn create_timed(inv: &Invocation, t: &mut Stages) -> Result<i32, OciError> {
     let c = args::parse_create(&inv.args)?;
     state::check_id(&c.id)?;
     let mut runtime = runtime_command(&inv.globals)?;
@@ -30,6 +39,7 @@ pub(super) fn create(inv: &Invocation) -> Result<i32, OciError> {
     let net = check(&flags)?;
     let preload = net != Net::Nic && spec::can_load_shim(&spec::rootfs(&spec, &bundle)?);
     let dir = StateDir::make(inv.globals.root.as_deref(), &c.id)?;
+    t.mark("check");
     let flat: Vec<String> = flags.into_iter().flat_map(|f| f.args).collect();
     let stderr = (!spec::terminal(&spec)).then(inheritable_stderr).flatten();
     let targets = report::Targets {
@@ -39,9 +49,13 @@ pub(super) fn create(inv: &Invocation) -> Result<i32, OciError> {
     let mut side = Side::spawn(&dir.0, &c.id, &engine, &targets, &flat)?;
     drop(stderr);
     let ready = side.ready()?;
-    if preload {
-        place_shim(&ready.dir)?;
-    }
+    t.mark("side");
+    let shim = if preload {
+        place_shim(&ready.dir, !spec::may_remount(&spec))?
+    } else {
+        None
+    };
+    t.mark("shim");
     side.record(&dir.0, &ready)?;
     let ferry = std::env::current_exe().map_err(OciError::io("locating the ferry binary"))?;
     let spec = spec::rewrite(
@@ -50,12 +64,14 @@ pub(super) fn create(inv: &Invocation) -> Result<i32, OciError> {
             netns: PathBuf::from(format!("/proc/{}/ns/net", ready.holder)),
             dir: &ready.dir,
             preload,
+            shim: shim.as_deref(),
             ferry: &ferry,
             hook_pid: side.pid(),
             bundle: &bundle,
         },
     )?;
     let ours = write_bundle(&dir.0, &spec)?;
+    t.mark("bundle");
     let pid_file = c
         .pid_file
         .clone()
@@ -73,7 +89,15 @@ pub(super) fn create(inv: &Invocation) -> Result<i32, OciError> {
     if !status.success() {
         return Err(OciError::Failed(status.code().unwrap_or(1)));
     }
-    side.container(read_pid(&pid_file)?)?;
+    t.mark("runtime");
+    if let Err(e) = read_pid(&pid_file).and_then(|pid| side.container(pid)) {
+        // The network side failed beside the runtime's create (its TAP, say): the
+        // created container goes too.
+        let _ = runtime_command(&inv.globals)
+            .map(|mut d| d.args(["delete", "--force", &c.id]).status());
+        return Err(e);
+    }
+    t.mark("serving");
     side.keep();
     dir.keep();
     Ok(0)
@@ -115,7 +139,9 @@ struct StateDir(PathBuf, bool);
 impl StateDir {
     fn make(root: Option<&Path>, id: &str) -> Result<StateDir, OciError> {
         let dir = state::dir(root, id);
-        let runtime_state = root.unwrap_or(Path::new("/run/runc")).join(id);
+        let runtime_state = root
+            .map_or_else(state::runtime_default_root, Path::to_path_buf)
+            .join(id);
         if runtime_state.exists() {
             return Err(OciError::Exists(id.to_owned()));
         }
@@ -157,16 +183,33 @@ fn inheritable_stderr() -> Option<OwnedFd> {
     ferry_oci::sys::inheritable_dup(std::io::stderr().as_fd()).ok()
 }
 
-/// Copies the shim into the sandbox's directory (mounted into the container).
-fn place_shim(dir: &Path) -> Result<(), OciError> {
+/// Places the shim in the sandbox's directory (mounted into the container): an empty
+/// file there, over which the real runtime bind-mounts the installed shim read-only
+/// (returned), when anyone may read that and `share` (the container cannot remount
+/// it read-write: no `CAP_SYS_ADMIN`); else a copy (6 MB, on `create`'s critical path).
+fn place_shim(dir: &Path, share: bool) -> Result<Option<PathBuf>, OciError> {
+    use std::os::unix::fs::PermissionsExt;
     let shim = run::find_preload().map_err(OciError::Runtime)?;
     let to = dir.join(spec::SHIM);
+    let readable = share
+        .then(|| shim.canonicalize().ok())
+        .flatten()
+        .filter(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o004 != 0)
+        });
+    if let Some(full) = readable {
+        std::fs::File::create(&to)
+            .and_then(|_| ferry_sys::chmod(&to, 0o644))
+            .map_err(OciError::io(format!("creating {}", to.display())))?;
+        return Ok(Some(full));
+    }
     std::fs::copy(&shim, &to)
         .and_then(|_| ferry_sys::chmod(&to, 0o644))
         .map_err(OciError::io(format!(
             "copying {} for the container",
             shim.display()
-        )))
+        )))?;
+    Ok(None)
 }
 
 /// Writes the rewritten bundle into the state directory; returns its path.

@@ -4,7 +4,8 @@
 //! [`Workload`](crate::run::Workload)).
 //!
 //! Its talk with `create`, one line each on its stdin and stdout: "ready HOLDER DIR"
-//! (the sandbox is made: its namespace is `/proc/HOLDER/ns/net`, its directory DIR) →
+//! (the sandbox's namespace exists: `/proc/HOLDER/ns/net`, its directory DIR; its TAP
+//! and DNS are set up while the real runtime creates the container) →
 //! the container's pid (the real runtime has created it) → "serving". It ends when the
 //! container's first process ends (a pidfd), when `delete` stops it (SIGTERM goes to the
 //! sandbox, which then ends), or when `create` gives up (stdin closed). Its sandbox's
@@ -300,8 +301,8 @@ pub(super) fn serve(argv: &[String]) -> i32 {
         }
     };
     init_logging(a.verbose, report::Sink::open(&targets));
-    if let Err(e) = std::fs::create_dir_all(state::NET_BASE) {
-        eprintln!("ferry oci: creating {}: {e}", state::NET_BASE);
+    if let Err(e) = std::fs::create_dir_all(state::net_base()) {
+        eprintln!("ferry oci: creating {}: {e}", state::net_base().display());
         return 125;
     }
     let mut work = Container {
@@ -353,6 +354,11 @@ fn init_logging(verbose: u8, sink: Option<report::Sink>) {
         .try_init();
 }
 
+/// The error for a runtime that broke the talk: `what` it did.
+fn gone(what: &str) -> RunError {
+    RunError::Workload(format!("the container's runtime {what}"))
+}
+
 /// The container, as `ferry run`'s steps serve it.
 struct Container {
     /// Its id (written beside the admin socket, for `ferry ctl list`).
@@ -363,22 +369,23 @@ struct Container {
 
 impl Workload for Container {
     fn dirs_base(&self) -> PathBuf {
-        PathBuf::from(state::NET_BASE)
+        state::net_base()
     }
 
-    fn go(
-        &mut self,
-        sandbox: &mut ferry_sandbox::Sandbox,
-        dirs: &RunDirs,
-    ) -> Result<i32, RunError> {
-        let gone = |what: &str| RunError::Workload(format!("the container's runtime {what}"));
+    /// Says "ready" as soon as the namespace exists: the real runtime's create (tens of
+    /// milliseconds) joins it while the TAP and DNS are set up; the container's
+    /// processes run only at `start`, after "serving".
+    fn made(&mut self, sandbox: &ferry_sandbox::Sandbox, dirs: &RunDirs) -> Result<(), RunError> {
         if let Err(e) = std::fs::write(dirs.run.join(crate::ctl::CONTAINER), &self.id) {
             tracing::warn!("`ferry ctl list` will not name this container: {e}");
         }
         let mut out = std::io::stdout().lock();
         writeln!(out, "ready {} {}", sandbox.pid(), dirs.sandbox.display())
             .and_then(|()| out.flush())
-            .map_err(|_| gone("went away"))?;
+            .map_err(|_| gone("went away"))
+    }
+
+    fn go(&mut self, _: &mut ferry_sandbox::Sandbox, _: &RunDirs) -> Result<i32, RunError> {
         let mut line = String::new();
         std::io::stdin()
             .read_line(&mut line)

@@ -12,7 +12,10 @@
 //! more, and passes each connection to the first NIC server ([`TapHandoff`]), which
 //! connects it to the sandbox's address on the TAP from the client's address: a server
 //! of the shim's (its socket is bound to the wildcard in the sandbox's namespace) and a
-//! static or Go one alike. UDP ports are `autopub_udp.rs`'s (datagrams through one flow
+//! static or Go one alike. Without a TAP (`--net socket`) the TCP ports are those the
+//! protocol servers count the shim's listeners on, on the wildcard, and each connection
+//! goes to them ([`Sink::Servers`], the way a `-p` port's does), which publish at most
+//! [`MAX_PORTS`] on their side too. UDP ports are `autopub_udp.rs`'s (datagrams through one flow
 //! per client). At most [`MAX_PORTS`] ports of each; a port the host side has in use
 //! already is left out with a log line. Must not: serve a connection (the NIC server
 //! does) or publish a loopback listener (the sandbox's own, as with runc).
@@ -67,6 +70,41 @@ const NLMSG_DONE: u16 = 3;
 const NLMSG_HDR: usize = 16;
 /// `struct inet_diag_req_v2`'s size.
 const REQ_LEN: usize = 56;
+
+/// Where the connections to a published port go.
+pub(crate) enum Sink {
+    /// To the first NIC server, which connects them to the sandbox's TAP address.
+    Tap(Arc<TapHandoff>),
+    /// (Socket mode) to the protocol servers, which hand them to the listener of the
+    /// shim's on the port as a `-p` port's: the servers publish a port only while it is
+    /// open there, and at most as many as they were configured for.
+    Servers(ferry_server::Inbound),
+}
+
+impl Sink {
+    /// Publishes `port` on the sink's side: false when it takes no more ports.
+    fn open(&self, port: u16) -> bool {
+        match self {
+            Sink::Tap(_) => true,
+            Sink::Servers(s) => s.open(port),
+        }
+    }
+
+    /// `port` is no longer published.
+    fn close(&self, port: u16) {
+        if let Sink::Servers(s) = self {
+            s.close(port);
+        }
+    }
+
+    /// Passes `conn`, accepted on `port`, on; gives it back when it cannot be taken.
+    fn send(&self, conn: OwnedFd, port: u16) -> Result<(), OwnedFd> {
+        match self {
+            Sink::Tap(t) => t.send(conn, port),
+            Sink::Servers(s) => s.admit(port, conn).map_err(|r| r.into_conn()),
+        }
+    }
+}
 
 /// The epoll token of the stop eventfd (ports are `u16`).
 const STOP: u64 = 1 << 32;
@@ -210,19 +248,19 @@ pub(crate) struct AutoPublish {
 
 impl AutoPublish {
     /// Starts publishing the listeners `diag` finds on the wildcard or `addrs` (the
-    /// sandbox's on its TAP; see the module's header) through `tap` (open: a NIC server
-    /// takes its connections), and the UDP ports through flows `factory` makes.
+    /// sandbox's on its TAP; see the module's header) through `sink`, and the UDP ports
+    /// through flows `factory` makes.
     pub(crate) fn start(
         diag: OwnedFd,
         addrs: Vec<IpAddr>,
-        tap: Arc<TapHandoff>,
+        sink: Sink,
         factory: ferry_sandbox::SocketFactory,
     ) -> io::Result<AutoPublish> {
         let stop = Arc::new(ferry_sys::eventfd()?);
         let mut ports = Ports {
             diag,
             addrs,
-            tap,
+            sink,
             epoll: ferry_sys::Epoll::new(64)?,
             open: BTreeMap::new(),
             skip: BTreeSet::new(),
@@ -258,7 +296,7 @@ struct Ports {
     diag: OwnedFd,
     /// The sandbox's addresses on the TAP.
     addrs: Vec<IpAddr>,
-    tap: Arc<TapHandoff>,
+    sink: Sink,
     epoll: ferry_sys::Epoll,
     open: BTreeMap<u16, OwnedFd>,
     skip: BTreeSet<u16>,
@@ -347,10 +385,19 @@ impl Ports {
         }
     }
 
+    /// The TCP ports to publish: the protocol servers know their listeners (socket
+    /// mode: a static program's, which no server serves, is left out); the namespace's
+    /// are asked otherwise.
+    fn tcp_ports(&mut self) -> Option<BTreeSet<u16>> {
+        match &self.sink {
+            Sink::Servers(s) => Some(s.listening().into_iter().collect()),
+            Sink::Tap(_) => self.scan_of(TCP).map(|w| w.into_keys().collect()),
+        }
+    }
+
     fn scan_tcp(&mut self) {
-        let want: BTreeSet<u16> = match self.scan_of(TCP) {
-            Some(w) => w.into_keys().collect(),
-            None => return,
+        let Some(want) = self.tcp_ports() else {
+            return;
         };
         self.skip.retain(|p| want.contains(p));
         let have: BTreeSet<u16> = self.open.keys().copied().collect();
@@ -358,6 +405,7 @@ impl Ports {
         for port in withdraw {
             if let Some(l) = self.open.remove(&port) {
                 let _ = self.epoll.delete(l.as_fd());
+                self.sink.close(port);
                 debug!("--publish-auto: port {port} withdrawn (nothing listens there)");
             }
         }
@@ -373,6 +421,11 @@ impl Ports {
     }
 
     fn publish(&mut self, port: u16) {
+        if !self.sink.open(port) {
+            warn!("--publish-auto: port {port}: the servers publish no more ports: not published");
+            self.skip.insert(port);
+            return;
+        }
         let at = SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port);
         let made = ferry_server::host_listener(at, false).and_then(|(l, _)| {
             self.epoll
@@ -386,6 +439,7 @@ impl Ports {
             }
             Err(e) => {
                 warn!("--publish-auto: port {port}: {e}: not published");
+                self.sink.close(port);
                 self.skip.insert(port);
             }
         }
@@ -398,11 +452,11 @@ impl Ports {
         };
         let flags = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
         while let Ok((conn, _)) = ferry_sys::accept4(l.as_fd(), flags) {
-            if let Err(conn) = self.tap.send(conn, port) {
+            if let Err(conn) = self.sink.send(conn, port) {
                 let _ = ferry_sys::linger_reset(conn.as_fd());
                 if let Some(n) = self.refusals.tick() {
                     warn!(
-                        "--publish-auto: port {port}: the NIC server takes no more connections now: one reset ({n} since the last line)"
+                        "--publish-auto: port {port}: no more connections are taken now: one reset ({n} since the last line)"
                     );
                 }
             }

@@ -1654,14 +1654,22 @@ fn rootless_podmans_namespace_runs_ferry() {
     let net = Net::make(&format!("fr{}", std::process::id() % 100_000), &www);
     let url = format!("http://{}:8000/hello", net.remote_ip());
     let home = TempDir::new("oci-home");
+    // Podman's run directory our own (short, as /run/user/UID is), so that the pause
+    // process it leaves is found and ended.
+    let run_dir = TempDir::new("r");
+    let run = run_dir.path().to_path_buf();
     assert!(
         Command::new("chown")
             .args(["-R", "ferrytest:"])
             .arg(home.path())
+            .arg(&run)
             .status()
             .unwrap()
             .success()
     );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let _pause = PauseGone(run.join("libpod/tmp/pause.pid"));
     for (net_mode, fetch) in [
         ("nic", ["busybox", "wget", "-qO-"]),
         ("both", ["curl", "-sS", "--max-time"]),
@@ -1669,6 +1677,7 @@ fn rootless_podmans_namespace_runs_ferry() {
         let mut c = Command::new("runuser");
         c.args(["-u", "ferrytest", "--", "env"])
             .arg(format!("HOME={}", home.path().display()))
+            .arg(format!("XDG_RUNTIME_DIR={}", run.display()))
             .args(["podman", "unshare"])
             .arg(&exe)
             .args(["run", "--net", net_mode, "--"])

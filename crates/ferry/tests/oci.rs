@@ -1653,30 +1653,15 @@ fn rootless_podmans_namespace_runs_ferry() {
     std::fs::write(www.join("hello"), b"hello rootless\n").unwrap();
     let net = Net::make(&format!("fr{}", std::process::id() % 100_000), &www);
     let url = format!("http://{}:8000/hello", net.remote_ip());
-    let home = TempDir::new("oci-home");
-    // Podman's run directory our own (short, as /run/user/UID is), so that the pause
-    // process it leaves is found and ended.
-    let run_dir = TempDir::new("r");
-    let run = run_dir.path().to_path_buf();
-    assert!(
-        Command::new("chown")
-            .args(["-R", "ferrytest:"])
-            .arg(home.path())
-            .arg(&run)
-            .status()
-            .unwrap()
-            .success()
-    );
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o700)).unwrap();
-    let _pause = PauseGone(run.join("libpod/tmp/pause.pid"));
+    let user_dirs = PodmanUser::new("oci-home");
+    let (home, run) = (user_dirs.home.path(), user_dirs.run.path());
     for (net_mode, fetch) in [
         ("nic", ["busybox", "wget", "-qO-"]),
         ("both", ["curl", "-sS", "--max-time"]),
     ] {
         let mut c = Command::new("runuser");
         c.args(["-u", "ferrytest", "--", "env"])
-            .arg(format!("HOME={}", home.path().display()))
+            .arg(format!("HOME={}", home.display()))
             .arg(format!("XDG_RUNTIME_DIR={}", run.display()))
             .args(["podman", "unshare"])
             .arg(&exe)
@@ -1721,25 +1706,13 @@ fn rootless_podman_runs_containers_on_ferry() {
     std::fs::write(www.join("hello"), b"hello rootless podman\n").unwrap();
     let net = Net::make(&format!("fp{}", std::process::id() % 100_000), &www);
     let url = format!("http://{}:8000/hello", net.remote_ip());
-    let home = TempDir::new("oci-rootless-podman-home");
-    // Short, as /run/user/UID is: the control socket's path lives under it.
-    let run_dir = TempDir::new("r");
-    let run = run_dir.path().to_path_buf();
-    let owned = Command::new("chown")
-        .args(["-R", "ferrytest:"])
-        .arg(home.path())
-        .arg(&run)
-        .status()
-        .unwrap();
-    assert!(owned.success());
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o700)).unwrap();
-    let _pause = PauseGone(run.join("libpod/tmp/pause.pid"));
+    let user_dirs = PodmanUser::new("oci-rootless-podman-home");
+    let (home, run) = (user_dirs.home.path(), user_dirs.run.path());
     let user = |args: &[&str]| -> Vec<String> {
         let mut v: Vec<String> = ["runuser", "-u", "ferrytest", "--", "env"]
             .map(String::from)
             .to_vec();
-        v.push(format!("HOME={}", home.path().display()));
+        v.push(format!("HOME={}", home.display()));
         v.push(format!("XDG_RUNTIME_DIR={}", run.display()));
         v.extend(args.iter().map(|s| s.to_string()));
         v
@@ -1817,6 +1790,37 @@ fn rootless_podman_runs_containers_on_ferry() {
     for left in ["ferry-oci/containers", "ferry-oci/net"] {
         let n = std::fs::read_dir(run.join(left)).map_or(0, |d| d.count());
         assert_eq!(n, 0, "{left} has something left");
+    }
+}
+
+/// An ordinary user's directories for rootless Podman: a home, and a run directory of
+/// the test's own (short, as /run/user/UID is: the control socket's path lives under
+/// it), whose pause process ends when this is dropped.
+struct PodmanUser {
+    // (Dropped in this order: the pause process ends before its directory goes.)
+    _pause: PauseGone,
+    run: TempDir,
+    home: TempDir,
+}
+
+impl PodmanUser {
+    fn new(home: &str) -> PodmanUser {
+        let home = TempDir::new(home);
+        let run = TempDir::new("r");
+        let owned = Command::new("chown")
+            .args(["-R", "ferrytest:"])
+            .arg(home.path())
+            .arg(run.path())
+            .status()
+            .unwrap();
+        assert!(owned.success());
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(run.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        PodmanUser {
+            _pause: PauseGone(run.path().join("libpod/tmp/pause.pid")),
+            run,
+            home,
+        }
     }
 }
 

@@ -238,9 +238,8 @@ mod tests {
         assert_eq!(t.join().unwrap().unwrap(), WaitResult::PeerClosed);
     }
 
-    #[test]
-    fn doorbell_rings_only_when_armed() {
-        let (_r, mut a, mut b) = pair(4);
+    /// An eventfd as `e`'s doorbell; its reading end.
+    fn doorbell(e: &mut Endpoint<Rec, Rec>) -> OwnedFd {
         // SAFETY: integers only (initial value and flags); the result is checked before
         // it is owned.
         let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
@@ -248,19 +247,29 @@ mod tests {
         // SAFETY: eventfd returned a fresh descriptor that nothing else owns.
         let efd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(efd) };
         let reader = efd.try_clone().unwrap();
-        a.tx.set_doorbell(Some(efd));
-        let count = || {
-            let mut v = 0u64;
-            // SAFETY: reads 8 bytes into a local u64.
-            let n = unsafe {
-                libc::read(
-                    std::os::fd::AsRawFd::as_raw_fd(&reader),
-                    (&raw mut v).cast(),
-                    8,
-                )
-            };
-            if n == 8 { v } else { 0 }
+        e.tx.set_doorbell(Some(efd));
+        reader
+    }
+
+    /// The doorbell's rings since the last look (0: none).
+    fn rings(reader: &OwnedFd) -> u64 {
+        let mut v = 0u64;
+        // SAFETY: reads 8 bytes into a local u64.
+        let n = unsafe {
+            libc::read(
+                std::os::fd::AsRawFd::as_raw_fd(reader),
+                (&raw mut v).cast(),
+                8,
+            )
         };
+        if n == 8 { v } else { 0 }
+    }
+
+    #[test]
+    fn doorbell_rings_only_when_armed() {
+        let (_r, mut a, mut b) = pair(4);
+        let reader = doorbell(&mut a);
+        let count = || rings(&reader);
         assert!(b.rx.arm_sleep().unwrap());
         assert_eq!(b.rx.stats().sleeps, 1);
         a.tx.push(&[5; 4]).unwrap();
@@ -280,26 +289,8 @@ mod tests {
     #[test]
     fn doorbell_rings_once_per_sleep() {
         let (_r, mut a, mut b) = pair(4);
-        // SAFETY: integers only (initial value and flags); the result is checked before
-        // it is owned.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        assert!(efd >= 0);
-        // SAFETY: eventfd returned a fresh descriptor that nothing else owns.
-        let efd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(efd) };
-        let reader = efd.try_clone().unwrap();
-        a.tx.set_doorbell(Some(efd));
-        let count = || {
-            let mut v = 0u64;
-            // SAFETY: reads 8 bytes into a local u64.
-            let n = unsafe {
-                libc::read(
-                    std::os::fd::AsRawFd::as_raw_fd(&reader),
-                    (&raw mut v).cast(),
-                    8,
-                )
-            };
-            if n == 8 { v } else { 0 }
-        };
+        let reader = doorbell(&mut a);
+        let count = || rings(&reader);
         // A burst of sends to one sleep: the first rings, the rest find the wake claimed.
         assert!(b.rx.arm_sleep().unwrap());
         for v in 1..=3u64 {

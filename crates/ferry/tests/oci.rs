@@ -536,6 +536,16 @@ impl Docker {
         self.command().args(args).output().unwrap()
     }
 
+    /// `docker run -d --name NAME --runtime RUNTIME EXTRA… IMAGE_AND_COMMAND…`, which
+    /// must start.
+    fn run_detached(&self, name: &str, runtime: &str, extra: &[&str], image_and_command: &[&str]) {
+        let mut args = vec!["run", "-d", "--name", name, "--runtime", runtime];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(image_and_command);
+        let out = self.cmd(&args);
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+    }
+
     fn import(&self, kind: &str) {
         let root = self.dir.join(format!("img-{kind}"));
         let sock = format!("unix://{}", self.dir.join("sock").display());
@@ -1145,19 +1155,7 @@ fn listeners_are_published_without_p(docker: &Docker) {
         ("bb", "ferry", "ferry-busybox", HTTPD),
         ("ngx-none", "ferry-nopub", "ferry-glibc", NGINX),
     ] {
-        let out = docker.cmd(&[
-            "run",
-            "-d",
-            "--name",
-            name,
-            "--runtime",
-            runtime,
-            image,
-            "sh",
-            "-c",
-            cmd,
-        ]);
-        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+        docker.run_detached(name, runtime, &[], &[image, "sh", "-c", cmd]);
     }
     let ngx = container_ip(docker, "ngx");
     assert_eq!(reach(&format!("http://{ngx}/")).trim(), "served-by-nginx");
@@ -1353,18 +1351,7 @@ fn escapes_fail_inside_a_container(docker: &Docker, url: &str, remote: &str) {
 /// process's descendants).
 fn exec_gets_the_tap_under_the_policy(docker: &Docker, url: &str) {
     for (runtime, code) in [("ferry", 0), ("ferry-deny", 7)] {
-        let out = docker.cmd(&[
-            "run",
-            "-d",
-            "--name",
-            "ex",
-            "--runtime",
-            runtime,
-            "ferry-glibc",
-            "sleep",
-            "60",
-        ]);
-        assert!(out.status.success(), "{}", text(&out.stderr));
+        docker.run_detached("ex", runtime, &[], &["ferry-glibc", "sleep", "60"]);
         let env = docker.cmd(&["exec", "ex", "sh", "-c", "echo \"[$LD_PRELOAD]\""]);
         assert_eq!(text(&env.stdout).trim(), "[]");
         let got = docker.cmd(&[
@@ -1484,21 +1471,7 @@ fn docker_publishes_udp(docker: &Docker, np: &Path) {
         ("u-tap", "ferry", "ferry-busybox", PROBE_SERVERS),
         ("u-none", "ferry-nopub", "ferry-busybox", PROBE_SERVERS),
     ] {
-        let out = docker.cmd(&[
-            "run",
-            "-d",
-            "--name",
-            name,
-            "--runtime",
-            runtime,
-            "-v",
-            &mount,
-            image,
-            "sh",
-            "-c",
-            cmd,
-        ]);
-        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+        docker.run_detached(name, runtime, &["-v", &mount], &[image, "sh", "-c", cmd]);
     }
     let long = Duration::from_secs(20);
     let shim = container_ip(docker, "u-shim");

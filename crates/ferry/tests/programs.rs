@@ -1488,37 +1488,75 @@ fn next_line(r: &mut impl std::io::BufRead) -> String {
     l.trim().to_owned()
 }
 
+/// A server script run under `pre` (empty: natively) that prints "up" once serving,
+/// closes at a line on stdin (printing "closed") and exits at a second line.
+struct Script {
+    cmd: Vec<String>,
+    proc: Guard,
+    out: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Script {
+    fn start(pre: &[&str], script: &str, args: &[String]) -> Script {
+        use std::process::Stdio;
+        let mut cmd: Vec<String> = pre.iter().map(|s| s.to_string()).collect();
+        cmd.extend([system_python(), "-c", script].map(str::to_owned));
+        cmd.extend(args.iter().cloned());
+        let child = Command::new(&cmd[0])
+            .args(&cmd[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut proc = Guard(child);
+        let mut out = std::io::BufReader::new(proc.0.stdout.take().unwrap());
+        assert_eq!(next_line(&mut out), "up", "{cmd:?}");
+        Script { cmd, proc, out }
+    }
+
+    /// Has the server close its sockets.
+    fn close(&mut self) {
+        use std::io::Write;
+        writeln!(self.proc.0.stdin.as_mut().unwrap()).unwrap();
+        assert_eq!(next_line(&mut self.out), "closed", "{:?}", self.cmd);
+    }
+
+    /// Has the server exit, which must be a success.
+    fn end(mut self) {
+        use std::io::Write;
+        writeln!(self.proc.0.stdin.as_mut().unwrap()).unwrap();
+        let status = self.proc.0.wait().unwrap();
+        assert!(status.success(), "{:?}: {status}", self.cmd);
+    }
+}
+
+/// Waits up to `within` for `done`, else fails saying `what`.
+fn within(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let t0 = std::time::Instant::now();
+    while !done() {
+        assert!(t0.elapsed() < limit, "{what} after {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Runs [`HTTP_SERVER`] under `pre` (empty: natively): fetches `/blob` from the host
 /// once it is up, then checks that the loopback port is reachable only natively and,
 /// after the server closed its listener, that the port is withdrawn (refused within
 /// 3 s).
 fn serve_and_withdraw(pre: &[&str], root: &std::path::Path) -> Vec<u8> {
-    use std::io::{BufReader, Write};
-    use std::process::Stdio;
     let (port, lo) = (free_port(), free_port());
-    let mut cmd: Vec<String> = pre.iter().map(|s| s.to_string()).collect();
-    let py = [system_python(), "-c", HTTP_SERVER];
-    cmd.extend(py.iter().map(|s| s.to_string()));
-    cmd.extend([root.display().to_string(), port.to_string(), lo.to_string()]);
-    let child = Command::new(&cmd[0])
-        .args(&cmd[1..])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut server = Guard(child);
-    let mut out = BufReader::new(server.0.stdout.take().unwrap());
-    assert_eq!(next_line(&mut out), "up", "{cmd:?}");
-    let t0 = std::time::Instant::now();
-    let body = loop {
-        match http_get(port, "/blob") {
-            Ok(b) => break b,
-            Err(e) if t0.elapsed() > Duration::from_secs(10) => {
-                panic!("{cmd:?}: port {port} never served from the host: {e}")
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(50)),
-        }
-    };
+    let args = [root.display().to_string(), port.to_string(), lo.to_string()];
+    let mut server = Script::start(pre, HTTP_SERVER, &args);
+    let cmd = server.cmd.clone();
+    let mut body = None;
+    within(
+        Duration::from_secs(10),
+        &format!("{cmd:?}: port {port} never served from the host"),
+        || {
+            body = http_get(port, "/blob").ok();
+            body.is_some()
+        },
+    );
     // Published within a scan: a loopback listener would have been too by now.
     std::thread::sleep(Duration::from_millis(600));
     let private = std::net::TcpStream::connect(("127.0.0.1", lo)).map(|_| ());
@@ -1532,21 +1570,13 @@ fn serve_and_withdraw(pre: &[&str], root: &std::path::Path) -> Vec<u8> {
             "{cmd:?}: loopback port {lo}"
         );
     }
-    let mut stdin = server.0.stdin.take().unwrap();
-    writeln!(stdin).unwrap();
-    assert_eq!(next_line(&mut out), "closed");
-    let t0 = std::time::Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(3),
-            "{cmd:?}: port {port} still published 3 s after its listener closed"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    writeln!(stdin).unwrap();
-    let status = server.0.wait().unwrap();
-    assert!(status.success(), "{cmd:?}: {status}");
-    body
+    server.close();
+    let closed = format!("{cmd:?}: port {port} still published after its listener closed");
+    within(Duration::from_secs(3), &closed, || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
+    });
+    server.end();
+    body.unwrap()
 }
 
 /// `--net socket --publish-auto`: the port a shim's listener is on (python's http.server
@@ -1572,4 +1602,113 @@ fn socket_mode_publishes_what_python_listens_on_and_withdraws_it() {
         through == native,
         "the bytes through ferry differ from native"
     );
+}
+
+/// A python UDP echo server on the wildcard and on loopback (private), each answering
+/// every datagram to its sender: serves until a line on stdin, closes both sockets,
+/// and exits at a second line. Arguments: port, loopback port.
+const UDP_ECHO: &str = r#"
+import socket, sys, threading
+port, lo = int(sys.argv[1]), int(sys.argv[2])
+stop = threading.Event()
+def serve(addr):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(addr)
+    s.settimeout(0.05)
+    def loop():
+        while not stop.is_set():
+            try:
+                d, a = s.recvfrom(65535)
+            except socket.timeout:
+                continue
+            s.sendto(b"echo " + d, a)
+        s.close()
+    t = threading.Thread(target=loop)
+    t.start()
+    return t
+ts = [serve(("", port)), serve(("127.0.0.1", lo))]
+print("up", flush=True)
+sys.stdin.readline()
+stop.set()
+for t in ts:
+    t.join()
+print("closed", flush=True)
+sys.stdin.readline()
+"#;
+
+/// Sends `msg` to the host's loopback `port` from a connected UDP socket: the answer,
+/// or the error of the one receive (a port with no socket is refused).
+fn udp_ask(port: u16, msg: &str) -> std::io::Result<Vec<u8>> {
+    let s = std::net::UdpSocket::bind("127.0.0.1:0")?;
+    s.connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_millis(300)))?;
+    s.send(msg.as_bytes())?;
+    let mut b = [0u8; 256];
+    let n = s.recv(&mut b)?;
+    Ok(b[..n].to_vec())
+}
+
+/// A UDP port nothing on the host uses now.
+fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("0.0.0.0:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `--publish-auto` with UDP, in socket mode and with the TAP beside (`both`): the port
+/// a program receives on (on the wildcard) answers from the host as natively, one on
+/// loopback is not published, and the port is withdrawn (refused) once the socket is
+/// closed.
+#[test]
+fn publish_auto_serves_what_a_udp_program_receives_on_and_withdraws_it() {
+    if !can_run(&["ip"]) {
+        return;
+    }
+    let ferry = env!("CARGO_BIN_EXE_ferry");
+    let socket = [ferry, "run", "--net", "socket", "--publish-auto", "--"];
+    let both = [ferry, "run", "--net", "both", "--publish-auto", "--"];
+    for pre in [&[][..], &socket[..], &both[..]] {
+        let (port, lo) = (free_udp_port(), free_udp_port());
+        let mut server = Script::start(pre, UDP_ECHO, &[port.to_string(), lo.to_string()]);
+        let what = format!("{pre:?}: UDP port {port}");
+        let mut got = None;
+        within(
+            Duration::from_secs(10),
+            &format!("{what} never answered"),
+            || {
+                got = udp_ask(port, "ping").ok();
+                got.is_some()
+            },
+        );
+        assert_eq!(got.unwrap(), b"echo ping", "{what}");
+        // The same client address gets every answer, in order.
+        for i in 0..20 {
+            let m = format!("datagram {i}");
+            let a = udp_ask(port, &m).unwrap_or_else(|e| panic!("{what}: {m}: {e}"));
+            assert_eq!(a, format!("echo {m}").as_bytes(), "{what}");
+        }
+        // Published within a scan: a loopback receiver would have been too by now.
+        std::thread::sleep(Duration::from_millis(600));
+        let private = udp_ask(lo, "private");
+        if pre.is_empty() {
+            assert_eq!(private.unwrap(), b"echo private");
+        } else {
+            let e = private.unwrap_err();
+            assert_eq!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionRefused,
+                "{what}: loopback port {lo}"
+            );
+        }
+        server.close();
+        let gone = format!("{what} still answers after its socket closed");
+        within(
+            Duration::from_secs(3),
+            &gone,
+            || matches!(udp_ask(port, "late"), Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused),
+        );
+        server.end();
+    }
 }

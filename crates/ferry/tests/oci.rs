@@ -462,6 +462,7 @@ impl Docker {
             ("ferry-deny", Some(deny.as_str())),
             ("ferry-pub", Some("ferry.publish=8080:8080")),
             ("ferry-nopub", Some("ferry.publish=none")),
+            ("ferry-socket", Some("ferry.net=socket")),
         ] {
             let mut c = Command::new(FERRY);
             c.arg("oci");
@@ -1148,17 +1149,25 @@ const HTTPD: &str = "mkdir -p /tmp/w; echo served-by-busybox > /tmp/w/index.html
 
 /// Without `-p`: nginx (the shim's) and busybox httpd (the TAP's) are reached at the
 /// container's address from the host, as with runc; a loopback listener is not; a
-/// port is withdrawn when its server closes; `ferry.publish=none` publishes nothing.
+/// port is withdrawn when its server closes; `ferry.publish=none` publishes nothing;
+/// with `ferry.net=socket` (no TAP) the protocol servers publish nginx's port.
 fn listeners_are_published_without_p(docker: &Docker) {
     for (name, runtime, image, cmd) in [
         ("ngx", "ferry", "ferry-glibc", NGINX),
+        ("ngx-sock", "ferry-socket", "ferry-glibc", NGINX),
         ("bb", "ferry", "ferry-busybox", HTTPD),
         ("ngx-none", "ferry-nopub", "ferry-glibc", NGINX),
     ] {
         docker.run_detached(name, runtime, &[], &[image, "sh", "-c", cmd]);
     }
-    let ngx = container_ip(docker, "ngx");
-    assert_eq!(reach(&format!("http://{ngx}/")).trim(), "served-by-nginx");
+    for name in ["ngx", "ngx-sock"] {
+        let ip = container_ip(docker, name);
+        assert_eq!(
+            reach(&format!("http://{ip}/")).trim(),
+            "served-by-nginx",
+            "{name}"
+        );
+    }
     let bb = container_ip(docker, "bb");
     assert_eq!(
         reach(&format!("http://{bb}:8080/")).trim(),
@@ -1185,7 +1194,7 @@ fn listeners_are_published_without_p(docker: &Docker) {
     let none = container_ip(docker, "ngx-none");
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(curl(&format!("http://{none}/")).0, Some(7));
-    for name in ["ngx", "bb", "ngx-none"] {
+    for name in ["ngx", "ngx-sock", "bb", "ngx-none"] {
         assert!(docker.cmd(&["rm", "-f", name]).status.success());
     }
 }

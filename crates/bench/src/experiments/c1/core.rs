@@ -14,7 +14,8 @@ pub const BRIDGE: &str = "docker-bridge";
 pub const HOST: &str = "docker-host";
 /// Rootful Podman with `--network slirp4netns` (user-mode networking).
 pub const SLIRP: &str = "podman-slirp4netns";
-/// Rootful Podman with `--network pasta`.
+/// Rootful Podman with `--network pasta` (or, for a Podman without it, in a namespace
+/// pasta serves as Podman 4.4 makes it).
 pub const PASTA: &str = "podman-pasta";
 /// `ferry run` on the host, outside any container.
 pub const FERRY_RUN: &str = "ferry";

@@ -388,18 +388,35 @@ impl Podman {
         c
     }
 
-    /// A long-lived container running [`RUNNER`] on `--network NET` (slirp4netns,
-    /// pasta), its directory in `dir`.
+    /// Whether this Podman has `--network pasta` (Podman 4.4 and later).
+    fn has_pasta(&self) -> bool {
+        podman_has_pasta(&self.version)
+    }
+
+    /// A long-lived container running [`RUNNER`] on `net`, publishing `publish`
+    /// (`127.0.0.1:HOST_PORT:PORT`), its directory in `dir`.
     pub fn container(
         &self,
         name: &str,
-        network: &str,
-        opts: &[&str],
+        net: &UserNet,
+        publish: &str,
         dir: &Path,
     ) -> Result<Ctr, String> {
         let mount = runner_dir(dir)?;
-        let mut args = vec!["run", "-d", "-v", &mount, "--network", network];
-        args.extend(opts);
+        // A Podman without pasta's network gets it as a newer one makes it.
+        let own = match net {
+            UserNet::Pasta(pasta) if !self.has_pasta() => Some(PastaNet::up(pasta, publish)?),
+            _ => None,
+        };
+        let network = match (net, &own) {
+            (_, Some(o)) => o.network(),
+            (UserNet::Slirp4netns, None) => "slirp4netns".to_owned(),
+            (UserNet::Pasta(_), None) => "pasta".to_owned(),
+        };
+        let mut args = vec!["run", "-d", "-v", &mount, "--network", &network];
+        if own.is_none() {
+            args.extend(["-p", publish]);
+        }
         // This root lacks CAP_SYS_RESOURCE: podman's default limits are above the hard ones.
         args.extend([
             "--ulimit",
@@ -411,12 +428,117 @@ impl Podman {
         let id = output(&mut self.command(&args), &format!("{name}: podman run"))?;
         let inspect = ["inspect", "-f", "{{.State.Pid}}", &id];
         let pid = output(&mut self.command(&inspect), "podman inspect")?;
-        let comm = if network == "pasta" {
-            "pasta"
-        } else {
-            "slirp4netns"
+        let helper = Helper::Comm(match net {
+            UserNet::Slirp4netns => "slirp4netns".to_owned(),
+            UserNet::Pasta(p) => comm_of(p),
+        });
+        let mut ctr = Ctr::new(dir, id, &pid, helper)?;
+        ctr._net = own;
+        Ok(ctr)
+    }
+}
+
+/// `podman --version`'s line names 4.4 or later (which has `--network pasta`).
+fn podman_has_pasta(version: &str) -> bool {
+    let Some(v) = version.split_whitespace().last() else {
+        return false;
+    };
+    let mut n = v.split('.').map(|x| x.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (n.next().unwrap_or(0), n.next().unwrap_or(0));
+    (major, minor) >= (4, 4)
+}
+
+/// A process's command name as the kernel keeps it (15 bytes of the file name).
+fn comm_of(path: &Path) -> String {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    name.chars().take(15).collect()
+}
+
+/// A rootless engine's user-mode network for a Podman container.
+#[derive(Clone, Debug)]
+pub enum UserNet {
+    /// Podman's `--network slirp4netns`.
+    Slirp4netns,
+    /// Podman's `--network pasta`, with this pasta.
+    Pasta(PathBuf),
+}
+
+/// Podman 4.4's `--network pasta` for an older Podman (Debian 12's is 4.3): a network
+/// namespace (named, held by a `sleep` in it), pasta attached to it as Podman attaches it
+/// (`--config-net`, the published port as `-t ADDR/PORT:TARGET`, nothing else
+/// forwarded, in the foreground), and the container joins it (`--network ns:PATH`).
+#[derive(Debug)]
+pub struct PastaNet {
+    _pasta: Option<Daemon>,
+    holder: Daemon,
+    /// The namespace's name (`ip netns`).
+    name: String,
+}
+
+impl PastaNet {
+    fn up(pasta: &Path, publish: &str) -> Result<PastaNet, String> {
+        let forward = pasta_forward(publish)?;
+        // pasta opens a named namespace (not another process's /proc/PID/ns/net, which
+        // it may not once it has given up its privileges).
+        let name = format!("ferry-c1-pasta-{}", std::process::id());
+        let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        output(
+            Command::new("ip").args(["netns", "add", &name]),
+            "ip netns add",
+        )?;
+        let mut hold = Command::new("ip");
+        hold.args(["netns", "exec", &name, "sleep", "1000000"]);
+        let holder = Daemon::spawn("pasta's namespace", &mut hold);
+        let mut net = PastaNet {
+            _pasta: None,
+            holder: holder.map_err(|e| format!("ip netns exec: {e}"))?,
+            name,
         };
-        Ctr::new(dir, id, &pid, Helper::Comm(comm))
+        let mut cmd = Command::new(pasta);
+        cmd.args([
+            "--config-net",
+            "--netns",
+            &format!("/run/netns/{}", net.name),
+        ])
+        .args(["--runas", "0:0", "-f", "-q", "-t", &forward])
+        .args(["-u", "none", "-T", "none", "-U", "none"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+        let mut d =
+            Daemon::spawn("pasta", &mut cmd).map_err(|e| format!("{}: {e}", pasta.display()))?;
+        let t = Instant::now();
+        let dev = format!("/proc/{}/net/dev", net.holder.pid());
+        // Two header lines, lo, and pasta's interface once it is there.
+        while !fs::read_to_string(&dev).is_ok_and(|d| d.lines().count() > 3) {
+            if !d.alive() || t.elapsed() > Duration::from_secs(5) {
+                return Err("pasta did not configure the container's namespace".into());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        net._pasta = Some(d);
+        Ok(net)
+    }
+
+    /// Podman's `--network` for the namespace.
+    fn network(&self) -> String {
+        format!("ns:/proc/{}/ns/net", self.holder.pid())
+    }
+}
+
+impl Drop for PastaNet {
+    fn drop(&mut self) {
+        // The name only: the namespace ends with the last process in it.
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+/// Podman's `-p 127.0.0.1:HOST_PORT:PORT` as pasta's `-t 127.0.0.1/HOST_PORT:PORT`.
+fn pasta_forward(publish: &str) -> Result<String, String> {
+    match publish.rsplitn(3, ':').collect::<Vec<_>>()[..] {
+        [to, from, addr] => Ok(format!("{addr}/{from}:{to}")),
+        _ => Err(format!("cannot forward {publish:?} with pasta")),
     }
 }
 
@@ -434,7 +556,7 @@ enum Helper {
     /// ferry's network side for the container id (`ferry oci _serve --id ID`).
     FerrySide(String),
     /// A process of ours with this command name (podman's slirp4netns or pasta).
-    Comm(&'static str),
+    Comm(String),
 }
 
 /// The container's first process: runs each command line written to `/c/in` (a FIFO)
@@ -488,6 +610,8 @@ pub struct Ctr {
     /// Its first process's cgroup CPU file.
     cpu_file: Option<CpuFile>,
     helper: Helper,
+    /// The network made for it outside the engine (pasta for an older Podman).
+    _net: Option<PastaNet>,
 }
 
 /// A command's end in the container: status, stdout, stderr.
@@ -513,6 +637,7 @@ impl Ctr {
             dir: dir.to_owned(),
             cpu_file,
             helper,
+            _net: None,
         };
         Ok(ctr)
     }
@@ -696,5 +821,32 @@ impl Redis {
                 .map(run_ns)
                 .sum(),
         )
+    }
+}
+
+#[cfg(test)]
+mod pasta_tests {
+    use super::*;
+
+    #[test]
+    fn podman_4_4_and_later_have_pasta() {
+        assert!(!podman_has_pasta("podman version 4.3.1"));
+        assert!(podman_has_pasta("podman version 4.4.0"));
+        assert!(podman_has_pasta("podman version 5.2.2"));
+        assert!(!podman_has_pasta("podman version 3.9"));
+        assert!(!podman_has_pasta(""));
+    }
+
+    #[test]
+    fn a_published_port_is_forwarded_by_pasta_from_the_same_address() {
+        assert_eq!(
+            pasta_forward("127.0.0.1:40123:8080").unwrap(),
+            "127.0.0.1/40123:8080"
+        );
+        assert!(pasta_forward("8080").is_err());
+        assert_eq!(
+            comm_of(Path::new("/x/pasta-2026-with-a-long-name")),
+            "pasta-2026-with"
+        );
     }
 }

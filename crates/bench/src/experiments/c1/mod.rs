@@ -6,7 +6,9 @@
 //! and `wrk` on the host against nginx in the container, published with `-p`.
 //! Configurations, alternating: `docker --runtime ferry` (default options), runc on
 //! Docker's default bridge, `--network host`, Podman with `--network slirp4netns` and
-//! `--network pasta` (user-mode networking, where this Podman has it), and `ferry run`
+//! `--network pasta` (user-mode networking; for a Podman older than 4.4, which has no
+//! pasta, the bench attaches pasta to the container's namespace as Podman 4.4 does, the
+//! newest pasta when the bench has one), and `ferry run`
 //! and native on the host for reference. CPU per request is the client side: the
 //! container's cgroup plus what serves its network outside it (ferry's network side,
 //! slirp4netns, pasta) — for `ferry run` and native, R2's getrusage of the reaped
@@ -24,7 +26,7 @@ use self::core::{
     goals_table, startup_stats,
 };
 use self::engine::{
-    Ctr, Docker, IMAGE, Lan, NormalPolicy, PUBLISH, PUBLISHING, Podman, Redis, free_port,
+    Ctr, Docker, IMAGE, Lan, NormalPolicy, PUBLISH, PUBLISHING, Podman, Redis, UserNet, free_port,
 };
 use super::{Experiment, Settings, pick, strings};
 use crate::config::{Config, RunOut, which};
@@ -106,7 +108,11 @@ impl Experiment for C1 {
              outside: the remote's iperf3 and a redis-server of C1's on the bridge. `wrk` \
              (1 thread, 4 connections, 16 KiB file) runs on the host against nginx in the \
              container, published with `-p 127.0.0.1:PORT:8080` (Docker's userland proxy, \
-             `--iptables=false`; Podman's rootlessport); ferry's container runs under the \
+             `--iptables=false`; Podman's rootlessport; pasta's own forwarding); Podman \
+             older than 4.4 has no `--network pasta`: `podman-pasta`'s container then joins \
+             a namespace the bench attached pasta to as Podman 4.4 does (`--config-net`, \
+             the port as `-t 127.0.0.1/PORT:8080`; the newest pasta when built, else \
+             Debian's); ferry's container runs under the \
              runtime `{PUBLISHING}`: ferry with the preset `{PUBLISH}` (ferry publishes the \
              port in the engine's namespace; Debian's dockerd has no `--annotation`), its \
              defaults otherwise; on the host network nginx listens on the host port itself; its \
@@ -313,6 +319,17 @@ fn cases(s: &Settings, ready: &[Config]) -> Vec<Case> {
     out
 }
 
+/// The pasta Podman's `--network pasta` runs: the newest build when the bench has one
+/// (`pasta-2026`), else the system's.
+fn newest_pasta(b: &Bench<'_>) -> Result<std::path::PathBuf, String> {
+    let built = b.bed.scratch().join("bin").join("pasta-2026");
+    if built.exists() {
+        return Ok(built);
+    }
+    which("pasta")
+        .ok_or_else(|| "pasta is not installed (scripts/install-deps.sh installs passt)".into())
+}
+
 /// C1's network, servers, engines and containers, torn down on drop in field order
 /// (containers, engines, redis, the bridge).
 struct Setup {
@@ -351,6 +368,7 @@ impl Setup {
             None => Err("podman is not installed (scripts/install-deps.sh installs it)".into()),
             Some(_) => Podman::start(&dir.join("pm")),
         };
+        let pasta = newest_pasta(b);
         let mut containers = BTreeMap::new();
         let mut ports = BTreeMap::new();
         for name in CONTAINERS {
@@ -363,12 +381,12 @@ impl Setup {
             let c = match name {
                 SLIRP | PASTA => podman.as_ref().map_err(Clone::clone).and_then(|p| {
                     let net = if name == SLIRP {
-                        "slirp4netns"
+                        UserNet::Slirp4netns
                     } else {
-                        "pasta"
+                        UserNet::Pasta(pasta.clone()?)
                     };
-                    p.container(name, net, &["-p", &publish], &at)
-                        .map_err(|e| format!("{} ({net}): {e}", p.version()))
+                    p.container(name, &net, &publish, &at)
+                        .map_err(|e| format!("{} ({net:?}): {e}", p.version()))
                 }),
                 _ => {
                     let opts = match name {

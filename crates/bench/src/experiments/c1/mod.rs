@@ -7,8 +7,8 @@
 //! Configurations, alternating: `docker --runtime ferry` (default options), runc on
 //! Docker's default bridge, `--network host`, Podman with `--network slirp4netns` and
 //! `--network pasta` (user-mode networking; for a Podman older than 4.4, which has no
-//! pasta, the bench attaches pasta to the container's namespace as Podman 4.4 does, the
-//! newest pasta when the bench has one), and `ferry run`
+//! pasta, the bench attaches the system's pasta to the container's namespace as Podman
+//! 4.4 does), and `ferry run`
 //! and native on the host for reference. CPU per request is the client side: the
 //! container's cgroup plus what serves its network outside it (ferry's network side,
 //! slirp4netns, pasta) — for `ferry run` and native, R2's getrusage of the reaped
@@ -111,8 +111,8 @@ impl Experiment for C1 {
              `--iptables=false`; Podman's rootlessport; pasta's own forwarding); Podman \
              older than 4.4 has no `--network pasta`: `podman-pasta`'s container then joins \
              a namespace the bench attached pasta to as Podman 4.4 does (`--config-net`, \
-             the port as `-t 127.0.0.1/PORT:8080`; the newest pasta when built, else \
-             Debian's); ferry's container runs under the \
+             the port as `-t 127.0.0.1/PORT:8080`; Debian's pasta, which Debian's Podman \
+             would run); ferry's container runs under the \
              runtime `{PUBLISHING}`: ferry with the preset `{PUBLISH}` (ferry publishes the \
              port in the engine's namespace; Debian's dockerd has no `--annotation`), its \
              defaults otherwise; on the host network nginx listens on the host port itself; its \
@@ -319,14 +319,13 @@ fn cases(s: &Settings, ready: &[Config]) -> Vec<Case> {
     out
 }
 
-/// The pasta Podman's `--network pasta` runs: the newest build when the bench has one
-/// (`pasta-2026`), else the system's.
-fn newest_pasta(b: &Bench<'_>) -> Result<std::path::PathBuf, String> {
+/// The pasta Podman's `--network pasta` runs: the system's (what this distribution's
+/// Podman runs; the newest build collapses on upload here, R1's `pasta-2026`), else the
+/// newest build.
+fn system_pasta(b: &Bench<'_>) -> Result<std::path::PathBuf, String> {
     let built = b.bed.scratch().join("bin").join("pasta-2026");
-    if built.exists() {
-        return Ok(built);
-    }
     which("pasta")
+        .or_else(|| built.exists().then_some(built))
         .ok_or_else(|| "pasta is not installed (scripts/install-deps.sh installs passt)".into())
 }
 
@@ -368,7 +367,7 @@ impl Setup {
             None => Err("podman is not installed (scripts/install-deps.sh installs it)".into()),
             Some(_) => Podman::start(&dir.join("pm")),
         };
-        let pasta = newest_pasta(b);
+        let pasta = system_pasta(b);
         let mut containers = BTreeMap::new();
         let mut ports = BTreeMap::new();
         for name in CONTAINERS {

@@ -1491,13 +1491,13 @@ pub fn kernel_budget(span: Duration) -> Duration {
     })
 }
 
-/// Exchanges in flight ([`crate::fdtable::FdTable::in_flight`]) above which a wait on the kernel does
-/// not spin. With that many replies coming, one arrives every few microseconds and a
-/// wait that sleeps wakes to a batch of them, while a spin returns each alone and
-/// burns the gaps between them (redis-benchmark's 50 connections: the program spun on
-/// its CPU all the time, CPU per request 1.47x native); a wait for one reply
-/// (ping-pong, a single connection) or a few (wrk's 16) keeps the spin, where a
-/// sleep's wake-up adds to every round trip.
+/// Exchanges in flight ([`crate::fdtable::FdTable::in_flight`]) above which a wait on
+/// the kernel does not spin. With that many replies coming, one arrives every few
+/// microseconds and a wait that sleeps wakes to a batch of them, while a spin returns
+/// each alone and burns the gaps between them (redis-benchmark's 50 connections: the
+/// program's CPU was busy all the time); a wait for one reply (ping-pong, a single
+/// connection) or a few (wrk's 16) keeps the spin, where a sleep's wake-up adds to
+/// every round trip.
 pub const SPIN_IN_FLIGHT: u32 = 16;
 
 /// Whether a wait on the kernel spins before it sleeps: unless the process has more

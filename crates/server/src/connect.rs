@@ -114,10 +114,9 @@ pub(crate) struct Spare {
 /// `bind` of the pair's name, nor for the two `epoll_ctl` that add its host socket and
 /// pair to the loop (they were made while it waited for its peer; an event of the
 /// spare before it is taken names an id the table does not have yet, and is dropped,
-/// as one for a socket gone). Only the
-/// server's own sockets (an id it serves); at most one; nothing is made before a
-/// program asked for a TCP socket, and a spare counts against `--max-sockets` only
-/// once a program takes it.
+/// as one for a socket gone). Only the server's own sockets (an id it serves); at most
+/// one; nothing is made before a program asked for a TCP socket, and a spare counts
+/// against `--max-sockets` only once a program takes it.
 #[derive(Debug, Default)]
 pub(crate) struct Spares {
     /// The family of the last TCP socket made here: the next spare's.

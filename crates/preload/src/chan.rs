@@ -1491,6 +1491,22 @@ pub fn kernel_budget(span: Duration) -> Duration {
     })
 }
 
+/// Exchanges in flight ([`crate::fdtable::FdTable::in_flight`]) above which a wait on
+/// the kernel does not spin. With that many replies coming, one arrives every few
+/// microseconds and a wait that sleeps wakes to a batch of them, while a spin returns
+/// each alone and burns the gaps between them (redis-benchmark's 50 connections: the
+/// program's CPU was busy all the time); a wait for one reply (ping-pong, a single
+/// connection) or a few (wrk's 16) keeps the spin, where a sleep's wake-up adds to
+/// every round trip.
+pub const SPIN_IN_FLIGHT: u32 = 16;
+
+/// Whether a wait on the kernel spins before it sleeps: unless the process has more
+/// than [`SPIN_IN_FLIGHT`] exchanges in flight.
+#[inline]
+pub fn spin_pays() -> bool {
+    TABLE.in_flight() <= SPIN_IN_FLIGHT
+}
+
 /// This thread's wait on the kernel that began at `t0` has ended (in its spin).
 pub fn kernel_waited(span: Duration, t0: Instant) {
     KERNEL_SPIN.with(|k| {

@@ -14,7 +14,7 @@ use ferry_proto::{BufRef, CMP_DRAIN_TOKEN, Call, Cmp, WireAddr, cmsg, server_of}
 use libc::{off_t, sockaddr, socklen_t};
 
 use crate::addr::read_sockaddr;
-use crate::chan::{Channel, Slot, Wait, kernel_budget, kernel_waited, spin_for};
+use crate::chan::{Channel, Slot, Wait, kernel_budget, kernel_waited, spin_for, spin_pays};
 use crate::errno::{Errno, Res};
 use crate::fdtable::{F_SHUT_WR, Sock, TABLE};
 use crate::iov::{IoCursor, MAX_RW};
@@ -237,6 +237,9 @@ pub unsafe fn send(
         }
         if let Some(d) = dest.filter(|_| s.dgram()) {
             admitted(ch, &s, d, flags)?;
+        }
+        if sent > 0 {
+            TABLE.sent(s.fd, &s);
         }
         Ok(sent)
     })
@@ -485,7 +488,7 @@ pub unsafe fn recv(s: Sock, cur: &mut IoCursor, flags: c_int) -> Res<Got> {
         // No error queue is relayed: it is always empty.
         return Err(Errno::EAGAIN);
     }
-    with_channel_to(server_of(s.id), |ch| {
+    let got = with_channel_to(server_of(s.id), |ch| {
         let s = receiver(ch, s)?;
         if s.reads_pair() && flags & libc::MSG_OOB != 0 {
             // The server moves urgent data into the pair as its own out-of-band byte;
@@ -500,7 +503,11 @@ pub unsafe fn recv(s: Sock, cur: &mut IoCursor, flags: c_int) -> Res<Got> {
         }
         ring_recv(ch, &s, cur, flags)
     })
-    .map_err(|e| e.down_as(libc::ECONNRESET))
+    .map_err(|e| e.down_as(libc::ECONNRESET));
+    if got.as_ref().is_ok_and(|g| g.len > 0) && flags & libc::MSG_PEEK == 0 {
+        TABLE.received(s.fd);
+    }
+    got
 }
 
 /// The look-up every receive starts with: the completions that came meanwhile (an
@@ -693,7 +700,7 @@ fn pair_read(
         return unsafe { crate::sys::recv_iov(fd, iov, n, kflags) };
     }
     let t0 = Instant::now();
-    if kflags & libc::MSG_WAITALL == 0 {
+    if kflags & libc::MSG_WAITALL == 0 && spin_pays() {
         // SAFETY: `iov` names the program's `n` buffers, untouched so far and
         // writable (`IoCursor::new`'s contract), as `pair_spin` asks.
         if let Some(k) = unsafe { pair_spin(ch, fd, iov, n, kflags) }? {

@@ -22,7 +22,7 @@ use libc::{
 };
 
 use crate::chan::{
-    kernel_budget, kernel_sleeps, kernel_waited, kernel_woke, spin_for, spin_policy_of,
+    kernel_budget, kernel_sleeps, kernel_waited, kernel_woke, spin_for, spin_pays, spin_policy_of,
 };
 use crate::errno::{Errno, errno, set_errno};
 use crate::exports::{boundary, recv_one};
@@ -539,6 +539,11 @@ fn woke(r: c_int) -> c_int {
 fn spin_wait(timeout: Option<Duration>, mut probe: impl FnMut() -> c_int) -> Spun {
     let p = spin_policy_of(config::spin());
     if timeout.is_some_and(|t| t.is_zero()) || p.span.is_zero() {
+        return Spun::Sleep(timeout);
+    }
+    if !spin_pays() {
+        // Many replies coming: sleep at once and wake to a batch of them.
+        ops::count_kernel_sleep();
         return Spun::Sleep(timeout);
     }
     let t0 = Instant::now();

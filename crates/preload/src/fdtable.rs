@@ -50,6 +50,9 @@ pub const F_DIRECT: u32 = 1 << 8;
 /// by name (inherited across `exec`, received with `SCM_RIGHTS`); cleared in a `fork`
 /// child, which is another process.
 pub const F_CLAIMED: u32 = 1 << 9;
+/// The socket came from `accept`: what it sends answers its peer (it awaits no reply,
+/// [`FdTable::sent`]).
+pub const F_ACCEPTED: u32 = 1 << 10;
 /// Highest descriptor stdio writes by default (`stderr`).
 pub const STDIO_FDS: i32 = 2;
 
@@ -173,6 +176,9 @@ struct Slot {
     /// A digest of the last destination a datagram sent through this fd was admitted
     /// to (0 = none yet).
     last_dest: AtomicU64,
+    /// 1 while a reply is awaited: the program sent through this fd (a connected
+    /// client socket) and has received nothing through it since ([`FdTable::sent`]).
+    awaiting: AtomicU32,
 }
 
 type Chunk = [Slot; CHUNK_LEN];
@@ -183,6 +189,8 @@ pub struct FdTable {
     chunks: [AtomicPtr<Chunk>; NCHUNKS],
     /// One past the highest fd ever stored (bounds the scans of [`FdTable::update_id`]).
     high: AtomicUsize,
+    /// Slots whose `awaiting` is 1: the exchanges in flight ([`FdTable::in_flight`]).
+    in_flight: AtomicU32,
 }
 
 /// The process's table.
@@ -194,6 +202,7 @@ impl FdTable {
         FdTable {
             chunks: [const { AtomicPtr::new(ptr::null_mut()) }; NCHUNKS],
             high: AtomicUsize::new(0),
+            in_flight: AtomicU32::new(0),
         }
     }
 
@@ -243,6 +252,7 @@ impl FdTable {
             s.send_budget.store(0, Ordering::Relaxed);
             s.last_sender.store(0, Ordering::Relaxed);
             s.last_dest.store(0, Ordering::Relaxed);
+            self.settle(s);
             s.word.store(encode(e), Ordering::Release);
             self.high.fetch_max(fd as usize + 1, Ordering::AcqRel);
         }
@@ -311,6 +321,7 @@ impl FdTable {
                 s.send_budget.store(0, Ordering::Relaxed);
                 s.last_sender.store(0, Ordering::Relaxed);
                 s.last_dest.store(0, Ordering::Relaxed);
+                self.settle(s);
                 decode(old, fd)
             }
             None => Entry::Unknown,
@@ -351,6 +362,47 @@ impl FdTable {
                 Err(now) => w = now,
             }
         }
+    }
+
+    /// `sock` sent through `fd`: a connected socket the program made (not an accepted
+    /// one, whose sends answer its peer) now awaits a reply, until [`FdTable::received`].
+    #[inline]
+    pub fn sent(&self, fd: i32, sock: &Sock) {
+        if !sock.has_peer() || sock.flags & F_ACCEPTED != 0 {
+            return;
+        }
+        if let Some(s) = self.slot(fd)
+            && s.awaiting.load(Ordering::Relaxed) == 0
+            && s.awaiting.swap(1, Ordering::Relaxed) == 0
+        {
+            self.in_flight.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Something was received through `fd`: no reply is awaited there any more.
+    #[inline]
+    pub fn received(&self, fd: i32) {
+        if let Some(s) = self.slot(fd)
+            && s.awaiting.load(Ordering::Relaxed) != 0
+        {
+            self.settle(s);
+        }
+    }
+
+    /// A slot's awaited reply, if any, is no longer counted (received, or the fd went).
+    fn settle(&self, s: &Slot) {
+        if s.awaiting.swap(0, Ordering::Relaxed) != 0 {
+            // Only the swap that took the 1 subtracts it: never below zero.
+            self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// How many of the process's connected client sockets sent and have received
+    /// nothing since: the exchanges it has in flight. A heuristic for spinning
+    /// (`chan::spin_pays`); a reply that comes in several reads, a socket used through
+    /// two descriptors, or one that never answers only skews it.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Relaxed)
     }
 
     /// `fd`'s (receive, send) timeouts in microseconds, 0 = none.
@@ -624,5 +676,37 @@ mod tests {
         let Entry::Ferry(s) = t.get(10) else { panic!() };
         assert_eq!(s.flags, F_FERRY | F_NONBLOCK | F_DGRAM | F_INET6 | F_WANT);
         assert_eq!(s.id, 77);
+    }
+
+    #[test]
+    fn connected_clients_that_sent_are_in_flight_until_they_receive_or_close() {
+        let t = FdTable::new();
+        let client = |fd| Sock::new(fd, fd as u32, F_PEER);
+        for fd in [3, 4, 5] {
+            t.set(fd, Entry::Ferry(client(fd)));
+        }
+        t.set(6, Entry::Ferry(Sock::new(6, 6, F_PEER | F_ACCEPTED)));
+        t.set(7, Entry::Ferry(Sock::new(7, 7, 0)));
+        // A second send before the reply counts once; an accepted socket's send is a
+        // reply and an unconnected socket's awaits none.
+        for fd in [3, 3, 4, 5, 6, 7] {
+            let Entry::Ferry(s) = t.get(fd) else { panic!() };
+            t.sent(fd, &s);
+        }
+        assert_eq!(t.in_flight(), 3);
+        t.received(3);
+        t.received(3);
+        t.received(6);
+        assert_eq!(t.in_flight(), 2);
+        // Closed, or replaced by a new socket: its exchange is no longer awaited.
+        t.clear(4);
+        t.set(5, Entry::Ferry(client(5)));
+        assert_eq!(t.in_flight(), 0);
+        // A duplicate starts with no reply awaited.
+        let Entry::Ferry(s) = t.get(3) else { panic!() };
+        t.sent(3, &s);
+        t.copy(3, 9);
+        t.received(9);
+        assert_eq!(t.in_flight(), 1);
     }
 }

@@ -33,7 +33,8 @@
 //!   host socket is readable (or, with `rx_pair`, the received bytes themselves);
 //!   `poll`/`select`/`epoll` see it like any other fd. The shim only asks for tokens,
 //!   rings the doorbell before the program blocks, and makes a wait for input from a
-//!   ferry socket spin for the SBW span before it sleeps ([`fdcalls`]).
+//!   ferry socket spin for the SBW span before it sleeps ([`fdcalls`]), unless the
+//!   process has more than 16 exchanges in flight ([`chan::spin_pays`]).
 //! - **Signals** ([`signals`]): the shim wraps the program's signal handlers to know when
 //!   one ran during a wait, so `EINTR` versus `SA_RESTART` is the kernel's.
 //! - **Entry points** ([`exports`], [`fdcalls`]): `errno` is set at one boundary; a

@@ -16,8 +16,8 @@ use crate::carry::Carried;
 use crate::chan::{Channel, SLICE, Wait, fill_pair};
 use crate::errno::{Errno, Res};
 use crate::fdtable::{
-    Entry, F_CLAIMED, F_DGRAM, F_DIRECT, F_INET6, F_NONBLOCK, F_PEER, F_SHUT_WR, F_TYPED, F_WANT,
-    STDIO_FDS, Sock, TABLE,
+    Entry, F_ACCEPTED, F_CLAIMED, F_DGRAM, F_DIRECT, F_INET6, F_NONBLOCK, F_PEER, F_SHUT_WR,
+    F_TYPED, F_WANT, STDIO_FDS, Sock, TABLE,
 };
 use crate::iov::IoCursor;
 use crate::log::{self, Once};
@@ -140,7 +140,7 @@ pub unsafe fn accept(
                 delivered(prog)?,
                 id,
                 flags,
-                F_TYPED | F_PEER | (s.flags & F_INET6),
+                F_TYPED | F_PEER | F_ACCEPTED | (s.flags & F_INET6),
             )?;
             let peer = &reply.addr[..(reply.addr_len as usize).min(reply.addr.len())];
             // SAFETY: `len` null or valid and `addr` null or writable for `*len` bytes

@@ -1008,6 +1008,53 @@ fn the_pair_path_reads_each_message_once() {
     assert!(stats.to_json().contains("\"empty_reads\":"));
 }
 
+const MANY_IN_FLIGHT: &str = r#"
+import select, socket, sys
+port, n, rounds = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(n)]
+ep = select.epoll()
+for s in socks:
+    ep.register(s.fileno(), select.EPOLLIN)
+by_fd = {s.fileno(): s for s in socks}
+for _ in range(rounds):
+    for s in socks:
+        s.sendall(b"ping")
+    left = n
+    while left:
+        for fd, _ in ep.poll(5):
+            assert by_fd[fd].recv(16) == b"ping"
+            left -= 1
+print("many ok")
+"#;
+
+/// Runs MANY_IN_FLIGHT with `n` connections to an echo server for `rounds`; the shim's
+/// counted kernel sleeps.
+fn many_in_flight_sleeps(n: usize, rounds: usize) -> u64 {
+    let srv = Running::start_with("many-in-flight", |cfg| cfg.rx_pair = true);
+    let echo = tcp_echo();
+    let args = [echo.port().to_string(), n.to_string(), rounds.to_string()];
+    assert_eq!(py(MANY_IN_FLIGHT, Some(&srv.path), &args), "many ok\n");
+    let stats = srv.stop();
+    stats.channels.iter().map(|c| c.pair_sleeps).sum()
+}
+
+#[test]
+fn a_wait_with_many_replies_coming_sleeps_at_once() {
+    // With more than 16 exchanges in flight (connected sockets that sent and have
+    // received nothing since) an event wait does not spin: it sleeps and wakes to a
+    // batch of replies. So the waits of each round made while more than 16 of its 24
+    // replies are still due sleep (about 10 a round); with the spin every wait caught a
+    // reply (0 sleeps in 100 rounds, as for the single connection below).
+    if !need_python() {
+        return;
+    }
+    let _g = serial();
+    let many = many_in_flight_sleeps(24, 100);
+    assert!(many >= 100, "24 in flight: {many} sleeps in 100 rounds");
+    let one = many_in_flight_sleeps(1, 100);
+    assert!(one <= 50, "1 in flight: {one} sleeps in 100 rounds");
+}
+
 const EVENT_WAITS: &str = r#"
 import select, socket, sys
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))

@@ -96,22 +96,27 @@ impl Drop for SocketSlot {
 }
 
 /// A TCP socket made ahead for this server: its id, its host socket (provisional) and
-/// its readiness pair, none of it given to any program yet.
+/// its readiness pair, none of it given to any program yet; both of the server's fds
+/// already in its event loop when `registered` (under the id's tokens, the pair for
+/// the pair path: `SockTable::adopt_registered`).
 #[derive(Debug)]
 pub(crate) struct Spare {
     domain: i32,
     id: u32,
     fd: OwnedFd,
     pair: NewPair,
+    registered: bool,
 }
 
 /// The socket a server makes ahead, in a turn with nothing to do, for the next TCP
 /// `socket()` of the family its channels asked for last: a program that opens one
 /// connection after another then waits for no `socket`, `socketpair`, `FIONBIO` or
-/// `bind` of the pair's name (they were made while it waited for its peer). Only the
-/// server's own sockets (an id it serves); at most one; nothing is made before a
-/// program asked for a TCP socket, and a spare counts against `--max-sockets` only
-/// once a program takes it.
+/// `bind` of the pair's name, nor for the two `epoll_ctl` that add its host socket and
+/// pair to the loop (they were made while it waited for its peer; an event of the
+/// spare before it is taken names an id the table does not have yet, and is dropped,
+/// as one for a socket gone). Only the server's own sockets (an id it serves); at most
+/// one; nothing is made before a program asked for a TCP socket, and a spare counts
+/// against `--max-sockets` only once a program takes it.
 #[derive(Debug, Default)]
 pub(crate) struct Spares {
     /// The family of the last TCP socket made here: the next spare's.
@@ -127,7 +132,7 @@ impl Spares {
 
     /// Makes the spare `missing` says is missing, for server `index`. A failure (out of
     /// descriptors…) is not retried before a program makes another TCP socket.
-    pub(crate) fn make(&mut self, io: &dyn Io, shared: &Shared, index: usize) {
+    pub(crate) fn make(&mut self, io: &dyn Io, epoll: &Epoll, shared: &Shared, index: usize) {
         let Some(domain) = self.wanted.take() else {
             return;
         };
@@ -136,11 +141,15 @@ impl Spares {
         };
         let id = shared.new_id(index);
         if let Ok(pair) = io.new_pair(id) {
+            // Not in the loop (a failure here): the socket is added when taken.
+            let registered =
+                SockTable::register(epoll, id, fd.as_fd(), pair.ours.as_fd(), true).is_ok();
             self.ready = Some(Spare {
                 domain,
                 id,
                 fd,
                 pair,
+                registered,
             });
             self.wanted = Some(domain);
         }
@@ -353,9 +362,17 @@ impl Connects<'_> {
         } else {
             None
         };
+        let mut registered = false;
         let (mut sock, theirs) = match spare {
-            Some(Spare { id, fd, pair, .. }) => {
+            Some(Spare {
+                id,
+                fd,
+                pair,
+                registered: r,
+                ..
+            }) => {
                 self.stats.sockets_made_ahead += 1;
+                registered = r;
                 let NewPair { ours, theirs, name } = pair;
                 let sock = Sock::new(id, kind, fd, Place::Provisional, (ours, name), owner);
                 (sock, theirs)
@@ -372,7 +389,14 @@ impl Connects<'_> {
         if ty == libc::SOCK_STREAM && self.channels.get(ch).is_some_and(|c| c.rx_pair) {
             sock.rx.move_path(PathEvent::ToPair);
         }
-        let id = self.place_sock(sock).map_err(|e| Errno::of(&e))?;
+        let id = if registered {
+            // A spare is this server's own, already in its loop.
+            self.socks
+                .adopt_registered(self.epoll, sock)
+                .map_err(|e| Errno::of(&e))?
+        } else {
+            self.place_sock(sock).map_err(|e| Errno::of(&e))?
+        };
         slot.keep();
         self.stats.sockets_created += 1;
         Ok((id, theirs))

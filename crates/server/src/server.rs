@@ -340,7 +340,8 @@ impl Server {
     /// (`Closing`).
     pub(crate) fn put_off_work(&mut self) {
         if self.spares.missing() {
-            self.spares.make(self.io, &self.shared, self.index);
+            self.spares
+                .make(self.io, &self.epoll, &self.shared, self.index);
         } else if self.closing.any() {
             self.closing.close_one();
         }

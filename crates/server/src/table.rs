@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
@@ -164,18 +164,44 @@ impl SockTable {
     /// Registers a socket of this server: its host socket and readiness pair join the
     /// event loop.
     pub(crate) fn install(&mut self, epoll: &Epoll, sock: Sock) -> io::Result<()> {
-        let id = sock.id;
-        epoll.add(sock.fd.as_fd(), host_events(), token(T_HOST, id))?;
-        if let Err(e) = epoll.add(
+        SockTable::register(
+            epoll,
+            sock.id,
+            sock.fd.as_fd(),
             sock.pair.as_fd(),
-            pair_events(sock.rx.pair()),
-            token(T_PAIR, id),
-        ) {
-            let _ = epoll.delete(sock.fd.as_fd());
+            sock.rx.pair(),
+        )?;
+        self.socks.insert(sock.id, sock);
+        Ok(())
+    }
+
+    /// Adds socket `id`'s host socket `fd` and our end of its pair to the loop, the
+    /// pair watched as `rx_pair` says ([`pair_events`]); neither when one fails.
+    pub(crate) fn register(
+        epoll: &Epoll,
+        id: u32,
+        fd: BorrowedFd<'_>,
+        pair: BorrowedFd<'_>,
+        rx_pair: bool,
+    ) -> io::Result<()> {
+        epoll.add(fd, host_events(), token(T_HOST, id))?;
+        if let Err(e) = epoll.add(pair, pair_events(rx_pair), token(T_PAIR, id)) {
+            let _ = epoll.delete(fd);
             return Err(e);
         }
-        self.socks.insert(id, sock);
         Ok(())
+    }
+
+    /// Installs `sock`, made ahead and registered then for the pair path
+    /// ([`SockTable::register`]): a socket of a channel that receives through the ring
+    /// has its pair's watch changed. Returns its id.
+    pub(crate) fn adopt_registered(&mut self, epoll: &Epoll, sock: Sock) -> io::Result<u32> {
+        let id = sock.id;
+        if !sock.rx.pair() {
+            epoll.modify(sock.pair.as_fd(), pair_events(false), token(T_PAIR, id))?;
+        }
+        self.socks.insert(id, sock);
+        Ok(id)
     }
 
     /// Replaces a socket's host socket (provisional → host or sandbox namespace).

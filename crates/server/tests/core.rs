@@ -710,3 +710,18 @@ fn a_tcp_socket_after_an_idle_turn_is_the_spare_made_in_it() {
     let ids = [first, udp, second, v6, v6b];
     assert!(ids.iter().all(|id| h.has_socket(*id)), "{ids:?}");
 }
+
+/// A spare is added to the loop for the pair path when it is made; a channel that
+/// receives through the ring takes it too, and its socket works.
+#[test]
+fn a_spare_taken_by_a_ring_channel_works() {
+    let mut h = Harness::new(false);
+    let ch = h.channel();
+    let first = connected(&mut h, ch);
+    h.idle();
+    let second = connected(&mut h, ch);
+    assert_eq!(h.sockets_made_ahead(), 1);
+    assert!(second > first && h.has_socket(second));
+    shim_sends(&mut h, ch, second, b"ring");
+    assert_eq!(h.peer(second).view().sent, b"ring");
+}

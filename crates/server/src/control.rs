@@ -284,6 +284,7 @@ pub(crate) struct ChannelLife<'a> {
     pub stats: &'a mut ServerStats,
     /// This server's index in its group.
     pub index: usize,
+    pub rechecks: &'a mut crate::recheck::Rechecks,
 }
 
 impl Server {
@@ -300,6 +301,7 @@ impl Server {
             cfg: &self.cfg,
             stats: &mut self.stats,
             index: self.index,
+            rechecks: &mut self.rechecks,
         }
     }
     /// Accepts channels only from `init` and its descendants (the sandbox's processes:
@@ -540,10 +542,29 @@ impl ChannelLife<'_> {
                 .filter(|s| s.pair_detached() && !s.app_closed)
                 .map(|s| s.id)
                 .collect();
+            let now = Instant::now();
             for id in detached {
-                if let Some(how) = self.socks.app_gone(self.io, id) {
-                    self.tx().app_closed(id, how);
+                match self.socks.app_gone(self.io, id) {
+                    Some(how) => self.tx().app_closed(id, how),
+                    // The process's files may not all be released yet: asked again.
+                    None => self.rechecks.add(id, now),
                 }
+            }
+        }
+    }
+
+    /// Asks again about the detached sockets a closed channel's process may have held
+    /// (`recheck.rs`), when their round is due.
+    pub(crate) fn recheck_detached(&mut self) {
+        let now = Instant::now();
+        for entry in self.rechecks.due(now) {
+            let id = entry.0;
+            if self.socks.get(&id).is_none_or(|s| s.app_closed) {
+                continue;
+            }
+            match self.socks.app_gone(self.io, id) {
+                Some(how) => self.tx().app_closed(id, how),
+                None => self.rechecks.still_held(entry, now),
             }
         }
     }

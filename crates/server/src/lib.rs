@@ -98,6 +98,7 @@ mod ops;
 mod place;
 mod procs;
 mod published;
+mod recheck;
 mod recv_side;
 mod rx;
 mod seam;

@@ -80,6 +80,8 @@ pub struct Server {
     pub(crate) spares: crate::connect::Spares,
     /// Connected streams closed in an idle turn (`table.rs`).
     pub(crate) closing: crate::table::Closing,
+    /// Detached sockets a closed channel's process may have held (`recheck.rs`).
+    pub(crate) rechecks: crate::recheck::Rechecks,
 }
 
 impl std::fmt::Debug for Server {
@@ -183,6 +185,7 @@ impl Server {
             strangers: LogThrottle::default(),
             spares: Default::default(),
             closing: Default::default(),
+            rechecks: Default::default(),
         })
     }
 
@@ -324,6 +327,9 @@ impl Server {
                 self.dispatch(ev);
             }
             self.drain_rings();
+            if self.rechecks.pending() {
+                self.channel_life().recheck_detached();
+            }
             self.settle_dirty();
             self.channels.flush_all();
             if self.closing.overdue() {
@@ -371,7 +377,16 @@ impl Server {
             0
         };
         events.clear();
-        let waited = if timeout < 0 && self.cfg.batch > 1 {
+        let recheck = self.rechecks.sleep_at_most(Instant::now());
+        let waited = if let Some(d) = recheck.filter(|_| timeout < 0) {
+            // A detached socket is asked about again in a moment (`recheck.rs`).
+            let d = if self.cfg.batch > 1 {
+                d.min(self.cfg.batch_delay)
+            } else {
+                d
+            };
+            self.epoll.wait_for(d, events)
+        } else if timeout < 0 && self.cfg.batch > 1 {
             // S1's flush on a maximum delay: a shim may hold back its doorbell, so
             // never sleep longer than the delay it was promised.
             self.epoll.wait_for(self.cfg.batch_delay, events)

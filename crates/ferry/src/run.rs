@@ -19,6 +19,7 @@ use tracing::{debug, warn};
 mod autopub;
 mod autopub_udp;
 mod dns;
+mod handoff;
 mod nic;
 mod serve;
 mod shim;
@@ -490,6 +491,9 @@ fn run(
         .ok();
     t.mark("start");
     confine(a)?;
+    if let Some(requests) = sandbox.handoff_requests() {
+        handoff::serve(requests, policy.clone(), bond.is_some());
+    }
     let _auto = auto_publish(a, &sandbox, auto_sink);
     t.mark("confine");
     // Ctrl-C and friends go to the program while it runs, and end ferry once it has

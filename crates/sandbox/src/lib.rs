@@ -50,8 +50,10 @@
 
 #[cfg(test)]
 mod bpf_test;
+mod carry;
 mod factory;
 mod guard;
+mod handoff;
 mod host_guard;
 mod init;
 mod launch;
@@ -65,6 +67,7 @@ mod volume;
 mod watch;
 
 pub use factory::SocketFactory;
+pub use handoff::{Answer, HandoffRequests, Request, SockOpt};
 pub use launch::{
     Error, FALLBACK_IDS, IdRange, Sandbox, Signaller, SocketWatch, Spec, UserNs, launch,
     root_sandbox_ids, subordinate_ids, userns_available,

@@ -5,16 +5,63 @@
 //	netprobe serve ADDR TEXT   an HTTP server answering TEXT on every path
 //	netprobe udp ADDR MSG      one datagram to ADDR, the answer to stdout (2 s timeout)
 //	netprobe udpecho ADDR      a UDP server sending each datagram back to its sender
+//	netprobe echo ADDR N       dials ADDR (the netpoller's non-blocking connect), says
+//	                           its local address and inode, waits for a line on stdin,
+//	                           sends N random bytes and compares what comes back, then
+//	                           tries to re-aim the socket (connect AF_UNSPEC)
+//	netprobe dial ADDR         dials ADDR: "dial ok" or "dial error"
 package main
 
 import (
+	"bufio"
+	"bytes"
+	"crypto/rand"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"strconv"
+	"syscall"
 	"time"
+	"unsafe"
 )
+
+// echo is `netprobe echo ADDR N`.
+func echo(addr string, n int) {
+	conn, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		fail("%v", err)
+	}
+	tcp := conn.(*net.TCPConn)
+	raw, err := tcp.SyscallConn()
+	if err != nil {
+		fail("%v", err)
+	}
+	var st syscall.Stat_t
+	raw.Control(func(fd uintptr) { syscall.Fstat(int(fd), &st) })
+	fmt.Printf("local %s\ninode %d\n", conn.LocalAddr(), st.Ino)
+	bufio.NewReader(os.Stdin).ReadString('\n')
+	data := make([]byte, n)
+	rand.Read(data)
+	go func() {
+		tcp.Write(data)
+		tcp.CloseWrite()
+	}()
+	conn.SetDeadline(time.Now().Add(30 * time.Second))
+	got, err := io.ReadAll(conn)
+	if err != nil {
+		fail("%v", err)
+	}
+	fmt.Printf("echo %v\n", bytes.Equal(got, data))
+	var unspec [16]byte
+	var e syscall.Errno
+	raw.Control(func(fd uintptr) {
+		_, _, e = syscall.RawSyscall(syscall.SYS_CONNECT, fd, uintptr(unsafe.Pointer(&unspec[0])), 16)
+	})
+	fmt.Printf("unspec %d\n", int(e))
+	conn.Close()
+}
 
 func fail(format string, args ...interface{}) {
 	fmt.Fprintf(os.Stderr, "netprobe: "+format+"\n", args...)
@@ -75,6 +122,20 @@ func main() {
 			}
 			conn.WriteTo(buf[:n], from)
 		}
+	case "echo":
+		n, err := strconv.Atoi(os.Args[3])
+		if err != nil {
+			fail("%v", err)
+		}
+		echo(os.Args[2], n)
+	case "dial":
+		conn, err := net.DialTimeout("tcp", os.Args[2], 5*time.Second)
+		if err != nil {
+			fmt.Println("dial error")
+			return
+		}
+		conn.Close()
+		fmt.Println("dial ok")
 	default:
 		fail("unknown command %q", os.Args[1])
 	}

@@ -543,7 +543,14 @@ fn the_shims_channel_is_the_programs_own_under_the_guard() {
 /// netpoller) through ferry with `opts` against the remote's echo on `port`: whether
 /// its socket was a host TCP socket connected to the remote (found by inode while the
 /// program holds it), and the program's lines.
-fn go_echo(opts: &[&str], r: &Remote, port: u16, bytes: usize) -> (bool, String) {
+/// `dialing` runs when the program is about to connect.
+fn go_echo(
+    opts: &[&str],
+    r: &Remote,
+    port: u16,
+    bytes: usize,
+    dialing: impl FnOnce(),
+) -> (bool, String) {
     let mut child = ferry()
         .arg("run")
         .args(opts)
@@ -560,6 +567,7 @@ fn go_echo(opts: &[&str], r: &Remote, port: u16, bytes: usize) -> (bool, String)
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut lines = String::new();
     let mut line = String::new();
+    let mut dialing = Some(dialing);
     let inode: u64 = loop {
         line.clear();
         if out.read_line(&mut line).unwrap() == 0 {
@@ -567,6 +575,9 @@ fn go_echo(opts: &[&str], r: &Remote, port: u16, bytes: usize) -> (bool, String)
             panic!("no inode: {lines}\n{}", String::from_utf8_lossy(&o.stderr));
         }
         lines.push_str(&line);
+        if line.trim() == "dialing" {
+            dialing.take().unwrap()();
+        }
         if let Some(rest) = line.strip_prefix("inode ") {
             break rest.trim().parse().unwrap();
         }
@@ -596,7 +607,7 @@ fn a_go_program_without_the_shim_gets_the_hosts_socket_and_cannot_re_aim_it() {
     // Go connects without waiting, its netpoller's epoll set holding the socket from
     // before the connect: the hand-off must carry that registration, or Go waits for
     // ever for the connect to end.
-    let (host, lines) = go_echo(&[&rule], &r, port, n);
+    let (host, lines) = go_echo(&[&rule], &r, port, n, || {});
     assert!(host, "not the host's socket: {lines}");
     for want in [
         format!("local {}:", r.host_ip()),
@@ -611,7 +622,7 @@ fn a_go_program_without_the_shim_gets_the_hosts_socket_and_cannot_re_aim_it() {
     // A rule for another port: nic mode serves the same program (the control that
     // shows the checks discriminate), and the sandbox's socket may be disconnected.
     let other = format!("--handoff={}/32:{}", r.remote_ip(), port + 1);
-    let (host, lines) = go_echo(&[&other], &r, port, n);
+    let (host, lines) = go_echo(&[&other], &r, port, n, || {});
     assert!(!host, "handed off: {lines}");
     assert!(
         !lines.contains(&format!("local {}:", r.host_ip())),
@@ -636,6 +647,80 @@ fn a_go_program_without_the_shim_gets_the_hosts_socket_and_cannot_re_aim_it() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
+}
+
+/// An echo service in the remote namespace on `port` whose accept queue is full (one
+/// connection waiting, a backlog of 0): a SYN to it is dropped until the returned
+/// sender is used, which takes the waiting connection; the SYN's retransmission (after
+/// a second) then connects. So a connect begun before takes a second.
+fn slow_remote_echo(r: &Remote, port: u16) -> (Arc<AtomicUsize>, std::sync::mpsc::Sender<()>) {
+    use std::os::fd::AsRawFd;
+    let ip = r.remote_ip();
+    let l = r.run_in(|| TcpListener::bind((ip, port)).unwrap()).unwrap();
+    // SAFETY: listen(2) again on our listening socket changes only its backlog.
+    assert_eq!(unsafe { libc::listen(l.as_raw_fd(), 0) }, 0);
+    let filler = std::net::TcpStream::connect((ip, port)).unwrap();
+    let (go, gate) = std::sync::mpsc::channel::<()>();
+    let bytes = Arc::new(AtomicUsize::new(0));
+    let b = bytes.clone();
+    std::thread::spawn(move || {
+        let _ = gate.recv();
+        let _waiting = l.accept();
+        drop(filler);
+        for mut c in l.incoming().flatten() {
+            let mut buf = [0u8; 65536];
+            while let Ok(n @ 1..) = c.read(&mut buf) {
+                if c.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+                b.fetch_add(n, Ordering::SeqCst);
+            }
+        }
+    });
+    (bytes, go)
+}
+
+#[test]
+fn an_epoll_registration_made_before_a_slow_connect_reports_on_the_handed_off_socket() {
+    if !can_run(&["go"]) {
+        return;
+    }
+    let r = remote("hgs");
+    let port = 5312;
+    let (_echoed, go) = slow_remote_echo(&r, port);
+    // The connect is still in progress when the socket is handed in (the SYN waits a
+    // second): the registration of the program's socket in its epoll set, made before
+    // the connect, must have been carried to the host socket, or the set never reports
+    // the connect's end (the old file's registration goes with that file).
+    let probe = netprobe();
+    let opener = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        go.send(()).unwrap();
+    });
+    let rule = format!("--handoff={}/32", r.remote_ip());
+    let o = ferry_run(
+        &[&rule],
+        &[
+            probe.to_str().unwrap(),
+            "epoll",
+            &r.remote_ip().to_string(),
+            &port.to_string(),
+        ],
+    );
+    opener.join().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    for want in [
+        "connect operation now in progress".to_string(),
+        "epoll ready".into(),
+        "so_error 0".into(),
+        format!("local {}", r.host_ip()),
+    ] {
+        assert!(
+            out.contains(&want),
+            "{want}: {out}\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
 }
 
 /// The NIC server's count of TCP flows in `--stats` output.

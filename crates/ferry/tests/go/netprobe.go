@@ -5,11 +5,14 @@
 //	netprobe serve ADDR TEXT   an HTTP server answering TEXT on every path
 //	netprobe udp ADDR MSG      one datagram to ADDR, the answer to stdout (2 s timeout)
 //	netprobe udpecho ADDR      a UDP server sending each datagram back to its sender
-//	netprobe echo ADDR N       dials ADDR (the netpoller's non-blocking connect), says
-//	                           its local address and inode, waits for a line on stdin,
+//	netprobe echo ADDR N       says "dialing", dials ADDR (the netpoller's non-blocking
+//	                           connect), says its local address and inode, waits for a line on stdin,
 //	                           sends N random bytes and compares what comes back, then
 //	                           tries to re-aim the socket (connect AF_UNSPEC)
 //	netprobe dial ADDR         dials ADDR: "dial ok" or "dial error"
+//	netprobe epoll IP PORT     a raw socket registered in an epoll set before its
+//	                           non-blocking connect: "epoll ready" when the set reports
+//	                           the connect's end within 5 s, then its SO_ERROR
 package main
 
 import (
@@ -27,8 +30,43 @@ import (
 	"unsafe"
 )
 
+// epoll is `netprobe epoll IP PORT`: the registration an event loop makes before it
+// connects (Go's own dialer registers after).
+func epoll(ip string, port int) {
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_NONBLOCK, 0)
+	if err != nil {
+		fail("%v", err)
+	}
+	ep, err := syscall.EpollCreate1(0)
+	if err != nil {
+		fail("%v", err)
+	}
+	ev := syscall.EpollEvent{Events: syscall.EPOLLOUT | (1 << 31), Fd: int32(fd)}
+	if err := syscall.EpollCtl(ep, syscall.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		fail("%v", err)
+	}
+	var sa syscall.SockaddrInet4
+	copy(sa.Addr[:], net.ParseIP(ip).To4())
+	sa.Port = port
+	fmt.Printf("connect %v\n", syscall.Connect(fd, &sa))
+	events := make([]syscall.EpollEvent, 4)
+	n, _ := syscall.EpollWait(ep, events, 5000)
+	if n == 1 && events[0].Fd == int32(fd) {
+		fmt.Println("epoll ready")
+	} else {
+		fmt.Println("epoll timeout")
+	}
+	soerr, _ := syscall.GetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_ERROR)
+	fmt.Printf("so_error %d\n", soerr)
+	local, _ := syscall.Getsockname(fd)
+	if a, ok := local.(*syscall.SockaddrInet4); ok {
+		fmt.Printf("local %s\n", net.IP(a.Addr[:]))
+	}
+}
+
 // echo is `netprobe echo ADDR N`.
 func echo(addr string, n int) {
+	fmt.Println("dialing")
 	conn, err := net.DialTimeout("tcp", addr, 10*time.Second)
 	if err != nil {
 		fail("%v", err)
@@ -128,6 +166,12 @@ func main() {
 			fail("%v", err)
 		}
 		echo(os.Args[2], n)
+	case "epoll":
+		port, err := strconv.Atoi(os.Args[3])
+		if err != nil {
+			fail("%v", err)
+		}
+		epoll(os.Args[2], port)
 	case "dial":
 		conn, err := net.DialTimeout("tcp", os.Args[2], 5*time.Second)
 		if err != nil {

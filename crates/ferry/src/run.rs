@@ -64,8 +64,8 @@ pub struct RunArgs {
     pub deny: Vec<String>,
     /// Hand TCP connections to CIDR[:PORT] (that the policy admits) to the program as
     /// the host's own connected socket: kernel speed, but no per-byte mediation, modules
-    /// or per-byte counters for them (docs/SECURITY.md, "Hand-off"). Programs the shim
-    /// serves only, for now.
+    /// or per-byte counters for them (docs/SECURITY.md, "Hand-off"). Programs without
+    /// the shim (static, Go) too, through the sandbox's init.
     #[arg(long, value_name = "CIDR[:PORT]")]
     pub handoff: Vec<String>,
     /// DNS for the sandbox's resolver: `auto` (forward to the host's nameservers), `off`,

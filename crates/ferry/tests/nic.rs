@@ -72,8 +72,9 @@ fn a_static_go_program_fetches_the_same_bytes_as_natively() {
 
 /// Under `--handoff` every `connect`, `bind` and `listen` of the command is the guard's
 /// to make (host_guard.rs): a static Go program (non-blocking connects, epoll, threads)
-/// and busybox's `wget` (a blocking connect, kept by the guard until it completes) still
-/// fetch the same bytes through nic mode (nic mode hands nothing off).
+/// and busybox's `wget` (a blocking connect, kept by the guard until it completes) fetch
+/// the same bytes (their connects to the rule's destination are handed off: handoff.rs
+/// tests that).
 #[test]
 fn static_programs_fetch_the_same_bytes_under_the_handoff_guard() {
     if !can_run(&["go", "busybox", "nginx", "ip"]) {

@@ -29,7 +29,9 @@
 //!   `EBADF`;
 //! - an inet socket of the sandbox: the init makes the call itself, on its copy, with
 //!   the address it read once from the caller (`process_vm_readv`); the result is the
-//!   answer. A port below `ip_unprivileged_port_start` is refused as the kernel would
+//!   answer. A TCP connect that may be a hand-off is first asked about (handoff.rs):
+//!   kept until ferry's side answers with a host socket, which the init puts at the
+//!   caller's fd number (carry.rs), or with "not a hand-off". A port below `ip_unprivileged_port_start` is refused as the kernel would
 //!   refuse the command (which has no privilege over the sandbox's namespace, the
 //!   init's). A blocking connect is begun without waiting (`O_NONBLOCK` for the call)
 //!   and kept in a table of [`PENDING`] until the copy polls writable; then finished

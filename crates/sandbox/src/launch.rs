@@ -363,7 +363,9 @@ impl Sandbox {
     /// With [`Spec::guard_host_sockets`], the init's questions about the command's TCP
     /// connects made without the shim (handoff.rs): whoever takes this answers each
     /// (a thread of ferry's, with the policy). `None` without the guard, or the second
-    /// time. Not taken, every such connect is the sandbox's own.
+    /// time. Whoever launches with the guard must take and serve it: a request nobody
+    /// answers holds its connect for 2 s before the init makes it on the sandbox's
+    /// socket.
     pub fn handoff_requests(&mut self) -> Option<HandoffRequests> {
         self.handoff.take().map(HandoffRequests)
     }

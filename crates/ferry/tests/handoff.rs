@@ -649,6 +649,36 @@ fn a_go_program_without_the_shim_gets_the_hosts_socket_and_cannot_re_aim_it() {
     );
 }
 
+#[test]
+fn many_connects_at_once_all_connect_past_the_guards_table() {
+    if !can_run(&["go"]) {
+        return;
+    }
+    let r = remote("hmany");
+    let port = 5313;
+    let _echoed = remote_echo(&r, port);
+    // 300 goroutines dial at once: more connects wait on the init than its table of
+    // kept calls holds (32); those past it are made on the sandbox's socket (nic mode),
+    // none is lost and the init never blocks (`--stats` showed 12 and 22 of them in
+    // nic mode in two runs here).
+    let rule = format!("--handoff={}/32", r.remote_ip());
+    let o = ferry_run(
+        &[&rule],
+        &[
+            netprobe().to_str().unwrap(),
+            "many",
+            &format!("{}:{port}", r.remote_ip()),
+            "300",
+        ],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "many ok 300",
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
 /// An echo service in the remote namespace on `port` whose accept queue is full (one
 /// connection waiting, a backlog of 0): a SYN to it is dropped until the returned
 /// sender is used, which takes the waiting connection; the SYN's retransmission (after

@@ -10,6 +10,8 @@
 //	                           sends N random bytes and compares what comes back, then
 //	                           tries to re-aim the socket (connect AF_UNSPEC)
 //	netprobe dial ADDR         dials ADDR: "dial ok" or "dial error"
+//	netprobe many ADDR N       N goroutines dial ADDR at once, each sends a byte and
+//	                           reads it back: "many ok K" (K of them did)
 //	netprobe epoll IP PORT     a raw socket registered in an epoll set before its
 //	                           non-blocking connect: "epoll ready" when the set reports
 //	                           the connect's end within 5 s, then its SO_ERROR
@@ -172,6 +174,34 @@ func main() {
 			fail("%v", err)
 		}
 		epoll(os.Args[2], port)
+	case "many":
+		n, err := strconv.Atoi(os.Args[3])
+		if err != nil {
+			fail("%v", err)
+		}
+		done := make(chan bool, n)
+		for i := 0; i < n; i++ {
+			go func() {
+				conn, err := net.DialTimeout("tcp", os.Args[2], 20*time.Second)
+				if err != nil {
+					done <- false
+					return
+				}
+				defer conn.Close()
+				conn.SetDeadline(time.Now().Add(20 * time.Second))
+				b := []byte{'x'}
+				_, werr := conn.Write(b)
+				_, rerr := io.ReadFull(conn, b)
+				done <- werr == nil && rerr == nil
+			}()
+		}
+		ok := 0
+		for i := 0; i < n; i++ {
+			if <-done {
+				ok++
+			}
+		}
+		fmt.Printf("many ok %d\n", ok)
 	case "dial":
 		conn, err := net.DialTimeout("tcp", os.Args[2], 5*time.Second)
 		if err != nil {

@@ -26,6 +26,9 @@ use crate::sys::errno;
 const FDS_SCANNED: usize = 4096;
 /// Registrations carried at most per hand-off.
 const CARRIED_MAX: usize = 16;
+/// The fd numbers the init takes for itself to key a carried registration as the
+/// program's number (above, the init's own number keys it).
+const KEYED_BELOW: c_int = 1024;
 
 /// One registration of the old file: the epoll set's fd number in the caller, the
 /// events and the data.
@@ -86,7 +89,10 @@ fn carry(pidfd: c_int, r: &Registration, target: c_int, host: c_int) {
     }
     let ep = ep as c_int;
     // SAFETY: fcntl(2) with integer arguments; F_GETFD fails with EBADF on a free number.
-    let free = target != ep && unsafe { libc::fcntl(target, libc::F_GETFD) } < 0;
+    // A number past KEYED_BELOW is not taken here: the init's descriptor table would
+    // grow to it (and stay grown) at the program's choice.
+    let free =
+        target != ep && target < KEYED_BELOW && unsafe { libc::fcntl(target, libc::F_GETFD) } < 0;
     // SAFETY: dup3 onto a number this process does not use (checked above; the init
     // is single-threaded).
     let key = if free && unsafe { libc::dup3(host, target, libc::O_CLOEXEC) } == target {

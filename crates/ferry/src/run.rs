@@ -19,6 +19,7 @@ use tracing::{debug, warn};
 mod autopub;
 mod autopub_udp;
 mod dns;
+mod handoff;
 mod nic;
 mod serve;
 mod shim;
@@ -63,8 +64,8 @@ pub struct RunArgs {
     pub deny: Vec<String>,
     /// Hand TCP connections to CIDR[:PORT] (that the policy admits) to the program as
     /// the host's own connected socket: kernel speed, but no per-byte mediation, modules
-    /// or per-byte counters for them (docs/SECURITY.md, "Hand-off"). Programs the shim
-    /// serves only, for now.
+    /// or per-byte counters for them (docs/SECURITY.md, "Hand-off"). Programs without
+    /// the shim (static, Go) too, through the sandbox's init.
     #[arg(long, value_name = "CIDR[:PORT]")]
     pub handoff: Vec<String>,
     /// DNS for the sandbox's resolver: `auto` (forward to the host's nameservers), `off`,
@@ -490,6 +491,9 @@ fn run(
         .ok();
     t.mark("start");
     confine(a)?;
+    if let Some(requests) = sandbox.handoff_requests() {
+        handoff::serve(requests, policy.clone(), bond.is_some());
+    }
     let _auto = auto_publish(a, &sandbox, auto_sink);
     t.mark("confine");
     // Ctrl-C and friends go to the program while it runs, and end ferry once it has

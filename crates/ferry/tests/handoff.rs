@@ -538,3 +538,271 @@ fn the_shims_channel_is_the_programs_own_under_the_guard() {
         .collect();
     assert_eq!(pids, [python.to_string()], "{stats}");
 }
+
+/// `netprobe echo` (tests/go/netprobe.go: a static Go program, its own system calls and
+/// netpoller) through ferry with `opts` against the remote's echo on `port`: whether
+/// its socket was a host TCP socket connected to the remote (found by inode while the
+/// program holds it), and the program's lines.
+/// `dialing` runs when the program is about to connect.
+fn go_echo(
+    opts: &[&str],
+    r: &Remote,
+    port: u16,
+    bytes: usize,
+    dialing: impl FnOnce(),
+) -> (bool, String) {
+    let mut child = ferry()
+        .arg("run")
+        .args(opts)
+        .arg("--")
+        .arg(netprobe())
+        .arg("echo")
+        .arg(format!("{}:{port}", r.remote_ip()))
+        .arg(bytes.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ferry");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut lines = String::new();
+    let mut line = String::new();
+    let mut dialing = Some(dialing);
+    let inode: u64 = loop {
+        line.clear();
+        if out.read_line(&mut line).unwrap() == 0 {
+            let o = child.wait_with_output().unwrap();
+            panic!("no inode: {lines}\n{}", String::from_utf8_lossy(&o.stderr));
+        }
+        lines.push_str(&line);
+        if line.trim() == "dialing" {
+            dialing.take().unwrap()();
+        }
+        if let Some(rest) = line.strip_prefix("inode ") {
+            break rest.trim().parse().unwrap();
+        }
+    };
+    let host = host_tcp_sockets().contains(&(inode, r.remote_ip(), port));
+    child.stdin.take().unwrap().write_all(b"\n").unwrap();
+    out.read_to_string(&mut lines).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(
+        o.status.success(),
+        "{lines}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    (host, lines)
+}
+
+#[test]
+fn a_go_program_without_the_shim_gets_the_hosts_socket_and_cannot_re_aim_it() {
+    if !can_run(&["go"]) {
+        return;
+    }
+    let r = remote("hgo");
+    let port = 5311;
+    let echoed = remote_echo(&r, port);
+    let n = 4 << 20;
+    let rule = format!("--handoff={}/32", r.remote_ip());
+    // Go connects without waiting, its netpoller's epoll set holding the socket from
+    // before the connect: the hand-off must carry that registration, or Go waits for
+    // ever for the connect to end.
+    let (host, lines) = go_echo(&[&rule], &r, port, n, || {});
+    assert!(host, "not the host's socket: {lines}");
+    for want in [
+        format!("local {}:", r.host_ip()),
+        "echo true".into(),
+        // connect(AF_UNSPEC) on the handed-off socket: EPERM.
+        format!("unspec {}", libc::EPERM),
+    ] {
+        assert!(lines.contains(&want), "{want}: {lines}");
+    }
+    assert_eq!(echoed.load(Ordering::SeqCst), n);
+
+    // A rule for another port: nic mode serves the same program (the control that
+    // shows the checks discriminate), and the sandbox's socket may be disconnected.
+    let other = format!("--handoff={}/32:{}", r.remote_ip(), port + 1);
+    let (host, lines) = go_echo(&[&other], &r, port, n, || {});
+    assert!(!host, "handed off: {lines}");
+    assert!(
+        !lines.contains(&format!("local {}:", r.host_ip())),
+        "{lines}"
+    );
+    assert!(lines.contains("echo true"), "{lines}");
+    assert!(lines.contains("unspec 0"), "{lines}");
+
+    // What the policy denies is refused as before, a hand-off rule or not.
+    let deny = format!("--deny={}/32:{port}", r.remote_ip());
+    let o = ferry_run(
+        &[&rule, &deny],
+        &[
+            netprobe().to_str().unwrap(),
+            "dial",
+            &format!("{}:{port}", r.remote_ip()),
+        ],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "dial error",
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn many_connects_at_once_all_connect_past_the_guards_table() {
+    if !can_run(&["go"]) {
+        return;
+    }
+    let r = remote("hmany");
+    let port = 5313;
+    let _echoed = remote_echo(&r, port);
+    // 300 goroutines dial at once: more connects wait on the init than its table of
+    // kept calls holds (32); those past it are made on the sandbox's socket (nic mode),
+    // none is lost and the init never blocks (`--stats` showed 12 and 22 of them in
+    // nic mode in two runs here).
+    let rule = format!("--handoff={}/32", r.remote_ip());
+    let o = ferry_run(
+        &[&rule],
+        &[
+            netprobe().to_str().unwrap(),
+            "many",
+            &format!("{}:{port}", r.remote_ip()),
+            "300",
+        ],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "many ok 300",
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// An echo service in the remote namespace on `port` whose accept queue is full (one
+/// connection waiting, a backlog of 0): a SYN to it is dropped until the returned
+/// sender is used, which takes the waiting connection; the SYN's retransmission (after
+/// a second) then connects. So a connect begun before takes a second.
+fn slow_remote_echo(r: &Remote, port: u16) -> (Arc<AtomicUsize>, std::sync::mpsc::Sender<()>) {
+    use std::os::fd::AsRawFd;
+    let ip = r.remote_ip();
+    let l = r.run_in(|| TcpListener::bind((ip, port)).unwrap()).unwrap();
+    // SAFETY: listen(2) again on our listening socket changes only its backlog.
+    assert_eq!(unsafe { libc::listen(l.as_raw_fd(), 0) }, 0);
+    let filler = std::net::TcpStream::connect((ip, port)).unwrap();
+    let (go, gate) = std::sync::mpsc::channel::<()>();
+    let bytes = Arc::new(AtomicUsize::new(0));
+    let b = bytes.clone();
+    std::thread::spawn(move || {
+        let _ = gate.recv();
+        let _waiting = l.accept();
+        drop(filler);
+        for mut c in l.incoming().flatten() {
+            let mut buf = [0u8; 65536];
+            while let Ok(n @ 1..) = c.read(&mut buf) {
+                if c.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+                b.fetch_add(n, Ordering::SeqCst);
+            }
+        }
+    });
+    (bytes, go)
+}
+
+#[test]
+fn an_epoll_registration_made_before_a_slow_connect_reports_on_the_handed_off_socket() {
+    if !can_run(&["go"]) {
+        return;
+    }
+    let r = remote("hgs");
+    let port = 5312;
+    let (_echoed, go) = slow_remote_echo(&r, port);
+    // The connect is still in progress when the socket is handed in (the SYN waits a
+    // second): the registration of the program's socket in its epoll set, made before
+    // the connect, must have been carried to the host socket, or the set never reports
+    // the connect's end (the old file's registration goes with that file).
+    let probe = netprobe();
+    let opener = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        go.send(()).unwrap();
+    });
+    let rule = format!("--handoff={}/32", r.remote_ip());
+    let o = ferry_run(
+        &[&rule],
+        &[
+            probe.to_str().unwrap(),
+            "epoll",
+            &r.remote_ip().to_string(),
+            &port.to_string(),
+        ],
+    );
+    opener.join().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    for want in [
+        "connect operation now in progress".to_string(),
+        "epoll ready".into(),
+        "so_error 0".into(),
+        format!("local {}", r.host_ip()),
+    ] {
+        assert!(
+            out.contains(&want),
+            "{want}: {out}\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
+
+/// The NIC server's count of TCP flows in `--stats` output.
+fn nic_tcp_flows(stderr: &[u8]) -> usize {
+    let text = String::from_utf8_lossy(stderr);
+    let at = text.find("tcp flows ").expect("--stats names tcp flows") + "tcp flows ".len();
+    text[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_static_programs_blocking_connect_is_handed_off_once_connected() {
+    if !can_run(&["busybox", "nginx"]) {
+        return;
+    }
+    let r = remote("hbb");
+    let dir = TempDir::new("hbb");
+    let root = dir.path().join("www");
+    std::fs::create_dir_all(&root).unwrap();
+    let want = pattern(3 << 20, 7);
+    std::fs::write(root.join("f.bin"), &want).unwrap();
+    let _nginx = remote_nginx(&r, dir.path(), &root, 8080);
+    let url = format!("http://{}:8080/f.bin", r.remote_ip());
+    let refused = format!("http://{}:8081/f.bin", r.remote_ip());
+    let wget = |rule: &str, url: &str| {
+        ferry_run(
+            &["--stats", rule],
+            &["busybox", "wget", "-q", "-O", "-", url],
+        )
+    };
+    // busybox's wget connects blocking: the init keeps the call until the host socket
+    // connects, then puts it in place. No flow of nic mode's carries it.
+    let rule = format!("--handoff={}/32", r.remote_ip());
+    let o = wget(&rule, &url);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(o.stdout == want, "wget got {} bytes", o.stdout.len());
+    assert_eq!(nic_tcp_flows(&o.stderr), 0);
+    // A refused one is refused (and the program's socket stays its own).
+    let o = wget(&rule, &refused);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("refused"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // The control: a rule for another port leaves it to nic mode.
+    let other = format!("--handoff={}/32:9", r.remote_ip());
+    let o = wget(&other, &url);
+    assert!(o.stdout == want, "wget got {} bytes", o.stdout.len());
+    assert_eq!(nic_tcp_flows(&o.stderr), 1);
+}

@@ -29,7 +29,9 @@
 //!   `EBADF`;
 //! - an inet socket of the sandbox: the init makes the call itself, on its copy, with
 //!   the address it read once from the caller (`process_vm_readv`); the result is the
-//!   answer. A port below `ip_unprivileged_port_start` is refused as the kernel would
+//!   answer. A TCP connect that may be a hand-off is first asked about (handoff.rs):
+//!   kept until ferry's side answers with a host socket, which the init puts at the
+//!   caller's fd number (carry.rs), or with "not a hand-off". A port below `ip_unprivileged_port_start` is refused as the kernel would
 //!   refuse the command (which has no privilege over the sandbox's namespace, the
 //!   init's). A blocking connect is begun without waiting (`O_NONBLOCK` for the call)
 //!   and kept in a table of [`PENDING`] until the copy polls writable; then finished
@@ -371,6 +373,22 @@ enum Wait {
     Connect,
     /// A stand-in (its pidfd) makes the call; its result comes on the pipe `fd`.
     StandIn { pidfd: c_int },
+    /// A connect on a sandbox TCP socket (the init's copy `copy`, at fd number
+    /// `target` of thread `tid`) asked about (handoff.rs): the answer comes on `fd`,
+    /// asked at `since` (ms).
+    Ask {
+        copy: c_int,
+        tid: u32,
+        target: c_int,
+        since: u64,
+    },
+    /// A blocking connect handed off: the host socket `fd` connects; put in place of
+    /// `copy` once connected.
+    HostConnect {
+        copy: c_int,
+        tid: u32,
+        target: c_int,
+    },
 }
 
 /// A kept call: notification `id`, the fd polled, and (for a connect) the address.
@@ -401,15 +419,29 @@ pub(crate) struct Guard {
     own: Option<u64>,
     low_ports: u16,
     pending: [Option<Pending>; PENDING],
+    /// The hand-off's request path (handoff.rs; -1: none), non-blocking.
+    requests: c_int,
+    /// A new TCP socket's values of [`crate::handoff::CARRIED_OPTS`] (-1: unreadable).
+    defaults: [c_int; crate::handoff::MAX_OPTS],
 }
 
 impl Guard {
-    /// In the init, in the sandbox's network namespace.
-    pub(crate) fn new() -> Guard {
+    /// In the init, in the sandbox's network namespace; `requests` is the hand-off's
+    /// request path (-1: none).
+    pub(crate) fn new(requests: c_int) -> Guard {
+        if requests >= 0 {
+            // SAFETY: fcntl(2) with integer arguments on our descriptor.
+            unsafe {
+                let flags = libc::fcntl(requests, libc::F_GETFL);
+                libc::fcntl(requests, libc::F_SETFL, flags | libc::O_NONBLOCK);
+            }
+        }
         Guard {
             own: own_netns_cookie(),
             low_ports: unprivileged_port_start(),
             pending: [None; PENDING],
+            requests,
+            defaults: new_socket_options(),
         }
     }
 
@@ -441,7 +473,7 @@ impl Guard {
             }
             Kind::SandboxInet => match read_addr(listener, req) {
                 Ok(addr) if call == Call::Bind => self.bind(req.pid, copy.raw(), &addr),
-                Ok(addr) => self.connect(req.id, copy, addr),
+                Ok(addr) => self.connect_or_ask(req, copy, addr),
                 Err(e) => Verdict::Done(-i64::from(e)),
             },
             Kind::NotInet if private_table(req.pid) => Verdict::Continue,
@@ -467,6 +499,73 @@ impl Guard {
             return Verdict::Done(-i64::from(libc::EACCES));
         }
         Verdict::Done(make(Call::Bind, fd, addr, 0))
+    }
+
+    /// A connect on a sandbox inet socket: one that may be a hand-off (a TCP socket not
+    /// bound nor connected, to an inet address of its family) is asked about first
+    /// (handoff.rs) and kept until the answer comes; otherwise, or when it cannot be
+    /// asked (no request path, a full table or queue), made as [`Guard::connect`].
+    fn connect_or_ask(&mut self, req: &libc::seccomp_notif, copy: Fd, addr: Addr) -> Verdict {
+        let target = req.data.args[0] as u32 as c_int;
+        if let Some(to) = self.may_hand_off(copy.raw(), &addr)
+            && let Some(slot) = self.free_slot()
+            && let Some(answer) = self.ask(copy.raw(), &to)
+        {
+            self.pending[slot] = Some(Pending {
+                id: req.id,
+                fd: answer,
+                wait: Wait::Ask {
+                    copy: copy.keep(),
+                    tid: req.pid,
+                    target,
+                    since: crate::watch::now_ms(),
+                },
+                addr,
+            });
+            return Verdict::Kept;
+        }
+        self.connect(req.id, copy, addr)
+    }
+
+    /// The destination, when a connect on `fd` to `addr` could be a hand-off.
+    fn may_hand_off(&self, fd: c_int, addr: &Addr) -> Option<std::net::SocketAddr> {
+        if self.requests < 0
+            || int_opt(fd, libc::SO_TYPE) != Ok(libc::SOCK_STREAM)
+            || int_opt(fd, libc::SO_PROTOCOL) != Ok(libc::IPPROTO_TCP)
+        {
+            return None;
+        }
+        let to = crate::handoff::inet_addr(&addr.bytes, addr.len as usize)?;
+        let domain = if to.is_ipv4() {
+            libc::AF_INET
+        } else {
+            libc::AF_INET6
+        };
+        (int_opt(fd, libc::SO_DOMAIN) == Ok(domain) && unbound(fd)).then_some(to)
+    }
+
+    /// Sends the request for a connect on `copy` to `to`; the end its answer comes on.
+    fn ask(&self, copy: c_int, to: &std::net::SocketAddr) -> Option<c_int> {
+        let mut pair = [-1; 2];
+        // SAFETY: pair is a valid out-array of two ints.
+        let made = unsafe {
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                0,
+                pair.as_mut_ptr(),
+            )
+        };
+        if made != 0 {
+            return None;
+        }
+        let (ours, theirs) = (Fd(pair[0]), Fd(pair[1]));
+        let mut opts = [(0, 0, 0); crate::handoff::MAX_OPTS];
+        let n = set_options(copy, &self.defaults, &mut opts);
+        let mut msg = [0u8; crate::handoff::REQ_LEN];
+        crate::handoff::encode(to, &opts[..n], &mut msg);
+        crate::sys::send_with_fd(self.requests, &msg, Some(theirs.raw())).ok()?;
+        Some(ours.keep())
     }
 
     /// `connect` on the init's copy. A blocking connect that is not done at once is kept
@@ -542,7 +641,7 @@ impl Guard {
             *o = libc::pollfd {
                 fd: p.map_or(-1, |p| p.fd),
                 events: match p.map(|p| p.wait) {
-                    Some(Wait::Connect) => libc::POLLOUT,
+                    Some(Wait::Connect | Wait::HostConnect { .. }) => libc::POLLOUT,
                     _ => libc::POLLIN,
                 },
                 revents: 0,
@@ -554,17 +653,182 @@ impl Guard {
     /// drops those whose caller no longer waits (it died, or a signal interrupted it:
     /// the kernel then makes the call again, and it is judged anew).
     pub(crate) fn serve_pending(&mut self, listener: c_int, fds: &[libc::pollfd]) {
-        for (slot, pfd) in self.pending.iter_mut().zip(fds) {
-            let Some(p) = *slot else { continue };
-            if pfd.fd == p.fd && pfd.revents != 0 {
-                respond(listener, p.id, finish(&p));
-            } else if id_valid(listener, p.id) {
+        for (slot, pfd) in fds.iter().enumerate().take(PENDING) {
+            let Some(p) = self.pending[slot] else {
                 continue;
+            };
+            let ready = pfd.fd == p.fd && pfd.revents != 0;
+            match p.wait {
+                Wait::Ask { since, .. }
+                    if ready
+                        || crate::watch::now_ms().saturating_sub(since)
+                            > crate::handoff::ANSWER_MS =>
+                {
+                    self.pending[slot] = None;
+                    self.answered(listener, p);
+                    continue;
+                }
+                Wait::HostConnect { .. } if ready => {
+                    self.pending[slot] = None;
+                    respond(listener, p.id, connected(listener, &p));
+                    release(&p);
+                    continue;
+                }
+                _ if ready => respond(listener, p.id, finish(&p)),
+                _ if id_valid(listener, p.id) => continue,
+                _ => {}
             }
             release(&p);
-            *slot = None;
+            self.pending[slot] = None;
         }
     }
+
+    /// The answer to kept call `p` (a [`Wait::Ask`]) has come, or will not: a host
+    /// socket is put in place, now or (a blocking connect) once connected; "not a
+    /// hand-off" makes the call on the sandbox's socket as before.
+    fn answered(&mut self, listener: c_int, p: Pending) {
+        let Wait::Ask {
+            copy, tid, target, ..
+        } = p.wait
+        else {
+            return;
+        };
+        let (code, host) = read_answer(p.fd);
+        // SAFETY: our fd, closed once (the answer's end).
+        unsafe { libc::close(p.fd) };
+        let copy = Fd(copy);
+        if !id_valid(listener, p.id) {
+            return;
+        }
+        let Some(host) = host else {
+            if code < 0 && code != -libc::EINPROGRESS {
+                return respond(listener, p.id, i64::from(code));
+            }
+            if let Verdict::Done(v) = self.connect(p.id, copy, p.addr) {
+                respond(listener, p.id, v);
+            }
+            return;
+        };
+        // SAFETY: fcntl(2) with integer arguments on our descriptor.
+        let blocking = unsafe { libc::fcntl(copy.raw(), libc::F_GETFL) } & libc::O_NONBLOCK == 0;
+        if blocking && code == -libc::EINPROGRESS {
+            if let Some(slot) = self.free_slot() {
+                self.pending[slot] = Some(Pending {
+                    id: p.id,
+                    fd: host.keep(),
+                    wait: Wait::HostConnect {
+                        copy: copy.keep(),
+                        tid,
+                        target,
+                    },
+                    addr: p.addr,
+                });
+                return;
+            }
+            return respond(listener, p.id, -i64::from(libc::EAGAIN));
+        }
+        let put = put_in(listener, p.id, (tid, target), copy.raw(), host.raw());
+        respond(listener, p.id, if put < 0 { put } else { i64::from(code) });
+    }
+}
+
+/// A kept blocking connect of a host socket ([`Wait::HostConnect`]) has ended: put in
+/// place if connected (0), else its error (the program's socket stays the sandbox's).
+fn connected(listener: c_int, p: &Pending) -> i64 {
+    let Wait::HostConnect { copy, tid, target } = p.wait else {
+        return -i64::from(libc::EIO);
+    };
+    match int_opt(p.fd, libc::SO_ERROR) {
+        Ok(0) => put_in(listener, p.id, (tid, target), copy, p.fd),
+        Ok(e) | Err(e) => -i64::from(e),
+    }
+}
+
+/// Puts host socket `host` at fd number `target` of thread `tid`, the caller of
+/// notification `id`, in place of `old` (carry.rs): 0 or `-errno`.
+fn put_in(listener: c_int, id: u64, (tid, target): (u32, c_int), old: c_int, host: c_int) -> i64 {
+    let Ok(pidfd) = pidfd_of(listener, id, tid) else {
+        return -i64::from(libc::EPERM);
+    };
+    crate::carry::hand_in(listener, id, (tid, pidfd.raw()), target, old, host)
+}
+
+/// The answer on `fd` (handoff.rs): its code and the host socket with it; a missing
+/// or malformed answer is "not a hand-off".
+fn read_answer(fd: c_int) -> (i32, Option<Fd>) {
+    let mut buf = [0u8; 8];
+    let Ok((n, sock)) = crate::sys::recv_with_fd(fd, &mut buf) else {
+        return (crate::handoff::NOT_HANDOFF, None);
+    };
+    let sock = sock.map(|s| Fd(std::os::fd::IntoRawFd::into_raw_fd(s)));
+    let code = match n {
+        4 => i32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]),
+        _ => return (crate::handoff::NOT_HANDOFF, None),
+    };
+    match (code, sock) {
+        (0, Some(s)) => (0, Some(s)),
+        (c, Some(s)) if c == -libc::EINPROGRESS => (c, Some(s)),
+        (c, None) if c < 0 && c != -libc::EINPROGRESS => (c, None),
+        _ => (crate::handoff::NOT_HANDOFF, None),
+    }
+}
+
+/// Whether socket `fd` is neither bound to a port nor connected (a hand-off's host
+/// socket could keep neither).
+fn unbound(fd: c_int) -> bool {
+    // SAFETY: sockaddr_storage is plain data.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: getsockname writes at most len bytes into ss.
+    if unsafe { libc::getsockname(fd, (&raw mut ss).cast(), &mut len) } != 0 || len < 4 {
+        return false;
+    }
+    let bytes: &[u8] = {
+        // SAFETY: ss is len (≥ 4) initialised bytes, read as bytes.
+        unsafe { std::slice::from_raw_parts((&raw const ss).cast::<u8>(), len as usize) }
+    };
+    let port = u16::from_be_bytes([bytes[2], bytes[3]]);
+    let addr = crate::handoff::inet_addr(bytes, len as usize);
+    port == 0 && addr.is_some_and(|a| a.ip().is_unspecified())
+}
+
+/// A new sandbox TCP socket's values of [`crate::handoff::CARRIED_OPTS`].
+fn new_socket_options() -> [c_int; crate::handoff::MAX_OPTS] {
+    let mut out = [-1; crate::handoff::MAX_OPTS];
+    // SAFETY: socket(2) with integer arguments.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return out;
+    }
+    let fd = Fd(fd);
+    for (o, &(level, name, _)) in out.iter_mut().zip(&crate::handoff::CARRIED_OPTS) {
+        *o = opt(fd.raw(), level, name).unwrap_or(-1);
+    }
+    out
+}
+
+/// The options of [`crate::handoff::CARRIED_OPTS`] socket `fd` has set (they differ
+/// from `defaults`), into `out` as they are to be set; how many.
+fn set_options(fd: c_int, defaults: &[c_int], out: &mut [crate::handoff::SockOpt]) -> usize {
+    let mut n = 0;
+    for (&(level, name, halved), &d) in crate::handoff::CARRIED_OPTS.iter().zip(defaults) {
+        if let Ok(v) = opt(fd, level, name)
+            && v != d
+            && n < out.len()
+        {
+            out[n] = (level, name, if halved { v / 2 } else { v });
+            n += 1;
+        }
+    }
+    n
+}
+
+fn opt(fd: c_int, level: c_int, name: c_int) -> Result<c_int, c_int> {
+    let mut v: c_int = 0;
+    let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `v`, a live local.
+    let r = unsafe { libc::getsockopt(fd, level, name, (&raw mut v).cast(), &mut len) };
+    if r == 0 { Ok(v) } else { Err(errno()) }
 }
 
 /// The result of kept call `p`, which has ended.
@@ -583,6 +847,7 @@ fn finish(p: &Pending) -> i64 {
             }
         }
         Wait::StandIn { .. } => crate::stand_in::result(p.fd),
+        Wait::Ask { .. } | Wait::HostConnect { .. } => -i64::from(libc::EIO),
     }
 }
 
@@ -601,6 +866,10 @@ fn release(p: &Pending) {
         };
         // SAFETY: our pidfd, closed once.
         unsafe { libc::close(pidfd) };
+    }
+    if let Wait::Ask { copy, .. } | Wait::HostConnect { copy, .. } = p.wait {
+        // SAFETY: our copy of the caller's file, closed once.
+        unsafe { libc::close(copy) };
     }
     // SAFETY: our fd, closed once.
     unsafe { libc::close(p.fd) };
@@ -659,7 +928,20 @@ fn id_valid(listener: c_int, id: u64) -> bool {
 /// open file, which the init judges and calls on (nothing the caller does to its
 /// descriptor table later changes which file that is).
 fn their_fd(listener: c_int, req: &libc::seccomp_notif, fd: c_int) -> Result<Fd, c_int> {
-    let tid = req.pid;
+    let pidfd = pidfd_of(listener, req.id, req.pid)?;
+    // SAFETY: pidfd_getfd(2) with integer arguments; the result is a new CLOEXEC fd.
+    let dup = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.raw(), fd, 0) };
+    if dup < 0 {
+        return Err(match errno() {
+            libc::EBADF => libc::EBADF,
+            _ => libc::EPERM,
+        });
+    }
+    Ok(Fd(dup as c_int))
+}
+
+/// A pidfd of thread `tid`, checked to be the caller of notification `id`.
+fn pidfd_of(listener: c_int, id: u64, tid: u32) -> Result<Fd, c_int> {
     // SAFETY: pidfd_open(2) with integer arguments.
     let mut pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, tid, PIDFD_THREAD) };
     if pidfd < 0 {
@@ -673,18 +955,10 @@ fn their_fd(listener: c_int, req: &libc::seccomp_notif, fd: c_int) -> Result<Fd,
     let pidfd = Fd(pidfd as c_int);
     // The pidfd names the caller only if it still waits (its tid may be another's
     // since).
-    if !id_valid(listener, req.id) {
+    if !id_valid(listener, id) {
         return Err(libc::EPERM);
     }
-    // SAFETY: pidfd_getfd(2) with integer arguments; the result is a new CLOEXEC fd.
-    let dup = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.raw(), fd, 0) };
-    if dup < 0 {
-        return Err(match errno() {
-            libc::EBADF => libc::EBADF,
-            _ => libc::EPERM,
-        });
-    }
-    Ok(Fd(dup as c_int))
+    Ok(pidfd)
 }
 
 /// The address of `req` (arguments 1 and 2), copied once from the caller's memory, as

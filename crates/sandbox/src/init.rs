@@ -66,6 +66,8 @@ pub(crate) const FORWARDED: [c_int; 7] = [
 const CHAN_FD: RawFd = 3;
 /// The fd number the watch's listener is moved to, right above the channel.
 const WATCH_FD: RawFd = CHAN_FD + 1;
+/// The fd number the hand-off's request path is moved to, right above the listener.
+const HANDOFF_FD: RawFd = WATCH_FD + 1;
 
 /// Setup step that failed inside the init, reported to the launcher.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,6 +140,8 @@ pub(crate) struct Exec {
     /// Where the command changes directory to before `execve` (the caller's working
     /// directory, so that a volume mounted there is its working directory), if anywhere.
     pub(crate) cwd: Option<CString>,
+    /// The init's end of the hand-off's request path (handoff.rs; -1: none).
+    pub(crate) handoff: RawFd,
 }
 
 /// Entry point of the init, in the child of the launcher's `clone`. Never returns.
@@ -174,7 +178,7 @@ pub(crate) fn run(exec: &Exec, chan: RawFd, launcher_end: RawFd) -> ! {
         ready.chan,
         ready.sigfd,
         ready.cmd,
-        watch.map(|(fd, mode)| Watch::new(fd, mode)),
+        watch.map(|(fd, mode)| Watch::new(fd, mode, ready.handoff)),
     )
 }
 
@@ -198,6 +202,8 @@ struct Ready {
     cmd: pid_t,
     /// The socket watch's listener, at [`WATCH_FD`].
     listener: Option<RawFd>,
+    /// The hand-off's request path, at [`HANDOFF_FD`] (-1: none).
+    handoff: RawFd,
     /// The sandbox's network namespace, for the launcher.
     netns: RawFd,
     /// The sandbox's own sysfs and the substitute shadow.
@@ -219,7 +225,13 @@ fn set_up(exec: &Exec, chan: &mut RawFd, trees: &[RawFd]) -> Result<Ready, Faile
     let (cmd, watch_end) = start_command(exec)?;
     let received = receive_listener(watch_end);
     let listener;
-    (*chan, listener) = keep_only(*chan, received).map_err(|()| Stage::CloseFds)?;
+    let handoff = if received.is_some() { exec.handoff } else { -1 };
+    (*chan, listener) = keep_only(*chan, received, handoff).map_err(|()| Stage::CloseFds)?;
+    let handoff = if listener.is_some() && handoff >= 0 {
+        HANDOFF_FD
+    } else {
+        -1
+    };
     let sigfd = signalfd().map_err(|()| Stage::SignalFd)?;
     // SAFETY: the path is a NUL-terminated literal.
     let netns = unsafe {
@@ -236,6 +248,7 @@ fn set_up(exec: &Exec, chan: &mut RawFd, trees: &[RawFd]) -> Result<Ready, Faile
         sigfd,
         cmd,
         listener,
+        handoff,
         netns,
         sysfs,
         shadow,
@@ -648,10 +661,24 @@ pub(crate) fn put_num(buf: &mut [u8], at: usize, mut n: u64) -> usize {
     put(buf, at, &digits[i..])
 }
 
-/// Moves the channel to [`CHAN_FD`] and the watch's listener (if any) to [`WATCH_FD`],
-/// and closes every fd above them: the init must not keep the launcher's files (pipe
-/// ends, host sockets) alive, nor offer them to anyone.
-fn keep_only(chan: RawFd, listener: Option<RawFd>) -> Result<(RawFd, Option<RawFd>), ()> {
+/// Moves the channel to [`CHAN_FD`], the watch's listener (if any) to [`WATCH_FD`] and
+/// with it the hand-off's request path (`handoff`, if any) to [`HANDOFF_FD`], and closes
+/// every fd above them: the init must not keep the launcher's files (pipe ends, host
+/// sockets) alive, nor offer them to anyone.
+fn keep_only(
+    chan: RawFd,
+    listener: Option<RawFd>,
+    handoff: RawFd,
+) -> Result<(RawFd, Option<RawFd>), ()> {
+    // Out of every other's way first (above all of them: a free number).
+    let handoff = match handoff {
+        -1 => -1,
+        // SAFETY: fcntl with integer arguments on our fd.
+        fd => match unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, HANDOFF_FD + 1) } {
+            -1 => return Err(()),
+            high => high,
+        },
+    };
     let mut listener = listener;
     if listener == Some(CHAN_FD) {
         // Out of the channel's way first.
@@ -668,11 +695,15 @@ fn keep_only(chan: RawFd, listener: Option<RawFd>) -> Result<(RawFd, Option<RawF
     if let Some(fd) = listener {
         move_fd(fd, WATCH_FD)?;
     }
-    let first = (if listener.is_some() {
-        WATCH_FD
-    } else {
-        CHAN_FD
-    } + 1) as libc::c_uint;
+    let last = match listener {
+        Some(_) if handoff >= 0 => {
+            move_fd(handoff, HANDOFF_FD)?;
+            HANDOFF_FD
+        }
+        Some(_) => WATCH_FD,
+        None => CHAN_FD,
+    };
+    let first = (last + 1) as libc::c_uint;
     // SAFETY: close_range with integer arguments.
     let ret = unsafe { libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0) };
     if ret == -1 {

@@ -18,6 +18,7 @@ use libc::pid_t;
 use tracing::{debug, warn};
 
 use crate::factory::{SocketFactory, wire};
+use crate::handoff::HandoffRequests;
 use crate::init::{self, Exec, Stage};
 use crate::mounts::{self, Mounts};
 use crate::sys;
@@ -317,6 +318,9 @@ pub struct Sandbox {
     gate: Option<OwnedFd>,
     /// Whether the socket watch is on ([`Spec::watch`]).
     watching: bool,
+    /// The launcher's end of the hand-off's request path ([`Spec::guard_host_sockets`],
+    /// until [`Sandbox::handoff_requests`] takes it).
+    handoff: Option<OwnedFd>,
 }
 
 /// Sends signals to a sandbox from any thread (e.g. a Ctrl-C handler while another
@@ -354,6 +358,16 @@ impl Sandbox {
     /// not asked for, or when this kernel or architecture does not allow it.
     pub fn watching(&self) -> bool {
         self.watching
+    }
+
+    /// With [`Spec::guard_host_sockets`], the init's questions about the command's TCP
+    /// connects made without the shim (handoff.rs): whoever takes this answers each
+    /// (a thread of ferry's, with the policy). `None` without the guard, or the second
+    /// time. Whoever launches with the guard must take and serve it: a request nobody
+    /// answers holds its connect for 2 s before the init makes it on the sandbox's
+    /// socket.
+    pub fn handoff_requests(&mut self) -> Option<HandoffRequests> {
+        self.handoff.take().map(HandoffRequests)
     }
 
     /// The init's pid as seen from the host (pid 1 inside the sandbox).
@@ -463,6 +477,14 @@ pub fn launch(spec: &Spec) -> Result<Sandbox, Error> {
         None
     };
     let (ours, theirs) = channel()?;
+    // The hand-off's request path: the init asks, the launcher's side answers.
+    let handoff = if exec.watch.as_ref().is_some_and(watch::Mode::guards) {
+        let (ours, theirs) = channel()?;
+        exec.handoff = theirs.as_raw_fd();
+        Some((ours, theirs))
+    } else {
+        None
+    };
     let mut flags = libc::CLONE_NEWNET | libc::CLONE_NEWPID | libc::CLONE_NEWNS;
     if userns {
         flags |= libc::CLONE_NEWUSER;
@@ -475,6 +497,7 @@ pub fn launch(spec: &Spec) -> Result<Sandbox, Error> {
     }
     let guard = InitGuard(pid);
     drop(theirs);
+    let handoff = handoff.map(|(ours, _theirs)| ours);
     // The launcher keeps only the write end of the gate.
     let gate = gate.map(|(_read, write)| write);
     let pidfd = sys::pidfd_open(pid).map_err(Error::PidFd)?;
@@ -488,6 +511,7 @@ pub fn launch(spec: &Spec) -> Result<Sandbox, Error> {
         status: None,
         gate,
         watching,
+        handoff,
     })
 }
 
@@ -785,6 +809,7 @@ fn prepare(spec: &Spec) -> Result<Exec, Error> {
         mounts: Mounts::default(),
         guard: None,
         cwd: None,
+        handoff: -1,
         watch: match &spec.watch {
             _ if spec.guard_host_sockets => {
                 Some(watch::Mode::Guard(spec.watch.as_ref().map(|w| {

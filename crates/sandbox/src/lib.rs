@@ -19,7 +19,9 @@
 //! kept from re-aiming the host sockets handed to it (`Spec::guard_host_sockets`,
 //! host_guard.rs, for ferry's `--handoff`: the init makes the command's `connect`,
 //! `bind` and `listen` itself, or has a stand-in make them in the command's view,
-//! stand_in.rs).
+//! stand_in.rs; and it asks whoever takes `Sandbox::handoff_requests` whether a TCP
+//! connect is a hand-off, putting the host socket it gets at the command's fd number,
+//! handoff.rs and carry.rs).
 //!
 //! ```no_run
 //! let spec = ferry_sandbox::Spec {
@@ -50,8 +52,10 @@
 
 #[cfg(test)]
 mod bpf_test;
+mod carry;
 mod factory;
 mod guard;
+mod handoff;
 mod host_guard;
 mod init;
 mod launch;
@@ -65,6 +69,7 @@ mod volume;
 mod watch;
 
 pub use factory::SocketFactory;
+pub use handoff::{Answer, HandoffRequests, Request, SockOpt};
 pub use launch::{
     Error, FALLBACK_IDS, IdRange, Sandbox, Signaller, SocketWatch, Spec, UserNs, launch,
     root_sandbox_ids, subordinate_ids, userns_available,

@@ -123,6 +123,13 @@ pub(crate) enum Mode {
     Guard(Option<Vec<u8>>),
 }
 
+impl Mode {
+    /// Whether this is the hand-off guard ([`Mode::Guard`]).
+    pub(crate) fn guards(&self) -> bool {
+        matches!(self, Mode::Guard(_))
+    }
+}
+
 /// In the command's process, after no-new-privileges: installs `mode`'s filter on it
 /// (and so on everything it starts) and returns the listener, or `None` when the kernel
 /// refuses (no seccomp, too old, or a listener already on the chain: ferry inside a
@@ -417,13 +424,16 @@ pub(crate) struct Watch<'a> {
 }
 
 impl<'a> Watch<'a> {
-    /// `listener` from [`install`] for `mode`.
-    pub(crate) fn new(listener: RawFd, mode: &'a Mode) -> Self {
+    /// `listener` from [`install`] for `mode`; `requests` is the init's end of the
+    /// hand-off's request path (handoff.rs; -1: none).
+    pub(crate) fn new(listener: RawFd, mode: &'a Mode, requests: RawFd) -> Self {
         let (raw_icmp, shim) = match mode {
             Mode::Tell(shim) | Mode::Guard(Some(shim)) => (false, &shim[..]),
             Mode::RawIcmp | Mode::Guard(None) => (true, &[][..]),
         };
-        let guard = matches!(mode, Mode::Guard(_)).then(crate::host_guard::Guard::new);
+        let guard = mode
+            .guards()
+            .then(|| crate::host_guard::Guard::new(requests));
         Self {
             listener,
             raw_icmp,
@@ -755,7 +765,7 @@ fn emit(line: &[u8]) -> bool {
 }
 
 /// CLOCK_MONOTONIC in ms.
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     // SAFETY: timespec is plain data; clock_gettime fills it.
     let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
     // SAFETY: ts is a valid out-pointer.

@@ -541,3 +541,34 @@ pub fn assert_unconfined(threads: &[(String, String, String, u64)]) {
         "{threads:?}"
     );
 }
+
+/// The Go test program (tests/go/netprobe.go), built once with `CGO_ENABLED=0` (static,
+/// its own system calls: the shim cannot serve it).
+pub fn netprobe() -> PathBuf {
+    static BUILT: std::sync::OnceLock<(TempDir, PathBuf)> = std::sync::OnceLock::new();
+    let (_, exe) = BUILT.get_or_init(|| {
+        let dir = TempDir::new("go");
+        let exe = dir.path().join("netprobe");
+        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/go/netprobe.go");
+        let o = Command::new("go")
+            .args(["build", "-o"])
+            .arg(&exe)
+            .arg(src)
+            .env("CGO_ENABLED", "0")
+            .env("GOCACHE", dir.path().join("cache"))
+            .env("GOPATH", dir.path().join("gopath"))
+            .env("GOFLAGS", "-mod=mod")
+            .env("GO111MODULE", "off")
+            .output()
+            .expect("run go build");
+        assert!(
+            o.status.success(),
+            "go build: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        (dir, exe)
+    });
+    exe.clone()
+}

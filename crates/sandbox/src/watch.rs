@@ -402,6 +402,9 @@ struct Report {
     who: Who,
     ipv6: bool,
     kind: Kind,
+    /// Under `--handoff` (the guard): its TCP connects to hand-off destinations get
+    /// host sockets.
+    handoff: bool,
 }
 
 /// The init's side of the watch.
@@ -591,7 +594,13 @@ impl<'a> Watch<'a> {
         }
         self.seen[self.next_seen] = who;
         self.next_seen = (self.next_seen + 1) % SEEN;
-        Some(Report { who, ipv6, kind })
+        let handoff = self.guard.is_some();
+        Some(Report {
+            who,
+            ipv6,
+            kind,
+            handoff,
+        })
     }
 
     /// [`origin`] within the budget of maps the init reads per second.
@@ -705,6 +714,11 @@ fn format<'b>(r: &Report, buf: &'b mut [u8; 400]) -> &'b [u8] {
     at = put(buf, at, b"): made an ");
     at = put(buf, at, if r.ipv6 { b"IPv6 " } else { b"IPv4 " });
     at = match r.kind {
+        Kind::Relayed if r.handoff => put(
+            buf,
+            at,
+            b"socket without ferry's shim (a static or Go program?): it reaches the --handoff destinations and otherwise only the sandbox's loopback (--net nic or both serves it)",
+        ),
         Kind::Relayed => put(
             buf,
             at,
@@ -915,10 +929,20 @@ mod tests {
         let name = b"bu\x1b[2Jsy box";
         who.name[..name.len()].copy_from_slice(name);
         who.len = name.len() as u8;
-        let line = |kind, ipv6| {
+        let line_of = |kind, ipv6, handoff| {
             let mut buf = [0u8; 400];
-            String::from_utf8(format(&Report { who, ipv6, kind }, &mut buf).to_vec()).unwrap()
+            let r = Report {
+                who,
+                ipv6,
+                kind,
+                handoff,
+            };
+            String::from_utf8(format(&r, &mut buf).to_vec()).unwrap()
         };
+        let line = |kind, ipv6| line_of(kind, ipv6, false);
+        assert!(line_of(Kind::Relayed, false, true).contains(
+            "it reaches the --handoff destinations and otherwise only the sandbox's loopback"
+        ));
         assert_eq!(
             line(Kind::Relayed, false),
             "ferry: pid 12 (bu?[2Jsy box): made an IPv4 socket without ferry's shim (a static or Go program?): it sees only the sandbox's loopback (--net nic or both serves it)\n"

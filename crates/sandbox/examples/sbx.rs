@@ -35,6 +35,7 @@ fn main() {
         volumes: Vec::new(),
         raw_icmp: false,
         guard_host_sockets: false,
+        handoff_scope: None,
     };
     if factory_check {
         if let Err(e) = check_factory() {
@@ -73,6 +74,7 @@ fn check_factory() -> std::io::Result<()> {
         volumes: Vec::new(),
         raw_icmp: false,
         guard_host_sockets: false,
+        handoff_scope: None,
     };
     let sandbox = launch(&spec).map_err(std::io::Error::other)?;
     let sandbox = &sandbox;

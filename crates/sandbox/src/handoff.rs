@@ -120,6 +120,20 @@ pub(crate) fn decode(b: &[u8]) -> Option<(SocketAddr, Vec<SockOpt>)> {
     Some((to, opts))
 }
 
+/// Which destinations can be a hand-off at all (ferry's `--handoff` rules): the init
+/// asks about a connect only to these, and makes the others itself at once (nic mode
+/// serves them, with no round trip to ferry's side). Ferry's side still decides each
+/// one it is asked about with the whole policy; this only spares the asking. Called in
+/// the init: it must not allocate or block.
+#[derive(Clone)]
+pub struct HandoffScope(pub std::sync::Arc<dyn Fn(&SocketAddr) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for HandoffScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HandoffScope")
+    }
+}
+
 /// The launcher's end of the request path ([`crate::Sandbox::handoff_requests`]): one
 /// thread receives the requests and answers each ([`Request::answer`]).
 #[derive(Debug)]

@@ -421,6 +421,8 @@ pub(crate) struct Guard {
     pending: [Option<Pending>; PENDING],
     /// The hand-off's request path (handoff.rs; -1: none), non-blocking.
     requests: c_int,
+    /// The destinations worth asking about (None: every one).
+    scope: Option<crate::handoff::HandoffScope>,
     /// A new TCP socket's values of [`crate::handoff::CARRIED_OPTS`] (-1: unreadable).
     defaults: [c_int; crate::handoff::MAX_OPTS],
 }
@@ -428,7 +430,7 @@ pub(crate) struct Guard {
 impl Guard {
     /// In the init, in the sandbox's network namespace; `requests` is the hand-off's
     /// request path (-1: none).
-    pub(crate) fn new(requests: c_int) -> Guard {
+    pub(crate) fn new(requests: c_int, scope: Option<crate::handoff::HandoffScope>) -> Guard {
         if requests >= 0 {
             // SAFETY: fcntl(2) with integer arguments on our descriptor.
             unsafe {
@@ -441,6 +443,7 @@ impl Guard {
             low_ports: unprivileged_port_start(),
             pending: [None; PENDING],
             requests,
+            scope,
             defaults: new_socket_options(),
         }
     }
@@ -529,13 +532,16 @@ impl Guard {
 
     /// The destination, when a connect on `fd` to `addr` could be a hand-off.
     fn may_hand_off(&self, fd: c_int, addr: &Addr) -> Option<std::net::SocketAddr> {
-        if self.requests < 0
+        if self.requests < 0 {
+            return None;
+        }
+        let to = crate::handoff::inet_addr(&addr.bytes, addr.len as usize)?;
+        if self.scope.as_ref().is_some_and(|s| !(s.0)(&to))
             || int_opt(fd, libc::SO_TYPE) != Ok(libc::SOCK_STREAM)
             || int_opt(fd, libc::SO_PROTOCOL) != Ok(libc::IPPROTO_TCP)
         {
             return None;
         }
-        let to = crate::handoff::inet_addr(&addr.bytes, addr.len as usize)?;
         let domain = if to.is_ipv4() {
             libc::AF_INET
         } else {

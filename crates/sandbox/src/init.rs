@@ -132,6 +132,8 @@ pub(crate) struct Exec {
     /// the library that relays the command's sockets, empty for none; or make its raw
     /// ICMP sockets).
     pub(crate) watch: Option<watch::Mode>,
+    /// The destinations the guard asks ferry's side about (`Spec::handoff_scope`).
+    pub(crate) handoff_scope: Option<crate::handoff::HandoffScope>,
     /// The sandbox's mounts besides `/proc` (mounts.rs).
     pub(crate) mounts: Mounts,
     /// With idmapped volumes, the filter that keeps set-id files and file capabilities
@@ -178,7 +180,7 @@ pub(crate) fn run(exec: &Exec, chan: RawFd, launcher_end: RawFd) -> ! {
         ready.chan,
         ready.sigfd,
         ready.cmd,
-        watch.map(|(fd, mode)| Watch::new(fd, mode, ready.handoff)),
+        watch.map(|(fd, mode)| Watch::new(fd, mode, ready.handoff, exec.handoff_scope.as_ref())),
     )
 }
 

@@ -18,7 +18,7 @@ use libc::pid_t;
 use tracing::{debug, warn};
 
 use crate::factory::{SocketFactory, wire};
-use crate::handoff::HandoffRequests;
+use crate::handoff::{HandoffRequests, HandoffScope};
 use crate::init::{self, Exec, Stage};
 use crate::mounts::{self, Mounts};
 use crate::sys;
@@ -66,6 +66,9 @@ pub struct Spec {
     /// [`Spec::watch`]'s telling. Needs Linux 5.14 and x86_64 or aarch64; the command
     /// does not run without it.
     pub guard_host_sockets: bool,
+    /// With [`Spec::guard_host_sockets`]: the destinations a connect made without the
+    /// shim is asked about as a hand-off ([`HandoffScope`]; None: every TCP connect).
+    pub handoff_scope: Option<HandoffScope>,
 }
 
 /// What the socket watch needs to know ([`Spec::watch`]).
@@ -810,6 +813,7 @@ fn prepare(spec: &Spec) -> Result<Exec, Error> {
         guard: None,
         cwd: None,
         handoff: -1,
+        handoff_scope: spec.handoff_scope.clone(),
         watch: match &spec.watch {
             _ if spec.guard_host_sockets => {
                 Some(watch::Mode::Guard(spec.watch.as_ref().map(|w| {

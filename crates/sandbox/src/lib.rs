@@ -69,7 +69,7 @@ mod volume;
 mod watch;
 
 pub use factory::SocketFactory;
-pub use handoff::{Answer, HandoffRequests, Request, SockOpt};
+pub use handoff::{Answer, HandoffRequests, HandoffScope, Request, SockOpt};
 pub use launch::{
     Error, FALLBACK_IDS, IdRange, Sandbox, Signaller, SocketWatch, Spec, UserNs, launch,
     root_sandbox_ids, subordinate_ids, userns_available,

@@ -429,14 +429,19 @@ pub(crate) struct Watch<'a> {
 impl<'a> Watch<'a> {
     /// `listener` from [`install`] for `mode`; `requests` is the init's end of the
     /// hand-off's request path (handoff.rs; -1: none).
-    pub(crate) fn new(listener: RawFd, mode: &'a Mode, requests: RawFd) -> Self {
+    pub(crate) fn new(
+        listener: RawFd,
+        mode: &'a Mode,
+        requests: RawFd,
+        scope: Option<&crate::handoff::HandoffScope>,
+    ) -> Self {
         let (raw_icmp, shim) = match mode {
             Mode::Tell(shim) | Mode::Guard(Some(shim)) => (false, &shim[..]),
             Mode::RawIcmp | Mode::Guard(None) => (true, &[][..]),
         };
         let guard = mode
             .guards()
-            .then(|| crate::host_guard::Guard::new(requests));
+            .then(|| crate::host_guard::Guard::new(requests, scope.cloned()));
         Self {
             listener,
             raw_icmp,

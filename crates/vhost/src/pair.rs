@@ -174,14 +174,13 @@ impl VirtioPair {
             partial: self.acked(feature::NET_GUEST_CSUM),
         };
         let mut done = 0;
-        let mut frame = Vec::new();
         let mut retried = false;
         let old = st.get_queue().next_used();
         loop {
             for (f, csum) in frames.iter().skip(skip + done) {
                 let t0 = timing.start();
                 let placed =
-                    put_frame(&mut st, &mem, f, csum, rx, &mut frame, &self.inner.counters);
+                    put_frame(&mut st, &mem, f, csum, rx, &self.inner.counters);
                 timing.end(Stage::TapWrite, t0, placed);
                 if !placed {
                     break;
@@ -342,6 +341,71 @@ fn rx_header(csum: Option<Partial>, num_buffers: u16) -> [u8; HDR_LONG] {
     h
 }
 
+/// What a frame written to the guest is made of, in order: its header, the frame up to
+/// a completed checksum's field, the field's two bytes, the rest of the frame (or the
+/// header and the whole frame), and how far writing has got.
+struct Pieces<'a> {
+    /// Header, head of the frame, (the field), tail of the frame.
+    parts: [&'a [u8]; 3],
+    /// The completed checksum's bytes, written between the head and the tail.
+    field: Option<[u8; 2]>,
+    /// The piece being written (0 header, 1 head, 2 field, 3 tail), the offset in it.
+    at: (usize, usize),
+}
+
+impl<'a> Pieces<'a> {
+    fn new(hdr: &'a [u8], frame: &'a [u8], fixed: Option<(usize, [u8; 2])>) -> Pieces<'a> {
+        match fixed {
+            Some((at, v)) if at.checked_add(2).is_some_and(|end| end <= frame.len()) => {
+                Pieces {
+                    parts: [hdr, &frame[..at], &frame[at + 2..]],
+                    field: Some(v),
+                    at: (0, 0),
+                }
+            }
+            _ => Pieces {
+                parts: [hdr, frame, &[]],
+                field: None,
+                at: (0, 0),
+            },
+        }
+    }
+
+    /// Piece `i` (see [`Pieces::at`]).
+    fn piece(&self, i: usize) -> Option<&[u8]> {
+        match i {
+            0 | 1 => Some(self.parts[i]),
+            2 => Some(self.field.as_ref().map_or(&[][..], |f| &f[..])),
+            3 => Some(self.parts[2]),
+            _ => None,
+        }
+    }
+
+    /// Writes what is left, as much as `w` holds; the bytes written. `Err`: the chain
+    /// could not be written (what it took is written again into the next).
+    fn write_into(&mut self, w: &mut virtio_queue::Writer<'_>) -> Result<usize, ()> {
+        let before = self.at;
+        let mut wrote = 0;
+        while w.available_bytes() > 0 {
+            let (i, off) = self.at;
+            let Some(piece) = self.piece(i) else { break };
+            let left = piece.get(off..).unwrap_or_default();
+            if left.is_empty() {
+                self.at = (i + 1, 0);
+                continue;
+            }
+            let n = left.len().min(w.available_bytes());
+            if w.write_all(&left[..n]).is_err() {
+                self.at = before;
+                return Err(());
+            }
+            wrote += n;
+            self.at = (i, off + n);
+        }
+        Ok(wrote)
+    }
+}
+
 /// Writes one frame (and its header) into the receive ring's next chains: as many as
 /// it needs with `MRG_RXBUF`, else one that holds it. Whether it was placed; if not,
 /// the ring is as it was (the chains stay the guest's).
@@ -351,7 +415,6 @@ fn put_frame(
     frame: &[u8],
     csum: Option<Partial>,
     rx: RxParams,
-    scratch: &mut Vec<u8>,
     counters: &Counters,
 ) -> bool {
     let need = rx.hdr + frame.len();
@@ -379,34 +442,22 @@ fn put_frame(
         }
     }
     // The frame as the guest gets it: header, then the frame, its checksum complete
-    // unless the guest completes it.
-    scratch.clear();
+    // unless the guest completes it; written from where it lies straight into the
+    // chains, no copy of it made first.
     let num = u16::try_from(chains.len()).unwrap_or(u16::MAX);
     let offload = if rx.partial { csum } else { None };
-    scratch.extend_from_slice(&rx_header(offload, num)[..rx.hdr]);
-    scratch.extend_from_slice(frame);
-    if !rx.partial
-        && let Some(p) = csum
-    {
-        csum::complete(&mut scratch[rx.hdr..], p);
-    }
-    let mut at = 0;
+    let hdr = rx_header(offload, num);
+    let fixed = csum.filter(|_| !rx.partial).and_then(|p| csum::value(frame, p));
+    let mut src = Pieces::new(&hdr[..rx.hdr], frame, fixed);
     let mut used = Vec::with_capacity(chains.len());
     for (head, w) in chains {
         let wrote = match w {
-            Some(mut w) => {
-                let n = w.available_bytes().min(scratch.len() - at);
-                match w.write_all(&scratch[at..at + n]) {
-                    Ok(()) => n,
-                    Err(_) => {
-                        Counters::add(&counters.bad_rx, 1);
-                        0
-                    }
-                }
-            }
+            Some(mut w) => src.write_into(&mut w).unwrap_or_else(|()| {
+                Counters::add(&counters.bad_rx, 1);
+                0
+            }),
             None => 0,
         };
-        at += wrote;
         used.push((head, wrote as u32));
     }
     if publish_used(st.get_queue_mut(), mem, &used).is_err() {
@@ -766,5 +817,84 @@ mod tests {
         let sent = r.pair.send(&many, &mut Timing::new(false));
         assert!(sent.lost >= 10, "{sent:?}");
         assert_eq!(r.backend.counters().rx_lost, sent.lost);
+    }
+
+    /// Reads `len` bytes of guest memory at `addr`.
+    fn guest_bytes(r: &Rig, addr: u64, len: usize) -> Vec<u8> {
+        let mut b = vec![0u8; len];
+        r.mem.read_slice(&mut b, GuestAddress(addr)).unwrap();
+        b
+    }
+
+    #[test]
+    fn a_checksum_completed_for_the_guest_may_straddle_its_buffers_and_chains() {
+        let mut r = Rig::new();
+        // A guest that completes no checksum: the device does, while writing.
+        r.backend
+            .inner()
+            .acked
+            .store(feature::VERSION_1 | feature::NET_MRG_RXBUF, Ordering::SeqCst);
+        r.chain(0, BUF, 100, WRITE);
+        // The second chain is two descriptors of 50 bytes.
+        let i = r.next[0];
+        r.next[0] += 2;
+        r.put_desc(0, i, (BUF + 0x1000, 50, WRITE | NEXT, i + 1));
+        r.put_desc(0, i + 1, (BUF + 0x2000, 50, WRITE, 0));
+        r.offer(0, i);
+        r.chain(0, BUF + 0x3000, 100, WRITE);
+        let frame: Vec<u8> = (0..200u32).map(|k| (k * 7 + 3) as u8).collect();
+        let mut f = Frames::new();
+        f.push(&frame);
+        // The field, 87..89 of the frame, lies at 99..101 of what the guest gets: across
+        // the first buffer's end.
+        *f.last_mut().unwrap().1 = Some((40, 47));
+        let sent = r.pair.send(&f, &mut Timing::new(false));
+        assert_eq!((sent.frames, sent.lost), (1, 0));
+        let lens: Vec<u32> = (0..3).map(|n| r.used_elem(0, n).1).collect();
+        assert_eq!(lens, [100, 100, 12]);
+        let hdr = guest_bytes(&r, BUF, HDR_LONG);
+        assert_eq!(hdr[0], 0, "no NEEDS_CSUM for a guest that did not take it");
+        assert_eq!(u16::from_le_bytes([hdr[10], hdr[11]]), 3);
+        let mut got = guest_bytes(&r, BUF + HDR_LONG as u64, 100 - HDR_LONG);
+        got.extend(guest_bytes(&r, BUF + 0x1000, 50));
+        got.extend(guest_bytes(&r, BUF + 0x2000, 50));
+        got.extend(guest_bytes(&r, BUF + 0x3000, 12));
+        let mut want = frame.clone();
+        csum::complete(&mut want, (40, 47));
+        assert_ne!(want[87..89], frame[87..89], "the field changed");
+        assert_eq!(got, want);
+        // The batch's frame itself is untouched (it may be sent again from a backlog).
+        assert_eq!(f.get(0), Some(&frame[..]));
+    }
+
+    #[test]
+    fn a_frame_longer_than_a_chain_without_merged_buffers_writes_nothing_past_it() {
+        let mut r = Rig::new();
+        r.backend
+            .inner()
+            .acked
+            .store(feature::VERSION_1, Ordering::SeqCst);
+        r.mem
+            .write_slice(&[0xee; 256], GuestAddress(BUF))
+            .unwrap();
+        r.chain(0, BUF, 100, WRITE);
+        // One byte more than the chain holds behind the 12-byte header: it waits.
+        let sent = r.pair.send(&frames(&[89]), &mut Timing::new(false));
+        assert_eq!((sent.frames, sent.lost), (1, 0));
+        assert_eq!(r.used_idx(0), 0, "the chain stays the guest's");
+        assert!(guest_bytes(&r, BUF, 256).iter().all(|&b| b == 0xee));
+        assert_eq!(r.backend.counters().rx_waited, 1);
+        // One that fits exactly goes into a fresh ring (the waiting one ahead of it
+        // still finds no room, so nothing overtakes it: it too waits).
+        let mut r = Rig::new();
+        r.backend
+            .inner()
+            .acked
+            .store(feature::VERSION_1, Ordering::SeqCst);
+        r.chain(0, BUF, 100, WRITE);
+        let sent = r.pair.send(&frames(&[88]), &mut Timing::new(false));
+        assert_eq!((sent.frames, sent.lost), (1, 0));
+        assert_eq!(r.used_elem(0, 0), (0, 100));
+        assert!(guest_bytes(&r, BUF + HDR_LONG as u64, 88).iter().all(|&b| b == 1));
     }
 }

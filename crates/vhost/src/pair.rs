@@ -40,10 +40,68 @@ pub struct VirtioPair {
     index: usize,
     mtu: usize,
     /// Frames that found no receive buffer yet.
-    backlog: Frames,
-    spare: Frames,
+    backlog: Backlog,
     /// Frames read from this pair's transmit ring, before steering.
     read: Frames,
+}
+
+/// Frames that found no receive buffer yet, in order: those from `at` on wait; those
+/// before it went, their bytes kept until every frame has gone or the buffer is full
+/// (then the waiting ones move to its start): a frame is copied in once, not again each
+/// time some ahead of it go.
+#[derive(Debug, Default)]
+struct Backlog {
+    frames: Frames,
+    at: usize,
+    spare: Frames,
+}
+
+impl Backlog {
+    fn waiting(&self) -> usize {
+        self.frames.len().saturating_sub(self.at)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.waiting() == 0
+    }
+
+    /// `n` more frames have gone.
+    fn went(&mut self, n: usize) {
+        self.at = (self.at + n).min(self.frames.len());
+        if self.is_empty() {
+            self.frames.clear();
+            self.at = 0;
+        }
+    }
+
+    /// Keeps a copy of frame `f` (with its offload); whether there was room (at most
+    /// [`BACKLOG_FRAMES`] frames and [`Frames::FULL`] bytes wait).
+    fn keep(&mut self, f: &[u8], csum: Option<Partial>) -> bool {
+        if self.waiting() >= BACKLOG_FRAMES {
+            return false;
+        }
+        if self.frames.full() && self.at > 0 {
+            self.spare.clear();
+            for (g, c) in self.frames.iter().skip(self.at) {
+                push_with_offload(&mut self.spare, g, c);
+            }
+            std::mem::swap(&mut self.frames, &mut self.spare);
+            self.at = 0;
+        }
+        if self.frames.full() {
+            return false;
+        }
+        push_with_offload(&mut self.frames, f, csum);
+        true
+    }
+}
+
+/// Appends a copy of frame `f` and its offload to `to`.
+fn push_with_offload(to: &mut Frames, f: &[u8], csum: Option<Partial>) {
+    to.push(f);
+    if let Some((_, c)) = to.last_mut() {
+        *c = csum;
+    }
 }
 
 /// Why a chain was refused.
@@ -60,8 +118,7 @@ impl VirtioPair {
             inner,
             index,
             mtu,
-            backlog: Frames::new(),
-            spare: Frames::new(),
+            backlog: Backlog::default(),
             read: Frames::new(),
         }
     }
@@ -179,8 +236,7 @@ impl VirtioPair {
         loop {
             for (f, csum) in frames.iter().skip(skip + done) {
                 let t0 = timing.start();
-                let placed =
-                    put_frame(&mut st, &mem, f, csum, rx, &self.inner.counters);
+                let placed = put_frame(&mut st, &mem, f, csum, rx, &self.inner.counters);
                 timing.end(Stage::TapWrite, t0, placed);
                 if !placed {
                     break;
@@ -211,18 +267,8 @@ impl VirtioPair {
         if self.backlog.is_empty() {
             return;
         }
-        let went = self.write_rx(&self.backlog, 0, timing);
-        if went == 0 {
-            return;
-        }
-        self.spare.clear();
-        for (f, csum) in self.backlog.iter().skip(went) {
-            self.spare.push(f);
-            if let Some((_, c)) = self.spare.last_mut() {
-                *c = csum;
-            }
-        }
-        std::mem::swap(&mut self.backlog, &mut self.spare);
+        let went = self.write_rx(&self.backlog.frames, self.backlog.at, timing);
+        self.backlog.went(went);
     }
 
     /// Moves the frames other pairs' servers steered here into `into`; how many.
@@ -261,13 +307,8 @@ impl VirtioPair {
     fn keep(&mut self, frames: &Frames, from: usize) -> u64 {
         let mut lost = 0;
         for (f, csum) in frames.iter().skip(from) {
-            if self.backlog.len() >= BACKLOG_FRAMES || self.backlog.full() {
+            if !self.backlog.keep(f, csum) {
                 lost += 1;
-                continue;
-            }
-            self.backlog.push(f);
-            if let Some((_, c)) = self.backlog.last_mut() {
-                *c = csum;
             }
         }
         Counters::add(&self.inner.counters.rx_lost, lost);
@@ -356,13 +397,11 @@ struct Pieces<'a> {
 impl<'a> Pieces<'a> {
     fn new(hdr: &'a [u8], frame: &'a [u8], fixed: Option<(usize, [u8; 2])>) -> Pieces<'a> {
         match fixed {
-            Some((at, v)) if at.checked_add(2).is_some_and(|end| end <= frame.len()) => {
-                Pieces {
-                    parts: [hdr, &frame[..at], &frame[at + 2..]],
-                    field: Some(v),
-                    at: (0, 0),
-                }
-            }
+            Some((at, v)) if at.checked_add(2).is_some_and(|end| end <= frame.len()) => Pieces {
+                parts: [hdr, &frame[..at], &frame[at + 2..]],
+                field: Some(v),
+                at: (0, 0),
+            },
             _ => Pieces {
                 parts: [hdr, frame, &[]],
                 field: None,
@@ -447,7 +486,9 @@ fn put_frame(
     let num = u16::try_from(chains.len()).unwrap_or(u16::MAX);
     let offload = if rx.partial { csum } else { None };
     let hdr = rx_header(offload, num);
-    let fixed = csum.filter(|_| !rx.partial).and_then(|p| csum::value(frame, p));
+    let fixed = csum
+        .filter(|_| !rx.partial)
+        .and_then(|p| csum::value(frame, p));
     let mut src = Pieces::new(&hdr[..rx.hdr], frame, fixed);
     let mut used = Vec::with_capacity(chains.len());
     for (head, w) in chains {
@@ -830,10 +871,10 @@ mod tests {
     fn a_checksum_completed_for_the_guest_may_straddle_its_buffers_and_chains() {
         let mut r = Rig::new();
         // A guest that completes no checksum: the device does, while writing.
-        r.backend
-            .inner()
-            .acked
-            .store(feature::VERSION_1 | feature::NET_MRG_RXBUF, Ordering::SeqCst);
+        r.backend.inner().acked.store(
+            feature::VERSION_1 | feature::NET_MRG_RXBUF,
+            Ordering::SeqCst,
+        );
         r.chain(0, BUF, 100, WRITE);
         // The second chain is two descriptors of 50 bytes.
         let i = r.next[0];
@@ -874,9 +915,7 @@ mod tests {
             .inner()
             .acked
             .store(feature::VERSION_1, Ordering::SeqCst);
-        r.mem
-            .write_slice(&[0xee; 256], GuestAddress(BUF))
-            .unwrap();
+        r.mem.write_slice(&[0xee; 256], GuestAddress(BUF)).unwrap();
         r.chain(0, BUF, 100, WRITE);
         // One byte more than the chain holds behind the 12-byte header: it waits.
         let sent = r.pair.send(&frames(&[89]), &mut Timing::new(false));
@@ -895,6 +934,54 @@ mod tests {
         let sent = r.pair.send(&frames(&[88]), &mut Timing::new(false));
         assert_eq!((sent.frames, sent.lost), (1, 0));
         assert_eq!(r.used_elem(0, 0), (0, 100));
-        assert!(guest_bytes(&r, BUF + HDR_LONG as u64, 88).iter().all(|&b| b == 1));
+        assert!(
+            guest_bytes(&r, BUF + HDR_LONG as u64, 88)
+                .iter()
+                .all(|&b| b == 1)
+        );
+    }
+
+    /// What waits in `b`: each frame's first byte and its offload.
+    fn waiting(b: &Backlog) -> Vec<(u8, Option<Partial>)> {
+        b.frames.iter().skip(b.at).map(|(f, c)| (f[0], c)).collect()
+    }
+
+    #[test]
+    fn the_backlog_keeps_order_and_offloads_as_frames_go_and_its_buffer_fills() {
+        let mut b = Backlog::default();
+        assert!(b.keep(&[1; 10], None));
+        assert!(b.keep(&[2; 10], Some((34, 16))));
+        assert!(b.keep(&[3; 10], None));
+        b.went(1);
+        assert!(b.keep(&[4; 10], None));
+        assert_eq!(waiting(&b), [(2, Some((34, 16))), (3, None), (4, None)]);
+        // Frames near the byte cap: the buffer fills with the gone ones' bytes still in
+        // it, and the waiting ones move to its start, in order, before the next.
+        let big = Frames::FULL / 4;
+        b.went(2);
+        for k in 5..8 {
+            assert!(b.keep(&vec![k; big], Some((1, u16::from(k)))));
+        }
+        b.went(2);
+        assert!(b.keep(&vec![8; big], None));
+        assert_eq!(b.at, 5, "no move while there is room");
+        assert!(b.keep(&vec![9; big], None));
+        assert_eq!(b.at, 0, "moved to the start");
+        assert_eq!(
+            waiting(&b),
+            [(6, Some((1, 6))), (7, Some((1, 7))), (8, None), (9, None)]
+        );
+        assert!(b.frames.iter().all(|(f, _)| f.len() == big));
+        // Full of waiting frames: the next is refused, nothing moves.
+        assert!(!b.keep(&[10; 10], None));
+        assert_eq!(waiting(&b).len(), 4);
+        // All gone: empty, its buffer reused from the start.
+        b.went(4);
+        assert!(b.is_empty() && b.frames.is_empty());
+        let mut b = Backlog::default();
+        for _ in 0..BACKLOG_FRAMES {
+            assert!(b.keep(&[0; 1], None));
+        }
+        assert!(!b.keep(&[0; 1], None), "at most BACKLOG_FRAMES wait");
     }
 }

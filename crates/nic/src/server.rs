@@ -27,8 +27,9 @@
 //!
 //! Then the server moves bytes of every flow (host ⇄ stack), lets the stack send what
 //! it can, and sleeps in epoll (device, host sockets, the stop eventfd, the stack's next
-//! timer) only after spinning [`NicConfig::spin`] with nothing to do (SBW). Frames to the
-//! sandbox are written in batches (`stack.rs`, [`Port`](stack::Port)).
+//! timer) only after spinning with nothing to do (SBW: up to [`NicConfig::spin`], for as
+//! long as spinning has been paying, `spin.rs`). Frames to the sandbox are written in
+//! batches (`stack.rs`, [`Port`](stack::Port)).
 //!
 //! Seams: the device is a [`FrameDevice`], the host sockets are reached through
 //! [`HostIo`], time comes from a clock a test may hold: `testkit.rs` runs the real
@@ -59,6 +60,7 @@ use crate::{NicConfig, NicLive, NicPublish, NicStats};
 use flows::{Flow, FlowTable, Key, Proto};
 use gate::Gate;
 use published::Published;
+use spin::Spin;
 use stack::{Port, Stack};
 
 mod dgram;
@@ -68,6 +70,7 @@ mod gate;
 mod pending;
 mod phase;
 mod published;
+mod spin;
 mod stack;
 mod tcp;
 
@@ -175,6 +178,8 @@ pub struct NicServer {
     /// is readable (a spinning turn that found nothing asks epoll first, one system call
     /// instead of two).
     device_due: bool,
+    /// How long an idle loop spins before it sleeps (`spin.rs`).
+    spin: Spin,
     live: Arc<NicLive>,
 }
 
@@ -277,6 +282,7 @@ impl NicServer {
             cfg.tcp_buffer,
             start,
         );
+        let spin = cfg.spin;
         let epoll = Epoll::new(256)?;
         epoll.add(port.wake_fd(), libc::EPOLLIN as u32, TOKEN_DEVICE)?;
         let efd = Arc::new(ferry_sys::eventfd()?);
@@ -320,6 +326,7 @@ impl NicServer {
             failures: LogThrottle::default(),
             device_gone: false,
             device_due: true,
+            spin: Spin::new(spin),
             live: Arc::new(NicLive {
                 pinned: (-1).into(),
                 cpu: (-1).into(),
@@ -367,8 +374,12 @@ impl NicServer {
             }
             let timeout = self.idle_wait(&mut idle_since);
             self.device_due = false;
+            let slept = self.clock.now();
             if self.wait_events(timeout) {
                 idle_since = None;
+                if !timeout.is_zero() {
+                    self.spin.woke_after(self.clock.now().duration_since(slept));
+                }
             }
         }
         self.published.close();
@@ -396,7 +407,7 @@ impl NicServer {
     fn idle_wait(&mut self, idle_since: &mut Option<Instant>) -> Duration {
         let now = self.clock.now();
         let since = *idle_since.get_or_insert(now);
-        if now.duration_since(since) < self.cfg.spin {
+        if now.duration_since(since) < self.spin.window() {
             self.stats.spin_turns += 1;
             return Duration::ZERO;
         }

@@ -70,3 +70,35 @@ fn a_sleeping_server_wakes_for_a_frame() {
     assert!(s.sleeps >= 2, "it slept before and after the frame: {s:?}");
     assert!(calls(&s, Stage::TapReadEmpty) <= 4, "{s:?}");
 }
+
+/// Frames `n` times, `gap` apart, then waits `gap` more.
+fn frames_apart(n: usize, gap: Duration) -> impl FnOnce(&OwnedFd) {
+    move |sandbox| {
+        for _ in 0..n {
+            thread::sleep(gap);
+            ferry_sys::send_nosignal(sandbox.as_fd(), &RUNT).unwrap();
+        }
+        thread::sleep(gap);
+    }
+}
+
+#[test]
+fn a_peer_slower_than_the_spin_stops_the_server_spinning() {
+    // A frame every 12 ms against a 2 ms spin: no spin catches the next one. One frame
+    // measures what the server spins anyway (at start, then after the frame); twenty
+    // cost hardly more, where each used to cost a whole spin (twenty spins, ten times
+    // one frame's).
+    let spin = Duration::from_millis(2);
+    let gap = Duration::from_millis(12);
+    let one = serve(spin, frames_apart(1, gap));
+    let many = serve(spin, frames_apart(20, gap));
+    assert_eq!(many.frames_in, 20, "{many:?}");
+    assert!(many.sleeps >= 20, "{many:?}");
+    assert!(one.spin_turns > 0, "{one:?}");
+    assert!(
+        many.spin_turns < 4 * one.spin_turns,
+        "twenty frames spun {} turns, one {}",
+        many.spin_turns,
+        one.spin_turns
+    );
+}

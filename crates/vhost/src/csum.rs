@@ -2,25 +2,36 @@
 //! field at `start + offset` holds the pseudo-header's sum; the Internet checksum of
 //! everything from `start` on, that field included, replaces it.
 
-/// Completes `frame`'s partial checksum; a partial that points outside the frame is
-/// left alone (the frame is the stack's own, so that does not happen).
-pub(crate) fn complete(frame: &mut [u8], (start, offset): (u16, u16)) {
+/// The completed checksum of `frame`'s partial (`start`, `offset`): where its field is
+/// and what goes there, the frame itself unchanged (the frame is then written to the
+/// guest in pieces, the field's two bytes from here). `None`: the partial points outside
+/// the frame (the frame is the stack's own, so that does not happen).
+pub(crate) fn value(frame: &[u8], (start, offset): (u16, u16)) -> Option<(usize, [u8; 2])> {
     let (start, field) = (usize::from(start), usize::from(start) + usize::from(offset));
     if field + 2 > frame.len() || start > field {
-        return;
+        return None;
     }
-    let mut sum: u32 = 0;
+    let mut sum: u64 = 0;
     let mut chunks = frame[start..].chunks_exact(2);
     for c in &mut chunks {
-        sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+        sum += u64::from(u16::from_be_bytes([c[0], c[1]]));
     }
     if let [last] = chunks.remainder() {
-        sum += u32::from(u16::from_be_bytes([*last, 0]));
+        sum += u64::from(u16::from_be_bytes([*last, 0]));
     }
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);
     }
-    frame[field..field + 2].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    Some((field, (!(sum as u16)).to_be_bytes()))
+}
+
+/// Completes `frame`'s partial checksum in place; a partial outside the frame is left
+/// alone.
+#[cfg(test)]
+pub(crate) fn complete(frame: &mut [u8], partial: (u16, u16)) {
+    if let Some((field, v)) = value(frame, partial) {
+        frame[field..field + 2].copy_from_slice(&v);
+    }
 }
 
 #[cfg(test)]

@@ -40,10 +40,68 @@ pub struct VirtioPair {
     index: usize,
     mtu: usize,
     /// Frames that found no receive buffer yet.
-    backlog: Frames,
-    spare: Frames,
+    backlog: Backlog,
     /// Frames read from this pair's transmit ring, before steering.
     read: Frames,
+}
+
+/// Frames that found no receive buffer yet, in order: those from `at` on wait; those
+/// before it went, their bytes kept until every frame has gone or the buffer is full
+/// (then the waiting ones move to its start): a frame is copied in once, not again each
+/// time some ahead of it go.
+#[derive(Debug, Default)]
+struct Backlog {
+    frames: Frames,
+    at: usize,
+    spare: Frames,
+}
+
+impl Backlog {
+    fn waiting(&self) -> usize {
+        self.frames.len().saturating_sub(self.at)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.waiting() == 0
+    }
+
+    /// `n` more frames have gone.
+    fn went(&mut self, n: usize) {
+        self.at = (self.at + n).min(self.frames.len());
+        if self.is_empty() {
+            self.frames.clear();
+            self.at = 0;
+        }
+    }
+
+    /// Keeps a copy of frame `f` (with its offload); whether there was room (at most
+    /// [`BACKLOG_FRAMES`] frames and [`Frames::FULL`] bytes wait).
+    fn keep(&mut self, f: &[u8], csum: Option<Partial>) -> bool {
+        if self.waiting() >= BACKLOG_FRAMES {
+            return false;
+        }
+        if self.frames.full() && self.at > 0 {
+            self.spare.clear();
+            for (g, c) in self.frames.iter().skip(self.at) {
+                push_with_offload(&mut self.spare, g, c);
+            }
+            std::mem::swap(&mut self.frames, &mut self.spare);
+            self.at = 0;
+        }
+        if self.frames.full() {
+            return false;
+        }
+        push_with_offload(&mut self.frames, f, csum);
+        true
+    }
+}
+
+/// Appends a copy of frame `f` and its offload to `to`.
+fn push_with_offload(to: &mut Frames, f: &[u8], csum: Option<Partial>) {
+    to.push(f);
+    if let Some((_, c)) = to.last_mut() {
+        *c = csum;
+    }
 }
 
 /// Why a chain was refused.
@@ -60,8 +118,7 @@ impl VirtioPair {
             inner,
             index,
             mtu,
-            backlog: Frames::new(),
-            spare: Frames::new(),
+            backlog: Backlog::default(),
             read: Frames::new(),
         }
     }
@@ -174,14 +231,12 @@ impl VirtioPair {
             partial: self.acked(feature::NET_GUEST_CSUM),
         };
         let mut done = 0;
-        let mut frame = Vec::new();
         let mut retried = false;
         let old = st.get_queue().next_used();
         loop {
             for (f, csum) in frames.iter().skip(skip + done) {
                 let t0 = timing.start();
-                let placed =
-                    put_frame(&mut st, &mem, f, csum, rx, &mut frame, &self.inner.counters);
+                let placed = put_frame(&mut st, &mem, f, csum, rx, &self.inner.counters);
                 timing.end(Stage::TapWrite, t0, placed);
                 if !placed {
                     break;
@@ -212,18 +267,8 @@ impl VirtioPair {
         if self.backlog.is_empty() {
             return;
         }
-        let went = self.write_rx(&self.backlog, 0, timing);
-        if went == 0 {
-            return;
-        }
-        self.spare.clear();
-        for (f, csum) in self.backlog.iter().skip(went) {
-            self.spare.push(f);
-            if let Some((_, c)) = self.spare.last_mut() {
-                *c = csum;
-            }
-        }
-        std::mem::swap(&mut self.backlog, &mut self.spare);
+        let went = self.write_rx(&self.backlog.frames, self.backlog.at, timing);
+        self.backlog.went(went);
     }
 
     /// Moves the frames other pairs' servers steered here into `into`; how many.
@@ -262,13 +307,8 @@ impl VirtioPair {
     fn keep(&mut self, frames: &Frames, from: usize) -> u64 {
         let mut lost = 0;
         for (f, csum) in frames.iter().skip(from) {
-            if self.backlog.len() >= BACKLOG_FRAMES || self.backlog.full() {
+            if !self.backlog.keep(f, csum) {
                 lost += 1;
-                continue;
-            }
-            self.backlog.push(f);
-            if let Some((_, c)) = self.backlog.last_mut() {
-                *c = csum;
             }
         }
         Counters::add(&self.inner.counters.rx_lost, lost);
@@ -342,6 +382,69 @@ fn rx_header(csum: Option<Partial>, num_buffers: u16) -> [u8; HDR_LONG] {
     h
 }
 
+/// What a frame written to the guest is made of, in order: its header, the frame up to
+/// a completed checksum's field, the field's two bytes, the rest of the frame (or the
+/// header and the whole frame), and how far writing has got.
+struct Pieces<'a> {
+    /// Header, head of the frame, (the field), tail of the frame.
+    parts: [&'a [u8]; 3],
+    /// The completed checksum's bytes, written between the head and the tail.
+    field: Option<[u8; 2]>,
+    /// The piece being written (0 header, 1 head, 2 field, 3 tail), the offset in it.
+    at: (usize, usize),
+}
+
+impl<'a> Pieces<'a> {
+    fn new(hdr: &'a [u8], frame: &'a [u8], fixed: Option<(usize, [u8; 2])>) -> Pieces<'a> {
+        match fixed {
+            Some((at, v)) if at.checked_add(2).is_some_and(|end| end <= frame.len()) => Pieces {
+                parts: [hdr, &frame[..at], &frame[at + 2..]],
+                field: Some(v),
+                at: (0, 0),
+            },
+            _ => Pieces {
+                parts: [hdr, frame, &[]],
+                field: None,
+                at: (0, 0),
+            },
+        }
+    }
+
+    /// Piece `i` (see [`Pieces::at`]).
+    fn piece(&self, i: usize) -> Option<&[u8]> {
+        match i {
+            0 | 1 => Some(self.parts[i]),
+            2 => Some(self.field.as_ref().map_or(&[][..], |f| &f[..])),
+            3 => Some(self.parts[2]),
+            _ => None,
+        }
+    }
+
+    /// Writes what is left, as much as `w` holds; the bytes written. `Err`: the chain
+    /// could not be written (what it took is written again into the next).
+    fn write_into(&mut self, w: &mut virtio_queue::Writer<'_>) -> Result<usize, ()> {
+        let before = self.at;
+        let mut wrote = 0;
+        while w.available_bytes() > 0 {
+            let (i, off) = self.at;
+            let Some(piece) = self.piece(i) else { break };
+            let left = piece.get(off..).unwrap_or_default();
+            if left.is_empty() {
+                self.at = (i + 1, 0);
+                continue;
+            }
+            let n = left.len().min(w.available_bytes());
+            if w.write_all(&left[..n]).is_err() {
+                self.at = before;
+                return Err(());
+            }
+            wrote += n;
+            self.at = (i, off + n);
+        }
+        Ok(wrote)
+    }
+}
+
 /// Writes one frame (and its header) into the receive ring's next chains: as many as
 /// it needs with `MRG_RXBUF`, else one that holds it. Whether it was placed; if not,
 /// the ring is as it was (the chains stay the guest's).
@@ -351,7 +454,6 @@ fn put_frame(
     frame: &[u8],
     csum: Option<Partial>,
     rx: RxParams,
-    scratch: &mut Vec<u8>,
     counters: &Counters,
 ) -> bool {
     let need = rx.hdr + frame.len();
@@ -379,34 +481,24 @@ fn put_frame(
         }
     }
     // The frame as the guest gets it: header, then the frame, its checksum complete
-    // unless the guest completes it.
-    scratch.clear();
+    // unless the guest completes it; written from where it lies straight into the
+    // chains, no copy of it made first.
     let num = u16::try_from(chains.len()).unwrap_or(u16::MAX);
     let offload = if rx.partial { csum } else { None };
-    scratch.extend_from_slice(&rx_header(offload, num)[..rx.hdr]);
-    scratch.extend_from_slice(frame);
-    if !rx.partial
-        && let Some(p) = csum
-    {
-        csum::complete(&mut scratch[rx.hdr..], p);
-    }
-    let mut at = 0;
+    let hdr = rx_header(offload, num);
+    let fixed = csum
+        .filter(|_| !rx.partial)
+        .and_then(|p| csum::value(frame, p));
+    let mut src = Pieces::new(&hdr[..rx.hdr], frame, fixed);
     let mut used = Vec::with_capacity(chains.len());
     for (head, w) in chains {
         let wrote = match w {
-            Some(mut w) => {
-                let n = w.available_bytes().min(scratch.len() - at);
-                match w.write_all(&scratch[at..at + n]) {
-                    Ok(()) => n,
-                    Err(_) => {
-                        Counters::add(&counters.bad_rx, 1);
-                        0
-                    }
-                }
-            }
+            Some(mut w) => src.write_into(&mut w).unwrap_or_else(|()| {
+                Counters::add(&counters.bad_rx, 1);
+                0
+            }),
             None => 0,
         };
-        at += wrote;
         used.push((head, wrote as u32));
     }
     if publish_used(st.get_queue_mut(), mem, &used).is_err() {
@@ -766,5 +858,130 @@ mod tests {
         let sent = r.pair.send(&many, &mut Timing::new(false));
         assert!(sent.lost >= 10, "{sent:?}");
         assert_eq!(r.backend.counters().rx_lost, sent.lost);
+    }
+
+    /// Reads `len` bytes of guest memory at `addr`.
+    fn guest_bytes(r: &Rig, addr: u64, len: usize) -> Vec<u8> {
+        let mut b = vec![0u8; len];
+        r.mem.read_slice(&mut b, GuestAddress(addr)).unwrap();
+        b
+    }
+
+    #[test]
+    fn a_checksum_completed_for_the_guest_may_straddle_its_buffers_and_chains() {
+        let mut r = Rig::new();
+        // A guest that completes no checksum: the device does, while writing.
+        r.backend.inner().acked.store(
+            feature::VERSION_1 | feature::NET_MRG_RXBUF,
+            Ordering::SeqCst,
+        );
+        r.chain(0, BUF, 100, WRITE);
+        // The second chain is two descriptors of 50 bytes.
+        let i = r.next[0];
+        r.next[0] += 2;
+        r.put_desc(0, i, (BUF + 0x1000, 50, WRITE | NEXT, i + 1));
+        r.put_desc(0, i + 1, (BUF + 0x2000, 50, WRITE, 0));
+        r.offer(0, i);
+        r.chain(0, BUF + 0x3000, 100, WRITE);
+        let frame: Vec<u8> = (0..200u32).map(|k| (k * 7 + 3) as u8).collect();
+        let mut f = Frames::new();
+        f.push(&frame);
+        // The field, 87..89 of the frame, lies at 99..101 of what the guest gets: across
+        // the first buffer's end.
+        *f.last_mut().unwrap().1 = Some((40, 47));
+        let sent = r.pair.send(&f, &mut Timing::new(false));
+        assert_eq!((sent.frames, sent.lost), (1, 0));
+        let lens: Vec<u32> = (0..3).map(|n| r.used_elem(0, n).1).collect();
+        assert_eq!(lens, [100, 100, 12]);
+        let hdr = guest_bytes(&r, BUF, HDR_LONG);
+        assert_eq!(hdr[0], 0, "no NEEDS_CSUM for a guest that did not take it");
+        assert_eq!(u16::from_le_bytes([hdr[10], hdr[11]]), 3);
+        let mut got = guest_bytes(&r, BUF + HDR_LONG as u64, 100 - HDR_LONG);
+        got.extend(guest_bytes(&r, BUF + 0x1000, 50));
+        got.extend(guest_bytes(&r, BUF + 0x2000, 50));
+        got.extend(guest_bytes(&r, BUF + 0x3000, 12));
+        let mut want = frame.clone();
+        csum::complete(&mut want, (40, 47));
+        assert_ne!(want[87..89], frame[87..89], "the field changed");
+        assert_eq!(got, want);
+        // The batch's frame itself is untouched (it may be sent again from a backlog).
+        assert_eq!(f.get(0), Some(&frame[..]));
+    }
+
+    #[test]
+    fn a_frame_longer_than_a_chain_without_merged_buffers_writes_nothing_past_it() {
+        let mut r = Rig::new();
+        r.backend
+            .inner()
+            .acked
+            .store(feature::VERSION_1, Ordering::SeqCst);
+        r.mem.write_slice(&[0xee; 256], GuestAddress(BUF)).unwrap();
+        r.chain(0, BUF, 100, WRITE);
+        // One byte more than the chain holds behind the 12-byte header: it waits.
+        let sent = r.pair.send(&frames(&[89]), &mut Timing::new(false));
+        assert_eq!((sent.frames, sent.lost), (1, 0));
+        assert_eq!(r.used_idx(0), 0, "the chain stays the guest's");
+        assert!(guest_bytes(&r, BUF, 256).iter().all(|&b| b == 0xee));
+        assert_eq!(r.backend.counters().rx_waited, 1);
+        // One that fits exactly goes into a fresh ring (the waiting one ahead of it
+        // still finds no room, so nothing overtakes it: it too waits).
+        let mut r = Rig::new();
+        r.backend
+            .inner()
+            .acked
+            .store(feature::VERSION_1, Ordering::SeqCst);
+        r.chain(0, BUF, 100, WRITE);
+        let sent = r.pair.send(&frames(&[88]), &mut Timing::new(false));
+        assert_eq!((sent.frames, sent.lost), (1, 0));
+        assert_eq!(r.used_elem(0, 0), (0, 100));
+        assert!(
+            guest_bytes(&r, BUF + HDR_LONG as u64, 88)
+                .iter()
+                .all(|&b| b == 1)
+        );
+    }
+
+    /// What waits in `b`: each frame's first byte and its offload.
+    fn waiting(b: &Backlog) -> Vec<(u8, Option<Partial>)> {
+        b.frames.iter().skip(b.at).map(|(f, c)| (f[0], c)).collect()
+    }
+
+    #[test]
+    fn the_backlog_keeps_order_and_offloads_as_frames_go_and_its_buffer_fills() {
+        let mut b = Backlog::default();
+        assert!(b.keep(&[1; 10], None));
+        assert!(b.keep(&[2; 10], Some((34, 16))));
+        assert!(b.keep(&[3; 10], None));
+        b.went(1);
+        assert!(b.keep(&[4; 10], None));
+        assert_eq!(waiting(&b), [(2, Some((34, 16))), (3, None), (4, None)]);
+        // Frames near the byte cap: the buffer fills with the gone ones' bytes still in
+        // it, and the waiting ones move to its start, in order, before the next.
+        let big = Frames::FULL / 4;
+        b.went(2);
+        for k in 5..8 {
+            assert!(b.keep(&vec![k; big], Some((1, u16::from(k)))));
+        }
+        b.went(2);
+        assert!(b.keep(&vec![8; big], None));
+        assert_eq!(b.at, 5, "no move while there is room");
+        assert!(b.keep(&vec![9; big], None));
+        assert_eq!(b.at, 0, "moved to the start");
+        assert_eq!(
+            waiting(&b),
+            [(6, Some((1, 6))), (7, Some((1, 7))), (8, None), (9, None)]
+        );
+        assert!(b.frames.iter().all(|(f, _)| f.len() == big));
+        // Full of waiting frames: the next is refused, nothing moves.
+        assert!(!b.keep(&[10; 10], None));
+        assert_eq!(waiting(&b).len(), 4);
+        // All gone: empty, its buffer reused from the start.
+        b.went(4);
+        assert!(b.is_empty() && b.frames.is_empty());
+        let mut b = Backlog::default();
+        for _ in 0..BACKLOG_FRAMES {
+            assert!(b.keep(&[0; 1], None));
+        }
+        assert!(!b.keep(&[0; 1], None), "at most BACKLOG_FRAMES wait");
     }
 }

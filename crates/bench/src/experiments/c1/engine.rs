@@ -428,10 +428,13 @@ impl Podman {
         let id = output(&mut self.command(&args), &format!("{name}: podman run"))?;
         let inspect = ["inspect", "-f", "{{.State.Pid}}", &id];
         let pid = output(&mut self.command(&inspect), "podman inspect")?;
-        let helper = Helper::Comm(match net {
-            UserNet::Slirp4netns => "slirp4netns".to_owned(),
-            UserNet::Pasta(p) => comm_of(p),
-        });
+        let helper = match (net, &own) {
+            // Ours: its pid (Debian's pasta runs as `passt.avx2`, whatever it was called).
+            (_, Some(o)) => Helper::Pid(o.pid()),
+            (UserNet::Slirp4netns, None) => Helper::Comm(&["slirp4netns"]),
+            // pasta is passt's binary: its command name may be either.
+            (UserNet::Pasta(_), None) => Helper::Comm(&["pasta", "passt"]),
+        };
         let mut ctr = Ctr::new(dir, id, &pid, helper)?;
         ctr._net = own;
         Ok(ctr)
@@ -446,12 +449,6 @@ fn podman_has_pasta(version: &str) -> bool {
     let mut n = v.split('.').map(|x| x.parse::<u32>().unwrap_or(0));
     let (major, minor) = (n.next().unwrap_or(0), n.next().unwrap_or(0));
     (major, minor) >= (4, 4)
-}
-
-/// A process's command name as the kernel keeps it (15 bytes of the file name).
-fn comm_of(path: &Path) -> String {
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    name.chars().take(15).collect()
 }
 
 /// A rootless engine's user-mode network for a Podman container.
@@ -469,7 +466,7 @@ pub enum UserNet {
 /// forwarded, in the foreground), and the container joins it (`--network ns:PATH`).
 #[derive(Debug)]
 pub struct PastaNet {
-    _pasta: Option<Daemon>,
+    pasta: Option<Daemon>,
     holder: Daemon,
     /// The namespace's name (`ip netns`).
     name: String,
@@ -490,7 +487,7 @@ impl PastaNet {
         hold.args(["netns", "exec", &name, "sleep", "1000000"]);
         let holder = Daemon::spawn("pasta's namespace", &mut hold);
         let mut net = PastaNet {
-            _pasta: None,
+            pasta: None,
             holder: holder.map_err(|e| format!("ip netns exec: {e}"))?,
             name,
         };
@@ -515,8 +512,13 @@ impl PastaNet {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        net._pasta = Some(d);
+        net.pasta = Some(d);
         Ok(net)
+    }
+
+    /// pasta's pid (0 before it runs).
+    fn pid(&self) -> u32 {
+        self.pasta.as_ref().map_or(0, Daemon::pid)
     }
 
     /// Podman's `--network` for the namespace.
@@ -555,8 +557,11 @@ enum Helper {
     None,
     /// ferry's network side for the container id (`ferry oci _serve --id ID`).
     FerrySide(String),
-    /// A process of ours with this command name (podman's slirp4netns or pasta).
-    Comm(String),
+    /// A process of ours whose command name starts with one of these (podman's
+    /// slirp4netns or pasta).
+    Comm(&'static [&'static str]),
+    /// This process of ours (pasta attached by the bench).
+    Pid(u32),
 }
 
 /// The container's first process: runs each command line written to `/c/in` (a FIFO)
@@ -732,7 +737,11 @@ impl Ctr {
                 .into_iter()
                 .filter(|p| is_side_of(*p, id))
                 .collect(),
-            Helper::Comm(c) => mine.into_iter().filter(|p| comm_is(*p, c)).collect(),
+            Helper::Comm(names) => mine
+                .into_iter()
+                .filter(|p| names.iter().any(|c| comm_is(*p, c)))
+                .collect(),
+            Helper::Pid(pid) => vec![*pid],
         };
         roots.into_iter().flat_map(with_descendants).collect()
     }
@@ -844,9 +853,5 @@ mod pasta_tests {
             "127.0.0.1/40123:8080"
         );
         assert!(pasta_forward("8080").is_err());
-        assert_eq!(
-            comm_of(Path::new("/x/pasta-2026-with-a-long-name")),
-            "pasta-2026-with"
-        );
     }
 }

@@ -377,25 +377,21 @@ impl Server {
             0
         };
         events.clear();
+        // A detached socket to ask about again (`recheck.rs`) bounds any sleep.
         let recheck = self.rechecks.sleep_at_most(Instant::now());
-        let waited = if let Some(d) = recheck.filter(|_| timeout < 0) {
-            // A detached socket is asked about again in a moment (`recheck.rs`).
-            let d = if self.cfg.batch > 1 {
-                d.min(self.cfg.batch_delay)
-            } else {
-                d
-            };
-            self.epoll.wait_for(d, events)
-        } else if timeout < 0 && self.cfg.batch > 1 {
+        let at_most = |d: Duration| recheck.map_or(d, |r| r.min(d));
+        let waited = if timeout < 0 && self.cfg.batch > 1 {
             // S1's flush on a maximum delay: a shim may hold back its doorbell, so
             // never sleep longer than the delay it was promised.
-            self.epoll.wait_for(self.cfg.batch_delay, events)
+            self.epoll.wait_for(at_most(self.cfg.batch_delay), events)
         } else if timeout < 0 && (self.control.waiting() || self.published.unserved()) {
             // A connection that never says Hello is closed in time; so is one to a
             // published port nothing in the sandbox serves.
             self.control.expire(&self.epoll);
             self.published.expire_unserved(&self.shared);
-            self.epoll.wait_for(HELLO_TIMEOUT / 2, events)
+            self.epoll.wait_for(at_most(HELLO_TIMEOUT / 2), events)
+        } else if let Some(d) = recheck.filter(|_| timeout < 0) {
+            self.epoll.wait_for(d, events)
         } else {
             self.epoll.wait(timeout, events)
         };

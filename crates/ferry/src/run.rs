@@ -727,9 +727,14 @@ fn sandbox_spec(a: &RunArgs, dirs: &RunDirs, shim: Option<&Shim>) -> Result<Spec
         // Handed-off sockets are the host's: the command may not re-aim them.
         guard_host_sockets: !a.handoff.is_empty(),
         // Only a connect a `--handoff` rule names is worth a round trip to ours.
-        handoff_scope: policy(a).ok().map(|p| {
-            ferry_sandbox::HandoffScope(Arc::new(move |to: &std::net::SocketAddr| p.hands_off(to)))
-        }),
+        handoff_scope: (!a.handoff.is_empty())
+            .then(|| policy(a))
+            .and_then(Result::ok)
+            .map(|p| {
+                ferry_sandbox::HandoffScope(Arc::new(move |to: &std::net::SocketAddr| {
+                    p.hands_off(to)
+                }))
+            }),
     };
     // What the sandbox's root will find closed (root's files), said once, up front.
     for line in ferry_sandbox::reach_advice(&spec) {

@@ -594,6 +594,25 @@ fn go_echo(
     (host, lines)
 }
 
+/// `ferry run OPTS -- netprobe ARGS…` (tests/go/netprobe.go).
+fn netprobe_run(opts: &[&str], args: &[&str]) -> std::process::Output {
+    let probe = netprobe();
+    let mut argv = vec![probe.to_str().unwrap()];
+    argv.extend_from_slice(args);
+    ferry_run(opts, &argv)
+}
+
+/// netprobe under `ferry run OPTS` prints exactly `want`.
+fn netprobe_says(opts: &[&str], args: &[&str], want: &str) {
+    let o = netprobe_run(opts, args);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        want,
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
 #[test]
 fn a_go_program_without_the_shim_gets_the_hosts_socket_and_cannot_re_aim_it() {
     if !can_run(&["go"]) {
@@ -633,20 +652,8 @@ fn a_go_program_without_the_shim_gets_the_hosts_socket_and_cannot_re_aim_it() {
 
     // What the policy denies is refused as before, a hand-off rule or not.
     let deny = format!("--deny={}/32:{port}", r.remote_ip());
-    let o = ferry_run(
-        &[&rule, &deny],
-        &[
-            netprobe().to_str().unwrap(),
-            "dial",
-            &format!("{}:{port}", r.remote_ip()),
-        ],
-    );
-    assert_eq!(
-        String::from_utf8_lossy(&o.stdout).trim(),
-        "dial error",
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let to = format!("{}:{port}", r.remote_ip());
+    netprobe_says(&[&rule, &deny], &["dial", &to], "dial error");
 }
 
 #[test]
@@ -662,21 +669,8 @@ fn many_connects_at_once_all_connect_past_the_guards_table() {
     // none is lost and the init never blocks (`--stats` showed 12 and 22 of them in
     // nic mode in two runs here).
     let rule = format!("--handoff={}/32", r.remote_ip());
-    let o = ferry_run(
-        &[&rule],
-        &[
-            netprobe().to_str().unwrap(),
-            "many",
-            &format!("{}:{port}", r.remote_ip()),
-            "300",
-        ],
-    );
-    assert_eq!(
-        String::from_utf8_lossy(&o.stdout).trim(),
-        "many ok 300",
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let to = format!("{}:{port}", r.remote_ip());
+    netprobe_says(&[&rule], &["many", &to, "300"], "many ok 300");
 }
 
 /// An echo service in the remote namespace on `port` whose accept queue is full (one
@@ -722,21 +716,15 @@ fn an_epoll_registration_made_before_a_slow_connect_reports_on_the_handed_off_so
     // second): the registration of the program's socket in its epoll set, made before
     // the connect, must have been carried to the host socket, or the set never reports
     // the connect's end (the old file's registration goes with that file).
-    let probe = netprobe();
+    // Built before the timer starts (the build is not the connect's second).
+    let _built = netprobe();
     let opener = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(300));
         go.send(()).unwrap();
     });
     let rule = format!("--handoff={}/32", r.remote_ip());
-    let o = ferry_run(
-        &[&rule],
-        &[
-            probe.to_str().unwrap(),
-            "epoll",
-            &r.remote_ip().to_string(),
-            &port.to_string(),
-        ],
-    );
+    let (ip, port) = (r.remote_ip().to_string(), port.to_string());
+    let o = netprobe_run(&[&rule], &["epoll", &ip, &port]);
     opener.join().unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
     for want in [

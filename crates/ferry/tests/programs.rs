@@ -1539,6 +1539,19 @@ fn within(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// A loopback port of the server's: reached only natively (`r` then its answer),
+/// refused through ferry, which publishes no loopback listener or receiver.
+fn loopback_only_natively<T>(native: bool, r: std::io::Result<T>, what: &str) -> Option<T> {
+    if native {
+        return Some(r.unwrap_or_else(|e| panic!("{what}: {e}")));
+    }
+    let e = r
+        .err()
+        .unwrap_or_else(|| panic!("{what}: reached through ferry"));
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{what}");
+    None
+}
+
 /// Runs [`HTTP_SERVER`] under `pre` (empty: natively): fetches `/blob` from the host
 /// once it is up, then checks that the loopback port is reachable only natively and,
 /// after the server closed its listener, that the port is withdrawn (refused within
@@ -1559,17 +1572,12 @@ fn serve_and_withdraw(pre: &[&str], root: &std::path::Path) -> Vec<u8> {
     );
     // Published within a scan: a loopback listener would have been too by now.
     std::thread::sleep(Duration::from_millis(600));
-    let private = std::net::TcpStream::connect(("127.0.0.1", lo)).map(|_| ());
-    if pre.is_empty() {
-        private.unwrap();
-    } else {
-        let e = private.unwrap_err();
-        assert_eq!(
-            e.kind(),
-            std::io::ErrorKind::ConnectionRefused,
-            "{cmd:?}: loopback port {lo}"
-        );
-    }
+    let private = std::net::TcpStream::connect(("127.0.0.1", lo));
+    loopback_only_natively(
+        pre.is_empty(),
+        private,
+        &format!("{cmd:?}: loopback port {lo}"),
+    );
     server.close();
     let closed = format!("{cmd:?}: port {port} still published after its listener closed");
     within(Duration::from_secs(3), &closed, || {
@@ -1692,15 +1700,9 @@ fn publish_auto_serves_what_a_udp_program_receives_on_and_withdraws_it() {
         // Published within a scan: a loopback receiver would have been too by now.
         std::thread::sleep(Duration::from_millis(600));
         let private = udp_ask(lo, "private");
-        if pre.is_empty() {
-            assert_eq!(private.unwrap(), b"echo private");
-        } else {
-            let e = private.unwrap_err();
-            assert_eq!(
-                e.kind(),
-                std::io::ErrorKind::ConnectionRefused,
-                "{what}: loopback port {lo}"
-            );
+        let what_lo = format!("{what}: loopback port {lo}");
+        if let Some(a) = loopback_only_natively(pre.is_empty(), private, &what_lo) {
+            assert_eq!(a, b"echo private");
         }
         server.close();
         let gone = format!("{what} still answers after its socket closed");

@@ -31,7 +31,8 @@
 //! (`connect.rs`: make, accept and connect sockets, and hand a `--handoff` connection's
 //! host socket to the program; `Placing` in `place.rs` places them), `ChannelLife`
 //! (`control.rs`: open and close channels). `sock.rs` is one socket's state (`Conn`,
-//! `Token`, `PairEnd`, `Holders`, `Handoff`), `recv_side.rs` its
+//! `Token`, `PairEnd`, `Holders`, `Handoff`), `recheck.rs` which detached sockets a
+//! gone process may still seem to hold, `recv_side.rs` its
 //! receive side and `send_side.rs` what waits on its way out, each with its table of
 //! moves; `token.rs` and `procs.rs` are leaves.
 //! Every call on a host socket or pair goes through the seam (`seam.rs`), so that

@@ -20,8 +20,11 @@ PACKAGES=(
     uidmap curl iproute2 procps fonts-dejavu-core python3 gzip g++ iputils-ping
     bind9-dnsutils socat netcat-openbsd nodejs golang-go busybox-static git openssh-client
     libpython3.11-testsuite linux-perf make docker.io podman qemu-system-x86 cpio
+    postgresql
 )
-SERVICES=(redis-server nginx iperf3 docker containerd)
+SERVICES=(redis-server nginx iperf3 docker containerd postgresql)
+# postgresql (its server and pgbench): `ferry bench R2` runs pgbench against a
+# cluster of its own (the package's cluster and service are left stopped).
 # linux-perf: `ferry bench R2` counts system calls per request with perf record; make:
 # scripts/build-peers.sh builds the newest pasta from a source tree.
 # docker.io (with containerd, runc) and podman: `ferry oci`'s tests start their own

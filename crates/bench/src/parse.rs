@@ -364,6 +364,20 @@ pub fn schedstat_run_ns(schedstat: &str) -> Result<u64, String> {
         .map_err(|_| format!("schedstat: bad number {v:?}"))
 }
 
+/// The CPU time of a process's reaped children in clock ticks, from its
+/// `/proc/<pid>/stat` (`cutime` + `cstime`, the 16th and 17th fields; the command name,
+/// the 2nd, is in parentheses and may hold spaces).
+pub fn stat_children_ticks(stat: &str) -> Result<u64, String> {
+    let (_, rest) = stat.rsplit_once(')').ok_or("stat has no command name")?;
+    // rest starts at the 3rd field (state): cutime is the 14th of rest.
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |i: usize| -> Result<u64, String> {
+        let v = fields.get(i).ok_or("stat is short")?;
+        v.parse().map_err(|_| format!("stat: bad number {v:?}"))
+    };
+    Ok(tick(13)? + tick(14)?)
+}
+
 /// System calls by command name from `perf report --stdio --sort comm -F sample,comm`
 /// (one `COUNT COMM` line each). Fails when perf says it lost samples: the counts
 /// would be short.
@@ -417,6 +431,24 @@ pub fn shortconn(out: &str) -> Result<(u64, f64), String> {
     }
 }
 
+/// pgbench's transactions and rate: `number of transactions actually processed: N`
+/// and `tps = X (without initial connection time)`.
+pub fn pgbench(out: &str) -> Result<(u64, f64), String> {
+    let value = |prefix: &str| {
+        out.lines()
+            .find_map(|l| l.trim().strip_prefix(prefix))
+            .and_then(|v| v.split_whitespace().next())
+    };
+    let n: u64 = value("number of transactions actually processed:")
+        .and_then(|v| v.split('/').next()?.parse().ok())
+        .filter(|n| *n > 0)
+        .ok_or("pgbench printed no transactions processed")?;
+    let tps: f64 = value("tps =")
+        .and_then(|v| v.parse().ok())
+        .ok_or("pgbench printed no `tps =` line")?;
+    Ok((n, tps))
+}
+
 /// Requests wrk completed (`N requests in …`).
 pub fn wrk_requests(out: &str) -> Result<u64, String> {
     out.lines()
@@ -431,6 +463,28 @@ pub fn wrk_requests(out: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn children_ticks_from_stat() {
+        let stat = "4242 (postgres: a b) S 1 4242 4242 0 -1 4194560 900 77 0 0 12 5 30 8 20 0 1 0";
+        assert_eq!(stat_children_ticks(stat), Ok(38));
+        assert!(stat_children_ticks("4242 (x) S 1").is_err());
+    }
+
+    #[test]
+    fn pgbench_transactions_and_rate() {
+        let out = "transaction type: <builtin: select only>\n\
+                   number of transactions actually processed: 117899\n\
+                   latency average = 0.101 ms\n\
+                   initial connection time = 4.512 ms\n\
+                   tps = 39456.427051 (without initial connection time)\n";
+        assert_eq!(pgbench(out), Ok((117_899, 39_456.427051)));
+        // With -t, pgbench prints processed/planned.
+        let out = "number of transactions actually processed: 500/1000\ntps = 10.5 (x)\n";
+        assert_eq!(pgbench(out), Ok((500, 10.5)));
+        assert!(pgbench("number of transactions actually processed: 0\ntps = 0\n").is_err());
+        assert!(pgbench("connection to server failed\n").is_err());
+    }
 
     const SOCKPERF: &str = "sockperf: [Total Run] RunTime=2.001 sec; Warm up time=400 msec; SentMessages=51727; ReceivedMessages=51726
 sockperf: [Valid Duration] RunTime=1.550 sec; SentMessages=47437; ReceivedMessages=47437

@@ -42,6 +42,12 @@ pub const HTTP_FILE: &str = "file-16k.bin";
 pub const E6_PORT: u16 = 5300;
 /// R2's short-connection server (`ferry-shortconn server`), started only for R2.
 pub const SHORTCONN_PORT: u16 = 5400;
+/// R2's PostgreSQL server (for pgbench), started only for R2.
+pub const PG_PORT: u16 = 5432;
+/// The user PostgreSQL runs as (it refuses root); Debian's package creates it.
+pub const PG_USER: &str = "postgres";
+/// The database pgbench's tables are made in.
+pub const PG_DB: &str = "postgres";
 
 /// Why the testbed could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +90,8 @@ pub struct Testbed {
     e6_bin: Option<PathBuf>,
     /// `ferry-shortconn`, once R2's server was started.
     shortconn_bin: Option<PathBuf>,
+    /// PostgreSQL's program directory, once R2's server was started.
+    pg_bin: Option<PathBuf>,
 }
 
 /// A scratch directory under the system temp dir (so nginx's unprivileged workers can
@@ -140,6 +148,7 @@ impl Testbed {
             mtu,
             e6_bin: None,
             shortconn_bin: None,
+            pg_bin: None,
         };
         bed.write_site()?;
         for port in [
@@ -216,19 +225,81 @@ impl Testbed {
         self.start(SHORTCONN_PORT)
     }
 
+    /// Starts R2's PostgreSQL server in the remote namespace (`bin`: the directory of
+    /// `initdb` and `postgres`): a cluster made by `initdb` in the scratch directory,
+    /// owned by [`PG_USER`] (the server refuses to run as root), open to any address
+    /// without a password, with durability off (`fsync`, synchronous commit: the rows
+    /// measure the network, not the disk), and pgbench's tables (scale 1) made in it.
+    pub fn start_postgres(&mut self, bin: &Path) -> Result<(), TopologyError> {
+        let fail = |why: String| TopologyError::Server {
+            name: "postgres".into(),
+            why,
+        };
+        let dir = self.scratch().join("pg");
+        fs::create_dir_all(&dir).map_err(scratch_err(&dir))?;
+        let owner = Command::new("chown")
+            .arg(format!("{PG_USER}:"))
+            .arg(&dir)
+            .output();
+        checked(owner, "chown").map_err(fail)?;
+        let data = dir.join("data");
+        let init = Command::new("runuser")
+            .args(["-u", PG_USER, "--"])
+            .arg(bin.join("initdb"))
+            .args([
+                "-A",
+                "trust",
+                "-U",
+                PG_USER,
+                "--no-sync",
+                "-E",
+                "UTF8",
+                "-D",
+            ])
+            .arg(&data)
+            .output();
+        checked(init, "initdb").map_err(fail)?;
+        let hba = data.join("pg_hba.conf");
+        let mut rules = fs::read_to_string(&hba).map_err(scratch_err(&hba))?;
+        rules.push_str("host all all 0.0.0.0/0 trust\n");
+        fs::write(&hba, rules).map_err(scratch_err(&hba))?;
+        self.pg_bin = Some(bin.to_owned());
+        self.start(PG_PORT)?;
+        let tables = Command::new("pgbench")
+            .args(["-i", "-q", "-s", "1", "-h", &self.remote_ip().to_string()])
+            .args(["-p", &PG_PORT.to_string(), "-U", PG_USER, PG_DB])
+            .output();
+        checked(tables, "pgbench -i").map_err(fail)
+    }
+
     /// CPU time used so far by the servers on `ports` (each with its child processes,
     /// e.g. nginx's worker, and every thread), from the nanosecond run times of
-    /// `/proc/<pid>/task/*/schedstat`; None when a server or its times cannot be read.
+    /// `/proc/<pid>/task/*/schedstat`, plus what their children that have ended used
+    /// (`cutime` + `cstime`, in clock ticks: PostgreSQL's backends end with their
+    /// connections); None when a server or its times cannot be read.
     pub fn cpu_of(&self, ports: &[u16]) -> Option<Duration> {
+        let tick_ns = 1_000_000_000 / rustix::param::clock_ticks_per_second().max(1);
         let mut ns = 0;
         for port in ports {
             let (_, d) = self.servers.iter().find(|(p, _)| p == port)?;
             for pid in crate::exec::with_descendants(d.pid()) {
-                for task in fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+                // A process that ended since the listing counts 0 here (its parent's
+                // children's time holds it once it is reaped); the server itself must
+                // be there.
+                let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+                    if pid == d.pid() {
+                        return None;
+                    }
+                    continue;
+                };
+                for task in tasks.flatten() {
                     // A thread that ended between the listing and the read counts 0.
                     if let Ok(s) = fs::read_to_string(task.path().join("schedstat")) {
                         ns += crate::parse::schedstat_run_ns(&s).ok()?;
                     }
+                }
+                if let Ok(s) = fs::read_to_string(format!("/proc/{pid}/stat")) {
+                    ns += crate::parse::stat_children_ticks(&s).ok()? * tick_ns;
                 }
             }
         }
@@ -332,6 +403,22 @@ impl Testbed {
                 c.args(["server", &ip, &port.to_string()]);
                 ("ferry-shortconn server", c)
             }
+            PG_PORT => {
+                let bin = self.pg_bin.clone().unwrap_or_default();
+                let dir = dir.join("pg");
+                let mut c = self.remote.command("runuser");
+                c.args(["-u", PG_USER, "--"]).arg(bin.join("postgres"));
+                c.arg("-D").arg(dir.join("data")).arg("-k").arg(&dir);
+                c.args(["-h", &ip, "-p", &port.to_string()]);
+                for setting in [
+                    "fsync=off",
+                    "synchronous_commit=off",
+                    "full_page_writes=off",
+                ] {
+                    c.args(["-c", setting]);
+                }
+                ("postgres", c)
+            }
             E6_PORT => {
                 let bin = self.e6_bin.clone().unwrap_or_else(|| "ferry-e6".into());
                 let mut c = self.remote.command(&bin.to_string_lossy());
@@ -383,6 +470,37 @@ impl Testbed {
             .map(|o| !o.stdout.is_empty())
             .unwrap_or(false)
     }
+}
+
+/// An `output()` that ran and succeeded, else what it said.
+fn checked(out: std::io::Result<std::process::Output>, what: &str) -> Result<(), String> {
+    match out {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(format!(
+            "{what} failed ({}): {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Err(format!("cannot run {what}: {e}")),
+    }
+}
+
+/// The directory of PostgreSQL's server programs (Debian keeps them in
+/// `/usr/lib/postgresql/VERSION/bin`; the newest there), else the one of `postgres` in
+/// `PATH`.
+pub fn postgres_bin() -> Option<PathBuf> {
+    let newest = fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let version: u32 = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("postgres").is_file().then_some((version, bin))
+        })
+        .max_by_key(|(v, _)| *v)
+        .map(|(_, bin)| bin);
+    newest.or_else(|| Some(crate::config::which("postgres")?.parent()?.to_owned()))
 }
 
 /// Online CPUs.

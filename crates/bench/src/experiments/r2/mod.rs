@@ -1,7 +1,8 @@
 //! R2: what users feel beyond bulk (docs: the team's BENCHMARKS.md). Short connections
 //! per second (`ferry-shortconn`, a C client built from `crates/bench/c/shortconn.c`
 //! when R2 runs, against the same program as a server in the remote; and
-//! `wrk -H 'Connection: close'` against nginx); CPU per request (the client side —
+//! `wrk -H 'Connection: close'` against nginx); pgbench's select-only transactions
+//! against PostgreSQL (4 clients); CPU per request (the client side —
 //! the program, ferry with its servers, or the peer — from `getrusage` of the reaped
 //! processes, plus the remote's server from `/proc/<pid>/stat`); system calls per
 //! request (a short fixed run under `perf record -e raw_syscalls:sys_enter`, split into
@@ -20,7 +21,9 @@ use crate::exec::ExecError;
 use crate::parse;
 use crate::plan::{self, Bench, Case, Extract, Metrics, Param, Row};
 use crate::plot::Area;
-use crate::topology::{HTTP_PORT, REDIS_PORT, SHORTCONN_PORT, Testbed};
+use crate::topology::{
+    HTTP_PORT, PG_DB, PG_PORT, PG_USER, REDIS_PORT, SHORTCONN_PORT, Testbed, postgres_bin,
+};
 
 pub use self::core::{Split, percentile, ratio_table, split_syscalls, us_per};
 
@@ -52,6 +55,10 @@ impl Experiment for R2 {
             Ok(()) => bed.start_shortconn(&s.shortconn)?,
             Err(why) => println!("R2: the C short-connection client is left out: {why}"),
         }
+        match pg_tools() {
+            Ok(bin) => bed.start_postgres(&bin)?,
+            Err(why) => println!("R2: pgbench is left out: {why}"),
+        }
         Ok(())
     }
 
@@ -82,7 +89,8 @@ impl Experiment for R2 {
              median where native has the metric. CPU per request: `client side` is every \
              process the harness reaped during the run (the program; ferry with its servers \
              and sandbox; slirp4netns; pasta with `runuser`), from getrusage; `server side` \
-             is the remote's server (ferry-shortconn, nginx with its worker, redis-server), \
+             is the remote's server (ferry-shortconn, nginx with its worker, redis-server, \
+             PostgreSQL with its backends; a pgbench transaction is a request), \
              from its threads' run times in /proc (ns). System calls: a separate short run \
              of the same client under `perf record -e raw_syscalls:sys_enter`, split into \
              the program, ferry's server threads and the peer (pasta, slirp4netns); `total` \
@@ -131,7 +139,8 @@ fn short_name(test: &str, metric: &str) -> String {
         .replace("short conn (C)", "short C")
         .replace("wrk Connection: close", "wrk close")
         .replace(", syscalls", "")
-        .replace("redis GET ", "GET ");
+        .replace("redis GET ", "GET ")
+        .replace("pgbench -S -c 4", "pgbench");
     let metric = match metric {
         "rate" => "rate",
         "CPU/req total" => "CPU",
@@ -289,6 +298,57 @@ fn redis_tests(s: &Settings) -> Vec<Test> {
     ]
 }
 
+/// PostgreSQL's server programs, pgbench and the server's user, or what is missing.
+fn pg_tools() -> Result<std::path::PathBuf, String> {
+    let missing = "(scripts/install-deps.sh installs postgresql)";
+    let bin = postgres_bin().ok_or(format!("no PostgreSQL server found {missing}"))?;
+    if crate::config::which("pgbench").is_none() {
+        return Err(format!("`pgbench` not found {missing}"));
+    }
+    let user = Command::new("id").arg(PG_USER).output();
+    if !user.is_ok_and(|o| o.status.success()) {
+        return Err(format!("no user `{PG_USER}` {missing}"));
+    }
+    Ok(bin)
+}
+
+/// pgbench's select-only transactions (one prepared `SELECT` a round trip), 4 clients
+/// on one thread: a libpq program waiting in `poll`.
+fn pgbench(s: &Settings, secs: u32) -> Test {
+    Test {
+        label: "pgbench -S -c 4",
+        client: strings(&[
+            "pgbench",
+            "-h",
+            &s.remote,
+            "-p",
+            &PG_PORT.to_string(),
+            "-U",
+            PG_USER,
+            "-n",
+            "-S",
+            "-M",
+            "prepared",
+            "-c",
+            "4",
+            "-j",
+            "1",
+            "-T",
+            &secs.to_string(),
+            PG_DB,
+        ]),
+        servers: vec![PG_PORT],
+        extract: Box::new(|r: &RunOut| {
+            let (n, tps) = parse::pgbench(&r.outcome.stdout)?;
+            let mut v = vec![("rate", "tx/s", tps)];
+            v.extend(cpu_metrics(r, n as f64)?);
+            Ok(v)
+        }),
+        secs,
+        traced: false,
+    }
+}
+
 fn wrk_close(s: &Settings, secs: u32) -> Test {
     let url = format!("http://{}:{HTTP_PORT}/index.html", s.remote);
     Test {
@@ -350,6 +410,9 @@ fn cases(s: &Settings, ready: &[Config]) -> Vec<Case> {
     let mut tests = shortconn_tests(s, secs, trace_secs);
     tests.push(wrk_close(s, secs));
     tests.extend(redis_tests(s));
+    if pg_tools().is_ok() {
+        tests.push(pgbench(s, secs));
+    }
     if crate::config::which("perf").is_none() {
         println!(
             "R2: system calls per request are left out: `perf` not found \

@@ -226,7 +226,7 @@ impl Testbed {
     }
 
     /// Starts R2's PostgreSQL server in the remote namespace (`bin`: the directory of
-    /// `initdb` and `postgres`): a cluster made by `initdb` in the scratch directory,
+    /// `initdb`, `postgres` and `pgbench`): a cluster made by `initdb` in the scratch directory,
     /// owned by [`PG_USER`] (the server refuses to run as root), open to any address
     /// without a password, with durability off (`fsync`, synchronous commit: the rows
     /// measure the network, not the disk), and pgbench's tables (scale 1) made in it.
@@ -265,7 +265,7 @@ impl Testbed {
         fs::write(&hba, rules).map_err(scratch_err(&hba))?;
         self.pg_bin = Some(bin.to_owned());
         self.start(PG_PORT)?;
-        let tables = Command::new("pgbench")
+        let tables = Command::new(bin.join("pgbench"))
             .args(["-i", "-q", "-s", "1", "-h", &self.remote_ip().to_string()])
             .args(["-p", &PG_PORT.to_string(), "-U", PG_USER, PG_DB])
             .output();

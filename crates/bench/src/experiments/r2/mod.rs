@@ -298,12 +298,14 @@ fn redis_tests(s: &Settings) -> Vec<Test> {
     ]
 }
 
-/// PostgreSQL's server programs, pgbench and the server's user, or what is missing.
+/// The directory of PostgreSQL's programs (the server's and pgbench, there itself and
+/// not through Debian's Perl wrapper, whose start-up would count in the client's CPU),
+/// with the server's user, or what is missing.
 fn pg_tools() -> Result<std::path::PathBuf, String> {
     let missing = "(scripts/install-deps.sh installs postgresql)";
     let bin = postgres_bin().ok_or(format!("no PostgreSQL server found {missing}"))?;
-    if crate::config::which("pgbench").is_none() {
-        return Err(format!("`pgbench` not found {missing}"));
+    if !bin.join("pgbench").is_file() {
+        return Err(format!("no pgbench in {} {missing}", bin.display()));
     }
     let user = Command::new("id").arg(PG_USER).output();
     if !user.is_ok_and(|o| o.status.success()) {
@@ -314,11 +316,11 @@ fn pg_tools() -> Result<std::path::PathBuf, String> {
 
 /// pgbench's select-only transactions (one prepared `SELECT` a round trip), 4 clients
 /// on one thread: a libpq program waiting in `poll`.
-fn pgbench(s: &Settings, secs: u32) -> Test {
+fn pgbench(s: &Settings, secs: u32, bin: &Path) -> Test {
     Test {
         label: "pgbench -S -c 4",
         client: strings(&[
-            "pgbench",
+            &bin.join("pgbench").to_string_lossy(),
             "-h",
             &s.remote,
             "-p",
@@ -410,8 +412,8 @@ fn cases(s: &Settings, ready: &[Config]) -> Vec<Case> {
     let mut tests = shortconn_tests(s, secs, trace_secs);
     tests.push(wrk_close(s, secs));
     tests.extend(redis_tests(s));
-    if pg_tools().is_ok() {
-        tests.push(pgbench(s, secs));
+    if let Ok(bin) = pg_tools() {
+        tests.push(pgbench(s, secs, &bin));
     }
     if crate::config::which("perf").is_none() {
         println!(

@@ -373,6 +373,12 @@ impl NicServer {
                 continue;
             }
             let timeout = self.idle_wait(&mut idle_since);
+            if timeout.is_zero() {
+                // A spin gives way to any thread waiting for this CPU (the sandbox's
+                // program, the peer's: at SCHED_FIFO none would run until the spin
+                // ended).
+                std::thread::yield_now();
+            }
             self.device_due = false;
             let slept = self.clock.now();
             if self.wait_events(timeout) {

@@ -1,6 +1,7 @@
 //! The NIC server's real loop (`NicServer::run`, its thread, epoll) over a frame queue
 //! that is one end of an `AF_UNIX` `SOCK_SEQPACKET` pair, as a TAP queue carries frames:
-//! what spinning costs and that a frame is read whether the server spins or sleeps.
+//! what spinning costs, that a frame is read whether the server spins or sleeps, and that
+//! a spin gives way to a thread waiting for its CPU.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
@@ -100,5 +101,62 @@ fn a_peer_slower_than_the_spin_stops_the_server_spinning() {
         "twenty frames spun {} turns, one {}",
         many.spin_turns,
         one.spin_turns
+    );
+}
+
+/// Makes the calling thread SCHED_FIFO at `prio`; false when not allowed (not root).
+fn fifo(prio: i32) -> bool {
+    let p = libc::sched_param {
+        sched_priority: prio,
+    };
+    // SAFETY: `p` is a valid sched_param for the call's duration; 0 is this thread.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) == 0 }
+}
+
+#[test]
+fn a_spinning_server_gives_way_to_a_thread_of_its_priority_on_its_cpu() {
+    // The server spins on CPU `cpu` at SCHED_FIFO, as under `chrt -f` (the benchmarks'
+    // way): a thread of the same priority moved onto that CPU — the sandbox's program,
+    // the peer — runs at once, not when the spin ends (before: a whole second here,
+    // the spin's window; in bulk transfers the spin kept the program off its CPU).
+    if !fifo(1) {
+        eprintln!("skipped: SCHED_FIFO is not allowed here (run as root)");
+        return;
+    }
+    let normal = libc::sched_param { sched_priority: 0 };
+    // SAFETY: as in `fifo`; back to the default policy for the rest of this thread.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &normal) };
+    let cpu = ferry_sys::allowed_cpus().unwrap()[0];
+    let (queue, _sandbox) = ferry_sys::socketpair(
+        libc::AF_UNIX,
+        libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+    )
+    .unwrap();
+    let mut cfg = NicConfig::new(Plan::avoiding(&[]));
+    cfg.spin = Duration::from_secs(1);
+    let srv = NicServer::new(0, queue, Arc::new(cfg), &[]).unwrap();
+    let stop = srv.stop_handle();
+    let server = thread::spawn(move || {
+        ferry_sys::pin_thread(0, cpu).unwrap();
+        assert!(fifo(10));
+        srv.run()
+    });
+    // Spinning since its first turn (nothing to do).
+    thread::sleep(Duration::from_millis(50));
+    let waited = thread::spawn(move || {
+        assert!(fifo(10));
+        let t0 = std::time::Instant::now();
+        // Returns once this thread runs on the server's CPU.
+        ferry_sys::pin_thread(0, cpu).unwrap();
+        t0.elapsed()
+    })
+    .join()
+    .unwrap();
+    stop.stop();
+    let s = server.join().unwrap();
+    assert!(s.spin_turns > 0, "{s:?}");
+    assert!(
+        waited < Duration::from_millis(300),
+        "a thread waited {waited:?} for the spinning server's CPU"
     );
 }

@@ -202,6 +202,8 @@ def unspec():
         raise OSError(ctypes.get_errno(), "connect AF_UNSPEC")
 attempt("unspec", unspec)
 attempt("loopback", lambda: s.connect(("127.0.0.1", lport)))
+# A second connect learns what the kernel says of a connected socket, and moves nothing.
+attempt("same", lambda: s.connect((ip, port)))
 attempt("bind", lambda: s.bind(("0.0.0.0", 0)))
 attempt("listen", lambda: s.listen(1))
 attempt("fastopen", lambda: s.sendto(b"x", socket.MSG_FASTOPEN, ("127.0.0.1", lport)))
@@ -249,11 +251,11 @@ fn a_handed_off_socket_cannot_be_re_aimed() {
         "{out}\n{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let (eperm, refused) = (libc::EPERM, libc::ECONNREFUSED);
+    let (eperm, refused, isconn) = (libc::EPERM, libc::ECONNREFUSED, libc::EISCONN);
     assert_eq!(
         out.trim(),
         format!(
-            "unspec {eperm}\nloopback {eperm}\nbind {eperm}\nlisten {eperm}\nfastopen {eperm}\n\
+            "unspec {eperm}\nloopback {isconn}\nsame {isconn}\nbind {eperm}\nlisten {eperm}\nfastopen {eperm}\n\
              ip_options {eperm}\nsend ok\necho still here\nsendto ok\necho to the peer\n\
              refused {refused}\nrefused {refused}\n\
              again ok\nsend-again ok\necho-again again"

@@ -40,13 +40,13 @@ struct Registration {
 }
 
 /// Puts `host` (the init's descriptor) at fd number `target` of the caller of
-/// notification `id` (thread `tid`, whose pidfd is `pidfd`), replacing `old` (the
-/// init's copy of the file that was there): 0, or `-errno` when the kernel refused.
+/// notification `id` (thread `tid`), replacing `old` (the init's copy of the file that
+/// was there): 0, or `-errno` when the kernel refused. The caller's pidfd is taken only
+/// when there are registrations to carry (most connects have none).
 pub(crate) fn hand_in(
     listener: c_int,
     id: u64,
-    (tid, pidfd): (u32, c_int),
-    target: c_int,
+    (tid, target): (u32, c_int),
     old: c_int,
     host: c_int,
 ) -> i64 {
@@ -73,8 +73,16 @@ pub(crate) fn hand_in(
     if unsafe { libc::ioctl(listener, libc::SECCOMP_IOCTL_NOTIF_ADDFD, &add) } < 0 {
         return -i64::from(errno());
     }
+    if n == 0 {
+        return 0;
+    }
+    // The pidfd names the caller (checked while it still waits), so the sets taken
+    // through it are the caller's whatever its tid named during the scan.
+    let Ok(pidfd) = crate::host_guard::pidfd_of(listener, id, tid) else {
+        return 0;
+    };
     for r in &regs[..n] {
-        carry(pidfd, r, target, host);
+        carry(pidfd.raw(), r, target, host);
     }
     0
 }

@@ -25,8 +25,9 @@
 //! and asks the kernel what it is:
 //!
 //! - an inet socket of another network namespace than the sandbox's
-//!   (`SO_NETNS_COOKIE`): a handed-off one, `EPERM`; not a socket: `ENOTSOCK`; gone:
-//!   `EBADF`;
+//!   (`SO_NETNS_COOKIE`): a handed-off one, `EPERM` (a `connect` that would not move
+//!   it, `EISCONN`/`EALREADY` as the kernel's, [`host_connect`]); not a socket:
+//!   `ENOTSOCK`; gone: `EBADF`;
 //! - an inet socket of the sandbox: the init makes the call itself, on its copy, with
 //!   the address it read once from the caller (`process_vm_readv`); the result is the
 //!   answer. A TCP connect that may be a hand-off is first asked about (handoff.rs):
@@ -274,8 +275,11 @@ enum Kind {
     SandboxInet,
     /// Another family (unix, netlink, …): never a host socket.
     NotInet,
-    /// Refused with this errno: an inet socket of another namespace (a handed-off
-    /// one: `EPERM`), not a socket (`ENOTSOCK`).
+    /// An inet socket of another namespace (a handed-off one): never re-aimed; a
+    /// `connect` on it learns what the kernel would say without one being made
+    /// ([`host_connect`]), every other call `EPERM`.
+    Host,
+    /// Refused with this errno: not a socket (`ENOTSOCK`), unreadable (`EPERM`).
     Refused(c_int),
 }
 
@@ -292,7 +296,42 @@ fn kind_of(fd: c_int, own: Option<u64>) -> Kind {
     }
     match (netns_cookie(fd), own) {
         (Some(c), Some(o)) if c == o => Kind::SandboxInet,
+        (Some(_), Some(_)) => Kind::Host,
         _ => Kind::Refused(libc::EPERM),
+    }
+}
+
+/// The answer to a `connect` on host socket `fd` (a handed-off one) to an address of
+/// family `family` (`None`: shorter than a family): what the kernel answers a connect
+/// that cannot move the socket — `EISCONN` once connected, `EALREADY` while
+/// connecting — and `EPERM` for every connect that would move it (`AF_UNSPEC`
+/// dissolves the connection, and a closed socket would connect anew). Nothing is made
+/// on the socket: only its state is read.
+fn host_connect(fd: c_int, family: Option<c_int>) -> c_int {
+    if matches!(family, None | Some(libc::AF_UNSPEC)) {
+        return libc::EPERM;
+    }
+    let mut info = [0u8; 8];
+    let mut len = info.len() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `info`, a live local.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    // tcp_info's first byte is the state (include/net/tcp_states.h).
+    const SYN_SENT: u8 = 2;
+    const CLOSE: u8 = 7;
+    const LISTEN: u8 = 10;
+    match (r, len, info[0]) {
+        (0, 1.., SYN_SENT) => libc::EALREADY,
+        (0, 1.., CLOSE | LISTEN) => libc::EPERM,
+        (0, 1.., _) => libc::EISCONN,
+        _ => libc::EPERM,
     }
 }
 
@@ -333,6 +372,11 @@ impl Addr {
 
     fn ptr(&self) -> *const libc::sockaddr {
         self.bytes.as_ptr().cast()
+    }
+
+    /// The address family (`None`: the address is shorter than one).
+    fn family(&self) -> Option<c_int> {
+        (self.len >= 2).then(|| c_int::from(u16::from_ne_bytes([self.bytes[0], self.bytes[1]])))
     }
 
     /// The port of an inet address (0 for others).
@@ -471,6 +515,11 @@ impl Guard {
         let backlog = req.data.args[1] as u32 as c_int;
         match kind_of(copy.raw(), self.own) {
             Kind::Refused(e) => Verdict::Done(-i64::from(e)),
+            Kind::Host if call == Call::Connect => match read_addr(listener, req) {
+                Ok(addr) => Verdict::Done(-i64::from(host_connect(copy.raw(), addr.family()))),
+                Err(e) => Verdict::Done(-i64::from(e)),
+            },
+            Kind::Host => Verdict::Done(-i64::from(libc::EPERM)),
             Kind::SandboxInet if call == Call::Listen => {
                 Verdict::Done(make(call, copy.raw(), &Addr::NONE, backlog))
             }
@@ -753,10 +802,7 @@ fn connected(listener: c_int, p: &Pending) -> i64 {
 /// Puts host socket `host` at fd number `target` of thread `tid`, the caller of
 /// notification `id`, in place of `old` (carry.rs): 0 or `-errno`.
 fn put_in(listener: c_int, id: u64, (tid, target): (u32, c_int), old: c_int, host: c_int) -> i64 {
-    let Ok(pidfd) = pidfd_of(listener, id, tid) else {
-        return -i64::from(libc::EPERM);
-    };
-    crate::carry::hand_in(listener, id, (tid, pidfd.raw()), target, old, host)
+    crate::carry::hand_in(listener, id, (tid, target), old, host)
 }
 
 /// The answer on `fd` (handoff.rs): its code and the host socket with it; a missing
@@ -904,10 +950,10 @@ fn connect_without_waiting(fd: c_int, addr: &Addr) -> i64 {
 }
 
 /// An fd the init owns, closed on drop unless kept.
-struct Fd(c_int);
+pub(crate) struct Fd(c_int);
 
 impl Fd {
-    fn raw(&self) -> c_int {
+    pub(crate) fn raw(&self) -> c_int {
         self.0
     }
 
@@ -947,7 +993,7 @@ fn their_fd(listener: c_int, req: &libc::seccomp_notif, fd: c_int) -> Result<Fd,
 }
 
 /// A pidfd of thread `tid`, checked to be the caller of notification `id`.
-fn pidfd_of(listener: c_int, id: u64, tid: u32) -> Result<Fd, c_int> {
+pub(crate) fn pidfd_of(listener: c_int, id: u64, tid: u32) -> Result<Fd, c_int> {
     // SAFETY: pidfd_open(2) with integer arguments.
     let mut pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, tid, PIDFD_THREAD) };
     if pidfd < 0 {
@@ -1227,13 +1273,52 @@ mod tests {
             return;
         }
         assert_eq!(kind_of(fd, own), Kind::SandboxInet);
-        assert_eq!(kind_of(fd, own.map(|c| c + 1)), Kind::Refused(libc::EPERM));
+        assert_eq!(kind_of(fd, own.map(|c| c + 1)), Kind::Host);
         let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
         let ufd = std::os::fd::AsRawFd::as_raw_fd(&a);
         assert_eq!(kind_of(ufd, own.map(|c| c + 1)), Kind::NotInet);
         let f = std::fs::File::open("/dev/null").unwrap();
         let ffd = std::os::fd::AsRawFd::as_raw_fd(&f);
         assert_eq!(kind_of(ffd, own), Kind::Refused(libc::ENOTSOCK));
+    }
+
+    #[test]
+    fn a_connect_on_a_host_socket_learns_its_state_and_never_moves_it() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&c);
+        let (inet, inet6) = (Some(libc::AF_INET), Some(libc::AF_INET6));
+        assert_eq!(host_connect(fd, inet), libc::EISCONN);
+        assert_eq!(host_connect(fd, inet6), libc::EISCONN);
+        assert_eq!(host_connect(fd, Some(libc::AF_UNSPEC)), libc::EPERM);
+        assert_eq!(host_connect(fd, None), libc::EPERM);
+        let lfd = std::os::fd::AsRawFd::as_raw_fd(&l);
+        assert_eq!(host_connect(lfd, inet), libc::EPERM);
+        let fresh = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let ufd = std::os::fd::AsRawFd::as_raw_fd(&fresh);
+        assert_eq!(host_connect(ufd, inet), libc::EPERM, "not TCP: no TCP_INFO");
+        // A socket reset by its peer (closed) would connect anew: refused.
+        c.set_nonblocking(true).unwrap();
+        let (a, _) = l.accept().unwrap();
+        let linger = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: setsockopt reads `size_of::<linger>()` bytes of a live local.
+        unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&a),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&raw const linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
+        drop(a);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let mut b = [0u8; 1];
+        let _ = std::io::Read::read(&mut &c, &mut b);
+        assert_eq!(host_connect(fd, inet), libc::EPERM);
     }
 
     #[test]

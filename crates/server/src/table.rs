@@ -370,8 +370,9 @@ impl SockTable {
 /// `close(2)`, where the kernel sends the FIN or reset and tears the connection down,
 /// tens of µs; and the pair's) waits for a turn with nothing to do: it then costs no
 /// request its time (a program of short connections asks for its next socket right
-/// after its close). Their pairs have left the event loop; their host sockets stay in it
-/// until closed, and an event of one finds no socket and is ignored. Bounded: closed
+/// after its close). A ring path's pair has left the event loop (it is level-triggered);
+/// an edge-triggered pair and the host socket stay in it until closed, and an event of
+/// one finds no socket and is ignored. Bounded: closed
 /// once [`Closing::MAX_HELD`] wait or the oldest has waited [`Closing::MAX_WAIT`], at a
 /// bind's `EADDRINUSE` and when the server stops. Only connected streams: a port such a
 /// socket holds stays taken after the kernel's `close` too (the connection ends after
@@ -475,9 +476,13 @@ impl Server {
                 self.stats.closed_socket(s.stats);
                 debug!("socket {id}: closed");
                 if s.is_stream() && s.connected() {
-                    // Closed in a turn with nothing to do (`Closing`); its pair's hang-up
-                    // would wake every wait meanwhile.
-                    let _ = self.epoll.delete(s.pair.as_fd());
+                    // Closed in a turn with nothing to do (`Closing`). A level-triggered
+                    // pair's (the ring path's) hang-up would wake every wait meanwhile;
+                    // an edge-triggered one's was reported once, and a later event finds
+                    // no socket and is ignored, as the host socket's: one call less.
+                    if !s.rx.pair() {
+                        let _ = self.epoll.delete(s.pair.as_fd());
+                    }
                     self.closing.hold(s);
                 }
                 // Else dropping `s` closes the host socket, its only descriptor (a

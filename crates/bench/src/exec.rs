@@ -372,6 +372,23 @@ impl Drop for Daemon {
     }
 }
 
+/// Runs `cmd` (stdin empty) and waits for it: its stdout, trimmed, or why it failed
+/// (`what`, the status and the last line it wrote to stderr).
+pub fn output(cmd: &mut Command, what: &str) -> Result<String, String> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("{what}: {e}"))?;
+    let text = |b: &[u8]| String::from_utf8_lossy(b).trim().to_owned();
+    if out.status.success() {
+        Ok(text(&out.stdout))
+    } else {
+        let err = text(&out.stderr);
+        let last = err.lines().last().unwrap_or("");
+        Err(format!("{what}: {} {last}", out.status))
+    }
+}
+
 /// `pid` and every process below it (`/proc/<pid>/task/*/children`).
 pub fn with_descendants(pid: u32) -> Vec<u32> {
     let mut all = vec![pid];

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use ferry_sandbox::testbed::{Remote, free_subnet};
 
-use crate::exec::Daemon;
+use crate::exec::{Daemon, output};
 
 /// iperf3 server for everything but E3.
 pub const IPERF_PORT: u16 = 5201;
@@ -237,14 +237,12 @@ impl Testbed {
         };
         let dir = self.scratch().join("pg");
         fs::create_dir_all(&dir).map_err(scratch_err(&dir))?;
-        let owner = Command::new("chown")
-            .arg(format!("{PG_USER}:"))
-            .arg(&dir)
-            .output();
-        checked(owner, "chown").map_err(fail)?;
+        let mut owner = Command::new("chown");
+        owner.arg(format!("{PG_USER}:")).arg(&dir);
+        output(&mut owner, "chown").map_err(fail)?;
         let data = dir.join("data");
-        let init = Command::new("runuser")
-            .args(["-u", PG_USER, "--"])
+        let mut init = Command::new("runuser");
+        init.args(["-u", PG_USER, "--"])
             .arg(bin.join("initdb"))
             .args([
                 "-A",
@@ -256,20 +254,19 @@ impl Testbed {
                 "UTF8",
                 "-D",
             ])
-            .arg(&data)
-            .output();
-        checked(init, "initdb").map_err(fail)?;
+            .arg(&data);
+        output(&mut init, "initdb").map_err(fail)?;
         let hba = data.join("pg_hba.conf");
         let mut rules = fs::read_to_string(&hba).map_err(scratch_err(&hba))?;
         rules.push_str("host all all 0.0.0.0/0 trust\n");
         fs::write(&hba, rules).map_err(scratch_err(&hba))?;
         self.pg_bin = Some(bin.to_owned());
         self.start(PG_PORT)?;
-        let tables = Command::new(bin.join("pgbench"))
+        let mut tables = Command::new(bin.join("pgbench"));
+        tables
             .args(["-i", "-q", "-s", "1", "-h", &self.remote_ip().to_string()])
-            .args(["-p", &PG_PORT.to_string(), "-U", PG_USER, PG_DB])
-            .output();
-        checked(tables, "pgbench -i").map_err(fail)
+            .args(["-p", &PG_PORT.to_string(), "-U", PG_USER, PG_DB]);
+        output(&mut tables, "pgbench -i").map(drop).map_err(fail)
     }
 
     /// CPU time used so far by the servers on `ports` (each with its child processes,
@@ -469,19 +466,6 @@ impl Testbed {
             .output()
             .map(|o| !o.stdout.is_empty())
             .unwrap_or(false)
-    }
-}
-
-/// An `output()` that ran and succeeded, else what it said.
-fn checked(out: std::io::Result<std::process::Output>, what: &str) -> Result<(), String> {
-    match out {
-        Ok(o) if o.status.success() => Ok(()),
-        Ok(o) => Err(format!(
-            "{what} failed ({}): {}",
-            o.status,
-            String::from_utf8_lossy(&o.stderr).trim()
-        )),
-        Err(e) => Err(format!("cannot run {what}: {e}")),
     }
 }
 

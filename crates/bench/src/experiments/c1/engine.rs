@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::core::{CpuFile, cgroup_cpu_file};
-use crate::exec::{Daemon, with_descendants};
+use crate::exec::{Daemon, output, with_descendants};
 
 /// scripts/oci-image.sh, run with `bash -c` (the bench may run from anywhere).
 const IMAGE_SCRIPT: &str = include_str!("../../../../../scripts/oci-image.sh");
@@ -23,25 +23,6 @@ pub const IMAGE: &str = "ferry-bench";
 pub const PUBLISHING: &str = "ferry-pub";
 /// ferry's option publishing nginx's port (8080) in the engine's namespace.
 pub const PUBLISH: &str = "ferry.publish=8080:8080";
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).trim().to_owned()
-}
-
-/// Runs `cmd`; its stdout, or why it failed.
-fn output(cmd: &mut Command, what: &str) -> Result<String, String> {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("{what}: {e}"))?;
-    if out.status.success() {
-        Ok(text(&out.stdout))
-    } else {
-        let err = text(&out.stderr);
-        let last = err.lines().last().unwrap_or("").to_owned();
-        Err(format!("{what}: {} {last}", out.status))
-    }
-}
 
 /// Prefix of the engines' commands: the normal scheduling policy. Under a real-time
 /// bench (`chrt -f 10 ferry bench`) Go programs that spin (docker import's untar,

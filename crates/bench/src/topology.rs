@@ -1,7 +1,8 @@
 //! The two-machine topology of the papers on one host: a "remote" network namespace
 //! joined to the host by a veth pair, running the servers every configuration's client
 //! talks to (iperf3, sockperf over TCP and UDP, redis-server, nginx over a generated
-//! file set).
+//! file set; for one experiment only, E6's requester and R2's short-connection server
+//! and PostgreSQL).
 //!
 //! Everything is owned by [`Testbed`]: dropping it (normal end, error, Ctrl-C) stops the
 //! servers, deletes the namespace and the veth, and removes the scratch directory.

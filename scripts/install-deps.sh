@@ -36,6 +36,8 @@ SERVICES=(redis-server nginx iperf3 docker containerd postgresql)
 # The fuzz targets' runner (scripts/fuzz.sh); libfuzzer-sys builds with g++.
 CARGO_FUZZ_VERSION=0.13.1
 TEST_USER=ferrytest
+# Where the script adds Debian's backports when a package from there needs its kin.
+FERRY_BACKPORTS_SOURCES=/etc/apt/sources.list.d/ferry-backports.sources
 
 say() { printf 'install-deps: %s\n' "$*"; }
 die() { printf 'install-deps: error: %s\n' "$*" >&2; exit 1; }
@@ -85,6 +87,14 @@ else
     apt-get install -y --no-install-recommends "${wanted[@]}"
     if [ "${#later[@]}" -gt 0 ]; then
         suite="$(. /etc/os-release && echo "$VERSION_CODENAME")-backports"
+        if ! apt-cache policy | grep -q "a=$suite\|n=$suite,"; then
+            # A machine can carry a package from backports without the suite in its
+            # sources: add Debian's (the release's own keyring signs it).
+            say "adding $suite to apt's sources ($FERRY_BACKPORTS_SOURCES)"
+            printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: %s\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+                "$suite" >"$FERRY_BACKPORTS_SOURCES"
+            apt-get update
+        fi
         say "apt-get install -t $suite ${later[*]} (qemu-utils $utils is from there)"
         apt-get install -y --no-install-recommends -t "$suite" "${later[@]}"
     fi

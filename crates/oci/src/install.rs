@@ -37,11 +37,15 @@ pub fn check_name(name: &str) -> Result<(), InstallError> {
 }
 
 /// Docker's `daemon.json` (`current`: the file's text, if any) with runtime `name`
-/// running `ferry oci` with `presets`.
+/// running `ferry oci` with `presets`: the `ferry-oci` `link` itself when there are
+/// none and it is given (dockerd wraps a runtime that has `runtimeArgs` in a shell
+/// script: one more exec on each of its runtime calls), else `ferry` with
+/// `runtimeArgs`.
 pub fn docker(
     current: Option<&str>,
     name: &str,
     ferry: &str,
+    link: Option<&str>,
     presets: &[(String, String)],
 ) -> Result<String, InstallError> {
     check_name(name)?;
@@ -57,11 +61,17 @@ pub fn docker(
     let runtimes = runtimes
         .as_object_mut()
         .ok_or_else(|| InstallError::Config("daemon.json: runtimes is not an object".into()))?;
-    let mut args = vec![json!("oci")];
-    for (k, v) in presets {
-        args.extend([json!("--preset"), json!(format!("{k}={v}"))]);
-    }
-    runtimes.insert(name.into(), json!({"path": ferry, "runtimeArgs": args}));
+    let entry = match link {
+        Some(link) if presets.is_empty() => json!({ "path": link }),
+        _ => {
+            let mut args = vec![json!("oci")];
+            for (k, v) in presets {
+                args.extend([json!("--preset"), json!(format!("{k}={v}"))]);
+            }
+            json!({"path": ferry, "runtimeArgs": args})
+        }
+    };
+    runtimes.insert(name.into(), entry);
     serde_json::to_string_pretty(&config)
         .map(|s| s + "\n")
         .map_err(|e| InstallError::Config(e.to_string()))
@@ -114,7 +124,14 @@ mod tests {
         let current =
             r#"{"debug": true, "runtimes": {"other": {"path": "/x"}, "ferry": {"path": "/old"}}}"#;
         let presets = [("ferry.deny".to_owned(), "10.0.0.0/8".to_owned())];
-        let out = docker(Some(current), "ferry", "/usr/bin/ferry", &presets).unwrap();
+        let out = docker(
+            Some(current),
+            "ferry",
+            "/usr/bin/ferry",
+            Some("/l"),
+            &presets,
+        )
+        .unwrap();
         let v: Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["debug"], true);
         assert_eq!(v["runtimes"]["other"]["path"], "/x");
@@ -122,25 +139,30 @@ mod tests {
             v["runtimes"]["ferry"],
             json!({"path": "/usr/bin/ferry", "runtimeArgs": ["oci", "--preset", "ferry.deny=10.0.0.0/8"]})
         );
-        let fresh: Value = serde_json::from_str(&docker(None, "f", "/f", &[]).unwrap()).unwrap();
+        let fresh: Value =
+            serde_json::from_str(&docker(None, "f", "/f", None, &[]).unwrap()).unwrap();
         assert_eq!(
             fresh,
             json!({"runtimes": {"f": {"path": "/f", "runtimeArgs": ["oci"]}}})
         );
+        // No presets: the link, which dockerd runs without a wrapper script.
+        let linked: Value =
+            serde_json::from_str(&docker(None, "f", "/f", Some("/l"), &[]).unwrap()).unwrap();
+        assert_eq!(linked, json!({"runtimes": {"f": {"path": "/l"}}}));
     }
 
     #[test]
     fn bad_files_and_names_are_refused() {
         assert!(matches!(
-            docker(Some("{"), "f", "/f", &[]),
+            docker(Some("{"), "f", "/f", None, &[]),
             Err(InstallError::Config(_))
         ));
         assert!(matches!(
-            docker(Some("[]"), "f", "/f", &[]),
+            docker(Some("[]"), "f", "/f", None, &[]),
             Err(InstallError::Config(_))
         ));
         assert!(matches!(
-            docker(Some(r#"{"runtimes": 1}"#), "f", "/f", &[]),
+            docker(Some(r#"{"runtimes": 1}"#), "f", "/f", None, &[]),
             Err(InstallError::Config(_))
         ));
         assert_eq!(podman("a b", "/l"), Err(InstallError::Name("a b".into())));

@@ -1,5 +1,5 @@
-//! `ferry oci create`: check the container's options → make its state directory →
-//! start its network side → place the shim → rewrite the bundle → the real runtime's
+//! `ferry oci create`: make the container's state directory → start its network side
+//! → check the container's options (meanwhile) → place the shim → rewrite the bundle → the real runtime's
 //! create (into the sandbox's namespace) → give the network side the container's pid.
 //! Any failure leaves nothing: the network side is killed and the state removed.
 
@@ -36,18 +36,29 @@ fn create_timed(inv: &Invocation, t: &mut Stages) -> Result<i32, OciError> {
     let spec = read_spec(&bundle)?;
     let engine = spec::engine_netns(&spec)?;
     let flags = options::flags(&inv.globals.presets, &spec::annotations(&spec))?;
-    let net = check(&flags)?;
-    let preload = net != Net::Nic && spec::can_load_shim(&spec::rootfs(&spec, &bundle)?);
     let dir = StateDir::make(inv.globals.root.as_deref(), &c.id)?;
-    t.mark("check");
-    let flat: Vec<String> = flags.into_iter().flat_map(|f| f.args).collect();
+    let flat: Vec<String> = flags.iter().flat_map(|f| f.args.clone()).collect();
     let stderr = (!spec::terminal(&spec)).then(inheritable_stderr).flatten();
     let targets = report::Targets {
         stderr_fd: stderr.as_ref().map(AsRawFd::as_raw_fd),
         log: inv.globals.log.clone().map(|l| (l, inv.globals.log_json)),
     };
+    // The network side starts (its exec, plan and sandbox: most of `create`'s own
+    // time) while the options are checked here; refused ones end it before it makes
+    // anything (it checks them first too).
     let mut side = Side::spawn(&dir.0, &c.id, &engine, &targets, &flat)?;
     drop(stderr);
+    let preload = match check(&flags)
+        .and_then(|net| Ok(net != Net::Nic && spec::can_load_shim(&spec::rootfs(&spec, &bundle)?)))
+    {
+        Ok(p) => p,
+        Err(e) => {
+            // Whatever it made is removed once it has said so (or it removed it).
+            let _ = side.ready();
+            return Err(e);
+        }
+    };
+    t.mark("check");
     let ready = side.ready()?;
     t.mark("side");
     let shim = if preload {

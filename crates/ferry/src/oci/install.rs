@@ -82,10 +82,17 @@ pub(super) fn install(inv: &Invocation) -> Result<i32, OciError> {
         Engine::Docker => {
             let file = o.config.unwrap_or_else(|| "/etc/docker/daemon.json".into());
             let current = std::fs::read_to_string(&file).ok();
+            // Without presets dockerd runs the link directly (no wrapper script); where
+            // no link can be made, ferry with `runtimeArgs` does as well, an exec slower.
+            let link = presets
+                .is_empty()
+                .then(|| make_link(o.link, &ferry).ok())
+                .flatten();
             let text = install::docker(
                 current.as_deref(),
                 &o.name,
                 &ferry.to_string_lossy(),
+                link.as_deref().map(Path::to_string_lossy).as_deref(),
                 presets,
             )
             .map_err(bad)?;

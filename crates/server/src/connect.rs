@@ -638,8 +638,9 @@ impl Connects<'_> {
         let Some(s) = self.socks.remove(&id) else {
             return;
         };
+        // The host socket's file lives on in the program: out of the event loop by hand.
+        // The pair's end is the server's alone, so closing it (below) takes it out.
         let _ = self.epoll.delete(s.fd.as_fd());
-        let _ = self.epoll.delete(s.pair.as_fd());
         self.shared.socket_closed();
         self.stats.closed_socket(s.stats);
         debug!("socket {id}: handed off");
@@ -691,14 +692,17 @@ impl Connects<'_> {
                 Ok(()) => 0,
                 Err(e) => Errno::of(&e).0,
             }
+        } else if matches!(io.sock_addr(s.fd.as_fd(), true), Ok(Some(_))) {
+            // A peer is proof of a connection, in one call (the kernel names one from
+            // the handshake's end until the connection is closed); an error that came
+            // after it stays for the program's next call, as the kernel's would.
+            0
         } else {
             match io.getsockopt_int(s.fd.as_fd(), libc::SOL_SOCKET, libc::SO_ERROR) {
-                // No error kept is no proof of a connection: another call (a receive, a
-                // getsockopt) may have taken it. Only a peer is; without one the
-                // kernel's next connect says ECONNABORTED, and so does this one's outcome.
-                Ok(0) if !matches!(io.sock_addr(s.fd.as_fd(), true), Ok(Some(_))) => {
-                    libc::ECONNABORTED
-                }
+                // No error kept is no proof of a failure's cause: another call (a
+                // receive, a getsockopt) may have taken it. Without a peer the kernel's
+                // next connect says ECONNABORTED, and so does this one's outcome.
+                Ok(0) => libc::ECONNABORTED,
                 Ok(e) => e,
                 Err(_) => libc::EIO,
             }

@@ -1539,26 +1539,7 @@ const PROBE_GAP_SPINS: u32 = 10;
 /// S0's spin for a wait the kernel does (a receive, `poll`, `epoll_wait`…): tries `f`
 /// until it gives an answer or `limit` has passed (`None`), spinning purely for the
 /// policy's first part and yielding between tries after it.
-pub fn spin_for<T>(p: SpinPolicy, limit: Duration, f: impl FnMut() -> Option<T>) -> Option<T> {
-    spin_paced(p, limit, false, f)
-}
-
-/// [`spin_for`] for a wait on the network (a blocking pair receive, a `poll`, `select`
-/// or `epoll_wait` on ferry sockets): it also ends (`None`: sleep) after the first try
-/// that follows a yield which ran another thread. This CPU has other work then (the
-/// peer, the server, another program), which the spin's tries only delay, and a sleep's
-/// wake-up costs less than the rest of the spin: pgbench -S with 4 clients (PostgreSQL
-/// on the same 2 vCPUs) spun through most of its waits.
-pub fn spin_for_net<T>(p: SpinPolicy, limit: Duration, f: impl FnMut() -> Option<T>) -> Option<T> {
-    spin_paced(p, limit, true, f)
-}
-
-fn spin_paced<T>(
-    p: SpinPolicy,
-    limit: Duration,
-    give_way: bool,
-    mut f: impl FnMut() -> Option<T>,
-) -> Option<T> {
+pub fn spin_for<T>(p: SpinPolicy, limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let t0 = Instant::now();
     let mut pacer = YieldPacer::new();
     loop {
@@ -1566,7 +1547,7 @@ fn spin_paced<T>(
             return Some(v);
         }
         let spent = t0.elapsed();
-        if spent >= limit || (give_way && pacer.gave_way()) {
+        if spent >= limit {
             return None;
         }
         if spent >= p.pure_spin {

@@ -14,9 +14,7 @@ use ferry_proto::{BufRef, CMP_DRAIN_TOKEN, Call, Cmp, WireAddr, cmsg, server_of}
 use libc::{off_t, sockaddr, socklen_t};
 
 use crate::addr::read_sockaddr;
-use crate::chan::{
-    Channel, Slot, Wait, kernel_budget, kernel_waited, spin_for, spin_for_net, spin_pays,
-};
+use crate::chan::{Channel, Slot, Wait, kernel_budget, kernel_waited, spin_for, spin_pays};
 use crate::errno::{Errno, Res};
 use crate::fdtable::{F_SHUT_WR, Sock, TABLE};
 use crate::iov::{IoCursor, MAX_RW};
@@ -768,7 +766,7 @@ unsafe fn pair_spin(
     kflags: c_int,
 ) -> Res<Option<usize>> {
     let p = ch.spin_policy();
-    spin_for_net(p, kernel_budget(p.span), || {
+    spin_for(p, kernel_budget(p.span), || {
         // SAFETY: `iov` names `n` writable buffers (# Safety), as `recv_iov` asks.
         match unsafe { crate::sys::recv_iov(fd, iov, n, kflags | libc::MSG_DONTWAIT) } {
             Err(Errno::EAGAIN) => None,

@@ -22,8 +22,7 @@ use libc::{
 };
 
 use crate::chan::{
-    kernel_budget, kernel_sleeps, kernel_waited, kernel_woke, spin_for_net, spin_pays,
-    spin_policy_of,
+    kernel_budget, kernel_sleeps, kernel_waited, kernel_woke, spin_for, spin_pays, spin_policy_of,
 };
 use crate::errno::{Errno, errno, set_errno};
 use crate::exports::{boundary, recv_one};
@@ -551,7 +550,7 @@ fn spin_wait(timeout: Option<Duration>, mut probe: impl FnMut() -> c_int) -> Spu
     let budget = kernel_budget(p.span);
     let limit = timeout.map_or(budget, |t| t.min(budget));
     let seen = signals::counts();
-    let answer = spin_for_net(p, limit, || match probe() {
+    let answer = spin_for(p, limit, || match probe() {
         0 if signals::counts() != seen => {
             set_errno(libc::EINTR);
             Some(-1)

@@ -146,8 +146,6 @@ pub struct YieldPacer {
     calm_until: Option<Instant>,
     /// Yields made.
     yields: u64,
-    /// Whether the last yield ran another thread (took [`YieldPacer::QUICK`] or more).
-    gave_way: bool,
 }
 
 impl YieldPacer {
@@ -161,7 +159,6 @@ impl YieldPacer {
         YieldPacer {
             calm_until: None,
             yields: 0,
-            gave_way: false,
         }
     }
 
@@ -181,17 +178,10 @@ impl YieldPacer {
         yield_now();
         self.yields += 1;
         let back = Instant::now();
-        self.gave_way = back.saturating_duration_since(t0) >= Self::QUICK;
-        if !self.gave_way {
+        if back.saturating_duration_since(t0) < Self::QUICK {
             self.calm_until = back.checked_add(Self::CALM);
         }
         true
-    }
-
-    /// Whether the last yield ran another thread: this CPU has other work, which the
-    /// spin's turns delay.
-    pub fn gave_way(&self) -> bool {
-        self.gave_way
     }
 
     /// Yields made so far.
@@ -484,50 +474,6 @@ mod tests {
     use super::*;
     use std::sync::Arc;
     use std::sync::atomic::AtomicBool;
-
-    /// Pins the calling thread to `cpu`.
-    fn pin(cpu: usize) {
-        // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET writes inside it; the
-        // call reads the set for its size only.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
-            assert_eq!(
-                libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set),
-                0
-            );
-        }
-    }
-
-    #[test]
-    fn a_yield_that_ran_another_thread_gave_way() {
-        let mut p = YieldPacer::new();
-        assert!(!p.gave_way(), "no yield yet");
-        // A busy thread on this CPU: a yield runs it.
-        let stop = Arc::new(AtomicBool::new(false));
-        let busy = {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                pin(0);
-                while !stop.load(Ordering::Relaxed) {
-                    std::hint::spin_loop();
-                }
-            })
-        };
-        pin(0);
-        let t0 = Instant::now();
-        let mut gave_way = false;
-        while !gave_way && t0.elapsed() < Duration::from_secs(5) {
-            p.pause(1);
-            gave_way = p.gave_way();
-        }
-        stop.store(true, Ordering::Relaxed);
-        busy.join().unwrap();
-        assert!(
-            gave_way,
-            "a yield to a busy thread on the same CPU gives way"
-        );
-    }
 
     #[test]
     fn a_spin_budget_shrinks_on_idle_waits_and_grows_back_on_short_ones() {

@@ -87,7 +87,7 @@ else
     apt-get install -y --no-install-recommends "${wanted[@]}"
     if [ "${#later[@]}" -gt 0 ]; then
         suite="$(. /etc/os-release && echo "$VERSION_CODENAME")-backports"
-        if ! apt-cache policy | grep -q "a=$suite\|n=$suite,"; then
+        if ! apt-cache policy | grep -q "a=$suite,\|n=$suite,"; then
             # A machine can carry a package from backports without the suite in its
             # sources: add Debian's (the release's own keyring signs it).
             say "adding $suite to apt's sources ($FERRY_BACKPORTS_SOURCES)"

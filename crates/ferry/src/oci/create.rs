@@ -1,6 +1,7 @@
 //! `ferry oci create`: make the container's state directory → start its network side
-//! → check the container's options (meanwhile) → place the shim → rewrite the bundle → the real runtime's
-//! create (into the sandbox's namespace) → give the network side the container's pid.
+//! → check the container's options (meanwhile) → place the shim → rewrite the bundle →
+//! the real runtime's create (into the sandbox's namespace) → give the network side the
+//! container's pid.
 //! Any failure leaves nothing: the network side is killed and the state removed.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};

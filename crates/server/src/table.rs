@@ -22,7 +22,9 @@ use crate::server::Server;
 use crate::sock::{Conn, ConnEvent, NewPair, PairEnd, Parked, Place, Sock};
 use crate::token::{T_HOST, T_PAIR, host_events, pair_events, token};
 
-/// How the program's end of a pair was found closed.
+/// How the program's end of a pair was found closed. Either way nothing more can enter
+/// our end: the hang-up means the program's end has shut its sending side or gone, and
+/// the probe that its last descriptor has gone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Gone {
     /// The hang-up seen was the program's close; `reset`: our end's error was set with
@@ -283,14 +285,27 @@ impl SockTable {
     }
 
     /// Whether the program has closed its last descriptor of socket `id`, asked now
-    /// (our end of the pair has hung up, and not by our own doing).
+    /// (our end of the pair has hung up, and not by our own doing). The same poll asks
+    /// for `POLLPRI`, which a unix stream socket reports while an out-of-band byte is
+    /// unread: without it, a pair found gone holds no filler marker, and since nothing
+    /// can enter it any more ([`Gone`]), one peek tells the program's last bytes
+    /// ([`Sock::pair_unmarked`]).
     pub(crate) fn app_gone(&mut self, io: &dyn Io, id: u32) -> Option<Gone> {
         let s = self.socks.get(&id)?;
-        let rev = u32::from(io.poll_now(s.pair.as_fd(), 0).unwrap_or(0).cast_unsigned());
+        let rev = io
+            .poll_now(s.pair.as_fd(), libc::POLLPRI)
+            .unwrap_or(libc::POLLPRI);
+        let rev = u32::from(rev.cast_unsigned());
         if rev & (libc::POLLHUP | libc::POLLERR) as u32 == 0 {
             return None;
         }
-        self.gone_by(io, id, rev)
+        let gone = self.gone_by(io, id, rev)?;
+        if rev & libc::POLLPRI as u32 == 0
+            && let Some(s) = self.socks.get_mut(&id)
+        {
+            s.pair_unmarked = true;
+        }
+        Some(gone)
     }
 
     /// Whether the program's end of socket `id`'s pair is still open, from its name in

@@ -237,7 +237,28 @@ impl SockTable {
     /// we shut both ourselves (`Rx::mirror_hup`) or closed our end (`detach_pair`);
     /// then the pair's name says. `EPOLLERR` (the program's end went with bytes unread)
     /// always means closed. `None` while it is open, else how it was found gone.
-    pub(crate) fn gone_by(&mut self, io: &dyn Io, id: u32, events: u32) -> Option<Gone> {
+    /// `pri_asked`: `events` answers for `EPOLLPRI` too, which a unix stream socket
+    /// reports while an out-of-band byte is unread; without it, a pair found gone holds
+    /// no filler marker, and since nothing can enter it any more ([`Gone`]), one peek
+    /// tells the program's last bytes ([`Sock::pair_unmarked`]).
+    pub(crate) fn gone_by(
+        &mut self,
+        io: &dyn Io,
+        id: u32,
+        events: u32,
+        pri_asked: bool,
+    ) -> Option<Gone> {
+        let gone = self.gone_by_events(io, id, events)?;
+        if pri_asked
+            && events & libc::EPOLLPRI as u32 == 0
+            && let Some(s) = self.socks.get_mut(&id)
+        {
+            s.pair_unmarked = true;
+        }
+        Some(gone)
+    }
+
+    fn gone_by_events(&mut self, io: &dyn Io, id: u32, events: u32) -> Option<Gone> {
         if events & libc::EPOLLERR as u32 != 0 {
             return Some(Gone::Seen { reset: true });
         }
@@ -250,6 +271,7 @@ impl SockTable {
         }
         (!self.app_alive(io, id)).then_some(Gone::Probed)
     }
+
     /// `CtlKind::Renew`: stream `id`, whose pair was detached when a non-blocking
     /// connect failed and which the kernel has reset since, connects again: it gets a
     /// new pair (a new name), joins the loop as a new socket's does, and starts over
@@ -285,27 +307,16 @@ impl SockTable {
     }
 
     /// Whether the program has closed its last descriptor of socket `id`, asked now
-    /// (our end of the pair has hung up, and not by our own doing). The same poll asks
-    /// for `POLLPRI`, which a unix stream socket reports while an out-of-band byte is
-    /// unread: without it, a pair found gone holds no filler marker, and since nothing
-    /// can enter it any more ([`Gone`]), one peek tells the program's last bytes
-    /// ([`Sock::pair_unmarked`]).
+    /// (our end of the pair has hung up, and not by our own doing); the poll asks for
+    /// `POLLPRI` too (see [`SockTable::gone_by`]).
     pub(crate) fn app_gone(&mut self, io: &dyn Io, id: u32) -> Option<Gone> {
         let s = self.socks.get(&id)?;
-        let rev = io
-            .poll_now(s.pair.as_fd(), libc::POLLPRI)
-            .unwrap_or(libc::POLLPRI);
+        let rev = io.poll_now(s.pair.as_fd(), libc::POLLPRI).unwrap_or(0);
         let rev = u32::from(rev.cast_unsigned());
         if rev & (libc::POLLHUP | libc::POLLERR) as u32 == 0 {
             return None;
         }
-        let gone = self.gone_by(io, id, rev)?;
-        if rev & libc::POLLPRI as u32 == 0
-            && let Some(s) = self.socks.get_mut(&id)
-        {
-            s.pair_unmarked = true;
-        }
-        Some(gone)
+        self.gone_by(io, id, rev, true)
     }
 
     /// Whether the program's end of socket `id`'s pair is still open, from its name in

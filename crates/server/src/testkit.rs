@@ -1017,9 +1017,18 @@ impl Harness {
         self.srv.host_event(id, events.cast_unsigned());
     }
 
-    /// The server's end of `id`'s pair reports `events`.
+    /// The server's end of `id`'s pair reports `events`, with `EPOLLPRI` added while
+    /// a filler's marker is unread (as the kernel's epoll reports it to a watch for it).
     pub fn pair_event(&mut self, id: u32, events: i32) {
         self.tick();
+        let marked = self
+            .fake
+            .with_pair(self.pair_fd(id), |p| p.from_app.contains(&Seg::Mark));
+        let events = if marked {
+            events | libc::EPOLLPRI
+        } else {
+            events
+        };
         self.srv.rx().pair_event(id, events.cast_unsigned());
         self.srv.drain_rings();
         self.end_turn();

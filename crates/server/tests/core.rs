@@ -220,16 +220,29 @@ fn the_programs_last_bytes_go_out_at_close_after_a_connect_filler() {
 
 #[test]
 fn a_filler_left_in_the_pair_at_close_is_not_sent() {
-    let (mut h, ch, id) = connected_stream(true);
-    h.peer(id).room(Some(0));
-    shim_sends(&mut h, ch, id, b"ring ");
-    h.app(id).write(b"own");
-    shim_wants_room(&mut h, ch, id, 0);
-    let peer = h.peer(id);
-    program_closes(&mut h, ch, id);
-    peer.room(None);
-    h.host_event(id, libc::EPOLLOUT);
-    assert_eq!(peer.view().sent, b"ring own");
+    // The close is heard of by the shim's Release, or by the pair's hang-up.
+    for by_release in [true, false] {
+        let (mut h, ch, id) = connected_stream(true);
+        h.peer(id).room(Some(0));
+        shim_sends(&mut h, ch, id, b"ring ");
+        h.app(id).write(b"own");
+        shim_wants_room(&mut h, ch, id, 0);
+        let peer = h.peer(id);
+        if by_release {
+            program_closes(&mut h, ch, id);
+        } else {
+            h.app(id).close();
+            h.pair_event(id, libc::EPOLLHUP);
+        }
+        peer.room(None);
+        h.host_event(id, libc::EPOLLOUT);
+        let sent = peer.view().sent;
+        assert!(
+            sent == b"ring own",
+            "by_release {by_release}: {} bytes sent",
+            sent.len()
+        );
+    }
 }
 
 // Rule: token take-back after accept. A listener's readiness token goes back when the

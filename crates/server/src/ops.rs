@@ -225,8 +225,11 @@ impl Server {
         // operation that may observe it (a recv on the loopback peer, a connect…).
         self.tx().flush_pending();
         if let Call::Release { tag, .. } = call {
-            // Closed already, or closing now: either way `close` may return.
-            if let Some(how) = self.socks.app_gone(self.io, id) {
+            // Closed already, or closing now: either way `close` may return. (A close
+            // the pair's hang-up showed first needs no second look.)
+            if self.socks.get(&id).is_some_and(|s| !s.app_closed)
+                && let Some(how) = self.socks.app_gone(self.io, id)
+            {
                 self.tx().app_closed(id, how);
                 self.settle_dirty();
             }

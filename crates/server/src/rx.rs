@@ -757,8 +757,10 @@ impl Rx<'_> {
     /// its last descriptor (a hang-up not of our making), wrote into its end (input), or
     /// made room (a pump with bytes waiting for it goes on).
     pub(crate) fn pair_event(&mut self, id: u32, events: u32) {
+        // A pair of the pair path is watched for EPOLLPRI (`token::pair_events`).
+        let pri_asked = self.socks.get(&id).is_some_and(|s| s.rx.pair());
         if events & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0
-            && let Some(how) = self.socks.gone_by(self.io, id, events)
+            && let Some(how) = self.socks.gone_by(self.io, id, events, pri_asked)
         {
             self.tx().app_closed(id, how);
             return;

@@ -28,7 +28,11 @@ use ferry_sys::Received;
 
 use crate::sock::{NewPair, PairName, TxItem};
 
-/// The calls the socket logic makes. Every fd is non-blocking; an error is the kernel's
+/// The calls the socket logic makes. Every fd is non-blocking but our end of a
+/// readiness pair, made blocking to save a call per socket: each call on it passes
+/// `MSG_DONTWAIT` or cannot block (`shutdown`, `ioctl`, `ppoll` with no timeout), and
+/// the one that cannot say so, a splice into it, comes only after the pump has made it
+/// non-blocking (`Rx::read_into_pair`). An error is the kernel's
 /// (`io::Error::from_raw_os_error`), `WouldBlock` meaning `EAGAIN`.
 pub(crate) trait Io: Send + Sync + std::fmt::Debug {
     /// `socket(domain, ty | SOCK_NONBLOCK | SOCK_CLOEXEC, protocol)` in the host namespace.
@@ -74,8 +78,8 @@ pub(crate) trait Io: Send + Sync + std::fmt::Debug {
     fn poll_now(&self, fd: BorrowedFd<'_>, events: i16) -> io::Result<i16>;
     /// `SIOCATMARK`: the next byte to read is the urgent mark.
     fn at_mark(&self, fd: BorrowedFd<'_>) -> io::Result<bool>;
-    /// `recv(flags)` into `buf` (callers pass `MSG_DONTWAIT`, as every fd is
-    /// non-blocking anyway).
+    /// `recv(flags)` into `buf` (callers pass `MSG_DONTWAIT`: our end of a pair may
+    /// be blocking).
     fn recv(&self, fd: BorrowedFd<'_>, buf: &mut [u8], flags: i32) -> io::Result<usize>;
     /// Reads (and closes) what one `recvmsg` returns, descriptors included: how a
     /// filler is taken out of a pair.
@@ -137,9 +141,9 @@ impl Io for SysIo {
     }
 
     fn new_pair(&self, id: u32) -> io::Result<NewPair> {
+        // Both ends blocking (`SOCK_NONBLOCK` would set the program's too): see `Io`.
         let (ours, theirs) =
             ferry_sys::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC)?;
-        ferry_sys::set_nonblocking(ours.as_fd(), true)?;
         // An unpredictable part makes names of concurrent runs distinct; a name taken
         // anyway (by a process of the host) is tried again with another.
         let mut tries = 0;

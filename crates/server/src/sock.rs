@@ -363,6 +363,11 @@ pub(crate) struct Sock {
     pub so_error: i32,
     /// The program has closed its last reference.
     pub app_closed: bool,
+    /// The program's end was found gone by a poll that saw no out-of-band byte unread
+    /// (`SockTable::app_gone`): what is left in the pair is the program's own bytes, and
+    /// a peek tells them. (`FIONREAD` cannot: the kernel keeps counting a filler's
+    /// marker after a read has passed it.)
+    pub pair_unmarked: bool,
     /// Since `app_closed`, our end of the pair is still in the event loop: a socket
     /// that closes in the same turn leaves it by closing; one that stays is taken out
     /// at the end of the turn (`Server::settle_dirty`).
@@ -446,6 +451,7 @@ impl Sock {
             conn: Conn::Idle,
             so_error: 0,
             app_closed: false,
+            pair_unmarked: false,
             pair_listed: false,
             pair_room_watched: false,
             handoff: Handoff::No,

@@ -22,7 +22,9 @@ use crate::server::Server;
 use crate::sock::{Conn, ConnEvent, NewPair, PairEnd, Parked, Place, Sock};
 use crate::token::{T_HOST, T_PAIR, host_events, pair_events, token};
 
-/// How the program's end of a pair was found closed.
+/// How the program's end of a pair was found closed. Either way nothing more can enter
+/// our end: the hang-up means the program's end has shut its sending side or gone, and
+/// the probe that its last descriptor has gone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Gone {
     /// The hang-up seen was the program's close; `reset`: our end's error was set with
@@ -235,7 +237,28 @@ impl SockTable {
     /// we shut both ourselves (`Rx::mirror_hup`) or closed our end (`detach_pair`);
     /// then the pair's name says. `EPOLLERR` (the program's end went with bytes unread)
     /// always means closed. `None` while it is open, else how it was found gone.
-    pub(crate) fn gone_by(&mut self, io: &dyn Io, id: u32, events: u32) -> Option<Gone> {
+    /// `pri_asked`: `events` answers for `EPOLLPRI` too, which a unix stream socket
+    /// reports while an out-of-band byte is unread; without it, a pair found gone holds
+    /// no filler marker, and since nothing can enter it any more ([`Gone`]), one peek
+    /// tells the program's last bytes ([`Sock::pair_unmarked`]).
+    pub(crate) fn gone_by(
+        &mut self,
+        io: &dyn Io,
+        id: u32,
+        events: u32,
+        pri_asked: bool,
+    ) -> Option<Gone> {
+        let gone = self.gone_by_events(io, id, events)?;
+        if pri_asked
+            && events & libc::EPOLLPRI as u32 == 0
+            && let Some(s) = self.socks.get_mut(&id)
+        {
+            s.pair_unmarked = true;
+        }
+        Some(gone)
+    }
+
+    fn gone_by_events(&mut self, io: &dyn Io, id: u32, events: u32) -> Option<Gone> {
         if events & libc::EPOLLERR as u32 != 0 {
             return Some(Gone::Seen { reset: true });
         }
@@ -248,6 +271,7 @@ impl SockTable {
         }
         (!self.app_alive(io, id)).then_some(Gone::Probed)
     }
+
     /// `CtlKind::Renew`: stream `id`, whose pair was detached when a non-blocking
     /// connect failed and which the kernel has reset since, connects again: it gets a
     /// new pair (a new name), joins the loop as a new socket's does, and starts over
@@ -283,14 +307,16 @@ impl SockTable {
     }
 
     /// Whether the program has closed its last descriptor of socket `id`, asked now
-    /// (our end of the pair has hung up, and not by our own doing).
+    /// (our end of the pair has hung up, and not by our own doing); the poll asks for
+    /// `POLLPRI` too (see [`SockTable::gone_by`]).
     pub(crate) fn app_gone(&mut self, io: &dyn Io, id: u32) -> Option<Gone> {
         let s = self.socks.get(&id)?;
-        let rev = u32::from(io.poll_now(s.pair.as_fd(), 0).unwrap_or(0).cast_unsigned());
+        let rev = io.poll_now(s.pair.as_fd(), libc::POLLPRI).unwrap_or(0);
+        let rev = u32::from(rev.cast_unsigned());
         if rev & (libc::POLLHUP | libc::POLLERR) as u32 == 0 {
             return None;
         }
-        self.gone_by(io, id, rev)
+        self.gone_by(io, id, rev, true)
     }
 
     /// Whether the program's end of socket `id`'s pair is still open, from its name in

@@ -106,6 +106,9 @@ struct Pair {
     reset: bool,
     /// A placeholder whose peer is gone.
     orphan: bool,
+    /// Filler markers a read has passed: the kernel's `FIONREAD` still counts one byte
+    /// for each (as Linux 6.x does), and poll reports `POLLIN` for them.
+    passed_marks: usize,
 }
 
 #[derive(Debug)]
@@ -240,6 +243,7 @@ impl Fake {
             .collect();
         if consume {
             p.from_app.drain(..skip + bytes.len());
+            p.passed_marks += skip;
         }
         Ok(bytes)
     }
@@ -405,7 +409,8 @@ impl Io for Fake {
     fn pending_bytes(&self, fd: BorrowedFd<'_>) -> io::Result<i32> {
         let mut st = self.st();
         if let Some(p) = st.pair(fd) {
-            return Ok(i32::try_from(p.from_app.len()).unwrap_or(i32::MAX));
+            let n = p.from_app.len() + p.passed_marks;
+            return Ok(i32::try_from(n).unwrap_or(i32::MAX));
         }
         let h = st.host(fd)?;
         Ok(i32::try_from(h.rx.len()).unwrap_or(i32::MAX))
@@ -438,8 +443,11 @@ impl Io for Fake {
         let always = libc::POLLHUP | libc::POLLERR;
         if let Some(p) = st.pair(fd) {
             let mut rev = 0;
-            if p.from_app.iter().any(|s| matches!(s, Seg::Byte(_))) {
+            if p.passed_marks > 0 || p.from_app.iter().any(|s| matches!(s, Seg::Byte(_))) {
                 rev |= libc::POLLIN;
+            }
+            if p.from_app.contains(&Seg::Mark) {
+                rev |= libc::POLLPRI;
             }
             if p.orphan || p.app_closed || (p.shut_rd && p.shut_wr) {
                 rev |= libc::POLLHUP;
@@ -1009,9 +1017,18 @@ impl Harness {
         self.srv.host_event(id, events.cast_unsigned());
     }
 
-    /// The server's end of `id`'s pair reports `events`.
+    /// The server's end of `id`'s pair reports `events`, with `EPOLLPRI` added while
+    /// a filler's marker is unread (as the kernel's epoll reports it to a watch for it).
     pub fn pair_event(&mut self, id: u32, events: i32) {
         self.tick();
+        let marked = self
+            .fake
+            .with_pair(self.pair_fd(id), |p| p.from_app.contains(&Seg::Mark));
+        let events = if marked {
+            events | libc::EPOLLPRI
+        } else {
+            events
+        };
         self.srv.rx().pair_event(id, events.cast_unsigned());
         self.srv.drain_rings();
         self.end_turn();

@@ -30,9 +30,11 @@ pub(crate) fn token(kind: u64, idx: u32) -> u64 {
 /// (`EPOLLOUT`, [`pair_room_events`]) only from the first pump that stopped on a full
 /// pair: every read by the program makes room, and a request/response stream's
 /// readings would each report it to the loop (and wake a sleeping server) for nothing.
+/// `EPOLLPRI` adds no wake-up (a filler's marker comes with its bytes) but says, with
+/// the hang-up, whether a marker is left (`SockTable::gone_by`).
 pub(crate) fn pair_events(rx_pair: bool) -> u32 {
     if rx_pair {
-        (libc::EPOLLRDHUP | libc::EPOLLIN | libc::EPOLLET).cast_unsigned()
+        (libc::EPOLLRDHUP | libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLET).cast_unsigned()
     } else {
         libc::EPOLLRDHUP as u32
     }

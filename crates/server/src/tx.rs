@@ -37,6 +37,27 @@ enum Peeked {
 /// Peeks at what the program wrote into `s`'s pair, up to the next filler marker.
 fn peek_program_bytes(io: &dyn Io, s: &mut Sock, buf: &mut Vec<u8>) -> Peeked {
     let pair = s.pair.as_fd();
+    if s.app_closed && s.pair_unmarked {
+        // Final and without a marker: one peek (a small one first, as it is most often
+        // empty).
+        let mut probe = [0u8; 1];
+        return match io.recv(pair, &mut probe, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+            Ok(0) => Peeked::Nothing { marked: false },
+            Err(e) => {
+                if e.raw_os_error() == Some(libc::ECONNRESET) {
+                    s.send.moves(SendEvent::PairReset);
+                }
+                Peeked::Nothing { marked: false }
+            }
+            Ok(_) => {
+                buf.resize(PAIR_INPUT_CHUNK, 0);
+                match io.recv(pair, buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+                    Ok(n) if n > 0 => Peeked::Bytes(n),
+                    _ => Peeked::Nothing { marked: false },
+                }
+            }
+        };
+    }
     if io.pending_bytes(pair).is_ok_and(|n| n == 0) {
         // Nothing queued (a close with nothing written, most often): no mark, no bytes,
         // in one call (a pending error stays for `app_closed`'s question).

@@ -190,6 +190,61 @@ fn the_programs_bytes_before_a_filler_go_out_then_the_filler_is_drained() {
     assert_eq!(h.app(id).view().unread, 0, "the filler was not drained");
 }
 
+// Rule: last bytes at close. What the program wrote into its pair before closing goes
+// out, and a filler never does: after a connect's filler was drained (the kernel's
+// FIONREAD still counts its marker), and with a filler still in the pair.
+
+/// The program closes `id` and the shim says so (`Release`, tag 9).
+fn program_closes(h: &mut Harness, ch: u32, id: u32) {
+    h.app(id).close();
+    let cs = h.call(ch, Call::Release { sock: id, tag: 9 }.encode());
+    assert_eq!(done(&cs, 9).result, 0, "release: {cs:?}");
+}
+
+#[test]
+fn the_programs_last_bytes_go_out_at_close_after_a_connect_filler() {
+    let mut h = Harness::new(true);
+    let ch = h.channel();
+    let id = h.socket(ch, libc::AF_INET, libc::SOCK_STREAM);
+    h.peer(id).connect_result(libc::EINPROGRESS);
+    h.app(id).filler();
+    h.call(ch, connect_req(id, 1, REQ_NONBLOCK | REQ_FILLED));
+    h.peer(id).connect_outcome(0);
+    h.host_event(id, libc::EPOLLOUT);
+    assert_eq!(h.app(id).view().unread, 0, "the connect's filler stayed");
+    h.app(id).write(b"last words");
+    let peer = h.peer(id);
+    program_closes(&mut h, ch, id);
+    assert_eq!(peer.view().sent, b"last words");
+}
+
+#[test]
+fn a_filler_left_in_the_pair_at_close_is_not_sent() {
+    // The close is heard of by the shim's Release, or by the pair's hang-up.
+    for by_release in [true, false] {
+        let (mut h, ch, id) = connected_stream(true);
+        h.peer(id).room(Some(0));
+        shim_sends(&mut h, ch, id, b"ring ");
+        h.app(id).write(b"own");
+        shim_wants_room(&mut h, ch, id, 0);
+        let peer = h.peer(id);
+        if by_release {
+            program_closes(&mut h, ch, id);
+        } else {
+            h.app(id).close();
+            h.pair_event(id, libc::EPOLLHUP);
+        }
+        peer.room(None);
+        h.host_event(id, libc::EPOLLOUT);
+        let sent = peer.view().sent;
+        assert!(
+            sent == b"ring own",
+            "by_release {by_release}: {} bytes sent",
+            sent.len()
+        );
+    }
+}
+
 // Rule: token take-back after accept. A listener's readiness token goes back when the
 // accept took the last connection, and stays while more wait.
 

@@ -8,6 +8,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use ferry_oci::args::{self, Invocation};
+use ferry_oci::cli::{OciError, Programs, runtime_command};
 use ferry_oci::options::{self, Flag};
 use ferry_oci::spec::{self, Rewrite};
 use ferry_oci::state;
@@ -15,7 +16,6 @@ use serde_json::Value;
 
 use super::report;
 use super::side::{self, Side};
-use super::{OciError, remove_state, runtime_command};
 use crate::run::timing::Stages;
 use crate::run::{self, Net};
 
@@ -69,7 +69,7 @@ fn create_timed(inv: &Invocation, t: &mut Stages) -> Result<i32, OciError> {
     };
     t.mark("shim");
     side.record(&dir.0, &ready)?;
-    let ferry = std::env::current_exe().map_err(OciError::io("locating the ferry binary"))?;
+    let programs = Programs::find()?;
     let spec = spec::rewrite(
         spec,
         &Rewrite {
@@ -77,7 +77,7 @@ fn create_timed(inv: &Invocation, t: &mut Stages) -> Result<i32, OciError> {
             dir: &ready.dir,
             preload,
             shim: shim.as_deref(),
-            ferry: &ferry,
+            runtime: programs.runtime(),
             hook_pid: side.pid(),
             bundle: &bundle,
         },
@@ -183,7 +183,7 @@ impl StateDir {
 impl Drop for StateDir {
     fn drop(&mut self) {
         if !self.1 {
-            remove_state(&self.0);
+            state::remove(&self.0);
         }
     }
 }

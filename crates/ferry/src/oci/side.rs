@@ -17,26 +17,22 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::time::Duration;
 
 use clap::Parser;
 use ferry_oci::spec::EngineNetns;
-use ferry_oci::state::{self, Record};
+use ferry_oci::state::{self, NET_DIR, RECORD, Record};
 use ferry_oci::sys;
 
-use super::{OciError, report};
+use ferry_oci::cli::OciError;
+
+use super::report;
 use crate::run::{self, RunArgs, RunDirs, RunError, Workload};
 
-/// The network side's command (hidden: `create` starts it).
-pub(super) const SERVE: &str = "_serve";
+use ferry_oci::cli::SERVE;
 /// The sandbox's held command: never run.
 const HOLDER: &str = "ferry-oci-holder";
 /// The network side's log, in the container's state directory.
 const LOG: &str = "network.log";
-/// Its record (pid, start time).
-const RECORD: &str = "network.pid";
-/// The sandbox's directory it made (removed by `delete` if it could not).
-const NET_DIR: &str = "network.dir";
 
 /// `ferry run`'s options, parsed as `ferry run` would.
 #[derive(Debug, Parser)]
@@ -205,47 +201,8 @@ impl Drop for Side {
             let _ = self.child.wait();
             let made = self.made.as_deref().and_then(state::net_dirs);
             for d in made.into_iter().flatten() {
-                super::remove_state(&d);
+                state::remove(&d);
             }
-        }
-    }
-}
-
-/// Stops the network side of the container whose state is in `dir`, if it still runs
-/// ([`signal_out`]), and removes the directories it made if it could not.
-pub(super) fn stop(dir: &Path) {
-    signal_out(dir);
-    let made = std::fs::read_to_string(dir.join(NET_DIR)).ok();
-    for d in made
-        .and_then(|m| state::net_dirs(Path::new(m.trim())))
-        .into_iter()
-        .flatten()
-    {
-        super::remove_state(&d);
-    }
-}
-
-/// SIGTERM (its sandbox ends, its servers drain), SIGKILL after a second.
-fn signal_out(dir: &Path) {
-    let Some(rec) = std::fs::read_to_string(dir.join(RECORD))
-        .ok()
-        .and_then(|t| Record::decode(&t))
-    else {
-        return;
-    };
-    let Ok(pidfd) = sys::pidfd_open(rec.pid) else {
-        return;
-    };
-    // Checked after the pidfd is open: it then names the recorded process or none.
-    if !rec.alive() {
-        return;
-    }
-    for (sig, wait) in [(libc::SIGTERM, 1000), (libc::SIGKILL, 1000)] {
-        if sys::pidfd_signal(pidfd.as_fd(), sig).is_err() {
-            return;
-        }
-        if let Ok(Some(_)) = sys::wait_any(&[pidfd.as_fd()], Some(Duration::from_millis(wait))) {
-            return;
         }
     }
 }

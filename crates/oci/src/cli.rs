@@ -1,11 +1,11 @@
 //! runc's command line answered: the one dispatch of `ferry oci` and of the lean
-//! `ferry-oci` executable. Every command but the few that need ferry's servers
-//! ([`FULL`]: `create`, which starts the container's network side, `install` and the
-//! network side itself) is answered here — the real runtime's, with `delete` stopping
-//! the network side and removing the container's state, and `hook` showing the engine's
-//! hooks the network side's pid — so the lean executable, which links none of ferry's
-//! servers, answers them without loading the full `ferry` (a 140 MB binary whose
-//! loading took 2–3 ms of each runtime call). Errors go to stderr and, as runc's do,
+//! `ferry-oci` executable. Every command but [`FULL`]'s (`install`, which reads ferry's
+//! own path, and the network side itself, `ferry run`'s servers) is answered here —
+//! `create` (which starts the network side: [`crate::create`]), the real runtime's
+//! commands, `delete` stopping the network side and removing the container's state,
+//! `hook` showing the engine's hooks the network side's pid — so the lean executable,
+//! which links none of ferry's servers, answers them without loading the full `ferry`
+//! (a 140 MB binary whose loading took 2–3 ms of each runtime call). Errors go to stderr and, as runc's do,
 //! to the engine's `--log` (JSON with `--log-format json`), where engines read them.
 
 use std::io::Write;
@@ -17,10 +17,7 @@ use crate::args::{self, Globals, Invocation};
 use crate::state;
 
 /// The commands only the full `ferry` binary answers (`ferry oci COMMAND`).
-pub const FULL: [&str; 3] = ["create", "install", SERVE];
-
-/// The network side's command (hidden: `create` starts it).
-pub const SERVE: &str = "_serve";
+pub const FULL: [&str; 2] = ["install", crate::side::SERVE];
 
 /// Why `ferry oci` failed.
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +91,7 @@ pub fn main(argv: &[String], full: impl FnOnce(&Invocation) -> Result<i32, OciEr
     };
     let result = match command {
         c if FULL.contains(&c) => full(&inv),
+        "create" => crate::create::create(&inv),
         "delete" => delete(&inv),
         "hook" => hook(&inv.args),
         c => passthrough(&inv, c),

@@ -3,8 +3,10 @@
 //! command drives `ferry run`'s servers for that):
 //!
 //! * [`cli`]: the command line answered (the one dispatch of `ferry oci` and of the lean
-//!   `ferry-oci` executable): every command but `create` and `install` is answered
-//!   here, without ferry's servers;
+//!   `ferry-oci` executable): every command but `install` is answered here, without
+//!   ferry's servers; [`create`]: `create`, around the network side ([`side`]: its
+//!   command line and what it says, declared for both ends; the side itself is the
+//!   `ferry` binary's `oci _serve`);
 //! * [`args`]: runc's command line as engines speak it (global `--root`, `--log`,
 //!   `--log-format`, `--systemd-cgroup`, …; `create`'s and `delete`'s options), and
 //!   ferry's own global options (`--runtime`, `--preset`);
@@ -30,8 +32,10 @@
 
 pub mod args;
 pub mod cli;
+pub mod create;
 pub mod install;
 pub mod options;
+pub mod side;
 pub mod spec;
 pub mod state;
 pub mod sys;

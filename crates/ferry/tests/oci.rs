@@ -23,6 +23,8 @@ use serde_json::{Value, json};
 static SERIAL: Mutex<()> = Mutex::new(());
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
+/// The lean runtime executable (`ferry oci install` registers it).
+const LEAN: &str = env!("CARGO_BIN_EXE_ferry-oci");
 const NET_BASE: &str = "/run/ferry-oci/net";
 
 fn script(name: &str) -> PathBuf {
@@ -258,10 +260,10 @@ fn a_missing_runtime_a_bad_id_and_a_refused_create_leave_nothing() {
         &["--runtime", "/nonexistent/runc"],
         "/nonexistent/runc does not exist",
     );
-    // Named by the environment.
+    // Named by the environment; through the lean executable, which hands `create` to
+    // ferry.
     let root = d.join("root");
-    let out = Command::new(FERRY)
-        .arg("oci")
+    let out = Command::new(LEAN)
         .arg("--root")
         .arg(&root)
         .args(["create", "--bundle"])
@@ -478,9 +480,11 @@ impl Docker {
         }
         let written: Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
         assert_eq!(written["debug"], false);
+        // The lean executable, the presets its own globals.
+        assert_eq!(written["runtimes"]["ferry"], json!({"path": LEAN}));
         assert_eq!(
-            written["runtimes"]["ferry-pub"]["runtimeArgs"][2],
-            "ferry.publish=8080:8080"
+            written["runtimes"]["ferry-pub"]["runtimeArgs"],
+            json!(["--preset", "ferry.publish=8080:8080"])
         );
         let p = |n: &str| dir.join(n).to_str().unwrap().to_owned();
         let daemon = Command::new("unshare")
@@ -632,11 +636,13 @@ fn docker_runs_containers_on_ferry() {
     assert_clean(&before, "the docker test");
 }
 
-/// `ferry-oci`, a link to ferry: what engines that take one path run.
+/// `ferry-oci`, a link to the lean executable (which finds ferry next to itself, not
+/// the link): what engines that take one path run, at a path of the user's (`install
+/// --link`).
 fn ferry_oci_link(dir: &Path) -> PathBuf {
     let link = dir.join("ferry-oci");
     if !link.exists() {
-        std::os::unix::fs::symlink(FERRY, &link).unwrap();
+        std::os::unix::fs::symlink(LEAN, &link).unwrap();
     }
     link
 }

@@ -1,13 +1,15 @@
 //! `ferry oci install`: an engine's registration of ferry as a runtime, as text (the
 //! caller writes it; a pure core).
 //!
-//! Docker: `daemon.json`'s `runtimes.NAME = {path: FERRY, runtimeArgs: ["oci",
-//! "--preset", …]}`, merged into what the file holds. Podman: a `containers.conf`
-//! drop-in, `[engine.runtimes] NAME = [LINK]`. containerd (and so Kubernetes): the
-//! `runtimes.NAME` table of the CRI plugin, `io.containerd.runc.v2` with `BinaryName =
-//! LINK`, and a RuntimeClass whose handler is NAME. LINK is a link to ferry named
-//! `ferry-oci` (engines that take one path); presets there come from a drop-in of
-//! their own in a later version (not yet: say them as annotations).
+//! Docker: `daemon.json`'s `runtimes.NAME = {path: LEAN}` or, with presets, `{path:
+//! LEAN, runtimeArgs: ["--preset", …]}`, merged into what the file holds. Podman: a
+//! `containers.conf` drop-in, `[engine.runtimes] NAME = [LEAN]`. containerd (and so
+//! Kubernetes): the `runtimes.NAME` table of the CRI plugin, `io.containerd.runc.v2`
+//! with `BinaryName = LEAN`, and a RuntimeClass whose handler is NAME. LEAN is the
+//! `ferry-oci` executable next to ferry (or, without one, a link to ferry so named:
+//! engines that take one path; Docker may run `ferry` with `runtimeArgs: ["oci", …]`);
+//! presets for the one-path engines come from a drop-in of their own in a later version
+//! (not yet: say them as annotations).
 
 use serde_json::{Value, json};
 
@@ -37,15 +39,14 @@ pub fn check_name(name: &str) -> Result<(), InstallError> {
 }
 
 /// Docker's `daemon.json` (`current`: the file's text, if any) with runtime `name`
-/// running `ferry oci` with `presets`: the `ferry-oci` `link` itself when there are
-/// none and it is given (dockerd wraps a runtime that has `runtimeArgs` in a shell
-/// script: one more exec on each of its runtime calls), else `ferry` with
-/// `runtimeArgs`.
+/// running `program` with the arguments `args` (`ferry-oci`: none; `ferry`: `oci`) and
+/// `presets`: `path` alone when there are neither (dockerd wraps a runtime that has
+/// `runtimeArgs` in a shell script: one more exec on each of its runtime calls).
 pub fn docker(
     current: Option<&str>,
     name: &str,
-    ferry: &str,
-    link: Option<&str>,
+    program: &str,
+    args: &[&str],
     presets: &[(String, String)],
 ) -> Result<String, InstallError> {
     check_name(name)?;
@@ -61,15 +62,14 @@ pub fn docker(
     let runtimes = runtimes
         .as_object_mut()
         .ok_or_else(|| InstallError::Config("daemon.json: runtimes is not an object".into()))?;
-    let entry = match link {
-        Some(link) if presets.is_empty() => json!({ "path": link }),
-        _ => {
-            let mut args = vec![json!("oci")];
-            for (k, v) in presets {
-                args.extend([json!("--preset"), json!(format!("{k}={v}"))]);
-            }
-            json!({"path": ferry, "runtimeArgs": args})
-        }
+    let mut argv: Vec<Value> = args.iter().map(|a| json!(a)).collect();
+    for (k, v) in presets {
+        argv.extend([json!("--preset"), json!(format!("{k}={v}"))]);
+    }
+    let entry = if argv.is_empty() {
+        json!({ "path": program })
+    } else {
+        json!({"path": program, "runtimeArgs": argv})
     };
     runtimes.insert(name.into(), entry);
     serde_json::to_string_pretty(&config)
@@ -124,14 +124,7 @@ mod tests {
         let current =
             r#"{"debug": true, "runtimes": {"other": {"path": "/x"}, "ferry": {"path": "/old"}}}"#;
         let presets = [("ferry.deny".to_owned(), "10.0.0.0/8".to_owned())];
-        let out = docker(
-            Some(current),
-            "ferry",
-            "/usr/bin/ferry",
-            Some("/l"),
-            &presets,
-        )
-        .unwrap();
+        let out = docker(Some(current), "ferry", "/usr/bin/ferry", &["oci"], &presets).unwrap();
         let v: Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["debug"], true);
         assert_eq!(v["runtimes"]["other"]["path"], "/x");
@@ -140,29 +133,36 @@ mod tests {
             json!({"path": "/usr/bin/ferry", "runtimeArgs": ["oci", "--preset", "ferry.deny=10.0.0.0/8"]})
         );
         let fresh: Value =
-            serde_json::from_str(&docker(None, "f", "/f", None, &[]).unwrap()).unwrap();
+            serde_json::from_str(&docker(None, "f", "/f", &["oci"], &[]).unwrap()).unwrap();
         assert_eq!(
             fresh,
             json!({"runtimes": {"f": {"path": "/f", "runtimeArgs": ["oci"]}}})
         );
-        // No presets: the link, which dockerd runs without a wrapper script.
+        // The lean executable with presets: its own globals.
+        let lean: Value =
+            serde_json::from_str(&docker(None, "f", "/l", &[], &presets).unwrap()).unwrap();
+        assert_eq!(
+            lean,
+            json!({"runtimes": {"f": {"path": "/l", "runtimeArgs": ["--preset", "ferry.deny=10.0.0.0/8"]}}})
+        );
+        // Nothing to add: the path alone, which dockerd runs without a wrapper script.
         let linked: Value =
-            serde_json::from_str(&docker(None, "f", "/f", Some("/l"), &[]).unwrap()).unwrap();
+            serde_json::from_str(&docker(None, "f", "/l", &[], &[]).unwrap()).unwrap();
         assert_eq!(linked, json!({"runtimes": {"f": {"path": "/l"}}}));
     }
 
     #[test]
     fn bad_files_and_names_are_refused() {
         assert!(matches!(
-            docker(Some("{"), "f", "/f", None, &[]),
+            docker(Some("{"), "f", "/f", &[], &[]),
             Err(InstallError::Config(_))
         ));
         assert!(matches!(
-            docker(Some("[]"), "f", "/f", None, &[]),
+            docker(Some("[]"), "f", "/f", &[], &[]),
             Err(InstallError::Config(_))
         ));
         assert!(matches!(
-            docker(Some(r#"{"runtimes": 1}"#), "f", "/f", None, &[]),
+            docker(Some(r#"{"runtimes": 1}"#), "f", "/f", &[], &[]),
             Err(InstallError::Config(_))
         ));
         assert_eq!(podman("a b", "/l"), Err(InstallError::Name("a b".into())));

@@ -2,6 +2,11 @@
 //! Podman, containerd), apart from serving the network (the `ferry` binary's `oci`
 //! command drives `ferry run`'s servers for that):
 //!
+//! * [`cli`]: the command line answered (the one dispatch of `ferry oci` and of the lean
+//!   `ferry-oci` executable): every command but `install` is answered here, without
+//!   ferry's servers; [`create`]: `create`, around the network side ([`side`]: its
+//!   command line and what it says, declared for both ends; the side itself is the
+//!   `ferry` binary's `oci _serve`);
 //! * [`args`]: runc's command line as engines speak it (global `--root`, `--log`,
 //!   `--log-format`, `--systemd-cgroup`, …; `create`'s and `delete`'s options), and
 //!   ferry's own global options (`--runtime`, `--preset`);
@@ -21,11 +26,16 @@
 //!   `lo` up, pidfds and waiting on them).
 //!
 //! It must not serve traffic, decide policy (the `ferry-egress` crate's), or start
-//! processes other than the ones its caller asks for.
+//! processes other than the ones its caller asks for (the real runtime, the engine's
+//! hooks, ferry); it depends on nothing heavier than `serde_json`, for the lean
+//! executable's start-up.
 
 pub mod args;
+pub mod cli;
+pub mod create;
 pub mod install;
 pub mod options;
+pub mod side;
 pub mod spec;
 pub mod state;
 pub mod sys;

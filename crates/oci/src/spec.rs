@@ -110,8 +110,9 @@ pub struct Rewrite<'a> {
     /// [`SHIM`] (an empty file) so that nothing is copied; `None`: the directory holds
     /// a copy (or no shim).
     pub shim: Option<&'a Path>,
-    /// The ferry binary, which runs the engine's network hooks.
-    pub ferry: &'a Path,
+    /// The program that runs the engine's network hooks, and the arguments before
+    /// runc's (`ferry-oci`'s, or `ferry oci`: [`crate::cli::Programs::runtime`]).
+    pub runtime: (&'a Path, &'a [&'a str]),
     /// The pid the hooks see: ferry's network side, in the engine's namespace.
     pub hook_pid: u32,
     /// The engine's bundle directory.
@@ -148,7 +149,7 @@ pub fn rewrite(mut spec: Value, r: &Rewrite) -> Result<Value, SpecError> {
         }));
     }
     add_env(&mut spec, r.preload)?;
-    wrap_hooks(&mut spec, r.ferry, r.hook_pid)?;
+    wrap_hooks(&mut spec, r.runtime, r.hook_pid)?;
     Ok(spec)
 }
 
@@ -194,8 +195,13 @@ fn add_env(spec: &mut Value, preload: bool) -> Result<(), SpecError> {
     Ok(())
 }
 
-/// Runs each `prestart` and `createRuntime` hook through `ferry oci hook --pid PID --`.
-fn wrap_hooks(spec: &mut Value, ferry: &Path, pid: u32) -> Result<(), SpecError> {
+/// Runs each `prestart` and `createRuntime` hook through `ferry-oci hook --pid PID --`
+/// (or `ferry oci hook …`).
+fn wrap_hooks(
+    spec: &mut Value,
+    (program, argv0): (&Path, &[&str]),
+    pid: u32,
+) -> Result<(), SpecError> {
     for kind in ["prestart", "createRuntime"] {
         let Some(hooks) = spec.pointer_mut(&format!("/hooks/{kind}")) else {
             continue;
@@ -214,17 +220,16 @@ fn wrap_hooks(spec: &mut Value, ferry: &Path, pid: u32) -> Result<(), SpecError>
                 .and_then(Value::as_array)
                 .cloned()
                 .unwrap_or_else(|| vec![json!(path)]);
-            let mut args = vec![
-                json!("ferry"),
-                json!("oci"),
+            let mut args: Vec<Value> = argv0.iter().map(|a| json!(a)).collect();
+            args.extend([
                 json!("hook"),
                 json!("--pid"),
                 json!(pid.to_string()),
                 json!("--"),
                 json!(path),
-            ];
+            ]);
             args.extend(theirs);
-            hook["path"] = json!(ferry);
+            hook["path"] = json!(program);
             hook["args"] = json!(args);
         }
     }
@@ -338,7 +343,7 @@ mod tests {
             dir: Path::new("/state/net"),
             preload: true,
             shim: Some(Path::new("/usr/lib/ferry/libferry_preload.so")),
-            ferry: Path::new("/usr/bin/ferry"),
+            runtime: (Path::new("/usr/bin/ferry-oci"), &["ferry-oci"]),
             hook_pid: 7,
             bundle: Path::new("/bundles/c1"),
         };
@@ -381,12 +386,11 @@ mod tests {
             ]
         );
         let hook = &s["hooks"]["prestart"][0];
-        assert_eq!(hook["path"], "/usr/bin/ferry");
+        assert_eq!(hook["path"], "/usr/bin/ferry-oci");
         assert_eq!(
             hook["args"],
             json!([
-                "ferry",
-                "oci",
+                "ferry-oci",
                 "hook",
                 "--pid",
                 "7",
@@ -406,7 +410,7 @@ mod tests {
             dir: Path::new("/d"),
             preload: false,
             shim: Some(Path::new("/s.so")),
-            ferry: Path::new("/f"),
+            runtime: (Path::new("/f"), &["ferry", "oci"]),
             hook_pid: 1,
             bundle: Path::new("/b"),
         };
@@ -416,6 +420,14 @@ mod tests {
         assert!(!env.iter().any(|e| e.as_str().unwrap().contains(SHIM)));
         // No shim mounted either.
         assert_eq!(s["mounts"].as_array().unwrap().len(), 2);
+        // The hook through the full binary's `oci` command.
+        let hook = &s["hooks"]["prestart"][0];
+        assert_eq!(hook["path"], "/f");
+        let args = hook["args"].as_array().unwrap();
+        assert_eq!(
+            args[..4],
+            [json!("ferry"), json!("oci"), json!("hook"), json!("--pid")]
+        );
     }
 
     #[test]

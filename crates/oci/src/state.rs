@@ -142,6 +142,63 @@ fn parse_start(stat: &str) -> Option<u64> {
     after.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// The network side's record ([`Record`]) in the container's state directory.
+pub const RECORD: &str = "network.pid";
+/// The sandbox's directory the network side made (removed by `delete` if it could not).
+pub const NET_DIR: &str = "network.dir";
+
+/// Stops the network side of the container whose state is in `dir`, if it still runs
+/// (SIGTERM: its sandbox ends, its servers drain; SIGKILL after a second), and removes
+/// the directories it made if it could not.
+pub fn stop_side(dir: &Path) {
+    signal_out(dir);
+    let made = std::fs::read_to_string(dir.join(NET_DIR)).ok();
+    for d in made
+        .and_then(|m| net_dirs(Path::new(m.trim())))
+        .into_iter()
+        .flatten()
+    {
+        remove(&d);
+    }
+}
+
+fn signal_out(dir: &Path) {
+    use crate::sys;
+    use std::os::fd::AsFd;
+    let Some(rec) = std::fs::read_to_string(dir.join(RECORD))
+        .ok()
+        .and_then(|t| Record::decode(&t))
+    else {
+        return;
+    };
+    let Ok(pidfd) = sys::pidfd_open(rec.pid) else {
+        return;
+    };
+    // Checked after the pidfd is open: it then names the recorded process or none.
+    if !rec.alive() {
+        return;
+    }
+    for sig in [libc::SIGTERM, libc::SIGKILL] {
+        if sys::pidfd_signal(pidfd.as_fd(), sig).is_err() {
+            return;
+        }
+        let second = Some(std::time::Duration::from_secs(1));
+        if let Ok(Some(_)) = sys::wait_any(&[pidfd.as_fd()], second) {
+            return;
+        }
+    }
+}
+
+/// Removes a container's state directory or a network side's directory (made by ferry;
+/// never a mount point); says so on stderr if it cannot.
+pub fn remove(dir: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(dir)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        eprintln!("ferry oci: cannot remove {}: {e}", dir.display());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,14 +1,14 @@
 //! `ferry oci install --docker|--podman|--containerd [--name NAME] [--config FILE]
 //! [--link PATH]`: writes the engine's registration of ferry (`ferry_oci::install`
-//! makes the text). Presets are the global `--preset`s (Docker's `runtimeArgs`; the
+//! makes the text), naming the lean `ferry-oci` next to ferry (or, without one, a link
+//! to ferry so named). Presets are the global `--preset`s (Docker's `runtimeArgs`; the
 //! one-path engines take annotations instead).
 
 use std::path::{Path, PathBuf};
 
 use ferry_oci::args::Invocation;
+use ferry_oci::cli::{LEAN, OciError, Programs};
 use ferry_oci::install::{self, InstallError};
-
-use super::OciError;
 
 /// Which engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,7 +71,7 @@ fn bad(e: InstallError) -> OciError {
 /// `install`.
 pub(super) fn install(inv: &Invocation) -> Result<i32, OciError> {
     let o = parse(&inv.args)?;
-    let ferry = std::env::current_exe().map_err(OciError::io("locating the ferry binary"))?;
+    let programs = Programs::find()?;
     let presets = &inv.globals.presets;
     if o.engine != Engine::Docker && !presets.is_empty() {
         return Err(OciError::Runtime(
@@ -82,17 +82,21 @@ pub(super) fn install(inv: &Invocation) -> Result<i32, OciError> {
         Engine::Docker => {
             let file = o.config.unwrap_or_else(|| "/etc/docker/daemon.json".into());
             let current = std::fs::read_to_string(&file).ok();
-            // Without presets dockerd runs the link directly (no wrapper script); where
-            // no link can be made, ferry with `runtimeArgs` does as well, an exec slower.
-            let link = presets
-                .is_empty()
-                .then(|| make_link(o.link, &ferry).ok())
+            // dockerd runs the lean executable (or, without presets, the link to ferry)
+            // directly, no wrapper script unless there are presets (`runtimeArgs`); else
+            // ferry with `runtimeArgs`, an exec slower.
+            let direct = (programs.lean.is_some() || presets.is_empty())
+                .then(|| one_path(o.link, &programs).ok())
                 .flatten();
+            let (program, args): (&Path, &[&str]) = match &direct {
+                Some(p) => (p, &[]),
+                None => (&programs.ferry, &["oci"]),
+            };
             let text = install::docker(
                 current.as_deref(),
                 &o.name,
-                &ferry.to_string_lossy(),
-                link.as_deref().map(Path::to_string_lossy).as_deref(),
+                &program.to_string_lossy(),
+                args,
                 presets,
             )
             .map_err(bad)?;
@@ -104,7 +108,7 @@ pub(super) fn install(inv: &Invocation) -> Result<i32, OciError> {
             );
         }
         Engine::Podman => {
-            let link = make_link(o.link, &ferry)?;
+            let link = one_path(o.link, &programs)?;
             let default = format!("/etc/containers/containers.conf.d/ferry-{}.conf", o.name);
             let file = o.config.unwrap_or_else(|| default.into());
             write(
@@ -114,7 +118,7 @@ pub(super) fn install(inv: &Invocation) -> Result<i32, OciError> {
             println!("{}: `podman --runtime {} run …`", file.display(), o.name);
         }
         Engine::Containerd => {
-            let link = make_link(o.link, &ferry)?;
+            let link = one_path(o.link, &programs)?;
             let default = format!("/etc/containerd/ferry-{}.toml", o.name);
             let file = o.config.unwrap_or_else(|| default.into());
             let (table, class) =
@@ -141,27 +145,39 @@ fn write(file: &Path, text: &str) -> Result<(), OciError> {
     std::fs::write(file, text).map_err(OciError::io(format!("writing {}", file.display())))
 }
 
-/// The `ferry-oci` link engines that take one path run (`link`, or next to ferry).
-fn make_link(link: Option<PathBuf>, ferry: &Path) -> Result<PathBuf, OciError> {
-    let link = link.unwrap_or_else(|| ferry.with_file_name("ferry-oci"));
-    if link.file_name().is_none_or(|n| n != "ferry-oci") {
+/// What engines that take one path run: the lean `ferry-oci` (or `link`, a link to it),
+/// else a link to ferry named `ferry-oci` (`link`, or next to ferry).
+fn one_path(link: Option<PathBuf>, programs: &Programs) -> Result<PathBuf, OciError> {
+    match (&programs.lean, link) {
+        (Some(lean), None) => Ok(lean.clone()),
+        (Some(lean), Some(link)) => make_link(link, lean),
+        (None, link) => make_link(
+            link.unwrap_or_else(|| programs.ferry.with_file_name(LEAN)),
+            &programs.ferry,
+        ),
+    }
+}
+
+/// A link `link`, named `ferry-oci`, to `to` (made unless it is one already).
+fn make_link(link: PathBuf, to: &Path) -> Result<PathBuf, OciError> {
+    if link.file_name().is_none_or(|n| n != LEAN) {
         return Err(OciError::Runtime(format!(
             "install: --link {}: the link must be named ferry-oci (that name makes ferry the runtime)",
             link.display()
         )));
     }
     match std::fs::read_link(&link) {
-        Ok(to) if to == ferry => return Ok(link),
+        Ok(target) if target == to => return Ok(link),
         Ok(_) | Err(_) if link.symlink_metadata().is_ok() => {
             return Err(OciError::Runtime(format!(
                 "install: {} exists and is not a link to {}",
                 link.display(),
-                ferry.display()
+                to.display()
             )));
         }
         _ => {}
     }
-    std::os::unix::fs::symlink(ferry, &link)
+    std::os::unix::fs::symlink(to, &link)
         .map_err(OciError::io(format!("linking {}", link.display())))?;
     Ok(link)
 }

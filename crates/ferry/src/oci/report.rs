@@ -12,65 +12,14 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::RawFd;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use ferry_oci::side::Targets;
 use tracing_subscriber::fmt::MakeWriter;
 
 /// Most lines a second on the container's stderr and in the runtime's log.
 pub(crate) const PER_SECOND: u32 = 10;
-
-/// Where the lines go, as `create` tells the network side (`_serve`'s options).
-#[derive(Debug, Default)]
-pub(super) struct Targets {
-    /// A descriptor of the container's stderr, inherited from `create`.
-    pub(super) stderr_fd: Option<RawFd>,
-    /// The runtime's `--log`, and whether it is JSON.
-    pub(super) log: Option<(PathBuf, bool)>,
-}
-
-impl Targets {
-    /// `_serve`'s options for these targets.
-    pub(super) fn args(&self) -> Vec<String> {
-        let mut v = Vec::new();
-        if let Some(fd) = self.stderr_fd {
-            v.extend(["--stderr-fd".into(), fd.to_string()]);
-        }
-        if let Some((path, json)) = &self.log {
-            v.extend(["--log".into(), path.display().to_string()]);
-            if *json {
-                v.push("--log-json".into());
-            }
-        }
-        v
-    }
-
-    /// Parses one of `_serve`'s options (`name`, then `next` for its value); false
-    /// for one not of these.
-    pub(super) fn parse(
-        &mut self,
-        name: &str,
-        next: &mut dyn Iterator<Item = &String>,
-    ) -> Result<bool, String> {
-        match name {
-            "--stderr-fd" => {
-                let fd = next.next().and_then(|v| v.parse().ok());
-                self.stderr_fd = Some(fd.ok_or("--stderr-fd needs a descriptor")?);
-            }
-            "--log" => {
-                let path = next.next().ok_or("--log needs a path")?;
-                self.log = Some((path.into(), false));
-            }
-            "--log-json" => match &mut self.log {
-                Some((_, json)) => *json = true,
-                None => return Err("--log-json without --log".into()),
-            },
-            _ => return Ok(false),
-        }
-        Ok(true)
-    }
-}
 
 /// The rate limit: [`PER_SECOND`] lines a window of a second.
 #[derive(Debug)]
@@ -282,25 +231,5 @@ mod tests {
             log_line("ferry: a \"b\"", false),
             "level=warning msg=\"ferry: a 'b'\""
         );
-    }
-
-    #[test]
-    fn targets_round_trip_through_serves_options() {
-        let t = Targets {
-            stderr_fd: Some(7),
-            log: Some(("/l.json".into(), true)),
-        };
-        let args = t.args();
-        let mut back = Targets::default();
-        let mut it = args.iter();
-        while let Some(a) = it.next() {
-            assert!(back.parse(a, &mut it).unwrap());
-        }
-        assert_eq!(back.stderr_fd, Some(7));
-        assert_eq!(back.log, Some(("/l.json".into(), true)));
-        let mut it = std::iter::empty();
-        assert!(back.parse("--log-json", &mut it).is_ok());
-        assert!(Targets::default().parse("--log-json", &mut it).is_err());
-        assert!(!back.parse("--other", &mut it).unwrap());
     }
 }

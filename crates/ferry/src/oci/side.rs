@@ -1,42 +1,30 @@
-//! A container's network side: the process `create` starts, in the network namespace
-//! the engine gave the container, that runs `ferry run`'s steps (servers, sandbox,
-//! TAP, DNS) for the container instead of a program ([`Container`], a
+//! A container's network side: the process `create` starts (`ferry oci _serve`, its
+//! command line and lines declared in `ferry_oci::side`), in the network namespace the
+//! engine gave the container, that runs `ferry run`'s steps (servers, sandbox, TAP,
+//! DNS) for the container instead of a program ([`Container`], a
 //! [`Workload`](crate::run::Workload)).
 //!
-//! Its talk with `create`, one line each on its stdin and stdout: "ready HOLDER DIR"
-//! (the sandbox's namespace exists: `/proc/HOLDER/ns/net`, its directory DIR; its TAP
-//! and DNS are set up while the real runtime creates the container) →
-//! the container's pid (the real runtime has created it) → "serving". It ends when the
-//! container's first process ends (a pidfd), when `delete` stops it (SIGTERM goes to the
-//! sandbox, which then ends), or when `create` gives up (stdin closed). Its sandbox's
-//! held command never runs: it holds the namespace, and exits when the network side
-//! does, however that ends (its gate closes).
+//! It checks the container's options first ("refused", naming the source), says
+//! "ready" once the sandbox's namespace exists (its TAP and DNS are set up while the
+//! real runtime creates the container), reads the container's pid, says "serving". It
+//! ends when the container's first process ends (a pidfd), when `delete` stops it
+//! (SIGTERM goes to the sandbox, which then ends), or when `create` gives up (stdin
+//! closed). Its sandbox's held command never runs: it holds the namespace, and exits
+//! when the network side does, however that ends (its gate closes).
 
-use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::time::Duration;
 
 use clap::Parser;
-use ferry_oci::spec::EngineNetns;
-use ferry_oci::state::{self, Record};
-use ferry_oci::sys;
+use ferry_oci::options::Flag;
+use ferry_oci::side::{self, Ready, SERVE, Said, Serve};
+use ferry_oci::{state, sys};
 
-use super::{OciError, report};
-use crate::run::{self, RunArgs, RunDirs, RunError, Workload};
+use super::report;
+use crate::run::{self, Net, RunArgs, RunDirs, RunError, Workload};
 
-/// The network side's command (hidden: `create` starts it).
-pub(super) const SERVE: &str = "_serve";
 /// The sandbox's held command: never run.
 const HOLDER: &str = "ferry-oci-holder";
-/// The network side's log, in the container's state directory.
-const LOG: &str = "network.log";
-/// Its record (pid, start time).
-const RECORD: &str = "network.pid";
-/// The sandbox's directory it made (removed by `delete` if it could not).
-const NET_DIR: &str = "network.dir";
 
 /// `ferry run`'s options, parsed as `ferry run` would.
 #[derive(Debug, Parser)]
@@ -47,7 +35,7 @@ struct RunCli {
 }
 
 /// Parses `flags` (from `ferry_oci::options`) as `ferry run`'s.
-pub(super) fn parse_run(flags: &[String]) -> Result<RunArgs, String> {
+fn parse_run(flags: &[String]) -> Result<RunArgs, String> {
     let argv = flags.iter().map(String::as_str).chain(["--", HOLDER]);
     match RunCli::try_parse_from(argv) {
         Ok(c) => Ok(c.run),
@@ -59,228 +47,50 @@ pub(super) fn parse_run(flags: &[String]) -> Result<RunArgs, String> {
     }
 }
 
-/// The network side, seen from `create`: killed when dropped unless [`Side::keep`].
-pub(super) struct Side {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
-    log: PathBuf,
-    /// The sandbox's directory, once it said "ready".
-    made: Option<PathBuf>,
-    kept: bool,
+/// Checks the options as `ferry run` would (its parser, its policy and DNS checks),
+/// each alone and then together; a refused one is named by its source.
+fn check(flags: &[Flag]) -> Result<RunArgs, (String, String)> {
+    for f in flags {
+        if let Err(message) = parse_run(&f.args).and_then(|a| run::check_plan(&a)) {
+            return Err((f.source.clone(), message));
+        }
+    }
+    let all: Vec<String> = flags.iter().flat_map(|f| f.args.clone()).collect();
+    let together = |m| ("the container's ferry options together".to_owned(), m);
+    let a = parse_run(&all).map_err(together)?;
+    run::check_plan(&a).map_err(together)?;
+    Ok(a)
 }
 
-/// What "ready" says.
-pub(super) struct Ready {
-    /// The process holding the sandbox's network namespace.
-    pub(super) holder: u32,
-    /// The sandbox's directory (control socket, shim).
-    pub(super) dir: PathBuf,
-}
-
-impl Side {
-    /// Starts the network side for the container whose state is in `dir`.
-    pub(super) fn spawn(
-        dir: &Path,
-        id: &str,
-        engine: &EngineNetns,
-        report: &report::Targets,
-        flags: &[String],
-    ) -> Result<Side, OciError> {
-        let exe = std::env::current_exe().map_err(OciError::io("locating the ferry binary"))?;
-        let log = dir.join(LOG);
-        let log_file = std::fs::File::create(&log)
-            .map_err(OciError::io(format!("creating {}", log.display())))?;
-        let netns = match engine {
-            EngineNetns::Join(p) => p.clone(),
-            EngineNetns::New => PathBuf::from("new"),
-        };
-        let mut child = Command::new(exe)
-            .args(["oci", SERVE, "--id", id, "--netns"])
-            .arg(netns)
-            .args(report.args())
-            .arg("--")
-            .args(flags)
-            .env("NO_COLOR", "1")
-            .current_dir("/")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(log_file)
-            // Out of the engine's process group: its signals to the runtime are not ours.
-            .process_group(0)
-            .spawn()
-            .map_err(OciError::io("starting the network side"))?;
-        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            let _ = child.kill();
-            return Err(OciError::Side("no pipes".into()));
-        };
-        Ok(Side {
-            child,
-            stdin: Some(stdin),
-            stdout: BufReader::new(stdout),
-            log,
-            made: None,
-            kept: false,
-        })
-    }
-
-    /// Waits for "ready".
-    pub(super) fn ready(&mut self) -> Result<Ready, OciError> {
-        let line = self.line()?;
-        let mut it = line.split_whitespace();
-        match (it.next(), it.next().and_then(|p| p.parse().ok()), it.next()) {
-            (Some("ready"), Some(holder), Some(dir)) => {
-                self.made = Some(dir.into());
-                Ok(Ready {
-                    holder,
-                    dir: dir.into(),
-                })
-            }
-            _ => Err(self.failed()),
-        }
-    }
-
-    /// Writes its record and its sandbox's directory into the state directory `dir`.
-    pub(super) fn record(&self, dir: &Path, ready: &Ready) -> Result<(), OciError> {
-        let pid = self.child.id();
-        let start = state::start_time(pid).ok_or_else(|| OciError::Side("it exited".into()))?;
-        let write = |name: &str, text: String| {
-            let path = dir.join(name);
-            std::fs::write(&path, text).map_err(OciError::io(format!("writing {}", path.display())))
-        };
-        write(RECORD, Record { pid, start }.encode())?;
-        write(NET_DIR, ready.dir.display().to_string())
-    }
-
-    /// The pid the hooks see: the network side's.
-    pub(super) fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Tells it the container's pid; waits for "serving".
-    pub(super) fn container(&mut self, pid: u32) -> Result<(), OciError> {
-        if let Some(mut stdin) = self.stdin.take() {
-            writeln!(stdin, "{pid}").map_err(|_| self.failed())?;
-        }
-        match self.line()?.trim() {
-            "serving" => Ok(()),
-            _ => Err(self.failed()),
-        }
-    }
-
-    /// Leaves it running (the container is created).
-    pub(super) fn keep(mut self) {
-        self.kept = true;
-    }
-
-    fn line(&mut self) -> Result<String, OciError> {
-        let mut line = String::new();
-        match self.stdout.read_line(&mut line) {
-            Ok(n) if n > 0 => Ok(line),
-            _ => Err(self.failed()),
-        }
-    }
-
-    /// The error for a network side that did not say what it should: its log's end.
-    fn failed(&mut self) -> OciError {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let tail: Vec<&str> = text.lines().rev().take(5).collect();
-        let said: Vec<&str> = tail.into_iter().rev().collect();
-        OciError::Side(if said.is_empty() {
-            "it exited without a word".into()
-        } else {
-            said.join("; ")
-        })
-    }
-}
-
-impl Drop for Side {
-    /// Not kept (`create` failed): killed, and the directories it made removed (a
-    /// killed process removes nothing).
-    fn drop(&mut self) {
-        if !self.kept {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-            let made = self.made.as_deref().and_then(state::net_dirs);
-            for d in made.into_iter().flatten() {
-                super::remove_state(&d);
-            }
-        }
-    }
-}
-
-/// Stops the network side of the container whose state is in `dir`, if it still runs
-/// ([`signal_out`]), and removes the directories it made if it could not.
-pub(super) fn stop(dir: &Path) {
-    signal_out(dir);
-    let made = std::fs::read_to_string(dir.join(NET_DIR)).ok();
-    for d in made
-        .and_then(|m| state::net_dirs(Path::new(m.trim())))
-        .into_iter()
-        .flatten()
-    {
-        super::remove_state(&d);
-    }
-}
-
-/// SIGTERM (its sandbox ends, its servers drain), SIGKILL after a second.
-fn signal_out(dir: &Path) {
-    let Some(rec) = std::fs::read_to_string(dir.join(RECORD))
-        .ok()
-        .and_then(|t| Record::decode(&t))
-    else {
-        return;
-    };
-    let Ok(pidfd) = sys::pidfd_open(rec.pid) else {
-        return;
-    };
-    // Checked after the pidfd is open: it then names the recorded process or none.
-    if !rec.alive() {
-        return;
-    }
-    for (sig, wait) in [(libc::SIGTERM, 1000), (libc::SIGKILL, 1000)] {
-        if sys::pidfd_signal(pidfd.as_fd(), sig).is_err() {
-            return;
-        }
-        if let Ok(Some(_)) = sys::wait_any(&[pidfd.as_fd()], Some(Duration::from_millis(wait))) {
-            return;
-        }
-    }
-}
-
-/// `_serve`'s command line: the container's id, the namespace, where lines go, and
-/// `ferry run`'s flags.
-fn parse_serve(argv: &[String]) -> Option<(&str, &str, report::Targets, &[String])> {
-    let [i, id, n, netns, rest @ ..] = argv else {
-        return None;
-    };
-    if i != "--id" || n != "--netns" {
-        return None;
-    }
-    let dashes = rest.iter().position(|a| a == "--")?;
-    let mut targets = report::Targets::default();
-    let mut it = rest[..dashes].iter();
-    while let Some(name) = it.next() {
-        if !targets.parse(name, &mut it).ok()? {
-            return None;
-        }
-    }
-    Some((id, netns, targets, &rest[dashes + 1..]))
-}
-
-/// `ferry oci _serve --id ID --netns PATH|new [--stderr-fd N] [--log PATH
-/// [--log-json]] -- FLAGS…`: the network side.
+/// `ferry oci _serve …` (`ferry_oci::side::Serve`): the network side.
 pub(super) fn serve(argv: &[String]) -> i32 {
-    let Some((id, netns, targets, flags)) = parse_serve(argv) else {
+    let Some(s) = Serve::parse(argv) else {
         eprintln!("ferry oci: {SERVE} is started by `ferry oci create`");
         return 2;
     };
+    // Checked before anything is made.
+    let a = match check(&s.flags) {
+        Ok(a) => a,
+        Err((origin, message)) => {
+            eprintln!("ferry oci: {origin}: {message}");
+            side::say(&Said::Refused { origin, message });
+            return 2;
+        }
+    };
+    let shim = match a.net {
+        Net::Nic => None,
+        _ => match run::find_preload() {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("ferry oci: {e}");
+                return 125;
+            }
+        },
+    };
     // Before any thread: every thread started later is in this namespace.
-    let entered = match netns {
-        "new" => sys::new_netns().map(|()| allow_ping()),
-        p => sys::enter_netns(Path::new(p)),
+    let entered = match &s.netns {
+        None => sys::new_netns().map(|()| allow_ping()),
+        Some(p) => sys::enter_netns(p),
     };
     if let Err(e) = entered {
         // EINVAL: the path is no namespace here, e.g. a `/run/netns` mount made after
@@ -290,23 +100,18 @@ pub(super) fn serve(argv: &[String]) -> i32 {
         } else {
             ""
         };
+        let netns = s.netns.as_deref().unwrap_or(Path::new("new")).display();
         eprintln!("ferry oci: entering the container's network namespace {netns}: {e}{hint}");
         return 125;
     }
-    let a = match parse_run(flags) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("ferry oci: {e}");
-            return 2;
-        }
-    };
-    init_logging(a.verbose, report::Sink::open(&targets));
+    init_logging(a.verbose, report::Sink::open(&s.targets));
     if let Err(e) = std::fs::create_dir_all(state::net_base()) {
         eprintln!("ferry oci: creating {}: {e}", state::net_base().display());
         return 125;
     }
     let mut work = Container {
-        id: id.to_owned(),
+        id: s.id,
+        shim,
         pidfd: None,
     };
     match run::serve_workload(&a, &mut work) {
@@ -363,6 +168,8 @@ fn gone(what: &str) -> RunError {
 struct Container {
     /// Its id (written beside the admin socket, for `ferry ctl list`).
     id: String,
+    /// The shim `create` places, where the image can load it.
+    shim: Option<PathBuf>,
     /// Its first process, once created.
     pidfd: Option<OwnedFd>,
 }
@@ -379,10 +186,15 @@ impl Workload for Container {
         if let Err(e) = std::fs::write(dirs.run.join(crate::ctl::CONTAINER), &self.id) {
             tracing::warn!("`ferry ctl list` will not name this container: {e}");
         }
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "ready {} {}", sandbox.pid(), dirs.sandbox.display())
-            .and_then(|()| out.flush())
-            .map_err(|_| gone("went away"))
+        let holder = u32::try_from(sandbox.pid()).map_err(|_| gone("named a bad pid"))?;
+        let ready = Ready {
+            holder,
+            dir: dirs.sandbox.clone(),
+            shim: self.shim.clone(),
+        };
+        side::say(&Said::Ready(ready))
+            .then_some(())
+            .ok_or_else(|| gone("went away"))
     }
 
     fn go(&mut self, _: &mut ferry_sandbox::Sandbox, _: &RunDirs) -> Result<i32, RunError> {
@@ -401,8 +213,7 @@ impl Workload for Container {
     }
 
     fn serving(&mut self) {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "serving").and_then(|()| out.flush());
+        side::say(&Said::Serving);
     }
 
     fn wait(&mut self, sandbox: &mut ferry_sandbox::Sandbox) -> Result<i32, RunError> {

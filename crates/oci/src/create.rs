@@ -1,36 +1,27 @@
-//! `ferry oci create`: make the container's state directory → start its network side
-//! → check the container's options (meanwhile) → place the shim → rewrite the bundle →
-//! the real runtime's create (into the sandbox's namespace) → give the network side the
-//! container's pid.
+//! `create`: make the container's state directory → start its network side (which
+//! checks the container's options, then makes the sandbox) → meanwhile read what the
+//! image can load → place the shim → rewrite the bundle → the real runtime's create
+//! (into the sandbox's namespace) → give the network side the container's pid.
 //! Any failure leaves nothing: the network side is killed and the state removed.
+//! Answered by the lean executable: only the network side is the full ferry.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use ferry_oci::args::{self, Invocation};
-use ferry_oci::options::{self, Flag};
-use ferry_oci::spec::{self, Rewrite};
-use ferry_oci::state;
 use serde_json::Value;
 
-use super::report;
-use super::side::{self, Side};
-use super::{OciError, remove_state, runtime_command};
-use crate::run::timing::Stages;
-use crate::run::{self, Net};
+use crate::args::{self, Invocation};
+use crate::cli::{OciError, Programs, runtime_command};
+use crate::side::{Serve, Side, Targets};
+use crate::spec::{self, EngineNetns, Rewrite};
+use crate::{options, state};
 
 /// `create [OPTION…] ID`.
-pub(super) fn create(inv: &Invocation) -> Result<i32, OciError> {
-    let mut t = Stages::from_env();
-    let r = create_timed(inv, &mut t);
-    t.print();
-    r
-}
-
-/// [`create`]'s steps, each timed in `t` (`FERRY_TIMING`).
-fn create_timed(inv: &Invocation, t: &mut Stages) -> Result<i32, OciError> {
+pub fn create(inv: &Invocation) -> Result<i32, OciError> {
     let c = args::parse_create(&inv.args)?;
     state::check_id(&c.id)?;
+    let programs = Programs::find()?;
     let mut runtime = runtime_command(&inv.globals)?;
     let bundle = std::path::absolute(&c.bundle)
         .map_err(OciError::io(format!("bundle {}", c.bundle.display())))?;
@@ -38,38 +29,31 @@ fn create_timed(inv: &Invocation, t: &mut Stages) -> Result<i32, OciError> {
     let engine = spec::engine_netns(&spec)?;
     let flags = options::flags(&inv.globals.presets, &spec::annotations(&spec))?;
     let dir = StateDir::make(inv.globals.root.as_deref(), &c.id)?;
-    let flat: Vec<String> = flags.iter().flat_map(|f| f.args.clone()).collect();
     let stderr = (!spec::terminal(&spec)).then(inheritable_stderr).flatten();
-    let targets = report::Targets {
-        stderr_fd: stderr.as_ref().map(AsRawFd::as_raw_fd),
-        log: inv.globals.log.clone().map(|l| (l, inv.globals.log_json)),
+    let serve = Serve {
+        id: c.id.clone(),
+        netns: match engine {
+            EngineNetns::Join(p) => Some(p),
+            EngineNetns::New => None,
+        },
+        targets: Targets {
+            stderr_fd: stderr.as_ref().map(AsRawFd::as_raw_fd),
+            log: inv.globals.log.clone().map(|l| (l, inv.globals.log_json)),
+        },
+        flags,
     };
-    // The network side starts (its exec, plan and sandbox: most of `create`'s own
-    // time) while the options are checked here; refused ones end it before it makes
-    // anything (it checks them first too).
-    let mut side = Side::spawn(&dir.0, &c.id, &engine, &targets, &flat)?;
+    // The network side starts (its exec, checks, plan and sandbox: most of `create`'s
+    // own time) while the image is looked at here.
+    let mut side = Side::spawn(&programs.ferry, &dir.0, &serve)?;
     drop(stderr);
-    let preload = match check(&flags)
-        .and_then(|net| Ok(net != Net::Nic && spec::can_load_shim(&spec::rootfs(&spec, &bundle)?)))
-    {
-        Ok(p) => p,
-        Err(e) => {
-            // Whatever it made is removed once it has said so (or it removed it).
-            let _ = side.ready();
-            return Err(e);
-        }
-    };
-    t.mark("check");
+    let loadable = spec::rootfs(&spec, &bundle).map(|r| spec::can_load_shim(&r));
     let ready = side.ready()?;
-    t.mark("side");
-    let shim = if preload {
-        place_shim(&ready.dir, !spec::may_remount(&spec))?
-    } else {
-        None
+    let preload = ready.shim.is_some() && loadable?;
+    let shim = match (&ready.shim, preload) {
+        (Some(installed), true) => place_shim(installed, &ready.dir, !spec::may_remount(&spec))?,
+        _ => None,
     };
-    t.mark("shim");
     side.record(&dir.0, &ready)?;
-    let ferry = std::env::current_exe().map_err(OciError::io("locating the ferry binary"))?;
     let spec = spec::rewrite(
         spec,
         &Rewrite {
@@ -77,13 +61,12 @@ fn create_timed(inv: &Invocation, t: &mut Stages) -> Result<i32, OciError> {
             dir: &ready.dir,
             preload,
             shim: shim.as_deref(),
-            ferry: &ferry,
+            runtime: programs.runtime(),
             hook_pid: side.pid(),
             bundle: &bundle,
         },
     )?;
     let ours = write_bundle(&dir.0, &spec)?;
-    t.mark("bundle");
     let pid_file = c
         .pid_file
         .clone()
@@ -101,7 +84,6 @@ fn create_timed(inv: &Invocation, t: &mut Stages) -> Result<i32, OciError> {
     if !status.success() {
         return Err(OciError::Failed(status.code().unwrap_or(1)));
     }
-    t.mark("runtime");
     if let Err(e) = read_pid(&pid_file).and_then(|pid| side.container(pid)) {
         // The network side failed beside the runtime's create (its TAP, say): the
         // created container goes too.
@@ -109,7 +91,6 @@ fn create_timed(inv: &Invocation, t: &mut Stages) -> Result<i32, OciError> {
             .map(|mut d| d.args(["delete", "--force", &c.id]).status());
         return Err(e);
     }
-    t.mark("serving");
     side.keep();
     dir.keep();
     Ok(0)
@@ -124,25 +105,8 @@ fn read_spec(bundle: &Path) -> Result<Value, OciError> {
     })
 }
 
-/// Checks the options as `ferry run` would (its parser, its policy and DNS checks);
-/// a refused one is named by its source. Returns the network mode.
-fn check(flags: &[Flag]) -> Result<Net, OciError> {
-    for f in flags {
-        if let Err(message) = side::parse_run(&f.args).and_then(|a| run::check_plan(&a)) {
-            return Err(OciError::Value {
-                origin: f.source.clone(),
-                message,
-            });
-        }
-    }
-    let all: Vec<String> = flags.iter().flat_map(|f| f.args.clone()).collect();
-    let together = |message| OciError::Value {
-        origin: "the container's ferry options together".into(),
-        message,
-    };
-    let a = side::parse_run(&all).map_err(together)?;
-    run::check_plan(&a).map_err(together)?;
-    Ok(a.net)
+fn chmod(path: &Path, mode: u32) -> std::io::Result<()> {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
 }
 
 /// The container's state directory: removed when dropped unless [`StateDir::keep`].
@@ -170,8 +134,7 @@ impl StateDir {
         }
         let made = StateDir(dir, false);
         // The sandbox's directory inside must be reachable by the container's users.
-        ferry_sys::chmod(&made.0, 0o711)
-            .map_err(OciError::io(format!("chmod {}", made.0.display())))?;
+        chmod(&made.0, 0o711).map_err(OciError::io(format!("chmod {}", made.0.display())))?;
         Ok(made)
     }
 
@@ -183,43 +146,42 @@ impl StateDir {
 impl Drop for StateDir {
     fn drop(&mut self) {
         if !self.1 {
-            remove_state(&self.0);
+            state::remove(&self.0);
         }
     }
 }
 
 /// A copy of this process's stderr — the container's, as the engine gave it to the
-/// runtime — that the network side inherits (not close-on-exec), for its lines
-/// (`report.rs`); none when stderr is closed.
+/// runtime — that the network side inherits (not close-on-exec), for its lines; none
+/// when stderr is closed.
 fn inheritable_stderr() -> Option<OwnedFd> {
-    ferry_oci::sys::inheritable_dup(std::io::stderr().as_fd()).ok()
+    crate::sys::inheritable_dup(std::io::stderr().as_fd()).ok()
 }
 
-/// Places the shim in the sandbox's directory (mounted into the container): an empty
-/// file there, over which the real runtime bind-mounts the installed shim read-only
-/// (returned), when anyone may read that and `share` (the container cannot remount
-/// it read-write: no `CAP_SYS_ADMIN`); else a copy (6 MB, on `create`'s critical path).
-fn place_shim(dir: &Path, share: bool) -> Result<Option<PathBuf>, OciError> {
-    use std::os::unix::fs::PermissionsExt;
-    let shim = run::find_preload().map_err(OciError::Runtime)?;
+/// Places the shim (`installed`, as the network side found it) in the sandbox's
+/// directory (mounted into the container): an empty file there, over which the real
+/// runtime bind-mounts the installed shim read-only (returned), when anyone may read
+/// that and `share` (the container cannot remount it read-write: no `CAP_SYS_ADMIN`);
+/// else a copy (6 MB, on `create`'s critical path).
+fn place_shim(installed: &Path, dir: &Path, share: bool) -> Result<Option<PathBuf>, OciError> {
     let to = dir.join(spec::SHIM);
     let readable = share
-        .then(|| shim.canonicalize().ok())
+        .then(|| installed.canonicalize().ok())
         .flatten()
         .filter(|p| {
             std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o004 != 0)
         });
     if let Some(full) = readable {
         std::fs::File::create(&to)
-            .and_then(|_| ferry_sys::chmod(&to, 0o644))
+            .and_then(|_| chmod(&to, 0o644))
             .map_err(OciError::io(format!("creating {}", to.display())))?;
         return Ok(Some(full));
     }
-    std::fs::copy(&shim, &to)
-        .and_then(|_| ferry_sys::chmod(&to, 0o644))
+    std::fs::copy(installed, &to)
+        .and_then(|_| chmod(&to, 0o644))
         .map_err(OciError::io(format!(
             "copying {} for the container",
-            shim.display()
+            installed.display()
         )))?;
     Ok(None)
 }

@@ -194,6 +194,17 @@ fn the_programs_bytes_before_a_filler_go_out_then_the_filler_is_drained() {
 // out, and a filler never does: after a connect's filler was drained (the kernel's
 // FIONREAD still counts its marker), and with a filler still in the pair.
 
+/// A non-blocking connect whose shim put a filler in the pair, then succeeds.
+fn filled_connect_succeeds(h: &mut Harness, ch: u32) -> u32 {
+    let id = h.socket(ch, libc::AF_INET, libc::SOCK_STREAM);
+    h.peer(id).connect_result(libc::EINPROGRESS);
+    h.app(id).filler();
+    h.call(ch, connect_req(id, 1, REQ_NONBLOCK | REQ_FILLED));
+    h.peer(id).connect_outcome(0);
+    h.host_event(id, libc::EPOLLOUT);
+    id
+}
+
 /// The program closes `id` and the shim says so (`Release`, tag 9).
 fn program_closes(h: &mut Harness, ch: u32, id: u32) {
     h.app(id).close();
@@ -205,12 +216,7 @@ fn program_closes(h: &mut Harness, ch: u32, id: u32) {
 fn the_programs_last_bytes_go_out_at_close_after_a_connect_filler() {
     let mut h = Harness::new(true);
     let ch = h.channel();
-    let id = h.socket(ch, libc::AF_INET, libc::SOCK_STREAM);
-    h.peer(id).connect_result(libc::EINPROGRESS);
-    h.app(id).filler();
-    h.call(ch, connect_req(id, 1, REQ_NONBLOCK | REQ_FILLED));
-    h.peer(id).connect_outcome(0);
-    h.host_event(id, libc::EPOLLOUT);
+    let id = filled_connect_succeeds(&mut h, ch);
     assert_eq!(h.app(id).view().unread, 0, "the connect's filler stayed");
     h.app(id).write(b"last words");
     let peer = h.peer(id);
@@ -457,12 +463,7 @@ fn a_connect_whose_error_another_call_took_is_no_success() {
 fn a_nonblocking_connect_that_succeeds_drains_the_filler() {
     let mut h = Harness::new(true);
     let ch = h.channel();
-    let id = h.socket(ch, libc::AF_INET, libc::SOCK_STREAM);
-    h.peer(id).connect_result(libc::EINPROGRESS);
-    h.app(id).filler();
-    h.call(ch, connect_req(id, 1, REQ_NONBLOCK | REQ_FILLED));
-    h.peer(id).connect_outcome(0);
-    h.host_event(id, libc::EPOLLOUT);
+    let id = filled_connect_succeeds(&mut h, ch);
     assert!(!h.app(id).view().detached);
     assert_eq!(
         h.app(id).view().unread,

@@ -5,7 +5,7 @@
 use super::{Case, Res};
 use crate::flags::poll_names;
 use crate::net::{
-    Addr, accept, bind, closed_port, connect, drain, fill_send_buffer, listen, listener,
+    Addr, accept, bind, closed_port, connect, drain, fill_until_unwritable, listen, listener,
     local_addr, peer_addr, poll1, recv, recv_text, send, so_error, socket, tcp_pair, tcp_socket,
     wait_for,
 };
@@ -170,7 +170,9 @@ fn partial_write() -> Res {
 fn full_buffer_eagain_then_pollout() -> Res {
     let (c, s) = tcp_pair(libc::AF_INET)?;
     set_nonblocking(c.raw(), true).ctx("fcntl")?;
-    let total = fill_send_buffer(c.raw())?;
+    // Until unwritable for a while, not just the first EAGAIN: bytes in flight (and,
+    // through ferry, its buffers' move into the host socket) can make room just after.
+    let total = fill_until_unwritable(c.raw())?;
     let full = poll1(c.raw(), libc::POLLOUT, 0).map(poll_names);
     set_nonblocking(s.raw(), true).ctx("fcntl")?;
     let mut drained = 0;

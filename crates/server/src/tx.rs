@@ -36,52 +36,46 @@ enum Peeked {
 
 /// Peeks at what the program wrote into `s`'s pair, up to the next filler marker.
 fn peek_program_bytes(io: &dyn Io, s: &mut Sock, buf: &mut Vec<u8>) -> Peeked {
-    let pair = s.pair.as_fd();
     if s.app_closed && s.pair_unmarked {
         // Final and without a marker: one peek (a small one first, as it is most often
         // empty).
-        let mut probe = [0u8; 1];
-        return match io.recv(pair, &mut probe, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
-            Ok(0) => Peeked::Nothing { marked: false },
-            Err(e) => {
-                if e.raw_os_error() == Some(libc::ECONNRESET) {
-                    s.send.moves(SendEvent::PairReset);
-                }
-                Peeked::Nothing { marked: false }
-            }
-            Ok(_) => {
-                buf.resize(PAIR_INPUT_CHUNK, 0);
-                match io.recv(pair, buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
-                    Ok(n) if n > 0 => Peeked::Bytes(n),
-                    _ => Peeked::Nothing { marked: false },
-                }
-            }
+        if peek_pair(io, s, &mut [0u8; 1]) == 0 {
+            return Peeked::Nothing { marked: false };
+        }
+        buf.resize(PAIR_INPUT_CHUNK, 0);
+        return match peek_pair(io, s, buf) {
+            0 => Peeked::Nothing { marked: false },
+            n => Peeked::Bytes(n),
         };
     }
-    if io.pending_bytes(pair).is_ok_and(|n| n == 0) {
+    if io.pending_bytes(s.pair.as_fd()).is_ok_and(|n| n == 0) {
         // Nothing queued (a close with nothing written, most often): no mark, no bytes,
         // in one call (a pending error stays for `app_closed`'s question).
         return Peeked::Nothing { marked: false };
     }
-    let at_mark = |fd| io.at_mark(fd).unwrap_or(false);
-    if at_mark(pair) {
+    let at_mark = |s: &Sock| io.at_mark(s.pair.as_fd()).unwrap_or(false);
+    if at_mark(s) {
         return Peeked::Nothing { marked: true };
     }
     buf.resize(PAIR_INPUT_CHUNK, 0);
-    let n = match io.recv(pair, buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+    match peek_pair(io, s, buf) {
+        0 => Peeked::Nothing { marked: false },
+        _ if at_mark(s) => Peeked::Filler,
+        n => Peeked::Bytes(n),
+    }
+}
+
+/// Peeks at `s`'s pair into `buf`: the bytes seen, 0 for none or an error. A reset of
+/// the pair is kept for `app_closed`, which would have read it as `SO_ERROR`.
+fn peek_pair(io: &dyn Io, s: &mut Sock, buf: &mut [u8]) -> usize {
+    match io.recv(s.pair.as_fd(), buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
         Ok(n) => n,
         Err(e) => {
-            // Kept for `app_closed`, which would have read it as SO_ERROR.
             if e.raw_os_error() == Some(libc::ECONNRESET) {
                 s.send.moves(SendEvent::PairReset);
             }
             0
         }
-    };
-    match n {
-        0 => Peeked::Nothing { marked: false },
-        _ if at_mark(pair) => Peeked::Filler,
-        n => Peeked::Bytes(n),
     }
 }
 

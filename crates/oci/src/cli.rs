@@ -125,17 +125,23 @@ usage: ferry oci [GLOBAL…] COMMAND [OPTION…] ID   (or ferry-oci [GLOBAL…] 
 pub fn report(g: &Globals, msg: &str) {
     eprintln!("ferry oci: {msg}");
     let Some(log) = &g.log else { return };
-    let line = if g.log_json {
-        serde_json::json!({"level": "error", "msg": format!("ferry oci: {msg}")}).to_string()
-    } else {
-        format!("level=error msg=\"ferry oci: {}\"", msg.replace('"', "'"))
-    };
+    let line = log_line("error", &format!("ferry oci: {msg}"), g.log_json);
     if let Ok(mut f) = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
     {
         let _ = writeln!(f, "{line}");
+    }
+}
+
+/// A line of the runtime's log at `level`, in runc's format (`--log-format json` or
+/// text), where engines read a runtime's errors and warnings.
+pub fn log_line(level: &str, msg: &str, json: bool) -> String {
+    if json {
+        serde_json::json!({"level": level, "msg": msg}).to_string()
+    } else {
+        format!("level={level} msg=\"{}\"", msg.replace('"', "'"))
     }
 }
 
@@ -302,4 +308,21 @@ fn hook(argv: &[String]) -> Result<i32, OciError> {
         .wait()
         .map_err(OciError::io(format!("hook: waiting for {path}")))?;
     Ok(status.code().unwrap_or(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_lines_as_runc_writes_them() {
+        let j: serde_json::Value =
+            serde_json::from_str(&log_line("warning", "ferry: a \"b\"", true)).unwrap();
+        assert_eq!(j["level"], "warning");
+        assert_eq!(j["msg"], "ferry: a \"b\"");
+        assert_eq!(
+            log_line("warning", "ferry: a \"b\"", false),
+            "level=warning msg=\"ferry: a 'b'\""
+        );
+    }
 }

@@ -15,6 +15,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use ferry_oci::cli::log_line;
 use ferry_oci::side::Targets;
 use tracing_subscriber::fmt::MakeWriter;
 
@@ -99,21 +100,12 @@ impl Report {
                 lost |= f.write(format!("{line}\n").as_bytes()).is_err();
             }
             if let Some((f, json)) = &mut self.log {
-                let _ = writeln!(f, "{}", log_line(line, *json));
+                let _ = writeln!(f, "{}", log_line("warning", line, *json));
             }
         }
         if lost {
             self.limit.lost();
         }
-    }
-}
-
-/// A line of the runtime's log, in runc's format.
-pub(crate) fn log_line(msg: &str, json: bool) -> String {
-    if json {
-        serde_json::json!({"level": "warning", "msg": msg}).to_string()
-    } else {
-        format!("level=warning msg=\"{}\"", msg.replace('"', "'"))
     }
 }
 
@@ -219,17 +211,6 @@ mod tests {
         assert_eq!(
             l.admit(t0 + Duration::from_secs(1)),
             Admit::Show { hidden: 0 }
-        );
-    }
-
-    #[test]
-    fn log_lines_as_runc_writes_them() {
-        let j: serde_json::Value = serde_json::from_str(&log_line("ferry: a \"b\"", true)).unwrap();
-        assert_eq!(j["level"], "warning");
-        assert_eq!(j["msg"], "ferry: a \"b\"");
-        assert_eq!(
-            log_line("ferry: a \"b\"", false),
-            "level=warning msg=\"ferry: a 'b'\""
         );
     }
 }

@@ -8,6 +8,9 @@ use crate::plan::{Param, Row, median};
 
 /// The docker container run by `ferry oci` (default options).
 pub const FERRY: &str = "docker-ferry";
+/// The start-up test's `docker run --rm` under the baseline build's `ferry-oci`
+/// (`--baseline`; runtime `ferry-base`).
+pub const FERRY_BASE: &str = "docker-ferry-base";
 /// The docker container run by runc on the engine's default bridge.
 pub const BRIDGE: &str = "docker-bridge";
 /// The docker container on the host's network (`--network host`, runc).
@@ -98,7 +101,8 @@ fn ratio_row(of: &Row, metric: &str, value: f64) -> Row {
 /// The ratios the goals are about, as rows of one sample (ratios of medians): every
 /// bandwidth against podman-slirp4netns's, every CPU per request against
 /// docker-bridge's, docker-ferry's rate and CPU per request against `ferry run`'s,
-/// and the start-up time ferry adds to runc's (per round: p50 minus p50).
+/// and the start-up time ferry (and the baseline build's, `--baseline`) adds to runc's (per round:
+/// p50 minus p50).
 pub fn derived(rows: &[Row]) -> Vec<Row> {
     let mut out = Vec::new();
     for r in rows {
@@ -124,7 +128,7 @@ pub fn derived(rows: &[Row]) -> Vec<Row> {
         {
             out.push(ratio_row(r, &format!("{} vs ferry run", r.metric), v / b));
         }
-        if r.config == FERRY && test == STARTUP && r.metric == "p50" {
+        if (r.config == FERRY || r.config == FERRY_BASE) && test == STARTUP && r.metric == "p50" {
             let runc = rows
                 .iter()
                 .find(|x| x.config == BRIDGE && x.param.label == STARTUP && x.metric == "p50");
@@ -349,6 +353,7 @@ mod tests {
             row(FERRY_RUN, REDIS, "CPU/req", "us", vec![40.0]),
             row(FERRY, STARTUP, "p50", "ms", vec![520.0, 530.0]),
             row(BRIDGE, STARTUP, "p50", "ms", vec![500.0, 490.0]),
+            row(FERRY_BASE, STARTUP, "p50", "ms", vec![540.0, 530.0]),
         ];
         let d = derived(&rows);
         let find = |c: &str, t: &str, m: &str| median(&d, c, t, m);
@@ -362,6 +367,7 @@ mod tests {
         assert_eq!(find(FERRY, REDIS, "CPU/req vs bridge"), Some(1.2));
         assert_eq!(find(FERRY, REDIS, "CPU/req vs ferry run"), Some(0.9));
         assert_eq!(find(FERRY, STARTUP, "added p50"), Some(30.0));
+        assert_eq!(find(FERRY_BASE, STARTUP, "added p50"), Some(40.0));
         let mut all = rows.clone();
         all.extend(d);
         let g = goals(&all);

@@ -21,6 +21,8 @@ const IMAGE_SCRIPT: &str = include_str!("../../../../../scripts/oci-image.sh");
 pub const IMAGE: &str = "ferry-bench";
 /// The runtime name of ferry with [`PUBLISH`] as a preset.
 pub const PUBLISHING: &str = "ferry-pub";
+/// The runtime name of the baseline build's `ferry-oci` (`--baseline`).
+pub const BASE_RUNTIME: &str = "ferry-base";
 /// ferry's option publishing nginx's port (8080) in the engine's namespace.
 pub const PUBLISH: &str = "ferry.publish=8080:8080";
 
@@ -190,7 +192,8 @@ fn build_image(root: &Path, import: &[String]) -> Result<(), String> {
     .map(|_| ())
 }
 
-/// A dockerd of C1's own, with `ferry oci` registered as runtime `ferry`.
+/// A dockerd of C1's own, with `ferry oci` registered as runtime `ferry` (and a
+/// baseline build's as [`BASE_RUNTIME`]).
 #[derive(Debug)]
 pub struct Docker {
     dir: PathBuf,
@@ -199,14 +202,22 @@ pub struct Docker {
 
 impl Docker {
     /// Starts dockerd with its state in `dir`, containers on `bridge`, the host's
-    /// firewall and forwarding untouched; imports the bench image.
-    pub fn start(dir: &Path, ferry: &Path, bridge: &str) -> Result<Docker, String> {
+    /// firewall and forwarding untouched; imports the bench image. `base`: another
+    /// build's `ferry`, registered by its own `ferry oci install` as [`BASE_RUNTIME`].
+    pub fn start(
+        dir: &Path,
+        ferry: &Path,
+        base: Option<&Path>,
+        bridge: &str,
+    ) -> Result<Docker, String> {
         fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let config = dir.join("daemon.json");
         fs::write(&config, "{}").map_err(|e| format!("{}: {e}", config.display()))?;
         // `ferry`: its defaults; `ferry-pub`: nginx's port published too (Debian's
         // dockerd speaks API 1.41: no `--annotation`, so a preset).
-        for (name, preset) in [("ferry", None), (PUBLISHING, Some(PUBLISH))] {
+        let base = base.map(|b| (b, BASE_RUNTIME, None));
+        let ours = [("ferry", None), (PUBLISHING, Some(PUBLISH))].map(|(n, p)| (ferry, n, p));
+        for (ferry, name, preset) in ours.into_iter().chain(base) {
             let mut install = Command::new(ferry);
             install.arg("oci");
             if let Some(p) = preset {

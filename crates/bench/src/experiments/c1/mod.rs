@@ -12,8 +12,8 @@
 //! and native on the host for reference. CPU per request is the client side: the
 //! container's cgroup plus what serves its network outside it (ferry's network side,
 //! slirp4netns, pasta) — for `ferry run` and native, R2's getrusage of the reaped
-//! processes. Start-up: `docker run --rm IMAGE true`, 20 per round with ferry and runc,
-//! alternating. Skipped with a note when docker or podman is missing.
+//! processes. Start-up: `docker run --rm IMAGE true`, 20 per round with ferry and runc
+//! (and `--baseline`'s build, as runtime `ferry-base`), alternating. Skipped with a note when docker or podman is missing.
 
 pub mod core;
 mod engine;
@@ -22,14 +22,15 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use self::core::{
-    BRIDGE, DOWN, FERRY, FERRY_RUN, HOST, PASTA, REDIS, SLIRP, STARTUP, UP, WRK, derived, goals,
-    goals_table, startup_stats,
+    BRIDGE, DOWN, FERRY, FERRY_BASE, FERRY_RUN, HOST, PASTA, REDIS, SLIRP, STARTUP, UP, WRK,
+    derived, goals, goals_table, startup_stats,
 };
 use self::engine::{
-    Ctr, Docker, IMAGE, Lan, NormalPolicy, PUBLISH, PUBLISHING, Podman, Redis, UserNet, free_port,
+    BASE_RUNTIME, Ctr, Docker, IMAGE, Lan, NormalPolicy, PUBLISH, PUBLISHING, Podman, Redis,
+    UserNet, free_port,
 };
 use super::{Experiment, Settings, pick, strings};
-use crate::config::{Config, RunOut, which};
+use crate::config::{Config, Kind, RunOut, which};
 use crate::exec::ExecError;
 use crate::parse;
 use crate::plan::{Bench, Case, Extract, Metrics, Param, Row};
@@ -81,7 +82,12 @@ impl Experiment for C1 {
         // Every configuration at the same (normal) policy: containers cannot have the
         // bench's real-time one.
         let normal = NormalPolicy::enter(bench.bed.name());
-        let setup = Setup::up(bench);
+        // The baseline build's `ferry`, when its start-up is measured.
+        let base = start.iter().find_map(|c| match &c.config.kind {
+            Kind::Ferry { bin, .. } => bin.clone(),
+            _ => None,
+        });
+        let setup = Setup::up(bench, base.as_deref());
         let mut rows = measure(bench, timed, &setup)?;
         rows.extend(startup(bench, start, &setup)?);
         drop(setup);
@@ -125,7 +131,8 @@ impl Experiment for C1 {
              in R2. Every process of C1 (clients, servers, engines, ferry) runs at the \
              normal scheduling policy whatever the bench's: an engine's cgroup refuses a \
              real-time container. Start-up: per round {STARTUP_RUNS} `docker run --rm \
-             {IMAGE} true` per runtime, alternating; p50, min and max.\n\n\
+             {IMAGE} true` per runtime (`--baseline`'s build too, as runtime \
+             `{BASE_RUNTIME}`: the same run's before), alternating; p50, min and max.\n\n\
              Goals (issue 27):\n\n{}\n",
             goals_table(&goals(rows))
         )
@@ -163,8 +170,12 @@ impl Experiment for C1 {
 fn startup_plot(area: &Area<'_>, rows: &[Row]) -> Result<(), String> {
     let get = |c: &str, m: &str| crate::plan::median(rows, c, STARTUP, m);
     // The same colours as the left plot's (docker-ferry first, docker-bridge second).
-    let configs = [FERRY, BRIDGE];
-    let names: Vec<String> = ["ferry", "runc"].map(str::to_owned).into();
+    let mut configs = vec![FERRY, BRIDGE];
+    let mut names: Vec<String> = ["ferry", "runc"].map(str::to_owned).into();
+    if get(FERRY_BASE, "p50").is_some() {
+        configs.push(FERRY_BASE);
+        names.push("ferry (baseline)".into());
+    }
     let mut items = Vec::new();
     let mut ymax: f64 = 10.0;
     for (i, c) in configs.iter().enumerate() {
@@ -304,10 +315,19 @@ fn cases(s: &Settings, ready: &[Config]) -> Vec<Case> {
             });
         }
     }
-    // Start-up last: C1::run times these itself.
-    for c in [FERRY, BRIDGE] {
+    // Start-up last: C1::run times these itself. The baseline's `ferry-oci` (beside its
+    // `ferry`) is registered as runtime `ferry-base` for it.
+    let base = s
+        .baseline
+        .as_ref()
+        .map(|b| Config::ferry_build(FERRY_BASE, b));
+    for config in [FERRY, BRIDGE]
+        .map(container_config)
+        .into_iter()
+        .chain(base)
+    {
         out.push(Case {
-            config: container_config(c),
+            config,
             param: Param::new(STARTUP, 99.0),
             client: Vec::new(),
             timeout: Duration::from_secs(30),
@@ -343,7 +363,7 @@ struct Setup {
 }
 
 impl Setup {
-    fn up(b: &mut Bench<'_>) -> Setup {
+    fn up(b: &mut Bench<'_>, base: Option<&std::path::Path>) -> Setup {
         let dir = b.bed.scratch().join("c1");
         let ns = b.bed.name().to_owned();
         crate::say(
@@ -361,7 +381,7 @@ impl Setup {
             (_, None) => {
                 Err("docker is not installed (scripts/install-deps.sh installs docker.io)".into())
             }
-            (Ok(l), Some(_)) => Docker::start(&dir.join("docker"), &b.env.ferry, l.bridge()),
+            (Ok(l), Some(_)) => Docker::start(&dir.join("docker"), &b.env.ferry, base, l.bridge()),
         };
         let podman = match which("podman") {
             None => Err("podman is not installed (scripts/install-deps.sh installs it)".into()),
@@ -609,8 +629,10 @@ fn startup(b: &mut Bench<'_>, cases: &[Case], setup: &Setup) -> Result<Vec<Row>,
         let d = docker.ok()?;
         let mut v = d.argv();
         v.extend(strings(&["run", "--rm"]));
-        if c.config.name == FERRY {
-            v.extend(strings(&["--runtime", "ferry"]));
+        match c.config.name.as_str() {
+            FERRY => v.extend(strings(&["--runtime", "ferry"])),
+            FERRY_BASE => v.extend(strings(&["--runtime", BASE_RUNTIME])),
+            _ => {}
         }
         v.extend(strings(&[IMAGE, "true"]));
         Some(v)

@@ -31,8 +31,9 @@ pub struct BenchArgs {
     pub unconfined_too: bool,
     /// R1, R2 and E2 also run ferry from another build (its `ferry` binary, with
     /// libferry_preload.so beside it) as `ferry-base` (and, in R1 and R2, its hand-off
-    /// as `ferry-base-handoff`; in E8 its `ferry vm` as `ferry-vm-base`), alternating
-    /// with this one: a before/after comparison of a change in the same run.
+    /// as `ferry-base-handoff`; in E8 its `ferry vm` as `ferry-vm-base`; in C1's
+    /// start-up its `ferry-oci`, beside it, as Docker's runtime `ferry-base`),
+    /// alternating with this one: a before/after comparison of a change in the same run.
     #[arg(long, value_name = "FERRY")]
     pub baseline: Option<PathBuf>,
     /// The newest pasta, run as `pasta-2026` beside Debian's `pasta` (default:

@@ -769,15 +769,25 @@ pub fn want_tokens(socks: &[Sock]) {
                     claimed(ch, *s)?;
                     ch.push(Call::WantToken { sock: s.id })?;
                     TABLE.update(s.fd, F_WANT, 0);
-                    last = Some(s.id);
+                    if !s.reads_pair() {
+                        last = Some(s.id);
+                    }
                 }
                 // A barrier: once a tagged request sent after them is answered, the
                 // server has handled the requests for tokens (it takes records in order)
                 // and written the tokens of sockets already readable, so even a poll with
-                // no timeout that follows sees them.
-                if let Some(last) = last {
-                    let barrier = Call::Pending { sock: last, tag: 0 };
-                    ch.call(barrier, Wait::FOREVER, &mut |_, _| {})?;
+                // no timeout that follows sees them. Not for a stream whose received
+                // bytes come through the fd (connected, connecting or accepted, with
+                // `rx_pair`): no token is written for it, the server moves its bytes
+                // into the fd whenever the host socket has some, asked or not, so there
+                // is nothing to wait for (wrk's `epoll_ctl` after each non-blocking
+                // `connect` waited a round trip for it).
+                match last {
+                    Some(last) => {
+                        let barrier = Call::Pending { sock: last, tag: 0 };
+                        ch.call(barrier, Wait::FOREVER, &mut |_, _| {})?;
+                    }
+                    None => ch.flush(),
                 }
                 Ok(())
             })?;

@@ -555,3 +555,76 @@ fn a_refused_connect_polls_pollerr_and_is_let_go_once_closed() {
     await_live_sockets(pid, 0, "held by a process that exited");
     run.finish();
 }
+
+/// A program that connects without blocking and then waits in `epoll` (wrk, nginx's
+/// upstreams, every event loop) gets its new socket's first wait without a round trip
+/// to the server: a stream whose received bytes come through its fd needs no readiness
+/// token, so the shim sends no barrier after asking (it did, and each such connection
+/// cost one more request and one more completion: 5 and 3 instead of 4 and 2).
+#[test]
+fn an_event_loops_new_connection_waits_for_no_token_barrier() {
+    if !can_run(&["ip", "python3"]) {
+        return;
+    }
+    const N: usize = 40;
+    let r = remote("nobarrier");
+    let ip = r.remote_ip();
+    let l = r
+        .run_in(|| std::net::TcpListener::bind((ip, 7431)))
+        .unwrap()
+        .unwrap();
+    let answer = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for _ in 0..N {
+            let (mut c, _) = l.accept().unwrap();
+            let mut b = [0u8; 1];
+            c.read_exact(&mut b).unwrap();
+            c.write_all(&b).unwrap();
+        }
+    });
+    let script = "import socket, select, sys\n\
+        ip, n = sys.argv[1], int(sys.argv[2])\n\
+        ep = select.epoll()\n\
+        for i in range(n):\n\
+        \x20   s = socket.socket()\n\
+        \x20   s.setblocking(False)\n\
+        \x20   s.connect_ex((ip, 7431))\n\
+        \x20   ep.register(s.fileno(), select.EPOLLIN | select.EPOLLOUT)\n\
+        \x20   while not any(e & select.EPOLLOUT for _, e in ep.poll(5)):\n\
+        \x20       pass\n\
+        \x20   ep.modify(s.fileno(), select.EPOLLIN)\n\
+        \x20   s.send(b'x')\n\
+        \x20   ep.poll(5)\n\
+        \x20   assert s.recv(1) == b'x'\n\
+        \x20   ep.unregister(s.fileno())\n\
+        \x20   s.close()\n\
+        print('done', n)\n";
+    let dir = TempDir::new("nobarrier");
+    let js = dir.path().join("stats.json");
+    let o = ferry_run(
+        &["--stats-json", js.to_str().unwrap()],
+        &[
+            system_python(),
+            "-c",
+            script,
+            &ip.to_string(),
+            &N.to_string(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    answer.join().unwrap();
+    let v = stats(&js);
+    let ch = v["channels"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| num(c, "requests") > 0))
+        .unwrap_or_else(|| panic!("no channel made requests: {v}"));
+    // Per connection: the connect (answered), the token ask, the send (its buffer comes
+    // back), the release. A barrier would add a request and a completion each.
+    let (req, cmp) = (num(ch, "requests"), num(ch, "completions"));
+    eprintln!("{N} connections: {req} requests, {cmp} completions");
+    assert!(
+        req <= 4 * N as u64 + 4 && cmp <= 2 * N as u64 + 4,
+        "{req} requests and {cmp} completions for {N} connections: a round trip more \
+         than needed each"
+    );
+}

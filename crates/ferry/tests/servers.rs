@@ -556,11 +556,13 @@ fn a_refused_connect_polls_pollerr_and_is_let_go_once_closed() {
     run.finish();
 }
 
-/// A program that connects without blocking and then waits in `epoll` (wrk, nginx's
-/// upstreams, every event loop) gets its new socket's first wait without a round trip
-/// to the server: a stream whose received bytes come through its fd needs no readiness
-/// token, so the shim sends no barrier after asking (it did, and each such connection
-/// cost one more request and one more completion: 5 and 3 instead of 4 and 2).
+/// A program that connects without blocking, sets `TCP_NODELAY` and then waits in
+/// `epoll` (wrk, nginx's upstreams, every event loop) makes one round trip to the
+/// server a connection, its `connect`: a stream whose received bytes come through its
+/// fd needs no readiness token, so the shim sends no barrier after asking (each such
+/// connection cost one request and one completion more), and `TCP_NODELAY` goes out
+/// unanswered (one completion more). Read back from another thread, the option is the
+/// value set last all the same (`getsockopt` asks for order first).
 #[test]
 fn an_event_loops_new_connection_waits_for_no_token_barrier() {
     if !can_run(&["ip", "python3"]) {
@@ -589,6 +591,7 @@ fn an_event_loops_new_connection_waits_for_no_token_barrier() {
         \x20   s = socket.socket()\n\
         \x20   s.setblocking(False)\n\
         \x20   s.connect_ex((ip, 7431))\n\
+        \x20   s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\n\
         \x20   ep.register(s.fileno(), select.EPOLLIN | select.EPOLLOUT)\n\
         \x20   while not any(e & select.EPOLLOUT for _, e in ep.poll(5)):\n\
         \x20       pass\n\
@@ -598,6 +601,14 @@ fn an_event_loops_new_connection_waits_for_no_token_barrier() {
         \x20   assert s.recv(1) == b'x'\n\
         \x20   ep.unregister(s.fileno())\n\
         \x20   s.close()\n\
+        import threading\n\
+        s = socket.socket()\n\
+        for i in range(200 if sys.argv[3:] == ['threads'] else 0):\n\
+        \x20   t = threading.Thread(target=s.setsockopt, args=(socket.IPPROTO_TCP, socket.TCP_NODELAY, i % 2))\n\
+        \x20   t.start()\n\
+        \x20   t.join()\n\
+        \x20   got = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)\n\
+        \x20   assert bool(got) == bool(i % 2), (i, got)\n\
         print('done', n)\n";
     let dir = TempDir::new("nobarrier");
     let js = dir.path().join("stats.json");
@@ -618,13 +629,17 @@ fn an_event_loops_new_connection_waits_for_no_token_barrier() {
         .as_array()
         .and_then(|c| c.iter().find(|c| num(c, "requests") > 0))
         .unwrap_or_else(|| panic!("no channel made requests: {v}"));
-    // Per connection: the connect (answered), the token ask, the send (its buffer comes
-    // back), the release. A barrier would add a request and a completion each.
+    // Per connection: the connect (answered), the option, the token ask, the send (its
+    // buffer comes back), the release. A barrier, or an answered option, would add a
+    // completion each.
     let (req, cmp) = (num(ch, "requests"), num(ch, "completions"));
     eprintln!("{N} connections: {req} requests, {cmp} completions");
     assert!(
-        req <= 4 * N as u64 + 4 && cmp <= 2 * N as u64 + 4,
+        req <= 5 * N as u64 + 10 && cmp <= 2 * N as u64 + 10,
         "{req} requests and {cmp} completions for {N} connections: a round trip more \
          than needed each"
     );
+    // The option set by a thread that ended, read by the main thread: 200 times.
+    let o = ferry_run(&[], &[system_python(), "-c", script, "", "0", "threads"]);
+    assert!(o.status.success(), "{}", text(&o));
 }

@@ -606,6 +606,16 @@ pub unsafe fn setsockopt(
         name,
         value: InlineBytes::new(&bytes[..len]).ok_or(Errno::EINVAL)?,
     };
+    if unanswered_opt(&s, level, name, len) {
+        return with_channel_to(server_of(s.id), |ch| {
+            claimed(ch, s)?;
+            // This thread now has a record about the stream that may still wait in its
+            // ring: another thread's `getsockopt` of the option asks for order first.
+            TABLE.sender_changed(s.fd, ch.tid);
+            ch.push(req)
+        })
+        .map_err(|e| e.down_as(libc::ECONNRESET));
+    }
     simple(&s, req, Wait::FOREVER)?;
     if level == libc::SOL_SOCKET
         && (name == libc::SO_RCVTIMEO || name == libc::SO_SNDTIMEO)
@@ -629,6 +639,20 @@ pub unsafe fn setsockopt(
         };
     }
     Ok(())
+}
+
+/// Whether `setsockopt(level, name)` with a `len`-byte value on `s` goes out unanswered
+/// (`SetOpt` with no tag), as sends do: `TCP_NODELAY` on a stream with an `int`, which
+/// the kernel's TCP takes whatever its value and state (the server refuses no value of
+/// it), so there is no error to wait for. Set by most clients right after `socket` or
+/// `connect` (wrk, curl, libpq, redis clients): one round trip less a connection. Read
+/// back by `getsockopt` only, which asks for order first when another thread set it
+/// ([`getsockopt`]).
+fn unanswered_opt(s: &Sock, level: c_int, name: c_int, len: usize) -> bool {
+    (level, name) == (libc::IPPROTO_TCP, libc::TCP_NODELAY)
+        && len >= size_of::<c_int>()
+        && s.typed()
+        && !s.dgram()
 }
 
 /// The bytes a stream may hold in its send buffer once the program set `SO_SNDBUF`
@@ -714,6 +738,15 @@ pub unsafe fn getsockopt(
                 from_buf = Some(unsafe { cur.write_from(v.as_ptr(), n) });
                 return Ok(None);
             }
+        }
+        if unanswered_opt(&s, level, name, size_of::<c_int>()) && TABLE.sender_changed(s.fd, ch.tid)
+        {
+            // Another thread's unanswered `setsockopt` of it may still wait in its ring.
+            ch.call(
+                Call::Order { sock: s.id, tag: 0 },
+                Wait::FOREVER,
+                &mut |_, _| {},
+            )?;
         }
         let req = Call::GetOpt {
             sock: s.id,

@@ -555,3 +555,91 @@ fn a_refused_connect_polls_pollerr_and_is_let_go_once_closed() {
     await_live_sockets(pid, 0, "held by a process that exited");
     run.finish();
 }
+
+/// A program that connects without blocking, sets `TCP_NODELAY` and then waits in
+/// `epoll` (wrk, nginx's upstreams, every event loop) makes one round trip to the
+/// server a connection, its `connect`: a stream whose received bytes come through its
+/// fd needs no readiness token, so the shim sends no barrier after asking (each such
+/// connection cost one request and one completion more), and `TCP_NODELAY` goes out
+/// unanswered (one completion more). Read back from another thread, the option is the
+/// value set last all the same (`getsockopt` asks for order first).
+#[test]
+fn an_event_loops_new_connection_waits_for_no_token_barrier() {
+    if !can_run(&["ip", "python3"]) {
+        return;
+    }
+    const N: usize = 40;
+    let r = remote("nobarrier");
+    let ip = r.remote_ip();
+    let l = r
+        .run_in(|| std::net::TcpListener::bind((ip, 7431)))
+        .unwrap()
+        .unwrap();
+    let answer = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for _ in 0..N {
+            let (mut c, _) = l.accept().unwrap();
+            let mut b = [0u8; 1];
+            c.read_exact(&mut b).unwrap();
+            c.write_all(&b).unwrap();
+        }
+    });
+    let script = "import socket, select, sys\n\
+        ip, n = sys.argv[1], int(sys.argv[2])\n\
+        ep = select.epoll()\n\
+        for i in range(n):\n\
+        \x20   s = socket.socket()\n\
+        \x20   s.setblocking(False)\n\
+        \x20   s.connect_ex((ip, 7431))\n\
+        \x20   s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\n\
+        \x20   ep.register(s.fileno(), select.EPOLLIN | select.EPOLLOUT)\n\
+        \x20   while not any(e & select.EPOLLOUT for _, e in ep.poll(5)):\n\
+        \x20       pass\n\
+        \x20   ep.modify(s.fileno(), select.EPOLLIN)\n\
+        \x20   s.send(b'x')\n\
+        \x20   ep.poll(5)\n\
+        \x20   assert s.recv(1) == b'x'\n\
+        \x20   ep.unregister(s.fileno())\n\
+        \x20   s.close()\n\
+        import threading\n\
+        s = socket.socket()\n\
+        for i in range(200 if sys.argv[3:] == ['threads'] else 0):\n\
+        \x20   t = threading.Thread(target=s.setsockopt, args=(socket.IPPROTO_TCP, socket.TCP_NODELAY, i % 2))\n\
+        \x20   t.start()\n\
+        \x20   t.join()\n\
+        \x20   got = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)\n\
+        \x20   assert bool(got) == bool(i % 2), (i, got)\n\
+        print('done', n)\n";
+    let dir = TempDir::new("nobarrier");
+    let js = dir.path().join("stats.json");
+    let o = ferry_run(
+        &["--stats-json", js.to_str().unwrap()],
+        &[
+            system_python(),
+            "-c",
+            script,
+            &ip.to_string(),
+            &N.to_string(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    answer.join().unwrap();
+    let v = stats(&js);
+    let ch = v["channels"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| num(c, "requests") > 0))
+        .unwrap_or_else(|| panic!("no channel made requests: {v}"));
+    // Per connection: the connect (answered), the option, the token ask, the send (its
+    // buffer comes back), the release. A barrier, or an answered option, would add a
+    // completion each.
+    let (req, cmp) = (num(ch, "requests"), num(ch, "completions"));
+    eprintln!("{N} connections: {req} requests, {cmp} completions");
+    assert!(
+        req <= 5 * N as u64 + 10 && cmp <= 2 * N as u64 + 10,
+        "{req} requests and {cmp} completions for {N} connections: a round trip more \
+         than needed each"
+    );
+    // The option set by a thread that ended, read by the main thread: 200 times.
+    let o = ferry_run(&[], &[system_python(), "-c", script, "", "0", "threads"]);
+    assert!(o.status.success(), "{}", text(&o));
+}

@@ -606,6 +606,16 @@ pub unsafe fn setsockopt(
         name,
         value: InlineBytes::new(&bytes[..len]).ok_or(Errno::EINVAL)?,
     };
+    if unanswered_opt(&s, level, name, len) {
+        return with_channel_to(server_of(s.id), |ch| {
+            claimed(ch, s)?;
+            // This thread now has a record about the stream that may still wait in its
+            // ring: another thread's `getsockopt` of the option asks for order first.
+            TABLE.sender_changed(s.fd, ch.tid);
+            ch.push(req)
+        })
+        .map_err(|e| e.down_as(libc::ECONNRESET));
+    }
     simple(&s, req, Wait::FOREVER)?;
     if level == libc::SOL_SOCKET
         && (name == libc::SO_RCVTIMEO || name == libc::SO_SNDTIMEO)
@@ -629,6 +639,20 @@ pub unsafe fn setsockopt(
         };
     }
     Ok(())
+}
+
+/// Whether `setsockopt(level, name)` with a `len`-byte value on `s` goes out unanswered
+/// (`SetOpt` with no tag), as sends do: `TCP_NODELAY` on a stream with an `int`, which
+/// the kernel's TCP takes whatever its value and state (the server refuses no value of
+/// it), so there is no error to wait for. Set by most clients right after `socket` or
+/// `connect` (wrk, curl, libpq, redis clients): one round trip less a connection. Read
+/// back by `getsockopt` only, which asks for order first when another thread set it
+/// ([`getsockopt`]).
+fn unanswered_opt(s: &Sock, level: c_int, name: c_int, len: usize) -> bool {
+    (level, name) == (libc::IPPROTO_TCP, libc::TCP_NODELAY)
+        && len >= size_of::<c_int>()
+        && s.typed()
+        && !s.dgram()
 }
 
 /// The bytes a stream may hold in its send buffer once the program set `SO_SNDBUF`
@@ -715,6 +739,15 @@ pub unsafe fn getsockopt(
                 return Ok(None);
             }
         }
+        if unanswered_opt(&s, level, name, size_of::<c_int>()) && TABLE.sender_changed(s.fd, ch.tid)
+        {
+            // Another thread's unanswered `setsockopt` of it may still wait in its ring.
+            ch.call(
+                Call::Order { sock: s.id, tag: 0 },
+                Wait::FOREVER,
+                &mut |_, _| {},
+            )?;
+        }
         let req = Call::GetOpt {
             sock: s.id,
             tag: 0,
@@ -769,15 +802,25 @@ pub fn want_tokens(socks: &[Sock]) {
                     claimed(ch, *s)?;
                     ch.push(Call::WantToken { sock: s.id })?;
                     TABLE.update(s.fd, F_WANT, 0);
-                    last = Some(s.id);
+                    if !s.reads_pair() {
+                        last = Some(s.id);
+                    }
                 }
                 // A barrier: once a tagged request sent after them is answered, the
                 // server has handled the requests for tokens (it takes records in order)
                 // and written the tokens of sockets already readable, so even a poll with
-                // no timeout that follows sees them.
-                if let Some(last) = last {
-                    let barrier = Call::Pending { sock: last, tag: 0 };
-                    ch.call(barrier, Wait::FOREVER, &mut |_, _| {})?;
+                // no timeout that follows sees them. Not for a stream whose received
+                // bytes come through the fd (connected, connecting or accepted, with
+                // `rx_pair`): no token is written for it, the server moves its bytes
+                // into the fd whenever the host socket has some, asked or not, so there
+                // is nothing to wait for (wrk's `epoll_ctl` after each non-blocking
+                // `connect` waited a round trip for it).
+                match last {
+                    Some(last) => {
+                        let barrier = Call::Pending { sock: last, tag: 0 };
+                        ch.call(barrier, Wait::FOREVER, &mut |_, _| {})?;
+                    }
+                    None => ch.flush(),
                 }
                 Ok(())
             })?;

@@ -46,7 +46,8 @@ const RX_SPLICE: usize = 256 * 1024;
 /// pair filled up after most splices, and the program got less per read.
 const RX_PAIR_BULK: i32 = 1 << 20;
 
-/// `rx_pair`: a splice that moves less than this ends a stream's bulk mode.
+/// `rx_pair`: a splice that moves less than this is short; `BULK_SHORT_RUN` of them in
+/// a row end a stream's bulk mode (see `RxPath::Bulk`).
 const SPLICE_MIN: usize = 16 * 1024;
 
 /// `rx_pair`: the server's pipe (pages, not bytes, are what a splice fills: room for
@@ -339,6 +340,9 @@ impl RxScratch {
                 // said the socket is writable again): nothing to read.
                 return;
             }
+            // A splice can stop short with the pipe full (its slots hold segments, not
+            // bytes): only a copying read that stopped short proves the queue empty.
+            let was_bulk = s.rx.bulk();
             match self.read_into_pair(io, s) {
                 Ok(0) => {
                     s.mirror_eof(io);
@@ -354,7 +358,7 @@ impl RxScratch {
                     // been reported (it brings no further edge).
                     // (A read also stops short at an urgent mark.)
                     let drained =
-                        !s.rx.bulk() && n < RX_SCRATCH && !s.rx.ending() && !s.rx.urgent_due();
+                        !was_bulk && n < RX_SCRATCH && !s.rx.ending() && !s.rx.urgent_due();
                     if drained {
                         s.rx.found_empty();
                     }
@@ -688,8 +692,8 @@ impl Rx<'_> {
     /// flow control). The end of the stream (EOF or an error, kept for the shim's
     /// question) shuts the pair's write side. A stream whose last read filled the 64 KiB
     /// scratch buffer is moved with `splice` through the server's pipe instead (pages
-    /// change hands, the bytes are not copied in the server) until a splice moves less
-    /// than [`SPLICE_MIN`]. A hang-up due follows the end of the stream ([`Rx::mirror_hup`]).
+    /// change hands, the bytes are not copied in the server) until a few splices in a
+    /// row move less than [`SPLICE_MIN`]. A hang-up due follows the end of the stream ([`Rx::mirror_hup`]).
     pub(crate) fn pump(&mut self, id: u32) {
         self.scratch.check_holder(self.socks);
         if let Some(s) = self.socks.get_mut(&id) {

@@ -10,19 +10,15 @@
 /// hundred microseconds of a bulk reader's time.
 pub(crate) const WIDEN_AFTER: usize = 1 << 20;
 
-/// Short splices in a row that end a stream's bulk mode (see [`RxPath::Bulk`]).
-pub(crate) const BULK_SHORT_RUN: u8 = 4;
-
 /// Which way a socket's received bytes go. Legal moves:
 ///
 /// | state  | event        | next   |
 /// |--------|--------------|--------|
 /// | `Ring` | `ToPair` (a stream of a pair-path channel, when made) | `Pair` |
-/// | `Pair` | `FullRead` (a read filled the scratch buffer, or a splice moved at least its minimum) | `Bulk(0)` |
+/// | `Pair` | `FullRead` (a read filled the scratch buffer, or a splice moved at least its minimum) | `Bulk` |
 /// | `Pair` | `ShortRead`  | `Pair` |
-/// | `Bulk(n)` | `FullRead`   | `Bulk(0)` |
-/// | `Bulk(n)` | `ShortRead`, `n + 1 <` [`BULK_SHORT_RUN`] | `Bulk(n + 1)` |
-/// | `Bulk(n)` | `ShortRead`, `n + 1 =` [`BULK_SHORT_RUN`] | `Pair` |
+/// | `Bulk` | `FullRead`   | `Bulk` |
+/// | `Bulk` | `ShortRead`  | `Pair` |
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub(crate) enum RxPath {
     /// Receives are the shim's requests, answered into its channel's buffers.
@@ -30,12 +26,8 @@ pub(crate) enum RxPath {
     Ring,
     /// The server moves the bytes into the readiness pair, copied.
     Pair,
-    /// The same, spliced (host socket → pipe → pair), with the short splices in a row
-    /// so far. One short splice says little: a server that catches each arrival early
-    /// (its spin, under `chrt -f` especially) splices a few kilobytes now and then in
-    /// the middle of a bulk stream, and leaving bulk mode at the first one copied twice
-    /// (host socket → buffer → pair) until a read filled the buffer again.
-    Bulk(u8),
+    /// The same, spliced (host socket → pipe → pair).
+    Bulk,
 }
 
 /// What moves an [`RxPath`].
@@ -53,9 +45,8 @@ impl RxPath {
         use RxPath::*;
         match (self, ev) {
             (Ring, ToPair) => Some(Pair),
-            (Pair | Bulk(_), FullRead) => Some(Bulk(0)),
-            (Bulk(n), ShortRead) if n + 1 < BULK_SHORT_RUN => Some(Bulk(n + 1)),
-            (Pair | Bulk(_), ShortRead) => Some(Pair),
+            (Pair | Bulk, FullRead) => Some(Bulk),
+            (Pair | Bulk, ShortRead) => Some(Pair),
             _ => None,
         }
     }
@@ -200,7 +191,7 @@ impl RecvSide {
 
     /// The pair path in bulk mode (spliced).
     pub(crate) fn bulk(&self) -> bool {
-        matches!(self.path, RxPath::Bulk(_))
+        self.path == RxPath::Bulk
     }
 
     pub(crate) fn end_moves(&mut self, ev: EndEvent) {
@@ -323,30 +314,17 @@ impl RecvSide {
 mod tests {
     use super::*;
 
-    const PATHS: [RxPath; 6] = [
-        RxPath::Ring,
-        RxPath::Pair,
-        RxPath::Bulk(0),
-        RxPath::Bulk(1),
-        RxPath::Bulk(2),
-        RxPath::Bulk(3),
-    ];
+    const PATHS: [RxPath; 3] = [RxPath::Ring, RxPath::Pair, RxPath::Bulk];
     const PATH_EVENTS: [PathEvent; 3] =
         [PathEvent::ToPair, PathEvent::FullRead, PathEvent::ShortRead];
 
-    /// The table of [`RxPath`]'s doc, row by row (with [`BULK_SHORT_RUN`] 4).
+    /// The table of [`RxPath`]'s doc, row by row.
     const PATH_MOVES: &[(RxPath, PathEvent, RxPath)] = &[
         (RxPath::Ring, PathEvent::ToPair, RxPath::Pair),
-        (RxPath::Pair, PathEvent::FullRead, RxPath::Bulk(0)),
+        (RxPath::Pair, PathEvent::FullRead, RxPath::Bulk),
         (RxPath::Pair, PathEvent::ShortRead, RxPath::Pair),
-        (RxPath::Bulk(0), PathEvent::FullRead, RxPath::Bulk(0)),
-        (RxPath::Bulk(1), PathEvent::FullRead, RxPath::Bulk(0)),
-        (RxPath::Bulk(2), PathEvent::FullRead, RxPath::Bulk(0)),
-        (RxPath::Bulk(3), PathEvent::FullRead, RxPath::Bulk(0)),
-        (RxPath::Bulk(0), PathEvent::ShortRead, RxPath::Bulk(1)),
-        (RxPath::Bulk(1), PathEvent::ShortRead, RxPath::Bulk(2)),
-        (RxPath::Bulk(2), PathEvent::ShortRead, RxPath::Bulk(3)),
-        (RxPath::Bulk(3), PathEvent::ShortRead, RxPath::Pair),
+        (RxPath::Bulk, PathEvent::FullRead, RxPath::Bulk),
+        (RxPath::Bulk, PathEvent::ShortRead, RxPath::Pair),
     ];
 
     #[test]
@@ -371,17 +349,6 @@ mod tests {
         assert!(r.move_path(PathEvent::FullRead));
         assert!(r.bulk());
         assert!(!r.move_path(PathEvent::ToPair));
-        // Short splices in a row below the run keep bulk mode; a full one starts the
-        // count again.
-        for _ in 1..BULK_SHORT_RUN {
-            assert!(r.move_path(PathEvent::ShortRead));
-            assert!(r.bulk());
-        }
-        assert!(r.move_path(PathEvent::FullRead));
-        for _ in 1..BULK_SHORT_RUN {
-            assert!(r.move_path(PathEvent::ShortRead));
-        }
-        assert!(r.bulk());
         assert!(r.move_path(PathEvent::ShortRead));
         assert!(r.pair() && !r.bulk());
     }

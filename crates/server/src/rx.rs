@@ -46,8 +46,7 @@ const RX_SPLICE: usize = 256 * 1024;
 /// pair filled up after most splices, and the program got less per read.
 const RX_PAIR_BULK: i32 = 1 << 20;
 
-/// `rx_pair`: a splice that moves less than this is short; `BULK_SHORT_RUN` of them in
-/// a row end a stream's bulk mode (see `RxPath::Bulk`).
+/// `rx_pair`: a splice that moves less than this ends a stream's bulk mode.
 const SPLICE_MIN: usize = 16 * 1024;
 
 /// `rx_pair`: the server's pipe (pages, not bytes, are what a splice fills: room for
@@ -692,8 +691,8 @@ impl Rx<'_> {
     /// flow control). The end of the stream (EOF or an error, kept for the shim's
     /// question) shuts the pair's write side. A stream whose last read filled the 64 KiB
     /// scratch buffer is moved with `splice` through the server's pipe instead (pages
-    /// change hands, the bytes are not copied in the server) until a few splices in a
-    /// row move less than [`SPLICE_MIN`]. A hang-up due follows the end of the stream ([`Rx::mirror_hup`]).
+    /// change hands, the bytes are not copied in the server) until a splice moves less
+    /// than [`SPLICE_MIN`]. A hang-up due follows the end of the stream ([`Rx::mirror_hup`]).
     pub(crate) fn pump(&mut self, id: u32) {
         self.scratch.check_holder(self.socks);
         if let Some(s) = self.socks.get_mut(&id) {

@@ -339,6 +339,9 @@ impl RxScratch {
                 // said the socket is writable again): nothing to read.
                 return;
             }
+            // A splice can stop short with the pipe full (its slots hold segments, not
+            // bytes): only a copying read that stopped short proves the queue empty.
+            let was_bulk = s.rx.bulk();
             match self.read_into_pair(io, s) {
                 Ok(0) => {
                     s.mirror_eof(io);
@@ -354,7 +357,7 @@ impl RxScratch {
                     // been reported (it brings no further edge).
                     // (A read also stops short at an urgent mark.)
                     let drained =
-                        !s.rx.bulk() && n < RX_SCRATCH && !s.rx.ending() && !s.rx.urgent_due();
+                        !was_bulk && n < RX_SCRATCH && !s.rx.ending() && !s.rx.urgent_due();
                     if drained {
                         s.rx.found_empty();
                     }

@@ -180,6 +180,9 @@ pub struct NicServer {
     device_due: bool,
     /// How long an idle loop spins before it sleeps (`spin.rs`).
     spin: Spin,
+    /// Whether the last pump left a TCP flow backlogged (`tcp::backlogged`): then an
+    /// idle loop sleeps at once.
+    backlogged: bool,
     live: Arc<NicLive>,
 }
 
@@ -327,6 +330,7 @@ impl NicServer {
             device_gone: false,
             device_due: true,
             spin: Spin::new(spin),
+            backlogged: false,
             live: Arc::new(NicLive {
                 pinned: (-1).into(),
                 cpu: (-1).into(),
@@ -372,6 +376,8 @@ impl NicServer {
                 self.device_due = true;
                 continue;
             }
+            // Sleeping at once while a flow is backlogged is not the spin's to learn from.
+            let learn = !self.backlogged;
             let timeout = self.idle_wait(&mut idle_since);
             if timeout.is_zero() {
                 // A spin gives way to any thread waiting for this CPU (the sandbox's
@@ -383,7 +389,7 @@ impl NicServer {
             let slept = self.clock.now();
             if self.wait_events(timeout) {
                 idle_since = None;
-                if !timeout.is_zero() {
+                if !timeout.is_zero() && learn {
                     self.spin.woke_after(self.clock.now().duration_since(slept));
                 }
             }
@@ -409,11 +415,15 @@ impl NicServer {
 
     /// How long to wait in epoll after a turn with nothing to do (idle since
     /// `idle_since`): nothing while spinning, else until the stack's or a published
-    /// connection's next timer (at most a second).
+    /// connection's next timer (at most a second). A backlogged flow (bulk: the side
+    /// that must move next has a buffer's worth to take) is no round trip a spin would
+    /// catch sooner: the server sleeps at once, and the CPU it would spin on is free for
+    /// that side (at `chrt -f`, a spinning server kept the sandbox's reader waiting for
+    /// a CPU).
     fn idle_wait(&mut self, idle_since: &mut Option<Instant>) -> Duration {
         let now = self.clock.now();
         let since = *idle_since.get_or_insert(now);
-        if now.duration_since(since) < self.spin.window() {
+        if !self.backlogged && now.duration_since(since) < self.spin.window() {
             self.stats.spin_turns += 1;
             return Duration::ZERO;
         }
@@ -521,12 +531,13 @@ impl NicServer {
         let mut busy = false;
         for _ in 0..64 {
             let m = self.port.timing.mark();
-            let moved = tcp::pump_all(
+            let tcp::Pumped { moved, backlogged } = tcp::pump_all(
                 &mut self.flows,
                 &mut self.stack,
                 &*self.io,
                 &mut self.port.timing,
             );
+            self.backlogged = backlogged;
             self.port.timing.end_outer(Stage::Pump, m, moved);
             let now = self.clock.now();
             let (m, frames) = (self.port.timing.mark(), self.port.count.frames);
@@ -755,6 +766,11 @@ impl InProcess {
 
     pub fn now(&self) -> Instant {
         self.srv.clock.now()
+    }
+
+    /// Whether the last turn left a TCP flow backlogged.
+    pub fn backlogged(&self) -> bool {
+        self.srv.backlogged
     }
 
     /// Stack sockets open.

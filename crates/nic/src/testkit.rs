@@ -221,6 +221,12 @@ impl Harness {
         self.srv.flows()
     }
 
+    /// Whether the server's last turn left a TCP flow backlogged (an idle loop then
+    /// sleeps without spinning).
+    pub fn backlogged(&self) -> bool {
+        self.srv.backlogged()
+    }
+
     /// Stack sockets the server holds.
     pub fn stack_sockets(&self) -> usize {
         self.srv.stack_sockets()

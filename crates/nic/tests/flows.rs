@@ -147,6 +147,58 @@ fn back_pressure_keeps_every_byte_in_order() {
     assert_eq!(got, back);
 }
 
+// Rule: a flow is backlogged (the server sleeps at once instead of spinning) while the
+// host's bytes wait behind a full stack buffer the sandbox has not taken, or the
+// sandbox's behind a host socket that takes none; not while bytes go back and forth,
+// nor once the backlog is gone.
+
+#[test]
+fn a_backlog_either_way_is_seen_and_a_round_trip_is_not() {
+    let mut h = Harness::new();
+    let (c, s) = established(&mut h, remote());
+    h.host().data(s, b"pong");
+    h.run();
+    assert_eq!(h.read(c), b"pong");
+    assert!(!h.backlogged(), "a round trip counted as a backlog");
+    // More than the stack's buffer and the sandbox's, unread.
+    let big = vec![7u8; 4 << 20];
+    h.host().data(s, &big);
+    h.run();
+    assert!(h.backlogged(), "the host's bytes wait behind a full buffer");
+    let mut got = 0;
+    for _ in 0..1000 {
+        got += h.read(c).len();
+        h.run();
+        if got == big.len() {
+            break;
+        }
+    }
+    assert_eq!(got, big.len());
+    assert!(!h.backlogged(), "nothing waits any more");
+    // The other way: the host takes nothing.
+    h.host().room(s, Some(0));
+    let data = vec![9u8; 4 << 20];
+    let mut written = 0;
+    for _ in 0..100 {
+        written += h.write(c, &data[written..]);
+        h.run();
+    }
+    assert!(
+        h.backlogged(),
+        "the sandbox's bytes wait behind the host socket"
+    );
+    h.host().room(s, None);
+    for _ in 0..1000 {
+        written += h.write(c, &data[written..]);
+        h.run();
+        if h.host().view(s).sent.len() == data.len() {
+            break;
+        }
+    }
+    assert_eq!(h.host().view(s).sent.len(), data.len());
+    assert!(!h.backlogged(), "the host took everything");
+}
+
 // Rule: the sandbox's FIN is a shutdown(SHUT_WR) on the host (after every byte before
 // it), and the host may still send; both ends done, the host socket closes without a
 // reset.

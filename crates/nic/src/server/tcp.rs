@@ -190,20 +190,40 @@ fn to_sandbox(
     moved
 }
 
-/// Moves bytes between every open TCP flow's two sockets; whether any moved.
+/// Whether flow `f`'s bytes wait for one side to take what the other holds (as the
+/// last pump left it): the host's behind a full stack buffer towards the sandbox, or the
+/// sandbox's behind a host socket that takes no more. Bulk, not a round trip: the side
+/// that must move next has a buffer's worth of work already.
+pub(crate) fn backlogged(f: &TcpFlow, s: &tcp::Socket<'_>) -> bool {
+    let to_sandbox_full =
+        s.may_send() && s.send_queue() == s.send_capacity() && f.readable && !f.phase.host_done();
+    to_sandbox_full || (!f.writable && s.can_recv())
+}
+
+/// What [`pump_all`] did: whether any bytes moved, whether any flow is
+/// [`backlogged`].
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Pumped {
+    pub moved: bool,
+    pub backlogged: bool,
+}
+
+/// Moves bytes between every open TCP flow's two sockets.
 pub(crate) fn pump_all(
     flows: &mut FlowTable,
     stack: &mut Stack,
     io: &dyn HostIo,
     timing: &mut Timing,
-) -> bool {
-    let mut moved = false;
+) -> Pumped {
+    let mut p = Pumped::default();
     for f in flows.values_mut() {
         if let Flow::Tcp(f) = f {
-            moved |= pump(f, stack.get_mut(f.handle), io, timing);
+            let s = stack.get_mut(f.handle);
+            p.moved |= pump(f, s, io, timing);
+            p.backlogged |= backlogged(f, s);
         }
     }
-    moved
+    p
 }
 
 /// Whether a stack socket in `state` is done: closed (reset either way), in TIME-WAIT,

@@ -92,6 +92,7 @@ pub fn main(argv: &[String], full: impl FnOnce(&Invocation) -> Result<i32, OciEr
     let result = match command {
         c if FULL.contains(&c) => full(&inv),
         "create" => crate::create::create(&inv),
+        "start" => start(&inv),
         "delete" => delete(&inv),
         "hook" => hook(&inv.args),
         c => passthrough(&inv, c),
@@ -255,8 +256,21 @@ fn version(g: &Globals) -> i32 {
     0
 }
 
+/// `start ID`: once the container's network side serves (`create` does not wait for
+/// it), the real runtime's start.
+fn start(inv: &Invocation) -> Result<i32, OciError> {
+    if let [id] = &inv.args[..]
+        && state::check_id(id).is_ok()
+    {
+        crate::side::wait_serving(&state::dir(inv.globals.root.as_deref(), id))?;
+    }
+    passthrough(inv, "start")
+}
+
 /// `delete [--force] ID`: the real runtime's delete, then the network side stopped and
-/// the container's state removed (whatever the runtime said).
+/// the container's state removed (whatever the runtime said). When the network side
+/// has ended already (it does when the container's first process ends), what is left of
+/// it goes first and the real runtime's delete takes this process's place.
 fn delete(inv: &Invocation) -> Result<i32, OciError> {
     let (force, id) = args::parse_delete(&inv.args)?;
     state::check_id(&id)?;
@@ -265,11 +279,17 @@ fn delete(inv: &Invocation) -> Result<i32, OciError> {
     if force {
         cmd.arg("--force");
     }
+    cmd.arg(&id);
+    let dir = state::dir(inv.globals.root.as_deref(), &id);
+    if !state::side_alive(&dir) {
+        state::stop_side(&dir);
+        state::remove(&dir);
+        let e = cmd.exec();
+        return Err(OciError::io("starting the real runtime's delete")(e));
+    }
     let status = cmd
-        .arg(&id)
         .status()
         .map_err(OciError::io("running the real runtime's delete"))?;
-    let dir = state::dir(inv.globals.root.as_deref(), &id);
     state::stop_side(&dir);
     state::remove(&dir);
     match status.code() {
@@ -297,6 +317,12 @@ fn hook(argv: &[String]) -> Result<i32, OciError> {
     if let Some((arg0, args)) = hook_argv.split_first() {
         cmd.arg0(arg0).args(args);
     }
+    // The state fits a pipe (it always does: a few hundred bytes): the hook takes this
+    // process's place, its stdin that pipe (the runtime waits for one process less).
+    if let Ok(stdin) = state_in_pipe(&state) {
+        let e = cmd.stdin(stdin).exec();
+        return Err(OciError::io(format!("hook: starting {path}"))(e));
+    }
     let mut child = cmd
         .stdin(std::process::Stdio::piped())
         .spawn()
@@ -308,6 +334,19 @@ fn hook(argv: &[String]) -> Result<i32, OciError> {
         .wait()
         .map_err(OciError::io(format!("hook: waiting for {path}")))?;
     Ok(status.code().unwrap_or(1))
+}
+
+/// A pipe's read end holding `data`, written without blocking (an error if it does
+/// not fit).
+fn state_in_pipe(data: &[u8]) -> std::io::Result<std::io::PipeReader> {
+    use std::os::fd::AsRawFd;
+    let (r, mut w) = std::io::pipe()?;
+    // SAFETY: fcntl on a descriptor we own; no memory is passed.
+    if unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) } == -1 {
+        return Err(std::io::Error::last_os_error());
+    }
+    w.write_all(data)?;
+    Ok(r)
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! `create`: make the container's state directory → start its network side (which
 //! checks the container's options, then makes the sandbox) → meanwhile read what the
 //! image can load → place the shim → rewrite the bundle → the real runtime's create
-//! (into the sandbox's namespace) → give the network side the container's pid.
+//! (into the sandbox's namespace) → give the network side the container's pid and
+//! return (`start` waits until it serves).
 //! Any failure leaves nothing: the network side is killed and the state removed.
 //! Answered by the lean executable: only the network side is the full ferry.
 
@@ -36,6 +37,7 @@ pub fn create(inv: &Invocation) -> Result<i32, OciError> {
             EngineNetns::Join(p) => Some(p),
             EngineNetns::New => None,
         },
+        serving: Some(dir.0.join(state::SERVING)),
         targets: Targets {
             stderr_fd: stderr.as_ref().map(AsRawFd::as_raw_fd),
             log: inv.globals.log.clone().map(|l| (l, inv.globals.log_json)),
@@ -46,6 +48,9 @@ pub fn create(inv: &Invocation) -> Result<i32, OciError> {
     // own time) while the image is looked at here.
     let mut side = Side::spawn(&programs.ferry, &dir.0, &serve)?;
     drop(stderr);
+    // Made here while the network side starts, not on its way to "ready" (it makes it
+    // itself if it comes first).
+    let _ = crate::side::Pending::prepare(&dir.0.join(state::SERVING));
     let loadable = spec::rootfs(&spec, &bundle).map(|r| spec::can_load_shim(&r));
     let ready = side.ready()?;
     let preload = ready.shim.is_some() && loadable?;

@@ -6,11 +6,13 @@
 //! The talk, one line each on its stdin and stdout: it checks the container's options
 //! (each named by its source) and says "refused" or, once the sandbox's namespace
 //! exists, "ready" (the holder's pid, the sandbox's directory, the shim to preload, if
-//! any) → `create` writes the container's pid (the real runtime has created it) →
-//! "serving". It ends when the container's first process ends, when `delete` stops it
+//! any) → `create` writes the container's pid (the real runtime has created it) and
+//! returns. "Serving" is said to `start` instead ([`Pending`], [`wait_serving`]): the
+//! container runs only from `start` on, so `create` need not wait for the servers. It
+//! ends when the container's first process ends, when `delete` stops it
 //! ([`crate::state::stop_side`]), or when `create` gives up (its stdin closes).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::RawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -20,7 +22,7 @@ use serde_json::{Value, json};
 
 use crate::cli::OciError;
 use crate::options::Flag;
-use crate::state::{self, NET_DIR, RECORD, Record};
+use crate::state::{self, NET_DIR, RECORD, Record, SERVING};
 
 /// The network side's command (hidden: `create` starts it).
 pub const SERVE: &str = "_serve";
@@ -36,14 +38,17 @@ pub struct Targets {
     pub log: Option<(PathBuf, bool)>,
 }
 
-/// `_serve`'s command line: `--id ID --netns PATH|new [--stderr-fd N] [--log PATH
-/// [--log-json]] --options JSON` (the container's options, each with its source).
+/// `_serve`'s command line: `--id ID --netns PATH|new [--serving PATH] [--stderr-fd N]
+/// [--log PATH [--log-json]] --options JSON` (the container's options, each with its
+/// source).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Serve {
     /// The container's id.
     pub id: String,
     /// The engine's namespace to enter; `None`: a new one.
     pub netns: Option<PathBuf>,
+    /// Where it tells `start` that it serves ([`Pending`]).
+    pub serving: Option<PathBuf>,
     /// Where its warnings go.
     pub targets: Targets,
     /// The container's options.
@@ -58,6 +63,9 @@ impl Serve {
             .as_ref()
             .map_or_else(|| "new".to_owned(), |p| p.display().to_string());
         let mut v = vec!["--id".into(), self.id.clone(), "--netns".into(), netns];
+        if let Some(p) = &self.serving {
+            v.extend(["--serving".into(), p.display().to_string()]);
+        }
         if let Some(fd) = self.targets.stderr_fd {
             v.extend(["--stderr-fd".into(), fd.to_string()]);
         }
@@ -87,6 +95,7 @@ impl Serve {
         let mut s = Serve {
             id: id.clone(),
             netns: (netns != "new").then(|| netns.into()),
+            serving: None,
             targets: Targets::default(),
             flags: Vec::new(),
         };
@@ -94,6 +103,7 @@ impl Serve {
         let mut options = None;
         while let Some(name) = it.next() {
             match name.as_str() {
+                "--serving" => s.serving = Some(it.next()?.into()),
                 "--stderr-fd" => s.targets.stderr_fd = Some(it.next()?.parse().ok()?),
                 "--log" => s.targets.log = Some((it.next()?.into(), false)),
                 "--log-json" => s.targets.log.as_mut()?.1 = true,
@@ -126,8 +136,6 @@ pub enum Said {
     },
     /// The sandbox's namespace exists.
     Ready(Ready),
-    /// It serves the container.
-    Serving,
 }
 
 /// What "ready" says.
@@ -156,7 +164,6 @@ impl Said {
                     .map_or("-".into(), |s| s.display().to_string());
                 format!("ready\t{}\t{}\t{shim}\n", r.holder, r.dir.display())
             }
-            Said::Serving => "serving\n".into(),
         }
     }
 
@@ -173,7 +180,6 @@ impl Said {
                 dir: dir.into(),
                 shim: (shim != "-").then(|| shim.into()),
             })),
-            ["serving"] => Some(Said::Serving),
             _ => None,
         }
     }
@@ -235,7 +241,6 @@ impl Side {
                 let _ = self.child.wait();
                 Err(OciError::Value { origin, message })
             }
-            Said::Serving => Err(self.failed()),
         }
     }
 
@@ -256,15 +261,12 @@ impl Side {
         self.child.id()
     }
 
-    /// Tells it the container's pid; waits for "serving".
+    /// Tells it the container's pid (it then serves; `start` waits for that).
     pub fn container(&mut self, pid: u32) -> Result<(), OciError> {
         if let Some(mut stdin) = self.stdin.take() {
             writeln!(stdin, "{pid}").map_err(|_| self.failed())?;
         }
-        match self.said()? {
-            Said::Serving => Ok(()),
-            _ => Err(self.failed()),
-        }
+        Ok(())
     }
 
     /// Leaves it running (the container is created).
@@ -284,14 +286,76 @@ impl Side {
     fn failed(&mut self) -> OciError {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let tail: Vec<&str> = text.lines().rev().take(5).collect();
-        let said: Vec<&str> = tail.into_iter().rev().collect();
-        OciError::Side(if said.is_empty() {
-            "it exited without a word".into()
-        } else {
-            said.join("; ")
-        })
+        log_tail(&self.log)
+    }
+}
+
+/// [`OciError::Side`] with the end of the network side's log `log`.
+fn log_tail(log: &Path) -> OciError {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let tail: Vec<&str> = text.lines().rev().take(5).collect();
+    let said: Vec<&str> = tail.into_iter().rev().collect();
+    OciError::Side(if said.is_empty() {
+        "it exited without a word".into()
+    } else {
+        said.join("; ")
+    })
+}
+
+/// The network side's word to `start`: an exclusive lock on the container's
+/// [`SERVING`] file, taken before "ready" (so before `create` returns) and released
+/// with "serving" written once it serves; if it ends before, the kernel releases the
+/// lock on an empty file.
+#[derive(Debug)]
+pub struct Pending(std::fs::File);
+
+impl Pending {
+    /// Makes the empty file at `path` (`create`, while the network side starts).
+    pub fn prepare(path: &Path) -> std::io::Result<()> {
+        Self::open(path).map(drop)
+    }
+
+    /// Locks `path`, made if `create` has not yet (close-on-exec: no program it starts
+    /// holds the lock).
+    pub fn take(path: &Path) -> std::io::Result<Pending> {
+        let f = Self::open(path)?;
+        f.lock()?;
+        Ok(Pending(f))
+    }
+
+    fn open(path: &Path) -> std::io::Result<std::fs::File> {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+    }
+
+    /// It serves: "serving" written, the lock released.
+    pub fn serving(self) {
+        let _ = (&self.0).write_all(b"serving\n");
+        let _ = self.0.unlock();
+    }
+}
+
+/// `start`'s wait: returns once the network side of the container whose state is in
+/// `dir` serves; its log's end if it ended first. A container without the file (not
+/// ferry's, or created by an older `create`, which waited itself) passes at once.
+pub fn wait_serving(dir: &Path) -> Result<(), OciError> {
+    let path = dir.join(SERVING);
+    let mut f = match std::fs::File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(OciError::io(format!("opening {}", path.display()))(e)),
+    };
+    f.lock_shared()
+        .map_err(OciError::io(format!("locking {}", path.display())))?;
+    let mut said = String::new();
+    let _ = f.read_to_string(&mut said);
+    if said == "serving\n" {
+        Ok(())
+    } else {
+        Err(log_tail(&dir.join(LOG)))
     }
 }
 
@@ -327,6 +391,7 @@ mod tests {
         let s = Serve {
             id: "c1".into(),
             netns: Some("/run/netns/a b".into()),
+            serving: Some("/s/network.serving".into()),
             targets: Targets {
                 stderr_fd: Some(7),
                 log: Some(("/l.json".into(), true)),
@@ -339,6 +404,7 @@ mod tests {
         assert_eq!(Serve::parse(&s.args()), Some(s.clone()));
         let bare = Serve {
             netns: None,
+            serving: None,
             targets: Targets::default(),
             flags: Vec::new(),
             ..s
@@ -359,6 +425,34 @@ mod tests {
     }
 
     #[test]
+    fn start_waits_for_the_word() {
+        let dir = std::env::temp_dir().join(format!("ferry-oci-pending-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // No word: not ferry's container, or an older create's.
+        assert!(wait_serving(&dir).is_ok());
+        // Held until it serves.
+        let pending = Pending::take(&dir.join(SERVING)).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let d = dir.clone();
+        let waiter = std::thread::spawn(move || tx.send(wait_serving(&d).is_ok()).unwrap());
+        let early = rx.recv_timeout(std::time::Duration::from_millis(100));
+        assert!(early.is_err(), "start went on before the word");
+        pending.serving();
+        assert_eq!(rx.recv_timeout(std::time::Duration::from_secs(5)), Ok(true));
+        waiter.join().unwrap();
+        // Gone before serving: the log's end.
+        std::fs::write(dir.join(LOG), "ferry oci: the TAP failed\n").unwrap();
+        std::fs::remove_file(dir.join(SERVING)).unwrap();
+        Pending::prepare(&dir.join(SERVING)).unwrap();
+        drop(Pending::take(&dir.join(SERVING)).unwrap());
+        match wait_serving(&dir) {
+            Err(OciError::Side(m)) => assert!(m.contains("the TAP failed"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn lines_round_trip() {
         for said in [
             Said::Refused {
@@ -375,7 +469,6 @@ mod tests {
                 dir: "/d".into(),
                 shim: None,
             }),
-            Said::Serving,
         ] {
             assert_eq!(Said::parse(&said.line()), Some(said.clone()));
         }

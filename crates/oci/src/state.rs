@@ -146,6 +146,17 @@ fn parse_start(stat: &str) -> Option<u64> {
 pub const RECORD: &str = "network.pid";
 /// The sandbox's directory the network side made (removed by `delete` if it could not).
 pub const NET_DIR: &str = "network.dir";
+/// The network side's word to `start` ([`crate::side::Pending`]): locked by it from
+/// "ready" until it serves, then holding "serving".
+pub const SERVING: &str = "network.serving";
+
+/// Whether the network side recorded in `dir` still runs (false without a record).
+pub fn side_alive(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join(RECORD))
+        .ok()
+        .and_then(|t| Record::decode(&t))
+        .is_some_and(|r| r.alive())
+}
 
 /// Stops the network side of the container whose state is in `dir`, if it still runs
 /// (SIGTERM: its sandbox ends, its servers drain; SIGKILL after a second), and removes

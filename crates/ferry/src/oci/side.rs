@@ -6,7 +6,8 @@
 //!
 //! It checks the container's options first ("refused", naming the source), says
 //! "ready" once the sandbox's namespace exists (its TAP and DNS are set up while the
-//! real runtime creates the container), reads the container's pid, says "serving". It
+//! real runtime creates the container), reads the container's pid (`create` returns),
+//! tells `start` it serves (`ferry_oci::side::Pending`). It
 //! ends when the container's first process ends (a pidfd), when `delete` stops it
 //! (SIGTERM goes to the sandbox, which then ends), or when `create` gives up (stdin
 //! closed). Its sandbox's held command never runs: it holds the namespace, and exits
@@ -17,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Parser;
 use ferry_oci::options::Flag;
-use ferry_oci::side::{self, Ready, SERVE, Said, Serve};
+use ferry_oci::side::{self, Pending, Ready, SERVE, Said, Serve};
 use ferry_oci::{state, sys};
 
 use super::report;
@@ -113,6 +114,8 @@ pub(super) fn serve(argv: &[String]) -> i32 {
         id: s.id,
         shim,
         pidfd: None,
+        serving: s.serving,
+        pending: None,
     };
     match run::serve_workload(&a, &mut work) {
         Ok(_) => 0,
@@ -172,6 +175,10 @@ struct Container {
     shim: Option<PathBuf>,
     /// Its first process, once created.
     pidfd: Option<OwnedFd>,
+    /// Where it tells `start` it serves.
+    serving: Option<PathBuf>,
+    /// That word, locked until it serves.
+    pending: Option<Pending>,
 }
 
 impl Workload for Container {
@@ -187,6 +194,13 @@ impl Workload for Container {
             tracing::warn!("`ferry ctl list` will not name this container: {e}");
         }
         let holder = u32::try_from(sandbox.pid()).map_err(|_| gone("named a bad pid"))?;
+        // Before "ready" (`create` returns after it), after the sandbox's clone (its init
+        // must not hold the lock).
+        if let Some(path) = &self.serving {
+            let pending = Pending::take(path)
+                .map_err(|e| RunError::Workload(format!("{}: {e}", path.display())))?;
+            self.pending = Some(pending);
+        }
         let ready = Ready {
             holder,
             dir: dirs.sandbox.clone(),
@@ -213,7 +227,9 @@ impl Workload for Container {
     }
 
     fn serving(&mut self) {
-        side::say(&Said::Serving);
+        if let Some(p) = self.pending.take() {
+            p.serving();
+        }
     }
 
     fn wait(&mut self, sandbox: &mut ferry_sandbox::Sandbox) -> Result<i32, RunError> {

@@ -317,15 +317,24 @@ fn sender(ch: &mut Channel, s: Sock, flags: c_int) -> Res<Sock> {
     if s.shut_wr() || (!s.dgram() && !s.has_peer()) {
         return Err(send_error(libc::EPIPE, flags));
     }
-    if !s.dgram() && TABLE.sender_changed(s.fd, ch.tid) {
-        // Another thread sent on this stream last: what it queued goes first.
+    if !s.dgram() {
+        after_other_senders(ch, &s)?;
+    }
+    Ok(s)
+}
+
+/// Records this thread as the last to queue records about stream `s`; when another
+/// thread did, asks for order first (`Op::Order`): what that thread queued in its own
+/// ring (sends, an unanswered option) goes first.
+pub(crate) fn after_other_senders(ch: &mut Channel, s: &Sock) -> Res<()> {
+    if TABLE.sender_changed(s.fd, ch.tid) {
         ch.call(
             Call::Order { sock: s.id, tag: 0 },
             Wait::FOREVER,
             &mut |_, _| {},
         )?;
     }
-    Ok(s)
+    Ok(())
 }
 
 /// Where a datagram goes: the address given (`None` for a stream, or none given), or

@@ -739,14 +739,9 @@ pub unsafe fn getsockopt(
                 return Ok(None);
             }
         }
-        if unanswered_opt(&s, level, name, size_of::<c_int>()) && TABLE.sender_changed(s.fd, ch.tid)
-        {
+        if unanswered_opt(&s, level, name, size_of::<c_int>()) {
             // Another thread's unanswered `setsockopt` of it may still wait in its ring.
-            ch.call(
-                Call::Order { sock: s.id, tag: 0 },
-                Wait::FOREVER,
-                &mut |_, _| {},
-            )?;
+            crate::data::after_other_senders(ch, &s)?;
         }
         let req = Call::GetOpt {
             sock: s.id,

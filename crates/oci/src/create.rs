@@ -48,9 +48,6 @@ pub fn create(inv: &Invocation) -> Result<i32, OciError> {
     // own time) while the image is looked at here.
     let mut side = Side::spawn(&programs.ferry, &dir.0, &serve)?;
     drop(stderr);
-    // Made here while the network side starts, not on its way to "ready" (it makes it
-    // itself if it comes first).
-    let _ = crate::side::Pending::prepare(&dir.0.join(state::SERVING));
     let loadable = spec::rootfs(&spec, &bundle).map(|r| spec::can_load_shim(&r));
     let ready = side.ready()?;
     let preload = ready.shim.is_some() && loadable?;

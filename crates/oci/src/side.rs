@@ -310,25 +310,16 @@ fn log_tail(log: &Path) -> OciError {
 pub struct Pending(std::fs::File);
 
 impl Pending {
-    /// Makes the empty file at `path` (`create`, while the network side starts).
-    pub fn prepare(path: &Path) -> std::io::Result<()> {
-        Self::open(path).map(drop)
-    }
-
-    /// Locks `path`, made if `create` has not yet (close-on-exec: no program it starts
-    /// holds the lock).
+    /// Makes the empty file at `path` and locks it (close-on-exec: no program it
+    /// starts holds the lock).
     pub fn take(path: &Path) -> std::io::Result<Pending> {
-        let f = Self::open(path)?;
-        f.lock()?;
-        Ok(Pending(f))
-    }
-
-    fn open(path: &Path) -> std::io::Result<std::fs::File> {
-        std::fs::OpenOptions::new()
+        let f = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(false)
-            .open(path)
+            .open(path)?;
+        f.lock()?;
+        Ok(Pending(f))
     }
 
     /// It serves: "serving" written, the lock released.
@@ -443,7 +434,6 @@ mod tests {
         // Gone before serving: the log's end.
         std::fs::write(dir.join(LOG), "ferry oci: the TAP failed\n").unwrap();
         std::fs::remove_file(dir.join(SERVING)).unwrap();
-        Pending::prepare(&dir.join(SERVING)).unwrap();
         drop(Pending::take(&dir.join(SERVING)).unwrap());
         match wait_serving(&dir) {
             Err(OciError::Side(m)) => assert!(m.contains("the TAP failed"), "{m}"),

@@ -14,7 +14,7 @@ use tracing::{debug, warn};
 use crate::connect::in_family;
 use crate::send_side::SendEvent;
 use crate::server::Server;
-use crate::sock::{ConnEvent, TokenEvent};
+use crate::sock::{ConnEvent, Sock, TokenEvent};
 use crate::tx::Tx;
 
 /// Most operations one channel may have waiting on one socket (a shim has one).
@@ -296,7 +296,24 @@ impl Server {
                     self.bad_channel(ch, "too many blocking requests on one socket");
                 }
             }
-            Call::Shutdown { tag, how, .. } => self.tx().shutdown_call(ch, id, tag, how),
+            Call::Shutdown { tag, how, .. } => {
+                let res = self.tx().shutdown_call(ch, id, how);
+                if how != libc::SHUT_WR
+                    && res.is_ok()
+                    && self.socks.get(&id).is_some_and(Sock::reads_pair)
+                {
+                    // The host socket now reads its end (the kernel's epoll says so in a
+                    // later turn): take it before the answer, so that the shim, which
+                    // shuts its end's read side next and asks how the stream ended,
+                    // hears of the end (it heard EAGAIN when it asked first).
+                    self.host_event(id, (libc::EPOLLIN | libc::EPOLLRDHUP).cast_unsigned());
+                }
+                let mut tx = self.tx();
+                tx.done(ch, id, tag, res);
+                if tx.modules.is_bound(id) {
+                    tx.flush_tx(id);
+                }
+            }
             Call::SetOpt {
                 tag,
                 level,
@@ -389,9 +406,10 @@ impl Tx<'_> {
         }
     }
 
-    /// `shutdown(how)` of socket `id`. Writing ends after what the program sent: its
-    /// queued sends, its own bytes in the pair, a module's output (its input ends here).
-    pub(crate) fn shutdown_call(&mut self, ch: u32, id: u32, tag: u32, how: i32) {
+    /// `shutdown(how)` of socket `id` for channel `ch` (the caller answers). Writing ends
+    /// after what the program sent: its queued sends, its own bytes in the pair, a
+    /// module's output (its input ends here; the caller flushes it after the answer).
+    pub(crate) fn shutdown_call(&mut self, ch: u32, id: u32, how: i32) -> Result<(), Errno> {
         let io = self.io;
         let module = self.modules.is_bound(id);
         if how != libc::SHUT_RD {
@@ -405,8 +423,7 @@ impl Tx<'_> {
             self.channels.fence(Some(ch))
         };
         let Some(s) = self.socks.get_mut(&id) else {
-            self.done(ch, id, tag, Errno(libc::EBADF));
-            return;
+            return Err(Errno(libc::EBADF));
         };
         let shut = |how| io.shutdown(s.fd.as_fd(), how).map_err(|e| Errno::of(&e));
         let fenced = !fence.is_clear();
@@ -427,10 +444,7 @@ impl Tx<'_> {
         if fenced {
             self.socks.mark_dirty(id);
         }
-        self.done(ch, id, tag, res);
-        if module {
-            self.flush_tx(id);
-        }
+        res
     }
 
     /// `getsockname` (`peer` false) or `getpeername` of socket `id`, as a socket of its

@@ -189,7 +189,8 @@ impl Fake {
                 }
                 return err(e);
             }
-            return if h.fin {
+            // After `shutdown(SHUT_RD)` the kernel's reads say the stream ended.
+            return if h.fin || h.shut_rd {
                 Ok(Vec::new())
             } else {
                 err(libc::EAGAIN)

@@ -570,6 +570,29 @@ fn the_end_of_a_stream_reaches_the_pair_and_its_error_is_reported_once() {
     assert_eq!(done(&cs, 8).result, 0);
 }
 
+// The program's `shutdown(SHUT_RD)` is answered once the end it makes is taken: the
+// shim shuts its end's read side next and asks how the stream ended, and must hear
+// EOF, not the EAGAIN of a stream still open (the kernel's epoll reports the end only
+// in a later turn; the conformance case `io.shutdown_rd` saw EAGAIN under load).
+#[test]
+fn a_read_shutdown_is_answered_with_the_end_taken() {
+    let (mut h, ch, id) = connected_stream(true);
+    let shut = Call::Shutdown {
+        sock: id,
+        tag: 4,
+        how: libc::SHUT_RD,
+    };
+    let cs = h.call(ch, shut.encode());
+    assert_eq!(done(&cs, 4).result, 0, "shutdown: {cs:?}");
+    assert!(h.app(id).view().eof, "the end did not reach the pair");
+    let ended = Req {
+        tag: 5,
+        ..Req::new(Op::Recv, id)
+    };
+    let cs = h.call(ch, ended);
+    assert_eq!(done(&cs, 5).result, 0, "how the stream ended: {cs:?}");
+}
+
 #[test]
 fn an_ended_stream_keeps_its_token() {
     let (mut h, ch, id) = connected_stream(false);

@@ -4,8 +4,10 @@
  *       accepts, reads the 1-byte request, answers 1 byte, closes; forever.
  *   ferry-shortconn client IP PORT SECONDS
  *       connect, send 1 byte, read the 1-byte reply, read the end of the stream,
- *       close, in a loop for SECONDS; prints `connections N seconds S`. Exits 1 on
- *       the first failure.
+ *       close, in a loop for SECONDS; prints `connections N seconds S`, then the
+ *       mean time of each phase of a connection in microseconds (`phases-us socket A
+ *       connect B exchange C end D close E`: exchange is the write and the reply's
+ *       read, end the read of the end of stream). Exits 1 on the first failure.
  *
  * The server closes first, as an HTTP server answering `Connection: close` does, so
  * TIME_WAIT is the remote's (where `ferry bench` keeps none), never the client's: a
@@ -76,10 +78,19 @@ static int serve(const struct sockaddr_in *sa)
 	}
 }
 
+/* Seconds spent in each phase of a connection, summed over the connections:
+ * socket, connect, exchange (write + reply), end of stream, close. */
+static double phase[5];
+
 static int one_connection(const struct sockaddr_in *sa)
 {
 	char b = 'x';
-	int s = socket(AF_INET, SOCK_STREAM, 0);
+	double t[6];
+	int s, i;
+
+	t[0] = now();
+	s = socket(AF_INET, SOCK_STREAM, 0);
+	t[1] = now();
 
 	if (s < 0) {
 		perror("ferry-shortconn client: socket");
@@ -90,17 +101,23 @@ static int one_connection(const struct sockaddr_in *sa)
 		close(s);
 		return -1;
 	}
+	t[2] = now();
 	if (write(s, &b, 1) != 1 || read(s, &b, 1) != 1) {
 		perror("ferry-shortconn client: request/reply");
 		close(s);
 		return -1;
 	}
+	t[3] = now();
 	if (read(s, &b, 1) != 0) {
 		fprintf(stderr, "ferry-shortconn client: no end of stream after the reply\n");
 		close(s);
 		return -1;
 	}
+	t[4] = now();
 	close(s);
+	t[5] = now();
+	for (i = 0; i < 5; i++)
+		phase[i] += t[i + 1] - t[i];
 	return 0;
 }
 
@@ -122,6 +139,9 @@ static int client(const struct sockaddr_in *sa, const char *secs)
 		t = now() - start;
 	} while (t < span);
 	printf("connections %lu seconds %.6f\n", n, t);
+	printf("phases-us socket %.2f connect %.2f exchange %.2f end %.2f close %.2f\n",
+	       phase[0] * 1e6 / n, phase[1] * 1e6 / n, phase[2] * 1e6 / n, phase[3] * 1e6 / n,
+	       phase[4] * 1e6 / n);
 	return 0;
 }
 

@@ -409,6 +409,43 @@ pub fn perf_comm_counts(report: &str) -> Result<Vec<(String, u64)>, String> {
     Ok(out)
 }
 
+/// The phases of a short connection, as `ferry-shortconn client` names them in its
+/// `phases-us` line, with the name each has in R2's rows.
+pub const SHORTCONN_PHASES: [(&str, &str); 5] = [
+    ("socket", "socket()"),
+    ("connect", "connect()"),
+    ("exchange", "1st exchange"),
+    ("end", "end of stream"),
+    ("close", "close()"),
+];
+
+/// The mean time of each phase of a connection (µs), in the order of
+/// [`SHORTCONN_PHASES`], from `ferry-shortconn client`'s `phases-us socket A connect B
+/// exchange C end D close E` line.
+pub fn shortconn_phases(out: &str) -> Result<[f64; 5], String> {
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("phases-us "))
+        .ok_or("ferry-shortconn printed no `phases-us` line")?;
+    let w: Vec<&str> = line.split_whitespace().skip(1).collect();
+    let mut v = [0.0; 5];
+    if w.len() != 2 * v.len() {
+        return Err(format!("unexpected line {line:?}"));
+    }
+    for (i, (name, _)) in SHORTCONN_PHASES.iter().enumerate() {
+        if w[2 * i] != *name {
+            return Err(format!("expected {name} in {line:?}"));
+        }
+        v[i] = w[2 * i + 1]
+            .parse::<f64>()
+            .ok()
+            .filter(|x| x.is_finite() && *x >= 0.0)
+            .ok_or_else(|| format!("bad {name} time in {line:?}"))?;
+    }
+    Ok(v)
+}
+
 /// Connections completed and seconds spent, from `ferry-shortconn client`'s last line
 /// (`connections N seconds S`).
 pub fn shortconn(out: &str) -> Result<(u64, f64), String> {
@@ -623,6 +660,16 @@ sockperf: ---> percentile 50.000 =   10.609
         );
         assert!(shortconn("connections 0 seconds 1.0\n").is_err());
         assert!(shortconn("ferry-shortconn client: connect: refused\n").is_err());
+        let out = "connections 10 seconds 1.0\n\
+                   phases-us socket 5.63 connect 33.54 exchange 36.42 end 13.68 close 23.93\n";
+        assert_eq!(
+            shortconn_phases(out),
+            Ok([5.63, 33.54, 36.42, 13.68, 23.93])
+        );
+        assert!(shortconn_phases("connections 10 seconds 1.0\n").is_err());
+        assert!(shortconn_phases("phases-us socket 1 connect 2 exchange 3 end 4\n").is_err());
+        assert!(shortconn_phases("phases-us socket 1 connect x exchange 3 end 4 close 5\n").is_err());
+        assert!(shortconn_phases("phases-us close 1 connect 2 exchange 3 end 4 socket 5\n").is_err());
         let wrk = "Running 3s test @ http://10.0.0.2/index.html\n  1 threads and 4 connections\n\
                    \x20 24853 requests in 3.00s, 29.80MB read\nRequests/sec:   8284.21\n";
         assert_eq!(wrk_requests(wrk), Ok(24853));

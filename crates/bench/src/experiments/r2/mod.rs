@@ -96,7 +96,10 @@ impl Experiment for R2 {
              of the same client under `perf record -e raw_syscalls:sys_enter`, split into \
              the program, ferry's server threads and the peer (pasta, slirp4netns); `total` \
              is their sum; `other` (wrappers and start-up: runuser, unshare, ferry's main \
-             thread, the sandbox's init) is in results.csv. Under pasta the program's own \
+             thread, the sandbox's init) is in results.csv. A short connection's phases \
+             (`socket()`, `connect()`, `1st exchange` = the request's write and the reply's \
+             read, `end of stream` = the read that finds it, `close()`) are the C client's \
+             own mean times in µs, as the program sees them. Under pasta the program's own \
              calls escape perf's inheritance and are not counted: only pasta's are shown. \
              Start-up: each round times 30 runs of `CMD -- true` (10 with --runs 2 or \
              fewer) and keeps their p50 and p90; native is `unshare -rn true`; both pastas \
@@ -236,6 +239,11 @@ fn shortconn_tests(s: &Settings, secs: u32, trace_secs: &str) -> Vec<Test> {
                 let (n, t) = parse::shortconn(&r.outcome.stdout)?;
                 let mut v = vec![("rate", "conn/s", n as f64 / t)];
                 v.extend(cpu_metrics(r, n as f64)?);
+                // Where a connection's time goes, as the program sees it.
+                let phases = parse::shortconn_phases(&r.outcome.stdout)?;
+                for ((_, metric), us) in parse::SHORTCONN_PHASES.iter().zip(phases) {
+                    v.push((*metric, "us", us));
+                }
                 Ok(v)
             }),
             secs,

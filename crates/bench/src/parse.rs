@@ -668,8 +668,12 @@ sockperf: ---> percentile 50.000 =   10.609
         );
         assert!(shortconn_phases("connections 10 seconds 1.0\n").is_err());
         assert!(shortconn_phases("phases-us socket 1 connect 2 exchange 3 end 4\n").is_err());
-        assert!(shortconn_phases("phases-us socket 1 connect x exchange 3 end 4 close 5\n").is_err());
-        assert!(shortconn_phases("phases-us close 1 connect 2 exchange 3 end 4 socket 5\n").is_err());
+        assert!(
+            shortconn_phases("phases-us socket 1 connect x exchange 3 end 4 close 5\n").is_err()
+        );
+        assert!(
+            shortconn_phases("phases-us close 1 connect 2 exchange 3 end 4 socket 5\n").is_err()
+        );
         let wrk = "Running 3s test @ http://10.0.0.2/index.html\n  1 threads and 4 connections\n\
                    \x20 24853 requests in 3.00s, 29.80MB read\nRequests/sec:   8284.21\n";
         assert_eq!(wrk_requests(wrk), Ok(24853));

@@ -1,8 +1,10 @@
 //! R2: what users feel beyond bulk (docs: the team's BENCHMARKS.md). Short connections
 //! per second (`ferry-shortconn`, a C client built from `crates/bench/c/shortconn.c`
 //! when R2 runs, against the same program as a server in the remote, which closes
-//! first so that no TIME_WAIT piles up where every configuration connects from; and
-//! `wrk -H 'Connection: close'` against nginx); pgbench's select-only transactions
+//! first so that no TIME_WAIT piles up where every configuration connects from, the
+//! client timing each connection's phases — `socket`, `connect`, the first exchange,
+//! the end of stream, `close` — itself; and `wrk -H 'Connection: close'` against
+//! nginx); pgbench's select-only transactions
 //! against PostgreSQL (4 clients); CPU per request (the client side —
 //! the program, ferry with its servers, or the peer — from `getrusage` of the reaped
 //! processes, plus the remote's server from `/proc/<pid>/stat`); system calls per

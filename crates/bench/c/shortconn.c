@@ -8,6 +8,10 @@
  *       mean time of each phase of a connection in microseconds (`phases-us socket A
  *       connect B exchange C end D close E`: exchange is the write and the reply's
  *       read, end the read of the end of stream). Exits 1 on the first failure.
+ *   ferry-shortconn client IP PORT SECONDS PAUSE_US
+ *       the same, sleeping PAUSE_US microseconds after each connection (not part of
+ *       any phase): sporadic connections, each made after the network side had time
+ *       to go idle, as a program that connects now and then makes them.
  *
  * The server closes first, as an HTTP server answering `Connection: close` does, so
  * TIME_WAIT is the remote's (where `ferry bench` keeps none), never the client's: a
@@ -121,21 +125,34 @@ static int one_connection(const struct sockaddr_in *sa)
 	return 0;
 }
 
-static int client(const struct sockaddr_in *sa, const char *secs)
+static int client(const struct sockaddr_in *sa, const char *secs, const char *pause)
 {
 	char *end;
 	double span = strtod(secs, &end), start, t;
 	unsigned long n = 0;
+	long pause_us = 0;
+	struct timespec gap;
 
 	if (*end || span <= 0) {
 		fprintf(stderr, "ferry-shortconn: bad seconds %s\n", secs);
 		return 2;
 	}
+	if (pause) {
+		pause_us = strtol(pause, &end, 10);
+		if (*end || pause_us <= 0 || pause_us >= 1000000) {
+			fprintf(stderr, "ferry-shortconn: bad pause %s (1 to 999999 us)\n", pause);
+			return 2;
+		}
+	}
+	gap.tv_sec = 0;
+	gap.tv_nsec = pause_us * 1000;
 	start = now();
 	do {
 		if (one_connection(sa))
 			return 1;
 		n++;
+		if (pause_us)
+			nanosleep(&gap, NULL);
 		t = now() - start;
 	} while (t < span);
 	printf("connections %lu seconds %.6f\n", n, t);
@@ -155,11 +172,12 @@ int main(int argc, char **argv)
 			return 2;
 		return serve(&sa);
 	}
-	if (argc == 5 && !strcmp(argv[1], "client")) {
+	if ((argc == 5 || argc == 6) && !strcmp(argv[1], "client")) {
 		if (addr_of(argv[2], argv[3], &sa))
 			return 2;
-		return client(&sa, argv[4]);
+		return client(&sa, argv[4], argc == 6 ? argv[5] : NULL);
 	}
-	fprintf(stderr, "usage: ferry-shortconn server IP PORT | client IP PORT SECONDS\n");
+	fprintf(stderr,
+		"usage: ferry-shortconn server IP PORT | client IP PORT SECONDS [PAUSE_US]\n");
 	return 2;
 }

@@ -3,8 +3,10 @@
 //! when R2 runs, against the same program as a server in the remote, which closes
 //! first so that no TIME_WAIT piles up where every configuration connects from, the
 //! client timing each connection's phases — `socket`, `connect`, the first exchange,
-//! the end of stream, `close` — itself; and `wrk -H 'Connection: close'` against
-//! nginx); pgbench's select-only transactions
+//! the end of stream, `close` — itself; the same client pausing 2 ms after each
+//! connection, so that each is made after the network side went idle, as a program
+//! that connects now and then makes them (`sporadic conn`: a connection's time, by
+//! phase); and `wrk -H 'Connection: close'` against nginx); pgbench's select-only transactions
 //! against PostgreSQL (4 clients); CPU per request (the client side —
 //! the program, ferry with its servers, or the peer — from `getrusage` of the reaped
 //! processes, plus the remote's server from `/proc/<pid>/stat`); system calls per
@@ -101,7 +103,9 @@ impl Experiment for R2 {
              thread, the sandbox's init) is in results.csv. A short connection's phases \
              (`socket()`, `connect()`, `1st exchange` = the request's write and the reply's \
              read, `end of stream` = the read that finds it, `close()`) are the C client's \
-             own mean times in µs, as the program sees them. Under pasta the program's own \
+             own mean times in µs, as the program sees them; `sporadic conn` is the same \
+             client pausing 2 ms after each connection (its `connection` is the sum of the \
+             phases: what one connection made now and then costs). Under pasta the program's own \
              calls escape perf's inheritance and are not counted: only pasta's are shown. \
              Start-up: each round times 30 runs of `CMD -- true` (10 with --runs 2 or \
              fewer) and keeps their p50 and p90; native is `unshare -rn true`; both pastas \
@@ -127,6 +131,7 @@ impl Experiment for R2 {
                     || r.metric == "CPU/req total"
                     || r.metric == "syscalls/req total"
                     || r.param.label == STARTUP
+                    || (r.param.label == SPORADIC && r.metric == "connection")
             })
             .cloned()
             .collect();
@@ -143,6 +148,7 @@ impl Experiment for R2 {
 fn short_name(test: &str, metric: &str) -> String {
     let test = test
         .replace("short conn (C)", "short C")
+        .replace(SPORADIC, "sporadic C")
         .replace("wrk Connection: close", "wrk close")
         .replace(", syscalls", "")
         .replace("redis GET ", "GET ")
@@ -225,6 +231,13 @@ struct Test {
     traced: bool,
 }
 
+/// The test of sporadic connections (the C client pausing between them).
+const SPORADIC: &str = "sporadic conn (C)";
+
+/// `sporadic conn (C)`: the client's pause after each connection (µs): long enough
+/// for ferry's servers to end their spin and sleep (their default spin span is 200 µs).
+const SPORADIC_PAUSE_US: u32 = 2000;
+
 fn shortconn_tests(s: &Settings, secs: u32, trace_secs: &str) -> Vec<Test> {
     if !s.shortconn.is_file() {
         return Vec::new();
@@ -232,6 +245,8 @@ fn shortconn_tests(s: &Settings, secs: u32, trace_secs: &str) -> Vec<Test> {
     let bin = s.shortconn.to_string_lossy().into_owned();
     let client =
         |secs: &str| strings(&[&bin, "client", &s.remote, &SHORTCONN_PORT.to_string(), secs]);
+    let mut sporadic = client(&secs.to_string());
+    sporadic.push(SPORADIC_PAUSE_US.to_string());
     vec![
         Test {
             label: "short conn (C)",
@@ -243,6 +258,21 @@ fn shortconn_tests(s: &Settings, secs: u32, trace_secs: &str) -> Vec<Test> {
                 v.extend(cpu_metrics(r, n as f64)?);
                 // Where a connection's time goes, as the program sees it.
                 let phases = parse::shortconn_phases(&r.outcome.stdout)?;
+                for ((_, metric), us) in parse::SHORTCONN_PHASES.iter().zip(phases) {
+                    v.push((*metric, "us", us));
+                }
+                Ok(v)
+            }),
+            secs,
+            traced: false,
+        },
+        Test {
+            label: SPORADIC,
+            client: sporadic,
+            servers: vec![SHORTCONN_PORT],
+            extract: Box::new(|r: &RunOut| {
+                let phases = parse::shortconn_phases(&r.outcome.stdout)?;
+                let mut v = vec![("connection", "us", phases.iter().sum())];
                 for ((_, metric), us) in parse::SHORTCONN_PHASES.iter().zip(phases) {
                     v.push((*metric, "us", us));
                 }

@@ -188,8 +188,9 @@ fn method(r: &Results) -> String {
         "Every configuration runs the **same client binary** against servers in a \"remote\" \
          network namespace joined to the host by a veth pair (MTU {mtu}). Each case (a \
          configuration at a parameter value) gets one warm-up run, then {runs} measured runs; \
-         within each repetition the cases alternate (A B C … A B C …), so slow drifts of this \
-         shared 2-vCPU machine hit every configuration alike. Tables give the median with \
+         within each repetition the cases alternate, odd repetitions in reverse (A B C …, … C B \
+         A), so slow drifts of this shared 2-vCPU machine hit every configuration alike and \
+         no configuration always runs right after the same other one. Tables give the median with \
          min/max over the successful runs; `runs` is successful/planned. A run is killed after \
          its duration plus a margin; a case whose warm-up fails is not repeated, and a client \
          program whose warm-ups time out twice under a configuration is not tried again \

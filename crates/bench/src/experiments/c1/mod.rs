@@ -571,7 +571,8 @@ impl Tally {
 }
 
 /// plan::measure's method with C1's runs: a warm-up per case (a failed one is not
-/// repeated), then `runs` rounds of every case in turn.
+/// repeated), then `runs` rounds of every case in turn, odd rounds in reverse
+/// ([`crate::plan::rep_order`]).
 fn measure(b: &mut Bench<'_>, cases: &[Case], setup: &Setup) -> Result<Vec<Row>, ExecError> {
     let mut tallies: Vec<Tally> = cases.iter().map(|_| Tally::default()).collect();
     for (case, t) in cases.iter().zip(&mut tallies) {
@@ -584,8 +585,9 @@ fn measure(b: &mut Bench<'_>, cases: &[Case], setup: &Setup) -> Result<Vec<Row>,
         }
         b.bar.inc(1);
     }
-    for _ in 0..b.runs {
-        for (case, t) in cases.iter().zip(&mut tallies) {
+    for rep in 0..b.runs {
+        for i in crate::plan::rep_order(rep, cases.len()) {
+            let (case, t) = (&cases[i], &mut tallies[i]);
             if t.dead {
                 continue;
             }

@@ -6,8 +6,8 @@
 //! the end of stream, `close` — itself; the same client pausing 2 ms after each
 //! connection, so that each is made after the network side went idle, as a program
 //! that connects now and then makes them (`sporadic conn`: a connection's time, by
-//! phase); and `wrk -H 'Connection: close'` against nginx); pgbench's select-only transactions
-//! against PostgreSQL (4 clients); CPU per request (the client side —
+//! phase); and `wrk -H 'Connection: close'` against nginx); pgbench's select-only
+//! transactions against PostgreSQL (4 clients); CPU per request (the client side —
 //! the program, ferry with its servers, or the peer — from `getrusage` of the reaped
 //! processes, plus the remote's server from `/proc/<pid>/stat`); system calls per
 //! request (a short fixed run under `perf record -e raw_syscalls:sys_enter`, split into
@@ -182,6 +182,16 @@ fn build_shortconn(bin: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The C client's mean time of each phase of a connection (µs), one metric each.
+fn phase_metrics(stdout: &str) -> Result<Metrics, String> {
+    let phases = parse::shortconn_phases(stdout)?;
+    Ok(parse::SHORTCONN_PHASES
+        .iter()
+        .zip(phases)
+        .map(|((_, metric), us)| (*metric, "us", us))
+        .collect())
+}
+
 /// CPU per request: client side, server side, total.
 fn cpu_metrics(r: &RunOut, requests: f64) -> Result<Metrics, String> {
     let client = us_per(r.cpu_children, requests, "the client side")?;
@@ -257,10 +267,7 @@ fn shortconn_tests(s: &Settings, secs: u32, trace_secs: &str) -> Vec<Test> {
                 let mut v = vec![("rate", "conn/s", n as f64 / t)];
                 v.extend(cpu_metrics(r, n as f64)?);
                 // Where a connection's time goes, as the program sees it.
-                let phases = parse::shortconn_phases(&r.outcome.stdout)?;
-                for ((_, metric), us) in parse::SHORTCONN_PHASES.iter().zip(phases) {
-                    v.push((*metric, "us", us));
-                }
+                v.extend(phase_metrics(&r.outcome.stdout)?);
                 Ok(v)
             }),
             secs,
@@ -271,12 +278,11 @@ fn shortconn_tests(s: &Settings, secs: u32, trace_secs: &str) -> Vec<Test> {
             client: sporadic,
             servers: vec![SHORTCONN_PORT],
             extract: Box::new(|r: &RunOut| {
-                let phases = parse::shortconn_phases(&r.outcome.stdout)?;
-                let mut v = vec![("connection", "us", phases.iter().sum())];
-                for ((_, metric), us) in parse::SHORTCONN_PHASES.iter().zip(phases) {
-                    v.push((*metric, "us", us));
-                }
-                Ok(v)
+                let phases = phase_metrics(&r.outcome.stdout)?;
+                let whole = phases.iter().map(|(_, _, us)| us).sum();
+                Ok(std::iter::once(("connection", "us", whole))
+                    .chain(phases)
+                    .collect())
             }),
             secs,
             traced: false,

@@ -7,6 +7,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
+use std::time::Duration;
 
 use ferry_proto::{CMP_HANDOFF, CMP_RENEW_PAIR, Cmp, CmpKind, Ctl, CtlKind, WireAddr};
 use tracing::{debug, warn};
@@ -117,17 +118,38 @@ pub(crate) struct Spare {
 /// as one for a socket gone). Only the server's own sockets (an id it serves); at most
 /// one; nothing is made before a program asked for a TCP socket, and a spare counts
 /// against `--max-sockets` only once a program takes it.
+///
+/// The next spare waits for the `connect` of the socket just taken (or for
+/// [`CONNECT_GRACE`] without one, or for the server's going to sleep): a program's
+/// `socket()` is followed by its `connect` within microseconds, and a spare made in
+/// between (a `socket`, a `socketpair`, a `bind` and two `epoll_ctl`) delayed that
+/// `connect` by all of them. Made after it, the spare falls where the server waits for
+/// the peer (the handshake's end, the first reply) or, for a hand-off, has nothing
+/// left to do for that connection.
 #[derive(Debug, Default)]
 pub(crate) struct Spares {
     /// The family of the last TCP socket made here: the next spare's.
     wanted: Option<i32>,
     ready: Option<Spare>,
+    /// A TCP socket was taken and no `connect` has come since.
+    connect_due: bool,
 }
 
+/// How long an idle server waits for the `connect` that follows a TCP `socket()`
+/// before it makes the next spare anyway (a listener's socket never connects).
+const CONNECT_GRACE: Duration = Duration::from_micros(50);
+
 impl Spares {
-    /// Whether an idle turn should make one ([`Spares::make`]).
-    pub(crate) fn missing(&self) -> bool {
-        self.wanted.is_some() && self.ready.is_none()
+    /// Whether a turn idle for `idle` should make one ([`Spares::make`]).
+    pub(crate) fn due(&self, idle: Duration) -> bool {
+        self.wanted.is_some()
+            && self.ready.is_none()
+            && (!self.connect_due || idle >= CONNECT_GRACE)
+    }
+
+    /// A `connect` came: the spare may be made.
+    pub(crate) fn connect_came(&mut self) {
+        self.connect_due = false;
     }
 
     /// Makes the spare `missing` says is missing, for server `index`. A failure (out of
@@ -159,6 +181,7 @@ impl Spares {
     /// of `domain` (one of the other family is closed).
     fn take(&mut self, domain: i32) -> Option<Spare> {
         self.wanted = Some(domain);
+        self.connect_due = true;
         self.ready.take().filter(|s| s.domain == domain)
     }
 }
@@ -551,6 +574,7 @@ impl Connects<'_> {
         addr: WireAddr,
         nonblock: bool,
     ) -> bool {
+        self.spares.connect_came();
         if let Some(c @ (Conn::Failed | Conn::FailReported)) = self.socks.get(&id).map(Sock::conn) {
             self.connect_after_failure(ch, id, tag, c == Conn::FailReported);
             return true;

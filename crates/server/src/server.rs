@@ -298,16 +298,17 @@ impl Server {
             if !busy {
                 // About to sleep: what was put off is done now.
                 self.closing.close_all();
-                self.put_off_work();
+                self.put_off_work(Duration::MAX);
             }
             self.wait_events(busy, &mut events);
             if did == 0 && events.is_empty() {
                 idled = true;
                 self.stats.spin_turns += 1;
-                if (self.closing.any() || self.spares.missing()) && last_work.elapsed() >= PUT_OFF {
+                let quiet = last_work.elapsed();
+                if quiet >= PUT_OFF && (self.closing.any() || self.spares.due(quiet)) {
                     // Nothing to do for a while: what was put off is done now, off the
                     // way of requests.
-                    self.put_off_work();
+                    self.put_off_work(quiet);
                 } else {
                     // S0's SBW polls with schedule(): on a machine with few cores the
                     // thread we wait for (the program, the peer, softirq) may need this
@@ -342,10 +343,10 @@ impl Server {
 
     /// One piece of the work put off for a turn with nothing to do (so that an event
     /// waits for one piece at most): making the spare TCP socket (`Spares`: the next
-    /// `socket()` waits for it), else closing a connected stream the program closed
-    /// (`Closing`).
-    pub(crate) fn put_off_work(&mut self) {
-        if self.spares.missing() {
+    /// `socket()` waits for it) when due after `quiet` without work, else closing a
+    /// connected stream the program closed (`Closing`).
+    pub(crate) fn put_off_work(&mut self, quiet: Duration) {
+        if self.spares.due(quiet) {
             self.spares
                 .make(self.io, &self.epoll, &self.shared, self.index);
         } else if self.closing.any() {

@@ -897,7 +897,13 @@ impl Harness {
     /// A turn with nothing to do: one piece of the work the server put off
     /// (`Server::put_off_work`: the spare TCP socket, then closing what waits).
     pub fn idle(&mut self) {
-        self.srv.put_off_work();
+        self.srv.put_off_work(std::time::Duration::MAX);
+    }
+
+    /// A turn with nothing to do after `quiet` without work (the loop's idle turn, as
+    /// opposed to [`Harness::idle`], the turn before it sleeps).
+    pub fn idle_after(&mut self, quiet: std::time::Duration) {
+        self.srv.put_off_work(quiet);
     }
 
     /// Sockets this server's `socket()`s took from what it made ahead.

@@ -790,6 +790,44 @@ fn a_tcp_socket_after_an_idle_turn_is_the_spare_made_in_it() {
     assert!(ids.iter().all(|id| h.has_socket(*id)), "{ids:?}");
 }
 
+/// The next spare waits for the `connect` of the socket just taken: a turn idle for
+/// 10 µs between a `socket()` and its `connect` makes nothing (the spare's calls would
+/// delay that `connect`), one after the `connect` makes it; a socket that is not
+/// connected (a listener's) gets its spare after 50 µs idle, or before the server sleeps.
+#[test]
+fn the_spare_waits_for_the_connect_that_follows_a_socket() {
+    let us = std::time::Duration::from_micros;
+    let mut h = Harness::new(true);
+    let ch = h.channel();
+    connected(&mut h, ch);
+    h.idle_after(us(10));
+    connected(&mut h, ch);
+    assert_eq!(h.sockets_made_ahead(), 1, "made after the first connect");
+    let id = h.socket(ch, libc::AF_INET, libc::SOCK_STREAM);
+    h.idle_after(us(10));
+    let cs = h.call(ch, connect_req(id, 1, 0));
+    assert_eq!(done(&cs, 1).result, 0, "connect: {cs:?}");
+    h.socket(ch, libc::AF_INET, libc::SOCK_STREAM);
+    assert_eq!(h.sockets_made_ahead(), 1, "nothing made before the connect");
+    h.idle_after(us(10));
+    h.socket(ch, libc::AF_INET, libc::SOCK_STREAM);
+    assert_eq!(
+        h.sockets_made_ahead(),
+        1,
+        "nor after a socket left unconnected"
+    );
+    h.idle_after(us(50));
+    h.socket(ch, libc::AF_INET, libc::SOCK_STREAM);
+    assert_eq!(
+        h.sockets_made_ahead(),
+        2,
+        "made after 50 µs without a connect"
+    );
+    h.idle();
+    h.socket(ch, libc::AF_INET, libc::SOCK_STREAM);
+    assert_eq!(h.sockets_made_ahead(), 3, "made before the server sleeps");
+}
+
 /// A spare is added to the loop for the pair path when it is made; a channel that
 /// receives through the ring takes it too, and its socket works.
 #[test]

@@ -152,7 +152,7 @@ impl Spares {
         self.connect_due = false;
     }
 
-    /// Makes the spare `missing` says is missing, for server `index`. A failure (out of
+    /// Makes the spare [`Spares::due`] says is due, for server `index`. A failure (out of
     /// descriptors…) is not retried before a program makes another TCP socket.
     pub(crate) fn make(&mut self, io: &dyn Io, epoll: &Epoll, shared: &Shared, index: usize) {
         let Some(domain) = self.wanted.take() else {
